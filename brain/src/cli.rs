@@ -1,0 +1,621 @@
+//! The `brain` command line: `init` and `serve` act on the data dir; every other command is
+//! an admin client that talks to the running brain over mutual TLS.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use proto::{FileCall, exec_event, file_call, file_response};
+use shared::pki::{self, IdentityFiles};
+use tokio_util::sync::CancellationToken;
+
+use crate::ca::{self, DataDir};
+use crate::client::Target;
+
+/// Exit status of `brain exec` when the command timed out.
+pub const EXIT_TIMEOUT: i32 = 124;
+/// Exit status of `brain exec` when the command could not be run (bad request, refused).
+pub const EXIT_TETHER_ERROR: i32 = 125;
+/// Exit status of `brain exec` when the worker was lost or is not connected.
+pub const EXIT_WORKER_LOST: i32 = 75;
+
+#[derive(Parser)]
+#[command(
+    name = "brain",
+    version,
+    about = "Tether brain: enrols workers and runs commands on them",
+    long_about = "Tether brain: the long-lived half of Tether. It enrols workers over mutual TLS and drives them.\n\nQuickstart on one machine:\n  brain init\n  brain serve &\n  brain token create          # prints the `worker join ...` line to run\n  worker join ...             # on the worker machine\n  brain workers\n  brain exec WORKER -- uname -a\n\nData lives in --data (default $TETHER_DATA or ~/.local/share/tether)."
+)]
+pub struct Cli {
+    /// Data dir holding the CA, certificates and the store
+    #[arg(long, global = true, env = "TETHER_DATA")]
+    data: Option<PathBuf>,
+    /// Brain to talk to for admin commands (default: the address `brain serve` wrote in the data dir)
+    #[arg(long, global = true, env = "TETHER_BRAIN")]
+    brain: Option<String>,
+    /// Admin identity dir (ca.pem, cert.pem, key.pem; default: the data dir's admin identity)
+    #[arg(long, global = true, env = "TETHER_IDENTITY")]
+    identity: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create the CA, the server certificate and an admin identity in the data dir
+    Init {
+        /// Extra host name or IP address for the server certificate (repeatable); localhost
+        /// and 127.0.0.1 are always included
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// Replace an existing CA (every enrolled worker will have to join again)
+        #[arg(long)]
+        force: bool,
+    },
+    /// Run the brain until SIGTERM or Ctrl-C
+    Serve {
+        /// Address to listen on; a VPS uses 0.0.0.0:7443
+        #[arg(long, default_value = "127.0.0.1:7443")]
+        listen: SocketAddr,
+        /// Mark a worker lost after this long without a message
+        #[arg(long, default_value = "15s", value_parser = shared::parse_duration)]
+        lost_after: Duration,
+    },
+    /// Join tokens
+    #[command(subcommand)]
+    Token(TokenCmd),
+    /// List workers
+    Workers {
+        /// Print JSON for programs
+        #[arg(long)]
+        json: bool,
+    },
+    /// Act on one worker
+    #[command(subcommand)]
+    Worker(WorkerCmd),
+    /// Run a command on a worker, streaming its output; exits with its exit code
+    /// (124 timed out, 75 worker lost or not connected, 125 could not run)
+    Exec(ExecArgs),
+    /// File operations in a worker's workspace
+    #[command(subcommand)]
+    File(FileCmd),
+    /// Admin identities
+    #[command(subcommand)]
+    Admin(AdminCmd),
+}
+
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Mint a one-time join token and print the `worker join` line to run
+    Create {
+        /// How long the token stays valid
+        #[arg(long, default_value = "1h", value_parser = shared::parse_duration)]
+        ttl: Duration,
+        /// Label key=value given to the worker that joins with it (repeatable)
+        #[arg(long = "label", value_parser = shared::parse_label)]
+        labels: Vec<(String, String)>,
+    },
+}
+
+#[derive(Subcommand)]
+enum WorkerCmd {
+    /// Revoke a worker: its session is cut at once and its certificate refused from then on
+    Revoke {
+        /// Worker id or unique name
+        worker: String,
+    },
+}
+
+#[derive(Args)]
+struct ExecArgs {
+    /// Worker id or unique name
+    worker: String,
+    /// Working directory, relative to the workspace root
+    #[arg(long, default_value = "")]
+    cwd: String,
+    /// Kill the command's whole process group after this long
+    #[arg(long, default_value = "10m", value_parser = shared::parse_duration)]
+    timeout: Duration,
+    /// Workspace name on the worker
+    #[arg(long, default_value = "default")]
+    workspace: String,
+    /// Cap on combined output bytes; the rest is dropped and counted
+    #[arg(long, default_value_t = shared::limits::DEFAULT_OUTPUT_CAP_BYTES)]
+    output_cap: u64,
+    /// The command and its arguments (after `--`)
+    #[arg(last = true, required = true)]
+    argv: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum FileCmd {
+    /// Print a file (or a byte range of it) to stdout
+    Read {
+        worker: String,
+        path: String,
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        /// Bytes to read; 0 reads up to the per-call limit
+        #[arg(long, default_value_t = 0)]
+        length: u64,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+    /// Write stdin (or --from FILE) to a file, atomically
+    Write {
+        worker: String,
+        path: String,
+        #[arg(long)]
+        from: Option<PathBuf>,
+        /// Permission bits in octal
+        #[arg(long, default_value = "644")]
+        mode: String,
+        /// Create missing parent directories
+        #[arg(long, short = 'p')]
+        parents: bool,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+    /// List a directory
+    Ls {
+        worker: String,
+        #[arg(default_value = "")]
+        path: String,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+    /// Show one entry
+    Stat {
+        worker: String,
+        path: String,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+    /// Remove a file or directory
+    Rm {
+        worker: String,
+        path: String,
+        #[arg(long, short = 'r')]
+        recursive: bool,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminCmd {
+    /// Issue another admin identity into DIR (for driving this brain from another machine)
+    Issue {
+        name: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Withdraw an admin identity
+    Revoke { name: String },
+}
+
+/// Parses `args` (including the program name), runs the command and returns the exit status.
+pub fn main_with<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    shared::telemetry::init("info");
+    let cli = Cli::parse_from(args);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let data = DataDir(
+        cli.data
+            .clone()
+            .unwrap_or_else(|| shared::dirs::data_dir("tether", "TETHER_DATA")),
+    );
+    let target = Target::resolve(&data, cli.brain.clone(), cli.identity.clone());
+    match cli.cmd {
+        Cmd::Init { hosts, force } => {
+            let out = ca::init(&data, &hosts, force)?;
+            println!("initialised {}", data.path().display());
+            println!("CA hash: {}", out.ca_hash);
+            println!("next: brain serve --data {}", data.path().display());
+            Ok(0)
+        }
+        Cmd::Serve { listen, lost_after } => {
+            let ready = crate::serve::prepare(crate::serve::Options {
+                data: data.clone(),
+                listen,
+                lost_after,
+            })
+            .await?;
+            tracing::info!(addr = %ready.addr, data = %data.path().display(), "brain listening on {}", ready.addr);
+            let stop = CancellationToken::new();
+            spawn_signal_handler(stop.clone());
+            ready.run(stop.cancelled_owned()).await?;
+            tracing::info!("brain stopped");
+            Ok(0)
+        }
+        Cmd::Token(TokenCmd::Create { ttl, labels }) => {
+            let mut c = target.connect().await?;
+            let resp = c
+                .create_token(proto::CreateTokenRequest {
+                    ttl_seconds: ttl.as_secs().max(1),
+                    labels: labels.into_iter().collect(),
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            println!("{}", resp.token);
+            eprintln!(
+                "one-time token, valid for {}; on the worker machine run:",
+                humantime::format_duration(ttl)
+            );
+            eprintln!(
+                "  worker join --brain {} --token {} --ca-hash {}",
+                target.url, resp.token, resp.ca_hash
+            );
+            Ok(0)
+        }
+        Cmd::Workers { json } => {
+            let mut c = target.connect().await?;
+            let list = c
+                .list_workers(proto::ListWorkersRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            print_workers(&list.workers, json);
+            Ok(0)
+        }
+        Cmd::Worker(WorkerCmd::Revoke { worker }) => {
+            let mut c = target.connect().await?;
+            let r = c
+                .revoke_worker(proto::RevokeWorkerRequest { worker })
+                .await
+                .map_err(status)?
+                .into_inner();
+            println!(
+                "revoked {}{}",
+                r.worker_id,
+                if r.session_closed {
+                    " (open session closed)"
+                } else {
+                    ""
+                }
+            );
+            Ok(0)
+        }
+        Cmd::Exec(args) => Ok(exec(&target, args).await),
+        Cmd::File(cmd) => file(&target, cmd).await,
+        Cmd::Admin(AdminCmd::Issue { name, out }) => {
+            let mut c = target.connect().await?;
+            let (key, csr) = pki::new_key_and_csr(&name)?;
+            let resp = c
+                .issue_admin(proto::IssueAdminRequest {
+                    name: name.clone(),
+                    csr_der: csr,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            IdentityFiles {
+                ca_pem: resp.ca_pem,
+                cert_pem: resp.cert_pem,
+                key_pem: key.serialize_pem(),
+            }
+            .save(&out)?;
+            println!(
+                "admin identity {name} written to {}; use it with --identity {} --brain {}",
+                out.display(),
+                out.display(),
+                target.url
+            );
+            Ok(0)
+        }
+        Cmd::Admin(AdminCmd::Revoke { name }) => {
+            let mut c = target.connect().await?;
+            c.revoke_admin(proto::RevokeAdminRequest { name: name.clone() })
+                .await
+                .map_err(status)?;
+            println!("admin identity {name} revoked");
+            Ok(0)
+        }
+    }
+}
+
+fn status(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!(shared::tls::explain_status(&s))
+}
+
+async fn exec(target: &Target, args: ExecArgs) -> i32 {
+    let fail = |code: i32, msg: String| {
+        eprintln!("brain exec: {msg}");
+        code
+    };
+    let mut c = match target.connect().await {
+        Ok(c) => c,
+        Err(e) => return fail(EXIT_TETHER_ERROR, e.to_string()),
+    };
+    let req = proto::AdminExecRequest {
+        worker: args.worker.clone(),
+        workspace: args.workspace,
+        argv: args.argv,
+        cwd: args.cwd,
+        timeout_ms: args.timeout.as_millis() as u64,
+        output_cap_bytes: args.output_cap,
+    };
+    let mut stream = match c.exec(req).await {
+        Ok(r) => r.into_inner(),
+        Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+            return fail(EXIT_WORKER_LOST, s.message().to_string());
+        }
+        Err(s) => return fail(EXIT_TETHER_ERROR, shared::tls::explain_status(&s)),
+    };
+    let mut stdout = std::io::stdout();
+    let mut stderr = std::io::stderr();
+    loop {
+        let ev = match stream.message().await {
+            Ok(Some(ev)) => ev,
+            Ok(None) => {
+                return fail(
+                    EXIT_WORKER_LOST,
+                    "the brain ended the stream before the command finished".into(),
+                );
+            }
+            Err(s) => {
+                return fail(
+                    EXIT_WORKER_LOST,
+                    format!("lost contact during the command: {}", s.message()),
+                );
+            }
+        };
+        match ev.event {
+            Some(exec_event::Event::Output(o)) => {
+                let res = if o.stream == proto::OutputStream::Stderr as i32 {
+                    stderr.write_all(&o.data).and_then(|_| stderr.flush())
+                } else {
+                    stdout.write_all(&o.data).and_then(|_| stdout.flush())
+                };
+                if res.is_err() {
+                    return EXIT_TETHER_ERROR; // our stdout is gone; dropping the stream cancels
+                }
+            }
+            Some(exec_event::Event::Exit(x)) => {
+                if x.dropped_bytes > 0 {
+                    eprintln!(
+                        "[tether: {} bytes of output dropped past the {}-byte cap]",
+                        x.dropped_bytes, args.output_cap
+                    );
+                }
+                if x.worker_lost {
+                    return fail(
+                        EXIT_WORKER_LOST,
+                        format!("worker {} was lost before the command finished", args.worker),
+                    );
+                }
+                if x.timed_out {
+                    return fail(
+                        EXIT_TIMEOUT,
+                        format!(
+                            "timed out after {}; the command's process group was killed",
+                            humantime::format_duration(args.timeout)
+                        ),
+                    );
+                }
+                if !x.error.is_empty() {
+                    eprintln!("brain exec: {}", x.error);
+                }
+                if let Some(code) = x.code {
+                    return code;
+                }
+                if let Some(sig) = x.signal {
+                    eprintln!("brain exec: killed by signal {sig}");
+                    return 128 + sig;
+                }
+                return EXIT_TETHER_ERROR;
+            }
+            None => {}
+        }
+    }
+}
+
+async fn file(target: &Target, cmd: FileCmd) -> anyhow::Result<i32> {
+    let (worker, workspace, op) = match cmd {
+        FileCmd::Read {
+            worker,
+            path,
+            offset,
+            length,
+            workspace,
+        } => (
+            worker,
+            workspace,
+            file_call::Op::Read(proto::ReadFile {
+                path,
+                offset,
+                length,
+            }),
+        ),
+        FileCmd::Write {
+            worker,
+            path,
+            from,
+            mode,
+            parents,
+            workspace,
+        } => {
+            let data = match from {
+                Some(p) => std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?,
+                None => {
+                    let mut buf = Vec::new();
+                    std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
+                        .context("reading stdin")?;
+                    buf
+                }
+            };
+            let mode = u32::from_str_radix(&mode, 8)
+                .with_context(|| format!("invalid --mode {mode:?}: expected octal like 644"))?;
+            (
+                worker,
+                workspace,
+                file_call::Op::Write(proto::WriteFile {
+                    path,
+                    data,
+                    mode,
+                    create_dirs: parents,
+                }),
+            )
+        }
+        FileCmd::Ls {
+            worker,
+            path,
+            workspace,
+        } => (worker, workspace, file_call::Op::List(proto::ListDir { path })),
+        FileCmd::Stat {
+            worker,
+            path,
+            workspace,
+        } => (worker, workspace, file_call::Op::Stat(proto::StatPath { path })),
+        FileCmd::Rm {
+            worker,
+            path,
+            recursive,
+            workspace,
+        } => (
+            worker,
+            workspace,
+            file_call::Op::Remove(proto::RemovePath { path, recursive }),
+        ),
+    };
+    let mut c = target.connect().await?;
+    let resp = c
+        .file(proto::AdminFileRequest {
+            worker,
+            call: Some(FileCall {
+                call_id: 0,
+                workspace,
+                op: Some(op),
+            }),
+        })
+        .await
+        .map_err(status)?
+        .into_inner();
+    match resp.result {
+        Some(file_response::Result::Data(d)) => {
+            std::io::stdout().write_all(&d.data)?;
+        }
+        Some(file_response::Result::Done(_)) => {}
+        Some(file_response::Result::Listing(l)) => {
+            for e in l.entries {
+                println!("{}", format_stat(&e));
+            }
+        }
+        Some(file_response::Result::Stat(s)) => println!("{}", format_stat(&s)),
+        Some(file_response::Result::Error(e)) => bail!("{}", e.message),
+        None => bail!("the worker sent an empty answer"),
+    }
+    Ok(0)
+}
+
+fn format_stat(s: &proto::FileStat) -> String {
+    let kind = match proto::FileKind::try_from(s.kind).unwrap_or(proto::FileKind::Unspecified) {
+        proto::FileKind::Dir => 'd',
+        proto::FileKind::Symlink => 'l',
+        proto::FileKind::File => '-',
+        _ => '?',
+    };
+    format!("{kind} {:04o} {:>10} {}", s.mode & 0o7777, s.size, s.path)
+}
+
+fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
+    let state_name = |s: i32| match proto::WorkerState::try_from(s) {
+        Ok(proto::WorkerState::Connected) => "connected",
+        Ok(proto::WorkerState::Lost) => "lost",
+        Ok(proto::WorkerState::Revoked) => "revoked",
+        Ok(proto::WorkerState::Enrolled) => "enrolled",
+        _ => "unknown",
+    };
+    let now = shared::now_unix_ms();
+    let ago = |ms: i64| {
+        if ms <= 0 {
+            "never".to_string()
+        } else {
+            let secs = ((now - ms).max(0) / 1000) as u64;
+            format!("{} ago", humantime::format_duration(Duration::from_secs(secs)))
+        }
+    };
+    if json {
+        let items: Vec<serde_json::Value> = workers
+            .iter()
+            .map(|w| {
+                let c = w.capabilities.clone().unwrap_or_default();
+                serde_json::json!({
+                    "id": w.id, "name": w.name, "labels": w.labels,
+                    "state": state_name(w.state),
+                    "os": c.os, "arch": c.arch, "cpus": c.cpus,
+                    "memory_bytes": c.memory_bytes, "disk_free_bytes": c.disk_free_bytes,
+                    "version": c.version, "hostname": c.hostname,
+                    "last_seen_unix_ms": w.last_seen_unix_ms,
+                    "enrolled_unix_ms": w.enrolled_unix_ms,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(items));
+        return;
+    }
+    println!(
+        "{:<16} {:<20} {:<10} {:<14} {:>4} {:>8}  {:<16} LABELS",
+        "ID", "NAME", "STATE", "OS/ARCH", "CPUS", "MEMORY", "LAST SEEN"
+    );
+    for w in workers {
+        let c = w.capabilities.clone().unwrap_or_default();
+        let mut labels: Vec<String> = w.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        labels.sort();
+        println!(
+            "{:<16} {:<20} {:<10} {:<14} {:>4} {:>7.1}G  {:<16} {}",
+            w.id,
+            w.name,
+            state_name(w.state),
+            if c.os.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{}/{}", c.os, c.arch)
+            },
+            c.cpus,
+            c.memory_bytes as f64 / (1u64 << 30) as f64,
+            ago(w.last_seen_unix_ms),
+            labels.join(",")
+        );
+    }
+}
+
+fn spawn_signal_handler(stop: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        tracing::info!("shutting down");
+        stop.cancel();
+    });
+}

@@ -1,0 +1,332 @@
+//! Live worker sessions and the brain-side API for acting on a worker.
+//!
+//! The hub maps each connected worker to its session. Callers (the admin service today, the
+//! agent loop later) use [`Hub::exec`], [`Hub::file`] and [`Hub::echo`]; they never see the
+//! stream underneath. Every call gets an id, many run at once on one session, and a call whose
+//! session ends is answered as `worker lost` rather than left hanging.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use proto::{BrainMessage, ExecEvent, ExecExit, FileCall, FileResponse, brain_message};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+/// Errors from acting on a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("worker {0} is not connected")]
+    NotConnected(String),
+    #[error("worker {0} was lost before the call finished")]
+    Lost(String),
+    #[error("worker {worker} did not answer within {timeout:?}")]
+    Timeout { worker: String, timeout: Duration },
+    #[error("worker {worker} sent a malformed answer: {reason}")]
+    Malformed { worker: String, reason: String },
+}
+
+/// Outbound messages to one worker. Bounded: a worker that stops reading is eventually
+/// declared lost by the heartbeat timeout rather than growing memory.
+const OUTBOUND_QUEUE: usize = 1024;
+/// Events buffered for one exec call's consumer before the session reader waits for it.
+const EXEC_EVENT_QUEUE: usize = 256;
+/// How long the session reader waits for a slow exec consumer before dropping that call.
+const SLOW_CONSUMER: Duration = Duration::from_secs(10);
+
+enum Pending {
+    Exec(mpsc::Sender<ExecEvent>),
+    File(oneshot::Sender<FileResponse>),
+    Echo(oneshot::Sender<Vec<u8>>),
+}
+
+/// One worker's live session.
+pub struct Session {
+    pub worker_id: String,
+    /// Distinguishes this session from an older or newer one of the same worker.
+    pub session_no: u64,
+    tx: mpsc::Sender<Result<BrainMessage, Status>>,
+    /// Calls awaiting an answer, by call id. A std mutex: held only for map operations.
+    pending: Mutex<HashMap<u64, Pending>>,
+    /// Cancelled when the session must end (revocation, replacement, shutdown).
+    pub closed: CancellationToken,
+    /// Unix ms of the last message from the worker; kept in memory, persisted on heartbeats.
+    pub last_seen_ms: std::sync::atomic::AtomicI64,
+}
+
+impl Session {
+    /// Ends the session, telling the worker why.
+    pub fn close(&self, status: Status) {
+        let _ = self.tx.try_send(Err(status));
+        self.closed.cancel();
+    }
+
+    /// Sends a message to the worker. Fails if the session is gone.
+    pub async fn send(&self, msg: brain_message::Msg) -> Result<(), Error> {
+        self.tx
+            .send(Ok(BrainMessage { msg: Some(msg) }))
+            .await
+            .map_err(|_| Error::Lost(self.worker_id.clone()))
+    }
+
+    /// Answers every pending call as lost. Called once the session has ended.
+    pub fn fail_pending(&self) {
+        let drained: Vec<(u64, Pending)> = self.lock_pending().drain().collect();
+        for (call_id, p) in drained {
+            if let Pending::Exec(tx) = p {
+                let _ = tx.try_send(ExecEvent {
+                    event: Some(proto::exec_event::Event::Exit(ExecExit {
+                        call_id,
+                        worker_lost: true,
+                        ..Default::default()
+                    })),
+                });
+            }
+            // File and echo waiters see their sender dropped and report `Lost`.
+        }
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Pending>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Routes an exec event from the worker to its caller. Waits (bounded) for a slow caller.
+    pub async fn deliver_exec(&self, call_id: u64, ev: ExecEvent, last: bool) {
+        let tx = {
+            let mut pending = self.lock_pending();
+            let tx = match pending.get(&call_id) {
+                Some(Pending::Exec(tx)) => tx.clone(),
+                _ => return, // cancelled or unknown: drop it
+            };
+            if last {
+                pending.remove(&call_id);
+            }
+            tx
+        };
+        if tokio::time::timeout(SLOW_CONSUMER, tx.send(ev)).await.is_err() {
+            tracing::warn!(worker = %self.worker_id, call_id, "exec consumer too slow; cancelling the call");
+            self.lock_pending().remove(&call_id);
+            let _ = self
+                .tx
+                .try_send(Ok(cancel_msg(call_id)));
+        }
+    }
+
+    pub fn deliver_file(&self, resp: FileResponse) {
+        let call_id = resp.call_id;
+        if let Some(Pending::File(tx)) = self.lock_pending().remove(&call_id) {
+            let _ = tx.send(resp);
+        }
+    }
+
+    pub fn deliver_echo(&self, call_id: u64, payload: Vec<u8>) {
+        if let Some(Pending::Echo(tx)) = self.lock_pending().remove(&call_id) {
+            let _ = tx.send(payload);
+        }
+    }
+}
+
+fn cancel_msg(call_id: u64) -> BrainMessage {
+    BrainMessage {
+        msg: Some(brain_message::Msg::Cancel(proto::Cancel { call_id })),
+    }
+}
+
+/// Removes a call from the pending map when its caller goes away, and tells the worker to
+/// stop it if it had not finished.
+struct CallGuard {
+    session: Arc<Session>,
+    call_id: u64,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let was_pending = self.session.lock_pending().remove(&self.call_id).is_some();
+        if was_pending {
+            let _ = self.session.tx.try_send(Ok(cancel_msg(self.call_id)));
+        }
+    }
+}
+
+/// A running command: its output and exit, in order. Dropping it cancels the command.
+pub struct ExecCall {
+    rx: mpsc::Receiver<ExecEvent>,
+    _guard: CallGuard,
+}
+
+impl ExecCall {
+    /// The next event; `None` after the exit event.
+    pub async fn next(&mut self) -> Option<ExecEvent> {
+        self.rx.recv().await
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ExecSpec {
+    pub workspace: String,
+    pub argv: Vec<String>,
+    pub cwd: String,
+    pub timeout: Duration,
+    pub output_cap_bytes: u64,
+}
+
+/// Live sessions by worker id. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Hub {
+    sessions: Arc<Mutex<HashMap<String, Arc<Session>>>>,
+    next_call: Arc<AtomicU64>,
+    next_session: Arc<AtomicU64>,
+}
+
+impl Hub {
+    pub fn new() -> Self {
+        Self {
+            next_call: Arc::new(AtomicU64::new(1)),
+            ..Default::default()
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a new session for a worker, closing any older one it replaces.
+    pub fn register(
+        &self,
+        worker_id: &str,
+    ) -> (Arc<Session>, mpsc::Receiver<Result<BrainMessage, Status>>) {
+        let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
+        let session = Arc::new(Session {
+            worker_id: worker_id.to_string(),
+            session_no: self.next_session.fetch_add(1, Ordering::Relaxed),
+            tx,
+            pending: Mutex::new(HashMap::new()),
+            closed: CancellationToken::new(),
+            last_seen_ms: std::sync::atomic::AtomicI64::new(shared::now_unix_ms()),
+        });
+        let old = self.lock().insert(worker_id.to_string(), session.clone());
+        if let Some(old) = old {
+            old.close(Status::aborted("replaced by a newer session of the same worker"));
+        }
+        (session, rx)
+    }
+
+    /// Removes a session if it is still the current one for its worker.
+    pub fn unregister(&self, session: &Session) {
+        let mut map = self.lock();
+        if map
+            .get(&session.worker_id)
+            .is_some_and(|s| s.session_no == session.session_no)
+        {
+            map.remove(&session.worker_id);
+        }
+    }
+
+    pub fn session(&self, worker_id: &str) -> Option<Arc<Session>> {
+        self.lock().get(worker_id).cloned()
+    }
+
+    pub fn is_connected(&self, worker_id: &str) -> bool {
+        self.lock().contains_key(worker_id)
+    }
+
+    /// Closes a worker's session, if any, with the given status. Returns whether one was open.
+    pub fn disconnect(&self, worker_id: &str, status: Status) -> bool {
+        match self.lock().remove(worker_id) {
+            Some(s) => {
+                s.close(status);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes every session (brain shutdown).
+    pub fn close_all(&self) {
+        for (_, s) in self.lock().drain() {
+            s.close(Status::unavailable("brain shutting down"));
+        }
+    }
+
+    fn start(&self, worker_id: &str, pending: Pending) -> Result<(Arc<Session>, u64), Error> {
+        let session = self
+            .session(worker_id)
+            .ok_or_else(|| Error::NotConnected(worker_id.to_string()))?;
+        let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
+        session.lock_pending().insert(call_id, pending);
+        Ok((session, call_id))
+    }
+
+    /// Starts a command on a worker. Output and the exit arrive on the returned call.
+    pub async fn exec(&self, worker_id: &str, spec: ExecSpec) -> Result<ExecCall, Error> {
+        let (tx, rx) = mpsc::channel(EXEC_EVENT_QUEUE);
+        let (session, call_id) = self.start(worker_id, Pending::Exec(tx))?;
+        let guard = CallGuard {
+            session: session.clone(),
+            call_id,
+        };
+        session
+            .send(brain_message::Msg::Exec(proto::ExecStart {
+                call_id,
+                workspace: spec.workspace,
+                argv: spec.argv,
+                cwd: spec.cwd,
+                timeout_ms: spec.timeout.as_millis() as u64,
+                output_cap_bytes: spec.output_cap_bytes,
+            }))
+            .await?;
+        Ok(ExecCall { rx, _guard: guard })
+    }
+
+    /// Runs one file operation on a worker and waits for its answer.
+    pub async fn file(
+        &self,
+        worker_id: &str,
+        mut call: FileCall,
+        timeout: Duration,
+    ) -> Result<FileResponse, Error> {
+        let (tx, rx) = oneshot::channel();
+        let (session, call_id) = self.start(worker_id, Pending::File(tx))?;
+        let _guard = CallGuard {
+            session: session.clone(),
+            call_id,
+        };
+        call.call_id = call_id;
+        session.send(brain_message::Msg::File(call)).await?;
+        wait(worker_id, rx, timeout).await
+    }
+
+    /// Sends bytes to a worker and waits for them to come back: a session round trip with no
+    /// process involved.
+    pub async fn echo(
+        &self,
+        worker_id: &str,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, Error> {
+        let (tx, rx) = oneshot::channel();
+        let (session, call_id) = self.start(worker_id, Pending::Echo(tx))?;
+        let _guard = CallGuard {
+            session: session.clone(),
+            call_id,
+        };
+        session
+            .send(brain_message::Msg::Echo(proto::Echo { call_id, payload }))
+            .await?;
+        wait(worker_id, rx, timeout).await
+    }
+}
+
+async fn wait<T>(worker: &str, rx: oneshot::Receiver<T>, timeout: Duration) -> Result<T, Error> {
+    match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(_)) => Err(Error::Lost(worker.to_string())),
+        Err(_) => Err(Error::Timeout {
+            worker: worker.to_string(),
+            timeout,
+        }),
+    }
+}

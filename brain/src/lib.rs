@@ -1,0 +1,12 @@
+//! The brain: the long-lived process that holds every task's state and drives workers.
+//!
+//! Today it enrols workers (`ca`, `registry`), keeps their sessions (`hub`, `service`) and
+//! offers remote execution to admins; `serve` runs it and `client` reaches it.
+
+pub mod ca;
+pub mod cli;
+pub mod client;
+pub mod hub;
+pub mod registry;
+pub mod serve;
+pub mod service;

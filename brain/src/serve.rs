@@ -1,0 +1,151 @@
+//! `brain serve`: opens the store, loads the PKI and runs the gRPC server until shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shared::limits;
+use shared::pki::{self, IdentityFiles};
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+use crate::ca::{self, Ca, DataDir};
+use crate::hub::Hub;
+use crate::registry::{self, Registry};
+use crate::service::{Services, SessionOptions, Shared};
+
+/// Errors starting or running the server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Ca(#[from] ca::Error),
+    #[error(transparent)]
+    Registry(#[from] registry::Error),
+    #[error(transparent)]
+    Pki(#[from] pki::Error),
+    #[error("cannot listen on {addr}: {source} (is another process using this port?)")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS set-up: {0}")]
+    Tls(String),
+    #[error("server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// What `brain serve` needs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub data: DataDir,
+    pub listen: SocketAddr,
+    pub lost_after: Duration,
+}
+
+/// A brain that is bound and ready; [`Ready::run`] serves until `shutdown` resolves.
+pub struct Ready {
+    pub addr: SocketAddr,
+    pub shared: Arc<Shared>,
+    listener: tokio::net::TcpListener,
+    tls: ServerTlsConfig,
+}
+
+/// Opens everything and binds the port, so errors surface before anything is announced.
+pub async fn prepare(opts: Options) -> Result<Ready, Error> {
+    let ca = Ca::load(&opts.data)?;
+    let registry = Registry::open(&opts.data.db())?;
+    sync_init_admin(&opts.data, &registry).await?;
+
+    let chain = pki::read_text(&opts.data.server_cert())?;
+    let key = pki::read_text(&opts.data.server_key())?;
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(chain, key))
+        .client_ca_root(Certificate::from_pem(&ca.cert_pem))
+        .client_auth_optional(true)
+        .timeout(Duration::from_secs(10));
+
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: opts.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| Error::Bind {
+        addr: opts.listen,
+        source,
+    })?;
+    pki::write_file(&opts.data.addr_file(), format!("{addr}\n").as_bytes(), 0o644)?;
+    let shared = Arc::new(Shared {
+        registry,
+        hub: Hub::new(),
+        ca,
+        session: SessionOptions {
+            lost_after: opts.lost_after,
+        },
+    });
+    Ok(Ready {
+        addr,
+        shared,
+        listener,
+        tls,
+    })
+}
+
+impl Ready {
+    /// Serves until `shutdown` resolves, then closes worker sessions and stops.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), Error> {
+        let services = Services(self.shared.clone());
+        let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
+        let hub = self.shared.hub.clone();
+        let result = Server::builder()
+            .tls_config(self.tls)
+            .map_err(|e| Error::Tls(e.to_string()))?
+            .http2_keepalive_interval(Some(Duration::from_secs(10)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .add_service(proto::enrollment_server::EnrollmentServer::new(
+                services.clone(),
+            ))
+            .add_service(
+                proto::worker_session_server::WorkerSessionServer::new(services.clone())
+                    .max_decoding_message_size(limits::MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(limits::MAX_MESSAGE_BYTES),
+            )
+            .add_service(
+                proto::admin_server::AdminServer::new(services)
+                    .max_decoding_message_size(limits::MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(limits::MAX_MESSAGE_BYTES),
+            )
+            .serve_with_incoming_shutdown(incoming, async move {
+                shutdown.await;
+                hub.close_all();
+            })
+            .await;
+        self.shared.registry_flush().await;
+        result.map_err(Error::from)
+    }
+}
+
+impl Shared {
+    async fn registry_flush(&self) {
+        if let Err(e) = self.registry.flush_now().await {
+            tracing::error!(error = %e, "final flush of the store failed");
+        }
+    }
+}
+
+/// Makes sure the admin identity `brain init` wrote is known to the store: added on first
+/// start, replaced after `brain init --force`, left alone (possibly revoked) otherwise.
+async fn sync_init_admin(data: &DataDir, registry: &Registry) -> Result<(), Error> {
+    let dir = data.admin_identity();
+    if !dir.join(IdentityFiles::CERT).exists() {
+        return Ok(());
+    }
+    let pem = pki::read_text(&dir.join(IdentityFiles::CERT))?;
+    let der = pki::certs_from_pem(&pem, &dir.join(IdentityFiles::CERT))?.remove(0);
+    let fp = pki::fingerprint(&der);
+    match registry.admin(ca::INIT_ADMIN)? {
+        Some(rec) if rec.fingerprint == fp => Ok(()),
+        _ => Ok(registry.add_admin(ca::INIT_ADMIN, &fp, true).await?),
+    }
+}

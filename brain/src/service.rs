@@ -1,0 +1,507 @@
+//! The brain's gRPC services: enrolment (token-authenticated), the worker session stream and
+//! the admin API (both certificate-authenticated), and the one place that turns internal
+//! errors into `tonic::Status`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use proto::admin_server::Admin;
+use proto::enrollment_server::Enrollment;
+use proto::worker_session_server::WorkerSession;
+use proto::{
+    AdminEchoRequest, AdminEchoResponse, AdminExecRequest, AdminFileRequest, BrainMessage,
+    CreateTokenRequest, CreateTokenResponse, EnrollRequest, EnrollResponse, ExecEvent,
+    FileResponse, IssueAdminRequest, IssueAdminResponse, ListWorkersRequest, ListWorkersResponse,
+    RevokeAdminRequest, RevokeAdminResponse, RevokeWorkerRequest, RevokeWorkerResponse,
+    WorkerInfo, WorkerMessage, WorkerState, brain_message, worker_message,
+};
+use shared::limits;
+use shared::pki::{self, PeerIdentity, Role};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::ca::Ca;
+use crate::hub::{self, ExecSpec, Hub, Session};
+use crate::registry::{self, Caps, Registry, WorkerRecord};
+
+/// Session timing.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionOptions {
+    /// A worker that sends nothing for this long is marked lost.
+    pub lost_after: Duration,
+}
+
+impl SessionOptions {
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.lost_after / 3).max(Duration::from_millis(100))
+    }
+}
+
+/// State shared by all services.
+pub struct Shared {
+    pub registry: Registry,
+    pub hub: Hub,
+    pub ca: Ca,
+    pub session: SessionOptions,
+}
+
+/// The services, cheap to clone.
+#[derive(Clone)]
+pub struct Services(pub Arc<Shared>);
+
+const NO_CERT: &str = "no client certificate: this call needs a certificate issued by this brain (workers: run `worker join`; admins: use the data dir's admin identity or --identity DIR)";
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+const FILE_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl From<registry::Error> for Status {
+    fn from(e: registry::Error) -> Self {
+        use registry::Error as E;
+        match e {
+            E::TokenUnknown | E::TokenUsed | E::TokenExpired => {
+                Status::permission_denied(e.to_string())
+            }
+            E::NoSuchWorker(_) | E::NoSuchAdmin(_) => Status::not_found(e.to_string()),
+            E::Ambiguous(_) => Status::invalid_argument(e.to_string()),
+            E::AdminExists(_) => Status::already_exists(e.to_string()),
+            E::Open { .. } | E::Sled(_) | E::Decode { .. } => {
+                tracing::error!(error = %e, "store error");
+                Status::internal(format!("brain store error: {e}"))
+            }
+        }
+    }
+}
+
+impl From<hub::Error> for Status {
+    fn from(e: hub::Error) -> Self {
+        match e {
+            hub::Error::NotConnected(_) => Status::failed_precondition(e.to_string()),
+            hub::Error::Lost(_) => Status::unavailable(e.to_string()),
+            hub::Error::Timeout { .. } => Status::deadline_exceeded(e.to_string()),
+            hub::Error::Malformed { .. } => Status::internal(e.to_string()),
+        }
+    }
+}
+
+impl Services {
+    /// Checks the caller's certificate: issued by our CA (rustls did that), naming `role`,
+    /// current and not revoked.
+    fn authorize<T>(&self, req: &Request<T>, role: Role) -> Result<PeerIdentity, Status> {
+        let certs = req
+            .peer_certs()
+            .ok_or_else(|| Status::unauthenticated(NO_CERT))?;
+        let leaf = certs.first().ok_or_else(|| Status::unauthenticated(NO_CERT))?;
+        let peer = pki::peer_identity(leaf).map_err(|e| {
+            Status::unauthenticated(format!("client certificate not usable here: {e}"))
+        })?;
+        if peer.role != role {
+            return Err(Status::permission_denied(format!(
+                "{peer} may not make this call: it needs a {} certificate",
+                match role {
+                    Role::Admin => "admin",
+                    Role::Worker => "worker",
+                }
+            )));
+        }
+        match self.0.registry.check_peer(&peer)? {
+            Ok(()) => Ok(peer),
+            Err(reason) => Err(Status::permission_denied(reason)),
+        }
+    }
+
+    fn resolve(&self, worker: &str) -> Result<WorkerRecord, Status> {
+        Ok(self.0.registry.resolve_worker(worker)?)
+    }
+}
+
+fn check_labels(labels: &std::collections::HashMap<String, String>) -> Result<(), Status> {
+    if labels.len() > 64 {
+        return Err(Status::invalid_argument("at most 64 labels"));
+    }
+    for (k, v) in labels {
+        shared::parse_label(&format!("{k}={v}")).map_err(Status::invalid_argument)?;
+    }
+    Ok(())
+}
+
+fn check_name(name: &str) -> Result<(), Status> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(format!(
+            "invalid name {name:?}: use 1-64 characters of [A-Za-z0-9._-]"
+        )))
+    }
+}
+
+#[tonic::async_trait]
+impl Enrollment for Services {
+    async fn enroll(
+        &self,
+        req: Request<EnrollRequest>,
+    ) -> Result<Response<EnrollResponse>, Status> {
+        let req = req.into_inner();
+        check_name(&req.name)?;
+        check_labels(&req.labels)?;
+        let worker_id = format!("w-{}", hex::encode(rand::random::<[u8; 6]>()));
+        // Sign before consuming the token, so a malformed request does not burn it.
+        let cert_pem = self
+            .0
+            .ca
+            .sign_client(&req.csr_der, Role::Worker, &worker_id)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let token_labels = self.0.registry.consume_token(&req.token).await?;
+        let cert_der = pki::certs_from_pem(&cert_pem, std::path::Path::new("issued"))
+            .map_err(|e| Status::internal(e.to_string()))?
+            .remove(0);
+        let mut labels: BTreeMap<String, String> = token_labels;
+        labels.extend(req.labels);
+        let rec = WorkerRecord {
+            v: 1,
+            id: worker_id.clone(),
+            name: req.name.clone(),
+            labels,
+            cert_fingerprint: pki::fingerprint(&cert_der),
+            enrolled_ms: shared::now_unix_ms(),
+            last_seen_ms: 0,
+            revoked: false,
+            caps: None,
+        };
+        self.0.registry.add_worker(&rec).await?;
+        tracing::info!(worker = %worker_id, name = %req.name, "worker enrolled");
+        Ok(Response::new(EnrollResponse {
+            worker_id,
+            cert_pem,
+            ca_pem: self.0.ca.cert_pem.clone(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl WorkerSession for Services {
+    type AttachStream = ReceiverStream<Result<BrainMessage, Status>>;
+
+    async fn attach(
+        &self,
+        req: Request<Streaming<WorkerMessage>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        let peer = self.authorize(&req, Role::Worker)?;
+        let mut inbound = req.into_inner();
+        let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
+            Ok(Ok(Some(WorkerMessage {
+                msg: Some(worker_message::Msg::Hello(h)),
+            }))) => h,
+            Ok(Ok(_)) => return Err(Status::invalid_argument("the first message must be a hello")),
+            Ok(Err(s)) => return Err(s),
+            Err(_) => return Err(Status::deadline_exceeded("no hello within 10s")),
+        };
+        check_labels(&hello.labels)?;
+        let caps = hello.capabilities.unwrap_or_default();
+        self.0.registry.update_worker(&peer.id, |w| {
+            w.last_seen_ms = shared::now_unix_ms();
+            w.labels.extend(hello.labels.clone());
+            w.caps = Some(Caps {
+                cpus: caps.cpus,
+                memory_bytes: caps.memory_bytes,
+                disk_free_bytes: caps.disk_free_bytes,
+                os: caps.os.chars().take(64).collect(),
+                arch: caps.arch.chars().take(64).collect(),
+                version: caps.version.chars().take(64).collect(),
+                hostname: caps.hostname.chars().take(255).collect(),
+            });
+        })?;
+        let (session, rx) = self.0.hub.register(&peer.id);
+        let opts = self.0.session;
+        session
+            .send(brain_message::Msg::HelloAck(proto::HelloAck {
+                worker_id: peer.id.clone(),
+                brain_time_unix_ms: shared::now_unix_ms(),
+                heartbeat_interval_ms: opts.heartbeat_interval().as_millis() as u64,
+                lost_after_ms: opts.lost_after.as_millis() as u64,
+            }))
+            .await?;
+        tracing::info!(worker = %peer.id, name = %hello.name, session = session.session_no, "worker connected");
+        let shared = self.0.clone();
+        tokio::spawn(async move {
+            let reason = run_session(&session, &mut inbound, opts).await;
+            shared.hub.unregister(&session);
+            session.close(Status::unavailable(reason.clone()));
+            session.fail_pending();
+            let seen = session.last_seen_ms.load(Ordering::Relaxed);
+            let _ = shared
+                .registry
+                .update_worker(&session.worker_id, |w| w.last_seen_ms = seen);
+            tracing::warn!(worker = %session.worker_id, session = session.session_no, %reason, "worker session ended");
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Reads a worker's messages until the session ends; returns why it ended.
+async fn run_session(
+    session: &Arc<Session>,
+    inbound: &mut Streaming<WorkerMessage>,
+    opts: SessionOptions,
+) -> String {
+    let mut beat = tokio::time::interval(opts.heartbeat_interval());
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = session.closed.cancelled() => return "closed by the brain".into(),
+            _ = beat.tick() => {
+                let _ = session.send(brain_message::Msg::Heartbeat(proto::Heartbeat {
+                    unix_ms: shared::now_unix_ms(),
+                })).await;
+            }
+            msg = tokio::time::timeout(opts.lost_after, inbound.message()) => {
+                let msg = match msg {
+                    Err(_) => return format!("lost: no message for {:?}", opts.lost_after),
+                    Ok(Err(status)) => return format!("stream error: {}", status.message()),
+                    Ok(Ok(None)) => return "the worker closed the session".into(),
+                    Ok(Ok(Some(m))) => m,
+                };
+                session.last_seen_ms.store(shared::now_unix_ms(), Ordering::Relaxed);
+                match msg.msg {
+                    Some(worker_message::Msg::ExecOutput(out)) => {
+                        let id = out.call_id;
+                        session.deliver_exec(id, ExecEvent { event: Some(proto::exec_event::Event::Output(out)) }, false).await;
+                    }
+                    Some(worker_message::Msg::ExecExit(mut exit)) => {
+                        exit.worker_lost = false;
+                        let id = exit.call_id;
+                        session.deliver_exec(id, ExecEvent { event: Some(proto::exec_event::Event::Exit(exit)) }, true).await;
+                    }
+                    Some(worker_message::Msg::FileResponse(resp)) => session.deliver_file(resp),
+                    Some(worker_message::Msg::Echo(e)) => session.deliver_echo(e.call_id, e.payload),
+                    Some(worker_message::Msg::Heartbeat(_)) => {}
+                    Some(worker_message::Msg::Hello(_)) | None => {
+                        tracing::warn!(worker = %session.worker_id, "unexpected message on session; ignored");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for Services {
+    async fn list_workers(
+        &self,
+        req: Request<ListWorkersRequest>,
+    ) -> Result<Response<ListWorkersResponse>, Status> {
+        self.authorize(&req, Role::Admin)?;
+        let workers = self
+            .0
+            .registry
+            .workers()?
+            .into_iter()
+            .map(|w| {
+                let session = self.0.hub.session(&w.id);
+                let state = if w.revoked {
+                    WorkerState::Revoked
+                } else if session.is_some() {
+                    WorkerState::Connected
+                } else if w.last_seen_ms > 0 {
+                    WorkerState::Lost
+                } else {
+                    WorkerState::Enrolled
+                };
+                let last_seen = session
+                    .map(|s| s.last_seen_ms.load(Ordering::Relaxed))
+                    .unwrap_or(w.last_seen_ms);
+                let caps = w.caps.unwrap_or_default();
+                WorkerInfo {
+                    id: w.id,
+                    name: w.name,
+                    labels: w.labels.into_iter().collect(),
+                    capabilities: Some(proto::Capabilities {
+                        cpus: caps.cpus,
+                        memory_bytes: caps.memory_bytes,
+                        disk_free_bytes: caps.disk_free_bytes,
+                        os: caps.os,
+                        arch: caps.arch,
+                        version: caps.version,
+                        hostname: caps.hostname,
+                    }),
+                    state: state as i32,
+                    last_seen_unix_ms: last_seen,
+                    enrolled_unix_ms: w.enrolled_ms,
+                }
+            })
+            .collect();
+        Ok(Response::new(ListWorkersResponse { workers }))
+    }
+
+    async fn revoke_worker(
+        &self,
+        req: Request<RevokeWorkerRequest>,
+    ) -> Result<Response<RevokeWorkerResponse>, Status> {
+        let admin = self.authorize(&req, Role::Admin)?;
+        let w = self.resolve(&req.get_ref().worker)?;
+        self.0.registry.revoke_worker(&w.id).await?;
+        let closed = self.0.hub.disconnect(
+            &w.id,
+            Status::permission_denied(format!("certificate revoked: worker {} was revoked on this brain", w.id)),
+        );
+        tracing::warn!(worker = %w.id, by = %admin, session_closed = closed, "worker revoked");
+        Ok(Response::new(RevokeWorkerResponse {
+            worker_id: w.id,
+            session_closed: closed,
+        }))
+    }
+
+    async fn create_token(
+        &self,
+        req: Request<CreateTokenRequest>,
+    ) -> Result<Response<CreateTokenResponse>, Status> {
+        self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        check_labels(&req.labels)?;
+        let ttl = req.ttl_seconds;
+        if ttl == 0 || ttl > 30 * 24 * 3600 {
+            return Err(Status::invalid_argument("token TTL must be between 1s and 30 days"));
+        }
+        let (token, expires) = self
+            .0
+            .registry
+            .create_token(ttl as i64 * 1000, req.labels.into_iter().collect())
+            .await?;
+        Ok(Response::new(CreateTokenResponse {
+            token,
+            expires_unix_ms: expires,
+            ca_hash: self.0.ca.hash(),
+        }))
+    }
+
+    async fn issue_admin(
+        &self,
+        req: Request<IssueAdminRequest>,
+    ) -> Result<Response<IssueAdminResponse>, Status> {
+        let admin = self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        check_name(&req.name)?;
+        if let Some(old) = self.0.registry.admin(&req.name)?
+            && !old.revoked
+        {
+            return Err(registry::Error::AdminExists(req.name).into());
+        }
+        let cert_pem = self
+            .0
+            .ca
+            .sign_client(&req.csr_der, Role::Admin, &req.name)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let der = pki::certs_from_pem(&cert_pem, std::path::Path::new("issued"))
+            .map_err(|e| Status::internal(e.to_string()))?
+            .remove(0);
+        self.0
+            .registry
+            .add_admin(&req.name, &pki::fingerprint(&der), true)
+            .await?;
+        tracing::info!(name = %req.name, by = %admin, "admin identity issued");
+        Ok(Response::new(IssueAdminResponse {
+            cert_pem,
+            ca_pem: self.0.ca.cert_pem.clone(),
+        }))
+    }
+
+    async fn revoke_admin(
+        &self,
+        req: Request<RevokeAdminRequest>,
+    ) -> Result<Response<RevokeAdminResponse>, Status> {
+        let admin = self.authorize(&req, Role::Admin)?;
+        let name = &req.get_ref().name;
+        if *name == admin.id {
+            return Err(Status::failed_precondition(
+                "refusing to revoke the identity making this call: use another admin identity",
+            ));
+        }
+        self.0.registry.revoke_admin(name).await?;
+        tracing::warn!(name = %name, by = %admin, "admin identity revoked");
+        Ok(Response::new(RevokeAdminResponse {}))
+    }
+
+    type ExecStream = ReceiverStream<Result<ExecEvent, Status>>;
+
+    async fn exec(
+        &self,
+        req: Request<AdminExecRequest>,
+    ) -> Result<Response<Self::ExecStream>, Status> {
+        self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        let w = self.resolve(&req.worker)?;
+        if req.argv.is_empty() {
+            return Err(Status::invalid_argument("no command given"));
+        }
+        if req.argv.iter().map(|a| a.len()).sum::<usize>() > limits::MAX_ARGV_BYTES {
+            return Err(Status::invalid_argument("command line longer than 256 KiB"));
+        }
+        let spec = ExecSpec {
+            workspace: if req.workspace.is_empty() {
+                "default".into()
+            } else {
+                req.workspace
+            },
+            argv: req.argv,
+            cwd: req.cwd,
+            timeout: Duration::from_millis(if req.timeout_ms == 0 {
+                limits::DEFAULT_EXEC_TIMEOUT_MS
+            } else {
+                req.timeout_ms
+            }),
+            output_cap_bytes: match req.output_cap_bytes {
+                0 => limits::DEFAULT_OUTPUT_CAP_BYTES,
+                n => n.min(limits::MAX_OUTPUT_CAP_BYTES),
+            },
+        };
+        let mut call = self.0.hub.exec(&w.id, spec).await?;
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            while let Some(ev) = call.next().await {
+                let last = matches!(ev.event, Some(proto::exec_event::Event::Exit(_)));
+                if tx.send(Ok(ev)).await.is_err() || last {
+                    break; // the admin went away: dropping `call` cancels the command
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn file(
+        &self,
+        req: Request<AdminFileRequest>,
+    ) -> Result<Response<FileResponse>, Status> {
+        self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        let w = self.resolve(&req.worker)?;
+        let mut call = req
+            .call
+            .ok_or_else(|| Status::invalid_argument("no file operation given"))?;
+        if call.workspace.is_empty() {
+            call.workspace = "default".into();
+        }
+        let resp = self.0.hub.file(&w.id, call, FILE_TIMEOUT).await?;
+        Ok(Response::new(resp))
+    }
+
+    async fn echo(
+        &self,
+        req: Request<AdminEchoRequest>,
+    ) -> Result<Response<AdminEchoResponse>, Status> {
+        self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        let w = self.resolve(&req.worker)?;
+        let payload = self
+            .0
+            .hub
+            .echo(&w.id, req.payload, Duration::from_secs(10))
+            .await?;
+        Ok(Response::new(AdminEchoResponse { payload }))
+    }
+}

@@ -1,0 +1,58 @@
+//! What the brain and the workers must agree on: identities and TLS configuration, the
+//! path-confinement rule for every path that comes off the wire, where state lives on disk,
+//! and logging set-up.
+
+pub mod dirs;
+pub mod paths;
+pub mod pki;
+pub mod telemetry;
+pub mod tls;
+
+/// Limits both sides enforce on what crosses the wire.
+pub mod limits {
+    /// Largest gRPC message either side accepts.
+    pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+    /// Largest file payload one read or write call carries.
+    pub const MAX_FILE_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
+    /// Default cap on one command's combined stdout and stderr.
+    pub const DEFAULT_OUTPUT_CAP_BYTES: u64 = 4 * 1024 * 1024;
+    /// Upper bound on any requested output cap.
+    pub const MAX_OUTPUT_CAP_BYTES: u64 = 256 * 1024 * 1024;
+    /// Default timeout of one command.
+    pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+    /// Longest argv (in bytes, summed) accepted for one command.
+    pub const MAX_ARGV_BYTES: usize = 256 * 1024;
+    /// Most entries one directory listing returns.
+    pub const MAX_LIST_ENTRIES: usize = 100_000;
+}
+
+/// Milliseconds since the Unix epoch, for timestamps on the wire and in records.
+pub fn now_unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Parses a human duration such as `30s`, `15m` or `1h 30m`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("invalid duration {s:?}: {e} (examples: 30s, 15m, 1h)"))
+}
+
+/// Parses a `key=value` label.
+pub fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("invalid label {s:?}: expected key=value"))?;
+    let valid = |x: &str| {
+        x.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+    };
+    if k.is_empty() || k.len() > 63 || !valid(k) || v.len() > 255 || !valid(v) {
+        return Err(format!(
+            "invalid label {s:?}: keys are 1-63 and values 0-255 characters of [A-Za-z0-9._/-]"
+        ));
+    }
+    Ok((k.to_string(), v.to_string()))
+}

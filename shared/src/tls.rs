@@ -1,0 +1,199 @@
+//! Dialling the brain: a gRPC channel over TLS with a rustls configuration we build ourselves
+//! (pinned CA for enrolment, mutual TLS afterwards), and plain-words explanations of why a
+//! connection failed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Uri;
+use hyper_util::rt::TokioIo;
+use rustls::ClientConfig;
+use rustls::pki_types::ServerName;
+use tonic::transport::{Channel, Endpoint};
+
+/// Errors dialling the brain.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid brain URL {url:?}: {reason} (expected https://HOST:PORT)")]
+    Url { url: String, reason: String },
+    #[error("{0}")]
+    Connect(String),
+}
+
+/// Where the brain is: host, port and the name its certificate must carry.
+#[derive(Debug, Clone)]
+pub struct BrainAddr {
+    pub host: String,
+    pub port: u16,
+}
+
+impl BrainAddr {
+    /// Parses `https://HOST:PORT` (port defaults to 7443).
+    pub fn parse(url: &str) -> Result<Self, Error> {
+        let bad = |reason: &str| Error::Url {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(bad("the scheme must be https"));
+        }
+        let host = uri.host().ok_or_else(|| bad("no host"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        Ok(Self {
+            host,
+            port: uri.port_u16().unwrap_or(7443),
+        })
+    }
+
+    pub fn url(&self) -> String {
+        if self.host.contains(':') {
+            format!("https://[{}]:{}", self.host, self.port)
+        } else {
+            format!("https://{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Timeouts for a brain connection.
+#[derive(Debug, Clone, Copy)]
+pub struct DialOptions {
+    pub connect_timeout: Duration,
+    /// HTTP/2 keep-alive ping interval; a dead peer is noticed within about twice this.
+    pub keepalive: Duration,
+}
+
+impl Default for DialOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            keepalive: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Opens a gRPC channel to the brain over TLS with `config`. The TCP and TLS handshakes happen
+/// here, so a refused certificate or an unreachable brain is reported by this call.
+pub async fn dial(
+    addr: &BrainAddr,
+    config: ClientConfig,
+    opts: DialOptions,
+) -> Result<Channel, Error> {
+    let server_name = ServerName::try_from(addr.host.clone()).map_err(|_| Error::Url {
+        url: addr.url(),
+        reason: "host is not a valid DNS name or IP address".into(),
+    })?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let target = (addr.host.clone(), addr.port);
+    let connect = tower::service_fn(move |_: Uri| {
+        let connector = connector.clone();
+        let server_name = server_name.clone();
+        let target = target.clone();
+        async move {
+            let tcp = tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await?;
+            tcp.set_nodelay(true)?;
+            let tls = connector.connect(server_name, tcp).await?;
+            Ok::<_, std::io::Error>(TokioIo::new(tls))
+        }
+    });
+    // The URI only labels requests; the connector above decides where and how to connect.
+    let label = addr.url().replacen("https://", "http://", 1);
+    let endpoint = Endpoint::from_shared(label)
+        .map_err(|e| Error::Url {
+            url: addr.url(),
+            reason: e.to_string(),
+        })?
+        .connect_timeout(opts.connect_timeout)
+        .http2_keep_alive_interval(opts.keepalive)
+        .keep_alive_timeout(opts.keepalive)
+        .keep_alive_while_idle(true);
+    endpoint
+        .connect_with_connector(connect)
+        .await
+        .map_err(|e| Error::Connect(explain(&e, &addr.url())))
+}
+
+/// Says in plain words why talking to the brain failed, by walking the error's causes.
+pub fn explain(err: &(dyn std::error::Error + 'static), url: &str) -> String {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return explain_tls(tls, url);
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if let Some(inner) = io.get_ref()
+                && let Some(tls) = inner.downcast_ref::<rustls::Error>()
+            {
+                return explain_tls(tls, url);
+            }
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => {
+                    format!("brain unreachable at {url}: connection refused (is `brain serve` running there?)")
+                }
+                std::io::ErrorKind::TimedOut => format!("brain unreachable at {url}: timed out"),
+                _ => format!("brain unreachable at {url}: {io}"),
+            };
+        }
+        if let Some(status) = e.downcast_ref::<tonic::Status>() {
+            return explain_status(status);
+        }
+        cur = e.source();
+    }
+    let mut msg = format!("cannot talk to the brain at {url}: {err}");
+    let mut src = err.source();
+    while let Some(s) = src {
+        msg.push_str(&format!(": {s}"));
+        src = s.source();
+    }
+    msg
+}
+
+fn explain_tls(e: &rustls::Error, url: &str) -> String {
+    use rustls::{AlertDescription as A, CertificateError as C, Error as E};
+    match e {
+        E::InvalidCertificate(C::Expired | C::NotValidYet)
+        | E::InvalidCertificate(C::ExpiredContext { .. })
+        | E::InvalidCertificate(C::NotValidYetContext { .. }) => format!(
+            "the brain's certificate is outside its validity period at {url}: check this machine's clock (clock skew) or the brain's certificate dates ({e})"
+        ),
+        E::InvalidCertificate(C::UnknownIssuer) => format!(
+            "the brain at {url} presented a certificate from a CA we do not trust: wrong brain, or its CA was re-created"
+        ),
+        E::InvalidCertificate(C::NotValidForName)
+        | E::InvalidCertificate(C::NotValidForNameContext { .. }) => format!(
+            "the brain's certificate does not name the host in {url}: re-run `brain init --force --host NAME` with this name, or connect by a name it has ({e})"
+        ),
+        E::AlertReceived(A::CertificateRevoked | A::BadCertificate | A::UnknownCA | A::CertificateUnknown | A::CertificateExpired) => format!(
+            "the brain at {url} refused our certificate ({e}): it may be from another brain, revoked or expired; enrol again with `worker join`"
+        ),
+        E::General(msg) if msg.contains("CA hash mismatch") => msg.clone(),
+        other => format!("TLS with the brain at {url} failed: {other}"),
+    }
+}
+
+/// Says in plain words what a status from the brain means.
+pub fn explain_status(s: &tonic::Status) -> String {
+    use tonic::Code;
+    match s.code() {
+        Code::Unauthenticated | Code::PermissionDenied => {
+            format!("the brain refused us: {}", s.message())
+        }
+        Code::Unavailable => format!("brain unavailable: {}", s.message()),
+        _ => format!("{:?}: {}", s.code(), s.message()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_brain_urls() {
+        let a = BrainAddr::parse("https://10.1.2.3:9000").unwrap();
+        assert_eq!((a.host.as_str(), a.port), ("10.1.2.3", 9000));
+        assert_eq!(BrainAddr::parse("https://brain.example").unwrap().port, 7443);
+        assert_eq!(BrainAddr::parse("https://[::1]:1").unwrap().host, "::1");
+        assert!(BrainAddr::parse("http://x:1").is_err());
+        assert!(BrainAddr::parse("nonsense").is_err());
+    }
+}

@@ -1,0 +1,134 @@
+//! The `worker` command line: `join` a brain once, then `run` (reconnecting for ever).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+use crate::session::{self, Backoff, JoinOptions};
+use crate::state::{self, StateDir};
+
+#[derive(Parser)]
+#[command(
+    name = "worker",
+    version,
+    about = "Tether worker: dials out to a brain over mutual TLS and runs its calls in confined workspaces",
+    long_about = "Tether worker: dials out to a brain over mutual TLS and runs its calls in confined workspaces.\n\nFirst `worker join` with the line `brain token create` printed; afterwards `worker run` reconnects with the stored identity. State (identity, workspaces) lives in --state, default $TETHER_WORKER_STATE or ~/.local/share/tether-worker."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Enrol with a brain using a one-time token, then run
+    Join {
+        /// The brain's URL, e.g. https://brain.example:7443
+        #[arg(long, env = "TETHER_BRAIN")]
+        brain: String,
+        /// One-time join token from `brain token create`
+        #[arg(long)]
+        token: String,
+        /// Pin of the brain's CA: sha256:<hex>, as printed by `brain token create`
+        #[arg(long)]
+        ca_hash: String,
+        /// Name shown in `brain workers` (default: host name)
+        #[arg(long)]
+        name: Option<String>,
+        /// Label key=value, repeatable (used for placement)
+        #[arg(long = "label", value_parser = shared::parse_label)]
+        labels: Vec<(String, String)>,
+        #[arg(long, env = "TETHER_WORKER_STATE")]
+        state: Option<PathBuf>,
+        /// Enrol again even if this state dir already holds an identity
+        #[arg(long)]
+        force: bool,
+        /// Only enrol; do not start running
+        #[arg(long)]
+        no_run: bool,
+    },
+    /// Connect to the brain with the stored identity and serve its calls until stopped
+    Run {
+        #[arg(long, env = "TETHER_WORKER_STATE")]
+        state: Option<PathBuf>,
+        /// Override the brain URL stored at join time
+        #[arg(long)]
+        brain: Option<String>,
+    },
+}
+
+/// Parses `args` (including the program name) and runs the command.
+pub fn main_with<I, T>(args: I) -> anyhow::Result<()>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    shared::telemetry::init("info");
+    let cli = Cli::parse_from(args);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async_main(cli))
+}
+
+async fn async_main(cli: Cli) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone());
+    match cli.cmd {
+        Cmd::Join {
+            brain,
+            token,
+            ca_hash,
+            name,
+            labels,
+            state,
+            force,
+            no_run,
+        } => {
+            let dir = StateDir(state.unwrap_or_else(state::default_dir));
+            let m = session::join(
+                &dir,
+                JoinOptions {
+                    brain,
+                    token,
+                    ca_hash,
+                    name: name.unwrap_or_else(crate::caps::hostname),
+                    labels,
+                    force,
+                },
+            )
+            .await?;
+            eprintln!(
+                "joined as {} ({}); identity stored in {}",
+                m.worker_id,
+                m.name,
+                dir.0.display()
+            );
+            if no_run {
+                return Ok(());
+            }
+            session::run(dir, None, Backoff::default(), shutdown).await?;
+        }
+        Cmd::Run { state, brain } => {
+            let dir = StateDir(state.unwrap_or_else(state::default_dir));
+            session::run(dir, brain, Backoff::default(), shutdown).await?;
+        }
+    }
+    Ok(())
+}
+
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        tracing::info!("shutting down");
+        shutdown.cancel();
+    });
+}

@@ -1,0 +1,272 @@
+//! Running one command for the brain: in its own process group, in the workspace, with a
+//! scrubbed environment, streamed output capped per call, and the whole group killed on
+//! timeout or cancel so nothing is left behind.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use proto::{ExecExit, ExecOutput, ExecStart, OutputStream, WorkerMessage, worker_message};
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Environment variables passed through to commands; everything else is dropped so the
+/// worker's own secrets are never inherited.
+const ENV_ALLOW: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "TMPDIR"];
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// How long to keep reading output after the command exits, for pipes still held open by a
+/// background child.
+const DRAIN_GRACE: Duration = Duration::from_millis(250);
+const CHUNK: usize = 32 * 1024;
+
+fn msg(m: worker_message::Msg) -> WorkerMessage {
+    WorkerMessage { msg: Some(m) }
+}
+
+fn exit_with_error(call_id: u64, code: i32, error: String) -> WorkerMessage {
+    msg(worker_message::Msg::ExecExit(ExecExit {
+        call_id,
+        code: Some(code),
+        error,
+        ..Default::default()
+    }))
+}
+
+/// Runs `start` under `workspaces_root`, sending output and then exactly one exit message.
+pub async fn run(
+    start: ExecStart,
+    workspaces_root: &Path,
+    out: mpsc::Sender<WorkerMessage>,
+    cancel: CancellationToken,
+) {
+    let call_id = start.call_id;
+    let exit = match prepare(&start, workspaces_root) {
+        Ok(cmd) => execute(cmd, &start, &out, cancel).await,
+        Err(e) => exit_with_error(call_id, 125, e),
+    };
+    let _ = out.send(exit).await;
+}
+
+fn prepare(start: &ExecStart, root: &Path) -> Result<tokio::process::Command, String> {
+    let argv0 = start.argv.first().ok_or("no command given")?;
+    let ws = crate::state::workspace(root, &start.workspace).map_err(|e| e.to_string())?;
+    let cwd = shared::paths::confine(&ws, &start.cwd).map_err(|e| e.to_string())?;
+    if !cwd.is_dir() {
+        return Err(format!(
+            "working directory {:?} does not exist in the workspace",
+            start.cwd
+        ));
+    }
+    let mut cmd = tokio::process::Command::new(argv0);
+    cmd.args(&start.argv[1..])
+        .current_dir(&cwd)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    for k in ENV_ALLOW {
+        if let Some(v) = std::env::var_os(k) {
+            cmd.env(k, v);
+        }
+    }
+    if std::env::var_os("PATH").is_none() {
+        cmd.env("PATH", DEFAULT_PATH);
+    }
+    Ok(cmd)
+}
+
+/// Shared output budget of one call: bytes still allowed, and bytes dropped past the cap.
+struct Budget {
+    left: u64,
+    dropped: u64,
+}
+
+async fn pump(
+    mut pipe: impl tokio::io::AsyncRead + Unpin,
+    stream: OutputStream,
+    call_id: u64,
+    budget: std::sync::Arc<std::sync::Mutex<Budget>>,
+    out: mpsc::Sender<WorkerMessage>,
+) {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let keep = {
+            let mut b = budget.lock().unwrap_or_else(|e| e.into_inner());
+            let keep = (n as u64).min(b.left) as usize;
+            b.left -= keep as u64;
+            b.dropped += (n - keep) as u64;
+            keep
+        };
+        if keep > 0 {
+            let m = msg(worker_message::Msg::ExecOutput(ExecOutput {
+                call_id,
+                stream: stream as i32,
+                data: buf[..keep].to_vec(),
+            }));
+            if out.send(m).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn kill_group(pgid: i32) {
+    if pgid > 0 {
+        // SAFETY: plain syscall; a negative pid addresses the process group.
+        unsafe {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+    }
+}
+
+async fn execute(
+    mut cmd: tokio::process::Command,
+    start: &ExecStart,
+    out: &mpsc::Sender<WorkerMessage>,
+    cancel: CancellationToken,
+) -> WorkerMessage {
+    let call_id = start.call_id;
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => 127,
+                std::io::ErrorKind::PermissionDenied => 126,
+                _ => 125,
+            };
+            return exit_with_error(
+                call_id,
+                code,
+                format!("cannot start {:?}: {e}", start.argv[0]),
+            );
+        }
+    };
+    let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+    let cap = match start.output_cap_bytes {
+        0 => shared::limits::DEFAULT_OUTPUT_CAP_BYTES,
+        n => n.min(shared::limits::MAX_OUTPUT_CAP_BYTES),
+    };
+    let budget = std::sync::Arc::new(std::sync::Mutex::new(Budget {
+        left: cap,
+        dropped: 0,
+    }));
+    let mut readers = tokio::task::JoinSet::new();
+    if let Some(p) = child.stdout.take() {
+        readers.spawn(pump(p, OutputStream::Stdout, call_id, budget.clone(), out.clone()));
+    }
+    if let Some(p) = child.stderr.take() {
+        readers.spawn(pump(p, OutputStream::Stderr, call_id, budget.clone(), out.clone()));
+    }
+    let timeout = Duration::from_millis(if start.timeout_ms == 0 {
+        shared::limits::DEFAULT_EXEC_TIMEOUT_MS
+    } else {
+        start.timeout_ms
+    });
+    let (mut timed_out, mut cancelled) = (false, false);
+    let status = tokio::select! {
+        s = child.wait() => s,
+        _ = tokio::time::sleep(timeout) => {
+            timed_out = true;
+            kill_group(pgid);
+            child.wait().await
+        }
+        _ = cancel.cancelled() => {
+            cancelled = true;
+            kill_group(pgid);
+            child.wait().await
+        }
+    };
+    // Output written before the exit is sent before the exit message. A background child
+    // that keeps the pipe open gets a short grace, then we stop reading.
+    let drained = tokio::time::timeout(DRAIN_GRACE, async {
+        while readers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        readers.abort_all();
+    }
+    let dropped = budget.lock().unwrap_or_else(|e| e.into_inner()).dropped;
+    let mut exit = ExecExit {
+        call_id,
+        timed_out,
+        cancelled,
+        dropped_bytes: dropped,
+        ..Default::default()
+    };
+    match status {
+        Ok(st) => {
+            use std::os::unix::process::ExitStatusExt;
+            exit.code = st.code();
+            exit.signal = st.signal();
+        }
+        Err(e) => exit.error = format!("waiting for the command failed: {e}"),
+    }
+    msg(worker_message::Msg::ExecExit(exit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn run_cmd(argv: &[&str], timeout_ms: u64, cap: u64) -> (Vec<u8>, ExecExit) {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(1024);
+        let start = ExecStart {
+            call_id: 7,
+            workspace: "default".into(),
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            cwd: String::new(),
+            timeout_ms,
+            output_cap_bytes: cap,
+        };
+        run(start, dir.path(), tx, CancellationToken::new()).await;
+        let mut stdout = Vec::new();
+        while let Some(m) = rx.recv().await {
+            match m.msg {
+                Some(worker_message::Msg::ExecOutput(o)) => stdout.extend(o.data),
+                Some(worker_message::Msg::ExecExit(e)) => return (stdout, e),
+                _ => panic!("unexpected message"),
+            }
+        }
+        panic!("no exit message");
+    }
+
+    #[tokio::test]
+    async fn output_and_exit_code() {
+        let (out, exit) = run_cmd(&["sh", "-c", "echo hi; exit 3"], 5000, 0).await;
+        assert_eq!(out, b"hi\n");
+        assert_eq!(exit.code, Some(3));
+        assert!(!exit.timed_out);
+    }
+
+    #[tokio::test]
+    async fn output_is_capped_with_a_count_of_what_was_dropped() {
+        let (out, exit) = run_cmd(&["sh", "-c", "head -c 100000 /dev/zero"], 5000, 1000).await;
+        assert_eq!(out.len(), 1000);
+        assert_eq!(exit.dropped_bytes, 99_000);
+    }
+
+    #[tokio::test]
+    async fn missing_program_is_127_with_a_message() {
+        let (_, exit) = run_cmd(&["no-such-program-xyz"], 5000, 0).await;
+        assert_eq!(exit.code, Some(127));
+        assert!(exit.error.contains("no-such-program-xyz"), "{}", exit.error);
+    }
+
+    #[tokio::test]
+    async fn environment_is_scrubbed() {
+        // SAFETY: test-only; no other thread in this test reads the environment concurrently.
+        unsafe { std::env::set_var("TETHER_TEST_SECRET", "hunter2") };
+        let (out, _) = run_cmd(&["env"], 5000, 0).await;
+        let text = String::from_utf8(out).unwrap();
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("PATH="), "{text}");
+    }
+}

@@ -1,0 +1,302 @@
+//! File operations inside a workspace. Every path goes through `shared::paths`; writes are
+//! atomic (temp file in the same directory, fsync, rename); sizes are bounded.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use proto::{
+    DirListing, Done, FileCall, FileData, FileError, FileErrorKind, FileKind, FileResponse,
+    FileStat, file_call, file_response,
+};
+use shared::limits::{MAX_FILE_CHUNK_BYTES, MAX_LIST_ENTRIES};
+use shared::paths;
+
+fn error(kind: FileErrorKind, path: &str, message: String) -> file_response::Result {
+    file_response::Result::Error(FileError {
+        kind: kind as i32,
+        path: path.to_string(),
+        message,
+    })
+}
+
+fn from_paths(path: &str, e: paths::Error) -> file_response::Result {
+    let kind = match &e {
+        paths::Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            FileErrorKind::NotFound
+        }
+        paths::Error::Io { .. } | paths::Error::Root { .. } => FileErrorKind::Io,
+        _ => FileErrorKind::PathRejected,
+    };
+    error(kind, path, e.to_string())
+}
+
+fn from_io(path: &str, what: &str, e: std::io::Error) -> file_response::Result {
+    let kind = if e.kind() == std::io::ErrorKind::NotFound {
+        FileErrorKind::NotFound
+    } else {
+        FileErrorKind::Io
+    };
+    error(kind, path, format!("{what} {path:?}: {e}"))
+}
+
+/// Runs one file call (blocking I/O: call from `spawn_blocking`).
+pub fn handle(call: FileCall, workspaces_root: &Path) -> FileResponse {
+    let call_id = call.call_id;
+    let result = match crate::state::workspace(workspaces_root, &call.workspace) {
+        Err(e) => from_paths(&call.workspace, e),
+        Ok(ws) => match call.op {
+            None => error(FileErrorKind::Invalid, "", "no operation given".into()),
+            Some(file_call::Op::Read(r)) => read(&ws, &r.path, r.offset, r.length),
+            Some(file_call::Op::Write(w)) => write(&ws, &w.path, &w.data, w.mode, w.create_dirs),
+            Some(file_call::Op::List(l)) => list(&ws, &l.path),
+            Some(file_call::Op::Stat(s)) => stat(&ws, &s.path),
+            Some(file_call::Op::Remove(r)) => remove(&ws, &r.path, r.recursive),
+        },
+    };
+    FileResponse {
+        call_id,
+        result: Some(result),
+    }
+}
+
+fn read(ws: &Path, path: &str, offset: u64, length: u64) -> file_response::Result {
+    let full = match paths::confine(ws, path) {
+        Ok(p) => p,
+        Err(e) => return from_paths(path, e),
+    };
+    let mut f = match std::fs::File::open(&full) {
+        Ok(f) => f,
+        Err(e) => return from_io(path, "cannot open", e),
+    };
+    let size = match f.metadata() {
+        Ok(m) if m.is_file() => m.len(),
+        Ok(_) => {
+            return error(FileErrorKind::Invalid, path, format!("{path:?} is not a regular file"));
+        }
+        Err(e) => return from_io(path, "cannot stat", e),
+    };
+    let want = if length == 0 { MAX_FILE_CHUNK_BYTES } else { length.min(MAX_FILE_CHUNK_BYTES) };
+    let mut data = Vec::new();
+    if let Err(e) = f
+        .seek(SeekFrom::Start(offset))
+        .and_then(|_| f.take(want).read_to_end(&mut data))
+    {
+        return from_io(path, "cannot read", e);
+    }
+    file_response::Result::Data(FileData {
+        data,
+        file_size: size,
+    })
+}
+
+fn write(ws: &Path, path: &str, data: &[u8], mode: u32, create_dirs: bool) -> file_response::Result {
+    use std::os::unix::fs::OpenOptionsExt;
+    if data.len() as u64 > MAX_FILE_CHUNK_BYTES {
+        return error(
+            FileErrorKind::TooLarge,
+            path,
+            format!("{} bytes is over the {MAX_FILE_CHUNK_BYTES}-byte limit of one write", data.len()),
+        );
+    }
+    let (parent, name) = match paths::confine_parent(ws, path) {
+        Ok(x) => x,
+        Err(e) => return from_paths(path, e),
+    };
+    if create_dirs && let Err(e) = std::fs::create_dir_all(&parent) {
+        return from_io(path, "cannot create the parent of", e);
+    }
+    // Only permission bits: no setuid, setgid or sticky bits from the wire.
+    let mode = if mode == 0 { 0o644 } else { mode & 0o777 };
+    let target = parent.join(&name);
+    if std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
+        return error(FileErrorKind::Invalid, path, format!("{path:?} is a directory"));
+    }
+    let tmp = parent.join(format!(".{name}.tether-{:016x}", rand::random::<u64>()));
+    let res = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &target)
+    })();
+    match res {
+        Ok(()) => file_response::Result::Done(Done {}),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            from_io(path, "cannot write", e)
+        }
+    }
+}
+
+fn stat_of(rel: String, meta: &std::fs::Metadata) -> FileStat {
+    use std::os::unix::fs::MetadataExt;
+    let ft = meta.file_type();
+    let kind = if ft.is_file() {
+        FileKind::File
+    } else if ft.is_dir() {
+        FileKind::Dir
+    } else if ft.is_symlink() {
+        FileKind::Symlink
+    } else {
+        FileKind::Other
+    };
+    FileStat {
+        path: rel,
+        kind: kind as i32,
+        size: meta.len(),
+        mode: meta.mode() & 0o7777,
+        mtime_unix_ms: meta.mtime() * 1000 + meta.mtime_nsec() / 1_000_000,
+    }
+}
+
+fn list(ws: &Path, path: &str) -> file_response::Result {
+    let full = match paths::confine(ws, path) {
+        Ok(p) => p,
+        Err(e) => return from_paths(path, e),
+    };
+    let rd = match std::fs::read_dir(&full) {
+        Ok(rd) => rd,
+        Err(e) => return from_io(path, "cannot list", e),
+    };
+    let prefix = path.trim_matches('/');
+    let mut entries = Vec::new();
+    for ent in rd {
+        let ent = match ent {
+            Ok(e) => e,
+            Err(e) => return from_io(path, "cannot list", e),
+        };
+        if entries.len() >= MAX_LIST_ENTRIES {
+            return error(
+                FileErrorKind::TooLarge,
+                path,
+                format!("{path:?} has more than {MAX_LIST_ENTRIES} entries"),
+            );
+        }
+        let name = ent.file_name().to_string_lossy().into_owned();
+        let rel = if prefix.is_empty() || prefix == "." {
+            name
+        } else {
+            format!("{prefix}/{name}")
+        };
+        if let Ok(meta) = ent.metadata() {
+            entries.push(stat_of(rel, &meta));
+        }
+    }
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    file_response::Result::Listing(DirListing { entries })
+}
+
+fn stat(ws: &Path, path: &str) -> file_response::Result {
+    let full = match paths::confine(ws, path) {
+        Ok(p) => p,
+        Err(e) => return from_paths(path, e),
+    };
+    match std::fs::symlink_metadata(&full) {
+        Ok(meta) => file_response::Result::Stat(stat_of(path.to_string(), &meta)),
+        Err(e) => from_io(path, "cannot stat", e),
+    }
+}
+
+fn remove(ws: &Path, path: &str, recursive: bool) -> file_response::Result {
+    let (parent, name) = match paths::confine_parent(ws, path) {
+        Ok(x) => x,
+        Err(e) => return from_paths(path, e),
+    };
+    let target = parent.join(name);
+    let res = match std::fs::symlink_metadata(&target) {
+        Err(e) => Err(e),
+        Ok(m) if m.is_dir() && recursive => std::fs::remove_dir_all(&target),
+        Ok(m) if m.is_dir() => std::fs::remove_dir(&target),
+        Ok(_) => std::fs::remove_file(&target),
+    };
+    match res {
+        Ok(()) => file_response::Result::Done(Done {}),
+        Err(e) => from_io(path, "cannot remove", e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::{ReadFile, RemovePath, WriteFile};
+
+    fn call(op: file_call::Op) -> FileCall {
+        FileCall {
+            call_id: 1,
+            workspace: "ws".into(),
+            op: Some(op),
+        }
+    }
+
+    #[test]
+    fn write_then_read_a_range() {
+        let root = tempfile::tempdir().unwrap();
+        let w = handle(
+            call(file_call::Op::Write(WriteFile {
+                path: "a/b.txt".into(),
+                data: b"hello world".to_vec(),
+                mode: 0o4755,
+                create_dirs: true,
+            })),
+            root.path(),
+        );
+        assert!(matches!(w.result, Some(file_response::Result::Done(_))), "{w:?}");
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(root.path().join("ws/a/b.txt")).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o7777, 0o755, "setuid bit must be stripped");
+        let r = handle(
+            call(file_call::Op::Read(ReadFile {
+                path: "a/b.txt".into(),
+                offset: 6,
+                length: 5,
+            })),
+            root.path(),
+        );
+        match r.result {
+            Some(file_response::Result::Data(d)) => {
+                assert_eq!(d.data, b"world");
+                assert_eq!(d.file_size, 11);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn writes_through_an_escaping_symlink_are_refused_and_nothing_outside_changes() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("victim"), b"safe").unwrap();
+        std::fs::create_dir_all(root.path().join("ws")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("ws/out")).unwrap();
+        let w = handle(
+            call(file_call::Op::Write(WriteFile {
+                path: "out/victim".into(),
+                data: b"pwned".to_vec(),
+                mode: 0,
+                create_dirs: false,
+            })),
+            root.path(),
+        );
+        match w.result {
+            Some(file_response::Result::Error(e)) => {
+                assert_eq!(e.kind, FileErrorKind::PathRejected as i32);
+                assert!(e.message.contains("out/victim"), "{}", e.message);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(std::fs::read(outside.path().join("victim")).unwrap(), b"safe");
+        let rm = handle(
+            call(file_call::Op::Remove(RemovePath {
+                path: "".into(),
+                recursive: true,
+            })),
+            root.path(),
+        );
+        assert!(matches!(rm.result, Some(file_response::Result::Error(_))));
+    }
+}

@@ -1,0 +1,314 @@
+//! Enrolment and the session loop: dial out to the brain, say hello, answer calls, send
+//! heartbeats, and reconnect with exponential backoff and jitter whenever the session ends.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use proto::enrollment_client::EnrollmentClient;
+use proto::worker_session_client::WorkerSessionClient;
+use proto::{BrainMessage, WorkerMessage, brain_message, worker_message};
+use shared::pki::{self, IdentityFiles, PinnedCaVerifier};
+use shared::tls::{self, BrainAddr, DialOptions};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::state::{Membership, StateDir};
+
+/// Errors joining or running.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    State(#[from] crate::state::Error),
+    #[error(transparent)]
+    Pki(#[from] pki::Error),
+    #[error(transparent)]
+    Tls(#[from] tls::Error),
+    #[error(
+        "CA hash mismatch: the brain at {url} presents CA {presented}, but --ca-hash pins {pinned}; check the hash printed by `brain token create` (or you are talking to another brain)"
+    )]
+    CaMismatch {
+        url: String,
+        presented: String,
+        pinned: String,
+    },
+    #[error("enrolment refused: {0}")]
+    Refused(String),
+    #[error(
+        "this worker already joined a brain as {0}: use `worker run`, or `worker join --force` to enrol again"
+    )]
+    AlreadyJoined(String),
+}
+
+/// What `worker join` needs.
+pub struct JoinOptions {
+    pub brain: String,
+    pub token: String,
+    pub ca_hash: String,
+    pub name: String,
+    pub labels: Vec<(String, String)>,
+    pub force: bool,
+}
+
+/// Enrols with the brain: pins its CA by hash, sends a CSR with the token, stores the
+/// returned certificate. The private key is generated here and never sent.
+pub async fn join(state: &StateDir, opts: JoinOptions) -> Result<Membership, Error> {
+    if state.is_joined() && !opts.force {
+        let (m, _) = state.load()?;
+        return Err(Error::AlreadyJoined(m.worker_id));
+    }
+    let pin = pki::parse_ca_hash(&opts.ca_hash)?;
+    let addr = BrainAddr::parse(&opts.brain)?;
+    let (verifier, seen) = PinnedCaVerifier::new(pin);
+    let channel = match tls::dial(&addr, verifier.client_config()?, DialOptions::default()).await {
+        Ok(c) => c,
+        Err(e) => {
+            let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if seen.ca_der.is_none() && !seen.presented.is_empty() {
+                return Err(Error::CaMismatch {
+                    url: addr.url(),
+                    presented: seen.presented.join(", "),
+                    pinned: opts.ca_hash.trim().to_string(),
+                });
+            }
+            return Err(e.into());
+        }
+    };
+    let (key, csr) = pki::new_key_and_csr(&opts.name)?;
+    let resp = EnrollmentClient::new(channel)
+        .enroll(proto::EnrollRequest {
+            token: opts.token.trim().to_string(),
+            csr_der: csr,
+            name: opts.name.clone(),
+            labels: opts.labels.iter().cloned().collect(),
+        })
+        .await
+        .map_err(|s| Error::Refused(s.message().to_string()))?
+        .into_inner();
+    // The CA we were given must be the one we pinned.
+    let ca_der = pki::certs_from_pem(&resp.ca_pem, &state.identity())?.remove(0);
+    if ca_der.as_ref() != seen.lock().unwrap_or_else(|e| e.into_inner()).ca_der.as_deref().unwrap_or_default() {
+        return Err(Error::CaMismatch {
+            url: addr.url(),
+            presented: pki::ca_hash(&ca_der),
+            pinned: opts.ca_hash,
+        });
+    }
+    let m = Membership {
+        v: 1,
+        worker_id: resp.worker_id,
+        name: opts.name,
+        brain_url: addr.url(),
+        labels: opts.labels.into_iter().collect(),
+    };
+    state.save(
+        &m,
+        &IdentityFiles {
+            ca_pem: resp.ca_pem,
+            cert_pem: resp.cert_pem,
+            key_pem: key.serialize_pem(),
+        },
+    )?;
+    Ok(m)
+}
+
+/// Backoff between reconnect attempts.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(200),
+            max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Full jitter: a random delay in [d/2, d].
+fn jitter(d: Duration) -> Duration {
+    let ms = d.as_millis() as u64;
+    Duration::from_millis(ms / 2 + rand::random_range(0..=ms / 2))
+}
+
+/// Runs sessions until `shutdown` is cancelled, reconnecting indefinitely.
+pub async fn run(
+    state: StateDir,
+    brain_override: Option<String>,
+    backoff: Backoff,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let (membership, ident) = state.load()?;
+    let url = brain_override.unwrap_or_else(|| membership.brain_url.clone());
+    let addr = BrainAddr::parse(&url)?;
+    let config = ident.client_config(&state.identity())?;
+    let ctx = Arc::new(Ctx {
+        membership,
+        workspaces: state.workspaces(),
+        state_dir: state.0.clone(),
+    });
+    tracing::info!(worker = %ctx.membership.worker_id, brain = %addr.url(), "worker starting");
+    let mut delay = backoff.initial;
+    loop {
+        let started = Instant::now();
+        let outcome = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            r = session(&addr, config.clone(), &ctx, &shutdown) => r,
+        };
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        match outcome {
+            Ok(reason) => tracing::warn!(%reason, "session with the brain ended; reconnecting"),
+            Err(reason) => tracing::warn!(%reason, "cannot connect to the brain; will retry"),
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            delay = backoff.initial;
+        }
+        let wait = jitter(delay);
+        tracing::info!(retry_in = ?wait, "reconnecting");
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(wait) => {}
+        }
+        delay = (delay * 2).min(backoff.max);
+    }
+}
+
+struct Ctx {
+    membership: Membership,
+    workspaces: PathBuf,
+    state_dir: PathBuf,
+}
+
+/// Outbound queue to the brain; bounded so a stalled connection pushes back on producers.
+const OUTBOUND_QUEUE: usize = 1024;
+const HELLO_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Clock difference with the brain above which we warn.
+const SKEW_WARN: Duration = Duration::from_secs(30);
+
+/// One session: returns why it ended (`Ok`) or why it could not start (`Err`).
+async fn session(
+    addr: &BrainAddr,
+    config: rustls::ClientConfig,
+    ctx: &Arc<Ctx>,
+    shutdown: &CancellationToken,
+) -> Result<String, String> {
+    let channel = tls::dial(addr, config, DialOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut client = WorkerSessionClient::new(channel)
+        .max_decoding_message_size(shared::limits::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(shared::limits::MAX_MESSAGE_BYTES);
+    let (out, out_rx) = mpsc::channel::<WorkerMessage>(OUTBOUND_QUEUE);
+    let hello = proto::Hello {
+        name: ctx.membership.name.clone(),
+        labels: ctx.membership.labels.clone().into_iter().collect(),
+        capabilities: Some(crate::caps::probe(&ctx.state_dir)),
+    };
+    out.send(WorkerMessage {
+        msg: Some(worker_message::Msg::Hello(hello)),
+    })
+    .await
+    .map_err(|_| "internal: outbound queue closed".to_string())?;
+    let mut inbound = client
+        .attach(ReceiverStream::new(out_rx))
+        .await
+        .map_err(|s| tls::explain_status(&s))?
+        .into_inner();
+    let ack = match tokio::time::timeout(HELLO_ACK_TIMEOUT, inbound.message()).await {
+        Ok(Ok(Some(BrainMessage {
+            msg: Some(brain_message::Msg::HelloAck(a)),
+        }))) => a,
+        Ok(Ok(_)) => return Err("the brain did not acknowledge our hello".into()),
+        Ok(Err(s)) => return Err(tls::explain_status(&s)),
+        Err(_) => return Err("no hello acknowledgement from the brain within 10s".into()),
+    };
+    let skew_ms = ack.brain_time_unix_ms - shared::now_unix_ms();
+    if skew_ms.unsigned_abs() > SKEW_WARN.as_millis() as u64 {
+        tracing::warn!(skew_ms, "clock skew with the brain: this machine's clock differs by more than 30s; certificates and token expiry may misbehave");
+    }
+    let beat_every = Duration::from_millis(ack.heartbeat_interval_ms.clamp(100, 60_000));
+    let lost_after = Duration::from_millis(ack.lost_after_ms.clamp(300, 600_000));
+    tracing::info!(worker = %ack.worker_id, "connected to the brain");
+
+    // Running calls by id, so a cancel from the brain (or the end of the session) stops them.
+    let running: Arc<Mutex<HashMap<u64, CancellationToken>>> = Arc::default();
+    let session_end = shutdown.child_token();
+    let _stop_calls = session_end.clone().drop_guard();
+    let mut beat = tokio::time::interval(beat_every);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok("shutting down".into()),
+            _ = beat.tick() => {
+                let hb = WorkerMessage { msg: Some(worker_message::Msg::Heartbeat(proto::Heartbeat { unix_ms: shared::now_unix_ms() })) };
+                if out.try_send(hb).is_err() {
+                    tracing::debug!("outbound queue full; heartbeat skipped");
+                }
+            }
+            msg = tokio::time::timeout(lost_after, inbound.message()) => {
+                let msg = match msg {
+                    Err(_) => return Ok(format!("the brain sent nothing for {lost_after:?}")),
+                    Ok(Err(s)) => return Ok(tls::explain_status(&s)),
+                    Ok(Ok(None)) => return Ok("the brain closed the session".into()),
+                    Ok(Ok(Some(m))) => m,
+                };
+                dispatch(msg, ctx, &out, &running, &session_end);
+            }
+        }
+    }
+}
+
+fn dispatch(
+    msg: BrainMessage,
+    ctx: &Arc<Ctx>,
+    out: &mpsc::Sender<WorkerMessage>,
+    running: &Arc<Mutex<HashMap<u64, CancellationToken>>>,
+    session_end: &CancellationToken,
+) {
+    match msg.msg {
+        Some(brain_message::Msg::Exec(start)) => {
+            let call_id = start.call_id;
+            let cancel = session_end.child_token();
+            running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(call_id, cancel.clone());
+            let (ctx, out, running) = (ctx.clone(), out.clone(), running.clone());
+            tokio::spawn(async move {
+                tracing::debug!(call_id, argv = ?start.argv, "exec");
+                crate::exec::run(start, &ctx.workspaces, out, cancel).await;
+                running.lock().unwrap_or_else(|e| e.into_inner()).remove(&call_id);
+            });
+        }
+        Some(brain_message::Msg::File(call)) => {
+            let (ctx, out) = (ctx.clone(), out.clone());
+            tokio::spawn(async move {
+                let resp = tokio::task::spawn_blocking(move || crate::files::handle(call, &ctx.workspaces)).await;
+                if let Ok(resp) = resp {
+                    let _ = out
+                        .send(WorkerMessage { msg: Some(worker_message::Msg::FileResponse(resp)) })
+                        .await;
+                }
+            });
+        }
+        Some(brain_message::Msg::Cancel(c)) => {
+            if let Some(t) = running.lock().unwrap_or_else(|e| e.into_inner()).get(&c.call_id) {
+                t.cancel();
+            }
+        }
+        Some(brain_message::Msg::Echo(e)) => {
+            let _ = out.try_send(WorkerMessage { msg: Some(worker_message::Msg::Echo(e)) });
+        }
+        Some(brain_message::Msg::Heartbeat(_)) => {}
+        Some(brain_message::Msg::HelloAck(_)) | None => {
+            tracing::warn!("unexpected message from the brain; ignored");
+        }
+    }
+}
