@@ -1,1 +1,406 @@
+//! Test harness: starts the real `brain` and `worker` binaries as processes on loopback
+//! ephemeral ports with temp dirs, waits for readiness, and can SIGKILL and restart either.
+//!
+//! Set `TETHER_KEEP_TEST_DIR=1` to keep a test's temp dir (logs, data, workspaces) after it.
 
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// Paths of the binaries under test.
+#[derive(Debug, Clone)]
+pub struct Bins {
+    pub brain: PathBuf,
+    pub worker: PathBuf,
+}
+
+impl Bins {
+    /// `$TETHER_BIN_DIR`, else the cargo target dir of the running test (`target/<profile>`).
+    pub fn locate() -> Self {
+        let dir = std::env::var_os("TETHER_BIN_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let exe = std::env::current_exe().expect("current exe");
+                // target/<profile>/deps/<test-binary>
+                let deps = exe.parent().expect("deps dir");
+                let profile = if deps.ends_with("deps") {
+                    deps.parent().expect("profile dir")
+                } else {
+                    deps
+                };
+                profile.to_path_buf()
+            });
+        let bins = Self {
+            brain: dir.join("brain"),
+            worker: dir.join("worker"),
+        };
+        for b in [&bins.brain, &bins.worker] {
+            assert!(
+                b.exists(),
+                "{} not built: run `cargo build --workspace` (or `cargo test --workspace`) first",
+                b.display()
+            );
+        }
+        bins
+    }
+}
+
+/// A running process whose output goes to a log file.
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        cmd.stdout(f.try_clone()?).stderr(f).stdin(Stdio::null());
+        let child = cmd.spawn().context("spawning")?;
+        Ok(Self {
+            child,
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM, then wait up to `timeout` for a clean exit. Returns the exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        // SAFETY: plain syscall on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A worker process and its state dir.
+pub struct Worker {
+    pub name: String,
+    pub id: String,
+    pub state: PathBuf,
+    pub proc: Option<Proc>,
+}
+
+impl Worker {
+    pub fn kill(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill();
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.state.with_extension("log")).unwrap_or_default()
+    }
+
+    /// The worker's default workspace directory on disk.
+    pub fn workspace(&self) -> PathBuf {
+        self.state.join("workspaces/default")
+    }
+}
+
+/// Options for the brain under test.
+#[derive(Debug, Clone)]
+pub struct BrainOptions {
+    pub lost_after: Duration,
+}
+
+impl Default for BrainOptions {
+    fn default() -> Self {
+        Self {
+            lost_after: Duration::from_secs(3),
+        }
+    }
+}
+
+/// A brain (and its workers) in a temp dir.
+pub struct Cluster {
+    pub bins: Bins,
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    pub data: PathBuf,
+    pub port: u16,
+    pub opts: BrainOptions,
+    pub brain: Option<Proc>,
+}
+
+impl Cluster {
+    pub fn start() -> Self {
+        Self::start_with(BrainOptions::default())
+    }
+
+    /// `brain init` and `brain serve` on 127.0.0.1 with an ephemeral port.
+    pub fn start_with(opts: BrainOptions) -> Self {
+        let bins = Bins::locate();
+        let tmp = tempfile::Builder::new()
+            .prefix("tether-test-")
+            .tempdir()
+            .expect("temp dir");
+        let dir = tmp.path().to_path_buf();
+        let keep = std::env::var_os("TETHER_KEEP_TEST_DIR").is_some();
+        let tmp = if keep {
+            eprintln!("keeping test dir {}", dir.display());
+            let _ = tmp.keep();
+            None
+        } else {
+            Some(tmp)
+        };
+        let data = dir.join("data");
+        let mut c = Self {
+            bins,
+            dir,
+            _tmp: tmp,
+            data,
+            port: 0,
+            opts,
+            brain: None,
+        };
+        let out = c.brain_cli(&["init"]);
+        assert!(out.status.success(), "brain init failed: {}", text(&out));
+        c.start_brain().expect("brain start");
+        c
+    }
+
+    /// The brain's URL.
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts `brain serve` (on the same port as before, after the first start).
+    pub fn start_brain(&mut self) -> anyhow::Result<()> {
+        let addr_file = self.data.join("brain.addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let mut cmd = Command::new(&self.bins.brain);
+        cmd.arg("--data")
+            .arg(&self.data)
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--lost-after")
+            .arg(format!("{}ms", self.opts.lost_after.as_millis()))
+            .env("RUST_LOG", "info");
+        let mut proc = Proc::spawn(cmd, &self.dir.join("brain.log"))?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(s) = std::fs::read_to_string(&addr_file)
+                && let Ok(a) = s.trim().parse::<std::net::SocketAddr>()
+            {
+                self.port = a.port();
+                break;
+            }
+            if !proc.is_running() {
+                bail!("brain exited during start-up:\n{}", proc.log_text());
+            }
+            if Instant::now() > deadline {
+                bail!("brain not ready in 20s:\n{}", proc.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.brain = Some(proc);
+        Ok(())
+    }
+
+    /// SIGKILL the brain.
+    pub fn kill_brain(&mut self) {
+        if let Some(mut p) = self.brain.take() {
+            p.kill();
+        }
+    }
+
+    pub fn brain_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("brain.log")).unwrap_or_default()
+    }
+
+    /// Runs `brain --data DIR ARGS...` and waits for it.
+    pub fn brain_cli(&self, args: &[&str]) -> Output {
+        self.brain_cli_cmd(args).output().expect("run brain")
+    }
+
+    /// The command for `brain --data DIR ARGS...`, to run or spawn.
+    pub fn brain_cli_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.bins.brain);
+        cmd.arg("--data").arg(&self.data).args(args);
+        cmd.env_remove("TETHER_BRAIN").env_remove("TETHER_IDENTITY");
+        cmd
+    }
+
+    /// Mints a join token; returns (token, ca_hash).
+    pub fn token(&self, extra: &[&str]) -> (String, String) {
+        let mut args = vec!["token", "create"];
+        args.extend_from_slice(extra);
+        let out = self.brain_cli(&args);
+        assert!(out.status.success(), "token create failed: {}", text(&out));
+        let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let ca_hash = stderr
+            .split_whitespace()
+            .skip_while(|w| *w != "--ca-hash")
+            .nth(1)
+            .expect("ca hash in the join line")
+            .to_string();
+        (token, ca_hash)
+    }
+
+    /// The command line of `worker join` with a fresh token, to run or tweak.
+    pub fn join_cmd(&self, name: &str, token: &str, ca_hash: &str) -> Command {
+        let mut cmd = Command::new(&self.bins.worker);
+        cmd.arg("join")
+            .arg("--brain")
+            .arg(self.url())
+            .arg("--token")
+            .arg(token)
+            .arg("--ca-hash")
+            .arg(ca_hash)
+            .arg("--name")
+            .arg(name)
+            .arg("--state")
+            .arg(self.dir.join(name))
+            .env("RUST_LOG", "info");
+        cmd
+    }
+
+    /// Enrols a worker named `name` and waits until the brain shows it connected.
+    pub fn join_worker(&self, name: &str) -> Worker {
+        let (token, ca_hash) = self.token(&[]);
+        let cmd = self.join_cmd(name, &token, &ca_hash);
+        let state = self.dir.join(name);
+        let proc = Proc::spawn(cmd, &state.with_extension("log")).expect("spawn worker");
+        let mut w = Worker {
+            name: name.to_string(),
+            id: String::new(),
+            state,
+            proc: Some(proc),
+        };
+        let id = self
+            .wait_for_state(name, "connected", Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("{e}\nworker log:\n{}", w.log_text()));
+        w.id = id;
+        w
+    }
+
+    /// Starts `worker run` again with the stored identity.
+    pub fn restart_worker(&self, w: &mut Worker) {
+        w.kill();
+        let mut cmd = Command::new(&self.bins.worker);
+        cmd.arg("run")
+            .arg("--state")
+            .arg(&w.state)
+            .env("RUST_LOG", "info");
+        w.proc = Some(Proc::spawn(cmd, &w.state.with_extension("log")).expect("spawn worker"));
+    }
+
+    /// `brain workers --json`.
+    pub fn workers(&self) -> Vec<serde_json::Value> {
+        let out = self.brain_cli(&["workers", "--json"]);
+        assert!(out.status.success(), "brain workers failed: {}", text(&out));
+        serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).expect("workers json")
+    }
+
+    /// The state of the worker with this name or id, as `brain workers` shows it.
+    pub fn worker_state(&self, name_or_id: &str) -> Option<String> {
+        self.workers()
+            .into_iter()
+            .find(|w| w["name"] == name_or_id || w["id"] == name_or_id)
+            .and_then(|w| w["state"].as_str().map(str::to_string))
+    }
+
+    /// Polls until the named worker is in `state`; returns its id.
+    pub fn wait_for_state(
+        &self,
+        name_or_id: &str,
+        state: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        loop {
+            if let Some(w) = self
+                .workers()
+                .into_iter()
+                .find(|w| w["name"] == name_or_id || w["id"] == name_or_id)
+            {
+                if w["state"] == state {
+                    return Ok(w["id"].as_str().unwrap_or_default().to_string());
+                }
+                last = w["state"].as_str().map(str::to_string);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "worker {name_or_id} not {state} within {timeout:?} (last state {last:?})\nbrain log:\n{}",
+                    self.brain_log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Waits until `f` is true or `timeout` passes; returns whether it became true.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// Whether a process is gone (or a zombie nobody reaped yet: it no longer runs).
+pub fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+    }
+}
+
+/// stdout and stderr of a finished command, for assertion messages.
+pub fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

@@ -1,0 +1,203 @@
+//! End-to-end behaviour of real `brain` and `worker` processes on loopback: enrolment,
+//! streamed remote execution, concurrency, process-group kills, loss and reconnection.
+
+use std::io::Read;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use testkit::{BrainOptions, Cluster, process_gone, text, wait_until};
+
+#[test]
+fn enrol_then_exec_streams_output_and_returns_the_exit_code() {
+    let c = Cluster::start();
+    let w = c.join_worker("alpha");
+    let out = c.brain_cli(&["exec", "alpha", "--", "sh", "-c", "echo to-out; echo to-err >&2; exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "to-out\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("to-err"), "{}", text(&out));
+
+    // Output arrives while the command still runs: the first line is readable long before
+    // the command ends.
+    let mut child = c
+        .brain_cli_cmd(&["exec", &w.id, "--", "sh", "-c", "echo first; sleep 3; echo second"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = [0u8; 6];
+    stdout.read_exact(&mut buf).unwrap();
+    let first_after = started.elapsed();
+    assert_eq!(&buf, b"first\n");
+    let status = child.wait().unwrap();
+    let total = started.elapsed();
+    assert!(status.success());
+    assert!(
+        total - first_after >= Duration::from_secs(2),
+        "first line came only at the end ({first_after:?} of {total:?}): output is not streamed"
+    );
+
+    // The capabilities from the hello are visible.
+    let workers = c.workers();
+    let me = workers.iter().find(|x| x["id"] == w.id.as_str()).unwrap();
+    assert_eq!(me["os"], std::env::consts::OS);
+    assert!(me["cpus"].as_u64().unwrap() >= 1);
+    assert!(me["memory_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn twenty_concurrent_execs_on_one_session() {
+    let c = Cluster::start();
+    let w = c.join_worker("busy");
+    // Each command announces itself, then waits until all twenty have started. If the
+    // session ran calls one at a time, none could finish (each gives up after 30 s).
+    let script = r#"touch "started.$N"; i=0; while [ "$(ls started.* | wc -l)" -lt 20 ]; do i=$((i+1)); [ $i -gt 600 ] && exit 9; sleep 0.05; done; echo "done $N""#;
+    let children: Vec<_> = (0..20)
+        .map(|n| {
+            c.brain_cli_cmd(&[
+                "exec",
+                &w.id,
+                "--",
+                "sh",
+                "-c",
+                &script.replace("$N", &n.to_string()),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for (n, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "call {n}: {}", text(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("done {n}\n"));
+    }
+}
+
+#[test]
+fn timeout_kills_the_whole_process_group_and_output_is_capped() {
+    let c = Cluster::start();
+    let w = c.join_worker("killer");
+    let out = c.brain_cli(&[
+        "exec",
+        &w.id,
+        "--timeout",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        "sleep 300 & echo $! >> pids; (sleep 300 & echo $! >> pids; wait) & sleep 300",
+    ]);
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("timed out"), "{}", text(&out));
+    let pids = std::fs::read_to_string(w.workspace().join("pids")).unwrap();
+    let pids: Vec<u32> = pids.lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    for pid in pids {
+        assert!(
+            wait_until(Duration::from_secs(5), || process_gone(pid)),
+            "grandchild sleep {pid} survived the timeout"
+        );
+    }
+
+    let out = c.brain_cli(&["exec", &w.id, "--output-cap", "1000", "--", "head", "-c", "50000", "/dev/zero"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(out.stdout.len(), 1000);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("49000 bytes of output dropped"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn worker_sigkill_is_seen_as_lost_and_it_comes_back_with_its_identity() {
+    let lost_after = Duration::from_secs(2);
+    let c = Cluster::start_with(BrainOptions { lost_after });
+    let mut w = c.join_worker("phoenix");
+
+    // A call in flight when the worker dies ends with the worker-lost status.
+    let exec = c
+        .brain_cli_cmd(&["exec", &w.id, "--", "sleep", "30"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let killed_at = Instant::now();
+    w.kill();
+    let out = exec.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lost"), "{}", text(&out));
+    c.wait_for_state(&w.id, "lost", lost_after + Duration::from_secs(3))
+        .unwrap();
+    assert!(killed_at.elapsed() < lost_after + Duration::from_secs(3));
+
+    // Exec against a lost worker fails fast with the same status.
+    let out = c.brain_cli(&["exec", &w.id, "--", "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out));
+
+    c.restart_worker(&mut w);
+    let id = c
+        .wait_for_state(&w.id, "connected", Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(id, w.id, "the worker must come back with its stored identity");
+    let out = c.brain_cli(&["exec", &w.id, "--", "echo", "back"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "back\n", "{}", text(&out));
+}
+
+#[test]
+fn brain_restart_and_the_worker_reconnects_by_itself() {
+    let mut c = Cluster::start();
+    let w = c.join_worker("loyal");
+    c.kill_brain();
+    std::thread::sleep(Duration::from_millis(300));
+    c.start_brain().unwrap();
+    c.wait_for_state(&w.id, "connected", Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}\nworker log:\n{}", w.log_text()));
+    let out = c.brain_cli(&["exec", &w.id, "--", "echo", "again"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "again\n", "{}", text(&out));
+    assert_eq!(c.workers().len(), 1, "no duplicate enrolment after restart");
+}
+
+#[test]
+fn brain_shuts_down_cleanly_on_sigterm() {
+    let mut c = Cluster::start();
+    let _w = c.join_worker("calm");
+    let mut brain = c.brain.take().unwrap();
+    let status = brain
+        .terminate(Duration::from_secs(10))
+        .expect("brain did not stop within 10s of SIGTERM");
+    assert!(status.success(), "{status:?}\n{}", brain.log_text());
+    assert!(brain.log_text().contains("brain stopped"));
+}
+
+#[test]
+fn file_operations_round_trip() {
+    let c = Cluster::start();
+    let w = c.join_worker("files");
+    let src = c.dir.join("payload.bin");
+    let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&src, &payload).unwrap();
+    let out = c.brain_cli(&["file", "write", &w.id, "dir/sub/p.bin", "--from", src.to_str().unwrap(), "-p", "--mode", "755"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read(w.workspace().join("dir/sub/p.bin")).unwrap(), payload);
+
+    let out = c.brain_cli(&["file", "read", &w.id, "dir/sub/p.bin", "--offset", "1000", "--length", "10"]);
+    assert_eq!(out.stdout, payload[1000..1010], "{}", text(&out));
+
+    let out = c.brain_cli(&["file", "stat", &w.id, "dir/sub/p.bin"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.starts_with("- 0755     200000 dir/sub/p.bin"), "{s}");
+
+    let out = c.brain_cli(&["file", "ls", &w.id, "dir"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("d 0755"), "{}", text(&out));
+
+    let out = c.brain_cli(&["file", "rm", &w.id, "dir", "-r"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!w.workspace().join("dir").exists());
+
+    let out = c.brain_cli(&["file", "read", &w.id, "dir/sub/p.bin"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("dir/sub/p.bin"), "{}", text(&out));
+}
