@@ -28,6 +28,19 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The same error, naming `path` (the whole wire path) instead of a prefix of it.
+    fn for_path(self, path: &str) -> Self {
+        let path = path.to_string();
+        match self {
+            Error::Rejected { reason, .. } => Error::Rejected { path, reason },
+            Error::SymlinkEscape { link, .. } => Error::SymlinkEscape { path, link },
+            Error::Io { source, .. } => Error::Io { path, source },
+            other => other,
+        }
+    }
+}
+
 /// Longest wire path accepted, in bytes.
 pub const MAX_PATH_BYTES: usize = 4096;
 
@@ -119,7 +132,7 @@ pub fn confine_parent(root: &Path, path: &str) -> Result<(PathBuf, String), Erro
             reason: "this operation needs a path inside the workspace, not its root",
         });
     };
-    let resolved = confine(root, &parent.join("/"))?;
+    let resolved = confine(root, &parent.join("/")).map_err(|e| e.for_path(path))?;
     Ok((resolved, (*name).to_string()))
 }
 
@@ -194,7 +207,8 @@ mod tests {
         assert_eq!(name, "link");
         assert!(confine_parent(d.path(), "").is_err());
         symlink("/", d.path().join("out")).unwrap();
-        assert!(confine_parent(d.path(), "out/etc/passwd").is_err());
+        let err = confine_parent(d.path(), "out/etc/passwd").unwrap_err();
+        assert!(err.to_string().contains("\"out/etc/passwd\""), "{err}");
     }
 
     #[test]

@@ -1,0 +1,256 @@
+//! Every refusal the foundation promises, each asserted against real processes: missing or
+//! foreign certificates, revoked identities, spent and expired tokens, a wrong CA pin, a
+//! worker certificate used as an admin, and paths that try to leave the workspace.
+
+use std::path::Path;
+use std::time::Duration;
+
+use brain::ca::Ca;
+use proto::admin_client::AdminClient;
+use proto::worker_session_client::WorkerSessionClient;
+use shared::pki::{self, IdentityFiles, Role};
+use shared::tls::{BrainAddr, DialOptions};
+use testkit::{Cluster, text, wait_until};
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A TLS client that trusts the brain's CA but presents no certificate.
+fn anonymous_config(c: &Cluster) -> rustls::ClientConfig {
+    let ca = pki::read_text(&c.data.join("ca.pem")).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in pki::certs_from_pem(&ca, Path::new("ca.pem")).unwrap() {
+        roots.add(cert).unwrap();
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(pki::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_without_a_client_certificate_are_refused() {
+    let c = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    let addr = BrainAddr::parse(&c.url()).unwrap();
+    let ch = shared::tls::dial(&addr, anonymous_config(&c), DialOptions::default())
+        .await
+        .expect("server-authenticated TLS alone must connect (enrolment needs it)");
+
+    let err = AdminClient::new(ch.clone())
+        .list_workers(proto::ListWorkersRequest {})
+        .await
+        .expect_err("admin call without a certificate");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    assert!(err.message().contains("no client certificate"), "{err:?}");
+
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(proto::WorkerMessage {
+        msg: Some(proto::worker_message::Msg::Hello(proto::Hello::default())),
+    })
+    .await
+    .unwrap();
+    let err = WorkerSessionClient::new(ch)
+        .attach(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect_err("worker session without a certificate");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_from_another_ca_is_refused_at_the_handshake() {
+    let c = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    // A perfectly formed admin identity, signed by a CA this brain never saw.
+    let rogue = Ca::generate().unwrap();
+    let (key, csr) = pki::new_key_and_csr("admin").unwrap();
+    let cert_pem = rogue.sign_client(&csr, Role::Admin, "admin").unwrap();
+    let dir = c.dir.join("rogue");
+    IdentityFiles {
+        // Trust the real brain's CA so only *our* certificate is at fault.
+        ca_pem: pki::read_text(&c.data.join("ca.pem")).unwrap(),
+        cert_pem,
+        key_pem: key.serialize_pem(),
+    }
+    .save(&dir)
+    .unwrap();
+    let result = match brain::client::connect_channel(&c.url(), &dir).await {
+        Err(e) => Err(e.to_string()),
+        Ok(ch) => AdminClient::new(ch)
+            .list_workers(proto::ListWorkersRequest {})
+            .await
+            .map(|_| ())
+            .map_err(|s| s.to_string()),
+    };
+    let err = result.expect_err("a foreign CA's certificate must be refused");
+    assert!(
+        !err.is_empty(),
+        "the refusal must say something"
+    );
+    // The same through the CLI: a clear failure, non-zero exit.
+    let out = c.brain_cli(&["--identity", dir.to_str().unwrap(), "workers"]);
+    assert!(!out.status.success(), "{}", text(&out));
+}
+
+#[test]
+fn a_revoked_worker_is_cut_off_mid_session_and_refused_afterwards() {
+    let c = Cluster::start();
+    let mut w = c.join_worker("doomed");
+    let out = c.brain_cli(&["worker", "revoke", "doomed"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("open session closed"), "{}", text(&out));
+    assert_eq!(c.worker_state(&w.id).as_deref(), Some("revoked"));
+    // The worker hears it within a second and says so plainly.
+    assert!(
+        wait_until(Duration::from_secs(1), || w.log_text().contains("certificate revoked")),
+        "worker log:\n{}",
+        w.log_text()
+    );
+    let out = c.brain_cli(&["exec", &w.id, "--", "true"]);
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+
+    // Restarted with the same certificate: refused again, and it never shows connected.
+    c.restart_worker(&mut w);
+    assert!(
+        wait_until(Duration::from_secs(10), || w.log_text().matches("certificate revoked").count() >= 2),
+        "worker log:\n{}",
+        w.log_text()
+    );
+    assert_eq!(c.worker_state(&w.id).as_deref(), Some("revoked"));
+}
+
+#[test]
+fn tokens_are_one_time_and_expire() {
+    let c = Cluster::start();
+    let (token, ca_hash) = c.token(&[]);
+    let first = c.join_cmd("one", &token, &ca_hash).arg("--no-run").output().unwrap();
+    assert!(first.status.success(), "{}", text(&first));
+    let second = c.join_cmd("two", &token, &ca_hash).arg("--no-run").output().unwrap();
+    assert!(!second.status.success());
+    assert!(stderr(&second).contains("already used"), "{}", text(&second));
+
+    let (short, ca_hash) = c.token(&["--ttl", "1s"]);
+    std::thread::sleep(Duration::from_millis(1300));
+    let late = c.join_cmd("late", &short, &ca_hash).arg("--no-run").output().unwrap();
+    assert!(!late.status.success());
+    assert!(stderr(&late).contains("expired"), "{}", text(&late));
+
+    let bogus = c.join_cmd("bogus", "tj_made_up", &ca_hash).arg("--no-run").output().unwrap();
+    assert!(stderr(&bogus).contains("never issued"), "{}", text(&bogus));
+    // Only the first join enrolled anyone.
+    assert_eq!(c.workers().len(), 1);
+}
+
+#[test]
+fn a_wrong_ca_hash_is_refused_before_the_token_is_sent() {
+    let c = Cluster::start();
+    let (token, real_hash) = c.token(&[]);
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let out = c.join_cmd("pinned", &token, &wrong).arg("--no-run").output().unwrap();
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(e.contains("CA hash mismatch"), "{}", text(&out));
+    assert!(e.contains(&real_hash), "the error should name the CA actually presented: {e}");
+    // The token was never presented, so it still works with the right pin.
+    let ok = c.join_cmd("pinned", &token, &real_hash).arg("--no-run").output().unwrap();
+    assert!(ok.status.success(), "{}", text(&ok));
+
+    let garbage = c.join_cmd("x", &token, "sha256:xyz").arg("--no-run").output().unwrap();
+    assert!(stderr(&garbage).contains("invalid CA hash"), "{}", text(&garbage));
+}
+
+#[test]
+fn a_worker_certificate_cannot_act_as_an_admin() {
+    let c = Cluster::start();
+    let w = c.join_worker("sneaky");
+    let identity = w.state.join("identity");
+    let out = c.brain_cli(&["--identity", identity.to_str().unwrap(), "workers"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("needs a admin certificate") || stderr(&out).contains("needs an admin certificate"), "{}", text(&out));
+    let out = c.brain_cli(&["--identity", identity.to_str().unwrap(), "token", "create"]);
+    assert!(!out.status.success(), "{}", text(&out));
+}
+
+#[test]
+fn admin_identities_can_be_issued_and_revoked() {
+    let c = Cluster::start();
+    let dir = c.dir.join("laptop-admin");
+    let out = c.brain_cli(&["admin", "issue", "laptop", "--out", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(dir.join("key.pem")).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+    // From "another machine": only the identity dir and the URL, no data dir.
+    let as_laptop = |args: &[&str]| {
+        std::process::Command::new(&c.bins.brain)
+            .arg("--brain")
+            .arg(c.url())
+            .arg("--identity")
+            .arg(&dir)
+            .arg("--data")
+            .arg(c.dir.join("no-data-here"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = as_laptop(&["workers"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = c.brain_cli(&["admin", "revoke", "laptop"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = as_laptop(&["workers"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("revoked"), "{}", text(&out));
+    let out = c.brain_cli(&["admin", "revoke", "admin"]);
+    assert!(!out.status.success(), "revoking oneself is refused: {}", text(&out));
+}
+
+#[test]
+fn paths_that_leave_the_workspace_are_refused_and_nothing_outside_changes() {
+    let c = Cluster::start();
+    let w = c.join_worker("jail");
+    let outside = c.dir.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("victim"), b"untouched").unwrap();
+    std::fs::create_dir_all(w.workspace()).unwrap();
+    std::os::unix::fs::symlink("/", w.workspace().join("root")).unwrap();
+    std::os::unix::fs::symlink(&outside, w.workspace().join("out")).unwrap();
+
+    for path in ["../x", "../../outside/victim", "/etc/passwd", "root/etc/passwd", "out/victim"] {
+        let out = c.brain_cli(&["file", "read", &w.id, path]);
+        assert!(!out.status.success(), "read {path}: {}", text(&out));
+        assert!(stderr(&out).contains(path), "the error must name {path}: {}", text(&out));
+    }
+    for path in ["../victim", "out/victim", "root/tmp/tether-escape", "/tmp/tether-escape"] {
+        let mut child = c
+            .brain_cli_cmd(&["file", "write", &w.id, path])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(b"pwned").unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "write {path}: {}", text(&out));
+        assert!(stderr(&out).contains(path), "{}", text(&out));
+    }
+    for path in ["out/victim", "out", "../outside"] {
+        let out = c.brain_cli(&["file", "rm", &w.id, path, "-r"]);
+        if path == "out" {
+            // Removing the link itself is fine: it lives inside the workspace.
+            assert!(out.status.success(), "{}", text(&out));
+        } else {
+            assert!(!out.status.success(), "rm {path}: {}", text(&out));
+        }
+    }
+    let out = c.brain_cli(&["exec", &w.id, "--cwd", "root/tmp", "--", "pwd"]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    assert!(stderr(&out).contains("root/tmp"), "{}", text(&out));
+
+    assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"untouched");
+    assert!(!Path::new("/tmp/tether-escape").exists());
+    assert!(!w.workspace().join("out").exists(), "the link itself was removed");
+}
