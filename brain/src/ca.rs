@@ -156,7 +156,10 @@ impl Ca {
         params.use_authority_key_identifier_extension = true;
         validity(&mut params, SERVER_DAYS);
         let cert = params.signed_by(&key, &self.issuer)?;
-        Ok((format!("{}{}", cert.pem(), self.cert_pem), key.serialize_pem()))
+        Ok((
+            format!("{}{}", cert.pem(), self.cert_pem),
+            key.serialize_pem(),
+        ))
     }
 
     /// Signs a client certificate request. The identity (role and id) and the usage are set
@@ -168,14 +171,14 @@ impl Ca {
                 csr_der.len()
             )));
         }
-        let csr = CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(
-            csr_der,
-        ))
-        .map_err(|e| Error::BadCsr(e.to_string()))?;
+        let csr =
+            CertificateSigningRequestParams::from_der(&CertificateSigningRequestDer::from(csr_der))
+                .map_err(|e| Error::BadCsr(e.to_string()))?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("tether {role:?} {id}").to_lowercase());
+        params.distinguished_name.push(
+            DnType::CommonName,
+            format!("tether {role:?} {id}").to_lowercase(),
+        );
         params.subject_alt_names = vec![SanType::URI(
             pki::identity_uri(role, id)
                 .try_into()
@@ -211,7 +214,11 @@ pub fn init(dir: &DataDir, hosts: &[String], force: bool) -> Result<InitOutcome,
     let admin_cert = ca.sign_client(&admin_csr, Role::Admin, INIT_ADMIN)?;
     let admin_der = pki::certs_from_pem(&admin_cert, &dir.admin_identity())?.remove(0);
 
-    pki::write_file(&dir.ca_key(), ca.issuer.key().serialize_pem().as_bytes(), 0o600)?;
+    pki::write_file(
+        &dir.ca_key(),
+        ca.issuer.key().serialize_pem().as_bytes(),
+        0o600,
+    )?;
     pki::write_file(&dir.ca_cert(), ca.cert_pem.as_bytes(), 0o644)?;
     pki::write_file(&dir.server_key(), server_key.as_bytes(), 0o600)?;
     pki::write_file(&dir.server_cert(), server_chain.as_bytes(), 0o644)?;
@@ -247,7 +254,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = DataDir(tmp.path().join("data"));
         let out = init(&dir, &["brain.example".into()], false).unwrap();
-        for key in [dir.ca_key(), dir.server_key(), dir.admin_identity().join("key.pem")] {
+        for key in [
+            dir.ca_key(),
+            dir.server_key(),
+            dir.admin_identity().join("key.pem"),
+        ] {
             let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode, 0o600, "{}", key.display());
         }

@@ -262,7 +262,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     labels: labels.into_iter().collect(),
                 })
                 .await
-                .map_err(status)?
+                .map_err(|s| status(s, &target.url))?
                 .into_inner();
             println!("{}", resp.token);
             eprintln!(
@@ -280,7 +280,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let list = c
                 .list_workers(proto::ListWorkersRequest {})
                 .await
-                .map_err(status)?
+                .map_err(|s| status(s, &target.url))?
                 .into_inner();
             print_workers(&list.workers, json);
             Ok(0)
@@ -290,7 +290,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let r = c
                 .revoke_worker(proto::RevokeWorkerRequest { worker })
                 .await
-                .map_err(status)?
+                .map_err(|s| status(s, &target.url))?
                 .into_inner();
             println!(
                 "revoked {}{}",
@@ -314,7 +314,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     csr_der: csr,
                 })
                 .await
-                .map_err(status)?
+                .map_err(|s| status(s, &target.url))?
                 .into_inner();
             IdentityFiles {
                 ca_pem: resp.ca_pem,
@@ -334,15 +334,15 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             let mut c = target.connect().await?;
             c.revoke_admin(proto::RevokeAdminRequest { name: name.clone() })
                 .await
-                .map_err(status)?;
+                .map_err(|s| status(s, &target.url))?;
             println!("admin identity {name} revoked");
             Ok(0)
         }
     }
 }
 
-fn status(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!(shared::tls::explain_status(&s))
+fn status(s: tonic::Status, url: &str) -> anyhow::Error {
+    anyhow::anyhow!(shared::tls::explain_status(&s, url))
 }
 
 async fn exec(target: &Target, args: ExecArgs) -> i32 {
@@ -367,7 +367,12 @@ async fn exec(target: &Target, args: ExecArgs) -> i32 {
         Err(s) if s.code() == tonic::Code::FailedPrecondition => {
             return fail(EXIT_WORKER_LOST, s.message().to_string());
         }
-        Err(s) => return fail(EXIT_TETHER_ERROR, shared::tls::explain_status(&s)),
+        Err(s) => {
+            return fail(
+                EXIT_TETHER_ERROR,
+                shared::tls::explain_status(&s, &target.url),
+            );
+        }
     };
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
@@ -408,7 +413,10 @@ async fn exec(target: &Target, args: ExecArgs) -> i32 {
                 if x.worker_lost {
                     return fail(
                         EXIT_WORKER_LOST,
-                        format!("worker {} was lost before the command finished", args.worker),
+                        format!(
+                            "worker {} was lost before the command finished",
+                            args.worker
+                        ),
                     );
                 }
                 if x.timed_out {
@@ -488,12 +496,20 @@ async fn file(target: &Target, cmd: FileCmd) -> anyhow::Result<i32> {
             worker,
             path,
             workspace,
-        } => (worker, workspace, file_call::Op::List(proto::ListDir { path })),
+        } => (
+            worker,
+            workspace,
+            file_call::Op::List(proto::ListDir { path }),
+        ),
         FileCmd::Stat {
             worker,
             path,
             workspace,
-        } => (worker, workspace, file_call::Op::Stat(proto::StatPath { path })),
+        } => (
+            worker,
+            workspace,
+            file_call::Op::Stat(proto::StatPath { path }),
+        ),
         FileCmd::Rm {
             worker,
             path,
@@ -516,7 +532,7 @@ async fn file(target: &Target, cmd: FileCmd) -> anyhow::Result<i32> {
             }),
         })
         .await
-        .map_err(status)?
+        .map_err(|s| status(s, &target.url))?
         .into_inner();
     match resp.result {
         Some(file_response::Result::Data(d)) => {
@@ -559,7 +575,10 @@ fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
             "never".to_string()
         } else {
             let secs = ((now - ms).max(0) / 1000) as u64;
-            format!("{} ago", humantime::format_duration(Duration::from_secs(secs)))
+            format!(
+                "{} ago",
+                humantime::format_duration(Duration::from_secs(secs))
+            )
         }
     };
     if json {

@@ -105,12 +105,13 @@ impl Session {
             }
             tx
         };
-        if tokio::time::timeout(SLOW_CONSUMER, tx.send(ev)).await.is_err() {
+        if tokio::time::timeout(SLOW_CONSUMER, tx.send(ev))
+            .await
+            .is_err()
+        {
             tracing::warn!(worker = %self.worker_id, call_id, "exec consumer too slow; cancelling the call");
             self.lock_pending().remove(&call_id);
-            let _ = self
-                .tx
-                .try_send(Ok(cancel_msg(call_id)));
+            let _ = self.tx.try_send(Ok(cancel_msg(call_id)));
         }
     }
 
@@ -209,7 +210,9 @@ impl Hub {
         });
         let old = self.lock().insert(worker_id.to_string(), session.clone());
         if let Some(old) = old {
-            old.close(Status::aborted("replaced by a newer session of the same worker"));
+            old.close(Status::aborted(
+                "replaced by a newer session of the same worker",
+            ));
         }
         (session, rx)
     }

@@ -30,7 +30,9 @@ pub enum Error {
     },
     #[error("invalid join token: it was never issued by this brain (check for typos)")]
     TokenUnknown,
-    #[error("join token already used: tokens are one-time; create a new one with `brain token create`")]
+    #[error(
+        "join token already used: tokens are one-time; create a new one with `brain token create`"
+    )]
     TokenUsed,
     #[error("join token expired; create a new one with `brain token create`")]
     TokenExpired,
@@ -176,7 +178,10 @@ impl Registry {
     pub async fn consume_token(&self, token: &str) -> Result<BTreeMap<String, String>, Error> {
         let key = token_hash(token);
         loop {
-            let old = self.tokens.get(key.as_bytes())?.ok_or(Error::TokenUnknown)?;
+            let old = self
+                .tokens
+                .get(key.as_bytes())?
+                .ok_or(Error::TokenUnknown)?;
             let mut rec: TokenRecord = decode("tokens", key.as_bytes(), &old)?;
             if rec.used_ms.is_some() {
                 return Err(Error::TokenUsed);
@@ -280,7 +285,12 @@ impl Registry {
     // ------------------------------------------------------------------ admins
 
     /// Records an admin identity (used by `brain init` and `IssueAdmin`).
-    pub async fn add_admin(&self, name: &str, fingerprint: &str, replace: bool) -> Result<(), Error> {
+    pub async fn add_admin(
+        &self,
+        name: &str,
+        fingerprint: &str,
+        replace: bool,
+    ) -> Result<(), Error> {
         if !replace
             && let Some(old) = self.admin(name)?
             && !old.revoked
@@ -330,7 +340,9 @@ impl Registry {
             },
         };
         if revoked {
-            return Ok(Err(format!("certificate revoked: {peer} was revoked on this brain")));
+            return Ok(Err(format!(
+                "certificate revoked: {peer} was revoked on this brain"
+            )));
         }
         if fingerprint != peer.fingerprint {
             return Ok(Err(format!(
@@ -355,18 +367,29 @@ mod tests {
     async fn tokens_are_one_time_and_expire() {
         let (_d, r) = reg();
         let (t, _) = r.create_token(60_000, BTreeMap::new()).await.unwrap();
-        assert!(r.tokens.get(t.as_bytes()).unwrap().is_none(), "token stored in clear");
+        assert!(
+            r.tokens.get(t.as_bytes()).unwrap().is_none(),
+            "token stored in clear"
+        );
         r.consume_token(&t).await.unwrap();
         assert!(matches!(r.consume_token(&t).await, Err(Error::TokenUsed)));
         let (old, _) = r.create_token(-1, BTreeMap::new()).await.unwrap();
-        assert!(matches!(r.consume_token(&old).await, Err(Error::TokenExpired)));
-        assert!(matches!(r.consume_token("tj_nope").await, Err(Error::TokenUnknown)));
+        assert!(matches!(
+            r.consume_token(&old).await,
+            Err(Error::TokenExpired)
+        ));
+        assert!(matches!(
+            r.consume_token("tj_nope").await,
+            Err(Error::TokenUnknown)
+        ));
     }
 
     #[tokio::test]
     async fn second_open_of_the_same_store_fails_clearly() {
         let (d, _r) = reg();
-        let err = Registry::open(&d.path().join("db")).err().expect("must fail");
+        let err = Registry::open(&d.path().join("db"))
+            .err()
+            .expect("must fail");
         assert!(err.to_string().contains("another `brain serve`"), "{err}");
     }
 }

@@ -75,7 +75,11 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         addr: opts.listen,
         source,
     })?;
-    pki::write_file(&opts.data.addr_file(), format!("{addr}\n").as_bytes(), 0o644)?;
+    pki::write_file(
+        &opts.data.addr_file(),
+        format!("{addr}\n").as_bytes(),
+        0o644,
+    )?;
     let shared = Arc::new(Shared {
         registry,
         hub: Hub::new(),

@@ -14,8 +14,8 @@ use proto::{
     AdminEchoRequest, AdminEchoResponse, AdminExecRequest, AdminFileRequest, BrainMessage,
     CreateTokenRequest, CreateTokenResponse, EnrollRequest, EnrollResponse, ExecEvent,
     FileResponse, IssueAdminRequest, IssueAdminResponse, ListWorkersRequest, ListWorkersResponse,
-    RevokeAdminRequest, RevokeAdminResponse, RevokeWorkerRequest, RevokeWorkerResponse,
-    WorkerInfo, WorkerMessage, WorkerState, brain_message, worker_message,
+    RevokeAdminRequest, RevokeAdminResponse, RevokeWorkerRequest, RevokeWorkerResponse, WorkerInfo,
+    WorkerMessage, WorkerState, brain_message, worker_message,
 };
 use shared::limits;
 use shared::pki::{self, PeerIdentity, Role};
@@ -92,7 +92,9 @@ impl Services {
         let certs = req
             .peer_certs()
             .ok_or_else(|| Status::unauthenticated(NO_CERT))?;
-        let leaf = certs.first().ok_or_else(|| Status::unauthenticated(NO_CERT))?;
+        let leaf = certs
+            .first()
+            .ok_or_else(|| Status::unauthenticated(NO_CERT))?;
         let peer = pki::peer_identity(leaf).map_err(|e| {
             Status::unauthenticated(format!("client certificate not usable here: {e}"))
         })?;
@@ -198,7 +200,11 @@ impl WorkerSession for Services {
             Ok(Ok(Some(WorkerMessage {
                 msg: Some(worker_message::Msg::Hello(h)),
             }))) => h,
-            Ok(Ok(_)) => return Err(Status::invalid_argument("the first message must be a hello")),
+            Ok(Ok(_)) => {
+                return Err(Status::invalid_argument(
+                    "the first message must be a hello",
+                ));
+            }
             Ok(Err(s)) => return Err(s),
             Err(_) => return Err(Status::deadline_exceeded("no hello within 10s")),
         };
@@ -348,7 +354,10 @@ impl Admin for Services {
         self.0.registry.revoke_worker(&w.id).await?;
         let closed = self.0.hub.disconnect(
             &w.id,
-            Status::permission_denied(format!("certificate revoked: worker {} was revoked on this brain", w.id)),
+            Status::permission_denied(format!(
+                "certificate revoked: worker {} was revoked on this brain",
+                w.id
+            )),
         );
         tracing::warn!(worker = %w.id, by = %admin, session_closed = closed, "worker revoked");
         Ok(Response::new(RevokeWorkerResponse {
@@ -366,7 +375,9 @@ impl Admin for Services {
         check_labels(&req.labels)?;
         let ttl = req.ttl_seconds;
         if ttl == 0 || ttl > 30 * 24 * 3600 {
-            return Err(Status::invalid_argument("token TTL must be between 1s and 30 days"));
+            return Err(Status::invalid_argument(
+                "token TTL must be between 1s and 30 days",
+            ));
         }
         let (token, expires) = self
             .0
@@ -473,10 +484,7 @@ impl Admin for Services {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn file(
-        &self,
-        req: Request<AdminFileRequest>,
-    ) -> Result<Response<FileResponse>, Status> {
+    async fn file(&self, req: Request<AdminFileRequest>) -> Result<Response<FileResponse>, Status> {
         self.authorize(&req, Role::Admin)?;
         let req = req.into_inner();
         let w = self.resolve(&req.worker)?;

@@ -11,15 +11,33 @@ use testkit::{BrainOptions, Cluster, process_gone, text, wait_until};
 fn enrol_then_exec_streams_output_and_returns_the_exit_code() {
     let c = Cluster::start();
     let w = c.join_worker("alpha");
-    let out = c.brain_cli(&["exec", "alpha", "--", "sh", "-c", "echo to-out; echo to-err >&2; exit 3"]);
+    let out = c.brain_cli(&[
+        "exec",
+        "alpha",
+        "--",
+        "sh",
+        "-c",
+        "echo to-out; echo to-err >&2; exit 3",
+    ]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "to-out\n");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("to-err"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("to-err"),
+        "{}",
+        text(&out)
+    );
 
     // Output arrives while the command still runs: the first line is readable long before
     // the command ends.
     let mut child = c
-        .brain_cli_cmd(&["exec", &w.id, "--", "sh", "-c", "echo first; sleep 3; echo second"])
+        .brain_cli_cmd(&[
+            "exec",
+            &w.id,
+            "--",
+            "sh",
+            "-c",
+            "echo first; sleep 3; echo second",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -90,7 +108,11 @@ fn timeout_kills_the_whole_process_group_and_output_is_capped() {
         "sleep 300 & echo $! >> pids; (sleep 300 & echo $! >> pids; wait) & sleep 300",
     ]);
     assert_eq!(out.status.code(), Some(124), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("timed out"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("timed out"),
+        "{}",
+        text(&out)
+    );
     let pids = std::fs::read_to_string(w.workspace().join("pids")).unwrap();
     let pids: Vec<u32> = pids.lines().map(|l| l.trim().parse().unwrap()).collect();
     assert_eq!(pids.len(), 2, "{pids:?}");
@@ -101,7 +123,17 @@ fn timeout_kills_the_whole_process_group_and_output_is_capped() {
         );
     }
 
-    let out = c.brain_cli(&["exec", &w.id, "--output-cap", "1000", "--", "head", "-c", "50000", "/dev/zero"]);
+    let out = c.brain_cli(&[
+        "exec",
+        &w.id,
+        "--output-cap",
+        "1000",
+        "--",
+        "head",
+        "-c",
+        "50000",
+        "/dev/zero",
+    ]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(out.stdout.len(), 1000);
     assert!(
@@ -128,7 +160,11 @@ fn worker_sigkill_is_seen_as_lost_and_it_comes_back_with_its_identity() {
     w.kill();
     let out = exec.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("lost"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lost"),
+        "{}",
+        text(&out)
+    );
     c.wait_for_state(&w.id, "lost", lost_after + Duration::from_secs(3))
         .unwrap();
     assert!(killed_at.elapsed() < lost_after + Duration::from_secs(3));
@@ -141,9 +177,17 @@ fn worker_sigkill_is_seen_as_lost_and_it_comes_back_with_its_identity() {
     let id = c
         .wait_for_state(&w.id, "connected", Duration::from_secs(20))
         .unwrap();
-    assert_eq!(id, w.id, "the worker must come back with its stored identity");
+    assert_eq!(
+        id, w.id,
+        "the worker must come back with its stored identity"
+    );
     let out = c.brain_cli(&["exec", &w.id, "--", "echo", "back"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "back\n", "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "back\n",
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -156,7 +200,12 @@ fn brain_restart_and_the_worker_reconnects_by_itself() {
     c.wait_for_state(&w.id, "connected", Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("{e}\nworker log:\n{}", w.log_text()));
     let out = c.brain_cli(&["exec", &w.id, "--", "echo", "again"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "again\n", "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "again\n",
+        "{}",
+        text(&out)
+    );
     assert_eq!(c.workers().len(), 1, "no duplicate enrolment after restart");
 }
 
@@ -179,11 +228,33 @@ fn file_operations_round_trip() {
     let src = c.dir.join("payload.bin");
     let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(&src, &payload).unwrap();
-    let out = c.brain_cli(&["file", "write", &w.id, "dir/sub/p.bin", "--from", src.to_str().unwrap(), "-p", "--mode", "755"]);
+    let out = c.brain_cli(&[
+        "file",
+        "write",
+        &w.id,
+        "dir/sub/p.bin",
+        "--from",
+        src.to_str().unwrap(),
+        "-p",
+        "--mode",
+        "755",
+    ]);
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(std::fs::read(w.workspace().join("dir/sub/p.bin")).unwrap(), payload);
+    assert_eq!(
+        std::fs::read(w.workspace().join("dir/sub/p.bin")).unwrap(),
+        payload
+    );
 
-    let out = c.brain_cli(&["file", "read", &w.id, "dir/sub/p.bin", "--offset", "1000", "--length", "10"]);
+    let out = c.brain_cli(&[
+        "file",
+        "read",
+        &w.id,
+        "dir/sub/p.bin",
+        "--offset",
+        "1000",
+        "--length",
+        "10",
+    ]);
     assert_eq!(out.stdout, payload[1000..1010], "{}", text(&out));
 
     let out = c.brain_cli(&["file", "stat", &w.id, "dir/sub/p.bin"]);
@@ -191,7 +262,11 @@ fn file_operations_round_trip() {
     assert!(s.starts_with("- 0755     200000 dir/sub/p.bin"), "{s}");
 
     let out = c.brain_cli(&["file", "ls", &w.id, "dir"]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("d 0755"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("d 0755"),
+        "{}",
+        text(&out)
+    );
 
     let out = c.brain_cli(&["file", "rm", &w.id, "dir", "-r"]);
     assert!(out.status.success(), "{}", text(&out));
@@ -199,5 +274,9 @@ fn file_operations_round_trip() {
 
     let out = c.brain_cli(&["file", "read", &w.id, "dir/sub/p.bin"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("dir/sub/p.bin"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("dir/sub/p.bin"),
+        "{}",
+        text(&out)
+    );
 }

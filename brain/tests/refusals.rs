@@ -84,14 +84,19 @@ async fn a_certificate_from_another_ca_is_refused_at_the_handshake() {
             .map(|_| ())
             .map_err(|s| s.to_string()),
     };
-    let err = result.expect_err("a foreign CA's certificate must be refused");
-    assert!(
-        !err.is_empty(),
-        "the refusal must say something"
-    );
+    let err = result.expect_err("a foreign CA certificate must be refused");
+    // TLS 1.3 reports a refused client certificate after the client's side of the handshake,
+    // so the client sees the alert or the connection closing under it: a transport error,
+    // never an answer from the brain's services.
+    assert!(err.contains("tonic::transport::Error"), "{err}");
     // The same through the CLI: a clear failure, non-zero exit.
     let out = c.brain_cli(&["--identity", dir.to_str().unwrap(), "workers"]);
     assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("refused our certificate"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -100,11 +105,17 @@ fn a_revoked_worker_is_cut_off_mid_session_and_refused_afterwards() {
     let mut w = c.join_worker("doomed");
     let out = c.brain_cli(&["worker", "revoke", "doomed"]);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("open session closed"), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("open session closed"),
+        "{}",
+        text(&out)
+    );
     assert_eq!(c.worker_state(&w.id).as_deref(), Some("revoked"));
     // The worker hears it within a second and says so plainly.
     assert!(
-        wait_until(Duration::from_secs(1), || w.log_text().contains("certificate revoked")),
+        wait_until(Duration::from_secs(1), || w
+            .log_text()
+            .contains("certificate revoked")),
         "worker log:\n{}",
         w.log_text()
     );
@@ -114,7 +125,11 @@ fn a_revoked_worker_is_cut_off_mid_session_and_refused_afterwards() {
     // Restarted with the same certificate: refused again, and it never shows connected.
     c.restart_worker(&mut w);
     assert!(
-        wait_until(Duration::from_secs(10), || w.log_text().matches("certificate revoked").count() >= 2),
+        wait_until(Duration::from_secs(10), || w
+            .log_text()
+            .matches("certificate revoked")
+            .count()
+            >= 2),
         "worker log:\n{}",
         w.log_text()
     );
@@ -125,19 +140,39 @@ fn a_revoked_worker_is_cut_off_mid_session_and_refused_afterwards() {
 fn tokens_are_one_time_and_expire() {
     let c = Cluster::start();
     let (token, ca_hash) = c.token(&[]);
-    let first = c.join_cmd("one", &token, &ca_hash).arg("--no-run").output().unwrap();
+    let first = c
+        .join_cmd("one", &token, &ca_hash)
+        .arg("--no-run")
+        .output()
+        .unwrap();
     assert!(first.status.success(), "{}", text(&first));
-    let second = c.join_cmd("two", &token, &ca_hash).arg("--no-run").output().unwrap();
+    let second = c
+        .join_cmd("two", &token, &ca_hash)
+        .arg("--no-run")
+        .output()
+        .unwrap();
     assert!(!second.status.success());
-    assert!(stderr(&second).contains("already used"), "{}", text(&second));
+    assert!(
+        stderr(&second).contains("already used"),
+        "{}",
+        text(&second)
+    );
 
     let (short, ca_hash) = c.token(&["--ttl", "1s"]);
     std::thread::sleep(Duration::from_millis(1300));
-    let late = c.join_cmd("late", &short, &ca_hash).arg("--no-run").output().unwrap();
+    let late = c
+        .join_cmd("late", &short, &ca_hash)
+        .arg("--no-run")
+        .output()
+        .unwrap();
     assert!(!late.status.success());
     assert!(stderr(&late).contains("expired"), "{}", text(&late));
 
-    let bogus = c.join_cmd("bogus", "tj_made_up", &ca_hash).arg("--no-run").output().unwrap();
+    let bogus = c
+        .join_cmd("bogus", "tj_made_up", &ca_hash)
+        .arg("--no-run")
+        .output()
+        .unwrap();
     assert!(stderr(&bogus).contains("never issued"), "{}", text(&bogus));
     // Only the first join enrolled anyone.
     assert_eq!(c.workers().len(), 1);
@@ -148,17 +183,36 @@ fn a_wrong_ca_hash_is_refused_before_the_token_is_sent() {
     let c = Cluster::start();
     let (token, real_hash) = c.token(&[]);
     let wrong = format!("sha256:{}", "0".repeat(64));
-    let out = c.join_cmd("pinned", &token, &wrong).arg("--no-run").output().unwrap();
+    let out = c
+        .join_cmd("pinned", &token, &wrong)
+        .arg("--no-run")
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let e = stderr(&out);
     assert!(e.contains("CA hash mismatch"), "{}", text(&out));
-    assert!(e.contains(&real_hash), "the error should name the CA actually presented: {e}");
+    assert!(
+        e.contains(&real_hash),
+        "the error should name the CA actually presented: {e}"
+    );
     // The token was never presented, so it still works with the right pin.
-    let ok = c.join_cmd("pinned", &token, &real_hash).arg("--no-run").output().unwrap();
+    let ok = c
+        .join_cmd("pinned", &token, &real_hash)
+        .arg("--no-run")
+        .output()
+        .unwrap();
     assert!(ok.status.success(), "{}", text(&ok));
 
-    let garbage = c.join_cmd("x", &token, "sha256:xyz").arg("--no-run").output().unwrap();
-    assert!(stderr(&garbage).contains("invalid CA hash"), "{}", text(&garbage));
+    let garbage = c
+        .join_cmd("x", &token, "sha256:xyz")
+        .arg("--no-run")
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&garbage).contains("invalid CA hash"),
+        "{}",
+        text(&garbage)
+    );
 }
 
 #[test]
@@ -168,7 +222,12 @@ fn a_worker_certificate_cannot_act_as_an_admin() {
     let identity = w.state.join("identity");
     let out = c.brain_cli(&["--identity", identity.to_str().unwrap(), "workers"]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("needs a admin certificate") || stderr(&out).contains("needs an admin certificate"), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("needs a admin certificate")
+            || stderr(&out).contains("needs an admin certificate"),
+        "{}",
+        text(&out)
+    );
     let out = c.brain_cli(&["--identity", identity.to_str().unwrap(), "token", "create"]);
     assert!(!out.status.success(), "{}", text(&out));
 }
@@ -180,7 +239,9 @@ fn admin_identities_can_be_issued_and_revoked() {
     let out = c.brain_cli(&["admin", "issue", "laptop", "--out", dir.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
     let mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(dir.join("key.pem")).unwrap().permissions(),
+        &std::fs::metadata(dir.join("key.pem"))
+            .unwrap()
+            .permissions(),
     );
     assert_eq!(mode & 0o777, 0o600);
     // From "another machine": only the identity dir and the URL, no data dir.
@@ -204,7 +265,11 @@ fn admin_identities_can_be_issued_and_revoked() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("revoked"), "{}", text(&out));
     let out = c.brain_cli(&["admin", "revoke", "admin"]);
-    assert!(!out.status.success(), "revoking oneself is refused: {}", text(&out));
+    assert!(
+        !out.status.success(),
+        "revoking oneself is refused: {}",
+        text(&out)
+    );
 }
 
 #[test]
@@ -218,12 +283,27 @@ fn paths_that_leave_the_workspace_are_refused_and_nothing_outside_changes() {
     std::os::unix::fs::symlink("/", w.workspace().join("root")).unwrap();
     std::os::unix::fs::symlink(&outside, w.workspace().join("out")).unwrap();
 
-    for path in ["../x", "../../outside/victim", "/etc/passwd", "root/etc/passwd", "out/victim"] {
+    for path in [
+        "../x",
+        "../../outside/victim",
+        "/etc/passwd",
+        "root/etc/passwd",
+        "out/victim",
+    ] {
         let out = c.brain_cli(&["file", "read", &w.id, path]);
         assert!(!out.status.success(), "read {path}: {}", text(&out));
-        assert!(stderr(&out).contains(path), "the error must name {path}: {}", text(&out));
+        assert!(
+            stderr(&out).contains(path),
+            "the error must name {path}: {}",
+            text(&out)
+        );
     }
-    for path in ["../victim", "out/victim", "root/tmp/tether-escape", "/tmp/tether-escape"] {
+    for path in [
+        "../victim",
+        "out/victim",
+        "root/tmp/tether-escape",
+        "/tmp/tether-escape",
+    ] {
         let mut child = c
             .brain_cli_cmd(&["file", "write", &w.id, path])
             .stdin(std::process::Stdio::piped())
@@ -252,5 +332,8 @@ fn paths_that_leave_the_workspace_are_refused_and_nothing_outside_changes() {
 
     assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"untouched");
     assert!(!Path::new("/tmp/tether-escape").exists());
-    assert!(!w.workspace().join("out").exists(), "the link itself was removed");
+    assert!(
+        !w.workspace().join("out").exists(),
+        "the link itself was removed"
+    );
 }

@@ -61,7 +61,9 @@ pub fn check_relative(path: &str) -> Result<Vec<&str>, Error> {
         return Err(reject("contains a control character"));
     }
     if path.starts_with('/') || path.starts_with('\\') {
-        return Err(reject("absolute paths are not allowed; use a path relative to the workspace"));
+        return Err(reject(
+            "absolute paths are not allowed; use a path relative to the workspace",
+        ));
     }
     let mut parts = Vec::new();
     for comp in Path::new(path).components() {
@@ -97,7 +99,11 @@ pub fn confine(root: &Path, path: &str) -> Result<PathBuf, Error> {
             Ok(meta) if meta.file_type().is_symlink() => {
                 let escape = || Error::SymlinkEscape {
                     path: path.to_string(),
-                    link: cur.strip_prefix(&root).unwrap_or(&cur).display().to_string(),
+                    link: cur
+                        .strip_prefix(&root)
+                        .unwrap_or(&cur)
+                        .display()
+                        .to_string(),
                 };
                 let resolved = cur.canonicalize().map_err(|_| escape())?;
                 if !resolved.starts_with(&root) {

@@ -40,7 +40,9 @@ pub enum Error {
     },
     #[error("invalid certificate: {0}")]
     Certificate(String),
-    #[error("invalid CA hash {0:?}: expected sha256:<64 hex digits> as printed by `brain token create`")]
+    #[error(
+        "invalid CA hash {0:?}: expected sha256:<64 hex digits> as printed by `brain token create`"
+    )]
     CaHash(String),
     #[error("TLS configuration: {0}")]
     Tls(#[from] rustls::Error),
@@ -380,7 +382,10 @@ mod tests {
     #[test]
     fn ca_hash_round_trips() {
         let h = ca_hash(b"hello");
-        assert_eq!(parse_ca_hash(&h).unwrap().to_vec(), Sha256::digest(b"hello").to_vec());
+        assert_eq!(
+            parse_ca_hash(&h).unwrap().to_vec(),
+            Sha256::digest(b"hello").to_vec()
+        );
         assert!(parse_ca_hash("sha256:abc").is_err());
         assert!(parse_ca_hash(&h.replace("sha256:", "md5:")).is_err());
     }

@@ -39,7 +39,10 @@ impl BrainAddr {
             return Err(bad("the scheme must be https"));
         }
         let host = uri.host().ok_or_else(|| bad("no host"))?;
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
         Ok(Self {
             host,
             port: uri.port_u16().unwrap_or(7443),
@@ -126,16 +129,33 @@ pub fn explain(err: &(dyn std::error::Error + 'static), url: &str) -> String {
             {
                 return explain_tls(tls, url);
             }
+            // h2 keeps only the text of an I/O error, so a TLS alert may arrive as text.
+            let text = io.to_string();
+            if text.contains("received fatal alert") {
+                return format!(
+                    "the brain at {url} refused our certificate ({text}): it may be from another brain, revoked or expired"
+                );
+            }
             return match io.kind() {
                 std::io::ErrorKind::ConnectionRefused => {
-                    format!("brain unreachable at {url}: connection refused (is `brain serve` running there?)")
+                    format!(
+                        "brain unreachable at {url}: connection refused (is `brain serve` running there?)"
+                    )
                 }
                 std::io::ErrorKind::TimedOut => format!("brain unreachable at {url}: timed out"),
+                std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::UnexpectedEof => format!(
+                    "the brain at {url} closed the connection ({io}): it may have refused our certificate (from another brain, revoked or expired)"
+                ),
                 _ => format!("brain unreachable at {url}: {io}"),
             };
         }
-        if let Some(status) = e.downcast_ref::<tonic::Status>() {
-            return explain_status(status);
+        // hyper reports a connection the peer dropped under a pending request as cancelled.
+        if e.to_string().contains("connection closed") {
+            return format!(
+                "the brain at {url} closed the connection: it may have refused our certificate (from another brain, revoked or expired)"
+            );
         }
         cur = e.source();
     }
@@ -163,7 +183,13 @@ fn explain_tls(e: &rustls::Error, url: &str) -> String {
         | E::InvalidCertificate(C::NotValidForNameContext { .. }) => format!(
             "the brain's certificate does not name the host in {url}: re-run `brain init --force --host NAME` with this name, or connect by a name it has ({e})"
         ),
-        E::AlertReceived(A::CertificateRevoked | A::BadCertificate | A::UnknownCA | A::CertificateUnknown | A::CertificateExpired) => format!(
+        E::AlertReceived(
+            A::CertificateRevoked
+            | A::BadCertificate
+            | A::UnknownCA
+            | A::CertificateUnknown
+            | A::CertificateExpired,
+        ) => format!(
             "the brain at {url} refused our certificate ({e}): it may be from another brain, revoked or expired; enrol again with `worker join`"
         ),
         E::General(msg) if msg.contains("CA hash mismatch") => msg.clone(),
@@ -171,9 +197,22 @@ fn explain_tls(e: &rustls::Error, url: &str) -> String {
     }
 }
 
-/// Says in plain words what a status from the brain means.
-pub fn explain_status(s: &tonic::Status) -> String {
+/// Says in plain words what a status from the brain at `url` means, looking through to the
+/// transport error underneath when the call never reached the brain.
+pub fn explain_status(s: &tonic::Status, url: &str) -> String {
     use tonic::Code;
+    if let Some(src) = std::error::Error::source(s) {
+        let text = explain(src, url);
+        if !text.starts_with("cannot talk to the brain") {
+            return text;
+        }
+        if s.code() == Code::Cancelled {
+            // hyper cancels a request whose connection the peer dropped.
+            return format!(
+                "the brain at {url} closed the connection: it may have refused our certificate (from another brain, revoked or expired)"
+            );
+        }
+    }
     match s.code() {
         Code::Unauthenticated | Code::PermissionDenied => {
             format!("the brain refused us: {}", s.message())
@@ -191,7 +230,10 @@ mod tests {
     fn parses_brain_urls() {
         let a = BrainAddr::parse("https://10.1.2.3:9000").unwrap();
         assert_eq!((a.host.as_str(), a.port), ("10.1.2.3", 9000));
-        assert_eq!(BrainAddr::parse("https://brain.example").unwrap().port, 7443);
+        assert_eq!(
+            BrainAddr::parse("https://brain.example").unwrap().port,
+            7443
+        );
         assert_eq!(BrainAddr::parse("https://[::1]:1").unwrap().host, "::1");
         assert!(BrainAddr::parse("http://x:1").is_err());
         assert!(BrainAddr::parse("nonsense").is_err());

@@ -2,11 +2,11 @@
 
 use std::path::PathBuf;
 
+use crate::session::{self, Backoff, JoinOptions};
+use crate::state::{self, StateDir};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
-use crate::session::{self, Backoff, JoinOptions};
-use crate::state::{self, StateDir};
 
 #[derive(Parser)]
 #[command(

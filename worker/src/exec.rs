@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Environment variables passed through to commands; everything else is dropped so the
 /// worker's own secrets are never inherited.
-const ENV_ALLOW: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "TMPDIR"];
+const ENV_ALLOW: &[&str] = &[
+    "PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "TMPDIR",
+];
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long to keep reading output after the command exits, for pipes still held open by a
 /// background child.
@@ -159,10 +161,22 @@ async fn execute(
     }));
     let mut readers = tokio::task::JoinSet::new();
     if let Some(p) = child.stdout.take() {
-        readers.spawn(pump(p, OutputStream::Stdout, call_id, budget.clone(), out.clone()));
+        readers.spawn(pump(
+            p,
+            OutputStream::Stdout,
+            call_id,
+            budget.clone(),
+            out.clone(),
+        ));
     }
     if let Some(p) = child.stderr.take() {
-        readers.spawn(pump(p, OutputStream::Stderr, call_id, budget.clone(), out.clone()));
+        readers.spawn(pump(
+            p,
+            OutputStream::Stderr,
+            call_id,
+            budget.clone(),
+            out.clone(),
+        ));
     }
     let timeout = Duration::from_millis(if start.timeout_ms == 0 {
         shared::limits::DEFAULT_EXEC_TIMEOUT_MS

@@ -71,11 +71,19 @@ fn read(ws: &Path, path: &str, offset: u64, length: u64) -> file_response::Resul
     let size = match f.metadata() {
         Ok(m) if m.is_file() => m.len(),
         Ok(_) => {
-            return error(FileErrorKind::Invalid, path, format!("{path:?} is not a regular file"));
+            return error(
+                FileErrorKind::Invalid,
+                path,
+                format!("{path:?} is not a regular file"),
+            );
         }
         Err(e) => return from_io(path, "cannot stat", e),
     };
-    let want = if length == 0 { MAX_FILE_CHUNK_BYTES } else { length.min(MAX_FILE_CHUNK_BYTES) };
+    let want = if length == 0 {
+        MAX_FILE_CHUNK_BYTES
+    } else {
+        length.min(MAX_FILE_CHUNK_BYTES)
+    };
     let mut data = Vec::new();
     if let Err(e) = f
         .seek(SeekFrom::Start(offset))
@@ -89,13 +97,22 @@ fn read(ws: &Path, path: &str, offset: u64, length: u64) -> file_response::Resul
     })
 }
 
-fn write(ws: &Path, path: &str, data: &[u8], mode: u32, create_dirs: bool) -> file_response::Result {
+fn write(
+    ws: &Path,
+    path: &str,
+    data: &[u8],
+    mode: u32,
+    create_dirs: bool,
+) -> file_response::Result {
     use std::os::unix::fs::OpenOptionsExt;
     if data.len() as u64 > MAX_FILE_CHUNK_BYTES {
         return error(
             FileErrorKind::TooLarge,
             path,
-            format!("{} bytes is over the {MAX_FILE_CHUNK_BYTES}-byte limit of one write", data.len()),
+            format!(
+                "{} bytes is over the {MAX_FILE_CHUNK_BYTES}-byte limit of one write",
+                data.len()
+            ),
         );
     }
     let (parent, name) = match paths::confine_parent(ws, path) {
@@ -109,7 +126,11 @@ fn write(ws: &Path, path: &str, data: &[u8], mode: u32, create_dirs: bool) -> fi
     let mode = if mode == 0 { 0o644 } else { mode & 0o777 };
     let target = parent.join(&name);
     if std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
-        return error(FileErrorKind::Invalid, path, format!("{path:?} is a directory"));
+        return error(
+            FileErrorKind::Invalid,
+            path,
+            format!("{path:?} is a directory"),
+        );
     }
     let tmp = parent.join(format!(".{name}.tether-{:016x}", rand::random::<u64>()));
     let res = (|| {
@@ -244,9 +265,14 @@ mod tests {
             })),
             root.path(),
         );
-        assert!(matches!(w.result, Some(file_response::Result::Done(_))), "{w:?}");
+        assert!(
+            matches!(w.result, Some(file_response::Result::Done(_))),
+            "{w:?}"
+        );
         let mode = std::os::unix::fs::PermissionsExt::mode(
-            &std::fs::metadata(root.path().join("ws/a/b.txt")).unwrap().permissions(),
+            &std::fs::metadata(root.path().join("ws/a/b.txt"))
+                .unwrap()
+                .permissions(),
         );
         assert_eq!(mode & 0o7777, 0o755, "setuid bit must be stripped");
         let r = handle(
@@ -289,7 +315,10 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(std::fs::read(outside.path().join("victim")).unwrap(), b"safe");
+        assert_eq!(
+            std::fs::read(outside.path().join("victim")).unwrap(),
+            b"safe"
+        );
         let rm = handle(
             call(file_call::Op::Remove(RemovePath {
                 path: "".into(),

@@ -89,7 +89,14 @@ pub async fn join(state: &StateDir, opts: JoinOptions) -> Result<Membership, Err
         .into_inner();
     // The CA we were given must be the one we pinned.
     let ca_der = pki::certs_from_pem(&resp.ca_pem, &state.identity())?.remove(0);
-    if ca_der.as_ref() != seen.lock().unwrap_or_else(|e| e.into_inner()).ca_der.as_deref().unwrap_or_default() {
+    if ca_der.as_ref()
+        != seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ca_der
+            .as_deref()
+            .unwrap_or_default()
+    {
         return Err(Error::CaMismatch {
             url: addr.url(),
             presented: pki::ca_hash(&ca_der),
@@ -219,19 +226,22 @@ async fn session(
     let mut inbound = client
         .attach(ReceiverStream::new(out_rx))
         .await
-        .map_err(|s| tls::explain_status(&s))?
+        .map_err(|s| tls::explain_status(&s, &addr.url()))?
         .into_inner();
     let ack = match tokio::time::timeout(HELLO_ACK_TIMEOUT, inbound.message()).await {
         Ok(Ok(Some(BrainMessage {
             msg: Some(brain_message::Msg::HelloAck(a)),
         }))) => a,
         Ok(Ok(_)) => return Err("the brain did not acknowledge our hello".into()),
-        Ok(Err(s)) => return Err(tls::explain_status(&s)),
+        Ok(Err(s)) => return Err(tls::explain_status(&s, &addr.url())),
         Err(_) => return Err("no hello acknowledgement from the brain within 10s".into()),
     };
     let skew_ms = ack.brain_time_unix_ms - shared::now_unix_ms();
     if skew_ms.unsigned_abs() > SKEW_WARN.as_millis() as u64 {
-        tracing::warn!(skew_ms, "clock skew with the brain: this machine's clock differs by more than 30s; certificates and token expiry may misbehave");
+        tracing::warn!(
+            skew_ms,
+            "clock skew with the brain: this machine's clock differs by more than 30s; certificates and token expiry may misbehave"
+        );
     }
     let beat_every = Duration::from_millis(ack.heartbeat_interval_ms.clamp(100, 60_000));
     let lost_after = Duration::from_millis(ack.lost_after_ms.clamp(300, 600_000));
@@ -255,7 +265,7 @@ async fn session(
             msg = tokio::time::timeout(lost_after, inbound.message()) => {
                 let msg = match msg {
                     Err(_) => return Ok(format!("the brain sent nothing for {lost_after:?}")),
-                    Ok(Err(s)) => return Ok(tls::explain_status(&s)),
+                    Ok(Err(s)) => return Ok(tls::explain_status(&s, &addr.url())),
                     Ok(Ok(None)) => return Ok("the brain closed the session".into()),
                     Ok(Ok(Some(m))) => m,
                 };
@@ -284,27 +294,41 @@ fn dispatch(
             tokio::spawn(async move {
                 tracing::debug!(call_id, argv = ?start.argv, "exec");
                 crate::exec::run(start, &ctx.workspaces, out, cancel).await;
-                running.lock().unwrap_or_else(|e| e.into_inner()).remove(&call_id);
+                running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&call_id);
             });
         }
         Some(brain_message::Msg::File(call)) => {
             let (ctx, out) = (ctx.clone(), out.clone());
             tokio::spawn(async move {
-                let resp = tokio::task::spawn_blocking(move || crate::files::handle(call, &ctx.workspaces)).await;
+                let resp = tokio::task::spawn_blocking(move || {
+                    crate::files::handle(call, &ctx.workspaces)
+                })
+                .await;
                 if let Ok(resp) = resp {
                     let _ = out
-                        .send(WorkerMessage { msg: Some(worker_message::Msg::FileResponse(resp)) })
+                        .send(WorkerMessage {
+                            msg: Some(worker_message::Msg::FileResponse(resp)),
+                        })
                         .await;
                 }
             });
         }
         Some(brain_message::Msg::Cancel(c)) => {
-            if let Some(t) = running.lock().unwrap_or_else(|e| e.into_inner()).get(&c.call_id) {
+            if let Some(t) = running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&c.call_id)
+            {
                 t.cancel();
             }
         }
         Some(brain_message::Msg::Echo(e)) => {
-            let _ = out.try_send(WorkerMessage { msg: Some(worker_message::Msg::Echo(e)) });
+            let _ = out.try_send(WorkerMessage {
+                msg: Some(worker_message::Msg::Echo(e)),
+            });
         }
         Some(brain_message::Msg::Heartbeat(_)) => {}
         Some(brain_message::Msg::HelloAck(_)) | None => {

@@ -10,7 +10,9 @@ use shared::pki::{self, IdentityFiles};
 /// Errors reading or writing worker state.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("this worker has not joined a brain yet ({0} has no identity): run `worker join` first")]
+    #[error(
+        "this worker has not joined a brain yet ({0} has no identity): run `worker join` first"
+    )]
     NotJoined(PathBuf),
     #[error("{path} is not valid: {reason}")]
     Invalid { path: PathBuf, reason: String },
