@@ -85,6 +85,13 @@ enum Cmd {
     /// Admin identities
     #[command(subcommand)]
     Admin(AdminCmd),
+    /// Run the whole thing on this machine: a temporary brain, two local workers, remote
+    /// execution, a refused escape and a worker killed and brought back
+    Demo {
+        /// Keep the demo's temp dir (logs, store, workspaces) afterwards
+        #[arg(long)]
+        keep: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -304,6 +311,17 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Exec(args) => Ok(exec(&target, args).await),
+        Cmd::Demo { keep } => {
+            // `brain demo` was parsed after logging started at info; the narration is enough.
+            let program = std::env::current_exe()
+                .context("locating this program")?
+                .with_file_name("worker");
+            if !program.exists() {
+                bail!("the demo needs the `worker` binary next to `brain` ({}): build the workspace, or run `cargo run --release -- demo`", program.display());
+            }
+            crate::demo::run(crate::demo::Launcher { program, prefix: vec![] }, keep).await?;
+            Ok(0)
+        }
         Cmd::File(cmd) => file(&target, cmd).await,
         Cmd::Admin(AdminCmd::Issue { name, out }) => {
             let mut c = target.connect().await?;
@@ -561,7 +579,7 @@ fn format_stat(s: &proto::FileStat) -> String {
     format!("{kind} {:04o} {:>10} {}", s.mode & 0o7777, s.size, s.path)
 }
 
-fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
+pub fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
     let state_name = |s: i32| match proto::WorkerState::try_from(s) {
         Ok(proto::WorkerState::Connected) => "connected",
         Ok(proto::WorkerState::Lost) => "lost",
@@ -637,4 +655,39 @@ fn spawn_signal_handler(stop: CancellationToken) {
         tracing::info!("shutting down");
         stop.cancel();
     });
+}
+
+/// `tether demo`: runs the demo with workers started as `<this program> worker ...`.
+pub fn run_demo(keep: bool) -> i32 {
+    // The demo narrates on stdout; the brain's own log would only interleave with it.
+    shared::telemetry::init("error");
+    let program = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: cannot locate this program: {e}");
+            return 1;
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    let launcher = crate::demo::Launcher {
+        program,
+        prefix: vec!["worker".into()],
+    };
+    match rt.block_on(crate::demo::run(launcher, keep)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    }
 }

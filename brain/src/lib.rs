@@ -6,6 +6,7 @@
 pub mod ca;
 pub mod cli;
 pub mod client;
+pub mod demo;
 pub mod hub;
 pub mod registry;
 pub mod serve;

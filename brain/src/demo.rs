@@ -1,0 +1,379 @@
+//! `demo`: the whole foundation on one machine with nothing to set up. A brain with a
+//! temporary store, two local worker processes that enrol with one-time tokens over mutual
+//! TLS, streamed remote execution, file operations, a refused path escape, and a worker
+//! killed and brought back.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use proto::admin_client::AdminClient;
+use proto::{FileCall, exec_event, file_call, file_response};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use crate::ca::{self, DataDir};
+use crate::client::Target;
+
+/// How to start a worker process: `program prefix... join ...`.
+pub struct Launcher {
+    pub program: PathBuf,
+    pub prefix: Vec<String>,
+}
+
+impl Launcher {
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.program);
+        c.args(&self.prefix);
+        c
+    }
+}
+
+struct DemoWorker {
+    name: String,
+    state: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl DemoWorker {
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for DemoWorker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn bold(text: &str) -> String {
+    use std::io::IsTerminal;
+    if std::io::stdout().is_terminal() {
+        format!("\x1b[1m{text}\x1b[0m")
+    } else {
+        text.to_string()
+    }
+}
+
+fn step(text: &str) {
+    println!("\n{}", bold(&format!("▸ {text}")));
+}
+
+/// Runs the demo; `keep` leaves the temp dir in place for a look afterwards.
+pub async fn run(launcher: Launcher, keep: bool) -> anyhow::Result<()> {
+    let tmp = tempfile_dir()?;
+    let data = DataDir(tmp.join("brain"));
+    step(&format!(
+        "starting a brain with a temporary store in {}",
+        tmp.display()
+    ));
+    let init = ca::init(&data, &[], false)?;
+    println!("  CA created: {}", init.ca_hash);
+    let ready = crate::serve::prepare(crate::serve::Options {
+        data: data.clone(),
+        listen: "127.0.0.1:0".parse().expect("address"),
+        lost_after: Duration::from_secs(3),
+    })
+    .await?;
+    let url = format!("https://127.0.0.1:{}", ready.addr.port());
+    println!("  listening on {url} (mutual TLS)");
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(ready.run(stop.clone().cancelled_owned()));
+    let result = scenario(&launcher, &tmp, &data, &url).await;
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    if keep {
+        println!("\nkept {}", tmp.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result?;
+    println!("\n{}", bold("demo complete"));
+    Ok(())
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "tether-demo-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+async fn scenario(
+    launcher: &Launcher,
+    tmp: &std::path::Path,
+    data: &DataDir,
+    url: &str,
+) -> anyhow::Result<()> {
+    let target = Target {
+        url: url.to_string(),
+        identity_dir: data.admin_identity(),
+    };
+    let mut admin = target.connect().await?;
+
+    step("enrolling two local workers with one-time join tokens");
+    let mut workers = Vec::new();
+    for name in ["demo-1", "demo-2"] {
+        let tok = admin
+            .create_token(proto::CreateTokenRequest {
+                ttl_seconds: 600,
+                labels: [("demo".to_string(), "true".to_string())].into(),
+            })
+            .await?
+            .into_inner();
+        println!(
+            "  worker join --brain {url} --token tj_… --ca-hash {}… --name {name}",
+            &tok.ca_hash[..19]
+        );
+        let state = tmp.join(name);
+        let log = tmp.join(format!("{name}.log"));
+        let mut cmd = launcher.command();
+        cmd.args(["join", "--brain", url, "--token", &tok.token])
+            .args(["--ca-hash", &tok.ca_hash, "--name", name])
+            .arg("--state")
+            .arg(&state);
+        let child = spawn_logged(cmd, &log)?;
+        workers.push(DemoWorker {
+            name: name.to_string(),
+            state,
+            log,
+            child: Some(child),
+        });
+    }
+    for w in &workers {
+        wait_state(&mut admin, &w.name, proto::WorkerState::Connected, w).await?;
+    }
+    let list = admin
+        .list_workers(proto::ListWorkersRequest {})
+        .await?
+        .into_inner();
+    crate::cli::print_workers(&list.workers, false);
+
+    step("running commands on each worker, output streamed back live");
+    for w in &workers {
+        exec(
+            &mut admin,
+            &w.name,
+            &["sh", "-c", "echo \"hello from $(uname -sm), pid $$, in $(pwd)\"; for i in 1 2 3; do echo \"tick $i\"; sleep 0.2; done"],
+        )
+        .await?;
+    }
+
+    step("file operations inside the workspace (atomic write, ranged read, list)");
+    let w1 = &workers[0].name;
+    file(
+        &mut admin,
+        w1,
+        file_call::Op::Write(proto::WriteFile {
+            path: "notes/hello.txt".into(),
+            data: b"written by the brain, read back over the session\n".to_vec(),
+            mode: 0o644,
+            create_dirs: true,
+        }),
+    )
+    .await?;
+    let r = file(
+        &mut admin,
+        w1,
+        file_call::Op::Read(proto::ReadFile {
+            path: "notes/hello.txt".into(),
+            offset: 0,
+            length: 0,
+        }),
+    )
+    .await?;
+    if let Some(file_response::Result::Data(d)) = r {
+        print!("  notes/hello.txt: {}", String::from_utf8_lossy(&d.data));
+    }
+    exec(&mut admin, w1, &["ls", "-l", "notes"]).await?;
+
+    step("a path that tries to leave the workspace is refused");
+    let r = file(
+        &mut admin,
+        w1,
+        file_call::Op::Read(proto::ReadFile {
+            path: "../../../etc/passwd".into(),
+            offset: 0,
+            length: 0,
+        }),
+    )
+    .await?;
+    match r {
+        Some(file_response::Result::Error(e)) => println!("  refused: {}", e.message),
+        other => bail!("the escape was not refused: {other:?}"),
+    }
+
+    step("twenty commands at once on one session, and the session's round trip");
+    let started = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let mut a = admin.clone();
+        let name = w1.clone();
+        set.spawn(async move { quiet_exec(&mut a, &name, &["sh", "-c", &format!("exit {}", i % 3)]).await });
+    }
+    let mut codes = Vec::new();
+    while let Some(r) = set.join_next().await {
+        codes.push(r??);
+    }
+    println!(
+        "  20 concurrent execs finished in {:?}; exit codes seen: {:?}",
+        started.elapsed(),
+        {
+            codes.sort();
+            codes.dedup();
+            codes
+        }
+    );
+    let mut rtts = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        admin
+            .echo(proto::AdminEchoRequest {
+                worker: w1.clone(),
+                payload: vec![1],
+            })
+            .await?;
+        rtts.push(t.elapsed());
+    }
+    rtts.sort();
+    println!("  1-byte round trip admin → brain → worker → back: p50 {:?}", rtts[100]);
+
+    step("SIGKILL one worker: the brain notices, then the worker comes back with its identity");
+    let w2 = &mut workers[1];
+    w2.kill();
+    let t = Instant::now();
+    wait_state(&mut admin, &w2.name.clone(), proto::WorkerState::Lost, w2).await?;
+    println!("  {} marked lost after {:?}", w2.name, t.elapsed());
+    let mut cmd = launcher.command();
+    cmd.arg("run").arg("--state").arg(&w2.state);
+    w2.child = Some(spawn_logged(cmd, &w2.log)?);
+    wait_state(&mut admin, &w2.name.clone(), proto::WorkerState::Connected, w2).await?;
+    println!("  {} reconnected", w2.name);
+    let list = admin
+        .list_workers(proto::ListWorkersRequest {})
+        .await?
+        .into_inner();
+    crate::cli::print_workers(&list.workers, false);
+    for w in &mut workers {
+        w.kill();
+    }
+    Ok(())
+}
+
+fn spawn_logged(mut cmd: Command, log: &std::path::Path) -> anyhow::Result<Child> {
+    let f = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    cmd.stdin(Stdio::null())
+        .stdout(f.try_clone()?)
+        .stderr(f)
+        .spawn()
+        .context("starting a worker process")
+}
+
+async fn wait_state(
+    admin: &mut AdminClient<Channel>,
+    name: &str,
+    want: proto::WorkerState,
+    w: &DemoWorker,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = admin
+            .list_workers(proto::ListWorkersRequest {})
+            .await?
+            .into_inner();
+        if list
+            .workers
+            .iter()
+            .any(|x| x.name == name && x.state == want as i32)
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "worker {name} did not become {want:?} within 20s; its log:\n{}",
+                std::fs::read_to_string(&w.log).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn exec(admin: &mut AdminClient<Channel>, worker: &str, argv: &[&str]) -> anyhow::Result<i32> {
+    let mut stream = admin
+        .exec(exec_request(worker, argv))
+        .await?
+        .into_inner();
+    let mut pending = String::new();
+    while let Some(ev) = stream.message().await? {
+        match ev.event {
+            Some(exec_event::Event::Output(o)) => {
+                pending.push_str(&String::from_utf8_lossy(&o.data));
+                while let Some(i) = pending.find('\n') {
+                    println!("  [{worker}] {}", &pending[..i]);
+                    pending.drain(..=i);
+                }
+            }
+            Some(exec_event::Event::Exit(x)) => {
+                if !pending.is_empty() {
+                    println!("  [{worker}] {pending}");
+                }
+                return Ok(x.code.unwrap_or(-1));
+            }
+            None => {}
+        }
+    }
+    bail!("the stream ended without an exit")
+}
+
+async fn quiet_exec(
+    admin: &mut AdminClient<Channel>,
+    worker: &str,
+    argv: &[&str],
+) -> anyhow::Result<i32> {
+    let mut stream = admin.exec(exec_request(worker, argv)).await?.into_inner();
+    while let Some(ev) = stream.message().await? {
+        if let Some(exec_event::Event::Exit(x)) = ev.event {
+            return Ok(x.code.unwrap_or(-1));
+        }
+    }
+    bail!("the stream ended without an exit")
+}
+
+fn exec_request(worker: &str, argv: &[&str]) -> proto::AdminExecRequest {
+    proto::AdminExecRequest {
+        worker: worker.to_string(),
+        workspace: "default".into(),
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        cwd: String::new(),
+        timeout_ms: 30_000,
+        output_cap_bytes: 0,
+    }
+}
+
+async fn file(
+    admin: &mut AdminClient<Channel>,
+    worker: &str,
+    op: file_call::Op,
+) -> anyhow::Result<Option<file_response::Result>> {
+    Ok(admin
+        .file(proto::AdminFileRequest {
+            worker: worker.to_string(),
+            call: Some(FileCall {
+                call_id: 0,
+                workspace: "default".into(),
+                op: Some(op),
+            }),
+        })
+        .await?
+        .into_inner()
+        .result)
+}
