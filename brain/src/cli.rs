@@ -317,9 +317,19 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .context("locating this program")?
                 .with_file_name("worker");
             if !program.exists() {
-                bail!("the demo needs the `worker` binary next to `brain` ({}): build the workspace, or run `cargo run --release -- demo`", program.display());
+                bail!(
+                    "the demo needs the `worker` binary next to `brain` ({}): build the workspace, or run `cargo run --release -- demo`",
+                    program.display()
+                );
             }
-            crate::demo::run(crate::demo::Launcher { program, prefix: vec![] }, keep).await?;
+            crate::demo::run(
+                crate::demo::Launcher {
+                    program,
+                    prefix: vec![],
+                },
+                keep,
+            )
+            .await?;
             Ok(0)
         }
         Cmd::File(cmd) => file(&target, cmd).await,

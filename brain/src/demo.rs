@@ -218,7 +218,9 @@ async fn scenario(
     for i in 0..20 {
         let mut a = admin.clone();
         let name = w1.clone();
-        set.spawn(async move { quiet_exec(&mut a, &name, &["sh", "-c", &format!("exit {}", i % 3)]).await });
+        set.spawn(async move {
+            quiet_exec(&mut a, &name, &["sh", "-c", &format!("exit {}", i % 3)]).await
+        });
     }
     let mut codes = Vec::new();
     while let Some(r) = set.join_next().await {
@@ -245,7 +247,10 @@ async fn scenario(
         rtts.push(t.elapsed());
     }
     rtts.sort();
-    println!("  1-byte round trip admin → brain → worker → back: p50 {:?}", rtts[100]);
+    println!(
+        "  1-byte round trip admin → brain → worker → back: p50 {:?}",
+        rtts[100]
+    );
 
     step("SIGKILL one worker: the brain notices, then the worker comes back with its identity");
     let w2 = &mut workers[1];
@@ -256,7 +261,13 @@ async fn scenario(
     let mut cmd = launcher.command();
     cmd.arg("run").arg("--state").arg(&w2.state);
     w2.child = Some(spawn_logged(cmd, &w2.log)?);
-    wait_state(&mut admin, &w2.name.clone(), proto::WorkerState::Connected, w2).await?;
+    wait_state(
+        &mut admin,
+        &w2.name.clone(),
+        proto::WorkerState::Connected,
+        w2,
+    )
+    .await?;
     println!("  {} reconnected", w2.name);
     let list = admin
         .list_workers(proto::ListWorkersRequest {})
@@ -307,11 +318,12 @@ async fn wait_state(
     }
 }
 
-async fn exec(admin: &mut AdminClient<Channel>, worker: &str, argv: &[&str]) -> anyhow::Result<i32> {
-    let mut stream = admin
-        .exec(exec_request(worker, argv))
-        .await?
-        .into_inner();
+async fn exec(
+    admin: &mut AdminClient<Channel>,
+    worker: &str,
+    argv: &[&str],
+) -> anyhow::Result<i32> {
+    let mut stream = admin.exec(exec_request(worker, argv)).await?.into_inner();
     let mut pending = String::new();
     while let Some(ev) = stream.message().await? {
         match ev.event {

@@ -1,0 +1,434 @@
+//! Round-trip benchmark: Tether's remote exec against the baselines, measured side by side in
+//! one run on loopback, with ratios. Prints figures; never fails on a timing.
+//!
+//!     cargo build --release --workspace && cargo bench -p brain --bench roundtrip
+//!
+//! Rows: a local `std::process::Command` spawn of `true`; `true` through brain → worker (the
+//! in-brain API the agent uses, and the admin path a person uses); a 1-byte round trip on the
+//! open session; a cold connect (TCP + mTLS + HTTP/2); `ssh -p PORT 127.0.0.1 true` against a
+//! throw-away sshd, fresh and multiplexed (skipped, with the reason, when sshd is absent or we
+//! are not root); the worker's idle RSS and the release binaries' sizes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use brain::ca::{self, DataDir};
+use brain::client::Target;
+use brain::hub::ExecSpec;
+use testkit::Bins;
+
+struct Stats {
+    p50: Duration,
+    p99: Duration,
+    n: usize,
+}
+
+fn stats(mut v: Vec<Duration>) -> Stats {
+    v.sort();
+    let at = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
+    Stats {
+        p50: at(0.5),
+        p99: at(0.99),
+        n: v.len(),
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+fn row(name: &str, s: &Stats) {
+    println!("{name:<46} {:>12} {:>12} {:>7}", ms(s.p50), ms(s.p99), s.n);
+}
+
+fn time_n(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
+    (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .collect()
+}
+
+fn main() {
+    let n: usize = std::env::var("BENCH_N")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let bins = Bins::locate();
+    let tmp = tempfile::tempdir().unwrap();
+    println!(
+        "Tether round-trip benchmark ({n} calls per row, loopback, {} CPUs)\n",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+    println!("{:<46} {:>12} {:>12} {:>7}", "what", "p50", "p99", "n");
+
+    // Baseline: a local spawn of `true`.
+    for _ in 0..50 {
+        Command::new("true").status().unwrap();
+    }
+    let local = stats(time_n(n, || {
+        Command::new("true").status().unwrap();
+    }));
+    row("local std::process::Command `true`", &local);
+
+    // Brain in this process, worker as a real process.
+    let data = DataDir(tmp.path().join("brain"));
+    ca::init(&data, &[], false).unwrap();
+    let (ready_shared, url, stop) = rt.block_on(async {
+        let ready = brain::serve::prepare(brain::serve::Options {
+            data: data.clone(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            lost_after: Duration::from_secs(15),
+        })
+        .await
+        .unwrap();
+        let url = format!("https://127.0.0.1:{}", ready.addr.port());
+        let shared = ready.shared.clone();
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(ready.run(stop.clone().cancelled_owned()));
+        (shared, url, stop)
+    });
+    let (token, _) = rt
+        .block_on(
+            ready_shared
+                .registry
+                .create_token(600_000, Default::default()),
+        )
+        .unwrap();
+    let mut worker = Command::new(&bins.worker)
+        .args(["join", "--brain", &url, "--token", &token, "--ca-hash"])
+        .arg(ready_shared.ca.hash())
+        .args(["--name", "bench", "--state"])
+        .arg(tmp.path().join("worker"))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let hub = ready_shared.hub.clone();
+    let worker_id = rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ws = ready_shared.registry.workers().unwrap();
+            if let Some(w) = ws.iter().find(|w| hub.is_connected(&w.id)) {
+                break w.id.clone();
+            }
+            assert!(Instant::now() < deadline, "worker did not connect");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let spec = ExecSpec {
+        workspace: "default".into(),
+        argv: vec!["true".into()],
+        cwd: String::new(),
+        timeout: Duration::from_secs(30),
+        output_cap_bytes: 1 << 20,
+    };
+    let hub_exec = || {
+        let hub = hub.clone();
+        let spec = spec.clone();
+        let id = worker_id.clone();
+        async move {
+            let mut call = hub.exec(&id, spec).await.unwrap();
+            while let Some(ev) = call.next().await {
+                if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
+                    break;
+                }
+            }
+        }
+    };
+    rt.block_on(async {
+        for _ in 0..50 {
+            hub_exec().await;
+        }
+    });
+    let tether = stats(rt.block_on(async {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            hub_exec().await;
+            v.push(t.elapsed());
+        }
+        v
+    }));
+    row("tether `true` brain → worker (in-brain API)", &tether);
+
+    let target = Target {
+        url: url.clone(),
+        identity_dir: data.admin_identity(),
+    };
+    let admin_exec = stats(rt.block_on(async {
+        let mut admin = target.connect().await.unwrap();
+        let mut v = Vec::with_capacity(n);
+        for i in 0..n + 50 {
+            let t = Instant::now();
+            let mut s = admin
+                .exec(proto::AdminExecRequest {
+                    worker: worker_id.clone(),
+                    workspace: "default".into(),
+                    argv: vec!["true".into()],
+                    cwd: String::new(),
+                    timeout_ms: 30_000,
+                    output_cap_bytes: 0,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            while let Some(ev) = s.message().await.unwrap() {
+                if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
+                    break;
+                }
+            }
+            if i >= 50 {
+                v.push(t.elapsed());
+            }
+        }
+        v
+    }));
+    row("tether `true` admin → brain → worker", &admin_exec);
+
+    let echo = stats(rt.block_on(async {
+        let mut v = Vec::with_capacity(n);
+        for i in 0..n + 50 {
+            let t = Instant::now();
+            hub.echo(&worker_id, vec![7], Duration::from_secs(5))
+                .await
+                .unwrap();
+            if i >= 50 {
+                v.push(t.elapsed());
+            }
+        }
+        v
+    }));
+    row("tether 1-byte round trip on the open session", &echo);
+
+    let cold = stats(rt.block_on(async {
+        let mut v = Vec::new();
+        for _ in 0..100 {
+            let t = Instant::now();
+            let c = target.connect().await.unwrap();
+            v.push(t.elapsed());
+            drop(c);
+        }
+        v
+    }));
+    row("tether cold connect (TCP + mTLS + HTTP/2)", &cold);
+
+    let ssh = ssh_rows(tmp.path(), n);
+
+    // Footprint.
+    std::thread::sleep(Duration::from_secs(1));
+    let rss_kib = std::fs::read_to_string(format!("/proc/{}/status", worker.id()))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+        })
+        .unwrap_or(0);
+    let _ = worker.kill();
+    let _ = worker.wait();
+    stop.cancel();
+
+    println!();
+    let size =
+        |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0) as f64 / (1 << 20) as f64;
+    println!(
+        "worker idle RSS                                {:>9.1} MiB   (target ≤ 20 MiB)",
+        rss_kib as f64 / 1024.0
+    );
+    println!(
+        "worker binary (release, stripped)              {:>9.1} MiB   (target ≤ 15 MiB)  {}",
+        size(&bins.worker),
+        bins.worker.display()
+    );
+    println!(
+        "brain binary (release, stripped)               {:>9.1} MiB",
+        size(&bins.brain)
+    );
+
+    println!("\nratios (p50)");
+    let r = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!(
+        "  tether in-brain exec / local spawn           {:>8.2}×   (target ≤ 1.5×)",
+        r(tether.p50, local.p50)
+    );
+    println!(
+        "  tether admin exec / local spawn              {:>8.2}×",
+        r(admin_exec.p50, local.p50)
+    );
+    match ssh {
+        Some((fresh, mux)) => {
+            println!(
+                "  fresh ssh / tether in-brain exec             {:>8.1}×   (target ≥ 100×)",
+                r(fresh.p50, tether.p50)
+            );
+            println!(
+                "  multiplexed ssh / tether in-brain exec       {:>8.1}×   (target ≥ 10×)",
+                r(mux.p50, tether.p50)
+            );
+        }
+        None => println!("  ssh ratios skipped (see above)"),
+    }
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    println!("\nnote: this is a debug build; run with `cargo bench` for release figures");
+}
+
+/// Starts a throw-away sshd on a loopback port with a throw-away user and key; returns the
+/// (fresh, multiplexed) rows, or `None` with the reason printed.
+fn ssh_rows(tmp: &Path, n: usize) -> Option<(Stats, Stats)> {
+    let skip = |why: &str| {
+        println!("{:<46} skipped: {why}", "ssh -p PORT 127.0.0.1 true");
+        None
+    };
+    let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists());
+    let Some(sshd) = sshd else {
+        return skip("openssh-server is not installed (apt-get install openssh-server)");
+    };
+    // SAFETY: plain getter.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("needs root to create a throw-away user for sshd");
+    }
+    let user = format!("tb{:06x}", rand_u32() & 0xffffff);
+    let home = tmp.join("sshhome");
+    let ok = Command::new("useradd")
+        .args(["-M", "-s", "/bin/sh", "-d"])
+        .arg(&home)
+        .arg(&user)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        return skip("useradd failed");
+    }
+    let _cleanup = Cleanup(user.clone());
+    std::fs::create_dir_all(&home).unwrap();
+    // An empty home: no shell start-up files add anything to `true`.
+    let key = tmp.join("id_ed25519");
+    let hostkey = tmp.join("host_ed25519");
+    for k in [&key, &hostkey] {
+        let st = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(k)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let auth = tmp.join("authorized_keys");
+    std::fs::copy(key.with_extension("pub"), &auth).unwrap();
+    let port = free_port();
+    let cfg = tmp.join("sshd_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPidFile {}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPrintMotd no\nPrintLastLog no\nAcceptEnv none\n",
+            hostkey.display(),
+            auth.display(),
+            tmp.join("sshd.pid").display()
+        ),
+    )
+    .unwrap();
+    let _ = std::fs::create_dir_all("/run/sshd");
+    let mut daemon = Command::new(&sshd)
+        .arg("-D")
+        .arg("-f")
+        .arg(&cfg)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ssh = |extra: &[&str]| {
+        let mut c = Command::new("ssh");
+        c.args(["-q", "-p", &port.to_string(), "-i"])
+            .arg(&key)
+            .args([
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "LogLevel=ERROR",
+            ])
+            .args(extra)
+            .stdin(Stdio::null());
+        c
+    };
+    let dest = format!("{user}@127.0.0.1");
+    let ready = testkit::wait_until(Duration::from_secs(10), || {
+        ssh(&[&dest, "true"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    });
+    if !ready {
+        let _ = daemon.kill();
+        return skip("the throw-away sshd did not accept a login");
+    }
+    let fresh_n = (n / 10).clamp(20, 200);
+    let fresh = stats(time_n(fresh_n, || {
+        assert!(ssh(&[&dest, "true"]).status().unwrap().success());
+    }));
+    row("ssh -p PORT 127.0.0.1 true (fresh connection)", &fresh);
+    let sock = tmp.join("mux.sock");
+    let sock_s = sock.to_string_lossy().to_string();
+    let st = ssh(&["-M", "-S", &sock_s, "-f", "-N", &dest])
+        .status()
+        .unwrap();
+    assert!(st.success(), "ssh ControlMaster failed");
+    for _ in 0..20 {
+        ssh(&["-S", &sock_s, &dest, "true"]).status().unwrap();
+    }
+    let mux = stats(time_n(n.min(500), || {
+        assert!(
+            ssh(&["-S", &sock_s, &dest, "true"])
+                .status()
+                .unwrap()
+                .success()
+        );
+    }));
+    row("ssh 127.0.0.1 true (multiplexed, ControlMaster)", &mux);
+    let _ = ssh(&["-S", &sock_s, "-O", "exit", &dest]).status();
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    Some((fresh, mux))
+}
+
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = Command::new("userdel").arg(&self.0).status();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn rand_u32() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    t.subsec_nanos() ^ std::process::id()
+}
