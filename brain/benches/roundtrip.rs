@@ -379,6 +379,7 @@ fn ssh_rows(tmp: &Path, n: usize) -> Option<(Stats, Stats)> {
     });
     if !ready {
         let _ = daemon.kill();
+        let _ = daemon.wait();
         return skip("the throw-away sshd did not accept a login");
     }
     let fresh_n = (n / 10).clamp(20, 200);
