@@ -474,10 +474,18 @@ impl Admin for Services {
         let mut call = self.0.hub.exec(&w.id, spec).await?;
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
-            while let Some(ev) = call.next().await {
-                let last = matches!(ev.event, Some(proto::exec_event::Event::Exit(_)));
-                if tx.send(Ok(ev)).await.is_err() || last {
-                    break; // the admin went away: dropping `call` cancels the command
+            // Dropping `call` cancels the command on the worker, so stop as soon as the admin
+            // goes away, even while the command is silent.
+            loop {
+                tokio::select! {
+                    ev = call.next() => {
+                        let Some(ev) = ev else { break };
+                        let last = matches!(ev.event, Some(proto::exec_event::Event::Exit(_)));
+                        if tx.send(Ok(ev)).await.is_err() || last {
+                            break;
+                        }
+                    }
+                    _ = tx.closed() => break,
                 }
             }
         });

@@ -144,6 +144,40 @@ fn timeout_kills_the_whole_process_group_and_output_is_capped() {
 }
 
 #[test]
+fn a_cancelled_exec_kills_the_command_on_the_worker() {
+    let c = Cluster::start();
+    let w = c.join_worker("quitter");
+    let mut cli = c
+        .brain_cli_cmd(&[
+            "exec",
+            &w.id,
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; exec sleep 300",
+        ])
+        .spawn()
+        .unwrap();
+    let pid_file = w.workspace().join("pid");
+    assert!(wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|s| s.ends_with('\n'))
+    }));
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(!process_gone(pid), "the command should be running");
+    // The person running `brain exec` goes away (Ctrl-C, closed terminal, killed).
+    cli.kill().unwrap();
+    cli.wait().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || process_gone(pid)),
+        "the command outlived its caller"
+    );
+}
+
+#[test]
 fn worker_sigkill_is_seen_as_lost_and_it_comes_back_with_its_identity() {
     let lost_after = Duration::from_secs(2);
     let c = Cluster::start_with(BrainOptions { lost_after });
