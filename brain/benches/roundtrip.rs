@@ -308,7 +308,7 @@ fn ssh_rows(tmp: &Path, n: usize) -> Option<(Stats, Stats)> {
     let user = format!("tb{:06x}", rand_u32() & 0xffffff);
     let home = tmp.join("sshhome");
     let ok = Command::new("useradd")
-        .args(["-M", "-s", "/bin/sh", "-d"])
+        .args(["-M", "-p", "*", "-s", "/bin/sh", "-d"])
         .arg(&home)
         .arg(&user)
         .status()

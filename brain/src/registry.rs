@@ -174,6 +174,23 @@ impl Registry {
         Ok((token, rec.expires_ms))
     }
 
+    /// Checks that a token is valid (known, unused, unexpired) without using it up.
+    pub fn check_token(&self, token: &str) -> Result<(), Error> {
+        let key = token_hash(token);
+        let bytes = self
+            .tokens
+            .get(key.as_bytes())?
+            .ok_or(Error::TokenUnknown)?;
+        let rec: TokenRecord = decode("tokens", key.as_bytes(), &bytes)?;
+        if rec.used_ms.is_some() {
+            return Err(Error::TokenUsed);
+        }
+        if shared::now_unix_ms() >= rec.expires_ms {
+            return Err(Error::TokenExpired);
+        }
+        Ok(())
+    }
+
     /// Marks a token used, atomically, and returns its labels. A token can be consumed once.
     pub async fn consume_token(&self, token: &str) -> Result<BTreeMap<String, String>, Error> {
         let key = token_hash(token);

@@ -152,6 +152,8 @@ impl Enrollment for Services {
         let req = req.into_inner();
         check_name(&req.name)?;
         check_labels(&req.labels)?;
+        // Cheap checks first: an unknown token costs no signature.
+        self.0.registry.check_token(&req.token)?;
         let worker_id = format!("w-{}", hex::encode(rand::random::<[u8; 6]>()));
         // Sign before consuming the token, so a malformed request does not burn it.
         let cert_pem = self

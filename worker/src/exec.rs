@@ -60,8 +60,10 @@ fn prepare(start: &ExecStart, root: &Path) -> Result<tokio::process::Command, St
             start.cwd
         ));
     }
-    let mut cmd = tokio::process::Command::new(argv0);
-    cmd.args(&start.argv[1..])
+    let path_var = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
+    let mut cmd = tokio::process::Command::new(resolve_program(argv0, &path_var));
+    cmd.arg0(argv0)
+        .args(&start.argv[1..])
         .current_dir(&cwd)
         .env_clear()
         .stdin(Stdio::null())
@@ -74,10 +76,33 @@ fn prepare(start: &ExecStart, root: &Path) -> Result<tokio::process::Command, St
             cmd.env(k, v);
         }
     }
-    if std::env::var_os("PATH").is_none() {
-        cmd.env("PATH", DEFAULT_PATH);
-    }
+    cmd.env("PATH", &path_var);
     Ok(cmd)
+}
+
+/// Looks a bare program name up in `path` the way `execvp` would. Spawning an absolute path
+/// lets the standard library use `posix_spawn` (a vfork-style spawn) instead of fork + exec,
+/// which it must fall back to when the child's PATH differs from ours; that saves about a
+/// tenth of a millisecond per command. Names with a slash, and names not found, are returned
+/// as they are (the spawn then reports them).
+fn resolve_program(name: &str, path: &std::ffi::OsStr) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    if name.contains('/') || name.is_empty() {
+        return name.into();
+    }
+    for dir in std::env::split_paths(path) {
+        if !dir.is_absolute() {
+            continue;
+        }
+        let candidate = dir.join(name);
+        if let Ok(meta) = std::fs::metadata(&candidate)
+            && meta.is_file()
+            && meta.permissions().mode() & 0o111 != 0
+        {
+            return candidate;
+        }
+    }
+    name.into()
 }
 
 /// Shared output budget of one call: bytes still allowed, and bytes dropped past the cap.
@@ -159,52 +184,65 @@ async fn execute(
         left: cap,
         dropped: 0,
     }));
-    let mut readers = tokio::task::JoinSet::new();
-    if let Some(p) = child.stdout.take() {
-        readers.spawn(pump(
-            p,
-            OutputStream::Stdout,
-            call_id,
-            budget.clone(),
-            out.clone(),
-        ));
-    }
-    if let Some(p) = child.stderr.take() {
-        readers.spawn(pump(
-            p,
-            OutputStream::Stderr,
-            call_id,
-            budget.clone(),
-            out.clone(),
-        ));
-    }
+    // Both pipes are read inside this task (no extra tasks to spawn and join per command).
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let pumps = async {
+        let a = async {
+            if let Some(p) = stdout {
+                pump(
+                    p,
+                    OutputStream::Stdout,
+                    call_id,
+                    budget.clone(),
+                    out.clone(),
+                )
+                .await;
+            }
+        };
+        let b = async {
+            if let Some(p) = stderr {
+                pump(
+                    p,
+                    OutputStream::Stderr,
+                    call_id,
+                    budget.clone(),
+                    out.clone(),
+                )
+                .await;
+            }
+        };
+        tokio::join!(a, b);
+    };
+    tokio::pin!(pumps);
     let timeout = Duration::from_millis(if start.timeout_ms == 0 {
         shared::limits::DEFAULT_EXEC_TIMEOUT_MS
     } else {
         start.timeout_ms
     });
-    let (mut timed_out, mut cancelled) = (false, false);
-    let status = tokio::select! {
-        s = child.wait() => s,
-        _ = tokio::time::sleep(timeout) => {
-            timed_out = true;
-            kill_group(pgid);
-            child.wait().await
-        }
-        _ = cancel.cancelled() => {
-            cancelled = true;
-            kill_group(pgid);
-            child.wait().await
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let (mut timed_out, mut cancelled, mut drained) = (false, false, false);
+    let status = loop {
+        tokio::select! {
+            _ = &mut pumps, if !drained => drained = true,
+            s = child.wait() => break s,
+            _ = &mut deadline => {
+                timed_out = true;
+                kill_group(pgid);
+                break child.wait().await;
+            }
+            _ = cancel.cancelled() => {
+                cancelled = true;
+                kill_group(pgid);
+                break child.wait().await;
+            }
         }
     };
     // Output written before the exit is sent before the exit message. A background child
-    // that keeps the pipe open gets a short grace, then we stop reading.
-    let drained = tokio::time::timeout(DRAIN_GRACE, async {
-        while readers.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        readers.abort_all();
+    // that keeps a pipe open gets a short grace, then we stop reading.
+    if !drained {
+        let _ = tokio::time::timeout(DRAIN_GRACE, &mut pumps).await;
     }
     let dropped = budget.lock().unwrap_or_else(|e| e.into_inner()).dropped;
     let mut exit = ExecExit {
@@ -272,6 +310,29 @@ mod tests {
         let (_, exit) = run_cmd(&["no-such-program-xyz"], 5000, 0).await;
         assert_eq!(exit.code, Some(127));
         assert!(exit.error.contains("no-such-program-xyz"), "{}", exit.error);
+    }
+
+    #[test]
+    fn programs_are_resolved_like_execvp() {
+        let p = resolve_program(
+            "sh",
+            std::ffi::OsStr::new("relative:/nonexistent:/bin:/usr/bin"),
+        );
+        assert!(p.is_absolute() && p.ends_with("sh"), "{p:?}");
+        assert_eq!(
+            resolve_program("./x", std::ffi::OsStr::new("/bin")),
+            std::path::PathBuf::from("./x")
+        );
+        assert_eq!(
+            resolve_program("no-such-xyz", std::ffi::OsStr::new("/bin")),
+            std::path::PathBuf::from("no-such-xyz")
+        );
+    }
+
+    #[tokio::test]
+    async fn arg0_is_kept() {
+        let (out, _) = run_cmd(&["sh", "-c", "echo $0"], 5000, 0).await;
+        assert_eq!(out, b"sh\n");
     }
 
     #[tokio::test]
