@@ -218,13 +218,37 @@ pub fn explain_status(s: &tonic::Status, url: &str) -> String {
             format!("the brain refused us: {}", s.message())
         }
         Code::Unavailable => format!("brain unavailable: {}", s.message()),
-        _ => format!("{:?}: {}", s.code(), s.message()),
+        Code::Internal | Code::Unknown | Code::DataLoss => {
+            format!("the brain failed: {} ({:?})", s.message(), s.code())
+        }
+        _ => s.message().to_string(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn explains_common_failures_in_plain_words() {
+        let url = "https://b:1";
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(explain(&refused, url).contains("connection refused"));
+        let expired = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidYet),
+        );
+        assert!(explain(&expired, url).contains("clock skew"));
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "received fatal alert: UnknownCA",
+        );
+        assert!(explain(&alert, url).contains("refused our certificate"));
+        let s = tonic::Status::permission_denied("certificate revoked: worker w-1");
+        assert!(explain_status(&s, url).contains("certificate revoked"));
+        let s = tonic::Status::not_found("no worker named \"x\"");
+        assert_eq!(explain_status(&s, url), "no worker named \"x\"");
+    }
 
     #[test]
     fn parses_brain_urls() {
