@@ -6,8 +6,10 @@
 //! session ends is answered as `worker lost` rather than left hanging.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use proto::{BrainMessage, ExecEvent, ExecExit, FileCall, FileResponse, brain_message};
@@ -33,11 +35,15 @@ pub enum Error {
 const OUTBOUND_QUEUE: usize = 1024;
 /// Events buffered for one exec call's consumer before the session reader waits for it.
 const EXEC_EVENT_QUEUE: usize = 256;
-/// How long the session reader waits for a slow exec consumer before dropping that call.
-const SLOW_CONSUMER: Duration = Duration::from_secs(10);
+/// How long a call may wait for room in the outbound queue before the worker counts as lost.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long after its own timeout a command may take to report its end before the brain
+/// gives up on it.
+const EXEC_GRACE: Duration = Duration::from_secs(30);
 
 enum Pending {
-    Exec(mpsc::Sender<ExecEvent>),
+    /// The sender, and a flag set when the caller fell too far behind and the call was dropped.
+    Exec(mpsc::Sender<ExecEvent>, Arc<AtomicBool>),
     File(oneshot::Sender<FileResponse>),
     Echo(oneshot::Sender<Vec<u8>>),
 }
@@ -52,30 +58,47 @@ pub struct Session {
     pending: Mutex<HashMap<u64, Pending>>,
     /// Cancelled when the session must end (revocation, replacement, shutdown).
     pub closed: CancellationToken,
+    /// Why the session was closed, sent to the worker as the stream's final status.
+    final_status: Mutex<Option<Status>>,
     /// Unix ms of the last message from the worker; kept in memory, persisted on heartbeats.
     pub last_seen_ms: std::sync::atomic::AtomicI64,
 }
 
 impl Session {
-    /// Ends the session, telling the worker why.
+    /// Ends the session, telling the worker why. The status is delivered even when the
+    /// outbound queue is full: the stream ends with it.
     pub fn close(&self, status: Status) {
-        let _ = self.tx.try_send(Err(status));
+        let mut slot = self.final_status.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            *slot = Some(status);
+        }
+        drop(slot);
         self.closed.cancel();
     }
 
-    /// Sends a message to the worker. Fails if the session is gone.
+    /// Sends a message to the worker, waiting (bounded) for room in the queue.
     pub async fn send(&self, msg: brain_message::Msg) -> Result<(), Error> {
-        self.tx
-            .send(Ok(BrainMessage { msg: Some(msg) }))
-            .await
-            .map_err(|_| Error::Lost(self.worker_id.clone()))
+        let send = self.tx.send(Ok(BrainMessage { msg: Some(msg) }));
+        match tokio::time::timeout(SEND_TIMEOUT, send).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Error::Lost(self.worker_id.clone())),
+            Err(_) => Err(Error::Timeout {
+                worker: self.worker_id.clone(),
+                timeout: SEND_TIMEOUT,
+            }),
+        }
+    }
+
+    /// Sends a message if there is room; best effort (heartbeats, cancels).
+    pub fn try_send(&self, msg: brain_message::Msg) {
+        let _ = self.tx.try_send(Ok(BrainMessage { msg: Some(msg) }));
     }
 
     /// Answers every pending call as lost. Called once the session has ended.
     pub fn fail_pending(&self) {
         let drained: Vec<(u64, Pending)> = self.lock_pending().drain().collect();
         for (call_id, p) in drained {
-            if let Pending::Exec(tx) = p {
+            if let Pending::Exec(tx, _) = p {
                 let _ = tx.try_send(ExecEvent {
                     event: Some(proto::exec_event::Event::Exit(ExecExit {
                         call_id,
@@ -92,46 +115,86 @@ impl Session {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Routes an exec event from the worker to its caller. Waits (bounded) for a slow caller.
-    pub async fn deliver_exec(&self, call_id: u64, ev: ExecEvent, last: bool) {
-        let tx = {
-            let mut pending = self.lock_pending();
-            let tx = match pending.get(&call_id) {
-                Some(Pending::Exec(tx)) => tx.clone(),
-                _ => return, // cancelled or unknown: drop it
-            };
-            if last {
+    /// Routes an exec event from the worker to its caller. Never waits: a caller that has
+    /// fallen a whole queue behind loses its call (the command is cancelled and the caller is
+    /// told why), so one slow reader cannot stall the session.
+    pub fn deliver_exec(&self, call_id: u64, ev: ExecEvent, last: bool) {
+        let mut pending = self.lock_pending();
+        let Some(Pending::Exec(tx, overflow)) = pending.get(&call_id) else {
+            return; // cancelled or unknown: drop it
+        };
+        match tx.try_send(ev) {
+            Ok(()) => {
+                if last {
+                    pending.remove(&call_id);
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
                 pending.remove(&call_id);
             }
-            tx
-        };
-        if tokio::time::timeout(SLOW_CONSUMER, tx.send(ev))
-            .await
-            .is_err()
-        {
-            tracing::warn!(worker = %self.worker_id, call_id, "exec consumer too slow; cancelling the call");
-            self.lock_pending().remove(&call_id);
-            let _ = self.tx.try_send(Ok(cancel_msg(call_id)));
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                overflow.store(true, Ordering::Relaxed);
+                pending.remove(&call_id);
+                drop(pending);
+                tracing::warn!(worker = %self.worker_id, call_id, "exec caller too slow; cancelling the call");
+                self.try_send(brain_message::Msg::Cancel(proto::Cancel { call_id }));
+            }
         }
     }
 
     pub fn deliver_file(&self, resp: FileResponse) {
-        let call_id = resp.call_id;
-        if let Some(Pending::File(tx)) = self.lock_pending().remove(&call_id) {
+        let mut pending = self.lock_pending();
+        if matches!(pending.get(&resp.call_id), Some(Pending::File(_)))
+            && let Some(Pending::File(tx)) = pending.remove(&resp.call_id)
+        {
             let _ = tx.send(resp);
         }
     }
 
     pub fn deliver_echo(&self, call_id: u64, payload: Vec<u8>) {
-        if let Some(Pending::Echo(tx)) = self.lock_pending().remove(&call_id) {
+        let mut pending = self.lock_pending();
+        if matches!(pending.get(&call_id), Some(Pending::Echo(_)))
+            && let Some(Pending::Echo(tx)) = pending.remove(&call_id)
+        {
             let _ = tx.send(payload);
         }
     }
 }
 
-fn cancel_msg(call_id: u64) -> BrainMessage {
-    BrainMessage {
-        msg: Some(brain_message::Msg::Cancel(proto::Cancel { call_id })),
+/// The brain → worker half of a session, as tonic sends it: the queued messages, then, once
+/// the session is closed, the status saying why.
+pub struct SessionStream {
+    rx: mpsc::Receiver<Result<BrainMessage, Status>>,
+    closed: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    session: Arc<Session>,
+    done: bool,
+}
+
+impl tokio_stream::Stream for SessionStream {
+    type Item = Result<BrainMessage, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if self.closed.as_mut().poll(cx).is_ready() {
+            self.done = true;
+            let status = self
+                .session
+                .final_status
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .unwrap_or_else(|| Status::unavailable("session closed"));
+            return Poll::Ready(Some(Err(status)));
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            other => other,
+        }
     }
 }
 
@@ -146,21 +209,59 @@ impl Drop for CallGuard {
     fn drop(&mut self) {
         let was_pending = self.session.lock_pending().remove(&self.call_id).is_some();
         if was_pending {
-            let _ = self.session.tx.try_send(Ok(cancel_msg(self.call_id)));
+            self.session
+                .try_send(brain_message::Msg::Cancel(proto::Cancel {
+                    call_id: self.call_id,
+                }));
         }
     }
 }
 
 /// A running command: its output and exit, in order. Dropping it cancels the command.
 pub struct ExecCall {
+    call_id: u64,
     rx: mpsc::Receiver<ExecEvent>,
+    overflow: Arc<AtomicBool>,
+    /// The brain's own bound: the command's timeout plus a grace.
+    deadline: tokio::time::Instant,
+    finished: bool,
     _guard: CallGuard,
 }
 
 impl ExecCall {
-    /// The next event; `None` after the exit event.
+    /// The next event; `None` after the exit event. There is always an exit event: if the
+    /// worker cannot give one, the brain makes it (worker lost, caller too slow, no answer).
     pub async fn next(&mut self) -> Option<ExecEvent> {
-        self.rx.recv().await
+        if self.finished {
+            return None;
+        }
+        let exit = |x: ExecExit| ExecEvent {
+            event: Some(proto::exec_event::Event::Exit(x)),
+        };
+        let ev = match tokio::time::timeout_at(self.deadline, self.rx.recv()).await {
+            Ok(Some(ev)) => ev,
+            Ok(None) if self.overflow.load(Ordering::Relaxed) => exit(ExecExit {
+                call_id: self.call_id,
+                cancelled: true,
+                error: "cancelled: the caller read the output too slowly".into(),
+                ..Default::default()
+            }),
+            Ok(None) => exit(ExecExit {
+                call_id: self.call_id,
+                worker_lost: true,
+                ..Default::default()
+            }),
+            Err(_) => exit(ExecExit {
+                call_id: self.call_id,
+                timed_out: true,
+                error: "the worker did not report the end of the command in time".into(),
+                ..Default::default()
+            }),
+        };
+        if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
+            self.finished = true;
+        }
+        Some(ev)
     }
 }
 
@@ -195,10 +296,7 @@ impl Hub {
     }
 
     /// Registers a new session for a worker, closing any older one it replaces.
-    pub fn register(
-        &self,
-        worker_id: &str,
-    ) -> (Arc<Session>, mpsc::Receiver<Result<BrainMessage, Status>>) {
+    pub fn register(&self, worker_id: &str) -> (Arc<Session>, SessionStream) {
         let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
         let session = Arc::new(Session {
             worker_id: worker_id.to_string(),
@@ -206,6 +304,7 @@ impl Hub {
             tx,
             pending: Mutex::new(HashMap::new()),
             closed: CancellationToken::new(),
+            final_status: Mutex::new(None),
             last_seen_ms: std::sync::atomic::AtomicI64::new(shared::now_unix_ms()),
         });
         let old = self.lock().insert(worker_id.to_string(), session.clone());
@@ -214,7 +313,13 @@ impl Hub {
                 "replaced by a newer session of the same worker",
             ));
         }
-        (session, rx)
+        let stream = SessionStream {
+            rx,
+            closed: Box::pin(session.closed.clone().cancelled_owned()),
+            session: session.clone(),
+            done: false,
+        };
+        (session, stream)
     }
 
     /// Removes a session if it is still the current one for its worker.
@@ -266,11 +371,13 @@ impl Hub {
     /// Starts a command on a worker. Output and the exit arrive on the returned call.
     pub async fn exec(&self, worker_id: &str, spec: ExecSpec) -> Result<ExecCall, Error> {
         let (tx, rx) = mpsc::channel(EXEC_EVENT_QUEUE);
-        let (session, call_id) = self.start(worker_id, Pending::Exec(tx))?;
+        let overflow = Arc::new(AtomicBool::new(false));
+        let (session, call_id) = self.start(worker_id, Pending::Exec(tx, overflow.clone()))?;
         let guard = CallGuard {
             session: session.clone(),
             call_id,
         };
+        let deadline = tokio::time::Instant::now() + spec.timeout + EXEC_GRACE;
         session
             .send(brain_message::Msg::Exec(proto::ExecStart {
                 call_id,
@@ -281,7 +388,14 @@ impl Hub {
                 output_cap_bytes: spec.output_cap_bytes,
             }))
             .await?;
-        Ok(ExecCall { rx, _guard: guard })
+        Ok(ExecCall {
+            call_id,
+            rx,
+            overflow,
+            deadline,
+            finished: false,
+            _guard: guard,
+        })
     }
 
     /// Runs one file operation on a worker and waits for its answer.

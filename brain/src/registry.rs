@@ -89,6 +89,9 @@ pub struct AdminRecord {
     pub fingerprint: String,
     pub issued_ms: i64,
     pub revoked: bool,
+    /// The CA that issued it (`sha256:…`), to tell a re-created CA from a re-issued admin.
+    #[serde(default)]
+    pub ca_hash: String,
 }
 
 const V: u32 = 1;
@@ -306,6 +309,7 @@ impl Registry {
         &self,
         name: &str,
         fingerprint: &str,
+        ca_hash: &str,
         replace: bool,
     ) -> Result<(), Error> {
         if !replace
@@ -320,6 +324,7 @@ impl Registry {
             fingerprint: fingerprint.to_string(),
             issued_ms: shared::now_unix_ms(),
             revoked: false,
+            ca_hash: ca_hash.to_string(),
         };
         self.admins.insert(name.as_bytes(), encode(&rec))?;
         self.flush().await

@@ -55,7 +55,7 @@ pub struct Ready {
 pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     let ca = Ca::load(&opts.data)?;
     let registry = Registry::open(&opts.data.db())?;
-    sync_init_admin(&opts.data, &registry).await?;
+    sync_init_admin(&opts.data, &registry, &ca.hash()).await?;
 
     let chain = pki::read_text(&opts.data.server_cert())?;
     let key = pki::read_text(&opts.data.server_key())?;
@@ -139,8 +139,9 @@ impl Shared {
 }
 
 /// Makes sure the admin identity `brain init` wrote is known to the store: added on first
-/// start, replaced after `brain init --force`, left alone (possibly revoked) otherwise.
-async fn sync_init_admin(data: &DataDir, registry: &Registry) -> Result<(), Error> {
+/// start and replaced after `brain init --force` made a new CA. On the same CA the store
+/// wins, so a revocation or a re-issue through `brain admin` is never undone by a restart.
+async fn sync_init_admin(data: &DataDir, registry: &Registry, ca_hash: &str) -> Result<(), Error> {
     let dir = data.admin_identity();
     if !dir.join(IdentityFiles::CERT).exists() {
         return Ok(());
@@ -149,7 +150,9 @@ async fn sync_init_admin(data: &DataDir, registry: &Registry) -> Result<(), Erro
     let der = pki::certs_from_pem(&pem, &dir.join(IdentityFiles::CERT))?.remove(0);
     let fp = pki::fingerprint(&der);
     match registry.admin(ca::INIT_ADMIN)? {
-        Some(rec) if rec.fingerprint == fp => Ok(()),
-        _ => Ok(registry.add_admin(ca::INIT_ADMIN, &fp, true).await?),
+        Some(rec) if rec.fingerprint == fp || rec.ca_hash == ca_hash => Ok(()),
+        _ => Ok(registry
+            .add_admin(ca::INIT_ADMIN, &fp, ca_hash, true)
+            .await?),
     }
 }

@@ -11,11 +11,11 @@ use proto::admin_server::Admin;
 use proto::enrollment_server::Enrollment;
 use proto::worker_session_server::WorkerSession;
 use proto::{
-    AdminEchoRequest, AdminEchoResponse, AdminExecRequest, AdminFileRequest, BrainMessage,
-    CreateTokenRequest, CreateTokenResponse, EnrollRequest, EnrollResponse, ExecEvent,
-    FileResponse, IssueAdminRequest, IssueAdminResponse, ListWorkersRequest, ListWorkersResponse,
-    RevokeAdminRequest, RevokeAdminResponse, RevokeWorkerRequest, RevokeWorkerResponse, WorkerInfo,
-    WorkerMessage, WorkerState, brain_message, worker_message,
+    AdminEchoRequest, AdminEchoResponse, AdminExecRequest, AdminFileRequest, CreateTokenRequest,
+    CreateTokenResponse, EnrollRequest, EnrollResponse, ExecEvent, FileResponse, IssueAdminRequest,
+    IssueAdminResponse, ListWorkersRequest, ListWorkersResponse, RevokeAdminRequest,
+    RevokeAdminResponse, RevokeWorkerRequest, RevokeWorkerResponse, WorkerInfo, WorkerMessage,
+    WorkerState, brain_message, worker_message,
 };
 use shared::limits;
 use shared::pki::{self, PeerIdentity, Role};
@@ -165,8 +165,9 @@ impl Enrollment for Services {
         let cert_der = pki::certs_from_pem(&cert_pem, std::path::Path::new("issued"))
             .map_err(|e| Status::internal(e.to_string()))?
             .remove(0);
-        let mut labels: BTreeMap<String, String> = token_labels;
-        labels.extend(req.labels);
+        // Labels from the token were chosen by an admin and win over the worker's own.
+        let mut labels: BTreeMap<String, String> = req.labels.into_iter().collect();
+        labels.extend(token_labels);
         let rec = WorkerRecord {
             v: 1,
             id: worker_id.clone(),
@@ -190,7 +191,7 @@ impl Enrollment for Services {
 
 #[tonic::async_trait]
 impl WorkerSession for Services {
-    type AttachStream = ReceiverStream<Result<BrainMessage, Status>>;
+    type AttachStream = crate::hub::SessionStream;
 
     async fn attach(
         &self,
@@ -214,7 +215,9 @@ impl WorkerSession for Services {
         let caps = hello.capabilities.unwrap_or_default();
         self.0.registry.update_worker(&peer.id, |w| {
             w.last_seen_ms = shared::now_unix_ms();
-            w.labels.extend(hello.labels.clone());
+            for (k, v) in &hello.labels {
+                w.labels.entry(k.clone()).or_insert_with(|| v.clone());
+            }
             w.caps = Some(Caps {
                 cpus: caps.cpus,
                 memory_bytes: caps.memory_bytes,
@@ -225,7 +228,13 @@ impl WorkerSession for Services {
                 hostname: caps.hostname.chars().take(255).collect(),
             });
         })?;
-        let (session, rx) = self.0.hub.register(&peer.id);
+        let (session, stream) = self.0.hub.register(&peer.id);
+        // A revocation that landed between `authorize` and `register` found no session to
+        // close; check again now that this one is visible to it.
+        if let Ok(Err(reason)) = self.0.registry.check_peer(&peer) {
+            self.0.hub.unregister(&session);
+            return Err(Status::permission_denied(reason));
+        }
         let opts = self.0.session;
         session
             .send(brain_message::Msg::HelloAck(proto::HelloAck {
@@ -248,7 +257,7 @@ impl WorkerSession for Services {
                 .update_worker(&session.worker_id, |w| w.last_seen_ms = seen);
             tracing::warn!(worker = %session.worker_id, session = session.session_no, %reason, "worker session ended");
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(stream))
     }
 }
 
@@ -260,31 +269,37 @@ async fn run_session(
 ) -> String {
     let mut beat = tokio::time::interval(opts.heartbeat_interval());
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One deadline, pushed back by every message: a worker that sends nothing for
+    // `lost_after` is lost, whatever else this loop is doing.
+    let lost = tokio::time::sleep(opts.lost_after);
+    tokio::pin!(lost);
     loop {
         tokio::select! {
             _ = session.closed.cancelled() => return "closed by the brain".into(),
+            _ = &mut lost => return format!("lost: no message for {:?}", opts.lost_after),
             _ = beat.tick() => {
-                let _ = session.send(brain_message::Msg::Heartbeat(proto::Heartbeat {
+                // Never wait on a full queue here: heartbeats are best effort.
+                session.try_send(brain_message::Msg::Heartbeat(proto::Heartbeat {
                     unix_ms: shared::now_unix_ms(),
-                })).await;
+                }));
             }
-            msg = tokio::time::timeout(opts.lost_after, inbound.message()) => {
+            msg = inbound.message() => {
                 let msg = match msg {
-                    Err(_) => return format!("lost: no message for {:?}", opts.lost_after),
-                    Ok(Err(status)) => return format!("stream error: {}", status.message()),
-                    Ok(Ok(None)) => return "the worker closed the session".into(),
-                    Ok(Ok(Some(m))) => m,
+                    Err(status) => return format!("stream error: {}", status.message()),
+                    Ok(None) => return "the worker closed the session".into(),
+                    Ok(Some(m)) => m,
                 };
+                lost.as_mut().reset(tokio::time::Instant::now() + opts.lost_after);
                 session.last_seen_ms.store(shared::now_unix_ms(), Ordering::Relaxed);
                 match msg.msg {
                     Some(worker_message::Msg::ExecOutput(out)) => {
                         let id = out.call_id;
-                        session.deliver_exec(id, ExecEvent { event: Some(proto::exec_event::Event::Output(out)) }, false).await;
+                        session.deliver_exec(id, ExecEvent { event: Some(proto::exec_event::Event::Output(out)) }, false);
                     }
                     Some(worker_message::Msg::ExecExit(mut exit)) => {
                         exit.worker_lost = false;
                         let id = exit.call_id;
-                        session.deliver_exec(id, ExecEvent { event: Some(proto::exec_event::Event::Exit(exit)) }, true).await;
+                        session.deliver_exec(id, ExecEvent { event: Some(proto::exec_event::Event::Exit(exit)) }, true);
                     }
                     Some(worker_message::Msg::FileResponse(resp)) => session.deliver_file(resp),
                     Some(worker_message::Msg::Echo(e)) => session.deliver_echo(e.call_id, e.payload),
@@ -415,7 +430,7 @@ impl Admin for Services {
             .remove(0);
         self.0
             .registry
-            .add_admin(&req.name, &pki::fingerprint(&der), true)
+            .add_admin(&req.name, &pki::fingerprint(&der), &self.0.ca.hash(), true)
             .await?;
         tracing::info!(name = %req.name, by = %admin, "admin identity issued");
         Ok(Response::new(IssueAdminResponse {

@@ -225,6 +225,37 @@ fn worker_sigkill_is_seen_as_lost_and_it_comes_back_with_its_identity() {
 }
 
 #[test]
+fn a_frozen_worker_is_marked_lost_by_heartbeat_timeout_and_recovers() {
+    // SIGSTOP keeps the TCP connection open: only the heartbeat deadline can notice.
+    let lost_after = Duration::from_secs(2);
+    let c = Cluster::start_with(BrainOptions { lost_after });
+    let mut w = c.join_worker("frozen");
+    let pid = w.proc.as_ref().unwrap().pid() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped = Instant::now();
+    c.wait_for_state(&w.id, "lost", lost_after + Duration::from_secs(3))
+        .unwrap();
+    let took = stopped.elapsed();
+    assert!(
+        took >= lost_after - Duration::from_millis(200),
+        "lost too early: {took:?}"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    c.wait_for_state(&w.id, "connected", Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}\nworker log:\n{}", w.log_text()));
+    let out = c.brain_cli(&["exec", &w.id, "--", "echo", "thawed"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "thawed\n",
+        "{}",
+        text(&out)
+    );
+    w.kill();
+}
+
+#[test]
 fn brain_restart_and_the_worker_reconnects_by_itself() {
     let mut c = Cluster::start();
     let w = c.join_worker("loyal");

@@ -337,3 +337,38 @@ fn paths_that_leave_the_workspace_are_refused_and_nothing_outside_changes() {
         "the link itself was removed"
     );
 }
+
+#[test]
+fn a_revoked_init_admin_stays_revoked_across_restarts() {
+    let mut c = Cluster::start();
+    let ops = c.dir.join("ops");
+    let out = c.brain_cli(&["admin", "issue", "ops", "--out", ops.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let ops_arg = ops.to_str().unwrap().to_string();
+    let out = c.brain_cli(&["--identity", &ops_arg, "admin", "revoke", "admin"]);
+    assert!(out.status.success(), "{}", text(&out));
+    // A new identity named `admin`, issued through the API, replaces the revoked one.
+    let fresh = c.dir.join("fresh-admin");
+    let fresh_arg = fresh.to_str().unwrap().to_string();
+    let out = c.brain_cli(&[
+        "--identity",
+        &ops_arg,
+        "admin",
+        "issue",
+        "admin",
+        "--out",
+        &fresh_arg,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    c.kill_brain();
+    c.start_brain().unwrap();
+    let out = c.brain_cli(&["workers"]);
+    assert!(
+        !out.status.success(),
+        "the data dir's admin must stay revoked: {}",
+        text(&out)
+    );
+    assert!(stderr(&out).contains("revoked"), "{}", text(&out));
+    let out = c.brain_cli(&["--identity", &fresh_arg, "workers"]);
+    assert!(out.status.success(), "{}", text(&out));
+}

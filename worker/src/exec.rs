@@ -117,12 +117,18 @@ async fn pump(
     call_id: u64,
     budget: std::sync::Arc<std::sync::Mutex<Budget>>,
     out: mpsc::Sender<WorkerMessage>,
+    stop: CancellationToken,
 ) {
     let mut buf = vec![0u8; CHUNK];
     loop {
-        let n = match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        // Only the wait for more output is cut short by `stop`; output already read is
+        // always sent.
+        let n = tokio::select! {
+            r = pipe.read(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = stop.cancelled() => return,
         };
         let keep = {
             let mut b = budget.lock().unwrap_or_else(|e| e.into_inner());
@@ -141,6 +147,17 @@ async fn pump(
                 return;
             }
         }
+    }
+}
+
+/// Kills the command's process group when dropped: whatever way the call ends (exit,
+/// timeout, cancel, or the worker shutting down and dropping the task), nothing it started
+/// is left running.
+struct GroupGuard(i32);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        kill_group(self.0);
     }
 }
 
@@ -176,6 +193,8 @@ async fn execute(
         }
     };
     let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+    let _group = GroupGuard(pgid);
+    let stop_reading = CancellationToken::new();
     let cap = match start.output_cap_bytes {
         0 => shared::limits::DEFAULT_OUTPUT_CAP_BYTES,
         n => n.min(shared::limits::MAX_OUTPUT_CAP_BYTES),
@@ -196,6 +215,7 @@ async fn execute(
                     call_id,
                     budget.clone(),
                     out.clone(),
+                    stop_reading.clone(),
                 )
                 .await;
             }
@@ -208,6 +228,7 @@ async fn execute(
                     call_id,
                     budget.clone(),
                     out.clone(),
+                    stop_reading.clone(),
                 )
                 .await;
             }
@@ -240,10 +261,18 @@ async fn execute(
         }
     };
     // Output written before the exit is sent before the exit message. A background child
-    // that keeps a pipe open gets a short grace, then we stop reading.
+    // that keeps a pipe open gets a short grace, then we stop waiting for more (what was read
+    // is still sent), and the group is killed.
     if !drained {
-        let _ = tokio::time::timeout(DRAIN_GRACE, &mut pumps).await;
+        tokio::select! {
+            _ = &mut pumps => {}
+            _ = tokio::time::sleep(DRAIN_GRACE) => {
+                stop_reading.cancel();
+                (&mut pumps).await;
+            }
+        }
     }
+    kill_group(pgid);
     let dropped = budget.lock().unwrap_or_else(|e| e.into_inner()).dropped;
     let mut exit = ExecExit {
         call_id,
@@ -327,6 +356,23 @@ mod tests {
             resolve_program("no-such-xyz", std::ffi::OsStr::new("/bin")),
             std::path::PathBuf::from("no-such-xyz")
         );
+    }
+
+    #[tokio::test]
+    async fn background_children_do_not_outlive_the_command() {
+        let (out, exit) = run_cmd(&["sh", "-c", "sleep 300 & echo $!"], 5000, 0).await;
+        assert_eq!(exit.code, Some(0));
+        let pid: i32 = String::from_utf8(out).unwrap().trim().parse().unwrap();
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| {
+                    s.rsplit_once(')')
+                        .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+                })
+                .unwrap_or(true)
+        });
+        assert!(gone, "background child {pid} survived");
     }
 
     #[tokio::test]

@@ -11,6 +11,9 @@ use proto::{
 use shared::limits::{MAX_FILE_CHUNK_BYTES, MAX_LIST_ENTRIES};
 use shared::paths;
 
+/// Largest directory listing answered, in bytes of paths plus per-entry overhead.
+const LIST_BYTES: usize = 4 * 1024 * 1024;
+
 fn error(kind: FileErrorKind, path: &str, message: String) -> file_response::Result {
     file_response::Result::Error(FileError {
         kind: kind as i32,
@@ -60,14 +63,32 @@ pub fn handle(call: FileCall, workspaces_root: &Path) -> FileResponse {
 }
 
 fn read(ws: &Path, path: &str, offset: u64, length: u64) -> file_response::Result {
+    use std::os::unix::fs::OpenOptionsExt;
     let full = match paths::confine(ws, path) {
         Ok(p) => p,
         Err(e) => return from_paths(path, e),
     };
-    let mut f = match std::fs::File::open(&full) {
+    // Look before opening: opening a FIFO would block, a device could do anything.
+    match std::fs::symlink_metadata(&full) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => {
+            return error(
+                FileErrorKind::Invalid,
+                path,
+                format!("{path:?} is not a regular file"),
+            );
+        }
+        Err(e) => return from_io(path, "cannot stat", e),
+    }
+    let mut f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&full)
+    {
         Ok(f) => f,
         Err(e) => return from_io(path, "cannot open", e),
     };
+    // Checked again on the open file, in case it was swapped since the look.
     let size = match f.metadata() {
         Ok(m) if m.is_file() => m.len(),
         Ok(_) => {
@@ -185,6 +206,8 @@ fn list(ws: &Path, path: &str) -> file_response::Result {
     };
     let prefix = path.trim_matches('/');
     let mut entries = Vec::new();
+    // The answer must fit in one message with room to spare.
+    let mut bytes = 0usize;
     for ent in rd {
         let ent = match ent {
             Ok(e) => e,
@@ -203,6 +226,14 @@ fn list(ws: &Path, path: &str) -> file_response::Result {
         } else {
             format!("{prefix}/{name}")
         };
+        bytes += rel.len() + 32;
+        if bytes > LIST_BYTES {
+            return error(
+                FileErrorKind::TooLarge,
+                path,
+                format!("the listing of {path:?} is over {LIST_BYTES} bytes; list a subdirectory"),
+            );
+        }
         if let Ok(meta) = ent.metadata() {
             entries.push(stat_of(rel, &meta));
         }
@@ -212,7 +243,13 @@ fn list(ws: &Path, path: &str) -> file_response::Result {
 }
 
 fn stat(ws: &Path, path: &str) -> file_response::Result {
-    let full = match paths::confine(ws, path) {
+    // The entry itself is described: a symlink is reported as a symlink, not followed.
+    let full = match paths::check_relative(path) {
+        Ok(parts) if parts.is_empty() => paths::confine(ws, path),
+        Ok(_) => paths::confine_parent(ws, path).map(|(parent, name)| parent.join(name)),
+        Err(e) => Err(e),
+    };
+    let full = match full {
         Ok(p) => p,
         Err(e) => return from_paths(path, e),
     };
@@ -288,6 +325,40 @@ mod tests {
                 assert_eq!(d.data, b"world");
                 assert_eq!(d.file_size, 11);
             }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn special_files_are_refused_without_blocking() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("ws")).unwrap();
+        let fifo = std::ffi::CString::new(root.path().join("ws/pipe").to_str().unwrap()).unwrap();
+        // SAFETY: valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        let r = handle(
+            call(file_call::Op::Read(ReadFile {
+                path: "pipe".into(),
+                offset: 0,
+                length: 0,
+            })),
+            root.path(),
+        );
+        match r.result {
+            Some(file_response::Result::Error(e)) => {
+                assert!(e.message.contains("not a regular file"))
+            }
+            other => panic!("{other:?}"),
+        }
+        std::os::unix::fs::symlink("/etc/passwd", root.path().join("ws/link")).unwrap();
+        let s = handle(
+            call(file_call::Op::Stat(proto::StatPath {
+                path: "link".into(),
+            })),
+            root.path(),
+        );
+        match s.result {
+            Some(file_response::Result::Stat(st)) => assert_eq!(st.kind, FileKind::Symlink as i32),
             other => panic!("{other:?}"),
         }
     }

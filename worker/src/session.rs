@@ -253,22 +253,26 @@ async fn session(
     let _stop_calls = session_end.clone().drop_guard();
     let mut beat = tokio::time::interval(beat_every);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One deadline, pushed back by every message from the brain.
+    let lost = tokio::time::sleep(lost_after);
+    tokio::pin!(lost);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return Ok("shutting down".into()),
+            _ = &mut lost => return Ok(format!("the brain sent nothing for {lost_after:?}")),
             _ = beat.tick() => {
                 let hb = WorkerMessage { msg: Some(worker_message::Msg::Heartbeat(proto::Heartbeat { unix_ms: shared::now_unix_ms() })) };
                 if out.try_send(hb).is_err() {
                     tracing::debug!("outbound queue full; heartbeat skipped");
                 }
             }
-            msg = tokio::time::timeout(lost_after, inbound.message()) => {
+            msg = inbound.message() => {
                 let msg = match msg {
-                    Err(_) => return Ok(format!("the brain sent nothing for {lost_after:?}")),
-                    Ok(Err(s)) => return Ok(tls::explain_status(&s, &addr.url())),
-                    Ok(Ok(None)) => return Ok("the brain closed the session".into()),
-                    Ok(Ok(Some(m))) => m,
+                    Err(s) => return Ok(tls::explain_status(&s, &addr.url())),
+                    Ok(None) => return Ok("the brain closed the session".into()),
+                    Ok(Some(m)) => m,
                 };
+                lost.as_mut().reset(tokio::time::Instant::now() + lost_after);
                 dispatch(msg, ctx, &out, &running, &session_end);
             }
         }
