@@ -89,6 +89,7 @@ fn main() {
             data: data.clone(),
             listen: "127.0.0.1:0".parse().unwrap(),
             lost_after: Duration::from_secs(15),
+            tasks: Default::default(),
         })
         .await
         .unwrap();

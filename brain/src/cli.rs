@@ -63,7 +63,39 @@ enum Cmd {
         /// Mark a worker lost after this long without a message
         #[arg(long, default_value = "15s", value_parser = shared::parse_duration)]
         lost_after: Duration,
+        /// Store a snapshot of a task's state every this many events
+        #[arg(long, default_value_t = 100)]
+        snapshot_every: u64,
+        /// How long a task's call waits for its worker to come back before it counts as
+        /// interrupted
+        #[arg(long, default_value = "10m", value_parser = shared::parse_duration)]
+        worker_wait: Duration,
     },
+    /// Run a scripted plan (JSON: {"steps":[{"run":[...],"check":[...]},{"write":{"path":...,"content":...}}]})
+    /// on a worker as a durable task; prints the task id
+    Run {
+        /// The plan file
+        #[arg(long)]
+        plan: PathBuf,
+        /// Worker id or unique name
+        #[arg(long)]
+        worker: String,
+        /// What the task is for (shown in `brain tasks`)
+        #[arg(long, default_value = "")]
+        goal: String,
+    },
+    /// List tasks
+    Tasks,
+    /// Act on one task
+    #[command(subcommand)]
+    Task(TaskCmd),
+    /// Follow a task's events live until it ends (Ctrl-C detaches; it never cancels)
+    Watch { task: String },
+    /// Write a backup of the running brain's whole store to FILE (JSON lines)
+    Backup { file: PathBuf },
+    /// Restore the store from a backup FILE; the brain must be stopped. The current store is
+    /// moved aside, not deleted
+    Restore { file: PathBuf },
     /// Join tokens
     #[command(subcommand)]
     Token(TokenCmd),
@@ -105,6 +137,20 @@ enum TokenCmd {
         #[arg(long = "label", value_parser = shared::parse_label)]
         labels: Vec<(String, String)>,
     },
+}
+
+#[derive(Subcommand)]
+enum TaskCmd {
+    /// A task's state
+    Show { task: String },
+    /// A task's event log (`--json`: one JSON object per line, stable field names)
+    Log {
+        task: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a task
+    Cancel { task: String },
 }
 
 #[derive(Subcommand)]
@@ -247,11 +293,20 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             println!("next: brain serve --data {}", data.path().display());
             Ok(0)
         }
-        Cmd::Serve { listen, lost_after } => {
+        Cmd::Serve {
+            listen,
+            lost_after,
+            snapshot_every,
+            worker_wait,
+        } => {
             let ready = crate::serve::prepare(crate::serve::Options {
                 data: data.clone(),
                 listen,
                 lost_after,
+                tasks: crate::tasks::manager::Options {
+                    snapshot_every: snapshot_every.max(1),
+                    worker_wait,
+                },
             })
             .await?;
             tracing::info!(addr = %ready.addr, data = %data.path().display(), "brain listening on {}", ready.addr);
@@ -311,6 +366,115 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Exec(args) => Ok(exec(&target, args).await),
+        Cmd::Run { plan, worker, goal } => {
+            let plan_json = std::fs::read_to_string(&plan)
+                .with_context(|| format!("reading the plan {}", plan.display()))?;
+            crate::tasks::Plan::parse(&plan_json)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", plan.display()))?;
+            let mut c = target.connect().await?;
+            let r = c
+                .run_plan(proto::RunPlanRequest {
+                    plan_json,
+                    worker,
+                    goal,
+                })
+                .await
+                .map_err(|s| status(s, &target.url))?
+                .into_inner();
+            println!("{}", r.task_id);
+            eprintln!("follow it with: brain watch {}", r.task_id);
+            Ok(0)
+        }
+        Cmd::Tasks => {
+            let mut c = target.connect().await?;
+            let list = c
+                .list_tasks(proto::ListTasksRequest {})
+                .await
+                .map_err(|s| status(s, &target.url))?
+                .into_inner();
+            println!(
+                "{:<10} {:<10} {:>9}  {:<16} {:<30} REASON",
+                "ID", "STATUS", "STEPS", "WORKER", "GOAL"
+            );
+            for t in list.tasks {
+                println!(
+                    "{:<10} {:<10} {:>4}/{:<4}  {:<16} {:<30} {}",
+                    t.id,
+                    t.status,
+                    t.steps_done,
+                    t.steps_total,
+                    t.worker,
+                    t.goal.chars().take(30).collect::<String>(),
+                    t.reason
+                );
+            }
+            Ok(0)
+        }
+        Cmd::Task(TaskCmd::Show { task }) => {
+            let mut c = target.connect().await?;
+            let list = c
+                .list_tasks(proto::ListTasksRequest {})
+                .await
+                .map_err(|s| status(s, &target.url))?
+                .into_inner();
+            let id: crate::tasks::TaskId = task.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+            let t = list
+                .tasks
+                .into_iter()
+                .find(|t| t.id == id.to_string())
+                .ok_or_else(|| anyhow::anyhow!("no task {task}: see `brain tasks`"))?;
+            println!(
+                "id:      {}\nstatus:  {}\ngoal:    {}\nworker:  {}\nsteps:   {}/{}\nreason:  {}",
+                t.id, t.status, t.goal, t.worker, t.steps_done, t.steps_total, t.reason
+            );
+            Ok(0)
+        }
+        Cmd::Task(TaskCmd::Log { task, json }) => {
+            follow(&target, &task, false, json).await?;
+            Ok(0)
+        }
+        Cmd::Watch { task } => {
+            follow(&target, &task, true, false).await?;
+            Ok(0)
+        }
+        Cmd::Task(TaskCmd::Cancel { task }) => {
+            let mut c = target.connect().await?;
+            c.cancel_task(proto::CancelTaskRequest {
+                task_id: task.clone(),
+            })
+            .await
+            .map_err(|s| status(s, &target.url))?;
+            println!("cancel requested for {task}");
+            Ok(0)
+        }
+        Cmd::Backup { file } => {
+            let mut c = target.connect().await?;
+            let mut stream = c
+                .backup(proto::BackupRequest {})
+                .await
+                .map_err(|s| status(s, &target.url))?
+                .into_inner();
+            let mut chunks = Vec::new();
+            while let Some(chunk) = stream.message().await.map_err(|s| status(s, &target.url))? {
+                chunks.push(chunk.data);
+            }
+            crate::backup::save(&file, &chunks)
+                .with_context(|| format!("writing {}", file.display()))?;
+            let lines: usize = chunks
+                .iter()
+                .map(|c| c.iter().filter(|b| **b == b'\n').count())
+                .sum();
+            println!("backup of {lines} records written to {}", file.display());
+            Ok(0)
+        }
+        Cmd::Restore { file } => {
+            let (n, moved) = crate::backup::restore(&file, &data.db())?;
+            println!("restored {n} records into {}", data.db().display());
+            if let Some(m) = moved {
+                println!("the previous store was moved to {}", m.display());
+            }
+            Ok(0)
+        }
         Cmd::Demo { keep } => {
             // `brain demo` was parsed after logging started at info; the narration is enough.
             let program = std::env::current_exe()
@@ -700,4 +864,74 @@ pub fn run_demo(keep: bool) -> i32 {
             1
         }
     }
+}
+
+/// Prints a task's log; with `live`, keeps following until the task ends.
+async fn follow(target: &Target, task: &str, live: bool, json: bool) -> anyhow::Result<()> {
+    let mut c = target.connect().await?;
+    let mut stream = c
+        .task_log(proto::TaskLogRequest {
+            task_id: task.to_string(),
+            follow: live,
+        })
+        .await
+        .map_err(|s| status(s, &target.url))?
+        .into_inner();
+    while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
+        if json {
+            println!("{}", r.json);
+            continue;
+        }
+        match serde_json::from_str::<crate::tasks::Record>(&r.json) {
+            Ok(rec) => println!("{}", describe_record(&rec)),
+            Err(_) => println!("{}", r.json),
+        }
+    }
+    Ok(())
+}
+
+/// One log record in words, for people.
+pub fn describe_record(r: &crate::tasks::Record) -> String {
+    use crate::tasks::Event as E;
+    let what = match &r.event {
+        E::Created { goal, .. } => format!("created: {goal}"),
+        E::StatusChanged { status, reason } => format!("{status} {reason}"),
+        E::ToolCallIssued {
+            call_id,
+            step,
+            purpose,
+            worker,
+            call,
+        } => {
+            let c = match call {
+                crate::tasks::ToolCall::RunCommand { argv, .. } => argv.join(" "),
+                crate::tasks::ToolCall::WriteFile { path, .. } => format!("write {path}"),
+            };
+            format!("issued   #{call_id} step {step} ({purpose:?}) on {worker}: {c}")
+        }
+        E::ToolOutput {
+            call_id,
+            stdout,
+            stderr,
+        } => {
+            let mut s = format!("output   #{call_id}");
+            for l in stdout.lines().take(20) {
+                s.push_str(&format!("\n    | {l}"));
+            }
+            for l in stderr.lines().take(20) {
+                s.push_str(&format!("\n    ! {l}"));
+            }
+            s
+        }
+        E::ToolCallCompleted { call_id, result } => {
+            format!(
+                "done     #{call_id}: {}",
+                crate::tasks::state::describe(result)
+            )
+        }
+        E::ToolCallInterrupted { call_id, reason } => format!("interrupted #{call_id}: {reason}"),
+        E::Finished { outcome, reason } => format!("{outcome:?}: {reason}").to_lowercase(),
+        other => serde_json::to_string(other).unwrap_or_default(),
+    };
+    format!("{:>5}  {what}", r.seq)
 }

@@ -79,6 +79,7 @@ pub async fn run(launcher: Launcher, keep: bool) -> anyhow::Result<()> {
         data: data.clone(),
         listen: "127.0.0.1:0".parse().expect("address"),
         lost_after: Duration::from_secs(3),
+        tasks: Default::default(),
     })
     .await?;
     let url = format!("https://127.0.0.1:{}", ready.addr.port());

@@ -281,13 +281,177 @@ pub struct Hub {
     sessions: Arc<Mutex<HashMap<String, Arc<Session>>>>,
     next_call: Arc<AtomicU64>,
     next_session: Arc<AtomicU64>,
+    /// Woken whenever a session registers, for callers waiting for a worker to come back.
+    registered: Arc<tokio::sync::Notify>,
+    /// Durable calls awaiting their result, by call id, with the worker they were issued to.
+    durable: Arc<Mutex<HashMap<u64, DurableWaiter>>>,
+    /// Durable results nobody was waiting for yet (a worker replays them on reconnect,
+    /// possibly before the task that wants them has resumed). Bounded.
+    stash: Arc<Mutex<HashMap<u64, (String, proto::CallResult)>>>,
+    /// Told about stashed results, so the task manager can acknowledge ones it already has.
+    orphans: Arc<Mutex<Option<OrphanSink>>>,
+}
+
+/// The worker a durable call was issued to, and where its result goes.
+type DurableWaiter = (String, oneshot::Sender<proto::CallResult>);
+/// (worker, call id) of results that arrived with nobody waiting.
+type OrphanSink = mpsc::UnboundedSender<(String, u64)>;
+
+/// Most stashed durable results kept.
+const STASH_MAX: usize = 10_000;
+
+/// How a durable call ended.
+#[derive(Debug)]
+pub enum Durable {
+    Done(proto::CallResult),
+    /// The worker did not come back within the wait.
+    WorkerGone,
 }
 
 impl Hub {
     pub fn new() -> Self {
+        // Call ids must not repeat across brain restarts (workers remember them), so they
+        // start from the clock: milliseconds since the epoch, shifted left 16 bits.
+        let start = (shared::now_unix_ms().max(1) as u64) << 16;
         Self {
-            next_call: Arc::new(AtomicU64::new(1)),
+            next_call: Arc::new(AtomicU64::new(start)),
             ..Default::default()
+        }
+    }
+
+    /// A call id never used before by this brain.
+    pub fn new_call_id(&self) -> u64 {
+        self.next_call.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Where to report durable results that nobody waits for.
+    pub fn set_orphan_sink(&self, tx: mpsc::UnboundedSender<(String, u64)>) {
+        *self.orphans.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+    }
+
+    /// A durable result arrived from `worker`. Delivered to its waiter if the call was issued
+    /// to that worker; a result from any other worker is stale and refused.
+    pub fn deliver_result(&self, worker: &str, r: proto::CallResult) {
+        let call_id = r.call_id;
+        let mut waiters = self.durable.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((w, _)) = waiters.get(&call_id) {
+            if w != worker {
+                tracing::warn!(call_id, from = worker, issued_to = %w, "stale result refused: the call belongs to another worker");
+                return;
+            }
+            if let Some((_, tx)) = waiters.remove(&call_id) {
+                let _ = tx.send(r);
+            }
+            return;
+        }
+        drop(waiters);
+        let mut stash = self.stash.lock().unwrap_or_else(|e| e.into_inner());
+        if stash.len() >= STASH_MAX
+            && let Some(oldest) = stash.keys().min().copied()
+        {
+            stash.remove(&oldest);
+        }
+        stash.insert(call_id, (worker.to_string(), r));
+        drop(stash);
+        if let Some(tx) = self
+            .orphans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            let _ = tx.send((worker.to_string(), call_id));
+        }
+    }
+
+    /// Tells the worker it may forget a durable call (its result is in the log).
+    pub fn ack(&self, worker: &str, call_id: u64) {
+        self.stash
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&call_id);
+        if let Some(s) = self.session(worker) {
+            s.try_send(brain_message::Msg::Ack(proto::Ack { call_id }));
+        }
+    }
+
+    /// Runs a durable call on `worker` and waits for its result, through reconnects: the call
+    /// is (re)sent on every session until a result arrives; the worker's journal makes that
+    /// safe (a call id runs at most once; a repeat gets the recorded result). Gives up only
+    /// if the worker stays away for `worker_wait`.
+    pub async fn durable_exec(
+        &self,
+        worker: &str,
+        mut start: proto::ExecStart,
+        worker_wait: Duration,
+    ) -> Durable {
+        start.durable = true;
+        let call_id = start.call_id;
+        loop {
+            if let Some((w, r)) = self
+                .stash
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&call_id)
+            {
+                if w == worker {
+                    return Durable::Done(r);
+                }
+                tracing::warn!(call_id, from = %w, issued_to = worker, "stale result refused: the call belongs to another worker");
+            }
+            let Some(session) = self.wait_connected(worker, worker_wait).await else {
+                return Durable::WorkerGone;
+            };
+            let (tx, rx) = oneshot::channel();
+            self.durable
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(call_id, (worker.to_string(), tx));
+            // A result may have been stashed between the check above and registering.
+            if let Some((w, r)) = self
+                .stash
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&call_id)
+                && w == worker
+            {
+                self.durable
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&call_id);
+                return Durable::Done(r);
+            }
+            if session
+                .send(brain_message::Msg::Exec(start.clone()))
+                .await
+                .is_ok()
+            {
+                tokio::select! {
+                    r = rx => if let Ok(r) = r { return Durable::Done(r) },
+                    _ = session.closed.cancelled() => {}
+                }
+            }
+            self.durable
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&call_id);
+            // The session ended: wait for the worker to come back and ask again.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The worker's session, waiting up to `wait` for it to (re)connect.
+    pub async fn wait_connected(&self, worker: &str, wait: Duration) -> Option<Arc<Session>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.registered.notified();
+            if let Some(s) = self.session(worker)
+                && !s.closed.is_cancelled()
+            {
+                return Some(s);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
         }
     }
 
@@ -319,6 +483,7 @@ impl Hub {
             session: session.clone(),
             done: false,
         };
+        self.registered.notify_waiters();
         (session, stream)
     }
 
@@ -386,6 +551,7 @@ impl Hub {
                 cwd: spec.cwd,
                 timeout_ms: spec.timeout.as_millis() as u64,
                 output_cap_bytes: spec.output_cap_bytes,
+                durable: false,
             }))
             .await?;
         Ok(ExecCall {

@@ -3,6 +3,7 @@
 //! Today it enrols workers (`ca`, `registry`), keeps their sessions (`hub`, `service`) and
 //! offers remote execution to admins; `serve` runs it and `client` reaches it.
 
+pub mod backup;
 pub mod ca;
 pub mod cli;
 pub mod client;
@@ -11,3 +12,4 @@ pub mod hub;
 pub mod registry;
 pub mod serve;
 pub mod service;
+pub mod tasks;

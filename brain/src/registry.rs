@@ -121,6 +121,17 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).expect("records serialise")
 }
 
+/// Opens (or creates) the brain's store. Fails clearly if another process holds it.
+pub fn open_db(path: &Path) -> Result<sled::Db, Error> {
+    sled::Config::new()
+        .path(path)
+        .open()
+        .map_err(|source| Error::Open {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
 /// Hex SHA-256 of a join token: the only form in which tokens are stored.
 pub fn token_hash(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
@@ -129,13 +140,11 @@ pub fn token_hash(token: &str) -> String {
 impl Registry {
     /// Opens (or creates) the store. Fails clearly if another process holds it.
     pub fn open(path: &Path) -> Result<Self, Error> {
-        let db = sled::Config::new()
-            .path(path)
-            .open()
-            .map_err(|source| Error::Open {
-                path: path.display().to_string(),
-                source,
-            })?;
+        Self::from_db(open_db(path)?)
+    }
+
+    /// The registry's trees in an already open store.
+    pub fn from_db(db: sled::Db) -> Result<Self, Error> {
         Ok(Self {
             workers: db.open_tree("workers")?,
             tokens: db.open_tree("tokens")?,

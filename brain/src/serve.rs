@@ -13,6 +13,8 @@ use crate::ca::{self, Ca, DataDir};
 use crate::hub::Hub;
 use crate::registry::{self, Registry};
 use crate::service::{Services, SessionOptions, Shared};
+use crate::tasks::log::SledLog;
+use crate::tasks::manager::{self, Manager, Options as TaskOptions};
 
 /// Errors starting or running the server.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +35,10 @@ pub enum Error {
     Tls(String),
     #[error("server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Log(#[from] crate::tasks::log::Error),
+    #[error(transparent)]
+    Tasks(#[from] manager::Error),
 }
 
 /// What `brain serve` needs.
@@ -41,6 +47,7 @@ pub struct Options {
     pub data: DataDir,
     pub listen: SocketAddr,
     pub lost_after: Duration,
+    pub tasks: TaskOptions,
 }
 
 /// A brain that is bound and ready; [`Ready::run`] serves until `shutdown` resolves.
@@ -54,8 +61,16 @@ pub struct Ready {
 /// Opens everything and binds the port, so errors surface before anything is announced.
 pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     let ca = Ca::load(&opts.data)?;
-    let registry = Registry::open(&opts.data.db())?;
+    let db = registry::open_db(&opts.data.db())?;
+    let registry = Registry::from_db(db.clone())?;
     sync_init_admin(&opts.data, &registry, &ca.hash()).await?;
+    let log = SledLog::open(db.clone(), opts.data.db())?;
+    let hub = Hub::new();
+    let tasks = Manager::new(std::sync::Arc::new(log), hub.clone(), opts.tasks);
+    let (loaded, resumed) = tasks.resume_all().await?;
+    if loaded > 0 {
+        tracing::info!(loaded, resumed, "tasks loaded from the log");
+    }
 
     let chain = pki::read_text(&opts.data.server_cert())?;
     let key = pki::read_text(&opts.data.server_key())?;
@@ -82,7 +97,9 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     )?;
     let shared = Arc::new(Shared {
         registry,
-        hub: Hub::new(),
+        hub,
+        tasks,
+        db,
         ca,
         session: SessionOptions {
             lost_after: opts.lost_after,

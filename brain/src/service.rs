@@ -44,6 +44,9 @@ impl SessionOptions {
 pub struct Shared {
     pub registry: Registry,
     pub hub: Hub,
+    pub tasks: crate::tasks::manager::Manager,
+    /// The whole store, for backups.
+    pub db: sled::Db,
     pub ca: Ca,
     pub session: SessionOptions,
 }
@@ -70,6 +73,17 @@ impl From<registry::Error> for Status {
                 tracing::error!(error = %e, "store error");
                 Status::internal(format!("brain store error: {e}"))
             }
+        }
+    }
+}
+
+impl From<crate::tasks::manager::Error> for Status {
+    fn from(e: crate::tasks::manager::Error) -> Self {
+        use crate::tasks::manager::Error as E;
+        match e {
+            E::NoSuchTask(_) => Status::not_found(e.to_string()),
+            E::Ended(_) => Status::failed_precondition(e.to_string()),
+            E::Log(_) => Status::internal(e.to_string()),
         }
     }
 }
@@ -247,7 +261,7 @@ impl WorkerSession for Services {
         tracing::info!(worker = %peer.id, name = %hello.name, session = session.session_no, "worker connected");
         let shared = self.0.clone();
         tokio::spawn(async move {
-            let reason = run_session(&session, &mut inbound, opts).await;
+            let reason = run_session(&shared.hub, &session, &mut inbound, opts).await;
             shared.hub.unregister(&session);
             session.close(Status::unavailable(reason.clone()));
             session.fail_pending();
@@ -263,6 +277,7 @@ impl WorkerSession for Services {
 
 /// Reads a worker's messages until the session ends; returns why it ended.
 async fn run_session(
+    hub: &Hub,
     session: &Arc<Session>,
     inbound: &mut Streaming<WorkerMessage>,
     opts: SessionOptions,
@@ -302,6 +317,7 @@ async fn run_session(
                         session.deliver_exec(id, ExecEvent { event: Some(proto::exec_event::Event::Exit(exit)) }, true);
                     }
                     Some(worker_message::Msg::FileResponse(resp)) => session.deliver_file(resp),
+                    Some(worker_message::Msg::CallResult(r)) => hub.deliver_result(&session.worker_id, r),
                     Some(worker_message::Msg::Echo(e)) => session.deliver_echo(e.call_id, e.payload),
                     Some(worker_message::Msg::Heartbeat(_)) => {}
                     Some(worker_message::Msg::Hello(_)) | None => {
@@ -536,5 +552,177 @@ impl Admin for Services {
             .echo(&w.id, req.payload, Duration::from_secs(10))
             .await?;
         Ok(Response::new(AdminEchoResponse { payload }))
+    }
+
+    async fn run_plan(
+        &self,
+        req: Request<proto::RunPlanRequest>,
+    ) -> Result<Response<proto::RunPlanResponse>, Status> {
+        self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        if req.plan_json.len() > 16 * 1024 * 1024 {
+            return Err(Status::invalid_argument("plan larger than 16 MiB"));
+        }
+        let plan = crate::tasks::Plan::parse(&req.plan_json).map_err(Status::invalid_argument)?;
+        let w = self.resolve(&req.worker)?;
+        let goal = if req.goal.is_empty() {
+            format!("scripted plan of {} steps", plan.steps.len())
+        } else {
+            req.goal.chars().take(4096).collect()
+        };
+        let id = self.0.tasks.create_plan(goal, plan, w.id).await?;
+        Ok(Response::new(proto::RunPlanResponse {
+            task_id: id.to_string(),
+        }))
+    }
+
+    async fn list_tasks(
+        &self,
+        req: Request<proto::ListTasksRequest>,
+    ) -> Result<Response<proto::ListTasksResponse>, Status> {
+        self.authorize(&req, Role::Admin)?;
+        let tasks = self
+            .0
+            .tasks
+            .list()
+            .into_iter()
+            .map(|t| proto::TaskSummary {
+                id: t.id.to_string(),
+                status: t.status.as_str().into(),
+                steps_done: t.next_step,
+                steps_total: t.steps_total(),
+                goal: t.goal,
+                worker: t.worker.unwrap_or_default(),
+                created_unix_ms: t.created_ms,
+                updated_unix_ms: t.updated_ms,
+                reason: t.reason,
+            })
+            .collect();
+        Ok(Response::new(proto::ListTasksResponse { tasks }))
+    }
+
+    type TaskLogStream = ReceiverStream<Result<proto::TaskRecord, Status>>;
+
+    async fn task_log(
+        &self,
+        req: Request<proto::TaskLogRequest>,
+    ) -> Result<Response<Self::TaskLogStream>, Status> {
+        self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        let task = self.0.tasks.find(&req.task_id)?;
+        // Subscribe before reading the history, so nothing falls between the two.
+        let mut live = task.events.subscribe();
+        let log = self.0.tasks.log.clone();
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            let mut last = 0u64;
+            let send = |json: String| {
+                let tx = tx.clone();
+                async move { tx.send(Ok(proto::TaskRecord { json })).await.is_ok() }
+            };
+            let mut ended = task.state().status.is_terminal();
+            loop {
+                // History (or what was missed after lagging behind).
+                let records = match log.read(task.id, last) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::internal(e.to_string()))).await;
+                        return;
+                    }
+                };
+                for r in records {
+                    let json = match r {
+                        Ok(r) => {
+                            last = r.seq;
+                            ended |= matches!(r.event, crate::tasks::Event::Finished { .. });
+                            serde_json::to_string(&r).expect("records serialise")
+                        }
+                        Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
+                    };
+                    if !send(json).await {
+                        return;
+                    }
+                }
+                if !req.follow || ended {
+                    return;
+                }
+                loop {
+                    tokio::select! {
+                        r = live.recv() => match r {
+                            Ok(r) if r.seq <= last => {}
+                            Ok(r) => {
+                                last = r.seq;
+                                let end = matches!(r.event, crate::tasks::Event::Finished { .. });
+                                if !send(serde_json::to_string(&r).expect("records serialise")).await || end {
+                                    return;
+                                }
+                            }
+                            // Fell behind: re-read from the log.
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        },
+                        _ = tx.closed() => return,
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn cancel_task(
+        &self,
+        req: Request<proto::CancelTaskRequest>,
+    ) -> Result<Response<proto::CancelTaskResponse>, Status> {
+        let admin = self.authorize(&req, Role::Admin)?;
+        let id = self.0.tasks.cancel(&req.get_ref().task_id).await?;
+        tracing::info!(task = %id, by = %admin, "task cancel requested");
+        Ok(Response::new(proto::CancelTaskResponse {}))
+    }
+
+    type BackupStream = ReceiverStream<Result<proto::BackupChunk, Status>>;
+
+    async fn backup(
+        &self,
+        req: Request<proto::BackupRequest>,
+    ) -> Result<Response<Self::BackupStream>, Status> {
+        let admin = self.authorize(&req, Role::Admin)?;
+        tracing::info!(by = %admin, "backup started");
+        let db = self.0.db.clone();
+        let (tx, rx) = mpsc::channel(16);
+        tokio::task::spawn_blocking(move || {
+            let mut buf = Vec::with_capacity(128 * 1024);
+            for name in db.tree_names() {
+                let tree = match db.open_tree(&name) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+                        return;
+                    }
+                };
+                for kv in tree.iter() {
+                    let (k, v) = match kv {
+                        Ok(kv) => kv,
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+                            return;
+                        }
+                    };
+                    crate::backup::write_line(&mut buf, &name, &k, &v);
+                    if buf.len() >= 64 * 1024
+                        && tx
+                            .blocking_send(Ok(proto::BackupChunk {
+                                data: std::mem::take(&mut buf),
+                            }))
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+            if !buf.is_empty() {
+                let _ = tx.blocking_send(Ok(proto::BackupChunk { data: buf }));
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -306,6 +306,7 @@ mod tests {
             cwd: String::new(),
             timeout_ms,
             output_cap_bytes: cap,
+            durable: false,
         };
         run(start, dir.path(), tx, CancellationToken::new()).await;
         let mut stdout = Vec::new();

@@ -3,7 +3,9 @@
 
 pub mod caps;
 pub mod cli;
+pub mod durable;
 pub mod exec;
 pub mod files;
+pub mod journal;
 pub mod session;
 pub mod state;

@@ -154,10 +154,19 @@ pub async fn run(
     let url = brain_override.unwrap_or_else(|| membership.brain_url.clone());
     let addr = BrainAddr::parse(&url)?;
     let config = ident.client_config(&state.identity())?;
+    let journal = crate::journal::Journal::open(state.0.join("calls")).map_err(|source| {
+        crate::state::Error::Io {
+            path: state.0.join("calls"),
+            source,
+        }
+    })?;
     let ctx = Arc::new(Ctx {
         membership,
         workspaces: state.workspaces(),
         state_dir: state.0.clone(),
+        journal: Arc::new(journal),
+        durable_running: Arc::default(),
+        shutdown: shutdown.clone(),
     });
     tracing::info!(worker = %ctx.membership.worker_id, brain = %addr.url(), "worker starting");
     let mut delay = backoff.initial;
@@ -191,6 +200,12 @@ struct Ctx {
     membership: Membership,
     workspaces: PathBuf,
     state_dir: PathBuf,
+    /// Durable calls: what ran, what finished, across sessions and restarts.
+    journal: Arc<crate::journal::Journal>,
+    /// Durable calls running now, by id; they outlive sessions (not the process).
+    durable_running: Arc<Mutex<HashMap<u64, CancellationToken>>>,
+    /// Ends with the process; durable calls are children of it.
+    shutdown: CancellationToken,
 }
 
 /// Outbound queue to the brain; bounded so a stalled connection pushes back on producers.
@@ -246,6 +261,15 @@ async fn session(
     let beat_every = Duration::from_millis(ack.heartbeat_interval_ms.clamp(100, 60_000));
     let lost_after = Duration::from_millis(ack.lost_after_ms.clamp(300, 600_000));
     tracing::info!(worker = %ack.worker_id, "connected to the brain");
+    // Results of durable calls the brain has not acknowledged yet (it may have restarted).
+    for r in ctx.journal.unacked() {
+        let m = WorkerMessage {
+            msg: Some(worker_message::Msg::CallResult(r)),
+        };
+        if out.send(m).await.is_err() {
+            return Err("internal: outbound queue closed".into());
+        }
+    }
 
     // Running calls by id, so a cancel from the brain (or the end of the session) stops them.
     let running: Arc<Mutex<HashMap<u64, CancellationToken>>> = Arc::default();
@@ -287,6 +311,17 @@ fn dispatch(
     session_end: &CancellationToken,
 ) {
     match msg.msg {
+        Some(brain_message::Msg::Exec(start)) if start.durable => {
+            crate::durable::start(
+                start,
+                ctx.journal.clone(),
+                ctx.workspaces.clone(),
+                out.clone(),
+                ctx.durable_running.clone(),
+                ctx.shutdown.child_token(),
+            );
+        }
+        Some(brain_message::Msg::Ack(a)) => ctx.journal.forget(a.call_id),
         Some(brain_message::Msg::Exec(start)) => {
             let call_id = start.call_id;
             let cancel = session_end.child_token();

@@ -1,0 +1,112 @@
+//! Backup and restore of the brain's store as JSON lines: `{"tree":…,"key":hex,"value":hex}`,
+//! one record a line. A backup is taken from a running brain; a restore goes into a stopped
+//! one and moves the old store aside (nothing is deleted).
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+/// Errors of restore.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} line {line}: {reason}")]
+    Bad {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    #[error("cannot move the current store {from} aside to {to}: {source}")]
+    MoveAside {
+        from: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Registry(#[from] crate::registry::Error),
+    #[error("store: {0}")]
+    Sled(#[from] sled::Error),
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Line {
+    tree: String,
+    key: String,
+    value: String,
+}
+
+/// Appends one record as a JSON line.
+pub fn write_line(buf: &mut Vec<u8>, tree: &[u8], key: &[u8], value: &[u8]) {
+    let line = Line {
+        tree: String::from_utf8_lossy(tree).into_owned(),
+        key: hex::encode(key),
+        value: hex::encode(value),
+    };
+    serde_json::to_writer(&mut *buf, &line).expect("lines serialise");
+    buf.push(b'\n');
+}
+
+/// Restores `file` into the store at `db_dir` (the brain must be stopped). The whole file is
+/// checked before anything is touched; the current store, if any, is renamed to
+/// `db.before-restore-<unix-ms>`. Returns (records, where the old store went).
+pub fn restore(file: &Path, db_dir: &Path) -> Result<(usize, Option<PathBuf>), Error> {
+    let f = std::fs::File::open(file).map_err(|source| Error::Read {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    let mut records = Vec::new();
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.map_err(|source| Error::Read {
+            path: file.to_path_buf(),
+            source,
+        })?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |reason: String| Error::Bad {
+            path: file.to_path_buf(),
+            line: i + 1,
+            reason,
+        };
+        let l: Line = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+        let k = hex::decode(&l.key).map_err(|e| bad(format!("key: {e}")))?;
+        let v = hex::decode(&l.value).map_err(|e| bad(format!("value: {e}")))?;
+        records.push((l.tree, k, v));
+    }
+    // Fails here, touching nothing, if a brain holds the store.
+    let moved = if db_dir.exists() {
+        drop(crate::registry::open_db(db_dir)?);
+        let to = db_dir.with_file_name(format!("db.before-restore-{}", shared::now_unix_ms()));
+        std::fs::rename(db_dir, &to).map_err(|source| Error::MoveAside {
+            from: db_dir.to_path_buf(),
+            to: to.clone(),
+            source,
+        })?;
+        Some(to)
+    } else {
+        None
+    };
+    let db = crate::registry::open_db(db_dir)?;
+    for (tree, k, v) in &records {
+        db.open_tree(tree.as_bytes())?
+            .insert(k.as_slice(), v.as_slice())?;
+    }
+    db.flush()?;
+    Ok((records.len(), moved))
+}
+
+/// Writes a backup stream to `file` atomically (temp file, fsync, rename).
+pub fn save(file: &Path, chunks: &[Vec<u8>]) -> std::io::Result<()> {
+    let tmp = file.with_extension("partial");
+    let mut f = std::fs::File::create(&tmp)?;
+    for c in chunks {
+        f.write_all(c)?;
+    }
+    f.sync_all()?;
+    std::fs::rename(&tmp, file)
+}

@@ -1,0 +1,299 @@
+//! What happens to a task, as versioned records in its append-only log. Field names are part
+//! of the stored format and of `brain task log --json`: change them only with a new version.
+
+use serde::{Deserialize, Serialize};
+
+/// A task id: `t-` and a number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub struct TaskId(pub u64);
+
+impl std::fmt::Display for TaskId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "t-{}", self.0)
+    }
+}
+
+impl From<TaskId> for String {
+    fn from(t: TaskId) -> String {
+        t.to_string()
+    }
+}
+
+impl TryFrom<String> for TaskId {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl std::str::FromStr for TaskId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.strip_prefix("t-")
+            .unwrap_or(s)
+            .parse()
+            .map(TaskId)
+            .map_err(|_| format!("invalid task id {s:?}: expected t-<number>"))
+    }
+}
+
+/// The version of [`Record`] this code writes.
+pub const RECORD_VERSION: u32 = 1;
+
+/// One entry of a task's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub v: u32,
+    pub task: TaskId,
+    pub seq: u64,
+    pub at_ms: i64,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// How a task ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Finished,
+    Failed,
+    Cancelled,
+}
+
+/// A step of a scripted plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub struct Step {
+    /// A command to run (argv), or
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<Vec<String>>,
+    /// a file to write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write: Option<WriteStep>,
+    /// For `run` steps: a read-only command that exits 0 if the step's effect is already in
+    /// place. Used when a call was interrupted and nobody can tell whether it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<Vec<String>>,
+    /// Per-step timeout, e.g. "30s" (default 10m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteStep {
+    pub path: String,
+    pub content: String,
+    #[serde(default)]
+    pub mode: Option<u32>,
+}
+
+/// A scripted plan: tool calls run in order; a failing step fails the task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+}
+
+/// Most steps a plan may have.
+pub const MAX_PLAN_STEPS: usize = 10_000;
+
+impl Plan {
+    /// Parses and checks a plan from JSON, saying which step is wrong.
+    pub fn parse(json: &str) -> Result<Self, String> {
+        let plan: Plan = serde_json::from_str(json).map_err(|e| format!("invalid plan: {e}"))?;
+        if plan.steps.is_empty() || plan.steps.len() > MAX_PLAN_STEPS {
+            return Err(format!(
+                "invalid plan: it must have 1 to {MAX_PLAN_STEPS} steps, it has {}",
+                plan.steps.len()
+            ));
+        }
+        for (i, s) in plan.steps.iter().enumerate() {
+            match (&s.run, &s.write) {
+                (Some(argv), None) if !argv.is_empty() => {}
+                (None, Some(_)) if s.check.is_none() => {}
+                _ => {
+                    return Err(format!(
+                        "invalid plan: step {i} must have exactly one of a non-empty \"run\" or a \"write\" (and \"check\" only with \"run\")"
+                    ));
+                }
+            }
+            if let Some(t) = &s.timeout {
+                shared::parse_duration(t).map_err(|e| format!("invalid plan: step {i}: {e}"))?;
+            }
+        }
+        Ok(plan)
+    }
+}
+
+/// Why a call was issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    /// The step itself.
+    Step,
+    /// The step's check, after the step was interrupted.
+    Check,
+}
+
+/// A tool call as logged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "tool", rename_all = "snake_case")]
+pub enum ToolCall {
+    RunCommand {
+        argv: Vec<String>,
+        timeout_ms: u64,
+    },
+    WriteFile {
+        path: String,
+        content: String,
+        mode: u32,
+    },
+}
+
+/// A tool call's result as logged.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default)]
+    pub timed_out: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+impl ToolResult {
+    pub fn ok(&self) -> bool {
+        self.exit_code == Some(0) && !self.timed_out && self.error.is_empty()
+    }
+}
+
+/// Everything that can happen to a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Event {
+    Created {
+        goal: String,
+        workspace: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        plan: Option<Plan>,
+    },
+    /// Running, or waiting (for a worker, an approval, budget) with the reason.
+    StatusChanged {
+        status: String,
+        reason: String,
+    },
+    LlmRequest {
+        model: String,
+        messages: u32,
+    },
+    LlmResponse {
+        model: String,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+        cost_usd: f64,
+    },
+    /// Appended and flushed before the call is sent.
+    ToolCallIssued {
+        call_id: u64,
+        step: u32,
+        purpose: Purpose,
+        worker: String,
+        call: ToolCall,
+    },
+    /// Captured output of a call (capped), appended before its completion.
+    ToolOutput {
+        call_id: u64,
+        stdout: String,
+        stderr: String,
+    },
+    ToolCallCompleted {
+        call_id: u64,
+        result: ToolResult,
+    },
+    /// Nobody can say what the call did; it is never silently re-run.
+    ToolCallInterrupted {
+        call_id: u64,
+        reason: String,
+    },
+    Barrier {
+        version: u64,
+        root_hash: String,
+    },
+    WorkerAssigned {
+        worker: String,
+    },
+    MoveStarted {
+        from: String,
+        to: String,
+    },
+    MoveCompleted {
+        to: String,
+    },
+    ApprovalRequested {
+        approval_id: u64,
+        what: String,
+    },
+    ApprovalDecided {
+        approval_id: u64,
+        approved: bool,
+        by: String,
+    },
+    BudgetUpdate {
+        spent_usd: f64,
+        tokens: u64,
+        steps: u32,
+    },
+    /// A snapshot of the state up to and including `upto` was stored.
+    Snapshot {
+        upto: u64,
+    },
+    Finished {
+        outcome: Outcome,
+        reason: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_have_stable_json() {
+        let r = Record {
+            v: RECORD_VERSION,
+            task: TaskId(7),
+            seq: 3,
+            at_ms: 1000,
+            event: Event::ToolCallCompleted {
+                call_id: 9,
+                result: ToolResult {
+                    exit_code: Some(0),
+                    ..Default::default()
+                },
+            },
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            json,
+            r#"{"v":1,"task":"t-7","seq":3,"at_ms":1000,"kind":"tool_call_completed","call_id":9,"result":{"exit_code":0,"timed_out":false}}"#
+        );
+        assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), r);
+    }
+
+    #[test]
+    fn plans_are_checked_step_by_step() {
+        assert!(
+            Plan::parse(r#"{"steps":[{"run":["true"]},{"write":{"path":"a","content":"x"}}]}"#)
+                .is_ok()
+        );
+        let e = Plan::parse(r#"{"steps":[{"run":["true"]},{"run":[]}]}"#).unwrap_err();
+        assert!(e.contains("step 1"), "{e}");
+        assert!(Plan::parse(r#"{"steps":[]}"#).is_err());
+        assert!(Plan::parse(r#"{"steps":[{"run":["x"],"bogus":1}]}"#).is_err());
+        assert!(Plan::parse(r#"{"steps":[{"run":["x"],"timeout":"soon"}]}"#).is_err());
+    }
+}

@@ -1,0 +1,484 @@
+//! The event log: append-only, per task, durable before anyone acts on what it says.
+//!
+//! Two implementations pass the same conformance tests: [`MemLog`] (tests, demos) and
+//! [`SledLog`] (the brain). `SledLog` commits in groups: one writer task takes every append
+//! that is waiting, writes them in one sled batch, flushes once and acknowledges them all, so
+//! one disk sync serves many tasks and durability does not serialise them.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::event::{Event, RECORD_VERSION, Record, TaskId};
+
+/// Errors of the log.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("event log store: {0}")]
+    Store(#[from] sled::Error),
+    #[error("event log sync of {path}: {source}")]
+    Sync {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the event log writer has stopped")]
+    Closed,
+    #[error("event {key} of task {task} cannot be decoded: {reason}")]
+    Decode {
+        task: TaskId,
+        key: String,
+        reason: String,
+    },
+}
+
+/// The durability contract: when [`EventLog::append`] returns `Ok`, the records are written
+/// so that they survive the brain process being killed (SIGKILL) at any instant after, and
+/// every later `read` returns them. For [`SledLog`] they have also been synced with
+/// `fdatasync`, so they survive power loss on filesystems and disks that honour it. Records of
+/// one task get consecutive sequence numbers starting at 1, in append order.
+#[async_trait::async_trait]
+pub trait EventLog: Send + Sync + 'static {
+    /// Appends events to a task's log, returning the records as stored.
+    async fn append(&self, task: TaskId, events: Vec<Event>) -> Result<Vec<Record>, Error>;
+    /// The task's records with `seq > after`, in order. A record that cannot be decoded is
+    /// returned as an error in its place; nothing is skipped or deleted.
+    fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error>;
+    /// Every task that has a log.
+    fn tasks(&self) -> Result<Vec<TaskId>, Error>;
+    /// A fresh task id, never handed out before.
+    fn new_task_id(&self) -> Result<TaskId, Error>;
+    /// Stores a snapshot of a task's state covering records up to `upto`.
+    async fn put_snapshot(&self, task: TaskId, upto: u64, state: Vec<u8>) -> Result<(), Error>;
+    /// The latest snapshot: (upto, bytes).
+    fn snapshot(&self, task: TaskId) -> Result<Option<(u64, Vec<u8>)>, Error>;
+}
+
+fn record(task: TaskId, seq: u64, event: Event) -> Record {
+    Record {
+        v: RECORD_VERSION,
+        task,
+        seq,
+        at_ms: shared::now_unix_ms(),
+        event,
+    }
+}
+
+// ---------------------------------------------------------------------------- memory
+
+/// In-memory log for tests and the demo. Durable only as long as the process lives.
+#[derive(Default)]
+pub struct MemLog {
+    inner: Mutex<MemInner>,
+}
+
+#[derive(Default)]
+struct MemInner {
+    logs: HashMap<TaskId, Vec<Record>>,
+    snapshots: HashMap<TaskId, (u64, Vec<u8>)>,
+    next_id: u64,
+}
+
+#[async_trait::async_trait]
+impl EventLog for MemLog {
+    async fn append(&self, task: TaskId, events: Vec<Event>) -> Result<Vec<Record>, Error> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let log = g.logs.entry(task).or_default();
+        let mut out = Vec::with_capacity(events.len());
+        for ev in events {
+            let r = record(task, log.len() as u64 + 1, ev);
+            log.push(r.clone());
+            out.push(r);
+        }
+        Ok(out)
+    }
+
+    fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(g.logs
+            .get(&task)
+            .map(|l| {
+                l.iter()
+                    .filter(|r| r.seq > after)
+                    .cloned()
+                    .map(Ok)
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    fn tasks(&self) -> Result<Vec<TaskId>, Error> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<TaskId> = g.logs.keys().copied().collect();
+        v.sort();
+        Ok(v)
+    }
+
+    fn new_task_id(&self) -> Result<TaskId, Error> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.next_id += 1;
+        Ok(TaskId(g.next_id))
+    }
+
+    async fn put_snapshot(&self, task: TaskId, upto: u64, state: Vec<u8>) -> Result<(), Error> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.snapshots.insert(task, (upto, state));
+        Ok(())
+    }
+
+    fn snapshot(&self, task: TaskId) -> Result<Option<(u64, Vec<u8>)>, Error> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(g.snapshots.get(&task).cloned())
+    }
+}
+
+// ---------------------------------------------------------------------------- sled
+
+/// Appends waiting for the writer. Bounded: producers wait when the disk falls behind.
+const WRITE_QUEUE: usize = 4096;
+/// Most appends one group commit takes.
+const MAX_BATCH: usize = 1024;
+
+struct Append {
+    task: TaskId,
+    events: Vec<Event>,
+    done: oneshot::Sender<Result<Vec<Record>, String>>,
+}
+
+/// The sled log: tree `events` keyed by task id ‖ seq (both big-endian), tree `snapshots`
+/// keyed by task id. Cheap to clone.
+#[derive(Clone)]
+pub struct SledLog {
+    db: sled::Db,
+    events: sled::Tree,
+    snapshots: sled::Tree,
+    tx: mpsc::Sender<Append>,
+}
+
+fn key(task: TaskId, seq: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&task.0.to_be_bytes());
+    k[8..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+impl SledLog {
+    /// Opens the log in `db` and starts its writer task. `db_dir` is the sled directory, whose
+    /// data file the writer syncs after each group.
+    pub fn open(db: sled::Db, db_dir: PathBuf) -> Result<Self, Error> {
+        let events = db.open_tree("events")?;
+        let snapshots = db.open_tree("snapshots")?;
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        let log = Self {
+            db,
+            events,
+            snapshots,
+            tx,
+        };
+        let writer = log.clone_for_writer();
+        tokio::spawn(writer.run(rx, db_dir.join("db")));
+        Ok(log)
+    }
+
+    fn clone_for_writer(&self) -> Writer {
+        Writer {
+            db: self.db.clone(),
+            events: self.events.clone(),
+            last_seq: HashMap::new(),
+        }
+    }
+}
+
+/// The single writer: owns sequence assignment, so no two appends race for a number.
+struct Writer {
+    db: sled::Db,
+    events: sled::Tree,
+    /// Last sequence number per task, loaded from the tree on first use.
+    last_seq: HashMap<TaskId, u64>,
+}
+
+impl Writer {
+    fn last(&mut self, task: TaskId) -> Result<u64, Error> {
+        if let Some(s) = self.last_seq.get(&task) {
+            return Ok(*s);
+        }
+        let last = match self.events.scan_prefix(task.0.to_be_bytes()).next_back() {
+            Some(kv) => {
+                let (k, _) = kv?;
+                u64::from_be_bytes(k[8..16].try_into().expect("16-byte keys"))
+            }
+            None => 0,
+        };
+        self.last_seq.insert(task, last);
+        Ok(last)
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<Append>, data_file: PathBuf) {
+        let mut batch_in: Vec<Append> = Vec::new();
+        while let Some(first) = rx.recv().await {
+            batch_in.push(first);
+            while batch_in.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(a) => batch_in.push(a),
+                    Err(_) => break,
+                }
+            }
+            let result = self.commit(&mut batch_in, &data_file).await;
+            for (a, recs) in batch_in.drain(..).zip(result) {
+                let _ = a.done.send(recs);
+            }
+        }
+    }
+
+    /// Writes one group and syncs it. Returns one result per append, in order.
+    async fn commit(
+        &mut self,
+        appends: &mut [Append],
+        data_file: &std::path::Path,
+    ) -> Vec<Result<Vec<Record>, String>> {
+        let mut batch = sled::Batch::default();
+        let mut out: Vec<Result<Vec<Record>, String>> = Vec::with_capacity(appends.len());
+        let before = self.last_seq.clone();
+        for a in appends.iter_mut() {
+            let mut seq = match self.last(a.task) {
+                Ok(s) => s,
+                Err(e) => {
+                    out.push(Err(e.to_string()));
+                    continue;
+                }
+            };
+            let mut recs = Vec::with_capacity(a.events.len());
+            for ev in a.events.drain(..) {
+                seq += 1;
+                let r = record(a.task, seq, ev);
+                batch.insert(
+                    &key(a.task, seq),
+                    serde_json::to_vec(&r).expect("records serialise"),
+                );
+                recs.push(r);
+            }
+            self.last_seq.insert(a.task, seq);
+            out.push(Ok(recs));
+        }
+        let synced = async {
+            self.events.apply_batch(batch)?;
+            self.db.flush_async().await?;
+            // sled syncs with sync_file_range, which does not flush the disk's cache or
+            // metadata; fdatasync does.
+            let f = std::fs::File::open(data_file).map_err(|source| Error::Sync {
+                path: data_file.to_path_buf(),
+                source,
+            })?;
+            f.sync_data().map_err(|source| Error::Sync {
+                path: data_file.to_path_buf(),
+                source,
+            })?;
+            Ok::<(), Error>(())
+        }
+        .await;
+        if let Err(e) = synced {
+            // Nothing in this group is acknowledged; forget the numbers it took.
+            self.last_seq = before;
+            tracing::error!(error = %e, "event log commit failed");
+            let msg = e.to_string();
+            return out.into_iter().map(|_| Err(msg.clone())).collect();
+        }
+        out
+    }
+}
+
+#[async_trait::async_trait]
+impl EventLog for SledLog {
+    async fn append(&self, task: TaskId, events: Vec<Event>) -> Result<Vec<Record>, Error> {
+        let (done, rx) = oneshot::channel();
+        self.tx
+            .send(Append { task, events, done })
+            .await
+            .map_err(|_| Error::Closed)?;
+        rx.await
+            .map_err(|_| Error::Closed)?
+            .map_err(|e| Error::Store(sled::Error::Unsupported(e)))
+    }
+
+    fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error> {
+        let mut out = Vec::new();
+        for kv in self
+            .events
+            .range(key(task, after + 1)..=key(task, u64::MAX))
+        {
+            let (k, v) = kv?;
+            out.push(
+                serde_json::from_slice::<Record>(&v).map_err(|e| Error::Decode {
+                    task,
+                    key: format!("events/{}", hex::encode(&k)),
+                    reason: e.to_string(),
+                }),
+            );
+        }
+        Ok(out)
+    }
+
+    fn tasks(&self) -> Result<Vec<TaskId>, Error> {
+        let mut out = Vec::new();
+        let mut next: Option<[u8; 8]> = Some([0u8; 8]);
+        // Skip from task to task instead of reading every record.
+        while let Some(start) = next {
+            let Some(kv) = self.events.range(start..).next() else {
+                break;
+            };
+            let (k, _) = kv?;
+            let id = u64::from_be_bytes(k[..8].try_into().expect("16-byte keys"));
+            out.push(TaskId(id));
+            next = id.checked_add(1).map(u64::to_be_bytes);
+        }
+        Ok(out)
+    }
+
+    fn new_task_id(&self) -> Result<TaskId, Error> {
+        Ok(TaskId(self.db.generate_id()? + 1))
+    }
+
+    async fn put_snapshot(&self, task: TaskId, upto: u64, state: Vec<u8>) -> Result<(), Error> {
+        let mut v = upto.to_be_bytes().to_vec();
+        v.extend(state);
+        self.snapshots.insert(task.0.to_be_bytes(), v)?;
+        // Not synced on its own: a lost snapshot only means a longer replay.
+        Ok(())
+    }
+
+    fn snapshot(&self, task: TaskId) -> Result<Option<(u64, Vec<u8>)>, Error> {
+        Ok(self.snapshots.get(task.0.to_be_bytes())?.and_then(|v| {
+            (v.len() >= 8).then(|| {
+                (
+                    u64::from_be_bytes(v[..8].try_into().expect("8 bytes")),
+                    v[8..].to_vec(),
+                )
+            })
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tasks::event::{Outcome, ToolResult};
+    use std::sync::Arc;
+
+    fn ev(i: u64) -> Event {
+        Event::ToolCallCompleted {
+            call_id: i,
+            result: ToolResult::default(),
+        }
+    }
+
+    /// The conformance suite both implementations must pass.
+    async fn conformance(log: Arc<dyn EventLog>) {
+        let a = log.new_task_id().unwrap();
+        let b = log.new_task_id().unwrap();
+        assert_ne!(a, b);
+        let r = log.append(a, vec![ev(1), ev(2)]).await.unwrap();
+        assert_eq!(r.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1, 2]);
+        log.append(b, vec![ev(10)]).await.unwrap();
+        let r = log.append(a, vec![ev(3)]).await.unwrap();
+        assert_eq!(r[0].seq, 3);
+        let all: Vec<Record> = log
+            .read(a, 0)
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(all.len(), 3);
+        assert!(all.windows(2).all(|w| w[0].seq + 1 == w[1].seq));
+        assert_eq!(log.read(a, 2).unwrap().len(), 1);
+        assert_eq!(log.read(b, 0).unwrap().len(), 1);
+        let mut tasks = log.tasks().unwrap();
+        tasks.sort();
+        assert_eq!(tasks, {
+            let mut t = vec![a, b];
+            t.sort();
+            t
+        });
+
+        // Many tasks appending at once: every append gets its own, gap-free numbers.
+        let mut handles = Vec::new();
+        for _ in 0..50 {
+            let log = log.clone();
+            let t = log.new_task_id().unwrap();
+            handles.push(tokio::spawn(async move {
+                for i in 0..20 {
+                    let r = log.append(t, vec![ev(i)]).await.unwrap();
+                    assert_eq!(r[0].seq, i + 1);
+                }
+                t
+            }));
+        }
+        for h in handles {
+            let t = h.await.unwrap();
+            assert_eq!(log.read(t, 0).unwrap().len(), 20);
+        }
+
+        log.put_snapshot(a, 2, b"state".to_vec()).await.unwrap();
+        assert_eq!(log.snapshot(a).unwrap(), Some((2, b"state".to_vec())));
+        assert_eq!(log.snapshot(b).unwrap(), None);
+        let fin = Event::Finished {
+            outcome: Outcome::Finished,
+            reason: String::new(),
+        };
+        log.append(a, vec![fin.clone()]).await.unwrap();
+        assert_eq!(log.read(a, 3).unwrap()[0].as_ref().unwrap().event, fin);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mem_log_conforms() {
+        conformance(Arc::new(MemLog::default())).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sled_log_conforms_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let task;
+        {
+            let db = sled::open(&path).unwrap();
+            let log = Arc::new(SledLog::open(db, path.clone()).unwrap());
+            conformance(log.clone()).await;
+            task = log.new_task_id().unwrap();
+            log.append(task, vec![ev(1), ev(2), ev(3)]).await.unwrap();
+        }
+        // Give the writer task a moment to drop its handle on the db.
+        let db = loop {
+            match sled::open(&path) {
+                Ok(db) => break db,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        };
+        let log = SledLog::open(db, path).unwrap();
+        assert_eq!(log.read(task, 0).unwrap().len(), 3);
+        let r = log.append(task, vec![ev(4)]).await.unwrap();
+        assert_eq!(r[0].seq, 4, "numbering continues after reopen");
+        assert!(log.new_task_id().unwrap() > task);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_undecodable_record_is_reported_with_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let db = sled::open(&path).unwrap();
+        let log = SledLog::open(db.clone(), path).unwrap();
+        let t = log.new_task_id().unwrap();
+        log.append(t, vec![ev(1), ev(2)]).await.unwrap();
+        db.open_tree("events")
+            .unwrap()
+            .insert(key(t, 2), b"{not json".to_vec())
+            .unwrap();
+        let recs = log.read(t, 0).unwrap();
+        assert!(recs[0].is_ok());
+        let err = recs[1].as_ref().unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("events/{}", hex::encode(key(t, 2)))),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,281 @@
+//! The task manager: creates tasks, rebuilds every task from its snapshot and log tail on
+//! start, resumes the unfinished ones, and is the only writer of task events (append, then
+//! apply, then tell watchers).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::event::{Event, Outcome, Plan, Record, TaskId};
+use super::log::{self, EventLog};
+use super::state::{TaskState, apply};
+use crate::hub::Hub;
+
+/// Errors of the task manager.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Log(#[from] log::Error),
+    #[error("no task {0}: see `brain tasks`")]
+    NoSuchTask(String),
+    #[error("task {0} has already ended")]
+    Ended(TaskId),
+}
+
+/// Tunables.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Store a snapshot after this many events.
+    pub snapshot_every: u64,
+    /// How long a call waits for its worker to come back before it counts as interrupted.
+    pub worker_wait: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            snapshot_every: 100,
+            worker_wait: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Live events of one task for watchers. Bounded: a watcher that falls behind is told it
+/// lagged and can re-read the log.
+const WATCH_QUEUE: usize = 1024;
+
+/// One task in memory: its state (a cache of the log) and its watchers.
+pub struct Task {
+    pub id: TaskId,
+    /// The state as of the last appended record. A std mutex: never held across an await.
+    state: Mutex<TaskState>,
+    pub events: broadcast::Sender<Record>,
+    pub cancel: CancellationToken,
+    /// One appender at a time per task, so state and log stay in the same order.
+    append_lock: tokio::sync::Mutex<()>,
+}
+
+impl Task {
+    pub fn state(&self) -> TaskState {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// The manager. Cheap to clone.
+#[derive(Clone)]
+pub struct Manager {
+    pub log: Arc<dyn EventLog>,
+    pub hub: Hub,
+    pub opts: Options,
+    tasks: Arc<Mutex<HashMap<TaskId, Arc<Task>>>>,
+}
+
+impl Manager {
+    pub fn new(log: Arc<dyn EventLog>, hub: Hub, opts: Options) -> Self {
+        let m = Self {
+            log,
+            hub,
+            opts,
+            tasks: Arc::default(),
+        };
+        // Results a worker replays after they were logged (the brain died before its
+        // acknowledgement got out) are acknowledged here.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, u64)>();
+        m.hub.set_orphan_sink(tx);
+        let weak = m.clone();
+        tokio::spawn(async move {
+            while let Some((worker, call_id)) = rx.recv().await {
+                let known = weak
+                    .all()
+                    .iter()
+                    .any(|t| t.state().recent_calls.contains(&call_id));
+                if known {
+                    weak.hub.ack(&worker, call_id);
+                }
+            }
+        });
+        m
+    }
+
+    fn all(&self) -> Vec<Arc<Task>> {
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn task(&self, id: TaskId) -> Option<Arc<Task>> {
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    /// Finds a task by `t-N` or `N`.
+    pub fn find(&self, text: &str) -> Result<Arc<Task>, Error> {
+        let id: TaskId = text
+            .parse()
+            .map_err(|_| Error::NoSuchTask(text.to_string()))?;
+        self.task(id)
+            .ok_or_else(|| Error::NoSuchTask(text.to_string()))
+    }
+
+    /// Every task's state, oldest first.
+    pub fn list(&self) -> Vec<TaskState> {
+        let mut v: Vec<TaskState> = self.all().iter().map(|t| t.state()).collect();
+        v.sort_by_key(|s| s.id);
+        v
+    }
+
+    /// Appends events to a task: durable first, then applied and shown to watchers.
+    pub async fn append(&self, task: &Task, events: Vec<Event>) -> Result<(), Error> {
+        let _g = task.append_lock.lock().await;
+        let recs = self.log.append(task.id, events).await?;
+        let snapshot_due = {
+            let mut st = task.state.lock().unwrap_or_else(|e| e.into_inner());
+            for r in &recs {
+                apply(&mut st, r);
+            }
+            st.last_seq - st.snapshot_seq >= self.opts.snapshot_every
+        };
+        for r in recs {
+            let _ = task.events.send(r);
+        }
+        if snapshot_due {
+            let (upto, bytes) = {
+                let st = task.state.lock().unwrap_or_else(|e| e.into_inner());
+                (
+                    st.last_seq,
+                    serde_json::to_vec(&*st).expect("state serialises"),
+                )
+            };
+            self.log.put_snapshot(task.id, upto, bytes).await?;
+            let recs = self
+                .log
+                .append(task.id, vec![Event::Snapshot { upto }])
+                .await?;
+            let mut st = task.state.lock().unwrap_or_else(|e| e.into_inner());
+            for r in &recs {
+                apply(&mut st, r);
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates a task that runs a scripted plan on a worker, and starts it.
+    pub async fn create_plan(
+        &self,
+        goal: String,
+        plan: Plan,
+        worker: String,
+    ) -> Result<TaskId, Error> {
+        let id = self.log.new_task_id()?;
+        let task = self.insert(TaskState::new(id));
+        self.append(
+            &task,
+            vec![
+                Event::Created {
+                    goal,
+                    workspace: format!("task-{}", id.0),
+                    plan: Some(plan),
+                },
+                Event::WorkerAssigned { worker },
+            ],
+        )
+        .await?;
+        self.spawn_runner(task);
+        Ok(id)
+    }
+
+    fn insert(&self, state: TaskState) -> Arc<Task> {
+        let (events, _) = broadcast::channel(WATCH_QUEUE);
+        let task = Arc::new(Task {
+            id: state.id,
+            state: Mutex::new(state),
+            events,
+            cancel: CancellationToken::new(),
+            append_lock: tokio::sync::Mutex::new(()),
+        });
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(task.id, task.clone());
+        task
+    }
+
+    fn spawn_runner(&self, task: Arc<Task>) {
+        let m = self.clone();
+        tokio::spawn(async move {
+            super::runner::run(m, task).await;
+        });
+    }
+
+    /// Rebuilds every task from its latest snapshot and log tail and resumes the ones that
+    /// have not ended. A task whose records cannot be decoded is failed (with the key and the
+    /// reason) and the others go on. Returns (loaded, resumed).
+    pub async fn resume_all(&self) -> Result<(usize, usize), Error> {
+        let ids = self.log.tasks()?;
+        let mut resumed = 0;
+        for id in &ids {
+            let (state, broken) = self.load(*id)?;
+            let task = self.insert(state);
+            if let Some(reason) = broken {
+                tracing::error!(task = %id, %reason, "task cannot be replayed; marking it failed");
+                if !task.state().status.is_terminal() {
+                    self.append(
+                        &task,
+                        vec![Event::Finished {
+                            outcome: Outcome::Failed,
+                            reason,
+                        }],
+                    )
+                    .await?;
+                }
+                continue;
+            }
+            if !task.state().status.is_terminal() {
+                resumed += 1;
+                tracing::info!(task = %id, "resuming task");
+                self.spawn_runner(task);
+            }
+        }
+        Ok((ids.len(), resumed))
+    }
+
+    /// A task's state from its snapshot and the records after it. The second value is set
+    /// when a record cannot be decoded: the state is as of the record before it.
+    pub fn load(&self, id: TaskId) -> Result<(TaskState, Option<String>), Error> {
+        let mut state = TaskState::new(id);
+        if let Some((upto, bytes)) = self.log.snapshot(id)? {
+            match serde_json::from_slice::<TaskState>(&bytes) {
+                Ok(s) if s.last_seq == upto => state = s,
+                // A snapshot we cannot read only costs a longer replay.
+                _ => tracing::warn!(task = %id, "snapshot unreadable; replaying the whole log"),
+            }
+        }
+        for r in self.log.read(id, state.last_seq)? {
+            match r {
+                Ok(r) => apply(&mut state, &r),
+                Err(e) => return Ok((state, Some(e.to_string()))),
+            }
+        }
+        Ok((state, None))
+    }
+
+    /// Asks a task to stop. The runner records the cancellation.
+    pub async fn cancel(&self, text: &str) -> Result<TaskId, Error> {
+        let task = self.find(text)?;
+        if task.state().status.is_terminal() {
+            return Err(Error::Ended(task.id));
+        }
+        task.cancel.cancel();
+        Ok(task.id)
+    }
+}

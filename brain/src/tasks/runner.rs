@@ -1,0 +1,337 @@
+//! Runs a scripted plan: for each step, log the call as issued (durable), send it, log the
+//! result, go on. After a crash the same loop picks up from the log: a pending call is asked
+//! for again (the worker's journal answers with the recorded result, or says it was
+//! interrupted), an interrupted `run` step is settled by its `check`, and nothing is run twice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
+use super::manager::{Manager, Task};
+use super::state::{PendingCall, Status};
+use crate::hub::Durable;
+
+/// Output kept per result in the log (the worker captures up to 64 KiB per stream).
+const LOGGED_OUTPUT: usize = 16 * 1024;
+const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(600);
+const FILE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Drives a task until it ends. Errors appending to the log stop the runner (the task is
+/// resumed from the log on the next start).
+pub async fn run(m: Manager, task: Arc<Task>) {
+    if let Err(e) = drive(&m, &task).await {
+        tracing::error!(task = %task.id, error = %e, "task runner stopped");
+    }
+}
+
+async fn finish(
+    m: &Manager,
+    task: &Task,
+    outcome: Outcome,
+    reason: String,
+) -> Result<(), super::manager::Error> {
+    tracing::info!(task = %task.id, ?outcome, %reason, "task ended");
+    m.append(task, vec![Event::Finished { outcome, reason }])
+        .await
+}
+
+async fn set_status(
+    m: &Manager,
+    task: &Task,
+    status: Status,
+    reason: &str,
+) -> Result<(), super::manager::Error> {
+    let st = task.state();
+    if st.status != status || st.reason != reason {
+        m.append(
+            task,
+            vec![Event::StatusChanged {
+                status: status.as_str().into(),
+                reason: reason.into(),
+            }],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), super::manager::Error> {
+    loop {
+        let st = task.state();
+        if st.status.is_terminal() {
+            return Ok(());
+        }
+        if task.cancel.is_cancelled() && st.pending.is_none() {
+            return finish(m, task, Outcome::Cancelled, "cancelled by an admin".into()).await;
+        }
+        let Some(plan) = st.plan.clone() else {
+            return finish(m, task, Outcome::Failed, "the task has no plan".into()).await;
+        };
+        let Some(worker) = st.worker.clone() else {
+            return finish(m, task, Outcome::Failed, "the task has no worker".into()).await;
+        };
+        if let Some(p) = st.pending.clone() {
+            settle(m, task, &st.workspace, p).await?;
+            continue;
+        }
+        if let Some(reason) = st.step_failed.clone() {
+            return finish(m, task, Outcome::Failed, reason).await;
+        }
+        let (step, purpose, call) = if let Some(step) = st.unsure_step {
+            let s = &plan.steps[step as usize];
+            match &s.check {
+                Some(check) => (step, Purpose::Check, run_call(check, s.timeout.as_deref())),
+                None => {
+                    return finish(
+                        m,
+                        task,
+                        Outcome::Failed,
+                        format!("step {step} was interrupted and has no check: its effect is unknown, so the task stops rather than risk running it twice"),
+                    )
+                    .await;
+                }
+            }
+        } else if (st.next_step as usize) < plan.steps.len() {
+            let s = &plan.steps[st.next_step as usize];
+            let call = match (&s.run, &s.write) {
+                (Some(argv), _) => run_call(argv, s.timeout.as_deref()),
+                (None, Some(w)) => ToolCall::WriteFile {
+                    path: w.path.clone(),
+                    content: w.content.clone(),
+                    mode: w.mode.unwrap_or(0o644),
+                },
+                (None, None) => {
+                    return finish(
+                        m,
+                        task,
+                        Outcome::Failed,
+                        format!("step {} is empty", st.next_step),
+                    )
+                    .await;
+                }
+            };
+            (st.next_step, Purpose::Step, call)
+        } else {
+            return finish(
+                m,
+                task,
+                Outcome::Finished,
+                format!("all {} steps done", plan.steps.len()),
+            )
+            .await;
+        };
+        // Wait for the worker before issuing, so a call is issued only when it can be sent.
+        if m.hub.session(&worker).is_none() {
+            set_status(
+                m,
+                task,
+                Status::Waiting,
+                &format!("waiting for worker {worker}"),
+            )
+            .await?;
+            tokio::select! {
+                _ = m.hub.wait_connected(&worker, Duration::from_secs(3600)) => {}
+                _ = task.cancel.cancelled() => {}
+            }
+            continue;
+        }
+        set_status(m, task, Status::Running, "").await?;
+        // Log before act: the call is durable before it is sent.
+        let call_id = m.hub.new_call_id();
+        m.append(
+            task,
+            vec![Event::ToolCallIssued {
+                call_id,
+                step,
+                purpose,
+                worker: worker.clone(),
+                call,
+            }],
+        )
+        .await?;
+    }
+}
+
+fn run_call(argv: &[String], timeout: Option<&str>) -> ToolCall {
+    let timeout = timeout
+        .and_then(|t| shared::parse_duration(t).ok())
+        .unwrap_or(DEFAULT_STEP_TIMEOUT);
+    ToolCall::RunCommand {
+        argv: argv.to_vec(),
+        timeout_ms: timeout.as_millis() as u64,
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(LOGGED_OUTPUT)];
+    String::from_utf8_lossy(cut).into_owned()
+}
+
+/// Gets the outcome of a pending call and logs it.
+async fn settle(
+    m: &Manager,
+    task: &Task,
+    workspace: &str,
+    p: PendingCall,
+) -> Result<(), super::manager::Error> {
+    match &p.call {
+        ToolCall::RunCommand { argv, timeout_ms } => {
+            let start = proto::ExecStart {
+                call_id: p.call_id,
+                workspace: workspace.to_string(),
+                argv: argv.clone(),
+                cwd: String::new(),
+                timeout_ms: *timeout_ms,
+                output_cap_bytes: 1 << 20,
+                durable: true,
+            };
+            let outcome = tokio::select! {
+                o = m.hub.durable_exec(&p.worker, start, m.opts.worker_wait) => Some(o),
+                _ = task.cancel.cancelled() => None,
+            };
+            match outcome {
+                None => {
+                    if let Some(s) = m.hub.session(&p.worker) {
+                        s.try_send(proto::brain_message::Msg::Cancel(proto::Cancel {
+                            call_id: p.call_id,
+                        }));
+                    }
+                    m.append(
+                        task,
+                        vec![Event::ToolCallInterrupted {
+                            call_id: p.call_id,
+                            reason: "the task was cancelled while the call ran".into(),
+                        }],
+                    )
+                    .await?;
+                }
+                Some(Durable::WorkerGone) => {
+                    m.append(
+                        task,
+                        vec![Event::ToolCallInterrupted {
+                            call_id: p.call_id,
+                            reason: format!(
+                                "worker {} did not come back within {:?}",
+                                p.worker, m.opts.worker_wait
+                            ),
+                        }],
+                    )
+                    .await?;
+                }
+                Some(Durable::Done(r)) if !r.interrupted.is_empty() => {
+                    m.append(
+                        task,
+                        vec![Event::ToolCallInterrupted {
+                            call_id: p.call_id,
+                            reason: r.interrupted.clone(),
+                        }],
+                    )
+                    .await?;
+                    m.hub.ack(&p.worker, p.call_id);
+                }
+                Some(Durable::Done(r)) => {
+                    let x = r.exit.clone().unwrap_or_default();
+                    let result = ToolResult {
+                        exit_code: x.code,
+                        signal: x.signal,
+                        timed_out: x.timed_out,
+                        error: x.error.clone(),
+                    };
+                    m.append(
+                        task,
+                        vec![
+                            Event::ToolOutput {
+                                call_id: p.call_id,
+                                stdout: text(&r.stdout),
+                                stderr: text(&r.stderr),
+                            },
+                            Event::ToolCallCompleted {
+                                call_id: p.call_id,
+                                result,
+                            },
+                        ],
+                    )
+                    .await?;
+                    m.hub.ack(&p.worker, p.call_id);
+                }
+            }
+        }
+        ToolCall::WriteFile {
+            path,
+            content,
+            mode,
+        } => {
+            // An atomic write of fixed content is idempotent: asking again after a crash
+            // cannot do it twice in any way that matters.
+            let call = proto::FileCall {
+                call_id: 0,
+                workspace: workspace.to_string(),
+                op: Some(proto::file_call::Op::Write(proto::WriteFile {
+                    path: path.clone(),
+                    data: content.clone().into_bytes(),
+                    mode: *mode,
+                    create_dirs: true,
+                })),
+            };
+            let result = loop {
+                if task.cancel.is_cancelled() {
+                    m.append(
+                        task,
+                        vec![Event::ToolCallInterrupted {
+                            call_id: p.call_id,
+                            reason: "the task was cancelled while the call ran".into(),
+                        }],
+                    )
+                    .await?;
+                    return Ok(());
+                }
+                if m.hub
+                    .wait_connected(&p.worker, m.opts.worker_wait)
+                    .await
+                    .is_none()
+                {
+                    m.append(
+                        task,
+                        vec![Event::ToolCallInterrupted {
+                            call_id: p.call_id,
+                            reason: format!(
+                                "worker {} did not come back within {:?}",
+                                p.worker, m.opts.worker_wait
+                            ),
+                        }],
+                    )
+                    .await?;
+                    return Ok(());
+                }
+                match m.hub.file(&p.worker, call.clone(), FILE_TIMEOUT).await {
+                    Ok(resp) => {
+                        break match resp.result {
+                            Some(proto::file_response::Result::Done(_)) => ToolResult {
+                                exit_code: Some(0),
+                                ..Default::default()
+                            },
+                            Some(proto::file_response::Result::Error(e)) => ToolResult {
+                                error: e.message,
+                                ..Default::default()
+                            },
+                            _ => ToolResult {
+                                error: "unexpected answer to a write".into(),
+                                ..Default::default()
+                            },
+                        };
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            };
+            m.append(
+                task,
+                vec![Event::ToolCallCompleted {
+                    call_id: p.call_id,
+                    result,
+                }],
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,341 @@
+//! A task's state as a pure function of its log: `apply(state, record)` has no I/O and no
+//! clock, so replay after a crash reaches exactly the state the task had.
+
+use serde::{Deserialize, Serialize};
+
+use super::event::{Event, Outcome, Plan, Purpose, Record, TaskId, ToolCall};
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Created,
+    Running,
+    Waiting,
+    Finished,
+    Failed,
+    Cancelled,
+}
+
+impl Status {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Finished | Status::Failed | Status::Cancelled)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Created => "created",
+            Status::Running => "running",
+            Status::Waiting => "waiting",
+            Status::Finished => "finished",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// A call that was issued and has no outcome in the log yet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingCall {
+    pub call_id: u64,
+    pub step: u32,
+    pub purpose: Purpose,
+    pub worker: String,
+    pub call: ToolCall,
+}
+
+/// Everything the brain knows about a task, rebuilt from its log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskState {
+    pub v: u32,
+    pub id: TaskId,
+    pub goal: String,
+    pub workspace: String,
+    pub plan: Option<Plan>,
+    pub status: Status,
+    /// Why the task waits, failed or was cancelled.
+    pub reason: String,
+    pub worker: Option<String>,
+    /// The next plan step to run.
+    pub next_step: u32,
+    pub pending: Option<PendingCall>,
+    /// A step whose call was interrupted and whose effect must be checked before going on.
+    pub unsure_step: Option<u32>,
+    /// Set when a step's call completed unsuccessfully: why the task must fail.
+    pub step_failed: Option<String>,
+    /// Ids of the latest calls with an outcome in the log (bounded), to acknowledge results
+    /// a worker replays after they were already logged.
+    pub recent_calls: std::collections::VecDeque<u64>,
+    pub calls_completed: u64,
+    pub calls_interrupted: u64,
+    /// Sequence number of the latest stored snapshot.
+    pub snapshot_seq: u64,
+    pub last_seq: u64,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+impl TaskState {
+    pub fn new(id: TaskId) -> Self {
+        Self {
+            v: 1,
+            id,
+            goal: String::new(),
+            workspace: String::new(),
+            plan: None,
+            status: Status::Created,
+            reason: String::new(),
+            worker: None,
+            next_step: 0,
+            pending: None,
+            unsure_step: None,
+            step_failed: None,
+            recent_calls: Default::default(),
+            calls_completed: 0,
+            calls_interrupted: 0,
+            snapshot_seq: 0,
+            last_seq: 0,
+            created_ms: 0,
+            updated_ms: 0,
+        }
+    }
+
+    pub fn steps_total(&self) -> u32 {
+        self.plan.as_ref().map_or(0, |p| p.steps.len() as u32)
+    }
+}
+
+/// Applies one record. Records at or below `last_seq` are ignored, so replaying an overlap
+/// between a snapshot and the tail is harmless.
+pub fn apply(st: &mut TaskState, rec: &Record) {
+    if rec.seq <= st.last_seq && st.last_seq != 0 {
+        return;
+    }
+    st.last_seq = rec.seq;
+    st.updated_ms = rec.at_ms;
+    match &rec.event {
+        Event::Created {
+            goal,
+            workspace,
+            plan,
+        } => {
+            st.goal = goal.clone();
+            st.workspace = workspace.clone();
+            st.plan = plan.clone();
+            st.created_ms = rec.at_ms;
+        }
+        Event::StatusChanged { status, reason } => {
+            if !st.status.is_terminal() {
+                st.status = match status.as_str() {
+                    "waiting" => Status::Waiting,
+                    _ => Status::Running,
+                };
+                st.reason = reason.clone();
+            }
+        }
+        Event::ToolCallIssued {
+            call_id,
+            step,
+            purpose,
+            worker,
+            call,
+        } => {
+            st.pending = Some(PendingCall {
+                call_id: *call_id,
+                step: *step,
+                purpose: *purpose,
+                worker: worker.clone(),
+                call: call.clone(),
+            });
+        }
+        Event::ToolCallCompleted { call_id, result } => {
+            if let Some(p) = st.pending.take_if(|p| p.call_id == *call_id) {
+                st.calls_completed += 1;
+                remember(st, *call_id);
+                match p.purpose {
+                    Purpose::Step if result.ok() => st.next_step = p.step + 1,
+                    Purpose::Step => {
+                        st.step_failed =
+                            Some(format!("step {} failed: {}", p.step, describe(result)));
+                    }
+                    Purpose::Check => {
+                        st.unsure_step = None;
+                        if result.ok() {
+                            st.next_step = p.step + 1;
+                        }
+                    }
+                }
+            }
+        }
+        Event::ToolCallInterrupted { call_id, .. } => {
+            if let Some(p) = st.pending.take_if(|p| p.call_id == *call_id) {
+                st.calls_interrupted += 1;
+                remember(st, *call_id);
+                st.unsure_step = Some(p.step);
+            }
+        }
+        Event::WorkerAssigned { worker } | Event::MoveCompleted { to: worker } => {
+            st.worker = Some(worker.clone());
+        }
+        Event::Finished { outcome, reason } => {
+            st.status = match outcome {
+                Outcome::Finished => Status::Finished,
+                Outcome::Failed => Status::Failed,
+                Outcome::Cancelled => Status::Cancelled,
+            };
+            st.reason = reason.clone();
+            st.pending = None;
+        }
+        Event::Snapshot { upto } => st.snapshot_seq = *upto,
+        Event::ToolOutput { .. }
+        | Event::LlmRequest { .. }
+        | Event::LlmResponse { .. }
+        | Event::Barrier { .. }
+        | Event::MoveStarted { .. }
+        | Event::ApprovalRequested { .. }
+        | Event::ApprovalDecided { .. }
+        | Event::BudgetUpdate { .. } => {}
+    }
+}
+
+/// How many recent call ids a task remembers.
+const RECENT_CALLS: usize = 64;
+
+fn remember(st: &mut TaskState, call_id: u64) {
+    st.recent_calls.push_back(call_id);
+    while st.recent_calls.len() > RECENT_CALLS {
+        st.recent_calls.pop_front();
+    }
+}
+
+/// A result in words, for failure reasons.
+pub fn describe(r: &super::event::ToolResult) -> String {
+    if !r.error.is_empty() {
+        r.error.clone()
+    } else if r.timed_out {
+        "timed out".into()
+    } else if let Some(c) = r.exit_code {
+        format!("exit code {c}")
+    } else if let Some(s) = r.signal {
+        format!("killed by signal {s}")
+    } else {
+        "no exit status".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tasks::event::{RECORD_VERSION, ToolResult};
+
+    fn rec(seq: u64, event: Event) -> Record {
+        Record {
+            v: RECORD_VERSION,
+            task: TaskId(1),
+            seq,
+            at_ms: seq as i64,
+            event,
+        }
+    }
+
+    fn issued(seq: u64, call_id: u64, step: u32, purpose: Purpose) -> Record {
+        rec(
+            seq,
+            Event::ToolCallIssued {
+                call_id,
+                step,
+                purpose,
+                worker: "w".into(),
+                call: ToolCall::RunCommand {
+                    argv: vec!["true".into()],
+                    timeout_ms: 1,
+                },
+            },
+        )
+    }
+
+    fn done(seq: u64, call_id: u64, code: i32) -> Record {
+        rec(
+            seq,
+            Event::ToolCallCompleted {
+                call_id,
+                result: ToolResult {
+                    exit_code: Some(code),
+                    ..Default::default()
+                },
+            },
+        )
+    }
+
+    #[test]
+    fn steps_advance_on_success_and_interruptions_need_a_check() {
+        let mut st = TaskState::new(TaskId(1));
+        for r in [
+            issued(1, 10, 0, Purpose::Step),
+            done(2, 10, 0),
+            issued(3, 11, 1, Purpose::Step),
+            rec(
+                4,
+                Event::ToolCallInterrupted {
+                    call_id: 11,
+                    reason: "x".into(),
+                },
+            ),
+        ] {
+            apply(&mut st, &r);
+        }
+        assert_eq!(st.next_step, 1);
+        assert_eq!(st.unsure_step, Some(1));
+        assert!(st.pending.is_none());
+        // The check fails: the step has to run again.
+        apply(&mut st, &issued(5, 12, 1, Purpose::Check));
+        apply(&mut st, &done(6, 12, 1));
+        assert_eq!((st.next_step, st.unsure_step), (1, None));
+        // This time it is interrupted again, and the check passes.
+        apply(&mut st, &issued(7, 13, 1, Purpose::Step));
+        apply(
+            &mut st,
+            &rec(
+                8,
+                Event::ToolCallInterrupted {
+                    call_id: 13,
+                    reason: "x".into(),
+                },
+            ),
+        );
+        apply(&mut st, &issued(9, 14, 1, Purpose::Check));
+        apply(&mut st, &done(10, 14, 0));
+        assert_eq!((st.next_step, st.unsure_step), (2, None));
+        assert_eq!((st.calls_completed, st.calls_interrupted), (3, 2));
+    }
+
+    #[test]
+    fn replay_is_deterministic_and_ignores_overlap() {
+        let log: Vec<Record> = (0..50u64)
+            .flat_map(|i| {
+                [
+                    issued(2 * i + 1, 100 + i, i as u32, Purpose::Step),
+                    done(2 * i + 2, 100 + i, 0),
+                ]
+            })
+            .collect();
+        let mut a = TaskState::new(TaskId(1));
+        log.iter().for_each(|r| apply(&mut a, r));
+        // From a snapshot taken half-way, replaying an overlapping tail.
+        let mut b = TaskState::new(TaskId(1));
+        log[..40].iter().for_each(|r| apply(&mut b, r));
+        let mut c: TaskState = serde_json::from_str(&serde_json::to_string(&b).unwrap()).unwrap();
+        log[30..].iter().for_each(|r| apply(&mut c, r));
+        assert_eq!(a, c);
+        assert_eq!(a.next_step, 50);
+    }
+
+    #[test]
+    fn results_for_calls_not_pending_are_ignored() {
+        let mut st = TaskState::new(TaskId(1));
+        apply(&mut st, &issued(1, 10, 0, Purpose::Step));
+        apply(&mut st, &done(2, 99, 0));
+        assert!(st.pending.is_some());
+        assert_eq!(st.next_step, 0);
+    }
+}

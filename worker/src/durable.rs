@@ -1,0 +1,114 @@
+//! Durable calls: run through the journal, so each call id runs at most once; output is
+//! streamed live and captured (capped) into a result that is synced to disk before it is
+//! sent, and sent again after every reconnect until the brain acknowledges it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use proto::{CallResult, ExecStart, WorkerMessage, worker_message};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::journal::{Journal, Known};
+
+/// Output kept in a durable result, per stream (the head; live output has it all).
+pub const CAPTURE_BYTES: usize = 64 * 1024;
+
+fn result_msg(r: CallResult) -> WorkerMessage {
+    WorkerMessage {
+        msg: Some(worker_message::Msg::CallResult(r)),
+    }
+}
+
+/// Starts (or answers) a durable call.
+pub fn start(
+    start: ExecStart,
+    journal: Arc<Journal>,
+    workspaces: PathBuf,
+    out: mpsc::Sender<WorkerMessage>,
+    running: Arc<Mutex<HashMap<u64, CancellationToken>>>,
+    cancel: CancellationToken,
+) {
+    let call_id = start.call_id;
+    let known = match journal.begin(call_id) {
+        Ok(k) => k,
+        Err(e) => {
+            // Without a journal entry we cannot promise at-most-once: refuse to run.
+            tracing::error!(call_id, error = %e, "cannot journal a durable call; not running it");
+            let r = CallResult {
+                call_id,
+                exit: Some(proto::ExecExit {
+                    call_id,
+                    error: format!("the worker cannot record the call in its journal: {e}"),
+                    code: Some(125),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            tokio::spawn(async move {
+                let _ = out.send(result_msg(r)).await;
+            });
+            return;
+        }
+    };
+    match known {
+        Known::Running => {}
+        Known::Done(r) => {
+            tokio::spawn(async move {
+                let _ = out.send(result_msg(r)).await;
+            });
+        }
+        Known::New => {
+            running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(call_id, cancel.clone());
+            tokio::spawn(async move {
+                let (tx, mut rx) = mpsc::channel::<WorkerMessage>(256);
+                let exec = crate::exec::run(start, &workspaces, tx, cancel);
+                let collect = async {
+                    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+                    let mut exit = None;
+                    while let Some(m) = rx.recv().await {
+                        match m.msg {
+                            Some(worker_message::Msg::ExecOutput(o)) => {
+                                let buf = if o.stream == proto::OutputStream::Stderr as i32 {
+                                    &mut stderr
+                                } else {
+                                    &mut stdout
+                                };
+                                let room = CAPTURE_BYTES.saturating_sub(buf.len());
+                                buf.extend_from_slice(&o.data[..o.data.len().min(room)]);
+                                // Live view: best effort, never blocks the command.
+                                let _ = out.try_send(WorkerMessage {
+                                    msg: Some(worker_message::Msg::ExecOutput(o)),
+                                });
+                            }
+                            Some(worker_message::Msg::ExecExit(x)) => exit = Some(x),
+                            _ => {}
+                        }
+                    }
+                    (stdout, stderr, exit)
+                };
+                let ((), (stdout, stderr, exit)) = tokio::join!(exec, collect);
+                let r = CallResult {
+                    call_id,
+                    exit,
+                    stdout,
+                    stderr,
+                    interrupted: String::new(),
+                };
+                if let Err(e) = journal.finish(&r) {
+                    tracing::error!(call_id, error = %e, "cannot record a durable call's result");
+                }
+                running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&call_id);
+                // If the session is gone the result goes out with the next one.
+                let _ = out.send(result_msg(r)).await;
+            });
+        }
+    }
+}

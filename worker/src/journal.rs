@@ -1,0 +1,176 @@
+//! The worker's journal of durable calls, on disk in its state dir, so that a call the brain
+//! issued is run at most once across brain restarts, reconnects and worker restarts:
+//! `<id>.started` is synced before the command starts, `<id>.result` when it ends. A repeat of
+//! a finished call gets the recorded result; a call started by an earlier worker process that
+//! died before recording its end is reported interrupted, never run again.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use prost::Message;
+use proto::CallResult;
+
+/// Most calls remembered; the oldest (lowest ids) are forgotten first.
+const MAX_ENTRIES: usize = 10_000;
+
+/// What the journal says about a call.
+pub enum Known {
+    /// Never seen: run it.
+    New,
+    /// Running in this process: its result will follow.
+    Running,
+    /// Finished (or found interrupted): here is the result.
+    Done(CallResult),
+}
+
+pub struct Journal {
+    dir: PathBuf,
+    /// Calls running in this process. A std mutex: held only for set operations.
+    running: Mutex<HashSet<u64>>,
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+impl Journal {
+    pub fn open(dir: PathBuf) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&dir)?;
+        let j = Self {
+            dir,
+            running: Mutex::new(HashSet::new()),
+        };
+        j.prune()?;
+        Ok(j)
+    }
+
+    fn path(&self, id: u64, ext: &str) -> PathBuf {
+        self.dir.join(format!("{id:020}.{ext}"))
+    }
+
+    fn ids(&self, ext: &str) -> std::io::Result<Vec<u64>> {
+        let mut ids = Vec::new();
+        for ent in std::fs::read_dir(&self.dir)? {
+            let name = ent?.file_name();
+            let name = name.to_string_lossy();
+            if let Some(id) = name
+                .strip_suffix(&format!(".{ext}"))
+                .and_then(|s| s.parse().ok())
+            {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    fn prune(&self) -> std::io::Result<()> {
+        let started = self.ids("started")?;
+        if started.len() > MAX_ENTRIES {
+            for id in &started[..started.len() - MAX_ENTRIES] {
+                self.forget(*id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Looks a call up; if it is new, records it as started (synced) and marks it running.
+    pub fn begin(&self, id: u64) -> std::io::Result<Known> {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if running.contains(&id) {
+            return Ok(Known::Running);
+        }
+        if let Some(r) = self.result(id) {
+            return Ok(Known::Done(r));
+        }
+        if self.path(id, "started").exists() {
+            let r = CallResult {
+                call_id: id,
+                interrupted: "the worker process running this call ended before it could record the result; it was not run again".into(),
+                ..Default::default()
+            };
+            self.save(&r)?;
+            return Ok(Known::Done(r));
+        }
+        let mut f = std::fs::File::create(self.path(id, "started"))?;
+        f.write_all(b"started\n")?;
+        f.sync_all()?;
+        sync_dir(&self.dir)?;
+        running.insert(id);
+        Ok(Known::New)
+    }
+
+    /// Records a call's result (synced) and marks it no longer running.
+    pub fn finish(&self, r: &CallResult) -> std::io::Result<()> {
+        let res = self.save(r);
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&r.call_id);
+        res
+    }
+
+    fn save(&self, r: &CallResult) -> std::io::Result<()> {
+        let tmp = self.path(r.call_id, "result.tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&r.encode_to_vec())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, self.path(r.call_id, "result"))?;
+        sync_dir(&self.dir)
+    }
+
+    pub fn result(&self, id: u64) -> Option<CallResult> {
+        let bytes = std::fs::read(self.path(id, "result")).ok()?;
+        CallResult::decode(bytes.as_slice()).ok()
+    }
+
+    /// Every recorded result the brain has not acknowledged.
+    pub fn unacked(&self) -> Vec<CallResult> {
+        self.ids("result")
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|id| self.result(id))
+            .collect()
+    }
+
+    /// The brain has logged the result: forget the call.
+    pub fn forget(&self, id: u64) {
+        let _ = std::fs::remove_file(self.path(id, "result"));
+        let _ = std::fs::remove_file(self.path(id, "started"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_runs_once_and_a_dead_run_is_reported_interrupted() {
+        let d = tempfile::tempdir().unwrap();
+        let j = Journal::open(d.path().join("calls")).unwrap();
+        assert!(matches!(j.begin(1).unwrap(), Known::New));
+        assert!(matches!(j.begin(1).unwrap(), Known::Running));
+        j.finish(&CallResult {
+            call_id: 1,
+            stdout: b"hi".to_vec(),
+            ..Default::default()
+        })
+        .unwrap();
+        match j.begin(1).unwrap() {
+            Known::Done(r) => assert_eq!(r.stdout, b"hi"),
+            _ => panic!("a finished call must not run again"),
+        }
+        // Call 2 started, then the process died (a new journal on the same dir).
+        assert!(matches!(j.begin(2).unwrap(), Known::New));
+        let j2 = Journal::open(d.path().join("calls")).unwrap();
+        match j2.begin(2).unwrap() {
+            Known::Done(r) => assert!(!r.interrupted.is_empty()),
+            _ => panic!("a call started by a dead process must be reported interrupted"),
+        }
+        assert_eq!(j2.unacked().len(), 2);
+        j2.forget(1);
+        assert_eq!(j2.unacked().len(), 1);
+    }
+}
