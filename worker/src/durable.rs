@@ -66,7 +66,10 @@ pub fn start(
                 .insert(call_id, cancel.clone());
             tokio::spawn(async move {
                 let (tx, mut rx) = mpsc::channel::<WorkerMessage>(256);
-                let exec = crate::exec::run(start, &workspaces, tx, cancel);
+                let j = journal.clone();
+                let on_spawn: crate::exec::OnSpawn =
+                    Box::new(move |pgid| j.set_group(call_id, pgid));
+                let exec = crate::exec::run_with(start, &workspaces, tx, cancel, Some(on_spawn));
                 let collect = async {
                     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
                     let mut exit = None;

@@ -42,9 +42,23 @@ pub async fn run(
     out: mpsc::Sender<WorkerMessage>,
     cancel: CancellationToken,
 ) {
+    run_with(start, workspaces_root, out, cancel, None).await
+}
+
+/// Called with the command's process group id right after it starts.
+pub type OnSpawn = Box<dyn FnOnce(i32) + Send>;
+
+/// [`run`], telling `on_spawn` the process group of the command once it exists.
+pub async fn run_with(
+    start: ExecStart,
+    workspaces_root: &Path,
+    out: mpsc::Sender<WorkerMessage>,
+    cancel: CancellationToken,
+    on_spawn: Option<OnSpawn>,
+) {
     let call_id = start.call_id;
     let exit = match prepare(&start, workspaces_root) {
-        Ok(cmd) => execute(cmd, &start, &out, cancel).await,
+        Ok(cmd) => execute(cmd, &start, &out, cancel, on_spawn).await,
         Err(e) => exit_with_error(call_id, 125, e),
     };
     let _ = out.send(exit).await;
@@ -175,6 +189,7 @@ async fn execute(
     start: &ExecStart,
     out: &mpsc::Sender<WorkerMessage>,
     cancel: CancellationToken,
+    on_spawn: Option<OnSpawn>,
 ) -> WorkerMessage {
     let call_id = start.call_id;
     let mut child = match cmd.spawn() {
@@ -194,6 +209,9 @@ async fn execute(
     };
     let pgid = child.id().map(|p| p as i32).unwrap_or(0);
     let _group = GroupGuard(pgid);
+    if let Some(f) = on_spawn {
+        f(pgid);
+    }
     let stop_reading = CancellationToken::new();
     let cap = match start.output_cap_bytes {
         0 => shared::limits::DEFAULT_OUTPUT_CAP_BYTES,

@@ -86,6 +86,18 @@ impl Journal {
             return Ok(Known::Done(r));
         }
         if self.path(id, "started").exists() {
+            // The process that ran it died; whatever it started may still run. Stop it, so
+            // nothing changes the workspace after we report the call interrupted.
+            if let Some(pgid) = std::fs::read_to_string(self.path(id, "pgid"))
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
+                .filter(|p| *p > 1)
+            {
+                // SAFETY: plain syscall; a negative pid addresses the process group.
+                unsafe {
+                    libc::kill(-pgid, libc::SIGKILL);
+                }
+            }
             let r = CallResult {
                 call_id: id,
                 interrupted: "the worker process running this call ended before it could record the result; it was not run again".into(),
@@ -100,6 +112,11 @@ impl Journal {
         sync_dir(&self.dir)?;
         running.insert(id);
         Ok(Known::New)
+    }
+
+    /// Records the process group a call runs in, so a later worker process can stop it.
+    pub fn set_group(&self, id: u64, pgid: i32) {
+        let _ = std::fs::write(self.path(id, "pgid"), format!("{pgid}\n"));
     }
 
     /// Records a call's result (synced) and marks it no longer running.
@@ -138,6 +155,7 @@ impl Journal {
     /// The brain has logged the result: forget the call.
     pub fn forget(&self, id: u64) {
         let _ = std::fs::remove_file(self.path(id, "result"));
+        let _ = std::fs::remove_file(self.path(id, "pgid"));
         let _ = std::fs::remove_file(self.path(id, "started"));
     }
 }

@@ -180,12 +180,14 @@ pub async fn run(
             return Ok(());
         }
         match outcome {
-            Ok(reason) => tracing::warn!(%reason, "session with the brain ended; reconnecting"),
+            Ok(reason) => {
+                tracing::warn!(%reason, "session with the brain ended; reconnecting");
+                // We were connected: start the backoff over.
+                delay = backoff.initial;
+            }
             Err(reason) => tracing::warn!(%reason, "cannot connect to the brain; will retry"),
         }
-        if started.elapsed() > Duration::from_secs(30) {
-            delay = backoff.initial;
-        }
+        let _ = started;
         let wait = jitter(delay);
         tracing::info!(retry_in = ?wait, "reconnecting");
         tokio::select! {

@@ -1,0 +1,320 @@
+//! The brain never forgets: a scripted task keeps going through SIGKILLs of the brain, of the
+//! worker and of both, and every step's effect happens exactly once, in order. A task whose
+//! log cannot be decoded fails alone.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use testkit::{BrainOptions, Cluster, Worker, text};
+
+/// A small deterministic PRNG (xorshift), seeded from the clock and printed, so a failing
+/// run can be replayed with TETHER_TEST_SEED.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Self {
+        let seed = std::env::var("TETHER_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+                    | 1
+            });
+        eprintln!("seed {seed} (set TETHER_TEST_SEED to replay)");
+        Rng(seed)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// A plan of `n` steps, each appending its own line (with a check that the line is there).
+fn line_plan(c: &Cluster, n: usize, pause: &str) -> PathBuf {
+    let steps: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            serde_json::json!({
+                "run": ["sh", "-c", format!("sleep {pause}; echo line-{i} >> out.txt")],
+                "check": ["grep", "-qx", format!("line-{i}"), "out.txt"],
+            })
+        })
+        .collect();
+    let path = c.dir.join(format!("plan-{n}.json"));
+    std::fs::write(&path, serde_json::json!({ "steps": steps }).to_string()).unwrap();
+    path
+}
+
+fn start_plan(c: &Cluster, plan: &PathBuf, worker: &str) -> String {
+    let out = c.brain_cli(&["run", "--plan", plan.to_str().unwrap(), "--worker", worker]);
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn task_status(c: &Cluster, id: &str) -> Option<String> {
+    let out = c.brain_cli(&["tasks"]);
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(id))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+}
+
+fn wait_terminal(c: &Cluster, id: &str, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(s) = task_status(c, id)
+            && matches!(s.as_str(), "finished" | "failed" | "cancelled")
+        {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "task {id} did not end within {timeout:?}; brain log:\n{}",
+            c.brain_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn log_json(c: &Cluster, id: &str) -> Vec<serde_json::Value> {
+    let out = c.brain_cli(&["task", "log", id, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Checks the workspace file and the log; returns (interrupted calls, steps).
+fn assert_exactly_once(c: &Cluster, w: &Worker, id: &str, n: usize) -> usize {
+    let num = id.trim_start_matches("t-");
+    let out =
+        std::fs::read_to_string(w.state.join(format!("workspaces/task-{num}/out.txt"))).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    let want: Vec<String> = (0..n).map(|i| format!("line-{i}")).collect();
+    assert_eq!(lines, want, "every line exactly once and in order");
+
+    let log = log_json(c, id);
+    let mut seqs = log.iter().map(|r| r["seq"].as_u64().unwrap());
+    let first = seqs.next().unwrap();
+    assert_eq!(first, 1);
+    assert!(
+        log.windows(2)
+            .all(|p| p[1]["seq"].as_u64() == p[0]["seq"].as_u64().map(|s| s + 1)),
+        "sequence numbers have no gaps"
+    );
+    // Each call: issued once, then exactly one outcome, and nothing about it before it was issued.
+    let mut issued: HashMap<u64, (u64, String)> = HashMap::new();
+    let mut outcome: HashSet<u64> = HashSet::new();
+    let mut interrupted = 0;
+    for r in &log {
+        let kind = r["kind"].as_str().unwrap();
+        let call = r["call_id"].as_u64();
+        match kind {
+            "tool_call_issued" => {
+                let id = call.unwrap();
+                assert!(
+                    issued
+                        .insert(
+                            id,
+                            (
+                                r["step"].as_u64().unwrap(),
+                                r["purpose"].as_str().unwrap().into()
+                            )
+                        )
+                        .is_none(),
+                    "call {id} issued twice"
+                );
+            }
+            "tool_call_completed" | "tool_call_interrupted" => {
+                let id = call.unwrap();
+                assert!(
+                    issued.contains_key(&id),
+                    "outcome of call {id} before it was issued"
+                );
+                assert!(outcome.insert(id), "call {id} has two outcomes");
+                if kind == "tool_call_interrupted" {
+                    interrupted += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        issued.len(),
+        outcome.len(),
+        "every issued call has an outcome"
+    );
+    let steps_run = issued.values().filter(|(_, p)| p == "step").count();
+    assert!(steps_run >= n);
+    assert_eq!(log.last().unwrap()["kind"], "finished");
+    assert_eq!(log.last().unwrap()["outcome"], "finished");
+    interrupted
+}
+
+#[test]
+fn a_task_survives_fifty_brain_kills_with_every_effect_exactly_once() {
+    let mut c = Cluster::start_with(BrainOptions {
+        lost_after: Duration::from_secs(3),
+    });
+    let w = c.join_worker("steady");
+    // Long enough that all fifty kills land while it runs (asserted below).
+    let n = 100;
+    let plan = line_plan(&c, n, "0.15");
+    let id = start_plan(&c, &plan, &w.id);
+    let mut rng = Rng::new();
+    let mut kills = 0;
+    while kills < 50 {
+        std::thread::sleep(Duration::from_millis(30 + rng.below(250)));
+        c.kill_brain();
+        kills += 1;
+        c.start_brain().unwrap();
+    }
+    let during = task_status(&c, &id);
+    assert_eq!(
+        during.as_deref(),
+        Some("running"),
+        "the kills must land while the task runs"
+    );
+    let status = wait_terminal(&c, &id, Duration::from_secs(120));
+    assert_eq!(status, "finished", "brain log:\n{}", c.brain_log());
+    let interrupted = assert_exactly_once(&c, &w, &id, n);
+    eprintln!(
+        "brain SIGKILLed {kills} times; {interrupted} calls were interrupted and settled by their checks"
+    );
+}
+
+#[test]
+fn a_task_survives_worker_kills_and_kills_of_both() {
+    let mut c = Cluster::start_with(BrainOptions {
+        lost_after: Duration::from_secs(3),
+    });
+    let mut w = c.join_worker("sturdy");
+    let n = 40;
+    let plan = line_plan(&c, n, "0.05");
+    let id = start_plan(&c, &plan, &w.id);
+    let mut rng = Rng::new();
+    let (mut worker_kills, mut brain_kills) = (0, 0);
+    for round in 0..30 {
+        std::thread::sleep(Duration::from_millis(50 + rng.below(300)));
+        let both = round >= 15;
+        if both && rng.below(2) == 0 {
+            c.kill_brain();
+            brain_kills += 1;
+        }
+        w.kill();
+        worker_kills += 1;
+        if c.brain.is_none() {
+            c.start_brain().unwrap();
+        }
+        c.restart_worker(&mut w);
+    }
+    let status = wait_terminal(&c, &id, Duration::from_secs(120));
+    assert_eq!(
+        status,
+        "finished",
+        "brain log:\n{}\nworker log:\n{}",
+        c.brain_log(),
+        w.log_text()
+    );
+    let interrupted = assert_exactly_once(&c, &w, &id, n);
+    eprintln!(
+        "worker SIGKILLed {worker_kills} times (together with the brain {brain_kills} times); {interrupted} calls were interrupted and settled by their checks"
+    );
+}
+
+#[test]
+fn an_undecodable_record_fails_only_its_task() {
+    let mut c = Cluster::start();
+    let w = c.join_worker("two-tasks");
+    let plan = line_plan(&c, 30, "0.1");
+    let a = start_plan(&c, &plan, &w.id);
+    let b = start_plan(&c, &plan, &w.id);
+    std::thread::sleep(Duration::from_millis(500));
+    c.kill_brain();
+    // Damage one record of task A, as a disk or a bug might.
+    {
+        let db = sled::open(c.data.join("db")).unwrap();
+        let events = db.open_tree("events").unwrap();
+        let num: u64 = a.trim_start_matches("t-").parse().unwrap();
+        let mut key = num.to_be_bytes().to_vec();
+        key.extend(2u64.to_be_bytes());
+        assert!(events.get(&key).unwrap().is_some());
+        events.insert(key, b"\xff not a record".to_vec()).unwrap();
+        db.flush().unwrap();
+    }
+    c.start_brain().unwrap();
+    assert_eq!(wait_terminal(&c, &a, Duration::from_secs(20)), "failed");
+    let out = c.brain_cli(&["task", "show", &a]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("cannot be decoded") && shown.contains("events/"),
+        "{shown}"
+    );
+    assert_eq!(
+        wait_terminal(&c, &b, Duration::from_secs(60)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    // Nothing was deleted: the damaged record is still there, shown as an error.
+    let out = c.brain_cli(&["task", "log", &a, "--json"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("cannot be decoded"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn cancel_backup_restore_and_a_second_brain() {
+    let mut c = Cluster::start();
+    let w = c.join_worker("keeper");
+    let plan = line_plan(&c, 200, "0.05");
+    let id = start_plan(&c, &plan, &w.id);
+    std::thread::sleep(Duration::from_millis(500));
+
+    // A second brain on the same data dir refuses to start, clearly.
+    let out = c.brain_cli(&["serve", "--listen", "127.0.0.1:0"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("another `brain serve`"),
+        "{}",
+        text(&out)
+    );
+
+    let out = c.brain_cli(&["task", "cancel", &id]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(wait_terminal(&c, &id, Duration::from_secs(30)), "cancelled");
+
+    let backup = c.dir.join("backup.jsonl");
+    let out = c.brain_cli(&["backup", backup.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = c.brain_cli(&["restore", backup.to_str().unwrap()]);
+    assert!(
+        !out.status.success(),
+        "restore must refuse while the brain runs: {}",
+        text(&out)
+    );
+
+    c.kill_brain();
+    let out = c.brain_cli(&["restore", backup.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("moved to"),
+        "{}",
+        text(&out)
+    );
+    c.start_brain().unwrap();
+    assert_eq!(task_status(&c, &id).as_deref(), Some("cancelled"));
+    c.wait_for_state(&w.id, "connected", Duration::from_secs(20))
+        .unwrap();
+}
