@@ -3,7 +3,7 @@
 //! log cannot be decoded fails alone.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use testkit::{BrainOptions, Cluster, Worker, text};
@@ -50,7 +50,7 @@ fn line_plan(c: &Cluster, n: usize, pause: &str) -> PathBuf {
     path
 }
 
-fn start_plan(c: &Cluster, plan: &PathBuf, worker: &str) -> String {
+fn start_plan(c: &Cluster, plan: &Path, worker: &str) -> String {
     let out = c.brain_cli(&["run", "--plan", plan.to_str().unwrap(), "--worker", worker]);
     assert!(out.status.success(), "{}", text(&out));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
