@@ -35,8 +35,17 @@ fn main() {
         .build()
         .unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let n: usize = std::env::var("BENCH_N").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
-    println!("Tether durability benchmark ({} CPUs, temp dir {})\n", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), tmp.path().display());
+    let n: usize = std::env::var("BENCH_N")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
+    println!(
+        "Tether durability benchmark ({} CPUs, temp dir {})\n",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        tmp.path().display()
+    );
 
     // Record size, for the baseline.
     let sample = serde_json::to_vec(&brain::tasks::Record {
@@ -87,20 +96,46 @@ fn main() {
         (one, per_sec(tasks * each, t.elapsed()))
     });
     println!("{:<58} {:>12}", "what", "per second");
-    println!("{:<58} {:>12.0}", format!("write + fdatasync, {} B records (baseline)", sample.len()), base);
+    println!(
+        "{:<58} {:>12.0}",
+        format!("write + fdatasync, {} B records (baseline)", sample.len()),
+        base
+    );
     println!("{:<58} {:>12.0}", "durable appends, 1 task", one);
-    println!("{:<58} {:>12.0}", "durable appends, 100 concurrent tasks (group commit)", hundred);
-    println!("  ratio 100 tasks / 1 task: {:.1}×; 1 task / baseline: {:.2}×; 100 tasks / baseline: {:.1}×", hundred / one, one / base, hundred / base);
+    println!(
+        "{:<58} {:>12.0}",
+        "durable appends, 100 concurrent tasks (group commit)", hundred
+    );
+    println!(
+        "  ratio 100 tasks / 1 task: {:.1}×; 1 task / baseline: {:.2}×; 100 tasks / baseline: {:.1}×",
+        hundred / one,
+        one / base,
+        hundred / base
+    );
 
     // Recovery.
-    println!("\n{:<40} {:>14} {:>14}", "recovery of one task", "snapshot+tail", "full replay");
+    println!(
+        "\n{:<40} {:>14} {:>14}",
+        "recovery of one task", "snapshot+tail", "full replay"
+    );
     let mut times = Vec::new();
     rt.block_on(async {
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(db.clone(), db_dir.clone()).unwrap());
-        let m = Manager::new(log.clone(), Hub::new(), Options { snapshot_every: 100, ..Default::default() });
+        let m = Manager::new(
+            log.clone(),
+            Hub::new(),
+            Options {
+                snapshot_every: 100,
+                ..Default::default()
+            },
+        );
         for events in [1_000u64, 10_000, 100_000] {
             let id = m
-                .create_plan("bench".into(), brain::tasks::Plan::parse(r#"{"steps":[{"run":["true"]}]}"#).unwrap(), "nobody".into())
+                .create_plan(
+                    "bench".into(),
+                    brain::tasks::Plan::parse(r#"{"steps":[{"run":["true"]}]}"#).unwrap(),
+                    "nobody".into(),
+                )
                 .await
                 .unwrap();
             let task = m.task(id).unwrap();
@@ -111,8 +146,21 @@ fn main() {
                     .map(|k| {
                         let c = i + k;
                         match c % 3 {
-                            0 => Event::ToolCallIssued { call_id: c, step: 0, purpose: Purpose::Step, worker: "nobody".into(), call: ToolCall::RunCommand { argv: vec!["true".into()], timeout_ms: 1000 } },
-                            1 => Event::ToolOutput { call_id: c - 1, stdout: "ok\n".into(), stderr: String::new() },
+                            0 => Event::ToolCallIssued {
+                                call_id: c,
+                                step: 0,
+                                purpose: Purpose::Step,
+                                worker: "nobody".into(),
+                                call: ToolCall::RunCommand {
+                                    argv: vec!["true".into()],
+                                    timeout_ms: 1000,
+                                },
+                            },
+                            1 => Event::ToolOutput {
+                                call_id: c - 1,
+                                stdout: "ok\n".into(),
+                                stderr: String::new(),
+                            },
                             _ => completed(c - 2),
                         }
                     })
@@ -133,9 +181,17 @@ fn main() {
             }
             let replay = t.elapsed();
             assert_eq!(full.last_seq, st.last_seq);
-            println!("{:<40} {:>11.3} ms {:>11.3} ms", format!("{events} events"), with_snapshot.as_secs_f64() * 1e3, replay.as_secs_f64() * 1e3);
+            println!(
+                "{:<40} {:>11.3} ms {:>11.3} ms",
+                format!("{events} events"),
+                with_snapshot.as_secs_f64() * 1e3,
+                replay.as_secs_f64() * 1e3
+            );
             times.push(with_snapshot);
         }
     });
-    println!("  ratio 100k / 1k (snapshot+tail): {:.2}×   (target ≤ 2)", times[2].as_secs_f64() / times[0].as_secs_f64());
+    println!(
+        "  ratio 100k / 1k (snapshot+tail): {:.2}×   (target ≤ 2)",
+        times[2].as_secs_f64() / times[0].as_secs_f64()
+    );
 }

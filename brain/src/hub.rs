@@ -613,3 +613,49 @@ async fn wait<T>(worker: &str, rx: oneshot::Receiver<T>, timeout: Duration) -> R
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_durable_result_from_another_worker_is_refused() {
+        let hub = Hub::new();
+        let (_session, _stream) = hub.register("w-1");
+        let call_id = hub.new_call_id();
+        let start = proto::ExecStart {
+            call_id,
+            argv: vec!["true".into()],
+            ..Default::default()
+        };
+        let h = hub.clone();
+        let mut call =
+            tokio::spawn(async move { h.durable_exec("w-1", start, Duration::from_secs(5)).await });
+        // Wait until the call waits for its result.
+        while !hub
+            .durable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&call_id)
+        {
+            tokio::task::yield_now().await;
+        }
+        let result = |out: &[u8]| proto::CallResult {
+            call_id,
+            stdout: out.to_vec(),
+            ..Default::default()
+        };
+        hub.deliver_result("w-2", result(b"stale"));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut call)
+                .await
+                .is_err(),
+            "a result from the wrong worker must not complete the call"
+        );
+        hub.deliver_result("w-1", result(b"fresh"));
+        match call.await.unwrap() {
+            Durable::Done(r) => assert_eq!(r.stdout, b"fresh"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

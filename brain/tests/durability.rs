@@ -318,3 +318,37 @@ fn cancel_backup_restore_and_a_second_brain() {
     c.wait_for_state(&w.id, "connected", Duration::from_secs(20))
         .unwrap();
 }
+
+#[test]
+fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
+    let c = Cluster::start();
+    let w = c.join_worker("watched");
+    let plan = line_plan(&c, 8, "0.2");
+    let id = start_plan(&c, &plan, &w.id);
+
+    // Ctrl-C on a watcher leaves the task running.
+    let watcher = c
+        .brain_cli_cmd(&["watch", &id])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(watcher.id() as i32, libc::SIGINT) };
+    let _ = watcher.wait_with_output().unwrap();
+    assert_eq!(task_status(&c, &id).as_deref(), Some("running"));
+
+    // A watcher sees events live and exits by itself when the task ends.
+    let out = c.brain_cli_cmd(&["watch", &id]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("issued") && shown.contains("done"),
+        "{shown}"
+    );
+    assert!(
+        shown.trim_end().ends_with("finished: all 8 steps done"),
+        "{shown}"
+    );
+    assert_eq!(task_status(&c, &id).as_deref(), Some("finished"));
+}
