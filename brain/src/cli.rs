@@ -931,6 +931,8 @@ pub fn describe_record(r: &crate::tasks::Record) -> String {
         }
         E::ToolCallInterrupted { call_id, reason } => format!("interrupted #{call_id}: {reason}"),
         E::Finished { outcome, reason } => format!("{outcome:?}: {reason}").to_lowercase(),
+        E::WorkerAssigned { worker } => format!("assigned to worker {worker}"),
+        E::Snapshot { upto } => format!("snapshot of the state up to {upto}"),
         other => serde_json::to_string(other).unwrap_or_default(),
     };
     format!("{:>5}  {what}", r.seq)

@@ -170,7 +170,7 @@ async fn scenario(
     }
 
     step("file operations inside the workspace (atomic write, ranged read, list)");
-    let w1 = &workers[0].name;
+    let w1 = &workers[0].name.clone();
     file(
         &mut admin,
         w1,
@@ -211,6 +211,86 @@ async fn scenario(
     match r {
         Some(file_response::Result::Error(e)) => println!("  refused: {}", e.message),
         other => bail!("the escape was not refused: {other:?}"),
+    }
+
+    step("a durable task: a scripted plan keeps going when its worker is killed mid-run");
+    let steps: Vec<serde_json::Value> = (0..6)
+        .map(|i| {
+            serde_json::json!({
+                "run": ["sh", "-c", format!("sleep 0.3; echo step-{i} >> progress.txt")],
+                "check": ["grep", "-qx", format!("step-{i}"), "progress.txt"],
+            })
+        })
+        .collect();
+    let task_id = admin
+        .run_plan(proto::RunPlanRequest {
+            plan_json: serde_json::json!({ "steps": steps }).to_string(),
+            worker: w1.clone(),
+            goal: "append six lines, one per step".into(),
+        })
+        .await?
+        .into_inner()
+        .task_id;
+    println!("  started {task_id} on {w1}");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    workers[0].kill();
+    println!("  SIGKILLed {w1} in the middle of the task");
+    let mut cmd = launcher.command();
+    cmd.arg("run").arg("--state").arg(&workers[0].state);
+    workers[0].child = Some(spawn_logged(cmd, &workers[0].log)?);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let summary = loop {
+        let list = admin
+            .list_tasks(proto::ListTasksRequest {})
+            .await?
+            .into_inner();
+        if let Some(t) = list.tasks.into_iter().find(|t| t.id == task_id)
+            && matches!(t.status.as_str(), "finished" | "failed" | "cancelled")
+        {
+            break t;
+        }
+        if Instant::now() > deadline {
+            bail!("{task_id} did not end within 60s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut log = admin
+        .task_log(proto::TaskLogRequest {
+            task_id: task_id.clone(),
+            follow: false,
+        })
+        .await?
+        .into_inner();
+    while let Some(r) = log.message().await? {
+        if let Ok(rec) = serde_json::from_str::<crate::tasks::Record>(&r.json)
+            && !matches!(rec.event, crate::tasks::Event::ToolOutput { .. })
+        {
+            println!("  {}", crate::cli::describe_record(&rec));
+        }
+    }
+    let num = task_id.trim_start_matches("t-");
+    let r = admin
+        .file(proto::AdminFileRequest {
+            worker: w1.clone(),
+            call: Some(FileCall {
+                call_id: 0,
+                workspace: format!("task-{num}"),
+                op: Some(file_call::Op::Read(proto::ReadFile {
+                    path: "progress.txt".into(),
+                    offset: 0,
+                    length: 0,
+                })),
+            }),
+        })
+        .await?
+        .into_inner();
+    if let Some(file_response::Result::Data(d)) = r.result {
+        let text = String::from_utf8_lossy(&d.data).into_owned();
+        println!(
+            "  {task_id} {}; progress.txt: {}",
+            summary.status,
+            text.lines().collect::<Vec<_>>().join(", ")
+        );
     }
 
     step("twenty commands at once on one session, and the session's round trip");
