@@ -352,3 +352,36 @@ fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
     );
     assert_eq!(task_status(&c, &id).as_deref(), Some("finished"));
 }
+
+#[test]
+fn a_long_call_outlives_a_brain_restart_and_its_result_arrives() {
+    let mut c = Cluster::start();
+    let w = c.join_worker("patient");
+    let plan = c.dir.join("long.json");
+    std::fs::write(
+        &plan,
+        r#"{"steps":[{"run":["sh","-c","sleep 3; echo slow >> out.txt"],"check":["grep","-qx","slow","out.txt"]}]}"#,
+    )
+    .unwrap();
+    let id = start_plan(&c, &plan, &w.id);
+    std::thread::sleep(Duration::from_millis(1000));
+    c.kill_brain();
+    c.start_brain().unwrap();
+    // The call kept running on the worker; its result comes over the new session as soon as
+    // it ends, with no further reconnect needed.
+    assert_eq!(
+        wait_terminal(&c, &id, Duration::from_secs(15)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let num = id.trim_start_matches("t-");
+    let out =
+        std::fs::read_to_string(w.state.join(format!("workspaces/task-{num}/out.txt"))).unwrap();
+    assert_eq!(out, "slow\n");
+    let log = log_json(&c, &id);
+    assert!(
+        log.iter().all(|r| r["kind"] != "tool_call_interrupted"),
+        "{log:?}"
+    );
+}

@@ -21,12 +21,28 @@ fn result_msg(r: CallResult) -> WorkerMessage {
     }
 }
 
+/// The sender of the session open now, if any. Durable calls outlive sessions, so they send
+/// through whichever session is current when they have something to say.
+pub type CurrentOut = Arc<Mutex<Option<mpsc::Sender<WorkerMessage>>>>;
+
+fn current(out: &CurrentOut) -> Option<mpsc::Sender<WorkerMessage>> {
+    out.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Sends a result on the current session; if there is none (or it just ended) the result
+/// stays in the journal and goes out after the next reconnect.
+async fn send_result(out: &CurrentOut, r: CallResult) {
+    if let Some(tx) = current(out) {
+        let _ = tx.send(result_msg(r)).await;
+    }
+}
+
 /// Starts (or answers) a durable call.
 pub fn start(
     start: ExecStart,
     journal: Arc<Journal>,
     workspaces: PathBuf,
-    out: mpsc::Sender<WorkerMessage>,
+    out: CurrentOut,
     running: Arc<Mutex<HashMap<u64, CancellationToken>>>,
     cancel: CancellationToken,
 ) {
@@ -46,18 +62,14 @@ pub fn start(
                 }),
                 ..Default::default()
             };
-            tokio::spawn(async move {
-                let _ = out.send(result_msg(r)).await;
-            });
+            tokio::spawn(async move { send_result(&out, r).await });
             return;
         }
     };
     match known {
         Known::Running => {}
         Known::Done(r) => {
-            tokio::spawn(async move {
-                let _ = out.send(result_msg(r)).await;
-            });
+            tokio::spawn(async move { send_result(&out, r).await });
         }
         Known::New => {
             running
@@ -84,9 +96,11 @@ pub fn start(
                                 let room = CAPTURE_BYTES.saturating_sub(buf.len());
                                 buf.extend_from_slice(&o.data[..o.data.len().min(room)]);
                                 // Live view: best effort, never blocks the command.
-                                let _ = out.try_send(WorkerMessage {
-                                    msg: Some(worker_message::Msg::ExecOutput(o)),
-                                });
+                                if let Some(tx) = current(&out) {
+                                    let _ = tx.try_send(WorkerMessage {
+                                        msg: Some(worker_message::Msg::ExecOutput(o)),
+                                    });
+                                }
                             }
                             Some(worker_message::Msg::ExecExit(x)) => exit = Some(x),
                             _ => {}
@@ -109,8 +123,7 @@ pub fn start(
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&call_id);
-                // If the session is gone the result goes out with the next one.
-                let _ = out.send(result_msg(r)).await;
+                send_result(&out, r).await;
             });
         }
     }

@@ -167,6 +167,7 @@ pub async fn run(
         journal: Arc::new(journal),
         durable_running: Arc::default(),
         shutdown: shutdown.clone(),
+        current_out: Arc::default(),
     });
     tracing::info!(worker = %ctx.membership.worker_id, brain = %addr.url(), "worker starting");
     let mut delay = backoff.initial;
@@ -208,6 +209,8 @@ struct Ctx {
     durable_running: Arc<Mutex<HashMap<u64, CancellationToken>>>,
     /// Ends with the process; durable calls are children of it.
     shutdown: CancellationToken,
+    /// The outbound queue of the session open now, for durable calls.
+    current_out: crate::durable::CurrentOut,
 }
 
 /// Outbound queue to the brain; bounded so a stalled connection pushes back on producers.
@@ -263,6 +266,7 @@ async fn session(
     let beat_every = Duration::from_millis(ack.heartbeat_interval_ms.clamp(100, 60_000));
     let lost_after = Duration::from_millis(ack.lost_after_ms.clamp(300, 600_000));
     tracing::info!(worker = %ack.worker_id, "connected to the brain");
+    *ctx.current_out.lock().unwrap_or_else(|e| e.into_inner()) = Some(out.clone());
     // Results of durable calls the brain has not acknowledged yet (it may have restarted).
     for r in ctx.journal.unacked() {
         let m = WorkerMessage {
@@ -318,7 +322,7 @@ fn dispatch(
                 start,
                 ctx.journal.clone(),
                 ctx.workspaces.clone(),
-                out.clone(),
+                ctx.current_out.clone(),
                 ctx.durable_running.clone(),
                 ctx.shutdown.child_token(),
             );
