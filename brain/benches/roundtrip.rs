@@ -90,6 +90,7 @@ fn main() {
             listen: "127.0.0.1:0".parse().unwrap(),
             lost_after: Duration::from_secs(15),
             tasks: Default::default(),
+            require_sandbox: vec![],
         })
         .await
         .unwrap();
@@ -133,6 +134,7 @@ fn main() {
         cwd: String::new(),
         timeout: Duration::from_secs(30),
         output_cap_bytes: 1 << 20,
+        limits: Default::default(),
     };
     let hub_exec = || {
         let hub = hub.clone();
@@ -180,6 +182,7 @@ fn main() {
                     cwd: String::new(),
                     timeout_ms: 30_000,
                     output_cap_bytes: 0,
+                    limits: None,
                 })
                 .await
                 .unwrap()

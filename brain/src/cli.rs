@@ -70,6 +70,15 @@ enum Cmd {
         /// interrupted
         #[arg(long, default_value = "10m", value_parser = shared::parse_duration)]
         worker_wait: Duration,
+        #[command(flatten)]
+        limits: LimitArgs,
+        /// Turn the network off for every command (a fresh network namespace on the worker)
+        #[arg(long)]
+        network_off: bool,
+        /// Confinement a worker must have before a task is placed on it, comma-separated
+        /// (landlock, cgroup, netns, rlimits, user); see `worker doctor`
+        #[arg(long, value_delimiter = ',')]
+        require_sandbox: Vec<String>,
     },
     /// Run a scripted plan (JSON: {"steps":[{"run":[...],"check":[...]},{"write":{"path":...,"content":...}}]})
     /// on a worker as a durable task; prints the task id
@@ -162,6 +171,39 @@ enum WorkerCmd {
     },
 }
 
+/// Resource limits for commands (0 or unset: the worker's defaults).
+#[derive(Args, Clone, Default)]
+struct LimitArgs {
+    /// Memory limit per command, e.g. 2GiB
+    #[arg(long, value_parser = shared::parse_bytes)]
+    memory: Option<u64>,
+    /// Most processes per command
+    #[arg(long)]
+    pids: Option<u32>,
+    /// CPU share per command, in cores (e.g. 1.5)
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// CPU time per command, e.g. 10m
+    #[arg(long, value_parser = shared::parse_duration)]
+    cpu_time: Option<Duration>,
+    /// Largest file a command may write, e.g. 1GiB
+    #[arg(long, value_parser = shared::parse_bytes)]
+    file_size: Option<u64>,
+}
+
+impl LimitArgs {
+    fn to_proto(&self, network_off: bool) -> proto::Limits {
+        proto::Limits {
+            memory_bytes: self.memory.unwrap_or(0),
+            pids: self.pids.unwrap_or(0),
+            cpus: self.cpus.unwrap_or(0.0),
+            file_size_bytes: self.file_size.unwrap_or(0),
+            cpu_seconds: self.cpu_time.map(|d| d.as_secs().max(1)).unwrap_or(0),
+            network_off,
+        }
+    }
+}
+
 #[derive(Args)]
 struct ExecArgs {
     /// Worker id or unique name
@@ -178,6 +220,11 @@ struct ExecArgs {
     /// Cap on combined output bytes; the rest is dropped and counted
     #[arg(long, default_value_t = shared::limits::DEFAULT_OUTPUT_CAP_BYTES)]
     output_cap: u64,
+    #[command(flatten)]
+    limits: LimitArgs,
+    /// Run without network (a fresh network namespace)
+    #[arg(long)]
+    network_off: bool,
     /// The command and its arguments (after `--`)
     #[arg(last = true, required = true)]
     argv: Vec<String>,
@@ -298,6 +345,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             lost_after,
             snapshot_every,
             worker_wait,
+            limits,
+            network_off,
+            require_sandbox,
         } => {
             let ready = crate::serve::prepare(crate::serve::Options {
                 data: data.clone(),
@@ -306,7 +356,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 tasks: crate::tasks::manager::Options {
                     snapshot_every: snapshot_every.max(1),
                     worker_wait,
+                    limits: limits.to_proto(network_off),
                 },
+                require_sandbox,
             })
             .await?;
             tracing::info!(addr = %ready.addr, data = %data.path().display(), "brain listening on {}", ready.addr);
@@ -553,6 +605,7 @@ async fn exec(target: &Target, args: ExecArgs) -> i32 {
         cwd: args.cwd,
         timeout_ms: args.timeout.as_millis() as u64,
         output_cap_bytes: args.output_cap,
+        limits: Some(args.limits.to_proto(args.network_off)),
     };
     let mut stream = match c.exec(req).await {
         Ok(r) => r.into_inner(),

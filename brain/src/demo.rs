@@ -80,6 +80,7 @@ pub async fn run(launcher: Launcher, keep: bool) -> anyhow::Result<()> {
         listen: "127.0.0.1:0".parse().expect("address"),
         lost_after: Duration::from_secs(3),
         tasks: Default::default(),
+        require_sandbox: vec![],
     })
     .await?;
     let url = format!("https://127.0.0.1:{}", ready.addr.port());
@@ -449,6 +450,7 @@ fn exec_request(worker: &str, argv: &[&str]) -> proto::AdminExecRequest {
         cwd: String::new(),
         timeout_ms: 30_000,
         output_cap_bytes: 0,
+        limits: None,
     }
 }
 

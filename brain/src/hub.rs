@@ -273,6 +273,7 @@ pub struct ExecSpec {
     pub cwd: String,
     pub timeout: Duration,
     pub output_cap_bytes: u64,
+    pub limits: proto::Limits,
 }
 
 /// Live sessions by worker id. Cheap to clone.
@@ -552,6 +553,7 @@ impl Hub {
                 timeout_ms: spec.timeout.as_millis() as u64,
                 output_cap_bytes: spec.output_cap_bytes,
                 durable: false,
+                limits: Some(spec.limits),
             }))
             .await?;
         Ok(ExecCall {

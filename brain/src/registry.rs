@@ -70,6 +70,9 @@ pub struct Caps {
     pub arch: String,
     pub version: String,
     pub hostname: String,
+    /// Confinement mechanisms active on the worker.
+    #[serde(default)]
+    pub sandbox: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

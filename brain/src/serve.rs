@@ -48,6 +48,8 @@ pub struct Options {
     pub listen: SocketAddr,
     pub lost_after: Duration,
     pub tasks: TaskOptions,
+    /// Confinement a worker must have before a task is placed on it.
+    pub require_sandbox: Vec<String>,
 }
 
 /// A brain that is bound and ready; [`Ready::run`] serves until `shutdown` resolves.
@@ -66,7 +68,11 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     sync_init_admin(&opts.data, &registry, &ca.hash()).await?;
     let log = SledLog::open(db.clone(), opts.data.db())?;
     let hub = Hub::new();
-    let tasks = Manager::new(std::sync::Arc::new(log), hub.clone(), opts.tasks);
+    let policy = crate::service::Policy {
+        limits: opts.tasks.limits,
+        require_sandbox: opts.require_sandbox.clone(),
+    };
+    let tasks = Manager::new(std::sync::Arc::new(log), hub.clone(), opts.tasks.clone());
     let (loaded, resumed) = tasks.resume_all().await?;
     if loaded > 0 {
         tracing::info!(loaded, resumed, "tasks loaded from the log");
@@ -104,6 +110,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         session: SessionOptions {
             lost_after: opts.lost_after,
         },
+        policy,
     });
     Ok(Ready {
         addr,

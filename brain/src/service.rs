@@ -49,6 +49,63 @@ pub struct Shared {
     pub db: sled::Db,
     pub ca: Ca,
     pub session: SessionOptions,
+    pub policy: Policy,
+}
+
+/// What the brain demands of where and how commands run.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// Limits for every command (a call may ask for tighter ones).
+    pub limits: proto::Limits,
+    /// Confinement mechanisms a worker must have before a task is placed on it.
+    pub require_sandbox: Vec<String>,
+}
+
+impl Policy {
+    /// The tighter of the policy's and a request's limits, field by field (0 = unset).
+    pub fn merge(&self, req: Option<proto::Limits>) -> proto::Limits {
+        let r = req.unwrap_or_default();
+        let p = &self.limits;
+        let min = |a: u64, b: u64| match (a, b) {
+            (0, x) | (x, 0) => x,
+            (a, b) => a.min(b),
+        };
+        proto::Limits {
+            memory_bytes: min(p.memory_bytes, r.memory_bytes),
+            pids: min(p.pids as u64, r.pids as u64) as u32,
+            cpus: match (p.cpus, r.cpus) {
+                (a, b) if a <= 0.0 => b.max(0.0),
+                (a, b) if b <= 0.0 => a,
+                (a, b) => a.min(b),
+            },
+            file_size_bytes: min(p.file_size_bytes, r.file_size_bytes),
+            cpu_seconds: min(p.cpu_seconds, r.cpu_seconds),
+            network_off: p.network_off || r.network_off,
+        }
+    }
+
+    /// Why `worker` may not take a task, if it may not.
+    pub fn refuse(&self, worker: &WorkerRecord) -> Option<String> {
+        let have = worker
+            .caps
+            .as_ref()
+            .map(|c| c.sandbox.clone())
+            .unwrap_or_default();
+        let missing: Vec<&String> = self
+            .require_sandbox
+            .iter()
+            .filter(|m| !have.contains(m))
+            .collect();
+        (!missing.is_empty()).then(|| {
+            format!(
+                "the brain's policy requires {} on the task's worker, and worker {} ({}) lacks {}: see `worker doctor` on it",
+                self.require_sandbox.join(", "),
+                worker.id,
+                worker.name,
+                missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            )
+        })
+    }
 }
 
 /// The services, cheap to clone.
@@ -240,6 +297,12 @@ impl WorkerSession for Services {
                 arch: caps.arch.chars().take(64).collect(),
                 version: caps.version.chars().take(64).collect(),
                 hostname: caps.hostname.chars().take(255).collect(),
+                sandbox: caps
+                    .sandbox
+                    .iter()
+                    .take(16)
+                    .map(|m| m.chars().take(32).collect())
+                    .collect(),
             });
         })?;
         let (session, stream) = self.0.hub.register(&peer.id);
@@ -368,6 +431,7 @@ impl Admin for Services {
                         arch: caps.arch,
                         version: caps.version,
                         hostname: caps.hostname,
+                        sandbox: caps.sandbox,
                     }),
                     state: state as i32,
                     last_seen_unix_ms: last_seen,
@@ -503,6 +567,7 @@ impl Admin for Services {
                 0 => limits::DEFAULT_OUTPUT_CAP_BYTES,
                 n => n.min(limits::MAX_OUTPUT_CAP_BYTES),
             },
+            limits: self.0.policy.merge(req.limits),
         };
         let mut call = self.0.hub.exec(&w.id, spec).await?;
         let (tx, rx) = mpsc::channel(64);
@@ -565,6 +630,9 @@ impl Admin for Services {
         }
         let plan = crate::tasks::Plan::parse(&req.plan_json).map_err(Status::invalid_argument)?;
         let w = self.resolve(&req.worker)?;
+        if let Some(why) = self.0.policy.refuse(&w) {
+            return Err(Status::failed_precondition(why));
+        }
         let goal = if req.goal.is_empty() {
             format!("scripted plan of {} steps", plan.steps.len())
         } else {

@@ -180,7 +180,10 @@ fn a_cancelled_exec_kills_the_command_on_the_worker() {
 #[test]
 fn worker_sigkill_is_seen_as_lost_and_it_comes_back_with_its_identity() {
     let lost_after = Duration::from_secs(2);
-    let c = Cluster::start_with(BrainOptions { lost_after });
+    let c = Cluster::start_with(BrainOptions {
+        lost_after,
+        ..Default::default()
+    });
     let mut w = c.join_worker("phoenix");
 
     // A call in flight when the worker dies ends with the worker-lost status.
@@ -228,7 +231,10 @@ fn worker_sigkill_is_seen_as_lost_and_it_comes_back_with_its_identity() {
 fn a_frozen_worker_is_marked_lost_by_heartbeat_timeout_and_recovers() {
     // SIGSTOP keeps the TCP connection open: only the heartbeat deadline can notice.
     let lost_after = Duration::from_secs(2);
-    let c = Cluster::start_with(BrainOptions { lost_after });
+    let c = Cluster::start_with(BrainOptions {
+        lost_after,
+        ..Default::default()
+    });
     let mut w = c.join_worker("frozen");
     let pid = w.proc.as_ref().unwrap().pid() as i32;
     // SAFETY: signalling our own child.

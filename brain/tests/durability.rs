@@ -164,6 +164,7 @@ fn assert_exactly_once(c: &Cluster, w: &Worker, id: &str, n: usize) -> usize {
 fn a_task_survives_fifty_brain_kills_with_every_effect_exactly_once() {
     let mut c = Cluster::start_with(BrainOptions {
         lost_after: Duration::from_secs(3),
+        ..Default::default()
     });
     let w = c.join_worker("steady");
     // Long enough that all fifty kills land while it runs (asserted below).
@@ -196,6 +197,7 @@ fn a_task_survives_fifty_brain_kills_with_every_effect_exactly_once() {
 fn a_task_survives_worker_kills_and_kills_of_both() {
     let mut c = Cluster::start_with(BrainOptions {
         lost_after: Duration::from_secs(3),
+        ..Default::default()
     });
     let mut w = c.join_worker("sturdy");
     let n = 40;

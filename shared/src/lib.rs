@@ -40,6 +40,26 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         .map_err(|e| format!("invalid duration {s:?}: {e} (examples: 30s, 15m, 1h)"))
 }
 
+/// Parses a size such as `512MiB`, `2G`, `64k` or `1048576` (binary units).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?} (examples: 512MiB, 2G, 65536)"))?;
+    let mul: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("invalid size {s:?}: unknown unit {unit:?}")),
+    };
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
 /// Parses a `key=value` label.
 pub fn parse_label(s: &str) -> Result<(String, String), String> {
     let (k, v) = s

@@ -227,12 +227,15 @@ impl IdentityFiles {
         })
     }
 
-    /// Writes the three files; the key with mode 0600.
+    /// Writes the three files into a 0700 directory; the key with mode 0600.
     pub fn save(&self, dir: &Path) -> Result<(), Error> {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Write {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+            .map_err(|source| Error::Write {
+                path: dir.to_path_buf(),
+                source,
+            })?;
         write_file(&dir.join(Self::CA), self.ca_pem.as_bytes(), 0o644)?;
         write_file(&dir.join(Self::KEY), self.key_pem.as_bytes(), 0o600)?;
         write_file(&dir.join(Self::CERT), self.cert_pem.as_bytes(), 0o600)

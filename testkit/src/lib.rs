@@ -138,12 +138,15 @@ impl Worker {
 #[derive(Debug, Clone)]
 pub struct BrainOptions {
     pub lost_after: Duration,
+    /// More `brain serve` arguments (policy, limits).
+    pub extra_args: Vec<String>,
 }
 
 impl Default for BrainOptions {
     fn default() -> Self {
         Self {
             lost_after: Duration::from_secs(3),
+            extra_args: Vec::new(),
         }
     }
 }
@@ -213,6 +216,7 @@ impl Cluster {
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--lost-after")
             .arg(format!("{}ms", self.opts.lost_after.as_millis()))
+            .args(&self.opts.extra_args)
             .env("RUST_LOG", "info");
         let mut proc = Proc::spawn(cmd, &self.dir.join("brain.log"))?;
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -296,8 +300,16 @@ impl Cluster {
 
     /// Enrols a worker named `name` and waits until the brain shows it connected.
     pub fn join_worker(&self, name: &str) -> Worker {
+        self.join_worker_with(name, &[])
+    }
+
+    /// [`Cluster::join_worker`] with extra environment for the worker process.
+    pub fn join_worker_with(&self, name: &str, env: &[(&str, &str)]) -> Worker {
         let (token, ca_hash) = self.token(&[]);
-        let cmd = self.join_cmd(name, &token, &ca_hash);
+        let mut cmd = self.join_cmd(name, &token, &ca_hash);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         let state = self.dir.join(name);
         let proc = Proc::spawn(cmd, &state.with_extension("log")).expect("spawn worker");
         let mut w = Worker {

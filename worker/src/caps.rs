@@ -2,8 +2,9 @@
 
 use std::path::Path;
 
-/// Reads this host's capabilities. `disk_path` is where workspaces live.
-pub fn probe(disk_path: &Path) -> proto::Capabilities {
+/// Reads this host's capabilities. `disk_path` is where workspaces live; `sandbox` names the
+/// confinement mechanisms active here.
+pub fn probe(disk_path: &Path, sandbox: Vec<String>) -> proto::Capabilities {
     proto::Capabilities {
         cpus: std::thread::available_parallelism()
             .map(|n| n.get() as u32)
@@ -14,6 +15,7 @@ pub fn probe(disk_path: &Path) -> proto::Capabilities {
         arch: std::env::consts::ARCH.to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         hostname: hostname(),
+        sandbox,
     }
 }
 
@@ -47,7 +49,7 @@ fn disk_free(path: &Path) -> Option<u64> {
 mod tests {
     #[test]
     fn probe_reports_this_host() {
-        let c = super::probe(std::path::Path::new("/"));
+        let c = super::probe(std::path::Path::new("/"), vec!["rlimits".into()]);
         assert!(c.cpus >= 1);
         assert!(c.memory_bytes > 0);
         assert!(c.disk_free_bytes > 0);

@@ -47,6 +47,9 @@ enum Cmd {
         /// Only enrol; do not start running
         #[arg(long)]
         no_run: bool,
+        /// A path commands may not read, besides the state dir and ~/.ssh, ~/.aws, … (repeatable)
+        #[arg(long = "deny-read")]
+        deny_read: Vec<PathBuf>,
     },
     /// Connect to the brain with the stored identity and serve its calls until stopped
     Run {
@@ -55,6 +58,14 @@ enum Cmd {
         /// Override the brain URL stored at join time
         #[arg(long)]
         brain: Option<String>,
+        /// A path commands may not read, besides the state dir and ~/.ssh, ~/.aws, … (repeatable)
+        #[arg(long = "deny-read")]
+        deny_read: Vec<PathBuf>,
+    },
+    /// Show which confinement mechanisms work on this host, and why any does not
+    Doctor {
+        #[arg(long, env = "TETHER_WORKER_STATE")]
+        state: Option<PathBuf>,
     },
 }
 
@@ -89,6 +100,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             state,
             force,
             no_run,
+            deny_read,
         } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
             let m = session::join(
@@ -112,11 +124,35 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             if no_run {
                 return Ok(());
             }
-            session::run(dir, None, Backoff::default(), shutdown).await?;
+            let sandbox = crate::sandbox::Sandbox::probe(&dir.0, &deny_read);
+            session::run(dir, None, Backoff::default(), sandbox, shutdown).await?;
         }
-        Cmd::Run { state, brain } => {
+        Cmd::Run {
+            state,
+            brain,
+            deny_read,
+        } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
-            session::run(dir, brain, Backoff::default(), shutdown).await?;
+            let sandbox = crate::sandbox::Sandbox::probe(&dir.0, &deny_read);
+            session::run(dir, brain, Backoff::default(), sandbox, shutdown).await?;
+        }
+        Cmd::Doctor { state } => {
+            let dir = StateDir(state.unwrap_or_else(state::default_dir));
+            let sandbox = crate::sandbox::Sandbox::probe(&dir.0, &[]);
+            print!("{}", sandbox.report.render());
+            let missing = sandbox
+                .report
+                .mechanisms
+                .iter()
+                .filter(|m| !m.active)
+                .count();
+            if missing == 0 {
+                println!("every mechanism is active");
+            } else {
+                println!(
+                    "{missing} mechanism(s) missing: the brain's policy may refuse to place some tasks here"
+                );
+            }
         }
     }
     Ok(())

@@ -45,6 +45,7 @@ pub fn start(
     out: CurrentOut,
     running: Arc<Mutex<HashMap<u64, CancellationToken>>>,
     cancel: CancellationToken,
+    sandbox: Arc<crate::sandbox::Sandbox>,
 ) {
     let call_id = start.call_id;
     let known = match journal.begin(call_id) {
@@ -81,7 +82,14 @@ pub fn start(
                 let j = journal.clone();
                 let on_spawn: crate::exec::OnSpawn =
                     Box::new(move |pgid| j.set_group(call_id, pgid));
-                let exec = crate::exec::run_with(start, &workspaces, tx, cancel, Some(on_spawn));
+                let exec = crate::exec::run_with(
+                    start,
+                    &workspaces,
+                    tx,
+                    cancel,
+                    Some(on_spawn),
+                    Some(&sandbox),
+                );
                 let collect = async {
                     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
                     let mut exit = None;

@@ -42,7 +42,7 @@ pub async fn run(
     out: mpsc::Sender<WorkerMessage>,
     cancel: CancellationToken,
 ) {
-    run_with(start, workspaces_root, out, cancel, None).await
+    run_with(start, workspaces_root, out, cancel, None, None).await
 }
 
 /// Called with the command's process group id right after it starts.
@@ -55,18 +55,26 @@ pub async fn run_with(
     out: mpsc::Sender<WorkerMessage>,
     cancel: CancellationToken,
     on_spawn: Option<OnSpawn>,
+    sandbox: Option<&crate::sandbox::Sandbox>,
 ) {
     let call_id = start.call_id;
-    let exit = match prepare(&start, workspaces_root) {
-        Ok(cmd) => execute(cmd, &start, &out, cancel, on_spawn).await,
+    let exit = match prepare(&start, workspaces_root, sandbox) {
+        Ok((cmd, guard)) => execute(cmd, &start, &out, cancel, on_spawn, guard).await,
         Err(e) => exit_with_error(call_id, 125, e),
     };
     let _ = out.send(exit).await;
 }
 
-fn prepare(start: &ExecStart, root: &Path) -> Result<tokio::process::Command, String> {
+fn prepare(
+    start: &ExecStart,
+    root: &Path,
+    sandbox: Option<&crate::sandbox::Sandbox>,
+) -> Result<(tokio::process::Command, Option<crate::sandbox::Guard>), String> {
     let argv0 = start.argv.first().ok_or("no command given")?;
     let ws = crate::state::workspace(root, &start.workspace).map_err(|e| e.to_string())?;
+    if let Some(sb) = sandbox {
+        sb.hand_over(&ws);
+    }
     let cwd = shared::paths::confine(&ws, &start.cwd).map_err(|e| e.to_string())?;
     if !cwd.is_dir() {
         return Err(format!(
@@ -75,7 +83,14 @@ fn prepare(start: &ExecStart, root: &Path) -> Result<tokio::process::Command, St
         ));
     }
     let path_var = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
-    let mut cmd = tokio::process::Command::new(resolve_program(argv0, &path_var));
+    // Confined commands are spawned with fork + exec anyway (the sandbox needs a pre-exec
+    // step), and must find the program as the command's user: let execvp look it up.
+    let program = if sandbox.is_some() {
+        std::path::PathBuf::from(argv0)
+    } else {
+        resolve_program(argv0, &path_var)
+    };
+    let mut cmd = tokio::process::Command::new(program);
     cmd.arg0(argv0)
         .args(&start.argv[1..])
         .current_dir(&cwd)
@@ -83,7 +98,6 @@ fn prepare(start: &ExecStart, root: &Path) -> Result<tokio::process::Command, St
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
     for k in ENV_ALLOW {
         if let Some(v) = std::env::var_os(k) {
@@ -91,7 +105,20 @@ fn prepare(start: &ExecStart, root: &Path) -> Result<tokio::process::Command, St
         }
     }
     cmd.env("PATH", &path_var);
-    Ok(cmd)
+    let guard = match sandbox {
+        // The sandbox starts a new session (and so a process group) in the child.
+        Some(sb) => Some(sb.confine(
+            start.call_id,
+            &ws,
+            &start.limits.unwrap_or_default(),
+            &mut cmd,
+        )?),
+        None => {
+            cmd.process_group(0);
+            None
+        }
+    };
+    Ok((cmd, guard))
 }
 
 /// Looks a bare program name up in `path` the way `execvp` would. Spawning an absolute path
@@ -190,7 +217,14 @@ async fn execute(
     out: &mpsc::Sender<WorkerMessage>,
     cancel: CancellationToken,
     on_spawn: Option<OnSpawn>,
+    guard: Option<crate::sandbox::Guard>,
 ) -> WorkerMessage {
+    let kill_all = |pgid: i32| {
+        kill_group(pgid);
+        if let Some(g) = &guard {
+            g.kill_all();
+        }
+    };
     let call_id = start.call_id;
     let mut child = match cmd.spawn() {
         Ok(c) => c,
@@ -268,12 +302,12 @@ async fn execute(
             s = child.wait() => break s,
             _ = &mut deadline => {
                 timed_out = true;
-                kill_group(pgid);
+                kill_all(pgid);
                 break child.wait().await;
             }
             _ = cancel.cancelled() => {
                 cancelled = true;
-                kill_group(pgid);
+                kill_all(pgid);
                 break child.wait().await;
             }
         }
@@ -290,7 +324,7 @@ async fn execute(
             }
         }
     }
-    kill_group(pgid);
+    kill_all(pgid);
     let dropped = budget.lock().unwrap_or_else(|e| e.into_inner()).dropped;
     let mut exit = ExecExit {
         call_id,
@@ -306,6 +340,12 @@ async fn execute(
             exit.signal = st.signal();
         }
         Err(e) => exit.error = format!("waiting for the command failed: {e}"),
+    }
+    if let Some(limit) = guard.as_ref().and_then(|g| g.oom_killed()) {
+        exit.error = format!(
+            "killed: memory limit of {} MiB exceeded",
+            limit / (1024 * 1024)
+        );
     }
     msg(worker_message::Msg::ExecExit(exit))
 }
@@ -325,6 +365,7 @@ mod tests {
             timeout_ms,
             output_cap_bytes: cap,
             durable: false,
+            limits: None,
         };
         run(start, dir.path(), tx, CancellationToken::new()).await;
         let mut stdout = Vec::new();

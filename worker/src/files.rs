@@ -42,15 +42,22 @@ fn from_io(path: &str, what: &str, e: std::io::Error) -> file_response::Result {
     error(kind, path, format!("{what} {path:?}: {e}"))
 }
 
-/// Runs one file call (blocking I/O: call from `spawn_blocking`).
-pub fn handle(call: FileCall, workspaces_root: &Path) -> FileResponse {
+/// Runs one file call (blocking I/O: call from `spawn_blocking`). `owner` is the user the
+/// worker's commands run as: what a write creates is given to it, so commands can change it.
+pub fn handle(call: FileCall, workspaces_root: &Path, owner: Option<(u32, u32)>) -> FileResponse {
     let call_id = call.call_id;
     let result = match crate::state::workspace(workspaces_root, &call.workspace) {
         Err(e) => from_paths(&call.workspace, e),
         Ok(ws) => match call.op {
             None => error(FileErrorKind::Invalid, "", "no operation given".into()),
             Some(file_call::Op::Read(r)) => read(&ws, &r.path, r.offset, r.length),
-            Some(file_call::Op::Write(w)) => write(&ws, &w.path, &w.data, w.mode, w.create_dirs),
+            Some(file_call::Op::Write(w)) => {
+                let r = write(&ws, &w.path, &w.data, w.mode, w.create_dirs);
+                if let (Some(o), file_response::Result::Done(_)) = (owner, &r) {
+                    give(&ws, &w.path, o);
+                }
+                r
+            }
             Some(file_call::Op::List(l)) => list(&ws, &l.path),
             Some(file_call::Op::Stat(s)) => stat(&ws, &s.path),
             Some(file_call::Op::Remove(r)) => remove(&ws, &r.path, r.recursive),
@@ -170,6 +177,23 @@ fn write(
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
             from_io(path, "cannot write", e)
+        }
+    }
+}
+
+/// Gives a written file, and the directories above it inside the workspace, to `owner`.
+fn give(ws: &Path, path: &str, (uid, gid): (u32, u32)) {
+    let Ok(parts) = paths::check_relative(path) else {
+        return;
+    };
+    let mut cur = ws.to_path_buf();
+    for p in parts {
+        cur.push(p);
+        if let Ok(c) = std::ffi::CString::new(cur.as_os_str().as_encoded_bytes()) {
+            // SAFETY: valid NUL-terminated path; lchown does not follow symlinks.
+            unsafe {
+                libc::lchown(c.as_ptr(), uid, gid);
+            }
         }
     }
 }
@@ -301,6 +325,7 @@ mod tests {
                 create_dirs: true,
             })),
             root.path(),
+            None,
         );
         assert!(
             matches!(w.result, Some(file_response::Result::Done(_))),
@@ -319,6 +344,7 @@ mod tests {
                 length: 5,
             })),
             root.path(),
+            None,
         );
         match r.result {
             Some(file_response::Result::Data(d)) => {
@@ -343,6 +369,7 @@ mod tests {
                 length: 0,
             })),
             root.path(),
+            None,
         );
         match r.result {
             Some(file_response::Result::Error(e)) => {
@@ -356,6 +383,7 @@ mod tests {
                 path: "link".into(),
             })),
             root.path(),
+            None,
         );
         match s.result {
             Some(file_response::Result::Stat(st)) => assert_eq!(st.kind, FileKind::Symlink as i32),
@@ -378,6 +406,7 @@ mod tests {
                 create_dirs: false,
             })),
             root.path(),
+            None,
         );
         match w.result {
             Some(file_response::Result::Error(e)) => {
@@ -396,6 +425,7 @@ mod tests {
                 recursive: true,
             })),
             root.path(),
+            None,
         );
         assert!(matches!(rm.result, Some(file_response::Result::Error(_))));
     }

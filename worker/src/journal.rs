@@ -37,7 +37,9 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 
 impl Journal {
     pub fn open(dir: PathBuf) -> std::io::Result<Self> {
+        use std::os::unix::fs::PermissionsExt;
         std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         let j = Self {
             dir,
             running: Mutex::new(HashSet::new()),

@@ -7,5 +7,6 @@ pub mod durable;
 pub mod exec;
 pub mod files;
 pub mod journal;
+pub mod sandbox;
 pub mod session;
 pub mod state;

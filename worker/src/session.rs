@@ -148,6 +148,7 @@ pub async fn run(
     state: StateDir,
     brain_override: Option<String>,
     backoff: Backoff,
+    sandbox: crate::sandbox::Sandbox,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let (membership, ident) = state.load()?;
@@ -168,7 +169,9 @@ pub async fn run(
         durable_running: Arc::default(),
         shutdown: shutdown.clone(),
         current_out: Arc::default(),
+        sandbox: Arc::new(sandbox),
     });
+    tracing::info!(sandbox = ?ctx.sandbox.report.active(), "confinement active for commands");
     tracing::info!(worker = %ctx.membership.worker_id, brain = %addr.url(), "worker starting");
     let mut delay = backoff.initial;
     loop {
@@ -211,6 +214,8 @@ struct Ctx {
     shutdown: CancellationToken,
     /// The outbound queue of the session open now, for durable calls.
     current_out: crate::durable::CurrentOut,
+    /// What confines the commands this worker runs.
+    sandbox: Arc<crate::sandbox::Sandbox>,
 }
 
 /// Outbound queue to the brain; bounded so a stalled connection pushes back on producers.
@@ -236,7 +241,10 @@ async fn session(
     let hello = proto::Hello {
         name: ctx.membership.name.clone(),
         labels: ctx.membership.labels.clone().into_iter().collect(),
-        capabilities: Some(crate::caps::probe(&ctx.state_dir)),
+        capabilities: Some(crate::caps::probe(
+            &ctx.state_dir,
+            ctx.sandbox.report.active(),
+        )),
     };
     out.send(WorkerMessage {
         msg: Some(worker_message::Msg::Hello(hello)),
@@ -325,6 +333,7 @@ fn dispatch(
                 ctx.current_out.clone(),
                 ctx.durable_running.clone(),
                 ctx.shutdown.child_token(),
+                ctx.sandbox.clone(),
             );
         }
         Some(brain_message::Msg::Ack(a)) => ctx.journal.forget(a.call_id),
@@ -338,7 +347,15 @@ fn dispatch(
             let (ctx, out, running) = (ctx.clone(), out.clone(), running.clone());
             tokio::spawn(async move {
                 tracing::debug!(call_id, argv = ?start.argv, "exec");
-                crate::exec::run(start, &ctx.workspaces, out, cancel).await;
+                crate::exec::run_with(
+                    start,
+                    &ctx.workspaces,
+                    out,
+                    cancel,
+                    None,
+                    Some(&ctx.sandbox),
+                )
+                .await;
                 running
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -349,7 +366,7 @@ fn dispatch(
             let (ctx, out) = (ctx.clone(), out.clone());
             tokio::spawn(async move {
                 let resp = tokio::task::spawn_blocking(move || {
-                    crate::files::handle(call, &ctx.workspaces)
+                    crate::files::handle(call, &ctx.workspaces, ctx.sandbox.run_as())
                 })
                 .await;
                 if let Ok(resp) = resp {

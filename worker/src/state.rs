@@ -64,7 +64,9 @@ impl StateDir {
                 source,
             })?;
         }
-        std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o700)).map_err(
+        // Traversable but not listable by others, so a command running as an unprivileged user
+        // can reach its workspace; the identity and the journal inside stay 0700.
+        std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o711)).map_err(
             |source| Error::Io {
                 path: self.0.clone(),
                 source,

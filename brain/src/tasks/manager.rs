@@ -27,12 +27,14 @@ pub enum Error {
 }
 
 /// Tunables.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Store a snapshot after this many events.
     pub snapshot_every: u64,
     /// How long a call waits for its worker to come back before it counts as interrupted.
     pub worker_wait: Duration,
+    /// Resource limits for every command a task runs (the brain's policy).
+    pub limits: proto::Limits,
 }
 
 impl Default for Options {
@@ -40,6 +42,7 @@ impl Default for Options {
         Self {
             snapshot_every: 100,
             worker_wait: Duration::from_secs(600),
+            limits: proto::Limits::default(),
         }
     }
 }

@@ -184,6 +184,7 @@ async fn settle(
                 timeout_ms: *timeout_ms,
                 output_cap_bytes: 1 << 20,
                 durable: true,
+                limits: Some(m.opts.limits),
             };
             let outcome = tokio::select! {
                 o = m.hub.durable_exec(&p.worker, start, m.opts.worker_wait) => Some(o),
