@@ -58,11 +58,15 @@ pub async fn run_with(
     sandbox: Option<&crate::sandbox::Sandbox>,
 ) {
     let call_id = start.call_id;
-    let exit = match prepare(&start, workspaces_root, sandbox) {
+    let (exit, guard) = match prepare(&start, workspaces_root, sandbox) {
         Ok((cmd, guard)) => execute(cmd, &start, &out, cancel, on_spawn, guard).await,
-        Err(e) => exit_with_error(call_id, 125, e),
+        Err(e) => (exit_with_error(call_id, 125, e), None),
     };
     let _ = out.send(exit).await;
+    // Tidying the call's cgroup and temp dir waits until the caller has its answer.
+    if let Some(g) = guard {
+        tokio::task::spawn_blocking(move || drop(g));
+    }
 }
 
 fn prepare(
@@ -218,7 +222,7 @@ async fn execute(
     cancel: CancellationToken,
     on_spawn: Option<OnSpawn>,
     guard: Option<crate::sandbox::Guard>,
-) -> WorkerMessage {
+) -> (WorkerMessage, Option<crate::sandbox::Guard>) {
     let kill_all = |pgid: i32| {
         kill_group(pgid);
         if let Some(g) = &guard {
@@ -234,10 +238,13 @@ async fn execute(
                 std::io::ErrorKind::PermissionDenied => 126,
                 _ => 125,
             };
-            return exit_with_error(
-                call_id,
-                code,
-                format!("cannot start {:?}: {e}", start.argv[0]),
+            return (
+                exit_with_error(
+                    call_id,
+                    code,
+                    format!("cannot start {:?}: {e}", start.argv[0]),
+                ),
+                guard,
             );
         }
     };
@@ -347,7 +354,7 @@ async fn execute(
             limit / (1024 * 1024)
         );
     }
-    msg(worker_message::Msg::ExecExit(exit))
+    (msg(worker_message::Msg::ExecExit(exit)), guard)
 }
 
 #[cfg(test)]

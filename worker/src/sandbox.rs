@@ -99,6 +99,51 @@ pub struct Sandbox {
     /// Paths commands may not read.
     denied: Vec<PathBuf>,
     state_dir: PathBuf,
+    /// The read-only Landlock roots, opened, and when: carving and opening them costs more
+    /// than the rest of a spawn, so they are reused for a moment.
+    roots: std::sync::Arc<
+        std::sync::Mutex<
+            Option<(
+                std::time::Instant,
+                std::sync::Arc<Vec<(landlock::PathFd, bool)>>,
+            )>,
+        >,
+    >,
+    /// Idle cgroup leaves from finished calls, reused to save a mkdir and rmdir per call.
+    pool: std::sync::Arc<std::sync::Mutex<Vec<Leaves>>>,
+    next_leaf: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// How long carved Landlock roots are reused. An entry created in a carved directory (such as
+/// the home directory itself) in that window is not readable by commands until it passes.
+const ROOTS_TTL: std::time::Duration = std::time::Duration::from_secs(2);
+/// Most idle cgroup leaves kept.
+const POOL_MAX: usize = 16;
+
+/// One call's cgroup leaves (memory, pids, and cpu where mounted).
+#[derive(Debug)]
+struct Leaves {
+    memory: PathBuf,
+    pids: PathBuf,
+    cpu: Option<PathBuf>,
+}
+
+impl Leaves {
+    fn all(&self) -> impl Iterator<Item = &PathBuf> {
+        [&self.memory, &self.pids]
+            .into_iter()
+            .chain(self.cpu.as_ref())
+    }
+}
+
+fn oom_kills(memory_leaf: &Path) -> u64 {
+    read(memory_leaf.join("memory.oom_control"))
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("oom_kill "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 fn read(p: impl AsRef<Path>) -> Option<String> {
@@ -283,7 +328,55 @@ impl Sandbox {
             run_as,
             denied,
             state_dir: state_dir.to_path_buf(),
+            roots: Default::default(),
+            pool: Default::default(),
+            next_leaf: Default::default(),
         }
+    }
+
+    /// A set of cgroup leaves for a call: an idle one, or new ones.
+    fn leaves(&self, cg: &CgroupV1) -> Result<Leaves, String> {
+        if let Some(l) = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Ok(l);
+        }
+        let n = self
+            .next_leaf
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("tether-{}-{n}", std::process::id());
+        let mk = |base: &Path| -> Result<PathBuf, String> {
+            let leaf = base.join(&name);
+            std::fs::create_dir_all(&leaf)
+                .map_err(|e| format!("cannot create cgroup {}: {e}", leaf.display()))?;
+            Ok(leaf)
+        };
+        Ok(Leaves {
+            memory: mk(&cg.memory)?,
+            pids: mk(&cg.pids)?,
+            cpu: cg.cpu.as_ref().map(|c| mk(c)).transpose()?,
+        })
+    }
+
+    /// The carved read-only roots, opened (cached for [`ROOTS_TTL`]).
+    fn read_roots(&self) -> std::sync::Arc<Vec<(landlock::PathFd, bool)>> {
+        let mut g = self.roots.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, fds)) = g.as_ref()
+            && at.elapsed() < ROOTS_TTL
+        {
+            return fds.clone();
+        }
+        let mut roots = Vec::new();
+        carve(Path::new("/"), &self.denied, &mut roots);
+        let fds = std::sync::Arc::new(
+            roots
+                .iter()
+                .filter_map(|p| {
+                    let is_dir = std::fs::metadata(p).is_ok_and(|m| m.is_dir());
+                    landlock::PathFd::new(p).ok().map(|fd| (fd, is_dir))
+                })
+                .collect::<Vec<_>>(),
+        );
+        *g = Some((std::time::Instant::now(), fds.clone()));
+        fds
     }
 
     /// The uid/gid commands run as, if different from the worker's.
@@ -322,9 +415,10 @@ impl Sandbox {
         cmd.env("TMPDIR", &tmp);
         let mut guard = Guard {
             tmp: Some(tmp.clone()),
-            leaves: Vec::new(),
-            memory_leaf: None,
+            leaves: None,
+            oom_before: 0,
             memory_limit: 0,
+            pool: self.pool.clone(),
         };
         let memory = if limits.memory_bytes == 0 {
             DEFAULT_MEMORY
@@ -338,43 +432,36 @@ impl Sandbox {
         };
         let mut procs: Vec<OwnedFd> = Vec::new();
         if let Some(cg) = &self.cgroup {
-            let name = format!("tether-{}-{call_id}", std::process::id());
-            let mk = |base: &Path| -> Result<PathBuf, String> {
-                let leaf = base.join(&name);
-                std::fs::create_dir_all(&leaf)
-                    .map_err(|e| format!("cannot create cgroup {}: {e}", leaf.display()))?;
-                Ok(leaf)
-            };
-            let mem = mk(&cg.memory)?;
-            guard.leaves.push(mem.clone());
-            write(&mem.join("memory.limit_in_bytes"), &memory.to_string())?;
+            let leaves = self.leaves(cg)?;
+            write(
+                &leaves.memory.join("memory.limit_in_bytes"),
+                &memory.to_string(),
+            )?;
             // Without swap accounting this file is absent; the limit above still holds.
-            let _ = std::fs::write(mem.join("memory.memsw.limit_in_bytes"), memory.to_string());
-            guard.memory_leaf = Some(mem.clone());
-            guard.memory_limit = memory;
-            let pl = mk(&cg.pids)?;
-            guard.leaves.push(pl.clone());
-            write(&pl.join("pids.max"), &pids.to_string())?;
-            let mut dirs = vec![mem, pl];
-            if let Some(cpu) = &cg.cpu
-                && limits.cpus > 0.0
-            {
-                let cl = mk(cpu)?;
-                guard.leaves.push(cl.clone());
+            let _ = std::fs::write(
+                leaves.memory.join("memory.memsw.limit_in_bytes"),
+                memory.to_string(),
+            );
+            write(&leaves.pids.join("pids.max"), &pids.to_string())?;
+            if let Some(cl) = &leaves.cpu {
+                let quota = if limits.cpus > 0.0 {
+                    ((limits.cpus * 100_000.0) as u64).max(1000).to_string()
+                } else {
+                    "-1".to_string()
+                };
                 write(&cl.join("cpu.cfs_period_us"), "100000")?;
-                write(
-                    &cl.join("cpu.cfs_quota_us"),
-                    &((limits.cpus * 100_000.0) as u64).max(1000).to_string(),
-                )?;
-                dirs.push(cl);
+                write(&cl.join("cpu.cfs_quota_us"), &quota)?;
             }
-            for d in dirs {
+            for d in leaves.all() {
                 let f = std::fs::OpenOptions::new()
                     .write(true)
                     .open(d.join("cgroup.procs"))
                     .map_err(|e| format!("cannot open {}/cgroup.procs: {e}", d.display()))?;
                 procs.push(f.into());
             }
+            guard.oom_before = oom_kills(&leaves.memory);
+            guard.memory_limit = memory;
+            guard.leaves = Some(leaves);
         }
         let ruleset = if self.landlock {
             Some(
@@ -457,13 +544,20 @@ impl Sandbox {
     ) -> Result<RulesetCreated, landlock::RulesetError> {
         let read = AccessFs::from_read(LANDLOCK_ABI);
         let all = AccessFs::from_all(LANDLOCK_ABI);
-        let mut roots = Vec::new();
-        carve(Path::new("/"), &self.denied, &mut roots);
+        let roots = self.read_roots();
         Ruleset::default()
             .set_compatibility(CompatLevel::HardRequirement)
             .handle_access(all)?
             .create()?
-            .add_rules(path_beneath_rules(&roots, read))?
+            .add_rules(roots.iter().map(|(fd, is_dir)| {
+                // Files take only the rights that make sense for a file.
+                let access = if *is_dir {
+                    read
+                } else {
+                    read & AccessFs::from_file(LANDLOCK_ABI)
+                };
+                Ok::<_, landlock::RulesetError>(landlock::PathBeneath::new(fd, access))
+            }))?
             .add_rules(path_beneath_rules(
                 [workspace, tmp, Path::new("/dev/null")],
                 all,
@@ -564,15 +658,22 @@ impl Rlimits {
 /// A confined call's cgroup and temp dir.
 pub struct Guard {
     tmp: Option<PathBuf>,
-    leaves: Vec<PathBuf>,
-    memory_leaf: Option<PathBuf>,
+    leaves: Option<Leaves>,
+    /// The memory leaf's OOM-kill count before the call (leaves are reused).
+    oom_before: u64,
     memory_limit: u64,
+    pool: std::sync::Arc<std::sync::Mutex<Vec<Leaves>>>,
 }
 
 impl Guard {
     /// Kills every process in the call's cgroup (catches children that left the session).
-    pub fn kill_all(&self) {
-        for leaf in &self.leaves {
+    /// Returns whether the cgroup is empty now.
+    pub fn kill_all(&self) -> bool {
+        let Some(leaves) = &self.leaves else {
+            return true;
+        };
+        for leaf in leaves.all() {
+            let mut empty = false;
             for _ in 0..50 {
                 let pids: Vec<i32> = read(leaf.join("cgroup.procs"))
                     .unwrap_or_default()
@@ -580,6 +681,7 @@ impl Guard {
                     .filter_map(|l| l.trim().parse().ok())
                     .collect();
                 if pids.is_empty() {
+                    empty = true;
                     break;
                 }
                 for p in pids {
@@ -590,30 +692,54 @@ impl Guard {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(2));
             }
+            if !empty {
+                return false;
+            }
         }
+        true
     }
 
     /// Whether the kernel's OOM killer acted in this call's memory cgroup, with the limit.
     pub fn oom_killed(&self) -> Option<u64> {
-        let leaf = self.memory_leaf.as_ref()?;
-        let text = read(leaf.join("memory.oom_control"))?;
-        let kills = text
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0);
-        (kills > 0).then_some(self.memory_limit)
+        let leaves = self.leaves.as_ref()?;
+        (oom_kills(&leaves.memory) > self.oom_before).then_some(self.memory_limit)
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        self.kill_all();
-        for leaf in &self.leaves {
-            let _ = std::fs::remove_dir(leaf);
+        let empty = self.kill_all();
+        if let Some(leaves) = self.leaves.take() {
+            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            if empty && pool.len() < POOL_MAX {
+                pool.push(leaves);
+            } else {
+                drop(pool);
+                for leaf in leaves.all() {
+                    let _ = std::fs::remove_dir(leaf);
+                }
+            }
         }
         if let Some(t) = self.tmp.take() {
             let _ = std::fs::remove_dir_all(t);
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        // Only the last clone tidies up the idle leaves.
+        if std::sync::Arc::strong_count(&self.pool) == 1 {
+            for leaves in self
+                .pool
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .drain(..)
+            {
+                for leaf in leaves.all() {
+                    let _ = std::fs::remove_dir(leaf);
+                }
+            }
         }
     }
 }
