@@ -101,18 +101,18 @@ pub struct Sandbox {
     state_dir: PathBuf,
     /// The read-only Landlock roots, opened, and when: carving and opening them costs more
     /// than the rest of a spawn, so they are reused for a moment.
-    roots: std::sync::Arc<
-        std::sync::Mutex<
-            Option<(
-                std::time::Instant,
-                std::sync::Arc<Vec<(landlock::PathFd, bool)>>,
-            )>,
-        >,
-    >,
+    roots: std::sync::Arc<std::sync::Mutex<Option<RootsCache>>>,
     /// Idle cgroup leaves from finished calls, reused to save a mkdir and rmdir per call.
     pool: std::sync::Arc<std::sync::Mutex<Vec<Leaves>>>,
     next_leaf: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// The opened Landlock read roots (each with whether it is a directory) and when they were
+/// carved.
+type RootsCache = (
+    std::time::Instant,
+    std::sync::Arc<Vec<(landlock::PathFd, bool)>>,
+);
 
 /// How long carved Landlock roots are reused. An entry created in a carved directory (such as
 /// the home directory itself) in that window is not readable by commands until it passes.
