@@ -126,6 +126,8 @@ struct Leaves {
     memory: PathBuf,
     pids: PathBuf,
     cpu: Option<PathBuf>,
+    /// Limits last written here (memory, pids, cpu quota), to skip rewriting equal values.
+    written: (u64, u32, i64),
 }
 
 impl Leaves {
@@ -353,6 +355,7 @@ impl Sandbox {
             memory: mk(&cg.memory)?,
             pids: mk(&cg.pids)?,
             cpu: cg.cpu.as_ref().map(|c| mk(c)).transpose()?,
+            written: (0, 0, -1),
         })
     }
 
@@ -432,27 +435,40 @@ impl Sandbox {
         };
         let mut procs: Vec<OwnedFd> = Vec::new();
         if let Some(cg) = &self.cgroup {
-            let leaves = self.leaves(cg)?;
-            write(
-                &leaves.memory.join("memory.limit_in_bytes"),
-                &memory.to_string(),
-            )?;
-            // Without swap accounting this file is absent; the limit above still holds.
-            let _ = std::fs::write(
-                leaves.memory.join("memory.memsw.limit_in_bytes"),
-                memory.to_string(),
-            );
-            write(&leaves.pids.join("pids.max"), &pids.to_string())?;
-            if let Some(cl) = &leaves.cpu {
-                let quota = if limits.cpus > 0.0 {
-                    ((limits.cpus * 100_000.0) as u64).max(1000).to_string()
-                } else {
-                    "-1".to_string()
-                };
-                write(&cl.join("cpu.cfs_period_us"), "100000")?;
-                write(&cl.join("cpu.cfs_quota_us"), &quota)?;
+            let mut leaves = self.leaves(cg)?;
+            let quota: i64 = if limits.cpus > 0.0 {
+                ((limits.cpus * 100_000.0) as i64).max(1000)
+            } else {
+                -1
+            };
+            if leaves.written.0 != memory {
+                write(
+                    &leaves.memory.join("memory.limit_in_bytes"),
+                    &memory.to_string(),
+                )?;
+                // Without swap accounting this file is absent; the limit above still holds.
+                let _ = std::fs::write(
+                    leaves.memory.join("memory.memsw.limit_in_bytes"),
+                    memory.to_string(),
+                );
             }
-            for d in leaves.all() {
+            if leaves.written.1 != pids {
+                write(&leaves.pids.join("pids.max"), &pids.to_string())?;
+            }
+            if let Some(cl) = &leaves.cpu
+                && leaves.written.2 != quota
+            {
+                write(&cl.join("cpu.cfs_period_us"), "100000")?;
+                write(&cl.join("cpu.cfs_quota_us"), &quota.to_string())?;
+            }
+            leaves.written = (memory, pids, quota);
+            // Joining a cgroup costs a little per controller: the cpu one only when capped.
+            let join: Vec<&PathBuf> = if quota > 0 {
+                leaves.all().collect()
+            } else {
+                vec![&leaves.memory, &leaves.pids]
+            };
+            for d in join {
                 let f = std::fs::OpenOptions::new()
                     .write(true)
                     .open(d.join("cgroup.procs"))
