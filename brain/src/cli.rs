@@ -297,6 +297,16 @@ enum AdminCmd {
     Revoke { name: String },
 }
 
+/// The brain's async runtime (two threads); says why on stderr if it cannot start.
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| eprintln!("error: cannot start the async runtime: {e}"))
+        .ok()
+}
+
 /// Parses `args` (including the program name), runs the command and returns the exit status.
 pub fn main_with<I, T>(args: I) -> i32
 where
@@ -305,16 +315,8 @@ where
 {
     shared::telemetry::init("info");
     let cli = Cli::parse_from(args);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return 1;
-        }
+    let Some(rt) = runtime() else {
+        return 1;
     };
     match rt.block_on(run(cli)) {
         Ok(code) => code,
@@ -873,13 +875,7 @@ pub fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
 
 fn spawn_signal_handler(stop: CancellationToken) {
     tokio::spawn(async move {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-        }
-        tracing::info!("shutting down");
+        shared::signals::terminated().await;
         stop.cancel();
     });
 }
@@ -895,16 +891,8 @@ pub fn run_demo(keep: bool) -> i32 {
             return 1;
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return 1;
-        }
+    let Some(rt) = runtime() else {
+        return 1;
     };
     let launcher = crate::demo::Launcher {
         program,

@@ -160,13 +160,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
 
 fn spawn_signal_handler(shutdown: CancellationToken) {
     tokio::spawn(async move {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-        }
-        tracing::info!("shutting down");
+        shared::signals::terminated().await;
         shutdown.cancel();
     });
 }
