@@ -152,6 +152,23 @@ async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), super::manager::Erro
     }
 }
 
+/// Logs that nobody can say what a call did.
+async fn interrupt(
+    m: &Manager,
+    task: &Task,
+    call_id: u64,
+    reason: impl Into<String>,
+) -> Result<(), super::manager::Error> {
+    m.append(
+        task,
+        vec![Event::ToolCallInterrupted {
+            call_id,
+            reason: reason.into(),
+        }],
+    )
+    .await
+}
+
 fn run_call(argv: &[String], timeout: Option<&str>) -> ToolCall {
     let timeout = timeout
         .and_then(|t| shared::parse_duration(t).ok())
@@ -197,37 +214,28 @@ async fn settle(
                             call_id: p.call_id,
                         }));
                     }
-                    m.append(
+                    interrupt(
+                        m,
                         task,
-                        vec![Event::ToolCallInterrupted {
-                            call_id: p.call_id,
-                            reason: "the task was cancelled while the call ran".into(),
-                        }],
+                        p.call_id,
+                        "the task was cancelled while the call ran",
                     )
                     .await?;
                 }
                 Some(Durable::WorkerGone) => {
-                    m.append(
+                    interrupt(
+                        m,
                         task,
-                        vec![Event::ToolCallInterrupted {
-                            call_id: p.call_id,
-                            reason: format!(
-                                "worker {} did not come back within {:?}",
-                                p.worker, m.opts.worker_wait
-                            ),
-                        }],
+                        p.call_id,
+                        format!(
+                            "worker {} did not come back within {:?}",
+                            p.worker, m.opts.worker_wait
+                        ),
                     )
                     .await?;
                 }
                 Some(Durable::Done(r)) if !r.interrupted.is_empty() => {
-                    m.append(
-                        task,
-                        vec![Event::ToolCallInterrupted {
-                            call_id: p.call_id,
-                            reason: r.interrupted.clone(),
-                        }],
-                    )
-                    .await?;
+                    interrupt(m, task, p.call_id, r.interrupted.clone()).await?;
                     m.hub.ack(&p.worker, p.call_id);
                 }
                 Some(Durable::Done(r)) => {
@@ -276,12 +284,11 @@ async fn settle(
             };
             let result = loop {
                 if task.cancel.is_cancelled() {
-                    m.append(
+                    interrupt(
+                        m,
                         task,
-                        vec![Event::ToolCallInterrupted {
-                            call_id: p.call_id,
-                            reason: "the task was cancelled while the call ran".into(),
-                        }],
+                        p.call_id,
+                        "the task was cancelled while the call ran",
                     )
                     .await?;
                     return Ok(());
@@ -291,15 +298,14 @@ async fn settle(
                     .await
                     .is_none()
                 {
-                    m.append(
+                    interrupt(
+                        m,
                         task,
-                        vec![Event::ToolCallInterrupted {
-                            call_id: p.call_id,
-                            reason: format!(
-                                "worker {} did not come back within {:?}",
-                                p.worker, m.opts.worker_wait
-                            ),
-                        }],
+                        p.call_id,
+                        format!(
+                            "worker {} did not come back within {:?}",
+                            p.worker, m.opts.worker_wait
+                        ),
                     )
                     .await?;
                     return Ok(());
