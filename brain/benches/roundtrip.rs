@@ -39,7 +39,7 @@ fn ms(d: Duration) -> String {
 }
 
 fn row(name: &str, s: &Stats) {
-    println!("{name:<46} {:>12} {:>12} {:>7}", ms(s.p50), ms(s.p99), s.n);
+    println!("{name:<56} {:>12} {:>12} {:>7}", ms(s.p50), ms(s.p99), s.n);
 }
 
 fn time_n(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
@@ -70,7 +70,7 @@ fn main() {
             .map(|n| n.get())
             .unwrap_or(1)
     );
-    println!("{:<46} {:>12} {:>12} {:>7}", "what", "p50", "p99", "n");
+    println!("{:<56} {:>12} {:>12} {:>7}", "what", "p50", "p99", "n");
 
     // Baseline: a local spawn of `true`.
     for _ in 0..50 {
@@ -121,7 +121,10 @@ fn main() {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let ws = ready_shared.registry.workers().unwrap();
-            if let Some(w) = ws.iter().find(|w| hub.is_connected(&w.id)) {
+            if let Some(w) = ws
+                .iter()
+                .find(|w| w.name == "bench" && hub.is_connected(&w.id))
+            {
                 break w.id.clone();
             }
             assert!(Instant::now() < deadline, "worker did not connect");
@@ -164,6 +167,71 @@ fn main() {
         v
     }));
     row("tether `true` brain → worker (in-brain API)", &tether);
+
+    // The same through a worker started with --no-sandbox, to show what confinement costs.
+    let (token2, _) = rt
+        .block_on(
+            ready_shared
+                .registry
+                .create_token(600_000, Default::default()),
+        )
+        .unwrap();
+    let mut bare = Command::new(&bins.worker)
+        .args([
+            "join",
+            "--no-sandbox",
+            "--brain",
+            &url,
+            "--token",
+            &token2,
+            "--ca-hash",
+        ])
+        .arg(ready_shared.ca.hash())
+        .args(["--name", "bench-bare", "--state"])
+        .arg(tmp.path().join("worker-bare"))
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let bare_id = rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ws = ready_shared.registry.workers().unwrap();
+            if let Some(w) = ws
+                .iter()
+                .find(|w| w.name == "bench-bare" && hub.is_connected(&w.id))
+            {
+                break w.id.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "unconfined worker did not connect"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let bare_exec = stats(rt.block_on(async {
+        let mut v = Vec::with_capacity(n);
+        for i in 0..n + 50 {
+            let t = Instant::now();
+            let mut call = hub.exec(&bare_id, spec.clone()).await.unwrap();
+            while let Some(ev) = call.next().await {
+                if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
+                    break;
+                }
+            }
+            if i >= 50 {
+                v.push(t.elapsed());
+            }
+        }
+        v
+    }));
+    let _ = bare.kill();
+    let _ = bare.wait();
+    row(
+        "tether `true` brain → worker, unconfined (--no-sandbox)",
+        &bare_exec,
+    );
 
     let target = Target {
         url: url.clone(),

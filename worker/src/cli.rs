@@ -50,6 +50,10 @@ enum Cmd {
         /// A path commands may not read, besides the state dir and ~/.ssh, ~/.aws, … (repeatable)
         #[arg(long = "deny-read")]
         deny_read: Vec<PathBuf>,
+        /// Run commands unconfined (benchmarks, trusted code). The brain sees no sandbox and
+        /// refuses this worker where its policy requires one
+        #[arg(long)]
+        no_sandbox: bool,
     },
     /// Connect to the brain with the stored identity and serve its calls until stopped
     Run {
@@ -61,6 +65,10 @@ enum Cmd {
         /// A path commands may not read, besides the state dir and ~/.ssh, ~/.aws, … (repeatable)
         #[arg(long = "deny-read")]
         deny_read: Vec<PathBuf>,
+        /// Run commands unconfined (benchmarks, trusted code). The brain sees no sandbox and
+        /// refuses this worker where its policy requires one
+        #[arg(long)]
+        no_sandbox: bool,
     },
     /// Show which confinement mechanisms work on this host, and why any does not
     Doctor {
@@ -101,6 +109,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             force,
             no_run,
             deny_read,
+            no_sandbox,
         } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
             let m = session::join(
@@ -124,16 +133,17 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             if no_run {
                 return Ok(());
             }
-            let sandbox = crate::sandbox::Sandbox::probe(&dir.0, &deny_read);
+            let sandbox = make_sandbox(&dir, &deny_read, no_sandbox);
             session::run(dir, None, Backoff::default(), sandbox, shutdown).await?;
         }
         Cmd::Run {
             state,
             brain,
             deny_read,
+            no_sandbox,
         } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
-            let sandbox = crate::sandbox::Sandbox::probe(&dir.0, &deny_read);
+            let sandbox = make_sandbox(&dir, &deny_read, no_sandbox);
             session::run(dir, brain, Backoff::default(), sandbox, shutdown).await?;
         }
         Cmd::Doctor { state } => {
@@ -156,6 +166,15 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn make_sandbox(dir: &StateDir, deny_read: &[PathBuf], off: bool) -> crate::sandbox::Sandbox {
+    if off {
+        tracing::warn!("--no-sandbox: commands run unconfined, with this worker's user and access");
+        crate::sandbox::Sandbox::disabled(&dir.0)
+    } else {
+        crate::sandbox::Sandbox::probe(&dir.0, deny_read)
+    }
 }
 
 fn spawn_signal_handler(shutdown: CancellationToken) {

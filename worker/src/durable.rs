@@ -88,7 +88,7 @@ pub fn start(
                     tx,
                     cancel,
                     Some(on_spawn),
-                    Some(&sandbox),
+                    Some(&*sandbox).filter(|s| s.enabled()),
                 );
                 let collect = async {
                     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());

@@ -382,6 +382,38 @@ impl Sandbox {
         fds
     }
 
+    /// No confinement at all (`--no-sandbox`): commands run like any child of the worker.
+    /// The hello then names no mechanism, so a brain that requires one refuses this worker.
+    pub fn disabled(state_dir: &Path) -> Self {
+        let names = ["landlock", "rlimits", "cgroup", "netns", "user"];
+        Self {
+            report: Report {
+                mechanisms: names
+                    .iter()
+                    .map(|n| Mechanism {
+                        name: n,
+                        active: false,
+                        detail: "off: the worker was started with --no-sandbox".into(),
+                    })
+                    .collect(),
+            },
+            landlock: false,
+            cgroup: None,
+            netns: false,
+            run_as: None,
+            denied: Vec::new(),
+            state_dir: state_dir.to_path_buf(),
+            roots: Default::default(),
+            pool: Default::default(),
+            next_leaf: Default::default(),
+        }
+    }
+
+    /// Whether commands are confined at all.
+    pub fn enabled(&self) -> bool {
+        self.report.mechanisms.iter().any(|m| m.active)
+    }
+
     /// The uid/gid commands run as, if different from the worker's.
     pub fn run_as(&self) -> Option<(u32, u32)> {
         self.run_as

@@ -353,7 +353,7 @@ fn dispatch(
                     out,
                     cancel,
                     None,
-                    Some(&ctx.sandbox),
+                    Some(&*ctx.sandbox).filter(|s| s.enabled()),
                 )
                 .await;
                 running
