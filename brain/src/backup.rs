@@ -76,6 +76,9 @@ pub fn restore(file: &Path, db_dir: &Path) -> Result<(usize, Option<PathBuf>), E
         let l: Line = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
         let k = hex::decode(&l.key).map_err(|e| bad(format!("key: {e}")))?;
         let v = hex::decode(&l.value).map_err(|e| bad(format!("value: {e}")))?;
+        if l.tree == "events" && k.len() != 16 {
+            return Err(bad(format!("events key of {} bytes; expected 16", k.len())));
+        }
         records.push((l.tree, k, v));
     }
     // Fails here, touching nothing, if a brain holds the store.

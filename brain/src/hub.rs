@@ -281,6 +281,7 @@ pub struct ExecSpec {
 pub struct Hub {
     sessions: Arc<Mutex<HashMap<String, Arc<Session>>>>,
     next_call: Arc<AtomicU64>,
+    first_call: u64,
     next_session: Arc<AtomicU64>,
     /// Woken whenever a session registers, for callers waiting for a worker to come back.
     registered: Arc<tokio::sync::Notify>,
@@ -298,6 +299,18 @@ type DurableWaiter = (String, oneshot::Sender<proto::CallResult>);
 /// (worker, call id) of results that arrived with nobody waiting.
 type OrphanSink = mpsc::UnboundedSender<(String, u64)>;
 
+/// Removes a durable waiter when the wait ends, however it ends.
+struct WaiterGuard(Arc<Mutex<HashMap<u64, DurableWaiter>>>, u64);
+
+impl Drop for WaiterGuard {
+    fn drop(&mut self) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.1);
+    }
+}
+
 /// Most stashed durable results kept.
 const STASH_MAX: usize = 10_000;
 
@@ -311,13 +324,26 @@ pub enum Durable {
 
 impl Hub {
     pub fn new() -> Self {
-        // Call ids must not repeat across brain restarts (workers remember them), so they
-        // start from the clock: milliseconds since the epoch, shifted left 16 bits.
-        let start = (shared::now_unix_ms().max(1) as u64) << 16;
+        Self::with_call_floor(0)
+    }
+
+    /// A hub whose call ids start above `floor` (the previous run's start, from the store).
+    /// Call ids must not repeat across brain restarts (workers remember them), so they start
+    /// from the clock, milliseconds since the epoch shifted left 16 bits, or well above the
+    /// last run's start if the clock went back.
+    pub fn with_call_floor(floor: u64) -> Self {
+        let clock = (shared::now_unix_ms().max(1) as u64) << 16;
+        let start = clock.max(floor.saturating_add(1 << 32));
         Self {
             next_call: Arc::new(AtomicU64::new(start)),
+            first_call: start,
             ..Default::default()
         }
+    }
+
+    /// Where this run's call ids start (persist it: the next run's floor).
+    pub fn call_start(&self) -> u64 {
+        self.first_call
     }
 
     /// A call id never used before by this brain.
@@ -407,6 +433,9 @@ impl Hub {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(call_id, (worker.to_string(), tx));
+            // If this future is dropped (the task was cancelled), a late result is stashed
+            // rather than sent to nobody.
+            let _waiter = WaiterGuard(self.durable.clone(), call_id);
             // A result may have been stashed between the check above and registering.
             if let Some((w, r)) = self
                 .stash

@@ -67,7 +67,17 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     let registry = Registry::from_db(db.clone())?;
     sync_init_admin(&opts.data, &registry, &ca.hash()).await?;
     let log = SledLog::open(db.clone(), opts.data.db())?;
-    let hub = Hub::new();
+    // Call ids start above the previous run's, even if the clock went back.
+    let meta = db.open_tree("meta").map_err(registry::Error::from)?;
+    let floor = meta
+        .get("call_start")
+        .map_err(registry::Error::from)?
+        .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok().map(u64::from_be_bytes))
+        .unwrap_or(0);
+    let hub = Hub::with_call_floor(floor);
+    meta.insert("call_start", &hub.call_start().to_be_bytes())
+        .map_err(registry::Error::from)?;
+    db.flush_async().await.map_err(registry::Error::from)?;
     let policy = crate::service::Policy {
         limits: opts.tasks.limits,
         require_sandbox: opts.require_sandbox.clone(),

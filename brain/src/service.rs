@@ -759,7 +759,10 @@ impl Admin for Services {
         let (tx, rx) = mpsc::channel(16);
         tokio::task::spawn_blocking(move || {
             let mut buf = Vec::with_capacity(128 * 1024);
-            for name in db.tree_names() {
+            // Snapshots first: a snapshot must never cover events the backup lacks.
+            let mut names = db.tree_names();
+            names.sort_by_key(|n| n.as_ref() != b"snapshots");
+            for name in names {
                 let tree = match db.open_tree(&name) {
                     Ok(t) => t,
                     Err(e) => {

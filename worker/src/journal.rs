@@ -25,6 +25,16 @@ pub enum Known {
     Done(CallResult),
 }
 
+/// Identifies a process across pid reuse: the boot id and the process's start time.
+fn process_stamp(pid: i32) -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    // Field 22 of /proc/<pid>/stat is the start time; `after` starts at field 3.
+    let start = after.split_whitespace().nth(19)?;
+    Some(format!("{}-{start}", boot.trim()))
+}
+
 pub struct Journal {
     dir: PathBuf,
     /// Calls running in this process. A std mutex: held only for set operations.
@@ -90,10 +100,17 @@ impl Journal {
         if self.path(id, "started").exists() {
             // The process that ran it died; whatever it started may still run. Stop it, so
             // nothing changes the workspace after we report the call interrupted.
+            // Only if that group is still the one we recorded: same boot, same leader start
+            // time (a pid can be reused after a reboot or a wrap-around).
             if let Some(pgid) = std::fs::read_to_string(self.path(id, "pgid"))
                 .ok()
-                .and_then(|s| s.trim().parse::<i32>().ok())
-                .filter(|p| *p > 1)
+                .and_then(|s| {
+                    let mut it = s.split_whitespace();
+                    let pgid = it.next()?.parse::<i32>().ok()?;
+                    let stamp = it.next()?.to_string();
+                    (pgid > 1 && process_stamp(pgid).as_deref() == Some(stamp.as_str()))
+                        .then_some(pgid)
+                })
             {
                 // SAFETY: plain syscall; a negative pid addresses the process group.
                 unsafe {
@@ -118,7 +135,9 @@ impl Journal {
 
     /// Records the process group a call runs in, so a later worker process can stop it.
     pub fn set_group(&self, id: u64, pgid: i32) {
-        let _ = std::fs::write(self.path(id, "pgid"), format!("{pgid}\n"));
+        if let Some(stamp) = process_stamp(pgid) {
+            let _ = std::fs::write(self.path(id, "pgid"), format!("{pgid} {stamp}\n"));
+        }
     }
 
     /// Records a call's result (synced) and marks it no longer running.

@@ -273,8 +273,7 @@ impl Sandbox {
         report.mechanisms.push(Mechanism {
             name: "rlimits",
             active: true,
-            detail: "CPU time, address space, file size and processes; no_new_privs; own session"
-                .into(),
+            detail: "file size always; CPU time and address space when the policy sets them (address space also when there is no cgroup); processes when commands run as a dedicated user without a cgroup; no_new_privs; own session".into(),
         });
         let cgroup = probe_cgroup(&mut report);
         // SAFETY: plain getter.
@@ -474,15 +473,17 @@ impl Sandbox {
                 -1
             };
             if leaves.written.0 != memory {
+                // memory+swap may never be below memory: raise memsw first, lower it last.
+                // Without swap accounting that file is absent; the memory limit still holds.
+                let memsw = leaves.memory.join("memory.memsw.limit_in_bytes");
+                if memory > leaves.written.0 {
+                    let _ = std::fs::write(&memsw, memory.to_string());
+                }
                 write(
                     &leaves.memory.join("memory.limit_in_bytes"),
                     &memory.to_string(),
                 )?;
-                // Without swap accounting this file is absent; the limit above still holds.
-                let _ = std::fs::write(
-                    leaves.memory.join("memory.memsw.limit_in_bytes"),
-                    memory.to_string(),
-                );
+                let _ = std::fs::write(&memsw, memory.to_string());
             }
             if leaves.written.1 != pids {
                 write(&leaves.pids.join("pids.max"), &pids.to_string())?;
@@ -631,7 +632,9 @@ fn carve(dir: &Path, denied: &[PathBuf], out: &mut Vec<PathBuf>) {
         let p = e.path();
         if e.file_type().is_ok_and(|t| t.is_symlink()) {
             match p.canonicalize() {
-                Ok(t) if denied.iter().any(|d| t.starts_with(d)) => continue,
+                // Into a denied subtree, or onto a directory that holds one: granting it
+                // would grant the secret.
+                Ok(t) if denied.iter().any(|d| t.starts_with(d) || d.starts_with(&t)) => continue,
                 Ok(_) => out.push(p),
                 Err(_) => {}
             }

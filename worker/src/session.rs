@@ -386,6 +386,14 @@ fn dispatch(
             {
                 t.cancel();
             }
+            if let Some(t) = ctx
+                .durable_running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&c.call_id)
+            {
+                t.cancel();
+            }
         }
         Some(brain_message::Msg::Echo(e)) => {
             let _ = out.try_send(WorkerMessage {

@@ -48,6 +48,8 @@ pub trait EventLog: Send + Sync + 'static {
     fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error>;
     /// Every task that has a log.
     fn tasks(&self) -> Result<Vec<TaskId>, Error>;
+    /// The sequence number of the task's last record (0 if none).
+    fn last_seq(&self, task: TaskId) -> Result<u64, Error>;
     /// A fresh task id, never handed out before.
     fn new_task_id(&self) -> Result<TaskId, Error>;
     /// Stores a snapshot of a task's state covering records up to `upto`.
@@ -116,6 +118,11 @@ impl EventLog for MemLog {
         Ok(v)
     }
 
+    fn last_seq(&self, task: TaskId) -> Result<u64, Error> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(g.logs.get(&task).map_or(0, |l| l.len() as u64))
+    }
+
     fn new_task_id(&self) -> Result<TaskId, Error> {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         g.next_id += 1;
@@ -155,6 +162,9 @@ pub struct SledLog {
     events: sled::Tree,
     snapshots: sled::Tree,
     tx: mpsc::Sender<Append>,
+    /// Lowest id a new task may get: above every task in the log (sled's id counter is not
+    /// part of a backup, so after a restore it could hand out an old task's id).
+    id_floor: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn key(task: TaskId, seq: u64) -> [u8; 16] {
@@ -171,11 +181,22 @@ impl SledLog {
         let events = db.open_tree("events")?;
         let snapshots = db.open_tree("snapshots")?;
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        let highest = events
+            .iter()
+            .keys()
+            .next_back()
+            .transpose()?
+            .and_then(|k| {
+                k.get(..8)
+                    .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+            })
+            .unwrap_or(0);
         let log = Self {
             db,
             events,
             snapshots,
             tx,
+            id_floor: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(highest + 1)),
         };
         let writer = log.clone_for_writer();
         tokio::spawn(writer.run(rx, db_dir.join("db")));
@@ -207,7 +228,9 @@ impl Writer {
         let last = match self.events.scan_prefix(task.0.to_be_bytes()).next_back() {
             Some(kv) => {
                 let (k, _) = kv?;
-                u64::from_be_bytes(k[8..16].try_into().expect("16-byte keys"))
+                k.get(8..16)
+                    .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+                    .unwrap_or(0)
             }
             None => 0,
         };
@@ -239,6 +262,7 @@ impl Writer {
         data_file: &std::path::Path,
     ) -> Vec<Result<Vec<Record>, String>> {
         let mut batch = sled::Batch::default();
+        let mut keys: Vec<[u8; 16]> = Vec::new();
         let mut out: Vec<Result<Vec<Record>, String>> = Vec::with_capacity(appends.len());
         let before = self.last_seq.clone();
         for a in appends.iter_mut() {
@@ -253,10 +277,9 @@ impl Writer {
             for ev in a.events.drain(..) {
                 seq += 1;
                 let r = record(a.task, seq, ev);
-                batch.insert(
-                    &key(a.task, seq),
-                    serde_json::to_vec(&r).expect("records serialise"),
-                );
+                let k = key(a.task, seq);
+                batch.insert(&k, serde_json::to_vec(&r).expect("records serialise"));
+                keys.push(k);
                 recs.push(r);
             }
             self.last_seq.insert(a.task, seq);
@@ -279,7 +302,11 @@ impl Writer {
         }
         .await;
         if let Err(e) = synced {
-            // Nothing in this group is acknowledged; forget the numbers it took.
+            // Nothing in this group is acknowledged: take its records out again (best effort)
+            // and forget the numbers it took.
+            for k in &keys {
+                let _ = self.events.remove(k);
+            }
             self.last_seq = before;
             tracing::error!(error = %e, "event log commit failed");
             let msg = e.to_string();
@@ -329,15 +356,38 @@ impl EventLog for SledLog {
                 break;
             };
             let (k, _) = kv?;
-            let id = u64::from_be_bytes(k[..8].try_into().expect("16-byte keys"));
+            let Some(id) = k
+                .get(..8)
+                .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+            else {
+                break;
+            };
             out.push(TaskId(id));
             next = id.checked_add(1).map(u64::to_be_bytes);
         }
         Ok(out)
     }
 
+    fn last_seq(&self, task: TaskId) -> Result<u64, Error> {
+        Ok(
+            match self.events.scan_prefix(task.0.to_be_bytes()).next_back() {
+                Some(kv) => {
+                    let (k, _) = kv?;
+                    k.get(8..16)
+                        .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+                        .unwrap_or(0)
+                }
+                None => 0,
+            },
+        )
+    }
+
     fn new_task_id(&self) -> Result<TaskId, Error> {
-        Ok(TaskId(self.db.generate_id()? + 1))
+        let generated = self.db.generate_id()? + 1;
+        let floor = self
+            .id_floor
+            .fetch_max(generated + 1, std::sync::atomic::Ordering::Relaxed);
+        Ok(TaskId(generated.max(floor)))
     }
 
     async fn put_snapshot(&self, task: TaskId, upto: u64, state: Vec<u8>) -> Result<(), Error> {

@@ -75,6 +75,8 @@ pub struct Manager {
     pub hub: Hub,
     pub opts: Options,
     tasks: Arc<Mutex<HashMap<TaskId, Arc<Task>>>>,
+    /// Notified once every task has been loaded.
+    loaded: Arc<tokio::sync::Notify>,
 }
 
 impl Manager {
@@ -84,6 +86,7 @@ impl Manager {
             hub,
             opts,
             tasks: Arc::default(),
+            loaded: Arc::default(),
         };
         // Results a worker replays after they were logged (the brain died before its
         // acknowledgement got out) are acknowledged here.
@@ -91,14 +94,23 @@ impl Manager {
         m.hub.set_orphan_sink(tx);
         let weak = m.clone();
         tokio::spawn(async move {
+            // Not before every task is loaded: until then a result may be one a task is
+            // about to ask for.
+            weak.loaded.notified().await;
             while let Some((worker, call_id)) = rx.recv().await {
-                let known = weak
-                    .all()
-                    .iter()
-                    .any(|t| t.state().recent_calls.contains(&call_id));
-                if known {
-                    weak.hub.ack(&worker, call_id);
-                }
+                let m = weak.clone();
+                tokio::spawn(async move {
+                    // Give a resuming task a moment to claim it.
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    let wanted = m
+                        .all()
+                        .iter()
+                        .any(|t| t.state().pending.is_some_and(|p| p.call_id == call_id));
+                    if !wanted {
+                        // Settled already (or nobody's): the worker may forget it.
+                        m.hub.ack(&worker, call_id);
+                    }
+                });
             }
         });
         m
@@ -231,7 +243,26 @@ impl Manager {
             let task = self.insert(state);
             if let Some(reason) = broken {
                 tracing::error!(task = %id, %reason, "task cannot be replayed; marking it failed");
-                if !task.state().status.is_terminal() {
+                // Marked already on an earlier start? Then its last record says so.
+                let last = self.log.last_seq(*id)?;
+                let marked = self
+                    .log
+                    .read(*id, last.saturating_sub(1))?
+                    .into_iter()
+                    .any(|r| {
+                        matches!(
+                            r,
+                            Ok(Record {
+                                event: Event::Finished { .. },
+                                ..
+                            })
+                        )
+                    });
+                if marked {
+                    task.state.lock().unwrap_or_else(|e| e.into_inner()).status =
+                        super::state::Status::Failed;
+                    task.state.lock().unwrap_or_else(|e| e.into_inner()).reason = reason;
+                } else if !task.state().status.is_terminal() {
                     self.append(
                         &task,
                         vec![Event::Finished {
@@ -249,6 +280,7 @@ impl Manager {
                 self.spawn_runner(task);
             }
         }
+        self.loaded.notify_one();
         Ok((ids.len(), resumed))
     }
 
@@ -258,7 +290,8 @@ impl Manager {
         let mut state = TaskState::new(id);
         if let Some((upto, bytes)) = self.log.snapshot(id)? {
             match serde_json::from_slice::<TaskState>(&bytes) {
-                Ok(s) if s.last_seq == upto => state = s,
+                // A snapshot must not run ahead of the log (a backup taken mid-snapshot).
+                Ok(s) if s.last_seq == upto && upto <= self.log.last_seq(id)? => state = s,
                 // A snapshot we cannot read only costs a longer replay.
                 _ => tracing::warn!(task = %id, "snapshot unreadable; replaying the whole log"),
             }

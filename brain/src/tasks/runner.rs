@@ -15,12 +15,24 @@ use crate::hub::Durable;
 const LOGGED_OUTPUT: usize = 16 * 1024;
 const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(600);
 const FILE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Checks that fail to answer (rather than answer "no") before the task gives up.
+const MAX_CHECK_ERRORS: u32 = 3;
 
 /// Drives a task until it ends. Errors appending to the log stop the runner (the task is
 /// resumed from the log on the next start).
 pub async fn run(m: Manager, task: Arc<Task>) {
-    if let Err(e) = drive(&m, &task).await {
-        tracing::error!(task = %task.id, error = %e, "task runner stopped");
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match drive(&m, &task).await {
+            Ok(()) => return,
+            Err(e) => {
+                // The log could not be written (disk full, I/O error). Nothing was acted on
+                // that the log does not show; try again from the log's state.
+                tracing::error!(task = %task.id, error = %e, retry_in = ?delay, "task runner cannot write its log; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(60));
+            }
+        }
     }
 }
 
@@ -76,6 +88,19 @@ async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), super::manager::Erro
         }
         if let Some(reason) = st.step_failed.clone() {
             return finish(m, task, Outcome::Failed, reason).await;
+        }
+        if st.check_errors >= MAX_CHECK_ERRORS {
+            return finish(
+                m,
+                task,
+                Outcome::Failed,
+                format!(
+                    "the check of step {} failed to give an answer {} times in a row; the step's effect is unknown",
+                    st.unsure_step.unwrap_or(st.next_step),
+                    st.check_errors
+                ),
+            )
+            .await;
         }
         let (step, purpose, call) = if let Some(step) = st.unsure_step {
             let s = &plan.steps[step as usize];
@@ -223,13 +248,15 @@ async fn settle(
                     .await?;
                 }
                 Some(Durable::WorkerGone) => {
-                    interrupt(
+                    // Only the worker can say what became of a call (it may still be running
+                    // there), so wait on, visibly, until it answers or the task is cancelled.
+                    set_status(
                         m,
                         task,
-                        p.call_id,
-                        format!(
-                            "worker {} did not come back within {:?}",
-                            p.worker, m.opts.worker_wait
+                        Status::Waiting,
+                        &format!(
+                            "waiting for worker {} to report call {}",
+                            p.worker, p.call_id
                         ),
                     )
                     .await?;

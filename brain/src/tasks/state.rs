@@ -61,6 +61,9 @@ pub struct TaskState {
     pub pending: Option<PendingCall>,
     /// A step whose call was interrupted and whose effect must be checked before going on.
     pub unsure_step: Option<u32>,
+    /// Checks in a row that failed to give an answer (timed out, killed, refused).
+    #[serde(default)]
+    pub check_errors: u32,
     /// Set when a step's call completed unsuccessfully: why the task must fail.
     pub step_failed: Option<String>,
     /// Ids of the latest calls with an outcome in the log (bounded), to acknowledge results
@@ -89,6 +92,7 @@ impl TaskState {
             next_step: 0,
             pending: None,
             unsure_step: None,
+            check_errors: 0,
             step_failed: None,
             recent_calls: Default::default(),
             calls_completed: 0,
@@ -159,9 +163,20 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                             Some(format!("step {} failed: {}", p.step, describe(result)));
                     }
                     Purpose::Check => {
-                        st.unsure_step = None;
                         if result.ok() {
+                            st.unsure_step = None;
+                            st.check_errors = 0;
                             st.next_step = p.step + 1;
+                        } else if result.exit_code.is_some_and(|c| c != 0)
+                            && !result.timed_out
+                            && result.error.is_empty()
+                        {
+                            // A clean "no": the effect is not there; run the step again.
+                            st.unsure_step = None;
+                            st.check_errors = 0;
+                        } else {
+                            // The check itself failed (timeout, signal, refusal): still unsure.
+                            st.check_errors += 1;
                         }
                     }
                 }
