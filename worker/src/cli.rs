@@ -173,7 +173,9 @@ fn make_sandbox(dir: &StateDir, deny_read: &[PathBuf], off: bool) -> crate::sand
         tracing::warn!("--no-sandbox: commands run unconfined, with this worker's user and access");
         crate::sandbox::Sandbox::disabled(&dir.0)
     } else {
-        crate::sandbox::Sandbox::probe(&dir.0, deny_read)
+        let s = crate::sandbox::Sandbox::probe(&dir.0, deny_read);
+        s.sweep();
+        s
     }
 }
 

@@ -408,6 +408,61 @@ impl Sandbox {
         }
     }
 
+    /// Clears what an earlier run of a worker on this state dir left behind when it died:
+    /// per-call temp dirs, and cgroup leaves of worker processes that no longer exist
+    /// (killing anything still inside). Call once at start, never from `worker doctor`.
+    pub fn sweep(&self) {
+        if let Ok(entries) = std::fs::read_dir(self.state_dir.join("tmp")) {
+            for e in entries.flatten() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let Some(cg) = &self.cgroup else {
+            return;
+        };
+        let me = std::process::id();
+        for base in [Some(&cg.memory), Some(&cg.pids), cg.cpu.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            let Ok(entries) = std::fs::read_dir(base) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(pid) = name
+                    .strip_prefix("tether-")
+                    .and_then(|r| r.split('-').next())
+                    .and_then(|p| p.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                if pid == me || Path::new(&format!("/proc/{pid}")).exists() {
+                    continue;
+                }
+                let leaf = e.path();
+                for _ in 0..50 {
+                    let pids: Vec<i32> = read(leaf.join("cgroup.procs"))
+                        .unwrap_or_default()
+                        .lines()
+                        .filter_map(|l| l.trim().parse().ok())
+                        .collect();
+                    if pids.is_empty() {
+                        break;
+                    }
+                    for p in pids {
+                        // SAFETY: plain syscall.
+                        unsafe {
+                            libc::kill(p, libc::SIGKILL);
+                        }
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                let _ = std::fs::remove_dir(&leaf);
+            }
+        }
+    }
+
     /// Whether commands are confined at all.
     pub fn enabled(&self) -> bool {
         self.report.mechanisms.iter().any(|m| m.active)
