@@ -340,6 +340,11 @@ fn main() {
         "  tether admin exec / local spawn              {:>8.2}×",
         r(admin_exec.p50, local.p50)
     );
+    println!(
+        "  tether unconfined exec / local spawn         {:>8.2}×   (confinement costs {:.3} ms per command)",
+        r(bare_exec.p50, local.p50),
+        (tether.p50.as_secs_f64() - bare_exec.p50.as_secs_f64()) * 1e3
+    );
     match ssh {
         Some((fresh, mux)) => {
             println!(
@@ -349,6 +354,11 @@ fn main() {
             println!(
                 "  multiplexed ssh / tether in-brain exec       {:>8.1}×   (target ≥ 10×)",
                 r(mux.p50, tether.p50)
+            );
+            println!(
+                "  fresh / multiplexed ssh / tether unconfined  {:>8.1}× / {:.1}×",
+                r(fresh.p50, bare_exec.p50),
+                r(mux.p50, bare_exec.p50)
             );
         }
         None => println!("  ssh ratios skipped (see above)"),
