@@ -102,6 +102,8 @@ pub struct Sandbox {
     /// The read-only Landlock roots, opened, and when: carving and opening them costs more
     /// than the rest of a spawn, so they are reused for a moment.
     roots: std::sync::Arc<std::sync::Mutex<Option<RootsCache>>>,
+    /// Landlock rulesets by workspace, and when they were built.
+    rulesets: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<PathBuf, RulesetCache>>>,
     /// Idle cgroup leaves from finished calls, reused to save a mkdir and rmdir per call.
     pool: std::sync::Arc<std::sync::Mutex<Vec<Leaves>>>,
     next_leaf: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -113,6 +115,9 @@ type RootsCache = (
     std::time::Instant,
     std::sync::Arc<Vec<(landlock::PathFd, bool)>>,
 );
+
+/// A built Landlock ruleset's descriptor and when it was built.
+type RulesetCache = (std::time::Instant, std::sync::Arc<OwnedFd>);
 
 /// How long carved Landlock roots are reused. An entry created in a carved directory (such as
 /// the home directory itself) in that window is not readable by commands until it passes.
@@ -330,6 +335,7 @@ impl Sandbox {
             denied,
             state_dir: state_dir.to_path_buf(),
             roots: Default::default(),
+            rulesets: Default::default(),
             pool: Default::default(),
             next_leaf: Default::default(),
         }
@@ -403,6 +409,7 @@ impl Sandbox {
             denied: Vec::new(),
             state_dir: state_dir.to_path_buf(),
             roots: Default::default(),
+            rulesets: Default::default(),
             pool: Default::default(),
             next_leaf: Default::default(),
         }
@@ -497,13 +504,26 @@ impl Sandbox {
         if limits.network_off && !self.netns {
             return Err("the brain's policy turns the network off for this call, but this worker cannot create network namespaces (see `worker doctor`)".into());
         }
-        let tmp = self.state_dir.join("tmp").join(call_id.to_string());
-        std::fs::create_dir_all(&tmp)
-            .map_err(|e| format!("cannot create the call's temp dir {}: {e}", tmp.display()))?;
-        self.hand_over(&tmp);
+        // One temp dir per workspace (cleared when the worker starts), so the Landlock ruleset,
+        // which names it, can be reused from call to call.
+        let ws_name = workspace
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "default".into());
+        let tmp = self.state_dir.join("tmp").join(&ws_name);
+        if !tmp.is_dir() {
+            std::fs::create_dir_all(&tmp).map_err(|e| {
+                format!(
+                    "cannot create the workspace's temp dir {}: {e}",
+                    tmp.display()
+                )
+            })?;
+            self.hand_over(&tmp);
+        }
+        let _ = call_id;
         cmd.env("TMPDIR", &tmp);
         let mut guard = Guard {
-            tmp: Some(tmp.clone()),
+            tmp: None,
             leaves: None,
             oom_before: 0,
             memory_limit: 0,
@@ -568,10 +588,7 @@ impl Sandbox {
             guard.leaves = Some(leaves);
         }
         let ruleset = if self.landlock {
-            Some(
-                self.ruleset(workspace, &tmp)
-                    .map_err(|e| format!("cannot build the Landlock ruleset: {e}"))?,
-            )
+            Some(self.ruleset_fd(workspace, &tmp)?)
         } else {
             None
         };
@@ -602,7 +619,6 @@ impl Sandbox {
         };
         let netns = limits.network_off;
         let run_as = self.run_as;
-        let mut ruleset = std::sync::Mutex::new(ruleset);
         // SAFETY: the closure runs in the child between fork and exec. It makes plain
         // syscalls on values prepared above (no locks held by other threads are taken: the
         // mutex is ours alone), and the Landlock call only issues prctl and a syscall.
@@ -621,10 +637,10 @@ impl Sandbox {
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                let rs = ruleset.get_mut().ok().and_then(|r| r.take());
-                if let Some(rs) = rs {
-                    rs.restrict_self()
-                        .map_err(|e| std::io::Error::other(e.to_string()))?;
+                if let Some(fd) = &ruleset
+                    && libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
                 }
                 if let Some((uid, gid)) = run_as
                     && (libc::setgroups(0, std::ptr::null()) != 0
@@ -637,6 +653,32 @@ impl Sandbox {
             });
         }
         Ok(guard)
+    }
+
+    /// The Landlock ruleset for a workspace, built once and reused for [`ROOTS_TTL`]: each
+    /// child restricts itself with the inherited descriptor.
+    fn ruleset_fd(&self, workspace: &Path, tmp: &Path) -> Result<std::sync::Arc<OwnedFd>, String> {
+        let mut cache = self.rulesets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, fd)) = cache.get(workspace)
+            && at.elapsed() < ROOTS_TTL
+        {
+            return Ok(fd.clone());
+        }
+        let created = self
+            .ruleset(workspace, tmp)
+            .map_err(|e| format!("cannot build the Landlock ruleset: {e}"))?;
+        let fd: Option<OwnedFd> = created.into();
+        let fd = std::sync::Arc::new(
+            fd.ok_or("the kernel refused to create a Landlock ruleset; see `worker doctor`")?,
+        );
+        if cache.len() > 256 {
+            cache.clear();
+        }
+        cache.insert(
+            workspace.to_path_buf(),
+            (std::time::Instant::now(), fd.clone()),
+        );
+        Ok(fd)
     }
 
     /// Read everywhere except the denied subtrees; read and write in the workspace, the temp
