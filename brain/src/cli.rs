@@ -907,7 +907,8 @@ pub fn run_demo(keep: bool) -> i32 {
     }
 }
 
-/// Prints a task's log; with `live`, keeps following until the task ends.
+/// Prints a task's log; with `live`, keeps following until the task ends. A closed stdout
+/// (`brain watch ID | head`) ends it quietly.
 async fn follow(target: &Target, task: &str, live: bool, json: bool) -> anyhow::Result<()> {
     let mut c = target.connect().await?;
     let mut stream = c
@@ -918,14 +919,36 @@ async fn follow(target: &Target, task: &str, live: bool, json: bool) -> anyhow::
         .await
         .map_err(|s| status(s, &target.url))?
         .into_inner();
+    let mut out = std::io::stdout();
     while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
-        if json {
-            println!("{}", r.json);
-            continue;
-        }
-        match serde_json::from_str::<crate::tasks::Record>(&r.json) {
-            Ok(rec) => println!("{}", describe_record(&rec)),
-            Err(_) => println!("{}", r.json),
+        let text = if json {
+            format!("{}\n", r.json)
+        } else {
+            match serde_json::from_str::<crate::tasks::Record>(&r.json) {
+                Ok(rec) => format!("{}\n", describe_record(&rec)),
+                Err(_) => {
+                    // Live output of the running call, as it comes.
+                    let v: serde_json::Value = serde_json::from_str(&r.json).unwrap_or_default();
+                    if v["kind"] == "live_output" {
+                        let mark = if v["stream"] == "stderr" { '!' } else { '|' };
+                        v["text"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .lines()
+                            .map(|l| format!("    {mark} {l}\n"))
+                            .collect()
+                    } else {
+                        format!("{}\n", r.json)
+                    }
+                }
+            }
+        };
+        if out
+            .write_all(text.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+        {
+            return Ok(());
         }
     }
     Ok(())

@@ -118,10 +118,11 @@ impl Session {
     /// Routes an exec event from the worker to its caller. Never waits: a caller that has
     /// fallen a whole queue behind loses its call (the command is cancelled and the caller is
     /// told why), so one slow reader cannot stall the session.
-    pub fn deliver_exec(&self, call_id: u64, ev: ExecEvent, last: bool) {
+    /// Returns the event if no exec call of this session wanted it.
+    pub fn deliver_exec(&self, call_id: u64, ev: ExecEvent, last: bool) -> Option<ExecEvent> {
         let mut pending = self.lock_pending();
         let Some(Pending::Exec(tx, overflow)) = pending.get(&call_id) else {
-            return; // cancelled or unknown: drop it
+            return Some(ev); // cancelled, unknown, or a durable call's live output
         };
         match tx.try_send(ev) {
             Ok(()) => {
@@ -140,6 +141,7 @@ impl Session {
                 self.try_send(brain_message::Msg::Cancel(proto::Cancel { call_id }));
             }
         }
+        None
     }
 
     pub fn deliver_file(&self, resp: FileResponse) {
@@ -292,7 +294,12 @@ pub struct Hub {
     stash: Arc<Mutex<HashMap<u64, (String, proto::CallResult)>>>,
     /// Told about stashed results, so the task manager can acknowledge ones it already has.
     orphans: Arc<Mutex<Option<OrphanSink>>>,
+    /// Where the live output of durable calls goes (a task's watchers), by call id.
+    live: Arc<Mutex<HashMap<u64, LiveSink>>>,
 }
+
+/// Receives the live output chunks of a durable call.
+pub type LiveSink = Arc<dyn Fn(proto::ExecOutput) + Send + Sync>;
 
 /// The worker a durable call was issued to, and where its result goes.
 type DurableWaiter = (String, oneshot::Sender<proto::CallResult>);
@@ -387,6 +394,34 @@ impl Hub {
             .as_ref()
         {
             let _ = tx.send((worker.to_string(), call_id));
+        }
+    }
+
+    /// Sends the live output of durable call `call_id` to `sink` until [`Hub::unwatch`].
+    pub fn watch(&self, call_id: u64, sink: LiveSink) {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(call_id, sink);
+    }
+
+    pub fn unwatch(&self, call_id: u64) {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&call_id);
+    }
+
+    /// Live output nobody's exec call wanted: a durable call's, for its watchers.
+    pub fn deliver_live(&self, out: proto::ExecOutput) {
+        let sink = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&out.call_id)
+            .cloned();
+        if let Some(sink) = sink {
+            sink(out);
         }
     }
 

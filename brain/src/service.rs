@@ -372,7 +372,11 @@ async fn run_session(
                 match msg.msg {
                     Some(worker_message::Msg::ExecOutput(out)) => {
                         let id = out.call_id;
-                        session.deliver_exec(id, ExecEvent { event: Some(proto::exec_event::Event::Output(out)) }, false);
+                        if let Some(ExecEvent { event: Some(proto::exec_event::Event::Output(out)) }) =
+                            session.deliver_exec(id, ExecEvent { event: Some(proto::exec_event::Event::Output(out)) }, false)
+                        {
+                            hub.deliver_live(out);
+                        }
                     }
                     Some(worker_message::Msg::ExecExit(mut exit)) => {
                         exit.worker_lost = false;
@@ -680,6 +684,7 @@ impl Admin for Services {
         let task = self.0.tasks.find(&req.task_id)?;
         // Subscribe before reading the history, so nothing falls between the two.
         let mut live = task.events.subscribe();
+        let mut output = task.live.subscribe();
         let log = self.0.tasks.log.clone();
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
@@ -729,6 +734,13 @@ impl Admin for Services {
                             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
                             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                         },
+                        o = output.recv() => {
+                            if let Ok(o) = o
+                                && !send(serde_json::to_string(&o).expect("output serialises")).await
+                            {
+                                return;
+                            }
+                        }
                         _ = tx.closed() => return,
                     }
                 }

@@ -387,3 +387,45 @@ fn a_long_call_outlives_a_brain_restart_and_its_result_arrives() {
         "{log:?}"
     );
 }
+
+#[test]
+fn watch_shows_a_running_calls_output_as_it_is_produced() {
+    use std::io::BufRead;
+    let c = Cluster::start();
+    let w = c.join_worker("chatty");
+    let plan = c.dir.join("chatty.json");
+    std::fs::write(
+        &plan,
+        r#"{"steps":[{"run":["sh","-c","echo first-chunk; sleep 3; echo second-chunk"]}]}"#,
+    )
+    .unwrap();
+    let id = start_plan(&c, &plan, &w.id);
+    let mut watcher = c
+        .brain_cli_cmd(&["watch", &id])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(watcher.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if line.contains("first-chunk") {
+            break;
+        }
+    }
+    // The call is still running (it sleeps 3 s after the first line): the output was live.
+    assert!(
+        seen.iter().all(|l| !l.contains("done ")),
+        "first-chunk only arrived with the result: {seen:?}"
+    );
+    assert_eq!(task_status(&c, &id).as_deref(), Some("running"));
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    assert!(rest.iter().any(|l| l.contains("second-chunk")), "{rest:?}");
+    assert!(
+        rest.last().is_some_and(|l| l.contains("finished")),
+        "{rest:?}"
+    );
+    assert!(watcher.wait().unwrap().success());
+    assert_eq!(wait_terminal(&c, &id, Duration::from_secs(20)), "finished");
+}

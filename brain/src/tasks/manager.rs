@@ -51,12 +51,24 @@ impl Default for Options {
 /// lagged and can re-read the log.
 const WATCH_QUEUE: usize = 1024;
 
+/// A chunk of a running call's output.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LiveOutput {
+    pub kind: &'static str,
+    pub call_id: u64,
+    pub stream: &'static str,
+    pub text: String,
+}
+
 /// One task in memory: its state (a cache of the log) and its watchers.
 pub struct Task {
     pub id: TaskId,
     /// The state as of the last appended record. A std mutex: never held across an await.
     state: Mutex<TaskState>,
     pub events: broadcast::Sender<Record>,
+    /// Output of the running call as it is produced, for watchers. Not logged (the call's
+    /// captured output is, when it ends); a watcher that falls behind loses chunks.
+    pub live: broadcast::Sender<LiveOutput>,
     pub cancel: CancellationToken,
     /// One appender at a time per task, so state and log stay in the same order.
     append_lock: tokio::sync::Mutex<()>,
@@ -211,10 +223,12 @@ impl Manager {
 
     fn insert(&self, state: TaskState) -> Arc<Task> {
         let (events, _) = broadcast::channel(WATCH_QUEUE);
+        let (live, _) = broadcast::channel(WATCH_QUEUE);
         let task = Arc::new(Task {
             id: state.id,
             state: Mutex::new(state),
             events,
+            live,
             cancel: CancellationToken::new(),
             append_lock: tokio::sync::Mutex::new(()),
         });

@@ -228,10 +228,27 @@ async fn settle(
                 durable: true,
                 limits: Some(m.opts.limits),
             };
+            let live = task.live.clone();
+            m.hub.watch(
+                p.call_id,
+                Arc::new(move |o: proto::ExecOutput| {
+                    let _ = live.send(super::manager::LiveOutput {
+                        kind: "live_output",
+                        call_id: o.call_id,
+                        stream: if o.stream == proto::OutputStream::Stderr as i32 {
+                            "stderr"
+                        } else {
+                            "stdout"
+                        },
+                        text: String::from_utf8_lossy(&o.data).into_owned(),
+                    });
+                }),
+            );
             let outcome = tokio::select! {
                 o = m.hub.durable_exec(&p.worker, start, m.opts.worker_wait) => Some(o),
                 _ = task.cancel.cancelled() => None,
             };
+            m.hub.unwatch(p.call_id);
             match outcome {
                 None => {
                     if let Some(s) = m.hub.session(&p.worker) {
