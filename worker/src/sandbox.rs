@@ -448,23 +448,7 @@ impl Sandbox {
                     continue;
                 }
                 let leaf = e.path();
-                for _ in 0..50 {
-                    let pids: Vec<i32> = read(leaf.join("cgroup.procs"))
-                        .unwrap_or_default()
-                        .lines()
-                        .filter_map(|l| l.trim().parse().ok())
-                        .collect();
-                    if pids.is_empty() {
-                        break;
-                    }
-                    for p in pids {
-                        // SAFETY: plain syscall.
-                        unsafe {
-                            libc::kill(p, libc::SIGKILL);
-                        }
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
+                empty_cgroup(&leaf);
                 let _ = std::fs::remove_dir(&leaf);
             }
         }
@@ -803,6 +787,29 @@ impl Rlimits {
     }
 }
 
+/// SIGKILLs everything in a cgroup until it is empty (new processes may appear while we
+/// kill). Returns whether it emptied within about 100 ms.
+fn empty_cgroup(leaf: &Path) -> bool {
+    for _ in 0..50 {
+        let pids: Vec<i32> = read(leaf.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        if pids.is_empty() {
+            return true;
+        }
+        for p in pids {
+            // SAFETY: plain syscall.
+            unsafe {
+                libc::kill(p, libc::SIGKILL);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    false
+}
+
 /// A confined call's cgroup and temp dir.
 pub struct Guard {
     tmp: Option<PathBuf>,
@@ -821,26 +828,7 @@ impl Guard {
             return true;
         };
         for leaf in leaves.all() {
-            let mut empty = false;
-            for _ in 0..50 {
-                let pids: Vec<i32> = read(leaf.join("cgroup.procs"))
-                    .unwrap_or_default()
-                    .lines()
-                    .filter_map(|l| l.trim().parse().ok())
-                    .collect();
-                if pids.is_empty() {
-                    empty = true;
-                    break;
-                }
-                for p in pids {
-                    // SAFETY: plain syscall.
-                    unsafe {
-                        libc::kill(p, libc::SIGKILL);
-                    }
-                }
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
-            if !empty {
+            if !empty_cgroup(leaf) {
                 return false;
             }
         }

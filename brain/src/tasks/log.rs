@@ -174,6 +174,19 @@ fn key(task: TaskId, seq: u64) -> [u8; 16] {
     k
 }
 
+/// The sequence number of a task's last record in the tree (0 if none; a malformed key
+/// counts as none rather than panicking).
+fn last_stored_seq(events: &sled::Tree, task: TaskId) -> Result<u64, Error> {
+    Ok(match events.scan_prefix(task.0.to_be_bytes()).next_back() {
+        Some(kv) => kv?
+            .0
+            .get(8..16)
+            .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+            .unwrap_or(0),
+        None => 0,
+    })
+}
+
 impl SledLog {
     /// Opens the log in `db` and starts its writer task. `db_dir` is the sled directory, whose
     /// data file the writer syncs after each group.
@@ -225,15 +238,7 @@ impl Writer {
         if let Some(s) = self.last_seq.get(&task) {
             return Ok(*s);
         }
-        let last = match self.events.scan_prefix(task.0.to_be_bytes()).next_back() {
-            Some(kv) => {
-                let (k, _) = kv?;
-                k.get(8..16)
-                    .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
-                    .unwrap_or(0)
-            }
-            None => 0,
-        };
+        let last = last_stored_seq(&self.events, task)?;
         self.last_seq.insert(task, last);
         Ok(last)
     }
@@ -369,17 +374,7 @@ impl EventLog for SledLog {
     }
 
     fn last_seq(&self, task: TaskId) -> Result<u64, Error> {
-        Ok(
-            match self.events.scan_prefix(task.0.to_be_bytes()).next_back() {
-                Some(kv) => {
-                    let (k, _) = kv?;
-                    k.get(8..16)
-                        .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
-                        .unwrap_or(0)
-                }
-                None => 0,
-            },
-        )
+        last_stored_seq(&self.events, task)
     }
 
     fn new_task_id(&self) -> Result<TaskId, Error> {
