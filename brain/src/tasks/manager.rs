@@ -170,7 +170,9 @@ impl Manager {
             for r in &recs {
                 apply(&mut st, r);
             }
-            st.last_seq - st.snapshot_seq >= self.opts.snapshot_every
+            // `Finished` stays a task's last record; an ended task's replay is bounded by
+            // `snapshot_every` anyway.
+            !st.status.is_terminal() && st.last_seq - st.snapshot_seq >= self.opts.snapshot_every
         };
         for r in recs {
             let _ = task.events.send(r);
@@ -327,5 +329,55 @@ impl Manager {
         }
         task.cancel.cancel();
         Ok(task.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tasks::log::MemLog;
+
+    #[tokio::test]
+    async fn finished_stays_the_last_record_even_when_a_snapshot_is_due() {
+        let log = Arc::new(MemLog::default());
+        let m = Manager::new(
+            log.clone(),
+            Hub::new(),
+            Options {
+                snapshot_every: 2,
+                ..Default::default()
+            },
+        );
+        let id = log.new_task_id().unwrap();
+        let task = m.insert(TaskState::new(id));
+        m.append(&task, vec![Event::WorkerAssigned { worker: "w".into() }])
+            .await
+            .unwrap();
+        m.append(
+            &task,
+            vec![Event::Finished {
+                outcome: Outcome::Finished,
+                reason: String::new(),
+            }],
+        )
+        .await
+        .unwrap();
+        let records: Vec<Record> = log
+            .read(id, 0)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(records.len(), 2, "{records:?}");
+        assert!(matches!(records[1].event, Event::Finished { .. }));
+        // A due snapshot is still taken while the task runs.
+        let id2 = log.new_task_id().unwrap();
+        let t2 = m.insert(TaskState::new(id2));
+        for _ in 0..2 {
+            m.append(&t2, vec![Event::WorkerAssigned { worker: "w".into() }])
+                .await
+                .unwrap();
+        }
+        assert_eq!(log.snapshot(id2).unwrap().map(|s| s.0), Some(2));
     }
 }
