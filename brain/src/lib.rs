@@ -9,6 +9,7 @@ pub mod cli;
 pub mod client;
 pub mod demo;
 pub mod hub;
+pub mod llm;
 pub mod registry;
 pub mod serve;
 pub mod service;
