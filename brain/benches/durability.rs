@@ -154,6 +154,7 @@ fn main() {
                                 call: ToolCall::RunCommand {
                                     argv: vec!["true".into()],
                                     timeout_ms: 1000,
+                                    cwd: String::new(),
                                 },
                             },
                             1 => Event::ToolOutput {

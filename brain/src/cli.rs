@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -79,19 +79,23 @@ enum Cmd {
         /// (landlock, cgroup, netns, rlimits, user); see `worker doctor`
         #[arg(long, value_delimiter = ',')]
         require_sandbox: Vec<String>,
+        /// The config file: LLM providers, models, prices and agent defaults (TOML; see
+        /// ARCHITECTURE.md). Default: config.toml in the data dir; a missing file means
+        /// every default
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
-    /// Run a scripted plan (JSON: {"steps":[{"run":[...],"check":[...]},{"write":{"path":...,"content":...}}]})
-    /// on a worker as a durable task; prints the task id
-    Run {
-        /// The plan file
-        #[arg(long)]
-        plan: PathBuf,
-        /// Worker id or unique name
-        #[arg(long)]
-        worker: String,
-        /// What the task is for (shown in `brain tasks`)
+    /// Start an agent task toward GOAL on a worker and follow it live: steps, tool calls and
+    /// their output, approvals asked, tokens and cost. Ctrl-C detaches; the task goes on.
+    /// With --plan FILE, run a scripted plan instead (JSON: {"steps":[{"run":[...],"check":[...]},{"write":{"path":...,"content":...}}]})
+    Run(RunArgs),
+    /// Approve the call a task waits on
+    Approve { task: String },
+    /// Deny the call a task waits on; the agent is told why
+    Deny {
+        task: String,
         #[arg(long, default_value = "")]
-        goal: String,
+        reason: String,
     },
     /// List tasks
     Tasks,
@@ -160,6 +164,76 @@ enum TaskCmd {
     },
     /// Cancel a task
     Cancel { task: String },
+    /// Continue a task stopped for budget, with more (added to what it has spent)
+    Resume {
+        task: String,
+        #[command(flatten)]
+        budget: BudgetArgs,
+    },
+}
+
+/// Budgets of an agent task (unset: the config file's defaults).
+#[derive(Args, Clone, Default)]
+struct BudgetArgs {
+    /// Money budget in USD
+    #[arg(long)]
+    budget_usd: Option<f64>,
+    /// Token budget (prompt + completion)
+    #[arg(long)]
+    max_tokens: Option<u64>,
+    /// Most LLM calls
+    #[arg(long)]
+    max_steps: Option<u32>,
+    /// Wall time, e.g. 30m
+    #[arg(long, value_parser = shared::parse_duration)]
+    max_wall: Option<Duration>,
+}
+
+impl BudgetArgs {
+    fn to_proto(&self) -> anyhow::Result<proto::Budget> {
+        if let Some(u) = self.budget_usd
+            && !(u.is_finite() && u > 0.0)
+        {
+            bail!("--budget-usd must be a positive number of dollars, not {u}");
+        }
+        Ok(proto::Budget {
+            usd: self.budget_usd.unwrap_or(0.0),
+            tokens: self.max_tokens.unwrap_or(0),
+            steps: self.max_steps.unwrap_or(0),
+            wall_ms: self.max_wall.map_or(0, |d| d.as_millis() as u64),
+        })
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// What the agent should achieve
+    goal: Option<String>,
+    /// Worker id or unique name (default: any connected worker)
+    #[arg(long)]
+    worker: Option<String>,
+    /// The model: openai:gpt-4.1, anthropic:claude-sonnet-4-5, ollama:qwen2.5-coder, or
+    /// replay:FILE to replay a recorded transcript without an API key (default: the config's)
+    #[arg(long)]
+    model: Option<String>,
+    /// read-only, ask (every change waits for `brain approve`), auto (the config's
+    /// allow-lists run, the rest asks) or full (default: the config's)
+    #[arg(long)]
+    permission: Option<String>,
+    #[command(flatten)]
+    budget: BudgetArgs,
+    /// Write the model's answers to FILE as a transcript that `--model replay:FILE` replays
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// Print the task id and return instead of following the task
+    #[arg(long)]
+    detach: bool,
+    /// Run a scripted plan from this JSON file instead of the agent
+    #[arg(long)]
+    plan: Option<PathBuf>,
+    /// The goal (same as GOAL; for scripted plans, shown in `brain tasks`)
+    #[arg(long = "goal", hide = true)]
+    goal_flag: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -274,6 +348,24 @@ enum FileCmd {
         #[arg(long, default_value = "default")]
         workspace: String,
     },
+    /// Files matching a glob (.gitignore-aware), e.g. `'*.rs'` or `'src/**/*.py'`
+    Find {
+        worker: String,
+        #[arg(default_value = "")]
+        glob: String,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+    /// Lines matching a regular expression (.gitignore-aware)
+    Search {
+        worker: String,
+        pattern: String,
+        /// Only files matching this glob
+        #[arg(long, default_value = "")]
+        glob: String,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
     /// Remove a file or directory
     Rm {
         worker: String,
@@ -350,7 +442,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             limits,
             network_off,
             require_sandbox,
+            config,
         } => {
+            let config_path = config.unwrap_or_else(|| data.path().join("config.toml"));
+            let config = std::sync::Arc::new(crate::config::Config::load(&config_path)?);
             let ready = crate::serve::prepare(crate::serve::Options {
                 data: data.clone(),
                 listen,
@@ -359,8 +454,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     snapshot_every: snapshot_every.max(1),
                     worker_wait,
                     limits: limits.to_proto(network_off),
+                    llm: std::sync::Arc::new(config.llm.clone()),
                 },
                 require_sandbox,
+                config,
             })
             .await?;
             tracing::info!(addr = %ready.addr, data = %data.path().display(), "brain listening on {}", ready.addr);
@@ -420,23 +517,23 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Exec(args) => Ok(exec(&target, args).await),
-        Cmd::Run { plan, worker, goal } => {
-            let plan_json = std::fs::read_to_string(&plan)
-                .with_context(|| format!("reading the plan {}", plan.display()))?;
-            crate::tasks::Plan::parse(&plan_json)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", plan.display()))?;
+        Cmd::Run(args) => run_task(&target, args).await,
+        Cmd::Approve { task } => decide(&target, &task, true, String::new()).await,
+        Cmd::Deny { task, reason } => decide(&target, &task, false, reason).await,
+        Cmd::Task(TaskCmd::Resume { task, budget }) => {
+            let budget = budget.to_proto()?;
+            if budget == proto::Budget::default() {
+                bail!("say how much more: --budget-usd, --max-tokens, --max-steps or --max-wall");
+            }
             let mut c = target.connect().await?;
-            let r = c
-                .run_plan(proto::RunPlanRequest {
-                    plan_json,
-                    worker,
-                    goal,
-                })
-                .await
-                .map_err(|s| status(s, &target.url))?
-                .into_inner();
-            println!("{}", r.task_id);
-            eprintln!("follow it with: brain watch {}", r.task_id);
+            c.resume_task(proto::ResumeTaskRequest {
+                task_id: task.clone(),
+                budget: Some(budget),
+            })
+            .await
+            .map_err(|s| status(s, &target.url))?;
+            eprintln!("{task} resumed; following it (Ctrl-C detaches)");
+            follow(&target, &task, true, false).await?;
             Ok(0)
         }
         Cmd::Tasks => {
@@ -757,6 +854,32 @@ async fn file(target: &Target, cmd: FileCmd) -> anyhow::Result<i32> {
             workspace,
             file_call::Op::Stat(proto::StatPath { path }),
         ),
+        FileCmd::Find {
+            worker,
+            glob,
+            workspace,
+        } => (
+            worker,
+            workspace,
+            file_call::Op::Find(proto::FindFiles {
+                glob,
+                max_results: 0,
+            }),
+        ),
+        FileCmd::Search {
+            worker,
+            pattern,
+            glob,
+            workspace,
+        } => (
+            worker,
+            workspace,
+            file_call::Op::Search(proto::SearchFiles {
+                pattern,
+                glob,
+                max_matches: 0,
+            }),
+        ),
         FileCmd::Rm {
             worker,
             path,
@@ -792,6 +915,25 @@ async fn file(target: &Target, cmd: FileCmd) -> anyhow::Result<i32> {
             }
         }
         Some(file_response::Result::Stat(s)) => println!("{}", format_stat(&s)),
+        Some(file_response::Result::Paths(p)) => {
+            for path in &p.paths {
+                println!("{path}");
+            }
+            if p.truncated {
+                eprintln!("(more matched; only the first {} are shown)", p.paths.len());
+            }
+        }
+        Some(file_response::Result::Matches(x)) => {
+            for h in &x.matches {
+                println!("{}:{}: {}", h.path, h.line, h.text);
+            }
+            if x.truncated {
+                eprintln!(
+                    "(more matched; only the first {} are shown)",
+                    x.matches.len()
+                );
+            }
+        }
         Some(file_response::Result::Error(e)) => bail!("{}", e.message),
         None => bail!("the worker sent an empty answer"),
     }
@@ -907,6 +1049,189 @@ pub fn run_demo(keep: bool) -> i32 {
     }
 }
 
+/// `brain run`: starts an agent task (or a scripted plan) and follows it.
+async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
+    let goal = args.goal.or(args.goal_flag).unwrap_or_default();
+    let mut c = target.connect().await?;
+    let task_id = if let Some(plan) = &args.plan {
+        let plan_json = std::fs::read_to_string(plan)
+            .with_context(|| format!("reading the plan {}", plan.display()))?;
+        crate::tasks::Plan::parse(&plan_json)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", plan.display()))?;
+        let worker = args
+            .worker
+            .clone()
+            .context("a scripted plan needs --worker")?;
+        let r = c
+            .run_plan(proto::RunPlanRequest {
+                plan_json,
+                worker,
+                goal,
+            })
+            .await
+            .map_err(|s| status(s, &target.url))?
+            .into_inner();
+        println!("{}", r.task_id);
+        eprintln!("follow it with: brain watch {}", r.task_id);
+        return Ok(0);
+    } else {
+        if goal.trim().is_empty() {
+            bail!("say what the agent should do: brain run \"GOAL\" (see --help)");
+        }
+        let mut model = args.model.clone().unwrap_or_default();
+        let mut transcript = String::new();
+        if let Some(file) = model.strip_prefix("replay:") {
+            transcript = std::fs::read_to_string(file)
+                .with_context(|| format!("reading the transcript {file}"))?;
+            crate::llm::Replay::parse(&transcript).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+            let name = Path::new(file)
+                .file_name()
+                .map_or_else(|| file.to_string(), |n| n.to_string_lossy().into_owned());
+            model = format!("replay:{name}");
+        }
+        let r = c
+            .run_agent(proto::RunAgentRequest {
+                goal,
+                worker: args.worker.clone().unwrap_or_default(),
+                model,
+                permission: args.permission.clone().unwrap_or_default(),
+                budget: Some(args.budget.to_proto()?),
+                transcript,
+            })
+            .await
+            .map_err(|s| status(s, &target.url))?
+            .into_inner();
+        r.task_id
+    };
+    println!("{task_id}");
+    if args.detach {
+        eprintln!("follow it with: brain watch {task_id}");
+        return Ok(0);
+    }
+    eprintln!("following {task_id} (Ctrl-C detaches; the task goes on)");
+    let recorder = args.record.as_deref();
+    let outcome = follow_agent(target, &task_id, recorder).await?;
+    Ok(match outcome.as_str() {
+        "finished" => 0,
+        _ => 1,
+    })
+}
+
+/// `brain approve` / `brain deny`.
+async fn decide(target: &Target, task: &str, approve: bool, reason: String) -> anyhow::Result<i32> {
+    let mut c = target.connect().await?;
+    let r = c
+        .decide(proto::DecideRequest {
+            task_id: task.to_string(),
+            approve,
+            reason,
+        })
+        .await
+        .map_err(|s| status(s, &target.url))?
+        .into_inner();
+    println!(
+        "{} {task}: {}",
+        if approve { "approved" } else { "denied" },
+        r.what
+    );
+    Ok(0)
+}
+
+/// Follows an agent task until it ends or stops for budget, printing its events, with a
+/// running total of tokens and cost; with `record`, writes the model's answers as a
+/// transcript. Returns the final status.
+async fn follow_agent(
+    target: &Target,
+    task: &str,
+    record: Option<&Path>,
+) -> anyhow::Result<String> {
+    let mut c = target.connect().await?;
+    let mut stream = c
+        .task_log(proto::TaskLogRequest {
+            task_id: task.to_string(),
+            follow: true,
+        })
+        .await
+        .map_err(|s| status(s, &target.url))?
+        .into_inner();
+    let mut answers = Vec::new();
+    let (mut tokens, mut usd) = (0u64, 0f64);
+    let mut out = std::io::stdout();
+    let mut end = String::from("detached");
+    while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
+        let text = match serde_json::from_str::<crate::tasks::Record>(&r.json) {
+            Ok(rec) => {
+                let mut text = describe_record(&rec);
+                match &rec.event {
+                    crate::tasks::Event::LlmResponse {
+                        prompt_tokens,
+                        completion_tokens,
+                        cost_usd,
+                        response,
+                        ..
+                    } => {
+                        tokens += prompt_tokens + completion_tokens;
+                        usd += cost_usd;
+                        text.push_str(&format!("\n    (so far: {tokens} tokens, ${usd:.4})"));
+                        if let Some(r) = response {
+                            answers.push((**r).clone());
+                        }
+                    }
+                    crate::tasks::Event::Finished { outcome, .. } => {
+                        end = serde_json::to_value(outcome)
+                            .ok()
+                            .and_then(|v| v.as_str().map(String::from))
+                            .unwrap_or_default();
+                    }
+                    crate::tasks::Event::StatusChanged { status, .. }
+                        if status == "budget_exhausted" =>
+                    {
+                        end = status.clone();
+                    }
+                    _ => {}
+                }
+                format!("{text}\n")
+            }
+            Err(_) => {
+                let v: serde_json::Value = serde_json::from_str(&r.json).unwrap_or_default();
+                if v["kind"] == "live_output" {
+                    let mark = if v["stream"] == "stderr" { '!' } else { '|' };
+                    v["text"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .lines()
+                        .map(|l| format!("    {mark} {l}\n"))
+                        .collect()
+                } else {
+                    format!("{}\n", r.json)
+                }
+            }
+        };
+        if out
+            .write_all(text.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+        {
+            break;
+        }
+        if end == "budget_exhausted" {
+            break;
+        }
+    }
+    if let Some(file) = record {
+        std::fs::write(file, crate::llm::to_transcript(&answers))
+            .with_context(|| format!("writing the transcript {}", file.display()))?;
+        eprintln!(
+            "recorded {} model answers to {} (replay with --model replay:{})",
+            answers.len(),
+            file.display(),
+            file.display()
+        );
+    }
+    eprintln!("{task}: {end}");
+    Ok(end)
+}
+
 /// Prints a task's log; with `live`, keeps following until the task ends. A closed stdout
 /// (`brain watch ID | head`) ends it quietly.
 async fn follow(target: &Target, task: &str, live: bool, json: bool) -> anyhow::Result<()> {
@@ -968,8 +1293,15 @@ pub fn describe_record(r: &crate::tasks::Record) -> String {
             call,
         } => {
             let c = match call {
-                crate::tasks::ToolCall::RunCommand { argv, .. } => argv.join(" "),
+                crate::tasks::ToolCall::RunCommand { argv, .. } => match argv.as_slice() {
+                    [sh, c, cmd] if sh == "sh" && c == "-c" => cmd.clone(),
+                    _ => argv.join(" "),
+                },
                 crate::tasks::ToolCall::WriteFile { path, .. } => format!("write {path}"),
+                crate::tasks::ToolCall::ReadFile { path, .. } => format!("read {path}"),
+                crate::tasks::ToolCall::EditFile { path, .. } => format!("edit {path}"),
+                crate::tasks::ToolCall::ListFiles { glob } => format!("list files {glob}"),
+                crate::tasks::ToolCall::Search { pattern, .. } => format!("search {pattern:?}"),
             };
             format!("issued   #{call_id} step {step} ({purpose:?}) on {worker}: {c}")
         }
@@ -997,6 +1329,75 @@ pub fn describe_record(r: &crate::tasks::Record) -> String {
         E::Finished { outcome, reason } => format!("{outcome:?}: {reason}").to_lowercase(),
         E::WorkerAssigned { worker } => format!("assigned to worker {worker}"),
         E::Snapshot { upto } => format!("snapshot of the state up to {upto}"),
+        E::LlmRequest { model, messages } => format!("thinking ({model}, {messages} messages)"),
+        E::LlmResponse {
+            prompt_tokens,
+            completion_tokens,
+            cost_usd,
+            response,
+            ..
+        } => {
+            let mut s =
+                format!("model    {prompt_tokens}+{completion_tokens} tokens, ${cost_usd:.4}");
+            if let Some(r) = response {
+                for l in r
+                    .message
+                    .content
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .take(10)
+                {
+                    s.push_str(&format!("\n    > {l}"));
+                }
+                for c in &r.message.tool_calls {
+                    let args: String = c.arguments.chars().take(200).collect();
+                    s.push_str(&format!("\n    → {} {args}", c.name));
+                }
+            }
+            s
+        }
+        E::Observation { text, failed, .. } => {
+            let mut s = format!("observed{}", if *failed { " (failed)" } else { "" });
+            let lines: Vec<&str> = text.lines().collect();
+            for l in lines.iter().take(12) {
+                s.push_str(&format!("\n    < {l}"));
+            }
+            if lines.len() > 12 {
+                s.push_str(&format!("\n    < … {} more lines", lines.len() - 12));
+            }
+            s
+        }
+        E::ApprovalRequested {
+            approval_id, what, ..
+        } => {
+            format!(
+                "APPROVAL #{approval_id} needed: {what}\n    → brain approve {t}   or   brain deny {t} --reason TEXT",
+                t = r.task
+            )
+        }
+        E::ApprovalDecided {
+            approval_id,
+            approved,
+            by,
+            reason,
+        } => format!(
+            "approval #{approval_id} {} by {by}{}",
+            if *approved { "granted" } else { "denied" },
+            if reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {reason}")
+            }
+        ),
+        E::ContextElided { upto, bytes_saved } => {
+            format!(
+                "elided old tool outputs in the first {upto} messages ({bytes_saved} bytes) to fit the context window"
+            )
+        }
+        E::BudgetRaised { limits } => format!(
+            "budget raised to ${:.4}, {} tokens, {} steps, {} ms wall (0 = no limit)",
+            limits.usd, limits.tokens, limits.steps, limits.wall_ms
+        ),
         other => serde_json::to_string(other).unwrap_or_default(),
     };
     format!("{:>5}  {what}", r.seq)

@@ -81,6 +81,7 @@ pub async fn run(launcher: Launcher, keep: bool) -> anyhow::Result<()> {
         lost_after: Duration::from_secs(3),
         tasks: Default::default(),
         require_sandbox: vec![],
+        config: Default::default(),
     })
     .await?;
     let url = format!("https://127.0.0.1:{}", ready.addr.port());

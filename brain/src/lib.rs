@@ -3,10 +3,12 @@
 //! Today it enrols workers (`ca`, `registry`), keeps their sessions (`hub`, `service`) and
 //! offers remote execution to admins; `serve` runs it and `client` reaches it.
 
+pub mod agent;
 pub mod backup;
 pub mod ca;
 pub mod cli;
 pub mod client;
+pub mod config;
 pub mod demo;
 pub mod hub;
 pub mod llm;

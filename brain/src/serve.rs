@@ -50,6 +50,8 @@ pub struct Options {
     pub tasks: TaskOptions,
     /// Confinement a worker must have before a task is placed on it.
     pub require_sandbox: Vec<String>,
+    /// The config file's contents (its LLM part is also in `tasks.llm`).
+    pub config: Arc<crate::config::Config>,
 }
 
 /// A brain that is bound and ready; [`Ready::run`] serves until `shutdown` resolves.
@@ -121,6 +123,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
             lost_after: opts.lost_after,
         },
         policy,
+        config: opts.config.clone(),
     });
     Ok(Ready {
         addr,

@@ -50,6 +50,8 @@ pub struct Shared {
     pub ca: Ca,
     pub session: SessionOptions,
     pub policy: Policy,
+    /// The brain's config file (agent defaults; the LLM part also went to the tasks).
+    pub config: Arc<crate::config::Config>,
 }
 
 /// What the brain demands of where and how commands run.
@@ -139,7 +141,7 @@ impl From<crate::tasks::manager::Error> for Status {
         use crate::tasks::manager::Error as E;
         match e {
             E::NoSuchTask(_) => Status::not_found(e.to_string()),
-            E::Ended(_) => Status::failed_precondition(e.to_string()),
+            E::Ended(_) | E::Refused { .. } => Status::failed_precondition(e.to_string()),
             E::Log(_) => Status::internal(e.to_string()),
         }
     }
@@ -648,6 +650,137 @@ impl Admin for Services {
         }))
     }
 
+    async fn run_agent(
+        &self,
+        req: Request<proto::RunAgentRequest>,
+    ) -> Result<Response<proto::RunPlanResponse>, Status> {
+        let admin = self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        let goal: String = req.goal.trim().chars().take(64 * 1024).collect();
+        if goal.is_empty() {
+            return Err(Status::invalid_argument(
+                "the goal is empty: say what the task is for",
+            ));
+        }
+        if req.transcript.len() > 8 * 1024 * 1024 {
+            return Err(Status::invalid_argument("transcript larger than 8 MiB"));
+        }
+        let permission = match req.permission.as_str() {
+            "" => None,
+            p => Some(p.parse().map_err(Status::invalid_argument)?),
+        };
+        let b = req.budget.unwrap_or_default();
+        if !(b.usd.is_finite() && b.usd >= 0.0) {
+            return Err(Status::invalid_argument(
+                "the money budget must be a positive number",
+            ));
+        }
+        let budget = crate::agent::Budget {
+            usd: b.usd,
+            tokens: b.tokens,
+            steps: b.steps,
+            wall_ms: b.wall_ms,
+        };
+        let mut spec = self
+            .0
+            .config
+            .agent_spec(&req.model, permission, budget)
+            .map_err(Status::invalid_argument)?;
+        if spec.model.starts_with("replay:") {
+            if req.transcript.is_empty() {
+                return Err(Status::invalid_argument(
+                    "a replay model needs its transcript: `brain run --model replay:FILE` sends it",
+                ));
+            }
+            crate::llm::Replay::parse(&req.transcript)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            spec.transcript = req.transcript;
+        }
+        let w = if req.worker.is_empty() {
+            let candidates: Vec<_> = self
+                .0
+                .registry
+                .workers()?
+                .into_iter()
+                .filter(|w| !w.revoked && self.0.hub.session(&w.id).is_some())
+                .collect();
+            let fits: Vec<_> = candidates
+                .iter()
+                .filter(|w| self.0.policy.refuse(w).is_none())
+                .cloned()
+                .collect();
+            match (fits.into_iter().next(), candidates.first()) {
+                (Some(w), _) => w,
+                (None, Some(w)) => {
+                    return Err(Status::failed_precondition(
+                        self.0.policy.refuse(w).unwrap_or_default(),
+                    ));
+                }
+                (None, None) => {
+                    return Err(Status::failed_precondition(
+                        "no worker is connected: start one (`worker join ...`) or name one with --worker",
+                    ));
+                }
+            }
+        } else {
+            let w = self.resolve(&req.worker)?;
+            if let Some(why) = self.0.policy.refuse(&w) {
+                return Err(Status::failed_precondition(why));
+            }
+            w
+        };
+        let model = spec.model.clone();
+        let id = self.0.tasks.create_agent(goal, spec, w.id.clone()).await?;
+        tracing::info!(task = %id, worker = %w.id, %model, by = %admin, "agent task created");
+        Ok(Response::new(proto::RunPlanResponse {
+            task_id: id.to_string(),
+        }))
+    }
+
+    async fn decide(
+        &self,
+        req: Request<proto::DecideRequest>,
+    ) -> Result<Response<proto::DecideResponse>, Status> {
+        let admin = self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        let what = self
+            .0
+            .tasks
+            .decide(&req.task_id, req.approve, &admin.id, &req.reason)
+            .await?;
+        tracing::info!(task = %req.task_id, approved = req.approve, by = %admin, %what, "approval decided");
+        Ok(Response::new(proto::DecideResponse { what }))
+    }
+
+    async fn resume_task(
+        &self,
+        req: Request<proto::ResumeTaskRequest>,
+    ) -> Result<Response<proto::ResumeTaskResponse>, Status> {
+        let admin = self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        let b = req.budget.unwrap_or_default();
+        if !(b.usd.is_finite() && b.usd >= 0.0) {
+            return Err(Status::invalid_argument(
+                "the money budget must be a positive number",
+            ));
+        }
+        let id = self
+            .0
+            .tasks
+            .resume(
+                &req.task_id,
+                crate::agent::Budget {
+                    usd: b.usd,
+                    tokens: b.tokens,
+                    steps: b.steps,
+                    wall_ms: b.wall_ms,
+                },
+            )
+            .await?;
+        tracing::info!(task = %id, by = %admin, "task resumed with more budget");
+        Ok(Response::new(proto::ResumeTaskResponse {}))
+    }
+
     async fn list_tasks(
         &self,
         req: Request<proto::ListTasksRequest>,
@@ -661,8 +794,8 @@ impl Admin for Services {
             .map(|t| proto::TaskSummary {
                 id: t.id.to_string(),
                 status: t.status.as_str().into(),
-                steps_done: t.next_step,
-                steps_total: t.steps_total(),
+                steps_done: t.agent.as_ref().map_or(t.next_step, |a| a.spent.steps),
+                steps_total: t.agent.as_ref().map_or(t.steps_total(), |a| a.limits.steps),
                 goal: t.goal,
                 worker: t.worker.unwrap_or_default(),
                 created_unix_ms: t.created_ms,

@@ -8,6 +8,7 @@ pub mod pki;
 pub mod signals;
 pub mod telemetry;
 pub mod tls;
+pub mod workspace;
 
 /// Limits both sides enforce on what crosses the wire.
 pub mod limits {

@@ -3,6 +3,8 @@
 //!
 //! Set `TETHER_KEEP_TEST_DIR=1` to keep a test's temp dir (logs, data, workspaces) after it.
 
+pub mod fake_llm;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -140,6 +142,8 @@ pub struct BrainOptions {
     pub lost_after: Duration,
     /// More `brain serve` arguments (policy, limits).
     pub extra_args: Vec<String>,
+    /// The brain's config file (TOML), written to `<data>/config.toml` before it starts.
+    pub config: Option<String>,
 }
 
 impl Default for BrainOptions {
@@ -147,6 +151,7 @@ impl Default for BrainOptions {
         Self {
             lost_after: Duration::from_secs(3),
             extra_args: Vec::new(),
+            config: None,
         }
     }
 }
@@ -195,6 +200,9 @@ impl Cluster {
         };
         let out = c.brain_cli(&["init"]);
         assert!(out.status.success(), "brain init failed: {}", text(&out));
+        if let Some(config) = &c.opts.config {
+            std::fs::write(c.data.join("config.toml"), config).expect("write config");
+        }
         c.start_brain().expect("brain start");
         c
     }
@@ -244,6 +252,48 @@ impl Cluster {
         if let Some(mut p) = self.brain.take() {
             p.kill();
         }
+    }
+
+    /// A task's status as `brain tasks` shows it (None if the brain does not answer).
+    pub fn task_status(&self, id: &str) -> Option<String> {
+        let out = self.brain_cli(&["tasks"]);
+        if !out.status.success() {
+            return None;
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+    }
+
+    /// Waits until a task's status is one of `want`, and returns it; panics (with the
+    /// brain's log) after `timeout`.
+    pub fn wait_status(&self, id: &str, want: &[&str], timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.task_status(id)
+                && want.contains(&s.as_str())
+            {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "task {id} did not reach {want:?} within {timeout:?} (it is {:?}); brain log:\n{}",
+                self.task_status(id),
+                self.brain_log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A task's log as JSON records (`brain task log ID --json`).
+    pub fn task_log_json(&self, id: &str) -> Vec<serde_json::Value> {
+        let out = self.brain_cli(&["task", "log", id, "--json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON record"))
+            .collect()
     }
 
     pub fn brain_log(&self) -> String {

@@ -6,10 +6,10 @@ use std::path::Path;
 
 use proto::{
     DirListing, Done, FileCall, FileData, FileError, FileErrorKind, FileKind, FileResponse,
-    FileStat, file_call, file_response,
+    FileStat, PathList, SearchMatch, SearchMatches, file_call, file_response,
 };
 use shared::limits::{MAX_FILE_CHUNK_BYTES, MAX_LIST_ENTRIES};
-use shared::paths;
+use shared::{paths, workspace};
 
 /// Largest directory listing answered, in bytes of paths plus per-entry overhead.
 const LIST_BYTES: usize = 4 * 1024 * 1024;
@@ -61,6 +61,8 @@ pub fn handle(call: FileCall, workspaces_root: &Path, owner: Option<(u32, u32)>)
             Some(file_call::Op::List(l)) => list(&ws, &l.path),
             Some(file_call::Op::Stat(s)) => stat(&ws, &s.path),
             Some(file_call::Op::Remove(r)) => remove(&ws, &r.path, r.recursive),
+            Some(file_call::Op::Find(f)) => find(&ws, &f.glob, f.max_results),
+            Some(file_call::Op::Search(f)) => search(&ws, &f.pattern, &f.glob, f.max_matches),
         },
     };
     FileResponse {
@@ -264,6 +266,52 @@ fn list(ws: &Path, path: &str) -> file_response::Result {
     }
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     file_response::Result::Listing(DirListing { entries })
+}
+
+/// Most paths a `find` answers, and its default.
+const MAX_FIND: u32 = 10_000;
+const DEFAULT_FIND: u32 = 1_000;
+/// Most matches a `search` answers, and its default.
+const MAX_SEARCH: u32 = 2_000;
+const DEFAULT_SEARCH: u32 = 200;
+
+fn find(ws: &Path, glob: &str, max: u32) -> file_response::Result {
+    let glob = match workspace::PathGlob::new(glob) {
+        Ok(g) => g,
+        Err(e) => return error(FileErrorKind::Invalid, "", e.to_string()),
+    };
+    let max = if max == 0 {
+        DEFAULT_FIND
+    } else {
+        max.min(MAX_FIND)
+    };
+    let (paths, truncated) = workspace::find(ws, &glob, max as usize);
+    file_response::Result::Paths(PathList { paths, truncated })
+}
+
+fn search(ws: &Path, pattern: &str, glob: &str, max: u32) -> file_response::Result {
+    let (re, glob) = match (workspace::pattern(pattern), workspace::PathGlob::new(glob)) {
+        (Ok(re), Ok(g)) => (re, g),
+        (Err(e), _) | (_, Err(e)) => return error(FileErrorKind::Invalid, "", e.to_string()),
+    };
+    let max = if max == 0 {
+        DEFAULT_SEARCH
+    } else {
+        max.min(MAX_SEARCH)
+    };
+    let (found, truncated, files_searched) = workspace::search(ws, &re, &glob, max as usize);
+    file_response::Result::Matches(SearchMatches {
+        matches: found
+            .into_iter()
+            .map(|m| SearchMatch {
+                path: m.path,
+                line: m.line,
+                text: m.text,
+            })
+            .collect(),
+        truncated,
+        files_searched,
+    })
 }
 
 fn stat(ws: &Path, path: &str) -> file_response::Result {

@@ -90,3 +90,69 @@ pub struct Response {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub malformed_calls: Vec<String>,
 }
+
+mod anthropic;
+mod config;
+mod http;
+mod openai;
+mod replay;
+#[cfg(test)]
+mod tests;
+mod text_tools;
+
+pub use anthropic::Anthropic;
+pub use config::{
+    ApiKey, LlmConfig, ModelConfig, ModelInfo, ModelSpec, Price, ProviderConfig, ProviderKind,
+    ToolMode, connect, model_info,
+};
+pub use openai::OpenAi;
+pub use replay::{Replay, to_transcript};
+pub use text_tools::TextTools;
+
+/// A model behind its wire format: one call, one answer. Implementations retry transient
+/// failures themselves (429, 5xx, connect errors, timeouts), so an error is final.
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync {
+    /// Sends `req` and returns the model's answer.
+    async fn complete(&self, req: &Request) -> Result<Response, Error>;
+}
+
+/// Why a completion failed. Messages say what failed and what to do; none ever holds a key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// 401/403: the key was refused.
+    #[error("{0}")]
+    Auth(String),
+    /// 404: the model or the URL is unknown.
+    #[error("{0}")]
+    NotFound(String),
+    /// The prompt is longer than the model's context window.
+    #[error("{0}")]
+    ContextOverflow(String),
+    /// Any other HTTP error status.
+    #[error("HTTP {status}: {message}")]
+    Http { status: u16, message: String },
+    /// The server could not be reached (DNS, connect, TLS, connection reset).
+    #[error("{0}")]
+    Transport(String),
+    /// No complete answer within the configured timeout.
+    #[error("{0}")]
+    Timeout(String),
+    /// The server answered something we cannot read.
+    #[error("{0}")]
+    Decode(String),
+    /// Bad or missing configuration (model spec, key, URL, timeout, transcript).
+    #[error("{0}")]
+    Config(String),
+}
+
+impl Error {
+    /// Whether trying again later may succeed: 429, 5xx, transport errors and timeouts.
+    pub fn retryable(&self) -> bool {
+        match self {
+            Error::Http { status, .. } => *status == 429 || *status >= 500,
+            Error::Transport(_) | Error::Timeout(_) => true,
+            _ => false,
+        }
+    }
+}

@@ -59,6 +59,8 @@ pub enum Outcome {
     Finished,
     Failed,
     Cancelled,
+    /// The agent repeated the same failing call until the guard stopped it.
+    Stuck,
 }
 
 /// A step of a scripted plan.
@@ -144,12 +146,45 @@ pub enum ToolCall {
     RunCommand {
         argv: Vec<String>,
         timeout_ms: u64,
+        /// Workspace-relative directory to start in; empty: the workspace root.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        cwd: String,
     },
     WriteFile {
         path: String,
         content: String,
         mode: u32,
     },
+    /// Lines `start_line..=end_line` (1-based; 0: from the start / to the end).
+    ReadFile {
+        path: String,
+        start_line: u32,
+        end_line: u32,
+    },
+    /// Replaces the one occurrence of `old` with `new`.
+    EditFile {
+        path: String,
+        old: String,
+        new: String,
+    },
+    ListFiles {
+        glob: String,
+    },
+    Search {
+        pattern: String,
+        glob: String,
+    },
+}
+
+impl ToolCall {
+    /// Whether running it again after a crash could do something twice. Those are settled
+    /// by the worker's journal or reported as interrupted; the rest are asked again.
+    pub fn is_idempotent(&self) -> bool {
+        !matches!(
+            self,
+            ToolCall::RunCommand { .. } | ToolCall::EditFile { .. }
+        )
+    }
 }
 
 /// A tool call's result as logged.
@@ -180,6 +215,9 @@ pub enum Event {
         workspace: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         plan: Option<Plan>,
+        /// An agent task: model, permission, budgets (fixed when the task is created).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent: Option<Box<crate::agent::AgentSpec>>,
     },
     /// Running, or waiting (for a worker, an approval, budget) with the reason.
     StatusChanged {
@@ -195,6 +233,27 @@ pub enum Event {
         prompt_tokens: u64,
         completion_tokens: u64,
         cost_usd: f64,
+        /// What the model said: the conversation is rebuilt from these after a crash, so
+        /// an answered request is never sent again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        response: Option<Box<crate::llm::Response>>,
+    },
+    /// What the agent was told about one of the model's tool calls.
+    Observation {
+        tool_use_id: String,
+        text: String,
+        /// The call failed (non-zero exit, error, refusal): counted by the repeat guard.
+        failed: bool,
+    },
+    /// Old tool outputs in the first `upto` messages were replaced by a note to fit the
+    /// model's context window.
+    ContextElided {
+        upto: u32,
+        bytes_saved: u64,
+    },
+    /// A stopped task got more budget: the new totals.
+    BudgetRaised {
+        limits: crate::agent::Budget,
     },
     /// Appended and flushed before the call is sent.
     ToolCallIssued {
@@ -236,11 +295,15 @@ pub enum Event {
     ApprovalRequested {
         approval_id: u64,
         what: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        tool_use_id: String,
     },
     ApprovalDecided {
         approval_id: u64,
         approved: bool,
         by: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reason: String,
     },
     BudgetUpdate {
         spent_usd: f64,

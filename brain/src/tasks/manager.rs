@@ -24,6 +24,8 @@ pub enum Error {
     NoSuchTask(String),
     #[error("task {0} has already ended")]
     Ended(TaskId),
+    #[error("task {task}: {reason}")]
+    Refused { task: TaskId, reason: String },
 }
 
 /// Tunables.
@@ -35,6 +37,8 @@ pub struct Options {
     pub worker_wait: Duration,
     /// Resource limits for every command a task runs (the brain's policy).
     pub limits: proto::Limits,
+    /// LLM providers, models and prices (the brain's config file).
+    pub llm: Arc<crate::llm::LlmConfig>,
 }
 
 impl Default for Options {
@@ -43,6 +47,7 @@ impl Default for Options {
             snapshot_every: 100,
             worker_wait: Duration::from_secs(600),
             limits: proto::Limits::default(),
+            llm: Arc::default(),
         }
     }
 }
@@ -70,6 +75,8 @@ pub struct Task {
     /// captured output is, when it ends); a watcher that falls behind loses chunks.
     pub live: broadcast::Sender<LiveOutput>,
     pub cancel: CancellationToken,
+    /// Woken when a person decides an approval the task waits for.
+    pub wake: tokio::sync::Notify,
     /// One appender at a time per task, so state and log stay in the same order.
     append_lock: tokio::sync::Mutex<()>,
 }
@@ -214,6 +221,7 @@ impl Manager {
                     goal,
                     workspace: format!("task-{}", id.0),
                     plan: Some(plan),
+                    agent: None,
                 },
                 Event::WorkerAssigned { worker },
             ],
@@ -221,6 +229,105 @@ impl Manager {
         .await?;
         self.spawn_runner(task);
         Ok(id)
+    }
+
+    /// Creates an agent task on a worker, and starts it.
+    pub async fn create_agent(
+        &self,
+        goal: String,
+        spec: crate::agent::AgentSpec,
+        worker: String,
+    ) -> Result<TaskId, Error> {
+        let id = self.log.new_task_id()?;
+        let task = self.insert(TaskState::new(id));
+        self.append(
+            &task,
+            vec![
+                Event::Created {
+                    goal,
+                    workspace: format!("task-{}", id.0),
+                    plan: None,
+                    agent: Some(Box::new(spec)),
+                },
+                Event::WorkerAssigned { worker },
+            ],
+        )
+        .await?;
+        self.spawn_runner(task);
+        Ok(id)
+    }
+
+    /// Approves or denies the call a task waits on; returns what it was.
+    pub async fn decide(
+        &self,
+        text: &str,
+        approved: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<String, Error> {
+        let task = self.find(text)?;
+        let refused = |reason: &str| Error::Refused {
+            task: task.id,
+            reason: reason.into(),
+        };
+        let st = task.state();
+        if st.status.is_terminal() {
+            return Err(Error::Ended(task.id));
+        }
+        let ap = st
+            .agent
+            .as_ref()
+            .and_then(|a| a.approval.clone())
+            .filter(|ap| ap.decision.is_none())
+            .ok_or_else(|| refused("it is not waiting for an approval"))?;
+        self.append(
+            &task,
+            vec![Event::ApprovalDecided {
+                approval_id: ap.id,
+                approved,
+                by: by.to_string(),
+                reason: reason.chars().take(2000).collect(),
+            }],
+        )
+        .await?;
+        task.wake.notify_one();
+        Ok(ap.what)
+    }
+
+    /// Gives a task stopped for budget more (added to what it spent) and starts it again.
+    pub async fn resume(&self, text: &str, extra: crate::agent::Budget) -> Result<TaskId, Error> {
+        let task = self.find(text)?;
+        let st = task.state();
+        if st.status != super::state::Status::BudgetExhausted {
+            return Err(Error::Refused {
+                task: task.id,
+                reason: format!(
+                    "it is {}, not stopped for budget; only a budget_exhausted task can be resumed",
+                    st.status.as_str()
+                ),
+            });
+        }
+        let a = st.agent.as_ref().ok_or_else(|| Error::Refused {
+            task: task.id,
+            reason: "not an agent task".into(),
+        })?;
+        let limits = a.raised(extra).map_err(|reason| Error::Refused {
+            task: task.id,
+            reason,
+        })?;
+        self.append(
+            &task,
+            vec![
+                Event::BudgetRaised { limits },
+                Event::StatusChanged {
+                    status: super::state::Status::Running.as_str().into(),
+                    reason: String::new(),
+                },
+            ],
+        )
+        .await?;
+        self.spawn_runner(task.clone());
+        Ok(task.id)
     }
 
     fn insert(&self, state: TaskState) -> Arc<Task> {
@@ -232,6 +339,7 @@ impl Manager {
             events,
             live,
             cancel: CancellationToken::new(),
+            wake: tokio::sync::Notify::new(),
             append_lock: tokio::sync::Mutex::new(()),
         });
         self.tasks
@@ -290,7 +398,8 @@ impl Manager {
                 }
                 continue;
             }
-            if !task.state().status.is_terminal() {
+            let status = task.state().status;
+            if !status.is_terminal() && status != super::state::Status::BudgetExhausted {
                 resumed += 1;
                 tracing::info!(task = %id, "resuming task");
                 self.spawn_runner(task);

@@ -23,7 +23,12 @@ const MAX_CHECK_ERRORS: u32 = 3;
 pub async fn run(m: Manager, task: Arc<Task>) {
     let mut delay = Duration::from_secs(1);
     loop {
-        match drive(&m, &task).await {
+        let r = if task.state().agent.is_some() {
+            crate::agent::run::drive(&m, &task).await
+        } else {
+            drive(&m, &task).await
+        };
+        match r {
             Ok(()) => return,
             Err(e) => {
                 // The log could not be written (disk full, I/O error). Nothing was acted on
@@ -36,7 +41,7 @@ pub async fn run(m: Manager, task: Arc<Task>) {
     }
 }
 
-async fn finish(
+pub(crate) async fn finish(
     m: &Manager,
     task: &Task,
     outcome: Outcome,
@@ -47,7 +52,7 @@ async fn finish(
         .await
 }
 
-async fn set_status(
+pub(crate) async fn set_status(
     m: &Manager,
     task: &Task,
     status: Status,
@@ -146,21 +151,9 @@ async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), super::manager::Erro
             .await;
         };
         // Wait for the worker before issuing, so a call is issued only when it can be sent.
-        if m.hub.session(&worker).is_none() {
-            set_status(
-                m,
-                task,
-                Status::Waiting,
-                &format!("waiting for worker {worker}"),
-            )
-            .await?;
-            tokio::select! {
-                _ = m.hub.wait_connected(&worker, Duration::from_secs(3600)) => {}
-                _ = task.cancel.cancelled() => {}
-            }
+        if !worker_ready(m, task, &worker).await? {
             continue;
         }
-        set_status(m, task, Status::Running, "").await?;
         // Log before act: the call is durable before it is sent.
         let call_id = m.hub.new_call_id();
         m.append(
@@ -177,8 +170,33 @@ async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), super::manager::Erro
     }
 }
 
+/// Whether the worker is connected (and the task marked running). If not, marks the task
+/// waiting and waits a while for it (or a cancel); the caller looks again.
+pub(crate) async fn worker_ready(
+    m: &Manager,
+    task: &Task,
+    worker: &str,
+) -> Result<bool, super::manager::Error> {
+    if m.hub.session(worker).is_none() {
+        set_status(
+            m,
+            task,
+            Status::Waiting,
+            &format!("waiting for worker {worker}"),
+        )
+        .await?;
+        tokio::select! {
+            _ = m.hub.wait_connected(worker, Duration::from_secs(3600)) => {}
+            _ = task.cancel.cancelled() => {}
+        }
+        return Ok(false);
+    }
+    set_status(m, task, Status::Running, "").await?;
+    Ok(true)
+}
+
 /// Logs that nobody can say what a call did.
-async fn interrupt(
+pub(crate) async fn interrupt(
     m: &Manager,
     task: &Task,
     call_id: u64,
@@ -201,12 +219,156 @@ fn run_call(argv: &[String], timeout: Option<&str>) -> ToolCall {
     ToolCall::RunCommand {
         argv: argv.to_vec(),
         timeout_ms: timeout.as_millis() as u64,
+        cwd: String::new(),
     }
 }
 
 fn text(bytes: &[u8]) -> String {
     let cut = &bytes[..bytes.len().min(LOGGED_OUTPUT)];
     String::from_utf8_lossy(cut).into_owned()
+}
+
+/// What became of a command.
+pub(crate) enum CommandOutcome {
+    /// The task was cancelled while it ran (it was told to stop on the worker).
+    Cancelled,
+    /// The worker says it was interrupted; acknowledge once logged.
+    Interrupted(String),
+    /// The worker is gone and only it can say: wait for it.
+    WorkerGone,
+    /// Finished; acknowledge once logged.
+    Done {
+        result: ToolResult,
+        stdout: String,
+        stderr: String,
+    },
+}
+
+/// Runs (or, after a restart, asks the worker's journal about) a pending command, showing
+/// its output to watchers as it comes.
+pub(crate) async fn run_command(
+    m: &Manager,
+    task: &Task,
+    workspace: &str,
+    p: &PendingCall,
+    argv: &[String],
+    timeout_ms: u64,
+    cwd: &str,
+) -> CommandOutcome {
+    let start = proto::ExecStart {
+        call_id: p.call_id,
+        workspace: workspace.to_string(),
+        argv: argv.to_vec(),
+        cwd: cwd.to_string(),
+        timeout_ms,
+        output_cap_bytes: 1 << 20,
+        durable: true,
+        limits: Some(m.opts.limits),
+    };
+    let live = task.live.clone();
+    m.hub.watch(
+        p.call_id,
+        Arc::new(move |o: proto::ExecOutput| {
+            let _ = live.send(super::manager::LiveOutput {
+                kind: "live_output",
+                call_id: o.call_id,
+                stream: if o.stream == proto::OutputStream::Stderr as i32 {
+                    "stderr"
+                } else {
+                    "stdout"
+                },
+                text: String::from_utf8_lossy(&o.data).into_owned(),
+            });
+        }),
+    );
+    let outcome = tokio::select! {
+        o = m.hub.durable_exec(&p.worker, start, m.opts.worker_wait) => Some(o),
+        _ = task.cancel.cancelled() => None,
+    };
+    m.hub.unwatch(p.call_id);
+    match outcome {
+        None => {
+            if let Some(s) = m.hub.session(&p.worker) {
+                s.try_send(proto::brain_message::Msg::Cancel(proto::Cancel {
+                    call_id: p.call_id,
+                }));
+            }
+            CommandOutcome::Cancelled
+        }
+        Some(Durable::WorkerGone) => CommandOutcome::WorkerGone,
+        Some(Durable::Done(r)) if !r.interrupted.is_empty() => {
+            CommandOutcome::Interrupted(r.interrupted.clone())
+        }
+        Some(Durable::Done(r)) => {
+            let x = r.exit.clone().unwrap_or_default();
+            CommandOutcome::Done {
+                result: ToolResult {
+                    exit_code: x.code,
+                    signal: x.signal,
+                    timed_out: x.timed_out,
+                    error: x.error.clone(),
+                },
+                stdout: text(&r.stdout),
+                stderr: text(&r.stderr),
+            }
+        }
+    }
+}
+
+/// Why a file call has no answer: the task was cancelled or the worker did not come back.
+pub(crate) async fn file_call(
+    m: &Manager,
+    task: &Task,
+    worker: &str,
+    workspace: &str,
+    op: proto::file_call::Op,
+) -> Result<proto::file_response::Result, String> {
+    let call = proto::FileCall {
+        call_id: 0,
+        workspace: workspace.to_string(),
+        op: Some(op),
+    };
+    loop {
+        if task.cancel.is_cancelled() {
+            return Err("the task was cancelled while the call ran".into());
+        }
+        if m.hub
+            .wait_connected(worker, m.opts.worker_wait)
+            .await
+            .is_none()
+        {
+            return Err(format!(
+                "worker {worker} did not come back within {:?}",
+                m.opts.worker_wait
+            ));
+        }
+        match m.hub.file(worker, call.clone(), FILE_TIMEOUT).await {
+            Ok(resp) => {
+                return resp
+                    .result
+                    .ok_or_else(|| "the worker sent an empty answer".to_string());
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Waits visibly for a worker that must report a call (it may still be running there).
+pub(crate) async fn wait_for_report(
+    m: &Manager,
+    task: &Task,
+    p: &PendingCall,
+) -> Result<(), super::manager::Error> {
+    set_status(
+        m,
+        task,
+        Status::Waiting,
+        &format!(
+            "waiting for worker {} to report call {}",
+            p.worker, p.call_id
+        ),
+    )
+    .await
 }
 
 /// Gets the outcome of a pending call and logs it.
@@ -217,98 +379,48 @@ async fn settle(
     p: PendingCall,
 ) -> Result<(), super::manager::Error> {
     match &p.call {
-        ToolCall::RunCommand { argv, timeout_ms } => {
-            let start = proto::ExecStart {
-                call_id: p.call_id,
-                workspace: workspace.to_string(),
-                argv: argv.clone(),
-                cwd: String::new(),
-                timeout_ms: *timeout_ms,
-                output_cap_bytes: 1 << 20,
-                durable: true,
-                limits: Some(m.opts.limits),
-            };
-            let live = task.live.clone();
-            m.hub.watch(
-                p.call_id,
-                Arc::new(move |o: proto::ExecOutput| {
-                    let _ = live.send(super::manager::LiveOutput {
-                        kind: "live_output",
-                        call_id: o.call_id,
-                        stream: if o.stream == proto::OutputStream::Stderr as i32 {
-                            "stderr"
-                        } else {
-                            "stdout"
-                        },
-                        text: String::from_utf8_lossy(&o.data).into_owned(),
-                    });
-                }),
-            );
-            let outcome = tokio::select! {
-                o = m.hub.durable_exec(&p.worker, start, m.opts.worker_wait) => Some(o),
-                _ = task.cancel.cancelled() => None,
-            };
-            m.hub.unwatch(p.call_id);
-            match outcome {
-                None => {
-                    if let Some(s) = m.hub.session(&p.worker) {
-                        s.try_send(proto::brain_message::Msg::Cancel(proto::Cancel {
-                            call_id: p.call_id,
-                        }));
-                    }
-                    interrupt(
-                        m,
-                        task,
-                        p.call_id,
-                        "the task was cancelled while the call ran",
-                    )
-                    .await?;
-                }
-                Some(Durable::WorkerGone) => {
-                    // Only the worker can say what became of a call (it may still be running
-                    // there), so wait on, visibly, until it answers or the task is cancelled.
-                    set_status(
-                        m,
-                        task,
-                        Status::Waiting,
-                        &format!(
-                            "waiting for worker {} to report call {}",
-                            p.worker, p.call_id
-                        ),
-                    )
-                    .await?;
-                }
-                Some(Durable::Done(r)) if !r.interrupted.is_empty() => {
-                    interrupt(m, task, p.call_id, r.interrupted.clone()).await?;
-                    m.hub.ack(&p.worker, p.call_id);
-                }
-                Some(Durable::Done(r)) => {
-                    let x = r.exit.clone().unwrap_or_default();
-                    let result = ToolResult {
-                        exit_code: x.code,
-                        signal: x.signal,
-                        timed_out: x.timed_out,
-                        error: x.error.clone(),
-                    };
-                    m.append(
-                        task,
-                        vec![
-                            Event::ToolOutput {
-                                call_id: p.call_id,
-                                stdout: text(&r.stdout),
-                                stderr: text(&r.stderr),
-                            },
-                            Event::ToolCallCompleted {
-                                call_id: p.call_id,
-                                result,
-                            },
-                        ],
-                    )
-                    .await?;
-                    m.hub.ack(&p.worker, p.call_id);
-                }
+        ToolCall::RunCommand {
+            argv,
+            timeout_ms,
+            cwd,
+        } => match run_command(m, task, workspace, &p, argv, *timeout_ms, cwd).await {
+            CommandOutcome::Cancelled => {
+                interrupt(
+                    m,
+                    task,
+                    p.call_id,
+                    "the task was cancelled while the call ran",
+                )
+                .await?;
             }
-        }
+            CommandOutcome::WorkerGone => wait_for_report(m, task, &p).await?,
+            CommandOutcome::Interrupted(reason) => {
+                interrupt(m, task, p.call_id, reason).await?;
+                m.hub.ack(&p.worker, p.call_id);
+            }
+            CommandOutcome::Done {
+                result,
+                stdout,
+                stderr,
+            } => {
+                m.append(
+                    task,
+                    vec![
+                        Event::ToolOutput {
+                            call_id: p.call_id,
+                            stdout,
+                            stderr,
+                        },
+                        Event::ToolCallCompleted {
+                            call_id: p.call_id,
+                            result,
+                        },
+                    ],
+                )
+                .await?;
+                m.hub.ack(&p.worker, p.call_id);
+            }
+        },
         ToolCall::WriteFile {
             path,
             content,
@@ -316,63 +428,26 @@ async fn settle(
         } => {
             // An atomic write of fixed content is idempotent: asking again after a crash
             // cannot do it twice in any way that matters.
-            let call = proto::FileCall {
-                call_id: 0,
-                workspace: workspace.to_string(),
-                op: Some(proto::file_call::Op::Write(proto::WriteFile {
-                    path: path.clone(),
-                    data: content.clone().into_bytes(),
-                    mode: *mode,
-                    create_dirs: true,
-                })),
-            };
-            let result = loop {
-                if task.cancel.is_cancelled() {
-                    interrupt(
-                        m,
-                        task,
-                        p.call_id,
-                        "the task was cancelled while the call ran",
-                    )
-                    .await?;
-                    return Ok(());
-                }
-                if m.hub
-                    .wait_connected(&p.worker, m.opts.worker_wait)
-                    .await
-                    .is_none()
-                {
-                    interrupt(
-                        m,
-                        task,
-                        p.call_id,
-                        format!(
-                            "worker {} did not come back within {:?}",
-                            p.worker, m.opts.worker_wait
-                        ),
-                    )
-                    .await?;
-                    return Ok(());
-                }
-                match m.hub.file(&p.worker, call.clone(), FILE_TIMEOUT).await {
-                    Ok(resp) => {
-                        break match resp.result {
-                            Some(proto::file_response::Result::Done(_)) => ToolResult {
-                                exit_code: Some(0),
-                                ..Default::default()
-                            },
-                            Some(proto::file_response::Result::Error(e)) => ToolResult {
-                                error: e.message,
-                                ..Default::default()
-                            },
-                            _ => ToolResult {
-                                error: "unexpected answer to a write".into(),
-                                ..Default::default()
-                            },
-                        };
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
+            let op = proto::file_call::Op::Write(proto::WriteFile {
+                path: path.clone(),
+                data: content.clone().into_bytes(),
+                mode: *mode,
+                create_dirs: true,
+            });
+            let result = match file_call(m, task, &p.worker, workspace, op).await {
+                Err(reason) => return interrupt(m, task, p.call_id, reason).await,
+                Ok(proto::file_response::Result::Done(_)) => ToolResult {
+                    exit_code: Some(0),
+                    ..Default::default()
+                },
+                Ok(proto::file_response::Result::Error(e)) => ToolResult {
+                    error: e.message,
+                    ..Default::default()
+                },
+                Ok(_) => ToolResult {
+                    error: "unexpected answer to a write".into(),
+                    ..Default::default()
+                },
             };
             m.append(
                 task,
@@ -380,6 +455,15 @@ async fn settle(
                     call_id: p.call_id,
                     result,
                 }],
+            )
+            .await?;
+        }
+        other => {
+            interrupt(
+                m,
+                task,
+                p.call_id,
+                format!("a scripted plan has no {other:?} step"),
             )
             .await?;
         }

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::event::{Event, Outcome, Plan, Purpose, Record, TaskId, ToolCall};
+use crate::agent::{AgentState, Approval};
 
 /// Where a task is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -12,14 +13,21 @@ pub enum Status {
     Created,
     Running,
     Waiting,
+    /// Stopped until `brain task resume ID --budget-...` gives it more.
+    BudgetExhausted,
     Finished,
     Failed,
     Cancelled,
+    /// The agent kept repeating the same failing call.
+    Stuck,
 }
 
 impl Status {
     pub fn is_terminal(self) -> bool {
-        matches!(self, Status::Finished | Status::Failed | Status::Cancelled)
+        matches!(
+            self,
+            Status::Finished | Status::Failed | Status::Cancelled | Status::Stuck
+        )
     }
 
     pub fn as_str(self) -> &'static str {
@@ -27,9 +35,11 @@ impl Status {
             Status::Created => "created",
             Status::Running => "running",
             Status::Waiting => "waiting",
+            Status::BudgetExhausted => "budget_exhausted",
             Status::Finished => "finished",
             Status::Failed => "failed",
             Status::Cancelled => "cancelled",
+            Status::Stuck => "stuck",
         }
     }
 }
@@ -73,6 +83,9 @@ pub struct TaskState {
     pub calls_interrupted: u64,
     /// Sequence number of the latest stored snapshot.
     pub snapshot_seq: u64,
+    /// Agent tasks: the conversation, budgets and what waits for a person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Box<crate::agent::AgentState>>,
     pub last_seq: u64,
     pub created_ms: i64,
     pub updated_ms: i64,
@@ -98,6 +111,7 @@ impl TaskState {
             calls_completed: 0,
             calls_interrupted: 0,
             snapshot_seq: 0,
+            agent: None,
             last_seq: 0,
             created_ms: 0,
             updated_ms: 0,
@@ -122,16 +136,21 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             goal,
             workspace,
             plan,
+            agent,
         } => {
             st.goal = goal.clone();
             st.workspace = workspace.clone();
             st.plan = plan.clone();
             st.created_ms = rec.at_ms;
+            st.agent = agent
+                .as_ref()
+                .map(|spec| Box::new(AgentState::new((**spec).clone(), goal, rec.at_ms)));
         }
         Event::StatusChanged { status, reason } => {
             if !st.status.is_terminal() {
                 st.status = match status.as_str() {
                     "waiting" => Status::Waiting,
+                    "budget_exhausted" => Status::BudgetExhausted,
                     _ => Status::Running,
                 };
                 st.reason = reason.clone();
@@ -197,18 +216,77 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                 Outcome::Finished => Status::Finished,
                 Outcome::Failed => Status::Failed,
                 Outcome::Cancelled => Status::Cancelled,
+                Outcome::Stuck => Status::Stuck,
             };
             st.reason = reason.clone();
             st.pending = None;
         }
         Event::Snapshot { upto } => st.snapshot_seq = *upto,
+        Event::LlmRequest { .. } => {
+            if let Some(a) = &mut st.agent {
+                a.awaiting_llm = true;
+            }
+        }
+        Event::LlmResponse {
+            response, cost_usd, ..
+        } => {
+            if let (Some(a), Some(r)) = (&mut st.agent, response) {
+                a.on_response(r, *cost_usd);
+            }
+        }
+        Event::Observation {
+            tool_use_id,
+            text,
+            failed,
+        } => {
+            if let Some(a) = &mut st.agent {
+                a.on_observation(tool_use_id, text, *failed);
+            }
+        }
+        Event::ContextElided { upto, .. } => {
+            if let Some(a) = &mut st.agent {
+                a.elide(*upto);
+            }
+        }
+        Event::BudgetRaised { limits } => {
+            if let Some(a) = &mut st.agent {
+                a.limits = *limits;
+                a.wall_start_ms = rec.at_ms;
+            }
+        }
+        Event::ApprovalRequested {
+            approval_id,
+            what,
+            tool_use_id,
+        } => {
+            if let Some(a) = &mut st.agent {
+                a.approvals_asked = *approval_id;
+                a.approval = Some(Approval {
+                    id: *approval_id,
+                    tool_use_id: tool_use_id.clone(),
+                    what: what.clone(),
+                    decision: None,
+                });
+            }
+        }
+        Event::ApprovalDecided {
+            approval_id,
+            approved,
+            by,
+            reason,
+        } => {
+            if let Some(p) = st
+                .agent
+                .as_mut()
+                .and_then(|a| a.approval.as_mut())
+                .filter(|p| p.id == *approval_id && p.decision.is_none())
+            {
+                p.decision = Some((*approved, by.clone(), reason.clone()));
+            }
+        }
         Event::ToolOutput { .. }
-        | Event::LlmRequest { .. }
-        | Event::LlmResponse { .. }
         | Event::Barrier { .. }
         | Event::MoveStarted { .. }
-        | Event::ApprovalRequested { .. }
-        | Event::ApprovalDecided { .. }
         | Event::BudgetUpdate { .. } => {}
     }
 }
@@ -264,6 +342,7 @@ mod tests {
                 call: ToolCall::RunCommand {
                     argv: vec!["true".into()],
                     timeout_ms: 1,
+                    cwd: String::new(),
                 },
             },
         )

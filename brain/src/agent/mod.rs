@@ -1,0 +1,407 @@
+//! The agent: a tool-calling loop (think → act → observe) that lives in the brain and acts
+//! only through the task's worker. Everything it knows is rebuilt from the task's log: the
+//! conversation, what it has spent, which call waits for a person. See [`run`] for the loop
+//! and [`tools`] for what the model may call.
+
+pub mod run;
+pub mod tools;
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use crate::llm::{Message, Role, ToolUse};
+
+/// What a task may do without asking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Permission {
+    /// Read tools only.
+    ReadOnly,
+    /// Every mutating call waits for `brain approve` / `brain deny`.
+    #[default]
+    Ask,
+    /// Commands and paths on the configured allow-lists run; anything else asks.
+    Auto,
+    /// Everything runs.
+    Full,
+}
+
+impl std::str::FromStr for Permission {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "read-only" | "readonly" => Ok(Permission::ReadOnly),
+            "ask" => Ok(Permission::Ask),
+            "auto" => Ok(Permission::Auto),
+            "full" => Ok(Permission::Full),
+            _ => Err(format!(
+                "unknown permission {s:?}: use read-only, ask, auto or full"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Permission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Permission::ReadOnly => "read-only",
+            Permission::Ask => "ask",
+            Permission::Auto => "auto",
+            Permission::Full => "full",
+        })
+    }
+}
+
+/// Limits of a task; 0 means no limit on that measure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    #[serde(default)]
+    pub usd: f64,
+    #[serde(default)]
+    pub tokens: u64,
+    #[serde(default)]
+    pub steps: u32,
+    #[serde(default)]
+    pub wall_ms: u64,
+}
+
+/// What an agent task was created with; fixed for its life, so a config change never
+/// changes a running task's rules.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentSpec {
+    /// e.g. `openai:gpt-4.1`, `anthropic:claude-sonnet-4-5`, `replay:demo`.
+    pub model: String,
+    pub permission: Permission,
+    pub budget: Budget,
+    /// `auto`: command patterns (globs over the whole command line) that run unasked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_commands: Vec<String>,
+    /// `auto`: path patterns that may be written unasked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_paths: Vec<String>,
+    /// The same failing call this many times in a row earns a reflection note; two more and
+    /// the task stops as stuck.
+    pub repeat_limit: u32,
+    /// Replay models: the recorded transcript (JSON lines).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub transcript: String,
+}
+
+/// What an agent task has used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Spent {
+    pub usd: f64,
+    pub tokens: u64,
+    pub steps: u32,
+}
+
+/// A call waiting for a person.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Approval {
+    pub id: u64,
+    pub tool_use_id: String,
+    pub what: String,
+    /// (approved, by, reason) once decided.
+    pub decision: Option<(bool, String, String)>,
+}
+
+/// The agent half of a task's state, rebuilt from the log by [`crate::tasks::apply`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentState {
+    pub spec: AgentSpec,
+    /// Current limits: the spec's, raised by `brain task resume`.
+    pub limits: Budget,
+    /// When the wall-time budget started counting (creation, or the last resume).
+    pub wall_start_ms: i64,
+    pub spent: Spent,
+    /// The conversation so far (the goal is the first user message).
+    pub conversation: Vec<Message>,
+    /// Tool calls of the last response that have no observation yet, in order.
+    pub queue: VecDeque<ToolUse>,
+    /// Said to the model once the queue is done (malformed text tool calls).
+    pub note_after: Option<String>,
+    /// A request was logged and its response is not.
+    pub awaiting_llm: bool,
+    pub approval: Option<Approval>,
+    /// Approvals asked so far (their ids count up from 1).
+    pub approvals_asked: u64,
+    /// The last failing call (tool name and arguments) and how many times in a row.
+    pub repeat: Option<(String, u32)>,
+    /// Replies in a row without a tool call.
+    pub idle_replies: u32,
+    /// Messages before this index have had their tool outputs elided.
+    pub elided_upto: u32,
+}
+
+/// Told to the model when it answers without calling a tool.
+pub const NUDGE: &str = "You did not call a tool. Continue with the tools; when the goal is met, call `finish` with a short summary.";
+
+/// Text that replaces an old tool output elided to fit the context window.
+pub const ELIDED: &str = "[old tool output elided to fit the context window]";
+
+impl AgentState {
+    pub fn new(spec: AgentSpec, goal: &str, at_ms: i64) -> Self {
+        Self {
+            limits: spec.budget,
+            spec,
+            wall_start_ms: at_ms,
+            spent: Spent::default(),
+            conversation: vec![Message::user(goal)],
+            queue: VecDeque::new(),
+            note_after: None,
+            awaiting_llm: false,
+            approval: None,
+            approvals_asked: 0,
+            repeat: None,
+            idle_replies: 0,
+            elided_upto: 0,
+        }
+    }
+
+    /// The signature the repeat guard compares.
+    pub fn signature(u: &ToolUse) -> String {
+        format!("{}\u{0}{}", u.name, u.arguments.trim())
+    }
+
+    pub fn on_response(&mut self, r: &crate::llm::Response, cost_usd: f64) {
+        self.awaiting_llm = false;
+        self.spent.steps += 1;
+        self.spent.tokens += r.usage.prompt_tokens + r.usage.completion_tokens;
+        self.spent.usd += cost_usd;
+        let mut msg = r.message.clone();
+        msg.role = Role::Assistant;
+        self.queue = msg.tool_calls.iter().cloned().collect();
+        self.conversation.push(msg);
+        let note = (!r.malformed_calls.is_empty()).then(|| {
+            format!(
+                "Some of your tool calls could not be read:\n{}",
+                r.malformed_calls.join("\n")
+            )
+        });
+        if self.queue.is_empty() {
+            match note {
+                Some(n) => {
+                    self.idle_replies = 0;
+                    self.conversation.push(Message::user(n));
+                }
+                None => {
+                    self.idle_replies += 1;
+                    self.conversation.push(Message::user(NUDGE));
+                }
+            }
+        } else {
+            self.idle_replies = 0;
+            self.note_after = note;
+        }
+    }
+
+    pub fn on_observation(&mut self, tool_use_id: &str, text: &str, failed: bool) {
+        let Some(u) = self.queue.front().filter(|u| u.id == tool_use_id).cloned() else {
+            return;
+        };
+        self.queue.pop_front();
+        self.conversation.push(Message::tool(tool_use_id, text));
+        let sig = Self::signature(&u);
+        self.repeat = match self.repeat.take() {
+            _ if !failed => None,
+            Some((s, n)) if s == sig => Some((s, n + 1)),
+            _ => Some((sig, 1)),
+        };
+        if self
+            .approval
+            .as_ref()
+            .is_some_and(|a| a.tool_use_id == tool_use_id)
+        {
+            self.approval = None;
+        }
+        if self.queue.is_empty()
+            && let Some(n) = self.note_after.take()
+        {
+            self.conversation.push(Message::user(n));
+        }
+    }
+
+    pub fn elide(&mut self, upto: u32) {
+        let upto = (upto as usize).min(self.conversation.len());
+        for m in &mut self.conversation[..upto] {
+            if m.role == Role::Tool && m.content.len() > ELIDED.len() {
+                m.content = ELIDED.into();
+            }
+        }
+        self.elided_upto = self.elided_upto.max(upto as u32);
+    }
+
+    /// Whether the repeat guard has stopped the task.
+    pub fn stuck(&self) -> bool {
+        self.repeat
+            .as_ref()
+            .is_some_and(|(_, n)| *n >= self.spec.repeat_limit.max(1) + 2)
+    }
+
+    /// Why the task may not take another step, if it may not.
+    pub fn exhausted(&self, now_ms: i64) -> Option<String> {
+        let (l, s) = (&self.limits, &self.spent);
+        if l.steps > 0 && s.steps >= l.steps {
+            return Some(format!("step budget spent ({} of {})", s.steps, l.steps));
+        }
+        if l.tokens > 0 && s.tokens >= l.tokens {
+            return Some(format!("token budget spent ({} of {})", s.tokens, l.tokens));
+        }
+        if l.usd > 0.0 && s.usd >= l.usd {
+            return Some(format!(
+                "money budget spent (${:.4} of ${:.4})",
+                s.usd, l.usd
+            ));
+        }
+        let ran = now_ms.saturating_sub(self.wall_start_ms).max(0) as u64;
+        if l.wall_ms > 0 && ran >= l.wall_ms {
+            return Some(format!(
+                "wall-time budget spent ({} of {})",
+                humantime::format_duration(std::time::Duration::from_secs(ran / 1000)),
+                humantime::format_duration(std::time::Duration::from_millis(l.wall_ms))
+            ));
+        }
+        None
+    }
+
+    /// The limits after a resume that adds `extra` (0: keep that limit as it is).
+    /// Errors when the task would stop again at once.
+    pub fn raised(&self, extra: Budget) -> Result<Budget, String> {
+        let (l, s) = (self.limits, self.spent);
+        let new = Budget {
+            usd: if extra.usd > 0.0 {
+                s.usd + extra.usd
+            } else {
+                l.usd
+            },
+            tokens: if extra.tokens > 0 {
+                s.tokens + extra.tokens
+            } else {
+                l.tokens
+            },
+            steps: if extra.steps > 0 {
+                s.steps + extra.steps
+            } else {
+                l.steps
+            },
+            wall_ms: if extra.wall_ms > 0 {
+                extra.wall_ms
+            } else {
+                l.wall_ms
+            },
+        };
+        let mut probe = self.clone();
+        probe.limits = new;
+        probe.wall_start_ms = i64::MAX / 2;
+        match probe.exhausted(i64::MAX / 2) {
+            Some(why) => Err(format!(
+                "the task would stop again at once: {why}; give more with --budget-usd, --max-tokens or --max-steps"
+            )),
+            None => Ok(new),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::{Response, Usage};
+
+    fn spec() -> AgentSpec {
+        AgentSpec {
+            model: "replay:t".into(),
+            permission: Permission::Full,
+            budget: Budget {
+                steps: 3,
+                ..Default::default()
+            },
+            allow_commands: vec![],
+            allow_paths: vec![],
+            repeat_limit: 2,
+            transcript: String::new(),
+        }
+    }
+
+    fn call(id: &str, name: &str, args: &str) -> Response {
+        Response {
+            message: Message {
+                role: Role::Assistant,
+                content: String::new(),
+                tool_calls: vec![ToolUse {
+                    id: id.into(),
+                    name: name.into(),
+                    arguments: args.into(),
+                }],
+                tool_call_id: String::new(),
+            },
+            usage: Usage {
+                prompt_tokens: 10,
+                completion_tokens: 5,
+            },
+            malformed_calls: vec![],
+        }
+    }
+
+    #[test]
+    fn the_repeat_guard_counts_identical_failures_in_a_row() {
+        let mut a = AgentState::new(spec(), "goal", 0);
+        for (i, failed) in [(1, true), (2, true), (3, false), (4, true), (5, true)] {
+            a.on_response(
+                &call(&format!("c{i}"), "run_command", "{\"command\":\"x\"}"),
+                0.0,
+            );
+            a.on_observation(&format!("c{i}"), "out", failed);
+        }
+        assert_eq!(a.repeat.as_ref().map(|r| r.1), Some(2));
+        assert!(!a.stuck());
+        for i in 6..8 {
+            a.on_response(
+                &call(&format!("c{i}"), "run_command", "{\"command\":\"x\"}"),
+                0.0,
+            );
+            a.on_observation(&format!("c{i}"), "out", true);
+        }
+        assert!(a.stuck(), "limit 2 + 2 more identical failures");
+        // 1 goal + 7 × (assistant + tool)
+        assert_eq!(a.conversation.len(), 15);
+        assert_eq!(a.spent.tokens, 7 * 15);
+    }
+
+    #[test]
+    fn budgets_stop_and_resume_raises_them() {
+        let mut a = AgentState::new(spec(), "goal", 0);
+        for i in 0..3 {
+            a.on_response(&call(&format!("c{i}"), "finish", "{}"), 0.0);
+        }
+        assert!(a.exhausted(1).unwrap().contains("step budget"));
+        assert!(a.raised(Budget::default()).is_err());
+        let new = a
+            .raised(Budget {
+                steps: 2,
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(new.steps, 5);
+        a.limits = new;
+        assert_eq!(a.exhausted(1), None);
+    }
+
+    #[test]
+    fn a_reply_without_a_tool_call_is_nudged_and_elision_keeps_recent_outputs() {
+        let mut a = AgentState::new(spec(), "goal", 0);
+        let mut r = call("c1", "read_file", "{}");
+        r.message.tool_calls.clear();
+        r.message.content = "thinking".into();
+        a.on_response(&r, 0.0);
+        assert_eq!(a.idle_replies, 1);
+        assert_eq!(a.conversation.last().unwrap().content, NUDGE);
+        a.on_response(&call("c2", "read_file", "{}"), 0.0);
+        a.on_observation("c2", &"x".repeat(500), false);
+        a.on_response(&call("c3", "read_file", "{}"), 0.0);
+        a.on_observation("c3", &"y".repeat(500), false);
+        a.elide(6);
+        assert_eq!(a.conversation[4].content, ELIDED);
+        assert_eq!(a.conversation[6].content.len(), 500);
+    }
+}

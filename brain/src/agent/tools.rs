@@ -1,0 +1,473 @@
+//! The tools offered to the model: their schemas, how a call's arguments become a logged
+//! [`ToolCall`] (or an error the model can act on), which calls need a person's approval,
+//! and how results are told back (long outputs cut to head and tail).
+
+use serde_json::{Value, json};
+
+use super::{AgentSpec, Permission};
+use crate::llm::{ToolSpec, ToolUse};
+use crate::tasks::ToolCall;
+
+/// Default and largest timeout of `run_command`.
+const DEFAULT_TIMEOUT_SECS: u64 = 120;
+const MAX_TIMEOUT_SECS: u64 = 3600;
+/// Most characters of one observation; longer ones keep head and tail.
+pub const MAX_OBSERVATION: usize = 16 * 1024;
+/// Largest file `write_file` and `edit_file` handle.
+pub const MAX_EDIT_BYTES: usize = 1 << 20;
+
+fn spec(name: &str, description: &str, parameters: Value) -> ToolSpec {
+    ToolSpec {
+        name: name.into(),
+        description: description.into(),
+        parameters,
+    }
+}
+
+/// The tools a task with `permission` is offered.
+pub fn specs(permission: Permission) -> Vec<ToolSpec> {
+    let mut v = vec![
+        spec(
+            "read_file",
+            "Read a text file of the workspace, with numbered lines. Optionally a line range.",
+            json!({"type": "object", "properties": {
+                "path": {"type": "string", "description": "Path relative to the workspace root"},
+                "start_line": {"type": "integer", "description": "First line (1-based)"},
+                "end_line": {"type": "integer", "description": "Last line (inclusive)"}
+            }, "required": ["path"]}),
+        ),
+        spec(
+            "list_files",
+            "List the workspace's files (honouring .gitignore), optionally matching a glob such as `*.rs` or `src/**/*.py`.",
+            json!({"type": "object", "properties": {
+                "glob": {"type": "string"}
+            }}),
+        ),
+        spec(
+            "search",
+            "Search the workspace's files (honouring .gitignore) for a regular expression; answers path:line: text.",
+            json!({"type": "object", "properties": {
+                "pattern": {"type": "string", "description": "Regular expression"},
+                "glob": {"type": "string", "description": "Only files matching this glob"}
+            }, "required": ["pattern"]}),
+        ),
+    ];
+    if permission != Permission::ReadOnly {
+        v.extend([
+            spec(
+                "run_command",
+                "Run a shell command (sh -c) in the workspace; answers its exit code, stdout and stderr.",
+                json!({"type": "object", "properties": {
+                    "command": {"type": "string"},
+                    "cwd": {"type": "string", "description": "Directory relative to the workspace root"},
+                    "timeout_secs": {"type": "integer", "description": "Default 120, at most 3600"}
+                }, "required": ["command"]}),
+            ),
+            spec(
+                "write_file",
+                "Create or replace a file of the workspace with the given content.",
+                json!({"type": "object", "properties": {
+                    "path": {"type": "string"},
+                    "content": {"type": "string"}
+                }, "required": ["path", "content"]}),
+            ),
+            spec(
+                "edit_file",
+                "Replace exactly one occurrence of old_string with new_string in a file. old_string must match the file exactly (whitespace included) and occur once.",
+                json!({"type": "object", "properties": {
+                    "path": {"type": "string"},
+                    "old_string": {"type": "string"},
+                    "new_string": {"type": "string"}
+                }, "required": ["path", "old_string", "new_string"]}),
+            ),
+        ]);
+    }
+    v.push(spec(
+        "finish",
+        "End the task when the goal is met (or cannot be), with a short summary of what was done.",
+        json!({"type": "object", "properties": {
+            "summary": {"type": "string"}
+        }, "required": ["summary"]}),
+    ));
+    v
+}
+
+/// What to do with one of the model's tool calls.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prepared {
+    /// Run it; `mutating` calls may need approval; `what` describes it for people.
+    Call {
+        call: ToolCall,
+        mutating: bool,
+        what: String,
+    },
+    Finish(String),
+    /// Not run: the error is the observation.
+    Refused(String),
+}
+
+fn args(u: &ToolUse) -> Result<serde_json::Map<String, Value>, String> {
+    let text = u.arguments.trim();
+    if text.is_empty() {
+        return Ok(Default::default());
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(format!("the arguments of {} must be a JSON object", u.name)),
+        Err(e) => Err(format!(
+            "the arguments of {} are not valid JSON ({e}); send a JSON object",
+            u.name
+        )),
+    }
+}
+
+fn string(m: &serde_json::Map<String, Value>, tool: &str, key: &str) -> Result<String, String> {
+    match m.get(key) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(format!("{tool}: argument {key:?} must be a string")),
+        None => Err(format!("{tool}: missing required argument {key:?}")),
+    }
+}
+
+fn opt_string(m: &serde_json::Map<String, Value>, tool: &str, key: &str) -> Result<String, String> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(String::new()),
+        _ => string(m, tool, key),
+    }
+}
+
+fn opt_u64(
+    m: &serde_json::Map<String, Value>,
+    tool: &str,
+    key: &str,
+) -> Result<Option<u64>, String> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+            .map(Some)
+            .ok_or_else(|| format!("{tool}: argument {key:?} must be a non-negative integer")),
+    }
+}
+
+/// Turns one of the model's calls into what the agent does with it.
+pub fn prepare(u: &ToolUse, spec: &AgentSpec) -> Prepared {
+    match prepare_inner(u, spec.permission) {
+        Ok(p) => p,
+        Err(e) => Prepared::Refused(format!("error: {e}")),
+    }
+}
+
+fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, String> {
+    let known = specs(Permission::Full);
+    if !known.iter().any(|s| s.name == u.name) {
+        let names: Vec<String> = specs(permission).into_iter().map(|s| s.name).collect();
+        return Err(format!(
+            "unknown tool {:?}; the tools are: {}",
+            u.name,
+            names.join(", ")
+        ));
+    }
+    let m = args(u)?;
+    let t = u.name.as_str();
+    let (call, mutating, what) = match t {
+        "finish" => return Ok(Prepared::Finish(opt_string(&m, t, "summary")?)),
+        "read_file" => {
+            let path = string(&m, t, "path")?;
+            let start = opt_u64(&m, t, "start_line")?.unwrap_or(0) as u32;
+            let end = opt_u64(&m, t, "end_line")?.unwrap_or(0) as u32;
+            let what = format!("read {path}");
+            (
+                ToolCall::ReadFile {
+                    path,
+                    start_line: start,
+                    end_line: end,
+                },
+                false,
+                what,
+            )
+        }
+        "list_files" => {
+            let glob = opt_string(&m, t, "glob")?;
+            let what = format!("list files {glob}");
+            (ToolCall::ListFiles { glob }, false, what)
+        }
+        "search" => {
+            let pattern = string(&m, t, "pattern")?;
+            shared::workspace::pattern(&pattern).map_err(|e| e.to_string())?;
+            let glob = opt_string(&m, t, "glob")?;
+            let what = format!("search {pattern:?}");
+            (ToolCall::Search { pattern, glob }, false, what)
+        }
+        "run_command" => {
+            let command = string(&m, t, "command")?;
+            if command.trim().is_empty() {
+                return Err("run_command: the command is empty".into());
+            }
+            let cwd = opt_string(&m, t, "cwd")?;
+            let secs = opt_u64(&m, t, "timeout_secs")?
+                .unwrap_or(DEFAULT_TIMEOUT_SECS)
+                .clamp(1, MAX_TIMEOUT_SECS);
+            let what = format!("run `{command}`");
+            (
+                ToolCall::RunCommand {
+                    argv: vec!["sh".into(), "-c".into(), command],
+                    timeout_ms: secs * 1000,
+                    cwd,
+                },
+                true,
+                what,
+            )
+        }
+        "write_file" => {
+            let path = string(&m, t, "path")?;
+            let content = string(&m, t, "content")?;
+            if content.len() > MAX_EDIT_BYTES {
+                return Err(format!(
+                    "write_file: the content is over {MAX_EDIT_BYTES} bytes; write smaller files"
+                ));
+            }
+            let what = format!("write {path} ({} bytes)", content.len());
+            (
+                ToolCall::WriteFile {
+                    path,
+                    content,
+                    mode: 0o644,
+                },
+                true,
+                what,
+            )
+        }
+        "edit_file" => {
+            let path = string(&m, t, "path")?;
+            let old = string(&m, t, "old_string")?;
+            let new = string(&m, t, "new_string")?;
+            if old.is_empty() {
+                return Err(
+                    "edit_file: old_string is empty; use write_file to create a file".into(),
+                );
+            }
+            let what = format!("edit {path}");
+            (ToolCall::EditFile { path, old, new }, true, what)
+        }
+        _ => return Err(format!("unknown tool {:?}", u.name)),
+    };
+    if mutating && permission == Permission::ReadOnly {
+        return Err(format!("{t} is not permitted: this task is read-only"));
+    }
+    Ok(Prepared::Call {
+        call,
+        mutating,
+        what,
+    })
+}
+
+/// Whether a mutating call needs a person's approval under the task's permission.
+pub fn needs_approval(call: &ToolCall, spec: &AgentSpec) -> bool {
+    match spec.permission {
+        Permission::Full => false,
+        Permission::ReadOnly | Permission::Ask => true,
+        Permission::Auto => !allowed(call, spec),
+    }
+}
+
+fn any_match(patterns: &[String], text: &str, literal_separator: bool) -> bool {
+    patterns.iter().any(|p| {
+        globset::GlobBuilder::new(p)
+            .literal_separator(literal_separator)
+            .build()
+            .is_ok_and(|g| g.compile_matcher().is_match(text))
+    })
+}
+
+/// `auto`: whether a call is on the configured allow-lists.
+fn allowed(call: &ToolCall, spec: &AgentSpec) -> bool {
+    match call {
+        ToolCall::RunCommand { argv, .. } => {
+            let cmd = argv.last().map(|s| s.trim()).unwrap_or_default();
+            // One simple command only: chains and substitutions could hide anything.
+            let plain = !cmd.contains([';', '&', '|', '`', '$', '>', '<', '\n']);
+            plain && any_match(&spec.allow_commands, cmd, false)
+        }
+        ToolCall::WriteFile { path, .. } | ToolCall::EditFile { path, .. } => {
+            any_match(&spec.allow_paths, path.trim_start_matches("./"), true)
+        }
+        ToolCall::ReadFile { .. } | ToolCall::ListFiles { .. } | ToolCall::Search { .. } => true,
+    }
+}
+
+/// Cuts text to `max` characters, keeping head and tail with a note of what was cut.
+pub fn head_tail(text: &str, max: usize) -> String {
+    let n = text.chars().count();
+    if n <= max {
+        return text.to_string();
+    }
+    let keep = max / 2;
+    let head: String = text.chars().take(keep).collect();
+    let tail: String = text.chars().skip(n - keep).collect();
+    let cut_lines = text
+        .chars()
+        .skip(keep)
+        .take(n - 2 * keep)
+        .filter(|c| *c == '\n')
+        .count();
+    format!(
+        "{head}\n[… {} characters ({cut_lines} lines) cut …]\n{tail}",
+        n - 2 * keep
+    )
+}
+
+/// Numbered lines `start..=end` (1-based; 0 = open) of a file's text.
+pub fn numbered(text: &str, start: u32, end: u32) -> String {
+    let start = start.max(1) as usize;
+    let total = text.lines().count();
+    let end = if end == 0 {
+        total
+    } else {
+        (end as usize).min(total)
+    };
+    if start > total.max(1) {
+        return format!("(the file has {total} lines)");
+    }
+    let mut out = String::new();
+    for (i, l) in text
+        .lines()
+        .enumerate()
+        .skip(start - 1)
+        .take(end + 1 - start)
+    {
+        out.push_str(&format!("{:>6}\t{l}\n", i + 1));
+    }
+    if out.is_empty() {
+        out.push_str("(empty file)\n");
+    }
+    out
+}
+
+/// Applies an exact-match edit, or says what the model should do instead.
+pub fn apply_edit(text: &str, old: &str, new: &str, path: &str) -> Result<String, String> {
+    match text.matches(old).count() {
+        1 => Ok(text.replacen(old, new, 1)),
+        0 => Err(format!(
+            "error: old_string was not found in {path}; read the file and copy the exact text (whitespace included)"
+        )),
+        n => Err(format!(
+            "error: old_string occurs {n} times in {path}; include more surrounding lines so it occurs once"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u(name: &str, args: &str) -> ToolUse {
+        ToolUse {
+            id: "c".into(),
+            name: name.into(),
+            arguments: args.into(),
+        }
+    }
+
+    fn spec(p: Permission) -> AgentSpec {
+        AgentSpec {
+            model: "m".into(),
+            permission: p,
+            budget: Default::default(),
+            allow_commands: vec!["cargo test*".into(), "ls*".into()],
+            allow_paths: vec!["src/**".into()],
+            repeat_limit: 3,
+            transcript: String::new(),
+        }
+    }
+
+    #[test]
+    fn bad_calls_become_errors_the_model_can_act_on() {
+        let s = spec(Permission::Full);
+        let refused = |p: Prepared| match p {
+            Prepared::Refused(e) => e,
+            other => panic!("not refused: {other:?}"),
+        };
+        assert!(refused(prepare(&u("rm_rf", "{}"), &s)).contains("unknown tool \"rm_rf\""));
+        assert!(refused(prepare(&u("read_file", "{path:"), &s)).contains("not valid JSON"));
+        assert!(
+            refused(prepare(&u("read_file", "{}"), &s))
+                .contains("missing required argument \"path\"")
+        );
+        assert!(
+            refused(prepare(&u("search", r#"{"pattern":"("}"#), &s))
+                .contains("invalid regular expression")
+        );
+        let ro = spec(Permission::ReadOnly);
+        assert!(
+            refused(prepare(&u("run_command", r#"{"command":"ls"}"#), &ro)).contains("read-only")
+        );
+        assert!(
+            matches!(prepare(&u("finish", r#"{"summary":"done"}"#), &s), Prepared::Finish(x) if x == "done")
+        );
+    }
+
+    #[test]
+    fn auto_allows_listed_commands_and_paths_and_asks_for_the_rest() {
+        let s = spec(Permission::Auto);
+        let call = |name: &str, args: &str| match prepare(&u(name, args), &s) {
+            Prepared::Call { call, .. } => call,
+            other => panic!("{other:?}"),
+        };
+        assert!(!needs_approval(
+            &call("run_command", r#"{"command":"cargo test -q"}"#),
+            &s
+        ));
+        assert!(needs_approval(
+            &call("run_command", r#"{"command":"cargo test; rm -rf /"}"#),
+            &s
+        ));
+        assert!(needs_approval(
+            &call("run_command", r#"{"command":"curl x"}"#),
+            &s
+        ));
+        assert!(!needs_approval(
+            &call("write_file", r#"{"path":"src/a/b.rs","content":""}"#),
+            &s
+        ));
+        assert!(needs_approval(
+            &call("write_file", r#"{"path":"Cargo.toml","content":""}"#),
+            &s
+        ));
+        assert!(needs_approval(
+            &call(
+                "edit_file",
+                r#"{"path":"Cargo.toml","old_string":"a","new_string":"b"}"#
+            ),
+            &spec(Permission::Ask)
+        ));
+        assert!(!needs_approval(
+            &call(
+                "edit_file",
+                r#"{"path":"x","old_string":"a","new_string":"b"}"#
+            ),
+            &spec(Permission::Full)
+        ));
+    }
+
+    #[test]
+    fn long_text_keeps_head_and_tail_and_edits_need_one_match() {
+        let text: String = (0..1000).map(|i| format!("line {i}\n")).collect();
+        let cut = head_tail(&text, 200);
+        assert!(cut.starts_with("line 0\n") && cut.ends_with("line 999\n"));
+        assert!(cut.contains("characters") && cut.contains("lines) cut"));
+        assert_eq!(numbered("a\nb\nc\n", 2, 3), "     2\tb\n     3\tc\n");
+        assert_eq!(apply_edit("x = 1", "1", "2", "f").unwrap(), "x = 2");
+        assert!(
+            apply_edit("1 1", "1", "2", "f")
+                .unwrap_err()
+                .contains("occurs 2 times")
+        );
+        assert!(
+            apply_edit("x", "y", "z", "f")
+                .unwrap_err()
+                .contains("not found")
+        );
+    }
+}

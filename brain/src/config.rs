@@ -1,0 +1,222 @@
+//! The brain's config file (TOML, `<data>/config.toml` unless `--config` names another):
+//! LLM providers, models and prices (`[llm]`) and the defaults for agent tasks (`[agent]`).
+//! A missing file means every default; a bad one is an error that says where.
+//!
+//! ```toml
+//! [llm]
+//! default_model = "anthropic:claude-sonnet-4-5"
+//! [llm.providers.openai]
+//! base_url = "http://127.0.0.1:8000/v1"   # vLLM, llama.cpp, …
+//! [llm.models."ollama:qwen2.5-coder"]
+//! tool_mode = "text"
+//!
+//! [agent]
+//! permission = "auto"
+//! budget_usd = 2.0
+//! max_steps = 100
+//! max_wall = "1h"
+//! allow_commands = ["cargo test*", "cargo build*", "ls*", "git status"]
+//! allow_paths = ["src/**", "tests/**"]
+//! ```
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::agent::{AgentSpec, Budget, Permission};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read the config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub llm: crate::llm::LlmConfig,
+    pub agent: AgentConfig,
+}
+
+/// Defaults for agent tasks; `brain run` flags override them per task.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    pub permission: Permission,
+    /// Money budget per task in USD (0: none).
+    pub budget_usd: f64,
+    /// Token budget per task (0: none).
+    pub max_tokens: u64,
+    /// LLM calls per task (0: none).
+    pub max_steps: u32,
+    /// Wall time per task, e.g. "30m" ("0s": none).
+    pub max_wall: String,
+    /// `auto` permission: command lines (globs) that run without asking.
+    pub allow_commands: Vec<String>,
+    /// `auto` permission: paths (globs) that may be written without asking.
+    pub allow_paths: Vec<String>,
+    /// The same failing call this many times in a row earns a note; two more stop the task.
+    pub repeat_limit: u32,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            permission: Permission::Ask,
+            budget_usd: 2.0,
+            max_tokens: 0,
+            max_steps: 50,
+            max_wall: "30m".into(),
+            allow_commands: vec![],
+            allow_paths: vec![],
+            repeat_limit: 3,
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path`; a missing file gives the defaults.
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let shown = path.display().to_string();
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(source) => {
+                return Err(Error::Read {
+                    path: shown,
+                    source,
+                });
+            }
+        };
+        Self::parse(&text).map_err(|message| Error::Invalid {
+            path: shown,
+            message,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let c: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+        shared::parse_duration(&c.agent.max_wall).map_err(|e| format!("agent.max_wall: {e}"))?;
+        for p in c.agent.allow_commands.iter().chain(&c.agent.allow_paths) {
+            globset::Glob::new(p).map_err(|e| format!("agent allow-list pattern {p:?}: {e}"))?;
+        }
+        Ok(c)
+    }
+
+    /// The spec of a new agent task: the request's choices over this file's defaults.
+    pub fn agent_spec(
+        &self,
+        model: &str,
+        permission: Option<Permission>,
+        budget: Budget,
+    ) -> Result<AgentSpec, String> {
+        let a = &self.agent;
+        let model = if !model.is_empty() {
+            model.to_string()
+        } else {
+            self.llm.default_model.clone().ok_or(
+                "no model given and no default: pass --model (e.g. openai:gpt-4.1, anthropic:claude-sonnet-4-5, ollama:qwen2.5-coder) or set llm.default_model in the config",
+            )?
+        };
+        model
+            .parse::<crate::llm::ModelSpec>()
+            .map_err(|e| e.to_string())?;
+        let wall = shared::parse_duration(&a.max_wall).unwrap_or_default();
+        let pick = |x: f64, d: f64| if x > 0.0 { x } else { d };
+        Ok(AgentSpec {
+            model,
+            permission: permission.unwrap_or(a.permission),
+            budget: Budget {
+                usd: pick(budget.usd, a.budget_usd),
+                tokens: if budget.tokens > 0 {
+                    budget.tokens
+                } else {
+                    a.max_tokens
+                },
+                steps: if budget.steps > 0 {
+                    budget.steps
+                } else {
+                    a.max_steps
+                },
+                wall_ms: if budget.wall_ms > 0 {
+                    budget.wall_ms
+                } else {
+                    wall.as_millis() as u64
+                },
+            },
+            allow_commands: a.allow_commands.clone(),
+            allow_paths: a.allow_paths.clone(),
+            repeat_limit: a.repeat_limit.max(1),
+            transcript: String::new(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_sets_defaults_and_requests_override_them() {
+        let c = Config::parse(
+            r#"
+[llm]
+default_model = "openai:gpt-4.1-mini"
+[agent]
+permission = "auto"
+budget_usd = 0.5
+allow_commands = ["cargo test*"]
+"#,
+        )
+        .unwrap();
+        let s = c.agent_spec("", None, Budget::default()).unwrap();
+        assert_eq!(s.model, "openai:gpt-4.1-mini");
+        assert_eq!(s.permission, Permission::Auto);
+        assert_eq!(
+            (s.budget.usd, s.budget.steps, s.budget.wall_ms),
+            (0.5, 50, 1_800_000)
+        );
+        let s = c
+            .agent_spec(
+                "anthropic:claude-sonnet-4-5",
+                Some(Permission::Full),
+                Budget {
+                    usd: 3.0,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            (s.model.as_str(), s.permission, s.budget.usd),
+            ("anthropic:claude-sonnet-4-5", Permission::Full, 3.0)
+        );
+    }
+
+    #[test]
+    fn bad_files_say_what_is_wrong() {
+        assert!(
+            Config::parse("[agent]\npermision = \"ask\"")
+                .unwrap_err()
+                .contains("permision")
+        );
+        assert!(
+            Config::parse("[agent]\nmax_wall = \"soon\"")
+                .unwrap_err()
+                .contains("max_wall")
+        );
+        assert!(Config::parse("[agent]\npermission = \"yolo\"").is_err());
+        assert!(
+            Config::default()
+                .agent_spec("", None, Budget::default())
+                .unwrap_err()
+                .contains("--model")
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! Anthropic Messages API (`POST {base}/v1/messages`).
+
+use reqwest::header::{HeaderMap, HeaderValue};
+use serde_json::{Value, json};
+
+use super::config::{Resolved, max_tokens};
+use super::http::Http;
+use super::{Error, Message, Provider, Request, Response, Role, ToolUse, Usage};
+
+const VERSION: &str = "2023-06-01";
+
+/// A Messages API client for one model.
+pub struct Anthropic {
+    http: Http,
+    model: String,
+    url: String,
+    max_tokens_cap: Option<u32>,
+}
+
+impl Anthropic {
+    pub(crate) fn new(model: &str, r: Resolved) -> Result<Self, Error> {
+        Ok(Self {
+            http: Http::new(model, &r)?,
+            model: model.to_string(),
+            url: format!("{}/v1/messages", r.base_url),
+            max_tokens_cap: r.max_tokens_cap,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for Anthropic {
+    async fn complete(&self, req: &Request) -> Result<Response, Error> {
+        let body = build_body(
+            &self.model,
+            req,
+            max_tokens(req.max_tokens, self.max_tokens_cap),
+        );
+        let mut headers = HeaderMap::new();
+        if let Some(key) = self.http.key() {
+            headers.insert("x-api-key", self.http.secret_header(key.expose())?);
+        }
+        headers.insert("anthropic-version", HeaderValue::from_static(VERSION));
+        let answer = self.http.post_json(&self.url, headers, &body).await?;
+        parse_response(&answer).map_err(|e| Error::Decode(format!("{}: {e}", self.url)))
+    }
+}
+
+/// The request body. Roles must alternate, so consecutive messages that map to the same
+/// role (tool results, or tool results followed by a user message) become one message.
+pub(crate) fn build_body(model: &str, req: &Request, max_tokens: u32) -> Value {
+    let mut turns: Vec<(&str, Vec<Value>)> = Vec::new();
+    for m in &req.messages {
+        let (role, blocks) = blocks(m);
+        match turns.last_mut() {
+            Some((r, b)) if *r == role => b.extend(blocks),
+            _ => turns.push((role, blocks)),
+        }
+    }
+    let messages: Vec<Value> = turns
+        .into_iter()
+        .map(|(role, blocks)| {
+            let content = match blocks.as_slice() {
+                [] => json!(""),
+                [one] if one["type"] == "text" => one["text"].clone(),
+                _ => Value::Array(blocks),
+            };
+            json!({"role": role, "content": content})
+        })
+        .collect();
+    let mut body = json!({"model": model, "max_tokens": max_tokens});
+    if !req.system.is_empty() {
+        body["system"] = json!(req.system);
+    }
+    body["messages"] = Value::Array(messages);
+    if !req.tools.is_empty() {
+        body["tools"] = req
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"name": t.name, "description": t.description, "input_schema": t.parameters})
+            })
+            .collect();
+    }
+    body
+}
+
+fn blocks(m: &Message) -> (&'static str, Vec<Value>) {
+    let text = |t: &str| json!({"type": "text", "text": t});
+    match m.role {
+        Role::User => ("user", vec![text(&m.content)]),
+        Role::Tool => (
+            "user",
+            vec![
+                json!({"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}),
+            ],
+        ),
+        Role::Assistant => {
+            let mut out = Vec::new();
+            if !m.content.is_empty() || m.tool_calls.is_empty() {
+                out.push(text(&m.content));
+            }
+            for c in &m.tool_calls {
+                let input = serde_json::from_str::<Value>(&c.arguments)
+                    .ok()
+                    .filter(Value::is_object)
+                    .unwrap_or_else(|| json!({}));
+                out.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
+            }
+            ("assistant", out)
+        }
+    }
+}
+
+/// Reads the `text` and `tool_use` content blocks (others, e.g. thinking, are skipped) and
+/// `usage` (cache reads and writes count as prompt tokens).
+pub(crate) fn parse_response(v: &Value) -> Result<Response, String> {
+    let blocks = v["content"]
+        .as_array()
+        .ok_or("the answer has no content array")?;
+    let mut texts = Vec::new();
+    let mut tool_calls = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        match b["type"].as_str() {
+            Some("text") => texts.push(b["text"].as_str().unwrap_or_default()),
+            Some("tool_use") => {
+                let field = |k: &str| {
+                    b[k].as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| format!("content[{i}] (tool_use) has no {k}"))
+                };
+                tool_calls.push(ToolUse {
+                    id: field("id")?,
+                    name: field("name")?,
+                    arguments: if b["input"].is_null() {
+                        "{}".to_string()
+                    } else {
+                        b["input"].to_string()
+                    },
+                });
+            }
+            _ => {}
+        }
+    }
+    let u = &v["usage"];
+    let n = |k: &str| u[k].as_u64().unwrap_or(0);
+    Ok(Response {
+        message: Message {
+            role: Role::Assistant,
+            content: texts.join("\n"),
+            tool_calls,
+            tool_call_id: String::new(),
+        },
+        usage: Usage {
+            prompt_tokens: n("input_tokens")
+                + n("cache_creation_input_tokens")
+                + n("cache_read_input_tokens"),
+            completion_tokens: n("output_tokens"),
+        },
+        malformed_calls: Vec::new(),
+    })
+}

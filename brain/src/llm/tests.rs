@@ -1,0 +1,494 @@
+//! The real clients against `testkit::fake_llm`, and snapshots of the request bodies.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
+
+use super::config::{Resolved, ToolMode};
+use super::*;
+
+const KEY: &str = "sk-test-SECRET-0123456789";
+
+/// System prompt, a user message, an assistant message with one tool call, its result and
+/// two tools.
+pub(crate) fn fixed_request() -> Request {
+    Request {
+        system: "You are a coding agent.".into(),
+        messages: vec![
+            Message::user("Fix the build."),
+            Message {
+                role: Role::Assistant,
+                content: "Let me look.".into(),
+                tool_calls: vec![ToolUse {
+                    id: "call_1".into(),
+                    name: "read_file".into(),
+                    arguments: r#"{"path":"src/main.rs"}"#.into(),
+                }],
+                tool_call_id: String::new(),
+            },
+            Message::tool("call_1", "fn main() {}"),
+        ],
+        tools: vec![
+            ToolSpec {
+                name: "read_file".into(),
+                description: "Read a file.".into(),
+                parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+            },
+            ToolSpec {
+                name: "run".into(),
+                description: "Run a command.".into(),
+                parameters: json!({"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}),
+            },
+        ],
+        max_tokens: 1024,
+    }
+}
+
+fn simple_request() -> Request {
+    Request {
+        system: "sys".into(),
+        messages: vec![Message::user("hi")],
+        tools: fixed_request().tools,
+        max_tokens: 256,
+    }
+}
+
+/// A config pointing `provider` at `url` with the test key.
+fn cfg(provider: &str, url: &str) -> LlmConfig {
+    let mut c = LlmConfig {
+        timeout: Some("5s".into()),
+        max_retries: Some(3),
+        ..Default::default()
+    };
+    c.providers.insert(
+        provider.into(),
+        ProviderConfig {
+            base_url: Some(url.into()),
+            api_key: Some(ApiKey::new(KEY)),
+            api_key_env: None,
+        },
+    );
+    c
+}
+
+fn openai(llm: &FakeLlm) -> Arc<dyn Provider> {
+    connect(
+        &ModelSpec::parse("openai:gpt-test").unwrap(),
+        &cfg("openai", &llm.url()),
+    )
+    .unwrap()
+}
+
+fn anthropic(llm: &FakeLlm) -> Arc<dyn Provider> {
+    connect(
+        &ModelSpec::parse("anthropic:claude-test").unwrap(),
+        &cfg("anthropic", &llm.base()),
+    )
+    .unwrap()
+}
+
+/// Answers a tool call first, then text.
+fn two_step(req: &FakeRequest) -> FakeReply {
+    if req.assistant_turns() == 0 {
+        FakeReply::tool_call("read_file", json!({"path": "a.txt"})).usage(123, 45)
+    } else {
+        FakeReply::text(format!(
+            "it says {}",
+            req.last_tool_result_text().unwrap_or_default()
+        ))
+    }
+}
+
+async fn round_trip(p: &dyn Provider, llm: &FakeLlm) {
+    let mut req = simple_request();
+    let r = p.complete(&req).await.unwrap();
+    assert_eq!(r.usage.prompt_tokens, 123);
+    assert_eq!(r.usage.completion_tokens, 45);
+    assert_eq!(r.message.role, Role::Assistant);
+    assert_eq!(r.message.tool_calls.len(), 1);
+    let call = &r.message.tool_calls[0];
+    assert_eq!(call.id, "call_1");
+    assert_eq!(call.name, "read_file");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&call.arguments).unwrap(),
+        json!({"path": "a.txt"})
+    );
+    req.messages.push(r.message.clone());
+    req.messages.push(Message::tool(&call.id, "hello"));
+    let r = p.complete(&req).await.unwrap();
+    assert_eq!(r.message.content, "it says hello");
+    assert!(r.message.tool_calls.is_empty());
+    assert_eq!(
+        (r.usage.prompt_tokens, r.usage.completion_tokens),
+        (100, 20)
+    );
+    assert_eq!(llm.count(), 2);
+}
+
+#[tokio::test]
+async fn openai_round_trip() {
+    let llm = FakeLlm::start(two_step);
+    round_trip(openai(&llm).as_ref(), &llm).await;
+    let reqs = llm.requests();
+    assert_eq!(reqs[0].path, "/v1/chat/completions");
+    assert_eq!(
+        reqs[0].header("authorization"),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+    assert_eq!(reqs[0].header("content-type"), Some("application/json"));
+    // Not api.openai.com: the classic field.
+    assert_eq!(reqs[0].body["max_tokens"], 256);
+    assert_eq!(reqs[0].body["model"], "gpt-test");
+    assert_eq!(reqs[1].body["messages"][3]["role"], "tool");
+}
+
+#[tokio::test]
+async fn anthropic_round_trip() {
+    let llm = FakeLlm::start(two_step);
+    round_trip(anthropic(&llm).as_ref(), &llm).await;
+    let reqs = llm.requests();
+    assert_eq!(reqs[0].path, "/v1/messages");
+    assert_eq!(reqs[0].header("x-api-key"), Some(KEY));
+    assert_eq!(reqs[0].header("anthropic-version"), Some("2023-06-01"));
+    assert!(reqs[0].header("authorization").is_none());
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let llm = FakeLlm::start(|r| match r.seq {
+        1 => FakeReply::status(429, json!({"error": {"message": "slow down"}})).retry_after(1),
+        _ => FakeReply::text("ok"),
+    });
+    let start = Instant::now();
+    let r = openai(&llm).complete(&simple_request()).await.unwrap();
+    assert_eq!(r.message.content, "ok");
+    assert_eq!(llm.count(), 2);
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn server_error_is_retried() {
+    let llm = FakeLlm::start(|r| match r.seq {
+        1 => FakeReply::status(500, json!({"error": {"message": "oops"}})),
+        2 => FakeReply::status(
+            529,
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+        ),
+        _ => FakeReply::text("ok"),
+    });
+    let r = anthropic(&llm).complete(&simple_request()).await.unwrap();
+    assert_eq!(r.message.content, "ok");
+    assert_eq!(llm.count(), 3);
+}
+
+#[tokio::test]
+async fn retries_give_up() {
+    let llm = FakeLlm::start(|_| FakeReply::status(503, json!({"error": {"message": "down"}})));
+    let mut c = cfg("openai", &llm.url());
+    c.max_retries = Some(1);
+    let p = connect(&ModelSpec::parse("gpt-x").unwrap(), &c).unwrap();
+    let e = p.complete(&simple_request()).await.unwrap_err();
+    assert!(matches!(e, Error::Http { status: 503, .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("down") && e.to_string().contains("2 attempts"),
+        "{e}"
+    );
+    assert_eq!(llm.count(), 2);
+}
+
+#[tokio::test]
+async fn auth_error_is_final_and_hides_the_key() {
+    let llm = FakeLlm::start(|_| {
+        FakeReply::status(
+            401,
+            json!({"error": {"message": format!("Incorrect API key provided: {KEY}. Or sk-tes*****6789."), "code": "invalid_api_key"}}),
+        )
+    });
+    let e = openai(&llm).complete(&simple_request()).await.unwrap_err();
+    assert_eq!(llm.count(), 1);
+    assert!(matches!(e, Error::Auth(_)), "{e:?}");
+    assert!(!e.retryable());
+    let shown = format!("{e} {e:?}");
+    assert!(
+        !shown.contains("SECRET") && !shown.contains("6789"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("OPENAI_API_KEY") && shown.contains(&llm.url()),
+        "{shown}"
+    );
+    assert!(shown.contains("Incorrect API key provided"), "{shown}");
+}
+
+#[tokio::test]
+async fn not_found() {
+    let llm = FakeLlm::start(|_| {
+        FakeReply::status(
+            404,
+            json!({"error": {"message": "The model `gpt-test` does not exist"}}),
+        )
+    });
+    let e = openai(&llm).complete(&simple_request()).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::NotFound(m) if m.contains("does not exist")),
+        "{e:?}"
+    );
+    assert_eq!(llm.count(), 1);
+}
+
+#[tokio::test]
+async fn context_overflow_is_not_retried() {
+    let llm = FakeLlm::start(|r| {
+        if r.is_anthropic() {
+            FakeReply::status(
+                400,
+                json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 210000 tokens > 200000 maximum"}}),
+            )
+        } else {
+            FakeReply::status(
+                400,
+                json!({"error": {"message": "Your input exceeds the limit.", "type": "invalid_request_error", "code": "context_length_exceeded"}}),
+            )
+        }
+    });
+    let e = openai(&llm).complete(&simple_request()).await.unwrap_err();
+    assert!(matches!(e, Error::ContextOverflow(_)), "{e:?}");
+    assert_eq!(llm.count(), 1);
+    let e = anthropic(&llm)
+        .complete(&simple_request())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::ContextOverflow(m) if m.contains("prompt is too long")),
+        "{e:?}"
+    );
+    assert_eq!(llm.count(), 2);
+    // Any other 400 is a plain, final HTTP error.
+    let llm = FakeLlm::start(|_| {
+        FakeReply::status(400, json!({"error": {"message": "bad tool schema"}}))
+    });
+    let e = openai(&llm).complete(&simple_request()).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::Http { status: 400, message } if message.contains("bad tool schema")),
+        "{e:?}"
+    );
+    assert_eq!(llm.count(), 1);
+}
+
+#[tokio::test]
+async fn slow_answer_times_out_after_retries() {
+    let llm = FakeLlm::start(|_| FakeReply::text("late").delay(Duration::from_secs(3)));
+    let mut c = cfg("openai", &llm.url());
+    c.timeout = Some("300ms".into());
+    c.max_retries = Some(1);
+    let p = connect(&ModelSpec::parse("openai:gpt-test").unwrap(), &c).unwrap();
+    let start = Instant::now();
+    let e = p.complete(&simple_request()).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::Timeout(m) if m.contains("300ms")),
+        "{e:?}"
+    );
+    assert_eq!(llm.count(), 2);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn unreachable_server_is_a_transport_error() {
+    let url = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/v1", l.local_addr().unwrap())
+    };
+    let mut c = cfg("openai", &url);
+    c.max_retries = Some(0);
+    let p = connect(&ModelSpec::parse("openai:gpt-test").unwrap(), &c).unwrap();
+    let e = p.complete(&simple_request()).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::Transport(m) if m.contains("cannot reach")),
+        "{e:?}"
+    );
+    assert!(e.retryable());
+}
+
+#[tokio::test]
+async fn garbage_answer_is_a_decode_error() {
+    let llm = FakeLlm::start(|_| FakeReply::status(200, json!({"unexpected": true})));
+    let e = openai(&llm).complete(&simple_request()).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::Decode(m) if m.contains("choices")),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn text_tool_mode_end_to_end() {
+    let llm = FakeLlm::start(|r| {
+        if r.assistant_turns() == 0 {
+            FakeReply::text(
+                "Reading.\n```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\": \"a\"}}\n```",
+            )
+        } else {
+            FakeReply::text(format!(
+                "got: {}",
+                r.last_tool_result_text().unwrap_or_default()
+            ))
+        }
+    });
+    let mut c = cfg("ollama", &llm.url());
+    c.models.insert(
+        "ollama:qwen".into(),
+        ModelConfig {
+            tool_mode: Some(ToolMode::Text),
+            ..Default::default()
+        },
+    );
+    let p = connect(&ModelSpec::parse("ollama:qwen").unwrap(), &c).unwrap();
+    let mut req = simple_request();
+    let r = p.complete(&req).await.unwrap();
+    assert_eq!(r.message.content, "Reading.");
+    assert_eq!(r.message.tool_calls[0].id, "call_0_0");
+    assert_eq!(r.message.tool_calls[0].arguments, r#"{"path":"a"}"#);
+    req.messages.push(r.message.clone());
+    req.messages.push(Message::tool("call_0_0", "abc"));
+    let r = p.complete(&req).await.unwrap();
+    assert_eq!(
+        r.message.content,
+        "got: Result of read_file call call_0_0:\nabc"
+    );
+    let body = &llm.requests()[1].body;
+    assert!(body.get("tools").is_none());
+    assert!(
+        body["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("# Tools")
+    );
+}
+
+#[test]
+fn openai_body_snapshot() {
+    let body = openai::build_body("gpt-4.1", &fixed_request(), "max_completion_tokens", 1024);
+    assert_eq!(
+        body,
+        json!({
+            "model": "gpt-4.1",
+            "messages": [
+                {"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": "Fix the build."},
+                {"role": "assistant", "content": "Let me look.", "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "read_file", "arguments": "{\"path\":\"src/main.rs\"}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "fn main() {}"}
+            ],
+            "tools": [
+                {"type": "function", "function": {"name": "read_file", "description": "Read a file.",
+                 "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+                {"type": "function", "function": {"name": "run", "description": "Run a command.",
+                 "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}
+            ],
+            "max_completion_tokens": 1024
+        })
+    );
+}
+
+#[test]
+fn anthropic_body_snapshot() {
+    let body = anthropic::build_body("claude-sonnet-4-5", &fixed_request(), 1024);
+    assert_eq!(
+        body,
+        json!({
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 1024,
+            "system": "You are a coding agent.",
+            "messages": [
+                {"role": "user", "content": "Fix the build."},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "call_1", "name": "read_file", "input": {"path": "src/main.rs"}}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "call_1", "content": "fn main() {}"}
+                ]}
+            ],
+            "tools": [
+                {"name": "read_file", "description": "Read a file.",
+                 "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}},
+                {"name": "run", "description": "Run a command.",
+                 "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
+            ]
+        })
+    );
+}
+
+#[test]
+fn anthropic_merges_tool_results_and_repairs_arguments() {
+    let mut req = fixed_request();
+    req.system.clear();
+    req.tools.clear();
+    req.messages[1].content.clear();
+    req.messages[1].tool_calls.push(ToolUse {
+        id: "call_2".into(),
+        name: "run".into(),
+        arguments: "{not json".into(),
+    });
+    req.messages.push(Message::tool("call_2", "ok"));
+    req.messages.push(Message::user("Note: the worker moved."));
+    let body = anthropic::build_body("m", &req, 10);
+    assert!(body.get("system").is_none() && body.get("tools").is_none());
+    assert_eq!(
+        body["messages"],
+        json!([
+            {"role": "user", "content": "Fix the build."},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "call_1", "name": "read_file", "input": {"path": "src/main.rs"}},
+                {"type": "tool_use", "id": "call_2", "name": "run", "input": {}}
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "call_1", "content": "fn main() {}"},
+                {"type": "tool_result", "tool_use_id": "call_2", "content": "ok"},
+                {"type": "text", "text": "Note: the worker moved."}
+            ]}
+        ])
+    );
+}
+
+#[test]
+fn openai_field_for_api_openai_com() {
+    let resolved = |url: &str| Resolved {
+        base_url: url.into(),
+        key: Some(ApiKey::new(KEY)),
+        key_hint: "set OPENAI_API_KEY".into(),
+        timeout: Duration::from_secs(1),
+        max_retries: 0,
+        max_tokens_cap: None,
+        tool_mode: ToolMode::Native,
+    };
+    let p = OpenAi::new("gpt-4.1", resolved("https://api.openai.com/v1")).unwrap();
+    assert_eq!(p.max_tokens_field(), "max_completion_tokens");
+    let p = OpenAi::new("llama", resolved("http://127.0.0.1:11434/v1")).unwrap();
+    assert_eq!(p.max_tokens_field(), "max_tokens");
+}
+
+#[test]
+fn openai_response_variants() {
+    let r = openai::parse_response(&json!({
+        "choices": [{"message": {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "ls", "arguments": {"p": 1}}}
+        ]}}]
+    }))
+    .unwrap();
+    assert_eq!(r.message.content, "");
+    assert_eq!(r.message.tool_calls[0].arguments, r#"{"p":1}"#);
+    assert_eq!(r.usage, Usage::default());
+    assert!(openai::parse_response(&json!({"choices": []})).is_err());
+}

@@ -1,0 +1,387 @@
+//! Text tool-call mode: for models or servers without native tool calling, tools are
+//! described in the system prompt and called with fenced JSON blocks in plain text.
+//!
+//! ````text
+//! ```json
+//! {"tool": "NAME", "arguments": {...}}
+//! ```
+//! ````
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::{Error, Message, Provider, Request, Response, Role, ToolSpec, ToolUse};
+
+/// Wraps a provider so tool calls travel as text: sends no `tools`, describes them in the
+/// system prompt, replays earlier calls and results as text, and parses calls out of the
+/// answer (blocks that look like calls but cannot be read go to
+/// [`Response::malformed_calls`]).
+pub struct TextTools {
+    inner: Arc<dyn Provider>,
+}
+
+impl TextTools {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Provider>) -> Self {
+        Self { inner }
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for TextTools {
+    async fn complete(&self, req: &Request) -> Result<Response, Error> {
+        let mut resp = self.inner.complete(&to_text_request(req)).await?;
+        let turn = req
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .count();
+        let parsed = parse_reply(&resp.message.content, turn);
+        resp.message.content = parsed.content;
+        resp.message.tool_calls.extend(parsed.calls);
+        resp.malformed_calls.extend(parsed.malformed);
+        Ok(resp)
+    }
+}
+
+const FORMAT: &str = "```json\n{\"tool\": \"NAME\", \"arguments\": {...}}\n```";
+
+/// The system prompt's tool section.
+fn tools_prompt(tools: &[ToolSpec]) -> String {
+    let mut s = String::from(
+        "# Tools\n\nYou can call the tools below. To call one, write a fenced block exactly \
+         like this, one block per call, with the arguments as a JSON object matching the \
+         tool's schema:\n\n",
+    );
+    s.push_str(FORMAT);
+    s.push_str(
+        "\n\nYou may write several blocks to make several calls; the results come back in \
+         the next message. When you need no tool, answer in plain text without such blocks.\n",
+    );
+    for t in tools {
+        s.push_str(&format!(
+            "\n## {}\n\n{}\n\nArguments (JSON schema): {}\n",
+            t.name, t.description, t.parameters
+        ));
+    }
+    s
+}
+
+/// A call rendered the way the model is asked to write it.
+fn call_block(c: &ToolUse) -> String {
+    let args = serde_json::from_str::<Value>(&c.arguments).unwrap_or_else(|_| json!(c.arguments));
+    format!(
+        "```json\n{{\"tool\": {}, \"arguments\": {args}}}\n```",
+        json!(c.name)
+    )
+}
+
+/// The request the inner provider sees.
+pub(crate) fn to_text_request(req: &Request) -> Request {
+    let mut system = req.system.clone();
+    if !req.tools.is_empty() {
+        if !system.is_empty() {
+            system.push_str("\n\n");
+        }
+        system.push_str(&tools_prompt(&req.tools));
+    }
+    let mut names: HashMap<&str, &str> = HashMap::new();
+    let mut messages: Vec<Message> = Vec::with_capacity(req.messages.len());
+    for m in &req.messages {
+        let text = match m.role {
+            Role::Assistant => {
+                let mut parts: Vec<String> = Vec::new();
+                if !m.content.is_empty() {
+                    parts.push(m.content.clone());
+                }
+                for c in &m.tool_calls {
+                    names.insert(&c.id, &c.name);
+                    parts.push(call_block(c));
+                }
+                messages.push(Message {
+                    role: Role::Assistant,
+                    content: parts.join("\n\n"),
+                    tool_calls: vec![],
+                    tool_call_id: String::new(),
+                });
+                continue;
+            }
+            Role::Tool => {
+                let name = names
+                    .get(m.tool_call_id.as_str())
+                    .copied()
+                    .unwrap_or("tool");
+                format!("Result of {name} call {}:\n{}", m.tool_call_id, m.content)
+            }
+            Role::User => m.content.clone(),
+        };
+        // Consecutive user turns (tool results, then a note) become one message.
+        match messages.last_mut() {
+            Some(prev) if prev.role == Role::User => {
+                prev.content.push_str("\n\n");
+                prev.content.push_str(&text);
+            }
+            _ => messages.push(Message::user(text)),
+        }
+    }
+    Request {
+        system,
+        messages,
+        tools: vec![],
+        max_tokens: req.max_tokens,
+    }
+}
+
+/// What a text answer holds.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Parsed {
+    /// The text with the parsed call blocks removed (malformed ones stay, for context).
+    pub content: String,
+    pub calls: Vec<ToolUse>,
+    pub malformed: Vec<String>,
+}
+
+/// Reads the tool calls out of an answer. `turn` (the number of earlier assistant messages)
+/// makes the ids `call_<turn>_<n>` unique within the conversation.
+pub(crate) fn parse_reply(text: &str, turn: usize) -> Parsed {
+    let mut out = Parsed::default();
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let Some(rest) = line.trim().strip_prefix("```") else {
+            out.content.push_str(line);
+            i += 1;
+            continue;
+        };
+        // One-line block: ```json {...} ```
+        let (info, body, raw, closed) = if rest.len() > 3 && rest.ends_with("```") {
+            let inner = rest[..rest.len() - 3].trim();
+            let (info, body) = match inner.find(|c: char| c.is_whitespace() || c == '{') {
+                Some(p) if !inner.starts_with('{') => (&inner[..p], inner[p..].to_string()),
+                _ => ("", inner.to_string()),
+            };
+            i += 1;
+            (info.trim(), body, line.to_string(), true)
+        } else {
+            let mut j = i + 1;
+            while j < lines.len() && lines[j].trim() != "```" {
+                j += 1;
+            }
+            let closed = j < lines.len();
+            let body: String = lines[i + 1..j].concat();
+            let end = if closed { j + 1 } else { j };
+            let raw = lines[i..end].concat();
+            i = end;
+            (rest.trim(), body, raw, closed)
+        };
+        let info = info.to_ascii_lowercase();
+        if !matches!(
+            info.as_str(),
+            "" | "json" | "tool" | "tool_call" | "tool_code"
+        ) {
+            out.content.push_str(&raw);
+            continue;
+        }
+        let tool_fence = info.starts_with("tool");
+        let before = (out.calls.len(), out.malformed.len());
+        read_block(&body, tool_fence, closed, turn, &mut out);
+        if out.malformed.len() > before.1 || out.calls.len() == before.0 {
+            out.content.push_str(&raw); // not a call, or a malformed one: keep the text
+        }
+    }
+    out.content = out.content.trim().to_string();
+    out
+}
+
+/// Adds the calls (or the errors) in one fenced block's body to `out`.
+fn read_block(body: &str, tool_fence: bool, closed: bool, turn: usize, out: &mut Parsed) {
+    let looks_like_call = tool_fence
+        || body.contains("\"tool\"")
+        || (body.contains("\"name\"") && body.contains("\"arguments\""));
+    let mut values = Vec::new();
+    for v in serde_json::Deserializer::from_str(body).into_iter::<Value>() {
+        match v {
+            Ok(v) => values.push(v),
+            Err(e) => {
+                if looks_like_call {
+                    let unclosed = if closed {
+                        ""
+                    } else {
+                        " (the block is not closed with ```)"
+                    };
+                    out.malformed.push(malformed(
+                        body,
+                        &format!("it is not valid JSON: {e}{unclosed}"),
+                    ));
+                }
+                return;
+            }
+        }
+    }
+    let mut calls = Vec::new();
+    let mut errors = Vec::new();
+    for v in &values {
+        let Some(o) = v.as_object() else {
+            if v.is_array() && v.to_string().contains("\"tool\"") {
+                errors.push("it is a JSON array: write one object per block".to_string());
+            }
+            continue;
+        };
+        let Some(name) = o.get("tool").or_else(|| o.get("name")) else {
+            continue; // JSON that is not a call: leave it as text
+        };
+        let Some(name) = name.as_str().filter(|n| !n.trim().is_empty()) else {
+            errors.push("\"tool\" must be the tool's name as a string".to_string());
+            continue;
+        };
+        let arguments = match o.get("arguments") {
+            Some(a @ Value::Object(_)) => a.to_string(),
+            Some(Value::String(s))
+                if serde_json::from_str::<Value>(s).is_ok_and(|v| v.is_object()) =>
+            {
+                s.clone()
+            }
+            Some(_) => {
+                errors.push(format!("the arguments of `{name}` are not a JSON object"));
+                continue;
+            }
+            None => {
+                errors.push(format!(
+                    "the call to `{name}` has no \"arguments\" (write \"arguments\": {{}} if it \
+                     takes none)"
+                ));
+                continue;
+            }
+        };
+        calls.push((name.to_string(), arguments));
+    }
+    if let Some(e) = errors.first() {
+        out.malformed.push(malformed(body, e));
+        return;
+    }
+    for (name, arguments) in calls {
+        let id = format!("call_{turn}_{}", out.calls.len());
+        out.calls.push(ToolUse {
+            id,
+            name,
+            arguments,
+        });
+    }
+}
+
+fn malformed(body: &str, what: &str) -> String {
+    let snippet: String = body.trim().chars().take(200).collect();
+    format!(
+        "A tool call could not be read because {what}. The block was:\n{snippet}\nWrite each \
+         call as its own fenced block, exactly:\n{FORMAT}"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_good_block() {
+        let p = parse_reply(
+            "I will list the files.\n```json\n{\"tool\": \"ls\", \"arguments\": {\"path\": \".\"}}\n```\n",
+            2,
+        );
+        assert_eq!(p.content, "I will list the files.");
+        assert_eq!(
+            p.calls,
+            vec![ToolUse {
+                id: "call_2_0".into(),
+                name: "ls".into(),
+                arguments: r#"{"path":"."}"#.into()
+            }]
+        );
+        assert!(p.malformed.is_empty());
+    }
+
+    #[test]
+    fn two_blocks_and_variants() {
+        let text = "First:\n```tool\n{\"name\": \"read\", \"arguments\": {\"path\": \"a\"}}\n```\nthen\n```\n{\"tool\": \"read\", \"arguments\": \"{\\\"path\\\": \\\"b\\\"}\"}\n```\nand\n```json {\"tool\": \"ls\", \"arguments\": {}}```";
+        let p = parse_reply(text, 0);
+        let names: Vec<_> = p
+            .calls
+            .iter()
+            .map(|c| (c.id.as_str(), c.name.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("call_0_0", "read"),
+                ("call_0_1", "read"),
+                ("call_0_2", "ls")
+            ]
+        );
+        assert_eq!(p.calls[1].arguments, r#"{"path": "b"}"#);
+        assert_eq!(p.content, "First:\nthen\nand");
+        assert!(p.malformed.is_empty(), "{:?}", p.malformed);
+    }
+
+    #[test]
+    fn malformed_block() {
+        let p = parse_reply(
+            "```json\n{\"tool\": \"ls\", \"arguments\": {\"path\": \".\"\n```\n",
+            0,
+        );
+        assert!(p.calls.is_empty());
+        assert_eq!(p.malformed.len(), 1);
+        assert!(
+            p.malformed[0].contains("not valid JSON"),
+            "{}",
+            p.malformed[0]
+        );
+        assert!(p.malformed[0].contains(FORMAT));
+        assert!(p.content.contains("\"tool\": \"ls\""));
+
+        let p = parse_reply("```json\n{\"tool\": \"ls\"}\n```", 0);
+        assert!(
+            p.malformed[0].contains("no \"arguments\""),
+            "{:?}",
+            p.malformed
+        );
+        let p = parse_reply("```json\n{\"tool\": \"ls\", \"arguments\": [1]}", 0);
+        assert!(
+            p.malformed[0].contains("not a JSON object"),
+            "{:?}",
+            p.malformed
+        );
+    }
+
+    #[test]
+    fn prose_and_other_code() {
+        let text =
+            "Done. Here is the config:\n```json\n{\"port\": 8080}\n```\n```rust\nfn main() {}\n```";
+        let p = parse_reply(text, 1);
+        assert_eq!(p.content, text);
+        assert!(p.calls.is_empty() && p.malformed.is_empty());
+        let p = parse_reply("All done, no tools needed.", 0);
+        assert_eq!(p.content, "All done, no tools needed.");
+    }
+
+    #[test]
+    fn request_conversion() {
+        let req = super::super::tests::fixed_request();
+        let t = to_text_request(&req);
+        assert!(t.tools.is_empty());
+        assert!(t.system.starts_with("You are a coding agent.\n\n# Tools"));
+        assert!(t.system.contains("## read_file") && t.system.contains(FORMAT));
+        let roles: Vec<_> = t.messages.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::User, Role::Assistant, Role::User]);
+        assert_eq!(
+            t.messages[1].content,
+            "Let me look.\n\n```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\":\"src/main.rs\"}}\n```"
+        );
+        assert!(t.messages[1].tool_calls.is_empty());
+        assert_eq!(
+            t.messages[2].content,
+            "Result of read_file call call_1:\nfn main() {}"
+        );
+    }
+}

@@ -1,0 +1,559 @@
+//! The agent end to end: a real brain and a real worker as processes, and a fake LLM server
+//! on loopback that speaks the OpenAI and Anthropic wire formats, so the real provider
+//! clients, the durable loop and the worker's tools are what is exercised.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use serde_json::json;
+use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
+use testkit::{BrainOptions, Cluster, text};
+
+/// A key that must never show up anywhere but in the fake server's request headers.
+const KEY: &str = "sk-test-SECRET-7c1f9a2e5d";
+
+fn config(llm: &FakeLlm, extra: &str) -> String {
+    format!(
+        r#"
+[llm.providers.openai]
+base_url = "{url}"
+api_key = "{KEY}"
+[llm.providers.anthropic]
+base_url = "{base}"
+api_key = "{KEY}"
+[llm.providers.ollama]
+base_url = "{url}"
+[llm.models."openai:gpt-4.1"]
+input_usd_per_mtok = 2.0
+output_usd_per_mtok = 8.0
+[llm.models."ollama:qwen-local"]
+tool_mode = "text"
+{extra}
+"#,
+        url = llm.url(),
+        base = llm.base(),
+    )
+}
+
+fn cluster(llm: &FakeLlm, extra: &str) -> Cluster {
+    Cluster::start_with(BrainOptions {
+        config: Some(config(llm, extra)),
+        ..Default::default()
+    })
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Starts an agent task without following it; returns its id.
+fn start(c: &Cluster, args: &[&str]) -> String {
+    let mut all = vec!["run", "--detach"];
+    all.extend_from_slice(args);
+    let out = c.brain_cli(&all);
+    assert!(out.status.success(), "brain run: {}", text(&out));
+    stdout(&out).trim().to_string()
+}
+
+fn read_file(c: &Cluster, worker: &str, task: &str, path: &str) -> Option<String> {
+    let ws = format!("task-{}", task.trim_start_matches("t-"));
+    let out = c.brain_cli(&["file", "read", worker, path, "--workspace", &ws]);
+    out.status.success().then(|| stdout(&out))
+}
+
+/// Every observation the model was sent, in order, across the requests (the last tool
+/// result of each request).
+fn observations(llm: &FakeLlm) -> Vec<String> {
+    llm.requests()
+        .iter()
+        .filter_map(FakeRequest::last_tool_result_text)
+        .collect()
+}
+
+fn assert_no_secret(c: &Cluster, id: &str, worker_log: &str) {
+    let log = c.brain_cli(&["task", "log", id, "--json"]);
+    for (what, t) in [
+        ("the task log", stdout(&log)),
+        ("the brain's log", c.brain_log()),
+        ("the worker's log", worker_log.to_string()),
+    ] {
+        assert!(!t.contains(KEY), "the API key appears in {what}");
+    }
+}
+
+#[test]
+fn an_agent_fixes_a_failing_test_on_a_real_worker() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call(
+            "write_file",
+            json!({"path": "calc.sh", "content": "add() { echo $(($1 - $2)); }\n"}),
+        ),
+        1 => FakeReply::tool_call(
+            "write_file",
+            json!({"path": "test.sh", "content": ". ./calc.sh\nif [ \"$(add 2 3)\" = 5 ]; then echo PASS; else echo \"FAIL: add 2 3 = $(add 2 3)\"; exit 1; fi\n"}),
+        ),
+        2 | 4 => FakeReply::tool_call("run_command", json!({"command": "sh test.sh"})),
+        3 => FakeReply::tool_call(
+            "edit_file",
+            json!({"path": "calc.sh", "old_string": "$1 - $2", "new_string": "$1 + $2"}),
+        ),
+        5 => FakeReply::tool_call("read_file", json!({"path": "calc.sh"})),
+        6 => FakeReply::tool_call("search", json!({"pattern": "add\\(\\)"})),
+        _ => FakeReply::tool_call("finish", json!({"summary": "add() fixed; test.sh passes"})),
+    });
+    let c = cluster(&llm, "");
+    let w = c.join_worker("dev");
+    // Followed to the end, as a person would run it.
+    let out = c.brain_cli(&[
+        "run",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "full",
+        "--worker",
+        "dev",
+        "make test.sh pass",
+    ]);
+    let shown = stdout(&out);
+    assert!(out.status.success(), "{}\n{}", text(&out), c.brain_log());
+    let id = shown.lines().next().unwrap().trim().to_string();
+    let obs = observations(&llm);
+    assert_eq!(obs.len(), 7, "{obs:#?}");
+    assert!(
+        obs[2].contains("exit code 1") && obs[2].contains("FAIL: add 2 3 = -1"),
+        "{}",
+        obs[2]
+    );
+    assert!(obs[3].contains("replaced 1 occurrence"), "{}", obs[3]);
+    assert!(
+        obs[4].contains("exit code 0") && obs[4].contains("PASS"),
+        "{}",
+        obs[4]
+    );
+    assert!(
+        obs[5].contains("1\tadd() { echo $(($1 + $2)); }"),
+        "{}",
+        obs[5]
+    );
+    assert!(obs[6].contains("calc.sh:1:"), "{}", obs[6]);
+    assert_eq!(
+        read_file(&c, &w.id, &id, "calc.sh").as_deref(),
+        Some("add() { echo $(($1 + $2)); }\n")
+    );
+    assert_eq!(c.task_status(&id).as_deref(), Some("finished"));
+    // What the person watching saw: tool calls, their output, tokens and cost.
+    assert!(shown.contains("→ run_command"), "{shown}");
+    assert!(shown.contains("FAIL: add 2 3 = -1"), "{shown}");
+    assert!(shown.contains("so far: 960 tokens"), "{shown}");
+    // 8 calls of 100 prompt + 20 completion tokens at $2 / $8 per million.
+    let cost = 8.0 * (100.0 * 2.0 + 20.0 * 8.0) / 1e6;
+    assert!(shown.contains(&format!("${cost:.4}")), "{shown}");
+    // The wire format: the key as a bearer token, the tools, the system prompt first.
+    let first = &llm.requests()[0];
+    assert_eq!(
+        first.header("authorization"),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+    assert_eq!(first.body["model"], "gpt-4.1");
+    assert_eq!(first.body["messages"][0]["role"], "system");
+    assert_eq!(first.body["messages"][1]["content"], "make test.sh pass");
+    let tools: Vec<&str> = first.body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    for t in [
+        "read_file",
+        "list_files",
+        "search",
+        "run_command",
+        "write_file",
+        "edit_file",
+        "finish",
+    ] {
+        assert!(tools.contains(&t), "{t} missing from {tools:?}");
+    }
+    assert_no_secret(&c, &id, &w.log_text());
+}
+
+#[test]
+fn approvals_survive_a_brain_kill_and_a_denial_reaches_the_model() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call("run_command", json!({"command": "echo ran > proof.txt"})),
+        1 => FakeReply::tool_call(
+            "write_file",
+            json!({"path": "../escape.txt", "content": "x"}),
+        ),
+        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
+    });
+    let mut c = cluster(&llm, "");
+    let w = c.join_worker("laptop");
+    let id = start(
+        &c,
+        &[
+            "--model",
+            "anthropic:claude-sonnet-4-5",
+            "--permission",
+            "ask",
+            "--worker",
+            "laptop",
+            "approve me",
+        ],
+    );
+    c.wait_status(&id, &["waiting"], Duration::from_secs(20));
+    assert_eq!(llm.count(), 1);
+    assert_eq!(
+        read_file(&c, &w.id, &id, "proof.txt"),
+        None,
+        "ran before approval"
+    );
+    // The brain dies while the call waits for a person: the wait is in the log.
+    c.kill_brain();
+    c.start_brain().unwrap();
+    c.wait_status(&id, &["waiting"], Duration::from_secs(20));
+    let out = c.brain_cli(&["approve", &id]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        stdout(&out).contains("run `echo ran > proof.txt`"),
+        "{}",
+        stdout(&out)
+    );
+    // The write is asked for next; deny it with a reason.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while llm.count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{}", c.brain_log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.wait_status(&id, &["waiting"], Duration::from_secs(20));
+    let out = c.brain_cli(&["deny", &id, "--reason", "stay in the workspace"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(20)),
+        "finished"
+    );
+    assert_eq!(
+        read_file(&c, &w.id, &id, "proof.txt").as_deref(),
+        Some("ran\n")
+    );
+    let obs = observations(&llm);
+    assert!(
+        obs[1].contains("denied") && obs[1].contains("stay in the workspace"),
+        "{obs:#?}"
+    );
+    // Each request was sent once: the answered one was not sent again after the kill.
+    let turns: Vec<usize> = llm
+        .requests()
+        .iter()
+        .map(FakeRequest::assistant_turns)
+        .collect();
+    assert_eq!(turns, [0, 1, 2]);
+    let r = &llm.requests()[0];
+    assert!(r.is_anthropic());
+    assert_eq!(r.header("x-api-key"), Some(KEY));
+    // Nothing to approve any more.
+    let out = c.brain_cli(&["approve", &id]);
+    assert!(!out.status.success());
+    assert_no_secret(&c, &id, &w.log_text());
+}
+
+#[test]
+fn a_brain_kill_during_a_command_sends_no_request_twice_and_runs_nothing_twice() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call(
+            "run_command",
+            json!({"command": "sleep 2; echo once >> once.txt; echo slow-done"}),
+        ),
+        _ => FakeReply::tool_call("finish", json!({"summary": "ok"})),
+    });
+    let mut c = cluster(&llm, "");
+    let w = c.join_worker("box");
+    let id = start(
+        &c,
+        &[
+            "--model",
+            "openai:gpt-4.1",
+            "--permission",
+            "full",
+            "--worker",
+            "box",
+            "slow one",
+        ],
+    );
+    // Killed after the answer is logged and the command is running.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !c
+        .task_log_json(&id)
+        .iter()
+        .any(|r| r["kind"] == "tool_call_issued")
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", c.brain_log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.kill_brain();
+    c.start_brain().unwrap();
+    assert_eq!(
+        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
+        "finished"
+    );
+    assert_eq!(
+        read_file(&c, &w.id, &id, "once.txt").as_deref(),
+        Some("once\n")
+    );
+    let turns: Vec<usize> = llm
+        .requests()
+        .iter()
+        .map(FakeRequest::assistant_turns)
+        .collect();
+    assert_eq!(turns, [0, 1], "a request was sent twice");
+    let obs = observations(&llm);
+    assert!(obs[0].contains("slow-done"), "{obs:#?}");
+}
+
+#[test]
+fn a_spent_budget_stops_the_task_and_resume_continues_it() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0..=2 => FakeReply::tool_call("list_files", json!({})),
+        _ => FakeReply::tool_call("finish", json!({"summary": "listed"})),
+    });
+    let mut c = cluster(&llm, "");
+    let _w = c.join_worker("w");
+    let out = c.brain_cli(&[
+        "run",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "read-only",
+        "--max-steps",
+        "2",
+        "--worker",
+        "w",
+        "look around",
+    ]);
+    let id = stdout(&out).lines().next().unwrap().trim().to_string();
+    assert!(!out.status.success(), "a stopped task is not a success");
+    assert_eq!(c.task_status(&id).as_deref(), Some("budget_exhausted"));
+    assert!(
+        text(&out).contains("step budget spent (2 of 2)"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(llm.count(), 2);
+    // Stays stopped across a restart, and says what to give.
+    c.kill_brain();
+    c.start_brain().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(c.task_status(&id).as_deref(), Some("budget_exhausted"));
+    assert_eq!(llm.count(), 2);
+    let out = c.brain_cli(&["task", "resume", &id]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("--budget-usd"), "{}", text(&out));
+    let out = c.brain_cli(&["task", "resume", &id, "--max-steps", "5"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        c.wait_status(&id, &["finished"], Duration::from_secs(20)),
+        "finished"
+    );
+    assert_eq!(llm.count(), 4);
+    // Read-only tasks are offered read tools only.
+    let tools = llm.requests()[0].body["tools"].to_string();
+    assert!(
+        !tools.contains("run_command") && tools.contains("list_files"),
+        "{tools}"
+    );
+    let out = c.brain_cli(&["task", "resume", &id, "--max-steps", "1"]);
+    assert!(!out.status.success(), "a finished task cannot be resumed");
+}
+
+#[test]
+fn the_same_failing_call_earns_a_note_then_stops_the_task_as_stuck() {
+    let llm = FakeLlm::start(|_| {
+        FakeReply::tool_call("run_command", json!({"command": "echo nope >&2; exit 3"}))
+    });
+    let c = cluster(&llm, "[agent]\nrepeat_limit = 3\n");
+    let _w = c.join_worker("w");
+    let id = start(
+        &c,
+        &[
+            "--model",
+            "openai:gpt-4.1",
+            "--permission",
+            "full",
+            "--worker",
+            "w",
+            "loop",
+        ],
+    );
+    assert_eq!(
+        c.wait_status(
+            &id,
+            &["stuck", "finished", "failed"],
+            Duration::from_secs(30)
+        ),
+        "stuck"
+    );
+    let obs = observations(&llm);
+    assert_eq!(llm.count(), 5, "{obs:#?}");
+    assert!(
+        obs[0].contains("exit code 3") && obs[0].contains("nope"),
+        "{}",
+        obs[0]
+    );
+    assert!(!obs[1].contains("Stop and think"));
+    assert!(
+        obs[2].contains("failed 3 times in a row") && obs[2].contains("Stop and think"),
+        "{}",
+        obs[2]
+    );
+    let log = c.task_log_json(&id);
+    let last = log.last().unwrap();
+    assert_eq!(
+        (last["kind"].as_str(), last["outcome"].as_str()),
+        (Some("finished"), Some("stuck"))
+    );
+}
+
+#[test]
+fn bad_tool_calls_are_answered_with_errors_and_text_mode_models_work() {
+    let block = |tool: &str, args: serde_json::Value| {
+        format!(
+            "I will do that.\n```json\n{}\n```\n",
+            json!({"tool": tool, "arguments": args})
+        )
+    };
+    let llm = FakeLlm::start(move |req| match req.assistant_turns() {
+        0 => FakeReply::text(block(
+            "write_file",
+            json!({"path": "a.txt", "content": "hello\n"}),
+        )),
+        1 => FakeReply::text("```json\n{\"tool\": \"read_file\", \"arguments\": {oops}\n```"),
+        2 => FakeReply::text(block("teleport", json!({}))),
+        3 => FakeReply::text(block("read_file", json!({"path": "a.txt"}))),
+        _ => FakeReply::text(block("finish", json!({"summary": "wrote a.txt"}))),
+    });
+    let c = cluster(&llm, "");
+    let w = c.join_worker("w");
+    let id = start(
+        &c,
+        &[
+            "--model",
+            "ollama:qwen-local",
+            "--permission",
+            "full",
+            "--worker",
+            "w",
+            "text mode",
+        ],
+    );
+    assert_eq!(
+        c.wait_status(
+            &id,
+            &["finished", "failed", "stuck"],
+            Duration::from_secs(30)
+        ),
+        "finished"
+    );
+    assert_eq!(
+        read_file(&c, &w.id, &id, "a.txt").as_deref(),
+        Some("hello\n")
+    );
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 5);
+    assert!(
+        reqs[0].body.get("tools").is_none(),
+        "text mode sends no tools field"
+    );
+    assert!(
+        reqs[0].body["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("```json")
+    );
+    let said = |i: usize| reqs[i].body["messages"].to_string();
+    assert!(said(2).contains("could not be read"), "{}", said(2));
+    assert!(
+        said(3).contains("unknown tool") && said(3).contains("teleport"),
+        "{}",
+        said(3)
+    );
+    assert!(said(4).contains("hello"), "{}", said(4));
+}
+
+#[test]
+fn model_errors_fail_the_task_clearly_and_a_recorded_run_replays_without_a_server() {
+    let llm = FakeLlm::start(|req| {
+        if req.body["model"] == "gpt-4.1-mini" {
+            return FakeReply::status(
+                401,
+                json!({"error": {"message": "Incorrect API key provided"}}),
+            );
+        }
+        match req.assistant_turns() {
+            0 => FakeReply::tool_call(
+                "write_file",
+                json!({"path": "r.txt", "content": "replayed\n"}),
+            ),
+            _ => FakeReply::tool_call("finish", json!({"summary": "wrote r.txt"})),
+        }
+    });
+    let c = cluster(&llm, "");
+    let w = c.join_worker("w");
+    let id = start(
+        &c,
+        &[
+            "--model",
+            "openai:gpt-4.1-mini",
+            "--permission",
+            "full",
+            "--worker",
+            "w",
+            "doomed",
+        ],
+    );
+    assert_eq!(
+        c.wait_status(&id, &["failed", "finished"], Duration::from_secs(20)),
+        "failed"
+    );
+    assert_eq!(llm.count(), 1, "a 401 is not retried");
+    let out = c.brain_cli(&["tasks"]);
+    assert!(stdout(&out).contains("refused"), "{}", stdout(&out));
+    // Record a run, then replay it: same effect, no request to any server.
+    let file = c.dir.join("run.jsonl");
+    let out = c.brain_cli(&[
+        "run",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "full",
+        "--record",
+        file.to_str().unwrap(),
+        "--worker",
+        "w",
+        "write r.txt",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let before = llm.count();
+    let replay = format!("replay:{}", file.display());
+    let out = c.brain_cli(&[
+        "run",
+        "--model",
+        &replay,
+        "--permission",
+        "full",
+        "write r.txt",
+    ]);
+    assert!(out.status.success(), "{}\n{}", text(&out), c.brain_log());
+    let id = stdout(&out).lines().next().unwrap().trim().to_string();
+    assert_eq!(llm.count(), before, "a replay asks no server");
+    assert_eq!(
+        read_file(&c, &w.id, &id, "r.txt").as_deref(),
+        Some("replayed\n")
+    );
+    assert_no_secret(&c, &id, &w.log_text());
+    let seen: HashSet<String> = llm
+        .requests()
+        .iter()
+        .map(|r| r.body["model"].to_string())
+        .collect();
+    assert!(seen.contains("\"gpt-4.1\""));
+}

@@ -1,0 +1,399 @@
+//! A fake LLM server for tests: plain HTTP/1.1 on 127.0.0.1, speaking the OpenAI Chat
+//! Completions and Anthropic Messages wire formats. A script decides each answer.
+//!
+//! ```no_run
+//! use testkit::fake_llm::{FakeLlm, FakeReply};
+//! let llm = FakeLlm::start(|req| {
+//!     if req.assistant_turns() == 0 {
+//!         FakeReply::tool_call("ls", serde_json::json!({"path": "."}))
+//!     } else {
+//!         FakeReply::text("done")
+//!     }
+//! });
+//! // point the brain at llm.url() (OpenAI style) or llm.base() (Anthropic style)
+//! ```
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// Largest request body accepted.
+const MAX_BODY: usize = 64 << 20;
+
+/// One request the fake received.
+#[derive(Debug, Clone)]
+pub struct FakeRequest {
+    /// `POST`.
+    pub method: String,
+    /// E.g. `/v1/chat/completions` or `/v1/messages`.
+    pub path: String,
+    /// Header names lowercased.
+    pub headers: BTreeMap<String, String>,
+    /// The body as JSON (`Null` if it was not JSON).
+    pub body: Value,
+    /// 1 for the first request the server received, 2 for the next…
+    pub seq: usize,
+}
+
+impl FakeRequest {
+    /// Whether this is an Anthropic Messages request (path ends in `/messages`).
+    pub fn is_anthropic(&self) -> bool {
+        self.path.ends_with("/messages")
+    }
+
+    /// A header's value, by case-insensitive name.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(&name.to_ascii_lowercase())
+            .map(String::as_str)
+    }
+
+    /// The body's messages.
+    pub fn messages(&self) -> &[Value] {
+        self.body["messages"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+
+    /// The number of assistant messages in the conversation.
+    pub fn assistant_turns(&self) -> usize {
+        self.messages()
+            .iter()
+            .filter(|m| m["role"] == "assistant")
+            .count()
+    }
+
+    /// The text of the last tool result: an OpenAI `tool` message, an Anthropic
+    /// `tool_result` block, or (text tool-call mode) a user message starting `Result of `.
+    pub fn last_tool_result_text(&self) -> Option<String> {
+        for m in self.messages().iter().rev() {
+            match (m["role"].as_str(), &m["content"]) {
+                (Some("tool"), c) => return Some(text_of(c)),
+                (Some("user"), Value::Array(blocks)) => {
+                    if let Some(b) = blocks.iter().rev().find(|b| b["type"] == "tool_result") {
+                        return Some(text_of(&b["content"]));
+                    }
+                }
+                (Some("user"), Value::String(s)) if s.contains("Result of ") => {
+                    let at = s.rfind("Result of ").unwrap_or(0);
+                    return Some(s[at..].to_string());
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+}
+
+/// A string, or the text blocks of a content array, joined.
+fn text_of(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter_map(|b| b["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Body {
+    Text(String),
+    ToolCall(String, Value),
+    Raw(Value),
+}
+
+/// What the fake answers; rendered in the request's wire format.
+#[derive(Debug, Clone)]
+pub struct FakeReply {
+    status: u16,
+    body: Body,
+    usage: (u64, u64),
+    retry_after: Option<u64>,
+    delay: Option<Duration>,
+}
+
+impl FakeReply {
+    fn new(status: u16, body: Body) -> Self {
+        Self {
+            status,
+            body,
+            usage: (100, 20),
+            retry_after: None,
+            delay: None,
+        }
+    }
+
+    /// A plain text answer.
+    pub fn text(s: impl Into<String>) -> Self {
+        Self::new(200, Body::Text(s.into()))
+    }
+
+    /// An answer calling tool `name` with `args` (id `call_<request seq>`).
+    pub fn tool_call(name: impl Into<String>, args: Value) -> Self {
+        Self::new(200, Body::ToolCall(name.into(), args))
+    }
+
+    /// Any status with this JSON body, sent as is (e.g. `{"error":{"message":"…"}}`).
+    pub fn status(code: u16, body: Value) -> Self {
+        Self::new(code, Body::Raw(body))
+    }
+
+    /// Token usage to report (default 100 prompt, 20 completion).
+    pub fn usage(mut self, prompt: u64, completion: u64) -> Self {
+        self.usage = (prompt, completion);
+        self
+    }
+
+    /// Adds `Retry-After: secs`.
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// Waits this long before answering.
+    pub fn delay(mut self, d: Duration) -> Self {
+        self.delay = Some(d);
+        self
+    }
+
+    fn render(&self, req: &FakeRequest) -> Value {
+        let (p, c) = self.usage;
+        let model = req.body["model"].clone();
+        let id = format!("call_{}", req.seq);
+        if req.is_anthropic() {
+            let (content, stop) = match &self.body {
+                Body::Text(t) => (json!([{"type": "text", "text": t}]), "end_turn"),
+                Body::ToolCall(name, args) => (
+                    json!([{"type": "tool_use", "id": id, "name": name, "input": args}]),
+                    "tool_use",
+                ),
+                Body::Raw(v) => return v.clone(),
+            };
+            json!({
+                "id": format!("msg_{}", req.seq), "type": "message", "role": "assistant",
+                "model": model, "content": content, "stop_reason": stop,
+                "stop_sequence": null, "usage": {"input_tokens": p, "output_tokens": c},
+            })
+        } else {
+            let (message, finish) = match &self.body {
+                Body::Text(t) => (json!({"role": "assistant", "content": t}), "stop"),
+                Body::ToolCall(name, args) => (
+                    json!({"role": "assistant", "content": null, "tool_calls": [{
+                        "id": id, "type": "function",
+                        "function": {"name": name, "arguments": args.to_string()},
+                    }]}),
+                    "tool_calls",
+                ),
+                Body::Raw(v) => return v.clone(),
+            };
+            json!({
+                "id": format!("chatcmpl-{}", req.seq), "object": "chat.completion",
+                "created": 0, "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
+            })
+        }
+    }
+}
+
+type Script = dyn Fn(&FakeRequest) -> FakeReply + Send + Sync;
+
+struct Shared {
+    script: Box<Script>,
+    requests: Mutex<Vec<FakeRequest>>,
+    stop: AtomicBool,
+}
+
+/// A running fake LLM server; stops when dropped.
+pub struct FakeLlm {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeLlm {
+    /// Starts the server on an ephemeral loopback port; `script` answers every request.
+    pub fn start(script: impl Fn(&FakeRequest) -> FakeReply + Send + Sync + 'static) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fake LLM");
+        let addr = listener.local_addr().expect("fake LLM address");
+        let shared = Arc::new(Shared {
+            script: Box::new(script),
+            requests: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    // A client that gave up (timeout test) closes first: not worth a line.
+                    if let Err(e) = serve(conn, &s)
+                        && !matches!(
+                            e.kind(),
+                            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                        )
+                    {
+                        eprintln!("fake LLM: {e}");
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            shared,
+            thread: Some(thread),
+        }
+    }
+
+    /// OpenAI-style base URL: `http://127.0.0.1:PORT/v1`.
+    pub fn url(&self) -> String {
+        format!("{}/v1", self.base())
+    }
+
+    /// Anthropic-style base URL: `http://127.0.0.1:PORT`.
+    pub fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every request received so far, in order.
+    pub fn requests(&self) -> Vec<FakeRequest> {
+        self.shared
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The number of requests received so far.
+    pub fn count(&self) -> usize {
+        self.shared
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+}
+
+impl Drop for FakeLlm {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Reads one request, answers it, closes the connection.
+fn serve(conn: TcpStream, shared: &Shared) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Ok(()); // the wake-up connection from Drop, or a probe
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_string();
+    let path = parts.next().unwrap_or_default().to_string();
+    let mut headers = BTreeMap::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            break;
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    let len: usize = headers
+        .get("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if len > MAX_BODY {
+        return respond(
+            &conn,
+            413,
+            &json!({"error": {"message": "body too large"}}),
+            None,
+        );
+    }
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body)?;
+    let req = {
+        let mut reqs = shared.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let req = FakeRequest {
+            method,
+            path,
+            headers,
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            seq: reqs.len() + 1,
+        };
+        reqs.push(req.clone());
+        req
+    };
+    let reply = (shared.script)(&req);
+    if let Some(d) = reply.delay {
+        std::thread::sleep(d);
+    }
+    respond(&conn, reply.status, &reply.render(&req), reply.retry_after)
+}
+
+fn respond(
+    mut conn: &TcpStream,
+    status: u16,
+    body: &Value,
+    retry_after: Option<u64>,
+) -> std::io::Result<()> {
+    let body = body.to_string();
+    let mut head = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n",
+        reason(status),
+        body.len()
+    );
+    if let Some(s) = retry_after {
+        head.push_str(&format!("Retry-After: {s}\r\n"));
+    }
+    head.push_str("\r\n");
+    conn.write_all(head.as_bytes())?;
+    conn.write_all(body.as_bytes())?;
+    conn.flush()?;
+    let _ = conn.shutdown(std::net::Shutdown::Both);
+    Ok(())
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        413 => "Payload Too Large",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        529 => "Overloaded",
+        _ => "Status",
+    }
+}
