@@ -1,7 +1,8 @@
 //! `demo`: the whole foundation on one machine with nothing to set up. A brain with a
 //! temporary store, two local worker processes that enrol with one-time tokens over mutual
-//! TLS, streamed remote execution, file operations, a refused path escape, and a worker
-//! killed and brought back.
+//! TLS, streamed remote execution, file operations, a refused path escape, a worker killed
+//! and brought back under a durable task, and the agent replaying a recorded model
+//! transcript (no API key) to write code, run its test and fix the bug.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -15,6 +16,9 @@ use tonic::transport::Channel;
 
 use crate::ca::{self, DataDir};
 use crate::client::Target;
+
+/// The model answers the demo's agent task replays (see `brain run --record`).
+const DEMO_TRANSCRIPT: &str = include_str!("../demo/fix-add.jsonl");
 
 /// How to start a worker process: `program prefix... join ...`.
 pub struct Launcher {
@@ -293,6 +297,63 @@ async fn scenario(
             summary.status,
             text.lines().collect::<Vec<_>>().join(", ")
         );
+    }
+
+    step(
+        "the agent: a recorded model transcript (replay, no API key) writes code, runs its test, fixes the bug",
+    );
+    let w2 = workers[1].name.clone();
+    let goal = "write add() in calc.sh with a test, and make the test pass";
+    println!(
+        "  brain run --worker {w2} --model replay:brain/demo/fix-add.jsonl --permission full \"{goal}\""
+    );
+    let agent_id = admin
+        .run_agent(proto::RunAgentRequest {
+            goal: goal.into(),
+            worker: w2.clone(),
+            model: "replay:fix-add.jsonl".into(),
+            permission: "full".into(),
+            budget: None,
+            transcript: DEMO_TRANSCRIPT.into(),
+        })
+        .await?
+        .into_inner()
+        .task_id;
+    let mut log = admin
+        .task_log(proto::TaskLogRequest {
+            task_id: agent_id.clone(),
+            follow: true,
+        })
+        .await?
+        .into_inner();
+    let mut outcome = String::new();
+    let follow = async {
+        while let Some(r) = log.message().await? {
+            let Ok(rec) = serde_json::from_str::<crate::tasks::Record>(&r.json) else {
+                continue; // live output: the observation shows it
+            };
+            match &rec.event {
+                crate::tasks::Event::ToolOutput { .. }
+                | crate::tasks::Event::ToolCallCompleted { .. }
+                | crate::tasks::Event::LlmRequest { .. }
+                | crate::tasks::Event::StatusChanged { .. } => {}
+                crate::tasks::Event::Finished { outcome: o, reason } => {
+                    outcome = format!("{o:?}: {reason}").to_lowercase();
+                    println!("  {}", crate::cli::describe_record(&rec));
+                }
+                _ => println!(
+                    "  {}",
+                    crate::cli::describe_record(&rec).replace('\n', "\n  ")
+                ),
+            }
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(60), follow)
+        .await
+        .context("the agent task did not end within 60s")??;
+    if !outcome.starts_with("finished") {
+        bail!("the agent task did not finish: {outcome}");
     }
 
     step("twenty commands at once on one session, and the session's round trip");
