@@ -557,3 +557,52 @@ fn model_errors_fail_the_task_clearly_and_a_recorded_run_replays_without_a_serve
         .collect();
     assert!(seen.contains("\"gpt-4.1\""));
 }
+
+#[test]
+fn old_tool_outputs_are_elided_near_the_context_window_and_that_is_logged() {
+    let big: String = (0..400)
+        .map(|i| format!("line {i:04} of a long file\n"))
+        .collect();
+    let content = big.clone();
+    let llm = FakeLlm::start(move |req| match req.assistant_turns() {
+        0 => FakeReply::tool_call("write_file", json!({"path": "big.txt", "content": content})),
+        1..=4 => FakeReply::tool_call("read_file", json!({"path": "big.txt"})),
+        _ => FakeReply::tool_call("finish", json!({"summary": "read it"})),
+    });
+    let c = cluster(
+        &llm,
+        "[llm.models.\"openai:small\"]\ncontext_window = 8000\n",
+    );
+    let _w = c.join_worker("w");
+    let id = start(
+        &c,
+        &[
+            "--model",
+            "openai:small",
+            "--permission",
+            "full",
+            "--worker",
+            "w",
+            "read",
+        ],
+    );
+    assert_eq!(
+        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let log = c.task_log_json(&id);
+    let elided: Vec<_> = log
+        .iter()
+        .filter(|r| r["kind"] == "context_elided")
+        .collect();
+    assert!(!elided.is_empty(), "no elision logged");
+    assert!(elided[0]["bytes_saved"].as_u64().unwrap() > 10_000);
+    let reqs = llm.requests();
+    let last = reqs.last().unwrap().body["messages"].to_string();
+    assert!(last.contains("elided to fit the context window"), "{last}");
+    // The latest outputs stay whole.
+    assert!(last.contains("line 0399 of a long file"));
+    assert_eq!(reqs.len(), 6);
+}
