@@ -77,6 +77,9 @@ pub struct Task {
     pub cancel: CancellationToken,
     /// Woken when a person decides an approval the task waits for.
     pub wake: tokio::sync::Notify,
+    /// Held by a person's command (decide, resume) from its check to its append, so two at
+    /// once cannot both pass the check (and, say, start two runners).
+    control: tokio::sync::Mutex<()>,
     /// One appender at a time per task, so state and log stay in the same order.
     append_lock: tokio::sync::Mutex<()>,
 }
@@ -266,6 +269,7 @@ impl Manager {
         reason: &str,
     ) -> Result<String, Error> {
         let task = self.find(text)?;
+        let _control = task.control.lock().await;
         let refused = |reason: &str| Error::Refused {
             task: task.id,
             reason: reason.into(),
@@ -297,6 +301,7 @@ impl Manager {
     /// Gives a task stopped for budget more (added to what it spent) and starts it again.
     pub async fn resume(&self, text: &str, extra: crate::agent::Budget) -> Result<TaskId, Error> {
         let task = self.find(text)?;
+        let _control = task.control.lock().await;
         let st = task.state();
         if st.status != super::state::Status::BudgetExhausted {
             return Err(Error::Refused {
@@ -340,6 +345,7 @@ impl Manager {
             live,
             cancel: CancellationToken::new(),
             wake: tokio::sync::Notify::new(),
+            control: tokio::sync::Mutex::new(()),
             append_lock: tokio::sync::Mutex::new(()),
         });
         self.tasks
