@@ -578,6 +578,23 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 "id:      {}\nstatus:  {}\ngoal:    {}\nworker:  {}\nsteps:   {}/{}\nreason:  {}",
                 t.id, t.status, t.goal, t.worker, t.steps_done, t.steps_total, t.reason
             );
+            if !t.model.is_empty() {
+                let l = t.limits.unwrap_or_default();
+                let limit = |v: String, set: bool| if set { v } else { "no limit".into() };
+                println!(
+                    "model:   {} (permission {})\ntokens:  {} of {}\ncost:    ${:.4} of {}\nwall:    {}",
+                    t.model,
+                    t.permission,
+                    t.tokens,
+                    limit(l.tokens.to_string(), l.tokens > 0),
+                    t.spent_usd,
+                    limit(format!("${:.4}", l.usd), l.usd > 0.0),
+                    limit(
+                        humantime::format_duration(Duration::from_millis(l.wall_ms)).to_string(),
+                        l.wall_ms > 0
+                    ),
+                );
+            }
             Ok(0)
         }
         Cmd::Task(TaskCmd::Log { task, json }) => {

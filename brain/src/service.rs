@@ -800,6 +800,24 @@ impl Admin for Services {
                 worker: t.worker.unwrap_or_default(),
                 created_unix_ms: t.created_ms,
                 updated_unix_ms: t.updated_ms,
+                model: t
+                    .agent
+                    .as_ref()
+                    .map(|a| a.spec.model.clone())
+                    .unwrap_or_default(),
+                tokens: t.agent.as_ref().map_or(0, |a| a.spent.tokens),
+                spent_usd: t.agent.as_ref().map_or(0.0, |a| a.spent.usd),
+                limits: t.agent.as_ref().map(|a| proto::Budget {
+                    usd: a.limits.usd,
+                    tokens: a.limits.tokens,
+                    steps: a.limits.steps,
+                    wall_ms: a.limits.wall_ms,
+                }),
+                permission: t
+                    .agent
+                    .as_ref()
+                    .map(|a| a.spec.permission.to_string())
+                    .unwrap_or_default(),
                 reason: t.reason,
             })
             .collect();

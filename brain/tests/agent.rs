@@ -141,6 +141,12 @@ fn an_agent_fixes_a_failing_test_on_a_real_worker() {
         Some("add() { echo $(($1 + $2)); }\n")
     );
     assert_eq!(c.task_status(&id).as_deref(), Some("finished"));
+    let show = stdout(&c.brain_cli(&["task", "show", &id]));
+    assert!(show.contains("tokens:  960 of no limit"), "{show}");
+    assert!(
+        show.contains("model:   openai:gpt-4.1 (permission full)"),
+        "{show}"
+    );
     // What the person watching saw: tool calls, their output, tokens and cost.
     assert!(shown.contains("→ run_command"), "{shown}");
     assert!(shown.contains("FAIL: add 2 3 = -1"), "{shown}");
@@ -148,6 +154,10 @@ fn an_agent_fixes_a_failing_test_on_a_real_worker() {
     // 8 calls of 100 prompt + 20 completion tokens at $2 / $8 per million.
     let cost = 8.0 * (100.0 * 2.0 + 20.0 * 8.0) / 1e6;
     assert!(shown.contains(&format!("${cost:.4}")), "{shown}");
+    assert!(
+        show.contains(&format!("cost:    ${cost:.4} of $2.0000")),
+        "{show}"
+    );
     // The wire format: the key as a bearer token, the tools, the system prompt first.
     let first = &llm.requests()[0];
     assert_eq!(
