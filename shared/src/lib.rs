@@ -11,6 +11,8 @@ pub mod tls;
 pub mod workspace;
 
 /// Limits both sides enforce on what crosses the wire.
+pub mod manifest;
+
 pub mod limits {
     /// Largest gRPC message either side accepts.
     pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;

@@ -1,0 +1,878 @@
+//! The workspace model both sides agree on: a manifest (workspace-relative path → kind, exec
+//! bit, size, BLAKE3 hash) with a root hash, deltas between manifests, the scan that builds a
+//! manifest from a directory (re-hashing only what changed, as git's index does), and the
+//! checks every manifest or delta from the wire must pass before anything is written.
+//!
+//! A manifest is a tree: every entry's parent directory is itself an entry, so no path can
+//! run through a symlink. Symlinks must point inside the workspace; modes carry only the exec
+//! bit (no setuid); special files are not part of a workspace.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::paths;
+
+/// Largest file a workspace may hold, by default.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
+/// Most entries a workspace may hold, by default.
+pub const DEFAULT_MAX_ENTRIES: usize = 200_000;
+
+/// What kind of entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+}
+
+/// One entry of a manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub kind: Kind,
+    /// Files: executable by its owner.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exec: bool,
+    /// Files: bytes; symlinks: length of the target.
+    #[serde(default)]
+    pub size: u64,
+    /// Files: BLAKE3 of the content, hex. Empty for directories and symlinks.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hash: String,
+    /// Symlinks: the target, relative, inside the workspace.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub target: String,
+}
+
+impl Entry {
+    pub fn dir() -> Self {
+        Self {
+            kind: Kind::Dir,
+            exec: false,
+            size: 0,
+            hash: String::new(),
+            target: String::new(),
+        }
+    }
+
+    pub fn file(content: &[u8], exec: bool) -> Self {
+        Self {
+            kind: Kind::File,
+            exec,
+            size: content.len() as u64,
+            hash: hash(content),
+            target: String::new(),
+        }
+    }
+
+    pub fn symlink(target: &str) -> Self {
+        Self {
+            kind: Kind::Symlink,
+            exec: false,
+            size: target.len() as u64,
+            hash: String::new(),
+            target: target.to_string(),
+        }
+    }
+}
+
+/// BLAKE3 of some bytes, hex.
+pub fn hash(data: &[u8]) -> String {
+    blake3::hash(data).to_hex().to_string()
+}
+
+/// Why a manifest, delta or blob was refused, or a scan failed. Every variant names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("workspace entry {path:?} rejected: {reason}")]
+    Rejected { path: String, reason: String },
+    #[error(
+        "the workspace has more than {max} entries; raise the limit or exclude more (e.g. build outputs)"
+    )]
+    TooMany { max: usize },
+    #[error("blob for {path:?} does not match its hash (expected {expected}, got {actual})")]
+    HashMismatch {
+        path: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("blob {hash} for {path:?} is missing: {reason}")]
+    MissingBlob {
+        path: String,
+        hash: String,
+        reason: String,
+    },
+    #[error("{path:?}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn rejected(path: &str, reason: impl Into<String>) -> Error {
+    Error::Rejected {
+        path: path.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn io(path: &str, source: std::io::Error) -> Error {
+    Error::Io {
+        path: path.to_string(),
+        source,
+    }
+}
+
+/// Limits and options every check applies.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    pub max_file_bytes: u64,
+    pub max_entries: usize,
+    /// Whether `.git/` is part of the workspace (off by default).
+    pub include_git: bool,
+    /// Directory or file names excluded wherever they are, besides `.gitignore`.
+    pub excludes: Vec<String>,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Self {
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            max_entries: DEFAULT_MAX_ENTRIES,
+            include_git: false,
+            excludes: crate::workspace::DEFAULT_EXCLUDES
+                .iter()
+                .filter(|e| **e != ".git")
+                .map(|s| s.to_string())
+                .collect(),
+        }
+    }
+}
+
+/// A workspace's manifest: sorted by path, so iteration order and the root hash are stable.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub entries: BTreeMap<String, Entry>,
+}
+
+impl Manifest {
+    /// The hash of the whole tree: BLAKE3 over every entry in path order.
+    pub fn root_hash(&self) -> String {
+        let mut h = blake3::Hasher::new();
+        for (path, e) in &self.entries {
+            h.update(path.as_bytes());
+            h.update(&[0, e.kind as u8, e.exec as u8]);
+            h.update(&e.size.to_le_bytes());
+            h.update(e.hash.as_bytes());
+            h.update(&[0]);
+            h.update(e.target.as_bytes());
+            h.update(&[0]);
+        }
+        h.finalize().to_hex().to_string()
+    }
+
+    /// Total bytes of the files.
+    pub fn bytes(&self) -> u64 {
+        self.entries
+            .values()
+            .filter(|e| e.kind == Kind::File)
+            .map(|e| e.size)
+            .sum()
+    }
+
+    /// Distinct file hashes.
+    pub fn blobs(&self) -> impl Iterator<Item = &str> {
+        let mut seen = std::collections::BTreeSet::new();
+        for e in self.entries.values() {
+            if e.kind == Kind::File {
+                seen.insert(e.hash.as_str());
+            }
+        }
+        seen.into_iter()
+    }
+
+    /// Checks a manifest from the wire: every path canonical and relative, a tree (every
+    /// parent a directory entry), symlinks pointing inside, sizes and counts within the rules,
+    /// hashes well-formed, `.git/` only when allowed.
+    pub fn validate(&self, rules: &Rules) -> Result<(), Error> {
+        if self.entries.len() > rules.max_entries {
+            return Err(Error::TooMany {
+                max: rules.max_entries,
+            });
+        }
+        for (path, e) in &self.entries {
+            check_entry(path, e, rules)?;
+            if let Some((parent, _)) = path.rsplit_once('/') {
+                match self.entries.get(parent) {
+                    Some(p) if p.kind == Kind::Dir => {}
+                    Some(_) => {
+                        return Err(rejected(
+                            path,
+                            format!(
+                                "its parent {parent:?} is not a directory (a path through a symlink or a file)"
+                            ),
+                        ));
+                    }
+                    None => {
+                        return Err(rejected(
+                            path,
+                            format!("its parent {parent:?} is not in the manifest"),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The delta that turns `self` into `to`.
+    pub fn diff(&self, to: &Manifest) -> Delta {
+        let mut d = Delta::default();
+        for (p, e) in &to.entries {
+            if self.entries.get(p) != Some(e) {
+                d.upserts.insert(p.clone(), e.clone());
+            }
+        }
+        for p in self.entries.keys() {
+            if !to.entries.contains_key(p) {
+                d.deletes.push(p.clone());
+            }
+        }
+        d
+    }
+
+    /// Applies a delta from the wire: the result is validated as a whole before it replaces
+    /// anything, so a bad delta leaves the manifest as it was.
+    pub fn apply(&self, delta: &Delta, rules: &Rules) -> Result<Manifest, Error> {
+        let mut m = self.clone();
+        for p in &delta.deletes {
+            check_path(p, rules)?;
+            // Deleting a directory deletes what is under it.
+            let prefix = format!("{p}/");
+            m.entries.retain(|k, _| k != p && !k.starts_with(&prefix));
+        }
+        for (p, e) in &delta.upserts {
+            m.entries.insert(p.clone(), e.clone());
+        }
+        m.validate(rules)?;
+        Ok(m)
+    }
+}
+
+/// The changes between two manifests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delta {
+    pub upserts: BTreeMap<String, Entry>,
+    pub deletes: Vec<String>,
+}
+
+impl Delta {
+    pub fn is_empty(&self) -> bool {
+        self.upserts.is_empty() && self.deletes.is_empty()
+    }
+}
+
+/// Checks a path's text: canonical (no `.`, empty components or trailing `/`), relative,
+/// no `..`, NUL or control characters, and not under `.git/` unless allowed.
+pub fn check_path(path: &str, rules: &Rules) -> Result<(), Error> {
+    let parts = paths::check_relative(path).map_err(|e| rejected(path, e.to_string()))?;
+    if parts.is_empty() || parts.join("/") != path {
+        return Err(rejected(
+            path,
+            "not a canonical relative path (no '.', '//' or trailing '/')",
+        ));
+    }
+    if !rules.include_git && parts[0] == ".git" {
+        return Err(rejected(
+            path,
+            "paths under .git/ are not synced unless the task opts in",
+        ));
+    }
+    if parts.iter().any(|p| p.len() > 255) {
+        return Err(rejected(path, "a name is longer than 255 bytes"));
+    }
+    Ok(())
+}
+
+fn check_entry(path: &str, e: &Entry, rules: &Rules) -> Result<(), Error> {
+    check_path(path, rules)?;
+    match e.kind {
+        Kind::File => {
+            if e.size > rules.max_file_bytes {
+                return Err(rejected(
+                    path,
+                    format!(
+                        "{} bytes is over the {}-byte file limit",
+                        e.size, rules.max_file_bytes
+                    ),
+                ));
+            }
+            if e.hash.len() != 64 || !e.hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(rejected(path, "the hash is not a hex BLAKE3 digest"));
+            }
+            if !e.target.is_empty() {
+                return Err(rejected(path, "a file has no link target"));
+            }
+        }
+        Kind::Dir => {
+            if e.exec || e.size != 0 || !e.hash.is_empty() || !e.target.is_empty() {
+                return Err(rejected(
+                    path,
+                    "a directory has no size, hash, target or exec bit",
+                ));
+            }
+        }
+        Kind::Symlink => {
+            let t = &e.target;
+            if t.is_empty() || t.len() > paths::MAX_PATH_BYTES || t.contains('\0') {
+                return Err(rejected(path, "invalid symlink target"));
+            }
+            if t.starts_with('/') {
+                return Err(rejected(
+                    path,
+                    format!(
+                        "symlink target {t:?} is absolute: it would point outside the workspace"
+                    ),
+                ));
+            }
+            // Resolve lexically from the link's directory: it must stay inside the root.
+            let mut depth: i64 = path.matches('/').count() as i64;
+            for c in t.split('/') {
+                match c {
+                    "" | "." => {}
+                    ".." => depth -= 1,
+                    _ => depth += 1,
+                }
+                if depth < 0 {
+                    return Err(rejected(
+                        path,
+                        format!("symlink target {t:?} points outside the workspace"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a scan remembers of a file to skip re-hashing it: size, mtime and inode, as git's
+/// index does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    size: u64,
+    mtime_ns: i128,
+    ino: u64,
+}
+
+/// Builds manifests of one directory, re-hashing only files whose size, mtime or inode
+/// changed, or whose mtime is too close to the previous scan to trust (the "racy" case: a
+/// same-size rewrite within one timestamp tick looks unchanged; git re-hashes those too).
+pub struct Scanner {
+    root: std::path::PathBuf,
+    rules: Rules,
+    cache: HashMap<String, (Stamp, String)>,
+    last_scan: Option<SystemTime>,
+    /// Files hashed by the last scan (for figures).
+    pub hashed: u64,
+    /// Bytes hashed by the last scan.
+    pub hashed_bytes: u64,
+}
+
+/// How close to the previous scan an mtime must be to be re-hashed anyway.
+const RACY: Duration = Duration::from_secs(2);
+
+impl Scanner {
+    pub fn new(root: &Path, rules: Rules) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            rules,
+            cache: HashMap::new(),
+            last_scan: None,
+            hashed: 0,
+            hashed_bytes: 0,
+        }
+    }
+
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    /// Forgets what earlier scans saw, so the next one re-hashes everything.
+    pub fn reset(&mut self) {
+        self.cache.clear();
+        self.last_scan = None;
+    }
+
+    /// The manifest of the directory as it is now. Special files (FIFOs, sockets, devices)
+    /// are left out; a file over the size limit or too many entries is an error.
+    pub fn scan(&mut self) -> Result<Manifest, Error> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let started = SystemTime::now();
+        let racy_after = self.last_scan.map(|t| t - RACY);
+        let mut m = Manifest::default();
+        let mut seen = HashMap::with_capacity(self.cache.len());
+        self.hashed = 0;
+        self.hashed_bytes = 0;
+        let excludes = self.rules.excludes.clone();
+        let include_git = self.rules.include_git;
+        let walker = ignore::WalkBuilder::new(&self.root)
+            .hidden(false)
+            .follow_links(false)
+            .require_git(false)
+            .git_global(false)
+            .parents(false)
+            .sort_by_file_name(|a, b| a.cmp(b))
+            .filter_entry(move |e| {
+                let name = e.file_name().to_string_lossy();
+                e.depth() == 0
+                    || !((name == ".git" && !include_git)
+                        || (e.file_type().is_some_and(|t| t.is_dir())
+                            && excludes.iter().any(|x| *x == name)))
+            })
+            .build();
+        for item in walker {
+            let item = item.map_err(|e| Error::Io {
+                path: String::new(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            if item.depth() == 0 {
+                continue;
+            }
+            let Ok(rel) = item.path().strip_prefix(&self.root) else {
+                continue;
+            };
+            let rel = rel.to_string_lossy().into_owned();
+            let meta = std::fs::symlink_metadata(item.path()).map_err(|e| io(&rel, e))?;
+            let ft = meta.file_type();
+            let entry = if ft.is_dir() {
+                Entry::dir()
+            } else if ft.is_symlink() {
+                let t = std::fs::read_link(item.path()).map_err(|e| io(&rel, e))?;
+                Entry::symlink(&t.to_string_lossy())
+            } else if ft.is_file() {
+                if meta.len() > self.rules.max_file_bytes {
+                    return Err(rejected(
+                        &rel,
+                        format!(
+                            "{} bytes is over the {}-byte file limit; exclude it or raise the limit",
+                            meta.len(),
+                            self.rules.max_file_bytes
+                        ),
+                    ));
+                }
+                let mtime_ns = meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128;
+                let stamp = Stamp {
+                    size: meta.len(),
+                    mtime_ns,
+                    ino: meta.ino(),
+                };
+                let racy = racy_after.is_none_or(|t| meta.modified().map_or(true, |m| m >= t));
+                let hash = match self.cache.get(&rel) {
+                    Some((s, h)) if *s == stamp && !racy => h.clone(),
+                    _ => {
+                        let h = hash_file(item.path(), &rel)?;
+                        self.hashed += 1;
+                        self.hashed_bytes += meta.len();
+                        h
+                    }
+                };
+                seen.insert(rel.clone(), (stamp, hash.clone()));
+                Entry {
+                    kind: Kind::File,
+                    exec: meta.permissions().mode() & 0o100 != 0,
+                    size: meta.len(),
+                    hash,
+                    target: String::new(),
+                }
+            } else {
+                continue; // FIFOs, sockets, devices are not part of a workspace
+            };
+            m.entries.insert(rel, entry);
+            if m.entries.len() > self.rules.max_entries {
+                return Err(Error::TooMany {
+                    max: self.rules.max_entries,
+                });
+            }
+        }
+        self.cache = seen;
+        self.last_scan = Some(started);
+        Ok(m)
+    }
+}
+
+/// BLAKE3 of a file's content, read without following a final symlink.
+pub fn hash_file(path: &Path, rel: &str) -> Result<String, Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| io(rel, e))?;
+    let mut h = blake3::Hasher::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| io(rel, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().to_hex().to_string())
+}
+
+/// What [`materialise`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    pub written: u64,
+    pub written_bytes: u64,
+    pub deleted: u64,
+}
+
+/// Makes the directory `root` (whose manifest is `current`) match `target`, fetching file
+/// contents by hash from `blob`. `target` is validated first and every blob is checked
+/// against its hash before it is written, so a bad manifest or blob writes nothing; writes
+/// are atomic per file (temp file, fsync, rename) and never go through a symlink.
+pub fn materialise(
+    root: &Path,
+    current: &Manifest,
+    target: &Manifest,
+    rules: &Rules,
+    blob: &mut dyn FnMut(&str) -> Result<Vec<u8>, String>,
+) -> Result<Applied, Error> {
+    use std::os::unix::fs::PermissionsExt;
+    target.validate(rules)?;
+    let mut stats = Applied::default();
+    // Fetch and check what is new before changing anything.
+    let mut contents: HashMap<&str, Vec<u8>> = HashMap::new();
+    for (path, e) in &target.entries {
+        if e.kind != Kind::File || contents.contains_key(e.hash.as_str()) {
+            continue;
+        }
+        if current.entries.get(path) == Some(e) {
+            continue;
+        }
+        let data = blob(&e.hash).map_err(|reason| Error::MissingBlob {
+            path: path.clone(),
+            hash: e.hash.clone(),
+            reason,
+        })?;
+        let actual = hash(&data);
+        if actual != e.hash {
+            return Err(Error::HashMismatch {
+                path: path.clone(),
+                expected: e.hash.clone(),
+                actual,
+            });
+        }
+        contents.insert(e.hash.as_str(), data);
+    }
+    // Remove what goes away or changes kind, deepest first.
+    for (path, e) in current.entries.iter().rev() {
+        let keep = target
+            .entries
+            .get(path)
+            .is_some_and(|t| t.kind == e.kind && (e.kind != Kind::Symlink || t.target == e.target));
+        if keep {
+            continue;
+        }
+        let full = safe_join(root, path)?;
+        let r = match std::fs::symlink_metadata(&full) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&full),
+            Ok(_) => std::fs::remove_file(&full),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        };
+        r.map_err(|e| io(path, e))?;
+        stats.deleted += 1;
+    }
+    // Create in path order: parents before children.
+    for (path, e) in &target.entries {
+        let full = safe_join(root, path)?;
+        match e.kind {
+            Kind::Dir => match std::fs::symlink_metadata(&full) {
+                Ok(m) if m.is_dir() => {}
+                _ => std::fs::create_dir(&full).map_err(|err| io(path, err))?,
+            },
+            Kind::Symlink => {
+                if std::fs::symlink_metadata(&full).is_err() {
+                    std::os::unix::fs::symlink(&e.target, &full).map_err(|err| io(path, err))?;
+                    stats.written += 1;
+                }
+            }
+            Kind::File => {
+                let mode = if e.exec { 0o755 } else { 0o644 };
+                if current.entries.get(path) == Some(e) {
+                    continue;
+                }
+                if let Some(data) = contents.get(e.hash.as_str()) {
+                    write_atomic(&full, data, mode).map_err(|err| io(path, err))?;
+                    stats.written += 1;
+                    stats.written_bytes += data.len() as u64;
+                } else {
+                    // Same content as before, only the exec bit changed.
+                    std::fs::set_permissions(&full, std::fs::Permissions::from_mode(mode))
+                        .map_err(|err| io(path, err))?;
+                }
+            }
+        }
+    }
+    Ok(stats)
+}
+
+/// `root/path`, after checking that no existing ancestor is a symlink or a non-directory.
+fn safe_join(root: &Path, path: &str) -> Result<std::path::PathBuf, Error> {
+    let mut full = root.to_path_buf();
+    let parts: Vec<&str> = path.split('/').collect();
+    for (i, part) in parts.iter().enumerate() {
+        full.push(part);
+        if i + 1 < parts.len() {
+            match std::fs::symlink_metadata(&full) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(rejected(
+                        path,
+                        format!("{:?} on disk is not a directory", parts[..=i].join("/")),
+                    ));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(path, e)),
+            }
+        }
+    }
+    Ok(full)
+}
+
+fn write_atomic(full: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = full.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".tether-tmp-{}-{:x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    let r = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.sync_data()?;
+        if std::fs::symlink_metadata(full).is_ok_and(|m| m.is_dir()) {
+            std::fs::remove_dir_all(full)?;
+        }
+        std::fs::rename(&tmp, full)
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn write(root: &Path, p: &str, s: &str) {
+        let p = root.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, s).unwrap();
+    }
+
+    fn project() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), ".gitignore", "*.log\n");
+        write(d.path(), "src/main.rs", "fn main() {}\n");
+        write(d.path(), "src/dup.rs", "fn main() {}\n");
+        write(d.path(), "run.sh", "echo hi\n");
+        std::fs::set_permissions(
+            d.path().join("run.sh"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        write(d.path(), "debug.log", "noise\n");
+        write(d.path(), "target/debug/app", "binary\n");
+        write(d.path(), ".git/HEAD", "ref: refs/heads/main\n");
+        std::os::unix::fs::symlink("src/main.rs", d.path().join("link")).unwrap();
+        unsafe_fifo(&d.path().join("pipe"));
+        d
+    }
+
+    fn unsafe_fifo(p: &Path) {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    }
+
+    #[test]
+    fn a_scan_sees_the_tree_a_developer_sees_and_hashes_only_what_changed() {
+        let d = project();
+        let mut s = Scanner::new(d.path(), Rules::default());
+        let m = s.scan().unwrap();
+        let paths: Vec<&str> = m.entries.keys().map(|s| s.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                ".gitignore",
+                "link",
+                "run.sh",
+                "src",
+                "src/dup.rs",
+                "src/main.rs"
+            ]
+        );
+        assert!(m.entries["run.sh"].exec);
+        assert_eq!(m.entries["link"].target, "src/main.rs");
+        assert_eq!(m.entries["src/dup.rs"].hash, m.entries["src/main.rs"].hash);
+        assert_eq!(m.blobs().count(), 3);
+        m.validate(&Rules::default()).unwrap();
+        // Old enough files are not hashed again; a changed one is.
+        let old = SystemTime::now() - Duration::from_secs(60);
+        for p in [".gitignore", "run.sh", "src/main.rs", "src/dup.rs"] {
+            std::fs::File::options()
+                .write(true)
+                .open(d.path().join(p))
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        s.reset();
+        let before = s.scan().unwrap();
+        assert_eq!(before.root_hash(), m.root_hash());
+        let again = s.scan().unwrap();
+        assert_eq!((s.hashed, again.root_hash()), (0, m.root_hash()));
+        write(d.path(), "src/main.rs", "fn main() { println!(); }\n");
+        let changed = s.scan().unwrap();
+        assert_eq!(s.hashed, 1);
+        assert_ne!(changed.root_hash(), m.root_hash());
+        let delta = m.diff(&changed);
+        assert_eq!(delta.upserts.keys().collect::<Vec<_>>(), ["src/main.rs"]);
+        assert_eq!(m.apply(&delta, &Rules::default()).unwrap(), changed);
+    }
+
+    #[test]
+    fn a_same_size_rewrite_right_after_a_scan_is_still_seen() {
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), "a.txt", "aaaa");
+        let mut s = Scanner::new(d.path(), Rules::default());
+        let first = s.scan().unwrap();
+        write(d.path(), "a.txt", "bbbb");
+        let second = s.scan().unwrap();
+        assert_ne!(first.entries["a.txt"].hash, second.entries["a.txt"].hash);
+    }
+
+    #[test]
+    fn materialise_reproduces_a_tree_and_fetches_only_what_is_new() {
+        let src = project();
+        let m = Scanner::new(src.path(), Rules::default()).scan().unwrap();
+        let dst = tempfile::tempdir().unwrap();
+        write(dst.path(), "stale.txt", "old\n");
+        let mut fetched = Vec::new();
+        let current = Scanner::new(dst.path(), Rules::default()).scan().unwrap();
+        let mut blob = |h: &str| {
+            fetched.push(h.to_string());
+            let (p, _) = m.entries.iter().find(|(_, e)| e.hash == h).unwrap();
+            std::fs::read(src.path().join(p)).map_err(|e| e.to_string())
+        };
+        let stats = materialise(dst.path(), &current, &m, &Rules::default(), &mut blob).unwrap();
+        assert_eq!(fetched.len(), 3, "duplicates are fetched once");
+        assert_eq!(stats.deleted, 1);
+        let got = Scanner::new(dst.path(), Rules::default()).scan().unwrap();
+        assert_eq!(got.root_hash(), m.root_hash());
+        // A second run has nothing to fetch.
+        let mut none =
+            |_: &str| -> Result<Vec<u8>, String> { Err("nothing should be fetched".into()) };
+        materialise(dst.path(), &got, &m, &Rules::default(), &mut none).unwrap();
+    }
+
+    fn hostile(m: &Manifest) -> String {
+        let dst = tempfile::tempdir().unwrap();
+        let outside = dst.path().join("sentinel");
+        std::fs::write(&outside, "untouched").unwrap();
+        let root = dst.path().join("ws");
+        std::fs::create_dir(&root).unwrap();
+        let mut blob = |_: &str| Ok(b"evil".to_vec());
+        let err = materialise(&root, &Manifest::default(), m, &Rules::default(), &mut blob)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
+        assert_eq!(
+            std::fs::read_dir(&root).unwrap().count(),
+            0,
+            "nothing written: {err}"
+        );
+        err
+    }
+
+    fn one(path: &str, e: Entry) -> Manifest {
+        let mut m = Manifest::default();
+        m.entries.insert(path.into(), e);
+        m
+    }
+
+    #[test]
+    fn hostile_manifests_are_refused_naming_the_path_and_write_nothing() {
+        let f = Entry::file(b"evil", false);
+        for (path, want) in [
+            ("/etc/passwd", "absolute"),
+            ("../sentinel", "'..'"),
+            ("a/../../sentinel", "'..'"),
+            ("a\0b", "NUL"),
+            ("a\nb", "control"),
+            ("./x", "canonical"),
+            ("x/", "canonical"),
+            (".git/hooks/pre-commit", ".git/"),
+        ] {
+            let err = hostile(&one(path, f.clone()));
+            assert!(err.contains(want), "{path:?}: {err}");
+        }
+        // A path through a symlink.
+        let mut m = one("link", Entry::symlink("dir"));
+        m.entries.insert("dir".into(), Entry::dir());
+        m.entries.insert("link/x".into(), f.clone());
+        assert!(hostile(&m).contains("\"link/x\""));
+        // Symlinks out of the root.
+        assert!(hostile(&one("l", Entry::symlink("/etc"))).contains("absolute"));
+        assert!(hostile(&one("l", Entry::symlink("../sentinel"))).contains("outside"));
+        let mut m = one("d", Entry::dir());
+        m.entries
+            .insert("d/l".into(), Entry::symlink("../../sentinel"));
+        assert!(hostile(&m).contains("outside"));
+        // A parent that is not in the manifest, sizes and counts over the limits.
+        assert!(hostile(&one("a/b", f.clone())).contains("not in the manifest"));
+        let mut big = f.clone();
+        big.size = DEFAULT_MAX_FILE_BYTES + 1;
+        assert!(hostile(&one("big", big)).contains("file limit"));
+        let many = Manifest {
+            entries: (0..DEFAULT_MAX_ENTRIES + 1)
+                .map(|i| (format!("f{i}"), f.clone()))
+                .collect(),
+        };
+        assert!(hostile(&many).contains("more than"));
+        // Content that does not match its hash.
+        let mut wrong = f.clone();
+        wrong.hash = hash(b"something else");
+        assert!(hostile(&one("x", wrong)).contains("does not match its hash"));
+    }
+
+    #[test]
+    fn a_bad_delta_leaves_the_manifest_as_it_was() {
+        let m = one("a", Entry::file(b"a", false));
+        let mut d = Delta::default();
+        d.upserts.insert("../x".into(), Entry::file(b"x", false));
+        assert!(m.apply(&d, &Rules::default()).is_err());
+        let mut d = Delta::default();
+        d.deletes.push("/a".into());
+        assert!(m.apply(&d, &Rules::default()).is_err());
+        assert_eq!(m.entries.len(), 1);
+    }
+}
