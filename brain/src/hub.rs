@@ -296,6 +296,32 @@ pub struct Hub {
     orphans: Arc<Mutex<Option<OrphanSink>>>,
     /// Where the live output of durable calls goes (a task's watchers), by call id.
     live: Arc<Mutex<HashMap<u64, LiveSink>>>,
+    /// Sync requests awaiting their report, by id.
+    syncs: Arc<Mutex<HashMap<u64, (SyncPending, oneshot::Sender<proto::SyncReport>)>>>,
+}
+
+/// What a sync request asked of which worker; the Sync service checks uploads against it.
+#[derive(Debug, Clone)]
+pub struct SyncPending {
+    pub worker: String,
+    pub workspace: String,
+    /// Barriers: the root the delta must apply to ("" for none).
+    pub base: String,
+    /// Materialisations: the root to send.
+    pub materialise: String,
+    pub include_git: bool,
+}
+
+/// Removes a sync waiter when the wait ends, however it ends.
+struct SyncGuard(Arc<Mutex<HashMap<u64, (SyncPending, oneshot::Sender<proto::SyncReport>)>>>, u64);
+
+impl Drop for SyncGuard {
+    fn drop(&mut self) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.1);
+    }
 }
 
 /// Receives the live output chunks of a durable call.
@@ -666,6 +692,85 @@ impl Hub {
             .send(brain_message::Msg::Echo(proto::Echo { call_id, payload }))
             .await?;
         wait(worker_id, rx, timeout).await
+    }
+}
+
+impl Hub {
+    /// Asks a worker for a barrier (`base` is the root the brain holds) or a
+    /// materialisation, and waits for its report.
+    pub async fn sync(
+        &self,
+        worker_id: &str,
+        workspace: &str,
+        op: proto::sync_request::Op,
+        include_git: bool,
+        timeout: Duration,
+    ) -> Result<proto::SyncReport, Error> {
+        let session = self
+            .session(worker_id)
+            .ok_or_else(|| Error::NotConnected(worker_id.to_string()))?;
+        let id = self.new_call_id();
+        let (base, materialise) = match &op {
+            proto::sync_request::Op::BarrierBase(b) => (b.clone(), String::new()),
+            proto::sync_request::Op::MaterialiseRoot(r) => (String::new(), r.clone()),
+        };
+        let (tx, rx) = oneshot::channel();
+        self.syncs.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            id,
+            (
+                SyncPending {
+                    worker: worker_id.to_string(),
+                    workspace: workspace.to_string(),
+                    base,
+                    materialise,
+                    include_git,
+                },
+                tx,
+            ),
+        );
+        let _guard = SyncGuard(self.syncs.clone(), id);
+        session
+            .send(brain_message::Msg::Sync(proto::SyncRequest {
+                id,
+                workspace: workspace.to_string(),
+                op: Some(op),
+                include_git,
+            }))
+            .await?;
+        // The report comes over another RPC: stop waiting when the session ends.
+        let waiting = wait(worker_id, rx, timeout);
+        tokio::pin!(waiting);
+        loop {
+            tokio::select! {
+                r = &mut waiting => return r,
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                    let same = self.session(worker_id).is_some_and(|s| Arc::ptr_eq(&s, &session));
+                    if !same {
+                        return Err(Error::Lost(worker_id.to_string()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The sync request `id`, if `worker` was asked for it and it is still awaited.
+    pub fn sync_pending(&self, id: u64, worker: &str) -> Option<SyncPending> {
+        self.syncs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .filter(|(p, _)| p.worker == worker)
+            .map(|(p, _)| p.clone())
+    }
+
+    /// A worker's report of a sync request.
+    pub fn deliver_sync(&self, worker: &str, report: proto::SyncReport) {
+        let mut syncs = self.syncs.lock().unwrap_or_else(|e| e.into_inner());
+        if syncs.get(&report.id).is_some_and(|(p, _)| p.worker == worker)
+            && let Some((_, tx)) = syncs.remove(&report.id)
+        {
+            let _ = tx.send(report);
+        }
     }
 }
 

@@ -39,6 +39,8 @@ pub enum Error {
     Log(#[from] crate::tasks::log::Error),
     #[error(transparent)]
     Tasks(#[from] manager::Error),
+    #[error(transparent)]
+    Mirror(#[from] crate::mirror::Error),
 }
 
 /// What `brain serve` needs.
@@ -69,6 +71,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     let registry = Registry::from_db(db.clone())?;
     sync_init_admin(&opts.data, &registry, &ca.hash()).await?;
     let log = SledLog::open(db.clone(), opts.data.db())?;
+    let mirror = crate::mirror::Mirror::open(&db, &opts.data.path().join("blobs"))?;
     // Call ids start above the previous run's, even if the clock went back.
     let meta = db.open_tree("meta").map_err(registry::Error::from)?;
     let floor = meta
@@ -124,6 +127,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         },
         policy,
         config: opts.config.clone(),
+        mirror,
     });
     Ok(Ready {
         addr,
@@ -149,6 +153,11 @@ impl Ready {
             ))
             .add_service(
                 proto::worker_session_server::WorkerSessionServer::new(services.clone())
+                    .max_decoding_message_size(limits::MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(limits::MAX_MESSAGE_BYTES),
+            )
+            .add_service(
+                proto::sync_server::SyncServer::new(services.clone())
                     .max_decoding_message_size(limits::MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(limits::MAX_MESSAGE_BYTES),
             )

@@ -52,6 +52,8 @@ pub struct Shared {
     pub policy: Policy,
     /// The brain's config file (agent defaults; the LLM part also went to the tasks).
     pub config: Arc<crate::config::Config>,
+    /// Blobs and manifests of every task's workspace.
+    pub mirror: crate::mirror::Mirror,
 }
 
 /// What the brain demands of where and how commands run.
@@ -161,7 +163,7 @@ impl From<hub::Error> for Status {
 impl Services {
     /// Checks the caller's certificate: issued by our CA (rustls did that), naming `role`,
     /// current and not revoked.
-    fn authorize<T>(&self, req: &Request<T>, role: Role) -> Result<PeerIdentity, Status> {
+    pub(crate) fn authorize<T>(&self, req: &Request<T>, role: Role) -> Result<PeerIdentity, Status> {
         let certs = req
             .peer_certs()
             .ok_or_else(|| Status::unauthenticated(NO_CERT))?;

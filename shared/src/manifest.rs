@@ -525,6 +525,25 @@ pub fn hash_file(path: &Path, rel: &str) -> Result<String, Error> {
     Ok(h.finalize().to_hex().to_string())
 }
 
+/// zstd level for blobs and manifests on the wire and at rest: fast, and still a good ratio
+/// on source code.
+pub const ZSTD_LEVEL: i32 = 3;
+
+pub fn compress(data: &[u8]) -> Vec<u8> {
+    zstd::bulk::compress(data, ZSTD_LEVEL).expect("zstd compresses any input")
+}
+
+/// Decompresses at most `max` bytes; more is an error (a zip bomb is refused).
+pub fn decompress(data: &[u8], max: u64) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let dec = zstd::stream::read::Decoder::new(data)?;
+    dec.take(max.saturating_add(1)).read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(std::io::Error::other("decompressed data is over the limit"));
+    }
+    Ok(out)
+}
+
 /// What [`materialise`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Applied {

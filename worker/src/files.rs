@@ -184,6 +184,11 @@ fn write(
 }
 
 /// Gives a written file, and the directories above it inside the workspace, to `owner`.
+/// Gives a workspace path (and the directories on the way) to the command user.
+pub fn give_path(ws: &Path, path: &str, owner: (u32, u32)) {
+    give(ws, path, owner)
+}
+
 fn give(ws: &Path, path: &str, (uid, gid): (u32, u32)) {
     let Ok(parts) = paths::check_relative(path) else {
         return;

@@ -10,3 +10,4 @@ pub mod journal;
 pub mod sandbox;
 pub mod session;
 pub mod state;
+pub mod sync;

@@ -170,6 +170,7 @@ pub async fn run(
         shutdown: shutdown.clone(),
         current_out: Arc::default(),
         sandbox: Arc::new(sandbox),
+        sync: Arc::default(),
     });
     tracing::info!(sandbox = ?ctx.sandbox.report.active(), "confinement active for commands");
     tracing::info!(worker = %ctx.membership.worker_id, brain = %addr.url(), "worker starting");
@@ -216,6 +217,8 @@ struct Ctx {
     current_out: crate::durable::CurrentOut,
     /// What confines the commands this worker runs.
     sandbox: Arc<crate::sandbox::Sandbox>,
+    /// Workspace sync: scanners and the manifests the brain confirmed.
+    sync: Arc<crate::sync::SyncState>,
 }
 
 /// Outbound queue to the brain; bounded so a stalled connection pushes back on producers.
@@ -234,6 +237,7 @@ async fn session(
     let channel = tls::dial(addr, config, DialOptions::default())
         .await
         .map_err(|e| e.to_string())?;
+    let sync_channel = channel.clone();
     let mut client = WorkerSessionClient::new(channel)
         .max_decoding_message_size(shared::limits::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(shared::limits::MAX_MESSAGE_BYTES);
@@ -311,7 +315,7 @@ async fn session(
                     Ok(Some(m)) => m,
                 };
                 lost.as_mut().reset(tokio::time::Instant::now() + lost_after);
-                dispatch(msg, ctx, &out, &running, &session_end);
+                dispatch(msg, ctx, &out, &running, &session_end, &sync_channel);
             }
         }
     }
@@ -323,8 +327,18 @@ fn dispatch(
     out: &mpsc::Sender<WorkerMessage>,
     running: &Arc<Mutex<HashMap<u64, CancellationToken>>>,
     session_end: &CancellationToken,
+    sync_channel: &tonic::transport::Channel,
 ) {
     match msg.msg {
+        Some(brain_message::Msg::Sync(req)) => {
+            tokio::spawn(crate::sync::handle(
+                req,
+                ctx.workspaces.clone(),
+                sync_channel.clone(),
+                ctx.sync.clone(),
+                ctx.sandbox.run_as(),
+            ));
+        }
         Some(brain_message::Msg::Exec(start)) if start.durable => {
             crate::durable::start(
                 start,

@@ -222,6 +222,22 @@ impl AgentState {
         }
     }
 
+    /// The task moved: the model is told before its next step (after the tool calls it is
+    /// in the middle of, if any).
+    pub fn on_moved(&mut self, from: &str, to: &str) {
+        let note = format!(
+            "Note: this task moved from machine {from} to machine {to}. The workspace files came along exactly as they were; processes started on the old machine (servers, background jobs) are gone and must be started again if needed."
+        );
+        if self.queue.is_empty() {
+            self.conversation.push(Message::user(note));
+        } else {
+            self.note_after = Some(match self.note_after.take() {
+                Some(n) => format!("{n}\n\n{note}"),
+                None => note,
+            });
+        }
+    }
+
     pub fn elide(&mut self, upto: u32) {
         let upto = (upto as usize).min(self.conversation.len());
         for m in &mut self.conversation[..upto] {

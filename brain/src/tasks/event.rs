@@ -278,9 +278,22 @@ pub enum Event {
         call_id: u64,
         reason: String,
     },
+    /// The brain's mirror equals the worker's disk as of this record (root hash checked).
     Barrier {
         version: u64,
         root_hash: String,
+        #[serde(default)]
+        files: u64,
+        #[serde(default)]
+        bytes: u64,
+        /// Compressed bytes that crossed the wire for it.
+        #[serde(default)]
+        wire_bytes: u64,
+    },
+    /// A move could not complete; the task stays where it was.
+    MoveAborted {
+        to: String,
+        reason: String,
     },
     WorkerAssigned {
         worker: String,

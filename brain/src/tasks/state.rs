@@ -83,6 +83,14 @@ pub struct TaskState {
     pub calls_interrupted: u64,
     /// Sequence number of the latest stored snapshot.
     pub snapshot_seq: u64,
+    /// The latest barrier: its version and the root hash of the mirror's manifest.
+    #[serde(default)]
+    pub barrier_version: u64,
+    #[serde(default)]
+    pub barrier_root: String,
+    /// A move that started and has not completed or aborted: the target worker.
+    #[serde(default)]
+    pub moving_to: Option<String>,
     /// Agent tasks: the conversation, budgets and what waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<crate::agent::AgentState>>,
@@ -111,6 +119,9 @@ impl TaskState {
             calls_completed: 0,
             calls_interrupted: 0,
             snapshot_seq: 0,
+            barrier_version: 0,
+            barrier_root: String::new(),
+            moving_to: None,
             agent: None,
             last_seq: 0,
             created_ms: 0,
@@ -208,8 +219,23 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                 st.unsure_step = Some(p.step);
             }
         }
-        Event::WorkerAssigned { worker } | Event::MoveCompleted { to: worker } => {
+        Event::WorkerAssigned { worker } => {
             st.worker = Some(worker.clone());
+        }
+        Event::MoveStarted { to, .. } => st.moving_to = Some(to.clone()),
+        Event::MoveAborted { .. } => st.moving_to = None,
+        Event::MoveCompleted { to } => {
+            st.moving_to = None;
+            let from = st.worker.replace(to.clone()).unwrap_or_default();
+            if let Some(a) = &mut st.agent {
+                a.on_moved(&from, to);
+            }
+        }
+        Event::Barrier {
+            version, root_hash, ..
+        } => {
+            st.barrier_version = *version;
+            st.barrier_root = root_hash.clone();
         }
         Event::Finished { outcome, reason } => {
             st.status = match outcome {
@@ -284,10 +310,7 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                 p.decision = Some((*approved, by.clone(), reason.clone()));
             }
         }
-        Event::ToolOutput { .. }
-        | Event::Barrier { .. }
-        | Event::MoveStarted { .. }
-        | Event::BudgetUpdate { .. } => {}
+        Event::ToolOutput { .. } | Event::BudgetUpdate { .. } => {}
     }
 }
 

@@ -1,0 +1,227 @@
+//! The brain's mirror of every task's workspace: content-addressed blobs (deduplicated across
+//! tasks and versions, zstd-compressed at rest and on the wire) in a directory sharded by hash
+//! prefix — each written to a temp name, synced and renamed, so a blob is durable before any
+//! manifest names it — and manifests addressed by their root hash in the sled tree
+//! `manifests`. Garbage collection keeps what the given manifests reference.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use shared::manifest::{self, Manifest, compress, decompress};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("blob store {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("mirror store: {0}")]
+    Store(#[from] sled::Error),
+    #[error("blob {0} is corrupt or does not match its hash")]
+    Corrupt(String),
+    #[error("invalid blob hash {0:?}: expected 64 hex digits")]
+    BadHash(String),
+    #[error("no manifest with root hash {0}")]
+    NoManifest(String),
+    #[error("manifest {root}: {reason}")]
+    BadManifest { root: String, reason: String },
+}
+
+fn io(path: &Path, source: std::io::Error) -> Error {
+    Error::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// The mirror. Cheap to clone.
+#[derive(Clone)]
+pub struct Mirror {
+    dir: PathBuf,
+    manifests: sled::Tree,
+}
+
+/// What a garbage collection removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Collected {
+    pub blobs: u64,
+    pub bytes: u64,
+    pub manifests: u64,
+}
+
+impl Mirror {
+    pub fn open(db: &sled::Db, dir: &Path) -> Result<Self, Error> {
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            manifests: db.open_tree("manifests")?,
+        })
+    }
+
+    fn blob_path(&self, hash: &str) -> Result<PathBuf, Error> {
+        if hash.len() != 64 || !hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(Error::BadHash(hash.into()));
+        }
+        Ok(self.dir.join(&hash[..2]).join(&hash[2..]))
+    }
+
+    pub fn has(&self, hash: &str) -> bool {
+        self.blob_path(hash).is_ok_and(|p| p.exists())
+    }
+
+    /// Stores a blob given compressed; checks that it decompresses to content with this
+    /// hash (bounded by `max_bytes`) before it is kept. Returns whether it was new.
+    pub fn put_compressed(&self, hash: &str, compressed: &[u8], max_bytes: u64) -> Result<bool, Error> {
+        let path = self.blob_path(hash)?;
+        if path.exists() {
+            return Ok(false);
+        }
+        let content = decompress(compressed, max_bytes).map_err(|_| Error::Corrupt(hash.into()))?;
+        if manifest::hash(&content) != hash {
+            return Err(Error::Corrupt(hash.into()));
+        }
+        let parent = path.parent().expect("sharded path");
+        std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+        let tmp = parent.join(format!(".tmp-{:x}", rand::random::<u64>()));
+        let r = (|| {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(compressed)?;
+            f.sync_data()?;
+            std::fs::rename(&tmp, &path)
+        })();
+        if let Err(e) = r {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(&path, e));
+        }
+        Ok(true)
+    }
+
+    /// Stores content, compressing it.
+    pub fn put(&self, content: &[u8]) -> Result<String, Error> {
+        let hash = manifest::hash(content);
+        let c = compress(content);
+        self.put_compressed(&hash, &c, u64::MAX)?;
+        Ok(hash)
+    }
+
+    /// A blob as stored (compressed).
+    pub fn get_compressed(&self, hash: &str) -> Result<Vec<u8>, Error> {
+        let p = self.blob_path(hash)?;
+        std::fs::read(&p).map_err(|e| io(&p, e))
+    }
+
+    /// A blob's content.
+    pub fn get(&self, hash: &str) -> Result<Vec<u8>, Error> {
+        let c = self.get_compressed(hash)?;
+        decompress(&c, u64::MAX).map_err(|_| Error::Corrupt(hash.into()))
+    }
+
+    /// Stores a manifest (by its root hash) once every blob it names is stored.
+    pub fn put_manifest(&self, m: &Manifest) -> Result<String, Error> {
+        let root = m.root_hash();
+        if let Some(h) = m.blobs().find(|h| !self.has(h)) {
+            return Err(Error::BadManifest {
+                root,
+                reason: format!("blob {h} was never uploaded"),
+            });
+        }
+        let json = serde_json::to_vec(m).expect("manifests serialise");
+        self.manifests.insert(root.as_bytes(), compress(&json))?;
+        Ok(root)
+    }
+
+    /// The manifest with this root hash. The empty root is the empty manifest.
+    pub fn manifest(&self, root: &str) -> Result<Manifest, Error> {
+        if root.is_empty() {
+            return Ok(Manifest::default());
+        }
+        let v = self
+            .manifests
+            .get(root.as_bytes())?
+            .ok_or_else(|| Error::NoManifest(root.into()))?;
+        let json = decompress(&v, 1 << 30).map_err(|e| Error::BadManifest {
+            root: root.into(),
+            reason: e.to_string(),
+        })?;
+        serde_json::from_slice(&json).map_err(|e| Error::BadManifest {
+            root: root.into(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Removes manifests not in `keep` and blobs no kept manifest names.
+    pub fn gc(&self, keep: &HashSet<String>) -> Result<Collected, Error> {
+        let mut out = Collected::default();
+        let mut live: HashSet<String> = HashSet::new();
+        for item in self.manifests.iter() {
+            let (k, _) = item?;
+            let root = String::from_utf8_lossy(&k).into_owned();
+            if keep.contains(&root) {
+                live.extend(self.manifest(&root)?.blobs().map(String::from));
+            } else {
+                self.manifests.remove(&k)?;
+                out.manifests += 1;
+            }
+        }
+        let shards = std::fs::read_dir(&self.dir).map_err(|e| io(&self.dir, e))?;
+        for shard in shards.flatten() {
+            let Ok(files) = std::fs::read_dir(shard.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let hash = format!(
+                    "{}{}",
+                    shard.file_name().to_string_lossy(),
+                    f.file_name().to_string_lossy()
+                );
+                if !live.contains(&hash) {
+                    out.bytes += f.metadata().map_or(0, |m| m.len());
+                    std::fs::remove_file(f.path()).map_err(|e| io(&f.path(), e))?;
+                    out.blobs += 1;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::manifest::Entry;
+
+    #[test]
+    fn blobs_dedupe_are_checked_and_collected() {
+        let d = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let m = Mirror::open(&db, &d.path().join("blobs")).unwrap();
+        let a = m.put(b"alpha\n").unwrap();
+        assert_eq!(m.put(b"alpha\n").unwrap(), a);
+        assert_eq!(m.get(&a).unwrap(), b"alpha\n");
+        // A blob that does not match its hash is refused and not kept.
+        let bad = manifest::hash(b"other");
+        assert!(matches!(m.put_compressed(&bad, &compress(b"alpha\n"), 100), Err(Error::Corrupt(_))));
+        assert!(!m.has(&bad));
+        assert!(matches!(m.put_compressed("../../etc", b"", 1), Err(Error::BadHash(_))));
+        // Over the size limit after decompression: refused.
+        let big = vec![0u8; 1 << 20];
+        assert!(m.put_compressed(&manifest::hash(&big), &compress(&big), 1000).is_err());
+        // A manifest needs its blobs.
+        let mut man = Manifest::default();
+        man.entries.insert("a.txt".into(), Entry::file(b"alpha\n", false));
+        let root = m.put_manifest(&man).unwrap();
+        assert_eq!(m.manifest(&root).unwrap(), man);
+        let mut orphan = Manifest::default();
+        orphan.entries.insert("b".into(), Entry::file(b"never sent", false));
+        assert!(m.put_manifest(&orphan).is_err());
+        let b = m.put(b"beta\n").unwrap();
+        let kept = m.gc(&[root.clone()].into()).unwrap();
+        assert_eq!((kept.blobs, kept.manifests), (1, 0));
+        assert!(m.has(&a) && !m.has(&b));
+        let gone = m.gc(&HashSet::new()).unwrap();
+        assert_eq!((gone.blobs, gone.manifests), (1, 1));
+    }
+}

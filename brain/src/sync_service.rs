@@ -1,0 +1,240 @@
+//! The `Sync` service: bulk workspace data from and to workers, on its own streams. Every
+//! upload is checked: blobs against their hash (and a size bound), deltas against the
+//! request they answer (same worker, same base) and, once applied, against the manifest
+//! rules and the root hash the worker claimed. A bad upload changes nothing.
+
+use std::pin::Pin;
+
+use proto::sync_server::Sync as SyncService;
+use proto::{
+    BlobChunk, BlobList, DataChunk, DeltaChunk, GetManifestRequest, PutBlobsResponse,
+    PutDeltaResponse, SyncReport, SyncReportAck,
+};
+use shared::manifest::{self, Delta, Rules};
+use shared::pki::Role;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::service::Services;
+
+/// Chunk size on the wire.
+const CHUNK: usize = 1 << 20;
+/// Most hashes per request.
+const MAX_HASHES: usize = 100_000;
+/// Largest compressed delta accepted, and its decompressed size.
+const MAX_DELTA_WIRE: usize = 256 << 20;
+const MAX_DELTA_BYTES: u64 = 1 << 30;
+
+fn hex_hashes(list: &BlobList) -> Result<Vec<String>, Status> {
+    if list.hashes.len() > MAX_HASHES {
+        return Err(Status::invalid_argument(format!(
+            "at most {MAX_HASHES} hashes per request"
+        )));
+    }
+    list.hashes
+        .iter()
+        .map(|h| {
+            if h.len() == 32 {
+                Ok(hex::encode(h))
+            } else {
+                Err(Status::invalid_argument("a blob hash must be 32 bytes"))
+            }
+        })
+        .collect()
+}
+
+fn mirror_status(e: crate::mirror::Error) -> Status {
+    use crate::mirror::Error as E;
+    match e {
+        E::Corrupt(_) | E::BadHash(_) | E::BadManifest { .. } => Status::invalid_argument(e.to_string()),
+        E::NoManifest(_) => Status::not_found(e.to_string()),
+        E::Io { .. } | E::Store(_) => Status::internal(e.to_string()),
+    }
+}
+
+type ChunkStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+fn chunks<T: Send + 'static>(items: Vec<T>) -> ChunkStream<T> {
+    Box::pin(tokio_stream::iter(items.into_iter().map(Ok)))
+}
+
+#[tonic::async_trait]
+impl SyncService for Services {
+    async fn missing_blobs(&self, req: Request<BlobList>) -> Result<Response<BlobList>, Status> {
+        self.authorize_worker(&req)?;
+        let hashes = hex_hashes(req.get_ref())?;
+        let missing = hashes
+            .iter()
+            .filter(|h| !self.0.mirror.has(h))
+            .map(|h| hex::decode(h).expect("hex we made"))
+            .collect();
+        Ok(Response::new(BlobList { hashes: missing }))
+    }
+
+    async fn put_blobs(
+        &self,
+        req: Request<Streaming<BlobChunk>>,
+    ) -> Result<Response<PutBlobsResponse>, Status> {
+        self.authorize_worker(&req)?;
+        let max = Rules::default().max_file_bytes;
+        let mut stream = req.into_inner();
+        let mut cur: Option<(String, Vec<u8>)> = None;
+        let mut stored = 0u32;
+        while let Some(c) = stream.message().await? {
+            if !c.hash.is_empty() {
+                if c.hash.len() != 32 {
+                    return Err(Status::invalid_argument("a blob hash must be 32 bytes"));
+                }
+                cur = Some((hex::encode(&c.hash), Vec::new()));
+            }
+            let Some((hash, data)) = cur.as_mut() else {
+                return Err(Status::invalid_argument("a blob chunk came before its hash"));
+            };
+            data.extend_from_slice(&c.data);
+            if data.len() as u64 > max + max / 8 + 1024 {
+                return Err(Status::invalid_argument(format!("blob {hash} is over the file size limit")));
+            }
+            if c.last {
+                let (hash, data) = cur.take().expect("set above");
+                let mirror = self.0.mirror.clone();
+                let new = tokio::task::spawn_blocking(move || mirror.put_compressed(&hash, &data, max))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?
+                    .map_err(mirror_status)?;
+                stored += new as u32;
+            }
+        }
+        if let Some((hash, _)) = cur {
+            return Err(Status::invalid_argument(format!("blob {hash} was cut short")));
+        }
+        Ok(Response::new(PutBlobsResponse { stored }))
+    }
+
+    async fn put_delta(
+        &self,
+        req: Request<Streaming<DeltaChunk>>,
+    ) -> Result<Response<PutDeltaResponse>, Status> {
+        let worker = self.authorize_worker(&req)?;
+        let mut stream = req.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("an empty delta upload"))?;
+        let pending = self
+            .0
+            .hub
+            .sync_pending(first.request_id, &worker)
+            .ok_or_else(|| Status::failed_precondition("no barrier of this worker awaits this delta"))?;
+        if !first.base_root.is_empty() && first.base_root != pending.base {
+            return Err(Status::invalid_argument("the delta is against a manifest the brain did not offer"));
+        }
+        let mut buf = first.data;
+        while let Some(c) = stream.message().await? {
+            buf.extend_from_slice(&c.data);
+            if buf.len() > MAX_DELTA_WIRE {
+                return Err(Status::invalid_argument("the delta is over 256 MiB compressed"));
+            }
+        }
+        let mirror = self.0.mirror.clone();
+        let rules = Rules {
+            include_git: pending.include_git,
+            ..Rules::default()
+        };
+        let (base_root, claimed) = (first.base_root, first.root_hash);
+        let root = tokio::task::spawn_blocking(move || -> Result<String, Status> {
+            let json = manifest::decompress(&buf, MAX_DELTA_BYTES)
+                .map_err(|e| Status::invalid_argument(format!("the delta: {e}")))?;
+            let delta: Delta = serde_json::from_slice(&json)
+                .map_err(|e| Status::invalid_argument(format!("the delta: {e}")))?;
+            let base = mirror.manifest(&base_root).map_err(mirror_status)?;
+            let new = base
+                .apply(&delta, &rules)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let root = new.root_hash();
+            if root != claimed {
+                return Err(Status::invalid_argument(format!(
+                    "the delta gives root {root}, the worker claimed {claimed}"
+                )));
+            }
+            mirror.put_manifest(&new).map_err(mirror_status)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))??;
+        tracing::debug!(%worker, workspace = %pending.workspace, %root, "mirror updated");
+        Ok(Response::new(PutDeltaResponse {}))
+    }
+
+    type GetManifestStream = ChunkStream<DataChunk>;
+
+    async fn get_manifest(
+        &self,
+        req: Request<GetManifestRequest>,
+    ) -> Result<Response<Self::GetManifestStream>, Status> {
+        let worker = self.authorize_worker(&req)?;
+        let pending = self
+            .0
+            .hub
+            .sync_pending(req.get_ref().request_id, &worker)
+            .filter(|p| !p.materialise.is_empty())
+            .ok_or_else(|| Status::failed_precondition("no materialisation of this worker awaits a manifest"))?;
+        let mirror = self.0.mirror.clone();
+        let data = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, Status> {
+            let m = mirror.manifest(&pending.materialise).map_err(mirror_status)?;
+            Ok(manifest::compress(&serde_json::to_vec(&m).expect("manifests serialise")))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))??;
+        Ok(Response::new(chunks(
+            data.chunks(CHUNK).map(|c| DataChunk { data: c.to_vec() }).collect(),
+        )))
+    }
+
+    type GetBlobsStream = ChunkStream<BlobChunk>;
+
+    async fn get_blobs(
+        &self,
+        req: Request<BlobList>,
+    ) -> Result<Response<Self::GetBlobsStream>, Status> {
+        self.authorize_worker(&req)?;
+        let hashes = hex_hashes(req.get_ref())?;
+        let mirror = self.0.mirror.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            for h in hashes {
+                let data = match mirror.get_compressed(&h) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(mirror_status(e)));
+                        return;
+                    }
+                };
+                let n = data.len().div_ceil(CHUNK).max(1);
+                for i in 0..n {
+                    let part = &data[(i * CHUNK).min(data.len())..((i + 1) * CHUNK).min(data.len())];
+                    let c = BlobChunk {
+                        hash: if i == 0 { hex::decode(&h).expect("checked hex") } else { vec![] },
+                        data: part.to_vec(),
+                        last: i + 1 == n,
+                    };
+                    if tx.blocking_send(Ok(c)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn report(&self, req: Request<SyncReport>) -> Result<Response<SyncReportAck>, Status> {
+        let worker = self.authorize_worker(&req)?;
+        self.0.hub.deliver_sync(&worker, req.into_inner());
+        Ok(Response::new(SyncReportAck {}))
+    }
+}
+
+impl Services {
+    /// The calling worker's id; only workers may use the Sync service.
+    fn authorize_worker<T>(&self, req: &Request<T>) -> Result<String, Status> {
+        Ok(self.authorize(req, Role::Worker)?.id)
+    }
+}

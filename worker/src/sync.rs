@@ -1,0 +1,349 @@
+//! Workspace sync, the worker's side. When the brain asks (a `SyncRequest` on the session),
+//! the worker either makes the brain's mirror equal to its disk (a barrier: scan, send the
+//! blobs the brain lacks, send the delta) or its disk equal to a manifest (materialise:
+//! fetch the manifest, fetch only the blobs it has nowhere locally, write, verify the root
+//! hash). Bulk data goes over the `Sync` service's own streams, never the session stream.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use proto::sync_client::SyncClient;
+use proto::{BlobChunk, BlobList, DeltaChunk, SyncReport, SyncRequest, sync_request};
+use shared::manifest::{self, Kind, Manifest, Rules, Scanner};
+use tonic::transport::Channel;
+
+/// Chunk size on the wire.
+const CHUNK: usize = 1 << 20;
+/// Hashes per MissingBlobs call.
+const HASH_BATCH: usize = 20_000;
+/// Largest compressed manifest accepted from the brain, and its decompressed size.
+const MAX_MANIFEST_WIRE: usize = 256 << 20;
+const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+/// Any one sync RPC.
+const RPC_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Per workspace: the scanner (its hash cache) and the manifest the brain last confirmed.
+#[derive(Default)]
+pub struct SyncState {
+    workspaces: Mutex<HashMap<String, Arc<Mutex<Ws>>>>,
+}
+
+struct Ws {
+    scanner: Scanner,
+    base: Option<Manifest>,
+}
+
+impl SyncState {
+    fn ws(&self, name: &str, root: &Path, rules: &Rules) -> Arc<Mutex<Ws>> {
+        self.workspaces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                Arc::new(Mutex::new(Ws {
+                    scanner: Scanner::new(root, rules.clone()),
+                    base: None,
+                }))
+            })
+            .clone()
+    }
+}
+
+/// Handles one request and reports how it ended.
+pub async fn handle(
+    req: SyncRequest,
+    workspaces: PathBuf,
+    channel: Channel,
+    state: Arc<SyncState>,
+    owner: Option<(u32, u32)>,
+) {
+    let id = req.id;
+    let mut client = SyncClient::new(channel)
+        .max_decoding_message_size(shared::limits::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(shared::limits::MAX_MESSAGE_BYTES);
+    let r = match tokio::time::timeout(RPC_TIMEOUT, run(&req, &workspaces, &mut client, &state, owner)).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("sync of {} did not finish within {RPC_TIMEOUT:?}", req.workspace)),
+    };
+    let report = r.unwrap_or_else(|error| {
+        tracing::warn!(workspace = %req.workspace, %error, "sync failed");
+        SyncReport {
+            id,
+            error,
+            ..Default::default()
+        }
+    });
+    if let Err(e) = client.report(report).await {
+        tracing::warn!(error = %e.message(), "cannot report a sync to the brain");
+    }
+}
+
+async fn run(
+    req: &SyncRequest,
+    workspaces: &Path,
+    client: &mut SyncClient<Channel>,
+    state: &Arc<SyncState>,
+    owner: Option<(u32, u32)>,
+) -> Result<SyncReport, String> {
+    let root = crate::state::workspace(workspaces, &req.workspace).map_err(|e| e.to_string())?;
+    let rules = Rules {
+        include_git: req.include_git,
+        ..Rules::default()
+    };
+    let ws = state.ws(&req.workspace, &root, &rules);
+    match &req.op {
+        Some(sync_request::Op::BarrierBase(base)) => barrier(req.id, base, &root, ws, client).await,
+        Some(sync_request::Op::MaterialiseRoot(want)) => {
+            materialise(req.id, want, &root, &rules, ws, client, owner).await
+        }
+        None => Err("no sync operation given".into()),
+    }
+}
+
+fn raw(hash: &str) -> Vec<u8> {
+    hex::decode(hash).unwrap_or_default()
+}
+
+async fn scan(ws: &Arc<Mutex<Ws>>) -> Result<(Manifest, u64), String> {
+    let ws = ws.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut w = ws.lock().unwrap_or_else(|e| e.into_inner());
+        let m = w.scanner.scan().map_err(|e| e.to_string())?;
+        Ok((m, w.scanner.hashed))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+async fn barrier(
+    id: u64,
+    base_root: &str,
+    root: &Path,
+    ws: Arc<Mutex<Ws>>,
+    client: &mut SyncClient<Channel>,
+) -> Result<SyncReport, String> {
+    let (m, hashed) = scan(&ws).await?;
+    let base = {
+        let w = ws.lock().unwrap_or_else(|e| e.into_inner());
+        w.base.clone().filter(|b| !base_root.is_empty() && b.root_hash() == base_root)
+    };
+    let (base, base_root) = match base {
+        Some(b) => (b, base_root.to_string()),
+        None => (Manifest::default(), String::new()),
+    };
+    let delta = base.diff(&m);
+    // Only blobs of new content, and of those only what the brain lacks.
+    let mut want: Vec<&str> = delta
+        .upserts
+        .values()
+        .filter(|e| e.kind == Kind::File)
+        .map(|e| e.hash.as_str())
+        .collect();
+    want.sort();
+    want.dedup();
+    let mut missing = Vec::new();
+    for batch in want.chunks(HASH_BATCH) {
+        let r = client
+            .missing_blobs(BlobList {
+                hashes: batch.iter().map(|h| raw(h)).collect(),
+            })
+            .await
+            .map_err(|s| format!("asking which blobs the brain lacks: {}", s.message()))?;
+        missing.extend(r.into_inner().hashes.into_iter().map(hex::encode));
+    }
+    let by_hash: HashMap<&str, &str> = m
+        .entries
+        .iter()
+        .filter(|(_, e)| e.kind == Kind::File)
+        .map(|(p, e)| (e.hash.as_str(), p.as_str()))
+        .collect();
+    let mut wire = 0u64;
+    if !missing.is_empty() {
+        let mut chunks = Vec::new();
+        for h in &missing {
+            let Some(path) = by_hash.get(h.as_str()) else {
+                return Err(format!("the brain asked for blob {h}, which is not in this workspace"));
+            };
+            let full = root.join(path);
+            let (h2, p2) = (h.clone(), path.to_string());
+            let compressed = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, String> {
+                let data = std::fs::read(&full).map_err(|e| format!("{p2}: {e}"))?;
+                if manifest::hash(&data) != h2 {
+                    return Err(format!("{p2} changed while it was being synced; the next barrier will catch it"));
+                }
+                Ok(manifest::compress(&data))
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            wire += compressed.len() as u64;
+            let n = compressed.len().div_ceil(CHUNK).max(1);
+            for (i, part) in compressed.chunks(CHUNK).chain(std::iter::once(&[][..])).take(n).enumerate() {
+                chunks.push(BlobChunk {
+                    hash: if i == 0 { raw(h) } else { vec![] },
+                    data: part.to_vec(),
+                    last: i + 1 == n,
+                });
+            }
+        }
+        client
+            .put_blobs(tokio_stream::iter(chunks))
+            .await
+            .map_err(|s| format!("uploading blobs: {}", s.message()))?;
+    }
+    let json = serde_json::to_vec(&delta).map_err(|e| e.to_string())?;
+    let compressed = manifest::compress(&json);
+    wire += compressed.len() as u64;
+    let root_hash = m.root_hash();
+    let mut parts: Vec<DeltaChunk> = compressed
+        .chunks(CHUNK)
+        .map(|c| DeltaChunk {
+            data: c.to_vec(),
+            ..Default::default()
+        })
+        .collect();
+    if parts.is_empty() {
+        parts.push(DeltaChunk::default());
+    }
+    parts[0].request_id = id;
+    parts[0].base_root = base_root;
+    parts[0].root_hash = root_hash.clone();
+    client
+        .put_delta(tokio_stream::iter(parts))
+        .await
+        .map_err(|s| format!("sending the delta: {}", s.message()))?;
+    let files = m.entries.values().filter(|e| e.kind == Kind::File).count() as u64;
+    let bytes = m.bytes();
+    ws.lock().unwrap_or_else(|e| e.into_inner()).base = Some(m);
+    Ok(SyncReport {
+        id,
+        error: String::new(),
+        root_hash,
+        files,
+        bytes,
+        blobs_sent: missing.len() as u64,
+        wire_bytes: wire,
+        hashed,
+    })
+}
+
+async fn materialise(
+    id: u64,
+    want: &str,
+    root: &Path,
+    rules: &Rules,
+    ws: Arc<Mutex<Ws>>,
+    client: &mut SyncClient<Channel>,
+    owner: Option<(u32, u32)>,
+) -> Result<SyncReport, String> {
+    let mut stream = client
+        .get_manifest(proto::GetManifestRequest { request_id: id })
+        .await
+        .map_err(|s| format!("fetching the manifest: {}", s.message()))?
+        .into_inner();
+    let mut buf = Vec::new();
+    while let Some(c) = stream.message().await.map_err(|s| format!("fetching the manifest: {}", s.message()))? {
+        buf.extend_from_slice(&c.data);
+        if buf.len() > MAX_MANIFEST_WIRE {
+            return Err("the manifest is over 256 MiB compressed".into());
+        }
+    }
+    let mut wire = buf.len() as u64;
+    let json = manifest::decompress(&buf, MAX_MANIFEST_BYTES).map_err(|e| format!("the manifest: {e}"))?;
+    let target: Manifest = serde_json::from_slice(&json).map_err(|e| format!("the manifest: {e}"))?;
+    target.validate(rules).map_err(|e| e.to_string())?;
+    if target.root_hash() != want {
+        return Err(format!("the manifest sent has root {} instead of {want}", target.root_hash()));
+    }
+    let (current, _) = scan(&ws).await?;
+    // Content this machine already has, under any path of the workspace.
+    let local: HashMap<String, String> = current
+        .entries
+        .iter()
+        .filter(|(_, e)| e.kind == Kind::File)
+        .map(|(p, e)| (e.hash.clone(), p.clone()))
+        .collect();
+    let sizes: HashMap<&str, u64> = target
+        .entries
+        .values()
+        .filter(|e| e.kind == Kind::File)
+        .map(|e| (e.hash.as_str(), e.size))
+        .collect();
+    let mut need: Vec<&str> = target
+        .entries
+        .iter()
+        .filter(|(p, e)| e.kind == Kind::File && current.entries.get(*p) != Some(e) && !local.contains_key(&e.hash))
+        .map(|(_, e)| e.hash.as_str())
+        .collect();
+    need.sort();
+    need.dedup();
+    let mut fetched: HashMap<String, Vec<u8>> = HashMap::new();
+    for batch in need.chunks(HASH_BATCH) {
+        let mut s = client
+            .get_blobs(BlobList {
+                hashes: batch.iter().map(|h| raw(h)).collect(),
+            })
+            .await
+            .map_err(|e| format!("fetching blobs: {}", e.message()))?
+            .into_inner();
+        let mut cur: Option<(String, Vec<u8>)> = None;
+        while let Some(c) = s.message().await.map_err(|e| format!("fetching blobs: {}", e.message()))? {
+            wire += c.data.len() as u64;
+            if !c.hash.is_empty() {
+                cur = Some((hex::encode(&c.hash), Vec::new()));
+            }
+            let Some((h, data)) = cur.as_mut() else {
+                return Err("the brain sent a blob chunk without a hash".into());
+            };
+            data.extend_from_slice(&c.data);
+            let max = sizes.get(h.as_str()).copied().unwrap_or(0);
+            if data.len() as u64 > max + 1024 + max / 8 {
+                return Err(format!("blob {h} is larger than its file"));
+            }
+            if c.last {
+                let (h, data) = cur.take().expect("set above");
+                let content = manifest::decompress(&data, max).map_err(|e| format!("blob {h}: {e}"))?;
+                fetched.insert(h, content);
+            }
+        }
+    }
+    let blobs_fetched = fetched.len() as u64;
+    let (root2, rules2, target2, ws2) = (root.to_path_buf(), rules.clone(), target.clone(), ws.clone());
+    let applied = tokio::task::spawn_blocking(move || -> Result<(manifest::Applied, Manifest), String> {
+        let mut blob = |h: &str| -> Result<Vec<u8>, String> {
+            if let Some(d) = fetched.get(h) {
+                return Ok(d.clone());
+            }
+            let p = local.get(h).ok_or("not sent by the brain and not on this machine")?;
+            std::fs::read(root2.join(p)).map_err(|e| e.to_string())
+        };
+        let applied = manifest::materialise(&root2, &current, &target2, &rules2, &mut blob).map_err(|e| e.to_string())?;
+        if let Some(o) = owner {
+            for path in target2.entries.keys() {
+                crate::files::give_path(&root2, path, o);
+            }
+        }
+        let mut w = ws2.lock().unwrap_or_else(|e| e.into_inner());
+        let now = w.scanner.scan().map_err(|e| e.to_string())?;
+        Ok((applied, now))
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let (applied, now) = applied;
+    let got = now.root_hash();
+    if got != want {
+        return Err(format!("after materialising, the workspace's root hash is {got}, not {want}"));
+    }
+    ws.lock().unwrap_or_else(|e| e.into_inner()).base = Some(now);
+    Ok(SyncReport {
+        id,
+        error: String::new(),
+        root_hash: got,
+        files: applied.written,
+        bytes: applied.written_bytes,
+        blobs_sent: blobs_fetched,
+        wire_bytes: wire,
+        hashed: 0,
+    })
+}
