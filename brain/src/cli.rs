@@ -164,6 +164,14 @@ enum TaskCmd {
     },
     /// Cancel a task
     Cancel { task: String },
+    /// Move a running task to another worker at its next tool-call boundary: the workspace
+    /// goes along (only what the target lacks is sent) and the task carries on there
+    Move {
+        task: String,
+        /// Worker id or unique name
+        #[arg(long)]
+        to: String,
+    },
     /// Continue a task stopped for budget, with more (added to what it has spent)
     Resume {
         task: String,
@@ -520,6 +528,22 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Run(args) => run_task(&target, args).await,
         Cmd::Approve { task } => decide(&target, &task, true, String::new()).await,
         Cmd::Deny { task, reason } => decide(&target, &task, false, reason).await,
+        Cmd::Task(TaskCmd::Move { task, to }) => {
+            let mut c = target.connect().await?;
+            let r = c
+                .move_task(proto::MoveTaskRequest {
+                    task_id: task.clone(),
+                    to,
+                })
+                .await
+                .map_err(|s| status(s, &target.url))?
+                .into_inner();
+            println!(
+                "{task} will move to {} at its next tool-call boundary (brain watch {task} shows it)",
+                r.to
+            );
+            Ok(0)
+        }
         Cmd::Task(TaskCmd::Resume { task, budget }) => {
             let budget = budget.to_proto()?;
             if budget == proto::Budget::default() {
@@ -1411,6 +1435,19 @@ pub fn describe_record(r: &crate::tasks::Record) -> String {
                 "elided old tool outputs in the first {upto} messages ({bytes_saved} bytes) to fit the context window"
             )
         }
+        E::Barrier {
+            version,
+            root_hash,
+            files,
+            bytes,
+            wire_bytes,
+        } => format!(
+            "barrier  v{version}: {files} files, {bytes} bytes, root {}…; {wire_bytes} bytes sent",
+            &root_hash[..root_hash.len().min(12)]
+        ),
+        E::MoveStarted { from, to } => format!("MOVE     from {from} to {to}"),
+        E::MoveCompleted { to } => format!("moved    now on {to}"),
+        E::MoveAborted { to, reason } => format!("move to {to} aborted: {reason}"),
         E::BudgetRaised { limits } => format!(
             "budget raised to ${:.4}, {} tokens, {} steps, {} ms wall (0 = no limit)",
             limits.usd, limits.tokens, limits.steps, limits.wall_ms

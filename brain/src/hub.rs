@@ -297,7 +297,7 @@ pub struct Hub {
     /// Where the live output of durable calls goes (a task's watchers), by call id.
     live: Arc<Mutex<HashMap<u64, LiveSink>>>,
     /// Sync requests awaiting their report, by id.
-    syncs: Arc<Mutex<HashMap<u64, (SyncPending, oneshot::Sender<proto::SyncReport>)>>>,
+    syncs: SyncWaiters,
 }
 
 /// What a sync request asked of which worker; the Sync service checks uploads against it.
@@ -312,8 +312,11 @@ pub struct SyncPending {
     pub include_git: bool,
 }
 
+/// Sync requests awaiting their report, by id.
+type SyncWaiters = Arc<Mutex<HashMap<u64, (SyncPending, oneshot::Sender<proto::SyncReport>)>>>;
+
 /// Removes a sync waiter when the wait ends, however it ends.
-struct SyncGuard(Arc<Mutex<HashMap<u64, (SyncPending, oneshot::Sender<proto::SyncReport>)>>>, u64);
+struct SyncGuard(SyncWaiters, u64);
 
 impl Drop for SyncGuard {
     fn drop(&mut self) {
@@ -766,7 +769,9 @@ impl Hub {
     /// A worker's report of a sync request.
     pub fn deliver_sync(&self, worker: &str, report: proto::SyncReport) {
         let mut syncs = self.syncs.lock().unwrap_or_else(|e| e.into_inner());
-        if syncs.get(&report.id).is_some_and(|(p, _)| p.worker == worker)
+        if syncs
+            .get(&report.id)
+            .is_some_and(|(p, _)| p.worker == worker)
             && let Some((_, tx)) = syncs.remove(&report.id)
         {
             let _ = tx.send(report);

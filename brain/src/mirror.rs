@@ -74,7 +74,12 @@ impl Mirror {
 
     /// Stores a blob given compressed; checks that it decompresses to content with this
     /// hash (bounded by `max_bytes`) before it is kept. Returns whether it was new.
-    pub fn put_compressed(&self, hash: &str, compressed: &[u8], max_bytes: u64) -> Result<bool, Error> {
+    pub fn put_compressed(
+        &self,
+        hash: &str,
+        compressed: &[u8],
+        max_bytes: u64,
+    ) -> Result<bool, Error> {
         let path = self.blob_path(hash)?;
         if path.exists() {
             return Ok(false);
@@ -203,19 +208,31 @@ mod tests {
         assert_eq!(m.get(&a).unwrap(), b"alpha\n");
         // A blob that does not match its hash is refused and not kept.
         let bad = manifest::hash(b"other");
-        assert!(matches!(m.put_compressed(&bad, &compress(b"alpha\n"), 100), Err(Error::Corrupt(_))));
+        assert!(matches!(
+            m.put_compressed(&bad, &compress(b"alpha\n"), 100),
+            Err(Error::Corrupt(_))
+        ));
         assert!(!m.has(&bad));
-        assert!(matches!(m.put_compressed("../../etc", b"", 1), Err(Error::BadHash(_))));
+        assert!(matches!(
+            m.put_compressed("../../etc", b"", 1),
+            Err(Error::BadHash(_))
+        ));
         // Over the size limit after decompression: refused.
         let big = vec![0u8; 1 << 20];
-        assert!(m.put_compressed(&manifest::hash(&big), &compress(&big), 1000).is_err());
+        assert!(
+            m.put_compressed(&manifest::hash(&big), &compress(&big), 1000)
+                .is_err()
+        );
         // A manifest needs its blobs.
         let mut man = Manifest::default();
-        man.entries.insert("a.txt".into(), Entry::file(b"alpha\n", false));
+        man.entries
+            .insert("a.txt".into(), Entry::file(b"alpha\n", false));
         let root = m.put_manifest(&man).unwrap();
         assert_eq!(m.manifest(&root).unwrap(), man);
         let mut orphan = Manifest::default();
-        orphan.entries.insert("b".into(), Entry::file(b"never sent", false));
+        orphan
+            .entries
+            .insert("b".into(), Entry::file(b"never sent", false));
         assert!(m.put_manifest(&orphan).is_err());
         let b = m.put(b"beta\n").unwrap();
         let kept = m.gc(&[root.clone()].into()).unwrap();

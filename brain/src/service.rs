@@ -163,7 +163,11 @@ impl From<hub::Error> for Status {
 impl Services {
     /// Checks the caller's certificate: issued by our CA (rustls did that), naming `role`,
     /// current and not revoked.
-    pub(crate) fn authorize<T>(&self, req: &Request<T>, role: Role) -> Result<PeerIdentity, Status> {
+    pub(crate) fn authorize<T>(
+        &self,
+        req: &Request<T>,
+        role: Role,
+    ) -> Result<PeerIdentity, Status> {
         let certs = req
             .peer_certs()
             .ok_or_else(|| Status::unauthenticated(NO_CERT))?;
@@ -781,6 +785,27 @@ impl Admin for Services {
             .await?;
         tracing::info!(task = %id, by = %admin, "task resumed with more budget");
         Ok(Response::new(proto::ResumeTaskResponse {}))
+    }
+
+    async fn move_task(
+        &self,
+        req: Request<proto::MoveTaskRequest>,
+    ) -> Result<Response<proto::MoveTaskResponse>, Status> {
+        let admin = self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        let w = self.resolve(&req.to)?;
+        if w.revoked {
+            return Err(Status::failed_precondition(format!(
+                "worker {} is revoked",
+                w.id
+            )));
+        }
+        if let Some(why) = self.0.policy.refuse(&w) {
+            return Err(Status::failed_precondition(why));
+        }
+        let id = self.0.tasks.request_move(&req.task_id, &w.id).await?;
+        tracing::info!(task = %id, to = %w.id, by = %admin, "move requested");
+        Ok(Response::new(proto::MoveTaskResponse { to: w.id }))
     }
 
     async fn list_tasks(

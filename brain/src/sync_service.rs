@@ -46,7 +46,9 @@ fn hex_hashes(list: &BlobList) -> Result<Vec<String>, Status> {
 fn mirror_status(e: crate::mirror::Error) -> Status {
     use crate::mirror::Error as E;
     match e {
-        E::Corrupt(_) | E::BadHash(_) | E::BadManifest { .. } => Status::invalid_argument(e.to_string()),
+        E::Corrupt(_) | E::BadHash(_) | E::BadManifest { .. } => {
+            Status::invalid_argument(e.to_string())
+        }
         E::NoManifest(_) => Status::not_found(e.to_string()),
         E::Io { .. } | E::Store(_) => Status::internal(e.to_string()),
     }
@@ -88,24 +90,31 @@ impl SyncService for Services {
                 cur = Some((hex::encode(&c.hash), Vec::new()));
             }
             let Some((hash, data)) = cur.as_mut() else {
-                return Err(Status::invalid_argument("a blob chunk came before its hash"));
+                return Err(Status::invalid_argument(
+                    "a blob chunk came before its hash",
+                ));
             };
             data.extend_from_slice(&c.data);
             if data.len() as u64 > max + max / 8 + 1024 {
-                return Err(Status::invalid_argument(format!("blob {hash} is over the file size limit")));
+                return Err(Status::invalid_argument(format!(
+                    "blob {hash} is over the file size limit"
+                )));
             }
             if c.last {
                 let (hash, data) = cur.take().expect("set above");
                 let mirror = self.0.mirror.clone();
-                let new = tokio::task::spawn_blocking(move || mirror.put_compressed(&hash, &data, max))
-                    .await
-                    .map_err(|e| Status::internal(e.to_string()))?
-                    .map_err(mirror_status)?;
+                let new =
+                    tokio::task::spawn_blocking(move || mirror.put_compressed(&hash, &data, max))
+                        .await
+                        .map_err(|e| Status::internal(e.to_string()))?
+                        .map_err(mirror_status)?;
                 stored += new as u32;
             }
         }
         if let Some((hash, _)) = cur {
-            return Err(Status::invalid_argument(format!("blob {hash} was cut short")));
+            return Err(Status::invalid_argument(format!(
+                "blob {hash} was cut short"
+            )));
         }
         Ok(Response::new(PutBlobsResponse { stored }))
     }
@@ -124,15 +133,21 @@ impl SyncService for Services {
             .0
             .hub
             .sync_pending(first.request_id, &worker)
-            .ok_or_else(|| Status::failed_precondition("no barrier of this worker awaits this delta"))?;
+            .ok_or_else(|| {
+                Status::failed_precondition("no barrier of this worker awaits this delta")
+            })?;
         if !first.base_root.is_empty() && first.base_root != pending.base {
-            return Err(Status::invalid_argument("the delta is against a manifest the brain did not offer"));
+            return Err(Status::invalid_argument(
+                "the delta is against a manifest the brain did not offer",
+            ));
         }
         let mut buf = first.data;
         while let Some(c) = stream.message().await? {
             buf.extend_from_slice(&c.data);
             if buf.len() > MAX_DELTA_WIRE {
-                return Err(Status::invalid_argument("the delta is over 256 MiB compressed"));
+                return Err(Status::invalid_argument(
+                    "the delta is over 256 MiB compressed",
+                ));
             }
         }
         let mirror = self.0.mirror.clone();
@@ -176,16 +191,24 @@ impl SyncService for Services {
             .hub
             .sync_pending(req.get_ref().request_id, &worker)
             .filter(|p| !p.materialise.is_empty())
-            .ok_or_else(|| Status::failed_precondition("no materialisation of this worker awaits a manifest"))?;
+            .ok_or_else(|| {
+                Status::failed_precondition("no materialisation of this worker awaits a manifest")
+            })?;
         let mirror = self.0.mirror.clone();
         let data = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, Status> {
-            let m = mirror.manifest(&pending.materialise).map_err(mirror_status)?;
-            Ok(manifest::compress(&serde_json::to_vec(&m).expect("manifests serialise")))
+            let m = mirror
+                .manifest(&pending.materialise)
+                .map_err(mirror_status)?;
+            Ok(manifest::compress(
+                &serde_json::to_vec(&m).expect("manifests serialise"),
+            ))
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))??;
         Ok(Response::new(chunks(
-            data.chunks(CHUNK).map(|c| DataChunk { data: c.to_vec() }).collect(),
+            data.chunks(CHUNK)
+                .map(|c| DataChunk { data: c.to_vec() })
+                .collect(),
         )))
     }
 
@@ -210,9 +233,14 @@ impl SyncService for Services {
                 };
                 let n = data.len().div_ceil(CHUNK).max(1);
                 for i in 0..n {
-                    let part = &data[(i * CHUNK).min(data.len())..((i + 1) * CHUNK).min(data.len())];
+                    let part =
+                        &data[(i * CHUNK).min(data.len())..((i + 1) * CHUNK).min(data.len())];
                     let c = BlobChunk {
-                        hash: if i == 0 { hex::decode(&h).expect("checked hex") } else { vec![] },
+                        hash: if i == 0 {
+                            hex::decode(&h).expect("checked hex")
+                        } else {
+                            vec![]
+                        },
                         data: part.to_vec(),
                         last: i + 1 == n,
                     };
@@ -222,7 +250,9 @@ impl SyncService for Services {
                 }
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     async fn report(&self, req: Request<SyncReport>) -> Result<Response<SyncReportAck>, Status> {

@@ -63,9 +63,17 @@ pub async fn handle(
     let mut client = SyncClient::new(channel)
         .max_decoding_message_size(shared::limits::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(shared::limits::MAX_MESSAGE_BYTES);
-    let r = match tokio::time::timeout(RPC_TIMEOUT, run(&req, &workspaces, &mut client, &state, owner)).await {
+    let r = match tokio::time::timeout(
+        RPC_TIMEOUT,
+        run(&req, &workspaces, &mut client, &state, owner),
+    )
+    .await
+    {
         Ok(r) => r,
-        Err(_) => Err(format!("sync of {} did not finish within {RPC_TIMEOUT:?}", req.workspace)),
+        Err(_) => Err(format!(
+            "sync of {} did not finish within {RPC_TIMEOUT:?}",
+            req.workspace
+        )),
     };
     let report = r.unwrap_or_else(|error| {
         tracing::warn!(workspace = %req.workspace, %error, "sync failed");
@@ -127,7 +135,9 @@ async fn barrier(
     let (m, hashed) = scan(&ws).await?;
     let base = {
         let w = ws.lock().unwrap_or_else(|e| e.into_inner());
-        w.base.clone().filter(|b| !base_root.is_empty() && b.root_hash() == base_root)
+        w.base
+            .clone()
+            .filter(|b| !base_root.is_empty() && b.root_hash() == base_root)
     };
     let (base, base_root) = match base {
         Some(b) => (b, base_root.to_string()),
@@ -164,14 +174,18 @@ async fn barrier(
         let mut chunks = Vec::new();
         for h in &missing {
             let Some(path) = by_hash.get(h.as_str()) else {
-                return Err(format!("the brain asked for blob {h}, which is not in this workspace"));
+                return Err(format!(
+                    "the brain asked for blob {h}, which is not in this workspace"
+                ));
             };
             let full = root.join(path);
             let (h2, p2) = (h.clone(), path.to_string());
             let compressed = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, String> {
                 let data = std::fs::read(&full).map_err(|e| format!("{p2}: {e}"))?;
                 if manifest::hash(&data) != h2 {
-                    return Err(format!("{p2} changed while it was being synced; the next barrier will catch it"));
+                    return Err(format!(
+                        "{p2} changed while it was being synced; the next barrier will catch it"
+                    ));
                 }
                 Ok(manifest::compress(&data))
             })
@@ -179,7 +193,12 @@ async fn barrier(
             .map_err(|e| e.to_string())??;
             wire += compressed.len() as u64;
             let n = compressed.len().div_ceil(CHUNK).max(1);
-            for (i, part) in compressed.chunks(CHUNK).chain(std::iter::once(&[][..])).take(n).enumerate() {
+            for (i, part) in compressed
+                .chunks(CHUNK)
+                .chain(std::iter::once(&[][..]))
+                .take(n)
+                .enumerate()
+            {
                 chunks.push(BlobChunk {
                     hash: if i == 0 { raw(h) } else { vec![] },
                     data: part.to_vec(),
@@ -243,18 +262,27 @@ async fn materialise(
         .map_err(|s| format!("fetching the manifest: {}", s.message()))?
         .into_inner();
     let mut buf = Vec::new();
-    while let Some(c) = stream.message().await.map_err(|s| format!("fetching the manifest: {}", s.message()))? {
+    while let Some(c) = stream
+        .message()
+        .await
+        .map_err(|s| format!("fetching the manifest: {}", s.message()))?
+    {
         buf.extend_from_slice(&c.data);
         if buf.len() > MAX_MANIFEST_WIRE {
             return Err("the manifest is over 256 MiB compressed".into());
         }
     }
     let mut wire = buf.len() as u64;
-    let json = manifest::decompress(&buf, MAX_MANIFEST_BYTES).map_err(|e| format!("the manifest: {e}"))?;
-    let target: Manifest = serde_json::from_slice(&json).map_err(|e| format!("the manifest: {e}"))?;
+    let json =
+        manifest::decompress(&buf, MAX_MANIFEST_BYTES).map_err(|e| format!("the manifest: {e}"))?;
+    let target: Manifest =
+        serde_json::from_slice(&json).map_err(|e| format!("the manifest: {e}"))?;
     target.validate(rules).map_err(|e| e.to_string())?;
     if target.root_hash() != want {
-        return Err(format!("the manifest sent has root {} instead of {want}", target.root_hash()));
+        return Err(format!(
+            "the manifest sent has root {} instead of {want}",
+            target.root_hash()
+        ));
     }
     let (current, _) = scan(&ws).await?;
     // Content this machine already has, under any path of the workspace.
@@ -273,7 +301,11 @@ async fn materialise(
     let mut need: Vec<&str> = target
         .entries
         .iter()
-        .filter(|(p, e)| e.kind == Kind::File && current.entries.get(*p) != Some(e) && !local.contains_key(&e.hash))
+        .filter(|(p, e)| {
+            e.kind == Kind::File
+                && current.entries.get(*p) != Some(e)
+                && !local.contains_key(&e.hash)
+        })
         .map(|(_, e)| e.hash.as_str())
         .collect();
     need.sort();
@@ -288,7 +320,11 @@ async fn materialise(
             .map_err(|e| format!("fetching blobs: {}", e.message()))?
             .into_inner();
         let mut cur: Option<(String, Vec<u8>)> = None;
-        while let Some(c) = s.message().await.map_err(|e| format!("fetching blobs: {}", e.message()))? {
+        while let Some(c) = s
+            .message()
+            .await
+            .map_err(|e| format!("fetching blobs: {}", e.message()))?
+        {
             wire += c.data.len() as u64;
             if !c.hash.is_empty() {
                 cur = Some((hex::encode(&c.hash), Vec::new()));
@@ -303,37 +339,49 @@ async fn materialise(
             }
             if c.last {
                 let (h, data) = cur.take().expect("set above");
-                let content = manifest::decompress(&data, max).map_err(|e| format!("blob {h}: {e}"))?;
+                let content =
+                    manifest::decompress(&data, max).map_err(|e| format!("blob {h}: {e}"))?;
                 fetched.insert(h, content);
             }
         }
     }
     let blobs_fetched = fetched.len() as u64;
-    let (root2, rules2, target2, ws2) = (root.to_path_buf(), rules.clone(), target.clone(), ws.clone());
-    let applied = tokio::task::spawn_blocking(move || -> Result<(manifest::Applied, Manifest), String> {
-        let mut blob = |h: &str| -> Result<Vec<u8>, String> {
-            if let Some(d) = fetched.get(h) {
-                return Ok(d.clone());
+    let (root2, rules2, target2, ws2) = (
+        root.to_path_buf(),
+        rules.clone(),
+        target.clone(),
+        ws.clone(),
+    );
+    let applied =
+        tokio::task::spawn_blocking(move || -> Result<(manifest::Applied, Manifest), String> {
+            let mut blob = |h: &str| -> Result<Vec<u8>, String> {
+                if let Some(d) = fetched.get(h) {
+                    return Ok(d.clone());
+                }
+                let p = local
+                    .get(h)
+                    .ok_or("not sent by the brain and not on this machine")?;
+                std::fs::read(root2.join(p)).map_err(|e| e.to_string())
+            };
+            let applied = manifest::materialise(&root2, &current, &target2, &rules2, &mut blob)
+                .map_err(|e| e.to_string())?;
+            if let Some(o) = owner {
+                for path in target2.entries.keys() {
+                    crate::files::give_path(&root2, path, o);
+                }
             }
-            let p = local.get(h).ok_or("not sent by the brain and not on this machine")?;
-            std::fs::read(root2.join(p)).map_err(|e| e.to_string())
-        };
-        let applied = manifest::materialise(&root2, &current, &target2, &rules2, &mut blob).map_err(|e| e.to_string())?;
-        if let Some(o) = owner {
-            for path in target2.entries.keys() {
-                crate::files::give_path(&root2, path, o);
-            }
-        }
-        let mut w = ws2.lock().unwrap_or_else(|e| e.into_inner());
-        let now = w.scanner.scan().map_err(|e| e.to_string())?;
-        Ok((applied, now))
-    })
-    .await
-    .map_err(|e| e.to_string())??;
+            let mut w = ws2.lock().unwrap_or_else(|e| e.into_inner());
+            let now = w.scanner.scan().map_err(|e| e.to_string())?;
+            Ok((applied, now))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
     let (applied, now) = applied;
     let got = now.root_hash();
     if got != want {
-        return Err(format!("after materialising, the workspace's root hash is {got}, not {want}"));
+        return Err(format!(
+            "after materialising, the workspace's root hash is {got}, not {want}"
+        ));
     }
     ws.lock().unwrap_or_else(|e| e.into_inner()).base = Some(now);
     Ok(SyncReport {

@@ -20,7 +20,8 @@ use crate::llm::{self, Provider, ToolUse};
 use crate::tasks::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
 use crate::tasks::manager::{Error, Manager, Task};
 use crate::tasks::runner::{
-    CommandOutcome, file_call, finish, run_command, set_status, wait_for_report, worker_ready,
+    CommandOutcome, barrier, file_call, finish, move_task, move_wanted, run_command, set_status,
+    wait_for_report, worker_ready,
 };
 use crate::tasks::state::{PendingCall, Status};
 
@@ -164,7 +165,16 @@ pub async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), Error> {
         // 1. A call in flight.
         if let Some(p) = st.pending.clone() {
             let fresh = issued_here.contains(&p.call_id);
+            let (worker, changes) = (p.worker.clone(), !p.call.is_read_only());
             settle(m, task, &st.workspace, &a, p, fresh, &redact).await?;
+            // The mirror follows the disk after every call that can change it.
+            if changes && task.state().pending.is_none() && m.hub.session(&worker).is_some() {
+                barrier(m, task, &worker).await?;
+            }
+            continue;
+        }
+        if let Some(to) = move_wanted(task) {
+            move_task(m, task, &to).await?;
             continue;
         }
         if a.stuck() {

@@ -177,12 +177,11 @@ pub enum ToolCall {
 }
 
 impl ToolCall {
-    /// Whether running it again after a crash could do something twice. Those are settled
-    /// by the worker's journal or reported as interrupted; the rest are asked again.
-    pub fn is_idempotent(&self) -> bool {
-        !matches!(
+    /// Whether it only reads the workspace (no barrier needed after it).
+    pub fn is_read_only(&self) -> bool {
+        matches!(
             self,
-            ToolCall::RunCommand { .. } | ToolCall::EditFile { .. }
+            ToolCall::ReadFile { .. } | ToolCall::ListFiles { .. } | ToolCall::Search { .. }
         )
     }
 }

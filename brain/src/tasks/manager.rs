@@ -80,6 +80,8 @@ pub struct Task {
     /// Held by a person's command (decide, resume) from its check to its append, so two at
     /// once cannot both pass the check (and, say, start two runners).
     control: tokio::sync::Mutex<()>,
+    /// A move a person asked for, taken by the runner at the next tool-call boundary.
+    move_request: Mutex<Option<String>>,
     /// One appender at a time per task, so state and log stay in the same order.
     append_lock: tokio::sync::Mutex<()>,
 }
@@ -87,6 +89,13 @@ pub struct Task {
 impl Task {
     pub fn state(&self) -> TaskState {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn take_move_request(&self) -> Option<String> {
+        self.move_request
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 }
 
@@ -298,6 +307,29 @@ impl Manager {
         Ok(ap.what)
     }
 
+    /// Asks for a task to move to worker `to` at its next tool-call boundary.
+    pub async fn request_move(&self, text: &str, to: &str) -> Result<TaskId, Error> {
+        let task = self.find(text)?;
+        let _control = task.control.lock().await;
+        let st = task.state();
+        let refused = |reason: String| Error::Refused {
+            task: task.id,
+            reason,
+        };
+        if st.status.is_terminal() {
+            return Err(Error::Ended(task.id));
+        }
+        if st.worker.as_deref() == Some(to) {
+            return Err(refused(format!("it already runs on {to}")));
+        }
+        if let Some(m) = &st.moving_to {
+            return Err(refused(format!("it is already moving to {m}")));
+        }
+        *task.move_request.lock().unwrap_or_else(|e| e.into_inner()) = Some(to.to_string());
+        task.wake.notify_one();
+        Ok(task.id)
+    }
+
     /// Gives a task stopped for budget more (added to what it spent) and starts it again.
     pub async fn resume(&self, text: &str, extra: crate::agent::Budget) -> Result<TaskId, Error> {
         let task = self.find(text)?;
@@ -346,6 +378,7 @@ impl Manager {
             cancel: CancellationToken::new(),
             wake: tokio::sync::Notify::new(),
             control: tokio::sync::Mutex::new(()),
+            move_request: Mutex::new(None),
             append_lock: tokio::sync::Mutex::new(()),
         });
         self.tasks

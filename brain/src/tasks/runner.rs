@@ -88,7 +88,14 @@ async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), super::manager::Erro
             return finish(m, task, Outcome::Failed, "the task has no worker".into()).await;
         };
         if let Some(p) = st.pending.clone() {
-            settle(m, task, &st.workspace, p).await?;
+            settle(m, task, &st.workspace, p.clone()).await?;
+            if task.state().pending.is_none() && m.hub.session(&p.worker).is_some() {
+                barrier(m, task, &p.worker).await?;
+            }
+            continue;
+        }
+        if let Some(to) = move_wanted(task) {
+            move_task(m, task, &to).await?;
             continue;
         }
         if let Some(reason) = st.step_failed.clone() {
@@ -193,6 +200,134 @@ pub(crate) async fn worker_ready(
     }
     set_status(m, task, Status::Running, "").await?;
     Ok(true)
+}
+
+/// How long a barrier or a materialisation may take.
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(300);
+const MATERIALISE_TIMEOUT: Duration = Duration::from_secs(1800);
+/// How long a move waits for its target to be connected.
+const MOVE_TARGET_WAIT: Duration = Duration::from_secs(60);
+
+/// Makes the brain's mirror equal to the worker's disk and logs the barrier (when anything
+/// changed). A barrier that fails is logged as a warning and left to the next one; returns
+/// whether the mirror now matches the worker.
+pub(crate) async fn barrier(
+    m: &Manager,
+    task: &Task,
+    worker: &str,
+) -> Result<bool, super::manager::Error> {
+    let st = task.state();
+    let op = proto::sync_request::Op::BarrierBase(st.barrier_root.clone());
+    match m
+        .hub
+        .sync(worker, &st.workspace, op, false, BARRIER_TIMEOUT)
+        .await
+    {
+        Ok(r) if r.error.is_empty() => {
+            tracing::debug!(task = %task.id, root = %r.root_hash, files = r.files, wire_bytes = r.wire_bytes, hashed = r.hashed, "barrier");
+            if r.root_hash != st.barrier_root {
+                m.append(
+                    task,
+                    vec![Event::Barrier {
+                        version: st.barrier_version + 1,
+                        root_hash: r.root_hash,
+                        files: r.files,
+                        bytes: r.bytes,
+                        wire_bytes: r.wire_bytes,
+                    }],
+                )
+                .await?;
+            }
+            Ok(true)
+        }
+        Ok(r) => {
+            tracing::warn!(task = %task.id, %worker, error = %r.error, "barrier failed; the next one will catch up");
+            Ok(false)
+        }
+        Err(e) => {
+            tracing::warn!(task = %task.id, %worker, error = %e, "barrier failed; the next one will catch up");
+            Ok(false)
+        }
+    }
+}
+
+/// Moves a task (at a tool-call boundary) to `to`: a final barrier from the source if it is
+/// there (else the last barrier is what moves: failover), the target materialises that
+/// manifest fetching only the blobs it lacks and verifies the root hash, and the
+/// assignment is switched in the log. Logged as started first, so a crash resumes it; a move
+/// that cannot complete is logged as aborted and the task stays where it was.
+pub(crate) async fn move_task(
+    m: &Manager,
+    task: &Task,
+    to: &str,
+) -> Result<(), super::manager::Error> {
+    let st = task.state();
+    let from = st.worker.clone().unwrap_or_default();
+    if st.moving_to.as_deref() != Some(to) {
+        tracing::info!(task = %task.id, %from, %to, "move started");
+        m.append(
+            task,
+            vec![Event::MoveStarted {
+                from: from.clone(),
+                to: to.to_string(),
+            }],
+        )
+        .await?;
+    }
+    let abort = |reason: String| async move {
+        tracing::warn!(task = %task.id, %to, %reason, "move aborted");
+        m.append(
+            task,
+            vec![Event::MoveAborted {
+                to: to.to_string(),
+                reason,
+            }],
+        )
+        .await
+    };
+    if m.hub.session(&from).is_some() && !barrier(m, task, &from).await? {
+        return abort(format!("the final barrier from {from} failed")).await;
+    }
+    if m.hub.wait_connected(to, MOVE_TARGET_WAIT).await.is_none() {
+        return abort(format!("worker {to} is not connected")).await;
+    }
+    let st = task.state();
+    if !st.barrier_root.is_empty() {
+        let op = proto::sync_request::Op::MaterialiseRoot(st.barrier_root.clone());
+        match m
+            .hub
+            .sync(to, &st.workspace, op, false, MATERIALISE_TIMEOUT)
+            .await
+        {
+            Ok(r) if r.error.is_empty() && r.root_hash == st.barrier_root => {
+                tracing::info!(task = %task.id, %to, files = r.files, bytes = r.bytes, blobs = r.blobs_sent, wire_bytes = r.wire_bytes, "workspace materialised on the target");
+            }
+            Ok(r) if r.error.is_empty() => {
+                return abort(format!(
+                    "{to} reported root {} instead of {}",
+                    r.root_hash, st.barrier_root
+                ))
+                .await;
+            }
+            Ok(r) => {
+                return abort(format!(
+                    "{to} could not materialise the workspace: {}",
+                    r.error
+                ))
+                .await;
+            }
+            Err(e) => return abort(format!("{to} could not materialise the workspace: {e}")).await,
+        }
+    }
+    m.append(task, vec![Event::MoveCompleted { to: to.to_string() }])
+        .await?;
+    tracing::info!(task = %task.id, %from, %to, "move completed");
+    Ok(())
+}
+
+/// A move asked for (by a person) or in progress (from the log), if any.
+pub(crate) fn move_wanted(task: &Task) -> Option<String> {
+    task.state().moving_to.or_else(|| task.take_move_request())
 }
 
 /// Logs that nobody can say what a call did.

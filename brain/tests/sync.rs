@@ -1,0 +1,230 @@
+//! Workspace sync and moves with real processes: the brain's mirror follows every call
+//! (barriers, root hashes checked), and a task moved between workers mid-run ends with
+//! exactly the workspace an unmoved run of the same plan ends with.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use testkit::fake_llm::{FakeLlm, FakeReply};
+use testkit::{BrainOptions, Cluster, text};
+
+/// A plan that builds a small tree step by step: files, directories, an executable, a
+/// symlink, a deletion and a rename.
+fn tree_plan(c: &Cluster, pause: &str) -> PathBuf {
+    let mut steps: Vec<Value> = (0..8)
+        .map(|i| {
+            json!({"run": ["sh", "-c", format!(
+                "sleep {pause}; mkdir -p d{i}/sub; echo content-{i} > d{i}/sub/f.txt; echo {i} >> log.txt; head -c {} /dev/zero > d{i}/blob.bin",
+                1000 * (i + 1)
+            )]})
+        })
+        .collect();
+    steps.push(json!({"run": ["sh", "-c", "printf '#!/bin/sh\\necho hi\\n' > run.sh; chmod +x run.sh; ln -s d1/sub/f.txt link"]}));
+    steps.push(json!({"run": ["sh", "-c", "rm -r d2; mv d3 renamed"]}));
+    steps.push(json!({"write": {"path": "notes/done.txt", "content": "done\n"}}));
+    let path = c.dir.join("tree-plan.json");
+    std::fs::write(&path, json!({ "steps": steps }).to_string()).unwrap();
+    path
+}
+
+fn run_plan(c: &Cluster, plan: &std::path::Path, worker: &str) -> String {
+    let out = c.brain_cli(&["run", "--plan", plan.to_str().unwrap(), "--worker", worker]);
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn last_root(log: &[Value]) -> String {
+    log.iter()
+        .rev()
+        .find(|r| r["kind"] == "barrier")
+        .map(|r| r["root_hash"].as_str().unwrap().to_string())
+        .expect("a barrier in the log")
+}
+
+fn wait_for(c: &Cluster, id: &str, what: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c
+        .task_log_json(id)
+        .iter()
+        .filter(|r| r["kind"] == what)
+        .count()
+        < n
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no {n} × {what}:\n{}",
+            c.brain_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn read(c: &Cluster, worker: &str, id: &str, path: &str) -> Option<String> {
+    let ws = format!("task-{}", id.trim_start_matches("t-"));
+    let out = c.brain_cli(&["file", "read", worker, path, "--workspace", &ws]);
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn a_task_moved_mid_run_ends_with_the_workspace_of_an_unmoved_run() {
+    let c = Cluster::start();
+    let a = c.join_worker("a");
+    let b = c.join_worker("b");
+    let plan = tree_plan(&c, "0.2");
+    // The reference: the same plan, never moved.
+    let plain = run_plan(&c, &plan, "a");
+    assert_eq!(
+        c.wait_status(&plain, &["finished", "failed"], Duration::from_secs(60)),
+        "finished"
+    );
+    let want = last_root(&c.task_log_json(&plain));
+
+    let moved = run_plan(&c, &plan, "a");
+    wait_for(&c, &moved, "tool_call_completed", 3);
+    let out = c.brain_cli(&["task", "move", &moved, "--to", "b"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        c.wait_status(&moved, &["finished", "failed"], Duration::from_secs(60)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let log = c.task_log_json(&moved);
+    assert_eq!(last_root(&log), want, "the moved run's workspace differs");
+    let kinds: Vec<&str> = log.iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    let started = kinds
+        .iter()
+        .position(|k| *k == "move_started")
+        .expect("a move");
+    let completed = kinds
+        .iter()
+        .position(|k| *k == "move_completed")
+        .expect("completed");
+    assert!(started < completed);
+    // Calls before the move ran on a, the rest on b.
+    let issued: Vec<(usize, &str)> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r["kind"] == "tool_call_issued")
+        .map(|(i, r)| (i, r["worker"].as_str().unwrap()))
+        .collect();
+    assert!(
+        issued
+            .iter()
+            .all(|(i, w)| if *i < started { *w == a.id } else { *w == b.id }),
+        "{issued:?}"
+    );
+    assert!(issued.iter().any(|(_, w)| *w == b.id));
+    // What is on b's disk is the real thing.
+    assert_eq!(
+        read(&c, &b.id, &moved, "d1/sub/f.txt").as_deref(),
+        Some("content-1\n")
+    );
+    assert_eq!(
+        read(&c, &b.id, &moved, "log.txt").unwrap().lines().count(),
+        8
+    );
+    assert_eq!(
+        read(&c, &b.id, &moved, "notes/done.txt").as_deref(),
+        Some("done\n")
+    );
+    assert_eq!(read(&c, &b.id, &moved, "d2/sub/f.txt"), None);
+    // Moving a finished task is refused.
+    let out = c.brain_cli(&["task", "move", &moved, "--to", "a"]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn an_agent_moved_between_calls_is_told_and_carries_on_with_its_files() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call(
+            "run_command",
+            json!({"command": "echo made-on-a > a.txt; sleep 1"}),
+        ),
+        1 => FakeReply::tool_call("read_file", json!({"path": "a.txt"})),
+        _ => FakeReply::tool_call("finish", json!({"summary": "read it back"})),
+    });
+    let c = Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test-key-123456\"\n",
+            llm.url()
+        )),
+        ..Default::default()
+    });
+    let a = c.join_worker("a");
+    let b = c.join_worker("b");
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "full",
+        "--worker",
+        "a",
+        "move me",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    wait_for(&c, &id, "tool_call_issued", 1);
+    let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let reqs = llm.requests();
+    let said = reqs[1].body["messages"].to_string();
+    assert!(
+        said.contains(&format!("moved from machine {} to machine {}", a.id, b.id)),
+        "{said}"
+    );
+    assert!(
+        reqs[2].body["messages"].to_string().contains("made-on-a"),
+        "the file came along"
+    );
+    assert_eq!(
+        read(&c, &b.id, &id, "a.txt").as_deref(),
+        Some("made-on-a\n")
+    );
+}
+
+#[test]
+fn a_brain_killed_during_a_move_completes_it_or_rolls_it_back() {
+    let mut c = Cluster::start();
+    let _a = c.join_worker("a");
+    let _b = c.join_worker("b");
+    let plan = tree_plan(&c, "0.2");
+    let plain = run_plan(&c, &plan, "a");
+    assert_eq!(
+        c.wait_status(&plain, &["finished", "failed"], Duration::from_secs(60)),
+        "finished"
+    );
+    let want = last_root(&c.task_log_json(&plain));
+    let id = run_plan(&c, &plan, "a");
+    wait_for(&c, &id, "tool_call_completed", 2);
+    let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
+    assert!(out.status.success(), "{}", text(&out));
+    wait_for(&c, &id, "move_started", 1);
+    c.kill_brain();
+    c.start_brain().unwrap();
+    assert_eq!(
+        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let log = c.task_log_json(&id);
+    assert_eq!(last_root(&log), want);
+    let count = |k: &str| log.iter().filter(|r| r["kind"] == k).count();
+    assert_eq!(
+        count("move_started"),
+        count("move_completed") + count("move_aborted"),
+        "a half-done move"
+    );
+}
