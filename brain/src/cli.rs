@@ -70,6 +70,10 @@ enum Cmd {
         /// interrupted
         #[arg(long, default_value = "10m", value_parser = shared::parse_duration)]
         worker_wait: Duration,
+        /// How long a task's worker may be gone before the task fails over to another
+        /// connected worker (from its last barrier)
+        #[arg(long, default_value = "30s", value_parser = shared::parse_duration)]
+        failover_after: Duration,
         #[command(flatten)]
         limits: LimitArgs,
         /// Turn the network off for every command (a fresh network namespace on the worker)
@@ -447,6 +451,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             lost_after,
             snapshot_every,
             worker_wait,
+            failover_after,
             limits,
             network_off,
             require_sandbox,
@@ -463,6 +468,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     worker_wait,
                     limits: limits.to_proto(network_off),
                     llm: std::sync::Arc::new(config.llm.clone()),
+                    failover_after,
                 },
                 require_sandbox,
                 config,

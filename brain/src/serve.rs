@@ -116,6 +116,18 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         format!("{addr}\n").as_bytes(),
         0o644,
     )?;
+    {
+        // Failover goes to a connected worker the policy allows, other than the lost one.
+        let (registry, hub, policy) = (registry.clone(), hub.clone(), policy.clone());
+        tasks.set_placer(Arc::new(move |lost: &str| {
+            let workers = registry.workers().ok()?;
+            workers
+                .into_iter()
+                .filter(|w| w.id != lost && !w.revoked && hub.session(&w.id).is_some())
+                .find(|w| policy.refuse(w).is_none())
+                .map(|w| w.id)
+        }));
+    }
     let shared = Arc::new(Shared {
         registry,
         hub,

@@ -228,3 +228,42 @@ fn a_brain_killed_during_a_move_completes_it_or_rolls_it_back() {
         "a half-done move"
     );
 }
+
+#[test]
+fn a_sigkilled_worker_fails_over_to_another_and_the_task_ends_with_the_same_workspace() {
+    let c = Cluster::start_with(BrainOptions {
+        extra_args: vec!["--failover-after".into(), "1s".into()],
+        ..Default::default()
+    });
+    let mut a = c.join_worker("a");
+    let b = c.join_worker("b");
+    let plan = tree_plan(&c, "0.3");
+    let plain = run_plan(&c, &plan, "b");
+    assert_eq!(
+        c.wait_status(&plain, &["finished", "failed"], Duration::from_secs(60)),
+        "finished"
+    );
+    let want = last_root(&c.task_log_json(&plain));
+    let id = run_plan(&c, &plan, "a");
+    wait_for(&c, &id, "tool_call_completed", 3);
+    a.kill();
+    assert_eq!(
+        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let log = c.task_log_json(&id);
+    assert_eq!(
+        last_root(&log),
+        want,
+        "the failed-over run's workspace differs"
+    );
+    let moved: Vec<&Value> = log
+        .iter()
+        .filter(|r| r["kind"] == "move_completed")
+        .collect();
+    assert_eq!(moved.len(), 1);
+    assert_eq!(moved[0]["to"], b.id.as_str());
+    assert_eq!(read(&c, &b.id, &id, "log.txt").unwrap().lines().count(), 8);
+}

@@ -224,10 +224,15 @@ impl AgentState {
 
     /// The task moved: the model is told before its next step (after the tool calls it is
     /// in the middle of, if any).
-    pub fn on_moved(&mut self, from: &str, to: &str) {
-        let note = format!(
+    pub fn on_moved(&mut self, from: &str, to: &str, lost_calls: u32) {
+        let mut note = format!(
             "Note: this task moved from machine {from} to machine {to}. The workspace files came along exactly as they were; processes started on the old machine (servers, background jobs) are gone and must be started again if needed."
         );
+        if lost_calls > 0 {
+            note.push_str(&format!(
+                " The old machine was lost before the changes of your last {lost_calls} tool call(s) could be synced: the workspace is as it was before them. Check, and redo them if they are still needed."
+            ));
+        }
         if self.queue.is_empty() {
             self.conversation.push(Message::user(note));
         } else {

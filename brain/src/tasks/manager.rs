@@ -39,6 +39,8 @@ pub struct Options {
     pub limits: proto::Limits,
     /// LLM providers, models and prices (the brain's config file).
     pub llm: Arc<crate::llm::LlmConfig>,
+    /// How long a task's worker may be gone before the task fails over to another.
+    pub failover_after: Duration,
 }
 
 impl Default for Options {
@@ -48,6 +50,7 @@ impl Default for Options {
             worker_wait: Duration::from_secs(600),
             limits: proto::Limits::default(),
             llm: Arc::default(),
+            failover_after: Duration::from_secs(30),
         }
     }
 }
@@ -91,6 +94,10 @@ impl Task {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    pub(crate) fn set_move_request(&self, to: &str) {
+        *self.move_request.lock().unwrap_or_else(|e| e.into_inner()) = Some(to.to_string());
+    }
+
     pub(crate) fn take_move_request(&self) -> Option<String> {
         self.move_request
             .lock()
@@ -98,6 +105,9 @@ impl Task {
             .take()
     }
 }
+
+/// Picks a worker to fail over to, other than the one given (connected, allowed by policy).
+pub type Placer = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// The manager. Cheap to clone.
 #[derive(Clone)]
@@ -108,6 +118,7 @@ pub struct Manager {
     tasks: Arc<Mutex<HashMap<TaskId, Arc<Task>>>>,
     /// Notified once every task has been loaded.
     loaded: Arc<tokio::sync::Notify>,
+    placer: Arc<std::sync::RwLock<Option<Placer>>>,
 }
 
 impl Manager {
@@ -118,6 +129,7 @@ impl Manager {
             opts,
             tasks: Arc::default(),
             loaded: Arc::default(),
+            placer: Arc::default(),
         };
         // Results a worker replays after they were logged (the brain died before its
         // acknowledgement got out) are acknowledged here.
@@ -145,6 +157,21 @@ impl Manager {
             }
         });
         m
+    }
+
+    /// Sets how failover picks a new worker (without one, tasks wait for their worker).
+    pub fn set_placer(&self, p: Placer) {
+        *self.placer.write().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    }
+
+    /// A worker to fail over to from `lost`, if any.
+    pub fn place(&self, lost: &str) -> Option<String> {
+        let p = self
+            .placer
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        p.and_then(|p| p(lost))
     }
 
     fn all(&self) -> Vec<Arc<Task>> {

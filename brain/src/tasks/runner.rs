@@ -194,6 +194,10 @@ pub(crate) async fn worker_ready(
         .await?;
         tokio::select! {
             _ = m.hub.wait_connected(worker, Duration::from_secs(3600)) => {}
+            to = failover_target(m, worker) => {
+                tracing::warn!(task = %task.id, lost = %worker, %to, "worker lost; failing over");
+                task.set_move_request(&to);
+            }
             _ = task.cancel.cancelled() => {}
         }
         return Ok(false);
@@ -330,6 +334,25 @@ pub(crate) fn move_wanted(task: &Task) -> Option<String> {
     task.state().moving_to.or_else(|| task.take_move_request())
 }
 
+/// Resolves with a worker to move to once `worker` has been gone for the failover delay and
+/// another eligible worker is connected; pends otherwise.
+pub(crate) async fn failover_target(m: &Manager, worker: &str) -> String {
+    let mut gone_since: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if m.hub.session(worker).is_some() {
+            gone_since = None;
+            continue;
+        }
+        let since = *gone_since.get_or_insert_with(tokio::time::Instant::now);
+        if since.elapsed() >= m.opts.failover_after
+            && let Some(to) = m.place(worker)
+        {
+            return to;
+        }
+    }
+}
+
 /// Logs that nobody can say what a call did.
 pub(crate) async fn interrupt(
     m: &Manager,
@@ -418,6 +441,15 @@ pub(crate) async fn run_command(
     );
     let outcome = tokio::select! {
         o = m.hub.durable_exec(&p.worker, start, m.opts.worker_wait) => Some(o),
+        to = failover_target(m, &p.worker) => {
+            m.hub.unwatch(p.call_id);
+            tracing::warn!(task = %task.id, lost = %p.worker, %to, call_id = p.call_id, "worker lost during a call; failing over");
+            task.set_move_request(&to);
+            return CommandOutcome::Interrupted(format!(
+                "worker {} was lost while the command ran; the task moves to {to}",
+                p.worker
+            ));
+        }
         _ = task.cancel.cancelled() => None,
     };
     m.hub.unwatch(p.call_id);
@@ -467,15 +499,17 @@ pub(crate) async fn file_call(
         if task.cancel.is_cancelled() {
             return Err("the task was cancelled while the call ran".into());
         }
-        if m.hub
-            .wait_connected(worker, m.opts.worker_wait)
-            .await
-            .is_none()
-        {
-            return Err(format!(
-                "worker {worker} did not come back within {:?}",
-                m.opts.worker_wait
-            ));
+        tokio::select! {
+            w = m.hub.wait_connected(worker, m.opts.worker_wait) => if w.is_none() {
+                return Err(format!(
+                    "worker {worker} did not come back within {:?}",
+                    m.opts.worker_wait
+                ));
+            },
+            to = failover_target(m, worker) => {
+                task.set_move_request(&to);
+                return Err(format!("worker {worker} was lost; the task moves to {to}"));
+            }
         }
         match m.hub.file(worker, call.clone(), FILE_TIMEOUT).await {
             Ok(resp) => {

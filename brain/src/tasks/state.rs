@@ -91,6 +91,15 @@ pub struct TaskState {
     /// A move that started and has not completed or aborted: the target worker.
     #[serde(default)]
     pub moving_to: Option<String>,
+    /// Calls that may have changed the workspace since the last barrier, and the first plan
+    /// step among them: a failover from the last barrier loses their effects.
+    #[serde(default)]
+    pub unsynced_calls: u32,
+    #[serde(default)]
+    pub first_unsynced_step: Option<u32>,
+    /// The unsure step was interrupted after the last barrier.
+    #[serde(default)]
+    pub unsure_unsynced: bool,
     /// Agent tasks: the conversation, budgets and what waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<crate::agent::AgentState>>,
@@ -122,6 +131,9 @@ impl TaskState {
             barrier_version: 0,
             barrier_root: String::new(),
             moving_to: None,
+            unsynced_calls: 0,
+            first_unsynced_step: None,
+            unsure_unsynced: false,
             agent: None,
             last_seq: 0,
             created_ms: 0,
@@ -186,6 +198,13 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             if let Some(p) = st.pending.take_if(|p| p.call_id == *call_id) {
                 st.calls_completed += 1;
                 remember(st, *call_id);
+                if !p.call.is_read_only() {
+                    // Its effect is on the worker's disk only until the next barrier.
+                    st.unsynced_calls += 1;
+                    if p.purpose == Purpose::Step {
+                        st.first_unsynced_step.get_or_insert(p.step);
+                    }
+                }
                 match p.purpose {
                     Purpose::Step if result.ok() => st.next_step = p.step + 1,
                     Purpose::Step => {
@@ -217,6 +236,7 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                 st.calls_interrupted += 1;
                 remember(st, *call_id);
                 st.unsure_step = Some(p.step);
+                st.unsure_unsynced = true;
             }
         }
         Event::WorkerAssigned { worker } => {
@@ -227,8 +247,23 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
         Event::MoveCompleted { to } => {
             st.moving_to = None;
             let from = st.worker.replace(to.clone()).unwrap_or_default();
+            // The target holds the last barrier: what ran after it (the source died before
+            // it could be synced) is not there. Plans run those steps again from the first;
+            // the agent is told.
+            let lost = std::mem::take(&mut st.unsynced_calls);
+            if let Some(k) = st.first_unsynced_step.take() {
+                st.next_step = st.next_step.min(k);
+            }
+            // An interrupted step that ran after the last barrier left nothing on the
+            // target: it simply runs again there.
+            if std::mem::take(&mut st.unsure_unsynced)
+                && let Some(u) = st.unsure_step.take()
+            {
+                st.next_step = st.next_step.min(u);
+                st.check_errors = 0;
+            }
             if let Some(a) = &mut st.agent {
-                a.on_moved(&from, to);
+                a.on_moved(&from, to, lost);
             }
         }
         Event::Barrier {
@@ -236,6 +271,9 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
         } => {
             st.barrier_version = *version;
             st.barrier_root = root_hash.clone();
+            st.unsynced_calls = 0;
+            st.first_unsynced_step = None;
+            st.unsure_unsynced = false;
         }
         Event::Finished { outcome, reason } => {
             st.status = match outcome {
@@ -445,6 +483,59 @@ mod tests {
         log[30..].iter().for_each(|r| apply(&mut c, r));
         assert_eq!(a, c);
         assert_eq!(a.next_step, 50);
+    }
+
+    #[test]
+    fn a_failover_reruns_what_ran_after_the_last_barrier() {
+        let mut st = TaskState::new(TaskId(1));
+        let barrier = |seq| {
+            rec(
+                seq,
+                Event::Barrier {
+                    version: seq,
+                    root_hash: format!("r{seq}"),
+                    files: 0,
+                    bytes: 0,
+                    wire_bytes: 0,
+                },
+            )
+        };
+        for r in [
+            issued(1, 10, 0, Purpose::Step),
+            done(2, 10, 0),
+            barrier(3),
+            issued(4, 11, 1, Purpose::Step),
+            done(5, 11, 0),
+            // No barrier: the worker died. Step 2 is interrupted.
+            issued(6, 12, 2, Purpose::Step),
+            rec(
+                7,
+                Event::ToolCallInterrupted {
+                    call_id: 12,
+                    reason: "lost".into(),
+                },
+            ),
+        ] {
+            apply(&mut st, &r);
+        }
+        assert_eq!((st.next_step, st.unsure_step), (2, Some(2)));
+        apply(
+            &mut st,
+            &rec(
+                8,
+                Event::MoveStarted {
+                    from: "w".into(),
+                    to: "v".into(),
+                },
+            ),
+        );
+        apply(&mut st, &rec(9, Event::MoveCompleted { to: "v".into() }));
+        // The target holds barrier 3: steps 1 and 2 run again there.
+        assert_eq!((st.next_step, st.unsure_step), (1, None));
+        assert_eq!(
+            (st.worker.as_deref(), st.moving_to.as_deref()),
+            (Some("v"), None)
+        );
     }
 
     #[test]
