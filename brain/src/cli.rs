@@ -240,6 +240,13 @@ struct RunArgs {
     /// Print the task id and return instead of following the task
     #[arg(long)]
     detach: bool,
+    /// Start from this git repository: the brain clones it (shallow) with its own
+    /// credentials and the worker gets the files, never the credentials
+    #[arg(long)]
+    git: Option<String>,
+    /// Branch or tag of --git
+    #[arg(long, requires = "git")]
+    git_ref: Option<String>,
     /// Run a scripted plan from this JSON file instead of the agent
     #[arg(long)]
     plan: Option<PathBuf>,
@@ -1144,6 +1151,8 @@ async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
                 permission: args.permission.clone().unwrap_or_default(),
                 budget: Some(args.budget.to_proto()?),
                 transcript,
+                git_url: args.git.clone().unwrap_or_default(),
+                git_ref: args.git_ref.clone().unwrap_or_default(),
             })
             .await
             .map_err(|s| status(s, &target.url))?
@@ -1452,7 +1461,17 @@ pub fn describe_record(r: &crate::tasks::Record) -> String {
             &root_hash[..root_hash.len().min(12)]
         ),
         E::MoveStarted { from, to } => format!("MOVE     from {from} to {to}"),
-        E::MoveCompleted { to } => format!("moved    now on {to}"),
+        E::WorkspaceSeeded {
+            source,
+            files,
+            bytes,
+            ..
+        } => format!("workspace from {source}: {files} files, {bytes} bytes"),
+        E::MoveCompleted {
+            to,
+            files,
+            wire_bytes,
+        } => format!("moved    now on {to} ({files} files written there, {wire_bytes} bytes sent)"),
         E::MoveAborted { to, reason } => format!("move to {to} aborted: {reason}"),
         E::BudgetRaised { limits } => format!(
             "budget raised to ${:.4}, {} tokens, {} steps, {} ms wall (0 = no limit)",

@@ -18,7 +18,7 @@ use crate::ca::{self, DataDir};
 use crate::client::Target;
 
 /// The model answers the demo's agent task replays (see `brain run --record`).
-const DEMO_TRANSCRIPT: &str = include_str!("../demo/fix-add.jsonl");
+const DEMO_TRANSCRIPT: &str = include_str!("../demo/fix-calc.jsonl");
 
 /// How to start a worker process: `program prefix... join ...`.
 pub struct Launcher {
@@ -299,62 +299,7 @@ async fn scenario(
         );
     }
 
-    step(
-        "the agent: a recorded model transcript (replay, no API key) writes code, runs its test, fixes the bug",
-    );
-    let w2 = workers[1].name.clone();
-    let goal = "write add() in calc.sh with a test, and make the test pass";
-    println!(
-        "  brain run --worker {w2} --model replay:brain/demo/fix-add.jsonl --permission full \"{goal}\""
-    );
-    let agent_id = admin
-        .run_agent(proto::RunAgentRequest {
-            goal: goal.into(),
-            worker: w2.clone(),
-            model: "replay:fix-add.jsonl".into(),
-            permission: "full".into(),
-            budget: None,
-            transcript: DEMO_TRANSCRIPT.into(),
-        })
-        .await?
-        .into_inner()
-        .task_id;
-    let mut log = admin
-        .task_log(proto::TaskLogRequest {
-            task_id: agent_id.clone(),
-            follow: true,
-        })
-        .await?
-        .into_inner();
-    let mut outcome = String::new();
-    let follow = async {
-        while let Some(r) = log.message().await? {
-            let Ok(rec) = serde_json::from_str::<crate::tasks::Record>(&r.json) else {
-                continue; // live output: the observation shows it
-            };
-            match &rec.event {
-                crate::tasks::Event::ToolOutput { .. }
-                | crate::tasks::Event::ToolCallCompleted { .. }
-                | crate::tasks::Event::LlmRequest { .. }
-                | crate::tasks::Event::StatusChanged { .. } => {}
-                crate::tasks::Event::Finished { outcome: o, reason } => {
-                    outcome = format!("{o:?}: {reason}").to_lowercase();
-                    println!("  {}", crate::cli::describe_record(&rec));
-                }
-                _ => println!(
-                    "  {}",
-                    crate::cli::describe_record(&rec).replace('\n', "\n  ")
-                ),
-            }
-        }
-        anyhow::Ok(())
-    };
-    tokio::time::timeout(Duration::from_secs(60), follow)
-        .await
-        .context("the agent task did not end within 60s")??;
-    if !outcome.starts_with("finished") {
-        bail!("the agent task did not finish: {outcome}");
-    }
+    agent_chapter(admin.clone(), tmp, &workers).await?;
 
     step("twenty commands at once on one session, and the session's round trip");
     let started = Instant::now();
@@ -533,4 +478,205 @@ async fn file(
         .await?
         .into_inner()
         .result)
+}
+
+/// The demo's sample project: a shell library with a bug and the test that catches it.
+const SAMPLE: &[(&str, &str)] = &[
+    (
+        "README.md",
+        "# calc\n\nSmall arithmetic helpers for shell scripts. Run the tests with `sh test.sh`.\n",
+    ),
+    (
+        "calc.sh",
+        "# Small arithmetic helpers.\nadd() {\n    echo $(($1 - $2))\n}\nmul() {\n    echo $(($1 * $2))\n}\n",
+    ),
+    (
+        "test.sh",
+        ". ./calc.sh\nfail=0\ncheck() {\n    if [ \"$2\" = \"$3\" ]; then echo \"ok   $1 = $2\"; else echo \"FAIL $1 = $2, want $3\"; fail=1; fi\n}\ncheck \"add 2 3\" \"$(add 2 3)\" 5\ncheck \"add 10 -4\" \"$(add 10 -4)\" 6\ncheck \"mul 3 4\" \"$(mul 3 4)\" 12\nexit $fail\n",
+    ),
+];
+
+fn git(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args([
+            "-c",
+            "user.name=Tether demo",
+            "-c",
+            "user.email=demo@localhost",
+        ])
+        .args(args)
+        .output()
+        .context("running git (is it installed?)")?;
+    if !out.status.success() {
+        bail!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The agent on a replayed transcript: the brain clones a sample repository, the task runs
+/// on the first worker, asks for approval of each change, moves to the second worker
+/// midway, fixes the bug there, and the result is shown as a diff.
+async fn agent_chapter(
+    mut admin: AdminClient<Channel>,
+    tmp: &std::path::Path,
+    workers: &[DemoWorker],
+) -> anyhow::Result<()> {
+    step(
+        "the agent: a sample project with a failing test, a recorded model (replay: no API key), moved between workers midway",
+    );
+    let sample = tmp.join("sample");
+    std::fs::create_dir_all(&sample)?;
+    for (path, text) in SAMPLE {
+        std::fs::write(sample.join(path), text)?;
+    }
+    git(&sample, &["init", "-q", "-b", "main"])?;
+    git(&sample, &["add", "."])?;
+    git(&sample, &["commit", "-q", "-m", "calc: add and mul"])?;
+    let (w1, w2) = (workers[0].name.clone(), workers[1].name.clone());
+    let goal = "make the tests in test.sh pass";
+    println!(
+        "  brain run --git {} --worker {w1} --model replay:brain/demo/fix-calc.jsonl --permission ask \"{goal}\"",
+        sample.display()
+    );
+    let task = admin
+        .run_agent(proto::RunAgentRequest {
+            goal: goal.into(),
+            worker: w1.clone(),
+            model: "replay:fix-calc.jsonl".into(),
+            permission: "ask".into(),
+            budget: None,
+            transcript: DEMO_TRANSCRIPT.into(),
+            git_url: sample.display().to_string(),
+            git_ref: String::new(),
+        })
+        .await?
+        .into_inner()
+        .task_id;
+    let list = admin
+        .list_workers(proto::ListWorkersRequest {})
+        .await?
+        .into_inner();
+    let names: Vec<(String, String)> = list
+        .workers
+        .iter()
+        .map(|w| (w.id.clone(), w.name.clone()))
+        .collect();
+    let named = |text: String| {
+        names
+            .iter()
+            .fold(text, |t, (id, name)| t.replace(id.as_str(), name.as_str()))
+    };
+    let mut log = admin
+        .task_log(proto::TaskLogRequest {
+            task_id: task.clone(),
+            follow: true,
+        })
+        .await?
+        .into_inner();
+    let mut outcome = String::new();
+    let mut moved = false;
+    let (mut synced, mut move_bytes) = (0u64, 0u64);
+    let mut in_move = false;
+    let follow = async {
+        while let Some(r) = log.message().await? {
+            let Ok(rec) = serde_json::from_str::<crate::tasks::Record>(&r.json) else {
+                continue; // live output: the observation shows it
+            };
+            use crate::tasks::Event as E;
+            match &rec.event {
+                E::ToolOutput { .. }
+                | E::ToolCallCompleted { .. }
+                | E::LlmRequest { .. }
+                | E::StatusChanged { .. } => continue,
+                E::Barrier { wire_bytes, .. } => {
+                    synced += wire_bytes;
+                }
+                E::MoveStarted { .. } => in_move = true,
+                E::MoveCompleted { wire_bytes, .. } => {
+                    in_move = false;
+                    move_bytes += wire_bytes;
+                }
+                E::Finished { outcome: o, reason } => {
+                    outcome = format!("{o:?}: {reason}").to_lowercase()
+                }
+                _ => {}
+            }
+            if in_move && let E::Barrier { wire_bytes, .. } = &rec.event {
+                move_bytes += wire_bytes;
+            }
+            println!(
+                "  {}",
+                named(crate::cli::describe_record(&rec)).replace('\n', "\n  ")
+            );
+            if let E::ApprovalRequested { what, .. } = &rec.event {
+                let mut a = admin.clone();
+                if what.starts_with("edit") && !moved {
+                    moved = true;
+                    println!(
+                        "  ▸ brain task move {task} --to {w2}   (while it waits for approval)"
+                    );
+                    a.move_task(proto::MoveTaskRequest {
+                        task_id: task.clone(),
+                        to: w2.clone(),
+                    })
+                    .await?;
+                }
+                // Approve once the task is where it should be (the move is logged first).
+                let t = task.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    let _ = a
+                        .decide(proto::DecideRequest {
+                            task_id: t,
+                            approve: true,
+                            reason: String::new(),
+                        })
+                        .await;
+                });
+                println!("  ▸ brain approve {task}");
+            }
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(120), follow)
+        .await
+        .context("the agent task did not end within 120s")??;
+    if !outcome.starts_with("finished") {
+        bail!("the agent task did not finish: {outcome}");
+    }
+    println!(
+        "  sync: {synced} bytes (compressed) crossed the wire for the brain's mirror; the move sent {move_bytes} bytes"
+    );
+    // The result, as a diff against the repository it came from.
+    let num = task.trim_start_matches("t-");
+    let r = admin
+        .file(proto::AdminFileRequest {
+            worker: w2.clone(),
+            call: Some(FileCall {
+                call_id: 0,
+                workspace: format!("task-{num}"),
+                op: Some(file_call::Op::Read(proto::ReadFile {
+                    path: "calc.sh".into(),
+                    offset: 0,
+                    length: 0,
+                })),
+            }),
+        })
+        .await?
+        .into_inner();
+    let Some(file_response::Result::Data(d)) = r.result else {
+        bail!("cannot read calc.sh back from {w2}");
+    };
+    std::fs::write(sample.join("calc.sh"), &d.data)?;
+    println!("  the result, as a diff against the repository (read back from {w2}):");
+    for l in git(&sample, &["diff", "--no-color"])?.lines() {
+        println!("    {l}");
+    }
+    Ok(())
 }

@@ -11,6 +11,7 @@ pub mod client;
 pub mod config;
 pub mod demo;
 pub mod hub;
+pub mod import;
 pub mod llm;
 pub mod mirror;
 pub mod registry;

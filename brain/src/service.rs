@@ -736,7 +736,25 @@ impl Admin for Services {
             w
         };
         let model = spec.model.clone();
-        let id = self.0.tasks.create_agent(goal, spec, w.id.clone()).await?;
+        let seed = if req.git_url.is_empty() {
+            None
+        } else {
+            let imported = crate::import::from_git(&self.0.mirror, &req.git_url, &req.git_ref)
+                .await
+                .map_err(|e| Status::failed_precondition(e.to_string()))?;
+            tracing::info!(url = %req.git_url, files = imported.files, bytes = imported.bytes, "workspace imported");
+            Some(crate::tasks::Event::WorkspaceSeeded {
+                root_hash: imported.root_hash,
+                source: req.git_url.clone(),
+                files: imported.files,
+                bytes: imported.bytes,
+            })
+        };
+        let id = self
+            .0
+            .tasks
+            .create_agent(goal, spec, w.id.clone(), seed)
+            .await?;
         tracing::info!(task = %id, worker = %w.id, %model, by = %admin, "agent task created");
         Ok(Response::new(proto::RunPlanResponse {
             task_id: id.to_string(),

@@ -267,3 +267,92 @@ fn a_sigkilled_worker_fails_over_to_another_and_the_task_ends_with_the_same_work
     assert_eq!(moved[0]["to"], b.id.as_str());
     assert_eq!(read(&c, &b.id, &id, "log.txt").unwrap().lines().count(), 8);
 }
+
+#[test]
+fn a_task_starts_from_a_git_repository_the_brain_clones() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call("list_files", json!({})),
+        1 => FakeReply::tool_call("read_file", json!({"path": "src/lib.txt"})),
+        _ => FakeReply::tool_call("finish", json!({"summary": "read"})),
+    });
+    let c = Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test-key-123456\"\n",
+            llm.url()
+        )),
+        ..Default::default()
+    });
+    let w = c.join_worker("w");
+    let repo = c.dir.join("repo");
+    std::fs::create_dir_all(repo.join("src")).unwrap();
+    std::fs::write(repo.join("src/lib.txt"), "from the repository\n").unwrap();
+    std::fs::write(repo.join(".gitignore"), "*.tmp\n").unwrap();
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args(["-c", "user.name=t", "-c", "user.email=t@localhost"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", text(&out));
+    };
+    git(&["init", "-q", "-b", "main"]);
+    git(&["add", "."]);
+    git(&["commit", "-q", "-m", "init"]);
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "full",
+        "--worker",
+        "w",
+        "--git",
+        repo.to_str().unwrap(),
+        "read the code",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(
+        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let reqs = llm.requests();
+    let listing = reqs[1].body["messages"].to_string();
+    assert!(
+        listing.contains("src/lib.txt") && !listing.contains(".git/"),
+        "{listing}"
+    );
+    assert!(
+        reqs[2].body["messages"]
+            .to_string()
+            .contains("from the repository")
+    );
+    assert_eq!(
+        read(&c, &w.id, &id, "src/lib.txt").as_deref(),
+        Some("from the repository\n")
+    );
+    let log = c.task_log_json(&id);
+    assert!(
+        log.iter()
+            .any(|r| r["kind"] == "workspace_seeded" && r["files"] == 2)
+    );
+    // A repository that is not there: a clear error, no task.
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--worker",
+        "w",
+        "--git",
+        c.dir.join("nope").to_str().unwrap(),
+        "x",
+    ]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("git clone of"), "{}", text(&out));
+}

@@ -20,8 +20,8 @@ use crate::llm::{self, Provider, ToolUse};
 use crate::tasks::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
 use crate::tasks::manager::{Error, Manager, Task};
 use crate::tasks::runner::{
-    CommandOutcome, barrier, file_call, finish, move_task, move_wanted, run_command, set_status,
-    wait_for_report, worker_ready,
+    CommandOutcome, barrier, file_call, finish, move_task, move_wanted, run_command, seed,
+    set_status, wait_for_report, worker_ready,
 };
 use crate::tasks::state::{PendingCall, Status};
 
@@ -175,6 +175,9 @@ pub async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), Error> {
         }
         if let Some(to) = move_wanted(task) {
             move_task(m, task, &to).await?;
+            continue;
+        }
+        if !seed(m, task, &worker).await? {
             continue;
         }
         if a.stuck() {

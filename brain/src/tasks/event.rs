@@ -289,6 +289,14 @@ pub enum Event {
         #[serde(default)]
         wire_bytes: u64,
     },
+    /// The task starts from this workspace (stored in the mirror): materialised on its
+    /// worker before its first call.
+    WorkspaceSeeded {
+        root_hash: String,
+        source: String,
+        files: u64,
+        bytes: u64,
+    },
     /// A move could not complete; the task stays where it was.
     MoveAborted {
         to: String,
@@ -303,6 +311,11 @@ pub enum Event {
     },
     MoveCompleted {
         to: String,
+        /// Files the target wrote, and the compressed bytes sent to it.
+        #[serde(default)]
+        files: u64,
+        #[serde(default)]
+        wire_bytes: u64,
     },
     ApprovalRequested {
         approval_id: u64,

@@ -276,22 +276,21 @@ impl Manager {
         goal: String,
         spec: crate::agent::AgentSpec,
         worker: String,
+        seed: Option<Event>,
     ) -> Result<TaskId, Error> {
         let id = self.log.new_task_id()?;
         let task = self.insert(TaskState::new(id));
-        self.append(
-            &task,
-            vec![
-                Event::Created {
-                    goal,
-                    workspace: format!("task-{}", id.0),
-                    plan: None,
-                    agent: Some(Box::new(spec)),
-                },
-                Event::WorkerAssigned { worker },
-            ],
-        )
-        .await?;
+        let mut events = vec![
+            Event::Created {
+                goal,
+                workspace: format!("task-{}", id.0),
+                plan: None,
+                agent: Some(Box::new(spec)),
+            },
+            Event::WorkerAssigned { worker },
+        ];
+        events.extend(seed);
+        self.append(&task, events).await?;
         self.spawn_runner(task);
         Ok(id)
     }

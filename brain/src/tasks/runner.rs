@@ -98,6 +98,9 @@ async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), super::manager::Erro
             move_task(m, task, &to).await?;
             continue;
         }
+        if !seed(m, task, &worker).await? {
+            continue;
+        }
         if let Some(reason) = st.step_failed.clone() {
             return finish(m, task, Outcome::Failed, reason).await;
         }
@@ -296,6 +299,7 @@ pub(crate) async fn move_task(
         return abort(format!("worker {to} is not connected")).await;
     }
     let st = task.state();
+    let (mut files, mut wire_bytes) = (0, 0);
     if !st.barrier_root.is_empty() {
         let op = proto::sync_request::Op::MaterialiseRoot(st.barrier_root.clone());
         match m
@@ -305,6 +309,7 @@ pub(crate) async fn move_task(
         {
             Ok(r) if r.error.is_empty() && r.root_hash == st.barrier_root => {
                 tracing::info!(task = %task.id, %to, files = r.files, bytes = r.bytes, blobs = r.blobs_sent, wire_bytes = r.wire_bytes, "workspace materialised on the target");
+                (files, wire_bytes) = (r.files, r.wire_bytes);
             }
             Ok(r) if r.error.is_empty() => {
                 return abort(format!(
@@ -323,10 +328,64 @@ pub(crate) async fn move_task(
             Err(e) => return abort(format!("{to} could not materialise the workspace: {e}")).await,
         }
     }
-    m.append(task, vec![Event::MoveCompleted { to: to.to_string() }])
-        .await?;
+    m.append(
+        task,
+        vec![Event::MoveCompleted {
+            to: to.to_string(),
+            files,
+            wire_bytes,
+        }],
+    )
+    .await?;
     tracing::info!(task = %task.id, %from, %to, "move completed");
     Ok(())
+}
+
+/// Puts the task's starting workspace on its worker before its first call (once: the
+/// barrier it logs marks it done).
+pub(crate) async fn seed(
+    m: &Manager,
+    task: &Task,
+    worker: &str,
+) -> Result<bool, super::manager::Error> {
+    let st = task.state();
+    if st.seed_root.is_empty() || st.barrier_version > 0 {
+        return Ok(true);
+    }
+    if !worker_ready(m, task, worker).await? {
+        return Ok(false);
+    }
+    let op = proto::sync_request::Op::MaterialiseRoot(st.seed_root.clone());
+    match m
+        .hub
+        .sync(worker, &st.workspace, op, false, MATERIALISE_TIMEOUT)
+        .await
+    {
+        Ok(r) if r.error.is_empty() && r.root_hash == st.seed_root => {
+            m.append(
+                task,
+                vec![Event::Barrier {
+                    version: 1,
+                    root_hash: r.root_hash,
+                    files: r.files,
+                    bytes: r.bytes,
+                    wire_bytes: r.wire_bytes,
+                }],
+            )
+            .await?;
+            Ok(true)
+        }
+        Ok(r) => {
+            tracing::warn!(task = %task.id, %worker, error = %r.error, "the starting workspace could not be put on the worker; trying again");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(false)
+        }
+        Err(e) => {
+            tracing::warn!(task = %task.id, %worker, error = %e, "the starting workspace could not be put on the worker; trying again");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(false)
+        }
+    }
 }
 
 /// A move asked for (by a person) or in progress (from the log), if any.

@@ -100,6 +100,9 @@ pub struct TaskState {
     /// The unsure step was interrupted after the last barrier.
     #[serde(default)]
     pub unsure_unsynced: bool,
+    /// The workspace the task starts from (a manifest root in the mirror), if any.
+    #[serde(default)]
+    pub seed_root: String,
     /// Agent tasks: the conversation, budgets and what waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<crate::agent::AgentState>>,
@@ -134,6 +137,7 @@ impl TaskState {
             unsynced_calls: 0,
             first_unsynced_step: None,
             unsure_unsynced: false,
+            seed_root: String::new(),
             agent: None,
             last_seq: 0,
             created_ms: 0,
@@ -243,8 +247,9 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             st.worker = Some(worker.clone());
         }
         Event::MoveStarted { to, .. } => st.moving_to = Some(to.clone()),
+        Event::WorkspaceSeeded { root_hash, .. } => st.seed_root = root_hash.clone(),
         Event::MoveAborted { .. } => st.moving_to = None,
-        Event::MoveCompleted { to } => {
+        Event::MoveCompleted { to, .. } => {
             st.moving_to = None;
             let from = st.worker.replace(to.clone()).unwrap_or_default();
             // The target holds the last barrier: what ran after it (the source died before
@@ -529,7 +534,17 @@ mod tests {
                 },
             ),
         );
-        apply(&mut st, &rec(9, Event::MoveCompleted { to: "v".into() }));
+        apply(
+            &mut st,
+            &rec(
+                9,
+                Event::MoveCompleted {
+                    to: "v".into(),
+                    files: 0,
+                    wire_bytes: 0,
+                },
+            ),
+        );
         // The target holds barrier 3: steps 1 and 2 run again there.
         assert_eq!((st.next_step, st.unsure_step), (1, None));
         assert_eq!(
