@@ -134,7 +134,10 @@ impl Mirror {
             });
         }
         let json = serde_json::to_vec(m).expect("manifests serialise");
-        self.manifests.insert(root.as_bytes(), compress(&json))?;
+        // Stored after the time it was stored (ms, big-endian), for the collector's grace.
+        let mut v = (shared::now_unix_ms() as u64).to_be_bytes().to_vec();
+        v.extend_from_slice(&compress(&json));
+        self.manifests.insert(root.as_bytes(), v)?;
         Ok(root)
     }
 
@@ -147,9 +150,11 @@ impl Mirror {
             .manifests
             .get(root.as_bytes())?
             .ok_or_else(|| Error::NoManifest(root.into()))?;
-        let json = decompress(&v, 1 << 30).map_err(|e| Error::BadManifest {
-            root: root.into(),
-            reason: e.to_string(),
+        let json = decompress(v.get(8..).unwrap_or_default(), 1 << 30).map_err(|e| {
+            Error::BadManifest {
+                root: root.into(),
+                reason: e.to_string(),
+            }
         })?;
         serde_json::from_slice(&json).map_err(|e| Error::BadManifest {
             root: root.into(),
@@ -157,14 +162,26 @@ impl Mirror {
         })
     }
 
-    /// Removes manifests not in `keep` and blobs no kept manifest names.
-    pub fn gc(&self, keep: &HashSet<String>) -> Result<Collected, Error> {
+    /// Removes manifests not in `keep` and blobs no kept manifest names. Anything younger
+    /// than `grace` stays: a barrier in flight has stored blobs and a manifest that its
+    /// task's log does not name yet.
+    pub fn gc(
+        &self,
+        keep: &HashSet<String>,
+        grace: std::time::Duration,
+    ) -> Result<Collected, Error> {
         let mut out = Collected::default();
+        let now = shared::now_unix_ms() as u64;
+        let young = |ms: u64| now.saturating_sub(ms) < grace.as_millis() as u64;
         let mut live: HashSet<String> = HashSet::new();
         for item in self.manifests.iter() {
-            let (k, _) = item?;
+            let (k, v) = item?;
             let root = String::from_utf8_lossy(&k).into_owned();
-            if keep.contains(&root) {
+            let stored = v
+                .get(..8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map_or(0, u64::from_be_bytes);
+            if keep.contains(&root) || young(stored) {
                 live.extend(self.manifest(&root)?.blobs().map(String::from));
             } else {
                 self.manifests.remove(&k)?;
@@ -182,8 +199,14 @@ impl Mirror {
                     shard.file_name().to_string_lossy(),
                     f.file_name().to_string_lossy()
                 );
-                if !live.contains(&hash) {
-                    out.bytes += f.metadata().map_or(0, |m| m.len());
+                let meta = f.metadata().ok();
+                let modified = meta
+                    .as_ref()
+                    .and_then(|m| m.modified().ok())
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(now, |d| d.as_millis() as u64);
+                if !live.contains(&hash) && !young(modified) {
+                    out.bytes += meta.map_or(0, |m| m.len());
                     std::fs::remove_file(f.path()).map_err(|e| io(&f.path(), e))?;
                     out.blobs += 1;
                 }
@@ -235,10 +258,17 @@ mod tests {
             .insert("b".into(), Entry::file(b"never sent", false));
         assert!(m.put_manifest(&orphan).is_err());
         let b = m.put(b"beta\n").unwrap();
-        let kept = m.gc(&[root.clone()].into()).unwrap();
+        // Nothing is collected within the grace period.
+        let none = m
+            .gc(&HashSet::new(), std::time::Duration::from_secs(3600))
+            .unwrap();
+        assert_eq!(none, Collected::default());
+        let kept = m
+            .gc(&[root.clone()].into(), std::time::Duration::ZERO)
+            .unwrap();
         assert_eq!((kept.blobs, kept.manifests), (1, 0));
         assert!(m.has(&a) && !m.has(&b));
-        let gone = m.gc(&HashSet::new()).unwrap();
+        let gone = m.gc(&HashSet::new(), std::time::Duration::ZERO).unwrap();
         assert_eq!((gone.blobs, gone.manifests), (1, 1));
     }
 }

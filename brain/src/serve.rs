@@ -43,6 +43,10 @@ pub enum Error {
     Mirror(#[from] crate::mirror::Error),
 }
 
+/// How often the mirror is garbage collected, and how old what it removes must be.
+const GC_EVERY: Duration = Duration::from_secs(600);
+const GC_GRACE: Duration = Duration::from_secs(3600);
+
 /// What `brain serve` needs.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -127,6 +131,37 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
                 .find(|w| policy.refuse(w).is_none())
                 .map(|w| w.id)
         }));
+    }
+    {
+        // Blobs and manifests nothing refers to any more are collected now and then: what
+        // every task's log names (its starting workspace and last barrier) is kept.
+        let (mirror, tasks) = (mirror.clone(), tasks.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(GC_EVERY);
+            loop {
+                every.tick().await;
+                let keep: std::collections::HashSet<String> = tasks
+                    .list()
+                    .into_iter()
+                    .flat_map(|t| [t.barrier_root, t.seed_root])
+                    .filter(|r| !r.is_empty())
+                    .collect();
+                let m = mirror.clone();
+                match tokio::task::spawn_blocking(move || m.gc(&keep, GC_GRACE)).await {
+                    Ok(Ok(c)) if c.blobs + c.manifests > 0 => {
+                        tracing::info!(
+                            blobs = c.blobs,
+                            bytes = c.bytes,
+                            manifests = c.manifests,
+                            "mirror garbage collected"
+                        );
+                    }
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "mirror garbage collection failed"),
+                    Err(e) => tracing::warn!(error = %e, "mirror garbage collection failed"),
+                }
+            }
+        });
     }
     let shared = Arc::new(Shared {
         registry,
