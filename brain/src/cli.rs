@@ -1248,20 +1248,7 @@ async fn follow_agent(
                 }
                 format!("{text}\n")
             }
-            Err(_) => {
-                let v: serde_json::Value = serde_json::from_str(&r.json).unwrap_or_default();
-                if v["kind"] == "live_output" {
-                    let mark = if v["stream"] == "stderr" { '!' } else { '|' };
-                    v["text"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .lines()
-                        .map(|l| format!("    {mark} {l}\n"))
-                        .collect()
-                } else {
-                    format!("{}\n", r.json)
-                }
-            }
+            Err(_) => describe_live(&r.json),
         };
         if out
             .write_all(text.as_bytes())
@@ -1307,21 +1294,8 @@ async fn follow(target: &Target, task: &str, live: bool, json: bool) -> anyhow::
         } else {
             match serde_json::from_str::<crate::tasks::Record>(&r.json) {
                 Ok(rec) => format!("{}\n", describe_record(&rec)),
-                Err(_) => {
-                    // Live output of the running call, as it comes.
-                    let v: serde_json::Value = serde_json::from_str(&r.json).unwrap_or_default();
-                    if v["kind"] == "live_output" {
-                        let mark = if v["stream"] == "stderr" { '!' } else { '|' };
-                        v["text"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .lines()
-                            .map(|l| format!("    {mark} {l}\n"))
-                            .collect()
-                    } else {
-                        format!("{}\n", r.json)
-                    }
-                }
+                // Live output of the running call and file changes, as they come.
+                Err(_) => describe_live(&r.json),
             }
         };
         if out
@@ -1333,6 +1307,25 @@ async fn follow(target: &Target, task: &str, live: bool, json: bool) -> anyhow::
         }
     }
     Ok(())
+}
+
+/// A live record that is not in the log (output of a running call, file changes), for
+/// people.
+fn describe_live(json: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    let mark = match (v["kind"].as_str(), v["stream"].as_str()) {
+        (Some("fs_change"), Some("removed")) => '-',
+        (Some("fs_change"), _) => '~',
+        (Some("live_output"), Some("stderr")) => '!',
+        (Some("live_output"), _) => '|',
+        _ => return format!("{json}\n"),
+    };
+    v["text"]
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .map(|l| format!("    {mark} {l}\n"))
+        .collect()
 }
 
 /// One log record in words, for people.

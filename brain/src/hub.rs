@@ -298,7 +298,12 @@ pub struct Hub {
     live: Arc<Mutex<HashMap<u64, LiveSink>>>,
     /// Sync requests awaiting their report, by id.
     syncs: SyncWaiters,
+    /// Where live file changes go (the task manager), with the worker they came from.
+    fs_sink: Arc<Mutex<Option<FsSink>>>,
 }
+
+/// Receives live file changes: (worker, changes).
+pub type FsSink = Arc<dyn Fn(&str, proto::FsChanged) + Send + Sync>;
 
 /// What a sync request asked of which worker; the Sync service checks uploads against it.
 #[derive(Debug, Clone)]
@@ -764,6 +769,23 @@ impl Hub {
             .get(&id)
             .filter(|(p, _)| p.worker == worker)
             .map(|(p, _)| p.clone())
+    }
+
+    /// Where live file changes go.
+    pub fn set_fs_sink(&self, sink: FsSink) {
+        *self.fs_sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    /// Live file changes from a worker.
+    pub fn deliver_fs(&self, worker: &str, changes: proto::FsChanged) {
+        let sink = self
+            .fs_sink
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(sink) = sink {
+            sink(worker, changes);
+        }
     }
 
     /// A worker's report of a sync request.

@@ -394,6 +394,7 @@ async fn run_session(
                     Some(worker_message::Msg::FileResponse(resp)) => session.deliver_file(resp),
                     Some(worker_message::Msg::CallResult(r)) => hub.deliver_result(&session.worker_id, r),
                     Some(worker_message::Msg::Echo(e)) => session.deliver_echo(e.call_id, e.payload),
+                    Some(worker_message::Msg::FsChanged(f)) => hub.deliver_fs(&session.worker_id, f),
                     Some(worker_message::Msg::Heartbeat(_)) => {}
                     Some(worker_message::Msg::Hello(_)) | None => {
                         tracing::warn!(worker = %session.worker_id, "unexpected message on session; ignored");

@@ -356,3 +356,26 @@ fn a_task_starts_from_a_git_repository_the_brain_clones() {
     assert!(!out.status.success());
     assert!(text(&out).contains("git clone of"), "{}", text(&out));
 }
+
+#[test]
+fn watchers_see_file_changes_as_they_happen() {
+    let c = Cluster::start();
+    let _w = c.join_worker("w");
+    let plan = c.dir.join("live-plan.json");
+    std::fs::write(
+        &plan,
+        json!({"steps": [{"run": ["sh", "-c",
+            "sleep 0.5; mkdir -p src; echo one > src/live.txt; mkdir -p target; echo x > target/ignored.o; sleep 1; rm src/live.txt; sleep 1"]}]})
+        .to_string(),
+    )
+    .unwrap();
+    let id = run_plan(&c, &plan, "w");
+    let out = c.brain_cli(&["watch", &id]);
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(shown.contains("    ~ src/live.txt"), "{shown}");
+    assert!(shown.contains("    - src/live.txt"), "{shown}");
+    assert!(
+        !shown.contains("~ target"),
+        "build outputs are not shown: {shown}"
+    );
+}

@@ -156,6 +156,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 .iter()
                 .filter(|m| !m.active)
                 .count();
+            println!("{}", crate::watch::doctor_line());
             if missing == 0 {
                 println!("every mechanism is active");
             } else {

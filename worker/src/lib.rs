@@ -11,3 +11,4 @@ pub mod sandbox;
 pub mod session;
 pub mod state;
 pub mod sync;
+pub mod watch;

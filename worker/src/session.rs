@@ -171,6 +171,7 @@ pub async fn run(
         current_out: Arc::default(),
         sandbox: Arc::new(sandbox),
         sync: Arc::default(),
+        watches: Arc::default(),
     });
     tracing::info!(sandbox = ?ctx.sandbox.report.active(), "confinement active for commands");
     tracing::info!(worker = %ctx.membership.worker_id, brain = %addr.url(), "worker starting");
@@ -219,6 +220,8 @@ struct Ctx {
     sandbox: Arc<crate::sandbox::Sandbox>,
     /// Workspace sync: scanners and the manifests the brain confirmed.
     sync: Arc<crate::sync::SyncState>,
+    /// Live file watchers of the workspaces in use.
+    watches: Arc<crate::watch::Watches>,
 }
 
 /// Outbound queue to the brain; bounded so a stalled connection pushes back on producers.
@@ -321,6 +324,14 @@ async fn session(
     }
 }
 
+/// Starts (or keeps) the live file watcher of a workspace in use.
+fn watch_workspace(ctx: &Arc<Ctx>, workspace: &str) {
+    if let Ok(root) = crate::state::workspace(&ctx.workspaces, workspace) {
+        ctx.watches
+            .ensure(workspace, &root, ctx.current_out.clone());
+    }
+}
+
 fn dispatch(
     msg: BrainMessage,
     ctx: &Arc<Ctx>,
@@ -331,6 +342,7 @@ fn dispatch(
 ) {
     match msg.msg {
         Some(brain_message::Msg::Sync(req)) => {
+            watch_workspace(ctx, &req.workspace);
             tokio::spawn(crate::sync::handle(
                 req,
                 ctx.workspaces.clone(),
@@ -340,6 +352,7 @@ fn dispatch(
             ));
         }
         Some(brain_message::Msg::Exec(start)) if start.durable => {
+            watch_workspace(ctx, &start.workspace);
             crate::durable::start(
                 start,
                 ctx.journal.clone(),

@@ -131,6 +131,33 @@ impl Manager {
             loaded: Arc::default(),
             placer: Arc::default(),
         };
+        // Live file changes go to the watchers of the task whose workspace and worker they
+        // name.
+        let weak = m.clone();
+        m.hub
+            .set_fs_sink(Arc::new(move |worker: &str, f: proto::FsChanged| {
+                let Some(task) = f
+                    .workspace
+                    .strip_prefix("task-")
+                    .and_then(|n| n.parse().ok())
+                    .and_then(|n| weak.task(TaskId(n)))
+                else {
+                    return;
+                };
+                if task.state().worker.as_deref() != Some(worker) {
+                    return;
+                }
+                for (stream, paths) in [("changed", f.changed), ("removed", f.removed)] {
+                    if !paths.is_empty() {
+                        let _ = task.live.send(LiveOutput {
+                            kind: "fs_change",
+                            call_id: 0,
+                            stream,
+                            text: paths.join("\n"),
+                        });
+                    }
+                }
+            }));
         // Results a worker replays after they were logged (the brain died before its
         // acknowledgement got out) are acknowledged here.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, u64)>();

@@ -1,0 +1,216 @@
+//! Live file changes for watchers: a `notify` (inotify) watcher per workspace in use,
+//! debounced, sent to the brain as `FsChanged` (paths changed and removed). These are hints
+//! for live views; barriers (rescans) are the truth. If the watcher cannot be set up (for
+//! example `fs.inotify.max_user_watches` is exhausted) or its queue overflows, the worker
+//! says so in its log and sends what a rescan finds instead.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use notify::{EventKind, RecursiveMode, Watcher};
+use proto::{FsChanged, WorkerMessage, worker_message};
+use shared::manifest::{Rules, Scanner};
+use tokio::sync::mpsc;
+
+use crate::durable::CurrentOut;
+
+/// Quiet time before a batch of changes is sent.
+const DEBOUNCE: Duration = Duration::from_millis(300);
+/// Raw events queued per workspace; more means overflow (a rescan).
+const QUEUE: usize = 8192;
+/// Most paths per message.
+const MAX_PATHS: usize = 500;
+/// How often a workspace without a working watcher is rescanned.
+const RESCAN_EVERY: Duration = Duration::from_secs(2);
+/// How long a workspace is watched after its last use.
+const IDLE: Duration = Duration::from_secs(600);
+
+/// What `worker doctor` says about live file watching.
+pub fn doctor_line() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    match (
+        read("/proc/sys/fs/inotify/max_user_watches"),
+        read("/proc/sys/fs/inotify/max_queued_events"),
+    ) {
+        (Some(w), Some(q)) => format!(
+            "live file changes: inotify, up to {w} watched directories (fs.inotify.max_user_watches) and {q} queued events; beyond that, rescans every {}s",
+            RESCAN_EVERY.as_secs()
+        ),
+        _ => format!(
+            "live file changes: inotify limits unreadable; if watching fails, rescans every {}s",
+            RESCAN_EVERY.as_secs()
+        ),
+    }
+}
+
+enum Raw {
+    Paths(Vec<PathBuf>),
+    /// The watcher lost events or failed: rescan.
+    Rescan(String),
+}
+
+/// Watchers by workspace name.
+#[derive(Default)]
+pub struct Watches {
+    active: Mutex<HashMap<String, Arc<Mutex<std::time::Instant>>>>,
+}
+
+impl Watches {
+    /// Makes sure `workspace` is watched (and marks it used now).
+    pub fn ensure(self: &Arc<Self>, workspace: &str, root: &Path, out: CurrentOut) {
+        let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(used) = active.get(workspace) {
+            *used.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+            return;
+        }
+        let used = Arc::new(Mutex::new(std::time::Instant::now()));
+        active.insert(workspace.to_string(), used.clone());
+        let (me, name, root) = (self.clone(), workspace.to_string(), root.to_path_buf());
+        tokio::spawn(async move {
+            watch(&name, &root, out, used).await;
+            me.active
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&name);
+        });
+    }
+}
+
+fn is_ignored(rel: &str) -> bool {
+    rel.split('/').any(|c| {
+        c == ".git"
+            || shared::workspace::DEFAULT_EXCLUDES.contains(&c)
+            || c.starts_with(".tether-tmp-")
+    })
+}
+
+async fn watch(name: &str, root: &Path, out: CurrentOut, used: Arc<Mutex<std::time::Instant>>) {
+    let (tx, mut rx) = mpsc::channel::<Raw>(QUEUE);
+    let tx2 = tx.clone();
+    let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        let msg = match res {
+            Ok(ev) if ev.need_rescan() => Raw::Rescan("the watcher lost events".into()),
+            Ok(ev) if matches!(ev.kind, EventKind::Access(_)) => return,
+            Ok(ev) => Raw::Paths(ev.paths),
+            Err(e) => Raw::Rescan(e.to_string()),
+        };
+        if tx2.try_send(msg).is_err() {
+            // Full: the consumer will rescan when it sees this.
+            let _ = tx2.try_send(Raw::Rescan("too many changes at once".into()));
+        }
+    })
+    .and_then(|mut w| w.watch(root, RecursiveMode::Recursive).map(|_| w));
+    let mut rescan_mode = match &watcher {
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(workspace = name, error = %e, "cannot watch the workspace (is fs.inotify.max_user_watches exhausted?); live changes come from rescans every {RESCAN_EVERY:?}");
+            Some(Scanner::new(root, Rules::default()))
+        }
+    };
+    drop(tx);
+    let mut last: Option<shared::manifest::Manifest> = None;
+    let mut pending: BTreeSet<String> = BTreeSet::new();
+    let mut need_rescan = false;
+    loop {
+        if used.lock().unwrap_or_else(|e| e.into_inner()).elapsed() > IDLE {
+            return;
+        }
+        let wait = if pending.is_empty() && !need_rescan {
+            if rescan_mode.is_some() {
+                RESCAN_EVERY
+            } else {
+                Duration::from_secs(5)
+            }
+        } else {
+            DEBOUNCE
+        };
+        match tokio::time::timeout(wait, rx.recv()).await {
+            Ok(Some(Raw::Paths(paths))) => {
+                for p in paths {
+                    if let Ok(rel) = p.strip_prefix(root) {
+                        let rel = rel.to_string_lossy().into_owned();
+                        if !rel.is_empty() && !is_ignored(&rel) {
+                            pending.insert(rel);
+                        }
+                    }
+                }
+                continue;
+            }
+            Ok(Some(Raw::Rescan(why))) => {
+                if !need_rescan {
+                    tracing::info!(workspace = name, reason = %why, "file watcher fell behind; rescanning");
+                }
+                need_rescan = true;
+                continue;
+            }
+            Ok(None) if rescan_mode.is_none() => {
+                tracing::warn!(
+                    workspace = name,
+                    "the file watcher stopped; live changes come from rescans"
+                );
+                rescan_mode = Some(Scanner::new(root, Rules::default()));
+            }
+            Ok(None) | Err(_) => {}
+        }
+        // Quiet now: send what changed.
+        let rescan = need_rescan || rescan_mode.is_some();
+        if rescan {
+            let scanner = rescan_mode.get_or_insert_with(|| Scanner::new(root, Rules::default()));
+            if let Ok(now) = scanner.scan() {
+                if let Some(before) = &last {
+                    let d = before.diff(&now);
+                    pending.extend(d.upserts.into_keys());
+                    pending.extend(d.deletes);
+                }
+                last = Some(now);
+            }
+            if need_rescan && watcher.is_ok() {
+                // The watcher works again; keep it, drop the scanner.
+                rescan_mode = None;
+                last = None;
+            }
+            need_rescan = false;
+        }
+        if pending.is_empty() {
+            continue;
+        }
+        // A new directory's files may have been created before inotify watched it: list them.
+        let dirs: Vec<String> = pending
+            .iter()
+            .filter(|rel| root.join(rel).symlink_metadata().is_ok_and(|m| m.is_dir()))
+            .cloned()
+            .collect();
+        for d in dirs {
+            for f in shared::workspace::walk(&root.join(&d)).take(MAX_PATHS + 1) {
+                pending.insert(format!("{d}/{f}"));
+            }
+        }
+        let (mut changed, mut removed) = (Vec::new(), Vec::new());
+        let truncated = pending.len() > MAX_PATHS;
+        for rel in std::mem::take(&mut pending).into_iter().take(MAX_PATHS) {
+            if root.join(&rel).symlink_metadata().is_ok() {
+                changed.push(rel);
+            } else {
+                removed.push(rel);
+            }
+        }
+        let tx = out.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(tx) = tx {
+            let _ = tx.try_send(WorkerMessage {
+                msg: Some(worker_message::Msg::FsChanged(FsChanged {
+                    workspace: name.to_string(),
+                    changed,
+                    removed,
+                    truncated,
+                    rescan,
+                })),
+            });
+        }
+    }
+}
