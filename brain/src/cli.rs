@@ -247,6 +247,11 @@ struct RunArgs {
     /// Branch or tag of --git
     #[arg(long, requires = "git")]
     git_ref: Option<String>,
+    /// Start from a copy of this directory on the task's worker (the laptop case; a relative
+    /// path is taken from here, for a worker on this machine). Only what the brain lacks is
+    /// sent; the agent works on the copy
+    #[arg(long, conflicts_with = "git")]
+    dir: Option<PathBuf>,
     /// Run a scripted plan from this JSON file instead of the agent
     #[arg(long)]
     plan: Option<PathBuf>,
@@ -1153,6 +1158,15 @@ async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
                 transcript,
                 git_url: args.git.clone().unwrap_or_default(),
                 git_ref: args.git_ref.clone().unwrap_or_default(),
+                dir: match &args.dir {
+                    Some(d) if d.is_relative() => std::env::current_dir()
+                        .context("resolving --dir")?
+                        .join(d)
+                        .display()
+                        .to_string(),
+                    Some(d) => d.display().to_string(),
+                    None => String::new(),
+                },
             })
             .await
             .map_err(|s| status(s, &target.url))?

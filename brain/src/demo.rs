@@ -554,6 +554,7 @@ async fn agent_chapter(
             transcript: DEMO_TRANSCRIPT.into(),
             git_url: sample.display().to_string(),
             git_ref: String::new(),
+            dir: String::new(),
         })
         .await?
         .into_inner()

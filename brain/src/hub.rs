@@ -721,6 +721,7 @@ impl Hub {
         let (base, materialise) = match &op {
             proto::sync_request::Op::BarrierBase(b) => (b.clone(), String::new()),
             proto::sync_request::Op::MaterialiseRoot(r) => (String::new(), r.clone()),
+            proto::sync_request::Op::ImportDir(_) => (String::new(), String::new()),
         };
         let (tx, rx) = oneshot::channel();
         self.syncs.lock().unwrap_or_else(|e| e.into_inner()).insert(

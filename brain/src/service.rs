@@ -737,7 +737,36 @@ impl Admin for Services {
             w
         };
         let model = spec.model.clone();
-        let seed = if req.git_url.is_empty() {
+        if !req.git_url.is_empty() && !req.dir.is_empty() {
+            return Err(Status::invalid_argument("give --git or --dir, not both"));
+        }
+        let seed = if !req.dir.is_empty() {
+            let op = proto::sync_request::Op::ImportDir(req.dir.clone());
+            let r = self
+                .0
+                .hub
+                .sync(&w.id, "import", op, false, Duration::from_secs(1800))
+                .await
+                .map_err(|e| {
+                    Status::failed_precondition(format!(
+                        "importing {} from {}: {e}",
+                        req.dir, w.name
+                    ))
+                })?;
+            if !r.error.is_empty() {
+                return Err(Status::failed_precondition(format!(
+                    "importing {} from {}: {}",
+                    req.dir, w.name, r.error
+                )));
+            }
+            tracing::info!(dir = %req.dir, worker = %w.id, files = r.files, bytes = r.bytes, wire_bytes = r.wire_bytes, "workspace imported");
+            Some(crate::tasks::Event::WorkspaceSeeded {
+                root_hash: r.root_hash,
+                source: format!("{}:{}", w.name, req.dir),
+                files: r.files,
+                bytes: r.bytes,
+            })
+        } else if req.git_url.is_empty() {
             None
         } else {
             let imported = crate::import::from_git(&self.0.mirror, &req.git_url, &req.git_ref)

@@ -379,3 +379,91 @@ fn watchers_see_file_changes_as_they_happen() {
         "build outputs are not shown: {shown}"
     );
 }
+
+#[test]
+fn a_task_starts_from_a_directory_on_its_worker_without_resending_it() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call("read_file", json!({"path": "app/main.txt"})),
+        1 => FakeReply::tool_call(
+            "write_file",
+            json!({"path": "app/main.txt", "content": "changed by the agent\n"}),
+        ),
+        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
+    });
+    let c = Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test-key-123456\"\n",
+            llm.url()
+        )),
+        ..Default::default()
+    });
+    let w = c.join_worker("laptop");
+    let project = c.dir.join("project");
+    std::fs::create_dir_all(project.join("app")).unwrap();
+    std::fs::write(project.join("app/main.txt"), "original\n").unwrap();
+    // 200 KB that does not compress: sending it would show.
+    let mut noise = Vec::with_capacity(200_000);
+    let mut x: u64 = 0x9e3779b97f4a7c15;
+    while noise.len() < 200_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        noise.extend_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(project.join("data.bin"), &noise).unwrap();
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "full",
+        "--worker",
+        "laptop",
+        "--dir",
+        project.to_str().unwrap(),
+        "change main",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(
+        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    assert!(
+        llm.requests()[1].body["messages"]
+            .to_string()
+            .contains("original")
+    );
+    // The agent changed its copy; the project directory is untouched.
+    assert_eq!(
+        read(&c, &w.id, &id, "app/main.txt").as_deref(),
+        Some("changed by the agent\n")
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("app/main.txt")).unwrap(),
+        "original\n"
+    );
+    let log = c.task_log_json(&id);
+    let seeded = log.iter().find(|r| r["kind"] == "barrier").unwrap();
+    assert!(
+        seeded["wire_bytes"].as_u64().unwrap() < 20_000,
+        "the copy on the same machine re-sent the files: {seeded}"
+    );
+    // The worker's own state (its key) cannot be imported.
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--worker",
+        "laptop",
+        "--dir",
+        c.dir.join("laptop").to_str().unwrap(),
+        "steal",
+    ]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("refusing to import"), "{}", text(&out));
+}

@@ -460,6 +460,12 @@ impl Sandbox {
     }
 
     /// The uid/gid commands run as, if different from the worker's.
+    /// Paths commands may not read (the worker's state, the home directory's secrets, and
+    /// `--deny-read`).
+    pub fn denied(&self) -> &[PathBuf] {
+        &self.denied
+    }
+
     pub fn run_as(&self) -> Option<(u32, u32)> {
         self.run_as
     }

@@ -342,13 +342,16 @@ fn dispatch(
 ) {
     match msg.msg {
         Some(brain_message::Msg::Sync(req)) => {
-            watch_workspace(ctx, &req.workspace);
+            if !matches!(req.op, Some(proto::sync_request::Op::ImportDir(_))) {
+                watch_workspace(ctx, &req.workspace);
+            }
             tokio::spawn(crate::sync::handle(
                 req,
                 ctx.workspaces.clone(),
                 sync_channel.clone(),
                 ctx.sync.clone(),
                 ctx.sandbox.run_as(),
+                ctx.sandbox.denied().to_vec(),
             ));
         }
         Some(brain_message::Msg::Exec(start)) if start.durable => {

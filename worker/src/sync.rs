@@ -28,6 +28,33 @@ const RPC_TIMEOUT: Duration = Duration::from_secs(600);
 #[derive(Default)]
 pub struct SyncState {
     workspaces: Mutex<HashMap<String, Arc<Mutex<Ws>>>>,
+    /// Where imported content lives on this machine, by hash (checked when read).
+    known: Mutex<HashMap<String, PathBuf>>,
+}
+
+/// An import directory: absolute, an existing directory, and neither inside nor holding a
+/// path the sandbox hides from commands (the worker's state, the home directory's secrets).
+fn check_import(dir: &str, denied: &[PathBuf]) -> Result<PathBuf, String> {
+    let p = Path::new(dir);
+    if !p.is_absolute() {
+        return Err(format!("import directory {dir:?} must be an absolute path"));
+    }
+    let real = p
+        .canonicalize()
+        .map_err(|e| format!("import directory {dir:?}: {e}"))?;
+    if !real.is_dir() {
+        return Err(format!("import directory {dir:?} is not a directory"));
+    }
+    if let Some(d) = denied
+        .iter()
+        .find(|d| real.starts_with(d) || d.starts_with(&real))
+    {
+        return Err(format!(
+            "refusing to import {dir:?}: it holds or is inside {}, which commands may not read (the worker's state or secrets); import the project directory itself",
+            d.display()
+        ));
+    }
+    Ok(real)
 }
 
 struct Ws {
@@ -58,6 +85,7 @@ pub async fn handle(
     channel: Channel,
     state: Arc<SyncState>,
     owner: Option<(u32, u32)>,
+    denied: Vec<PathBuf>,
 ) {
     let id = req.id;
     let mut client = SyncClient::new(channel)
@@ -65,7 +93,7 @@ pub async fn handle(
         .max_encoding_message_size(shared::limits::MAX_MESSAGE_BYTES);
     let r = match tokio::time::timeout(
         RPC_TIMEOUT,
-        run(&req, &workspaces, &mut client, &state, owner),
+        run(&req, &workspaces, &mut client, &state, owner, &denied),
     )
     .await
     {
@@ -94,19 +122,36 @@ async fn run(
     client: &mut SyncClient<Channel>,
     state: &Arc<SyncState>,
     owner: Option<(u32, u32)>,
+    denied: &[PathBuf],
 ) -> Result<SyncReport, String> {
-    let root = crate::state::workspace(workspaces, &req.workspace).map_err(|e| e.to_string())?;
     let rules = Rules {
         include_git: req.include_git,
         ..Rules::default()
     };
+    if let Some(sync_request::Op::ImportDir(dir)) = &req.op {
+        let dir = check_import(dir, denied)?;
+        let ws = Arc::new(Mutex::new(Ws {
+            scanner: Scanner::new(&dir, rules),
+            base: None,
+        }));
+        let report = barrier(req.id, "", &dir, ws.clone(), client).await?;
+        // Its files can seed the task's workspace without crossing the wire again.
+        if let Some(m) = ws.lock().unwrap_or_else(|e| e.into_inner()).base.take() {
+            let mut known = state.known.lock().unwrap_or_else(|e| e.into_inner());
+            for (p, e) in m.entries.iter().filter(|(_, e)| e.kind == Kind::File) {
+                known.insert(e.hash.clone(), dir.join(p));
+            }
+        }
+        return Ok(report);
+    }
+    let root = crate::state::workspace(workspaces, &req.workspace).map_err(|e| e.to_string())?;
     let ws = state.ws(&req.workspace, &root, &rules);
     match &req.op {
         Some(sync_request::Op::BarrierBase(base)) => barrier(req.id, base, &root, ws, client).await,
         Some(sync_request::Op::MaterialiseRoot(want)) => {
-            materialise(req.id, want, &root, &rules, ws, client, owner).await
+            materialise(req.id, want, &root, &rules, ws, client, owner, state).await
         }
-        None => Err("no sync operation given".into()),
+        Some(sync_request::Op::ImportDir(_)) | None => Err("no sync operation given".into()),
     }
 }
 
@@ -255,6 +300,7 @@ async fn materialise(
     ws: Arc<Mutex<Ws>>,
     client: &mut SyncClient<Channel>,
     owner: Option<(u32, u32)>,
+    state: &Arc<SyncState>,
 ) -> Result<SyncReport, String> {
     let mut stream = client
         .get_manifest(proto::GetManifestRequest { request_id: id })
@@ -286,12 +332,18 @@ async fn materialise(
     }
     let (current, _) = scan(&ws).await?;
     // Content this machine already has, under any path of the workspace.
-    let local: HashMap<String, String> = current
-        .entries
-        .iter()
-        .filter(|(_, e)| e.kind == Kind::File)
-        .map(|(p, e)| (e.hash.clone(), p.clone()))
-        .collect();
+    let mut local: HashMap<String, PathBuf> = state
+        .known
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    local.extend(
+        current
+            .entries
+            .iter()
+            .filter(|(_, e)| e.kind == Kind::File)
+            .map(|(p, e)| (e.hash.clone(), root.join(p))),
+    );
     let sizes: HashMap<&str, u64> = target
         .entries
         .values()
@@ -361,7 +413,8 @@ async fn materialise(
                 let p = local
                     .get(h)
                     .ok_or("not sent by the brain and not on this machine")?;
-                std::fs::read(root2.join(p)).map_err(|e| e.to_string())
+                // The materialiser checks the hash: a file changed since is refused.
+                std::fs::read(p).map_err(|e| e.to_string())
             };
             let applied = manifest::materialise(&root2, &current, &target2, &rules2, &mut blob)
                 .map_err(|e| e.to_string())?;
