@@ -149,7 +149,7 @@ async fn run(
     match &req.op {
         Some(sync_request::Op::BarrierBase(base)) => barrier(req.id, base, &root, ws, client).await,
         Some(sync_request::Op::MaterialiseRoot(want)) => {
-            materialise(req.id, want, &root, &rules, ws, client, owner, state).await
+            materialise(req.id, want, &root, ws, client, owner, state).await
         }
         Some(sync_request::Op::ImportDir(_)) | None => Err("no sync operation given".into()),
     }
@@ -296,12 +296,17 @@ async fn materialise(
     id: u64,
     want: &str,
     root: &Path,
-    rules: &Rules,
     ws: Arc<Mutex<Ws>>,
     client: &mut SyncClient<Channel>,
     owner: Option<(u32, u32)>,
     state: &Arc<SyncState>,
 ) -> Result<SyncReport, String> {
+    let rules = &ws
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .scanner
+        .rules()
+        .clone();
     let mut stream = client
         .get_manifest(proto::GetManifestRequest { request_id: id })
         .await
