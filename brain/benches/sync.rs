@@ -1,0 +1,412 @@
+//! Workspace sync benchmark: Tether's import, barriers and moves against rsync, side by side
+//! in one run on a seeded synthetic tree, with ratios. Prints figures; never fails on a timing.
+//!
+//!     cargo build --release --workspace && cargo bench -p brain --bench sync
+//!
+//! The tree (10,000 files, ~200 MB, mixed sizes, some duplicate contents; and 100,000 small
+//! files for the barrier row) goes on a tmpfs when one can be mounted (we are root), since
+//! disk write-back makes full-copy timings too noisy to compare. The brain and two workers are
+//! the release binaries, as processes on loopback; the timings of barriers and moves come from
+//! the task's own log (ms resolution). The rsync baseline is local `rsync -a` (no sshd here);
+//! rows are skipped, with the reason, when rsync is missing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use testkit::{BrainOptions, Cluster};
+
+/// A small deterministic PRNG (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Writes `files` files under `root` totalling about `total` bytes: mostly small text-like
+/// files, some large, one in twenty a duplicate of an earlier one.
+fn generate(root: &Path, files: usize, total: u64, seed: u64) -> u64 {
+    let mut rng = Rng(seed | 1);
+    let mut written = 0u64;
+    let mut samples: Vec<Vec<u8>> = Vec::new();
+    let avg = total / files as u64;
+    for i in 0..files {
+        let dir = root.join(format!("d{:03}/s{:02}", i % 250, (i / 250) % 40));
+        std::fs::create_dir_all(&dir).unwrap();
+        let data = if i % 20 == 19 && !samples.is_empty() {
+            samples[(rng.next() % samples.len() as u64) as usize].clone()
+        } else {
+            // Sizes spread around the average: many small, a few up to 16x.
+            let size = match rng.next() % 10 {
+                0 => avg * 8 + rng.next() % (avg * 8),
+                1..=3 => avg + rng.next() % avg,
+                _ => rng.next() % (avg / 2 + 1),
+            } as usize;
+            let mut v = Vec::with_capacity(size);
+            // Half text-like (compressible), half noise.
+            if i % 2 == 0 {
+                while v.len() < size {
+                    v.extend_from_slice(
+                        format!("line {} value {}\n", v.len(), rng.next() % 1000).as_bytes(),
+                    );
+                }
+            } else {
+                while v.len() < size {
+                    v.extend_from_slice(&rng.next().to_le_bytes());
+                }
+            }
+            v.truncate(size);
+            if samples.len() < 64 {
+                samples.push(v.clone());
+            }
+            v
+        };
+        written += data.len() as u64;
+        std::fs::write(dir.join(format!("f{i:06}.dat")), &data).unwrap();
+    }
+    written
+}
+
+fn tmpfs(dir: &Path) -> bool {
+    std::fs::create_dir_all(dir).unwrap();
+    Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3g", "tmpfs"])
+        .arg(dir)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn have(cmd: &str) -> bool {
+    Command::new(cmd)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// `rsync -a --stats SRC/ DST/`: (time, bytes sent).
+fn rsync(src: &Path, dst: &Path) -> (Duration, u64) {
+    let t = Instant::now();
+    let out = Command::new("rsync")
+        .arg("-a")
+        .arg("--stats")
+        .arg(format!("{}/", src.display()))
+        .arg(format!("{}/", dst.display()))
+        .output()
+        .unwrap();
+    let took = t.elapsed();
+    assert!(
+        out.status.success(),
+        "rsync: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sent = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("Total bytes sent: "))
+        .map(|n| n.replace(',', "").trim().parse().unwrap_or(0))
+        .unwrap_or(0);
+    (took, sent)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:9.1} ms", d.as_secs_f64() * 1e3)
+}
+
+fn mb(b: u64) -> String {
+    format!("{:8.2} MB", b as f64 / 1e6)
+}
+
+fn log(c: &Cluster, id: &str) -> Vec<Value> {
+    c.task_log_json(id)
+}
+
+fn wait_kind(c: &Cluster, id: &str, kind: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let l = log(c, id);
+        if l.iter().filter(|r| r["kind"] == kind).count() >= n {
+            return l;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {kind} in time:\n{}",
+            c.brain_log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// (at_ms of the nth `a`, at_ms of the first `b` after it) in ms.
+fn span(l: &[Value], a: &str, nth: usize, b: &str) -> (u64, Value) {
+    let start = l.iter().filter(|r| r["kind"] == a).nth(nth).expect(a);
+    let t0 = start["at_ms"].as_u64().unwrap();
+    let seq = start["seq"].as_u64().unwrap();
+    let end = l
+        .iter()
+        .find(|r| r["kind"] == b && r["seq"].as_u64().unwrap() > seq)
+        .expect(b);
+    (end["at_ms"].as_u64().unwrap() - t0, end.clone())
+}
+
+/// A replayed model: `n` commands that each append to one file, then finish.
+fn transcript(n: usize) -> String {
+    let mut lines: Vec<String> = (0..n)
+        .map(|i| {
+            json!({"message": {"role": "assistant", "content": "", "tool_calls": [{
+                "id": format!("c{i}"), "name": "run_command",
+                "arguments": json!({"command": format!("echo change-{i} >> d000/s00/f000000.dat")}).to_string()
+            }]}, "usage": {"prompt_tokens": 0, "completion_tokens": 0}})
+            .to_string()
+        })
+        .collect();
+    lines.push(
+        json!({"message": {"role": "assistant", "content": "", "tool_calls": [{
+            "id": "fin", "name": "finish", "arguments": "{\"summary\":\"done\"}"
+        }]}, "usage": {"prompt_tokens": 0, "completion_tokens": 0}})
+        .to_string(),
+    );
+    lines.join("\n") + "\n"
+}
+
+fn approve(c: &Cluster, id: &str, n: usize) {
+    wait_kind(c, id, "approval_requested", n);
+    let out = c.brain_cli(&["approve", id]);
+    assert!(out.status.success(), "{}", testkit::text(&out));
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        println!("sync: bench");
+        return;
+    }
+    let base = std::env::temp_dir().join(format!("tether-sync-bench-{}", std::process::id()));
+    let on_tmpfs = tmpfs(&base);
+    println!(
+        "tree on {}",
+        if on_tmpfs {
+            "a tmpfs"
+        } else {
+            "disk (no tmpfs could be mounted: timings are noisier)"
+        }
+    );
+    let tree = base.join("tree");
+    let t = Instant::now();
+    let bytes = generate(&tree, 10_000, 200_000_000, 42);
+    println!(
+        "generated 10,000 files, {} in {:?}",
+        mb(bytes).trim(),
+        t.elapsed()
+    );
+    let rsync_ok = have("rsync");
+    if !rsync_ok {
+        println!("rsync rows skipped: rsync is not installed (apt-get install rsync)");
+    }
+
+    let c = Cluster::start_with(BrainOptions::default());
+    let _a = c.join_worker("a");
+    let _b = c.join_worker("b");
+    let file = base.join("run.jsonl");
+    std::fs::write(&file, transcript(3)).unwrap();
+    let model = format!("replay:{}", file.display());
+
+    // (a) Initial import of the tree vs a full rsync to an empty directory.
+    let t = Instant::now();
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--worker",
+        "a",
+        "--model",
+        &model,
+        "--permission",
+        "ask",
+        "--dir",
+        tree.to_str().unwrap(),
+        "bench",
+    ]);
+    let import = t.elapsed();
+    assert!(out.status.success(), "{}", testkit::text(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    println!("\n{:<58} {:>12} {:>11}", "", "time", "on the wire");
+    let brain_blobs = du(&c.data.join("blobs"));
+    println!(
+        "{:<58} {} {}",
+        "(a) import of the tree into the brain (brain run --dir)",
+        ms(import),
+        mb(brain_blobs)
+    );
+    let mut rs_full = None;
+    if rsync_ok {
+        let (d, sent) = rsync(&tree, &base.join("rsync-copy"));
+        println!(
+            "{:<58} {} {}",
+            "    rsync -a of the tree to an empty directory",
+            ms(d),
+            mb(sent)
+        );
+        println!(
+            "    ratio import / rsync: {:.2}×",
+            import.as_secs_f64() / d.as_secs_f64()
+        );
+        rs_full = Some((d, sent));
+    }
+
+    // (b) One changed file: from the call that wrote it to the mirror holding it.
+    approve(&c, &id, 1);
+    let l = wait_kind(&c, &id, "barrier", 2);
+    let (barrier_ms, ev) = span(&l, "tool_call_completed", 0, "barrier");
+    let barrier = Duration::from_millis(barrier_ms);
+    println!(
+        "{:<58} {} {}",
+        "(b) one file changed → mirror holds it (barrier, 10k files)",
+        ms(barrier),
+        mb(ev["wire_bytes"].as_u64().unwrap_or(0))
+    );
+    if rsync_ok {
+        std::fs::write(tree.join("d000/s00/f000000.dat"), b"changed for rsync\n").unwrap();
+        let (d, sent) = rsync(&tree, &base.join("rsync-copy"));
+        println!(
+            "{:<58} {} {}",
+            "    incremental rsync -a after one change (10k files)",
+            ms(d),
+            mb(sent)
+        );
+        println!(
+            "    ratio rsync / barrier: {:.1}× (target ≥ 10×)",
+            d.as_secs_f64() / barrier.as_secs_f64().max(1e-4)
+        );
+    }
+
+    // (c) Move to a cold worker, then back to the warm one holding an older version.
+    approve(&c, &id, 2);
+    wait_kind(&c, &id, "approval_requested", 3);
+    let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
+    assert!(out.status.success(), "{}", testkit::text(&out));
+    let l = wait_kind(&c, &id, "move_completed", 1);
+    let (cold_ms, ev) = span(&l, "move_started", 0, "move_completed");
+    let cold = Duration::from_millis(cold_ms);
+    let cold_wire = ev["wire_bytes"].as_u64().unwrap_or(0);
+    println!(
+        "{:<58} {} {}",
+        "(c) move to a cold worker (final barrier + materialise)",
+        ms(cold),
+        mb(cold_wire)
+    );
+    if let Some((d, sent)) = rs_full {
+        println!(
+            "    rsync -a of the tree to an empty directory: {} {}",
+            ms(d).trim(),
+            mb(sent).trim()
+        );
+        println!(
+            "    ratio move / rsync: {:.2}× (target ≤ 1.2×)",
+            cold.as_secs_f64() / d.as_secs_f64()
+        );
+    }
+    approve(&c, &id, 3);
+    // Back to a, which holds the version from before the last two changes.
+    let l = wait_kind(&c, &id, "barrier", 4);
+    let _ = l;
+    let out = c.brain_cli(&["task", "move", &id, "--to", "a"]);
+    let moved_back = out.status.success();
+    if moved_back {
+        let l = wait_kind(&c, &id, "move_completed", 2);
+        let (warm_ms, ev) = span(&l, "move_started", 1, "move_completed");
+        println!(
+            "{:<58} {} {}",
+            "    move back to the warm worker (older version there)",
+            ms(Duration::from_millis(warm_ms)),
+            mb(ev["wire_bytes"].as_u64().unwrap_or(0))
+        );
+        println!(
+            "    bytes changed since that version: ~{} (two appended lines)",
+            mb(40).trim()
+        );
+    } else {
+        println!(
+            "    (the task ended before the move back: {})",
+            testkit::text(&out).trim()
+        );
+    }
+    c.wait_status(&id, &["finished", "failed"], Duration::from_secs(120));
+    drop(c);
+
+    // (b) again on 100,000 small files: the barrier's cost with the tree's size.
+    let big = base.join("tree100k");
+    let t = Instant::now();
+    let bytes = generate(&big, 100_000, 200_000_000, 7);
+    println!(
+        "\ngenerated 100,000 files, {} in {:?}",
+        mb(bytes).trim(),
+        t.elapsed()
+    );
+    let c = Cluster::start_with(BrainOptions::default());
+    let _a = c.join_worker("a");
+    std::fs::write(&file, transcript(1)).unwrap();
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--worker",
+        "a",
+        "--model",
+        &model,
+        "--permission",
+        "full",
+        "--dir",
+        big.to_str().unwrap(),
+        "bench",
+    ]);
+    assert!(out.status.success(), "{}", testkit::text(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let l = wait_kind(&c, &id, "barrier", 2);
+    let (barrier_ms, ev) = span(&l, "tool_call_completed", 0, "barrier");
+    let barrier = Duration::from_millis(barrier_ms);
+    println!(
+        "{:<58} {} {}",
+        "(b) one file changed → mirror holds it (barrier, 100k files)",
+        ms(barrier),
+        mb(ev["wire_bytes"].as_u64().unwrap_or(0))
+    );
+    if rsync_ok {
+        rsync(&big, &base.join("rsync-copy100k"));
+        std::fs::write(big.join("d000/s00/f000000.dat"), b"changed for rsync\n").unwrap();
+        let (d, sent) = rsync(&big, &base.join("rsync-copy100k"));
+        println!(
+            "{:<58} {} {}",
+            "    incremental rsync -a after one change (100k files)",
+            ms(d),
+            mb(sent)
+        );
+        println!(
+            "    ratio rsync / barrier: {:.1}×",
+            d.as_secs_f64() / barrier.as_secs_f64().max(1e-4)
+        );
+    }
+    drop(c);
+    if on_tmpfs {
+        let _ = Command::new("umount").arg(&base).status();
+    }
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+fn du(dir: &Path) -> u64 {
+    fn walk(p: &PathBuf, n: &mut u64) {
+        if let Ok(rd) = std::fs::read_dir(p) {
+            for e in rd.flatten() {
+                match e.file_type() {
+                    Ok(t) if t.is_dir() => walk(&e.path(), n),
+                    Ok(_) => *n += e.metadata().map_or(0, |m| m.len()),
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+    let mut n = 0;
+    walk(&dir.to_path_buf(), &mut n);
+    n
+}
