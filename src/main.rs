@@ -6,7 +6,10 @@ use std::ffi::OsString;
 const USAGE: &str = "tether — a coding-agent runtime split into a brain and workers
 
 Usage:
-  tether demo [--keep]     a temporary brain and two local workers, end to end
+  tether demo [--keep] [--model M]
+                           a temporary brain and two local workers, end to end; the agent
+                           replays a recorded transcript unless --model names a real one
+                           (e.g. anthropic:claude-sonnet-4-5, key in ANTHROPIC_API_KEY)
   tether brain ARGS...     the brain (same as the `brain` binary; try `tether brain --help`)
   tether worker ARGS...    a worker (same as the `worker` binary)
 ";
@@ -16,8 +19,18 @@ fn main() {
     let sub = args.get(1).and_then(|a| a.to_str()).unwrap_or("");
     let code = match sub {
         "demo" => {
-            let keep = args.iter().skip(2).any(|a| a == "--keep");
-            brain::cli::run_demo(keep)
+            let rest: Vec<&str> = args.iter().skip(2).filter_map(|a| a.to_str()).collect();
+            let keep = rest.contains(&"--keep");
+            let model = rest
+                .iter()
+                .position(|a| *a == "--model")
+                .and_then(|i| rest.get(i + 1))
+                .map(|m| m.to_string());
+            if rest.contains(&"--model") && model.is_none() {
+                eprintln!("error: --model needs a value, e.g. --model anthropic:claude-sonnet-4-5");
+                std::process::exit(2);
+            }
+            brain::cli::run_demo(keep, model)
         }
         "brain" => brain::cli::main_with(args[1..].iter().cloned()),
         "worker" => match worker::cli::main_with(args[1..].iter().cloned()) {

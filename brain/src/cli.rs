@@ -140,6 +140,10 @@ enum Cmd {
         /// Keep the demo's temp dir (logs, store, workspaces) afterwards
         #[arg(long)]
         keep: bool,
+        /// Run the agent on this model (e.g. anthropic:claude-sonnet-4-5, with its key in
+        /// ANTHROPIC_API_KEY) instead of the recorded transcript
+        #[arg(long)]
+        model: Option<String>,
     },
 }
 
@@ -685,7 +689,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Cmd::Demo { keep } => {
+        Cmd::Demo { keep, model } => {
             // `brain demo` was parsed after logging started at info; the narration is enough.
             let program = std::env::current_exe()
                 .context("locating this program")?
@@ -702,6 +706,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     prefix: vec![],
                 },
                 keep,
+                model,
             )
             .await?;
             Ok(0)
@@ -1082,7 +1087,7 @@ fn spawn_signal_handler(stop: CancellationToken) {
 }
 
 /// `tether demo`: runs the demo with workers started as `<this program> worker ...`.
-pub fn run_demo(keep: bool) -> i32 {
+pub fn run_demo(keep: bool, model: Option<String>) -> i32 {
     // The demo narrates on stdout; the brain's own log would only interleave with it.
     shared::telemetry::init("error");
     let program = match std::env::current_exe() {
@@ -1099,7 +1104,7 @@ pub fn run_demo(keep: bool) -> i32 {
         program,
         prefix: vec!["worker".into()],
     };
-    match rt.block_on(crate::demo::run(launcher, keep)) {
+    match rt.block_on(crate::demo::run(launcher, keep, model)) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -70,7 +70,9 @@ fn step(text: &str) {
 }
 
 /// Runs the demo; `keep` leaves the temp dir in place for a look afterwards.
-pub async fn run(launcher: Launcher, keep: bool) -> anyhow::Result<()> {
+/// Runs the demo; `keep` leaves the temp dir; `model` runs the agent chapter on a real model
+/// (its key from the usual environment variables) instead of the recorded transcript.
+pub async fn run(launcher: Launcher, keep: bool, model: Option<String>) -> anyhow::Result<()> {
     let tmp = tempfile_dir()?;
     let data = DataDir(tmp.join("brain"));
     step(&format!(
@@ -92,7 +94,7 @@ pub async fn run(launcher: Launcher, keep: bool) -> anyhow::Result<()> {
     println!("  listening on {url} (mutual TLS)");
     let stop = CancellationToken::new();
     let server = tokio::spawn(ready.run(stop.clone().cancelled_owned()));
-    let result = scenario(&launcher, &tmp, &data, &url).await;
+    let result = scenario(&launcher, &tmp, &data, &url, model).await;
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     if keep {
@@ -120,6 +122,7 @@ async fn scenario(
     tmp: &std::path::Path,
     data: &DataDir,
     url: &str,
+    model: Option<String>,
 ) -> anyhow::Result<()> {
     let target = Target {
         url: url.to_string(),
@@ -299,7 +302,7 @@ async fn scenario(
         );
     }
 
-    agent_chapter(admin.clone(), tmp, &workers).await?;
+    agent_chapter(admin.clone(), tmp, &workers, model).await?;
 
     step("twenty commands at once on one session, and the session's round trip");
     let started = Instant::now();
@@ -526,6 +529,7 @@ async fn agent_chapter(
     mut admin: AdminClient<Channel>,
     tmp: &std::path::Path,
     workers: &[DemoWorker],
+    model: Option<String>,
 ) -> anyhow::Result<()> {
     step(
         "the agent: a sample project with a failing test, a recorded model (replay: no API key), moved between workers midway",
@@ -540,18 +544,26 @@ async fn agent_chapter(
     git(&sample, &["commit", "-q", "-m", "calc: add and mul"])?;
     let (w1, w2) = (workers[0].name.clone(), workers[1].name.clone());
     let goal = "make the tests in test.sh pass";
+    let (model, transcript, shown) = match model {
+        Some(m) => (m.clone(), String::new(), m),
+        None => (
+            "replay:fix-calc.jsonl".to_string(),
+            DEMO_TRANSCRIPT.to_string(),
+            "replay:brain/demo/fix-calc.jsonl".to_string(),
+        ),
+    };
     println!(
-        "  brain run --git {} --worker {w1} --model replay:brain/demo/fix-calc.jsonl --permission ask \"{goal}\"",
+        "  brain run --git {} --worker {w1} --model {shown} --permission ask \"{goal}\"",
         sample.display()
     );
     let task = admin
         .run_agent(proto::RunAgentRequest {
             goal: goal.into(),
             worker: w1.clone(),
-            model: "replay:fix-calc.jsonl".into(),
+            model,
             permission: "ask".into(),
             budget: None,
-            transcript: DEMO_TRANSCRIPT.into(),
+            transcript,
             git_url: sample.display().to_string(),
             git_ref: String::new(),
             dir: String::new(),
@@ -615,9 +627,10 @@ async fn agent_chapter(
                 "  {}",
                 named(crate::cli::describe_record(&rec)).replace('\n', "\n  ")
             );
-            if let E::ApprovalRequested { what, .. } = &rec.event {
+            if let E::ApprovalRequested { approval_id, .. } = &rec.event {
                 let mut a = admin.clone();
-                if what.starts_with("edit") && !moved {
+                // Midway: at the second change it asks for.
+                if *approval_id == 2 && !moved {
                     moved = true;
                     println!(
                         "  ▸ brain task move {task} --to {w2}   (while it waits for approval)"
@@ -645,9 +658,9 @@ async fn agent_chapter(
         }
         anyhow::Ok(())
     };
-    tokio::time::timeout(Duration::from_secs(120), follow)
+    tokio::time::timeout(Duration::from_secs(900), follow)
         .await
-        .context("the agent task did not end within 120s")??;
+        .context("the agent task did not end within 15 minutes")??;
     if !outcome.starts_with("finished") {
         bail!("the agent task did not finish: {outcome}");
     }
