@@ -256,6 +256,16 @@ struct RunArgs {
     /// sent; the agent works on the copy
     #[arg(long, conflicts_with = "git")]
     dir: Option<PathBuf>,
+    /// Sync the workspace's .git/ too (left out by default)
+    #[arg(long)]
+    include_git: bool,
+    /// Also leave this file or directory name out of the workspace's sync, wherever it is
+    /// (besides .gitignore and the defaults target, node_modules, .venv, __pycache__)
+    #[arg(long = "exclude", value_name = "NAME")]
+    excludes: Vec<String>,
+    /// Do not leave out the default build outputs (target, node_modules, .venv, __pycache__)
+    #[arg(long)]
+    no_default_excludes: bool,
     /// Run a scripted plan from this JSON file instead of the agent
     #[arg(long)]
     plan: Option<PathBuf>,
@@ -1163,6 +1173,9 @@ async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
                 transcript,
                 git_url: args.git.clone().unwrap_or_default(),
                 git_ref: args.git_ref.clone().unwrap_or_default(),
+                include_git: args.include_git,
+                extra_excludes: args.excludes.clone(),
+                no_default_excludes: args.no_default_excludes,
                 dir: match &args.dir {
                     Some(d) if d.is_relative() => std::env::current_dir()
                         .context("resolving --dir")?

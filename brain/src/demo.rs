@@ -567,6 +567,7 @@ async fn agent_chapter(
             git_url: sample.display().to_string(),
             git_ref: String::new(),
             dir: String::new(),
+            ..Default::default()
         })
         .await?
         .into_inner()

@@ -711,7 +711,7 @@ impl Hub {
         worker_id: &str,
         workspace: &str,
         op: proto::sync_request::Op,
-        include_git: bool,
+        rules: &crate::tasks::event::SyncRules,
         timeout: Duration,
     ) -> Result<proto::SyncReport, Error> {
         let session = self
@@ -732,18 +732,22 @@ impl Hub {
                     workspace: workspace.to_string(),
                     base,
                     materialise,
-                    include_git,
+                    include_git: rules.include_git,
                 },
                 tx,
             ),
         );
         let _guard = SyncGuard(self.syncs.clone(), id);
         session
-            .send(brain_message::Msg::Sync(proto::SyncRequest {
-                id,
-                workspace: workspace.to_string(),
-                op: Some(op),
-                include_git,
+            .send(brain_message::Msg::Sync({
+                let mut r = proto::SyncRequest {
+                    id,
+                    workspace: workspace.to_string(),
+                    op: Some(op),
+                    ..Default::default()
+                };
+                rules.to_request(&mut r);
+                r
             }))
             .await?;
         // The report comes over another RPC: stop waiting when the session ends.

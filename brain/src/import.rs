@@ -30,7 +30,12 @@ pub struct Imported {
 
 /// Clones `url` (at `reference`, a branch or tag, if given; shallow) and stores its tree in
 /// the mirror. `.git/` is not part of the workspace.
-pub async fn from_git(mirror: &Mirror, url: &str, reference: &str) -> Result<Imported, Error> {
+pub async fn from_git(
+    mirror: &Mirror,
+    url: &str,
+    reference: &str,
+    rules: Rules,
+) -> Result<Imported, Error> {
     if url.starts_with('-') || reference.starts_with('-') {
         return Err(Error::Clone {
             url: url.into(),
@@ -71,7 +76,7 @@ pub async fn from_git(mirror: &Mirror, url: &str, reference: &str) -> Result<Imp
         });
     }
     let (mirror, u) = (mirror.clone(), url.to_string());
-    tokio::task::spawn_blocking(move || store_dir(&mirror, &dest, &u))
+    tokio::task::spawn_blocking(move || store_dir(&mirror, &dest, &u, rules))
         .await
         .map_err(|e| Error::Import {
             url: url.into(),
@@ -80,12 +85,17 @@ pub async fn from_git(mirror: &Mirror, url: &str, reference: &str) -> Result<Imp
 }
 
 /// Stores a directory's tree (by the workspace rules) in the mirror.
-pub fn store_dir(mirror: &Mirror, dir: &Path, source: &str) -> Result<Imported, Error> {
+pub fn store_dir(
+    mirror: &Mirror,
+    dir: &Path,
+    source: &str,
+    rules: Rules,
+) -> Result<Imported, Error> {
     let err = |reason: String| Error::Import {
         url: source.into(),
         reason,
     };
-    let m = Scanner::new(dir, Rules::default())
+    let m = Scanner::new(dir, rules)
         .scan()
         .map_err(|e| err(e.to_string()))?;
     for (path, e) in &m.entries {

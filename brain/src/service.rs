@@ -737,6 +737,12 @@ impl Admin for Services {
             w
         };
         let model = spec.model.clone();
+        let rules = crate::tasks::event::SyncRules {
+            include_git: req.include_git,
+            extra_excludes: req.extra_excludes.clone(),
+            no_default_excludes: req.no_default_excludes,
+        };
+        rules.check().map_err(Status::invalid_argument)?;
         if !req.git_url.is_empty() && !req.dir.is_empty() {
             return Err(Status::invalid_argument("give --git or --dir, not both"));
         }
@@ -745,7 +751,7 @@ impl Admin for Services {
             let r = self
                 .0
                 .hub
-                .sync(&w.id, "import", op, false, Duration::from_secs(1800))
+                .sync(&w.id, "import", op, &rules, Duration::from_secs(1800))
                 .await
                 .map_err(|e| {
                     Status::failed_precondition(format!(
@@ -769,9 +775,14 @@ impl Admin for Services {
         } else if req.git_url.is_empty() {
             None
         } else {
-            let imported = crate::import::from_git(&self.0.mirror, &req.git_url, &req.git_ref)
-                .await
-                .map_err(|e| Status::failed_precondition(e.to_string()))?;
+            let imported = crate::import::from_git(
+                &self.0.mirror,
+                &req.git_url,
+                &req.git_ref,
+                rules.to_rules(),
+            )
+            .await
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
             tracing::info!(url = %req.git_url, files = imported.files, bytes = imported.bytes, "workspace imported");
             Some(crate::tasks::Event::WorkspaceSeeded {
                 root_hash: imported.root_hash,
@@ -783,7 +794,14 @@ impl Admin for Services {
         let id = self
             .0
             .tasks
-            .create_agent(goal, spec, w.id.clone(), seed)
+            .create_agent(goal, spec, w.id.clone(), {
+                let mut first = Vec::new();
+                if !rules.is_default() {
+                    first.push(crate::tasks::Event::WorkspaceRules { rules });
+                }
+                first.extend(seed);
+                first
+            })
             .await?;
         tracing::info!(task = %id, worker = %w.id, %model, by = %admin, "agent task created");
         Ok(Response::new(proto::RunPlanResponse {

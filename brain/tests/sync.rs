@@ -341,6 +341,38 @@ fn a_task_starts_from_a_git_repository_the_brain_clones() {
         log.iter()
             .any(|r| r["kind"] == "workspace_seeded" && r["files"] == 2)
     );
+    // Per task: .git/ included, src/ left out.
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "full",
+        "--worker",
+        "w",
+        "--git",
+        repo.to_str().unwrap(),
+        "--include-git",
+        "--exclude",
+        "src",
+        "read the code",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let id2 = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    c.wait_status(&id2, &["finished", "failed"], Duration::from_secs(30));
+    let log = c.task_log_json(&id2);
+    let seeded = log
+        .iter()
+        .find(|r| r["kind"] == "workspace_seeded")
+        .unwrap();
+    assert!(seeded["files"].as_u64().unwrap() > 3, "{seeded}");
+    assert!(
+        log.iter()
+            .any(|r| r["kind"] == "workspace_rules" && r["rules"]["include_git"] == true)
+    );
+    assert_eq!(read(&c, &w.id, &id2, "src/lib.txt"), None);
+    assert!(read(&c, &w.id, &id2, ".git/HEAD").is_some());
     // A repository that is not there: a clear error, no task.
     let out = c.brain_cli(&[
         "run",

@@ -139,6 +139,19 @@ pub struct Rules {
     pub excludes: Vec<String>,
 }
 
+impl Rules {
+    /// Adds excluded names, keeping only plain names (no `/`).
+    pub fn extend_excludes(&mut self, names: &[String]) {
+        self.excludes.extend(
+            names
+                .iter()
+                .filter(|n| !n.is_empty() && !n.contains('/') && *n != "." && *n != "..")
+                .take(64)
+                .cloned(),
+        );
+    }
+}
+
 impl Default for Rules {
     fn default() -> Self {
         Self {

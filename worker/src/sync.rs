@@ -124,10 +124,14 @@ async fn run(
     owner: Option<(u32, u32)>,
     denied: &[PathBuf],
 ) -> Result<SyncReport, String> {
-    let rules = Rules {
+    let mut rules = Rules {
         include_git: req.include_git,
         ..Rules::default()
     };
+    if req.no_default_excludes {
+        rules.excludes.clear();
+    }
+    rules.extend_excludes(&req.extra_excludes);
     if let Some(sync_request::Op::ImportDir(dir)) = &req.op {
         let dir = check_import(dir, denied)?;
         let ws = Arc::new(Mutex::new(Ws {

@@ -129,6 +129,59 @@ impl Plan {
     }
 }
 
+/// What a task's workspace sync leaves out, besides `.gitignore`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncRules {
+    /// `.git/` is part of the workspace.
+    #[serde(default)]
+    pub include_git: bool,
+    /// Names excluded wherever they are, on top of the defaults (or instead of them).
+    #[serde(default)]
+    pub extra_excludes: Vec<String>,
+    #[serde(default)]
+    pub no_default_excludes: bool,
+}
+
+impl SyncRules {
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The scanner's rules these make.
+    pub fn to_rules(&self) -> shared::manifest::Rules {
+        let mut r = shared::manifest::Rules {
+            include_git: self.include_git,
+            ..Default::default()
+        };
+        if self.no_default_excludes {
+            r.excludes.clear();
+        }
+        r.excludes.extend(self.extra_excludes.iter().cloned());
+        r
+    }
+
+    /// Checks rules from a request: plain names only, a bounded number.
+    pub fn check(&self) -> Result<(), String> {
+        if self.extra_excludes.len() > 64 {
+            return Err("at most 64 excludes".into());
+        }
+        for e in &self.extra_excludes {
+            if e.is_empty() || e.len() > 255 || e.contains(['/', '\0']) || e == "." || e == ".." {
+                return Err(format!(
+                    "invalid exclude {e:?}: give a file or directory name, like target"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn to_request(&self, req: &mut proto::SyncRequest) {
+        req.include_git = self.include_git;
+        req.extra_excludes = self.extra_excludes.clone();
+        req.no_default_excludes = self.no_default_excludes;
+    }
+}
+
 /// Why a call was issued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -288,6 +341,10 @@ pub enum Event {
         /// Compressed bytes that crossed the wire for it.
         #[serde(default)]
         wire_bytes: u64,
+    },
+    /// What the task's workspace sync leaves out, when not the defaults.
+    WorkspaceRules {
+        rules: SyncRules,
     },
     /// The task starts from this workspace (stored in the mirror): materialised on its
     /// worker before its first call.

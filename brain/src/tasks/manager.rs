@@ -303,7 +303,7 @@ impl Manager {
         goal: String,
         spec: crate::agent::AgentSpec,
         worker: String,
-        seed: Option<Event>,
+        workspace: Vec<Event>,
     ) -> Result<TaskId, Error> {
         let id = self.log.new_task_id()?;
         let task = self.insert(TaskState::new(id));
@@ -316,7 +316,7 @@ impl Manager {
             },
             Event::WorkerAssigned { worker },
         ];
-        events.extend(seed);
+        events.extend(workspace);
         self.append(&task, events).await?;
         self.spawn_runner(task);
         Ok(id)

@@ -227,7 +227,7 @@ pub(crate) async fn barrier(
     let op = proto::sync_request::Op::BarrierBase(st.barrier_root.clone());
     match m
         .hub
-        .sync(worker, &st.workspace, op, false, BARRIER_TIMEOUT)
+        .sync(worker, &st.workspace, op, &st.sync_rules, BARRIER_TIMEOUT)
         .await
     {
         Ok(r) if r.error.is_empty() => {
@@ -304,7 +304,7 @@ pub(crate) async fn move_task(
         let op = proto::sync_request::Op::MaterialiseRoot(st.barrier_root.clone());
         match m
             .hub
-            .sync(to, &st.workspace, op, false, MATERIALISE_TIMEOUT)
+            .sync(to, &st.workspace, op, &st.sync_rules, MATERIALISE_TIMEOUT)
             .await
         {
             Ok(r) if r.error.is_empty() && r.root_hash == st.barrier_root => {
@@ -358,7 +358,13 @@ pub(crate) async fn seed(
     let op = proto::sync_request::Op::MaterialiseRoot(st.seed_root.clone());
     match m
         .hub
-        .sync(worker, &st.workspace, op, false, MATERIALISE_TIMEOUT)
+        .sync(
+            worker,
+            &st.workspace,
+            op,
+            &st.sync_rules,
+            MATERIALISE_TIMEOUT,
+        )
         .await
     {
         Ok(r) if r.error.is_empty() && r.root_hash == st.seed_root => {

@@ -103,6 +103,8 @@ pub struct TaskState {
     /// The workspace the task starts from (a manifest root in the mirror), if any.
     #[serde(default)]
     pub seed_root: String,
+    #[serde(default)]
+    pub sync_rules: super::event::SyncRules,
     /// Agent tasks: the conversation, budgets and what waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<crate::agent::AgentState>>,
@@ -138,6 +140,7 @@ impl TaskState {
             first_unsynced_step: None,
             unsure_unsynced: false,
             seed_root: String::new(),
+            sync_rules: Default::default(),
             agent: None,
             last_seq: 0,
             created_ms: 0,
@@ -248,6 +251,7 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
         }
         Event::MoveStarted { to, .. } => st.moving_to = Some(to.clone()),
         Event::WorkspaceSeeded { root_hash, .. } => st.seed_root = root_hash.clone(),
+        Event::WorkspaceRules { rules } => st.sync_rules = rules.clone(),
         Event::MoveAborted { .. } => st.moving_to = None,
         Event::MoveCompleted { to, .. } => {
             st.moving_to = None;
