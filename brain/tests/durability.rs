@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use testkit::{BrainOptions, Cluster, Worker, text};
 
@@ -56,41 +56,9 @@ fn start_plan(c: &Cluster, plan: &Path, worker: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn task_status(c: &Cluster, id: &str) -> Option<String> {
-    let out = c.brain_cli(&["tasks"]);
-    if !out.status.success() {
-        return None;
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(id))
-        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
-}
-
+/// Waits until a task has ended, and returns how.
 fn wait_terminal(c: &Cluster, id: &str, timeout: Duration) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(s) = task_status(c, id)
-            && matches!(s.as_str(), "finished" | "failed" | "cancelled")
-        {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "task {id} did not end within {timeout:?}; brain log:\n{}",
-            c.brain_log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn log_json(c: &Cluster, id: &str) -> Vec<serde_json::Value> {
-    let out = c.brain_cli(&["task", "log", id, "--json"]);
-    assert!(out.status.success(), "{}", text(&out));
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    c.wait_status(id, &["finished", "failed", "cancelled"], timeout)
 }
 
 /// Checks the workspace file and the log; returns (interrupted calls, steps).
@@ -102,7 +70,7 @@ fn assert_exactly_once(c: &Cluster, w: &Worker, id: &str, n: usize) -> usize {
     let want: Vec<String> = (0..n).map(|i| format!("line-{i}")).collect();
     assert_eq!(lines, want, "every line exactly once and in order");
 
-    let log = log_json(c, id);
+    let log = c.task_log_json(id);
     let mut seqs = log.iter().map(|r| r["seq"].as_u64().unwrap());
     let first = seqs.next().unwrap();
     assert_eq!(first, 1);
@@ -179,7 +147,7 @@ fn a_task_survives_fifty_brain_kills_with_every_effect_exactly_once() {
         kills += 1;
         c.start_brain().unwrap();
     }
-    let during = task_status(&c, &id);
+    let during = c.task_status(&id);
     assert_eq!(
         during.as_deref(),
         Some("running"),
@@ -316,7 +284,7 @@ fn cancel_backup_restore_and_a_second_brain() {
         text(&out)
     );
     c.start_brain().unwrap();
-    assert_eq!(task_status(&c, &id).as_deref(), Some("cancelled"));
+    assert_eq!(c.task_status(&id).as_deref(), Some("cancelled"));
     c.wait_for_state(&w.id, "connected", Duration::from_secs(20))
         .unwrap();
 }
@@ -338,7 +306,7 @@ fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(watcher.id() as i32, libc::SIGINT) };
     let _ = watcher.wait_with_output().unwrap();
-    assert_eq!(task_status(&c, &id).as_deref(), Some("running"));
+    assert_eq!(c.task_status(&id).as_deref(), Some("running"));
 
     // A watcher sees events live and exits by itself when the task ends.
     let out = c.brain_cli_cmd(&["watch", &id]).output().unwrap();
@@ -352,7 +320,7 @@ fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
         shown.trim_end().ends_with("finished: all 8 steps done"),
         "{shown}"
     );
-    assert_eq!(task_status(&c, &id).as_deref(), Some("finished"));
+    assert_eq!(c.task_status(&id).as_deref(), Some("finished"));
 }
 
 #[test]
@@ -381,7 +349,7 @@ fn a_long_call_outlives_a_brain_restart_and_its_result_arrives() {
     let out =
         std::fs::read_to_string(w.state.join(format!("workspaces/task-{num}/out.txt"))).unwrap();
     assert_eq!(out, "slow\n");
-    let log = log_json(&c, &id);
+    let log = c.task_log_json(&id);
     assert!(
         log.iter().all(|r| r["kind"] != "tool_call_interrupted"),
         "{log:?}"
@@ -419,7 +387,7 @@ fn watch_shows_a_running_calls_output_as_it_is_produced() {
         seen.iter().all(|l| !l.contains("done ")),
         "first-chunk only arrived with the result: {seen:?}"
     );
-    assert_eq!(task_status(&c, &id).as_deref(), Some("running"));
+    assert_eq!(c.task_status(&id).as_deref(), Some("running"));
     let rest: Vec<String> = lines.map(Result::unwrap).collect();
     assert!(rest.iter().any(|l| l.contains("second-chunk")), "{rest:?}");
     assert!(

@@ -28,6 +28,17 @@ fn tree_plan(c: &Cluster, pause: &str) -> PathBuf {
     path
 }
 
+/// A cluster whose brain talks to the fake model server.
+fn with_model(llm: &FakeLlm) -> Cluster {
+    Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test-key-123456\"\n",
+            llm.url()
+        )),
+        ..Default::default()
+    })
+}
+
 fn run_plan(c: &Cluster, plan: &std::path::Path, worker: &str) -> String {
     let out = c.brain_cli(&["run", "--plan", plan.to_str().unwrap(), "--worker", worker]);
     assert!(out.status.success(), "{}", text(&out));
@@ -147,13 +158,7 @@ fn an_agent_moved_between_calls_is_told_and_carries_on_with_its_files() {
         1 => FakeReply::tool_call("read_file", json!({"path": "a.txt"})),
         _ => FakeReply::tool_call("finish", json!({"summary": "read it back"})),
     });
-    let c = Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test-key-123456\"\n",
-            llm.url()
-        )),
-        ..Default::default()
-    });
+    let c = with_model(&llm);
     let a = c.join_worker("a");
     let b = c.join_worker("b");
     let out = c.brain_cli(&[
@@ -275,13 +280,7 @@ fn a_task_starts_from_a_git_repository_the_brain_clones() {
         1 => FakeReply::tool_call("read_file", json!({"path": "src/lib.txt"})),
         _ => FakeReply::tool_call("finish", json!({"summary": "read"})),
     });
-    let c = Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test-key-123456\"\n",
-            llm.url()
-        )),
-        ..Default::default()
-    });
+    let c = with_model(&llm);
     let w = c.join_worker("w");
     let repo = c.dir.join("repo");
     std::fs::create_dir_all(repo.join("src")).unwrap();
@@ -422,13 +421,7 @@ fn a_task_starts_from_a_directory_on_its_worker_without_resending_it() {
         ),
         _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
     });
-    let c = Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test-key-123456\"\n",
-            llm.url()
-        )),
-        ..Default::default()
-    });
+    let c = with_model(&llm);
     let w = c.join_worker("laptop");
     let project = c.dir.join("project");
     std::fs::create_dir_all(project.join("app")).unwrap();
