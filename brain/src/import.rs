@@ -107,6 +107,7 @@ pub fn store_dir(
             }
         }
     }
+    mirror.sync().map_err(|e| err(e.to_string()))?;
     let root_hash = mirror.put_manifest(&m).map_err(|e| err(e.to_string()))?;
     Ok(Imported {
         root_hash,

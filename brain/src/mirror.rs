@@ -42,7 +42,17 @@ fn io(path: &Path, source: std::io::Error) -> Error {
 pub struct Mirror {
     dir: PathBuf,
     manifests: sled::Tree,
+    /// The latest manifests used, so a barrier does not decode its base again.
+    recent: Recent,
 }
+
+/// The latest manifests used, by root hash, most recent first.
+type Recent = std::sync::Arc<
+    std::sync::Mutex<std::collections::VecDeque<(String, std::sync::Arc<Manifest>)>>,
+>;
+
+/// Manifests kept decoded.
+const RECENT: usize = 16;
 
 /// What a garbage collection removed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +68,7 @@ impl Mirror {
         Ok(Self {
             dir: dir.to_path_buf(),
             manifests: db.open_tree("manifests")?,
+            recent: Default::default(),
         })
     }
 
@@ -73,7 +84,8 @@ impl Mirror {
     }
 
     /// Stores a blob given compressed; checks that it decompresses to content with this
-    /// hash (bounded by `max_bytes`) before it is kept. Returns whether it was new.
+    /// hash (bounded by `max_bytes`) before it is kept. Returns whether it was new. Not
+    /// synced on its own: call [`Mirror::sync`] before a manifest names it.
     pub fn put_compressed(
         &self,
         hash: &str,
@@ -94,7 +106,6 @@ impl Mirror {
         let r = (|| {
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(compressed)?;
-            f.sync_data()?;
             std::fs::rename(&tmp, &path)
         })();
         if let Err(e) = r {
@@ -102,6 +113,11 @@ impl Mirror {
             return Err(io(&path, e));
         }
         Ok(true)
+    }
+
+    /// Makes every blob stored so far durable (one `syncfs` of the blob store's filesystem).
+    pub fn sync(&self) -> Result<(), Error> {
+        manifest::syncfs(&self.dir).map_err(|e| io(&self.dir, e))
     }
 
     /// Stores content, compressing it.
@@ -126,8 +142,19 @@ impl Mirror {
 
     /// Stores a manifest (by its root hash) once every blob it names is stored.
     pub fn put_manifest(&self, m: &Manifest) -> Result<String, Error> {
+        self.put_manifest_over(m, &Manifest::default())
+    }
+
+    /// The same, for a manifest made from `base` (stored already): only the blobs that are
+    /// not in `base` are looked for.
+    pub fn put_manifest_over(&self, m: &Manifest, base: &Manifest) -> Result<String, Error> {
         let root = m.root_hash();
-        if let Some(h) = m.blobs().find(|h| !self.has(h)) {
+        let known: HashSet<&str> = base.blobs().collect();
+        if let Some(h) = m
+            .blobs()
+            .filter(|h| !known.contains(h))
+            .find(|h| !self.has(h))
+        {
             return Err(Error::BadManifest {
                 root,
                 reason: format!("blob {h} was never uploaded"),
@@ -138,13 +165,30 @@ impl Mirror {
         let mut v = (shared::now_unix_ms() as u64).to_be_bytes().to_vec();
         v.extend_from_slice(&compress(&json));
         self.manifests.insert(root.as_bytes(), v)?;
+        self.remember(&root, std::sync::Arc::new(m.clone()));
         Ok(root)
+    }
+
+    fn remember(&self, root: &str, m: std::sync::Arc<Manifest>) {
+        let mut r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        r.retain(|(k, _)| k != root);
+        r.push_front((root.to_string(), m));
+        r.truncate(RECENT);
     }
 
     /// The manifest with this root hash. The empty root is the empty manifest.
     pub fn manifest(&self, root: &str) -> Result<Manifest, Error> {
         if root.is_empty() {
             return Ok(Manifest::default());
+        }
+        if let Some((_, m)) = self
+            .recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(k, _)| k == root)
+        {
+            return Ok((**m).clone());
         }
         let v = self
             .manifests
@@ -156,10 +200,12 @@ impl Mirror {
                 reason: e.to_string(),
             }
         })?;
-        serde_json::from_slice(&json).map_err(|e| Error::BadManifest {
+        let m: Manifest = serde_json::from_slice(&json).map_err(|e| Error::BadManifest {
             root: root.into(),
             reason: e.to_string(),
-        })
+        })?;
+        self.remember(root, std::sync::Arc::new(m.clone()));
+        Ok(m)
     }
 
     /// Removes manifests not in `keep` and blobs no kept manifest names. Anything younger
@@ -185,6 +231,10 @@ impl Mirror {
                 live.extend(self.manifest(&root)?.blobs().map(String::from));
             } else {
                 self.manifests.remove(&k)?;
+                self.recent
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|(r, _)| *r != root);
                 out.manifests += 1;
             }
         }

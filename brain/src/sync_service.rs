@@ -116,6 +116,14 @@ impl SyncService for Services {
                 "blob {hash} was cut short"
             )));
         }
+        if stored > 0 {
+            // Durable before any manifest names them: one sync for the whole upload.
+            let mirror = self.0.mirror.clone();
+            tokio::task::spawn_blocking(move || mirror.sync())
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(mirror_status)?;
+        }
         Ok(Response::new(PutBlobsResponse { stored }))
     }
 
@@ -171,7 +179,7 @@ impl SyncService for Services {
                     "the delta gives root {root}, the worker claimed {claimed}"
                 )));
             }
-            mirror.put_manifest(&new).map_err(mirror_status)
+            mirror.put_manifest_over(&new, &base).map_err(mirror_status)
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))??;

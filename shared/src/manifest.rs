@@ -396,8 +396,9 @@ pub struct Scanner {
     pub hashed_bytes: u64,
 }
 
-/// How close to the previous scan an mtime must be to be re-hashed anyway.
-const RACY: Duration = Duration::from_secs(2);
+/// How close to the previous scan an mtime must be to be re-hashed anyway: a few ticks of
+/// the kernel's coarse clock, which file timestamps come from.
+const RACY: Duration = Duration::from_millis(100);
 
 impl Scanner {
     pub fn new(root: &Path, rules: Rules) -> Self {
@@ -568,7 +569,8 @@ pub struct Applied {
 /// Makes the directory `root` (whose manifest is `current`) match `target`, fetching file
 /// contents by hash from `blob`. `target` is validated first and every blob is checked
 /// against its hash before it is written, so a bad manifest or blob writes nothing; writes
-/// are atomic per file (temp file, fsync, rename) and never go through a symlink.
+/// are atomic per file (temp file, rename) and never go through a symlink, and the whole
+/// filesystem is synced once at the end (not once a file).
 pub fn materialise(
     root: &Path,
     current: &Manifest,
@@ -653,7 +655,19 @@ pub fn materialise(
             }
         }
     }
+    syncfs(root).map_err(|e| io("", e))?;
     Ok(stats)
+}
+
+/// Flushes the filesystem holding `dir` (one `syncfs`, instead of an fsync per file).
+pub fn syncfs(dir: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(dir)?;
+    // SAFETY: a valid open descriptor.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `root/path`, after checking that no existing ancestor is a symlink or a non-directory.
@@ -697,7 +711,6 @@ fn write_atomic(full: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
             .open(&tmp)?;
         f.write_all(data)?;
         f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        f.sync_data()?;
         if std::fs::symlink_metadata(full).is_ok_and(|m| m.is_dir()) {
             std::fs::remove_dir_all(full)?;
         }
