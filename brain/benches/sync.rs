@@ -119,7 +119,11 @@ fn ms(d: Duration) -> String {
 }
 
 fn mb(b: u64) -> String {
-    format!("{:8.2} MB", b as f64 / 1e6)
+    if b >= 1_000_000 {
+        format!("{:8.2} MB", b as f64 / 1e6)
+    } else {
+        format!("{:8.2} kB", b as f64 / 1e3)
+    }
 }
 
 fn log(c: &Cluster, id: &str) -> Vec<Value> {
@@ -387,7 +391,7 @@ fn main() {
     }
     drop(c);
     if on_tmpfs {
-        let _ = Command::new("umount").arg(&base).status();
+        let _ = Command::new("umount").arg("-l").arg(&base).status();
     }
     let _ = std::fs::remove_dir_all(&base);
 }
