@@ -135,6 +135,7 @@ fn main() {
                     "bench".into(),
                     brain::tasks::Plan::parse(r#"{"steps":[{"run":["true"]}]}"#).unwrap(),
                     "nobody".into(),
+                    vec![],
                 )
                 .await
                 .unwrap();

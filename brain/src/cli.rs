@@ -266,6 +266,10 @@ struct RunArgs {
     /// Do not leave out the default build outputs (target, node_modules, .venv, __pycache__)
     #[arg(long)]
     no_default_excludes: bool,
+    /// A label (k=v) the task's worker must have, now and when the task moves or fails over;
+    /// repeatable
+    #[arg(long = "require-label", value_name = "K=V", value_parser = shared::parse_label)]
+    require_labels: Vec<(String, String)>,
     /// Run a scripted plan from this JSON file instead of the agent
     #[arg(long)]
     plan: Option<PathBuf>,
@@ -1132,15 +1136,13 @@ async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
             .with_context(|| format!("reading the plan {}", plan.display()))?;
         crate::tasks::Plan::parse(&plan_json)
             .map_err(|e| anyhow::anyhow!("{}: {e}", plan.display()))?;
-        let worker = args
-            .worker
-            .clone()
-            .context("a scripted plan needs --worker")?;
+        let worker = args.worker.clone().unwrap_or_default();
         let r = c
             .run_plan(proto::RunPlanRequest {
                 plan_json,
                 worker,
                 goal,
+                require_labels: args.require_labels.iter().cloned().collect(),
             })
             .await
             .map_err(|s| status(s, &target.url))?
@@ -1173,6 +1175,7 @@ async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
                 transcript,
                 git_url: args.git.clone().unwrap_or_default(),
                 git_ref: args.git_ref.clone().unwrap_or_default(),
+                require_labels: args.require_labels.iter().cloned().collect(),
                 include_git: args.include_git,
                 extra_excludes: args.excludes.clone(),
                 no_default_excludes: args.no_default_excludes,

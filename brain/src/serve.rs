@@ -123,14 +123,17 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     {
         // Failover goes to a connected worker the policy allows, other than the lost one.
         let (registry, hub, policy) = (registry.clone(), hub.clone(), policy.clone());
-        tasks.set_placer(Arc::new(move |lost: &str| {
-            let workers = registry.workers().ok()?;
-            workers
-                .into_iter()
-                .filter(|w| w.id != lost && !w.revoked && hub.session(&w.id).is_some())
-                .find(|w| policy.refuse(w).is_none())
-                .map(|w| w.id)
-        }));
+        tasks.set_placer(Arc::new(
+            move |lost: &str, labels: &crate::tasks::manager::Labels| {
+                let workers = registry.workers().ok()?;
+                workers
+                    .into_iter()
+                    .filter(|w| w.id != lost && !w.revoked && hub.session(&w.id).is_some())
+                    .filter(|w| labels.iter().all(|(k, v)| w.labels.get(k) == Some(v)))
+                    .find(|w| policy.refuse(w).is_none())
+                    .map(|w| w.id)
+            },
+        ));
     }
     {
         // Blobs and manifests nothing refers to any more are collected now and then: what

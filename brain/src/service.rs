@@ -192,9 +192,67 @@ impl Services {
         }
     }
 
+    /// The worker for a new task: the one named (it must have the labels), or any connected
+    /// one with the labels; either way one the policy allows.
+    fn pick_worker(
+        &self,
+        name: &str,
+        labels: &crate::tasks::manager::Labels,
+    ) -> Result<WorkerRecord, Status> {
+        let fits = |w: &WorkerRecord| labels.iter().all(|(k, v)| w.labels.get(k) == Some(v));
+        if !name.is_empty() {
+            let w = self.resolve(name)?;
+            if !fits(&w) {
+                let want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                return Err(Status::failed_precondition(format!(
+                    "worker {} ({}) does not have the labels the task requires: {}",
+                    w.id,
+                    w.name,
+                    want.join(", ")
+                )));
+            }
+            if let Some(why) = self.0.policy.refuse(&w) {
+                return Err(Status::failed_precondition(why));
+            }
+            return Ok(w);
+        }
+        let candidates: Vec<WorkerRecord> = self
+            .0
+            .registry
+            .workers()?
+            .into_iter()
+            .filter(|w| !w.revoked && self.0.hub.session(&w.id).is_some() && fits(w))
+            .collect();
+        if let Some(w) = candidates
+            .iter()
+            .find(|w| self.0.policy.refuse(w).is_none())
+        {
+            return Ok(w.clone());
+        }
+        match candidates.first() {
+            Some(w) => Err(Status::failed_precondition(
+                self.0.policy.refuse(w).unwrap_or_default(),
+            )),
+            None if labels.is_empty() => Err(Status::failed_precondition(
+                "no worker is connected: start one (`worker join ...`) or name one with --worker",
+            )),
+            None => Err(Status::failed_precondition(
+                "no connected worker has the labels the task requires",
+            )),
+        }
+    }
+
     fn resolve(&self, worker: &str) -> Result<WorkerRecord, Status> {
         Ok(self.0.registry.resolve_worker(worker)?)
     }
+}
+
+/// Checks a request's required labels and puts them in order.
+fn check_labels_map(
+    labels: &std::collections::HashMap<String, String>,
+) -> Result<crate::tasks::manager::Labels, Status> {
+    check_labels(labels)?;
+    Ok(labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
 }
 
 fn check_labels(labels: &std::collections::HashMap<String, String>) -> Result<(), Status> {
@@ -642,16 +700,22 @@ impl Admin for Services {
             return Err(Status::invalid_argument("plan larger than 16 MiB"));
         }
         let plan = crate::tasks::Plan::parse(&req.plan_json).map_err(Status::invalid_argument)?;
-        let w = self.resolve(&req.worker)?;
-        if let Some(why) = self.0.policy.refuse(&w) {
-            return Err(Status::failed_precondition(why));
-        }
+        let labels = check_labels_map(&req.require_labels)?;
+        let w = self.pick_worker(&req.worker, &labels)?;
         let goal = if req.goal.is_empty() {
             format!("scripted plan of {} steps", plan.steps.len())
         } else {
             req.goal.chars().take(4096).collect()
         };
-        let id = self.0.tasks.create_plan(goal, plan, w.id).await?;
+        let empty = labels.is_empty();
+        let placement = (!empty).then_some(crate::tasks::Event::Placement {
+            require_labels: labels,
+        });
+        let id = self
+            .0
+            .tasks
+            .create_plan(goal, plan, w.id, placement.into_iter().collect())
+            .await?;
         Ok(Response::new(proto::RunPlanResponse {
             task_id: id.to_string(),
         }))
@@ -703,39 +767,8 @@ impl Admin for Services {
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
             spec.transcript = req.transcript;
         }
-        let w = if req.worker.is_empty() {
-            let candidates: Vec<_> = self
-                .0
-                .registry
-                .workers()?
-                .into_iter()
-                .filter(|w| !w.revoked && self.0.hub.session(&w.id).is_some())
-                .collect();
-            let fits: Vec<_> = candidates
-                .iter()
-                .filter(|w| self.0.policy.refuse(w).is_none())
-                .cloned()
-                .collect();
-            match (fits.into_iter().next(), candidates.first()) {
-                (Some(w), _) => w,
-                (None, Some(w)) => {
-                    return Err(Status::failed_precondition(
-                        self.0.policy.refuse(w).unwrap_or_default(),
-                    ));
-                }
-                (None, None) => {
-                    return Err(Status::failed_precondition(
-                        "no worker is connected: start one (`worker join ...`) or name one with --worker",
-                    ));
-                }
-            }
-        } else {
-            let w = self.resolve(&req.worker)?;
-            if let Some(why) = self.0.policy.refuse(&w) {
-                return Err(Status::failed_precondition(why));
-            }
-            w
-        };
+        let labels = check_labels_map(&req.require_labels)?;
+        let w = self.pick_worker(&req.worker, &labels)?;
         let model = spec.model.clone();
         let rules = crate::tasks::event::SyncRules {
             include_git: req.include_git,
@@ -796,6 +829,11 @@ impl Admin for Services {
             .tasks
             .create_agent(goal, spec, w.id.clone(), {
                 let mut first = Vec::new();
+                if !labels.is_empty() {
+                    first.push(crate::tasks::Event::Placement {
+                        require_labels: labels,
+                    });
+                }
                 if !rules.is_default() {
                     first.push(crate::tasks::Event::WorkspaceRules { rules });
                 }
@@ -859,15 +897,13 @@ impl Admin for Services {
     ) -> Result<Response<proto::MoveTaskResponse>, Status> {
         let admin = self.authorize(&req, Role::Admin)?;
         let req = req.into_inner();
-        let w = self.resolve(&req.to)?;
+        let labels = self.0.tasks.find(&req.task_id)?.state().require_labels;
+        let w = self.pick_worker(&req.to, &labels)?;
         if w.revoked {
             return Err(Status::failed_precondition(format!(
                 "worker {} is revoked",
                 w.id
             )));
-        }
-        if let Some(why) = self.0.policy.refuse(&w) {
-            return Err(Status::failed_precondition(why));
         }
         let id = self.0.tasks.request_move(&req.task_id, &w.id).await?;
         tracing::info!(task = %id, to = %w.id, by = %admin, "move requested");

@@ -492,3 +492,63 @@ fn a_task_starts_from_a_directory_on_its_worker_without_resending_it() {
     assert!(!out.status.success());
     assert!(text(&out).contains("refusing to import"), "{}", text(&out));
 }
+
+#[test]
+fn failover_and_moves_go_only_to_workers_with_the_required_labels() {
+    let c = Cluster::start_with(BrainOptions {
+        extra_args: vec!["--failover-after".into(), "1s".into()],
+        ..Default::default()
+    });
+    let mut gpu1 = c.join_worker_labeled("gpu1", &["gpu=yes"]);
+    let _cpu = c.join_worker_labeled("cpu", &["gpu=no"]);
+    let gpu2 = c.join_worker_labeled("gpu2", &["gpu=yes"]);
+    let plan = tree_plan(&c, "0.3");
+    // No worker named: one with the label is picked.
+    let out = c.brain_cli(&[
+        "run",
+        "--plan",
+        plan.to_str().unwrap(),
+        "--require-label",
+        "gpu=yes",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let on = c
+        .task_log_json(&id)
+        .iter()
+        .find(|r| r["kind"] == "worker_assigned")
+        .map(|r| r["worker"].as_str().unwrap().to_string())
+        .unwrap();
+    assert!(on == gpu1.id || on == gpu2.id, "placed on {on}");
+    // A move to a worker without the label is refused.
+    let out = c.brain_cli(&["task", "move", &id, "--to", "cpu"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("does not have the labels"),
+        "{}",
+        text(&out)
+    );
+    // Killing the worker it runs on fails it over to the other gpu worker, never to cpu.
+    wait_for(&c, &id, "tool_call_completed", 2);
+    let other = if on == gpu1.id {
+        gpu1.kill();
+        gpu2.id.clone()
+    } else {
+        let mut g2 = gpu2;
+        g2.kill();
+        gpu1.id.clone()
+    };
+    assert_eq!(
+        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let log = c.task_log_json(&id);
+    let moved: Vec<&Value> = log
+        .iter()
+        .filter(|r| r["kind"] == "move_completed")
+        .collect();
+    assert_eq!(moved.len(), 1);
+    assert_eq!(moved[0]["to"], other.as_str());
+}

@@ -354,8 +354,18 @@ impl Cluster {
     }
 
     /// [`Cluster::join_worker`] with extra environment for the worker process.
+    /// Joins a worker whose token carries these labels (`k=v`).
+    pub fn join_worker_labeled(&self, name: &str, labels: &[&str]) -> Worker {
+        let extra: Vec<&str> = labels.iter().flat_map(|l| ["--label", *l]).collect();
+        self.join_worker_token(name, &extra, &[])
+    }
+
     pub fn join_worker_with(&self, name: &str, env: &[(&str, &str)]) -> Worker {
-        let (token, ca_hash) = self.token(&[]);
+        self.join_worker_token(name, &[], env)
+    }
+
+    fn join_worker_token(&self, name: &str, token_args: &[&str], env: &[(&str, &str)]) -> Worker {
+        let (token, ca_hash) = self.token(token_args);
         let mut cmd = self.join_cmd(name, &token, &ca_hash);
         for (k, v) in env {
             cmd.env(k, v);

@@ -342,6 +342,10 @@ pub enum Event {
         #[serde(default)]
         wire_bytes: u64,
     },
+    /// Labels a worker must have to take this task (placement, moves and failover).
+    Placement {
+        require_labels: std::collections::BTreeMap<String, String>,
+    },
     /// What the task's workspace sync leaves out, when not the defaults.
     WorkspaceRules {
         rules: SyncRules,

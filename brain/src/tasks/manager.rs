@@ -106,8 +106,12 @@ impl Task {
     }
 }
 
-/// Picks a worker to fail over to, other than the one given (connected, allowed by policy).
-pub type Placer = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+/// The labels a worker must have.
+pub type Labels = std::collections::BTreeMap<String, String>;
+
+/// Picks a worker to fail over to, other than the one given: connected, allowed by policy,
+/// with the labels given.
+pub type Placer = Arc<dyn Fn(&str, &Labels) -> Option<String> + Send + Sync>;
 
 /// The manager. Cheap to clone.
 #[derive(Clone)]
@@ -191,14 +195,14 @@ impl Manager {
         *self.placer.write().unwrap_or_else(|e| e.into_inner()) = Some(p);
     }
 
-    /// A worker to fail over to from `lost`, if any.
-    pub fn place(&self, lost: &str) -> Option<String> {
+    /// A worker with these labels to fail over to from `lost`, if any.
+    pub fn place(&self, lost: &str, labels: &Labels) -> Option<String> {
         let p = self
             .placer
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        p.and_then(|p| p(lost))
+        p.and_then(|p| p(lost, labels))
     }
 
     fn all(&self) -> Vec<Arc<Task>> {
@@ -277,22 +281,21 @@ impl Manager {
         goal: String,
         plan: Plan,
         worker: String,
+        workspace: Vec<Event>,
     ) -> Result<TaskId, Error> {
         let id = self.log.new_task_id()?;
         let task = self.insert(TaskState::new(id));
-        self.append(
-            &task,
-            vec![
-                Event::Created {
-                    goal,
-                    workspace: format!("task-{}", id.0),
-                    plan: Some(plan),
-                    agent: None,
-                },
-                Event::WorkerAssigned { worker },
-            ],
-        )
-        .await?;
+        let mut events = vec![
+            Event::Created {
+                goal,
+                workspace: format!("task-{}", id.0),
+                plan: Some(plan),
+                agent: None,
+            },
+            Event::WorkerAssigned { worker },
+        ];
+        events.extend(workspace);
+        self.append(&task, events).await?;
         self.spawn_runner(task);
         Ok(id)
     }

@@ -197,7 +197,7 @@ pub(crate) async fn worker_ready(
         .await?;
         tokio::select! {
             _ = m.hub.wait_connected(worker, Duration::from_secs(3600)) => {}
-            to = failover_target(m, worker) => {
+            to = failover_target(m, task, worker) => {
                 tracing::warn!(task = %task.id, lost = %worker, %to, "worker lost; failing over");
                 task.set_move_request(&to);
             }
@@ -401,7 +401,7 @@ pub(crate) fn move_wanted(task: &Task) -> Option<String> {
 
 /// Resolves with a worker to move to once `worker` has been gone for the failover delay and
 /// another eligible worker is connected; pends otherwise.
-pub(crate) async fn failover_target(m: &Manager, worker: &str) -> String {
+pub(crate) async fn failover_target(m: &Manager, task: &Task, worker: &str) -> String {
     let mut gone_since: Option<tokio::time::Instant> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -411,7 +411,7 @@ pub(crate) async fn failover_target(m: &Manager, worker: &str) -> String {
         }
         let since = *gone_since.get_or_insert_with(tokio::time::Instant::now);
         if since.elapsed() >= m.opts.failover_after
-            && let Some(to) = m.place(worker)
+            && let Some(to) = m.place(worker, &task.state().require_labels)
         {
             return to;
         }
@@ -506,7 +506,7 @@ pub(crate) async fn run_command(
     );
     let outcome = tokio::select! {
         o = m.hub.durable_exec(&p.worker, start, m.opts.worker_wait) => Some(o),
-        to = failover_target(m, &p.worker) => {
+        to = failover_target(m, task, &p.worker) => {
             m.hub.unwatch(p.call_id);
             tracing::warn!(task = %task.id, lost = %p.worker, %to, call_id = p.call_id, "worker lost during a call; failing over");
             task.set_move_request(&to);
@@ -571,7 +571,7 @@ pub(crate) async fn file_call(
                     m.opts.worker_wait
                 ));
             },
-            to = failover_target(m, worker) => {
+            to = failover_target(m, task, worker) => {
                 task.set_move_request(&to);
                 return Err(format!("worker {worker} was lost; the task moves to {to}"));
             }

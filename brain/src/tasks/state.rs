@@ -105,6 +105,9 @@ pub struct TaskState {
     pub seed_root: String,
     #[serde(default)]
     pub sync_rules: super::event::SyncRules,
+    /// Labels a worker must have to take the task.
+    #[serde(default)]
+    pub require_labels: std::collections::BTreeMap<String, String>,
     /// Agent tasks: the conversation, budgets and what waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<crate::agent::AgentState>>,
@@ -141,6 +144,7 @@ impl TaskState {
             unsure_unsynced: false,
             seed_root: String::new(),
             sync_rules: Default::default(),
+            require_labels: Default::default(),
             agent: None,
             last_seq: 0,
             created_ms: 0,
@@ -252,6 +256,7 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
         Event::MoveStarted { to, .. } => st.moving_to = Some(to.clone()),
         Event::WorkspaceSeeded { root_hash, .. } => st.seed_root = root_hash.clone(),
         Event::WorkspaceRules { rules } => st.sync_rules = rules.clone(),
+        Event::Placement { require_labels } => st.require_labels = require_labels.clone(),
         Event::MoveAborted { .. } => st.moving_to = None,
         Event::MoveCompleted { to, .. } => {
             st.moving_to = None;
