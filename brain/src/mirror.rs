@@ -155,9 +155,15 @@ impl Mirror {
             .filter(|h| !known.contains(h))
             .find(|h| !self.has(h))
         {
+            let path = m
+                .entries
+                .iter()
+                .find(|(_, e)| e.hash == h)
+                .map(|(p, _)| p.as_str())
+                .unwrap_or_default();
             return Err(Error::BadManifest {
                 root,
-                reason: format!("blob {h} was never uploaded"),
+                reason: format!("the content of {path:?} (blob {h}) was never uploaded"),
             });
         }
         let json = serde_json::to_vec(m).expect("manifests serialise");

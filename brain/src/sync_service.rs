@@ -54,6 +54,30 @@ fn mirror_status(e: crate::mirror::Error) -> Status {
     }
 }
 
+/// Parses a delta, naming the path of an entry that does not parse.
+fn parse_delta(json: &[u8]) -> Result<Delta, Status> {
+    #[derive(serde::Deserialize)]
+    struct Raw {
+        #[serde(default)]
+        upserts: std::collections::BTreeMap<String, serde_json::Value>,
+        #[serde(default)]
+        deletes: Vec<String>,
+    }
+    let raw: Raw = serde_json::from_slice(json)
+        .map_err(|e| Status::invalid_argument(format!("the delta: {e}")))?;
+    let mut d = Delta {
+        deletes: raw.deletes,
+        ..Default::default()
+    };
+    for (path, v) in raw.upserts {
+        let e = serde_json::from_value(v).map_err(|e| {
+            Status::invalid_argument(format!("workspace entry {path:?} rejected: {e}"))
+        })?;
+        d.upserts.insert(path, e);
+    }
+    Ok(d)
+}
+
 type ChunkStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 fn chunks<T: Send + 'static>(items: Vec<T>) -> ChunkStream<T> {
@@ -167,8 +191,7 @@ impl SyncService for Services {
         let root = tokio::task::spawn_blocking(move || -> Result<String, Status> {
             let json = manifest::decompress(&buf, MAX_DELTA_BYTES)
                 .map_err(|e| Status::invalid_argument(format!("the delta: {e}")))?;
-            let delta: Delta = serde_json::from_slice(&json)
-                .map_err(|e| Status::invalid_argument(format!("the delta: {e}")))?;
+            let delta = parse_delta(&json)?;
             let base = mirror.manifest(&base_root).map_err(mirror_status)?;
             let new = base
                 .apply(&delta, &rules)

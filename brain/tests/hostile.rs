@@ -1,0 +1,249 @@
+//! A worker that turns hostile: it holds a real worker identity, answers the brain's session
+//! as a worker would, and then answers a barrier with bad workspace data over the real `Sync`
+//! service. Every bad upload is refused with an error naming the path, and nothing of it
+//! reaches the mirror or the task's log.
+
+use std::time::Duration;
+
+use proto::sync_client::SyncClient;
+use proto::worker_session_client::WorkerSessionClient;
+use proto::{BlobChunk, DeltaChunk, WorkerMessage, brain_message, worker_message};
+use serde_json::{Value, json};
+use shared::manifest;
+use shared::pki::IdentityFiles;
+use shared::tls::{BrainAddr, DialOptions};
+use testkit::{Cluster, text};
+use tokio_stream::wrappers::ReceiverStream;
+
+fn file_entry(content: &[u8]) -> Value {
+    json!({"kind": "file", "size": content.len(), "hash": manifest::hash(content)})
+}
+
+/// (what, delta JSON, claimed root, text the refusal must contain).
+fn hostile_deltas() -> Vec<(&'static str, Value, String, &'static str)> {
+    let evil = file_entry(b"evil");
+    let real = |entries: Value| -> String {
+        serde_json::from_value::<manifest::Manifest>(json!({ "entries": entries }))
+            .map(|m| m.root_hash())
+            .unwrap_or_default()
+    };
+    let d = |upserts: Value| json!({"upserts": upserts, "deletes": []});
+    vec![
+        (
+            "absolute path",
+            d(json!({"/etc/passwd": evil})),
+            String::new(),
+            "/etc/passwd",
+        ),
+        (
+            "dot-dot",
+            d(json!({"../escape": evil})),
+            String::new(),
+            "../escape",
+        ),
+        ("NUL", d(json!({"a\u{0}b": evil})), String::new(), "NUL"),
+        (
+            "control character",
+            d(json!({"a\nb": evil})),
+            String::new(),
+            "control",
+        ),
+        (
+            "under .git/",
+            d(json!({".git/hooks/pre-commit": evil})),
+            String::new(),
+            ".git/hooks/pre-commit",
+        ),
+        (
+            "symlink out of the root",
+            d(json!({"link": {"kind": "symlink", "size": 9, "target": "../../etc"}})),
+            String::new(),
+            "outside",
+        ),
+        (
+            "path through a symlink",
+            d(
+                json!({"dir": {"kind": "dir"}, "link": {"kind": "symlink", "size": 3, "target": "dir"}, "link/x": evil}),
+            ),
+            String::new(),
+            "link/x",
+        ),
+        (
+            "missing parent",
+            d(json!({"a/b": evil})),
+            String::new(),
+            "a/b",
+        ),
+        (
+            "over the size limit",
+            d(
+                json!({"big": {"kind": "file", "size": manifest::DEFAULT_MAX_FILE_BYTES + 1, "hash": manifest::hash(b"x")}}),
+            ),
+            String::new(),
+            "big",
+        ),
+        (
+            "a FIFO",
+            d(json!({"pipe": {"kind": "fifo"}})),
+            String::new(),
+            "\"pipe\"",
+        ),
+        (
+            "a blob never uploaded",
+            d(json!({"never.txt": file_entry(b"never uploaded")})),
+            real(json!({"never.txt": file_entry(b"never uploaded")})),
+            "\"never.txt\"",
+        ),
+        (
+            "a root hash that does not match",
+            d(json!({"ok.txt": file_entry(b"evil")})),
+            "0".repeat(64),
+            "claimed",
+        ),
+    ]
+}
+
+#[test]
+fn hostile_workspace_data_from_a_worker_is_refused_and_changes_nothing() {
+    let c = Cluster::start();
+    let mut w = c.join_worker("turned");
+    let identity = w.state.join("identity");
+    w.kill();
+    let plan = c.dir.join("plan.json");
+    std::fs::write(&plan, r#"{"steps":[{"run":["true"]}]}"#).unwrap();
+    let out = c.brain_cli(&[
+        "run",
+        "--plan",
+        plan.to_str().unwrap(),
+        "--worker",
+        "turned",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let url = c.url();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let refusals: Vec<(String, String, String)> = rt.block_on(async move {
+        let files = IdentityFiles::load(&identity).unwrap();
+        let cfg = files.client_config(&identity).unwrap();
+        let addr = BrainAddr::parse(&url).unwrap();
+        let ch = shared::tls::dial(&addr, cfg, DialOptions::default())
+            .await
+            .unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tx.send(WorkerMessage {
+            msg: Some(worker_message::Msg::Hello(proto::Hello {
+                name: "turned".into(),
+                ..Default::default()
+            })),
+        })
+        .await
+        .unwrap();
+        let beat = tx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let hb = WorkerMessage {
+                    msg: Some(worker_message::Msg::Heartbeat(proto::Heartbeat {
+                        unix_ms: 0,
+                    })),
+                };
+                if beat.send(hb).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut inbound = WorkerSessionClient::new(ch.clone())
+            .attach(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut sync = SyncClient::new(ch);
+        let mut refusals = Vec::new();
+        loop {
+            let msg = tokio::time::timeout(Duration::from_secs(20), inbound.message())
+                .await
+                .expect("the brain asks within 20 s")
+                .unwrap()
+                .expect("the session stays open");
+            match msg.msg {
+                Some(brain_message::Msg::Exec(start)) if start.durable => {
+                    let r = proto::CallResult {
+                        call_id: start.call_id,
+                        exit: Some(proto::ExecExit {
+                            call_id: start.call_id,
+                            code: Some(0),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    };
+                    tx.send(WorkerMessage {
+                        msg: Some(worker_message::Msg::CallResult(r)),
+                    })
+                    .await
+                    .unwrap();
+                }
+                Some(brain_message::Msg::Sync(req)) => {
+                    // A blob whose content does not match its hash.
+                    let chunk = BlobChunk {
+                        hash: hex::decode(manifest::hash(b"what it claims")).unwrap(),
+                        data: manifest::compress(b"something else"),
+                        last: true,
+                    };
+                    let e = sync
+                        .put_blobs(tokio_stream::iter(vec![chunk]))
+                        .await
+                        .expect_err("a lying blob is refused");
+                    refusals.push((
+                        "a blob that does not match its hash".into(),
+                        e.message().to_string(),
+                        "does not match".into(),
+                    ));
+                    for (what, delta, root, want) in hostile_deltas() {
+                        let chunk = DeltaChunk {
+                            request_id: req.id,
+                            base_root: String::new(),
+                            root_hash: root,
+                            data: manifest::compress(delta.to_string().as_bytes()),
+                        };
+                        let e = sync
+                            .put_delta(tokio_stream::iter(vec![chunk]))
+                            .await
+                            .expect_err(what);
+                        refusals.push((what.into(), e.message().to_string(), want.into()));
+                    }
+                    sync.report(proto::SyncReport {
+                        id: req.id,
+                        error: "gave up".into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                    return refusals;
+                }
+                _ => {}
+            }
+        }
+    });
+    assert_eq!(refusals.len(), hostile_deltas().len() + 1);
+    for (what, message, want) in &refusals {
+        eprintln!("{what}: {message}");
+        assert!(
+            message.contains(want.as_str()),
+            "{what}: {message:?} does not name {want:?}"
+        );
+    }
+    // Nothing reached the mirror: no barrier in the log, no blob stored.
+    let log = c.task_log_json(&task);
+    assert!(!log.iter().any(|r| r["kind"] == "barrier"), "{log:?}");
+    let blobs = std::fs::read_dir(c.data.join("blobs"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(blobs, 0, "a blob was stored");
+    assert!(
+        log.iter()
+            .any(|r| r["kind"] == "tool_call_completed" && r["call_id"].is_u64())
+    );
+}
