@@ -9,7 +9,7 @@
 //! throw-away sshd, fresh and multiplexed (skipped, with the reason, when sshd is absent or we
 //! are not root); the worker's idle RSS and the release binaries' sizes.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -373,146 +373,38 @@ fn main() {
 /// Starts a throw-away sshd on a loopback port with a throw-away user and key; returns the
 /// (fresh, multiplexed) rows, or `None` with the reason printed.
 fn ssh_rows(tmp: &Path, n: usize) -> Option<(Stats, Stats)> {
-    let skip = |why: &str| {
-        println!("{:<46} skipped: {why}", "ssh -p PORT 127.0.0.1 true");
-        None
+    let sshd = match testkit::sshd::Sshd::start(tmp) {
+        Ok(s) => s,
+        Err(why) => {
+            println!("{:<46} skipped: {why}", "ssh -p PORT 127.0.0.1 true");
+            return None;
+        }
     };
-    let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists());
-    let Some(sshd) = sshd else {
-        return skip("openssh-server is not installed (apt-get install openssh-server)");
-    };
-    // SAFETY: plain getter.
-    if unsafe { libc::geteuid() } != 0 {
-        return skip("needs root to create a throw-away user for sshd");
-    }
-    let user = format!("tb{:06x}", rand_u32() & 0xffffff);
-    let home = tmp.join("sshhome");
-    let ok = Command::new("useradd")
-        .args(["-M", "-p", "*", "-s", "/bin/sh", "-d"])
-        .arg(&home)
-        .arg(&user)
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        return skip("useradd failed");
-    }
-    let _cleanup = Cleanup(user.clone());
-    std::fs::create_dir_all(&home).unwrap();
-    // An empty home: no shell start-up files add anything to `true`.
-    let key = tmp.join("id_ed25519");
-    let hostkey = tmp.join("host_ed25519");
-    for k in [&key, &hostkey] {
-        let st = Command::new("ssh-keygen")
-            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-            .arg(k)
-            .status()
-            .unwrap();
-        assert!(st.success());
-    }
-    let auth = tmp.join("authorized_keys");
-    std::fs::copy(key.with_extension("pub"), &auth).unwrap();
-    let port = free_port();
-    let cfg = tmp.join("sshd_config");
-    std::fs::write(
-        &cfg,
-        format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPidFile {}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPrintMotd no\nPrintLastLog no\nAcceptEnv none\n",
-            hostkey.display(),
-            auth.display(),
-            tmp.join("sshd.pid").display()
-        ),
-    )
-    .unwrap();
-    let _ = std::fs::create_dir_all("/run/sshd");
-    let mut daemon = Command::new(&sshd)
-        .arg("-D")
-        .arg("-f")
-        .arg(&cfg)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let ssh = |extra: &[&str]| {
-        let mut c = Command::new("ssh");
-        c.args(["-q", "-p", &port.to_string(), "-i"])
-            .arg(&key)
-            .args([
-                "-o",
-                "BatchMode=yes",
-                "-o",
-                "StrictHostKeyChecking=no",
-                "-o",
-                "UserKnownHostsFile=/dev/null",
-                "-o",
-                "LogLevel=ERROR",
-            ])
-            .args(extra)
-            .stdin(Stdio::null());
-        c
-    };
-    let dest = format!("{user}@127.0.0.1");
-    let ready = testkit::wait_until(Duration::from_secs(10), || {
-        ssh(&[&dest, "true"])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    });
-    if !ready {
-        let _ = daemon.kill();
-        let _ = daemon.wait();
-        return skip("the throw-away sshd did not accept a login");
-    }
+    let dest = sshd.dest();
     let fresh_n = (n / 10).clamp(20, 200);
     let fresh = stats(time_n(fresh_n, || {
-        assert!(ssh(&[&dest, "true"]).status().unwrap().success());
+        assert!(sshd.ssh(&[&dest, "true"]).status().unwrap().success());
     }));
     row("ssh -p PORT 127.0.0.1 true (fresh connection)", &fresh);
     let sock = tmp.join("mux.sock");
     let sock_s = sock.to_string_lossy().to_string();
-    let st = ssh(&["-M", "-S", &sock_s, "-f", "-N", &dest])
+    let st = sshd
+        .ssh(&["-M", "-S", &sock_s, "-f", "-N", &dest])
         .status()
         .unwrap();
     assert!(st.success(), "ssh ControlMaster failed");
     for _ in 0..20 {
-        ssh(&["-S", &sock_s, &dest, "true"]).status().unwrap();
+        sshd.ssh(&["-S", &sock_s, &dest, "true"]).status().unwrap();
     }
     let mux = stats(time_n(n.min(500), || {
         assert!(
-            ssh(&["-S", &sock_s, &dest, "true"])
+            sshd.ssh(&["-S", &sock_s, &dest, "true"])
                 .status()
                 .unwrap()
                 .success()
         );
     }));
     row("ssh 127.0.0.1 true (multiplexed, ControlMaster)", &mux);
-    let _ = ssh(&["-S", &sock_s, "-O", "exit", &dest]).status();
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    let _ = sshd.ssh(&["-S", &sock_s, "-O", "exit", &dest]).status();
     Some((fresh, mux))
-}
-
-struct Cleanup(String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = Command::new("userdel").arg(&self.0).status();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn rand_u32() -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    t.subsec_nanos() ^ std::process::id()
 }

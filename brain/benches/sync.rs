@@ -90,16 +90,42 @@ fn have(cmd: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// The baseline: `rsync -a` over ssh to a throw-away loopback sshd, or local when there is
+/// none.
+static SSHD: std::sync::OnceLock<Option<testkit::sshd::Sshd>> = std::sync::OnceLock::new();
+
+fn baseline() -> &'static str {
+    if SSHD.get().is_some_and(|s| s.is_some()) {
+        "rsync -a over ssh (loopback sshd)"
+    } else {
+        "rsync -a (local)"
+    }
+}
+
 /// `rsync -a --stats SRC/ DST/`: (time, bytes sent).
 fn rsync(src: &Path, dst: &Path) -> (Duration, u64) {
-    let t = Instant::now();
-    let out = Command::new("rsync")
-        .arg("-a")
+    std::fs::create_dir_all(dst).unwrap();
+    let mut cmd = Command::new("rsync");
+    cmd.arg("-a")
         .arg("--stats")
-        .arg(format!("{}/", src.display()))
-        .arg(format!("{}/", dst.display()))
-        .output()
-        .unwrap();
+        .arg(format!("{}/", src.display()));
+    match SSHD.get().and_then(|s| s.as_ref()) {
+        Some(sshd) => {
+            sshd.chown(dst);
+            let e = std::iter::once("ssh".to_string())
+                .chain(sshd.ssh_args())
+                .collect::<Vec<_>>()
+                .join(" ");
+            cmd.arg("-e")
+                .arg(e)
+                .arg(format!("{}:{}/", sshd.dest(), dst.display()));
+        }
+        None => {
+            cmd.arg(format!("{}/", dst.display()));
+        }
+    }
+    let t = Instant::now();
+    let out = cmd.output().unwrap();
     let took = t.elapsed();
     assert!(
         out.status.success(),
@@ -211,6 +237,17 @@ fn main() {
     if !rsync_ok {
         println!("rsync rows skipped: rsync is not installed (apt-get install rsync)");
     }
+    let sshd = testkit::sshd::Sshd::start(&base.join("ssh"));
+    if let Err(why) = &sshd {
+        println!("rsync over ssh skipped ({why}): the baseline is local rsync");
+    }
+    let _ = SSHD.set(sshd.ok());
+    // The tree must be readable by the throw-away user too.
+    let _ = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&tree)
+        .status();
+    println!("baseline: {}", baseline());
 
     let c = Cluster::start_with(BrainOptions::default());
     let _a = c.join_worker("a");
@@ -250,7 +287,7 @@ fn main() {
         let (d, sent) = rsync(&tree, &base.join("rsync-copy"));
         println!(
             "{:<58} {} {}",
-            "    rsync -a of the tree to an empty directory",
+            "    baseline: the tree to an empty directory",
             ms(d),
             mb(sent)
         );
@@ -277,7 +314,7 @@ fn main() {
         let (d, sent) = rsync(&tree, &base.join("rsync-copy"));
         println!(
             "{:<58} {} {}",
-            "    incremental rsync -a after one change (10k files)",
+            "    baseline: incremental, after one change (10k files)",
             ms(d),
             mb(sent)
         );
@@ -380,7 +417,7 @@ fn main() {
         let (d, sent) = rsync(&big, &base.join("rsync-copy100k"));
         println!(
             "{:<58} {} {}",
-            "    incremental rsync -a after one change (100k files)",
+            "    baseline: incremental, after one change (100k files)",
             ms(d),
             mb(sent)
         );

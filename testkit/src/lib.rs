@@ -4,6 +4,7 @@
 //! Set `TETHER_KEEP_TEST_DIR=1` to keep a test's temp dir (logs, data, workspaces) after it.
 
 pub mod fake_llm;
+pub mod sshd;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

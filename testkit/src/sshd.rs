@@ -1,0 +1,151 @@
+//! A throw-away OpenSSH server on a loopback port, with a throw-away user and key, for
+//! benchmarks that compare against `ssh` and `rsync` over ssh. Needs root (to create the
+//! user) and openssh-server; `start` says why when it cannot run. Everything is removed on
+//! drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub struct Sshd {
+    pub port: u16,
+    pub user: String,
+    pub key: PathBuf,
+    daemon: Child,
+}
+
+impl Sshd {
+    /// Starts one in `tmp`; `Err` says why it cannot.
+    pub fn start(tmp: &Path) -> Result<Self, String> {
+        let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .ok_or("openssh-server is not installed (apt-get install openssh-server)")?;
+        // SAFETY: plain getter.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root to create a throw-away user for sshd".into());
+        }
+        let user = format!("tb{:06x}", rand_u32() & 0xffffff);
+        let home = tmp.join("sshhome");
+        let ok = Command::new("useradd")
+            .args(["-M", "-p", "*", "-s", "/bin/sh", "-d"])
+            .arg(&home)
+            .arg(&user)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            return Err("useradd failed".into());
+        }
+        std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
+        let key = tmp.join("id_ed25519");
+        let hostkey = tmp.join("host_ed25519");
+        for k in [&key, &hostkey] {
+            let ok = Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+                .arg(k)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                let _ = Command::new("userdel").arg(&user).status();
+                return Err("ssh-keygen failed".into());
+            }
+        }
+        let auth = tmp.join("authorized_keys");
+        std::fs::copy(key.with_extension("pub"), &auth).map_err(|e| e.to_string())?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let cfg = tmp.join("sshd_config");
+        std::fs::write(
+            &cfg,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPidFile {}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPrintMotd no\nPrintLastLog no\nAcceptEnv none\n",
+                hostkey.display(),
+                auth.display(),
+                tmp.join("sshd.pid").display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let _ = std::fs::create_dir_all("/run/sshd");
+        let daemon = Command::new(&sshd)
+            .arg("-D")
+            .arg("-f")
+            .arg(&cfg)
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let s = Self {
+            port,
+            user,
+            key,
+            daemon,
+        };
+        let ready = crate::wait_until(Duration::from_secs(10), || {
+            s.ssh(&[&s.dest(), "true"])
+                .status()
+                .is_ok_and(|st| st.success())
+        });
+        if !ready {
+            return Err("the throw-away sshd did not accept a login".into());
+        }
+        Ok(s)
+    }
+
+    /// `user@127.0.0.1`.
+    pub fn dest(&self) -> String {
+        format!("{}@127.0.0.1", self.user)
+    }
+
+    /// The ssh options that reach this server (port, key, no host-key prompts).
+    pub fn ssh_args(&self) -> Vec<String> {
+        vec![
+            "-q".into(),
+            "-p".into(),
+            self.port.to_string(),
+            "-i".into(),
+            self.key.display().to_string(),
+            "-o".into(),
+            "BatchMode=yes".into(),
+            "-o".into(),
+            "StrictHostKeyChecking=no".into(),
+            "-o".into(),
+            "UserKnownHostsFile=/dev/null".into(),
+            "-o".into(),
+            "LogLevel=ERROR".into(),
+        ]
+    }
+
+    /// `ssh` to this server with `extra` arguments.
+    pub fn ssh(&self, extra: &[&str]) -> Command {
+        let mut c = Command::new("ssh");
+        c.args(self.ssh_args()).args(extra).stdin(Stdio::null());
+        c
+    }
+
+    /// Gives `path` to the throw-away user (for rsync destinations).
+    pub fn chown(&self, path: &Path) -> bool {
+        Command::new("chown")
+            .arg("-R")
+            .arg(&self.user)
+            .arg(path)
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+        let _ = Command::new("userdel").arg(&self.user).status();
+    }
+}
+
+fn rand_u32() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    t.subsec_nanos() ^ std::process::id()
+}
