@@ -341,7 +341,7 @@ fn main() {
     );
     if let Some((d, sent)) = rs_full {
         println!(
-            "    rsync -a of the tree to an empty directory: {} {}",
+            "    baseline, the tree to an empty directory: {} {}",
             ms(d).trim(),
             mb(sent).trim()
         );
