@@ -92,10 +92,10 @@ fn have(cmd: &str) -> bool {
 
 /// The baseline: `rsync -a` over ssh to a throw-away loopback sshd, or local when there is
 /// none.
-static SSHD: std::sync::OnceLock<Option<testkit::sshd::Sshd>> = std::sync::OnceLock::new();
+static SSHD: std::sync::Mutex<Option<testkit::sshd::Sshd>> = std::sync::Mutex::new(None);
 
 fn baseline() -> &'static str {
-    if SSHD.get().is_some_and(|s| s.is_some()) {
+    if SSHD.lock().unwrap().is_some() {
         "rsync -a over ssh (loopback sshd)"
     } else {
         "rsync -a (local)"
@@ -109,7 +109,7 @@ fn rsync(src: &Path, dst: &Path) -> (Duration, u64) {
     cmd.arg("-a")
         .arg("--stats")
         .arg(format!("{}/", src.display()));
-    match SSHD.get().and_then(|s| s.as_ref()) {
+    match SSHD.lock().unwrap().as_ref() {
         Some(sshd) => {
             sshd.chown(dst);
             let e = std::iter::once("ssh".to_string())
@@ -241,7 +241,7 @@ fn main() {
     if let Err(why) = &sshd {
         println!("rsync over ssh skipped ({why}): the baseline is local rsync");
     }
-    let _ = SSHD.set(sshd.ok());
+    *SSHD.lock().unwrap() = sshd.ok();
     // The tree must be readable by the throw-away user too.
     let _ = Command::new("chmod")
         .args(["-R", "a+rX"])
@@ -427,6 +427,8 @@ fn main() {
         );
     }
     drop(c);
+    // Stops the sshd and removes its user.
+    drop(SSHD.lock().unwrap().take());
     if on_tmpfs {
         let _ = Command::new("umount").arg("-l").arg(&base).status();
     }
