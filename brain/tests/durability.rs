@@ -147,11 +147,11 @@ fn a_task_survives_fifty_brain_kills_with_every_effect_exactly_once() {
         kills += 1;
         c.start_brain().unwrap();
     }
+    // Not ended yet: running, or waiting for the worker to reconnect after the last kill.
     let during = c.task_status(&id);
-    assert_eq!(
-        during.as_deref(),
-        Some("running"),
-        "the kills must land while the task runs"
+    assert!(
+        matches!(during.as_deref(), Some("running" | "waiting")),
+        "the kills must land while the task runs (it is {during:?})"
     );
     let status = wait_terminal(&c, &id, Duration::from_secs(120));
     assert_eq!(status, "finished", "brain log:\n{}", c.brain_log());
