@@ -396,7 +396,7 @@ fn watchers_see_file_changes_as_they_happen() {
     std::fs::write(
         &plan,
         json!({"steps": [{"run": ["sh", "-c",
-            "sleep 0.5; mkdir -p src; echo one > src/live.txt; mkdir -p target; echo x > target/ignored.o; sleep 1; rm src/live.txt; sleep 1"]}]})
+            "sleep 1.5; mkdir -p src; echo one > src/live.txt; mkdir -p target; echo x > target/ignored.o; sleep 2; rm src/live.txt; sleep 2"]}]})
         .to_string(),
     )
     .unwrap();
