@@ -283,21 +283,7 @@ impl Manager {
         worker: String,
         workspace: Vec<Event>,
     ) -> Result<TaskId, Error> {
-        let id = self.log.new_task_id()?;
-        let task = self.insert(TaskState::new(id));
-        let mut events = vec![
-            Event::Created {
-                goal,
-                workspace: format!("task-{}", id.0),
-                plan: Some(plan),
-                agent: None,
-            },
-            Event::WorkerAssigned { worker },
-        ];
-        events.extend(workspace);
-        self.append(&task, events).await?;
-        self.spawn_runner(task);
-        Ok(id)
+        self.create(goal, Some(plan), None, worker, workspace).await
     }
 
     /// Creates an agent task on a worker, and starts it.
@@ -308,14 +294,28 @@ impl Manager {
         worker: String,
         workspace: Vec<Event>,
     ) -> Result<TaskId, Error> {
+        self.create(goal, None, Some(Box::new(spec)), worker, workspace)
+            .await
+    }
+
+    /// Logs a new task (its first records, then `workspace`'s: placement, sync rules, seed)
+    /// and starts its runner.
+    async fn create(
+        &self,
+        goal: String,
+        plan: Option<Plan>,
+        agent: Option<Box<crate::agent::AgentSpec>>,
+        worker: String,
+        workspace: Vec<Event>,
+    ) -> Result<TaskId, Error> {
         let id = self.log.new_task_id()?;
         let task = self.insert(TaskState::new(id));
         let mut events = vec![
             Event::Created {
                 goal,
                 workspace: format!("task-{}", id.0),
-                plan: None,
-                agent: Some(Box::new(spec)),
+                plan,
+                agent,
             },
             Event::WorkerAssigned { worker },
         ];
