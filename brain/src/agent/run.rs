@@ -20,8 +20,8 @@ use crate::llm::{self, Provider, ToolUse};
 use crate::tasks::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
 use crate::tasks::manager::{Error, Manager, Task};
 use crate::tasks::runner::{
-    CommandOutcome, barrier, file_call, finish, move_task, move_wanted, run_command, seed,
-    set_status, wait_for_report, worker_ready,
+    CommandOutcome, barrier, completed, file_call, finish, move_task, move_wanted, run_command,
+    seed, set_status, wait_for_report, worker_ready,
 };
 use crate::tasks::state::{PendingCall, Status};
 
@@ -550,21 +550,7 @@ async fn settle(
                 let (stdout, stderr) = (redact.apply(&stdout), redact.apply(&stderr));
                 let text = describe_run(&result, &stdout, &stderr);
                 let failed = !result.ok();
-                (
-                    vec![
-                        Event::ToolOutput {
-                            call_id: p.call_id,
-                            stdout,
-                            stderr,
-                        },
-                        Event::ToolCallCompleted {
-                            call_id: p.call_id,
-                            result,
-                        },
-                    ],
-                    text,
-                    failed,
-                )
+                (completed(p.call_id, result, stdout, stderr), text, failed)
             }
         },
         // It may have happened before the brain went down, and doing it again is not safe.

@@ -547,6 +547,23 @@ pub(crate) async fn run_command(
     }
 }
 
+/// The records of a finished command: its captured output, then its result.
+pub(crate) fn completed(
+    call_id: u64,
+    result: ToolResult,
+    stdout: String,
+    stderr: String,
+) -> Vec<Event> {
+    vec![
+        Event::ToolOutput {
+            call_id,
+            stdout,
+            stderr,
+        },
+        Event::ToolCallCompleted { call_id, result },
+    ]
+}
+
 /// Why a file call has no answer: the task was cancelled or the worker did not come back.
 pub(crate) async fn file_call(
     m: &Manager,
@@ -637,21 +654,8 @@ async fn settle(
                 stdout,
                 stderr,
             } => {
-                m.append(
-                    task,
-                    vec![
-                        Event::ToolOutput {
-                            call_id: p.call_id,
-                            stdout,
-                            stderr,
-                        },
-                        Event::ToolCallCompleted {
-                            call_id: p.call_id,
-                            result,
-                        },
-                    ],
-                )
-                .await?;
+                m.append(task, completed(p.call_id, result, stdout, stderr))
+                    .await?;
                 m.hub.ack(&p.worker, p.call_id);
             }
         },
