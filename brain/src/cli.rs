@@ -1228,6 +1228,22 @@ async fn decide(target: &Target, task: &str, approve: bool, reason: String) -> a
     Ok(0)
 }
 
+/// A task's log records as a stream; with `live`, it stays open until the task ends.
+async fn task_log(
+    target: &Target,
+    task: &str,
+    live: bool,
+) -> anyhow::Result<tonic::Streaming<proto::TaskRecord>> {
+    let mut c = target.connect().await?;
+    Ok(c.task_log(proto::TaskLogRequest {
+        task_id: task.to_string(),
+        follow: live,
+    })
+    .await
+    .map_err(|s| status(s, &target.url))?
+    .into_inner())
+}
+
 /// Follows an agent task until it ends or stops for budget, printing its events, with a
 /// running total of tokens and cost; with `record`, writes the model's answers as a
 /// transcript. Returns the final status.
@@ -1236,15 +1252,7 @@ async fn follow_agent(
     task: &str,
     record: Option<&Path>,
 ) -> anyhow::Result<String> {
-    let mut c = target.connect().await?;
-    let mut stream = c
-        .task_log(proto::TaskLogRequest {
-            task_id: task.to_string(),
-            follow: true,
-        })
-        .await
-        .map_err(|s| status(s, &target.url))?
-        .into_inner();
+    let mut stream = task_log(target, task, true).await?;
     let mut answers = Vec::new();
     let (mut tokens, mut usd) = (0u64, 0f64);
     let mut out = std::io::stdout();
@@ -1313,15 +1321,7 @@ async fn follow_agent(
 /// Prints a task's log; with `live`, keeps following until the task ends. A closed stdout
 /// (`brain watch ID | head`) ends it quietly.
 async fn follow(target: &Target, task: &str, live: bool, json: bool) -> anyhow::Result<()> {
-    let mut c = target.connect().await?;
-    let mut stream = c
-        .task_log(proto::TaskLogRequest {
-            task_id: task.to_string(),
-            follow: live,
-        })
-        .await
-        .map_err(|s| status(s, &target.url))?
-        .into_inner();
+    let mut stream = task_log(target, task, live).await?;
     let mut out = std::io::stdout();
     while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
         let text = if json {
