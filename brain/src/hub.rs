@@ -712,6 +712,7 @@ impl Hub {
         workspace: &str,
         op: proto::sync_request::Op,
         rules: &crate::tasks::event::SyncRules,
+        full_scan: bool,
         timeout: Duration,
     ) -> Result<proto::SyncReport, Error> {
         let session = self
@@ -744,6 +745,7 @@ impl Hub {
                     id,
                     workspace: workspace.to_string(),
                     op: Some(op),
+                    full_scan,
                     ..Default::default()
                 };
                 rules.to_request(&mut r);

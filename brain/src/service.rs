@@ -784,7 +784,14 @@ impl Admin for Services {
             let r = self
                 .0
                 .hub
-                .sync(&w.id, "import", op, &rules, Duration::from_secs(1800))
+                .sync(
+                    &w.id,
+                    "import",
+                    op,
+                    &rules,
+                    false,
+                    Duration::from_secs(1800),
+                )
                 .await
                 .map_err(|e| {
                     Status::failed_precondition(format!(

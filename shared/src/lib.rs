@@ -5,6 +5,7 @@
 pub mod dirs;
 pub mod paths;
 pub mod pki;
+pub mod scan;
 pub mod signals;
 pub mod telemetry;
 pub mod tls;

@@ -10,11 +10,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::path::Path;
-use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
 use crate::paths;
+
+pub use crate::scan::Scanner;
 
 /// Largest file a workspace may hold, by default.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
@@ -114,14 +115,14 @@ pub enum Error {
     },
 }
 
-fn rejected(path: &str, reason: impl Into<String>) -> Error {
+pub(crate) fn rejected(path: &str, reason: impl Into<String>) -> Error {
     Error::Rejected {
         path: path.to_string(),
         reason: reason.into(),
     }
 }
 
-fn io(path: &str, source: std::io::Error) -> Error {
+pub(crate) fn io(path: &str, source: std::io::Error) -> Error {
     Error::Io {
         path: path.to_string(),
         source,
@@ -371,152 +372,6 @@ fn check_entry(path: &str, e: &Entry, rules: &Rules) -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-/// What a scan remembers of a file to skip re-hashing it: size, mtime and inode, as git's
-/// index does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    size: u64,
-    mtime_ns: i128,
-    ino: u64,
-}
-
-/// Builds manifests of one directory, re-hashing only files whose size, mtime or inode
-/// changed, or whose mtime is too close to the previous scan to trust (the "racy" case: a
-/// same-size rewrite within one timestamp tick looks unchanged; git re-hashes those too).
-pub struct Scanner {
-    root: std::path::PathBuf,
-    rules: Rules,
-    cache: HashMap<String, (Stamp, String)>,
-    last_scan: Option<SystemTime>,
-    /// Files hashed by the last scan (for figures).
-    pub hashed: u64,
-    /// Bytes hashed by the last scan.
-    pub hashed_bytes: u64,
-}
-
-/// How close to the previous scan an mtime must be to be re-hashed anyway: a few ticks of
-/// the kernel's coarse clock, which file timestamps come from.
-const RACY: Duration = Duration::from_millis(100);
-
-impl Scanner {
-    pub fn new(root: &Path, rules: Rules) -> Self {
-        Self {
-            root: root.to_path_buf(),
-            rules,
-            cache: HashMap::new(),
-            last_scan: None,
-            hashed: 0,
-            hashed_bytes: 0,
-        }
-    }
-
-    pub fn rules(&self) -> &Rules {
-        &self.rules
-    }
-
-    /// Forgets what earlier scans saw, so the next one re-hashes everything.
-    pub fn reset(&mut self) {
-        self.cache.clear();
-        self.last_scan = None;
-    }
-
-    /// The manifest of the directory as it is now. Special files (FIFOs, sockets, devices)
-    /// are left out; a file over the size limit or too many entries is an error.
-    pub fn scan(&mut self) -> Result<Manifest, Error> {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let started = SystemTime::now();
-        let racy_after = self.last_scan.map(|t| t - RACY);
-        let mut m = Manifest::default();
-        let mut seen = HashMap::with_capacity(self.cache.len());
-        self.hashed = 0;
-        self.hashed_bytes = 0;
-        let excludes = self.rules.excludes.clone();
-        let include_git = self.rules.include_git;
-        let walker = ignore::WalkBuilder::new(&self.root)
-            .hidden(false)
-            .follow_links(false)
-            .require_git(false)
-            .git_global(false)
-            .parents(false)
-            .sort_by_file_name(|a, b| a.cmp(b))
-            .filter_entry(move |e| {
-                let name = e.file_name().to_string_lossy();
-                e.depth() == 0
-                    || !((name == ".git" && !include_git)
-                        || (e.file_type().is_some_and(|t| t.is_dir())
-                            && excludes.iter().any(|x| *x == name)))
-            })
-            .build();
-        for item in walker {
-            let item = item.map_err(|e| Error::Io {
-                path: String::new(),
-                source: std::io::Error::other(e.to_string()),
-            })?;
-            if item.depth() == 0 {
-                continue;
-            }
-            let Ok(rel) = item.path().strip_prefix(&self.root) else {
-                continue;
-            };
-            let rel = rel.to_string_lossy().into_owned();
-            let meta = std::fs::symlink_metadata(item.path()).map_err(|e| io(&rel, e))?;
-            let ft = meta.file_type();
-            let entry = if ft.is_dir() {
-                Entry::dir()
-            } else if ft.is_symlink() {
-                let t = std::fs::read_link(item.path()).map_err(|e| io(&rel, e))?;
-                Entry::symlink(&t.to_string_lossy())
-            } else if ft.is_file() {
-                if meta.len() > self.rules.max_file_bytes {
-                    return Err(rejected(
-                        &rel,
-                        format!(
-                            "{} bytes is over the {}-byte file limit; exclude it or raise the limit",
-                            meta.len(),
-                            self.rules.max_file_bytes
-                        ),
-                    ));
-                }
-                let mtime_ns = meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128;
-                let stamp = Stamp {
-                    size: meta.len(),
-                    mtime_ns,
-                    ino: meta.ino(),
-                };
-                let racy = racy_after.is_none_or(|t| meta.modified().map_or(true, |m| m >= t));
-                let hash = match self.cache.get(&rel) {
-                    Some((s, h)) if *s == stamp && !racy => h.clone(),
-                    _ => {
-                        let h = hash_file(item.path(), &rel)?;
-                        self.hashed += 1;
-                        self.hashed_bytes += meta.len();
-                        h
-                    }
-                };
-                seen.insert(rel.clone(), (stamp, hash.clone()));
-                Entry {
-                    kind: Kind::File,
-                    exec: meta.permissions().mode() & 0o100 != 0,
-                    size: meta.len(),
-                    hash,
-                    target: String::new(),
-                }
-            } else {
-                continue; // FIFOs, sockets, devices are not part of a workspace
-            };
-            m.entries.insert(rel, entry);
-            if m.entries.len() > self.rules.max_entries {
-                return Err(Error::TooMany {
-                    max: self.rules.max_entries,
-                });
-            }
-        }
-        self.cache = seen;
-        self.last_scan = Some(started);
-        Ok(m)
-    }
 }
 
 /// BLAKE3 of a file's content, read without following a final symlink.
@@ -781,7 +636,7 @@ mod tests {
         assert_eq!(m.blobs().count(), 3);
         m.validate(&Rules::default()).unwrap();
         // Old enough files are not hashed again; a changed one is.
-        let old = SystemTime::now() - Duration::from_secs(60);
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
         for p in [".gitignore", "run.sh", "src/main.rs", "src/dup.rs"] {
             std::fs::File::options()
                 .write(true)

@@ -11,4 +11,5 @@ pub mod sandbox;
 pub mod session;
 pub mod state;
 pub mod sync;
+pub mod track;
 pub mod watch;

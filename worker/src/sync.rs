@@ -14,6 +14,8 @@ use proto::{BlobChunk, BlobList, DeltaChunk, SyncReport, SyncRequest, sync_reque
 use shared::manifest::{self, Kind, Manifest, Rules, Scanner};
 use tonic::transport::Channel;
 
+use crate::track::Tracker;
+
 /// Chunk size on the wire.
 const CHUNK: usize = 1 << 20;
 /// Hashes per MissingBlobs call.
@@ -59,11 +61,14 @@ fn check_import(dir: &str, denied: &[PathBuf]) -> Result<PathBuf, String> {
 
 struct Ws {
     scanner: Scanner,
+    /// Which paths changed since the last barrier (none for an import directory, which is
+    /// scanned once).
+    tracker: Option<Tracker>,
     base: Option<Manifest>,
 }
 
 impl SyncState {
-    fn ws(&self, name: &str, root: &Path, rules: &Rules) -> Arc<Mutex<Ws>> {
+    fn ws(&self, name: &str, root: &Path, rules: &Rules, fences: &Path) -> Arc<Mutex<Ws>> {
         self.workspaces
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -71,6 +76,7 @@ impl SyncState {
             .or_insert_with(|| {
                 Arc::new(Mutex::new(Ws {
                     scanner: Scanner::new(root, rules.clone()),
+                    tracker: Some(Tracker::new(root, &fences.join(name))),
                     base: None,
                 }))
             })
@@ -136,9 +142,10 @@ async fn run(
         let dir = check_import(dir, denied)?;
         let ws = Arc::new(Mutex::new(Ws {
             scanner: Scanner::new(&dir, rules),
+            tracker: None,
             base: None,
         }));
-        let report = barrier(req.id, "", &dir, ws.clone(), client).await?;
+        let report = barrier(req.id, "", &dir, ws.clone(), client, true).await?;
         // Its files can seed the task's workspace without crossing the wire again.
         if let Some(m) = ws.lock().unwrap_or_else(|e| e.into_inner()).base.take() {
             let mut known = state.known.lock().unwrap_or_else(|e| e.into_inner());
@@ -149,9 +156,13 @@ async fn run(
         return Ok(report);
     }
     let root = crate::state::workspace(workspaces, &req.workspace).map_err(|e| e.to_string())?;
-    let ws = state.ws(&req.workspace, &root, &rules);
+    // Fences live beside the workspaces, in the worker's state, where commands cannot write.
+    let fences = workspaces.parent().unwrap_or(workspaces).join("fences");
+    let ws = state.ws(&req.workspace, &root, &rules, &fences);
     match &req.op {
-        Some(sync_request::Op::BarrierBase(base)) => barrier(req.id, base, &root, ws, client).await,
+        Some(sync_request::Op::BarrierBase(base)) => {
+            barrier(req.id, base, &root, ws, client, req.full_scan).await
+        }
         Some(sync_request::Op::MaterialiseRoot(want)) => {
             materialise(req.id, want, &root, ws, client, owner, state).await
         }
@@ -163,11 +174,33 @@ fn raw(hash: &str) -> Vec<u8> {
     hex::decode(hash).unwrap_or_default()
 }
 
-async fn scan(ws: &Arc<Mutex<Ws>>) -> Result<(Manifest, u64), String> {
+/// The workspace's manifest now: from the paths its tracker saw change, or a walk of the
+/// whole tree when `full` or when the tracker cannot say.
+fn scan_now(w: &mut Ws, full: bool) -> Result<Manifest, String> {
+    let Ws {
+        scanner, tracker, ..
+    } = w;
+    let r = match tracker {
+        Some(t) => match t.take().filter(|_| !full) {
+            Some(changed) => scanner.scan_changes(&changed, &mut |d| t.watch_dir(d)),
+            None => scanner.scan_full(&mut |d| t.watch_dir(d)),
+        },
+        None => scanner.scan(),
+    };
+    r.map_err(|e| e.to_string())
+}
+
+async fn scan(ws: &Arc<Mutex<Ws>>, full: bool) -> Result<(Manifest, u64), String> {
     let ws = ws.clone();
     tokio::task::spawn_blocking(move || {
         let mut w = ws.lock().unwrap_or_else(|e| e.into_inner());
-        let m = w.scanner.scan().map_err(|e| e.to_string())?;
+        let m = scan_now(&mut w, full)?;
+        tracing::debug!(
+            full = w.scanner.was_full,
+            listed = w.scanner.listed,
+            hashed = w.scanner.hashed,
+            "scanned"
+        );
         Ok((m, w.scanner.hashed))
     })
     .await
@@ -180,8 +213,9 @@ async fn barrier(
     root: &Path,
     ws: Arc<Mutex<Ws>>,
     client: &mut SyncClient<Channel>,
+    full: bool,
 ) -> Result<SyncReport, String> {
-    let (m, hashed) = scan(&ws).await?;
+    let (m, hashed) = scan(&ws, full).await?;
     let base = {
         let w = ws.lock().unwrap_or_else(|e| e.into_inner());
         w.base
@@ -339,7 +373,7 @@ async fn materialise(
             target.root_hash()
         ));
     }
-    let (current, _) = scan(&ws).await?;
+    let (current, _) = scan(&ws, true).await?;
     // Content this machine already has, under any path of the workspace.
     let mut local: HashMap<String, PathBuf> = state
         .known
@@ -433,7 +467,7 @@ async fn materialise(
                 }
             }
             let mut w = ws2.lock().unwrap_or_else(|e| e.into_inner());
-            let now = w.scanner.scan().map_err(|e| e.to_string())?;
+            let now = scan_now(&mut w, true)?;
             Ok((applied, now))
         })
         .await

@@ -169,7 +169,7 @@ pub async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), Error> {
             settle(m, task, &st.workspace, &a, p, fresh, &redact).await?;
             // The mirror follows the disk after every call that can change it.
             if changes && task.state().pending.is_none() && m.hub.session(&worker).is_some() {
-                barrier(m, task, &worker).await?;
+                barrier(m, task, &worker, false).await?;
             }
             continue;
         }

@@ -90,7 +90,7 @@ async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), super::manager::Erro
         if let Some(p) = st.pending.clone() {
             settle(m, task, &st.workspace, p.clone()).await?;
             if task.state().pending.is_none() && m.hub.session(&p.worker).is_some() {
-                barrier(m, task, &p.worker).await?;
+                barrier(m, task, &p.worker, false).await?;
             }
             continue;
         }
@@ -216,18 +216,27 @@ const MATERIALISE_TIMEOUT: Duration = Duration::from_secs(1800);
 const MOVE_TARGET_WAIT: Duration = Duration::from_secs(60);
 
 /// Makes the brain's mirror equal to the worker's disk and logs the barrier (when anything
-/// changed). A barrier that fails is logged as a warning and left to the next one; returns
-/// whether the mirror now matches the worker.
+/// changed). The worker lists only what its watcher saw change unless `full` (a move's final
+/// barrier walks the whole tree). A barrier that fails is logged as a warning and left to the
+/// next one; returns whether the mirror now matches the worker.
 pub(crate) async fn barrier(
     m: &Manager,
     task: &Task,
     worker: &str,
+    full: bool,
 ) -> Result<bool, super::manager::Error> {
     let st = task.state();
     let op = proto::sync_request::Op::BarrierBase(st.barrier_root.clone());
     match m
         .hub
-        .sync(worker, &st.workspace, op, &st.sync_rules, BARRIER_TIMEOUT)
+        .sync(
+            worker,
+            &st.workspace,
+            op,
+            &st.sync_rules,
+            full,
+            BARRIER_TIMEOUT,
+        )
         .await
     {
         Ok(r) if r.error.is_empty() => {
@@ -292,7 +301,7 @@ pub(crate) async fn move_task(
         )
         .await
     };
-    if m.hub.session(&from).is_some() && !barrier(m, task, &from).await? {
+    if m.hub.session(&from).is_some() && !barrier(m, task, &from, true).await? {
         return abort(format!("the final barrier from {from} failed")).await;
     }
     if m.hub.wait_connected(to, MOVE_TARGET_WAIT).await.is_none() {
@@ -304,7 +313,14 @@ pub(crate) async fn move_task(
         let op = proto::sync_request::Op::MaterialiseRoot(st.barrier_root.clone());
         match m
             .hub
-            .sync(to, &st.workspace, op, &st.sync_rules, MATERIALISE_TIMEOUT)
+            .sync(
+                to,
+                &st.workspace,
+                op,
+                &st.sync_rules,
+                false,
+                MATERIALISE_TIMEOUT,
+            )
             .await
         {
             Ok(r) if r.error.is_empty() && r.root_hash == st.barrier_root => {
@@ -363,6 +379,7 @@ pub(crate) async fn seed(
             &st.workspace,
             op,
             &st.sync_rules,
+            false,
             MATERIALISE_TIMEOUT,
         )
         .await

@@ -1,0 +1,633 @@
+//! Building a manifest from a directory: a full walk, or — when a file watcher says which
+//! paths changed since the last scan — only the directories those changes are in.
+//!
+//! Both walks decide what belongs to the workspace with the same rules: `.git/` only on
+//! opt-in, the configured excluded directory names, and `.gitignore` / `.ignore` files (and
+//! `.git/info/exclude`) with git's precedence, the deepest directory's file first and, within
+//! one directory, the last matching pattern. Files are re-hashed only when their size, mtime
+//! or inode changed, or when their mtime is too close to the previous scan to trust (the
+//! "racy" case: a same-size rewrite within one timestamp tick looks unchanged; git re-hashes
+//! those too).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::FileType;
+use std::os::unix::fs::{DirEntryExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use ignore::Match;
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+
+use crate::manifest::{Entry, Error, Kind, Manifest, Rules, hash_file, io, rejected};
+
+/// What a scan remembers of a file to skip re-hashing it: size, mtime and inode, as git's
+/// index does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    size: u64,
+    mtime_ns: i128,
+    ino: u64,
+}
+
+/// How close to the previous scan an mtime must be to be re-hashed anyway: a few ticks of
+/// the kernel's coarse clock, which file timestamps come from.
+const RACY: Duration = Duration::from_millis(100);
+
+/// Names of the files whose patterns decide what is ignored, in order of precedence (last
+/// wins).
+const IGNORE_FILES: [&str; 2] = [".gitignore", ".ignore"];
+
+/// Builds manifests of one directory; see the module's documentation.
+pub struct Scanner {
+    root: PathBuf,
+    rules: Rules,
+    /// Files: stamp and hash, by path. May hold paths that are gone (checked by stamp).
+    cache: HashMap<String, (Stamp, String)>,
+    /// Directories: inode, by path ("" is the root), to tell a directory replaced by another.
+    dirs: HashMap<String, u64>,
+    /// Compiled ignore files by directory (`None`: the directory has none).
+    ignores: HashMap<String, Option<Arc<Gitignore>>>,
+    /// `.git/info/exclude` as the last full scan saw it (mtime, size).
+    exclude_stamp: Option<(i128, u64)>,
+    /// The last scan's result, the base of the next partial scan.
+    last: Option<Manifest>,
+    last_scan: Option<SystemTime>,
+    /// Files hashed by the last scan (for figures).
+    pub hashed: u64,
+    /// Bytes hashed by the last scan.
+    pub hashed_bytes: u64,
+    /// Directories listed by the last scan.
+    pub listed: u64,
+    /// Whether the last scan walked the whole tree.
+    pub was_full: bool,
+}
+
+/// A directory's included entries: name → (file type, inode).
+type Listing = BTreeMap<String, (FileType, u64)>;
+
+fn parent(rel: &str) -> &str {
+    rel.rsplit_once('/').map_or("", |(p, _)| p)
+}
+
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+fn mtime_ns(meta: &std::fs::Metadata) -> i128 {
+    meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128
+}
+
+/// Removes `rel` and everything under it from a manifest.
+fn remove_tree(m: &mut Manifest, rel: &str) {
+    m.entries.remove(rel);
+    let lo = format!("{rel}/");
+    let hi = format!("{rel}0"); // '0' sorts right after '/'
+    let under: Vec<String> = m
+        .entries
+        .range::<str, _>((
+            std::ops::Bound::Included(lo.as_str()),
+            std::ops::Bound::Excluded(hi.as_str()),
+        ))
+        .map(|(k, _)| k.clone())
+        .collect();
+    for k in under {
+        m.entries.remove(&k);
+    }
+}
+
+impl Scanner {
+    pub fn new(root: &Path, rules: Rules) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            rules,
+            cache: HashMap::new(),
+            dirs: HashMap::new(),
+            ignores: HashMap::new(),
+            exclude_stamp: None,
+            last: None,
+            last_scan: None,
+            hashed: 0,
+            hashed_bytes: 0,
+            listed: 0,
+            was_full: false,
+        }
+    }
+
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    /// Forgets what earlier scans saw, so the next one walks and re-hashes everything.
+    pub fn reset(&mut self) {
+        self.cache.clear();
+        self.dirs.clear();
+        self.last = None;
+        self.last_scan = None;
+    }
+
+    /// Whether a partial scan has a base to start from.
+    pub fn has_base(&self) -> bool {
+        self.last.is_some()
+    }
+
+    /// The manifest of the directory as it is now, from a full walk. Special files (FIFOs,
+    /// sockets, devices) are left out; a file over the size limit or too many entries is an
+    /// error.
+    pub fn scan(&mut self) -> Result<Manifest, Error> {
+        self.scan_full(&mut |_| {})
+    }
+
+    /// [`Scanner::scan`], calling `on_dir` with each directory just before it is listed (so
+    /// a watcher can watch it before its entries are read).
+    pub fn scan_full(&mut self, on_dir: &mut dyn FnMut(&Path)) -> Result<Manifest, Error> {
+        let started = SystemTime::now();
+        self.begin();
+        self.was_full = true;
+        self.ignores.clear();
+        self.dirs.clear();
+        self.exclude_stamp = self.exclude_file_stamp();
+        let mut m = Manifest::default();
+        let root_ino = std::fs::symlink_metadata(&self.root)
+            .map_err(|e| io("", e))?
+            .ino();
+        self.dirs.insert(String::new(), root_ino);
+        let before = std::mem::take(&mut self.cache);
+        let r = self.walk("", &mut m, &before, on_dir);
+        if r.is_err() {
+            self.cache = before;
+            self.last = None;
+        }
+        r?;
+        self.finish(m, started)
+    }
+
+    /// The manifest as it is now, given every path that may have changed since the last scan
+    /// (from a file watcher): only their directories are listed again, and only new
+    /// directories walked. Falls back to a full walk when there is no earlier scan or an
+    /// ignore file changed. The caller must not leave out a change: anything not named is
+    /// taken to be as the last scan saw it.
+    pub fn scan_changes(
+        &mut self,
+        changed: &BTreeSet<String>,
+        on_dir: &mut dyn FnMut(&Path),
+    ) -> Result<Manifest, Error> {
+        let rules_changed = changed.iter().any(|p| {
+            let name = p.rsplit('/').next().unwrap_or(p);
+            IGNORE_FILES.contains(&name)
+        }) || self.exclude_file_stamp() != self.exclude_stamp;
+        if rules_changed || self.last.is_none() {
+            return self.scan_full(on_dir);
+        }
+        let started = SystemTime::now();
+        self.begin();
+        self.was_full = false;
+        let mut m = self.last.take().expect("checked above");
+        // Shallow directories first, so a removed parent goes before its children.
+        let mut dirs: Vec<&str> = changed.iter().map(|p| parent(p)).collect();
+        dirs.sort_by(|a, b| (a.matches('/').count(), a).cmp(&(b.matches('/').count(), b)));
+        dirs.dedup();
+        let empty = HashMap::new();
+        for d in dirs {
+            if let Err(e) = self.relist(d, &mut m, changed, &empty, on_dir) {
+                self.last = None;
+                return Err(e);
+            }
+        }
+        if self.cache.len() > 2 * m.entries.len() + 1024 {
+            self.cache.retain(|k, _| m.entries.contains_key(k));
+        }
+        self.finish(m, started)
+    }
+
+    fn begin(&mut self) {
+        self.hashed = 0;
+        self.hashed_bytes = 0;
+        self.listed = 0;
+    }
+
+    fn finish(&mut self, m: Manifest, started: SystemTime) -> Result<Manifest, Error> {
+        if m.entries.len() > self.rules.max_entries {
+            self.last = None;
+            return Err(Error::TooMany {
+                max: self.rules.max_entries,
+            });
+        }
+        self.last = Some(m.clone());
+        self.last_scan = Some(started);
+        Ok(m)
+    }
+
+    fn exclude_file_stamp(&self) -> Option<(i128, u64)> {
+        let meta = std::fs::metadata(self.root.join(".git/info/exclude")).ok()?;
+        Some((mtime_ns(&meta), meta.len()))
+    }
+
+    /// The compiled ignore files of directory `dir`, read once per full scan.
+    fn matcher(&mut self, dir: &str) -> Option<Arc<Gitignore>> {
+        if let Some(g) = self.ignores.get(dir) {
+            return g.clone();
+        }
+        let abs = self.root.join(dir);
+        let mut b = GitignoreBuilder::new(&abs);
+        let mut any = false;
+        let mut files: Vec<PathBuf> = Vec::new();
+        if dir.is_empty() {
+            files.push(self.root.join(".git/info/exclude"));
+        }
+        files.extend(IGNORE_FILES.iter().map(|f| abs.join(f)));
+        for f in files {
+            if f.is_file() {
+                // A bad line is skipped, as git does; the rest of the file still applies.
+                let _ = b.add(&f);
+                any = true;
+            }
+        }
+        let g = any.then(|| b.build().ok().map(Arc::new)).flatten();
+        self.ignores.insert(dir.to_string(), g.clone());
+        g
+    }
+
+    /// Whether an entry named `name` at `rel` stays out of the workspace.
+    fn skipped(&mut self, rel: &str, name: &str, is_dir: bool) -> bool {
+        if name == ".git" && !self.rules.include_git {
+            return true;
+        }
+        if is_dir && self.rules.excludes.iter().any(|x| x == name) {
+            return true;
+        }
+        // The deepest directory's ignore files decide first.
+        let mut dir = parent(rel);
+        loop {
+            if let Some(g) = self.matcher(dir) {
+                let sub = if dir.is_empty() {
+                    rel
+                } else {
+                    &rel[dir.len() + 1..]
+                };
+                match g.matched(Path::new(sub), is_dir) {
+                    Match::Ignore(_) => return true,
+                    Match::Whitelist(_) => return false,
+                    Match::None => {}
+                }
+            }
+            if dir.is_empty() {
+                return false;
+            }
+            dir = parent(dir);
+        }
+    }
+
+    /// The entry for a file or symlink at `rel`, hashing only when the stamp says so.
+    fn leaf(
+        &mut self,
+        rel: &str,
+        ft: FileType,
+        before: &HashMap<String, (Stamp, String)>,
+    ) -> Result<Option<Entry>, Error> {
+        let path = self.root.join(rel);
+        if ft.is_symlink() {
+            let t = std::fs::read_link(&path).map_err(|e| io(rel, e))?;
+            return Ok(Some(Entry::symlink(&t.to_string_lossy())));
+        }
+        if !ft.is_file() {
+            return Ok(None); // FIFOs, sockets, devices are not part of a workspace
+        }
+        let meta = std::fs::symlink_metadata(&path).map_err(|e| io(rel, e))?;
+        if !meta.is_file() {
+            return Ok(None);
+        }
+        if meta.len() > self.rules.max_file_bytes {
+            return Err(rejected(
+                rel,
+                format!(
+                    "{} bytes is over the {}-byte file limit; exclude it or raise the limit",
+                    meta.len(),
+                    self.rules.max_file_bytes
+                ),
+            ));
+        }
+        let stamp = Stamp {
+            size: meta.len(),
+            mtime_ns: mtime_ns(&meta),
+            ino: meta.ino(),
+        };
+        let racy_after = self.last_scan.map(|t| t - RACY);
+        let racy = racy_after.is_none_or(|t| meta.modified().map_or(true, |m| m >= t));
+        let known = self.cache.get(rel).or_else(|| before.get(rel));
+        let hash = match known {
+            Some((s, h)) if *s == stamp && !racy => h.clone(),
+            _ => {
+                let h = hash_file(&path, rel)?;
+                self.hashed += 1;
+                self.hashed_bytes += meta.len();
+                h
+            }
+        };
+        self.cache.insert(rel.to_string(), (stamp, hash.clone()));
+        Ok(Some(Entry {
+            kind: Kind::File,
+            exec: meta.permissions().mode() & 0o100 != 0,
+            size: meta.len(),
+            hash,
+            target: String::new(),
+        }))
+    }
+
+    /// The included entries directly in `dir` (`None` if it is gone).
+    fn list(&mut self, dir: &str) -> Result<Option<Listing>, Error> {
+        let rd = match std::fs::read_dir(self.root.join(dir)) {
+            Ok(rd) => rd,
+            // Gone since its parent was listed: its parent's change covers it.
+            Err(e)
+                if !dir.is_empty()
+                    && matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(io(dir, e)),
+        };
+        self.listed += 1;
+        let mut out = BTreeMap::new();
+        for d in rd {
+            let d = d.map_err(|e| io(dir, e))?;
+            let ft = d.file_type().map_err(|e| io(dir, e))?;
+            let name = d.file_name().to_string_lossy().into_owned();
+            let rel = join(dir, &name);
+            if !self.skipped(&rel, &name, ft.is_dir()) {
+                out.insert(name, (ft, d.ino()));
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Adds `dir`'s whole included subtree (not `dir` itself) to `m`.
+    fn walk(
+        &mut self,
+        dir: &str,
+        m: &mut Manifest,
+        before: &HashMap<String, (Stamp, String)>,
+        on_dir: &mut dyn FnMut(&Path),
+    ) -> Result<(), Error> {
+        let mut stack = vec![dir.to_string()];
+        while let Some(d) = stack.pop() {
+            self.ignores.remove(&d);
+            on_dir(&self.root.join(&d));
+            let Some(children) = self.list(&d)? else {
+                continue;
+            };
+            for (name, (ft, ino)) in children {
+                let rel = join(&d, &name);
+                if ft.is_dir() {
+                    m.entries.insert(rel.clone(), Entry::dir());
+                    self.dirs.insert(rel.clone(), ino);
+                    stack.push(rel);
+                } else if let Some(e) = self.leaf(&rel, ft, before)? {
+                    m.entries.insert(rel, e);
+                }
+                if m.entries.len() > self.rules.max_entries {
+                    return Err(Error::TooMany {
+                        max: self.rules.max_entries,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings `m`'s entries directly in `dir` up to date, walking directories that are new,
+    /// were replaced, or are themselves named as changed (created, moved or deleted there:
+    /// the inode check alone would miss a replacement that reused the old inode).
+    fn relist(
+        &mut self,
+        dir: &str,
+        m: &mut Manifest,
+        changed: &BTreeSet<String>,
+        before: &HashMap<String, (Stamp, String)>,
+        on_dir: &mut dyn FnMut(&Path),
+    ) -> Result<(), Error> {
+        if !dir.is_empty() && m.entries.get(dir).map(|e| e.kind) != Some(Kind::Dir) {
+            return Ok(()); // not part of the workspace (gone, ignored, or under such)
+        }
+        let Some(now) = self.list(dir)? else {
+            return Ok(());
+        };
+        let prefix = if dir.is_empty() {
+            String::new()
+        } else {
+            format!("{dir}/")
+        };
+        let old: Vec<(String, Kind)> = m
+            .entries
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix.as_str()),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .filter(|(k, _)| !k[prefix.len()..].contains('/'))
+            .map(|(k, e)| (k[prefix.len()..].to_string(), e.kind))
+            .collect();
+        for (name, kind) in &old {
+            let gone = match now.get(name) {
+                None => true,
+                Some((ft, _)) => ft.is_dir() != (*kind == Kind::Dir),
+            };
+            if gone {
+                remove_tree(m, &join(dir, name));
+            }
+        }
+        let old: HashMap<String, Kind> = old.into_iter().collect();
+        for (name, (ft, ino)) in now {
+            let rel = join(dir, &name);
+            if ft.is_dir() {
+                let same = old.get(&name) == Some(&Kind::Dir)
+                    && self.dirs.get(&rel) == Some(&ino)
+                    && !changed.contains(&rel);
+                if same {
+                    continue; // its own changes, if any, are named separately
+                }
+                remove_tree(m, &rel);
+                m.entries.insert(rel.clone(), Entry::dir());
+                self.dirs.insert(rel.clone(), ino);
+                self.walk(&rel, m, before, on_dir)?;
+            } else {
+                match self.leaf(&rel, ft, before)? {
+                    Some(e) => {
+                        m.entries.insert(rel, e);
+                    }
+                    None => {
+                        m.entries.remove(&rel);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(root: &Path, p: &str, s: &str) {
+        let p = root.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, s).unwrap();
+    }
+
+    /// A small deterministic generator, so a failing sequence can be replayed by its seed.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// What an ideal watcher would report for one operation: every path it touched.
+    fn op(root: &Path, r: &mut Rng, step: usize) -> Vec<String> {
+        let dirs = ["", "a", "a/b", "c", "target", "ign", "a/b/deep"];
+        let d = dirs[r.next(dirs.len() as u64) as usize];
+        let f = join(d, &format!("f{}", r.next(6)));
+        let abs = root.join(&f);
+        // A watcher also reports the directories an operation creates.
+        let mut out: Vec<String> =
+            std::iter::successors(Some(d), |p| (!p.is_empty()).then(|| parent(p)))
+                .map(String::from)
+                .collect();
+        out.extend(match r.next(10) {
+            0..=3 => {
+                std::fs::create_dir_all(abs.parent().unwrap()).unwrap();
+                if abs.is_dir() {
+                    std::fs::remove_dir_all(&abs).unwrap();
+                }
+                std::fs::write(&abs, format!("{step}")).unwrap();
+                vec![f]
+            }
+            4 => {
+                let _ = std::fs::remove_file(&abs);
+                vec![f]
+            }
+            5 => {
+                // Replace a directory by another with different content, under the same name.
+                let tmp = root.join("tmp-new");
+                write(&tmp, "x/y", &format!("{step}"));
+                let dst = root.join(d).join("sub");
+                let _ = std::fs::remove_dir_all(&dst);
+                std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+                std::fs::rename(&tmp, &dst).unwrap();
+                vec![join(d, "sub"), "tmp-new".into()]
+            }
+            6 => {
+                let src = root.join(d).join("sub");
+                let dst = root.join(format!("moved{}", r.next(3)));
+                if src.is_dir() && !dst.exists() {
+                    std::fs::rename(&src, &dst).unwrap();
+                }
+                vec![
+                    join(d, "sub"),
+                    dst.file_name().unwrap().to_str().unwrap().into(),
+                ]
+            }
+            7 => {
+                let _ = std::fs::remove_dir_all(root.join(d).join("sub"));
+                vec![join(d, "sub")]
+            }
+            8 => {
+                let rules = ["*.log\n", "f1\n", "!f1\n", "sub/\n"];
+                let p = join(d, ".gitignore");
+                std::fs::create_dir_all(root.join(d)).unwrap();
+                std::fs::write(root.join(&p), rules[r.next(4) as usize]).unwrap();
+                vec![p]
+            }
+            _ => {
+                let p = join(d, "s.log");
+                std::fs::create_dir_all(root.join(d)).unwrap();
+                let _ = std::fs::remove_file(root.join(&p));
+                std::os::unix::fs::symlink("f1", root.join(&p)).unwrap();
+                vec![p]
+            }
+        });
+        out
+    }
+
+    #[test]
+    fn scans_of_only_the_changed_paths_agree_with_full_walks() {
+        for seed in 1..=40u64 {
+            let d = tempfile::tempdir().unwrap();
+            let root = d.path();
+            write(root, ".gitignore", "ign/\n*.tmp\n");
+            write(root, "a/b/keep.rs", "x");
+            write(root, "target/out", "built");
+            let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut inc = Scanner::new(root, Rules::default());
+            inc.scan().unwrap();
+            for step in 0..30 {
+                let mut changed = BTreeSet::new();
+                for _ in 0..=r.next(3) {
+                    changed.extend(op(root, &mut r, step));
+                }
+                let got = inc.scan_changes(&changed, &mut |_| {}).unwrap();
+                let want = Scanner::new(root, Rules::default()).scan().unwrap();
+                assert!(
+                    got == want,
+                    "seed {seed} step {step}: a scan of {changed:?} disagrees with a full walk: {:?}",
+                    got.diff(&want)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_partial_scan_lists_only_the_changed_directories() {
+        let d = tempfile::tempdir().unwrap();
+        let old = SystemTime::now() - Duration::from_secs(60);
+        for i in 0..50 {
+            write(d.path(), &format!("d{i}/f"), "x");
+            let f = std::fs::File::options()
+                .write(true)
+                .open(d.path().join(format!("d{i}/f")));
+            f.unwrap().set_modified(old).unwrap();
+        }
+        let mut s = Scanner::new(d.path(), Rules::default());
+        s.scan().unwrap();
+        assert_eq!(s.listed, 51);
+        write(d.path(), "d7/f", "changed");
+        write(d.path(), "d9/new/g", "new");
+        let changed: BTreeSet<String> = ["d7/f", "d9/new"].map(String::from).into();
+        let m = s.scan_changes(&changed, &mut |_| {}).unwrap();
+        assert!(!s.was_full);
+        assert_eq!(s.listed, 3, "d7, d9 and the new d9/new");
+        assert_eq!(s.hashed, 2);
+        assert_eq!(m.entries["d9/new/g"].hash, crate::manifest::hash(b"new"));
+        assert_eq!(m, Scanner::new(d.path(), Rules::default()).scan().unwrap());
+    }
+
+    #[test]
+    fn gitignore_precedence_follows_git() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        write(root, ".gitignore", "*.log\nbuild/\n");
+        write(root, "a/.gitignore", "!keep.log\n");
+        write(root, "a/keep.log", "k");
+        write(root, "a/drop.log", "d");
+        write(root, "build/x", "x");
+        write(root, "a/build/y", "y");
+        write(root, ".git/info/exclude", "secret\n");
+        write(root, "secret", "s");
+        write(root, "a/.ignore", "drop2\n");
+        write(root, "a/drop2", "d");
+        let m = Scanner::new(root, Rules::default()).scan().unwrap();
+        let paths: Vec<&str> = m.entries.keys().map(|s| s.as_str()).collect();
+        assert_eq!(
+            paths,
+            [".gitignore", "a", "a/.gitignore", "a/.ignore", "a/keep.log"]
+        );
+    }
+}

@@ -1,0 +1,296 @@
+//! Which paths of a workspace changed since the last barrier, so that a barrier lists only
+//! the directories they are in instead of walking the whole tree.
+//!
+//! A `notify` (inotify) watcher watches each directory of the workspace that is part of it
+//! (added by the scanner just before it lists the directory, so nothing created in between
+//! is missed; excluded and ignored directories such as `target/` are not watched). Its
+//! events name the paths that changed. To know that every change made before a barrier has
+//! been delivered, the barrier writes a *fence*: a file in a directory of the worker's own
+//! state, watched by the same inotify instance. One instance's events arrive in the order
+//! they happened, so once the fence's event is seen, every earlier change has been too.
+//!
+//! Whenever that cannot be relied on — the watcher could not start or watch a directory
+//! (`fs.inotify.max_user_watches`), the kernel's queue overflowed, too many paths changed,
+//! or the fence did not arrive in time — the barrier walks the whole tree instead, as it
+//! does for its first scan and for the final barrier of a move. Like git's fsmonitor, this
+//! does not see writes through a memory mapping or through a hard link from outside the
+//! workspace until the next full walk.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use notify::{EventKind, RecursiveMode, Watcher};
+
+/// Most changed paths remembered between barriers; beyond that, a full walk.
+const MAX_CHANGED: usize = 50_000;
+/// How long a barrier waits for its fence.
+const FENCE_WAIT: Duration = Duration::from_secs(2);
+
+#[derive(Default)]
+struct State {
+    changed: BTreeSet<String>,
+    /// Events were lost since the last barrier.
+    lost: bool,
+    /// The highest fence seen.
+    fence_seen: u64,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+/// The change tracker of one workspace.
+pub struct Tracker {
+    watcher: Option<notify::RecommendedWatcher>,
+    shared: Arc<Shared>,
+    fence_dir: PathBuf,
+    next_fence: u64,
+    /// A directory could not be watched: every barrier walks the whole tree.
+    broken: bool,
+}
+
+impl Tracker {
+    /// Starts tracking `root`; fences go in `fence_dir` (created, and emptied of old fences).
+    pub fn new(root: &Path, fence_dir: &Path) -> Self {
+        let shared = Arc::new(Shared::default());
+        let watcher = Self::start(root, fence_dir, &shared);
+        if let Err(e) = &watcher {
+            tracing::warn!(root = %root.display(), error = %e, "cannot track workspace changes (is fs.inotify.max_user_instances or max_user_watches exhausted?); every barrier walks the whole tree");
+        }
+        Self {
+            watcher: watcher.ok(),
+            shared,
+            fence_dir: fence_dir.to_path_buf(),
+            next_fence: 0,
+            broken: false,
+        }
+    }
+
+    fn start(
+        root: &Path,
+        fence_dir: &Path,
+        shared: &Arc<Shared>,
+    ) -> Result<notify::RecommendedWatcher, String> {
+        let _ = std::fs::remove_dir_all(fence_dir);
+        std::fs::create_dir_all(fence_dir).map_err(|e| format!("{}: {e}", fence_dir.display()))?;
+        let (s, root, fences) = (shared.clone(), root.to_path_buf(), fence_dir.to_path_buf());
+        let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            let mut st = s.state.lock().unwrap_or_else(|e| e.into_inner());
+            match res {
+                Ok(ev) if ev.need_rescan() => st.lost = true,
+                // Opening, reading and closing change nothing; a write is also a Modify.
+                Ok(ev) if matches!(ev.kind, EventKind::Access(_)) => {}
+                Ok(ev) => {
+                    for p in ev.paths {
+                        if let Ok(name) = p.strip_prefix(&fences) {
+                            if let Some(n) = name.to_str().and_then(|n| n.parse::<u64>().ok()) {
+                                st.fence_seen = st.fence_seen.max(n);
+                                s.cv.notify_all();
+                            }
+                        } else if let Ok(rel) = p.strip_prefix(&root) {
+                            if st.changed.len() >= MAX_CHANGED {
+                                st.lost = true;
+                            } else {
+                                st.changed.insert(rel.to_string_lossy().into_owned());
+                            }
+                        }
+                    }
+                }
+                Err(_) => st.lost = true,
+            }
+        })
+        .map_err(|e| e.to_string())?;
+        w.watch(fence_dir, RecursiveMode::NonRecursive)
+            .map_err(|e| e.to_string())?;
+        Ok(w)
+    }
+
+    /// Watches a directory of the workspace (the scanner calls this before listing it).
+    pub fn watch_dir(&mut self, dir: &Path) {
+        let Some(w) = self.watcher.as_mut() else {
+            return;
+        };
+        if self.broken {
+            return;
+        }
+        if let Err(e) = w.watch(dir, RecursiveMode::NonRecursive) {
+            if matches!(e.kind, notify::ErrorKind::PathNotFound) {
+                return; // gone already; its parent's change covers it
+            }
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a workspace directory (fs.inotify.max_user_watches?); barriers walk the whole tree from now on");
+            self.broken = true;
+        }
+    }
+
+    /// The paths changed since the last call, or `None` when they cannot be known (no
+    /// watcher, lost events, the fence did not arrive): then the caller walks the whole tree.
+    pub fn take(&mut self) -> Option<BTreeSet<String>> {
+        self.watcher.as_ref()?;
+        self.next_fence += 1;
+        let n = self.next_fence;
+        let fence = self.fence_dir.join(n.to_string());
+        if let Err(e) = std::fs::write(&fence, b"") {
+            tracing::warn!(fence = %fence.display(), error = %e, "cannot write a barrier fence; walking the whole tree");
+            self.drain();
+            return None;
+        }
+        let deadline = Instant::now() + FENCE_WAIT;
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        while st.fence_seen < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let arrived = st.fence_seen >= n;
+        let changed = std::mem::take(&mut st.changed);
+        let lost = std::mem::take(&mut st.lost);
+        drop(st);
+        let _ = std::fs::remove_file(&fence);
+        if !arrived {
+            tracing::warn!(
+                "a barrier fence did not arrive within {FENCE_WAIT:?}; walking the whole tree"
+            );
+        }
+        (arrived && !lost && !self.broken).then_some(changed)
+    }
+
+    /// Forgets the changes so far (before a full walk that will see them anyway).
+    pub fn drain(&self) {
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.changed.clear();
+        st.lost = false;
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        self.watcher = None;
+        let _ = std::fs::remove_dir_all(&self.fence_dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::manifest::{Rules, Scanner};
+
+    /// A small deterministic generator, so a failing sequence can be replayed by its seed.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    fn mess_with(root: &Path, r: &mut Rng, step: usize) {
+        let dirs = ["", "a", "a/b", "a/b/c", "d", "target", "n"];
+        let d = root.join(dirs[r.next(dirs.len() as u64) as usize]);
+        let f = d.join(format!("f{}", r.next(5)));
+        match r.next(8) {
+            0..=2 => {
+                std::fs::create_dir_all(&d).unwrap();
+                if !f.is_dir() {
+                    std::fs::write(&f, format!("{step}")).unwrap();
+                }
+            }
+            3 => {
+                let _ = std::fs::remove_file(&f);
+            }
+            4 => {
+                // A whole new tree at once, as `tar x` or `git checkout` makes one.
+                let t = d.join(format!("t{}", r.next(3)));
+                for i in 0..r.next(20) {
+                    let p = t.join(format!("x{}/y{i}", i % 3));
+                    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                    std::fs::write(p, format!("{step}/{i}")).unwrap();
+                }
+            }
+            5 => {
+                let from = d.join(format!("t{}", r.next(3)));
+                let to = root.join(format!("m{}", r.next(3)));
+                if from.is_dir() {
+                    let _ = std::fs::remove_dir_all(&to);
+                    std::fs::rename(&from, &to).unwrap();
+                    // Written in the moved tree right away, before anything re-watches it.
+                    std::fs::write(to.join("after-move"), format!("{step}")).unwrap();
+                }
+            }
+            6 => {
+                let _ = std::fs::remove_dir_all(d.join(format!("t{}", r.next(3))));
+            }
+            _ => {
+                std::fs::create_dir_all(&d).unwrap();
+                let _ = std::fs::remove_file(d.join("link"));
+                std::os::unix::fs::symlink(format!("f{}", r.next(5)), d.join("link")).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn barriers_from_watcher_events_agree_with_full_walks() {
+        let state = tempfile::tempdir().unwrap();
+        for seed in 1..=12u64 {
+            let d = tempfile::tempdir().unwrap();
+            let root = d.path();
+            std::fs::write(root.join(".gitignore"), "n/\n").unwrap();
+            let mut t = Tracker::new(root, &state.path().join("fences"));
+            let mut s = Scanner::new(root, Rules::default());
+            let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut partial = 0;
+            for step in 0..25 {
+                let changed = t.take();
+                let got = match changed {
+                    Some(c) => s.scan_changes(&c, &mut |d| t.watch_dir(d)),
+                    None => s.scan_full(&mut |d| t.watch_dir(d)),
+                }
+                .unwrap();
+                partial += usize::from(!s.was_full);
+                let want = Scanner::new(root, Rules::default()).scan().unwrap();
+                assert!(
+                    got == want,
+                    "seed {seed} step {step}: the tracked scan disagrees with a full walk: {:?}",
+                    got.diff(&want)
+                );
+                for _ in 0..=r.next(4) {
+                    mess_with(root, &mut r, step);
+                }
+            }
+            assert!(
+                partial >= 20,
+                "seed {seed}: only {partial} of 25 scans were partial"
+            );
+        }
+    }
+
+    #[test]
+    fn a_barrier_after_one_change_lists_one_directory() {
+        let state = tempfile::tempdir().unwrap();
+        let d = tempfile::tempdir().unwrap();
+        for i in 0..200 {
+            let p = d.path().join(format!("d{}/s{}/f{i}", i % 10, i % 7));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, "x").unwrap();
+        }
+        let mut t = Tracker::new(d.path(), &state.path().join("fences"));
+        let mut s = Scanner::new(d.path(), Rules::default());
+        s.scan_full(&mut |p| t.watch_dir(p)).unwrap();
+        assert_eq!(t.take().as_ref().map(|c| c.len()), Some(0));
+        std::fs::write(d.path().join("d3/s3/f3"), "changed").unwrap();
+        let c = t.take().expect("the watcher works");
+        assert_eq!(c.into_iter().collect::<Vec<_>>(), ["d3/s3/f3"]);
+    }
+}
