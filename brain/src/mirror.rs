@@ -2,13 +2,48 @@
 //! tasks and versions, zstd-compressed at rest and on the wire) in a directory sharded by hash
 //! prefix — each written to a temp name, synced and renamed, so a blob is durable before any
 //! manifest names it — and manifests addressed by their root hash in the sled tree
-//! `manifests`. Garbage collection keeps what the given manifests reference.
+//! `manifests`. A barrier's manifest is stored as the delta from the one before it, with a
+//! whole manifest every [`MAX_CHAIN`] versions, so a barrier costs what changed rather than
+//! the size of the tree. Garbage collection keeps what the given manifests reference.
 
 use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use shared::manifest::{self, Manifest, compress, decompress};
+use shared::manifest::{self, Delta, Kind, Manifest, compress, decompress};
+
+/// Most deltas between a stored manifest and the whole one it is built on.
+pub const MAX_CHAIN: u16 = 32;
+
+/// A stored manifest's value: the time it was stored (ms, big-endian, for the collector's
+/// grace), then either a whole manifest (zstd JSON) or [`DELTA`], the chain depth (u16,
+/// big-endian), the base's root hash (64 hex digits) and the delta (zstd JSON).
+const DELTA: u8 = b'D';
+
+struct Stored<'a> {
+    at_ms: u64,
+    /// For a delta: its depth and the base's root hash.
+    delta_of: Option<(u16, &'a str)>,
+    data: &'a [u8],
+}
+
+fn parse_stored(v: &[u8]) -> Option<Stored<'_>> {
+    let at_ms = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
+    if v.get(8) != Some(&DELTA) {
+        return Some(Stored {
+            at_ms,
+            delta_of: None,
+            data: &v[8..],
+        });
+    }
+    let depth = u16::from_be_bytes(v.get(9..11)?.try_into().ok()?);
+    let base = std::str::from_utf8(v.get(11..75)?).ok()?;
+    Some(Stored {
+        at_ms,
+        delta_of: Some((depth, base)),
+        data: &v[75..],
+    })
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -142,18 +177,8 @@ impl Mirror {
 
     /// Stores a manifest (by its root hash) once every blob it names is stored.
     pub fn put_manifest(&self, m: &Manifest) -> Result<String, Error> {
-        self.put_manifest_over(m, &Manifest::default())
-    }
-
-    /// The same, for a manifest made from `base` (stored already): only the blobs that are
-    /// not in `base` are looked for.
-    pub fn put_manifest_over(&self, m: &Manifest, base: &Manifest) -> Result<String, Error> {
         let root = m.root_hash();
-        let known: HashSet<&str> = base.blobs().collect();
-        if let Some(h) = m
-            .blobs()
-            .filter(|h| !known.contains(h))
-            .find(|h| !self.has(h))
+        if let Some(h) = m.blobs().find(|h| !self.has(h))
         {
             let path = m
                 .entries
@@ -167,8 +192,47 @@ impl Mirror {
             });
         }
         let json = serde_json::to_vec(m).expect("manifests serialise");
-        // Stored after the time it was stored (ms, big-endian), for the collector's grace.
         let mut v = (shared::now_unix_ms() as u64).to_be_bytes().to_vec();
+        v.extend_from_slice(&compress(&json));
+        self.manifests.insert(root.as_bytes(), v)?;
+        self.remember(&root, std::sync::Arc::new(m.clone()));
+        Ok(root)
+    }
+
+    /// Stores `m`, made from the stored manifest `base_root` by `delta`, as that delta (or
+    /// whole, when the chain behind `base_root` is long). Every blob the delta adds must be
+    /// stored.
+    pub fn put_manifest_delta(
+        &self,
+        m: &Manifest,
+        base_root: &str,
+        delta: &Delta,
+    ) -> Result<String, Error> {
+        let depth = match self.manifests.get(base_root.as_bytes())? {
+            Some(v) if !base_root.is_empty() => parse_stored(&v)
+                .map(|s| s.delta_of.map_or(0, |(d, _)| d))
+                .unwrap_or(MAX_CHAIN),
+            _ => MAX_CHAIN,
+        };
+        if depth + 1 >= MAX_CHAIN {
+            return self.put_manifest(m);
+        }
+        let root = m.root_hash();
+        if let Some((path, e)) = delta
+            .upserts
+            .iter()
+            .find(|(_, e)| e.kind == Kind::File && !self.has(&e.hash))
+        {
+            return Err(Error::BadManifest {
+                root,
+                reason: format!("the content of {path:?} (blob {}) was never uploaded", e.hash),
+            });
+        }
+        let json = serde_json::to_vec(delta).expect("deltas serialise");
+        let mut v = (shared::now_unix_ms() as u64).to_be_bytes().to_vec();
+        v.push(DELTA);
+        v.extend_from_slice(&(depth + 1).to_be_bytes());
+        v.extend_from_slice(base_root.as_bytes());
         v.extend_from_slice(&compress(&json));
         self.manifests.insert(root.as_bytes(), v)?;
         self.remember(&root, std::sync::Arc::new(m.clone()));
@@ -200,16 +264,30 @@ impl Mirror {
             .manifests
             .get(root.as_bytes())?
             .ok_or_else(|| Error::NoManifest(root.into()))?;
-        let json = decompress(v.get(8..).unwrap_or_default(), 1 << 30).map_err(|e| {
-            Error::BadManifest {
-                root: root.into(),
-                reason: e.to_string(),
-            }
-        })?;
-        let m: Manifest = serde_json::from_slice(&json).map_err(|e| Error::BadManifest {
+        let bad = |reason: String| Error::BadManifest {
             root: root.into(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let stored = parse_stored(&v).ok_or_else(|| bad("unreadable record".into()))?;
+        let json = decompress(stored.data, 1 << 30).map_err(|e| bad(e.to_string()))?;
+        let m = match stored.delta_of {
+            None => serde_json::from_slice(&json).map_err(|e| bad(e.to_string()))?,
+            Some((_, base)) => {
+                let delta: Delta = serde_json::from_slice(&json).map_err(|e| bad(e.to_string()))?;
+                let rules = manifest::Rules {
+                    include_git: true,
+                    ..manifest::Rules::default()
+                };
+                let m = self
+                    .manifest(base)?
+                    .apply(&delta, &rules)
+                    .map_err(|e| bad(e.to_string()))?;
+                if m.root_hash() != root {
+                    return Err(bad("its delta does not give this root hash".into()));
+                }
+                m
+            }
+        };
         self.remember(root, std::sync::Arc::new(m.clone()));
         Ok(m)
     }
@@ -225,23 +303,64 @@ impl Mirror {
         let mut out = Collected::default();
         let now = shared::now_unix_ms() as u64;
         let young = |ms: u64| now.saturating_sub(ms) < grace.as_millis() as u64;
-        let mut live: HashSet<String> = HashSet::new();
+        // Kept: what `keep` names, what is young, and the chains those are built on.
+        let mut bases: std::collections::HashMap<String, String> = Default::default();
+        let mut live_roots: Vec<String> = Vec::new();
+        let mut all: Vec<String> = Vec::new();
         for item in self.manifests.iter() {
             let (k, v) = item?;
             let root = String::from_utf8_lossy(&k).into_owned();
-            let stored = v
-                .get(..8)
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                .map_or(0, u64::from_be_bytes);
-            if keep.contains(&root) || young(stored) {
-                live.extend(self.manifest(&root)?.blobs().map(String::from));
-            } else {
-                self.manifests.remove(&k)?;
+            let s = parse_stored(&v);
+            if let Some((_, base)) = s.as_ref().and_then(|s| s.delta_of) {
+                bases.insert(root.clone(), base.to_string());
+            }
+            if keep.contains(&root) || s.is_none_or(|s| young(s.at_ms)) {
+                live_roots.push(root.clone());
+            }
+            all.push(root);
+        }
+        let mut kept: HashSet<String> = HashSet::new();
+        for mut r in live_roots {
+            while kept.insert(r.clone()) {
+                match bases.get(&r) {
+                    Some(b) => r = b.clone(),
+                    None => break,
+                }
+            }
+        }
+        // Live blobs: those of each kept whole manifest and those each kept delta adds (a
+        // superset of what the chain's manifests name, which is safe).
+        let mut live: HashSet<String> = HashSet::new();
+        for root in &all {
+            if !kept.contains(root) {
+                self.manifests.remove(root.as_bytes())?;
                 self.recent
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .retain(|(r, _)| *r != root);
+                    .retain(|(r, _)| r != root);
                 out.manifests += 1;
+                continue;
+            }
+            let Some(v) = self.manifests.get(root.as_bytes())? else {
+                continue;
+            };
+            let Some(s) = parse_stored(&v) else {
+                continue;
+            };
+            let json = decompress(s.data, 1 << 30).map_err(|e| Error::BadManifest {
+                root: root.clone(),
+                reason: e.to_string(),
+            })?;
+            let bad = |e: serde_json::Error| Error::BadManifest {
+                root: root.clone(),
+                reason: e.to_string(),
+            };
+            if s.delta_of.is_some() {
+                let d: Delta = serde_json::from_slice(&json).map_err(bad)?;
+                live.extend(d.upserts.into_values().map(|e| e.hash));
+            } else {
+                let m: Manifest = serde_json::from_slice(&json).map_err(bad)?;
+                live.extend(m.blobs().map(String::from));
             }
         }
         let shards = std::fs::read_dir(&self.dir).map_err(|e| io(&self.dir, e))?;
@@ -326,5 +445,69 @@ mod tests {
         assert!(m.has(&a) && !m.has(&b));
         let gone = m.gc(&HashSet::new(), std::time::Duration::ZERO).unwrap();
         assert_eq!((gone.blobs, gone.manifests), (1, 1));
+    }
+
+    #[test]
+    fn barriers_are_stored_as_deltas_in_bounded_chains_and_collected_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let m = Mirror::open(&db, &d.path().join("blobs")).unwrap();
+        let mut man = Manifest::default();
+        for i in 0..100 {
+            let c = format!("file {i}\n");
+            m.put(c.as_bytes()).unwrap();
+            man.entries
+                .insert(format!("f{i:03}"), Entry::file(c.as_bytes(), false));
+        }
+        let mut roots = vec![m.put_manifest(&man).unwrap()];
+        let mut versions = vec![man.clone()];
+        for v in 0..70 {
+            let c = format!("version {v}\n");
+            m.put(c.as_bytes()).unwrap();
+            let mut next = versions.last().unwrap().clone();
+            next.entries
+                .insert(format!("f{:03}", v % 100), Entry::file(c.as_bytes(), false));
+            let delta = versions.last().unwrap().diff(&next);
+            let root = m
+                .put_manifest_delta(&next, roots.last().unwrap(), &delta)
+                .unwrap();
+            assert_eq!(root, next.root_hash());
+            roots.push(root);
+            versions.push(next);
+        }
+        // Most records are small deltas; a whole manifest every MAX_CHAIN versions.
+        let whole = roots
+            .iter()
+            .filter(|r| {
+                let v = m.manifests.get(r.as_bytes()).unwrap().unwrap();
+                parse_stored(&v).unwrap().delta_of.is_none()
+            })
+            .count();
+        assert_eq!(whole, 1 + 70 / MAX_CHAIN as usize);
+        // Read back cold (no decoded cache), every version is what was stored.
+        let cold = Mirror::open(&db, &d.path().join("blobs")).unwrap();
+        for (r, v) in roots.iter().zip(&versions) {
+            assert_eq!(&cold.manifest(r).unwrap(), v);
+        }
+        // Keeping only the last version keeps its chain back to a whole manifest, and the
+        // blobs it names.
+        let last = roots.last().unwrap().clone();
+        let g = cold
+            .gc(&[last.clone()].into(), std::time::Duration::ZERO)
+            .unwrap();
+        assert!(g.manifests > 0);
+        let again = Mirror::open(&db, &d.path().join("blobs")).unwrap();
+        let kept = again.manifest(&last).unwrap();
+        assert_eq!(&kept, versions.last().unwrap());
+        assert!(kept.blobs().all(|h| again.has(h)));
+        // A delta whose blob was never uploaded is refused.
+        let mut bad = kept.clone();
+        bad.entries
+            .insert("new".into(), Entry::file(b"never uploaded", false));
+        assert!(
+            again
+                .put_manifest_delta(&bad, &last, &kept.diff(&bad))
+                .is_err()
+        );
     }
 }

@@ -202,7 +202,9 @@ impl SyncService for Services {
                     "the delta gives root {root}, the worker claimed {claimed}"
                 )));
             }
-            mirror.put_manifest_over(&new, &base).map_err(mirror_status)
+            mirror
+                .put_manifest_delta(&new, &base_root, &delta)
+                .map_err(mirror_status)
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))??;

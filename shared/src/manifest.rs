@@ -221,25 +221,7 @@ impl Manifest {
         }
         for (path, e) in &self.entries {
             check_entry(path, e, rules)?;
-            if let Some((parent, _)) = path.rsplit_once('/') {
-                match self.entries.get(parent) {
-                    Some(p) if p.kind == Kind::Dir => {}
-                    Some(_) => {
-                        return Err(rejected(
-                            path,
-                            format!(
-                                "its parent {parent:?} is not a directory (a path through a symlink or a file)"
-                            ),
-                        ));
-                    }
-                    None => {
-                        return Err(rejected(
-                            path,
-                            format!("its parent {parent:?} is not in the manifest"),
-                        ));
-                    }
-                }
-            }
+            self.check_parent(path)?;
         }
         Ok(())
     }
@@ -260,21 +242,82 @@ impl Manifest {
         d
     }
 
-    /// Applies a delta from the wire: the result is validated as a whole before it replaces
-    /// anything, so a bad delta leaves the manifest as it was.
+    /// Applies a delta from the wire to a manifest that is valid (one the mirror stored):
+    /// the changed entries are checked as [`Manifest::validate`] would, so the result is
+    /// valid too, at a cost that grows with the delta rather than the tree. A bad delta
+    /// leaves the manifest as it was.
     pub fn apply(&self, delta: &Delta, rules: &Rules) -> Result<Manifest, Error> {
-        let mut m = self.clone();
         for p in &delta.deletes {
             check_path(p, rules)?;
+        }
+        for (p, e) in &delta.upserts {
+            check_entry(p, e, rules)?;
+        }
+        let mut m = self.clone();
+        for p in &delta.deletes {
             // Deleting a directory deletes what is under it.
-            let prefix = format!("{p}/");
-            m.entries.retain(|k, _| k != p && !k.starts_with(&prefix));
+            m.remove_tree(p);
         }
         for (p, e) in &delta.upserts {
             m.entries.insert(p.clone(), e.clone());
         }
-        m.validate(rules)?;
+        if m.entries.len() > rules.max_entries {
+            return Err(Error::TooMany {
+                max: rules.max_entries,
+            });
+        }
+        for (p, e) in &delta.upserts {
+            m.check_parent(p)?;
+            if e.kind != Kind::Dir
+                && let Some(child) = m.under(p).next()
+            {
+                return Err(rejected(
+                    child,
+                    format!("its parent {p:?} is not a directory (a path through a symlink or a file)"),
+                ));
+            }
+        }
         Ok(m)
+    }
+
+    /// The paths strictly under `dir`, in order.
+    pub fn under<'a>(&'a self, dir: &str) -> impl Iterator<Item = &'a str> + 'a {
+        let lo = format!("{dir}/");
+        let hi = format!("{dir}0"); // '0' sorts right after '/'
+        self.entries
+            .range::<String, _>((
+                std::ops::Bound::Included(lo),
+                std::ops::Bound::Excluded(hi),
+            ))
+            .map(|(k, _)| k.as_str())
+    }
+
+    /// Removes `path` and everything under it.
+    pub fn remove_tree(&mut self, path: &str) {
+        self.entries.remove(path);
+        let under: Vec<String> = self.under(path).map(String::from).collect();
+        for k in under {
+            self.entries.remove(&k);
+        }
+    }
+
+    fn check_parent(&self, path: &str) -> Result<(), Error> {
+        let Some((parent, _)) = path.rsplit_once('/') else {
+            return Ok(());
+        };
+        match self.entries.get(parent) {
+            Some(p) if p.kind == Kind::Dir => Ok(()),
+            Some(_) => Err(rejected(
+                path,
+                format!(
+                    "its parent {parent:?} is not a directory (a path through a symlink or a file)"
+                ),
+            )),
+            None => Err(rejected(
+                path,
+                format!("its parent {parent:?} is not in the manifest"),
+            )),
+        }
     }
 }
 
@@ -774,5 +817,36 @@ mod tests {
         d.deletes.push("/a".into());
         assert!(m.apply(&d, &Rules::default()).is_err());
         assert_eq!(m.entries.len(), 1);
+    }
+
+    #[test]
+    fn a_delta_is_checked_as_a_whole_manifest_would_be() {
+        let mut m = one("d", Entry::dir());
+        m.entries.insert("d/f".into(), Entry::file(b"f", false));
+        let r = Rules::default();
+        let refused = |d: &Delta, why: &str| {
+            let e = m.apply(d, &r).expect_err(why).to_string();
+            assert!(e.contains("d/f") || e.contains("x/y"), "{why}: {e}");
+        };
+        // A directory turned into a file or a symlink while its children stay.
+        let mut d = Delta::default();
+        d.upserts.insert("d".into(), Entry::file(b"now a file", false));
+        refused(&d, "file over a directory with children");
+        d.upserts.insert("d".into(), Entry::symlink("elsewhere"));
+        refused(&d, "symlink over a directory with children");
+        // A new path whose parent is missing, or a file.
+        let mut d = Delta::default();
+        d.upserts.insert("x/y".into(), Entry::file(b"y", false));
+        refused(&d, "missing parent");
+        let mut d = Delta::default();
+        d.upserts.insert("d/f/g".into(), Entry::file(b"g", false));
+        assert!(m.apply(&d, &r).is_err(), "a path through a file");
+        // Deleting a directory takes its subtree; replacing it by a file then is fine.
+        let mut d = Delta::default();
+        d.deletes.push("d".into());
+        d.upserts.insert("d".into(), Entry::file(b"now a file", false));
+        let n = m.apply(&d, &r).unwrap();
+        n.validate(&r).unwrap();
+        assert_eq!(n.entries.keys().collect::<Vec<_>>(), ["d"]);
     }
 }

@@ -82,24 +82,6 @@ fn mtime_ns(meta: &std::fs::Metadata) -> i128 {
     meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128
 }
 
-/// Removes `rel` and everything under it from a manifest.
-fn remove_tree(m: &mut Manifest, rel: &str) {
-    m.entries.remove(rel);
-    let lo = format!("{rel}/");
-    let hi = format!("{rel}0"); // '0' sorts right after '/'
-    let under: Vec<String> = m
-        .entries
-        .range::<str, _>((
-            std::ops::Bound::Included(lo.as_str()),
-            std::ops::Bound::Excluded(hi.as_str()),
-        ))
-        .map(|(k, _)| k.clone())
-        .collect();
-    for k in under {
-        m.entries.remove(&k);
-    }
-}
-
 impl Scanner {
     pub fn new(root: &Path, rules: Rules) -> Self {
         Self {
@@ -437,7 +419,7 @@ impl Scanner {
                 Some((ft, _)) => ft.is_dir() != (*kind == Kind::Dir),
             };
             if gone {
-                remove_tree(m, &join(dir, name));
+                m.remove_tree(&join(dir, name));
             }
         }
         let old: HashMap<String, Kind> = old.into_iter().collect();
@@ -450,7 +432,7 @@ impl Scanner {
                 if same {
                     continue; // its own changes, if any, are named separately
                 }
-                remove_tree(m, &rel);
+                m.remove_tree(&rel);
                 m.entries.insert(rel.clone(), Entry::dir());
                 self.dirs.insert(rel.clone(), ino);
                 self.walk(&rel, m, before, on_dir)?;

@@ -246,8 +246,8 @@ async fn barrier(
             .map_err(|s| format!("asking which blobs the brain lacks: {}", s.message()))?;
         missing.extend(r.into_inner().hashes.into_iter().map(hex::encode));
     }
-    let by_hash: HashMap<&str, &str> = m
-        .entries
+    let by_hash: HashMap<&str, &str> = delta
+        .upserts
         .iter()
         .filter(|(_, e)| e.kind == Kind::File)
         .map(|(p, e)| (e.hash.as_str(), p.as_str()))
