@@ -178,8 +178,7 @@ impl Mirror {
     /// Stores a manifest (by its root hash) once every blob it names is stored.
     pub fn put_manifest(&self, m: &Manifest) -> Result<String, Error> {
         let root = m.root_hash();
-        if let Some(h) = m.blobs().find(|h| !self.has(h))
-        {
+        if let Some(h) = m.blobs().find(|h| !self.has(h)) {
             let path = m
                 .entries
                 .iter()
@@ -204,7 +203,7 @@ impl Mirror {
     /// stored.
     pub fn put_manifest_delta(
         &self,
-        m: &Manifest,
+        m: Manifest,
         base_root: &str,
         delta: &Delta,
     ) -> Result<String, Error> {
@@ -214,10 +213,20 @@ impl Mirror {
                 .unwrap_or(MAX_CHAIN),
             _ => MAX_CHAIN,
         };
-        if depth + 1 >= MAX_CHAIN {
-            return self.put_manifest(m);
-        }
         let root = m.root_hash();
+        if let Some(v) = self.manifests.get(root.as_bytes())? {
+            // Stored already (a barrier that changed nothing, or back to an earlier
+            // version): only its time is renewed, for the collector's grace.
+            let mut v = v.to_vec();
+            if v.len() >= 8 {
+                v[..8].copy_from_slice(&(shared::now_unix_ms() as u64).to_be_bytes());
+                self.manifests.insert(root.as_bytes(), v)?;
+            }
+            return Ok(root);
+        }
+        if depth + 1 >= MAX_CHAIN {
+            return self.put_manifest(&m);
+        }
         if let Some((path, e)) = delta
             .upserts
             .iter()
@@ -225,7 +234,10 @@ impl Mirror {
         {
             return Err(Error::BadManifest {
                 root,
-                reason: format!("the content of {path:?} (blob {}) was never uploaded", e.hash),
+                reason: format!(
+                    "the content of {path:?} (blob {}) was never uploaded",
+                    e.hash
+                ),
             });
         }
         let json = serde_json::to_vec(delta).expect("deltas serialise");
@@ -235,7 +247,7 @@ impl Mirror {
         v.extend_from_slice(base_root.as_bytes());
         v.extend_from_slice(&compress(&json));
         self.manifests.insert(root.as_bytes(), v)?;
-        self.remember(&root, std::sync::Arc::new(m.clone()));
+        self.remember(&root, std::sync::Arc::new(m));
         Ok(root)
     }
 
@@ -248,8 +260,17 @@ impl Mirror {
 
     /// The manifest with this root hash. The empty root is the empty manifest.
     pub fn manifest(&self, root: &str) -> Result<Manifest, Error> {
+        self.manifest_shared(root).map(|m| (*m).clone())
+    }
+
+    /// The same, shared with the mirror's cache of recent manifests (no copy).
+    pub fn manifest_shared(&self, root: &str) -> Result<std::sync::Arc<Manifest>, Error> {
+        self.load(root, 0)
+    }
+
+    fn load(&self, root: &str, depth: u16) -> Result<std::sync::Arc<Manifest>, Error> {
         if root.is_empty() {
-            return Ok(Manifest::default());
+            return Ok(Default::default());
         }
         if let Some((_, m)) = self
             .recent
@@ -258,7 +279,7 @@ impl Mirror {
             .iter()
             .find(|(k, _)| k == root)
         {
-            return Ok((**m).clone());
+            return Ok(m.clone());
         }
         let v = self
             .manifests
@@ -278,8 +299,11 @@ impl Mirror {
                     include_git: true,
                     ..manifest::Rules::default()
                 };
+                if depth > MAX_CHAIN {
+                    return Err(bad("its chain of deltas is too long or loops".into()));
+                }
                 let m = self
-                    .manifest(base)?
+                    .load(base, depth + 1)?
                     .apply(&delta, &rules)
                     .map_err(|e| bad(e.to_string()))?;
                 if m.root_hash() != root {
@@ -288,7 +312,8 @@ impl Mirror {
                 m
             }
         };
-        self.remember(root, std::sync::Arc::new(m.clone()));
+        let m = std::sync::Arc::new(m);
+        self.remember(root, m.clone());
         Ok(m)
     }
 
@@ -469,12 +494,18 @@ mod tests {
                 .insert(format!("f{:03}", v % 100), Entry::file(c.as_bytes(), false));
             let delta = versions.last().unwrap().diff(&next);
             let root = m
-                .put_manifest_delta(&next, roots.last().unwrap(), &delta)
+                .put_manifest_delta(next.clone(), roots.last().unwrap(), &delta)
                 .unwrap();
             assert_eq!(root, next.root_hash());
             roots.push(root);
             versions.push(next);
         }
+        // A barrier that changed nothing stores nothing new (and no delta onto itself).
+        let last = versions.last().unwrap().clone();
+        let same = m
+            .put_manifest_delta(last.clone(), roots.last().unwrap(), &last.diff(&last))
+            .unwrap();
+        assert_eq!(&same, roots.last().unwrap());
         // Most records are small deltas; a whole manifest every MAX_CHAIN versions.
         let whole = roots
             .iter()
@@ -506,7 +537,7 @@ mod tests {
             .insert("new".into(), Entry::file(b"never uploaded", false));
         assert!(
             again
-                .put_manifest_delta(&bad, &last, &kept.diff(&bad))
+                .put_manifest_delta(bad.clone(), &last, &kept.diff(&bad))
                 .is_err()
         );
     }

@@ -177,16 +177,24 @@ pub struct Manifest {
 impl Manifest {
     /// The hash of the whole tree: BLAKE3 over every entry in path order.
     pub fn root_hash(&self) -> String {
+        // Hashed in large pieces: the same digest as entry by entry, without the per-call
+        // cost that dominates on small entries.
         let mut h = blake3::Hasher::new();
+        let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
         for (path, e) in &self.entries {
-            h.update(path.as_bytes());
-            h.update(&[0, e.kind as u8, e.exec as u8]);
-            h.update(&e.size.to_le_bytes());
-            h.update(e.hash.as_bytes());
-            h.update(&[0]);
-            h.update(e.target.as_bytes());
-            h.update(&[0]);
+            buf.extend_from_slice(path.as_bytes());
+            buf.extend_from_slice(&[0, e.kind as u8, e.exec as u8]);
+            buf.extend_from_slice(&e.size.to_le_bytes());
+            buf.extend_from_slice(e.hash.as_bytes());
+            buf.push(0);
+            buf.extend_from_slice(e.target.as_bytes());
+            buf.push(0);
+            if buf.len() >= 1 << 16 {
+                h.update(&buf);
+                buf.clear();
+            }
         }
+        h.update(&buf);
         h.finalize().to_hex().to_string()
     }
 
@@ -273,7 +281,9 @@ impl Manifest {
             {
                 return Err(rejected(
                     child,
-                    format!("its parent {p:?} is not a directory (a path through a symlink or a file)"),
+                    format!(
+                        "its parent {p:?} is not a directory (a path through a symlink or a file)"
+                    ),
                 ));
             }
         }
@@ -285,10 +295,7 @@ impl Manifest {
         let lo = format!("{dir}/");
         let hi = format!("{dir}0"); // '0' sorts right after '/'
         self.entries
-            .range::<String, _>((
-                std::ops::Bound::Included(lo),
-                std::ops::Bound::Excluded(hi),
-            ))
+            .range::<String, _>((std::ops::Bound::Included(lo), std::ops::Bound::Excluded(hi)))
             .map(|(k, _)| k.as_str())
     }
 
@@ -830,7 +837,8 @@ mod tests {
         };
         // A directory turned into a file or a symlink while its children stay.
         let mut d = Delta::default();
-        d.upserts.insert("d".into(), Entry::file(b"now a file", false));
+        d.upserts
+            .insert("d".into(), Entry::file(b"now a file", false));
         refused(&d, "file over a directory with children");
         d.upserts.insert("d".into(), Entry::symlink("elsewhere"));
         refused(&d, "symlink over a directory with children");
@@ -844,7 +852,8 @@ mod tests {
         // Deleting a directory takes its subtree; replacing it by a file then is fine.
         let mut d = Delta::default();
         d.deletes.push("d".into());
-        d.upserts.insert("d".into(), Entry::file(b"now a file", false));
+        d.upserts
+            .insert("d".into(), Entry::file(b"now a file", false));
         let n = m.apply(&d, &r).unwrap();
         n.validate(&r).unwrap();
         assert_eq!(n.entries.keys().collect::<Vec<_>>(), ["d"]);

@@ -42,8 +42,9 @@ const IGNORE_FILES: [&str; 2] = [".gitignore", ".ignore"];
 pub struct Scanner {
     root: PathBuf,
     rules: Rules,
-    /// Files: stamp and hash, by path. May hold paths that are gone (checked by stamp).
-    cache: HashMap<String, (Stamp, String)>,
+    /// Files: stamp and hash, by path, and whether the hash is known without the racy check
+    /// (see [`Scanner::prime`]). May hold paths that are gone (checked by stamp).
+    cache: HashMap<String, (Stamp, String, bool)>,
     /// Directories: inode, by path ("" is the root), to tell a directory replaced by another.
     dirs: HashMap<String, u64>,
     /// Compiled ignore files by directory (`None`: the directory has none).
@@ -52,6 +53,15 @@ pub struct Scanner {
     exclude_stamp: Option<(i128, u64)>,
     /// The last scan's result, the base of the next partial scan.
     last: Option<Manifest>,
+    /// Paths whose entries changed since [`Scanner::mark`] (`None`: unknown, as after a
+    /// failed scan), and whether scans are recording into it (partial ones do; full ones
+    /// compare with the last manifest instead).
+    touched: Option<BTreeSet<String>>,
+    recording: bool,
+    /// The root hash [`Scanner::mark`] was given, and the scan it was for.
+    mark: Option<(String, u64)>,
+    /// Counts scans.
+    generation: u64,
     last_scan: Option<SystemTime>,
     /// Files hashed by the last scan (for figures).
     pub hashed: u64,
@@ -92,6 +102,10 @@ impl Scanner {
             ignores: HashMap::new(),
             exclude_stamp: None,
             last: None,
+            touched: None,
+            recording: false,
+            mark: None,
+            generation: 0,
             last_scan: None,
             hashed: 0,
             hashed_bytes: 0,
@@ -109,7 +123,26 @@ impl Scanner {
         self.cache.clear();
         self.dirs.clear();
         self.last = None;
+        self.touched = None;
         self.last_scan = None;
+    }
+
+    /// Records that the file at `rel` was just written by us with content of this hash
+    /// (checked before writing), so the next scan takes the hash as long as the file's stamp
+    /// is unchanged, even inside the racy window. Only for files nothing else writes to
+    /// meanwhile, such as those a materialisation writes before any command runs.
+    pub fn prime(&mut self, rel: &str, hash: &str) {
+        if let Ok(meta) = std::fs::symlink_metadata(self.root.join(rel))
+            && meta.is_file()
+        {
+            let stamp = Stamp {
+                size: meta.len(),
+                mtime_ns: mtime_ns(&meta),
+                ino: meta.ino(),
+            };
+            self.cache
+                .insert(rel.to_string(), (stamp, hash.to_string(), true));
+        }
     }
 
     /// Whether a partial scan has a base to start from.
@@ -117,17 +150,59 @@ impl Scanner {
         self.last.is_some()
     }
 
+    /// Counts scans: what [`Scanner::mark`] is given.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Records that the manifest of scan `generation`, with root hash `root`, is what the
+    /// other side now holds: [`Scanner::changes_since_mark`] starts from it. Ignored if
+    /// another scan ran since.
+    pub fn mark(&mut self, generation: u64, root: &str) {
+        if generation == self.generation && self.last.is_some() {
+            self.mark = Some((root.to_string(), generation));
+            self.touched = Some(BTreeSet::new());
+        }
+    }
+
+    /// The root hash last marked.
+    pub fn marked_root(&self) -> Option<&str> {
+        self.mark.as_ref().map(|(r, _)| r.as_str())
+    }
+
+    /// The delta from the marked manifest to the last scan's, when it is known.
+    pub fn changes_since_mark(&self) -> Option<crate::manifest::Delta> {
+        let (m, touched) = (self.last.as_ref()?, self.touched.as_ref()?);
+        self.mark.as_ref()?;
+        let mut d = crate::manifest::Delta::default();
+        for p in touched {
+            match m.entries.get(p) {
+                Some(e) => {
+                    d.upserts.insert(p.clone(), e.clone());
+                }
+                None => d.deletes.push(p.clone()),
+            }
+        }
+        Some(d)
+    }
+
+    /// The last scan's manifest.
+    pub fn last(&self) -> Option<&Manifest> {
+        self.last.as_ref()
+    }
+
     /// The manifest of the directory as it is now, from a full walk. Special files (FIFOs,
     /// sockets, devices) are left out; a file over the size limit or too many entries is an
     /// error.
     pub fn scan(&mut self) -> Result<Manifest, Error> {
-        self.scan_full(&mut |_| {})
+        self.scan_full(&mut |_| {}).cloned()
     }
 
     /// [`Scanner::scan`], calling `on_dir` with each directory just before it is listed (so
     /// a watcher can watch it before its entries are read).
-    pub fn scan_full(&mut self, on_dir: &mut dyn FnMut(&Path)) -> Result<Manifest, Error> {
+    pub fn scan_full(&mut self, on_dir: &mut dyn FnMut(&Path)) -> Result<&Manifest, Error> {
         let started = SystemTime::now();
+        self.recording = false;
         self.begin();
         self.was_full = true;
         self.ignores.clear();
@@ -143,8 +218,18 @@ impl Scanner {
         if r.is_err() {
             self.cache = before;
             self.last = None;
+            self.touched = None;
         }
         r?;
+        // What changed since the mark: the difference from the last manifest.
+        match (self.last.as_ref(), self.touched.as_mut()) {
+            (Some(old), Some(t)) => {
+                let d = old.diff(&m);
+                t.extend(d.upserts.into_keys());
+                t.extend(d.deletes);
+            }
+            _ => self.touched = None,
+        }
         self.finish(m, started)
     }
 
@@ -157,7 +242,7 @@ impl Scanner {
         &mut self,
         changed: &BTreeSet<String>,
         on_dir: &mut dyn FnMut(&Path),
-    ) -> Result<Manifest, Error> {
+    ) -> Result<&Manifest, Error> {
         let rules_changed = changed.iter().any(|p| {
             let name = p.rsplit('/').next().unwrap_or(p);
             IGNORE_FILES.contains(&name)
@@ -168,6 +253,7 @@ impl Scanner {
         let started = SystemTime::now();
         self.begin();
         self.was_full = false;
+        self.recording = self.touched.is_some();
         let mut m = self.last.take().expect("checked above");
         // Shallow directories first, so a removed parent goes before its children.
         let mut dirs: Vec<&str> = changed.iter().map(|p| parent(p)).collect();
@@ -177,6 +263,7 @@ impl Scanner {
         for d in dirs {
             if let Err(e) = self.relist(d, &mut m, changed, &empty, on_dir) {
                 self.last = None;
+                self.touched = None;
                 return Err(e);
             }
         }
@@ -192,16 +279,41 @@ impl Scanner {
         self.listed = 0;
     }
 
-    fn finish(&mut self, m: Manifest, started: SystemTime) -> Result<Manifest, Error> {
+    fn finish(&mut self, m: Manifest, started: SystemTime) -> Result<&Manifest, Error> {
+        self.generation += 1;
+        self.recording = false;
         if m.entries.len() > self.rules.max_entries {
             self.last = None;
+            self.touched = None;
             return Err(Error::TooMany {
                 max: self.rules.max_entries,
             });
         }
-        self.last = Some(m.clone());
         self.last_scan = Some(started);
-        Ok(m)
+        Ok(self.last.insert(m))
+    }
+
+    /// Notes that `rel`'s entry changed (during a partial scan).
+    fn touch(&mut self, rel: &str) {
+        if self.recording
+            && let Some(t) = self.touched.as_mut()
+        {
+            t.insert(rel.to_string());
+        }
+    }
+
+    /// Removes `rel` and everything under it, noting each.
+    fn remove(&mut self, m: &mut Manifest, rel: &str) {
+        if self.recording && (m.entries.contains_key(rel) || m.under(rel).next().is_some()) {
+            let gone: Vec<String> = std::iter::once(rel)
+                .chain(m.under(rel))
+                .map(String::from)
+                .collect();
+            for g in gone {
+                self.touch(&g);
+            }
+        }
+        m.remove_tree(rel);
     }
 
     fn exclude_file_stamp(&self) -> Option<(i128, u64)> {
@@ -269,7 +381,7 @@ impl Scanner {
         &mut self,
         rel: &str,
         ft: FileType,
-        before: &HashMap<String, (Stamp, String)>,
+        before: &HashMap<String, (Stamp, String, bool)>,
     ) -> Result<Option<Entry>, Error> {
         let path = self.root.join(rel);
         if ft.is_symlink() {
@@ -302,7 +414,7 @@ impl Scanner {
         let racy = racy_after.is_none_or(|t| meta.modified().map_or(true, |m| m >= t));
         let known = self.cache.get(rel).or_else(|| before.get(rel));
         let hash = match known {
-            Some((s, h)) if *s == stamp && !racy => h.clone(),
+            Some((s, h, primed)) if *s == stamp && (!racy || *primed) => h.clone(),
             _ => {
                 let h = hash_file(&path, rel)?;
                 self.hashed += 1;
@@ -310,7 +422,8 @@ impl Scanner {
                 h
             }
         };
-        self.cache.insert(rel.to_string(), (stamp, hash.clone()));
+        self.cache
+            .insert(rel.to_string(), (stamp, hash.clone(), false));
         Ok(Some(Entry {
             kind: Kind::File,
             exec: meta.permissions().mode() & 0o100 != 0,
@@ -352,7 +465,7 @@ impl Scanner {
         &mut self,
         dir: &str,
         m: &mut Manifest,
-        before: &HashMap<String, (Stamp, String)>,
+        before: &HashMap<String, (Stamp, String, bool)>,
         on_dir: &mut dyn FnMut(&Path),
     ) -> Result<(), Error> {
         let mut stack = vec![dir.to_string()];
@@ -365,10 +478,12 @@ impl Scanner {
             for (name, (ft, ino)) in children {
                 let rel = join(&d, &name);
                 if ft.is_dir() {
+                    self.touch(&rel);
                     m.entries.insert(rel.clone(), Entry::dir());
                     self.dirs.insert(rel.clone(), ino);
                     stack.push(rel);
                 } else if let Some(e) = self.leaf(&rel, ft, before)? {
+                    self.touch(&rel);
                     m.entries.insert(rel, e);
                 }
                 if m.entries.len() > self.rules.max_entries {
@@ -389,7 +504,7 @@ impl Scanner {
         dir: &str,
         m: &mut Manifest,
         changed: &BTreeSet<String>,
-        before: &HashMap<String, (Stamp, String)>,
+        before: &HashMap<String, (Stamp, String, bool)>,
         on_dir: &mut dyn FnMut(&Path),
     ) -> Result<(), Error> {
         if !dir.is_empty() && m.entries.get(dir).map(|e| e.kind) != Some(Kind::Dir) {
@@ -419,7 +534,7 @@ impl Scanner {
                 Some((ft, _)) => ft.is_dir() != (*kind == Kind::Dir),
             };
             if gone {
-                m.remove_tree(&join(dir, name));
+                self.remove(m, &join(dir, name));
             }
         }
         let old: HashMap<String, Kind> = old.into_iter().collect();
@@ -432,18 +547,20 @@ impl Scanner {
                 if same {
                     continue; // its own changes, if any, are named separately
                 }
-                m.remove_tree(&rel);
+                self.remove(m, &rel);
+                self.touch(&rel);
                 m.entries.insert(rel.clone(), Entry::dir());
                 self.dirs.insert(rel.clone(), ino);
                 self.walk(&rel, m, before, on_dir)?;
             } else {
                 match self.leaf(&rel, ft, before)? {
                     Some(e) => {
-                        m.entries.insert(rel, e);
+                        if m.entries.get(&rel) != Some(&e) {
+                            self.touch(&rel);
+                            m.entries.insert(rel, e);
+                        }
                     }
-                    None => {
-                        m.entries.remove(&rel);
-                    }
+                    None => self.remove(m, &rel),
                 }
             }
         }
@@ -549,19 +666,32 @@ mod tests {
             write(root, "target/out", "built");
             let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let mut inc = Scanner::new(root, Rules::default());
-            inc.scan().unwrap();
+            let mut marked = inc.scan().unwrap();
+            inc.mark(inc.generation(), &marked.root_hash());
             for step in 0..30 {
                 let mut changed = BTreeSet::new();
                 for _ in 0..=r.next(3) {
                     changed.extend(op(root, &mut r, step));
                 }
-                let got = inc.scan_changes(&changed, &mut |_| {}).unwrap();
+                let got = inc.scan_changes(&changed, &mut |_| {}).unwrap().clone();
                 let want = Scanner::new(root, Rules::default()).scan().unwrap();
                 assert!(
                     got == want,
                     "seed {seed} step {step}: a scan of {changed:?} disagrees with a full walk: {:?}",
                     got.diff(&want)
                 );
+                // The changes since the mark turn the marked manifest into this one; the
+                // mark moves only every other step, so changes pile up in between.
+                let d = inc.changes_since_mark().expect("known since the mark");
+                assert_eq!(
+                    marked.apply(&d, &Rules::default()).unwrap(),
+                    want,
+                    "seed {seed} step {step}"
+                );
+                if step % 2 == 0 {
+                    inc.mark(inc.generation(), &want.root_hash());
+                    marked = want;
+                }
             }
         }
     }
@@ -583,7 +713,7 @@ mod tests {
         write(d.path(), "d7/f", "changed");
         write(d.path(), "d9/new/g", "new");
         let changed: BTreeSet<String> = ["d7/f", "d9/new"].map(String::from).into();
-        let m = s.scan_changes(&changed, &mut |_| {}).unwrap();
+        let m = s.scan_changes(&changed, &mut |_| {}).unwrap().clone();
         assert!(!s.was_full);
         assert_eq!(s.listed, 3, "d7, d9 and the new d9/new");
         assert_eq!(s.hashed, 2);

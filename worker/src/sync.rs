@@ -64,7 +64,6 @@ struct Ws {
     /// Which paths changed since the last barrier (none for an import directory, which is
     /// scanned once).
     tracker: Option<Tracker>,
-    base: Option<Manifest>,
 }
 
 impl SyncState {
@@ -77,7 +76,6 @@ impl SyncState {
                 Arc::new(Mutex::new(Ws {
                     scanner: Scanner::new(root, rules.clone()),
                     tracker: Some(Tracker::new(root, &fences.join(name))),
-                    base: None,
                 }))
             })
             .clone()
@@ -143,11 +141,10 @@ async fn run(
         let ws = Arc::new(Mutex::new(Ws {
             scanner: Scanner::new(&dir, rules),
             tracker: None,
-            base: None,
         }));
         let report = barrier(req.id, "", &dir, ws.clone(), client, true).await?;
         // Its files can seed the task's workspace without crossing the wire again.
-        if let Some(m) = ws.lock().unwrap_or_else(|e| e.into_inner()).base.take() {
+        if let Some(m) = ws.lock().unwrap_or_else(|e| e.into_inner()).scanner.last() {
             let mut known = state.known.lock().unwrap_or_else(|e| e.into_inner());
             for (p, e) in m.entries.iter().filter(|(_, e)| e.kind == Kind::File) {
                 known.insert(e.hash.clone(), dir.join(p));
@@ -174,9 +171,9 @@ fn raw(hash: &str) -> Vec<u8> {
     hex::decode(hash).unwrap_or_default()
 }
 
-/// The workspace's manifest now: from the paths its tracker saw change, or a walk of the
-/// whole tree when `full` or when the tracker cannot say.
-fn scan_now(w: &mut Ws, full: bool) -> Result<Manifest, String> {
+/// Brings the scanner's manifest up to date: from the paths its tracker saw change, or a
+/// walk of the whole tree when `full` or when the tracker cannot say.
+fn scan_now(w: &mut Ws, full: bool) -> Result<(), String> {
     let Ws {
         scanner, tracker, ..
     } = w;
@@ -185,22 +182,65 @@ fn scan_now(w: &mut Ws, full: bool) -> Result<Manifest, String> {
             Some(changed) => scanner.scan_changes(&changed, &mut |d| t.watch_dir(d)),
             None => scanner.scan_full(&mut |d| t.watch_dir(d)),
         },
-        None => scanner.scan(),
+        None => scanner.scan_full(&mut |_| {}),
     };
-    r.map_err(|e| e.to_string())
+    r.map(|_| ()).map_err(|e| e.to_string())?;
+    tracing::debug!(
+        full = scanner.was_full,
+        listed = scanner.listed,
+        hashed = scanner.hashed,
+        "scanned"
+    );
+    Ok(())
 }
 
+/// A barrier's scan: what to send.
+struct Scanned {
+    delta: manifest::Delta,
+    /// The brain's manifest the delta is from ("" for none: the delta is everything).
+    base_root: String,
+    root_hash: String,
+    files: u64,
+    bytes: u64,
+    hashed: u64,
+    generation: u64,
+}
+
+/// Scans, and makes the delta from `brain_base` when the scanner knows the changes since
+/// that manifest (it was the last one the brain confirmed), else from nothing.
+fn scan_for_barrier(w: &mut Ws, full: bool, brain_base: &str) -> Result<Scanned, String> {
+    scan_now(w, full)?;
+    let s = &w.scanner;
+    let m = s.last().ok_or("the scan left no manifest")?;
+    let since = s
+        .changes_since_mark()
+        .filter(|_| !brain_base.is_empty() && s.marked_root() == Some(brain_base));
+    let (delta, base_root) = match since {
+        Some(d) => (d, brain_base.to_string()),
+        None => (Manifest::default().diff(m), String::new()),
+    };
+    Ok(Scanned {
+        delta,
+        base_root,
+        root_hash: m.root_hash(),
+        files: m.entries.values().filter(|e| e.kind == Kind::File).count() as u64,
+        bytes: m.bytes(),
+        hashed: s.hashed,
+        generation: s.generation(),
+    })
+}
+
+/// The workspace's manifest now (a copy), and the files hashed to make it.
 async fn scan(ws: &Arc<Mutex<Ws>>, full: bool) -> Result<(Manifest, u64), String> {
     let ws = ws.clone();
     tokio::task::spawn_blocking(move || {
         let mut w = ws.lock().unwrap_or_else(|e| e.into_inner());
-        let m = scan_now(&mut w, full)?;
-        tracing::debug!(
-            full = w.scanner.was_full,
-            listed = w.scanner.listed,
-            hashed = w.scanner.hashed,
-            "scanned"
-        );
+        scan_now(&mut w, full)?;
+        let m = w
+            .scanner
+            .last()
+            .cloned()
+            .ok_or("the scan left no manifest")?;
         Ok((m, w.scanner.hashed))
     })
     .await
@@ -215,18 +255,25 @@ async fn barrier(
     client: &mut SyncClient<Channel>,
     full: bool,
 ) -> Result<SyncReport, String> {
-    let (m, hashed) = scan(&ws, full).await?;
-    let base = {
-        let w = ws.lock().unwrap_or_else(|e| e.into_inner());
-        w.base
-            .clone()
-            .filter(|b| !base_root.is_empty() && b.root_hash() == base_root)
-    };
-    let (base, base_root) = match base {
-        Some(b) => (b, base_root.to_string()),
-        None => (Manifest::default(), String::new()),
-    };
-    let delta = base.diff(&m);
+    let (ws2, brain_base) = (ws.clone(), base_root.to_string());
+    let scanned = tokio::task::spawn_blocking(move || {
+        scan_for_barrier(
+            &mut ws2.lock().unwrap_or_else(|e| e.into_inner()),
+            full,
+            &brain_base,
+        )
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let Scanned {
+        delta,
+        base_root,
+        root_hash,
+        files,
+        bytes,
+        hashed,
+        generation,
+    } = scanned;
     // Only blobs of new content, and of those only what the brain lacks.
     let mut want: Vec<&str> = delta
         .upserts
@@ -297,7 +344,6 @@ async fn barrier(
     let json = serde_json::to_vec(&delta).map_err(|e| e.to_string())?;
     let compressed = manifest::compress(&json);
     wire += compressed.len() as u64;
-    let root_hash = m.root_hash();
     let mut parts: Vec<DeltaChunk> = compressed
         .chunks(CHUNK)
         .map(|c| DeltaChunk {
@@ -315,9 +361,10 @@ async fn barrier(
         .put_delta(tokio_stream::iter(parts))
         .await
         .map_err(|s| format!("sending the delta: {}", s.message()))?;
-    let files = m.entries.values().filter(|e| e.kind == Kind::File).count() as u64;
-    let bytes = m.bytes();
-    ws.lock().unwrap_or_else(|e| e.into_inner()).base = Some(m);
+    ws.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .scanner
+        .mark(generation, &root_hash);
     Ok(SyncReport {
         id,
         error: String::new(),
@@ -448,7 +495,7 @@ async fn materialise(
         ws.clone(),
     );
     let applied =
-        tokio::task::spawn_blocking(move || -> Result<(manifest::Applied, Manifest), String> {
+        tokio::task::spawn_blocking(move || -> Result<(manifest::Applied, String), String> {
             let mut blob = |h: &str| -> Result<Vec<u8>, String> {
                 if let Some(d) = fetched.get(h) {
                     return Ok(d.clone());
@@ -467,19 +514,29 @@ async fn materialise(
                 }
             }
             let mut w = ws2.lock().unwrap_or_else(|e| e.into_inner());
-            let now = scan_now(&mut w, true)?;
-            Ok((applied, now))
+            // What was just written was checked against its hash: the walk that verifies
+            // the tree need not read it again.
+            for (p, e) in &target2.entries {
+                if e.kind == Kind::File && current.entries.get(p) != Some(e) {
+                    w.scanner.prime(p, &e.hash);
+                }
+            }
+            scan_now(&mut w, true)?;
+            let got = w.scanner.last().map(|m| m.root_hash()).unwrap_or_default();
+            if got == target2.root_hash() {
+                let g = w.scanner.generation();
+                w.scanner.mark(g, &got);
+            }
+            Ok((applied, got))
         })
         .await
         .map_err(|e| e.to_string())??;
-    let (applied, now) = applied;
-    let got = now.root_hash();
+    let (applied, got) = applied;
     if got != want {
         return Err(format!(
             "after materialising, the workspace's root hash is {got}, not {want}"
         ));
     }
-    ws.lock().unwrap_or_else(|e| e.into_inner()).base = Some(now);
     Ok(SyncReport {
         id,
         error: String::new(),

@@ -257,7 +257,8 @@ mod tests {
                     Some(c) => s.scan_changes(&c, &mut |d| t.watch_dir(d)),
                     None => s.scan_full(&mut |d| t.watch_dir(d)),
                 }
-                .unwrap();
+                .unwrap()
+                .clone();
                 partial += usize::from(!s.was_full);
                 let want = Scanner::new(root, Rules::default()).scan().unwrap();
                 assert!(
