@@ -178,9 +178,12 @@ fn scan_now(w: &mut Ws, full: bool) -> Result<(), String> {
         scanner, tracker, ..
     } = w;
     let r = match tracker {
-        Some(t) => match t.take().filter(|_| !full) {
+        Some(t) => match if full { None } else { t.take() } {
             Some(changed) => scanner.scan_changes(&changed, &mut |d| t.watch_dir(d)),
-            None => scanner.scan_full(&mut |d| t.watch_dir(d)),
+            None => {
+                t.drain();
+                scanner.scan_full(&mut |d| t.watch_dir(d))
+            }
         },
         None => scanner.scan_full(&mut |_| {}),
     };
