@@ -51,6 +51,8 @@ pub struct Tracker {
     next_fence: u64,
     /// A directory could not be watched: every barrier walks the whole tree.
     broken: bool,
+    /// Barriers that waited out [`FENCE_WAIT`] (for figures and tests).
+    pub fence_timeouts: u64,
 }
 
 impl Tracker {
@@ -67,6 +69,7 @@ impl Tracker {
             fence_dir: fence_dir.to_path_buf(),
             next_fence: 0,
             broken: false,
+            fence_timeouts: 0,
         }
     }
 
@@ -145,6 +148,7 @@ impl Tracker {
         while st.fence_seen < n && !st.lost {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
+                self.fence_timeouts += 1;
                 break;
             }
             st = self
@@ -296,5 +300,36 @@ mod tests {
         std::fs::write(d.path().join("d3/s3/f3"), "changed").unwrap();
         let c = t.take().expect("the watcher works");
         assert_eq!(c.into_iter().collect::<Vec<_>>(), ["d3/s3/f3"]);
+    }
+
+    #[test]
+    fn a_flood_of_changes_is_answered_without_waiting_out_the_fence() {
+        let state = tempfile::tempdir().unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let mut t = Tracker::new(d.path(), &state.path().join("fences"));
+        t.watch_dir(d.path());
+        let max: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(16384);
+        // More events than the kernel queues (each write is several), made while the
+        // reader is held up, so the queue overflows and drops the fence too.
+        let guard = t.shared.state.lock().unwrap();
+        for i in 0..max {
+            std::fs::write(d.path().join(format!("f{i}")), "x").unwrap();
+        }
+        drop(guard);
+        match t.take() {
+            None => assert_eq!(
+                t.fence_timeouts, 0,
+                "waited out a fence the overflow dropped"
+            ),
+            Some(c) => assert_eq!(c.len(), max, "no overflow, so every write was seen"),
+        }
+        // And the next barrier is back to normal.
+        std::fs::write(d.path().join("f0"), "y").unwrap();
+        let c = t.take().expect("the watcher works again");
+        assert!(c.contains("f0"));
+        assert_eq!(t.fence_timeouts, 0);
     }
 }
