@@ -258,6 +258,7 @@ async fn barrier(
     client: &mut SyncClient<Channel>,
     full: bool,
 ) -> Result<SyncReport, String> {
+    let t0 = std::time::Instant::now();
     let (ws2, brain_base) = (ws.clone(), base_root.to_string());
     let scanned = tokio::task::spawn_blocking(move || {
         scan_for_barrier(
@@ -277,6 +278,7 @@ async fn barrier(
         hashed,
         generation,
     } = scanned;
+    let t_scan = t0.elapsed();
     // Only blobs of new content, and of those only what the brain lacks.
     let mut want: Vec<&str> = delta
         .upserts
@@ -364,10 +366,19 @@ async fn barrier(
         .put_delta(tokio_stream::iter(parts))
         .await
         .map_err(|s| format!("sending the delta: {}", s.message()))?;
-    ws.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .scanner
-        .mark(generation, &root_hash);
+    let mut w = ws.lock().unwrap_or_else(|e| e.into_inner());
+    w.scanner.mark(generation, &root_hash);
+    tracing::info!(
+        full = w.scanner.was_full,
+        listed = w.scanner.listed,
+        hashed,
+        changes = delta.upserts.len() + delta.deletes.len(),
+        blobs = missing.len(),
+        scan_ms = t_scan.as_millis() as u64,
+        send_ms = (t0.elapsed() - t_scan).as_millis() as u64,
+        "barrier"
+    );
+    drop(w);
     Ok(SyncReport {
         id,
         error: String::new(),
@@ -389,6 +400,7 @@ async fn materialise(
     owner: Option<(u32, u32)>,
     state: &Arc<SyncState>,
 ) -> Result<SyncReport, String> {
+    let t0 = std::time::Instant::now();
     let rules = &ws
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -423,7 +435,9 @@ async fn materialise(
             target.root_hash()
         ));
     }
+    let t_manifest = t0.elapsed();
     let (current, _) = scan(&ws, true).await?;
+    let t_scan = t0.elapsed();
     // Content this machine already has, under any path of the workspace.
     let mut local: HashMap<String, PathBuf> = state
         .known
@@ -491,6 +505,7 @@ async fn materialise(
         }
     }
     let blobs_fetched = fetched.len() as u64;
+    let t_fetch = t0.elapsed();
     let (root2, rules2, target2, ws2) = (
         root.to_path_buf(),
         rules.clone(),
@@ -524,7 +539,16 @@ async fn materialise(
                     w.scanner.prime(p, &e.hash);
                 }
             }
+            let written = t0.elapsed();
             scan_now(&mut w, true)?;
+            tracing::info!(
+                manifest_ms = t_manifest.as_millis() as u64,
+                scan_ms = (t_scan - t_manifest).as_millis() as u64,
+                fetch_ms = (t_fetch - t_scan).as_millis() as u64,
+                write_ms = (written - t_fetch).as_millis() as u64,
+                verify_ms = (t0.elapsed() - written).as_millis() as u64,
+                "materialised"
+            );
             let got = w.scanner.last().map(|m| m.root_hash()).unwrap_or_default();
             if got == target2.root_hash() {
                 let g = w.scanner.generation();

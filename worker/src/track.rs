@@ -1,32 +1,51 @@
 //! Which paths of a workspace changed since the last barrier, so that a barrier lists only
 //! the directories they are in instead of walking the whole tree.
 //!
-//! A `notify` (inotify) watcher watches each directory of the workspace that is part of it
-//! (added by the scanner just before it lists the directory, so nothing created in between
-//! is missed; excluded and ignored directories such as `target/` are not watched). Its
-//! events name the paths that changed. To know that every change made before a barrier has
-//! been delivered, the barrier writes a *fence*: a file in a directory of the worker's own
-//! state, watched by the same inotify instance. One instance's events arrive in the order
-//! they happened, so once the fence's event is seen, every earlier change has been too.
+//! An inotify instance (the `inotify` crate, which `notify` is built on: one system call per
+//! watch, where `notify` makes a round trip to its thread) watches each directory of the
+//! workspace that is part of it. The scanner adds the watch just before it lists the
+//! directory, so nothing created in between is missed; excluded and ignored directories such
+//! as `target/` are not watched. Only changes are asked for (no opens or reads). A thread
+//! reads the events and records the paths they name.
 //!
-//! Whenever that cannot be relied on — the watcher could not start or watch a directory
-//! (`fs.inotify.max_user_watches`), the kernel's queue overflowed, too many paths changed,
-//! or the fence did not arrive in time — the barrier walks the whole tree instead, as it
-//! does for its first scan and for the final barrier of a move. Like git's fsmonitor, this
-//! does not see writes through a memory mapping or through a hard link from outside the
-//! workspace until the next full walk.
+//! To know that every change made before a barrier has been delivered, the barrier writes a
+//! *fence*: a file in a directory of the worker's own state, watched by the same instance.
+//! One instance's events arrive in the order they happened, so once the fence's event is
+//! seen, every earlier change has been too.
+//!
+//! Whenever that cannot be relied on — the instance could not start or watch a directory
+//! (`fs.inotify.max_user_instances`, `max_user_watches`), the kernel's queue overflowed, too
+//! many paths changed, or the fence did not arrive in time — the barrier walks the whole tree
+//! instead, as it does for its first scan and for the final barrier of a move. Like git's
+//! fsmonitor, this does not see writes through a memory mapping or through a hard link from
+//! outside the workspace until the next full walk.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use notify::{EventKind, RecursiveMode, Watcher};
+use inotify::{EventMask, Inotify, WatchMask, Watches};
 
 /// Most changed paths remembered between barriers; beyond that, a full walk.
 const MAX_CHANGED: usize = 50_000;
 /// How long a barrier waits for its fence.
 const FENCE_WAIT: Duration = Duration::from_secs(2);
+
+/// What a workspace directory is watched for: changes to its entries and to itself.
+fn dir_mask() -> WatchMask {
+    WatchMask::CREATE
+        | WatchMask::DELETE
+        | WatchMask::MODIFY
+        | WatchMask::ATTRIB
+        | WatchMask::MOVED_FROM
+        | WatchMask::MOVED_TO
+        | WatchMask::DELETE_SELF
+        | WatchMask::MOVE_SELF
+        | WatchMask::ONLYDIR
+        | WatchMask::DONT_FOLLOW
+        | WatchMask::EXCL_UNLINK
+}
 
 #[derive(Default)]
 struct State {
@@ -35,6 +54,10 @@ struct State {
     lost: bool,
     /// The highest fence seen.
     fence_seen: u64,
+    /// The directory each watch is on.
+    dirs: HashMap<i32, PathBuf>,
+    /// The tracker is gone: the reading thread ends.
+    stop: bool,
 }
 
 #[derive(Default)]
@@ -43,9 +66,15 @@ struct Shared {
     cv: Condvar,
 }
 
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// The change tracker of one workspace.
 pub struct Tracker {
-    watcher: Option<notify::RecommendedWatcher>,
+    watches: Option<Watches>,
     shared: Arc<Shared>,
     fence_dir: PathBuf,
     next_fence: u64,
@@ -59,12 +88,12 @@ impl Tracker {
     /// Starts tracking `root`; fences go in `fence_dir` (created, and emptied of old fences).
     pub fn new(root: &Path, fence_dir: &Path) -> Self {
         let shared = Arc::new(Shared::default());
-        let watcher = Self::start(root, fence_dir, &shared);
-        if let Err(e) = &watcher {
-            tracing::warn!(root = %root.display(), error = %e, "cannot track workspace changes (is fs.inotify.max_user_instances or max_user_watches exhausted?); every barrier walks the whole tree");
+        let watches = Self::start(root, fence_dir, &shared);
+        if let Err(e) = &watches {
+            tracing::warn!(root = %root.display(), error = %e, "cannot track workspace changes (is fs.inotify.max_user_instances exhausted?); every barrier walks the whole tree");
         }
         Self {
-            watcher: watcher.ok(),
+            watches: watches.ok(),
             shared,
             fence_dir: fence_dir.to_path_buf(),
             next_fence: 0,
@@ -73,66 +102,104 @@ impl Tracker {
         }
     }
 
-    fn start(
-        root: &Path,
-        fence_dir: &Path,
-        shared: &Arc<Shared>,
-    ) -> Result<notify::RecommendedWatcher, String> {
+    fn start(root: &Path, fence_dir: &Path, shared: &Arc<Shared>) -> std::io::Result<Watches> {
         let _ = std::fs::remove_dir_all(fence_dir);
-        std::fs::create_dir_all(fence_dir).map_err(|e| format!("{}: {e}", fence_dir.display()))?;
-        let (s, root, fences) = (shared.clone(), root.to_path_buf(), fence_dir.to_path_buf());
-        let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            let mut st = s.state.lock().unwrap_or_else(|e| e.into_inner());
-            match res {
-                Ok(ev) if ev.need_rescan() => st.lost = true,
-                // Opening, reading and closing change nothing; a write is also a Modify.
-                Ok(ev) if matches!(ev.kind, EventKind::Access(_)) => {}
-                Ok(ev) => {
-                    for p in ev.paths {
-                        if let Ok(name) = p.strip_prefix(&fences) {
-                            if let Some(n) = name.to_str().and_then(|n| n.parse::<u64>().ok()) {
+        std::fs::create_dir_all(fence_dir)?;
+        let mut inotify = Inotify::init()?;
+        let watches = inotify.watches();
+        let fence_wd = watches
+            .clone()
+            .add(fence_dir, WatchMask::CREATE | WatchMask::ONLYDIR)?
+            .get_watch_descriptor_id();
+        let (s, root) = (shared.clone(), root.to_path_buf());
+        std::thread::Builder::new()
+            .name("tether-track".into())
+            .spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let events = match inotify.read_events_blocking(&mut buf) {
+                        Ok(ev) => ev,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading workspace changes failed; barriers walk the whole tree");
+                            s.lock().lost = true;
+                            s.cv.notify_all();
+                            return;
+                        }
+                    };
+                    let mut st = s.lock();
+                    if st.stop {
+                        return;
+                    }
+                    for ev in events {
+                        if ev.mask.contains(EventMask::Q_OVERFLOW) {
+                            st.lost = true;
+                            s.cv.notify_all();
+                            continue;
+                        }
+                        let wd = ev.wd.get_watch_descriptor_id();
+                        if wd == fence_wd {
+                            let n = ev.name.and_then(|n| n.to_str()?.parse::<u64>().ok());
+                            if let Some(n) = n {
                                 st.fence_seen = st.fence_seen.max(n);
                                 s.cv.notify_all();
                             }
-                        } else if let Ok(rel) = p.strip_prefix(&root) {
-                            if st.changed.len() >= MAX_CHANGED {
-                                st.lost = true;
-                            } else {
-                                st.changed.insert(rel.to_string_lossy().into_owned());
-                            }
+                            continue;
+                        }
+                        if ev.mask.contains(EventMask::IGNORED) {
+                            st.dirs.remove(&wd);
+                            continue;
+                        }
+                        let Some(dir) = st.dirs.get(&wd) else {
+                            continue;
+                        };
+                        let path = match ev.name {
+                            Some(name) => dir.join(name),
+                            None => dir.clone(),
+                        };
+                        let Ok(rel) = path.strip_prefix(&root) else {
+                            continue;
+                        };
+                        let rel = rel.to_string_lossy().into_owned();
+                        if st.changed.len() >= MAX_CHANGED {
+                            st.lost = true;
+                        } else {
+                            st.changed.insert(rel);
                         }
                     }
                 }
-                Err(_) => st.lost = true,
-            }
-        })
-        .map_err(|e| e.to_string())?;
-        w.watch(fence_dir, RecursiveMode::NonRecursive)
-            .map_err(|e| e.to_string())?;
-        Ok(w)
+            })?;
+        Ok(watches)
     }
 
     /// Watches a directory of the workspace (the scanner calls this before listing it).
     pub fn watch_dir(&mut self, dir: &Path) {
-        let Some(w) = self.watcher.as_mut() else {
+        let Some(w) = self.watches.as_mut() else {
             return;
         };
         if self.broken {
             return;
         }
-        if let Err(e) = w.watch(dir, RecursiveMode::NonRecursive) {
-            if matches!(e.kind, notify::ErrorKind::PathNotFound) {
-                return; // gone already; its parent's change covers it
+        // Under the lock, so the reading thread knows the watch before its first event.
+        let mut st = self.shared.lock();
+        match w.add(dir, dir_mask()) {
+            Ok(wd) => {
+                st.dirs
+                    .insert(wd.get_watch_descriptor_id(), dir.to_path_buf());
             }
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a workspace directory (fs.inotify.max_user_watches?); barriers walk the whole tree from now on");
-            self.broken = true;
+            // Gone already, or replaced by something else: its parent's change covers it.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {}
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a workspace directory (fs.inotify.max_user_watches?); barriers walk the whole tree from now on");
+                self.broken = true;
+            }
         }
     }
 
     /// The paths changed since the last call, or `None` when they cannot be known (no
     /// watcher, lost events, the fence did not arrive): then the caller walks the whole tree.
     pub fn take(&mut self) -> Option<BTreeSet<String>> {
-        self.watcher.as_ref()?;
+        self.watches.as_ref()?;
         self.next_fence += 1;
         let n = self.next_fence;
         let fence = self.fence_dir.join(n.to_string());
@@ -142,7 +209,7 @@ impl Tracker {
             return None;
         }
         let deadline = Instant::now() + FENCE_WAIT;
-        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.shared.lock();
         // Lost events may include the fence itself (an overflowing queue drops what follows):
         // the answer is a full walk then, so there is nothing to wait for.
         while st.fence_seen < n && !st.lost {
@@ -174,7 +241,7 @@ impl Tracker {
     /// Forgets the changes so far, before a full walk that will see them anyway (events of
     /// earlier changes still on their way land in the next set: harmless).
     pub fn drain(&self) {
-        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.shared.lock();
         st.changed.clear();
         st.lost = false;
     }
@@ -182,7 +249,12 @@ impl Tracker {
 
 impl Drop for Tracker {
     fn drop(&mut self) {
-        self.watcher = None;
+        if self.watches.take().is_some() {
+            // Wake the reading thread with one last fence; it sees `stop` and closes the
+            // instance.
+            self.shared.lock().stop = true;
+            let _ = std::fs::write(self.fence_dir.join("0"), b"");
+        }
         let _ = std::fs::remove_dir_all(&self.fence_dir);
     }
 }
