@@ -79,6 +79,9 @@ pub struct Mirror {
     manifests: sled::Tree,
     /// The latest manifests used, so a barrier does not decode its base again.
     recent: Recent,
+    /// Chain depth of manifests stored or read by this process, so a barrier does not read
+    /// its base's record (possibly a whole manifest) to learn it.
+    depths: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u16>>>,
 }
 
 /// The latest manifests used, by root hash, most recent first.
@@ -104,6 +107,7 @@ impl Mirror {
             dir: dir.to_path_buf(),
             manifests: db.open_tree("manifests")?,
             recent: Default::default(),
+            depths: Default::default(),
         })
     }
 
@@ -201,19 +205,24 @@ impl Mirror {
     /// Stores `m`, made from the stored manifest `base_root` by `delta`, as that delta (or
     /// whole, when the chain behind `base_root` is long). Every blob the delta adds must be
     /// stored.
+    /// `root` is `m`'s root hash, which the caller has computed to check it.
     pub fn put_manifest_delta(
         &self,
         m: Manifest,
+        root: &str,
         base_root: &str,
         delta: &Delta,
     ) -> Result<String, Error> {
-        let depth = match self.manifests.get(base_root.as_bytes())? {
-            Some(v) if !base_root.is_empty() => parse_stored(&v)
-                .map(|s| s.delta_of.map_or(0, |(d, _)| d))
-                .unwrap_or(MAX_CHAIN),
-            _ => MAX_CHAIN,
+        let root = root.to_string();
+        let depth = match self.depth(base_root) {
+            Some(d) => d,
+            None => match self.manifests.get(base_root.as_bytes())? {
+                Some(v) if !base_root.is_empty() => parse_stored(&v)
+                    .map(|s| s.delta_of.map_or(0, |(d, _)| d))
+                    .unwrap_or(MAX_CHAIN),
+                _ => MAX_CHAIN,
+            },
         };
-        let root = m.root_hash();
         if let Some(v) = self.manifests.get(root.as_bytes())? {
             // Stored already (a barrier that changed nothing, or back to an earlier
             // version): only its time is renewed, for the collector's grace.
@@ -225,7 +234,9 @@ impl Mirror {
             return Ok(root);
         }
         if depth + 1 >= MAX_CHAIN {
-            return self.put_manifest(&m);
+            let r = self.put_manifest(&m)?;
+            self.set_depth(&r, 0);
+            return Ok(r);
         }
         if let Some((path, e)) = delta
             .upserts
@@ -247,8 +258,44 @@ impl Mirror {
         v.extend_from_slice(base_root.as_bytes());
         v.extend_from_slice(&compress(&json));
         self.manifests.insert(root.as_bytes(), v)?;
+        self.set_depth(&root, depth + 1);
         self.remember(&root, std::sync::Arc::new(m));
         Ok(root)
+    }
+
+    fn depth(&self, root: &str) -> Option<u16> {
+        let d = self.depths.lock().unwrap_or_else(|e| e.into_inner());
+        d.get(root).copied()
+    }
+
+    fn set_depth(&self, root: &str, depth: u16) {
+        let mut d = self.depths.lock().unwrap_or_else(|e| e.into_inner());
+        if d.len() >= 100_000 {
+            d.clear();
+        }
+        d.insert(root.to_string(), depth);
+    }
+
+    /// The manifest with this root hash, taken out of the cache of recent ones so that it
+    /// can be changed without a copy (it is read back from the store when needed again).
+    pub fn take_manifest(&self, root: &str) -> Result<Manifest, Error> {
+        let cached = {
+            let mut r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            let i = r.iter().position(|(k, _)| k == root);
+            i.and_then(|i| r.remove(i)).map(|(_, m)| m)
+        };
+        let m = match cached {
+            Some(m) => m,
+            None => {
+                let m = self.manifest_shared(root)?;
+                self.recent
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|(k, _)| k != root);
+                m
+            }
+        };
+        Ok(std::sync::Arc::try_unwrap(m).unwrap_or_else(|m| (*m).clone()))
     }
 
     fn remember(&self, root: &str, m: std::sync::Arc<Manifest>) {
@@ -494,7 +541,12 @@ mod tests {
                 .insert(format!("f{:03}", v % 100), Entry::file(c.as_bytes(), false));
             let delta = versions.last().unwrap().diff(&next);
             let root = m
-                .put_manifest_delta(next.clone(), roots.last().unwrap(), &delta)
+                .put_manifest_delta(
+                    next.clone(),
+                    &next.root_hash(),
+                    roots.last().unwrap(),
+                    &delta,
+                )
                 .unwrap();
             assert_eq!(root, next.root_hash());
             roots.push(root);
@@ -503,7 +555,12 @@ mod tests {
         // A barrier that changed nothing stores nothing new (and no delta onto itself).
         let last = versions.last().unwrap().clone();
         let same = m
-            .put_manifest_delta(last.clone(), roots.last().unwrap(), &last.diff(&last))
+            .put_manifest_delta(
+                last.clone(),
+                &last.root_hash(),
+                roots.last().unwrap(),
+                &last.diff(&last),
+            )
             .unwrap();
         assert_eq!(&same, roots.last().unwrap());
         // Most records are small deltas; a whole manifest every MAX_CHAIN versions.
@@ -537,7 +594,7 @@ mod tests {
             .insert("new".into(), Entry::file(b"never uploaded", false));
         assert!(
             again
-                .put_manifest_delta(bad.clone(), &last, &kept.diff(&bad))
+                .put_manifest_delta(bad.clone(), &bad.root_hash(), &last, &kept.diff(&bad))
                 .is_err()
         );
     }

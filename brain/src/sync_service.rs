@@ -192,9 +192,9 @@ impl SyncService for Services {
             let json = manifest::decompress(&buf, MAX_DELTA_BYTES)
                 .map_err(|e| Status::invalid_argument(format!("the delta: {e}")))?;
             let delta = parse_delta(&json)?;
-            let base = mirror.manifest_shared(&base_root).map_err(mirror_status)?;
+            let base = mirror.take_manifest(&base_root).map_err(mirror_status)?;
             let new = base
-                .apply(&delta, &rules)
+                .apply_owned(&delta, &rules)
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
             let root = new.root_hash();
             if root != claimed {
@@ -203,7 +203,7 @@ impl SyncService for Services {
                 )));
             }
             mirror
-                .put_manifest_delta(new, &base_root, &delta)
+                .put_manifest_delta(new, &root, &base_root, &delta)
                 .map_err(mirror_status)
         })
         .await

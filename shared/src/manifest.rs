@@ -261,7 +261,19 @@ impl Manifest {
         for (p, e) in &delta.upserts {
             check_entry(p, e, rules)?;
         }
-        let mut m = self.clone();
+        self.clone().apply_owned(delta, rules)
+    }
+
+    /// [`Manifest::apply`] without a copy: on an error the manifest is lost, so the caller
+    /// must be able to do without it (the mirror reads it back from its store).
+    pub fn apply_owned(mut self, delta: &Delta, rules: &Rules) -> Result<Manifest, Error> {
+        for p in &delta.deletes {
+            check_path(p, rules)?;
+        }
+        for (p, e) in &delta.upserts {
+            check_entry(p, e, rules)?;
+        }
+        let m = &mut self;
         for p in &delta.deletes {
             // Deleting a directory deletes what is under it.
             m.remove_tree(p);
@@ -287,7 +299,7 @@ impl Manifest {
                 ));
             }
         }
-        Ok(m)
+        Ok(self)
     }
 
     /// The paths strictly under `dir`, in order.
