@@ -498,13 +498,15 @@ pub fn materialise(
     use std::os::unix::fs::PermissionsExt;
     target.validate(rules)?;
     let mut stats = Applied::default();
-    // Fetch and check what is new before changing anything.
-    let mut contents: HashMap<&str, Vec<u8>> = HashMap::new();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    // Fetch what is new, and check it (on every core) before changing anything.
+    let mut fetched: Vec<(&str, &str, Vec<u8>)> = Vec::new();
+    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for (path, e) in &target.entries {
-        if e.kind != Kind::File || contents.contains_key(e.hash.as_str()) {
+        if e.kind != Kind::File || current.entries.get(path) == Some(e) {
             continue;
         }
-        if current.entries.get(path) == Some(e) {
+        if !seen.insert(e.hash.as_str()) {
             continue;
         }
         let data = blob(&e.hash).map_err(|reason| Error::MissingBlob {
@@ -512,16 +514,33 @@ pub fn materialise(
             hash: e.hash.clone(),
             reason,
         })?;
-        let actual = hash(&data);
-        if actual != e.hash {
-            return Err(Error::HashMismatch {
-                path: path.clone(),
-                expected: e.hash.clone(),
-                actual,
-            });
-        }
-        contents.insert(e.hash.as_str(), data);
+        fetched.push((path.as_str(), e.hash.as_str(), data));
     }
+    let per = fetched.len().div_ceil(threads).max(1);
+    std::thread::scope(|sc| {
+        let checks: Vec<_> = fetched
+            .chunks(per)
+            .map(|part| {
+                sc.spawn(move || {
+                    for (path, expected, data) in part {
+                        let actual = hash(data);
+                        if actual != *expected {
+                            return Err(Error::HashMismatch {
+                                path: path.to_string(),
+                                expected: expected.to_string(),
+                                actual,
+                            });
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        checks
+            .into_iter()
+            .try_for_each(|h| h.join().expect("hash check panicked"))
+    })?;
+    let contents: HashMap<&str, Vec<u8>> = fetched.into_iter().map(|(_, h, d)| (h, d)).collect();
     // Remove what goes away or changes kind, deepest first.
     for (path, e) in current.entries.iter().rev() {
         let keep = target
@@ -541,7 +560,9 @@ pub fn materialise(
         r.map_err(|e| io(path, e))?;
         stats.deleted += 1;
     }
-    // Create in path order: parents before children.
+    // Directories and symlinks in path order (parents before children), then the files on
+    // every core.
+    let mut files: Vec<(&str, &Entry)> = Vec::new();
     for (path, e) in &target.entries {
         let full = safe_join(root, path)?;
         match e.kind {
@@ -556,22 +577,44 @@ pub fn materialise(
                 }
             }
             Kind::File => {
-                let mode = if e.exec { 0o755 } else { 0o644 };
-                if current.entries.get(path) == Some(e) {
-                    continue;
-                }
-                if let Some(data) = contents.get(e.hash.as_str()) {
-                    write_atomic(&full, data, mode).map_err(|err| io(path, err))?;
-                    stats.written += 1;
-                    stats.written_bytes += data.len() as u64;
-                } else {
-                    // Same content as before, only the exec bit changed.
-                    std::fs::set_permissions(&full, std::fs::Permissions::from_mode(mode))
-                        .map_err(|err| io(path, err))?;
+                if current.entries.get(path) != Some(e) {
+                    files.push((path, e));
                 }
             }
         }
     }
+    let per = files.len().div_ceil(threads).max(1);
+    let contents = &contents;
+    let written = std::thread::scope(|sc| {
+        let writers: Vec<_> = files
+            .chunks(per)
+            .map(|part| {
+                sc.spawn(move || -> Result<(u64, u64), Error> {
+                    let (mut n, mut bytes) = (0, 0);
+                    for (path, e) in part {
+                        let full = safe_join(root, path)?;
+                        let mode = if e.exec { 0o755 } else { 0o644 };
+                        if let Some(data) = contents.get(e.hash.as_str()) {
+                            write_atomic(&full, data, mode).map_err(|err| io(path, err))?;
+                            n += 1;
+                            bytes += data.len() as u64;
+                        } else {
+                            // Same content as before, only the exec bit changed.
+                            std::fs::set_permissions(&full, std::fs::Permissions::from_mode(mode))
+                                .map_err(|err| io(path, err))?;
+                        }
+                    }
+                    Ok((n, bytes))
+                })
+            })
+            .collect();
+        writers
+            .into_iter()
+            .map(|h| h.join().expect("writer panicked"))
+            .try_fold((0, 0), |(a, b), r| r.map(|(n, x)| (a + n, b + x)))
+    })?;
+    stats.written += written.0;
+    stats.written_bytes += written.1;
     syncfs(root).map_err(|e| io("", e))?;
     Ok(stats)
 }
