@@ -26,12 +26,31 @@ const MAX_MANIFEST_BYTES: u64 = 1 << 30;
 /// Any one sync RPC.
 const RPC_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Per workspace: the scanner (its hash cache) and the manifest the brain last confirmed.
-#[derive(Default)]
+/// Most workspaces whose changes are tracked at once (each is an inotify instance, and
+/// `fs.inotify.max_user_instances` is often 128); the least recently used gives its up.
+const MAX_TRACKERS: usize = 32;
+/// A workspace not synced for this long stops being tracked.
+const TRACK_IDLE: Duration = Duration::from_secs(15 * 60);
+
+/// Per workspace: the scanner (its hash cache, its manifest and what changed since the
+/// brain last confirmed one) and the change tracker.
 pub struct SyncState {
     workspaces: Mutex<HashMap<String, Arc<Mutex<Ws>>>>,
     /// Where imported content lives on this machine, by hash (checked when read).
     known: Mutex<HashMap<String, PathBuf>>,
+    max_trackers: usize,
+    idle: Duration,
+}
+
+impl Default for SyncState {
+    fn default() -> Self {
+        Self {
+            workspaces: Default::default(),
+            known: Default::default(),
+            max_trackers: MAX_TRACKERS,
+            idle: TRACK_IDLE,
+        }
+    }
 }
 
 /// An import directory: absolute, an existing directory, and neither inside nor holding a
@@ -62,23 +81,59 @@ fn check_import(dir: &str, denied: &[PathBuf]) -> Result<PathBuf, String> {
 struct Ws {
     scanner: Scanner,
     /// Which paths changed since the last barrier (none for an import directory, which is
-    /// scanned once).
+    /// scanned once, or for a workspace that gave its tracker up).
     tracker: Option<Tracker>,
+    /// Where the tracker's fences go (none for an import directory).
+    fences: Option<PathBuf>,
+    used: std::time::Instant,
+    /// The tracker was not running all along: the next scan walks the whole tree.
+    needs_full: bool,
 }
 
 impl SyncState {
     fn ws(&self, name: &str, root: &Path, rules: &Rules, fences: &Path) -> Arc<Mutex<Ws>> {
-        self.workspaces
+        let ws = self
+            .workspaces
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(name.to_string())
             .or_insert_with(|| {
                 Arc::new(Mutex::new(Ws {
                     scanner: Scanner::new(root, rules.clone()),
-                    tracker: Some(Tracker::new(root, &fences.join(name))),
+                    tracker: None,
+                    fences: Some(fences.join(name)),
+                    used: std::time::Instant::now(),
+                    needs_full: true,
                 }))
             })
-            .clone()
+            .clone();
+        {
+            let mut w = ws.lock().unwrap_or_else(|e| e.into_inner());
+            w.used = std::time::Instant::now();
+            if w.tracker.is_none()
+                && let Some(f) = w.fences.clone()
+            {
+                w.tracker = Some(Tracker::new(root, &f));
+                w.needs_full = true;
+            }
+        }
+        // Give trackers up: idle ones, then the least recently used beyond the cap. A
+        // workspace busy right now is left alone.
+        let all = self.workspaces.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live: Vec<(std::time::Instant, std::sync::MutexGuard<'_, Ws>)> = all
+            .values()
+            .filter(|w| !Arc::ptr_eq(w, &ws))
+            .filter_map(|w| w.try_lock().ok())
+            .filter(|w| w.tracker.is_some())
+            .map(|w| (w.used, w))
+            .collect();
+        live.sort_by_key(|(used, _)| std::cmp::Reverse(*used));
+        for (i, (used, w)) in live.iter_mut().enumerate() {
+            if i + 1 >= self.max_trackers || used.elapsed() > self.idle {
+                w.tracker = None;
+            }
+        }
+        ws
     }
 }
 
@@ -141,6 +196,9 @@ async fn run(
         let ws = Arc::new(Mutex::new(Ws {
             scanner: Scanner::new(&dir, rules),
             tracker: None,
+            fences: None,
+            used: std::time::Instant::now(),
+            needs_full: true,
         }));
         let report = barrier(req.id, "", &dir, ws.clone(), client, true).await?;
         // Its files can seed the task's workspace without crossing the wire again.
@@ -174,8 +232,12 @@ fn raw(hash: &str) -> Vec<u8> {
 /// Brings the scanner's manifest up to date: from the paths its tracker saw change, or a
 /// walk of the whole tree when `full` or when the tracker cannot say.
 fn scan_now(w: &mut Ws, full: bool) -> Result<(), String> {
+    let full = full || w.needs_full;
     let Ws {
-        scanner, tracker, ..
+        scanner,
+        tracker,
+        needs_full,
+        ..
     } = w;
     let r = match tracker {
         Some(t) => match if full { None } else { t.take() } {
@@ -188,6 +250,7 @@ fn scan_now(w: &mut Ws, full: bool) -> Result<(), String> {
         None => scanner.scan_full(&mut |_| {}),
     };
     r.map(|_| ()).map_err(|e| e.to_string())?;
+    *needs_full = false;
     tracing::debug!(
         full = scanner.was_full,
         listed = scanner.listed,
@@ -574,4 +637,51 @@ async fn materialise(
         wire_bytes: wire,
         hashed: 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trackers_are_bounded_and_one_given_up_means_a_full_walk() {
+        let d = tempfile::tempdir().unwrap();
+        let state = SyncState {
+            max_trackers: 2,
+            ..SyncState::default()
+        };
+        let fences = d.path().join("fences");
+        let ws = |name: &str| {
+            let root = d.path().join(name);
+            std::fs::create_dir_all(&root).unwrap();
+            std::fs::write(root.join("f"), name).unwrap();
+            state.ws(name, &root, &Rules::default(), &fences)
+        };
+        let tracked = |w: &Arc<Mutex<Ws>>| w.lock().unwrap().tracker.is_some();
+        let (a, b) = (ws("a"), ws("b"));
+        for w in [&a, &b] {
+            scan_now(&mut w.lock().unwrap(), false).unwrap();
+            assert!(w.lock().unwrap().scanner.was_full, "a first scan walks");
+        }
+        scan_now(&mut a.lock().unwrap(), false).unwrap();
+        assert!(
+            !a.lock().unwrap().scanner.was_full,
+            "a tracked workspace does not walk"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        let c = ws("c");
+        assert!(
+            tracked(&c) && tracked(&b),
+            "the two most recently used keep theirs"
+        );
+        assert!(!tracked(&a), "the least recently used gives its tracker up");
+        // Changed while untracked: the next scan must walk to see it.
+        std::fs::write(d.path().join("a/new"), "made while untracked").unwrap();
+        let a = ws("a");
+        assert!(tracked(&a));
+        scan_now(&mut a.lock().unwrap(), false).unwrap();
+        let w = a.lock().unwrap();
+        assert!(w.scanner.was_full);
+        assert!(w.scanner.last().unwrap().entries.contains_key("new"));
+    }
 }
