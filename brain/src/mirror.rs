@@ -159,6 +159,35 @@ impl Mirror {
         manifest::syncfs(&self.dir).map_err(|e| io(&self.dir, e))
     }
 
+    /// Makes these newly stored blobs durable: each file and its directory flushed when they
+    /// are few (a `syncfs` would also wait for everything else written to that filesystem,
+    /// such as a worker's workspace on the same disk), one [`Mirror::sync`] when many.
+    pub fn sync_blobs(&self, hashes: &[String]) -> Result<(), Error> {
+        const FEW: usize = 64;
+        if hashes.len() > FEW {
+            return self.sync();
+        }
+        let flush = |p: &Path| {
+            std::fs::File::open(p)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| io(p, e))
+        };
+        let mut dirs: HashSet<PathBuf> = HashSet::new();
+        for h in hashes {
+            let p = self.blob_path(h)?;
+            flush(&p)?;
+            if let Some(d) = p.parent() {
+                dirs.insert(d.to_path_buf());
+            }
+        }
+        // The shard directories, and the store's own (a shard may be new).
+        dirs.insert(self.dir.clone());
+        for d in dirs {
+            flush(&d)?;
+        }
+        Ok(())
+    }
+
     /// Stores content, compressing it.
     pub fn put(&self, content: &[u8]) -> Result<String, Error> {
         let hash = manifest::hash(content);
@@ -475,6 +504,11 @@ mod tests {
         let m = Mirror::open(&db, &d.path().join("blobs")).unwrap();
         let a = m.put(b"alpha\n").unwrap();
         assert_eq!(m.put(b"alpha\n").unwrap(), a);
+        m.sync_blobs(std::slice::from_ref(&a)).unwrap();
+        assert!(
+            m.sync_blobs(&["../x".to_string()]).is_err(),
+            "only blob hashes"
+        );
         assert_eq!(m.get(&a).unwrap(), b"alpha\n");
         // A blob that does not match its hash is refused and not kept.
         let bad = manifest::hash(b"other");

@@ -106,6 +106,7 @@ impl SyncService for Services {
         let mut stream = req.into_inner();
         let mut cur: Option<(String, Vec<u8>)> = None;
         let mut stored = 0u32;
+        let mut fresh: Vec<String> = Vec::new();
         while let Some(c) = stream.message().await? {
             if !c.hash.is_empty() {
                 if c.hash.len() != 32 {
@@ -127,11 +128,15 @@ impl SyncService for Services {
             if c.last {
                 let (hash, data) = cur.take().expect("set above");
                 let mirror = self.0.mirror.clone();
+                let h = hash.clone();
                 let new =
-                    tokio::task::spawn_blocking(move || mirror.put_compressed(&hash, &data, max))
+                    tokio::task::spawn_blocking(move || mirror.put_compressed(&h, &data, max))
                         .await
                         .map_err(|e| Status::internal(e.to_string()))?
                         .map_err(mirror_status)?;
+                if new {
+                    fresh.push(hash);
+                }
                 stored += new as u32;
             }
         }
@@ -141,12 +146,18 @@ impl SyncService for Services {
             )));
         }
         if stored > 0 {
-            // Durable before any manifest names them: one sync for the whole upload.
+            // Durable before any manifest names them.
             let mirror = self.0.mirror.clone();
-            tokio::task::spawn_blocking(move || mirror.sync())
+            let t = std::time::Instant::now();
+            tokio::task::spawn_blocking(move || mirror.sync_blobs(&fresh))
                 .await
                 .map_err(|e| Status::internal(e.to_string()))?
                 .map_err(mirror_status)?;
+            tracing::debug!(
+                stored,
+                sync_ms = t.elapsed().as_millis() as u64,
+                "blobs stored"
+            );
         }
         Ok(Response::new(PutBlobsResponse { stored }))
     }
@@ -188,6 +199,7 @@ impl SyncService for Services {
             ..Rules::default()
         };
         let (base_root, claimed) = (first.base_root, first.root_hash);
+        let t = std::time::Instant::now();
         let root = tokio::task::spawn_blocking(move || -> Result<String, Status> {
             let json = manifest::decompress(&buf, MAX_DELTA_BYTES)
                 .map_err(|e| Status::invalid_argument(format!("the delta: {e}")))?;
@@ -208,7 +220,7 @@ impl SyncService for Services {
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))??;
-        tracing::debug!(%worker, workspace = %pending.workspace, %root, "mirror updated");
+        tracing::debug!(%worker, workspace = %pending.workspace, %root, ms = t.elapsed().as_millis() as u64, "mirror updated");
         Ok(Response::new(PutDeltaResponse {}))
     }
 

@@ -1,7 +1,8 @@
 //! Test harness: starts the real `brain` and `worker` binaries as processes on loopback
 //! ephemeral ports with temp dirs, waits for readiness, and can SIGKILL and restart either.
 //!
-//! Set `TETHER_KEEP_TEST_DIR=1` to keep a test's temp dir (logs, data, workspaces) after it.
+//! Set `TETHER_KEEP_TEST_DIR=1` to keep a test's temp dir (logs, data, workspaces) after it,
+//! and `TETHER_TEST_LOG` to a `RUST_LOG` filter for the processes (default `info`).
 
 pub mod fake_llm;
 pub mod sshd;
@@ -226,7 +227,7 @@ impl Cluster {
             .arg("--lost-after")
             .arg(format!("{}ms", self.opts.lost_after.as_millis()))
             .args(&self.opts.extra_args)
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", test_log());
         let mut proc = Proc::spawn(cmd, &self.dir.join("brain.log"))?;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -345,7 +346,7 @@ impl Cluster {
             .arg(name)
             .arg("--state")
             .arg(self.dir.join(name))
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", test_log());
         cmd
     }
 
@@ -393,7 +394,7 @@ impl Cluster {
         cmd.arg("run")
             .arg("--state")
             .arg(&w.state)
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", test_log());
         w.proc = Some(Proc::spawn(cmd, &w.state.with_extension("log")).expect("spawn worker"));
     }
 
@@ -476,4 +477,9 @@ pub fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// The log filter for the processes a test starts.
+fn test_log() -> String {
+    std::env::var("TETHER_TEST_LOG").unwrap_or_else(|_| "info".into())
 }
