@@ -27,8 +27,9 @@ enum Cmd {
         /// The brain's URL, e.g. https://brain.example:7443
         #[arg(long, env = "TETHER_BRAIN")]
         brain: String,
-        /// One-time join token from `brain token create`
-        #[arg(long)]
+        /// One-time join token from `brain token create` (or $TETHER_JOIN_TOKEN, which keeps it
+        /// out of the process list)
+        #[arg(long, env = "TETHER_JOIN_TOKEN", hide_env_values = true)]
         token: String,
         /// Pin of the brain's CA: sha256:<hex>, as printed by `brain token create`
         #[arg(long)]
@@ -54,6 +55,10 @@ enum Cmd {
         /// refuses this worker where its policy requires one
         #[arg(long)]
         no_sandbox: bool,
+        /// Exit (with an error) once the brain has been unreachable this long, e.g. "10m"; for
+        /// workers a provisioner started, so an orphaned machine does not run for ever
+        #[arg(long, value_parser = shared::parse_duration)]
+        exit_after_unreachable: Option<std::time::Duration>,
     },
     /// Connect to the brain with the stored identity and serve its calls until stopped
     Run {
@@ -69,12 +74,43 @@ enum Cmd {
         /// refuses this worker where its policy requires one
         #[arg(long)]
         no_sandbox: bool,
+        /// Exit (with an error) once the brain has been unreachable this long, e.g. "10m"; for
+        /// workers a provisioner started, so an orphaned machine does not run for ever
+        #[arg(long, value_parser = shared::parse_duration)]
+        exit_after_unreachable: Option<std::time::Duration>,
     },
     /// Show which confinement mechanisms work on this host, and why any does not
     Doctor {
         #[arg(long, env = "TETHER_WORKER_STATE")]
         state: Option<PathBuf>,
     },
+}
+
+/// Joins; with `retry_for`, a brain that cannot be reached yet is tried again (with backoff)
+/// until that much time has passed: a machine may boot before its network or its brain.
+async fn join_retrying(
+    dir: &StateDir,
+    opts: JoinOptions,
+    retry_for: Option<std::time::Duration>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<state::Membership> {
+    let started = std::time::Instant::now();
+    let mut delay = std::time::Duration::from_millis(200);
+    loop {
+        match session::join(dir, opts.clone()).await {
+            Err(session::Error::Tls(e @ shared::tls::Error::Connect(_)))
+                if retry_for.is_some_and(|limit| started.elapsed() < limit) =>
+            {
+                tracing::warn!(error = %e, retry_in = ?delay, "cannot reach the brain to join; will retry");
+                tokio::select! {
+                    _ = shutdown.cancelled() => anyhow::bail!("stopped before joining"),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(std::time::Duration::from_secs(10));
+            }
+            r => return Ok(r?),
+        }
+    }
 }
 
 /// Parses `args` (including the program name) and runs the command.
@@ -110,20 +146,18 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             no_run,
             deny_read,
             no_sandbox,
+            exit_after_unreachable,
         } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
-            let m = session::join(
-                &dir,
-                JoinOptions {
-                    brain,
-                    token,
-                    ca_hash,
-                    name: name.unwrap_or_else(crate::caps::hostname),
-                    labels,
-                    force,
-                },
-            )
-            .await?;
+            let opts = JoinOptions {
+                brain,
+                token,
+                ca_hash,
+                name: name.unwrap_or_else(crate::caps::hostname),
+                labels,
+                force,
+            };
+            let m = join_retrying(&dir, opts, exit_after_unreachable, &shutdown).await?;
             eprintln!(
                 "joined as {} ({}); identity stored in {}",
                 m.worker_id,
@@ -134,17 +168,26 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 return Ok(());
             }
             let sandbox = make_sandbox(&dir, &deny_read, no_sandbox);
-            session::run(dir, None, Backoff::default(), sandbox, shutdown).await?;
+            let backoff = Backoff {
+                give_up_after: exit_after_unreachable,
+                ..Backoff::default()
+            };
+            session::run(dir, None, backoff, sandbox, shutdown).await?;
         }
         Cmd::Run {
             state,
             brain,
             deny_read,
             no_sandbox,
+            exit_after_unreachable,
         } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
             let sandbox = make_sandbox(&dir, &deny_read, no_sandbox);
-            session::run(dir, brain, Backoff::default(), sandbox, shutdown).await?;
+            let backoff = Backoff {
+                give_up_after: exit_after_unreachable,
+                ..Backoff::default()
+            };
+            session::run(dir, brain, backoff, sandbox, shutdown).await?;
         }
         Cmd::Doctor { state } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));

@@ -40,9 +40,12 @@ pub enum Error {
         "this worker already joined a brain as {0}: use `worker run`, or `worker join --force` to enrol again"
     )]
     AlreadyJoined(String),
+    #[error("the brain at {url} has been unreachable for {after:?}; giving up as configured")]
+    Unreachable { url: String, after: Duration },
 }
 
 /// What `worker join` needs.
+#[derive(Clone)]
 pub struct JoinOptions {
     pub brain: String,
     pub token: String,
@@ -121,11 +124,13 @@ pub async fn join(state: &StateDir, opts: JoinOptions) -> Result<Membership, Err
     Ok(m)
 }
 
-/// Backoff between reconnect attempts.
+/// Backoff between reconnect attempts, and when to stop trying.
 #[derive(Debug, Clone, Copy)]
 pub struct Backoff {
     pub initial: Duration,
     pub max: Duration,
+    /// Give up once the brain has been unreachable this long (`None`: never).
+    pub give_up_after: Option<Duration>,
 }
 
 impl Default for Backoff {
@@ -133,6 +138,7 @@ impl Default for Backoff {
         Self {
             initial: Duration::from_millis(200),
             max: Duration::from_secs(30),
+            give_up_after: None,
         }
     }
 }
@@ -176,6 +182,8 @@ pub async fn run(
     tracing::info!(sandbox = ?ctx.sandbox.report.active(), "confinement active for commands");
     tracing::info!(worker = %ctx.membership.worker_id, brain = %addr.url(), "worker starting");
     let mut delay = backoff.initial;
+    // When the brain was last known reachable: at start, and whenever a session ends.
+    let mut reachable_at = Instant::now();
     loop {
         let started = Instant::now();
         let outcome = tokio::select! {
@@ -190,10 +198,20 @@ pub async fn run(
                 tracing::warn!(%reason, "session with the brain ended; reconnecting");
                 // We were connected: start the backoff over.
                 delay = backoff.initial;
+                reachable_at = Instant::now();
             }
             Err(reason) => tracing::warn!(%reason, "cannot connect to the brain; will retry"),
         }
         let _ = started;
+        if let Some(after) = backoff.give_up_after
+            && reachable_at.elapsed() >= after
+        {
+            tracing::error!(?after, "the brain stayed unreachable; the worker exits");
+            return Err(Error::Unreachable {
+                url: addr.url().to_string(),
+                after,
+            });
+        }
         let wait = jitter(delay);
         tracing::info!(retry_in = ?wait, "reconnecting");
         tokio::select! {
