@@ -125,6 +125,22 @@ enum Cmd {
     /// Act on one worker
     #[command(subcommand)]
     Worker(WorkerCmd),
+    /// Machines this brain created (provider, id, address, spec, task, age, cost, state);
+    /// `brain machines release ID` destroys one
+    Machines {
+        #[command(subcommand)]
+        cmd: Option<MachinesCmd>,
+        /// Print JSON for programs
+        #[arg(long)]
+        json: bool,
+        /// Include released and failed machines
+        #[arg(long)]
+        all: bool,
+    },
+    /// Create a machine that runs a worker joining this brain (within the provider's quota);
+    /// it is released after its idle timeout or time to live, or by `brain machines release`
+    #[command(subcommand)]
+    Provision(ProvisionCmd),
     /// Run a command on a worker, streaming its output; exits with its exit code
     /// (124 timed out, 75 worker lost or not connected, 125 could not run)
     Exec(ExecArgs),
@@ -144,6 +160,45 @@ enum Cmd {
         /// ANTHROPIC_API_KEY) instead of the recorded transcript
         #[arg(long)]
         model: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum MachinesCmd {
+    /// Destroy a machine and revoke its worker
+    Release { id: String },
+}
+
+#[derive(clap::Args)]
+struct ProvisionOpts {
+    /// Label key=value for the machine's worker (repeatable; used for placement)
+    #[arg(long = "label", value_parser = shared::parse_label)]
+    labels: Vec<(String, String)>,
+    /// Worker name (default: the machine id)
+    #[arg(long)]
+    name: Option<String>,
+    /// How long to wait for the worker to join ("0s": do not wait)
+    #[arg(long, default_value = "2m", value_parser = shared::parse_duration)]
+    wait: Duration,
+}
+
+#[derive(Subcommand)]
+enum ProvisionCmd {
+    /// A worker process on the brain's own machine
+    Local(ProvisionOpts),
+    /// A worker on a host reached over ssh (the brain's ssh config and agent apply; an
+    /// unknown or changed host key is refused unless that config accepts it)
+    Ssh {
+        /// [USER@]HOST
+        destination: String,
+        /// ssh port (default: the ssh config's, or 22)
+        #[arg(long, short)]
+        port: Option<u16>,
+        /// Private key file on the brain's machine (default: the ssh config's and the agent's)
+        #[arg(long, short)]
+        identity: Option<String>,
+        #[command(flatten)]
+        opts: ProvisionOpts,
     },
 }
 
@@ -456,9 +511,72 @@ where
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            1
+            exit_code(&e)
         }
     }
+}
+
+/// sysexits.h `EX_CONFIG`: the exit status of a configuration problem.
+pub const EXIT_CONFIG: i32 = 78;
+
+/// The exit status for an error that reached the top: [`EXIT_CONFIG`] for a configuration
+/// problem that running again will not fix (an unreadable or invalid config file, no CA in the
+/// data dir, missing or malformed key material or admin identity, a malformed brain URL), 1
+/// otherwise. The systemd units in deploy/ do not restart the brain on 78.
+pub fn exit_code(e: &anyhow::Error) -> i32 {
+    // Variants not named here are not configuration problems: a port in use, a store that
+    // cannot be opened or locked, an unreachable brain, a refused request.
+    fn pki(e: &pki::Error) -> bool {
+        matches!(
+            e,
+            pki::Error::Read { .. }
+                | pki::Error::Pem { .. }
+                | pki::Error::Certificate(_)
+                | pki::Error::CaHash(_)
+                | pki::Error::Tls(_)
+        )
+    }
+    fn tls(e: &shared::tls::Error) -> bool {
+        matches!(e, shared::tls::Error::Url { .. })
+    }
+    fn ca(e: &ca::Error) -> bool {
+        match e {
+            ca::Error::Missing(_) => true,
+            ca::Error::Pki(e) => pki(e),
+            _ => false,
+        }
+    }
+    let config = e.chain().any(|c| {
+        if c.is::<crate::config::Error>() {
+            true
+        } else if let Some(e) = c.downcast_ref::<ca::Error>() {
+            ca(e)
+        } else if let Some(e) = c.downcast_ref::<pki::Error>() {
+            pki(e)
+        } else if let Some(e) = c.downcast_ref::<shared::tls::Error>() {
+            tls(e)
+        } else if let Some(e) = c.downcast_ref::<crate::serve::Error>() {
+            use crate::serve::Error as S;
+            match e {
+                S::Ca(e) => ca(e),
+                S::Pki(e) => pki(e),
+                // The server certificate and key do not make a TLS identity; a config
+                // section the server cannot use.
+                S::Tls(_) | S::Config(_) => true,
+                _ => false,
+            }
+        } else if let Some(e) = c.downcast_ref::<crate::client::Error>() {
+            use crate::client::Error as C;
+            match e {
+                C::NoIdentity(_) => true,
+                C::Pki(e) => pki(e),
+                C::Tls(e) => tls(e),
+            }
+        } else {
+            false
+        }
+    });
+    if config { EXIT_CONFIG } else { 1 }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
@@ -542,6 +660,46 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             print_workers(&list.workers, json);
             Ok(0)
         }
+        Cmd::Machines {
+            cmd: Some(MachinesCmd::Release { id }),
+            ..
+        } => {
+            let mut c = target.connect().await?;
+            let m = c
+                .release_machine(proto::ReleaseMachineRequest { id })
+                .await
+                .map_err(|s| status(s, &target.url))?
+                .into_inner()
+                .machine
+                .unwrap_or_default();
+            println!(
+                "released {} ({}, cost ${:.4}); its worker {} is revoked",
+                m.id,
+                m.provider,
+                m.cost_usd,
+                if m.worker_id.is_empty() {
+                    "(none joined)"
+                } else {
+                    &m.worker_id
+                }
+            );
+            Ok(0)
+        }
+        Cmd::Machines {
+            cmd: None,
+            json,
+            all,
+        } => {
+            let mut c = target.connect().await?;
+            let list = c
+                .list_machines(proto::ListMachinesRequest { all })
+                .await
+                .map_err(|s| status(s, &target.url))?
+                .into_inner();
+            print_machines(&list.machines, json);
+            Ok(0)
+        }
+        Cmd::Provision(p) => provision(&target, p).await,
         Cmd::Worker(WorkerCmd::Revoke { worker }) => {
             let mut c = target.connect().await?;
             let r = c
@@ -1026,6 +1184,156 @@ fn format_stat(s: &proto::FileStat) -> String {
         _ => '?',
     };
     format!("{kind} {:04o} {:>10} {}", s.mode & 0o7777, s.size, s.path)
+}
+
+async fn provision(target: &Target, cmd: ProvisionCmd) -> anyhow::Result<i32> {
+    let (provider, ssh, opts) = match cmd {
+        ProvisionCmd::Local(opts) => ("local", None, opts),
+        ProvisionCmd::Ssh {
+            destination,
+            port,
+            identity,
+            opts,
+        } => (
+            "ssh",
+            Some(proto::SshTarget {
+                destination,
+                port: port.map(u32::from).unwrap_or(0),
+                identity_file: identity.unwrap_or_default(),
+            }),
+            opts,
+        ),
+    };
+    let mut c = target.connect().await?;
+    let wait = opts.wait.as_secs().min(3600) as u32;
+    if wait > 0 {
+        eprintln!(
+            "provisioning a {provider} machine and waiting up to {wait}s for its worker to join…"
+        );
+    }
+    let m = c
+        .provision(proto::ProvisionRequest {
+            provider: provider.into(),
+            spec: None,
+            labels: opts.labels.into_iter().collect(),
+            name: opts.name.unwrap_or_default(),
+            ssh,
+            wait_seconds: wait,
+        })
+        .await
+        .map_err(|s| status(s, &target.url))?
+        .into_inner()
+        .machine
+        .unwrap_or_default();
+    match m.state.as_str() {
+        "ready" => {
+            println!(
+                "{} is ready: worker {} at {} ({})",
+                m.id, m.worker_id, m.address, m.handle
+            );
+            Ok(0)
+        }
+        "joining" if wait == 0 => {
+            println!(
+                "{} created at {}; its worker is joining (see `brain machines`)",
+                m.id, m.address
+            );
+            Ok(0)
+        }
+        state => {
+            eprintln!(
+                "error: {} is {state}{}; see `brain machines --all`",
+                m.id,
+                if m.note.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", m.note)
+                }
+            );
+            Ok(1)
+        }
+    }
+}
+
+/// `brain machines`: a table, or JSON.
+pub fn print_machines(machines: &[proto::MachineInfo], json: bool) {
+    let now = shared::now_unix_ms();
+    if json {
+        let items: Vec<serde_json::Value> = machines
+            .iter()
+            .map(|m| {
+                let s = m.spec.unwrap_or_default();
+                serde_json::json!({
+                    "id": m.id, "provider": m.provider, "state": m.state,
+                    "handle": m.handle, "address": m.address,
+                    "spec": {"cpu": s.cpu, "memory_gb": s.memory_gb, "disk_gb": s.disk_gb, "gpu": s.gpu},
+                    "worker_id": m.worker_id, "connected": m.connected, "task_id": m.task_id,
+                    "created_unix_ms": m.created_unix_ms, "ended_unix_ms": m.ended_unix_ms,
+                    "age_seconds": (now - m.created_unix_ms).max(0) / 1000,
+                    "usd_per_hour": m.usd_per_hour, "cost_usd": m.cost_usd,
+                    "note": m.note, "labels": m.labels,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(items));
+        return;
+    }
+    if machines.is_empty() {
+        println!(
+            "no machines (`brain provision local|ssh …` creates one; --all shows released ones)"
+        );
+        return;
+    }
+    println!(
+        "{:<16} {:<8} {:<10} {:<16} {:<14} {:<10} {:>10} {:>9}  ADDRESS / NOTE",
+        "ID", "PROVIDER", "STATE", "WORKER", "SPEC", "TASK", "AGE", "COST"
+    );
+    for m in machines {
+        let s = m.spec.unwrap_or_default();
+        let spec = if s == proto::MachineSpec::default() {
+            "-".to_string()
+        } else {
+            format!("{}c/{}G/{}G", s.cpu, s.memory_gb, s.disk_gb)
+        };
+        let end = if m.ended_unix_ms > 0 {
+            m.ended_unix_ms
+        } else {
+            now
+        };
+        let age = humantime::format_duration(Duration::from_secs(
+            ((end - m.created_unix_ms).max(0) / 1000) as u64,
+        ))
+        .to_string();
+        let state = if m.state == "ready" && !m.connected {
+            "ready/lost".to_string()
+        } else {
+            m.state.clone()
+        };
+        let mut tail = m.address.clone();
+        if !m.note.is_empty() {
+            tail = format!("{tail} — {}", m.note);
+        }
+        println!(
+            "{:<16} {:<8} {:<10} {:<16} {:<14} {:<10} {:>10} {:>8.4}$  {}",
+            m.id,
+            m.provider,
+            state,
+            if m.worker_id.is_empty() {
+                "-"
+            } else {
+                &m.worker_id
+            },
+            spec,
+            if m.task_id.is_empty() {
+                "-"
+            } else {
+                &m.task_id
+            },
+            age,
+            m.cost_usd,
+            tail
+        );
+    }
 }
 
 pub fn print_workers(workers: &[proto::WorkerInfo], json: bool) {

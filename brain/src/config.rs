@@ -17,6 +17,15 @@
 //! max_wall = "1h"
 //! allow_commands = ["cargo test*", "cargo build*", "ls*", "git status"]
 //! allow_paths = ["src/**", "tests/**"]
+//!
+//! [provision]
+//! brain_url = "https://brain.example:7443"   # what provisioned workers dial
+//! join_timeout = "2m"
+//! ttl = "12h"
+//! idle_timeout = "30m"
+//! [provision.providers.ssh]
+//! max_machines = 8
+//! usd_per_hour = 0.05
 //! ```
 
 use std::path::Path;
@@ -43,6 +52,7 @@ pub enum Error {
 pub struct Config {
     pub llm: crate::llm::LlmConfig,
     pub agent: AgentConfig,
+    pub provision: crate::provision::ProvisionConfig,
 }
 
 /// Defaults for agent tasks; `brain run` flags override them per task.
@@ -104,6 +114,7 @@ impl Config {
     pub fn parse(text: &str) -> Result<Self, String> {
         let c: Config = toml::from_str(text).map_err(|e| e.to_string())?;
         shared::parse_duration(&c.agent.max_wall).map_err(|e| format!("agent.max_wall: {e}"))?;
+        c.provision.policy()?;
         for p in c.agent.allow_commands.iter().chain(&c.agent.allow_paths) {
             globset::Glob::new(p).map_err(|e| format!("agent allow-list pattern {p:?}: {e}"))?;
         }

@@ -14,6 +14,7 @@ pub mod hub;
 pub mod import;
 pub mod llm;
 pub mod mirror;
+pub mod provision;
 pub mod registry;
 pub mod serve;
 pub mod service;

@@ -41,6 +41,10 @@ pub enum Error {
     Tasks(#[from] manager::Error),
     #[error(transparent)]
     Mirror(#[from] crate::mirror::Error),
+    #[error(transparent)]
+    Provision(#[from] crate::provision::Error),
+    #[error("config: {0}")]
+    Config(String),
 }
 
 /// How often the mirror is garbage collected, and how old what it removes must be.
@@ -166,6 +170,43 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
             }
         });
     }
+    let machines = {
+        let cfg = &opts.config.provision;
+        let policy = cfg.policy().map_err(Error::Config)?;
+        let url = cfg.brain_url.clone().unwrap_or_else(|| {
+            let host = if addr.ip().is_unspecified() {
+                "127.0.0.1".to_string()
+            } else {
+                addr.ip().to_string()
+            };
+            format!(
+                "https://{}",
+                SocketAddr::new(host.parse().expect("an ip"), addr.port())
+            )
+        });
+        let providers: Vec<Arc<dyn crate::provision::Provisioner>> = vec![Arc::new(
+            crate::provision::local::Local::new(opts.data.path().join("machines"), &cfg.local),
+        )];
+        let tasks = tasks.clone();
+        crate::provision::Machines::new(
+            db.clone(),
+            registry.clone(),
+            hub.clone(),
+            crate::provision::BrainInfo {
+                url,
+                ca_hash: ca.hash(),
+            },
+            policy,
+            providers,
+            Box::new(move |worker: &str| {
+                tasks
+                    .list()
+                    .iter()
+                    .any(|t| !t.status.is_terminal() && t.worker.as_deref() == Some(worker))
+            }),
+        )?
+    };
+    machines.spawn_reaper();
     let shared = Arc::new(Shared {
         registry,
         hub,
@@ -178,6 +219,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         policy,
         config: opts.config.clone(),
         mirror,
+        machines,
     });
     Ok(Ready {
         addr,

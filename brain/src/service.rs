@@ -54,6 +54,8 @@ pub struct Shared {
     pub config: Arc<crate::config::Config>,
     /// Blobs and manifests of every task's workspace.
     pub mirror: crate::mirror::Mirror,
+    /// Machines this brain created.
+    pub machines: crate::provision::Machines,
 }
 
 /// What the brain demands of where and how commands run.
@@ -149,6 +151,51 @@ impl From<crate::tasks::manager::Error> for Status {
     }
 }
 
+impl From<crate::provision::Error> for Status {
+    fn from(e: crate::provision::Error) -> Self {
+        use crate::provision::Error as E;
+        match e {
+            E::UnknownProvider { .. } | E::Invalid(_) => Status::invalid_argument(e.to_string()),
+            E::NoSuchMachine(_) => Status::not_found(e.to_string()),
+            E::Quota(_) => Status::resource_exhausted(e.to_string()),
+            E::AlreadyEnded { .. } => Status::failed_precondition(e.to_string()),
+            E::Provider { .. } => Status::unavailable(e.to_string()),
+            E::Timeout { .. } => Status::deadline_exceeded(e.to_string()),
+            E::Registry(e) => e.into(),
+            E::Sled(_) | E::Decode { .. } => {
+                tracing::error!(error = %e, "machine store error");
+                Status::internal(e.to_string())
+            }
+        }
+    }
+}
+
+/// A machine record as the admin API shows it.
+pub(crate) fn machine_info(m: &crate::provision::Machine, connected: bool) -> proto::MachineInfo {
+    proto::MachineInfo {
+        id: m.id.clone(),
+        provider: m.provider.clone(),
+        state: m.state.name().into(),
+        handle: m.handle.clone(),
+        address: m.address.clone(),
+        spec: Some(proto::MachineSpec {
+            cpu: m.spec.cpu,
+            memory_gb: m.spec.memory_gb,
+            disk_gb: m.spec.disk_gb,
+            gpu: m.spec.gpu,
+        }),
+        worker_id: m.worker.clone().unwrap_or_default(),
+        task_id: m.task.clone().unwrap_or_default(),
+        created_unix_ms: m.created_ms,
+        ended_unix_ms: m.ended_ms,
+        usd_per_hour: m.usd_per_hour,
+        cost_usd: m.cost_usd(shared::now_unix_ms()),
+        note: m.note.clone(),
+        labels: m.labels.clone().into_iter().collect(),
+        connected,
+    }
+}
+
 impl From<hub::Error> for Status {
     fn from(e: hub::Error) -> Self {
         match e {
@@ -190,6 +237,12 @@ impl Services {
             Ok(()) => Ok(peer),
             Err(reason) => Err(Status::permission_denied(reason)),
         }
+    }
+
+    fn connected(&self, m: &crate::provision::Machine) -> bool {
+        m.worker
+            .as_deref()
+            .is_some_and(|w| self.0.hub.session(w).is_some())
     }
 
     /// The worker for a new task: the one named (it must have the labels), or any connected
@@ -896,6 +949,92 @@ impl Admin for Services {
             .await?;
         tracing::info!(task = %id, by = %admin, "task resumed with more budget");
         Ok(Response::new(proto::ResumeTaskResponse {}))
+    }
+
+    async fn provision(
+        &self,
+        req: Request<proto::ProvisionRequest>,
+    ) -> Result<Response<proto::MachineResponse>, Status> {
+        let admin = self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        check_labels(&req.labels)?;
+        if !req.name.is_empty() {
+            check_name(&req.name)?;
+        }
+        let params = match (req.provider.as_str(), req.ssh) {
+            ("ssh", Some(t)) => serde_json::json!({
+                "destination": t.destination,
+                "port": t.port,
+                "identity_file": t.identity_file,
+            }),
+            ("ssh", None) => {
+                return Err(Status::invalid_argument(
+                    "the ssh provider needs a destination (USER@HOST)",
+                ));
+            }
+            _ => serde_json::Value::Null,
+        };
+        let spec = req.spec.unwrap_or_default();
+        let m = self
+            .0
+            .machines
+            .provision(crate::provision::Request {
+                provider: req.provider,
+                spec: crate::provision::Spec {
+                    cpu: spec.cpu,
+                    memory_gb: spec.memory_gb,
+                    disk_gb: spec.disk_gb,
+                    gpu: spec.gpu,
+                },
+                params,
+                labels: req.labels.into_iter().collect(),
+                name: (!req.name.is_empty()).then_some(req.name),
+                task: None,
+            })
+            .await?;
+        tracing::info!(machine = %m.id, by = %admin, "machine provisioned");
+        let wait = Duration::from_secs(u64::from(req.wait_seconds.min(3600)));
+        let m = if wait.is_zero() {
+            m
+        } else {
+            self.0.machines.wait_ready(&m.id, wait).await?
+        };
+        let connected = self.connected(&m);
+        Ok(Response::new(proto::MachineResponse {
+            machine: Some(machine_info(&m, connected)),
+        }))
+    }
+
+    async fn list_machines(
+        &self,
+        req: Request<proto::ListMachinesRequest>,
+    ) -> Result<Response<proto::ListMachinesResponse>, Status> {
+        self.authorize(&req, Role::Admin)?;
+        let all = req.get_ref().all;
+        let machines = self
+            .0
+            .machines
+            .list()?
+            .iter()
+            .filter(|m| all || !m.state.is_ended())
+            .map(|m| machine_info(m, self.connected(m)))
+            .collect();
+        Ok(Response::new(proto::ListMachinesResponse { machines }))
+    }
+
+    async fn release_machine(
+        &self,
+        req: Request<proto::ReleaseMachineRequest>,
+    ) -> Result<Response<proto::MachineResponse>, Status> {
+        let admin = self.authorize(&req, Role::Admin)?;
+        let m = self
+            .0
+            .machines
+            .release(&req.get_ref().id, &format!("released by {admin}"))
+            .await?;
+        Ok(Response::new(proto::MachineResponse {
+            machine: Some(machine_info(&m, false)),
+        }))
     }
 
     async fn move_task(

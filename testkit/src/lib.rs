@@ -146,6 +146,8 @@ pub struct BrainOptions {
     pub extra_args: Vec<String>,
     /// The brain's config file (TOML), written to `<data>/config.toml` before it starts.
     pub config: Option<String>,
+    /// Environment for the next `brain serve` only (taken when it starts).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for BrainOptions {
@@ -154,6 +156,7 @@ impl Default for BrainOptions {
             lost_after: Duration::from_secs(3),
             extra_args: Vec::new(),
             config: None,
+            env: Vec::new(),
         }
     }
 }
@@ -227,6 +230,7 @@ impl Cluster {
             .arg("--lost-after")
             .arg(format!("{}ms", self.opts.lost_after.as_millis()))
             .args(&self.opts.extra_args)
+            .envs(std::mem::take(&mut self.opts.env))
             .env("RUST_LOG", test_log());
         let mut proc = Proc::spawn(cmd, &self.dir.join("brain.log"))?;
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -442,6 +446,41 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kill_brain();
+        // Processes the brain started on its own (provisioned workers) name the test dir in
+        // their command line; none may outlive the test.
+        for pid in pids_mentioning(&self.dir) {
+            // SAFETY: kill(2) has no memory-safety requirements.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Pids of processes whose command line mentions `path`.
+pub fn pids_mentioning(path: &std::path::Path) -> Vec<u32> {
+    let needle = path.to_string_lossy().into_owned();
+    let me = std::process::id();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    procs
+        .flatten()
+        .filter_map(|p| p.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != me && !process_gone(*pid))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(&needle)
+                })
+                .unwrap_or(false)
+        })
+        .collect()
 }
 
 /// Waits until `f` is true or `timeout` passes; returns whether it became true.

@@ -1,0 +1,244 @@
+//! The `local` provider: worker processes on the brain's own machine, each with its state in
+//! `<data>/machines/<id>/`. That directory, on the worker's command line as `--state`, is the
+//! marker: [`Local::list`] finds this brain's workers by reading `/proc/*/cmdline`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{Created, Join, Machine, ProviderError, Provisioner, Seen};
+
+/// `[provision.local]` in the config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LocalConfig {
+    /// The worker program (default: `worker` beside the brain's binary, or `tether worker`).
+    pub worker: Option<PathBuf>,
+    /// Extra arguments for `worker join`, e.g. `["--no-sandbox"]`.
+    pub args: Vec<String>,
+}
+
+/// How to start a worker: `program prefix... join ...`.
+#[derive(Debug, Clone)]
+pub struct WorkerProgram {
+    pub program: PathBuf,
+    pub prefix: Vec<String>,
+}
+
+impl WorkerProgram {
+    /// The worker that came with this brain: `worker` beside it, or the `tether` launcher's
+    /// `worker` subcommand.
+    pub fn beside_this_program() -> Result<Self, String> {
+        let exe =
+            std::env::current_exe().map_err(|e| format!("cannot locate this program: {e}"))?;
+        let sibling = exe.with_file_name("worker");
+        if sibling.is_file() {
+            return Ok(Self {
+                program: sibling,
+                prefix: vec![],
+            });
+        }
+        if exe.file_stem().is_some_and(|n| n == "tether") {
+            return Ok(Self {
+                program: exe,
+                prefix: vec!["worker".into()],
+            });
+        }
+        Err(format!(
+            "no `worker` program beside {}: install it there or set provision.local.worker",
+            exe.display()
+        ))
+    }
+}
+
+/// Worker processes on this machine.
+pub struct Local {
+    dir: PathBuf,
+    worker: Result<WorkerProgram, String>,
+    args: Vec<String>,
+}
+
+impl Local {
+    /// Machines live under `dir` (`<data>/machines`).
+    pub fn new(dir: PathBuf, cfg: &LocalConfig) -> Self {
+        let worker = match &cfg.worker {
+            Some(p) => Ok(WorkerProgram {
+                program: p.clone(),
+                prefix: vec![],
+            }),
+            None => WorkerProgram::beside_this_program(),
+        };
+        Self {
+            dir,
+            worker,
+            args: cfg.args.clone(),
+        }
+    }
+
+    fn state_dir(&self, id: &str) -> Result<PathBuf, ProviderError> {
+        let ok = id.starts_with("m-")
+            && id.len() <= 64
+            && id[2..].chars().all(|c| c.is_ascii_alphanumeric());
+        if !ok {
+            return Err(ProviderError(format!("invalid machine id {id:?}")));
+        }
+        Ok(self.dir.join(id))
+    }
+}
+
+/// Processes whose command line has `--state DIR` with DIR directly under `root`, as
+/// (machine id, pid).
+fn processes_under(root: &Path) -> Vec<(String, i32)> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    let mut found = Vec::new();
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(p.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        for w in args.windows(2) {
+            if w[0] != b"--state" {
+                continue;
+            }
+            let dir = Path::new(std::ffi::OsStr::new(
+                std::str::from_utf8(w[1]).unwrap_or_default(),
+            ));
+            if dir.parent() == Some(root)
+                && let Some(id) = dir.file_name().and_then(|n| n.to_str())
+            {
+                found.push((id.to_string(), pid));
+            }
+        }
+    }
+    found
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks for existence.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for Local {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn check(&self, params: &serde_json::Value) -> Result<(), ProviderError> {
+        if !(params.is_null() || params.as_object().is_some_and(|o| o.is_empty())) {
+            return Err(ProviderError::new("the local provider takes no parameters"));
+        }
+        self.worker.as_ref().map(drop).map_err(ProviderError::new)
+    }
+
+    async fn create(&self, m: &Machine, join: &Join) -> Result<Created, ProviderError> {
+        let worker = self.worker.clone().map_err(ProviderError)?;
+        let dir = self.state_dir(&m.id)?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| ProviderError(format!("cannot create {}: {e}", dir.display())))?;
+        let log = std::fs::File::create(dir.join("worker.log"))
+            .map_err(|e| ProviderError(format!("cannot create the worker's log: {e}")))?;
+        let log2 = log
+            .try_clone()
+            .map_err(|e| ProviderError(format!("cannot create the worker's log: {e}")))?;
+        let mut cmd = tokio::process::Command::new(&worker.program);
+        cmd.args(&worker.prefix)
+            .arg("join")
+            .args(["--brain", &join.brain_url, "--ca-hash", &join.ca_hash])
+            .args(["--name", &join.name])
+            .arg("--exit-after-unreachable")
+            .arg(format!("{}s", join.exit_after_unreachable.as_secs().max(1)));
+        for (k, v) in &join.labels {
+            cmd.arg("--label").arg(format!("{k}={v}"));
+        }
+        cmd.args(&self.args)
+            .arg("--state")
+            .arg(&dir)
+            // The token goes by environment, not argument: the process list shows arguments.
+            .env("TETHER_JOIN_TOKEN", &join.token)
+            .env_remove("TETHER_WORKER_STATE")
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(log2);
+        // SAFETY: setsid is async-signal-safe; the worker leaves the brain's session so a
+        // terminal's signals to the brain do not reach it.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| {
+            ProviderError(format!("cannot start {}: {e}", worker.program.display()))
+        })?;
+        let pid = child.id().unwrap_or_default();
+        // Not waited on here: tokio reaps it when it exits; release finds it by its state dir.
+        drop(child);
+        Ok(Created {
+            handle: format!("pid {pid}"),
+            address: dir.display().to_string(),
+        })
+    }
+
+    async fn destroy(&self, m: &Machine) -> Result<(), ProviderError> {
+        let dir = self.state_dir(&m.id)?;
+        let root = self.dir.clone();
+        let id = m.id.clone();
+        let pids = move || -> Vec<i32> {
+            processes_under(&root)
+                .into_iter()
+                .filter(|(m, _)| *m == id)
+                .map(|(_, p)| p)
+                .collect()
+        };
+        // Ask first (the worker stops its commands), then insist.
+        for pid in pids() {
+            // SAFETY: kill(2) has no memory-safety requirements.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let left: Vec<i32> = pids().into_iter().filter(|p| alive(*p)).collect();
+            if left.is_empty() {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                for pid in left {
+                    // SAFETY: as above.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(ProviderError(format!(
+                "cannot remove {}: {e}",
+                dir.display()
+            ))),
+        }
+    }
+
+    async fn list(&self, _records: &[Machine]) -> Result<Vec<Seen>, ProviderError> {
+        let root = self.dir.clone();
+        let procs = tokio::task::spawn_blocking(move || processes_under(&root))
+            .await
+            .map_err(|e| ProviderError(e.to_string()))?;
+        Ok(procs
+            .into_iter()
+            .map(|(machine, pid)| Seen {
+                machine,
+                handle: format!("pid {pid}"),
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,338 @@
+//! Provisioning with the real binaries: the brain creates local worker processes, they join
+//! and run commands; release, quotas, the reaper, join deadlines, a brain SIGKILLed between
+//! "create started" and "create recorded", and workers that give up on a vanished brain.
+
+use std::time::Duration;
+
+use testkit::{BrainOptions, Cluster, pids_mentioning, text, wait_until};
+
+fn config(extra: &str) -> String {
+    format!("[provision]\nreaper_every = \"200ms\"\n{extra}\n")
+}
+
+fn cluster(extra: &str) -> Cluster {
+    Cluster::start_with(BrainOptions {
+        config: Some(config(extra)),
+        ..BrainOptions::default()
+    })
+}
+
+fn machines(c: &Cluster, all: bool) -> Vec<serde_json::Value> {
+    let mut args = vec!["machines", "--json"];
+    if all {
+        args.push("--all");
+    }
+    let out = c.brain_cli(&args);
+    assert!(out.status.success(), "brain machines: {}", text(&out));
+    serde_json::from_slice(&out.stdout).expect("machines JSON")
+}
+
+fn machine(c: &Cluster, id: &str) -> serde_json::Value {
+    machines(c, true)
+        .into_iter()
+        .find(|m| m["id"] == id)
+        .unwrap_or_else(|| panic!("no machine {id} in `brain machines --all`"))
+}
+
+/// `brain provision local` and the id it printed.
+fn provision(c: &Cluster, extra: &[&str]) -> String {
+    let mut args = vec!["provision", "local"];
+    args.extend_from_slice(extra);
+    let out = c.brain_cli(&args);
+    assert!(
+        out.status.success(),
+        "brain provision local: {}",
+        text(&out)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let id = stdout
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert!(id.starts_with("m-"), "provision printed: {stdout}");
+    id
+}
+
+/// Worker processes of machine `id` (found by their state dir on the command line).
+fn machine_pids(c: &Cluster, id: &str) -> Vec<u32> {
+    pids_mentioning(&c.data.join("machines").join(id))
+}
+
+fn exec_on(c: &Cluster, worker: &str, argv: &[&str]) -> std::process::Output {
+    let mut args = vec!["exec", "--workspace", "w", worker, "--"];
+    args.extend_from_slice(argv);
+    c.brain_cli(&args)
+}
+
+fn gone(c: &Cluster, id: &str) -> bool {
+    machine_pids(c, id).is_empty() && !c.data.join("machines").join(id).exists()
+}
+
+#[test]
+fn a_local_machine_joins_runs_a_command_and_is_released_without_a_trace() {
+    let c = cluster("");
+    let id = provision(&c, &["--label", "size=small"]);
+    let m = machine(&c, &id);
+    assert_eq!(m["state"], "ready", "{m}");
+    assert_eq!(m["connected"], true, "{m}");
+    assert_eq!(m["provider"], "local");
+    let worker = m["worker_id"].as_str().unwrap().to_string();
+    assert_eq!(machine_pids(&c, &id).len(), 1, "one worker process");
+
+    // It is a worker like any other: labelled, and it runs commands.
+    let w = c
+        .workers()
+        .into_iter()
+        .find(|w| w["id"] == worker.as_str())
+        .expect("the machine's worker is listed");
+    assert_eq!(w["labels"]["size"], "small", "{w}");
+    assert_eq!(w["labels"]["tether.machine"], id.as_str(), "{w}");
+    let out = exec_on(&c, &worker, &["sh", "-c", "echo hello-from-$((6*7))"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("hello-from-42"));
+
+    // The join token never shows in the process list.
+    let pid = machine_pids(&c, &id)[0];
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&cmdline).contains("tj_"),
+        "the token is on the command line"
+    );
+
+    // The table view works too.
+    let out = c.brain_cli(&["machines"]);
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains(&id));
+
+    let out = c.brain_cli(&["machines", "release", &id]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(gone(&c, &id), "the worker process and its files are gone");
+    let m = machine(&c, &id);
+    assert_eq!(m["state"], "released", "{m}");
+    assert!(machines(&c, false).iter().all(|m| m["id"] != id.as_str()));
+    assert_eq!(c.worker_state(&worker).as_deref(), Some("revoked"));
+
+    // Released twice: a clear refusal.
+    let out = c.brain_cli(&["machines", "release", &id]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("already released"), "{}", text(&out));
+    let out = c.brain_cli(&["machines", "release", "m-nope"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("no machine"), "{}", text(&out));
+}
+
+#[test]
+fn quotas_refuse_with_a_clear_error_and_count_only_live_machines() {
+    let c = cluster(
+        "[provision.providers.local]\nmax_machines = 1\nusd_per_hour = 0.5\nmax_usd_per_hour = 2.0",
+    );
+    let first = provision(&c, &[]);
+    let out = c.brain_cli(&["provision", "local"]);
+    assert!(!out.status.success(), "a second machine was allowed");
+    let msg = text(&out);
+    assert!(
+        msg.contains("at most 1 machine") && msg.contains("max_machines"),
+        "{msg}"
+    );
+    assert_eq!(machines(&c, false).len(), 1, "the refusal left no record");
+    assert!(machine(&c, &first)["usd_per_hour"].as_f64() == Some(0.5));
+
+    // Released machines do not count.
+    let out = c.brain_cli(&["machines", "release", &first]);
+    assert!(out.status.success(), "{}", text(&out));
+    let second = provision(&c, &[]);
+    assert_ne!(first, second);
+
+    // An unknown provider is named.
+    let out = c.brain_cli(&["provision", "ssh", "nobody@127.0.0.1"]);
+    if !out.status.success() {
+        let msg = text(&out);
+        assert!(
+            msg.contains("provider") || msg.contains("ssh"),
+            "unclear error: {msg}"
+        );
+    }
+}
+
+#[test]
+fn cost_quota_refuses_what_would_cost_too_much() {
+    let c = cluster(
+        "[provision.providers.local]\nmax_machines = 5\nusd_per_hour = 1.5\nmax_usd_per_hour = 2.0",
+    );
+    provision(&c, &[]);
+    let out = c.brain_cli(&["provision", "local"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("$2.00/h"), "{}", text(&out));
+}
+
+#[test]
+fn a_machine_that_never_joins_is_destroyed_after_the_deadline() {
+    // Workers dial a port nobody listens on, so they never join.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let c = cluster(&format!(
+        "brain_url = \"https://127.0.0.1:{port}\"\njoin_timeout = \"3s\""
+    ));
+    let out = c.brain_cli(&["provision", "local", "--wait", "0s"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let id = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(machine(&c, &id)["state"], "joining");
+    assert!(
+        wait_until(Duration::from_secs(20), || machine(&c, &id)["state"]
+            == "released"),
+        "not released: {}",
+        machine(&c, &id)
+    );
+    let m = machine(&c, &id);
+    assert!(m["note"].as_str().unwrap().contains("did not join"), "{m}");
+    assert!(gone(&c, &id), "its process or files are left");
+}
+
+#[test]
+fn the_reaper_releases_an_idle_machine_and_one_past_its_time_to_live() {
+    let c = cluster("idle_timeout = \"2s\"\nttl = \"1h\"");
+    let idle = provision(&c, &[]);
+    assert!(
+        wait_until(Duration::from_secs(20), || machine(&c, &idle)["state"]
+            == "released"),
+        "idle machine kept: {}",
+        machine(&c, &idle)
+    );
+    assert!(
+        machine(&c, &idle)["note"]
+            .as_str()
+            .unwrap()
+            .contains("no task used it")
+    );
+    assert!(gone(&c, &idle));
+
+    let c = cluster("ttl = \"4s\"\nidle_timeout = \"0s\"");
+    let old = provision(&c, &[]);
+    assert!(
+        wait_until(Duration::from_secs(20), || machine(&c, &old)["state"]
+            == "released"),
+        "machine outlived its TTL: {}",
+        machine(&c, &old)
+    );
+    assert!(
+        machine(&c, &old)["note"]
+            .as_str()
+            .unwrap()
+            .contains("time to live")
+    );
+    assert!(gone(&c, &old));
+}
+
+/// The brain is SIGKILLed after the provider made the machine and before the record says so.
+#[test]
+fn a_brain_killed_between_create_and_record_finds_the_machine_on_restart() {
+    let mut c = cluster("");
+    c.kill_brain();
+    c.opts.env = vec![("TETHER_FAILPOINT".into(), "provision-created".into())];
+    c.start_brain().unwrap();
+    let out = c.brain_cli(&["provision", "local", "--wait", "0s"]);
+    assert!(
+        !out.status.success(),
+        "the brain should have died: {}",
+        text(&out)
+    );
+    let brain = c.brain.as_mut().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || !brain.is_running()),
+        "the failpoint did not kill the brain"
+    );
+    c.kill_brain();
+    // The machine exists, and the store only knows it was being created.
+    let orphans = pids_mentioning(&c.data.join("machines"));
+    assert_eq!(orphans.len(), 1, "one worker process was started");
+
+    c.start_brain().unwrap();
+    let all = machines(&c, true);
+    assert_eq!(all.len(), 1, "{all:?}");
+    let id = all[0]["id"].as_str().unwrap().to_string();
+    // Adopted: it joins with the token it was given and serves.
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let m = machine(&c, &id);
+            m["state"] == "ready" && m["connected"] == true
+        }),
+        "not adopted: {}",
+        machine(&c, &id)
+    );
+    let m = machine(&c, &id);
+    assert!(m["note"].as_str().unwrap().contains("adopted"), "{m}");
+    let worker = m["worker_id"].as_str().unwrap();
+    let out = exec_on(&c, worker, &["true"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        machine_pids(&c, &id),
+        orphans,
+        "the same process, not a second one"
+    );
+
+    let out = c.brain_cli(&["machines", "release", &id]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(gone(&c, &id));
+}
+
+/// A marked process no record names is destroyed on start; recorded machines are kept.
+#[test]
+fn reconcile_closes_empty_intents_and_destroys_orphans() {
+    let mut c = cluster("");
+    let id = provision(&c, &[]);
+    let pid = machine_pids(&c, &id)[0];
+    c.kill_brain();
+    let data = c.data.clone();
+    std::fs::create_dir_all(data.join("machines").join("m-0000feedbeef")).unwrap();
+    // A process carrying the marker of a machine no record names.
+    let mut orphan = std::process::Command::new("python3")
+        .args(["-c", "import time; time.sleep(300)"])
+        .arg("--state")
+        .arg(data.join("machines").join("m-0000feedbeef"))
+        .spawn()
+        .unwrap();
+    let orphan_pid = orphan.id();
+    c.start_brain().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || orphan
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "the unrecorded machine {orphan_pid} was not destroyed"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || !data
+            .join("machines")
+            .join("m-0000feedbeef")
+            .exists()),
+        "the orphan's files are left"
+    );
+    // The recorded one was left alone and reconnected.
+    assert!(!testkit::process_gone(pid));
+    assert!(
+        wait_until(Duration::from_secs(20), || machine(&c, &id)["connected"]
+            == true),
+        "{}",
+        machine(&c, &id)
+    );
+}
+
+#[test]
+fn a_provisioned_worker_exits_when_the_brain_stays_unreachable() {
+    let mut c = cluster("worker_exit_after = \"2s\"");
+    let id = provision(&c, &[]);
+    let pid = machine_pids(&c, &id)[0];
+    c.kill_brain();
+    assert!(
+        wait_until(Duration::from_secs(30), || testkit::process_gone(pid)),
+        "the worker kept running without a brain"
+    );
+    let log = std::fs::read_to_string(c.data.join("machines").join(&id).join("worker.log"))
+        .unwrap_or_default();
+    assert!(log.contains("unreachable"), "{log}");
+}
