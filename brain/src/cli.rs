@@ -180,6 +180,10 @@ struct ProvisionOpts {
     /// How long to wait for the worker to join ("0s": do not wait)
     #[arg(long, default_value = "2m", value_parser = shared::parse_duration)]
     wait: Duration,
+    /// The URL the machine dials to reach this brain (default: provision.brain_url in the
+    /// config, else this brain's listen address)
+    #[arg(long)]
+    brain_url: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -1219,6 +1223,7 @@ async fn provision(target: &Target, cmd: ProvisionCmd) -> anyhow::Result<i32> {
             name: opts.name.unwrap_or_default(),
             ssh,
             wait_seconds: wait,
+            brain_url: opts.brain_url.unwrap_or_default(),
         })
         .await
         .map_err(|s| status(s, &target.url))?

@@ -184,9 +184,20 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
                 SocketAddr::new(host.parse().expect("an ip"), addr.port())
             )
         });
-        let providers: Vec<Arc<dyn crate::provision::Provisioner>> = vec![Arc::new(
-            crate::provision::local::Local::new(opts.data.path().join("machines"), &cfg.local),
-        )];
+        // This brain's name on hosts: from its CA, so it is stable and unique per brain.
+        let tag: String = ca
+            .hash()
+            .trim_start_matches("sha256:")
+            .chars()
+            .take(16)
+            .collect();
+        let providers: Vec<Arc<dyn crate::provision::Provisioner>> = vec![
+            Arc::new(crate::provision::local::Local::new(
+                opts.data.path().join("machines"),
+                &cfg.local,
+            )),
+            Arc::new(crate::provision::ssh::Ssh::new(&cfg.ssh, &tag)),
+        ];
         let tasks = tasks.clone();
         crate::provision::Machines::new(
             db.clone(),

@@ -990,6 +990,7 @@ impl Admin for Services {
                 labels: req.labels.into_iter().collect(),
                 name: (!req.name.is_empty()).then_some(req.name),
                 task: None,
+                brain_url: (!req.brain_url.is_empty()).then_some(req.brain_url),
             })
             .await?;
         tracing::info!(machine = %m.id, by = %admin, "machine provisioned");

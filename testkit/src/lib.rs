@@ -5,6 +5,7 @@
 //! and `TETHER_TEST_LOG` to a `RUST_LOG` filter for the processes (default `info`).
 
 pub mod fake_llm;
+pub mod netns;
 pub mod sshd;
 
 use std::path::{Path, PathBuf};
@@ -148,6 +149,10 @@ pub struct BrainOptions {
     pub config: Option<String>,
     /// Environment for the next `brain serve` only (taken when it starts).
     pub env: Vec<(String, String)>,
+    /// The address `brain serve` listens on (its port is chosen at the first start).
+    pub listen_host: String,
+    /// More `brain init` arguments (e.g. `--host` for another address).
+    pub init_args: Vec<String>,
 }
 
 impl Default for BrainOptions {
@@ -157,6 +162,8 @@ impl Default for BrainOptions {
             extra_args: Vec::new(),
             config: None,
             env: Vec::new(),
+            listen_host: "127.0.0.1".into(),
+            init_args: Vec::new(),
         }
     }
 }
@@ -203,7 +210,9 @@ impl Cluster {
             opts,
             brain: None,
         };
-        let out = c.brain_cli(&["init"]);
+        let mut init = vec!["init"];
+        init.extend(c.opts.init_args.iter().map(String::as_str));
+        let out = c.brain_cli(&init);
         assert!(out.status.success(), "brain init failed: {}", text(&out));
         if let Some(config) = &c.opts.config {
             std::fs::write(c.data.join("config.toml"), config).expect("write config");
@@ -226,7 +235,7 @@ impl Cluster {
             .arg(&self.data)
             .arg("serve")
             .arg("--listen")
-            .arg(format!("127.0.0.1:{}", self.port))
+            .arg(format!("{}:{}", self.opts.listen_host, self.port))
             .arg("--lost-after")
             .arg(format!("{}ms", self.opts.lost_after.as_millis()))
             .args(&self.opts.extra_args)

@@ -8,15 +8,26 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 pub struct Sshd {
+    /// Where it listens.
+    pub host: String,
     pub port: u16,
     pub user: String,
     pub key: PathBuf,
+    /// The user's home (its own, writable).
+    pub home: PathBuf,
+    /// The server's public host key, as a known_hosts line for `host`.
+    pub known_hosts_line: String,
     daemon: Child,
 }
 
 impl Sshd {
-    /// Starts one in `tmp`; `Err` says why it cannot.
+    /// Starts one on a loopback port in `tmp`; `Err` says why it cannot.
     pub fn start(tmp: &Path) -> Result<Self, String> {
+        Self::start_in(tmp, None)
+    }
+
+    /// Starts one in `tmp`, inside `netns` (on its address, port 22) when given.
+    pub fn start_in(tmp: &Path, netns: Option<&crate::netns::Netns>) -> Result<Self, String> {
         let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
             .into_iter()
             .map(PathBuf::from)
@@ -38,6 +49,7 @@ impl Sshd {
             return Err("useradd failed".into());
         }
         std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
+        let _ = Command::new("chown").arg(&user).arg(&home).status();
         let key = tmp.join("id_ed25519");
         let hostkey = tmp.join("host_ed25519");
         for k in [&key, &hostkey] {
@@ -53,15 +65,21 @@ impl Sshd {
         }
         let auth = tmp.join("authorized_keys");
         std::fs::copy(key.with_extension("pub"), &auth).map_err(|e| e.to_string())?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
+        let (host, port) = match netns {
+            Some(ns) => (ns.ns_ip.clone(), 22),
+            None => (
+                "127.0.0.1".to_string(),
+                std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .map_err(|e| e.to_string())?
+                    .port(),
+            ),
+        };
         let cfg = tmp.join("sshd_config");
         std::fs::write(
             &cfg,
             format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPidFile {}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPrintMotd no\nPrintLastLog no\nAcceptEnv none\n",
+                "Port {port}\nListenAddress {host}\nHostKey {}\nAuthorizedKeysFile {}\nPidFile {}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPrintMotd no\nPrintLastLog no\nAcceptEnv none\n",
                 hostkey.display(),
                 auth.display(),
                 tmp.join("sshd.pid").display()
@@ -69,17 +87,37 @@ impl Sshd {
         )
         .map_err(|e| e.to_string())?;
         let _ = std::fs::create_dir_all("/run/sshd");
-        let daemon = Command::new(&sshd)
+        let mut cmd = match netns {
+            Some(ns) => ns.command(&sshd.to_string_lossy()),
+            None => Command::new(&sshd),
+        };
+        let daemon = cmd
             .arg("-D")
             .arg("-f")
             .arg(&cfg)
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| e.to_string())?;
+        let pubkey =
+            std::fs::read_to_string(hostkey.with_extension("pub")).map_err(|e| e.to_string())?;
+        let mut fields = pubkey.split_whitespace();
+        let known_hosts_line = format!(
+            "{} {} {}",
+            if port == 22 {
+                host.clone()
+            } else {
+                format!("[{host}]:{port}")
+            },
+            fields.next().unwrap_or_default(),
+            fields.next().unwrap_or_default()
+        );
         let s = Self {
+            host,
             port,
             user,
             key,
+            home,
+            known_hosts_line,
             daemon,
         };
         let ready = crate::wait_until(Duration::from_secs(10), || {
@@ -93,9 +131,9 @@ impl Sshd {
         Ok(s)
     }
 
-    /// `user@127.0.0.1`.
+    /// `user@host`.
     pub fn dest(&self) -> String {
-        format!("{}@127.0.0.1", self.user)
+        format!("{}@{}", self.user, self.host)
     }
 
     /// The ssh options that reach this server (port, key, no host-key prompts).
@@ -143,7 +181,7 @@ impl Drop for Sshd {
     }
 }
 
-fn rand_u32() -> u32 {
+pub(crate) fn rand_u32() -> u32 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();

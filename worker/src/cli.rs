@@ -29,8 +29,16 @@ enum Cmd {
         brain: String,
         /// One-time join token from `brain token create` (or $TETHER_JOIN_TOKEN, which keeps it
         /// out of the process list)
-        #[arg(long, env = "TETHER_JOIN_TOKEN", hide_env_values = true)]
-        token: String,
+        #[arg(
+            long,
+            env = "TETHER_JOIN_TOKEN",
+            hide_env_values = true,
+            required_unless_present = "token_file"
+        )]
+        token: Option<String>,
+        /// Read the token from this file and delete the file (how provisioners pass it)
+        #[arg(long, conflicts_with = "token")]
+        token_file: Option<PathBuf>,
         /// Pin of the brain's CA: sha256:<hex>, as printed by `brain token create`
         #[arg(long)]
         ca_hash: String,
@@ -138,6 +146,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
         Cmd::Join {
             brain,
             token,
+            token_file,
             ca_hash,
             name,
             labels,
@@ -149,6 +158,17 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             exit_after_unreachable,
         } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
+            let token = match (token, token_file) {
+                (Some(t), _) => t,
+                (None, Some(f)) => {
+                    let t = std::fs::read_to_string(&f)
+                        .with_context(|| format!("reading the join token from {}", f.display()))?;
+                    // One use only: it is not left lying around.
+                    let _ = std::fs::remove_file(&f);
+                    t.trim().to_string()
+                }
+                (None, None) => anyhow::bail!("give --token or --token-file"),
+            };
             let opts = JoinOptions {
                 brain,
                 token,

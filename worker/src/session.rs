@@ -88,7 +88,17 @@ pub async fn join(state: &StateDir, opts: JoinOptions) -> Result<Membership, Err
             labels: opts.labels.iter().cloned().collect(),
         })
         .await
-        .map_err(|s| Error::Refused(s.message().to_string()))?
+        .map_err(|s| match s.code() {
+            // The brain went away mid-call (a restart): as unreachable as a refused connection.
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
+                Error::Tls(tls::Error::Connect(format!(
+                    "the brain at {} dropped the enrolment: {}",
+                    addr.url(),
+                    s.message()
+                )))
+            }
+            _ => Error::Refused(s.message().to_string()),
+        })?
         .into_inner();
     // The CA we were given must be the one we pinned.
     let ca_der = pki::certs_from_pem(&resp.ca_pem, &state.identity())?.remove(0);

@@ -81,7 +81,7 @@ impl Local {
             && id.len() <= 64
             && id[2..].chars().all(|c| c.is_ascii_alphanumeric());
         if !ok {
-            return Err(ProviderError(format!("invalid machine id {id:?}")));
+            return Err(ProviderError::new(format!("invalid machine id {id:?}")));
         }
         Ok(self.dir.join(id))
     }
@@ -138,15 +138,15 @@ impl Provisioner for Local {
     }
 
     async fn create(&self, m: &Machine, join: &Join) -> Result<Created, ProviderError> {
-        let worker = self.worker.clone().map_err(ProviderError)?;
+        let worker = self.worker.clone().map_err(ProviderError::new)?;
         let dir = self.state_dir(&m.id)?;
         std::fs::create_dir_all(&dir)
-            .map_err(|e| ProviderError(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(|e| ProviderError::new(format!("cannot create {}: {e}", dir.display())))?;
         let log = std::fs::File::create(dir.join("worker.log"))
-            .map_err(|e| ProviderError(format!("cannot create the worker's log: {e}")))?;
+            .map_err(|e| ProviderError::new(format!("cannot create the worker's log: {e}")))?;
         let log2 = log
             .try_clone()
-            .map_err(|e| ProviderError(format!("cannot create the worker's log: {e}")))?;
+            .map_err(|e| ProviderError::new(format!("cannot create the worker's log: {e}")))?;
         let mut cmd = tokio::process::Command::new(&worker.program);
         cmd.args(&worker.prefix)
             .arg("join")
@@ -175,7 +175,7 @@ impl Provisioner for Local {
             });
         }
         let child = cmd.spawn().map_err(|e| {
-            ProviderError(format!("cannot start {}: {e}", worker.program.display()))
+            ProviderError::new(format!("cannot start {}: {e}", worker.program.display()))
         })?;
         let pid = child.id().unwrap_or_default();
         // Not waited on here: tokio reaps it when it exits; release finds it by its state dir.
@@ -221,7 +221,7 @@ impl Provisioner for Local {
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(ProviderError(format!(
+            Err(e) => Err(ProviderError::new(format!(
                 "cannot remove {}: {e}",
                 dir.display()
             ))),
@@ -232,7 +232,7 @@ impl Provisioner for Local {
         let root = self.dir.clone();
         let procs = tokio::task::spawn_blocking(move || processes_under(&root))
             .await
-            .map_err(|e| ProviderError(e.to_string()))?;
+            .map_err(|e| ProviderError::new(e.to_string()))?;
         Ok(procs
             .into_iter()
             .map(|(machine, pid)| Seen {

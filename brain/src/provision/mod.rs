@@ -19,6 +19,7 @@
 //! cannot come back.
 
 pub mod local;
+pub mod ssh;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -65,14 +66,29 @@ pub enum Error {
     Invalid(String),
 }
 
-/// What a provider reports when a call fails: a message for a person.
+/// What a provider reports when a call fails: a message for a person, and whether the call
+/// certainly changed nothing (so a failed create needs no clean-up).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ProviderError(pub String);
+#[error("{message}")]
+pub struct ProviderError {
+    pub message: String,
+    pub untouched: bool,
+}
 
 impl ProviderError {
     pub fn new(msg: impl Into<String>) -> Self {
-        Self(msg.into())
+        Self {
+            message: msg.into(),
+            untouched: false,
+        }
+    }
+
+    /// The call failed before it changed anything (e.g. the host could not be reached).
+    pub fn untouched(msg: impl Into<String>) -> Self {
+        Self {
+            message: msg.into(),
+            untouched: true,
+        }
     }
 }
 
@@ -270,6 +286,7 @@ pub struct ProvisionConfig {
     pub approval_above_usd_per_hour: f64,
     pub providers: BTreeMap<String, ProviderPolicy>,
     pub local: local::LocalConfig,
+    pub ssh: ssh::SshConfig,
 }
 
 impl Default for ProvisionConfig {
@@ -285,6 +302,7 @@ impl Default for ProvisionConfig {
             approval_above_usd_per_hour: 1.0,
             providers: BTreeMap::new(),
             local: local::LocalConfig::default(),
+            ssh: ssh::SshConfig::default(),
         }
     }
 }
@@ -327,16 +345,27 @@ impl ProvisionConfig {
         if p.worker_exit_after < Duration::from_secs(1) {
             return Err("provision.worker_exit_after must be at least 1s".into());
         }
-        if let Some(url) = &self.brain_url
-            && !url
-                .strip_prefix("https://")
-                .is_some_and(|rest| !rest.is_empty() && !rest.starts_with([':', '/']))
-        {
-            return Err(format!(
-                "provision.brain_url {url:?} must be an https:// URL with a host"
-            ));
+        if let Some(url) = &self.brain_url {
+            check_url(url).map_err(|e| format!("provision.brain_url: {e}"))?;
         }
         Ok(p)
+    }
+}
+
+/// A brain URL machines can be given: `https://HOST[:PORT]`.
+pub fn check_url(url: &str) -> Result<(), String> {
+    let ok = url.len() <= 255
+        && url.strip_prefix("https://").is_some_and(|rest| {
+            !rest.is_empty()
+                && !rest.starts_with([':', '/'])
+                && rest
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-._:[]/".contains(c))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{url:?} is not an https://HOST:PORT URL"))
     }
 }
 
@@ -356,6 +385,8 @@ pub struct Request {
     /// Worker name (default: the machine id).
     pub name: Option<String>,
     pub task: Option<String>,
+    /// The URL this machine dials instead of the configured one.
+    pub brain_url: Option<String>,
 }
 
 /// How this brain is reached and recognised.
@@ -556,6 +587,9 @@ impl Machines {
         if let Some(name) = &req.name {
             shared::parse_label(&format!("name={name}")).map_err(Error::Invalid)?;
         }
+        if let Some(url) = &req.brain_url {
+            check_url(url).map_err(Error::Invalid)?;
+        }
         let id = format!("m-{}", hex::encode(rand::random::<[u8; 6]>()));
         let mut m = {
             let _admit = self.inner.admit.lock().await;
@@ -594,7 +628,10 @@ impl Machines {
             .create_token(policy.join_timeout.as_millis() as i64, m.labels.clone())
             .await?;
         let join = Join {
-            brain_url: self.inner.brain.url.clone(),
+            brain_url: req
+                .brain_url
+                .clone()
+                .unwrap_or_else(|| self.inner.brain.url.clone()),
             ca_hash: self.inner.brain.ca_hash.clone(),
             token,
             name: req.name.clone().unwrap_or_else(|| id.clone()),
@@ -614,6 +651,7 @@ impl Machines {
                 Ok(m)
             }
             outcome => {
+                let untouched = matches!(&outcome, Ok(Err(e)) if e.untouched);
                 let err = match outcome {
                     Ok(Err(source)) => Error::Provider {
                         provider: m.provider.clone(),
@@ -626,11 +664,20 @@ impl Machines {
                     },
                 };
                 tracing::warn!(machine = %id, error = %err, "creating a machine failed; cleaning up");
-                // A half-made machine may exist: destroy what there is.
-                m.state = State::Releasing;
                 m.note = format!("create failed: {err}");
+                if untouched {
+                    m.state = State::Failed;
+                    m.ended_ms = now_ms();
+                    self.put(&m).await?;
+                    return Err(err);
+                }
+                // A half-made machine may exist: destroy what there is. If that fails too,
+                // the record stays `releasing` and reconcile tries again.
+                m.state = State::Releasing;
                 self.put(&m).await?;
-                self.finish_release(m, State::Failed).await?;
+                if let Err(e) = self.finish_release(m, State::Failed).await {
+                    tracing::warn!(machine = %id, error = %e, "cleaning up after a failed create failed; will retry");
+                }
                 Err(err)
             }
         }
@@ -784,6 +831,7 @@ impl Machines {
                     continue;
                 }
             };
+            tracing::debug!(provider = name, records = records.len(), seen = ?seen, "reconciling");
             let seen_ids: HashMap<&str, &Seen> =
                 seen.iter().map(|s| (s.machine.as_str(), s)).collect();
             for m in records {
