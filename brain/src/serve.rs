@@ -210,13 +210,20 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
             policy,
             providers,
             Box::new(move |worker: &str| {
-                tasks
-                    .list()
-                    .iter()
-                    .any(|t| !t.status.is_terminal() && t.worker.as_deref() == Some(worker))
+                // A task stopped for budget holds nothing there: its workspace is mirrored.
+                tasks.list().iter().any(|t| {
+                    !t.status.is_terminal()
+                        && t.status != crate::tasks::state::Status::BudgetExhausted
+                        && t.worker.as_deref() == Some(worker)
+                })
             }),
         )?
     };
+    {
+        let policy = policy.clone();
+        machines.set_eligible(Box::new(move |w| policy.refuse(w).is_none()));
+    }
+    tasks.set_environments(Arc::new(machines.clone()));
     machines.spawn_reaper();
     let shared = Arc::new(Shared {
         registry,

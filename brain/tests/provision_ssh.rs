@@ -30,7 +30,9 @@ impl Drop for Host {
 
 /// A host with sshd, or why there cannot be one.
 fn host() -> Result<Host, String> {
-    let tmp = std::env::temp_dir().join(format!("tether-ssh-test-{}", std::process::id()));
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = std::env::temp_dir().join(format!("tether-ssh-test-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
     // The throw-away user must reach its home inside.
     use std::os::unix::fs::PermissionsExt;
@@ -255,4 +257,177 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     )
     .is_empty()));
     assert!(!home.join(".tether").exists());
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One replayed model answer calling `tool` with `args`.
+fn turn(n: usize, tool: &str, args: serde_json::Value) -> String {
+    serde_json::json!({
+        "message": {"role": "assistant", "content": format!("step {n}"), "tool_calls": [
+            {"id": format!("call_{n}"), "name": tool, "arguments": args.to_string()}
+        ]},
+        "usage": {"prompt_tokens": 100, "completion_tokens": 10}
+    })
+    .to_string()
+}
+
+/// The agent asks for a bigger machine: it needs approval (the offer costs more than the
+/// threshold), gets an ssh-provisioned worker, moves there with its workspace, finishes
+/// there, and the small ephemeral machine it left is released.
+#[test]
+fn request_environment_moves_a_task_to_an_ssh_machine_and_releases_the_old_one() {
+    let h = match host() {
+        Ok(h) => h,
+        Err(why) => {
+            eprintln!("SKIPPED: no ssh host can run here: {why}");
+            return;
+        }
+    };
+    let cfg = write_ssh_config(&h, "yes");
+    std::fs::write(
+        h.tmp.join("known_hosts"),
+        format!("{}\n", h.sshd.known_hosts_line),
+    )
+    .unwrap();
+    let mut c = Cluster::start_with(BrainOptions {
+        listen_host: "0.0.0.0".into(),
+        init_args: vec!["--host".into(), h.brain_host.clone()],
+        ..BrainOptions::default()
+    });
+    // The offer names the brain's address as the host sees it, port included.
+    c.kill_brain();
+    std::fs::write(
+        c.data.join("config.toml"),
+        format!(
+            "[provision]\nreaper_every = \"200ms\"\napproval_above_usd_per_hour = 1.0\n\
+             [provision.ssh]\nconfig_file = \"{cfg}\"\n\
+             [[provision.offers]]\nprovider = \"ssh\"\ndestination = \"{host}\"\ncpu = 8\nmemory_gb = 1\n\
+             usd_per_hour = 1.5\nbrain_url = \"https://{bh}:{port}\"\nlabels = {{ size = \"large\" }}\n",
+            cfg = cfg.display(),
+            host = h.sshd.host,
+            bh = h.brain_host,
+            port = c.port
+        ),
+    )
+    .unwrap();
+    c.start_brain().unwrap();
+
+    // The task starts on a small ephemeral machine.
+    let out = c.brain_cli(&["provision", "local", "--name", "small"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let small: serde_json::Value = machines(&c)
+        .into_iter()
+        .find(|m| m["provider"] == "local")
+        .unwrap();
+    let small_id = small["id"].as_str().unwrap().to_string();
+    let small_worker = small["worker_id"].as_str().unwrap().to_string();
+
+    let transcript = c.dir.join("env.jsonl");
+    std::fs::write(
+        &transcript,
+        [
+            turn(
+                1,
+                "run_command",
+                serde_json::json!({"command": "echo started-here > where.txt"}),
+            ),
+            turn(
+                2,
+                "request_environment",
+                serde_json::json!({"cpu": 8, "labels": {"size": "large"}, "reason": "the build needs 8 cores"}),
+            ),
+            turn(
+                3,
+                "run_command",
+                serde_json::json!({"command": "id -un > who.txt; cat where.txt >> who.txt"}),
+            ),
+            turn(4, "finish", serde_json::json!({"summary": "built on the big box"})),
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        &format!("replay:{}", transcript.display()),
+        "--permission",
+        "full",
+        "--worker",
+        &small_worker,
+        "build it",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let task = stdout(&out).trim().to_string();
+
+    // $1.50/h is over the $1.00/h threshold: a person approves.
+    let status = c.wait_status(
+        &task,
+        &["waiting", "finished", "failed"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(status, "waiting", "{}", c.brain_log());
+    let out = c.brain_cli(&["task", "show", &task]);
+    assert!(
+        stdout(&out).contains("a new machine at $1.50/h"),
+        "{}",
+        stdout(&out)
+    );
+    let out = c.brain_cli(&["approve", &task]);
+    assert!(out.status.success(), "{}", text(&out));
+    let status = c.wait_status(
+        &task,
+        &["finished", "failed", "stuck"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(status, "finished", "{}", c.brain_log());
+
+    // It finished on the ssh machine, created for this task.
+    let big = machines(&c)
+        .into_iter()
+        .find(|m| m["provider"] == "ssh" && m["state"] == "ready")
+        .expect("an ssh machine");
+    assert_eq!(big["task_id"], task.as_str());
+    assert_eq!(big["labels"]["size"], "large");
+    let big_worker = big["worker_id"].as_str().unwrap();
+    let ws = format!("task-{}", task.trim_start_matches("t-"));
+    let out = c.brain_cli(&["file", "read", big_worker, "who.txt", "--workspace", &ws]);
+    assert!(out.status.success(), "{}", text(&out));
+    let who = stdout(&out);
+    assert!(
+        who.contains(&h.sshd.user) && who.contains("started-here"),
+        "the last command ran elsewhere, or the workspace did not come along: {who}"
+    );
+    let log = stdout(&c.brain_cli(&["task", "log", &task, "--json"]));
+    assert!(
+        log.contains("MoveCompleted") || log.contains("move_completed"),
+        "{log}"
+    );
+    assert!(log.contains("now running on machine"), "{log}");
+    assert!(log.contains("was released"), "{log}");
+
+    // The small machine is gone.
+    let small = machines(&c)
+        .into_iter()
+        .find(|m| m["id"] == small_id.as_str())
+        .unwrap();
+    assert_eq!(small["state"], "released", "{small}");
+    assert!(
+        wait_until(Duration::from_secs(10), || pids_mentioning(
+            &c.data.join("machines").join(&small_id)
+        )
+        .is_empty()),
+        "the old worker process is left"
+    );
+    assert!(!c.data.join("machines").join(&small_id).exists());
+
+    let out = c.brain_cli(&["machines", "release", big["id"].as_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(wait_until(Duration::from_secs(10), || pids_mentioning(
+        &h.sshd.home
+    )
+    .is_empty()));
 }

@@ -262,6 +262,11 @@ impl AgentState {
 
     /// Why the task may not take another step, if it may not.
     pub fn exhausted(&self, now_ms: i64) -> Option<String> {
+        self.exhausted_with(now_ms, 0.0)
+    }
+
+    /// The same, with `machines_usd` spent on machines counted in the money budget.
+    pub fn exhausted_with(&self, now_ms: i64, machines_usd: f64) -> Option<String> {
         let (l, s) = (&self.limits, &self.spent);
         if l.steps > 0 && s.steps >= l.steps {
             return Some(format!("step budget spent ({} of {})", s.steps, l.steps));
@@ -269,11 +274,15 @@ impl AgentState {
         if l.tokens > 0 && s.tokens >= l.tokens {
             return Some(format!("token budget spent ({} of {})", s.tokens, l.tokens));
         }
-        if l.usd > 0.0 && s.usd >= l.usd {
-            return Some(format!(
-                "money budget spent (${:.4} of ${:.4})",
-                s.usd, l.usd
-            ));
+        if l.usd > 0.0 && s.usd + machines_usd >= l.usd {
+            return Some(if machines_usd > 0.0 {
+                format!(
+                    "money budget spent (${:.4} on the model and ${:.4} on machines, of ${:.4})",
+                    s.usd, machines_usd, l.usd
+                )
+            } else {
+                format!("money budget spent (${:.4} of ${:.4})", s.usd, l.usd)
+            });
         }
         let ran = now_ms.saturating_sub(self.wall_start_ms).max(0) as u64;
         if l.wall_ms > 0 && ran >= l.wall_ms {

@@ -203,6 +203,73 @@ pub async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), Error> {
         if let Some(u) = a.queue.front().cloned() {
             match tools::prepare(&u, &a.spec) {
                 Prepared::Refused(e) => observe(m, task, &a, &u, e, true).await?,
+                Prepared::Environment { req, what } => {
+                    let Some(envs) = m.environments() else {
+                        let text = "error: this brain provides no other machines".to_string();
+                        observe(m, task, &a, &u, text, true).await?;
+                        continue;
+                    };
+                    let tid = task.id.to_string();
+                    let quote = envs.quote(&tid, &worker, &req);
+                    if quote.needs_approval || a.spec.permission == Permission::Ask {
+                        let what = if quote.reuse {
+                            what.clone()
+                        } else {
+                            format!("{what}; a new machine at ${:.2}/h", quote.usd_per_hour)
+                        };
+                        match approval_gate(m, task, &a, &u, &what).await? {
+                            Gate::Go => {}
+                            Gate::Again => continue,
+                            Gate::Denied(text) => {
+                                observe(m, task, &a, &u, text, true).await?;
+                                continue;
+                            }
+                        }
+                    }
+                    let budget_left = (a.limits.usd > 0.0)
+                        .then(|| a.limits.usd - a.spent.usd - envs.task_cost(&tid));
+                    tracing::info!(task = %task.id, %what, "environment requested");
+                    let (text, failed) = match envs.obtain(&tid, &worker, &req, budget_left).await {
+                        Err(why) => (format!("error: no environment: {why}"), true),
+                        Ok(g) if g.worker == worker => (
+                            format!(
+                                "this task already runs on a machine that fits: {}",
+                                g.describe
+                            ),
+                            false,
+                        ),
+                        Ok(g) => {
+                            move_task(m, task, &g.worker).await?;
+                            if task.state().worker.as_deref() == Some(g.worker.as_str()) {
+                                let released = envs
+                                    .release_if_ours(&worker, &tid)
+                                    .await
+                                    .map(|r| format!(" {r}"))
+                                    .unwrap_or_default();
+                                (
+                                    format!(
+                                        "now running on {}. The workspace moved along; processes started on the previous machine are gone.{released}",
+                                        g.describe
+                                    ),
+                                    false,
+                                )
+                            } else {
+                                if g.machine.is_some() {
+                                    envs.release_if_ours(&g.worker, &tid).await;
+                                }
+                                (
+                                    format!(
+                                        "error: the move to {} did not complete; the task stays where it was",
+                                        g.describe
+                                    ),
+                                    true,
+                                )
+                            }
+                        }
+                    };
+                    observe(m, task, &a, &u, text, failed).await?;
+                    continue;
+                }
                 Prepared::Finish(summary) => {
                     let summary = if summary.trim().is_empty() {
                         "finished (no summary given)".to_string()
@@ -232,53 +299,13 @@ pub async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), Error> {
                     what,
                 } => {
                     if mutating && tools::needs_approval(&call, &a.spec) {
-                        match a.approval.as_ref().filter(|ap| ap.tool_use_id == u.id) {
-                            None => {
-                                let id = a.approvals_asked + 1;
-                                tracing::info!(task = %task.id, approval = id, %what, "approval requested");
-                                m.append(
-                                    task,
-                                    vec![
-                                        Event::ApprovalRequested {
-                                            approval_id: id,
-                                            what: what.clone(),
-                                            tool_use_id: u.id.clone(),
-                                        },
-                                        Event::StatusChanged {
-                                            status: Status::Waiting.as_str().into(),
-                                            reason: format!(
-                                                "waiting for approval #{id}: {what} (brain approve {t} / brain deny {t} --reason TEXT)",
-                                                t = task.id
-                                            ),
-                                        },
-                                    ],
-                                )
-                                .await?;
+                        match approval_gate(m, task, &a, &u, &what).await? {
+                            Gate::Go => {}
+                            Gate::Again => continue,
+                            Gate::Denied(text) => {
+                                observe(m, task, &a, &u, text, true).await?;
                                 continue;
                             }
-                            Some(ap) => match &ap.decision {
-                                None => {
-                                    // Survives restarts: the request is in the log.
-                                    tokio::select! {
-                                        _ = task.wake.notified() => {}
-                                        _ = task.cancel.cancelled() => {}
-                                    }
-                                    continue;
-                                }
-                                Some((false, by, reason)) => {
-                                    let why = if reason.is_empty() {
-                                        "no reason given".to_string()
-                                    } else {
-                                        reason.clone()
-                                    };
-                                    let text = format!(
-                                        "error: {by} denied this call ({why}). Do not repeat it; do something else or finish."
-                                    );
-                                    observe(m, task, &a, &u, text, true).await?;
-                                    continue;
-                                }
-                                Some((true, ..)) => {}
-                            },
                         }
                     }
                     if !worker_ready(m, task, &worker).await? {
@@ -323,7 +350,11 @@ pub async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), Error> {
             )
             .await;
         }
-        if let Some(why) = a.exhausted(now_ms()) {
+        let machines_usd = m
+            .environments()
+            .map(|e| e.task_cost(&task.id.to_string()))
+            .unwrap_or(0.0);
+        if let Some(why) = a.exhausted_with(now_ms(), machines_usd) {
             tracing::info!(task = %task.id, %why, "budget exhausted");
             m.append(
                 task,
@@ -460,6 +491,72 @@ pub async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), Error> {
                 .await;
             }
         }
+    }
+}
+
+/// Where an approval stands for the call at the head of the queue.
+enum Gate {
+    /// Approved: go on.
+    Go,
+    /// Asked for, or still waiting: look again.
+    Again,
+    /// Denied: this is the observation.
+    Denied(String),
+}
+
+/// Asks a person about `u` (once; the request is in the log) and reports the decision.
+async fn approval_gate(
+    m: &Manager,
+    task: &Task,
+    a: &AgentState,
+    u: &ToolUse,
+    what: &str,
+) -> Result<Gate, Error> {
+    match a.approval.as_ref().filter(|ap| ap.tool_use_id == u.id) {
+        None => {
+            let id = a.approvals_asked + 1;
+            tracing::info!(task = %task.id, approval = id, %what, "approval requested");
+            m.append(
+                task,
+                vec![
+                    Event::ApprovalRequested {
+                        approval_id: id,
+                        what: what.to_string(),
+                        tool_use_id: u.id.clone(),
+                    },
+                    Event::StatusChanged {
+                        status: Status::Waiting.as_str().into(),
+                        reason: format!(
+                            "waiting for approval #{id}: {what} (brain approve {t} / brain deny {t} --reason TEXT)",
+                            t = task.id
+                        ),
+                    },
+                ],
+            )
+            .await?;
+            Ok(Gate::Again)
+        }
+        Some(ap) => match &ap.decision {
+            None => {
+                // Survives restarts: the request is in the log.
+                tokio::select! {
+                    _ = task.wake.notified() => {}
+                    _ = task.cancel.cancelled() => {}
+                }
+                Ok(Gate::Again)
+            }
+            Some((false, by, reason)) => {
+                let why = if reason.is_empty() {
+                    "no reason given".to_string()
+                } else {
+                    reason.clone()
+                };
+                Ok(Gate::Denied(format!(
+                    "error: {by} denied this call ({why}). Do not repeat it; do something else or finish."
+                )))
+            }
+            Some((true, ..)) => Ok(Gate::Go),
+        },
     }
 }
 

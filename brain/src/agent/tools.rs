@@ -80,6 +80,18 @@ pub fn specs(permission: Permission) -> Vec<ToolSpec> {
                     "new_string": {"type": "string"}
                 }, "required": ["path", "old_string", "new_string"]}),
             ),
+            spec(
+                "request_environment",
+                "Move this task to a machine with at least the given resources and labels, e.g. when the build needs more cores or memory, or a GPU. An idle matching worker is reused, or one is provisioned within the brain's quotas and this task's budget (it may need a person's approval). The workspace moves along; processes started on the current machine are gone afterwards. The answer says what you got, or why not.",
+                json!({"type": "object", "properties": {
+                    "cpu": {"type": "integer", "description": "CPU cores"},
+                    "memory_gb": {"type": "integer"},
+                    "disk_gb": {"type": "integer"},
+                    "gpu": {"type": "integer", "description": "GPUs (0: none)"},
+                    "labels": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Labels the machine must carry, e.g. {\"arch\": \"aarch64\"}"},
+                    "reason": {"type": "string", "description": "Why, for the people watching"}
+                }, "required": ["reason"]}),
+            ),
         ]);
     }
     v.push(spec(
@@ -104,6 +116,22 @@ pub enum Prepared {
     Finish(String),
     /// Not run: the error is the observation.
     Refused(String),
+    /// Move to a machine that fits (brain side; no worker call).
+    Environment {
+        req: EnvRequest,
+        what: String,
+    },
+}
+
+/// What `request_environment` asked for.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EnvRequest {
+    pub cpu: u32,
+    pub memory_gb: u32,
+    pub disk_gb: u32,
+    pub gpu: u32,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub reason: String,
 }
 
 fn args(u: &ToolUse) -> Result<serde_json::Map<String, Value>, String> {
@@ -173,6 +201,52 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, String
     let t = u.name.as_str();
     let (call, mutating, what) = match t {
         "finish" => return Ok(Prepared::Finish(opt_string(&m, t, "summary")?)),
+        "request_environment" => {
+            if permission == Permission::ReadOnly {
+                return Err(format!("{t} is not permitted: this task is read-only"));
+            }
+            let n = |key: &str| -> Result<u32, String> {
+                let v = opt_u64(&m, t, key)?.unwrap_or(0);
+                u32::try_from(v)
+                    .ok()
+                    .filter(|v| *v <= 100_000)
+                    .ok_or_else(|| format!("{t}: {key} = {v} is not a sensible size"))
+            };
+            let mut labels = std::collections::BTreeMap::new();
+            match m.get("labels") {
+                None | Some(Value::Null) => {}
+                Some(Value::Object(o)) => {
+                    for (k, v) in o {
+                        let v = v
+                            .as_str()
+                            .ok_or_else(|| format!("{t}: label {k:?} must be a string"))?;
+                        let (k, v) = shared::parse_label(&format!("{k}={v}"))?;
+                        labels.insert(k, v);
+                    }
+                }
+                Some(_) => return Err(format!("{t}: labels must be an object of strings")),
+            }
+            let req = EnvRequest {
+                cpu: n("cpu")?,
+                memory_gb: n("memory_gb")?,
+                disk_gb: n("disk_gb")?,
+                gpu: n("gpu")?,
+                labels,
+                reason: string(&m, t, "reason")?,
+            };
+            let mut what = format!(
+                "move to a machine with {} cpu, {} GB memory, {} GB disk",
+                req.cpu, req.memory_gb, req.disk_gb
+            );
+            if req.gpu > 0 {
+                what.push_str(&format!(", {} gpu", req.gpu));
+            }
+            for (k, v) in &req.labels {
+                what.push_str(&format!(", {k}={v}"));
+            }
+            what.push_str(&format!(" ({})", tools_reason(&req.reason)));
+            return Ok(Prepared::Environment { req, what });
+        }
         "read_file" => {
             let path = string(&m, t, "path")?;
             let start = opt_u64(&m, t, "start_line")?.unwrap_or(0) as u32;
@@ -261,6 +335,10 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, String
         mutating,
         what,
     })
+}
+
+fn tools_reason(r: &str) -> String {
+    head_tail(r.trim(), 200)
 }
 
 /// Whether a mutating call needs a person's approval under the task's permission.

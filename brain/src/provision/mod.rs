@@ -18,6 +18,7 @@
 //! Releasing a machine also revokes the worker identity it enrolled, so a released machine
 //! cannot come back.
 
+pub mod env;
 pub mod local;
 pub mod ssh;
 
@@ -287,6 +288,8 @@ pub struct ProvisionConfig {
     pub providers: BTreeMap<String, ProviderPolicy>,
     pub local: local::LocalConfig,
     pub ssh: ssh::SshConfig,
+    /// What `request_environment` may provision, first fit first.
+    pub offers: Vec<env::Offer>,
 }
 
 impl Default for ProvisionConfig {
@@ -303,6 +306,7 @@ impl Default for ProvisionConfig {
             providers: BTreeMap::new(),
             local: local::LocalConfig::default(),
             ssh: ssh::SshConfig::default(),
+            offers: Vec::new(),
         }
     }
 }
@@ -318,6 +322,7 @@ pub struct Policy {
     pub reaper_every: Duration,
     pub approval_above_usd_per_hour: f64,
     pub providers: BTreeMap<String, ProviderPolicy>,
+    pub offers: Vec<env::Offer>,
 }
 
 impl ProvisionConfig {
@@ -336,7 +341,13 @@ impl ProvisionConfig {
             reaper_every: d("reaper_every", &self.reaper_every)?,
             approval_above_usd_per_hour: self.approval_above_usd_per_hour,
             providers: self.providers.clone(),
+            offers: self.offers.clone(),
         };
+        for o in &p.offers {
+            if let Some(url) = &o.brain_url {
+                check_url(url).map_err(|e| format!("provision.offers brain_url: {e}"))?;
+            }
+        }
         if p.join_timeout.is_zero() || p.call_timeout.is_zero() || p.reaper_every.is_zero() {
             return Err(
                 "provision.join_timeout, call_timeout and reaper_every must be more than 0s".into(),
@@ -424,7 +435,12 @@ struct Inner {
     used: Mutex<HashMap<String, Instant>>,
     /// Whether a worker has a task now (set by the brain; tests leave the default).
     in_use: Box<dyn Fn(&str) -> bool + Send + Sync>,
+    /// Whether the brain's policy lets tasks run on a worker (set once by the brain).
+    eligible: std::sync::OnceLock<Eligible>,
 }
+
+/// Whether the brain's policy lets tasks run on a worker.
+pub type Eligible = Box<dyn Fn(&crate::registry::WorkerRecord) -> bool + Send + Sync>;
 
 /// Marks a machine as having a provider call running; cleared on drop.
 struct BusyGuard<'a>(&'a Inner, String);
@@ -475,8 +491,18 @@ impl Machines {
                 busy: Mutex::default(),
                 used: Mutex::default(),
                 in_use,
+                eligible: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Sets which workers the policy allows tasks on (for `request_environment`).
+    pub fn set_eligible(&self, f: Eligible) {
+        let _ = self.inner.eligible.set(f);
+    }
+
+    fn eligible(&self, w: &crate::registry::WorkerRecord) -> bool {
+        self.inner.eligible.get().is_none_or(|f| f(w))
     }
 
     pub fn policy(&self) -> &Policy {

@@ -113,6 +113,49 @@ pub type Labels = std::collections::BTreeMap<String, String>;
 /// with the labels given.
 pub type Placer = Arc<dyn Fn(&str, &Labels) -> Option<String> + Send + Sync>;
 
+/// Where `request_environment` gets machines: idle workers that fit, or new ones from the
+/// provisioners (implemented by `provision::Machines`).
+#[async_trait::async_trait]
+pub trait Environments: Send + Sync {
+    /// The hourly price of what `req` would get, and whether that needs a person's approval.
+    fn quote(&self, task: &str, current: &str, req: &EnvRequest) -> Quote;
+    /// A connected worker that fits `req` (not `current`), provisioned for `task` if need
+    /// be; `budget_left` (USD, `None`: no money limit) bounds what it may cost.
+    async fn obtain(
+        &self,
+        task: &str,
+        current: &str,
+        req: &EnvRequest,
+        budget_left: Option<f64>,
+    ) -> Result<Grant, String>;
+    /// Releases the machine `worker` runs on if the brain created it and no other task uses
+    /// it; says what it did.
+    async fn release_if_ours(&self, worker: &str, task: &str) -> Option<String>;
+    /// What the machines created for `task` have cost so far (USD).
+    fn task_cost(&self, task: &str) -> f64;
+}
+
+pub use crate::agent::tools::EnvRequest;
+
+/// What an environment would cost.
+#[derive(Debug, Clone, Default)]
+pub struct Quote {
+    /// An existing worker fits: nothing new is bought.
+    pub reuse: bool,
+    pub usd_per_hour: f64,
+    pub needs_approval: bool,
+}
+
+/// An environment obtained.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    pub worker: String,
+    /// For the model and people: what it is.
+    pub describe: String,
+    /// The machine created for it, if one was.
+    pub machine: Option<String>,
+}
+
 /// The manager. Cheap to clone.
 #[derive(Clone)]
 pub struct Manager {
@@ -123,6 +166,7 @@ pub struct Manager {
     /// Notified once every task has been loaded.
     loaded: Arc<tokio::sync::Notify>,
     placer: Arc<std::sync::RwLock<Option<Placer>>>,
+    environments: Arc<std::sync::RwLock<Option<Arc<dyn Environments>>>>,
 }
 
 impl Manager {
@@ -134,6 +178,7 @@ impl Manager {
             tasks: Arc::default(),
             loaded: Arc::default(),
             placer: Arc::default(),
+            environments: Arc::default(),
         };
         // Live file changes go to the watchers of the task whose workspace and worker they
         // name.
@@ -193,6 +238,18 @@ impl Manager {
     /// Sets how failover picks a new worker (without one, tasks wait for their worker).
     pub fn set_placer(&self, p: Placer) {
         *self.placer.write().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    }
+
+    /// Sets where `request_environment` gets machines (without it, the tool is refused).
+    pub fn set_environments(&self, e: Arc<dyn Environments>) {
+        *self.environments.write().unwrap_or_else(|e| e.into_inner()) = Some(e);
+    }
+
+    pub fn environments(&self) -> Option<Arc<dyn Environments>> {
+        self.environments
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// A worker with these labels to fail over to from `lost`, if any.

@@ -1,0 +1,294 @@
+//! `request_environment`: the agent asks for a machine with at least some resources and
+//! labels. An idle connected worker that fits is reused; otherwise the first configured offer
+//! that fits (`[[provision.offers]]`) is provisioned for the task, within the provider's
+//! quota and the task's money budget. The agent loop then moves the task there and releases
+//! the machine it left if the brain created it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{Machines, Request, Spec, State};
+use crate::registry::WorkerRecord;
+use crate::tasks::manager::{EnvRequest, Environments, Grant, Quote};
+
+/// A machine the brain may provision when an agent asks for one.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Offer {
+    /// `local`, `ssh`, …
+    pub provider: String,
+    /// For `ssh`: `[USER@]HOST`, and optionally a port and a key file.
+    #[serde(default)]
+    pub destination: String,
+    #[serde(default)]
+    pub port: u16,
+    #[serde(default)]
+    pub identity_file: String,
+    pub cpu: u32,
+    pub memory_gb: u32,
+    #[serde(default)]
+    pub disk_gb: u32,
+    #[serde(default)]
+    pub gpu: u32,
+    /// Labels its worker carries.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Hourly price (default: the provider's `usd_per_hour`).
+    #[serde(default)]
+    pub usd_per_hour: Option<f64>,
+    /// The URL this machine dials (default: `provision.brain_url`).
+    #[serde(default)]
+    pub brain_url: Option<String>,
+}
+
+impl Offer {
+    fn fits(&self, req: &EnvRequest) -> bool {
+        self.cpu >= req.cpu
+            && self.memory_gb >= req.memory_gb
+            && self.disk_gb >= req.disk_gb
+            && self.gpu >= req.gpu
+            && req
+                .labels
+                .iter()
+                .all(|(k, v)| self.labels.get(k) == Some(v))
+    }
+
+    fn params(&self) -> serde_json::Value {
+        if self.provider == "ssh" {
+            serde_json::json!({
+                "destination": self.destination,
+                "port": self.port,
+                "identity_file": self.identity_file,
+            })
+        } else {
+            serde_json::Value::Null
+        }
+    }
+}
+
+/// A budget must cover a new machine for this long.
+const MIN_AFFORDABLE: f64 = 0.25;
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Whether a worker's reported resources and labels meet `req` (10% slack on memory and
+/// disk: systems report less than the nominal size).
+fn worker_fits(w: &WorkerRecord, req: &EnvRequest) -> bool {
+    let caps = w.caps.clone().unwrap_or_default();
+    let gpus: u32 = w
+        .labels
+        .get("gpu")
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(0);
+    caps.cpus >= req.cpu
+        && caps.memory_bytes as f64 >= f64::from(req.memory_gb) * GIB * 0.9
+        && caps.disk_free_bytes as f64 >= f64::from(req.disk_gb) * GIB * 0.9
+        && gpus >= req.gpu
+        && req.labels.iter().all(|(k, v)| w.labels.get(k) == Some(v))
+}
+
+fn describe_worker(w: &WorkerRecord) -> String {
+    let caps = w.caps.clone().unwrap_or_default();
+    format!(
+        "worker {} ({}; {} cpu, {:.1} GB memory, {:.0} GB disk free)",
+        w.name,
+        w.id,
+        caps.cpus,
+        caps.memory_bytes as f64 / GIB,
+        caps.disk_free_bytes as f64 / GIB
+    )
+}
+
+impl Machines {
+    /// A connected, allowed, idle worker other than `current` that fits, preferring one
+    /// created for `task` (e.g. adopted after a restart).
+    fn idle_fit(&self, task: &str, current: &str, req: &EnvRequest) -> Option<WorkerRecord> {
+        let workers = self.inner.registry.workers().ok()?;
+        let mine: Vec<String> = self
+            .list()
+            .ok()?
+            .into_iter()
+            .filter(|m| m.task.as_deref() == Some(task) && !m.state.is_ended())
+            .filter_map(|m| m.worker)
+            .collect();
+        let mut fits: Vec<WorkerRecord> = workers
+            .into_iter()
+            .filter(|w| w.id != current && !w.revoked)
+            .filter(|w| self.inner.hub.session(&w.id).is_some())
+            .filter(|w| self.eligible(w))
+            .filter(|w| !(self.inner.in_use)(&w.id))
+            .filter(|w| worker_fits(w, req))
+            .collect();
+        fits.sort_by_key(|w| !mine.contains(&w.id));
+        fits.into_iter().next()
+    }
+
+    fn offer_price(&self, o: &Offer) -> f64 {
+        o.usd_per_hour.unwrap_or_else(|| self.price(&o.provider))
+    }
+}
+
+#[async_trait::async_trait]
+impl Environments for Machines {
+    fn quote(&self, task: &str, current: &str, req: &EnvRequest) -> Quote {
+        let current_fits = self
+            .inner
+            .registry
+            .workers()
+            .ok()
+            .and_then(|ws| ws.into_iter().find(|w| w.id == current))
+            .is_some_and(|w| worker_fits(&w, req));
+        if current_fits || self.idle_fit(task, current, req).is_some() {
+            return Quote {
+                reuse: true,
+                ..Quote::default()
+            };
+        }
+        match self.inner.policy.offers.iter().find(|o| o.fits(req)) {
+            Some(o) => {
+                let usd = self.offer_price(o);
+                Quote {
+                    reuse: false,
+                    usd_per_hour: usd,
+                    needs_approval: usd > self.inner.policy.approval_above_usd_per_hour,
+                }
+            }
+            None => Quote::default(),
+        }
+    }
+
+    async fn obtain(
+        &self,
+        task: &str,
+        current: &str,
+        req: &EnvRequest,
+        budget_left: Option<f64>,
+    ) -> Result<Grant, String> {
+        let workers = self.inner.registry.workers().map_err(|e| e.to_string())?;
+        if let Some(w) = workers.iter().find(|w| w.id == current)
+            && worker_fits(w, req)
+        {
+            return Ok(Grant {
+                worker: w.id.clone(),
+                describe: describe_worker(w),
+                machine: None,
+            });
+        }
+        if let Some(w) = self.idle_fit(task, current, req) {
+            tracing::info!(task, worker = %w.id, "an idle worker fits the request");
+            return Ok(Grant {
+                worker: w.id.clone(),
+                describe: describe_worker(&w),
+                machine: None,
+            });
+        }
+        let offers: Vec<&Offer> = self
+            .inner
+            .policy
+            .offers
+            .iter()
+            .filter(|o| o.fits(req))
+            .collect();
+        if offers.is_empty() {
+            return Err(format!(
+                "no connected idle worker and no configured machine offer has {} cpu, {} GB memory, {} GB disk, {} gpu and labels {:?}; ask for less, or finish with what you have",
+                req.cpu, req.memory_gb, req.disk_gb, req.gpu, req.labels
+            ));
+        }
+        let mut refusals = Vec::new();
+        for o in offers {
+            let usd = self.offer_price(o);
+            if let Some(left) = budget_left
+                && usd * MIN_AFFORDABLE > left
+            {
+                refusals.push(format!(
+                    "a {} machine costs ${usd:.2}/h and the task's budget has ${:.2} left",
+                    o.provider,
+                    left.max(0.0)
+                ));
+                continue;
+            }
+            let mut labels = o.labels.clone();
+            labels.extend(req.labels.clone());
+            let request = Request {
+                provider: o.provider.clone(),
+                spec: Spec {
+                    cpu: o.cpu,
+                    memory_gb: o.memory_gb,
+                    disk_gb: o.disk_gb,
+                    gpu: o.gpu,
+                },
+                params: o.params(),
+                labels,
+                name: None,
+                task: Some(task.to_string()),
+                brain_url: o.brain_url.clone(),
+            };
+            let m = match self.provision(request).await {
+                Ok(m) => m,
+                Err(e) => {
+                    refusals.push(e.to_string());
+                    continue;
+                }
+            };
+            let m = self
+                .wait_ready(&m.id, self.inner.policy.join_timeout)
+                .await
+                .map_err(|e| e.to_string())?;
+            let connected = m
+                .worker
+                .as_deref()
+                .is_some_and(|w| self.inner.hub.session(w).is_some());
+            if m.state != State::Ready || !connected {
+                let _ = self.release(&m.id, "its worker did not join in time").await;
+                refusals.push(format!("machine {} did not join in time", m.id));
+                continue;
+            }
+            let worker = m.worker.clone().unwrap_or_default();
+            return Ok(Grant {
+                describe: format!(
+                    "machine {} ({}, {}; {} cpu, {} GB memory, {} GB disk; ${usd:.2}/h), worker {worker}",
+                    m.id, m.provider, m.address, o.cpu, o.memory_gb, o.disk_gb
+                ),
+                worker,
+                machine: Some(m.id),
+            });
+        }
+        Err(refusals.join("; "))
+    }
+
+    async fn release_if_ours(&self, worker: &str, task: &str) -> Option<String> {
+        let m = self.by_worker(worker).ok()??;
+        if (self.inner.in_use)(worker) {
+            return None;
+        }
+        // Give the move's last words to the old worker a moment.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match self
+            .release(&m.id, &format!("task {task} moved to another machine"))
+            .await
+        {
+            Ok(m) => Some(format!(
+                "The previous machine {} ({}) was released.",
+                m.id, m.provider
+            )),
+            Err(e) => {
+                tracing::warn!(machine = %m.id, error = %e, "releasing the machine a task left failed; the reaper will");
+                None
+            }
+        }
+    }
+
+    fn task_cost(&self, task: &str) -> f64 {
+        let now = shared::now_unix_ms();
+        self.list()
+            .map(|ms| {
+                ms.iter()
+                    .filter(|m| m.task.as_deref() == Some(task))
+                    .map(|m| m.cost_usd(now))
+                    .sum()
+            })
+            .unwrap_or(0.0)
+    }
+}
