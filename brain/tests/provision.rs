@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use testkit::{BrainOptions, Cluster, pids_mentioning, text, wait_until};
+use testkit::{BrainOptions, Cluster, pids_mentioning, replay_turn, text, wait_until};
 
 fn config(extra: &str) -> String {
     format!("[provision]\nreaper_every = \"200ms\"\n{extra}\n")
@@ -331,4 +331,92 @@ fn a_provisioned_worker_exits_when_the_brain_stays_unreachable() {
     let log = std::fs::read_to_string(c.data.join("machines").join(&id).join("worker.log"))
         .unwrap_or_default();
     assert!(log.contains("unreachable"), "{log}");
+}
+
+/// `request_environment` refusals reach the model as observations it can act on: a person's
+/// denial (the offer costs more than the approval threshold), then the provider's quota.
+#[test]
+fn request_environment_refusals_come_back_to_the_model() {
+    let c = cluster(
+        "approval_above_usd_per_hour = 1.0\n\
+         [provision.providers.local]\nmax_machines = 1\nusd_per_hour = 1.5\n\
+         [[provision.offers]]\nprovider = \"local\"\ncpu = 1\nmemory_gb = 1\nlabels = { size = \"large\" }",
+    );
+    let small = provision(&c, &[]);
+    let worker = machine(&c, &small)["worker_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let transcript = c.dir.join("refused.jsonl");
+    let ask = |n: usize, reason: &str| {
+        replay_turn(
+            n,
+            "request_environment",
+            serde_json::json!({"labels": {"size": "large"}, "reason": reason}),
+        )
+    };
+    std::fs::write(
+        &transcript,
+        [
+            ask(1, "first try"),
+            ask(2, "second try"),
+            replay_turn(3, "finish", serde_json::json!({"summary": "stayed"})),
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        &format!("replay:{}", transcript.display()),
+        "--permission",
+        "full",
+        "--worker",
+        &worker,
+        "try to grow",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let waiting = |c: &Cluster| {
+        c.wait_status(
+            &task,
+            &["waiting", "finished", "failed"],
+            Duration::from_secs(30),
+        )
+    };
+    assert_eq!(waiting(&c), "waiting");
+    let out = c.brain_cli(&["deny", &task, "--reason", "too dear"]);
+    assert!(out.status.success(), "{}", text(&out));
+    // The second ask: approved, but the quota (one local machine, in use) refuses.
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let log =
+                String::from_utf8_lossy(&c.brain_cli(&["task", "log", &task, "--json"]).stdout)
+                    .into_owned();
+            log.matches("approval_requested").count() + log.matches("ApprovalRequested").count()
+                >= 2
+        }),
+        "no second approval request"
+    );
+    let out = c.brain_cli(&["approve", &task]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        c.wait_status(
+            &task,
+            &["finished", "failed", "stuck"],
+            Duration::from_secs(30)
+        ),
+        "finished"
+    );
+    let log = String::from_utf8_lossy(&c.brain_cli(&["task", "log", &task, "--json"]).stdout)
+        .into_owned();
+    assert!(log.contains("denied this call (too dear)"), "{log}");
+    assert!(
+        log.contains("no environment") && log.contains("at most 1 machine"),
+        "{log}"
+    );
+    // Nothing was created, and the task never left its machine.
+    assert_eq!(machines(&c, true).len(), 1);
+    assert_eq!(machine(&c, &small)["state"], "ready");
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use testkit::netns::Netns;
 use testkit::sshd::Sshd;
-use testkit::{BrainOptions, Cluster, pids_mentioning, text, wait_until};
+use testkit::{BrainOptions, Cluster, pids_mentioning, replay_turn, text, wait_until};
 
 struct Host {
     sshd: Sshd,
@@ -263,17 +263,6 @@ fn stdout(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// One replayed model answer calling `tool` with `args`.
-fn turn(n: usize, tool: &str, args: serde_json::Value) -> String {
-    serde_json::json!({
-        "message": {"role": "assistant", "content": format!("step {n}"), "tool_calls": [
-            {"id": format!("call_{n}"), "name": tool, "arguments": args.to_string()}
-        ]},
-        "usage": {"prompt_tokens": 100, "completion_tokens": 10}
-    })
-    .to_string()
-}
-
 /// The agent asks for a bigger machine: it needs approval (the offer costs more than the
 /// threshold), gets an ssh-provisioned worker, moves there with its workspace, finishes
 /// there, and the small ephemeral machine it left is released.
@@ -329,22 +318,22 @@ fn request_environment_moves_a_task_to_an_ssh_machine_and_releases_the_old_one()
     std::fs::write(
         &transcript,
         [
-            turn(
+            replay_turn(
                 1,
                 "run_command",
                 serde_json::json!({"command": "echo started-here > where.txt"}),
             ),
-            turn(
+            replay_turn(
                 2,
                 "request_environment",
                 serde_json::json!({"cpu": 8, "labels": {"size": "large"}, "reason": "the build needs 8 cores"}),
             ),
-            turn(
+            replay_turn(
                 3,
                 "run_command",
                 serde_json::json!({"command": "id -un > who.txt; cat where.txt >> who.txt"}),
             ),
-            turn(4, "finish", serde_json::json!({"summary": "built on the big box"})),
+            replay_turn(4, "finish", serde_json::json!({"summary": "built on the big box"})),
         ]
         .join("\n"),
     )
@@ -430,4 +419,93 @@ fn request_environment_moves_a_task_to_an_ssh_machine_and_releases_the_old_one()
         &h.sshd.home
     )
     .is_empty()));
+}
+
+/// Runs `command` on the host over ssh, with `stdin` fed from a file if given.
+fn on_host(h: &Host, command: &str, stdin: Option<&Path>) -> std::process::Output {
+    let mut cmd = h.sshd.ssh(&[&h.sshd.dest(), command]);
+    if let Some(f) = stdin {
+        cmd.stdin(std::fs::File::open(f).unwrap());
+    }
+    cmd.output().unwrap()
+}
+
+/// `deploy/install-worker.sh`, run over ssh on the host as its (unprivileged) user, installs
+/// a worker that joins and runs commands; a second run changes nothing; uninstall removes it.
+#[test]
+fn install_worker_sh_over_ssh_installs_a_worker_that_joins_and_runs_commands() {
+    let h = match host() {
+        Ok(h) => h,
+        Err(why) => {
+            eprintln!("SKIPPED: no ssh host can run here: {why}");
+            return;
+        }
+    };
+    let c = Cluster::start_with(BrainOptions {
+        listen_host: "0.0.0.0".into(),
+        init_args: vec!["--host".into(), h.brain_host.clone()],
+        ..BrainOptions::default()
+    });
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/install-worker.sh");
+    let out = on_host(&h, "cat > install-worker.sh", Some(&script));
+    assert!(out.status.success(), "{}", text(&out));
+    let out = on_host(&h, "cat > worker.bin", Some(&c.bins.worker));
+    assert!(out.status.success(), "{}", text(&out));
+    let sum = std::process::Command::new("sha256sum")
+        .arg(&c.bins.worker)
+        .output()
+        .unwrap();
+    let sum = stdout(&sum).split_whitespace().next().unwrap().to_string();
+    let (token, ca_hash) = c.token(&[]);
+    let url = format!("https://{}:{}", h.brain_host, c.port);
+    let install = format!(
+        "sh install-worker.sh --brain {url} --token {token} --ca-hash {ca_hash} --binary ./worker.bin --sha256 {sum} --name inst --label via=script"
+    );
+
+    // A wrong checksum installs nothing.
+    let bad = install.replace(&sum, &"0".repeat(64));
+    let out = on_host(&h, &bad, None);
+    assert!(!out.status.success(), "a bad checksum was accepted");
+    assert!(!h.sshd.home.join(".local/bin/tether-worker").exists());
+
+    let out = on_host(&h, &install, None);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = text(&out);
+    assert!(said.contains("enrolled"), "{said}");
+    assert!(
+        wait_until(Duration::from_secs(30), || c
+            .worker_state("inst")
+            .as_deref()
+            == Some("connected")),
+        "the installed worker did not connect: {said}"
+    );
+    let w = c
+        .workers()
+        .into_iter()
+        .find(|w| w["name"] == "inst")
+        .unwrap();
+    assert_eq!(w["labels"]["via"], "script");
+    let id = w["id"].as_str().unwrap().to_string();
+    let out = c.brain_cli(&["exec", "--workspace", "w", &id, "--", "id", "-un"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(stdout(&out).trim(), h.sshd.user);
+
+    // Again: nothing to do, no second enrolment (the token is spent anyway).
+    let out = on_host(&h, &install, None);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("unchanged"), "{}", text(&out));
+    assert_eq!(
+        c.workers().iter().filter(|w| w["name"] == "inst").count(),
+        1,
+        "enrolled twice"
+    );
+
+    let out = on_host(&h, "sh install-worker.sh --uninstall --purge", None);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(wait_until(Duration::from_secs(10), || pids_mentioning(
+        &h.sshd.home
+    )
+    .is_empty()));
+    assert!(!h.sshd.home.join(".local/bin/tether-worker").exists());
+    assert!(!h.sshd.home.join(".local/share/tether-worker").exists());
 }

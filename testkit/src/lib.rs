@@ -492,6 +492,18 @@ pub fn pids_mentioning(path: &std::path::Path) -> Vec<u32> {
         .collect()
 }
 
+/// One line of a replayed model transcript (`--model replay:FILE`): an answer calling `tool`
+/// with `args`.
+pub fn replay_turn(n: usize, tool: &str, args: serde_json::Value) -> String {
+    serde_json::json!({
+        "message": {"role": "assistant", "content": format!("step {n}"), "tool_calls": [
+            {"id": format!("call_{n}"), "name": tool, "arguments": args.to_string()}
+        ]},
+        "usage": {"prompt_tokens": 100, "completion_tokens": 10}
+    })
+    .to_string()
+}
+
 /// Waits until `f` is true or `timeout` passes; returns whether it became true.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
