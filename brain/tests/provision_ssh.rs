@@ -5,74 +5,17 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use testkit::netns::Netns;
-use testkit::sshd::Sshd;
+use testkit::sshd::SshHost;
 use testkit::{BrainOptions, Cluster, pids_mentioning, replay_turn, text, wait_until};
 
-struct Host {
-    sshd: Sshd,
-    // Dropped after sshd.
-    _ns: Option<Netns>,
-    tmp: PathBuf,
-    /// The address the host reaches the brain on.
-    brain_host: String,
-}
+type Host = SshHost;
 
-impl Drop for Host {
-    fn drop(&mut self) {
-        for pid in pids_mentioning(&self.sshd.home) {
-            // SAFETY: kill(2) has no memory-safety requirements.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-        let _ = std::fs::remove_dir_all(&self.tmp);
-    }
-}
-
-/// A host with sshd, or why there cannot be one.
 fn host() -> Result<Host, String> {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = std::env::temp_dir().join(format!("tether-ssh-test-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
-    // The throw-away user must reach its home inside.
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| e.to_string())?;
-    let ns = match Netns::create() {
-        Ok(ns) => Some(ns),
-        Err(why) => {
-            eprintln!("no network namespace ({why}); the host is a loopback port instead");
-            None
-        }
-    };
-    let sshd = Sshd::start_in(&tmp, ns.as_ref())?;
-    let brain_host = ns
-        .as_ref()
-        .map(|n| n.host_ip.clone())
-        .unwrap_or_else(|| "127.0.0.1".into());
-    Ok(Host {
-        sshd,
-        _ns: ns,
-        tmp,
-        brain_host,
-    })
+    SshHost::start()
 }
 
 fn write_ssh_config(h: &Host, strict: &str) -> PathBuf {
-    let cfg = h.tmp.join("ssh_config");
-    std::fs::write(
-        &cfg,
-        format!(
-            "Host {host}\n  User {user}\n  Port {port}\n  IdentityFile {key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {kh}\n  StrictHostKeyChecking {strict}\n  LogLevel ERROR\n",
-            host = h.sshd.host,
-            user = h.sshd.user,
-            port = h.sshd.port,
-            key = h.sshd.key.display(),
-            kh = h.tmp.join("known_hosts").display(),
-        ),
-    )
-    .unwrap();
-    cfg
+    h.write_ssh_config(strict)
 }
 
 fn machines(c: &Cluster) -> Vec<serde_json::Value> {

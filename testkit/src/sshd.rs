@@ -187,3 +187,91 @@ pub(crate) fn rand_u32() -> u32 {
         .unwrap_or_default();
     t.subsec_nanos() ^ std::process::id()
 }
+
+/// A "remote host" for provisioning tests and benchmarks: sshd in a network namespace of its
+/// own (on a loopback port where namespaces are unavailable), with a throw-away user, keys, a
+/// directory that user can reach, and an ssh config for the brain. Everything it started is
+/// killed and removed on drop.
+pub struct SshHost {
+    pub sshd: Sshd,
+    // Dropped after sshd.
+    _ns: Option<crate::netns::Netns>,
+    pub tmp: PathBuf,
+    /// The address the host reaches the brain on.
+    pub brain_host: String,
+}
+
+impl SshHost {
+    /// A host, or why there cannot be one here.
+    pub fn start() -> Result<Self, String> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = std::env::temp_dir().join(format!("tether-ssh-host-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+        // The throw-away user must reach its home inside.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| e.to_string())?;
+        let ns = match crate::netns::Netns::create() {
+            Ok(ns) => Some(ns),
+            Err(why) => {
+                eprintln!("no network namespace ({why}); the host is a loopback port instead");
+                None
+            }
+        };
+        let sshd = Sshd::start_in(&tmp, ns.as_ref())?;
+        let brain_host = ns
+            .as_ref()
+            .map(|n| n.host_ip.clone())
+            .unwrap_or_else(|| "127.0.0.1".into());
+        Ok(Self {
+            sshd,
+            _ns: ns,
+            tmp,
+            brain_host,
+        })
+    }
+
+    /// Writes an ssh config for this host (user, port, key, a known_hosts file of its own,
+    /// `StrictHostKeyChecking strict`) and returns its path.
+    pub fn write_ssh_config(&self, strict: &str) -> PathBuf {
+        let cfg = self.tmp.join("ssh_config");
+        std::fs::write(
+            &cfg,
+            format!(
+                "Host {host}\n  User {user}\n  Port {port}\n  IdentityFile {key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {kh}\n  StrictHostKeyChecking {strict}\n  LogLevel ERROR\n",
+                host = self.sshd.host,
+                user = self.sshd.user,
+                port = self.sshd.port,
+                key = self.sshd.key.display(),
+                kh = self.known_hosts().display(),
+            ),
+        )
+        .expect("write the ssh config");
+        cfg
+    }
+
+    /// The known_hosts file the config names.
+    pub fn known_hosts(&self) -> PathBuf {
+        self.tmp.join("known_hosts")
+    }
+
+    /// Records the host's real key in it.
+    pub fn trust(&self) {
+        std::fs::write(
+            self.known_hosts(),
+            format!("{}\n", self.sshd.known_hosts_line),
+        )
+        .expect("write known_hosts");
+    }
+}
+
+impl Drop for SshHost {
+    fn drop(&mut self) {
+        for pid in crate::pids_mentioning(&self.sshd.home) {
+            // SAFETY: kill(2) has no memory-safety requirements.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        let _ = std::fs::remove_dir_all(&self.tmp);
+    }
+}

@@ -725,7 +725,7 @@ impl Machines {
             {
                 return Ok(m);
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
 
