@@ -19,7 +19,8 @@ Installs the worker binary after checking its SHA-256, enrols it with the brain 
 (`worker run`) as a systemd service.
 
   --brain URL       the brain, e.g. https://brain.example:7443
-  --token T         one-time join token from `brain token create`
+  --token T         one-time join token from `brain token create` (or $TETHER_JOIN_TOKEN,
+                    which keeps it out of the process list; it is passed on that way)
   --ca-hash H       the brain's CA pin, sha256:<hex>, from `brain token create`
   --name N          name shown in `brain workers` (default: the host name)
   --label K=V       label for placement, repeatable
@@ -74,7 +75,7 @@ usage_error() {
 
 # --- arguments -------------------------------------------------------------------------
 
-brain='' token='' ca_hash='' name='' labels='' binary='' url='' sha256='' prefix=''
+brain='' token="${TETHER_JOIN_TOKEN:-}" ca_hash='' name='' labels='' binary='' url='' sha256='' prefix=''
 no_start=0 uninstall=0 purge=0
 
 # value OPTION NARGS: fails unless the option has a value after it.
@@ -491,13 +492,13 @@ fi
 
 if is_enrolled; then
 	say "unchanged $state_dir: already enrolled$(enrolled_as); not joining again"
-	if [ -n "$token" ]; then
+	if [ -n "$token" ] && [ -z "${TETHER_JOIN_TOKEN:-}" ]; then
 		warn "--token ignored: this worker is already enrolled (uninstall --purge first to enrol afresh)"
 	fi
 else
 	mkdir -p "$state_dir"
 	chmod 0711 "$state_dir"
-	set -- "$bin" join --no-run --brain "$brain" --token "$token" --ca-hash "$ca_hash" --state "$state_dir"
+	set -- "$bin" join --no-run --brain "$brain" --ca-hash "$ca_hash" --state "$state_dir"
 	if [ -n "$name" ]; then
 		set -- "$@" --name "$name"
 	fi
@@ -506,7 +507,8 @@ else
 	done <<EOF
 $labels
 EOF
-	"$@" || die "joining the brain failed (see above); nothing was enrolled"
+	# The token goes by environment: the process list shows arguments.
+	TETHER_JOIN_TOKEN=$token "$@" || die "joining the brain failed (see above); nothing was enrolled"
 	if [ "$mode" = system ]; then
 		chown -R "$svc_user:$svc_user" "$state_dir"
 	fi

@@ -18,6 +18,7 @@
 //! Releasing a machine also revokes the worker identity it enrolled, so a released machine
 //! cannot come back.
 
+pub mod ec2;
 pub mod env;
 pub mod local;
 pub mod ssh;
