@@ -184,12 +184,24 @@ struct ProvisionOpts {
     /// config, else this brain's listen address)
     #[arg(long)]
     brain_url: Option<String>,
+    /// CPUs (docker: the container's limit; 0: the provider's default)
+    #[arg(long, default_value_t = 0)]
+    cpu: u32,
+    /// Memory in GiB (docker: the container's limit, without swap; 0: the provider's default)
+    #[arg(long, default_value_t = 0)]
+    memory_gb: u32,
+    /// Disk in GB (recorded with the machine)
+    #[arg(long, default_value_t = 0)]
+    disk_gb: u32,
 }
 
 #[derive(Subcommand)]
 enum ProvisionCmd {
     /// A worker process on the brain's own machine
     Local(ProvisionOpts),
+    /// A worker container on the local Docker engine ([provision.docker] names the image and
+    /// network), with CPU, memory and pids limits, a read-only root and no capabilities
+    Docker(ProvisionOpts),
     /// A worker on a host reached over ssh (the brain's ssh config and agent apply; an
     /// unknown or changed host key is refused unless that config accepts it)
     Ssh {
@@ -1193,6 +1205,7 @@ fn format_stat(s: &proto::FileStat) -> String {
 async fn provision(target: &Target, cmd: ProvisionCmd) -> anyhow::Result<i32> {
     let (provider, ssh, opts) = match cmd {
         ProvisionCmd::Local(opts) => ("local", None, opts),
+        ProvisionCmd::Docker(opts) => ("docker", None, opts),
         ProvisionCmd::Ssh {
             destination,
             port,
@@ -1218,7 +1231,12 @@ async fn provision(target: &Target, cmd: ProvisionCmd) -> anyhow::Result<i32> {
     let m = c
         .provision(proto::ProvisionRequest {
             provider: provider.into(),
-            spec: None,
+            spec: Some(proto::MachineSpec {
+                cpu: opts.cpu,
+                memory_gb: opts.memory_gb,
+                disk_gb: opts.disk_gb,
+                gpu: 0,
+            }),
             labels: opts.labels.into_iter().collect(),
             name: opts.name.unwrap_or_default(),
             ssh,

@@ -197,6 +197,10 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
                 &cfg.local,
             )),
             Arc::new(crate::provision::ssh::Ssh::new(&cfg.ssh, &tag)),
+            Arc::new(crate::provision::docker::DockerProvider::new(
+                &cfg.docker,
+                &tag,
+            )),
         ];
         let tasks = tasks.clone();
         crate::provision::Machines::new(

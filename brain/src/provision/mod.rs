@@ -18,6 +18,7 @@
 //! Releasing a machine also revokes the worker identity it enrolled, so a released machine
 //! cannot come back.
 
+pub mod docker;
 pub mod ec2;
 pub mod env;
 pub mod local;
@@ -289,6 +290,7 @@ pub struct ProvisionConfig {
     pub providers: BTreeMap<String, ProviderPolicy>,
     pub local: local::LocalConfig,
     pub ssh: ssh::SshConfig,
+    pub docker: docker::DockerConfig,
     /// What `request_environment` may provision, first fit first.
     pub offers: Vec<env::Offer>,
 }
@@ -307,6 +309,7 @@ impl Default for ProvisionConfig {
             providers: BTreeMap::new(),
             local: local::LocalConfig::default(),
             ssh: ssh::SshConfig::default(),
+            docker: docker::DockerConfig::default(),
             offers: Vec::new(),
         }
     }

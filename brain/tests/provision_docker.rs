@@ -1,0 +1,337 @@
+//! The docker provider against the machine's Docker engine: the worker image is built from
+//! `deploy/Dockerfile.worker` on a base made FROM scratch (no registry is needed), containers
+//! join the brain over a network the test creates, run confined and within their limits, and
+//! leave nothing behind; a brain SIGKILLed mid-create finds its container by label.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use testkit::{BrainOptions, Cluster, text, wait_until};
+
+fn docker(args: &[&str]) -> std::process::Output {
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("run docker")
+}
+
+fn out(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// A worker image and a network of this test's own; removed on drop.
+struct Engine {
+    image: String,
+    base: String,
+    network: String,
+    gateway: String,
+    ctx: PathBuf,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Whatever this test's brains left (they name the network's containers by label).
+        let ids = out(&docker(&[
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("network={}", self.network),
+        ]));
+        for id in ids.split_whitespace() {
+            let vols = out(&docker(&[
+                "inspect",
+                "-f",
+                "{{range .Mounts}}{{.Name}} {{end}}",
+                id,
+            ]));
+            docker(&["rm", "-f", "-v", id]);
+            for v in vols.split_whitespace() {
+                docker(&["volume", "rm", v]);
+            }
+        }
+        docker(&["network", "rm", &self.network]);
+        docker(&["rmi", "-f", &self.image, &self.base]);
+        let _ = std::fs::remove_dir_all(&self.ctx);
+    }
+}
+
+/// Builds the image and the network, or says why the engine cannot be used here.
+fn engine(worker: &Path) -> Result<Engine, String> {
+    let info = Command::new("docker")
+        .args(["info", "--format", "{{.ServerVersion}}"])
+        .output()
+        .map_err(|e| format!("no docker CLI: {e}"))?;
+    if !info.status.success() {
+        return Err(format!(
+            "the Docker engine does not answer: {}",
+            String::from_utf8_lossy(&info.stderr).trim()
+        ));
+    }
+    if !Path::new("/bin/busybox").exists() {
+        return Err(
+            "no static busybox for the scratch base (apt-get install busybox-static)".into(),
+        );
+    }
+    let n = std::process::id();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let ctx = std::env::temp_dir().join(format!("tether-docker-ctx-{n}-{}", rand_tag()));
+    let mut e = Engine {
+        image: format!("tether-test-worker:{n}-{}", rand_tag()),
+        base: format!("tether-test-base:{n}-{}", rand_tag()),
+        network: format!("tether-test-{n}-{}", rand_tag()),
+        gateway: String::new(),
+        ctx: ctx.clone(),
+    };
+    // The build context as deploy/Dockerfile.worker expects it, with this build's worker.
+    std::fs::create_dir_all(ctx.join("target/release")).unwrap();
+    std::fs::create_dir_all(ctx.join("deploy/docker")).unwrap();
+    std::fs::copy(worker, ctx.join("target/release/worker")).unwrap();
+    for f in ["Dockerfile.worker", "docker/worker-entrypoint.sh"] {
+        std::fs::copy(repo.join("deploy").join(f), ctx.join("deploy").join(f)).unwrap();
+    }
+    let base = Command::new("sh")
+        .arg(repo.join("deploy/docker/scratch-base.sh"))
+        .arg(&e.base)
+        .arg(worker)
+        .output()
+        .unwrap();
+    if !base.status.success() {
+        return Err(format!("building the scratch base failed: {}", text(&base)));
+    }
+    let built = Command::new("docker")
+        .env("DOCKER_BUILDKIT", "0")
+        .args(["build", "-q", "-f"])
+        .arg(ctx.join("deploy/Dockerfile.worker"))
+        .args(["--build-arg", &format!("BASE={}", e.base), "-t", &e.image])
+        .arg(&ctx)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "docker build: {}", text(&built));
+    let net = docker(&["network", "create", &e.network]);
+    assert!(net.status.success(), "{}", text(&net));
+    let gw = docker(&[
+        "network",
+        "inspect",
+        "-f",
+        "{{(index .IPAM.Config 0).Gateway}}",
+        &e.network,
+    ]);
+    e.gateway = out(&gw);
+    Ok(e)
+}
+
+fn rand_tag() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{:x}", t & 0xffffff)
+}
+
+fn cluster(e: &Engine) -> Cluster {
+    Cluster::start_with(BrainOptions {
+        listen_host: "0.0.0.0".into(),
+        init_args: vec!["--host".into(), e.gateway.clone()],
+        config: Some(format!(
+            "[provision]\nreaper_every = \"200ms\"\n[provision.docker]\nimage = \"{}\"\nnetwork = \"{}\"\n",
+            e.image, e.network
+        )),
+        ..BrainOptions::default()
+    })
+}
+
+fn machines(c: &Cluster) -> Vec<serde_json::Value> {
+    let o = c.brain_cli(&["machines", "--json", "--all"]);
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn provision(c: &Cluster, e: &Engine, extra: &[&str]) -> std::process::Output {
+    let url = format!("https://{}:{}", e.gateway, c.port);
+    let mut args = vec!["provision", "docker", "--brain-url", &url, "--wait", "60s"];
+    args.extend_from_slice(extra);
+    c.brain_cli(&args)
+}
+
+fn exec(c: &Cluster, worker: &str, argv: &[&str]) -> std::process::Output {
+    let mut args = vec!["exec", "--workspace", "w", worker, "--"];
+    args.extend_from_slice(argv);
+    c.brain_cli(&args)
+}
+
+/// Containers and volumes labelled with machine `id`.
+fn left_of(id: &str) -> (String, String) {
+    let f = format!("label=tether.machine={id}");
+    (
+        out(&docker(&["ps", "-aq", "--filter", &f])),
+        out(&docker(&["volume", "ls", "-q", "--filter", &f])),
+    )
+}
+
+#[test]
+fn a_docker_worker_joins_runs_confined_within_its_limits_and_leaves_nothing() {
+    let bins = testkit::Bins::locate();
+    let e = match engine(&bins.worker) {
+        Ok(e) => e,
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+    let c = cluster(&e);
+    let o = provision(&c, &e, &["--cpu", "1", "--memory-gb", "1"]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    let m = machines(&c)
+        .into_iter()
+        .find(|m| m["state"] == "ready")
+        .expect("a ready machine");
+    let id = m["id"].as_str().unwrap().to_string();
+    let worker = m["worker_id"].as_str().unwrap().to_string();
+    assert_eq!(m["connected"], true);
+
+    // What the engine was asked for, read back through its API.
+    let inspect = docker(&["inspect", &format!("tether-{id}")]);
+    assert!(inspect.status.success(), "{}", text(&inspect));
+    let raw = out(&inspect);
+    let j: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    let hc = &j[0]["HostConfig"];
+    assert_eq!(hc["Memory"], 1i64 << 30, "{hc}");
+    assert_eq!(hc["MemorySwap"], 1i64 << 30, "no swap: {hc}");
+    assert_eq!(hc["NanoCpus"], 1_000_000_000i64);
+    assert_eq!(hc["PidsLimit"], 512);
+    assert_eq!(hc["ReadonlyRootfs"], true);
+    assert_eq!(hc["CapDrop"], serde_json::json!(["ALL"]));
+    assert!(
+        hc["Binds"].is_null() || hc["Binds"] == serde_json::json!([]),
+        "host mounts: {hc}"
+    );
+    assert_eq!(j[0]["Config"]["User"], "65534:65534");
+    assert_eq!(j[0]["Config"]["Labels"]["tether.machine"], id.as_str());
+    assert!(
+        !raw.contains("tj_"),
+        "the join token is visible in docker inspect"
+    );
+
+    // Observed from inside.
+    let o = exec(&c, &worker, &["id", "-u"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(out(&o), "65534");
+    let o = exec(&c, &worker, &["sh", "-c", "grep CapEff /proc/self/status"]);
+    assert!(out(&o).ends_with("0000000000000000"), "{}", text(&o));
+    let o = exec(&c, &worker, &["sh", "-c", "touch /usr/x"]);
+    assert!(!o.status.success(), "the root filesystem is writable");
+    // A memory hog over the 1 GiB limit is killed; the worker lives on.
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 1;
+    let o = exec(
+        &c,
+        &worker,
+        &["dd", "if=/dev/zero", "of=/dev/null", "bs=1600M", "count=1"],
+    );
+    assert!(
+        text(&o).contains("killed by signal 9"),
+        "the hog was not killed: {}",
+        text(&o)
+    );
+    // The engine reports it as its OOM killer's work (an event while the container runs).
+    let until = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 1;
+    let oom = docker(&[
+        "events",
+        "--since",
+        &since.to_string(),
+        "--until",
+        &until.to_string(),
+        "--filter",
+        &format!("container=tether-{id}"),
+        "--filter",
+        "event=oom",
+        "--format",
+        "{{.Status}}",
+    ]);
+    assert!(
+        out(&oom).contains("oom"),
+        "the engine saw no OOM kill: {}",
+        text(&oom)
+    );
+    let o = exec(&c, &worker, &["echo", "still-here"]);
+    assert!(
+        o.status.success() && out(&o) == "still-here",
+        "{}",
+        text(&o)
+    );
+
+    // Release leaves no container and no volume.
+    let o = c.brain_cli(&["machines", "release", &id]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(left_of(&id), (String::new(), String::new()));
+}
+
+#[test]
+fn a_brain_killed_mid_create_finds_its_container_by_label() {
+    let bins = testkit::Bins::locate();
+    let e = match engine(&bins.worker) {
+        Ok(e) => e,
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+    let mut c = cluster(&e);
+    c.kill_brain();
+    c.opts.env = vec![("TETHER_FAILPOINT".into(), "provision-created".into())];
+    c.start_brain().unwrap();
+    let o = provision(&c, &e, &[]);
+    assert!(!o.status.success(), "the brain should have died");
+    c.kill_brain();
+    // The container was made before the brain died.
+    let made = out(&docker(&[
+        "ps",
+        "-aq",
+        "--filter",
+        &format!("network={}", e.network),
+    ]));
+    assert_eq!(
+        made.split_whitespace().count(),
+        1,
+        "one container: {made:?}"
+    );
+    c.start_brain().unwrap();
+    let m = machines(&c).remove(0);
+    let id = m["id"].as_str().unwrap().to_string();
+    // The container exists; after the restart it is adopted (its worker joins) or released.
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            let m = machines(&c).remove(0);
+            (m["state"] == "ready" && m["connected"] == true)
+                || m["state"] == "released"
+                || m["state"] == "failed"
+        }),
+        "not settled: {:?}\n{}",
+        machines(&c),
+        c.brain_log()
+    );
+    let m = machines(&c).remove(0);
+    if m["state"] == "ready" {
+        assert!(m["note"].as_str().unwrap().contains("adopted"), "{m}");
+        let o = exec(&c, m["worker_id"].as_str().unwrap(), &["true"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let o = c.brain_cli(&["machines", "release", &id]);
+        assert!(o.status.success(), "{}", text(&o));
+    } else {
+        eprintln!("the interrupted container was released: {}", m["note"]);
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || left_of(&id)
+            == (String::new(), String::new())),
+        "left: {:?}",
+        left_of(&id)
+    );
+}
