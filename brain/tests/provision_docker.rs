@@ -3,22 +3,14 @@
 //! join the brain over a network the test creates, run confined and within their limits, and
 //! leave nothing behind; a brain SIGKILLed mid-create finds its container by label.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+
+use std::path::Path;
 use std::time::Duration;
 
+use common::{docker, out, rand_tag};
+
 use testkit::{BrainOptions, Cluster, text, wait_until};
-
-fn docker(args: &[&str]) -> std::process::Output {
-    Command::new("docker")
-        .args(args)
-        .output()
-        .expect("run docker")
-}
-
-fn out(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stdout).trim().to_string()
-}
 
 /// A worker image and a network of this test's own; removed on drop.
 struct Engine {
@@ -26,7 +18,6 @@ struct Engine {
     base: String,
     network: String,
     gateway: String,
-    ctx: PathBuf,
 }
 
 impl Drop for Engine {
@@ -52,62 +43,22 @@ impl Drop for Engine {
         }
         docker(&["network", "rm", &self.network]);
         docker(&["rmi", "-f", &self.image, &self.base]);
-        let _ = std::fs::remove_dir_all(&self.ctx);
     }
 }
 
 /// Builds the image and the network, or says why the engine cannot be used here.
 fn engine(worker: &Path) -> Result<Engine, String> {
-    let info = Command::new("docker")
-        .args(["info", "--format", "{{.ServerVersion}}"])
-        .output()
-        .map_err(|e| format!("no docker CLI: {e}"))?;
-    if !info.status.success() {
-        return Err(format!(
-            "the Docker engine does not answer: {}",
-            String::from_utf8_lossy(&info.stderr).trim()
-        ));
+    if let Some(why) = common::unusable() {
+        return Err(why);
     }
-    if !Path::new("/bin/busybox").exists() {
-        return Err(
-            "no static busybox for the scratch base (apt-get install busybox-static)".into(),
-        );
-    }
-    let n = std::process::id();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let ctx = std::env::temp_dir().join(format!("tether-docker-ctx-{n}-{}", rand_tag()));
+    let t = rand_tag();
     let mut e = Engine {
-        image: format!("tether-test-worker:{n}-{}", rand_tag()),
-        base: format!("tether-test-base:{n}-{}", rand_tag()),
-        network: format!("tether-test-{n}-{}", rand_tag()),
+        image: format!("tether-test-worker:{t}"),
+        base: format!("tether-test-base:{t}"),
+        network: format!("tether-test-{t}"),
         gateway: String::new(),
-        ctx: ctx.clone(),
     };
-    // The build context as deploy/Dockerfile.worker expects it, with this build's worker.
-    std::fs::create_dir_all(ctx.join("target/release")).unwrap();
-    std::fs::create_dir_all(ctx.join("deploy/docker")).unwrap();
-    std::fs::copy(worker, ctx.join("target/release/worker")).unwrap();
-    for f in ["Dockerfile.worker", "docker/worker-entrypoint.sh"] {
-        std::fs::copy(repo.join("deploy").join(f), ctx.join("deploy").join(f)).unwrap();
-    }
-    let base = Command::new("sh")
-        .arg(repo.join("deploy/docker/scratch-base.sh"))
-        .arg(&e.base)
-        .arg(worker)
-        .output()
-        .unwrap();
-    if !base.status.success() {
-        return Err(format!("building the scratch base failed: {}", text(&base)));
-    }
-    let built = Command::new("docker")
-        .env("DOCKER_BUILDKIT", "0")
-        .args(["build", "-q", "-f"])
-        .arg(ctx.join("deploy/Dockerfile.worker"))
-        .args(["--build-arg", &format!("BASE={}", e.base), "-t", &e.image])
-        .arg(&ctx)
-        .output()
-        .unwrap();
-    assert!(built.status.success(), "docker build: {}", text(&built));
+    common::build("worker", &e.base, &e.image, &[worker])?;
     let net = docker(&["network", "create", &e.network]);
     assert!(net.status.success(), "{}", text(&net));
     let gw = docker(&[
@@ -119,14 +70,6 @@ fn engine(worker: &Path) -> Result<Engine, String> {
     ]);
     e.gateway = out(&gw);
     Ok(e)
-}
-
-fn rand_tag() -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{:x}", t & 0xffffff)
 }
 
 fn cluster(e: &Engine) -> Cluster {

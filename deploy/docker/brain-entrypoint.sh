@@ -16,7 +16,8 @@ for name in ${TETHER_WORKERS:-}; do
 	[ -s "/join/$name.token" ] && continue
 	i=0
 	# shellcheck disable=SC2086
-	until line=$(brain $admin token create --ttl 1h --label "compose=$name" 2>/dev/null | grep 'worker join'); do
+	# The join line (with the token and the CA pin) goes to stderr.
+	until line=$(brain $admin token create --ttl 1h --label "compose=$name" 2>&1 | grep 'worker join'); do
 		i=$((i + 1))
 		[ $i -lt 100 ] || { echo "the brain did not come up" >&2; exit 1; }
 		sleep 0.2

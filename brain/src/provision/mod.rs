@@ -852,6 +852,11 @@ impl Machines {
             .await
             {
                 Ok(Ok(s)) => s,
+                // A provider nobody uses (no Docker engine here, say) is not worth a warning.
+                Ok(Err(e)) if records.is_empty() => {
+                    tracing::debug!(provider = name, error = %e, "cannot list machines");
+                    continue;
+                }
                 Ok(Err(e)) => {
                     tracing::warn!(provider = name, error = %e, "cannot list machines; will retry");
                     continue;
