@@ -202,6 +202,9 @@ enum ProvisionCmd {
     /// A worker container on the local Docker engine ([provision.docker] names the image and
     /// network), with CPU, memory and pids limits, a read-only root and no capabilities
     Docker(ProvisionOpts),
+    /// An EC2 instance ([provision.ec2]: ami, instance types, worker_url and its sha256) whose
+    /// cloud-init installs the worker and joins; AWS credentials stay with the brain
+    Ec2(ProvisionOpts),
     /// A worker on a host reached over ssh (the brain's ssh config and agent apply; an
     /// unknown or changed host key is refused unless that config accepts it)
     Ssh {
@@ -1206,6 +1209,7 @@ async fn provision(target: &Target, cmd: ProvisionCmd) -> anyhow::Result<i32> {
     let (provider, ssh, opts) = match cmd {
         ProvisionCmd::Local(opts) => ("local", None, opts),
         ProvisionCmd::Docker(opts) => ("docker", None, opts),
+        ProvisionCmd::Ec2(opts) => ("ec2", None, opts),
         ProvisionCmd::Ssh {
             destination,
             port,

@@ -201,6 +201,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
                 &cfg.docker,
                 &tag,
             )),
+            Arc::new(crate::provision::ec2::Ec2Provider::new(&cfg.ec2, &tag)),
         ];
         let tasks = tasks.clone();
         crate::provision::Machines::new(

@@ -18,6 +18,7 @@
 //! Releasing a machine also revokes the worker identity it enrolled, so a released machine
 //! cannot come back.
 
+pub mod aws;
 pub mod docker;
 pub mod ec2;
 pub mod env;
@@ -291,6 +292,7 @@ pub struct ProvisionConfig {
     pub local: local::LocalConfig,
     pub ssh: ssh::SshConfig,
     pub docker: docker::DockerConfig,
+    pub ec2: ec2::Ec2Config,
     /// What `request_environment` may provision, first fit first.
     pub offers: Vec<env::Offer>,
 }
@@ -310,6 +312,7 @@ impl Default for ProvisionConfig {
             local: local::LocalConfig::default(),
             ssh: ssh::SshConfig::default(),
             docker: docker::DockerConfig::default(),
+            ec2: ec2::Ec2Config::default(),
             offers: Vec::new(),
         }
     }
