@@ -7,8 +7,10 @@
 //! Rows: `brain provision local` until the worker is connected, beside a local spawn of the
 //! worker binary (`worker --version`); `brain provision ssh` until connected, beside `ssh
 //! HOST true` and copying the worker binary over ssh (`cat > file`), against a throw-away
-//! sshd in a network namespace (skipped, with the reason, when sshd or root is missing); and
-//! `brain machines release` for each. N runs each (`BENCH_N`, default 5); medians.
+//! sshd in a network namespace (skipped, with the reason, when sshd or root is missing);
+//! `brain provision docker` until connected, beside `docker run --rm IMAGE true` with the same
+//! image (built FROM scratch; skipped when there is no engine); and `brain machines release`
+//! for each. N runs each (`BENCH_N`, default 5); medians.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -104,6 +106,7 @@ fn main() {
     );
     row("local: release (stop, remove, revoke)", local_down);
 
+    docker_rows(n);
     let h = match host {
         Ok(h) => h,
         Err(why) => {
@@ -164,4 +167,111 @@ fn main() {
         ssh_up.as_secs_f64() / (ssh_true + copy).as_secs_f64()
     );
     row("ssh: release (stop, remove, revoke)", ssh_down);
+}
+
+/// Runs a command; its stdout, trimmed.
+fn sh(cmd: &mut Command) -> Result<String, String> {
+    let o = cmd.output().map_err(|e| e.to_string())?;
+    if !o.status.success() {
+        return Err(testkit::text(&o));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// The docker provider beside a plain `docker run` of the same image.
+fn docker_rows(n: usize) {
+    let bins = testkit::Bins::locate();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let tag = format!("tether-bench-{}", std::process::id());
+    let (base, image, net) = (
+        format!("{tag}-base"),
+        format!("{tag}-worker"),
+        format!("{tag}-net"),
+    );
+    let ctx = std::env::temp_dir().join(&tag);
+    let setup = || -> Result<String, String> {
+        sh(Command::new("docker").args(["info", "--format", "{{.ServerVersion}}"]))?;
+        sh(Command::new("sh")
+            .arg(repo.join("deploy/docker/scratch-base.sh"))
+            .arg(&base)
+            .arg(&bins.worker))?;
+        std::fs::create_dir_all(ctx.join("target/release")).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(ctx.join("deploy/docker")).map_err(|e| e.to_string())?;
+        std::fs::copy(&bins.worker, ctx.join("target/release/worker"))
+            .map_err(|e| e.to_string())?;
+        for f in ["Dockerfile.worker", "docker/worker-entrypoint.sh"] {
+            std::fs::copy(repo.join("deploy").join(f), ctx.join("deploy").join(f))
+                .map_err(|e| e.to_string())?;
+        }
+        sh(Command::new("docker")
+            .env("DOCKER_BUILDKIT", "0")
+            .args(["build", "-q", "-f"])
+            .arg(ctx.join("deploy/Dockerfile.worker"))
+            .args(["--build-arg", &format!("BASE={base}"), "-t", &image])
+            .arg(&ctx))?;
+        sh(Command::new("docker").args(["network", "create", &net]))?;
+        sh(Command::new("docker").args([
+            "network",
+            "inspect",
+            "-f",
+            "{{(index .IPAM.Config 0).Gateway}}",
+            &net,
+        ]))
+    };
+    let result = setup();
+    let _ = std::fs::remove_dir_all(&ctx);
+    match result {
+        Err(why) => println!("\ndocker rows skipped: {why}"),
+        Ok(gw) => {
+            let c = Cluster::start_with(BrainOptions {
+                listen_host: "0.0.0.0".into(),
+                init_args: vec!["--host".into(), gw.clone()],
+                config: Some(format!(
+                    "[provision]\nreaper_every = \"200ms\"\n[provision.docker]\nimage = \"{image}\"\nnetwork = \"{net}\"\n"
+                )),
+                ..BrainOptions::default()
+            });
+            let run = median(
+                (0..n)
+                    .map(|_| {
+                        let t = Instant::now();
+                        let ok = Command::new("docker")
+                            .args([
+                                "run",
+                                "--rm",
+                                "--network",
+                                &net,
+                                "--entrypoint",
+                                "/bin/true",
+                                &image,
+                            ])
+                            .stdout(Stdio::null())
+                            .status()
+                            .is_ok_and(|s| s.success());
+                        assert!(ok, "docker run failed");
+                        t.elapsed()
+                    })
+                    .collect(),
+            );
+            let url = format!("https://{gw}:{}", c.port);
+            let (up, down) = cycle(&c, &["provision", "docker", "--brain-url", &url], n);
+            println!();
+            row("docker: provision until the worker is connected", up);
+            row("  baseline: docker run --rm IMAGE true", run);
+            println!(
+                "  ratio provision / docker run: {:.2}×",
+                up.as_secs_f64() / run.as_secs_f64()
+            );
+            row(
+                "docker: release (remove container and volume, revoke)",
+                down,
+            );
+        }
+    }
+    let _ = Command::new("docker")
+        .args(["network", "rm", &net])
+        .output();
+    let _ = Command::new("docker")
+        .args(["rmi", "-f", &image, &base])
+        .output();
 }

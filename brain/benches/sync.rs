@@ -249,7 +249,11 @@ fn main() {
         .status();
     println!("baseline: {}", baseline());
 
-    let c = Cluster::start_with(BrainOptions::default());
+    let c = Cluster::start_with(BrainOptions {
+        // The brain's store and the workers' workspaces on the same tmpfs as rsync's copy.
+        parent: Some(base.clone()),
+        ..BrainOptions::default()
+    });
     let _a = c.join_worker("a");
     let _b = c.join_worker("b");
     let file = base.join("run.jsonl");
@@ -373,6 +377,14 @@ fn main() {
         );
     }
     c.wait_status(&id, &["finished", "failed"], Duration::from_secs(120));
+    // The processes' logs (each barrier's and materialisation's phase timings), if asked for.
+    if let Some(dir) = std::env::var_os("TETHER_BENCH_LOGS") {
+        let dir = std::path::PathBuf::from(dir);
+        let _ = std::fs::create_dir_all(&dir);
+        for f in ["brain.log", "a.log", "b.log"] {
+            let _ = std::fs::copy(c.dir.join(f), dir.join(f));
+        }
+    }
     drop(c);
 
     // (b) again on 100,000 small files: the barrier's cost with the tree's size.
@@ -384,7 +396,11 @@ fn main() {
         mb(bytes).trim(),
         t.elapsed()
     );
-    let c = Cluster::start_with(BrainOptions::default());
+    let c = Cluster::start_with(BrainOptions {
+        // The brain's store and the workers' workspaces on the same tmpfs as rsync's copy.
+        parent: Some(base.clone()),
+        ..BrainOptions::default()
+    });
     let _a = c.join_worker("a");
     std::fs::write(&file, transcript(1)).unwrap();
     let out = c.brain_cli(&[

@@ -153,6 +153,8 @@ pub struct BrainOptions {
     pub listen_host: String,
     /// More `brain init` arguments (e.g. `--host` for another address).
     pub init_args: Vec<String>,
+    /// Where the cluster's temp dir goes (default: the system's temp dir).
+    pub parent: Option<PathBuf>,
 }
 
 impl Default for BrainOptions {
@@ -164,6 +166,7 @@ impl Default for BrainOptions {
             env: Vec::new(),
             listen_host: "127.0.0.1".into(),
             init_args: Vec::new(),
+            parent: None,
         }
     }
 }
@@ -189,7 +192,7 @@ impl Cluster {
         let bins = Bins::locate();
         let tmp = tempfile::Builder::new()
             .prefix("tether-test-")
-            .tempdir()
+            .tempdir_in(opts.parent.clone().unwrap_or_else(std::env::temp_dir))
             .expect("temp dir");
         let dir = tmp.path().to_path_buf();
         let keep = std::env::var_os("TETHER_KEEP_TEST_DIR").is_some();

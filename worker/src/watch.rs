@@ -12,7 +12,7 @@ use std::time::Duration;
 use notify::{EventKind, RecursiveMode, Watcher};
 use proto::{FsChanged, WorkerMessage, worker_message};
 use shared::manifest::{Rules, Scanner};
-use tokio::sync::mpsc;
+use std::sync::mpsc::{self, RecvTimeoutError};
 
 use crate::durable::CurrentOut;
 
@@ -72,13 +72,22 @@ impl Watches {
         let used = Arc::new(Mutex::new(std::time::Instant::now()));
         active.insert(workspace.to_string(), used.clone());
         let (me, name, root) = (self.clone(), workspace.to_string(), root.to_path_buf());
-        tokio::spawn(async move {
-            watch(&name, &root, out, used).await;
-            me.active
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&name);
-        });
+        // A thread of its own: setting up inotify watches on a big tree and rescanning it
+        // block for a while, and must not hold up the session (the worker's runtime has one
+        // thread).
+        let spawned = std::thread::Builder::new()
+            .name(format!("watch {name}"))
+            .spawn(move || {
+                watch(&name, &root, out, used);
+                me.active
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&name);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(%workspace, error = %e, "cannot start a file watcher thread; no live changes for it");
+            active.remove(workspace);
+        }
     }
 }
 
@@ -90,8 +99,8 @@ fn is_ignored(rel: &str) -> bool {
     })
 }
 
-async fn watch(name: &str, root: &Path, out: CurrentOut, used: Arc<Mutex<std::time::Instant>>) {
-    let (tx, mut rx) = mpsc::channel::<Raw>(QUEUE);
+fn watch(name: &str, root: &Path, out: CurrentOut, used: Arc<Mutex<std::time::Instant>>) {
+    let (tx, rx) = mpsc::sync_channel::<Raw>(QUEUE);
     let tx2 = tx.clone();
     let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         let msg = match res {
@@ -130,8 +139,8 @@ async fn watch(name: &str, root: &Path, out: CurrentOut, used: Arc<Mutex<std::ti
         } else {
             DEBOUNCE
         };
-        match tokio::time::timeout(wait, rx.recv()).await {
-            Ok(Some(Raw::Paths(paths))) => {
+        match rx.recv_timeout(wait) {
+            Ok(Raw::Paths(paths)) => {
                 for p in paths {
                     if let Ok(rel) = p.strip_prefix(root) {
                         let rel = rel.to_string_lossy().into_owned();
@@ -142,21 +151,23 @@ async fn watch(name: &str, root: &Path, out: CurrentOut, used: Arc<Mutex<std::ti
                 }
                 continue;
             }
-            Ok(Some(Raw::Rescan(why))) => {
+            Ok(Raw::Rescan(why)) => {
                 if !need_rescan {
                     tracing::info!(workspace = name, reason = %why, "file watcher fell behind; rescanning");
                 }
                 need_rescan = true;
                 continue;
             }
-            Ok(None) if rescan_mode.is_none() => {
+            Err(RecvTimeoutError::Disconnected) if rescan_mode.is_none() => {
                 tracing::warn!(
                     workspace = name,
                     "the file watcher stopped; live changes come from rescans"
                 );
                 rescan_mode = Some(Scanner::new(root, Rules::default()));
             }
-            Ok(None) | Err(_) => {}
+            // No watcher: nothing to wait on but the clock.
+            Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
+            Err(RecvTimeoutError::Timeout) => {}
         }
         // Quiet now: send what changed.
         let rescan = need_rescan || rescan_mode.is_some();
