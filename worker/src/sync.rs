@@ -590,8 +590,11 @@ async fn materialise(
             let applied = manifest::materialise(&root2, &current, &target2, &rules2, &mut blob)
                 .map_err(|e| e.to_string())?;
             if let Some(o) = owner {
-                for path in target2.entries.keys() {
-                    crate::files::give_path(&root2, path, o);
+                // What was there already was given when it was written.
+                for (path, e) in &target2.entries {
+                    if current.entries.get(path) != Some(e) {
+                        crate::files::give_path(&root2, path, o);
+                    }
                 }
             }
             let mut w = ws2.lock().unwrap_or_else(|e| e.into_inner());
