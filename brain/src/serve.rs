@@ -196,7 +196,11 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
                 opts.data.path().join("machines"),
                 &cfg.local,
             )),
-            Arc::new(crate::provision::ssh::Ssh::new(&cfg.ssh, &tag)),
+            Arc::new(crate::provision::ssh::Ssh::new(
+                &cfg.ssh,
+                &tag,
+                opts.data.path(),
+            )),
             Arc::new(crate::provision::docker::DockerProvider::new(
                 &cfg.docker,
                 &tag,

@@ -217,13 +217,8 @@ pub async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), Error> {
                         } else {
                             format!("{what}; a new machine at ${:.2}/h", quote.usd_per_hour)
                         };
-                        match approval_gate(m, task, &a, &u, &what).await? {
-                            Gate::Go => {}
-                            Gate::Again => continue,
-                            Gate::Denied(text) => {
-                                observe(m, task, &a, &u, text, true).await?;
-                                continue;
-                            }
+                        if !approved(m, task, &a, &u, &what).await? {
+                            continue;
                         }
                     }
                     let budget_left = (a.limits.usd > 0.0)
@@ -298,15 +293,11 @@ pub async fn drive(m: &Manager, task: &Arc<Task>) -> Result<(), Error> {
                     mutating,
                     what,
                 } => {
-                    if mutating && tools::needs_approval(&call, &a.spec) {
-                        match approval_gate(m, task, &a, &u, &what).await? {
-                            Gate::Go => {}
-                            Gate::Again => continue,
-                            Gate::Denied(text) => {
-                                observe(m, task, &a, &u, text, true).await?;
-                                continue;
-                            }
-                        }
+                    if mutating
+                        && tools::needs_approval(&call, &a.spec)
+                        && !approved(m, task, &a, &u, &what).await?
+                    {
+                        continue;
                     }
                     if !worker_ready(m, task, &worker).await? {
                         continue;
@@ -502,6 +493,25 @@ enum Gate {
     Again,
     /// Denied: this is the observation.
     Denied(String),
+}
+
+/// Whether `u` may go ahead now: asks a person once, waits for the decision, and on a
+/// denial tells the model. `false`: look at the task again.
+async fn approved(
+    m: &Manager,
+    task: &Task,
+    a: &AgentState,
+    u: &ToolUse,
+    what: &str,
+) -> Result<bool, Error> {
+    match approval_gate(m, task, a, u, what).await? {
+        Gate::Go => Ok(true),
+        Gate::Again => Ok(false),
+        Gate::Denied(text) => {
+            observe(m, task, a, u, text, true).await?;
+            Ok(false)
+        }
+    }
 }
 
 /// Asks a person about `u` (once; the request is in the log) and reports the decision.

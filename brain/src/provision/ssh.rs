@@ -95,14 +95,21 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Ssh {
-    /// `tag` names this brain on the hosts (letters and digits).
-    pub fn new(cfg: &SshConfig, tag: &str) -> Self {
-        let control_dir = std::env::temp_dir().join(format!(
-            "tether-ssh-{}-{}",
-            // SAFETY: plain getter.
-            unsafe { libc::geteuid() },
-            &tag[..tag.len().min(12)]
-        ));
+    /// `tag` names this brain on the hosts (letters and digits). ssh's control sockets go in
+    /// `<data>/ssh` when that path is short enough for a unix socket (ssh appends about 46
+    /// characters to it), else in the temp dir.
+    pub fn new(cfg: &SshConfig, tag: &str, data: &Path) -> Self {
+        let beside = data.join("ssh");
+        let control_dir = if beside.as_os_str().len() <= 60 {
+            beside
+        } else {
+            std::env::temp_dir().join(format!(
+                "tether-ssh-{}-{}",
+                // SAFETY: plain getter.
+                unsafe { libc::geteuid() },
+                &tag[..tag.len().min(12)]
+            ))
+        };
         Self {
             worker: WorkerProgram::beside_this_program(),
             cfg: cfg.clone(),
