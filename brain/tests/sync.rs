@@ -83,7 +83,8 @@ fn read(c: &Cluster, worker: &str, id: &str, path: &str) -> Option<String> {
 fn a_task_moved_mid_run_ends_with_the_workspace_of_an_unmoved_run() {
     let c = Cluster::start();
     let a = c.join_worker("a");
-    let b = c.join_worker("b");
+    // b keeps no fetched content in memory: every blob waits in its staging directory.
+    let b = c.join_worker_with("b", &[("TETHER_MATERIALISE_MEMORY", "0")]);
     let plan = tree_plan(&c, "0.2");
     // The reference: the same plan, never moved.
     let plain = run_plan(&c, &plan, "a");
@@ -129,6 +130,16 @@ fn a_task_moved_mid_run_ends_with_the_workspace_of_an_unmoved_run() {
         "{issued:?}"
     );
     assert!(issued.iter().any(|(_, w)| *w == b.id));
+    assert!(
+        b.log_text().contains("waited on disk"),
+        "the move did not stage its blobs"
+    );
+    assert!(
+        std::fs::read_dir(b.state.join("staging"))
+            .map(|d| d.count() == 0)
+            .unwrap_or(true),
+        "staged blobs were left behind"
+    );
     // What is on b's disk is the real thing.
     assert_eq!(
         read(&c, &b.id, &moved, "d1/sub/f.txt").as_deref(),

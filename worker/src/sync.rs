@@ -40,7 +40,13 @@ pub struct SyncState {
     known: Mutex<HashMap<String, PathBuf>>,
     max_trackers: usize,
     idle: Duration,
+    /// Fetched blob content kept in memory while materialising; beyond it, blobs wait in a
+    /// staging directory on disk.
+    memory_budget: u64,
 }
+
+/// Default of [`SyncState::memory_budget`]; `TETHER_MATERIALISE_MEMORY` (bytes) overrides it.
+const MEMORY_BUDGET: u64 = 256 << 20;
 
 impl Default for SyncState {
     fn default() -> Self {
@@ -49,7 +55,20 @@ impl Default for SyncState {
             known: Default::default(),
             max_trackers: MAX_TRACKERS,
             idle: TRACK_IDLE,
+            memory_budget: std::env::var("TETHER_MATERIALISE_MEMORY")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(MEMORY_BUDGET),
         }
+    }
+}
+
+/// A directory removed with everything in it when dropped.
+struct Staging(PathBuf);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -533,6 +552,16 @@ async fn materialise(
     need.sort();
     need.dedup();
     let mut fetched: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut in_memory = 0u64;
+    // Beside the workspaces, in the worker's state: commands cannot write there.
+    let staging = Staging(
+        root.parent()
+            .and_then(Path::parent)
+            .unwrap_or(root)
+            .join("staging")
+            .join(id.to_string()),
+    );
+    let mut staged = 0u64;
     for batch in need.chunks(HASH_BATCH) {
         let mut s = client
             .get_blobs(BlobList {
@@ -563,11 +592,29 @@ async fn materialise(
                 let (h, data) = cur.take().expect("set above");
                 let content =
                     manifest::decompress(&data, max).map_err(|e| format!("blob {h}: {e}"))?;
-                fetched.insert(h, content);
+                if in_memory + content.len() as u64 <= state.memory_budget {
+                    in_memory += content.len() as u64;
+                    fetched.insert(h, content);
+                } else {
+                    // Over the budget: to disk; the materialiser checks it when it reads it.
+                    std::fs::create_dir_all(&staging.0)
+                        .map_err(|e| format!("creating {}: {e}", staging.0.display()))?;
+                    let p = staging.0.join(&h);
+                    std::fs::write(&p, &content).map_err(|e| format!("staging blob {h}: {e}"))?;
+                    staged += 1;
+                    local.insert(h, p);
+                }
             }
         }
     }
-    let blobs_fetched = fetched.len() as u64;
+    let blobs_fetched = fetched.len() as u64 + staged;
+    if staged > 0 {
+        tracing::info!(
+            staged,
+            budget = state.memory_budget,
+            "blobs over the memory budget waited on disk"
+        );
+    }
     let t_fetch = t0.elapsed();
     let (root2, rules2, target2, ws2) = (
         root.to_path_buf(),
