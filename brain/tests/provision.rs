@@ -17,23 +17,6 @@ fn cluster(extra: &str) -> Cluster {
     })
 }
 
-fn machines(c: &Cluster, all: bool) -> Vec<serde_json::Value> {
-    let mut args = vec!["machines", "--json"];
-    if all {
-        args.push("--all");
-    }
-    let out = c.brain_cli(&args);
-    assert!(out.status.success(), "brain machines: {}", text(&out));
-    serde_json::from_slice(&out.stdout).expect("machines JSON")
-}
-
-fn machine(c: &Cluster, id: &str) -> serde_json::Value {
-    machines(c, true)
-        .into_iter()
-        .find(|m| m["id"] == id)
-        .unwrap_or_else(|| panic!("no machine {id} in `brain machines --all`"))
-}
-
 /// `brain provision local` and the id it printed.
 fn provision(c: &Cluster, extra: &[&str]) -> String {
     let mut args = vec!["provision", "local"];
@@ -73,7 +56,7 @@ fn gone(c: &Cluster, id: &str) -> bool {
 fn a_local_machine_joins_runs_a_command_and_is_released_without_a_trace() {
     let c = cluster("");
     let id = provision(&c, &["--label", "size=small"]);
-    let m = machine(&c, &id);
+    let m = c.machine(&id);
     assert_eq!(m["state"], "ready", "{m}");
     assert_eq!(m["connected"], true, "{m}");
     assert_eq!(m["provider"], "local");
@@ -107,9 +90,9 @@ fn a_local_machine_joins_runs_a_command_and_is_released_without_a_trace() {
     let out = c.brain_cli(&["machines", "release", &id]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(gone(&c, &id), "the worker process and its files are gone");
-    let m = machine(&c, &id);
+    let m = c.machine(&id);
     assert_eq!(m["state"], "released", "{m}");
-    assert!(machines(&c, false).iter().all(|m| m["id"] != id.as_str()));
+    assert!(c.machines(false).iter().all(|m| m["id"] != id.as_str()));
     assert_eq!(c.worker_state(&worker).as_deref(), Some("revoked"));
 
     // Released twice: a clear refusal.
@@ -134,8 +117,8 @@ fn quotas_refuse_with_a_clear_error_and_count_only_live_machines() {
         msg.contains("at most 1 machine") && msg.contains("max_machines"),
         "{msg}"
     );
-    assert_eq!(machines(&c, false).len(), 1, "the refusal left no record");
-    assert!(machine(&c, &first)["usd_per_hour"].as_f64() == Some(0.5));
+    assert_eq!(c.machines(false).len(), 1, "the refusal left no record");
+    assert!(c.machine(&first)["usd_per_hour"].as_f64() == Some(0.5));
 
     // Released machines do not count.
     let out = c.brain_cli(&["machines", "release", &first]);
@@ -171,14 +154,14 @@ fn a_machine_that_never_joins_is_destroyed_after_the_deadline() {
         .next()
         .unwrap()
         .to_string();
-    assert_eq!(machine(&c, &id)["state"], "joining");
+    assert_eq!(c.machine(&id)["state"], "joining");
     assert!(
-        wait_until(Duration::from_secs(20), || machine(&c, &id)["state"]
+        wait_until(Duration::from_secs(20), || c.machine(&id)["state"]
             == "released"),
         "not released: {}",
-        machine(&c, &id)
+        c.machine(&id)
     );
-    let m = machine(&c, &id);
+    let m = c.machine(&id);
     assert!(m["note"].as_str().unwrap().contains("did not join"), "{m}");
     assert!(gone(&c, &id), "its process or files are left");
 }
@@ -188,13 +171,13 @@ fn the_reaper_releases_an_idle_machine_and_one_past_its_time_to_live() {
     let c = cluster("idle_timeout = \"2s\"\nttl = \"1h\"");
     let idle = provision(&c, &[]);
     assert!(
-        wait_until(Duration::from_secs(20), || machine(&c, &idle)["state"]
+        wait_until(Duration::from_secs(20), || c.machine(&idle)["state"]
             == "released"),
         "idle machine kept: {}",
-        machine(&c, &idle)
+        c.machine(&idle)
     );
     assert!(
-        machine(&c, &idle)["note"]
+        c.machine(&idle)["note"]
             .as_str()
             .unwrap()
             .contains("no task used it")
@@ -204,13 +187,13 @@ fn the_reaper_releases_an_idle_machine_and_one_past_its_time_to_live() {
     let c = cluster("ttl = \"4s\"\nidle_timeout = \"0s\"");
     let old = provision(&c, &[]);
     assert!(
-        wait_until(Duration::from_secs(20), || machine(&c, &old)["state"]
+        wait_until(Duration::from_secs(20), || c.machine(&old)["state"]
             == "released"),
         "machine outlived its TTL: {}",
-        machine(&c, &old)
+        c.machine(&old)
     );
     assert!(
-        machine(&c, &old)["note"]
+        c.machine(&old)["note"]
             .as_str()
             .unwrap()
             .contains("time to live")
@@ -242,22 +225,22 @@ fn a_brain_killed_between_create_and_record_finds_the_machine_on_restart() {
     assert_eq!(orphans.len(), 1, "one worker process was started");
 
     c.start_brain().unwrap();
-    let all = machines(&c, true);
+    let all = c.machines(true);
     assert_eq!(all.len(), 1, "{all:?}");
     let id = all[0]["id"].as_str().unwrap().to_string();
     // Adopted (it joins with the token it was given and serves), or, when the crash also
     // cost it its token (an enrolment whose answer never arrived), closed with nothing left.
     assert!(
         wait_until(Duration::from_secs(20), || {
-            let m = machine(&c, &id);
+            let m = c.machine(&id);
             (m["state"] == "ready" && m["connected"] == true)
                 || m["state"] == "failed"
                 || m["state"] == "released"
         }),
         "not settled: {}",
-        machine(&c, &id)
+        c.machine(&id)
     );
-    let m = machine(&c, &id);
+    let m = c.machine(&id);
     if m["state"] == "ready" {
         assert!(m["note"].as_str().unwrap().contains("adopted"), "{m}");
         let worker = m["worker_id"].as_str().unwrap();
@@ -311,10 +294,10 @@ fn reconcile_closes_empty_intents_and_destroys_orphans() {
     // The recorded one was left alone and reconnected.
     assert!(!testkit::process_gone(pid));
     assert!(
-        wait_until(Duration::from_secs(20), || machine(&c, &id)["connected"]
+        wait_until(Duration::from_secs(20), || c.machine(&id)["connected"]
             == true),
         "{}",
-        machine(&c, &id)
+        c.machine(&id)
     );
 }
 
@@ -343,10 +326,7 @@ fn request_environment_refusals_come_back_to_the_model() {
          [[provision.offers]]\nprovider = \"local\"\ncpu = 1\nmemory_gb = 1\nlabels = { size = \"large\" }",
     );
     let small = provision(&c, &[]);
-    let worker = machine(&c, &small)["worker_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let worker = c.machine(&small)["worker_id"].as_str().unwrap().to_string();
     let transcript = c.dir.join("refused.jsonl");
     let ask = |n: usize, reason: &str| {
         replay_turn(
@@ -417,6 +397,6 @@ fn request_environment_refusals_come_back_to_the_model() {
         "{log}"
     );
     // Nothing was created, and the task never left its machine.
-    assert_eq!(machines(&c, true).len(), 1);
-    assert_eq!(machine(&c, &small)["state"], "ready");
+    assert_eq!(c.machines(true).len(), 1);
+    assert_eq!(c.machine(&small)["state"], "ready");
 }

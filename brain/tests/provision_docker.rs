@@ -84,12 +84,6 @@ fn cluster(e: &Engine) -> Cluster {
     })
 }
 
-fn machines(c: &Cluster) -> Vec<serde_json::Value> {
-    let o = c.brain_cli(&["machines", "--json", "--all"]);
-    assert!(o.status.success(), "{}", text(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
-}
-
 fn provision(c: &Cluster, e: &Engine, extra: &[&str]) -> std::process::Output {
     let url = format!("https://{}:{}", e.gateway, c.port);
     let mut args = vec!["provision", "docker", "--brain-url", &url, "--wait", "60s"];
@@ -125,7 +119,8 @@ fn a_docker_worker_joins_runs_confined_within_its_limits_and_leaves_nothing() {
     let c = cluster(&e);
     let o = provision(&c, &e, &["--cpu", "1", "--memory-gb", "1"]);
     assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
-    let m = machines(&c)
+    let m = c
+        .machines(true)
         .into_iter()
         .find(|m| m["state"] == "ready")
         .expect("a ready machine");
@@ -247,21 +242,21 @@ fn a_brain_killed_mid_create_finds_its_container_by_label() {
         "one container: {made:?}"
     );
     c.start_brain().unwrap();
-    let m = machines(&c).remove(0);
+    let m = c.machines(true).remove(0);
     let id = m["id"].as_str().unwrap().to_string();
     // The container exists; after the restart it is adopted (its worker joins) or released.
     assert!(
         wait_until(Duration::from_secs(60), || {
-            let m = machines(&c).remove(0);
+            let m = c.machines(true).remove(0);
             (m["state"] == "ready" && m["connected"] == true)
                 || m["state"] == "released"
                 || m["state"] == "failed"
         }),
         "not settled: {:?}\n{}",
-        machines(&c),
+        c.machines(true),
         c.brain_log()
     );
-    let m = machines(&c).remove(0);
+    let m = c.machines(true).remove(0);
     if m["state"] == "ready" {
         assert!(m["note"].as_str().unwrap().contains("adopted"), "{m}");
         let o = exec(&c, m["worker_id"].as_str().unwrap(), &["true"]);

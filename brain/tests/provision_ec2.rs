@@ -108,16 +108,6 @@ fn aws_env() -> Vec<(String, String)> {
     ]
 }
 
-fn machines(c: &Cluster) -> Vec<serde_json::Value> {
-    let o = c.brain_cli(&["machines", "--json", "--all"]);
-    assert!(o.status.success(), "{}", text(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
-}
-
-fn machine(c: &Cluster, id: &str) -> serde_json::Value {
-    machines(c).into_iter().find(|m| m["id"] == id).unwrap()
-}
-
 fn provision(c: &Cluster) -> std::process::Output {
     c.brain_cli(&["provision", "ec2", "--wait", "0s", "--cpu", "2"])
 }
@@ -137,7 +127,7 @@ fn an_instance_is_launched_tagged_with_its_user_data_and_terminated() {
     );
     let o = provision(&c);
     assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
-    let rec = machines(&c).remove(0);
+    let rec = c.machines(true).remove(0);
     let id = rec["id"].as_str().unwrap().to_string();
     assert_eq!(rec["state"], "joining");
     let instance = rec["handle"].as_str().unwrap().to_string();
@@ -192,7 +182,7 @@ fn an_instance_is_launched_tagged_with_its_user_data_and_terminated() {
         i["state"] == "terminated" || i["state"] == "shutting-down",
         "{i}"
     );
-    assert_eq!(machine(&c, &id)["state"], "released");
+    assert_eq!(c.machine(&id)["state"], "released");
     // The secret key is nowhere in the brain's log.
     assert!(!c.brain_log().contains(SECRET));
 }
@@ -209,17 +199,17 @@ fn an_instance_whose_worker_never_joins_is_terminated_at_the_deadline() {
     let c = cluster(&m, "join_timeout = \"3s\"");
     let o = provision(&c);
     assert!(o.status.success(), "{}", text(&o));
-    let rec = machines(&c).remove(0);
+    let rec = c.machines(true).remove(0);
     let id = rec["id"].as_str().unwrap().to_string();
     let instance = rec["handle"].as_str().unwrap().to_string();
     assert!(
-        wait_until(Duration::from_secs(30), || machine(&c, &id)["state"]
+        wait_until(Duration::from_secs(30), || c.machine(&id)["state"]
             == "released"),
         "{}",
-        machine(&c, &id)
+        c.machine(&id)
     );
     assert!(
-        machine(&c, &id)["note"]
+        c.machine(&id)["note"]
             .as_str()
             .unwrap()
             .contains("did not join")
@@ -260,13 +250,13 @@ fn a_brain_killed_between_run_instances_and_the_record_terminates_it_after_resta
 
     c.opts.env = aws_env();
     c.start_brain().unwrap();
-    let id = machines(&c)[0]["id"].as_str().unwrap().to_string();
+    let id = c.machines(true)[0]["id"].as_str().unwrap().to_string();
     // Found by its tags and adopted; it never joins, so the deadline terminates it.
     assert!(
-        wait_until(Duration::from_secs(30), || machine(&c, &id)["state"]
+        wait_until(Duration::from_secs(30), || c.machine(&id)["state"]
             == "released"),
         "{}",
-        machine(&c, &id)
+        c.machine(&id)
     );
     let i = instances(&m)
         .into_iter()

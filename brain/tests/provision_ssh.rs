@@ -18,12 +18,6 @@ fn write_ssh_config(h: &Host, strict: &str) -> PathBuf {
     h.write_ssh_config(strict)
 }
 
-fn machines(c: &Cluster) -> Vec<serde_json::Value> {
-    let out = c.brain_cli(&["machines", "--json", "--all"]);
-    assert!(out.status.success(), "{}", text(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 fn provision(c: &Cluster, h: &Host) -> std::process::Output {
     let url = format!("https://{}:{}", h.brain_host, c.port);
     c.brain_cli(&[
@@ -97,9 +91,9 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     assert!(!out.status.success(), "a changed host key was accepted");
     assert!(text(&out).contains("CHANGED"), "{}", text(&out));
     assert!(
-        machines(&c).iter().all(|m| m["state"] == "failed"),
+        c.machines(true).iter().all(|m| m["state"] == "failed"),
         "{:?}",
-        machines(&c)
+        c.machines(true)
     );
 
     // The right key: the worker is installed, joins and runs commands there.
@@ -110,7 +104,8 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     .unwrap();
     let out = provision(&c, &h);
     assert!(out.status.success(), "{}", text(&out));
-    let m = machines(&c)
+    let m = c
+        .machines(true)
         .into_iter()
         .find(|m| m["state"] == "ready")
         .expect("a ready machine");
@@ -167,7 +162,7 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     c.kill_brain();
     c.start_brain().unwrap();
     // Which record it was: the newest.
-    let id = machines(&c)[0]["id"].as_str().unwrap().to_string();
+    let id = c.machines(true)[0]["id"].as_str().unwrap().to_string();
     // Either outcome is clean: adopted (it joins with its token and serves), or, when the
     // crash also cost it its token (used by an enrolment whose answer never arrived), closed
     // with nothing left on the host.
@@ -177,13 +172,15 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
             || m["state"] == "released"
     };
     assert!(
-        wait_until(Duration::from_secs(30), || machines(&c)
+        wait_until(Duration::from_secs(30), || c
+            .machines(true)
             .iter()
             .any(|m| m["id"] == id.as_str() && settled(m))),
         "not settled: {:?}",
-        machines(&c)
+        c.machines(true)
     );
-    let m = machines(&c)
+    let m = c
+        .machines(true)
         .into_iter()
         .find(|m| m["id"] == id.as_str())
         .unwrap();
@@ -250,7 +247,8 @@ fn request_environment_moves_a_task_to_an_ssh_machine_and_releases_the_old_one()
     // The task starts on a small ephemeral machine.
     let out = c.brain_cli(&["provision", "local", "--name", "small"]);
     assert!(out.status.success(), "{}", text(&out));
-    let small: serde_json::Value = machines(&c)
+    let small: serde_json::Value = c
+        .machines(true)
         .into_iter()
         .find(|m| m["provider"] == "local")
         .unwrap();
@@ -318,7 +316,8 @@ fn request_environment_moves_a_task_to_an_ssh_machine_and_releases_the_old_one()
     assert_eq!(status, "finished", "{}", c.brain_log());
 
     // It finished on the ssh machine, created for this task.
-    let big = machines(&c)
+    let big = c
+        .machines(true)
         .into_iter()
         .find(|m| m["provider"] == "ssh" && m["state"] == "ready")
         .expect("an ssh machine");
@@ -342,7 +341,8 @@ fn request_environment_moves_a_task_to_an_ssh_machine_and_releases_the_old_one()
     assert!(log.contains("was released"), "{log}");
 
     // The small machine is gone.
-    let small = machines(&c)
+    let small = c
+        .machines(true)
         .into_iter()
         .find(|m| m["id"] == small_id.as_str())
         .unwrap();

@@ -331,6 +331,25 @@ impl Cluster {
         cmd
     }
 
+    /// `brain machines --json` (with `--all`: released and failed ones too).
+    pub fn machines(&self, all: bool) -> Vec<serde_json::Value> {
+        let mut args = vec!["machines", "--json"];
+        if all {
+            args.push("--all");
+        }
+        let out = self.brain_cli(&args);
+        assert!(out.status.success(), "brain machines: {}", text(&out));
+        serde_json::from_slice(&out.stdout).expect("machines JSON")
+    }
+
+    /// One machine's record, as `brain machines --json --all` shows it.
+    pub fn machine(&self, id: &str) -> serde_json::Value {
+        self.machines(true)
+            .into_iter()
+            .find(|m| m["id"] == id)
+            .unwrap_or_else(|| panic!("no machine {id} in `brain machines --all`"))
+    }
+
     /// Mints a join token; returns (token, ca_hash).
     pub fn token(&self, extra: &[&str]) -> (String, String) {
         let mut args = vec!["token", "create"];
