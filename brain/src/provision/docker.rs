@@ -175,25 +175,8 @@ impl Provisioner for DockerProvider {
             self.cfg.memory_gb
         };
         let memory = i64::from(gb) << 30;
-        let mut cmd = vec![
-            "join".to_string(),
-            "--brain".into(),
-            join.brain_url.clone(),
-            "--ca-hash".into(),
-            join.ca_hash.clone(),
-            "--name".into(),
-            join.name.clone(),
-            "--exit-after-unreachable".into(),
-            format!("{}s", join.exit_after_unreachable.as_secs().max(1)),
-            "--token-file".into(),
-            "/state/token".into(),
-            "--state".into(),
-            "/state/worker".into(),
-        ];
-        for (k, v) in &join.labels {
-            cmd.push("--label".into());
-            cmd.push(format!("{k}={v}"));
-        }
+        let mut cmd = join.args();
+        cmd.extend(["--token-file", "/state/token", "--state", "/state/worker"].map(String::from));
         let body = ContainerCreateBody {
             image: Some(self.cfg.image.clone()),
             entrypoint: Some(vec!["/usr/local/bin/worker".into()]),

@@ -5,7 +5,6 @@
 //! the machine it left if the brain created it.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -263,8 +262,6 @@ impl Environments for Machines {
         if (self.inner.in_use)(worker) {
             return None;
         }
-        // Give the move's last words to the old worker a moment.
-        tokio::time::sleep(Duration::from_millis(100)).await;
         match self
             .release(&m.id, &format!("task {task} moved to another machine"))
             .await

@@ -149,15 +149,8 @@ impl Provisioner for Local {
             .map_err(|e| ProviderError::new(format!("cannot create the worker's log: {e}")))?;
         let mut cmd = tokio::process::Command::new(&worker.program);
         cmd.args(&worker.prefix)
-            .arg("join")
-            .args(["--brain", &join.brain_url, "--ca-hash", &join.ca_hash])
-            .args(["--name", &join.name])
-            .arg("--exit-after-unreachable")
-            .arg(format!("{}s", join.exit_after_unreachable.as_secs().max(1)));
-        for (k, v) in &join.labels {
-            cmd.arg("--label").arg(format!("{k}={v}"));
-        }
-        cmd.args(&self.args)
+            .args(join.args())
+            .args(&self.args)
             .arg("--state")
             .arg(&dir)
             // The token goes by environment, not argument: the process list shows arguments.

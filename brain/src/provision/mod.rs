@@ -211,6 +211,29 @@ impl std::fmt::Debug for Join {
     }
 }
 
+impl Join {
+    /// The `worker join` arguments every provider passes (besides the token and the state
+    /// directory, which depend on where the worker runs).
+    pub fn args(&self) -> Vec<String> {
+        let mut v = vec![
+            "join".to_string(),
+            "--brain".into(),
+            self.brain_url.clone(),
+            "--ca-hash".into(),
+            self.ca_hash.clone(),
+            "--name".into(),
+            self.name.clone(),
+            "--exit-after-unreachable".into(),
+            format!("{}s", self.exit_after_unreachable.as_secs().max(1)),
+        ];
+        for (k, val) in &self.labels {
+            v.push("--label".into());
+            v.push(format!("{k}={val}"));
+        }
+        v
+    }
+}
+
 /// What a provider made.
 #[derive(Debug, Clone)]
 pub struct Created {

@@ -319,10 +319,11 @@ chmod 755 "$D/worker.tmp"
 mv "$D/worker.tmp" "$D/worker"
 "#;
 
-/// Writes the token (stdin) and starts the worker detached; `$3` is the binary, `$4` "yes"
-/// for systemd, the rest the worker's arguments before `--token-file`. Prints the handle.
+/// Writes the token (stdin) and starts the worker detached; `$3` is the binary (empty: the
+/// copy in the machine's directory), `$4` "yes" for systemd, the rest the worker's arguments
+/// before `--token-file`. Prints the handle.
 const START: &str = r#"set -eu
-D="$HOME/.tether/$1/$2"; BIN="$3"; SYSTEMD="$4"; shift 4
+D="$HOME/.tether/$1/$2"; BIN="${3:-$D/worker}"; SYSTEMD="$4"; shift 4
 umask 077
 cat > "$D/token"
 if [ "$SYSTEMD" = yes ]; then
@@ -479,44 +480,24 @@ impl Ssh {
                 Some(&bytes),
             )
             .await?;
-            format!("$HOME/.tether/{}/{}/worker", self.tag, m.id)
+            // START's default: the copy in the machine's directory.
+            String::new()
         };
         let systemd = if fact("systemd ") == "yes" {
             "yes"
         } else {
             "no"
         };
-        let exit_after = format!("{}s", join.exit_after_unreachable.as_secs().max(1));
-        let mut args: Vec<String> = program.prefix.clone();
-        args.extend([
-            "join".into(),
-            "--brain".into(),
-            join.brain_url.clone(),
-            "--ca-hash".into(),
-            join.ca_hash.clone(),
-            "--name".into(),
-            join.name.clone(),
-            "--exit-after-unreachable".into(),
-            exit_after,
-        ]);
-        for (k, v) in &join.labels {
-            args.push("--label".into());
-            args.push(format!("{k}={v}"));
-        }
-        // `$HOME` in the binary's path is expanded by the remote shell.
-        let bin_arg = bin.replace("$HOME/", "");
-        let mut all: Vec<&str> = vec![&self.tag, &m.id, &bin_arg, systemd];
-        all.extend(args.iter().map(String::as_str));
-        let script = START.replace(
-            "BIN=\"$3\"",
-            "BIN=\"$3\"; case \"$BIN\" in /*) ;; *) BIN=\"$HOME/$BIN\";; esac",
-        );
+        let mut args: Vec<String> = vec![self.tag.clone(), m.id.clone(), bin, systemd.into()];
+        args.extend(program.prefix.iter().cloned());
+        args.extend(join.args());
+        let all: Vec<&str> = args.iter().map(String::as_str).collect();
         let handle = self
             .script(
                 s,
                 t,
                 "starting the worker",
-                &script,
+                START,
                 &all,
                 Some(format!("{}\n", join.token).as_bytes()),
             )
