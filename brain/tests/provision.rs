@@ -230,17 +230,7 @@ fn a_brain_killed_between_create_and_record_finds_the_machine_on_restart() {
     let id = all[0]["id"].as_str().unwrap().to_string();
     // Adopted (it joins with the token it was given and serves), or, when the crash also
     // cost it its token (an enrolment whose answer never arrived), closed with nothing left.
-    assert!(
-        wait_until(Duration::from_secs(20), || {
-            let m = c.machine(&id);
-            (m["state"] == "ready" && m["connected"] == true)
-                || m["state"] == "failed"
-                || m["state"] == "released"
-        }),
-        "not settled: {}",
-        c.machine(&id)
-    );
-    let m = c.machine(&id);
+    let m = c.wait_settled(&id, Duration::from_secs(20));
     if m["state"] == "ready" {
         assert!(m["note"].as_str().unwrap().contains("adopted"), "{m}");
         let worker = m["worker_id"].as_str().unwrap();

@@ -245,18 +245,7 @@ fn a_brain_killed_mid_create_finds_its_container_by_label() {
     let m = c.machines(true).remove(0);
     let id = m["id"].as_str().unwrap().to_string();
     // The container exists; after the restart it is adopted (its worker joins) or released.
-    assert!(
-        wait_until(Duration::from_secs(60), || {
-            let m = c.machines(true).remove(0);
-            (m["state"] == "ready" && m["connected"] == true)
-                || m["state"] == "released"
-                || m["state"] == "failed"
-        }),
-        "not settled: {:?}\n{}",
-        c.machines(true),
-        c.brain_log()
-    );
-    let m = c.machines(true).remove(0);
+    let m = c.wait_settled(&id, Duration::from_secs(60));
     if m["state"] == "ready" {
         assert!(m["note"].as_str().unwrap().contains("adopted"), "{m}");
         let o = exec(&c, m["worker_id"].as_str().unwrap(), &["true"]);

@@ -166,24 +166,7 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     // Either outcome is clean: adopted (it joins with its token and serves), or, when the
     // crash also cost it its token (used by an enrolment whose answer never arrived), closed
     // with nothing left on the host.
-    let settled = |m: &serde_json::Value| {
-        (m["state"] == "ready" && m["connected"] == true)
-            || m["state"] == "failed"
-            || m["state"] == "released"
-    };
-    assert!(
-        wait_until(Duration::from_secs(30), || c
-            .machines(true)
-            .iter()
-            .any(|m| m["id"] == id.as_str() && settled(m))),
-        "not settled: {:?}",
-        c.machines(true)
-    );
-    let m = c
-        .machines(true)
-        .into_iter()
-        .find(|m| m["id"] == id.as_str())
-        .unwrap();
+    let m = c.wait_settled(&id, Duration::from_secs(30));
     if m["state"] == "ready" {
         eprintln!("the interrupted machine was adopted");
         assert_eq!(pids_mentioning(&home.join(".tether")).len(), 1);

@@ -350,6 +350,24 @@ impl Cluster {
             .unwrap_or_else(|| panic!("no machine {id} in `brain machines --all`"))
     }
 
+    /// Waits until machine `id` is settled after a crash in its creation: adopted (ready,
+    /// its worker connected) or closed (released or failed). Returns its record; panics
+    /// with it if that does not happen within `timeout`.
+    pub fn wait_settled(&self, id: &str, timeout: Duration) -> serde_json::Value {
+        let settled = |m: &serde_json::Value| {
+            (m["state"] == "ready" && m["connected"] == true)
+                || m["state"] == "released"
+                || m["state"] == "failed"
+        };
+        assert!(
+            wait_until(timeout, || settled(&self.machine(id))),
+            "machine {id} not settled: {}\n{}",
+            self.machine(id),
+            self.brain_log()
+        );
+        self.machine(id)
+    }
+
     /// Mints a join token; returns (token, ca_hash).
     pub fn token(&self, extra: &[&str]) -> (String, String) {
         let mut args = vec!["token", "create"];
