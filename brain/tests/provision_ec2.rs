@@ -88,6 +88,18 @@ fn instances(m: &Moto) -> Vec<serde_json::Value> {
     v.as_array().cloned().unwrap_or_default()
 }
 
+/// EC2 shows `instance` terminated (or on its way there).
+fn assert_terminated(m: &Moto, instance: &str) {
+    let i = instances(m)
+        .into_iter()
+        .find(|i| i["id"] == instance)
+        .unwrap_or_else(|| panic!("no instance {instance}"));
+    assert!(
+        i["state"] == "terminated" || i["state"] == "shutting-down",
+        "{i}"
+    );
+}
+
 fn cluster(m: &Moto, extra: &str) -> Cluster {
     let mut opts = BrainOptions {
         config: Some(format!(
@@ -176,12 +188,7 @@ fn an_instance_is_launched_tagged_with_its_user_data_and_terminated() {
     // Release terminates it.
     let o = c.brain_cli(&["machines", "release", &id]);
     assert!(o.status.success(), "{}", text(&o));
-    let after = instances(&m);
-    let i = after.iter().find(|i| i["id"] == instance.as_str()).unwrap();
-    assert!(
-        i["state"] == "terminated" || i["state"] == "shutting-down",
-        "{i}"
-    );
+    assert_terminated(&m, &instance);
     assert_eq!(c.machine(&id)["state"], "released");
     // The secret key is nowhere in the brain's log.
     assert!(!c.brain_log().contains(SECRET));
@@ -214,14 +221,7 @@ fn an_instance_whose_worker_never_joins_is_terminated_at_the_deadline() {
             .unwrap()
             .contains("did not join")
     );
-    let i = instances(&m)
-        .into_iter()
-        .find(|i| i["id"] == instance.as_str())
-        .unwrap();
-    assert!(
-        i["state"] == "terminated" || i["state"] == "shutting-down",
-        "{i}"
-    );
+    assert_terminated(&m, &instance);
 }
 
 #[test]
@@ -258,14 +258,7 @@ fn a_brain_killed_between_run_instances_and_the_record_terminates_it_after_resta
         "{}",
         c.machine(&id)
     );
-    let i = instances(&m)
-        .into_iter()
-        .find(|i| i["id"] == instance.as_str())
-        .unwrap();
-    assert!(
-        i["state"] == "terminated" || i["state"] == "shutting-down",
-        "{i}"
-    );
+    assert_terminated(&m, &instance);
     let log = c.brain_log();
     assert!(
         log.contains("machine adopted"),
