@@ -395,18 +395,19 @@ impl ProvisionConfig {
 
 /// A brain URL machines can be given: `https://HOST[:PORT]`.
 pub fn check_url(url: &str) -> Result<(), String> {
-    let ok = url.len() <= 255
-        && url.strip_prefix("https://").is_some_and(|rest| {
-            !rest.is_empty()
-                && !rest.starts_with([':', '/'])
-                && rest
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-._:[]/".contains(c))
-        });
-    if ok {
+    // The same parse the worker does, and only characters that go into a command line or
+    // user data unquoted.
+    shared::tls::BrainAddr::parse(url).map_err(|e| e.to_string())?;
+    let plain = url.len() <= 255
+        && url
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-._:[]/".contains(c));
+    if plain {
         Ok(())
     } else {
-        Err(format!("{url:?} is not an https://HOST:PORT URL"))
+        Err(format!(
+            "{url:?} has characters a brain URL does not need: use https://HOST:PORT"
+        ))
     }
 }
 
