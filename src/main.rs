@@ -36,8 +36,8 @@ fn main() {
         "worker" => match worker::cli::main_with(args[1..].iter().cloned()) {
             Ok(()) => 0,
             Err(e) => {
-                eprintln!("error: {e:#}");
-                1
+                eprintln!("Error: {e:?}");
+                worker::exit_code(&e).code()
             }
         },
         "-h" | "--help" | "help" => {

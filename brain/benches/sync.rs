@@ -10,6 +10,7 @@
 //! the task's own log (ms resolution). The rsync baseline is local `rsync -a` (no sshd here);
 //! rows are skipped, with the reason, when rsync is missing.
 
+use shared::locks::Lock;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -95,7 +96,7 @@ fn have(cmd: &str) -> bool {
 static SSHD: std::sync::Mutex<Option<testkit::sshd::Sshd>> = std::sync::Mutex::new(None);
 
 fn baseline() -> &'static str {
-    if SSHD.lock().unwrap().is_some() {
+    if SSHD.locked().is_some() {
         "rsync -a over ssh (loopback sshd)"
     } else {
         "rsync -a (local)"
@@ -109,7 +110,7 @@ fn rsync(src: &Path, dst: &Path) -> (Duration, u64) {
     cmd.arg("-a")
         .arg("--stats")
         .arg(format!("{}/", src.display()));
-    match SSHD.lock().unwrap().as_ref() {
+    match SSHD.locked().as_ref() {
         Some(sshd) => {
             sshd.chown(dst);
             let e = std::iter::once("ssh".to_string())
@@ -241,7 +242,7 @@ fn main() {
     if let Err(why) = &sshd {
         println!("rsync over ssh skipped ({why}): the baseline is local rsync");
     }
-    *SSHD.lock().unwrap() = sshd.ok();
+    *SSHD.locked() = sshd.ok();
     // The tree must be readable by the throw-away user too.
     let _ = Command::new("chmod")
         .args(["-R", "a+rX"])
@@ -444,7 +445,7 @@ fn main() {
     }
     drop(c);
     // Stops the sshd and removes its user.
-    drop(SSHD.lock().unwrap().take());
+    drop(SSHD.locked().take());
     if on_tmpfs {
         let _ = Command::new("umount").arg("-l").arg(&base).status();
     }

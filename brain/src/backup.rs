@@ -2,7 +2,7 @@
 //! one record a line. A backup is taken from a running brain; a restore goes into a stopped
 //! one and moves the old store aside (nothing is deleted).
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 /// Errors of restore.
@@ -103,13 +103,12 @@ pub fn restore(file: &Path, db_dir: &Path) -> Result<(usize, Option<PathBuf>), E
     Ok((records.len(), moved))
 }
 
-/// Writes a backup stream to `file` atomically (temp file, fsync, rename).
+/// Writes a backup stream to `file` atomically and durably (0600: it holds the whole store).
 pub fn save(file: &Path, chunks: &[Vec<u8>]) -> std::io::Result<()> {
-    let tmp = file.with_extension("partial");
-    let mut f = std::fs::File::create(&tmp)?;
-    for c in chunks {
-        f.write_all(c)?;
-    }
-    f.sync_all()?;
-    std::fs::rename(&tmp, file)
+    shared::fsio::write_atomic(
+        file,
+        &chunks.concat(),
+        0o600,
+        shared::fsio::Durability::Full,
+    )
 }

@@ -35,6 +35,16 @@ pub enum Error {
     },
 }
 
+impl shared::exit::Classify for Error {
+    fn exit_code(&self) -> Option<shared::exit::ExitCode> {
+        match self {
+            Error::Missing(_) => Some(shared::exit::ExitCode::Config),
+            Error::Pki(e) => e.exit_code(),
+            Error::Exists(_) | Error::Rcgen(_) | Error::BadCsr(_) | Error::Io { .. } => None,
+        }
+    }
+}
+
 /// Files in the brain's data dir.
 #[derive(Debug, Clone)]
 pub struct DataDir(pub PathBuf);

@@ -9,18 +9,17 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use proto::{FileCall, exec_event, file_call, file_response};
+use shared::exit::ExitCode;
 use shared::pki::{self, IdentityFiles};
 use tokio_util::sync::CancellationToken;
 
 use crate::ca::{self, DataDir};
 use crate::client::Target;
 
-/// Exit status of `brain exec` when the command timed out.
-pub const EXIT_TIMEOUT: i32 = 124;
-/// Exit status of `brain exec` when the command could not be run (bad request, refused).
-pub const EXIT_TETHER_ERROR: i32 = 125;
-/// Exit status of `brain exec` when the worker was lost or is not connected.
-pub const EXIT_WORKER_LOST: i32 = 75;
+/// Exit statuses of `brain exec` beside the command's own.
+const EXIT_TIMEOUT: i32 = ExitCode::TimedOut.code();
+const EXIT_TETHER_ERROR: i32 = ExitCode::Tether.code();
+const EXIT_WORKER_LOST: i32 = ExitCode::WorkerLost.code();
 
 #[derive(Parser)]
 #[command(
@@ -535,67 +534,23 @@ where
     }
 }
 
-/// sysexits.h `EX_CONFIG`: the exit status of a configuration problem.
-pub const EXIT_CONFIG: i32 = 78;
-
-/// The exit status for an error that reached the top: [`EXIT_CONFIG`] for a configuration
-/// problem that running again will not fix (an unreadable or invalid config file, no CA in the
-/// data dir, missing or malformed key material or admin identity, a malformed brain URL), 1
-/// otherwise. The systemd units in deploy/ do not restart the brain on 78.
+/// The exit status for an error that reached the top: [`ExitCode::Config`] (78) for a
+/// configuration problem that running again will not fix (an unreadable or invalid config
+/// file, no CA in the data dir, missing or malformed key material or admin identity, a
+/// malformed brain URL), 1 otherwise. The systemd units in deploy/ do not restart the brain
+/// on 78.
 pub fn exit_code(e: &anyhow::Error) -> i32 {
-    // Variants not named here are not configuration problems: a port in use, a store that
-    // cannot be opened or locked, an unreachable brain, a refused request.
-    fn pki(e: &pki::Error) -> bool {
-        matches!(
-            e,
-            pki::Error::Read { .. }
-                | pki::Error::Pem { .. }
-                | pki::Error::Certificate(_)
-                | pki::Error::CaHash(_)
-                | pki::Error::Tls(_)
-        )
-    }
-    fn tls(e: &shared::tls::Error) -> bool {
-        matches!(e, shared::tls::Error::Url { .. })
-    }
-    fn ca(e: &ca::Error) -> bool {
-        match e {
-            ca::Error::Missing(_) => true,
-            ca::Error::Pki(e) => pki(e),
-            _ => false,
-        }
-    }
-    let config = e.chain().any(|c| {
-        if c.is::<crate::config::Error>() {
-            true
-        } else if let Some(e) = c.downcast_ref::<ca::Error>() {
-            ca(e)
-        } else if let Some(e) = c.downcast_ref::<pki::Error>() {
-            pki(e)
-        } else if let Some(e) = c.downcast_ref::<shared::tls::Error>() {
-            tls(e)
-        } else if let Some(e) = c.downcast_ref::<crate::serve::Error>() {
-            use crate::serve::Error as S;
-            match e {
-                S::Ca(e) => ca(e),
-                S::Pki(e) => pki(e),
-                // The server certificate and key do not make a TLS identity; a config
-                // section the server cannot use.
-                S::Tls(_) | S::Config(_) => true,
-                _ => false,
-            }
-        } else if let Some(e) = c.downcast_ref::<crate::client::Error>() {
-            use crate::client::Error as C;
-            match e {
-                C::NoIdentity(_) => true,
-                C::Pki(e) => pki(e),
-                C::Tls(e) => tls(e),
-            }
-        } else {
-            false
-        }
-    });
-    if config { EXIT_CONFIG } else { 1 }
+    use shared::exit::{by, classify};
+    classify(
+        e,
+        &[
+            by::<crate::config::Error>,
+            by::<ca::Error>,
+            by::<crate::serve::Error>,
+            by::<crate::client::Error>,
+        ],
+    )
+    .code()
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {

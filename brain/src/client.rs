@@ -23,6 +23,16 @@ pub enum Error {
     Tls(#[from] tls::Error),
 }
 
+impl shared::exit::Classify for Error {
+    fn exit_code(&self) -> Option<shared::exit::ExitCode> {
+        match self {
+            Error::NoIdentity(_) => Some(shared::exit::ExitCode::Config),
+            Error::Pki(e) => e.exit_code(),
+            Error::Tls(e) => e.exit_code(),
+        }
+    }
+}
+
 /// Where to find the brain and who to be.
 #[derive(Debug, Clone)]
 pub struct Target {

@@ -46,6 +46,13 @@ pub enum Error {
     Invalid { path: String, message: String },
 }
 
+impl shared::exit::Classify for Error {
+    /// An unreadable or invalid config file: running again will not fix it.
+    fn exit_code(&self) -> Option<shared::exit::ExitCode> {
+        Some(shared::exit::ExitCode::Config)
+    }
+}
+
 /// The whole file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]

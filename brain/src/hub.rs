@@ -5,6 +5,7 @@
 //! stream underneath. Every call gets an id, many run at once on one session, and a call whose
 //! session ends is answered as `worker lost` rather than left hanging.
 
+use shared::locks::Lock;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -68,7 +69,7 @@ impl Session {
     /// Ends the session, telling the worker why. The status is delivered even when the
     /// outbound queue is full: the stream ends with it.
     pub fn close(&self, status: Status) {
-        let mut slot = self.final_status.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.final_status.locked();
         if slot.is_none() {
             *slot = Some(status);
         }
@@ -112,7 +113,7 @@ impl Session {
     }
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Pending>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+        self.pending.locked()
     }
 
     /// Routes an exec event from the worker to its caller. Never waits: a caller that has
@@ -184,8 +185,7 @@ impl tokio_stream::Stream for SessionStream {
             let status = self
                 .session
                 .final_status
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .locked()
                 .take()
                 .unwrap_or_else(|| Status::unavailable("session closed"));
             return Poll::Ready(Some(Err(status)));
@@ -325,10 +325,7 @@ struct SyncGuard(SyncWaiters, u64);
 
 impl Drop for SyncGuard {
     fn drop(&mut self) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.1);
+        self.0.locked().remove(&self.1);
     }
 }
 
@@ -345,10 +342,7 @@ struct WaiterGuard(Arc<Mutex<HashMap<u64, DurableWaiter>>>, u64);
 
 impl Drop for WaiterGuard {
     fn drop(&mut self) {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.1);
+        self.0.locked().remove(&self.1);
     }
 }
 
@@ -394,14 +388,14 @@ impl Hub {
 
     /// Where to report durable results that nobody waits for.
     pub fn set_orphan_sink(&self, tx: mpsc::UnboundedSender<(String, u64)>) {
-        *self.orphans.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        *self.orphans.locked() = Some(tx);
     }
 
     /// A durable result arrived from `worker`. Delivered to its waiter if the call was issued
     /// to that worker; a result from any other worker is stale and refused.
     pub fn deliver_result(&self, worker: &str, r: proto::CallResult) {
         let call_id = r.call_id;
-        let mut waiters = self.durable.lock().unwrap_or_else(|e| e.into_inner());
+        let mut waiters = self.durable.locked();
         if let Some((w, _)) = waiters.get(&call_id) {
             if w != worker {
                 tracing::warn!(call_id, from = worker, issued_to = %w, "stale result refused: the call belongs to another worker");
@@ -413,7 +407,7 @@ impl Hub {
             return;
         }
         drop(waiters);
-        let mut stash = self.stash.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stash = self.stash.locked();
         if stash.len() >= STASH_MAX
             && let Some(oldest) = stash.keys().min().copied()
         {
@@ -421,39 +415,23 @@ impl Hub {
         }
         stash.insert(call_id, (worker.to_string(), r));
         drop(stash);
-        if let Some(tx) = self
-            .orphans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
+        if let Some(tx) = self.orphans.locked().as_ref() {
             let _ = tx.send((worker.to_string(), call_id));
         }
     }
 
     /// Sends the live output of durable call `call_id` to `sink` until [`Hub::unwatch`].
     pub fn watch(&self, call_id: u64, sink: LiveSink) {
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(call_id, sink);
+        self.live.locked().insert(call_id, sink);
     }
 
     pub fn unwatch(&self, call_id: u64) {
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&call_id);
+        self.live.locked().remove(&call_id);
     }
 
     /// Live output nobody's exec call wanted: a durable call's, for its watchers.
     pub fn deliver_live(&self, out: proto::ExecOutput) {
-        let sink = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&out.call_id)
-            .cloned();
+        let sink = self.live.locked().get(&out.call_id).cloned();
         if let Some(sink) = sink {
             sink(out);
         }
@@ -461,10 +439,7 @@ impl Hub {
 
     /// Tells the worker it may forget a durable call (its result is in the log).
     pub fn ack(&self, worker: &str, call_id: u64) {
-        self.stash
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&call_id);
+        self.stash.locked().remove(&call_id);
         if let Some(s) = self.session(worker) {
             s.try_send(brain_message::Msg::Ack(proto::Ack { call_id }));
         }
@@ -483,12 +458,7 @@ impl Hub {
         start.durable = true;
         let call_id = start.call_id;
         loop {
-            if let Some((w, r)) = self
-                .stash
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&call_id)
-            {
+            if let Some((w, r)) = self.stash.locked().remove(&call_id) {
                 if w == worker {
                     return Durable::Done(r);
                 }
@@ -499,24 +469,16 @@ impl Hub {
             };
             let (tx, rx) = oneshot::channel();
             self.durable
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .locked()
                 .insert(call_id, (worker.to_string(), tx));
             // If this future is dropped (the task was cancelled), a late result is stashed
             // rather than sent to nobody.
             let _waiter = WaiterGuard(self.durable.clone(), call_id);
             // A result may have been stashed between the check above and registering.
-            if let Some((w, r)) = self
-                .stash
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&call_id)
+            if let Some((w, r)) = self.stash.locked().remove(&call_id)
                 && w == worker
             {
-                self.durable
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&call_id);
+                self.durable.locked().remove(&call_id);
                 return Durable::Done(r);
             }
             if session
@@ -529,10 +491,7 @@ impl Hub {
                     _ = session.closed.cancelled() => {}
                 }
             }
-            self.durable
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&call_id);
+            self.durable.locked().remove(&call_id);
             // The session ended: wait for the worker to come back and ask again.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -555,7 +514,7 @@ impl Hub {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+        self.sessions.locked()
     }
 
     /// Registers a new session for a worker, closing any older one it replaces.
@@ -725,7 +684,7 @@ impl Hub {
             proto::sync_request::Op::ImportDir(_) => (String::new(), String::new()),
         };
         let (tx, rx) = oneshot::channel();
-        self.syncs.lock().unwrap_or_else(|e| e.into_inner()).insert(
+        self.syncs.locked().insert(
             id,
             (
                 SyncPending {
@@ -771,8 +730,7 @@ impl Hub {
     /// The sync request `id`, if `worker` was asked for it and it is still awaited.
     pub fn sync_pending(&self, id: u64, worker: &str) -> Option<SyncPending> {
         self.syncs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .get(&id)
             .filter(|(p, _)| p.worker == worker)
             .map(|(p, _)| p.clone())
@@ -780,16 +738,12 @@ impl Hub {
 
     /// Where live file changes go.
     pub fn set_fs_sink(&self, sink: FsSink) {
-        *self.fs_sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+        *self.fs_sink.locked() = Some(sink);
     }
 
     /// Live file changes from a worker.
     pub fn deliver_fs(&self, worker: &str, changes: proto::FsChanged) {
-        let sink = self
-            .fs_sink
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let sink = self.fs_sink.locked().clone();
         if let Some(sink) = sink {
             sink(worker, changes);
         }
@@ -797,7 +751,7 @@ impl Hub {
 
     /// A worker's report of a sync request.
     pub fn deliver_sync(&self, worker: &str, report: proto::SyncReport) {
-        let mut syncs = self.syncs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut syncs = self.syncs.locked();
         if syncs
             .get(&report.id)
             .is_some_and(|(p, _)| p.worker == worker)
@@ -837,12 +791,7 @@ mod tests {
         let mut call =
             tokio::spawn(async move { h.durable_exec("w-1", start, Duration::from_secs(5)).await });
         // Wait until the call waits for its result.
-        while !hub
-            .durable
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&call_id)
-        {
+        while !hub.durable.locked().contains_key(&call_id) {
             tokio::task::yield_now().await;
         }
         let result = |out: &[u8]| proto::CallResult {

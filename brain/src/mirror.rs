@@ -6,8 +6,8 @@
 //! whole manifest every [`MAX_CHAIN`] versions, so a barrier costs what changed rather than
 //! the size of the tree. Garbage collection keeps what the given manifests reference.
 
+use shared::locks::Lock;
 use std::collections::HashSet;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use shared::manifest::{self, Delta, Kind, Manifest, compress, decompress};
@@ -141,22 +141,15 @@ impl Mirror {
         }
         let parent = path.parent().expect("sharded path");
         std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
-        let tmp = parent.join(format!(".tmp-{:x}", rand::random::<u64>()));
-        let r = (|| {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(compressed)?;
-            std::fs::rename(&tmp, &path)
-        })();
-        if let Err(e) = r {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io(&path, e));
-        }
+        // Synced later, in one go, by `sync` or `sync_blobs`.
+        shared::fsio::write_atomic(&path, compressed, 0o644, shared::fsio::Durability::Deferred)
+            .map_err(|e| io(&path, e))?;
         Ok(true)
     }
 
     /// Makes every blob stored so far durable (one `syncfs` of the blob store's filesystem).
     pub fn sync(&self) -> Result<(), Error> {
-        manifest::syncfs(&self.dir).map_err(|e| io(&self.dir, e))
+        shared::fsio::syncfs(&self.dir).map_err(|e| io(&self.dir, e))
     }
 
     /// Makes these newly stored blobs durable: each file and its directory flushed when they
@@ -293,12 +286,12 @@ impl Mirror {
     }
 
     fn depth(&self, root: &str) -> Option<u16> {
-        let d = self.depths.lock().unwrap_or_else(|e| e.into_inner());
+        let d = self.depths.locked();
         d.get(root).copied()
     }
 
     fn set_depth(&self, root: &str, depth: u16) {
-        let mut d = self.depths.lock().unwrap_or_else(|e| e.into_inner());
+        let mut d = self.depths.locked();
         if d.len() >= 100_000 {
             d.clear();
         }
@@ -309,7 +302,7 @@ impl Mirror {
     /// can be changed without a copy (it is read back from the store when needed again).
     pub fn take_manifest(&self, root: &str) -> Result<Manifest, Error> {
         let cached = {
-            let mut r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            let mut r = self.recent.locked();
             let i = r.iter().position(|(k, _)| k == root);
             i.and_then(|i| r.remove(i)).map(|(_, m)| m)
         };
@@ -317,10 +310,7 @@ impl Mirror {
             Some(m) => m,
             None => {
                 let m = self.manifest_shared(root)?;
-                self.recent
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .retain(|(k, _)| k != root);
+                self.recent.locked().retain(|(k, _)| k != root);
                 m
             }
         };
@@ -328,7 +318,7 @@ impl Mirror {
     }
 
     fn remember(&self, root: &str, m: std::sync::Arc<Manifest>) {
-        let mut r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = self.recent.locked();
         r.retain(|(k, _)| k != root);
         r.push_front((root.to_string(), m));
         r.truncate(RECENT);
@@ -348,13 +338,7 @@ impl Mirror {
         if root.is_empty() {
             return Ok(Default::default());
         }
-        if let Some((_, m)) = self
-            .recent
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .find(|(k, _)| k == root)
-        {
+        if let Some((_, m)) = self.recent.locked().iter().find(|(k, _)| k == root) {
             return Ok(m.clone());
         }
         let v = self
@@ -435,10 +419,7 @@ impl Mirror {
         for root in &all {
             if !kept.contains(root) {
                 self.manifests.remove(root.as_bytes())?;
-                self.recent
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .retain(|(r, _)| r != root);
+                self.recent.locked().retain(|(r, _)| r != root);
                 out.manifests += 1;
                 continue;
             }

@@ -47,6 +47,20 @@ pub enum Error {
     Config(String),
 }
 
+impl shared::exit::Classify for Error {
+    fn exit_code(&self) -> Option<shared::exit::ExitCode> {
+        match self {
+            Error::Ca(e) => e.exit_code(),
+            Error::Pki(e) => e.exit_code(),
+            // The server certificate and key do not make a TLS identity; a config section
+            // the server cannot use.
+            Error::Tls(_) | Error::Config(_) => Some(shared::exit::ExitCode::Config),
+            // A port in use, a store that cannot be opened or locked: not configuration.
+            _ => None,
+        }
+    }
+}
+
 /// How often the mirror is garbage collected, and how old what it removes must be.
 const GC_EVERY: Duration = Duration::from_secs(600);
 const GC_GRACE: Duration = Duration::from_secs(3600);

@@ -3,6 +3,9 @@
 //! and logging set-up.
 
 pub mod dirs;
+pub mod exit;
+pub mod fsio;
+pub mod locks;
 pub mod paths;
 pub mod pki;
 pub mod scan;

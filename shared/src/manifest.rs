@@ -615,19 +615,9 @@ pub fn materialise(
     })?;
     stats.written += written.0;
     stats.written_bytes += written.1;
-    syncfs(root).map_err(|e| io("", e))?;
+    // One `syncfs` for the whole materialisation, instead of an fsync per file.
+    crate::fsio::syncfs(root).map_err(|e| io("", e))?;
     Ok(stats)
-}
-
-/// Flushes the filesystem holding `dir` (one `syncfs`, instead of an fsync per file).
-pub fn syncfs(dir: &Path) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(dir)?;
-    // SAFETY: a valid open descriptor.
-    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// `root/path`, after checking that no existing ancestor is a symlink or a non-directory.
@@ -654,32 +644,12 @@ fn safe_join(root: &Path, path: &str) -> Result<std::path::PathBuf, Error> {
 }
 
 fn write_atomic(full: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let dir = full.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".tether-tmp-{}-{:x}",
-        std::process::id(),
-        rand::random::<u64>()
-    ));
-    let r = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        f.write_all(data)?;
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        if std::fs::symlink_metadata(full).is_ok_and(|m| m.is_dir()) {
-            std::fs::remove_dir_all(full)?;
-        }
-        std::fs::rename(&tmp, full)
-    })();
-    if r.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    // A directory where the file goes (the manifest changed a directory into a file) is
+    // removed first; the whole materialisation is synced once at the end.
+    if std::fs::symlink_metadata(full).is_ok_and(|m| m.is_dir()) {
+        std::fs::remove_dir_all(full)?;
     }
-    r
+    crate::fsio::write_atomic(full, data, mode, crate::fsio::Durability::Deferred)
 }
 
 #[cfg(test)]

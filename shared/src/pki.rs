@@ -6,6 +6,7 @@
 //! certificates carry only the clientAuth usage and the server certificate only serverAuth, so
 //! neither can stand in for the other.
 
+use crate::locks::Lock;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -48,6 +49,22 @@ pub enum Error {
     Tls(#[from] rustls::Error),
     #[error("key generation: {0}")]
     Key(#[from] rcgen::Error),
+}
+
+impl crate::exit::Classify for Error {
+    /// Key material that is missing, unreadable or malformed, or a bad CA hash, is a
+    /// configuration problem; failing to write a file or to make a key is not.
+    fn exit_code(&self) -> Option<crate::exit::ExitCode> {
+        matches!(
+            self,
+            Error::Read { .. }
+                | Error::Pem { .. }
+                | Error::Certificate(_)
+                | Error::CaHash(_)
+                | Error::Tls(_)
+        )
+        .then_some(crate::exit::ExitCode::Config)
+    }
 }
 
 /// The kind of holder a client certificate names.
@@ -183,26 +200,14 @@ pub fn read_text(path: &Path) -> Result<String, Error> {
     })
 }
 
-/// Writes a file atomically (temp file, fsync, rename) with the given mode. Key files use 0600.
+/// Writes a file atomically and durably with the given mode. Key files use 0600.
 pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), Error> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let err = |source| Error::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(err)?;
-    f.write_all(contents).map_err(err)?;
-    f.sync_all().map_err(err)?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(err)
+    crate::fsio::write_atomic(path, contents, mode, crate::fsio::Durability::Full).map_err(
+        |source| Error::Write {
+            path: path.to_path_buf(),
+            source,
+        },
+    )
 }
 
 /// A certificate, its key and the CA that issued it: an identity directory holds `ca.pem`,
@@ -320,7 +325,7 @@ impl ServerCertVerifier for PinnedCaVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.seen.locked();
         seen.presented = intermediates.iter().map(|c| ca_hash(c)).collect();
         let Some(ca) = intermediates
             .iter()

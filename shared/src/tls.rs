@@ -20,6 +20,13 @@ pub enum Error {
     Connect(String),
 }
 
+impl crate::exit::Classify for Error {
+    /// A malformed URL is a configuration problem; a failed connection is not.
+    fn exit_code(&self) -> Option<crate::exit::ExitCode> {
+        matches!(self, Error::Url { .. }).then_some(crate::exit::ExitCode::Config)
+    }
+}
+
 /// Where the brain is: host, port and the name its certificate must carry.
 #[derive(Debug, Clone)]
 pub struct BrainAddr {

@@ -13,6 +13,7 @@
 //! // point the brain at llm.url() (OpenAI style) or llm.base() (Anthropic style)
 //! ```
 
+use shared::locks::Lock;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -272,20 +273,12 @@ impl FakeLlm {
 
     /// Every request received so far, in order.
     pub fn requests(&self) -> Vec<FakeRequest> {
-        self.shared
-            .requests
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.shared.requests.locked().clone()
     }
 
     /// The number of requests received so far.
     pub fn count(&self) -> usize {
-        self.shared
-            .requests
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        self.shared.requests.locked().len()
     }
 }
 
@@ -339,7 +332,7 @@ fn serve(conn: TcpStream, shared: &Shared) -> std::io::Result<()> {
     let mut body = vec![0; len];
     reader.read_exact(&mut body)?;
     let req = {
-        let mut reqs = shared.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reqs = shared.requests.locked();
         let req = FakeRequest {
             method,
             path,

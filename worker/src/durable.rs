@@ -2,6 +2,7 @@
 //! streamed live and captured (capped) into a result that is synced to disk before it is
 //! sent, and sent again after every reconnect until the brain acknowledges it.
 
+use shared::locks::Lock;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -26,7 +27,7 @@ fn result_msg(r: CallResult) -> WorkerMessage {
 pub type CurrentOut = Arc<Mutex<Option<mpsc::Sender<WorkerMessage>>>>;
 
 fn current(out: &CurrentOut) -> Option<mpsc::Sender<WorkerMessage>> {
-    out.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    out.locked().clone()
 }
 
 /// Sends a result on the current session; if there is none (or it just ended) the result
@@ -73,10 +74,7 @@ pub fn start(
             tokio::spawn(async move { send_result(&out, r).await });
         }
         Known::New => {
-            running
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(call_id, cancel.clone());
+            running.locked().insert(call_id, cancel.clone());
             tokio::spawn(async move {
                 let (tx, mut rx) = mpsc::channel::<WorkerMessage>(256);
                 let j = journal.clone();
@@ -127,10 +125,7 @@ pub fn start(
                 if let Err(e) = journal.finish(&r) {
                     tracing::error!(call_id, error = %e, "cannot record a durable call's result");
                 }
-                running
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&call_id);
+                running.locked().remove(&call_id);
                 send_result(&out, r).await;
             });
         }

@@ -2,6 +2,7 @@
 //! scrubbed environment, streamed output capped per call, and the whole group killed on
 //! timeout or cancel so nothing is left behind.
 
+use shared::locks::Lock;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -176,7 +177,7 @@ async fn pump(
             _ = stop.cancelled() => return,
         };
         let keep = {
-            let mut b = budget.lock().unwrap_or_else(|e| e.into_inner());
+            let mut b = budget.locked();
             let keep = (n as u64).min(b.left) as usize;
             b.left -= keep as u64;
             b.dropped += (n - keep) as u64;
@@ -332,7 +333,7 @@ async fn execute(
         }
     }
     kill_all(pgid);
-    let dropped = budget.lock().unwrap_or_else(|e| e.into_inner()).dropped;
+    let dropped = budget.locked().dropped;
     let mut exit = ExecExit {
         call_id,
         timed_out,

@@ -1,7 +1,7 @@
 //! File operations inside a workspace. Every path goes through `shared::paths`; writes are
 //! atomic (temp file in the same directory, fsync, rename); sizes are bounded.
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 use proto::{
@@ -134,7 +134,6 @@ fn write(
     mode: u32,
     create_dirs: bool,
 ) -> file_response::Result {
-    use std::os::unix::fs::OpenOptionsExt;
     if data.len() as u64 > MAX_FILE_CHUNK_BYTES {
         return error(
             FileErrorKind::TooLarge,
@@ -162,24 +161,9 @@ fn write(
             format!("{path:?} is a directory"),
         );
     }
-    let tmp = parent.join(format!(".{name}.tether-{:016x}", rand::random::<u64>()));
-    let res = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &target)
-    })();
-    match res {
+    match shared::fsio::write_atomic(&target, data, mode, shared::fsio::Durability::Full) {
         Ok(()) => file_response::Result::Done(Done {}),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            from_io(path, "cannot write", e)
-        }
+        Err(e) => from_io(path, "cannot write", e),
     }
 }
 

@@ -4,9 +4,10 @@
 //! a finished call gets the recorded result; a call started by an earlier worker process that
 //! died before recording its end is reported interrupted, never run again.
 
+use shared::locks::Lock;
 use std::collections::HashSet;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use prost::Message;
@@ -39,10 +40,6 @@ pub struct Journal {
     dir: PathBuf,
     /// Calls running in this process. A std mutex: held only for set operations.
     running: Mutex<HashSet<u64>>,
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
 }
 
 impl Journal {
@@ -90,7 +87,7 @@ impl Journal {
 
     /// Looks a call up; if it is new, records it as started (synced) and marks it running.
     pub fn begin(&self, id: u64) -> std::io::Result<Known> {
-        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let mut running = self.running.locked();
         if running.contains(&id) {
             return Ok(Known::Running);
         }
@@ -128,7 +125,7 @@ impl Journal {
         let mut f = std::fs::File::create(self.path(id, "started"))?;
         f.write_all(b"started\n")?;
         f.sync_all()?;
-        sync_dir(&self.dir)?;
+        shared::fsio::sync_dir(&self.dir)?;
         running.insert(id);
         Ok(Known::New)
     }
@@ -143,20 +140,17 @@ impl Journal {
     /// Records a call's result (synced) and marks it no longer running.
     pub fn finish(&self, r: &CallResult) -> std::io::Result<()> {
         let res = self.save(r);
-        self.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&r.call_id);
+        self.running.locked().remove(&r.call_id);
         res
     }
 
     fn save(&self, r: &CallResult) -> std::io::Result<()> {
-        let tmp = self.path(r.call_id, "result.tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&r.encode_to_vec())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, self.path(r.call_id, "result"))?;
-        sync_dir(&self.dir)
+        shared::fsio::write_atomic(
+            &self.path(r.call_id, "result"),
+            &r.encode_to_vec(),
+            0o600,
+            shared::fsio::Durability::Full,
+        )
     }
 
     pub fn result(&self, id: u64) -> Option<CallResult> {

@@ -13,3 +13,10 @@ pub mod state;
 pub mod sync;
 pub mod track;
 pub mod watch;
+
+/// The exit status for an error that ended the worker (78 for configuration problems; see
+/// `main.rs`).
+pub fn exit_code(e: &anyhow::Error) -> shared::exit::ExitCode {
+    use shared::exit::{by, classify};
+    classify(e, &[by::<session::Error>, by::<state::Error>])
+}

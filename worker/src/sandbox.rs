@@ -5,6 +5,7 @@
 //! the worker runs as root. [`Sandbox::probe`] finds out what this host can enforce and
 //! [`Report`] says so plainly (`worker doctor`, and the worker's hello).
 
+use shared::locks::Lock;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -343,7 +344,7 @@ impl Sandbox {
 
     /// A set of cgroup leaves for a call: an idle one, or new ones.
     fn leaves(&self, cg: &CgroupV1) -> Result<Leaves, String> {
-        if let Some(l) = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+        if let Some(l) = self.pool.locked().pop() {
             return Ok(l);
         }
         let n = self
@@ -366,7 +367,7 @@ impl Sandbox {
 
     /// The carved read-only roots, opened (cached for [`ROOTS_TTL`]).
     fn read_roots(&self) -> std::sync::Arc<Vec<(landlock::PathFd, bool)>> {
-        let mut g = self.roots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.roots.locked();
         if let Some((at, fds)) = g.as_ref()
             && at.elapsed() < ROOTS_TTL
         {
@@ -648,7 +649,7 @@ impl Sandbox {
     /// The Landlock ruleset for a workspace, built once and reused for [`ROOTS_TTL`]: each
     /// child restricts itself with the inherited descriptor.
     fn ruleset_fd(&self, workspace: &Path, tmp: &Path) -> Result<std::sync::Arc<OwnedFd>, String> {
-        let mut cache = self.rulesets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.rulesets.locked();
         if let Some((at, fd)) = cache.get(workspace)
             && at.elapsed() < ROOTS_TTL
         {
@@ -852,7 +853,7 @@ impl Drop for Guard {
     fn drop(&mut self) {
         let empty = self.kill_all();
         if let Some(leaves) = self.leaves.take() {
-            let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pool = self.pool.locked();
             if empty && pool.len() < POOL_MAX {
                 pool.push(leaves);
             } else {
@@ -872,12 +873,7 @@ impl Drop for Sandbox {
     fn drop(&mut self) {
         // Only the last clone tidies up the idle leaves.
         if std::sync::Arc::strong_count(&self.pool) == 1 {
-            for leaves in self
-                .pool
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .drain(..)
-            {
+            for leaves in self.pool.locked().drain(..) {
                 for leaf in leaves.all() {
                     let _ = std::fs::remove_dir(leaf);
                 }

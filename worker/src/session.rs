@@ -1,6 +1,7 @@
 //! Enrolment and the session loop: dial out to the brain, say hello, answer calls, send
 //! heartbeats, and reconnect with exponential backoff and jitter whenever the session ends.
 
+use shared::locks::Lock;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -44,6 +45,21 @@ pub enum Error {
     Unreachable { url: String, after: Duration },
 }
 
+impl shared::exit::Classify for Error {
+    fn exit_code(&self) -> Option<shared::exit::ExitCode> {
+        match self {
+            Error::State(e) => e.exit_code(),
+            Error::Pki(e) => e.exit_code(),
+            Error::Tls(e) => e.exit_code(),
+            // The brain's CA is not the pinned one: the --ca-hash or the URL is wrong.
+            Error::CaMismatch { .. } => Some(shared::exit::ExitCode::Config),
+            // `Refused` carries any status the brain or the transport gave, some of them
+            // transient; `AlreadyJoined` is a usage error.
+            Error::Refused(_) | Error::AlreadyJoined(_) | Error::Unreachable { .. } => None,
+        }
+    }
+}
+
 /// What `worker join` needs.
 #[derive(Clone)]
 pub struct JoinOptions {
@@ -68,7 +84,7 @@ pub async fn join(state: &StateDir, opts: JoinOptions) -> Result<Membership, Err
     let channel = match tls::dial(&addr, verifier.client_config()?, DialOptions::default()).await {
         Ok(c) => c,
         Err(e) => {
-            let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let seen = seen.locked().clone();
             if seen.ca_der.is_none() && !seen.presented.is_empty() {
                 return Err(Error::CaMismatch {
                     url: addr.url(),
@@ -102,14 +118,7 @@ pub async fn join(state: &StateDir, opts: JoinOptions) -> Result<Membership, Err
         .into_inner();
     // The CA we were given must be the one we pinned.
     let ca_der = pki::certs_from_pem(&resp.ca_pem, &state.identity())?.remove(0);
-    if ca_der.as_ref()
-        != seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .ca_der
-            .as_deref()
-            .unwrap_or_default()
-    {
+    if ca_der.as_ref() != seen.locked().ca_der.as_deref().unwrap_or_default() {
         return Err(Error::CaMismatch {
             url: addr.url(),
             presented: pki::ca_hash(&ca_der),
@@ -309,7 +318,7 @@ async fn session(
     let beat_every = Duration::from_millis(ack.heartbeat_interval_ms.clamp(100, 60_000));
     let lost_after = Duration::from_millis(ack.lost_after_ms.clamp(300, 600_000));
     tracing::info!(worker = %ack.worker_id, "connected to the brain");
-    *ctx.current_out.lock().unwrap_or_else(|e| e.into_inner()) = Some(out.clone());
+    *ctx.current_out.locked() = Some(out.clone());
     // Results of durable calls the brain has not acknowledged yet (it may have restarted).
     for r in ctx.journal.unacked() {
         let m = WorkerMessage {
@@ -398,10 +407,7 @@ fn dispatch(
         Some(brain_message::Msg::Exec(start)) => {
             let call_id = start.call_id;
             let cancel = session_end.child_token();
-            running
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(call_id, cancel.clone());
+            running.locked().insert(call_id, cancel.clone());
             let (ctx, out, running) = (ctx.clone(), out.clone(), running.clone());
             tokio::spawn(async move {
                 tracing::debug!(call_id, argv = ?start.argv, "exec");
@@ -414,10 +420,7 @@ fn dispatch(
                     Some(&*ctx.sandbox).filter(|s| s.enabled()),
                 )
                 .await;
-                running
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&call_id);
+                running.locked().remove(&call_id);
             });
         }
         Some(brain_message::Msg::File(call)) => {
@@ -437,19 +440,10 @@ fn dispatch(
             });
         }
         Some(brain_message::Msg::Cancel(c)) => {
-            if let Some(t) = running
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&c.call_id)
-            {
+            if let Some(t) = running.locked().get(&c.call_id) {
                 t.cancel();
             }
-            if let Some(t) = ctx
-                .durable_running
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&c.call_id)
-            {
+            if let Some(t) = ctx.durable_running.locked().get(&c.call_id) {
                 t.cancel();
             }
         }

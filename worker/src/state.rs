@@ -26,6 +26,17 @@ pub enum Error {
     },
 }
 
+impl shared::exit::Classify for Error {
+    /// Not joined, or a state file that is not valid: running again will not fix it.
+    fn exit_code(&self) -> Option<shared::exit::ExitCode> {
+        match self {
+            Error::NotJoined(_) | Error::Invalid { .. } => Some(shared::exit::ExitCode::Config),
+            Error::Pki(e) => shared::exit::Classify::exit_code(e),
+            Error::Io { .. } => None,
+        }
+    }
+}
+
 /// What the worker remembers about its enrolment.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Membership {

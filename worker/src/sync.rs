@@ -4,6 +4,7 @@
 //! fetch the manifest, fetch only the blobs it has nowhere locally, write, verify the root
 //! hash). Bulk data goes over the `Sync` service's own streams, never the session stream.
 
+use shared::locks::Lock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -113,8 +114,7 @@ impl SyncState {
     fn ws(&self, name: &str, root: &Path, rules: &Rules, fences: &Path) -> Arc<Mutex<Ws>> {
         let ws = self
             .workspaces
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .entry(name.to_string())
             .or_insert_with(|| {
                 Arc::new(Mutex::new(Ws {
@@ -127,7 +127,7 @@ impl SyncState {
             })
             .clone();
         {
-            let mut w = ws.lock().unwrap_or_else(|e| e.into_inner());
+            let mut w = ws.locked();
             w.used = std::time::Instant::now();
             if w.tracker.is_none()
                 && let Some(f) = w.fences.clone()
@@ -138,7 +138,7 @@ impl SyncState {
         }
         // Give trackers up: idle ones, then the least recently used beyond the cap. A
         // workspace busy right now is left alone.
-        let all = self.workspaces.lock().unwrap_or_else(|e| e.into_inner());
+        let all = self.workspaces.locked();
         let mut live: Vec<(std::time::Instant, std::sync::MutexGuard<'_, Ws>)> = all
             .values()
             .filter(|w| !Arc::ptr_eq(w, &ws))
@@ -221,8 +221,8 @@ async fn run(
         }));
         let report = barrier(req.id, "", &dir, ws.clone(), client, true).await?;
         // Its files can seed the task's workspace without crossing the wire again.
-        if let Some(m) = ws.lock().unwrap_or_else(|e| e.into_inner()).scanner.last() {
-            let mut known = state.known.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = ws.locked().scanner.last() {
+            let mut known = state.known.locked();
             for (p, e) in m.entries.iter().filter(|(_, e)| e.kind == Kind::File) {
                 known.insert(e.hash.clone(), dir.join(p));
             }
@@ -319,7 +319,7 @@ fn scan_for_barrier(w: &mut Ws, full: bool, brain_base: &str) -> Result<Scanned,
 async fn scan(ws: &Arc<Mutex<Ws>>, full: bool) -> Result<(Manifest, u64), String> {
     let ws = ws.clone();
     tokio::task::spawn_blocking(move || {
-        let mut w = ws.lock().unwrap_or_else(|e| e.into_inner());
+        let mut w = ws.locked();
         scan_now(&mut w, full)?;
         let m = w
             .scanner
@@ -342,15 +342,10 @@ async fn barrier(
 ) -> Result<SyncReport, String> {
     let t0 = std::time::Instant::now();
     let (ws2, brain_base) = (ws.clone(), base_root.to_string());
-    let scanned = tokio::task::spawn_blocking(move || {
-        scan_for_barrier(
-            &mut ws2.lock().unwrap_or_else(|e| e.into_inner()),
-            full,
-            &brain_base,
-        )
-    })
-    .await
-    .map_err(|e| e.to_string())??;
+    let scanned =
+        tokio::task::spawn_blocking(move || scan_for_barrier(&mut ws2.locked(), full, &brain_base))
+            .await
+            .map_err(|e| e.to_string())??;
     let Scanned {
         delta,
         base_root,
@@ -448,7 +443,7 @@ async fn barrier(
         .put_delta(tokio_stream::iter(parts))
         .await
         .map_err(|s| format!("sending the delta: {}", s.message()))?;
-    let mut w = ws.lock().unwrap_or_else(|e| e.into_inner());
+    let mut w = ws.locked();
     w.scanner.mark(generation, &root_hash);
     tracing::info!(
         full = w.scanner.was_full,
@@ -483,12 +478,7 @@ async fn materialise(
     state: &Arc<SyncState>,
 ) -> Result<SyncReport, String> {
     let t0 = std::time::Instant::now();
-    let rules = &ws
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .scanner
-        .rules()
-        .clone();
+    let rules = &ws.locked().scanner.rules().clone();
     let mut stream = client
         .get_manifest(proto::GetManifestRequest { request_id: id })
         .await
@@ -521,11 +511,7 @@ async fn materialise(
     let (current, _) = scan(&ws, true).await?;
     let t_scan = t0.elapsed();
     // Content this machine already has, under any path of the workspace.
-    let mut local: HashMap<String, PathBuf> = state
-        .known
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let mut local: HashMap<String, PathBuf> = state.known.locked().clone();
     local.extend(
         current
             .entries
@@ -644,7 +630,7 @@ async fn materialise(
                     }
                 }
             }
-            let mut w = ws2.lock().unwrap_or_else(|e| e.into_inner());
+            let mut w = ws2.locked();
             // What was just written was checked against its hash: the walk that verifies
             // the tree need not read it again.
             for (p, e) in &target2.entries {
@@ -707,15 +693,15 @@ mod tests {
             std::fs::write(root.join("f"), name).unwrap();
             state.ws(name, &root, &Rules::default(), &fences)
         };
-        let tracked = |w: &Arc<Mutex<Ws>>| w.lock().unwrap().tracker.is_some();
+        let tracked = |w: &Arc<Mutex<Ws>>| w.locked().tracker.is_some();
         let (a, b) = (ws("a"), ws("b"));
         for w in [&a, &b] {
-            scan_now(&mut w.lock().unwrap(), false).unwrap();
-            assert!(w.lock().unwrap().scanner.was_full, "a first scan walks");
+            scan_now(&mut w.locked(), false).unwrap();
+            assert!(w.locked().scanner.was_full, "a first scan walks");
         }
-        scan_now(&mut a.lock().unwrap(), false).unwrap();
+        scan_now(&mut a.locked(), false).unwrap();
         assert!(
-            !a.lock().unwrap().scanner.was_full,
+            !a.locked().scanner.was_full,
             "a tracked workspace does not walk"
         );
         std::thread::sleep(Duration::from_millis(5));
@@ -729,8 +715,8 @@ mod tests {
         std::fs::write(d.path().join("a/new"), "made while untracked").unwrap();
         let a = ws("a");
         assert!(tracked(&a));
-        scan_now(&mut a.lock().unwrap(), false).unwrap();
-        let w = a.lock().unwrap();
+        scan_now(&mut a.locked(), false).unwrap();
+        let w = a.locked();
         assert!(w.scanner.was_full);
         assert!(w.scanner.last().unwrap().entries.contains_key("new"));
     }

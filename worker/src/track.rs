@@ -20,6 +20,7 @@
 //! fsmonitor, this does not see writes through a memory mapping or through a hard link from
 //! outside the workspace until the next full walk.
 
+use shared::locks::Lock;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
@@ -68,7 +69,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 }
 
@@ -386,7 +387,7 @@ mod tests {
             .unwrap_or(16384);
         // More events than the kernel queues (each write is several), made while the
         // reader is held up, so the queue overflows and drops the fence too.
-        let guard = t.shared.state.lock().unwrap();
+        let guard = t.shared.state.locked();
         for i in 0..max {
             std::fs::write(d.path().join(format!("f{i}")), "x").unwrap();
         }

@@ -4,6 +4,7 @@
 //! example `fs.inotify.max_user_watches` is exhausted) or its queue overflows, the worker
 //! says so in its log and sends what a rescan finds instead.
 
+use shared::locks::Lock;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -64,9 +65,9 @@ pub struct Watches {
 impl Watches {
     /// Makes sure `workspace` is watched (and marks it used now).
     pub fn ensure(self: &Arc<Self>, workspace: &str, root: &Path, out: CurrentOut) {
-        let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        let mut active = self.active.locked();
         if let Some(used) = active.get(workspace) {
-            *used.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+            *used.locked() = std::time::Instant::now();
             return;
         }
         let used = Arc::new(Mutex::new(std::time::Instant::now()));
@@ -79,10 +80,7 @@ impl Watches {
             .name(format!("watch {name}"))
             .spawn(move || {
                 watch(&name, &root, out, used);
-                me.active
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&name);
+                me.active.locked().remove(&name);
             });
         if let Err(e) = spawned {
             tracing::warn!(%workspace, error = %e, "cannot start a file watcher thread; no live changes for it");
@@ -127,7 +125,7 @@ fn watch(name: &str, root: &Path, out: CurrentOut, used: Arc<Mutex<std::time::In
     let mut pending: BTreeSet<String> = BTreeSet::new();
     let mut need_rescan = false;
     loop {
-        if used.lock().unwrap_or_else(|e| e.into_inner()).elapsed() > IDLE {
+        if used.locked().elapsed() > IDLE {
             return;
         }
         let wait = if pending.is_empty() && !need_rescan {
@@ -211,7 +209,7 @@ fn watch(name: &str, root: &Path, out: CurrentOut, used: Arc<Mutex<std::time::In
                 removed.push(rel);
             }
         }
-        let tx = out.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let tx = out.locked().clone();
         if let Some(tx) = tx {
             let _ = tx.try_send(WorkerMessage {
                 msg: Some(worker_message::Msg::FsChanged(FsChanged {

@@ -25,6 +25,7 @@ pub mod env;
 pub mod local;
 pub mod ssh;
 
+use shared::locks::Lock;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -478,7 +479,7 @@ struct BusyGuard<'a>(&'a Inner, String);
 
 impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
-        self.0.busy.lock().unwrap().remove(&self.1);
+        self.0.busy.locked().remove(&self.1);
     }
 }
 
@@ -594,7 +595,7 @@ impl Machines {
     }
 
     fn busy(&self, id: &str) -> Option<BusyGuard<'_>> {
-        let mut b = self.inner.busy.lock().unwrap();
+        let mut b = self.inner.busy.locked();
         b.insert(id.to_string())
             .then(|| BusyGuard(&self.inner, id.to_string()))
     }
@@ -782,8 +783,7 @@ impl Machines {
                 self.put(&m).await?;
                 self.inner
                     .used
-                    .lock()
-                    .unwrap()
+                    .locked()
                     .insert(m.id.clone(), Instant::now());
                 tracing::info!(machine = %m.id, worker = %w.id, "machine joined");
             }
@@ -859,7 +859,7 @@ impl Machines {
         m.state = end;
         m.ended_ms = now_ms();
         self.put(&m).await?;
-        self.inner.used.lock().unwrap().remove(&m.id);
+        self.inner.used.locked().remove(&m.id);
         tracing::info!(machine = %m.id, state = end.name(), "machine released");
         Ok(m)
     }
@@ -976,7 +976,7 @@ impl Machines {
         let now = now_ms();
         let policy = self.inner.policy.clone();
         for m in self.list()? {
-            if self.inner.busy.lock().unwrap().contains(&m.id) {
+            if self.inner.busy.locked().contains(&m.id) {
                 continue;
             }
             if m.state.is_ended() {
@@ -1018,7 +1018,7 @@ impl Machines {
     /// How long a ready machine has gone without a task.
     fn idle_for(&self, m: &Machine) -> Option<Duration> {
         let w = m.worker.as_deref()?;
-        let mut used = self.inner.used.lock().unwrap();
+        let mut used = self.inner.used.locked();
         let last = used.entry(m.id.clone()).or_insert_with(Instant::now);
         if (self.inner.in_use)(w) {
             *last = Instant::now();

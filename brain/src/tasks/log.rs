@@ -5,6 +5,7 @@
 //! that is waiting, writes them in one sled batch, flushes once and acknowledges them all, so
 //! one disk sync serves many tasks and durability does not serialise them.
 
+use shared::locks::Lock;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -86,7 +87,7 @@ struct MemInner {
 #[async_trait::async_trait]
 impl EventLog for MemLog {
     async fn append(&self, task: TaskId, events: Vec<Event>) -> Result<Vec<Record>, Error> {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.inner.locked();
         let log = g.logs.entry(task).or_default();
         let mut out = Vec::with_capacity(events.len());
         for ev in events {
@@ -98,7 +99,7 @@ impl EventLog for MemLog {
     }
 
     fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error> {
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.inner.locked();
         Ok(g.logs
             .get(&task)
             .map(|l| {
@@ -112,31 +113,31 @@ impl EventLog for MemLog {
     }
 
     fn tasks(&self) -> Result<Vec<TaskId>, Error> {
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.inner.locked();
         let mut v: Vec<TaskId> = g.logs.keys().copied().collect();
         v.sort();
         Ok(v)
     }
 
     fn last_seq(&self, task: TaskId) -> Result<u64, Error> {
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.inner.locked();
         Ok(g.logs.get(&task).map_or(0, |l| l.len() as u64))
     }
 
     fn new_task_id(&self) -> Result<TaskId, Error> {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.inner.locked();
         g.next_id += 1;
         Ok(TaskId(g.next_id))
     }
 
     async fn put_snapshot(&self, task: TaskId, upto: u64, state: Vec<u8>) -> Result<(), Error> {
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.inner.locked();
         g.snapshots.insert(task, (upto, state));
         Ok(())
     }
 
     fn snapshot(&self, task: TaskId) -> Result<Option<(u64, Vec<u8>)>, Error> {
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let g = self.inner.locked();
         Ok(g.snapshots.get(&task).cloned())
     }
 }

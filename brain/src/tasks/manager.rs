@@ -2,6 +2,8 @@
 //! start, resumes the unfinished ones, and is the only writer of task events (append, then
 //! apply, then tell watchers).
 
+use shared::locks::Lock;
+use shared::locks::RwLockExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -91,18 +93,15 @@ pub struct Task {
 
 impl Task {
     pub fn state(&self) -> TaskState {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.state.locked().clone()
     }
 
     pub(crate) fn set_move_request(&self, to: &str) {
-        *self.move_request.lock().unwrap_or_else(|e| e.into_inner()) = Some(to.to_string());
+        *self.move_request.locked() = Some(to.to_string());
     }
 
     pub(crate) fn take_move_request(&self) -> Option<String> {
-        self.move_request
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        self.move_request.locked().take()
     }
 }
 
@@ -237,46 +236,30 @@ impl Manager {
 
     /// Sets how failover picks a new worker (without one, tasks wait for their worker).
     pub fn set_placer(&self, p: Placer) {
-        *self.placer.write().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        *self.placer.write_locked() = Some(p);
     }
 
     /// Sets where `request_environment` gets machines (without it, the tool is refused).
     pub fn set_environments(&self, e: Arc<dyn Environments>) {
-        *self.environments.write().unwrap_or_else(|e| e.into_inner()) = Some(e);
+        *self.environments.write_locked() = Some(e);
     }
 
     pub fn environments(&self) -> Option<Arc<dyn Environments>> {
-        self.environments
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.environments.read_locked().clone()
     }
 
     /// A worker with these labels to fail over to from `lost`, if any.
     pub fn place(&self, lost: &str, labels: &Labels) -> Option<String> {
-        let p = self
-            .placer
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let p = self.placer.read_locked().clone();
         p.and_then(|p| p(lost, labels))
     }
 
     fn all(&self) -> Vec<Arc<Task>> {
-        self.tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.tasks.locked().values().cloned().collect()
     }
 
     pub fn task(&self, id: TaskId) -> Option<Arc<Task>> {
-        self.tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&id)
-            .cloned()
+        self.tasks.locked().get(&id).cloned()
     }
 
     /// Finds a task by `t-N` or `N`.
@@ -300,7 +283,7 @@ impl Manager {
         let _g = task.append_lock.lock().await;
         let recs = self.log.append(task.id, events).await?;
         let snapshot_due = {
-            let mut st = task.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = task.state.locked();
             for r in &recs {
                 apply(&mut st, r);
             }
@@ -313,7 +296,7 @@ impl Manager {
         }
         if snapshot_due {
             let (upto, bytes) = {
-                let st = task.state.lock().unwrap_or_else(|e| e.into_inner());
+                let st = task.state.locked();
                 (
                     st.last_seq,
                     serde_json::to_vec(&*st).expect("state serialises"),
@@ -324,7 +307,7 @@ impl Manager {
                 .log
                 .append(task.id, vec![Event::Snapshot { upto }])
                 .await?;
-            let mut st = task.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = task.state.locked();
             for r in &recs {
                 apply(&mut st, r);
             }
@@ -438,7 +421,7 @@ impl Manager {
         if let Some(m) = &st.moving_to {
             return Err(refused(format!("it is already moving to {m}")));
         }
-        *task.move_request.lock().unwrap_or_else(|e| e.into_inner()) = Some(to.to_string());
+        *task.move_request.locked() = Some(to.to_string());
         task.wake.notify_one();
         Ok(task.id)
     }
@@ -494,10 +477,7 @@ impl Manager {
             move_request: Mutex::new(None),
             append_lock: tokio::sync::Mutex::new(()),
         });
-        self.tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(task.id, task.clone());
+        self.tasks.locked().insert(task.id, task.clone());
         task
     }
 
@@ -535,9 +515,8 @@ impl Manager {
                         )
                     });
                 if marked {
-                    task.state.lock().unwrap_or_else(|e| e.into_inner()).status =
-                        super::state::Status::Failed;
-                    task.state.lock().unwrap_or_else(|e| e.into_inner()).reason = reason;
+                    task.state.locked().status = super::state::Status::Failed;
+                    task.state.locked().reason = reason;
                 } else if !task.state().status.is_terminal() {
                     self.append(
                         &task,

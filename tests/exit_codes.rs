@@ -1,0 +1,71 @@
+//! Exit statuses of the three programs for errors running again will not fix: 78
+//! (`EX_CONFIG`), which the systemd units in deploy/ do not restart on, whichever binary
+//! (`brain`, `worker`, or `tether brain|worker`) hits them.
+
+use std::process::Command;
+
+fn tether() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tether"))
+}
+
+fn code(mut c: Command) -> (Option<i32>, String) {
+    let out = c.output().expect("the program starts");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_worker_that_never_joined_exits_78_under_both_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let bins = testkit::Bins::locate();
+    for mut c in [Command::new(&bins.worker), {
+        let mut t = tether();
+        t.arg("worker");
+        t
+    }] {
+        c.args(["run", "--state"]).arg(&state);
+        let (status, err) = code(c);
+        assert_eq!(status, Some(78), "{err}");
+        assert!(err.contains("worker join"), "says what to do: {err}");
+    }
+}
+
+#[test]
+fn a_malformed_brain_url_for_join_exits_78() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = tether();
+    c.args(["worker", "join", "--brain", "http://plain:1", "--token", "tj_x"])
+        .args(["--ca-hash", &format!("sha256:{}", "0".repeat(64))])
+        .arg("--state")
+        .arg(dir.path());
+    let (status, err) = code(c);
+    assert_eq!(status, Some(78), "{err}");
+    assert!(err.contains("https"), "{err}");
+}
+
+#[test]
+fn a_brain_without_a_ca_or_with_a_bad_config_exits_78() {
+    let dir = tempfile::tempdir().unwrap();
+    let bins = testkit::Bins::locate();
+    let mut c = Command::new(&bins.brain);
+    c.args(["serve", "--listen", "127.0.0.1:0", "--data"]).arg(dir.path());
+    let (status, err) = code(c);
+    assert_eq!(status, Some(78), "{err}");
+    assert!(err.contains("brain init"), "{err}");
+
+    let data = dir.path().join("d");
+    let init = Command::new(&bins.brain)
+        .arg("init")
+        .arg("--data")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(init.status.success());
+    std::fs::write(data.join("config.toml"), "[agent]\nno_such_key = 1\n").unwrap();
+    let mut c = tether();
+    c.args(["brain", "serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&data);
+    let (status, err) = code(c);
+    assert_eq!(status, Some(78), "{err}");
+    assert!(err.contains("config.toml"), "{err}");
+}
