@@ -30,9 +30,9 @@ fn main() {
                 eprintln!("error: --model needs a value, e.g. --model anthropic:claude-sonnet-4-5");
                 std::process::exit(2);
             }
-            brain::cli::run_demo(keep, model)
+            brain::admin::cli::run_demo(keep, model)
         }
-        "brain" => brain::cli::main_with(args[1..].iter().cloned()),
+        "brain" => brain::admin::cli::main_with(args[1..].iter().cloned()),
         "worker" => match worker::cli::main_with(args[1..].iter().cloned()) {
             Ok(()) => 0,
             Err(e) => {

@@ -9,10 +9,10 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brain::hub::Hub;
-use brain::tasks::event::{Event, Purpose, ToolCall, ToolResult};
-use brain::tasks::log::{EventLog, SledLog};
-use brain::tasks::manager::{Manager, Options};
+use brain::engine::log::{EventLog, SledLog};
+use brain::engine::manager::{Manager, Options};
+use brain::fleet::hub::Hub;
+use brain::model::event::{Event, Purpose, ToolCall, ToolResult};
 
 fn completed(i: u64) -> Event {
     Event::ToolCallCompleted {
@@ -48,9 +48,9 @@ fn main() {
     );
 
     // Record size, for the baseline.
-    let sample = serde_json::to_vec(&brain::tasks::Record {
+    let sample = serde_json::to_vec(&brain::model::Record {
         v: 1,
-        task: brain::tasks::TaskId(1),
+        task: brain::model::TaskId(1),
         seq: 1,
         at_ms: 0,
         event: completed(1 << 40),
@@ -133,7 +133,7 @@ fn main() {
             let id = m
                 .create_plan(
                     "bench".into(),
-                    brain::tasks::Plan::parse(r#"{"steps":[{"run":["true"]}]}"#).unwrap(),
+                    brain::model::Plan::parse(r#"{"steps":[{"run":["true"]}]}"#).unwrap(),
                     "nobody".into(),
                     vec![],
                 )
@@ -177,9 +177,9 @@ fn main() {
             assert!(st.last_seq >= events);
             let t = Instant::now();
             let recs = log.read(id, 0).unwrap();
-            let mut full = brain::tasks::TaskState::new(id);
+            let mut full = brain::model::TaskState::new(id);
             for r in &recs {
-                brain::tasks::apply(&mut full, r.as_ref().unwrap());
+                brain::model::apply(&mut full, r.as_ref().unwrap());
             }
             let replay = t.elapsed();
             assert_eq!(full.last_seq, st.last_seq);

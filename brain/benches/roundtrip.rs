@@ -13,9 +13,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use brain::ca::{self, DataDir};
-use brain::client::Target;
-use brain::hub::ExecSpec;
+use brain::admin::client::Target;
+use brain::fleet::hub::ExecSpec;
+use brain::trust::ca::{self, DataDir};
 use testkit::Bins;
 
 struct Stats {
@@ -85,7 +85,7 @@ fn main() {
     let data = DataDir(tmp.path().join("brain"));
     ca::init(&data, &[], false).unwrap();
     let (ready_shared, url, stop) = rt.block_on(async {
-        let ready = brain::serve::prepare(brain::serve::Options {
+        let ready = brain::app::prepare(brain::app::Options {
             data: data.clone(),
             listen: "127.0.0.1:0".parse().unwrap(),
             lost_after: Duration::from_secs(15),

@@ -32,7 +32,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::agent::{AgentSpec, Budget, Permission};
+use crate::model::agent::{AgentSpec, Budget, Permission};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -1,22 +1,22 @@
 //! The brain: the long-lived process that holds every task's state and drives workers.
 //!
-//! Today it enrols workers (`ca`, `registry`), keeps their sessions (`hub`, `service`) and
-//! offers remote execution to admins; `serve` runs it and `client` reaches it.
+//! Layers, lowest first; a module uses only those below it (the tidy test checks):
+//! `storage` (the sled database, backups) · `llm` (model providers) · `model` (pure: events,
+//! task state, `apply`, agent state, tools) · `trust` (CA, registry) · `mirror` (workspace
+//! blobs and manifests) · `fleet` (worker sessions, placement) · `provision` (machines) ·
+//! `engine` (log, store, supervisor, drivers, ports) · `config` (the config file) · `api`
+//! (tonic adapters) · `app` (the composition root) · `admin` (the CLI, rendering, demo).
+//! ARCHITECTURE.md has the map.
 
-pub mod agent;
-pub mod backup;
-pub mod ca;
-pub mod cli;
-pub mod client;
+pub mod admin;
+pub mod api;
+pub mod app;
 pub mod config;
-pub mod demo;
-pub mod hub;
-pub mod import;
+pub mod engine;
+pub mod fleet;
 pub mod llm;
 pub mod mirror;
+pub mod model;
 pub mod provision;
-pub mod registry;
-pub mod serve;
-pub mod service;
-pub mod sync_service;
-pub mod tasks;
+pub mod storage;
+pub mod trust;

@@ -1,5 +1,5 @@
 //! The `brain` binary.
 
 fn main() {
-    std::process::exit(brain::cli::main_with(std::env::args_os()));
+    std::process::exit(brain::admin::cli::main_with(std::env::args_os()));
 }

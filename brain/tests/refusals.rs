@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use brain::ca::Ca;
+use brain::trust::ca::Ca;
 use proto::admin_client::AdminClient;
 use proto::worker_session_client::WorkerSessionClient;
 use shared::pki::{self, IdentityFiles, Role};
@@ -76,7 +76,7 @@ async fn a_certificate_from_another_ca_is_refused_at_the_handshake() {
     }
     .save(&dir)
     .unwrap();
-    let result = match brain::client::connect_channel(&c.url(), &dir).await {
+    let result = match brain::admin::client::connect_channel(&c.url(), &dir).await {
         Err(e) => Err(e.to_string()),
         Ok(ch) => AdminClient::new(ch)
             .list_workers(proto::ListWorkersRequest {})

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::{Machines, Request, Spec, State};
-use crate::registry::WorkerRecord;
-use crate::tasks::manager::{EnvRequest, Environments, Grant, Quote};
+use crate::engine::manager::{EnvRequest, Environments, Grant, Quote};
+use crate::trust::registry::WorkerRecord;
 
 /// A machine the brain may provision when an agent asks for one.
 #[derive(Debug, Clone, Deserialize)]

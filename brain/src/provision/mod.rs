@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::hub::Hub;
-use crate::registry::Registry;
+use crate::fleet::hub::Hub;
+use crate::trust::registry::Registry;
 
 /// The label that names, on a worker, the machine record it was created for.
 pub const MACHINE_LABEL: &str = "tether.machine";
@@ -44,7 +44,7 @@ pub enum Error {
     #[error("machine store: {0}")]
     Sled(#[from] sled::Error),
     #[error(transparent)]
-    Registry(#[from] crate::registry::Error),
+    Registry(#[from] crate::trust::registry::Error),
     #[error("machine record {id} cannot be decoded: {reason}")]
     Decode { id: String, reason: String },
     #[error("unknown provider {name:?}: this brain has {have}")]
@@ -472,7 +472,7 @@ struct Inner {
 }
 
 /// Whether the brain's policy lets tasks run on a worker.
-pub type Eligible = Box<dyn Fn(&crate::registry::WorkerRecord) -> bool + Send + Sync>;
+pub type Eligible = Box<dyn Fn(&crate::trust::registry::WorkerRecord) -> bool + Send + Sync>;
 
 /// Marks a machine as having a provider call running; cleared on drop.
 struct BusyGuard<'a>(&'a Inner, String);
@@ -533,7 +533,7 @@ impl Machines {
         let _ = self.inner.eligible.set(f);
     }
 
-    fn eligible(&self, w: &crate::registry::WorkerRecord) -> bool {
+    fn eligible(&self, w: &crate::trust::registry::WorkerRecord) -> bool {
         self.inner.eligible.get().is_none_or(|f| f(w))
     }
 

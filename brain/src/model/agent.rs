@@ -3,9 +3,6 @@
 //! conversation, what it has spent, which call waits for a person. See [`run`] for the loop
 //! and [`tools`] for what the model may call.
 
-pub mod run;
-pub mod tools;
-
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
@@ -106,7 +103,7 @@ pub struct Approval {
     pub decision: Option<(bool, String, String)>,
 }
 
-/// The agent half of a task's state, rebuilt from the log by [`crate::tasks::apply`].
+/// The agent half of a task's state, rebuilt from the log by [`crate::model::apply`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentState {
     pub spec: AgentSpec,

@@ -2,6 +2,8 @@
 //! the admin API (both certificate-authenticated), and the one place that turns internal
 //! errors into `tonic::Status`.
 
+pub mod sync;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -23,9 +25,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::ca::Ca;
-use crate::hub::{self, ExecSpec, Hub, Session};
-use crate::registry::{self, Caps, Registry, WorkerRecord};
+use crate::fleet::hub::{self, ExecSpec, Hub, Session};
+use crate::trust::ca::Ca;
+use crate::trust::registry::{self, Caps, Registry, WorkerRecord};
 
 /// Session timing.
 #[derive(Debug, Clone, Copy)]
@@ -44,7 +46,7 @@ impl SessionOptions {
 pub struct Shared {
     pub registry: Registry,
     pub hub: Hub,
-    pub tasks: crate::tasks::manager::Manager,
+    pub tasks: crate::engine::manager::Manager,
     /// The whole store, for backups.
     pub db: sled::Db,
     pub ca: Ca,
@@ -140,9 +142,9 @@ impl From<registry::Error> for Status {
     }
 }
 
-impl From<crate::tasks::manager::Error> for Status {
-    fn from(e: crate::tasks::manager::Error) -> Self {
-        use crate::tasks::manager::Error as E;
+impl From<crate::engine::manager::Error> for Status {
+    fn from(e: crate::engine::manager::Error) -> Self {
+        use crate::engine::manager::Error as E;
         match e {
             E::NoSuchTask(_) => Status::not_found(e.to_string()),
             E::Ended(_) | E::Refused { .. } => Status::failed_precondition(e.to_string()),
@@ -250,7 +252,7 @@ impl Services {
     fn pick_worker(
         &self,
         name: &str,
-        labels: &crate::tasks::manager::Labels,
+        labels: &crate::engine::manager::Labels,
     ) -> Result<WorkerRecord, Status> {
         let fits = |w: &WorkerRecord| labels.iter().all(|(k, v)| w.labels.get(k) == Some(v));
         if !name.is_empty() {
@@ -303,7 +305,7 @@ impl Services {
 /// Checks a request's required labels and puts them in order.
 fn check_labels_map(
     labels: &std::collections::HashMap<String, String>,
-) -> Result<crate::tasks::manager::Labels, Status> {
+) -> Result<crate::engine::manager::Labels, Status> {
     check_labels(labels)?;
     Ok(labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
 }
@@ -381,7 +383,7 @@ impl Enrollment for Services {
 
 #[tonic::async_trait]
 impl WorkerSession for Services {
-    type AttachStream = crate::hub::SessionStream;
+    type AttachStream = crate::fleet::hub::SessionStream;
 
     async fn attach(
         &self,
@@ -752,7 +754,7 @@ impl Admin for Services {
         if req.plan_json.len() > 16 * 1024 * 1024 {
             return Err(Status::invalid_argument("plan larger than 16 MiB"));
         }
-        let plan = crate::tasks::Plan::parse(&req.plan_json).map_err(Status::invalid_argument)?;
+        let plan = crate::model::Plan::parse(&req.plan_json).map_err(Status::invalid_argument)?;
         let labels = check_labels_map(&req.require_labels)?;
         let w = self.pick_worker(&req.worker, &labels)?;
         let goal = if req.goal.is_empty() {
@@ -761,7 +763,7 @@ impl Admin for Services {
             req.goal.chars().take(4096).collect()
         };
         let empty = labels.is_empty();
-        let placement = (!empty).then_some(crate::tasks::Event::Placement {
+        let placement = (!empty).then_some(crate::model::Event::Placement {
             require_labels: labels,
         });
         let id = self
@@ -799,7 +801,7 @@ impl Admin for Services {
                 "the money budget must be a positive number",
             ));
         }
-        let budget = crate::agent::Budget {
+        let budget = crate::model::agent::Budget {
             usd: b.usd,
             tokens: b.tokens,
             steps: b.steps,
@@ -823,7 +825,7 @@ impl Admin for Services {
         let labels = check_labels_map(&req.require_labels)?;
         let w = self.pick_worker(&req.worker, &labels)?;
         let model = spec.model.clone();
-        let rules = crate::tasks::event::SyncRules {
+        let rules = crate::model::event::SyncRules {
             include_git: req.include_git,
             extra_excludes: req.extra_excludes.clone(),
             no_default_excludes: req.no_default_excludes,
@@ -859,7 +861,7 @@ impl Admin for Services {
                 )));
             }
             tracing::info!(dir = %req.dir, worker = %w.id, files = r.files, bytes = r.bytes, wire_bytes = r.wire_bytes, "workspace imported");
-            Some(crate::tasks::Event::WorkspaceSeeded {
+            Some(crate::model::Event::WorkspaceSeeded {
                 root_hash: r.root_hash,
                 source: format!("{}:{}", w.name, req.dir),
                 files: r.files,
@@ -868,7 +870,7 @@ impl Admin for Services {
         } else if req.git_url.is_empty() {
             None
         } else {
-            let imported = crate::import::from_git(
+            let imported = crate::mirror::import::from_git(
                 &self.0.mirror,
                 &req.git_url,
                 &req.git_ref,
@@ -877,7 +879,7 @@ impl Admin for Services {
             .await
             .map_err(|e| Status::failed_precondition(e.to_string()))?;
             tracing::info!(url = %req.git_url, files = imported.files, bytes = imported.bytes, "workspace imported");
-            Some(crate::tasks::Event::WorkspaceSeeded {
+            Some(crate::model::Event::WorkspaceSeeded {
                 root_hash: imported.root_hash,
                 source: req.git_url.clone(),
                 files: imported.files,
@@ -890,12 +892,12 @@ impl Admin for Services {
             .create_agent(goal, spec, w.id.clone(), {
                 let mut first = Vec::new();
                 if !labels.is_empty() {
-                    first.push(crate::tasks::Event::Placement {
+                    first.push(crate::model::Event::Placement {
                         require_labels: labels,
                     });
                 }
                 if !rules.is_default() {
-                    first.push(crate::tasks::Event::WorkspaceRules { rules });
+                    first.push(crate::model::Event::WorkspaceRules { rules });
                 }
                 first.extend(seed);
                 first
@@ -939,7 +941,7 @@ impl Admin for Services {
             .tasks
             .resume(
                 &req.task_id,
-                crate::agent::Budget {
+                crate::model::agent::Budget {
                     usd: b.usd,
                     tokens: b.tokens,
                     steps: b.steps,
@@ -1134,7 +1136,7 @@ impl Admin for Services {
                     let json = match r {
                         Ok(r) => {
                             last = r.seq;
-                            ended |= matches!(r.event, crate::tasks::Event::Finished { .. });
+                            ended |= matches!(r.event, crate::model::Event::Finished { .. });
                             serde_json::to_string(&r).expect("records serialise")
                         }
                         Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
@@ -1152,7 +1154,7 @@ impl Admin for Services {
                             Ok(r) if r.seq <= last => {}
                             Ok(r) => {
                                 last = r.seq;
-                                let end = matches!(r.event, crate::tasks::Event::Finished { .. });
+                                let end = matches!(r.event, crate::model::Event::Finished { .. });
                                 if !send(serde_json::to_string(&r).expect("records serialise")).await || end {
                                     return;
                                 }
@@ -1217,7 +1219,7 @@ impl Admin for Services {
                             return;
                         }
                     };
-                    crate::backup::write_line(&mut buf, &name, &k, &v);
+                    crate::storage::write_line(&mut buf, &name, &k, &v);
                     if buf.len() >= 64 * 1024
                         && tx
                             .blocking_send(Ok(proto::BackupChunk {

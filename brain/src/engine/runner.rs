@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
 use super::manager::{Manager, Task};
-use super::state::{PendingCall, Status};
-use crate::hub::Durable;
+use crate::fleet::hub::Durable;
+use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
+use crate::model::state::{PendingCall, Status};
 
 /// Output kept per result in the log (the worker captures up to 64 KiB per stream).
 const LOGGED_OUTPUT: usize = 16 * 1024;
@@ -24,7 +24,7 @@ pub async fn run(m: Manager, task: Arc<Task>) {
     let mut delay = Duration::from_secs(1);
     loop {
         let r = if task.state().agent.is_some() {
-            crate::agent::run::drive(&m, &task).await
+            crate::engine::agent::drive(&m, &task).await
         } else {
             drive(&m, &task).await
         };

@@ -670,7 +670,7 @@ impl Hub {
         worker_id: &str,
         workspace: &str,
         op: proto::sync_request::Op,
-        rules: &crate::tasks::event::SyncRules,
+        rules: &crate::model::event::SyncRules,
         full_scan: bool,
         timeout: Duration,
     ) -> Result<proto::SyncReport, Error> {

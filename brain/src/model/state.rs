@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::event::{Event, Outcome, Plan, Purpose, Record, TaskId, ToolCall};
-use crate::agent::{AgentState, Approval};
+use crate::model::agent::{AgentState, Approval};
 
 /// Where a task is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,7 +110,7 @@ pub struct TaskState {
     pub require_labels: std::collections::BTreeMap<String, String>,
     /// Agent tasks: the conversation, budgets and what waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<Box<crate::agent::AgentState>>,
+    pub agent: Option<Box<crate::model::agent::AgentState>>,
     pub last_seq: u64,
     pub created_ms: i64,
     pub updated_ms: i64,
@@ -394,7 +394,7 @@ pub fn describe(r: &super::event::ToolResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::event::{RECORD_VERSION, ToolResult};
+    use crate::model::event::{RECORD_VERSION, ToolResult};
 
     fn rec(seq: u64, event: Event) -> Record {
         Record {

@@ -12,10 +12,10 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::event::{Event, Outcome, Plan, Record, TaskId};
 use super::log::{self, EventLog};
-use super::state::{TaskState, apply};
-use crate::hub::Hub;
+use crate::fleet::hub::Hub;
+use crate::model::event::{Event, Outcome, Plan, Record, TaskId};
+use crate::model::state::{TaskState, apply};
 
 /// Errors of the task manager.
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +134,7 @@ pub trait Environments: Send + Sync {
     fn task_cost(&self, task: &str) -> f64;
 }
 
-pub use crate::agent::tools::EnvRequest;
+pub use crate::model::tools::EnvRequest;
 
 /// What an environment would cost.
 #[derive(Debug, Clone, Default)]
@@ -330,7 +330,7 @@ impl Manager {
     pub async fn create_agent(
         &self,
         goal: String,
-        spec: crate::agent::AgentSpec,
+        spec: crate::model::agent::AgentSpec,
         worker: String,
         workspace: Vec<Event>,
     ) -> Result<TaskId, Error> {
@@ -344,7 +344,7 @@ impl Manager {
         &self,
         goal: String,
         plan: Option<Plan>,
-        agent: Option<Box<crate::agent::AgentSpec>>,
+        agent: Option<Box<crate::model::agent::AgentSpec>>,
         worker: String,
         workspace: Vec<Event>,
     ) -> Result<TaskId, Error> {
@@ -427,11 +427,15 @@ impl Manager {
     }
 
     /// Gives a task stopped for budget more (added to what it spent) and starts it again.
-    pub async fn resume(&self, text: &str, extra: crate::agent::Budget) -> Result<TaskId, Error> {
+    pub async fn resume(
+        &self,
+        text: &str,
+        extra: crate::model::agent::Budget,
+    ) -> Result<TaskId, Error> {
         let task = self.find(text)?;
         let _control = task.control.lock().await;
         let st = task.state();
-        if st.status != super::state::Status::BudgetExhausted {
+        if st.status != crate::model::state::Status::BudgetExhausted {
             return Err(Error::Refused {
                 task: task.id,
                 reason: format!(
@@ -453,7 +457,7 @@ impl Manager {
             vec![
                 Event::BudgetRaised { limits },
                 Event::StatusChanged {
-                    status: super::state::Status::Running.as_str().into(),
+                    status: crate::model::state::Status::Running.as_str().into(),
                     reason: String::new(),
                 },
             ],
@@ -515,7 +519,7 @@ impl Manager {
                         )
                     });
                 if marked {
-                    task.state.locked().status = super::state::Status::Failed;
+                    task.state.locked().status = crate::model::state::Status::Failed;
                     task.state.locked().reason = reason;
                 } else if !task.state().status.is_terminal() {
                     self.append(
@@ -530,7 +534,7 @@ impl Manager {
                 continue;
             }
             let status = task.state().status;
-            if !status.is_terminal() && status != super::state::Status::BudgetExhausted {
+            if !status.is_terminal() && status != crate::model::state::Status::BudgetExhausted {
                 resumed += 1;
                 tracing::info!(task = %id, "resuming task");
                 self.spawn_runner(task);
@@ -575,7 +579,7 @@ impl Manager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::log::MemLog;
+    use crate::engine::log::MemLog;
 
     #[tokio::test]
     async fn finished_stays_the_last_record_even_when_a_snapshot_is_due() {

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::event::{Event, RECORD_VERSION, Record, TaskId};
+use crate::model::event::{Event, RECORD_VERSION, Record, TaskId};
 
 /// Errors of the log.
 #[derive(Debug, thiserror::Error)]
@@ -409,7 +409,7 @@ impl EventLog for SledLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::event::{Outcome, ToolResult};
+    use crate::model::event::{Outcome, ToolResult};
     use std::sync::Arc;
 
     fn ev(i: u64) -> Event {

@@ -8,7 +8,7 @@ use shared::pki::{self, IdentityFiles};
 use shared::tls::{self, BrainAddr, DialOptions};
 use tonic::transport::Channel;
 
-use crate::ca::DataDir;
+use crate::trust::ca::DataDir;
 
 /// Errors reaching the brain as an admin.
 #[derive(Debug, thiserror::Error)]

@@ -4,9 +4,9 @@
 
 use serde_json::{Value, json};
 
-use super::{AgentSpec, Permission};
 use crate::llm::{ToolSpec, ToolUse};
-use crate::tasks::ToolCall;
+use crate::model::ToolCall;
+use crate::model::agent::{AgentSpec, Permission};
 
 /// Default and largest timeout of `run_command`.
 const DEFAULT_TIMEOUT_SECS: u64 = 120;

@@ -269,7 +269,7 @@ pub enum Event {
         plan: Option<Plan>,
         /// An agent task: model, permission, budgets (fixed when the task is created).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        agent: Option<Box<crate::agent::AgentSpec>>,
+        agent: Option<Box<crate::model::agent::AgentSpec>>,
     },
     /// Running, or waiting (for a worker, an approval, budget) with the reason.
     StatusChanged {
@@ -305,7 +305,7 @@ pub enum Event {
     },
     /// A stopped task got more budget: the new totals.
     BudgetRaised {
-        limits: crate::agent::Budget,
+        limits: crate::model::agent::Budget,
     },
     /// Appended and flushed before the call is sent.
     ToolCallIssued {

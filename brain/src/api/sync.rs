@@ -15,7 +15,7 @@ use shared::pki::Role;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::service::Services;
+use crate::api::Services;
 
 /// Chunk size on the wire.
 const CHUNK: usize = 1 << 20;

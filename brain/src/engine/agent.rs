@@ -14,16 +14,16 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::tools::{self, Prepared};
-use super::{AgentState, Permission};
-use crate::llm::{self, Provider, ToolUse};
-use crate::tasks::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
-use crate::tasks::manager::{Error, Manager, Task};
-use crate::tasks::runner::{
+use crate::engine::manager::{Error, Manager, Task};
+use crate::engine::runner::{
     CommandOutcome, barrier, completed, file_call, finish, move_task, move_wanted, run_command,
     seed, set_status, wait_for_report, worker_ready,
 };
-use crate::tasks::state::{PendingCall, Status};
+use crate::llm::{self, Provider, ToolUse};
+use crate::model::agent::{AgentState, Permission};
+use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
+use crate::model::state::{PendingCall, Status};
+use crate::model::tools::{self, Prepared};
 
 /// How long to wait before asking an unreachable model again (after the provider's own
 /// retries gave up).
@@ -134,8 +134,10 @@ fn elision(a: &AgentState, window: u64, estimate: u64, force: bool) -> Option<(u
     }
     let saved: u64 = a.conversation[..upto]
         .iter()
-        .filter(|m| m.role == llm::Role::Tool && m.content.len() > super::ELIDED.len())
-        .map(|m| (m.content.len() - super::ELIDED.len()) as u64)
+        .filter(|m| {
+            m.role == llm::Role::Tool && m.content.len() > crate::model::agent::ELIDED.len()
+        })
+        .map(|m| (m.content.len() - crate::model::agent::ELIDED.len()) as u64)
         .sum();
     (saved > 0).then_some((upto as u32, saved))
 }
@@ -625,7 +627,7 @@ async fn settle(
 ) -> Result<(), Error> {
     let Some(u) = a.queue.front().cloned() else {
         // Nothing asked for it (cannot happen with a log this code wrote): close it.
-        return crate::tasks::runner::interrupt(
+        return crate::engine::runner::interrupt(
             m,
             task,
             p.call_id,
@@ -725,7 +727,7 @@ fn describe_run(r: &ToolResult, stdout: &str, stderr: &str) -> String {
     } else if !r.error.is_empty() {
         format!("could not run: {}", r.error)
     } else {
-        crate::tasks::state::describe(r)
+        crate::model::state::describe(r)
     };
     let half = tools::MAX_OBSERVATION / 2;
     let mut text = status;

@@ -28,7 +28,7 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Registry(#[from] crate::registry::Error),
+    Registry(#[from] crate::trust::registry::Error),
     #[error("store: {0}")]
     Sled(#[from] sled::Error),
 }
@@ -83,7 +83,7 @@ pub fn restore(file: &Path, db_dir: &Path) -> Result<(usize, Option<PathBuf>), E
     }
     // Fails here, touching nothing, if a brain holds the store.
     let moved = if db_dir.exists() {
-        drop(crate::registry::open_db(db_dir)?);
+        drop(crate::trust::registry::open_db(db_dir)?);
         let to = db_dir.with_file_name(format!("db.before-restore-{}", shared::now_unix_ms()));
         std::fs::rename(db_dir, &to).map_err(|source| Error::MoveAside {
             from: db_dir.to_path_buf(),
@@ -94,7 +94,7 @@ pub fn restore(file: &Path, db_dir: &Path) -> Result<(usize, Option<PathBuf>), E
     } else {
         None
     };
-    let db = crate::registry::open_db(db_dir)?;
+    let db = crate::trust::registry::open_db(db_dir)?;
     for (tree, k, v) in &records {
         db.open_tree(tree.as_bytes())?
             .insert(k.as_slice(), v.as_slice())?;

@@ -9,12 +9,12 @@ use shared::pki::{self, IdentityFiles};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
-use crate::ca::{self, Ca, DataDir};
-use crate::hub::Hub;
-use crate::registry::{self, Registry};
-use crate::service::{Services, SessionOptions, Shared};
-use crate::tasks::log::SledLog;
-use crate::tasks::manager::{self, Manager, Options as TaskOptions};
+use crate::api::{Services, SessionOptions, Shared};
+use crate::engine::log::SledLog;
+use crate::engine::manager::{self, Manager, Options as TaskOptions};
+use crate::fleet::hub::Hub;
+use crate::trust::ca::{self, Ca, DataDir};
+use crate::trust::registry::{self, Registry};
 
 /// Errors starting or running the server.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +36,7 @@ pub enum Error {
     #[error("server: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error(transparent)]
-    Log(#[from] crate::tasks::log::Error),
+    Log(#[from] crate::engine::log::Error),
     #[error(transparent)]
     Tasks(#[from] manager::Error),
     #[error(transparent)]
@@ -105,7 +105,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     meta.insert("call_start", &hub.call_start().to_be_bytes())
         .map_err(registry::Error::from)?;
     db.flush_async().await.map_err(registry::Error::from)?;
-    let policy = crate::service::Policy {
+    let policy = crate::api::Policy {
         limits: opts.tasks.limits,
         require_sandbox: opts.require_sandbox.clone(),
     };
@@ -142,7 +142,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         // Failover goes to a connected worker the policy allows, other than the lost one.
         let (registry, hub, policy) = (registry.clone(), hub.clone(), policy.clone());
         tasks.set_placer(Arc::new(
-            move |lost: &str, labels: &crate::tasks::manager::Labels| {
+            move |lost: &str, labels: &crate::engine::manager::Labels| {
                 let workers = registry.workers().ok()?;
                 workers
                     .into_iter()
@@ -236,7 +236,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
                 // A task stopped for budget holds nothing there: its workspace is mirrored.
                 tasks.list().iter().any(|t| {
                     !t.status.is_terminal()
-                        && t.status != crate::tasks::state::Status::BudgetExhausted
+                        && t.status != crate::model::state::Status::BudgetExhausted
                         && t.worker.as_deref() == Some(worker)
                 })
             }),

@@ -14,11 +14,11 @@ use proto::{FileCall, exec_event, file_call, file_response};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-use crate::ca::{self, DataDir};
-use crate::client::Target;
+use crate::admin::client::Target;
+use crate::trust::ca::{self, DataDir};
 
 /// The model answers the demo's agent task replays (see `brain run --record`).
-const DEMO_TRANSCRIPT: &str = include_str!("../demo/fix-calc.jsonl");
+const DEMO_TRANSCRIPT: &str = include_str!("../../demo/fix-calc.jsonl");
 
 /// How to start a worker process: `program prefix... join ...`.
 pub struct Launcher {
@@ -81,7 +81,7 @@ pub async fn run(launcher: Launcher, keep: bool, model: Option<String>) -> anyho
     ));
     let init = ca::init(&data, &[], false)?;
     println!("  CA created: {}", init.ca_hash);
-    let ready = crate::serve::prepare(crate::serve::Options {
+    let ready = crate::app::prepare(crate::app::Options {
         data: data.clone(),
         listen: "127.0.0.1:0".parse().expect("address"),
         lost_after: Duration::from_secs(3),
@@ -166,7 +166,7 @@ async fn scenario(
         .list_workers(proto::ListWorkersRequest {})
         .await?
         .into_inner();
-    crate::cli::print_workers(&list.workers, false);
+    crate::admin::cli::print_workers(&list.workers, false);
 
     step("running commands on each worker, output streamed back live");
     for w in &workers {
@@ -272,10 +272,10 @@ async fn scenario(
         .await?
         .into_inner();
     while let Some(r) = log.message().await? {
-        if let Ok(rec) = serde_json::from_str::<crate::tasks::Record>(&r.json)
-            && !matches!(rec.event, crate::tasks::Event::ToolOutput { .. })
+        if let Ok(rec) = serde_json::from_str::<crate::model::Record>(&r.json)
+            && !matches!(rec.event, crate::model::Event::ToolOutput { .. })
         {
-            println!("  {}", crate::cli::describe_record(&rec));
+            println!("  {}", crate::admin::cli::describe_record(&rec));
         }
     }
     let num = task_id.trim_start_matches("t-");
@@ -366,7 +366,7 @@ async fn scenario(
         .list_workers(proto::ListWorkersRequest {})
         .await?
         .into_inner();
-    crate::cli::print_workers(&list.workers, false);
+    crate::admin::cli::print_workers(&list.workers, false);
     for w in &mut workers {
         w.kill();
     }
@@ -600,10 +600,10 @@ async fn agent_chapter(
     let mut in_move = false;
     let follow = async {
         while let Some(r) = log.message().await? {
-            let Ok(rec) = serde_json::from_str::<crate::tasks::Record>(&r.json) else {
+            let Ok(rec) = serde_json::from_str::<crate::model::Record>(&r.json) else {
                 continue; // live output: the observation shows it
             };
-            use crate::tasks::Event as E;
+            use crate::model::Event as E;
             match &rec.event {
                 E::ToolOutput { .. }
                 | E::ToolCallCompleted { .. }
@@ -627,7 +627,7 @@ async fn agent_chapter(
             }
             println!(
                 "  {}",
-                named(crate::cli::describe_record(&rec)).replace('\n', "\n  ")
+                named(crate::admin::cli::describe_record(&rec)).replace('\n', "\n  ")
             );
             if let E::ApprovalRequested { approval_id, .. } = &rec.event {
                 let mut a = admin.clone();

@@ -13,8 +13,8 @@ use shared::exit::ExitCode;
 use shared::pki::{self, IdentityFiles};
 use tokio_util::sync::CancellationToken;
 
-use crate::ca::{self, DataDir};
-use crate::client::Target;
+use crate::admin::client::Target;
+use crate::trust::ca::{self, DataDir};
 
 /// Exit statuses of `brain exec` beside the command's own.
 const EXIT_TIMEOUT: i32 = ExitCode::TimedOut.code();
@@ -546,8 +546,8 @@ pub fn exit_code(e: &anyhow::Error) -> i32 {
         &[
             by::<crate::config::Error>,
             by::<ca::Error>,
-            by::<crate::serve::Error>,
-            by::<crate::client::Error>,
+            by::<crate::app::Error>,
+            by::<crate::admin::client::Error>,
         ],
     )
     .code()
@@ -581,11 +581,11 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         } => {
             let config_path = config.unwrap_or_else(|| data.path().join("config.toml"));
             let config = std::sync::Arc::new(crate::config::Config::load(&config_path)?);
-            let ready = crate::serve::prepare(crate::serve::Options {
+            let ready = crate::app::prepare(crate::app::Options {
                 data: data.clone(),
                 listen,
                 lost_after,
-                tasks: crate::tasks::manager::Options {
+                tasks: crate::engine::manager::Options {
                     snapshot_every: snapshot_every.max(1),
                     worker_wait,
                     limits: limits.to_proto(network_off),
@@ -760,7 +760,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .await
                 .map_err(|s| status(s, &target.url))?
                 .into_inner();
-            let id: crate::tasks::TaskId = task.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+            let id: crate::model::TaskId = task.parse().map_err(|e: String| anyhow::anyhow!(e))?;
             let t = list
                 .tasks
                 .into_iter()
@@ -818,7 +818,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             while let Some(chunk) = stream.message().await.map_err(|s| status(s, &target.url))? {
                 chunks.push(chunk.data);
             }
-            crate::backup::save(&file, &chunks)
+            crate::storage::save(&file, &chunks)
                 .with_context(|| format!("writing {}", file.display()))?;
             let lines: usize = chunks
                 .iter()
@@ -828,7 +828,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Restore { file } => {
-            let (n, moved) = crate::backup::restore(&file, &data.db())?;
+            let (n, moved) = crate::storage::restore(&file, &data.db())?;
             println!("restored {n} records into {}", data.db().display());
             if let Some(m) = moved {
                 println!("the previous store was moved to {}", m.display());
@@ -846,8 +846,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     program.display()
                 );
             }
-            crate::demo::run(
-                crate::demo::Launcher {
+            crate::admin::demo::run(
+                crate::admin::demo::Launcher {
                     program,
                     prefix: vec![],
                 },
@@ -1404,11 +1404,11 @@ pub fn run_demo(keep: bool, model: Option<String>) -> i32 {
     let Some(rt) = runtime() else {
         return 1;
     };
-    let launcher = crate::demo::Launcher {
+    let launcher = crate::admin::demo::Launcher {
         program,
         prefix: vec!["worker".into()],
     };
-    match rt.block_on(crate::demo::run(launcher, keep, model)) {
+    match rt.block_on(crate::admin::demo::run(launcher, keep, model)) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -1424,7 +1424,7 @@ async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
     let task_id = if let Some(plan) = &args.plan {
         let plan_json = std::fs::read_to_string(plan)
             .with_context(|| format!("reading the plan {}", plan.display()))?;
-        crate::tasks::Plan::parse(&plan_json)
+        crate::model::Plan::parse(&plan_json)
             .map_err(|e| anyhow::anyhow!("{}: {e}", plan.display()))?;
         let worker = args.worker.clone().unwrap_or_default();
         let r = c
@@ -1548,11 +1548,11 @@ async fn follow_agent(
     let mut out = std::io::stdout();
     let mut end = String::from("detached");
     while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
-        let text = match serde_json::from_str::<crate::tasks::Record>(&r.json) {
+        let text = match serde_json::from_str::<crate::model::Record>(&r.json) {
             Ok(rec) => {
                 let mut text = describe_record(&rec);
                 match &rec.event {
-                    crate::tasks::Event::LlmResponse {
+                    crate::model::Event::LlmResponse {
                         prompt_tokens,
                         completion_tokens,
                         cost_usd,
@@ -1566,13 +1566,13 @@ async fn follow_agent(
                             answers.push((**r).clone());
                         }
                     }
-                    crate::tasks::Event::Finished { outcome, .. } => {
+                    crate::model::Event::Finished { outcome, .. } => {
                         end = serde_json::to_value(outcome)
                             .ok()
                             .and_then(|v| v.as_str().map(String::from))
                             .unwrap_or_default();
                     }
-                    crate::tasks::Event::StatusChanged { status, .. }
+                    crate::model::Event::StatusChanged { status, .. }
                         if status == "budget_exhausted" =>
                     {
                         end = status.clone();
@@ -1617,7 +1617,7 @@ async fn follow(target: &Target, task: &str, live: bool, json: bool) -> anyhow::
         let text = if json {
             format!("{}\n", r.json)
         } else {
-            match serde_json::from_str::<crate::tasks::Record>(&r.json) {
+            match serde_json::from_str::<crate::model::Record>(&r.json) {
                 Ok(rec) => format!("{}\n", describe_record(&rec)),
                 // Live output of the running call and file changes, as they come.
                 Err(_) => describe_live(&r.json),
@@ -1654,8 +1654,8 @@ fn describe_live(json: &str) -> String {
 }
 
 /// One log record in words, for people.
-pub fn describe_record(r: &crate::tasks::Record) -> String {
-    use crate::tasks::Event as E;
+pub fn describe_record(r: &crate::model::Record) -> String {
+    use crate::model::Event as E;
     let what = match &r.event {
         E::Created { goal, .. } => format!("created: {goal}"),
         E::StatusChanged { status, reason } => format!("{status} {reason}"),
@@ -1667,15 +1667,15 @@ pub fn describe_record(r: &crate::tasks::Record) -> String {
             call,
         } => {
             let c = match call {
-                crate::tasks::ToolCall::RunCommand { argv, .. } => match argv.as_slice() {
+                crate::model::ToolCall::RunCommand { argv, .. } => match argv.as_slice() {
                     [sh, c, cmd] if sh == "sh" && c == "-c" => cmd.clone(),
                     _ => argv.join(" "),
                 },
-                crate::tasks::ToolCall::WriteFile { path, .. } => format!("write {path}"),
-                crate::tasks::ToolCall::ReadFile { path, .. } => format!("read {path}"),
-                crate::tasks::ToolCall::EditFile { path, .. } => format!("edit {path}"),
-                crate::tasks::ToolCall::ListFiles { glob } => format!("list files {glob}"),
-                crate::tasks::ToolCall::Search { pattern, .. } => format!("search {pattern:?}"),
+                crate::model::ToolCall::WriteFile { path, .. } => format!("write {path}"),
+                crate::model::ToolCall::ReadFile { path, .. } => format!("read {path}"),
+                crate::model::ToolCall::EditFile { path, .. } => format!("edit {path}"),
+                crate::model::ToolCall::ListFiles { glob } => format!("list files {glob}"),
+                crate::model::ToolCall::Search { pattern, .. } => format!("search {pattern:?}"),
             };
             format!("issued   #{call_id} step {step} ({purpose:?}) on {worker}: {c}")
         }
@@ -1696,7 +1696,7 @@ pub fn describe_record(r: &crate::tasks::Record) -> String {
         E::ToolCallCompleted { call_id, result } => {
             format!(
                 "done     #{call_id}: {}",
-                crate::tasks::state::describe(result)
+                crate::model::state::describe(result)
             )
         }
         E::ToolCallInterrupted { call_id, reason } => format!("interrupted #{call_id}: {reason}"),

@@ -1,0 +1,5 @@
+//! Who may talk to this brain: the CA that signs every certificate, and the registry of
+//! workers, admins and join tokens. Knows nothing of tasks or sessions.
+
+pub mod ca;
+pub mod registry;
