@@ -9,10 +9,10 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use brain::engine::Store;
 use brain::engine::log::{EventLog, SledLog};
-use brain::engine::manager::{Manager, Options};
-use brain::fleet::hub::Hub;
 use brain::model::event::{Event, Purpose, ToolCall, ToolResult};
+use brain::model::ids::CallIds;
 
 fn completed(i: u64) -> Event {
     Event::ToolCallCompleted {
@@ -121,26 +121,29 @@ fn main() {
     let mut times = Vec::new();
     rt.block_on(async {
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(db.clone(), db_dir.clone()).unwrap());
-        let m = Manager::new(
-            log.clone(),
-            Hub::new(),
-            Options {
-                snapshot_every: 100,
-                ..Default::default()
-            },
-        );
+        let m = Store::new(log.clone(), 100, CallIds::starting_above(0, 1));
         for events in [1_000u64, 10_000, 100_000] {
-            let id = m
-                .create_plan(
-                    "bench".into(),
-                    brain::model::Plan::parse(r#"{"steps":[{"run":["true"]}]}"#).unwrap(),
-                    "nobody".into(),
-                    vec![],
-                )
+            let task = m
+                .create(|id| {
+                    vec![
+                        Event::Created {
+                            goal: "bench".into(),
+                            workspace: id.workspace(),
+                            plan: Some(
+                                brain::model::Plan::parse(r#"{"steps":[{"run":["true"]}]}"#)
+                                    .unwrap(),
+                            ),
+                            agent: None,
+                        },
+                        Event::WorkerAssigned {
+                            worker: "nobody".into(),
+                        },
+                    ]
+                })
                 .await
                 .unwrap();
-            let task = m.task(id).unwrap();
-            // The runner waits for the absent worker; add history as a long task would have.
+            let id = task.id;
+            // No driver runs it; add history as a long task would have.
             let mut i = 0u64;
             while i < events {
                 let batch: Vec<Event> = (0..99)

@@ -166,7 +166,7 @@ async fn scenario(
         .list_workers(proto::ListWorkersRequest {})
         .await?
         .into_inner();
-    crate::admin::cli::print_workers(&list.workers, false);
+    crate::admin::render::print_workers(&list.workers, false);
 
     step("running commands on each worker, output streamed back live");
     for w in &workers {
@@ -268,23 +268,27 @@ async fn scenario(
         .task_log(proto::TaskLogRequest {
             task_id: task_id.clone(),
             follow: false,
+            after_seq: 0,
         })
         .await?
         .into_inner();
     while let Some(r) = log.message().await? {
-        if let Ok(rec) = serde_json::from_str::<crate::model::Record>(&r.json)
+        if let Some(rec) = crate::admin::render::logged(&r)
             && !matches!(rec.event, crate::model::Event::ToolOutput { .. })
         {
-            println!("  {}", crate::admin::cli::describe_record(&rec));
+            println!("  {}", crate::admin::render::describe_record(&rec));
         }
     }
-    let num = task_id.trim_start_matches("t-");
+    let workspace = task_id
+        .parse::<crate::model::TaskId>()
+        .map_err(|e| anyhow::anyhow!(e))?
+        .workspace();
     let r = admin
         .file(proto::AdminFileRequest {
             worker: w1.clone(),
             call: Some(FileCall {
                 call_id: 0,
-                workspace: format!("task-{num}"),
+                workspace: workspace.clone(),
                 op: Some(file_call::Op::Read(proto::ReadFile {
                     path: "progress.txt".into(),
                     offset: 0,
@@ -366,7 +370,7 @@ async fn scenario(
         .list_workers(proto::ListWorkersRequest {})
         .await?
         .into_inner();
-    crate::admin::cli::print_workers(&list.workers, false);
+    crate::admin::render::print_workers(&list.workers, false);
     for w in &mut workers {
         w.kill();
     }
@@ -591,6 +595,7 @@ async fn agent_chapter(
         .task_log(proto::TaskLogRequest {
             task_id: task.clone(),
             follow: true,
+            after_seq: 0,
         })
         .await?
         .into_inner();
@@ -600,7 +605,7 @@ async fn agent_chapter(
     let mut in_move = false;
     let follow = async {
         while let Some(r) = log.message().await? {
-            let Ok(rec) = serde_json::from_str::<crate::model::Record>(&r.json) else {
+            let Some(rec) = crate::admin::render::logged(&r) else {
                 continue; // live output: the observation shows it
             };
             use crate::model::Event as E;
@@ -627,7 +632,7 @@ async fn agent_chapter(
             }
             println!(
                 "  {}",
-                named(crate::admin::cli::describe_record(&rec)).replace('\n', "\n  ")
+                named(crate::admin::render::describe_record(&rec)).replace('\n', "\n  ")
             );
             if let E::ApprovalRequested { approval_id, .. } = &rec.event {
                 let mut a = admin.clone();
@@ -670,13 +675,16 @@ async fn agent_chapter(
         "  sync: {synced} bytes (compressed) crossed the wire for the brain's mirror; the move sent {move_bytes} bytes"
     );
     // The result, as a diff against the repository it came from.
-    let num = task.trim_start_matches("t-");
+    let workspace = task
+        .parse::<crate::model::TaskId>()
+        .map_err(|e| anyhow::anyhow!(e))?
+        .workspace();
     let r = admin
         .file(proto::AdminFileRequest {
             worker: w2.clone(),
             call: Some(FileCall {
                 call_id: 0,
-                workspace: format!("task-{num}"),
+                workspace: workspace.clone(),
                 op: Some(file_call::Op::Read(proto::ReadFile {
                     path: "calc.sh".into(),
                     offset: 0,

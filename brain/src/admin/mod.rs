@@ -4,3 +4,4 @@
 pub mod cli;
 pub mod client;
 pub mod demo;
+pub mod render;

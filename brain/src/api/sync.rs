@@ -43,17 +43,6 @@ fn hex_hashes(list: &BlobList) -> Result<Vec<String>, Status> {
         .collect()
 }
 
-fn mirror_status(e: crate::mirror::Error) -> Status {
-    use crate::mirror::Error as E;
-    match e {
-        E::Corrupt(_) | E::BadHash(_) | E::BadManifest { .. } => {
-            Status::invalid_argument(e.to_string())
-        }
-        E::NoManifest(_) => Status::not_found(e.to_string()),
-        E::Io { .. } | E::Store(_) => Status::internal(e.to_string()),
-    }
-}
-
 /// Parses a delta, naming the path of an entry that does not parse.
 fn parse_delta(json: &[u8]) -> Result<Delta, Status> {
     #[derive(serde::Deserialize)]
@@ -133,7 +122,7 @@ impl SyncService for Services {
                     tokio::task::spawn_blocking(move || mirror.put_compressed(&h, &data, max))
                         .await
                         .map_err(|e| Status::internal(e.to_string()))?
-                        .map_err(mirror_status)?;
+                        .map_err(Status::from)?;
                 if new {
                     fresh.push(hash);
                 }
@@ -152,7 +141,7 @@ impl SyncService for Services {
             tokio::task::spawn_blocking(move || mirror.sync_blobs(&fresh))
                 .await
                 .map_err(|e| Status::internal(e.to_string()))?
-                .map_err(mirror_status)?;
+                .map_err(Status::from)?;
             tracing::debug!(
                 stored,
                 sync_ms = t.elapsed().as_millis() as u64,
@@ -204,7 +193,7 @@ impl SyncService for Services {
             let json = manifest::decompress(&buf, MAX_DELTA_BYTES)
                 .map_err(|e| Status::invalid_argument(format!("the delta: {e}")))?;
             let delta = parse_delta(&json)?;
-            let base = mirror.take_manifest(&base_root).map_err(mirror_status)?;
+            let base = mirror.take_manifest(&base_root).map_err(Status::from)?;
             let new = base
                 .apply_owned(&delta, &rules)
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -216,7 +205,7 @@ impl SyncService for Services {
             }
             mirror
                 .put_manifest_delta(new, &root, &base_root, &delta)
-                .map_err(mirror_status)
+                .map_err(Status::from)
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))??;
@@ -243,7 +232,7 @@ impl SyncService for Services {
         let data = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, Status> {
             let m = mirror
                 .manifest(&pending.materialise)
-                .map_err(mirror_status)?;
+                .map_err(Status::from)?;
             Ok(manifest::compress(
                 &serde_json::to_vec(&m).expect("manifests serialise"),
             ))
@@ -272,7 +261,7 @@ impl SyncService for Services {
                 let data = match mirror.get_compressed(&h) {
                     Ok(d) => d,
                     Err(e) => {
-                        let _ = tx.blocking_send(Err(mirror_status(e)));
+                        let _ = tx.blocking_send(Err(Status::from(e)));
                         return;
                     }
                 };

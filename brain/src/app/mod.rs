@@ -1,4 +1,11 @@
-//! `brain serve`: opens the store, loads the PKI and runs the gRPC server until shutdown.
+//! The composition root: `brain serve` builds every component in dependency order (each
+//! gets what it needs when it is made: nothing is wired by late setters), resumes the tasks
+//! once everything they may need is there, and serves until shutdown. It owns the root
+//! cancellation token and the task tracker: at shutdown the server stops taking calls,
+//! worker sessions are closed, every tracked task is stopped and waited for (bounded), and
+//! the store is flushed.
+
+mod ports;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -6,13 +13,20 @@ use std::time::Duration;
 
 use shared::limits;
 use shared::pki::{self, IdentityFiles};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::api::{Services, SessionOptions, Shared};
 use crate::engine::log::SledLog;
-use crate::engine::manager::{self, Manager, Options as TaskOptions};
-use crate::fleet::hub::Hub;
+use crate::engine::ports::Ports;
+use crate::engine::{Engine, Store};
+use crate::fleet::hub::{Hub, HubEvents};
+use crate::fleet::placement::{Placement, Policy};
+use crate::mirror::Mirror;
+use crate::model::ids::CallIds;
+use crate::provision::{self, Machines, Provisioner};
 use crate::trust::ca::{self, Ca, DataDir};
 use crate::trust::registry::{self, Registry};
 
@@ -38,7 +52,7 @@ pub enum Error {
     #[error(transparent)]
     Log(#[from] crate::engine::log::Error),
     #[error(transparent)]
-    Tasks(#[from] manager::Error),
+    Tasks(#[from] crate::engine::Error),
     #[error(transparent)]
     Mirror(#[from] crate::mirror::Error),
     #[error(transparent)]
@@ -64,6 +78,8 @@ impl shared::exit::Classify for Error {
 /// How often the mirror is garbage collected, and how old what it removes must be.
 const GC_EVERY: Duration = Duration::from_secs(600);
 const GC_GRACE: Duration = Duration::from_secs(3600);
+/// How long shutdown waits for the tracked tasks to stop.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 
 /// What `brain serve` needs.
 #[derive(Debug, Clone)]
@@ -71,58 +87,39 @@ pub struct Options {
     pub data: DataDir,
     pub listen: SocketAddr,
     pub lost_after: Duration,
-    pub tasks: TaskOptions,
+    pub tasks: crate::engine::Options,
     /// Confinement a worker must have before a task is placed on it.
     pub require_sandbox: Vec<String>,
     /// The config file's contents (its LLM part is also in `tasks.llm`).
     pub config: Arc<crate::config::Config>,
 }
 
-/// A brain that is bound and ready; [`Ready::run`] serves until `shutdown` resolves.
+/// A brain that is bound and running its tasks; [`Ready::run`] serves until `shutdown`.
 pub struct Ready {
     pub addr: SocketAddr,
     pub shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
     tls: ServerTlsConfig,
+    root: CancellationToken,
+    tracker: TaskTracker,
 }
 
-/// Opens everything and binds the port, so errors surface before anything is announced.
+/// Opens everything, binds the port and resumes the tasks, so errors surface before
+/// anything is announced.
 pub async fn prepare(opts: Options) -> Result<Ready, Error> {
+    let root = CancellationToken::new();
+    let tracker = TaskTracker::new();
+
+    // Storage and trust.
     let ca = Ca::load(&opts.data)?;
     let db = registry::open_db(&opts.data.db())?;
     let registry = Registry::from_db(db.clone())?;
     sync_init_admin(&opts.data, &registry, &ca.hash()).await?;
     let log = SledLog::open(db.clone(), opts.data.db())?;
-    let mirror = crate::mirror::Mirror::open(&db, &opts.data.path().join("blobs"))?;
-    // Call ids start above the previous run's, even if the clock went back.
-    let meta = db.open_tree("meta").map_err(registry::Error::from)?;
-    let floor = meta
-        .get("call_start")
-        .map_err(registry::Error::from)?
-        .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok().map(u64::from_be_bytes))
-        .unwrap_or(0);
-    let hub = Hub::with_call_floor(floor);
-    meta.insert("call_start", &hub.call_start().to_be_bytes())
-        .map_err(registry::Error::from)?;
-    db.flush_async().await.map_err(registry::Error::from)?;
-    let policy = crate::api::Policy {
-        limits: opts.tasks.limits,
-        require_sandbox: opts.require_sandbox.clone(),
-    };
-    let tasks = Manager::new(std::sync::Arc::new(log), hub.clone(), opts.tasks.clone());
-    let (loaded, resumed) = tasks.resume_all().await?;
-    if loaded > 0 {
-        tracing::info!(loaded, resumed, "tasks loaded from the log");
-    }
+    let mirror = Mirror::open(&db, &opts.data.path().join("blobs"))?;
+    let call_ids = call_ids(&db).await?;
 
-    let chain = pki::read_text(&opts.data.server_cert())?;
-    let key = pki::read_text(&opts.data.server_key())?;
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(chain, key))
-        .client_ca_root(Certificate::from_pem(&ca.cert_pem))
-        .client_auth_optional(true)
-        .timeout(Duration::from_secs(10));
-
+    // The port, before anything that needs to know the address.
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .map_err(|source| Error::Bind {
@@ -133,131 +130,61 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         addr: opts.listen,
         source,
     })?;
+    let tls = tls_config(&opts.data, &ca)?;
+
+    // The fleet.
+    let (hub, hub_events) = Hub::new(call_ids.clone());
+    let policy = Policy {
+        limits: opts.tasks.limits,
+        require_sandbox: opts.require_sandbox.clone(),
+    };
+    let placement = Placement::new(registry.clone(), hub.clone(), policy);
+
+    // The tasks' store (loaded by `resume_all`, below), then the machines, which ask it
+    // whether a worker is in use.
+    let store = Store::new(Arc::new(log), opts.tasks.snapshot_every, call_ids);
+    let machines = machines(&opts, &ca, &db, &registry, &hub, &placement, &store, addr)?;
+
+    // The engine, with every port it acts through.
+    let engine = Engine::new(
+        store,
+        Ports {
+            workers: Arc::new(hub.clone()),
+            placement: Arc::new(placement.clone()),
+            environments: Arc::new(machines.clone()),
+            workspaces: Arc::new(mirror.clone()),
+        },
+        opts.tasks.clone(),
+        tracker.clone(),
+        root.clone(),
+    );
+    route_hub_events(&tracker, &root, hub_events, engine.clone());
+    spawn_gc(&tracker, &root, mirror.clone(), engine.clone());
+    {
+        let (m, stop) = (machines.clone(), root.clone());
+        tracker.spawn(async move { m.run_reaper(stop).await });
+    }
+    // Everything a task may need is there: resume them.
+    let (loaded, resumed) = engine.resume_all().await?;
+    if loaded > 0 {
+        tracing::info!(loaded, resumed, "tasks loaded from the log");
+    }
+
     pki::write_file(
         &opts.data.addr_file(),
         format!("{addr}\n").as_bytes(),
         0o644,
     )?;
-    {
-        // Failover goes to a connected worker the policy allows, other than the lost one.
-        let (registry, hub, policy) = (registry.clone(), hub.clone(), policy.clone());
-        tasks.set_placer(Arc::new(
-            move |lost: &str, labels: &crate::engine::manager::Labels| {
-                let workers = registry.workers().ok()?;
-                workers
-                    .into_iter()
-                    .filter(|w| w.id != lost && !w.revoked && hub.session(&w.id).is_some())
-                    .filter(|w| labels.iter().all(|(k, v)| w.labels.get(k) == Some(v)))
-                    .find(|w| policy.refuse(w).is_none())
-                    .map(|w| w.id)
-            },
-        ));
-    }
-    {
-        // Blobs and manifests nothing refers to any more are collected now and then: what
-        // every task's log names (its starting workspace and last barrier) is kept.
-        let (mirror, tasks) = (mirror.clone(), tasks.clone());
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(GC_EVERY);
-            loop {
-                every.tick().await;
-                let keep: std::collections::HashSet<String> = tasks
-                    .list()
-                    .into_iter()
-                    .flat_map(|t| [t.barrier_root, t.seed_root])
-                    .filter(|r| !r.is_empty())
-                    .collect();
-                let m = mirror.clone();
-                match tokio::task::spawn_blocking(move || m.gc(&keep, GC_GRACE)).await {
-                    Ok(Ok(c)) if c.blobs + c.manifests > 0 => {
-                        tracing::info!(
-                            blobs = c.blobs,
-                            bytes = c.bytes,
-                            manifests = c.manifests,
-                            "mirror garbage collected"
-                        );
-                    }
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => tracing::warn!(error = %e, "mirror garbage collection failed"),
-                    Err(e) => tracing::warn!(error = %e, "mirror garbage collection failed"),
-                }
-            }
-        });
-    }
-    let machines = {
-        let cfg = &opts.config.provision;
-        let policy = cfg.policy().map_err(Error::Config)?;
-        let url = cfg.brain_url.clone().unwrap_or_else(|| {
-            let host = if addr.ip().is_unspecified() {
-                "127.0.0.1".to_string()
-            } else {
-                addr.ip().to_string()
-            };
-            format!(
-                "https://{}",
-                SocketAddr::new(host.parse().expect("an ip"), addr.port())
-            )
-        });
-        // This brain's name on hosts: from its CA, so it is stable and unique per brain.
-        let tag: String = ca
-            .hash()
-            .trim_start_matches("sha256:")
-            .chars()
-            .take(16)
-            .collect();
-        let providers: Vec<Arc<dyn crate::provision::Provisioner>> = vec![
-            Arc::new(crate::provision::local::Local::new(
-                opts.data.path().join("machines"),
-                &cfg.local,
-            )),
-            Arc::new(crate::provision::ssh::Ssh::new(
-                &cfg.ssh,
-                &tag,
-                opts.data.path(),
-            )),
-            Arc::new(crate::provision::docker::DockerProvider::new(
-                &cfg.docker,
-                &tag,
-            )),
-            Arc::new(crate::provision::ec2::Ec2Provider::new(&cfg.ec2, &tag)),
-        ];
-        let tasks = tasks.clone();
-        crate::provision::Machines::new(
-            db.clone(),
-            registry.clone(),
-            hub.clone(),
-            crate::provision::BrainInfo {
-                url,
-                ca_hash: ca.hash(),
-            },
-            policy,
-            providers,
-            Box::new(move |worker: &str| {
-                // A task stopped for budget holds nothing there: its workspace is mirrored.
-                tasks.list().iter().any(|t| {
-                    !t.status.is_terminal()
-                        && t.status != crate::model::state::Status::BudgetExhausted
-                        && t.worker.as_deref() == Some(worker)
-                })
-            }),
-        )?
-    };
-    {
-        let policy = policy.clone();
-        machines.set_eligible(Box::new(move |w| policy.refuse(w).is_none()));
-    }
-    tasks.set_environments(Arc::new(machines.clone()));
-    machines.spawn_reaper();
     let shared = Arc::new(Shared {
         registry,
         hub,
-        tasks,
+        engine,
         db,
         ca,
         session: SessionOptions {
             lost_after: opts.lost_after,
         },
-        policy,
+        placement,
         config: opts.config.clone(),
         mirror,
         machines,
@@ -267,11 +194,162 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         shared,
         listener,
         tls,
+        root,
+        tracker,
     })
 }
 
+/// The call-id counter: this run's ids start above the previous run's, even if the clock
+/// went back (the start is stored before any id is used).
+async fn call_ids(db: &sled::Db) -> Result<CallIds, Error> {
+    let meta = db.open_tree("meta").map_err(registry::Error::from)?;
+    let floor = meta
+        .get("call_start")
+        .map_err(registry::Error::from)?
+        .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok().map(u64::from_be_bytes))
+        .unwrap_or(0);
+    let ids = CallIds::starting_above(floor, shared::now_unix_ms());
+    meta.insert("call_start", &ids.start().to_be_bytes())
+        .map_err(registry::Error::from)?;
+    db.flush_async().await.map_err(registry::Error::from)?;
+    Ok(ids)
+}
+
+fn tls_config(data: &DataDir, ca: &Ca) -> Result<ServerTlsConfig, Error> {
+    let chain = pki::read_text(&data.server_cert())?;
+    let key = pki::read_text(&data.server_key())?;
+    Ok(ServerTlsConfig::new()
+        .identity(Identity::from_pem(chain, key))
+        .client_ca_root(Certificate::from_pem(&ca.cert_pem))
+        .client_auth_optional(true)
+        .timeout(Duration::from_secs(10)))
+}
+
+/// The machines and their providers. A worker is in use while a task that holds it runs.
+#[allow(clippy::too_many_arguments)]
+fn machines(
+    opts: &Options,
+    ca: &Ca,
+    db: &sled::Db,
+    registry: &Registry,
+    hub: &Hub,
+    placement: &Placement,
+    store: &Store,
+    addr: SocketAddr,
+) -> Result<Machines, Error> {
+    let cfg = &opts.config.provision;
+    let policy = cfg.policy().map_err(Error::Config)?;
+    let url = cfg.brain_url.clone().unwrap_or_else(|| {
+        let ip = if addr.ip().is_unspecified() {
+            std::net::IpAddr::from([127, 0, 0, 1])
+        } else {
+            addr.ip()
+        };
+        format!("https://{}", SocketAddr::new(ip, addr.port()))
+    });
+    // This brain's name on hosts: from its CA, so it is stable and unique per brain.
+    let tag: String = ca
+        .hash()
+        .trim_start_matches("sha256:")
+        .chars()
+        .take(16)
+        .collect();
+    let providers: Vec<Arc<dyn Provisioner>> = vec![
+        Arc::new(provision::local::Local::new(
+            opts.data.path().join("machines"),
+            &cfg.local,
+        )),
+        Arc::new(provision::ssh::Ssh::new(&cfg.ssh, &tag, opts.data.path())),
+        Arc::new(provision::docker::DockerProvider::new(&cfg.docker, &tag)),
+        Arc::new(provision::ec2::Ec2Provider::new(&cfg.ec2, &tag)),
+    ];
+    let store = store.clone();
+    Ok(Machines::new(
+        db.clone(),
+        registry.clone(),
+        hub.clone(),
+        placement.clone(),
+        provision::BrainInfo {
+            url,
+            ca_hash: ca.hash(),
+        },
+        policy,
+        providers,
+        Box::new(move |worker: &str| store.worker_in_use(worker)),
+    )?)
+}
+
+/// What the hub hears for the engine: live file changes, and results nobody waited for.
+fn route_hub_events(
+    tracker: &TaskTracker,
+    root: &CancellationToken,
+    mut events: HubEvents,
+    engine: Engine,
+) {
+    let (stop, e) = (root.clone(), engine.clone());
+    tracker.spawn(async move {
+        loop {
+            tokio::select! {
+                f = events.fs.recv() => match f {
+                    Some((worker, f)) => e.file_changes(&worker, f.into()),
+                    None => return,
+                },
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
+    let stop = root.clone();
+    tracker.spawn(async move {
+        loop {
+            tokio::select! {
+                o = events.orphans.recv() => match o {
+                    Some((worker, call_id)) => engine.orphan_result(&worker, call_id),
+                    None => return,
+                },
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
+}
+
+/// Blobs and manifests nothing refers to any more are collected now and then: what every
+/// task's log names (its starting workspace and last barrier) is kept.
+fn spawn_gc(tracker: &TaskTracker, root: &CancellationToken, mirror: Mirror, engine: Engine) {
+    let stop = root.clone();
+    tracker.spawn(async move {
+        let mut every = tokio::time::interval(GC_EVERY);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            let keep: std::collections::HashSet<String> = engine
+                .list()
+                .into_iter()
+                .flat_map(|t| [t.barrier_root, t.seed_root])
+                .filter(|r| !r.is_empty())
+                .collect();
+            let m = mirror.clone();
+            match tokio::task::spawn_blocking(move || m.gc(&keep, GC_GRACE)).await {
+                Ok(Ok(c)) if c.blobs + c.manifests > 0 => {
+                    tracing::info!(
+                        blobs = c.blobs,
+                        bytes = c.bytes,
+                        manifests = c.manifests,
+                        "mirror garbage collected"
+                    );
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "mirror garbage collection failed"),
+                Err(e) => tracing::warn!(error = %e, "mirror garbage collection failed"),
+            }
+        }
+    });
+}
+
 impl Ready {
-    /// Serves until `shutdown` resolves, then closes worker sessions and stops.
+    /// Serves until `shutdown` resolves; then closes worker sessions, stops every tracked
+    /// task (waiting a bounded time) and flushes the store.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), Error> {
         let services = Services(self.shared.clone());
         let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
@@ -304,16 +382,18 @@ impl Ready {
                 hub.close_all();
             })
             .await;
-        self.shared.registry_flush().await;
-        result.map_err(Error::from)
-    }
-}
-
-impl Shared {
-    async fn registry_flush(&self) {
-        if let Err(e) = self.registry.flush_now().await {
+        self.root.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(SHUTDOWN_WAIT, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some tasks did not stop within {SHUTDOWN_WAIT:?}; leaving them");
+        }
+        if let Err(e) = self.shared.registry.flush_now().await {
             tracing::error!(error = %e, "final flush of the store failed");
         }
+        result.map_err(Error::from)
     }
 }
 

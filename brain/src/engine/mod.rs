@@ -1,8 +1,565 @@
 //! The task engine: the durable log, the store that appends and applies, the supervisor that
-//! runs one driver per task, and the drivers (scripted plans, the agent). Acts on workers and
-//! machines only through its ports; never sees wire types.
+//! runs one driver per task, the drivers (scripted plans, the agent) and the effects they
+//! have. It acts on workers and machines only through its [`ports`]; it never sees wire
+//! types, and knows nothing of sessions, providers or the mirror's files.
+//!
+//! [`Engine`] is the handle the API and the composition root use: create a task, decide an
+//! approval, move, resume, cancel, follow a task's log.
 
 pub mod agent;
+pub mod driver;
+pub(crate) mod effects;
 pub mod log;
-pub mod manager;
-pub mod runner;
+pub mod plan;
+pub mod ports;
+pub mod store;
+pub(crate) mod supervisor;
+
+use shared::locks::Lock;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::model::agent::{AgentSpec, Budget};
+use crate::model::event::{Event, Plan, Record, SyncRules, TaskId};
+use crate::model::ops::{FsChange, Limits, SyncOp};
+use crate::model::state::{Status, TaskState};
+use ports::{Labels, Ports};
+pub use store::{LiveOutput, Store, Task};
+
+/// Errors of the engine's commands.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Log(#[from] log::Error),
+    #[error("no task {0}: see `brain tasks`")]
+    NoSuchTask(String),
+    #[error("task {0} has already ended")]
+    Ended(TaskId),
+    #[error("task {task}: {reason}")]
+    Refused { task: TaskId, reason: String },
+    /// No worker can take the task (the reason says why and what to do).
+    #[error("{0}")]
+    Unplaceable(String),
+    /// The starting workspace could not be fetched.
+    #[error("{0}")]
+    Import(String),
+}
+
+/// Tunables.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Store a snapshot after this many events.
+    pub snapshot_every: u64,
+    /// How long a call waits for its worker to come back before it counts as interrupted.
+    pub worker_wait: Duration,
+    /// Resource limits for every command a task runs (the brain's policy).
+    pub limits: Limits,
+    /// LLM providers, models and prices (the brain's config file).
+    pub llm: Arc<crate::llm::LlmConfig>,
+    /// How long a task's worker may be gone before the task fails over to another.
+    pub failover_after: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            snapshot_every: 100,
+            worker_wait: Duration::from_secs(600),
+            limits: Limits::default(),
+            llm: Arc::default(),
+            failover_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What a new task runs.
+#[derive(Debug, Clone)]
+pub enum Kind {
+    Plan(Plan),
+    Agent(Box<AgentSpec>),
+}
+
+/// Where a new task's workspace comes from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Source {
+    /// An empty workspace.
+    #[default]
+    Empty,
+    /// A directory of the chosen worker's own, copied into the mirror.
+    Dir(String),
+    /// A git repository the brain clones.
+    Git { url: String, git_ref: String },
+}
+
+/// A task to create; checked already (the API rejects bad input before it gets here).
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    pub goal: String,
+    pub kind: Kind,
+    /// Worker id or name; empty: any that qualifies.
+    pub worker: String,
+    pub labels: Labels,
+    pub rules: SyncRules,
+    pub source: Source,
+}
+
+/// One item of a task's followed log.
+#[derive(Debug, Clone)]
+pub enum Followed {
+    Record(Box<Record>),
+    /// Not logged; a slow follower may miss some.
+    Live(LiveOutput),
+    /// A record that cannot be decoded (its key and why).
+    Broken(String),
+}
+
+/// How long an import of a worker's directory may take.
+const IMPORT_TIMEOUT: Duration = Duration::from_secs(1800);
+/// Items a follower may fall behind before it re-reads from the log.
+const FOLLOW_QUEUE: usize = 256;
+/// A result a worker replays that no task claims within this long is acknowledged (a task
+/// resuming after a restart may be about to ask for it).
+const ORPHAN_GRACE: Duration = Duration::from_secs(2);
+
+/// The engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    ports: Ports,
+    opts: Options,
+    /// Every task the engine spawns (drivers, followers, orphan checks): shutdown cancels
+    /// `shutdown` and waits for them. Drivers stop at once (the log says where they were).
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    /// Set once every task has been loaded: until then a replayed result may be one a task
+    /// is about to ask for.
+    loaded: tokio::sync::watch::Sender<bool>,
+    /// Results replayed before the tasks were loaded.
+    early_orphans: Mutex<Vec<(String, u64)>>,
+}
+
+/// What an effect acts in: the engine and one task.
+pub struct Cx<'a> {
+    pub engine: &'a Engine,
+    pub task: &'a Arc<Task>,
+}
+
+impl Cx<'_> {
+    pub fn store(&self) -> &Store {
+        &self.engine.inner.store
+    }
+    pub fn ports(&self) -> &Ports {
+        &self.engine.inner.ports
+    }
+    pub fn opts(&self) -> &Options {
+        &self.engine.inner.opts
+    }
+}
+
+impl Engine {
+    /// An engine over `store` (loaded or not: [`Engine::resume_all`] loads it) acting
+    /// through `ports`. `shutdown` stops its tasks; `tracker` is where they are spawned.
+    pub fn new(
+        store: Store,
+        ports: Ports,
+        opts: Options,
+        tracker: TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let (loaded, _) = tokio::sync::watch::channel(false);
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                ports,
+                opts,
+                tracker,
+                shutdown,
+                loaded,
+                early_orphans: Mutex::default(),
+            }),
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    pub fn opts(&self) -> &Options {
+        &self.inner.opts
+    }
+
+    /// Every task's state, oldest first.
+    pub fn list(&self) -> Vec<TaskState> {
+        self.inner.store.list()
+    }
+
+    pub fn find(&self, text: &str) -> Result<Arc<Task>, Error> {
+        self.inner.store.find(text)
+    }
+
+    /// Spawns `f` on the engine's tracker, stopped at shutdown.
+    fn spawn(&self, f: impl Future<Output = ()> + Send + 'static) {
+        let stop = self.inner.shutdown.clone();
+        self.inner.tracker.spawn(async move {
+            tokio::select! {
+                _ = f => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+
+    fn spawn_driver(&self, task: Arc<Task>) {
+        let e = self.clone();
+        self.spawn(async move { supervisor::run(e, task).await });
+    }
+
+    /// Loads every task from the log and starts a driver for each that has not ended (or
+    /// stopped for budget). Call once every port works: a resumed task may fail over or ask
+    /// for a machine at once. Returns (loaded, resumed).
+    pub async fn resume_all(&self) -> Result<(usize, usize), Error> {
+        let tasks = self.inner.store.load_all().await?;
+        let mut resumed = 0;
+        for task in &tasks {
+            let status = task.state().status;
+            if !status.is_terminal() && status != Status::BudgetExhausted {
+                resumed += 1;
+                tracing::info!(task = %task.id, "resuming task");
+                self.spawn_driver(task.clone());
+            }
+        }
+        self.inner.loaded.send_replace(true);
+        let early = std::mem::take(&mut *self.inner.early_orphans.locked());
+        for (worker, call_id) in early {
+            self.orphan_result(&worker, call_id);
+        }
+        Ok((tasks.len(), resumed))
+    }
+
+    /// Creates a task: picks its worker, fetches its starting workspace, logs its first
+    /// records and starts its driver.
+    pub async fn create(&self, new: NewTask) -> Result<TaskId, Error> {
+        let ports = &self.inner.ports;
+        let w = ports
+            .placement
+            .pick(&new.worker, &new.labels)
+            .map_err(Error::Unplaceable)?;
+        let seed = match &new.source {
+            Source::Empty => None,
+            Source::Dir(dir) => {
+                let op = SyncOp::ImportDir { dir: dir.clone() };
+                let r = ports
+                    .workers
+                    .sync(&w.id, "import", op, &new.rules, false, IMPORT_TIMEOUT)
+                    .await
+                    .map_err(|e| Error::Import(format!("importing {dir} from {}: {e}", w.name)))?;
+                if !r.error.is_empty() {
+                    return Err(Error::Import(format!(
+                        "importing {dir} from {}: {}",
+                        w.name, r.error
+                    )));
+                }
+                tracing::info!(%dir, worker = %w.id, files = r.files, bytes = r.bytes, wire_bytes = r.wire_bytes, "workspace imported");
+                Some(Event::WorkspaceSeeded {
+                    root_hash: r.root_hash,
+                    source: format!("{}:{dir}", w.name),
+                    files: r.files,
+                    bytes: r.bytes,
+                })
+            }
+            Source::Git { url, git_ref } => {
+                let i = ports
+                    .workspaces
+                    .import_git(url, git_ref, &new.rules)
+                    .await
+                    .map_err(Error::Import)?;
+                tracing::info!(%url, files = i.files, bytes = i.bytes, "workspace imported");
+                Some(Event::WorkspaceSeeded {
+                    root_hash: i.root_hash,
+                    source: url.clone(),
+                    files: i.files,
+                    bytes: i.bytes,
+                })
+            }
+        };
+        let (plan, agent) = match new.kind {
+            Kind::Plan(p) => (Some(p), None),
+            Kind::Agent(a) => (None, Some(a)),
+        };
+        let task = self
+            .inner
+            .store
+            .create(|id| {
+                let mut events = vec![
+                    Event::Created {
+                        goal: new.goal,
+                        workspace: id.workspace(),
+                        plan,
+                        agent,
+                    },
+                    Event::WorkerAssigned {
+                        worker: w.id.clone(),
+                    },
+                ];
+                if !new.labels.is_empty() {
+                    events.push(Event::Placement {
+                        require_labels: new.labels,
+                    });
+                }
+                if !new.rules.is_default() {
+                    events.push(Event::WorkspaceRules { rules: new.rules });
+                }
+                events.extend(seed);
+                events
+            })
+            .await?;
+        self.spawn_driver(task.clone());
+        Ok(task.id)
+    }
+
+    /// Approves or denies the call a task waits on; returns what it was.
+    pub async fn decide(
+        &self,
+        text: &str,
+        approved: bool,
+        by: &str,
+        reason: &str,
+    ) -> Result<String, Error> {
+        let task = self.find(text)?;
+        let _control = task.control.lock().await;
+        let st = task.state();
+        if st.status.is_terminal() {
+            return Err(Error::Ended(task.id));
+        }
+        let ap = st
+            .agent
+            .as_ref()
+            .and_then(|a| a.approval.clone())
+            .filter(|ap| ap.decision.is_none())
+            .ok_or_else(|| Error::Refused {
+                task: task.id,
+                reason: "it is not waiting for an approval".into(),
+            })?;
+        self.inner
+            .store
+            .append(
+                &task,
+                vec![Event::ApprovalDecided {
+                    approval_id: ap.id,
+                    approved,
+                    by: by.to_string(),
+                    reason: reason.chars().take(2000).collect(),
+                }],
+            )
+            .await?;
+        task.wake.notify_one();
+        Ok(ap.what)
+    }
+
+    /// Asks for a task to move at its next tool-call boundary to worker `to` (id or name;
+    /// empty: any that qualifies). Returns the worker chosen.
+    pub async fn request_move(&self, text: &str, to: &str) -> Result<(TaskId, String), Error> {
+        let task = self.find(text)?;
+        let _control = task.control.lock().await;
+        let st = task.state();
+        let refused = |reason: String| Error::Refused {
+            task: task.id,
+            reason,
+        };
+        if st.status.is_terminal() {
+            return Err(Error::Ended(task.id));
+        }
+        let w = self
+            .inner
+            .ports
+            .placement
+            .pick(to, &st.require_labels)
+            .map_err(Error::Unplaceable)?;
+        if st.worker.as_deref() == Some(w.id.as_str()) {
+            return Err(refused(format!("it already runs on {}", w.id)));
+        }
+        if let Some(m) = &st.moving_to {
+            return Err(refused(format!("it is already moving to {m}")));
+        }
+        task.set_move_request(&w.id);
+        Ok((task.id, w.id))
+    }
+
+    /// Gives a task stopped for budget more (added to what it spent) and starts it again.
+    pub async fn resume(&self, text: &str, extra: Budget) -> Result<TaskId, Error> {
+        let task = self.find(text)?;
+        let _control = task.control.lock().await;
+        let st = task.state();
+        if st.status != Status::BudgetExhausted {
+            return Err(Error::Refused {
+                task: task.id,
+                reason: format!(
+                    "it is {}, not stopped for budget; only a budget_exhausted task can be resumed",
+                    st.status.as_str()
+                ),
+            });
+        }
+        let a = st.agent.as_ref().ok_or_else(|| Error::Refused {
+            task: task.id,
+            reason: "not an agent task".into(),
+        })?;
+        let limits = a.raised(extra).map_err(|reason| Error::Refused {
+            task: task.id,
+            reason,
+        })?;
+        self.inner
+            .store
+            .append(
+                &task,
+                vec![
+                    Event::BudgetRaised { limits },
+                    Event::StatusChanged {
+                        status: Status::Running,
+                        reason: String::new(),
+                    },
+                ],
+            )
+            .await?;
+        self.spawn_driver(task.clone());
+        Ok(task.id)
+    }
+
+    /// Asks a task to stop. Its driver logs the cancellation.
+    pub async fn cancel(&self, text: &str) -> Result<TaskId, Error> {
+        let task = self.find(text)?;
+        if task.state().status.is_terminal() {
+            return Err(Error::Ended(task.id));
+        }
+        task.cancel.cancel();
+        Ok(task.id)
+    }
+
+    /// A task's records after sequence number `after`, then (with `follow`) what is appended
+    /// and the live output, until the task ends or the receiver is dropped. No record is
+    /// missed or repeated at the seam between history and live: a follower that falls behind
+    /// re-reads from the log.
+    pub fn follow(
+        &self,
+        text: &str,
+        after: u64,
+        follow: bool,
+    ) -> Result<mpsc::Receiver<Followed>, Error> {
+        let task = self.find(text)?;
+        // Subscribe before reading the history, so nothing falls between the two.
+        let mut live = task.events.subscribe();
+        let mut output = task.live.subscribe();
+        let log = self.inner.store.log().clone();
+        let (tx, rx) = mpsc::channel(FOLLOW_QUEUE);
+        self.spawn(async move {
+            let mut last = after;
+            let mut ended = task.state().status.is_terminal();
+            loop {
+                // History (or what was missed after falling behind).
+                let records = match log.read(task.id, last) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = tx.send(Followed::Broken(e.to_string())).await;
+                        return;
+                    }
+                };
+                for r in records {
+                    let item = match r {
+                        Ok(r) => {
+                            last = r.seq;
+                            ended |= matches!(r.event, Event::Finished { .. });
+                            Followed::Record(Box::new(r))
+                        }
+                        Err(e) => Followed::Broken(e.to_string()),
+                    };
+                    if tx.send(item).await.is_err() {
+                        return;
+                    }
+                }
+                if !follow || ended {
+                    return;
+                }
+                loop {
+                    tokio::select! {
+                        r = live.recv() => match r {
+                            Ok(r) if r.seq <= last => {}
+                            Ok(r) => {
+                                last = r.seq;
+                                let end = matches!(r.event, Event::Finished { .. });
+                                if tx.send(Followed::Record(Box::new(r))).await.is_err() || end {
+                                    return;
+                                }
+                            }
+                            // Fell behind: re-read from the log.
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        },
+                        o = output.recv() => {
+                            if let Ok(o) = o
+                                && tx.send(Followed::Live(o)).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                        _ = tx.closed() => return,
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    /// File changes a worker's watcher saw: shown to the watchers of the task whose
+    /// workspace they are in, if that task runs on that worker.
+    pub fn file_changes(&self, worker: &str, f: FsChange) {
+        let Some(task) =
+            TaskId::from_workspace(&f.workspace).and_then(|id| self.inner.store.task(id))
+        else {
+            return;
+        };
+        if task.state().worker.as_deref() != Some(worker) {
+            return;
+        }
+        for (stream, paths) in [("changed", f.changed), ("removed", f.removed)] {
+            if !paths.is_empty() {
+                let _ = task.live.send(LiveOutput {
+                    kind: "fs_change",
+                    call_id: 0,
+                    stream,
+                    text: paths.join("\n"),
+                });
+            }
+        }
+    }
+
+    /// A durable result arrived that no call waited for (a worker replays what it has not
+    /// had acknowledged). Unless a task claims it soon, the worker is told it may forget it.
+    pub fn orphan_result(&self, worker: &str, call_id: u64) {
+        if !*self.inner.loaded.borrow() {
+            let mut early = self.inner.early_orphans.locked();
+            if early.len() < 10_000 {
+                early.push((worker.to_string(), call_id));
+            }
+            return;
+        }
+        let (e, worker) = (self.clone(), worker.to_string());
+        self.spawn(async move {
+            tokio::time::sleep(ORPHAN_GRACE).await;
+            if !e.inner.store.wants_result(call_id) {
+                // Settled already (or nobody's): the worker may forget it.
+                e.inner.ports.workers.ack(&worker, call_id);
+            }
+        });
+    }
+
+    /// What the machines created for a task have cost.
+    pub fn machines_cost(&self, task: TaskId) -> f64 {
+        self.inner.ports.environments.task_cost(&task.to_string())
+    }
+}

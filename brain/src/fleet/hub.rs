@@ -16,6 +16,8 @@ use std::time::Duration;
 use proto::{BrainMessage, ExecEvent, ExecExit, FileCall, FileResponse, brain_message};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+
+use crate::model::ids::CallIds;
 use tonic::Status;
 
 /// Errors from acting on a worker.
@@ -279,11 +281,11 @@ pub struct ExecSpec {
 }
 
 /// Live sessions by worker id. Cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Hub {
     sessions: Arc<Mutex<HashMap<String, Arc<Session>>>>,
-    next_call: Arc<AtomicU64>,
-    first_call: u64,
+    /// Every call id this brain hands out (shared with the task store).
+    call_ids: CallIds,
     next_session: Arc<AtomicU64>,
     /// Woken whenever a session registers, for callers waiting for a worker to come back.
     registered: Arc<tokio::sync::Notify>,
@@ -292,18 +294,27 @@ pub struct Hub {
     /// Durable results nobody was waiting for yet (a worker replays them on reconnect,
     /// possibly before the task that wants them has resumed). Bounded.
     stash: Arc<Mutex<HashMap<u64, (String, proto::CallResult)>>>,
-    /// Told about stashed results, so the task manager can acknowledge ones it already has.
-    orphans: Arc<Mutex<Option<OrphanSink>>>,
+    /// Told about stashed results, so the engine can acknowledge ones it already has.
+    orphans: mpsc::Sender<(String, u64)>,
     /// Where the live output of durable calls goes (a task's watchers), by call id.
     live: Arc<Mutex<HashMap<u64, LiveSink>>>,
     /// Sync requests awaiting their report, by id.
     syncs: SyncWaiters,
-    /// Where live file changes go (the task manager), with the worker they came from.
-    fs_sink: Arc<Mutex<Option<FsSink>>>,
+    /// Where live file changes go (the engine), with the worker they came from. Best effort:
+    /// a full queue drops hints, never blocks the session.
+    fs: mpsc::Sender<(String, proto::FsChanged)>,
 }
 
-/// Receives live file changes: (worker, changes).
-pub type FsSink = Arc<dyn Fn(&str, proto::FsChanged) + Send + Sync>;
+/// What the hub hears that belongs to someone else: read these, or they are dropped.
+pub struct HubEvents {
+    /// Live file changes: (worker, changes).
+    pub fs: mpsc::Receiver<(String, proto::FsChanged)>,
+    /// Durable results that arrived with nobody waiting: (worker, call id).
+    pub orphans: mpsc::Receiver<(String, u64)>,
+}
+
+/// File-change hints queued for the engine before new ones are dropped.
+const FS_QUEUE: usize = 1024;
 
 /// What a sync request asked of which worker; the Sync service checks uploads against it.
 #[derive(Debug, Clone)]
@@ -334,8 +345,6 @@ pub type LiveSink = Arc<dyn Fn(proto::ExecOutput) + Send + Sync>;
 
 /// The worker a durable call was issued to, and where its result goes.
 type DurableWaiter = (String, oneshot::Sender<proto::CallResult>);
-/// (worker, call id) of results that arrived with nobody waiting.
-type OrphanSink = mpsc::UnboundedSender<(String, u64)>;
 
 /// Removes a durable waiter when the wait ends, however it ends.
 struct WaiterGuard(Arc<Mutex<HashMap<u64, DurableWaiter>>>, u64);
@@ -358,37 +367,35 @@ pub enum Durable {
 }
 
 impl Hub {
-    pub fn new() -> Self {
-        Self::with_call_floor(0)
-    }
-
-    /// A hub whose call ids start above `floor` (the previous run's start, from the store).
-    /// Call ids must not repeat across brain restarts (workers remember them), so they start
-    /// from the clock, milliseconds since the epoch shifted left 16 bits, or well above the
-    /// last run's start if the clock went back.
-    pub fn with_call_floor(floor: u64) -> Self {
-        let clock = (shared::now_unix_ms().max(1) as u64) << 16;
-        let start = clock.max(floor.saturating_add(1 << 32));
-        Self {
-            next_call: Arc::new(AtomicU64::new(start)),
-            first_call: start,
-            ..Default::default()
-        }
-    }
-
-    /// Where this run's call ids start (persist it: the next run's floor).
-    pub fn call_start(&self) -> u64 {
-        self.first_call
+    /// A hub whose calls take ids from `call_ids`, and the receivers of what it hears for
+    /// others.
+    pub fn new(call_ids: CallIds) -> (Self, HubEvents) {
+        let (fs, fs_rx) = mpsc::channel(FS_QUEUE);
+        let (orphans, orphans_rx) = mpsc::channel(STASH_MAX);
+        let hub = Self {
+            sessions: Arc::default(),
+            call_ids,
+            next_session: Arc::default(),
+            registered: Arc::default(),
+            durable: Arc::default(),
+            stash: Arc::default(),
+            orphans,
+            live: Arc::default(),
+            syncs: Arc::default(),
+            fs,
+        };
+        (
+            hub,
+            HubEvents {
+                fs: fs_rx,
+                orphans: orphans_rx,
+            },
+        )
     }
 
     /// A call id never used before by this brain.
     pub fn new_call_id(&self) -> u64 {
-        self.next_call.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Where to report durable results that nobody waits for.
-    pub fn set_orphan_sink(&self, tx: mpsc::UnboundedSender<(String, u64)>) {
-        *self.orphans.locked() = Some(tx);
+        self.call_ids.next()
     }
 
     /// A durable result arrived from `worker`. Delivered to its waiter if the call was issued
@@ -415,9 +422,7 @@ impl Hub {
         }
         stash.insert(call_id, (worker.to_string(), r));
         drop(stash);
-        if let Some(tx) = self.orphans.locked().as_ref() {
-            let _ = tx.send((worker.to_string(), call_id));
-        }
+        let _ = self.orphans.try_send((worker.to_string(), call_id));
     }
 
     /// Sends the live output of durable call `call_id` to `sink` until [`Hub::unwatch`].
@@ -586,7 +591,7 @@ impl Hub {
         let session = self
             .session(worker_id)
             .ok_or_else(|| Error::NotConnected(worker_id.to_string()))?;
-        let call_id = self.next_call.fetch_add(1, Ordering::Relaxed);
+        let call_id = self.call_ids.next();
         session.lock_pending().insert(call_id, pending);
         Ok((session, call_id))
     }
@@ -707,7 +712,9 @@ impl Hub {
                     full_scan,
                     ..Default::default()
                 };
-                rules.to_request(&mut r);
+                r.include_git = rules.include_git;
+                r.extra_excludes = rules.extra_excludes.clone();
+                r.no_default_excludes = rules.no_default_excludes;
                 r
             }))
             .await?;
@@ -736,17 +743,9 @@ impl Hub {
             .map(|(p, _)| p.clone())
     }
 
-    /// Where live file changes go.
-    pub fn set_fs_sink(&self, sink: FsSink) {
-        *self.fs_sink.locked() = Some(sink);
-    }
-
-    /// Live file changes from a worker.
+    /// Live file changes from a worker, passed on to the engine (dropped if it lags).
     pub fn deliver_fs(&self, worker: &str, changes: proto::FsChanged) {
-        let sink = self.fs_sink.locked().clone();
-        if let Some(sink) = sink {
-            sink(worker, changes);
-        }
+        let _ = self.fs.try_send((worker.to_string(), changes));
     }
 
     /// A worker's report of a sync request.
@@ -779,7 +778,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_durable_result_from_another_worker_is_refused() {
-        let hub = Hub::new();
+        let (hub, _events) = Hub::new(CallIds::starting_above(0, 1));
         let (_session, _stream) = hub.register("w-1");
         let call_id = hub.new_call_id();
         let start = proto::ExecStart {

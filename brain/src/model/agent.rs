@@ -131,6 +131,19 @@ pub struct AgentState {
     pub elided_upto: u32,
 }
 
+/// Where a person's approval of a call stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// Not asked yet: ask, as approval number `.0`.
+    Ask(u64),
+    /// Asked, not decided.
+    Waiting,
+    /// Approved: go on.
+    Go,
+    /// Denied: this is the observation for the model.
+    Denied(String),
+}
+
 /// Told to the model when it answers without calling a tool.
 pub const NUDGE: &str = "You did not call a tool. Continue with the tools; when the goal is met, call `finish` with a short summary.";
 
@@ -238,6 +251,50 @@ impl AgentState {
                 None => note,
             });
         }
+    }
+
+    /// Where the approval for `u` (the call at the head of the queue) stands.
+    pub fn gate(&self, u: &ToolUse) -> Gate {
+        match self.approval.as_ref().filter(|ap| ap.tool_use_id == u.id) {
+            None => Gate::Ask(self.approvals_asked + 1),
+            Some(ap) => match &ap.decision {
+                None => Gate::Waiting,
+                Some((true, ..)) => Gate::Go,
+                Some((false, by, reason)) => {
+                    let why = if reason.is_empty() {
+                        "no reason given"
+                    } else {
+                        reason.as_str()
+                    };
+                    Gate::Denied(format!(
+                        "error: {by} denied this call ({why}). Do not repeat it; do something else or finish."
+                    ))
+                }
+            },
+        }
+    }
+
+    /// The observation of `u` with the repeat guard's note when it is a failure that
+    /// repeats the same call.
+    pub fn with_guard_note(&self, u: &ToolUse, mut text: String, failed: bool) -> String {
+        if !failed {
+            return text;
+        }
+        let sig = Self::signature(u);
+        let n = match &self.repeat {
+            Some((s, n)) if *s == sig => n + 1,
+            _ => 1,
+        };
+        let limit = self.spec.repeat_limit.max(1);
+        if n >= limit {
+            text.push_str(&format!(
+                "\n\nNote: this exact call has now failed {n} times in a row. Stop and think about why before trying again: read the error, look at the files, change your approach."
+            ));
+            if n + 1 >= limit + 2 {
+                text.push_str(" One more identical failure and the task stops as stuck.");
+            }
+        }
+        text
     }
 
     pub fn elide(&mut self, upto: u32) {

@@ -8,6 +8,22 @@ use serde::{Deserialize, Serialize};
 #[serde(into = "String", try_from = "String")]
 pub struct TaskId(pub u64);
 
+impl TaskId {
+    /// The name of the task's workspace on every worker.
+    pub fn workspace(self) -> String {
+        format!("task-{}", self.0)
+    }
+
+    /// The task a workspace name belongs to, if it is a task's.
+    pub fn from_workspace(name: &str) -> Option<TaskId> {
+        let n = name.strip_prefix("task-")?;
+        // Only the canonical form: no sign, no leading zeros.
+        (!n.starts_with(['+', '0']) || n == "0")
+            .then(|| n.parse().ok().map(TaskId))
+            .flatten()
+    }
+}
+
 impl std::fmt::Display for TaskId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "t-{}", self.0)
@@ -174,12 +190,6 @@ impl SyncRules {
         }
         Ok(())
     }
-
-    pub fn to_request(&self, req: &mut proto::SyncRequest) {
-        req.include_git = self.include_git;
-        req.extra_excludes = self.extra_excludes.clone();
-        req.no_default_excludes = self.no_default_excludes;
-    }
 }
 
 /// Why a call was issued.
@@ -271,9 +281,10 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent: Option<Box<crate::model::agent::AgentSpec>>,
     },
-    /// Running, or waiting (for a worker, an approval, budget) with the reason.
+    /// Running, or waiting (for a worker, an approval, budget) with the reason. A status this
+    /// code does not know is a record it cannot decode.
     StatusChanged {
-        status: String,
+        status: crate::model::state::Status,
         reason: String,
     },
     LlmRequest {
@@ -431,6 +442,37 @@ mod tests {
             r#"{"v":1,"task":"t-7","seq":3,"at_ms":1000,"kind":"tool_call_completed","call_id":9,"result":{"exit_code":0,"timed_out":false}}"#
         );
         assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), r);
+    }
+
+    #[test]
+    fn a_task_id_and_its_workspace_name_round_trip() {
+        assert_eq!(TaskId(12).workspace(), "task-12");
+        assert_eq!(TaskId::from_workspace("task-12"), Some(TaskId(12)));
+        for other in ["default", "task-", "task-x", "task-012", "task-+1", "t-12"] {
+            assert_eq!(TaskId::from_workspace(other), None, "{other}");
+        }
+        assert_eq!("t-7".parse::<TaskId>(), Ok(TaskId(7)));
+        assert_eq!("7".parse::<TaskId>(), Ok(TaskId(7)));
+    }
+
+    #[test]
+    fn statuses_keep_their_stored_names_and_unknown_ones_do_not_decode() {
+        use crate::model::state::Status;
+        let r = Record {
+            v: RECORD_VERSION,
+            task: TaskId(1),
+            seq: 1,
+            at_ms: 0,
+            event: Event::StatusChanged {
+                status: Status::BudgetExhausted,
+                reason: "r".into(),
+            },
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains(r#""status":"budget_exhausted""#), "{json}");
+        assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), r);
+        let bad = json.replace("budget_exhausted", "on_holiday");
+        assert!(serde_json::from_str::<Record>(&bad).is_err());
     }
 
     #[test]

@@ -1,8 +1,13 @@
 //! The pure model of a task: its log records, the state `apply` rebuilds from them, the agent's
-//! state and the tools offered to the model. No I/O, no clock, no wire types.
+//! state, the tools offered to the model and the prompt around them, and what is asked of a
+//! worker. No I/O, no clock, no wire types.
 
 pub mod agent;
+pub mod env;
 pub mod event;
+pub mod ids;
+pub mod ops;
+pub mod prompt;
 pub mod state;
 pub mod tools;
 

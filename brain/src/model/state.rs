@@ -181,12 +181,9 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                 .map(|spec| Box::new(AgentState::new((**spec).clone(), goal, rec.at_ms)));
         }
         Event::StatusChanged { status, reason } => {
-            if !st.status.is_terminal() {
-                st.status = match status.as_str() {
-                    "waiting" => Status::Waiting,
-                    "budget_exhausted" => Status::BudgetExhausted,
-                    _ => Status::Running,
-                };
+            // Only `Finished` ends a task; a status change names a live status.
+            if !st.status.is_terminal() && !status.is_terminal() {
+                st.status = *status;
                 st.reason = reason.clone();
             }
         }

@@ -5,8 +5,8 @@
 use serde_json::{Value, json};
 
 use crate::llm::{ToolSpec, ToolUse};
-use crate::model::ToolCall;
 use crate::model::agent::{AgentSpec, Permission};
+use crate::model::{ToolCall, ToolResult};
 
 /// Default and largest timeout of `run_command`.
 const DEFAULT_TIMEOUT_SECS: u64 = 120;
@@ -123,16 +123,7 @@ pub enum Prepared {
     },
 }
 
-/// What `request_environment` asked for.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct EnvRequest {
-    pub cpu: u32,
-    pub memory_gb: u32,
-    pub disk_gb: u32,
-    pub gpu: u32,
-    pub labels: std::collections::BTreeMap<String, String>,
-    pub reason: String,
-}
+use super::env::EnvRequest;
 
 fn args(u: &ToolUse) -> Result<serde_json::Map<String, Value>, String> {
     let text = u.arguments.trim();
@@ -373,6 +364,36 @@ fn allowed(call: &ToolCall, spec: &AgentSpec) -> bool {
         }
         ToolCall::ReadFile { .. } | ToolCall::ListFiles { .. } | ToolCall::Search { .. } => true,
     }
+}
+
+/// What the model is told about a finished command: how it ended, then its output (head
+/// and tail of each stream).
+pub fn describe_command(r: &ToolResult, stdout: &str, stderr: &str) -> String {
+    let status = if r.timed_out {
+        "timed out (the command was killed)".to_string()
+    } else if !r.error.is_empty() {
+        format!("could not run: {}", r.error)
+    } else {
+        crate::model::state::describe(r)
+    };
+    let half = MAX_OBSERVATION / 2;
+    let mut text = status;
+    if !stdout.is_empty() {
+        text.push_str("\n[stdout]\n");
+        text.push_str(&head_tail(stdout, half));
+    }
+    if !stderr.is_empty() {
+        text.push_str("\n[stderr]\n");
+        text.push_str(&head_tail(stderr, half));
+    }
+    text
+}
+
+/// What the model is told about a call nobody can say the outcome of.
+pub fn describe_interrupted(reason: &str) -> String {
+    format!(
+        "interrupted: {reason}. It may or may not have taken effect: check (read the files, look at the state) before doing it again."
+    )
 }
 
 /// Cuts text to `max` characters, keeping head and tail with a note of what was cut.

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::{Machines, Request, Spec, State};
-use crate::engine::manager::{EnvRequest, Environments, Grant, Quote};
+use crate::model::env::{EnvRequest, Grant, Quote};
 use crate::trust::registry::WorkerRecord;
 
 /// A machine the brain may provision when an agent asks for one.
@@ -103,7 +103,6 @@ impl Machines {
     /// A connected, allowed, idle worker other than `current` that fits, preferring one
     /// created for `task` (e.g. adopted after a restart).
     fn idle_fit(&self, task: &str, current: &str, req: &EnvRequest) -> Option<WorkerRecord> {
-        let workers = self.inner.registry.workers().ok()?;
         let mine: Vec<String> = self
             .list()
             .ok()?
@@ -111,11 +110,12 @@ impl Machines {
             .filter(|m| m.task.as_deref() == Some(task) && !m.state.is_ended())
             .filter_map(|m| m.worker)
             .collect();
-        let mut fits: Vec<WorkerRecord> = workers
+        let mut fits: Vec<WorkerRecord> = self
+            .inner
+            .placement
+            .candidates(&req.labels)
             .into_iter()
-            .filter(|w| w.id != current && !w.revoked)
-            .filter(|w| self.inner.hub.session(&w.id).is_some())
-            .filter(|w| self.eligible(w))
+            .filter(|w| w.id != current)
             .filter(|w| !(self.inner.in_use)(&w.id))
             .filter(|w| worker_fits(w, req))
             .collect();
@@ -128,9 +128,10 @@ impl Machines {
     }
 }
 
-#[async_trait::async_trait]
-impl Environments for Machines {
-    fn quote(&self, task: &str, current: &str, req: &EnvRequest) -> Quote {
+/// What `request_environment` gets from the machines (the engine's `Environments` port).
+impl Machines {
+    /// The hourly price of what `req` would get, and whether that needs a person's approval.
+    pub fn quote(&self, task: &str, current: &str, req: &EnvRequest) -> Quote {
         let current_fits = self
             .inner
             .registry
@@ -157,7 +158,9 @@ impl Environments for Machines {
         }
     }
 
-    async fn obtain(
+    /// A connected worker that fits `req` (not `current`), provisioned for `task` if need
+    /// be; `budget_left` (USD, `None`: no money limit) bounds what it may cost.
+    pub async fn obtain(
         &self,
         task: &str,
         current: &str,
@@ -257,7 +260,9 @@ impl Environments for Machines {
         Err(refusals.join("; "))
     }
 
-    async fn release_if_ours(&self, worker: &str, task: &str) -> Option<String> {
+    /// Releases the machine `worker` runs on if the brain created it and no task uses it
+    /// any more; says what it did.
+    pub async fn release_if_ours(&self, worker: &str, task: &str) -> Option<String> {
         let m = self.by_worker(worker).ok()??;
         if (self.inner.in_use)(worker) {
             return None;
@@ -277,7 +282,8 @@ impl Environments for Machines {
         }
     }
 
-    fn task_cost(&self, task: &str) -> f64 {
+    /// What the machines created for `task` have cost so far (USD).
+    pub fn task_cost(&self, task: &str) -> f64 {
         let now = shared::now_unix_ms();
         self.list()
             .map(|ms| {

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::fleet::hub::Hub;
+use crate::fleet::placement::Placement;
 use crate::trust::registry::Registry;
 
 /// The label that names, on a worker, the machine record it was created for.
@@ -465,14 +466,14 @@ struct Inner {
     busy: Mutex<HashSet<String>>,
     /// When a ready machine was last seen in use.
     used: Mutex<HashMap<String, Instant>>,
-    /// Whether a worker has a task now (set by the brain; tests leave the default).
-    in_use: Box<dyn Fn(&str) -> bool + Send + Sync>,
-    /// Whether the brain's policy lets tasks run on a worker (set once by the brain).
-    eligible: std::sync::OnceLock<Eligible>,
+    /// Where tasks may run (for `request_environment`'s idle workers).
+    placement: Placement,
+    /// Whether a worker has a task now.
+    in_use: InUse,
 }
 
-/// Whether the brain's policy lets tasks run on a worker.
-pub type Eligible = Box<dyn Fn(&crate::trust::registry::WorkerRecord) -> bool + Send + Sync>;
+/// Whether a worker has a task now (the engine knows).
+pub type InUse = Box<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// Marks a machine as having a provider call running; cleared on drop.
 struct BusyGuard<'a>(&'a Inner, String);
@@ -500,14 +501,16 @@ fn failpoint(point: &str) {
 }
 
 impl Machines {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         db: sled::Db,
         registry: Registry,
         hub: Hub,
+        placement: Placement,
         brain: BrainInfo,
         policy: Policy,
         providers: Vec<Arc<dyn Provisioner>>,
-        in_use: Box<dyn Fn(&str) -> bool + Send + Sync>,
+        in_use: InUse,
     ) -> Result<Self, Error> {
         let tree = db.open_tree("machines")?;
         Ok(Self {
@@ -522,19 +525,10 @@ impl Machines {
                 admit: tokio::sync::Mutex::new(()),
                 busy: Mutex::default(),
                 used: Mutex::default(),
+                placement,
                 in_use,
-                eligible: std::sync::OnceLock::new(),
             }),
         })
-    }
-
-    /// Sets which workers the policy allows tasks on (for `request_environment`).
-    pub fn set_eligible(&self, f: Eligible) {
-        let _ = self.inner.eligible.set(f);
-    }
-
-    fn eligible(&self, w: &crate::trust::registry::WorkerRecord) -> bool {
-        self.inner.eligible.get().is_none_or(|f| f(w))
     }
 
     pub fn policy(&self) -> &Policy {
@@ -1026,28 +1020,32 @@ impl Machines {
         Some(last.elapsed())
     }
 
-    /// Reconciles once, then runs the reaper until the process ends.
-    pub fn spawn_reaper(&self) -> tokio::task::JoinHandle<()> {
-        let me = self.clone();
-        tokio::spawn(async move {
-            if let Err(e) = me.reconcile().await {
+    /// Reconciles with the providers, then reaps (join deadline, TTL, idle) every
+    /// `reaper_every` and reconciles every minute, until `stop`.
+    pub async fn run_reaper(&self, stop: tokio_util::sync::CancellationToken) {
+        let pass = async {
+            if let Err(e) = self.reconcile().await {
                 tracing::warn!(error = %e, "reconciling machines failed");
             }
-            let mut every = tokio::time::interval(me.inner.policy.reaper_every);
+            let mut every = tokio::time::interval(self.inner.policy.reaper_every);
             let mut reconciled = Instant::now();
             loop {
                 every.tick().await;
-                if let Err(e) = me.tick().await {
+                if let Err(e) = self.tick().await {
                     tracing::warn!(error = %e, "machine reaper pass failed");
                 }
                 if reconciled.elapsed() >= RECONCILE_EVERY {
                     reconciled = Instant::now();
-                    if let Err(e) = me.reconcile().await {
+                    if let Err(e) = self.reconcile().await {
                         tracing::warn!(error = %e, "reconciling machines failed");
                     }
                 }
             }
-        })
+        };
+        tokio::select! {
+            _ = pass => {}
+            _ = stop.cancelled() => {}
+        }
     }
 }
 

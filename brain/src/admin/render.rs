@@ -1,0 +1,320 @@
+//! How the admin CLI (and the demo) shows things to people: tables of workers and machines
+//! (or `--json` for programs), and a task's records and live output in words.
+
+use std::time::Duration;
+
+/// `brain machines`: a table, or JSON.
+pub fn print_machines(machines: &[proto::MachineInfo], json: bool) {
+    let now = shared::now_unix_ms();
+    if json {
+        let items: Vec<serde_json::Value> = machines
+            .iter()
+            .map(|m| {
+                let s = m.spec.unwrap_or_default();
+                serde_json::json!({
+                    "id": m.id, "provider": m.provider, "state": m.state,
+                    "handle": m.handle, "address": m.address,
+                    "spec": {"cpu": s.cpu, "memory_gb": s.memory_gb, "disk_gb": s.disk_gb, "gpu": s.gpu},
+                    "worker_id": m.worker_id, "connected": m.connected, "task_id": m.task_id,
+                    "created_unix_ms": m.created_unix_ms, "ended_unix_ms": m.ended_unix_ms,
+                    "age_seconds": (now - m.created_unix_ms).max(0) / 1000,
+                    "usd_per_hour": m.usd_per_hour, "cost_usd": m.cost_usd,
+                    "note": m.note, "labels": m.labels,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(items));
+        return;
+    }
+    if machines.is_empty() {
+        println!(
+            "no machines (`brain provision local|ssh …` creates one; --all shows released ones)"
+        );
+        return;
+    }
+    println!(
+        "{:<16} {:<8} {:<10} {:<16} {:<14} {:<10} {:>10} {:>9}  ADDRESS / NOTE",
+        "ID", "PROVIDER", "STATE", "WORKER", "SPEC", "TASK", "AGE", "COST"
+    );
+    for m in machines {
+        let s = m.spec.unwrap_or_default();
+        let spec = if s == proto::MachineSpec::default() {
+            "-".to_string()
+        } else {
+            format!("{}c/{}G/{}G", s.cpu, s.memory_gb, s.disk_gb)
+        };
+        let end = if m.ended_unix_ms > 0 {
+            m.ended_unix_ms
+        } else {
+            now
+        };
+        let age = humantime::format_duration(Duration::from_secs(
+            ((end - m.created_unix_ms).max(0) / 1000) as u64,
+        ))
+        .to_string();
+        let state = if m.state == "ready" && !m.connected {
+            "ready/lost".to_string()
+        } else {
+            m.state.clone()
+        };
+        let mut tail = m.address.clone();
+        if !m.note.is_empty() {
+            tail = format!("{tail} — {}", m.note);
+        }
+        println!(
+            "{:<16} {:<8} {:<10} {:<16} {:<14} {:<10} {:>10} {:>8.4}$  {}",
+            m.id,
+            m.provider,
+            state,
+            if m.worker_id.is_empty() {
+                "-"
+            } else {
+                &m.worker_id
+            },
+            spec,
+            if m.task_id.is_empty() {
+                "-"
+            } else {
+                &m.task_id
+            },
+            age,
+            m.cost_usd,
+            tail
+        );
+    }
+}
+
+pub fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
+    let state_name = |s: i32| match proto::WorkerState::try_from(s) {
+        Ok(proto::WorkerState::Connected) => "connected",
+        Ok(proto::WorkerState::Lost) => "lost",
+        Ok(proto::WorkerState::Revoked) => "revoked",
+        Ok(proto::WorkerState::Enrolled) => "enrolled",
+        _ => "unknown",
+    };
+    let now = shared::now_unix_ms();
+    let ago = |ms: i64| {
+        if ms <= 0 {
+            "never".to_string()
+        } else {
+            let secs = ((now - ms).max(0) / 1000) as u64;
+            format!(
+                "{} ago",
+                humantime::format_duration(Duration::from_secs(secs))
+            )
+        }
+    };
+    if json {
+        let items: Vec<serde_json::Value> = workers
+            .iter()
+            .map(|w| {
+                let c = w.capabilities.clone().unwrap_or_default();
+                serde_json::json!({
+                    "id": w.id, "name": w.name, "labels": w.labels,
+                    "state": state_name(w.state),
+                    "os": c.os, "arch": c.arch, "cpus": c.cpus,
+                    "memory_bytes": c.memory_bytes, "disk_free_bytes": c.disk_free_bytes,
+                    "version": c.version, "hostname": c.hostname,
+                    "last_seen_unix_ms": w.last_seen_unix_ms,
+                    "enrolled_unix_ms": w.enrolled_unix_ms,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(items));
+        return;
+    }
+    println!(
+        "{:<16} {:<20} {:<10} {:<14} {:>4} {:>8}  {:<16} LABELS",
+        "ID", "NAME", "STATE", "OS/ARCH", "CPUS", "MEMORY", "LAST SEEN"
+    );
+    for w in workers {
+        let c = w.capabilities.clone().unwrap_or_default();
+        let mut labels: Vec<String> = w.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        labels.sort();
+        println!(
+            "{:<16} {:<20} {:<10} {:<14} {:>4} {:>7.1}G  {:<16} {}",
+            w.id,
+            w.name,
+            state_name(w.state),
+            if c.os.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{}/{}", c.os, c.arch)
+            },
+            c.cpus,
+            c.memory_bytes as f64 / (1u64 << 30) as f64,
+            ago(w.last_seen_unix_ms),
+            labels.join(",")
+        );
+    }
+}
+
+/// Output of a running call or files that changed (not in the log), for people.
+pub fn describe_live(o: &proto::LiveOutput) -> String {
+    let mark = match (o.kind.as_str(), o.stream.as_str()) {
+        ("fs_change", "removed") => '-',
+        ("fs_change", _) => '~',
+        ("live_output", "stderr") => '!',
+        _ => '|',
+    };
+    o.text
+        .lines()
+        .map(|l| format!("    {mark} {l}\n"))
+        .collect()
+}
+
+/// One log record in words, for people.
+pub fn describe_record(r: &crate::model::Record) -> String {
+    use crate::model::Event as E;
+    let what = match &r.event {
+        E::Created { goal, .. } => format!("created: {goal}"),
+        E::StatusChanged { status, reason } => format!("{} {reason}", status.as_str()),
+        E::ToolCallIssued {
+            call_id,
+            step,
+            purpose,
+            worker,
+            call,
+        } => {
+            let c = match call {
+                crate::model::ToolCall::RunCommand { argv, .. } => match argv.as_slice() {
+                    [sh, c, cmd] if sh == "sh" && c == "-c" => cmd.clone(),
+                    _ => argv.join(" "),
+                },
+                crate::model::ToolCall::WriteFile { path, .. } => format!("write {path}"),
+                crate::model::ToolCall::ReadFile { path, .. } => format!("read {path}"),
+                crate::model::ToolCall::EditFile { path, .. } => format!("edit {path}"),
+                crate::model::ToolCall::ListFiles { glob } => format!("list files {glob}"),
+                crate::model::ToolCall::Search { pattern, .. } => format!("search {pattern:?}"),
+            };
+            format!("issued   #{call_id} step {step} ({purpose:?}) on {worker}: {c}")
+        }
+        E::ToolOutput {
+            call_id,
+            stdout,
+            stderr,
+        } => {
+            let mut s = format!("output   #{call_id}");
+            for l in stdout.lines().take(20) {
+                s.push_str(&format!("\n    | {l}"));
+            }
+            for l in stderr.lines().take(20) {
+                s.push_str(&format!("\n    ! {l}"));
+            }
+            s
+        }
+        E::ToolCallCompleted { call_id, result } => {
+            format!(
+                "done     #{call_id}: {}",
+                crate::model::state::describe(result)
+            )
+        }
+        E::ToolCallInterrupted { call_id, reason } => format!("interrupted #{call_id}: {reason}"),
+        E::Finished { outcome, reason } => format!("{outcome:?}: {reason}").to_lowercase(),
+        E::WorkerAssigned { worker } => format!("assigned to worker {worker}"),
+        E::Snapshot { upto } => format!("snapshot of the state up to {upto}"),
+        E::LlmRequest { model, messages } => format!("thinking ({model}, {messages} messages)"),
+        E::LlmResponse {
+            prompt_tokens,
+            completion_tokens,
+            cost_usd,
+            response,
+            ..
+        } => {
+            let mut s =
+                format!("model    {prompt_tokens}+{completion_tokens} tokens, ${cost_usd:.4}");
+            if let Some(r) = response {
+                for l in r
+                    .message
+                    .content
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .take(10)
+                {
+                    s.push_str(&format!("\n    > {l}"));
+                }
+                for c in &r.message.tool_calls {
+                    let args: String = c.arguments.chars().take(200).collect();
+                    s.push_str(&format!("\n    → {} {args}", c.name));
+                }
+            }
+            s
+        }
+        E::Observation { text, failed, .. } => {
+            let mut s = format!("observed{}", if *failed { " (failed)" } else { "" });
+            let lines: Vec<&str> = text.lines().collect();
+            for l in lines.iter().take(12) {
+                s.push_str(&format!("\n    < {l}"));
+            }
+            if lines.len() > 12 {
+                s.push_str(&format!("\n    < … {} more lines", lines.len() - 12));
+            }
+            s
+        }
+        E::ApprovalRequested {
+            approval_id, what, ..
+        } => {
+            format!(
+                "APPROVAL #{approval_id} needed: {what}\n    → brain approve {t}   or   brain deny {t} --reason TEXT",
+                t = r.task
+            )
+        }
+        E::ApprovalDecided {
+            approval_id,
+            approved,
+            by,
+            reason,
+        } => format!(
+            "approval #{approval_id} {} by {by}{}",
+            if *approved { "granted" } else { "denied" },
+            if reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {reason}")
+            }
+        ),
+        E::ContextElided { upto, bytes_saved } => {
+            format!(
+                "elided old tool outputs in the first {upto} messages ({bytes_saved} bytes) to fit the context window"
+            )
+        }
+        E::Barrier {
+            version,
+            root_hash,
+            files,
+            bytes,
+            wire_bytes,
+        } => format!(
+            "barrier  v{version}: {files} files, {bytes} bytes, root {}…; {wire_bytes} bytes sent",
+            &root_hash[..root_hash.len().min(12)]
+        ),
+        E::MoveStarted { from, to } => format!("MOVE     from {from} to {to}"),
+        E::WorkspaceSeeded {
+            source,
+            files,
+            bytes,
+            ..
+        } => format!("workspace from {source}: {files} files, {bytes} bytes"),
+        E::MoveCompleted {
+            to,
+            files,
+            wire_bytes,
+        } => format!("moved    now on {to} ({files} files written there, {wire_bytes} bytes sent)"),
+        E::MoveAborted { to, reason } => format!("move to {to} aborted: {reason}"),
+        E::BudgetRaised { limits } => format!(
+            "budget raised to ${:.4}, {} tokens, {} steps, {} ms wall (0 = no limit)",
+            limits.usd, limits.tokens, limits.steps, limits.wall_ms
+        ),
+        other => serde_json::to_string(other).unwrap_or_default(),
+    };
+    format!("{:>5}  {what}", r.seq)
+}
+
+/// The logged record an item of a followed log carries, if it carries one this program
+/// can read.
+pub fn logged(r: &proto::TaskRecord) -> Option<crate::model::Record> {
+    match &r.item {
+        Some(proto::task_record::Item::Record(json)) => serde_json::from_str(json).ok(),
+        _ => None,
+    }
+}

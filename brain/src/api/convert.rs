@@ -1,0 +1,472 @@
+//! Every conversion between wire (proto) and domain types, written once. Conversions from the
+//! wire check what they take: a bad value is rejected here, with a message that says what to
+//! send instead, and never reaches the engine.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tonic::Status;
+
+use crate::engine::{Followed, LiveOutput};
+use crate::model::agent::Budget;
+use crate::model::event::{SyncRules, ToolResult};
+use crate::model::ops::{
+    Command, CommandEnd, FileAnswer, FileOp, FsChange, Limits, OutputChunk, SearchMatch, Stream,
+    SyncOp, SyncReport,
+};
+use crate::model::state::TaskState;
+use crate::provision::Machine;
+use crate::trust::registry::{Caps, WorkerRecord};
+
+impl From<proto::Limits> for Limits {
+    fn from(l: proto::Limits) -> Self {
+        Limits {
+            memory_bytes: l.memory_bytes,
+            pids: l.pids,
+            cpus: if l.cpus.is_finite() {
+                l.cpus.max(0.0)
+            } else {
+                0.0
+            },
+            file_size_bytes: l.file_size_bytes,
+            cpu_seconds: l.cpu_seconds,
+            network_off: l.network_off,
+        }
+    }
+}
+
+impl From<Limits> for proto::Limits {
+    fn from(l: Limits) -> Self {
+        proto::Limits {
+            memory_bytes: l.memory_bytes,
+            pids: l.pids,
+            cpus: l.cpus,
+            file_size_bytes: l.file_size_bytes,
+            cpu_seconds: l.cpu_seconds,
+            network_off: l.network_off,
+        }
+    }
+}
+
+impl TryFrom<proto::Budget> for Budget {
+    type Error = Status;
+    fn try_from(b: proto::Budget) -> Result<Self, Status> {
+        if !(b.usd.is_finite() && b.usd >= 0.0) {
+            return Err(Status::invalid_argument(
+                "the money budget must be a positive number",
+            ));
+        }
+        Ok(Budget {
+            usd: b.usd,
+            tokens: b.tokens,
+            steps: b.steps,
+            wall_ms: b.wall_ms,
+        })
+    }
+}
+
+impl From<Budget> for proto::Budget {
+    fn from(b: Budget) -> Self {
+        proto::Budget {
+            usd: b.usd,
+            tokens: b.tokens,
+            steps: b.steps,
+            wall_ms: b.wall_ms,
+        }
+    }
+}
+
+impl From<Command> for proto::ExecStart {
+    fn from(c: Command) -> Self {
+        proto::ExecStart {
+            call_id: c.call_id,
+            workspace: c.workspace,
+            argv: c.argv,
+            cwd: c.cwd,
+            timeout_ms: c.timeout_ms,
+            output_cap_bytes: c.output_cap_bytes,
+            durable: true,
+            limits: Some(c.limits.into()),
+        }
+    }
+}
+
+impl From<proto::CallResult> for CommandEnd {
+    fn from(r: proto::CallResult) -> Self {
+        if !r.interrupted.is_empty() {
+            return CommandEnd::Interrupted(r.interrupted);
+        }
+        let x = r.exit.unwrap_or_default();
+        CommandEnd::Finished {
+            result: ToolResult {
+                exit_code: x.code,
+                signal: x.signal,
+                timed_out: x.timed_out,
+                error: x.error,
+            },
+            stdout: r.stdout,
+            stderr: r.stderr,
+        }
+    }
+}
+
+impl From<proto::ExecOutput> for OutputChunk {
+    fn from(o: proto::ExecOutput) -> Self {
+        OutputChunk {
+            call_id: o.call_id,
+            stream: if o.stream == proto::OutputStream::Stderr as i32 {
+                Stream::Stderr
+            } else {
+                Stream::Stdout
+            },
+            data: o.data,
+        }
+    }
+}
+
+impl From<FileOp> for proto::file_call::Op {
+    fn from(op: FileOp) -> Self {
+        use proto::file_call::Op;
+        match op {
+            FileOp::Read {
+                path,
+                offset,
+                length,
+            } => Op::Read(proto::ReadFile {
+                path,
+                offset,
+                length,
+            }),
+            FileOp::Write {
+                path,
+                data,
+                mode,
+                create_dirs,
+            } => Op::Write(proto::WriteFile {
+                path,
+                data,
+                mode,
+                create_dirs,
+            }),
+            FileOp::Find { glob, max_results } => Op::Find(proto::FindFiles { glob, max_results }),
+            FileOp::Search {
+                pattern,
+                glob,
+                max_matches,
+            } => Op::Search(proto::SearchFiles {
+                pattern,
+                glob,
+                max_matches,
+            }),
+        }
+    }
+}
+
+impl From<proto::FileResponse> for FileAnswer {
+    fn from(r: proto::FileResponse) -> Self {
+        use proto::file_response::Result as R;
+        match r.result {
+            Some(R::Data(d)) => FileAnswer::Data {
+                data: d.data,
+                file_size: d.file_size,
+            },
+            Some(R::Done(_)) => FileAnswer::Done,
+            Some(R::Paths(p)) => FileAnswer::Paths {
+                paths: p.paths,
+                truncated: p.truncated,
+            },
+            Some(R::Matches(m)) => FileAnswer::Matches {
+                matches: m
+                    .matches
+                    .into_iter()
+                    .map(|h| SearchMatch {
+                        path: h.path,
+                        line: h.line,
+                        text: h.text,
+                    })
+                    .collect(),
+                truncated: m.truncated,
+                files_searched: m.files_searched,
+            },
+            Some(R::Error(e)) => FileAnswer::Error(e.message),
+            Some(R::Stat(_)) => FileAnswer::Unexpected("a file's status"),
+            Some(R::Listing(_)) => FileAnswer::Unexpected("a directory listing"),
+            None => FileAnswer::Unexpected("an empty answer"),
+        }
+    }
+}
+
+impl From<SyncOp> for proto::sync_request::Op {
+    fn from(op: SyncOp) -> Self {
+        use proto::sync_request::Op;
+        match op {
+            SyncOp::Barrier { base } => Op::BarrierBase(base),
+            SyncOp::Materialise { root } => Op::MaterialiseRoot(root),
+            SyncOp::ImportDir { dir } => Op::ImportDir(dir),
+        }
+    }
+}
+
+impl From<proto::SyncReport> for SyncReport {
+    fn from(r: proto::SyncReport) -> Self {
+        SyncReport {
+            error: r.error,
+            root_hash: r.root_hash,
+            files: r.files,
+            bytes: r.bytes,
+            blobs_sent: r.blobs_sent,
+            wire_bytes: r.wire_bytes,
+            hashed: r.hashed,
+        }
+    }
+}
+
+impl From<proto::FsChanged> for FsChange {
+    fn from(f: proto::FsChanged) -> Self {
+        FsChange {
+            workspace: f.workspace,
+            changed: f.changed,
+            removed: f.removed,
+        }
+    }
+}
+
+/// A task sync's rules as a request carries them.
+pub fn sync_rules(
+    include_git: bool,
+    excludes: &[String],
+    no_defaults: bool,
+) -> Result<SyncRules, Status> {
+    let rules = SyncRules {
+        include_git,
+        extra_excludes: excludes.to_vec(),
+        no_default_excludes: no_defaults,
+    };
+    rules.check().map_err(Status::invalid_argument)?;
+    Ok(rules)
+}
+
+/// Labels from a request: checked, in order.
+pub fn labels(labels: &HashMap<String, String>) -> Result<BTreeMap<String, String>, Status> {
+    if labels.len() > 64 {
+        return Err(Status::invalid_argument("at most 64 labels"));
+    }
+    for (k, v) in labels {
+        shared::parse_label(&format!("{k}={v}")).map_err(Status::invalid_argument)?;
+    }
+    Ok(labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+/// What a worker's hello says about it, each string bounded.
+impl From<proto::Capabilities> for Caps {
+    fn from(caps: proto::Capabilities) -> Self {
+        Caps {
+            cpus: caps.cpus,
+            memory_bytes: caps.memory_bytes,
+            disk_free_bytes: caps.disk_free_bytes,
+            os: caps.os.chars().take(64).collect(),
+            arch: caps.arch.chars().take(64).collect(),
+            version: caps.version.chars().take(64).collect(),
+            hostname: caps.hostname.chars().take(255).collect(),
+            sandbox: caps
+                .sandbox
+                .iter()
+                .take(16)
+                .map(|m| m.chars().take(32).collect())
+                .collect(),
+        }
+    }
+}
+
+impl From<Caps> for proto::Capabilities {
+    fn from(caps: Caps) -> Self {
+        proto::Capabilities {
+            cpus: caps.cpus,
+            memory_bytes: caps.memory_bytes,
+            disk_free_bytes: caps.disk_free_bytes,
+            os: caps.os,
+            arch: caps.arch,
+            version: caps.version,
+            hostname: caps.hostname,
+            sandbox: caps.sandbox,
+        }
+    }
+}
+
+/// A worker as the admin API shows it: its record and whether (and when) it was last seen.
+pub fn worker_info(w: WorkerRecord, connected: bool, last_seen_ms: i64) -> proto::WorkerInfo {
+    use proto::WorkerState;
+    let state = if w.revoked {
+        WorkerState::Revoked
+    } else if connected {
+        WorkerState::Connected
+    } else if w.last_seen_ms > 0 {
+        WorkerState::Lost
+    } else {
+        WorkerState::Enrolled
+    };
+    proto::WorkerInfo {
+        id: w.id,
+        name: w.name,
+        labels: w.labels.into_iter().collect(),
+        capabilities: Some(w.caps.unwrap_or_default().into()),
+        state: state as i32,
+        last_seen_unix_ms: last_seen_ms,
+        enrolled_unix_ms: w.enrolled_ms,
+    }
+}
+
+/// A machine record as the admin API shows it.
+pub fn machine_info(m: &Machine, connected: bool) -> proto::MachineInfo {
+    proto::MachineInfo {
+        id: m.id.clone(),
+        provider: m.provider.clone(),
+        state: m.state.name().into(),
+        handle: m.handle.clone(),
+        address: m.address.clone(),
+        spec: Some(proto::MachineSpec {
+            cpu: m.spec.cpu,
+            memory_gb: m.spec.memory_gb,
+            disk_gb: m.spec.disk_gb,
+            gpu: m.spec.gpu,
+        }),
+        worker_id: m.worker.clone().unwrap_or_default(),
+        task_id: m.task.clone().unwrap_or_default(),
+        created_unix_ms: m.created_ms,
+        ended_unix_ms: m.ended_ms,
+        usd_per_hour: m.usd_per_hour,
+        cost_usd: m.cost_usd(shared::now_unix_ms()),
+        note: m.note.clone(),
+        labels: m.labels.clone().into_iter().collect(),
+        connected,
+    }
+}
+
+impl From<TaskState> for proto::TaskSummary {
+    fn from(t: TaskState) -> Self {
+        let a = t.agent.as_deref();
+        proto::TaskSummary {
+            id: t.id.to_string(),
+            status: t.status.as_str().into(),
+            steps_done: a.map_or(t.next_step, |a| a.spent.steps),
+            steps_total: a.map_or(t.steps_total(), |a| a.limits.steps),
+            worker: t.worker.clone().unwrap_or_default(),
+            created_unix_ms: t.created_ms,
+            updated_unix_ms: t.updated_ms,
+            model: a.map(|a| a.spec.model.clone()).unwrap_or_default(),
+            tokens: a.map_or(0, |a| a.spent.tokens),
+            spent_usd: a.map_or(0.0, |a| a.spent.usd),
+            limits: a.map(|a| a.limits.into()),
+            permission: a.map(|a| a.spec.permission.to_string()).unwrap_or_default(),
+            reason: t.reason,
+            goal: t.goal,
+        }
+    }
+}
+
+impl From<LiveOutput> for proto::LiveOutput {
+    fn from(o: LiveOutput) -> Self {
+        proto::LiveOutput {
+            kind: o.kind.into(),
+            call_id: o.call_id,
+            stream: o.stream.into(),
+            text: o.text,
+        }
+    }
+}
+
+impl From<Followed> for proto::TaskRecord {
+    fn from(f: Followed) -> Self {
+        use proto::task_record::Item;
+        proto::TaskRecord {
+            item: Some(match f {
+                Followed::Record(r) => {
+                    Item::Record(serde_json::to_string(&r).expect("records serialise"))
+                }
+                Followed::Live(o) => Item::Live(o.into()),
+                Followed::Broken(e) => Item::Error(e),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_and_budgets_round_trip_and_bad_budgets_are_refused() {
+        let l = Limits {
+            memory_bytes: 1 << 30,
+            pids: 64,
+            cpus: 1.5,
+            file_size_bytes: 1 << 20,
+            cpu_seconds: 60,
+            network_off: true,
+        };
+        assert_eq!(Limits::from(proto::Limits::from(l)), l);
+        let nan = proto::Limits {
+            cpus: f64::NAN,
+            ..Default::default()
+        };
+        assert_eq!(Limits::from(nan).cpus, 0.0);
+        let b = Budget {
+            usd: 1.0,
+            tokens: 2,
+            steps: 3,
+            wall_ms: 4,
+        };
+        assert_eq!(Budget::try_from(proto::Budget::from(b)).unwrap(), b);
+        for usd in [-1.0, f64::NAN, f64::INFINITY] {
+            let bad = proto::Budget {
+                usd,
+                ..Default::default()
+            };
+            assert!(Budget::try_from(bad).is_err(), "{usd}");
+        }
+    }
+
+    #[test]
+    fn a_worker_result_becomes_an_outcome() {
+        let r = proto::CallResult {
+            call_id: 1,
+            exit: Some(proto::ExecExit {
+                code: Some(3),
+                ..Default::default()
+            }),
+            stdout: b"out".to_vec(),
+            ..Default::default()
+        };
+        match CommandEnd::from(r) {
+            CommandEnd::Finished { result, stdout, .. } => {
+                assert_eq!(
+                    (result.exit_code, stdout.as_slice()),
+                    (Some(3), &b"out"[..])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let r = proto::CallResult {
+            interrupted: "the worker restarted".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            CommandEnd::from(r),
+            CommandEnd::Interrupted("the worker restarted".into())
+        );
+    }
+
+    #[test]
+    fn bad_labels_and_rules_are_refused_with_what_to_send() {
+        let mut l = HashMap::new();
+        l.insert("gpu".to_string(), "yes".to_string());
+        assert_eq!(
+            labels(&l).unwrap().get("gpu").map(String::as_str),
+            Some("yes")
+        );
+        l.insert("bad key".into(), "x".into());
+        let e = labels(&l).unwrap_err();
+        assert!(e.message().contains("bad key"), "{}", e.message());
+        let e = sync_rules(false, &["a/b".into()], false).unwrap_err();
+        assert!(e.message().contains("directory name"), "{}", e.message());
+    }
+}

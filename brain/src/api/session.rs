@@ -1,0 +1,155 @@
+//! The worker session: one long-lived bidirectional stream per worker. The first message is
+//! a hello (capabilities, labels); then heartbeats both ways, the calls the hub routes, and
+//! their answers. One deadline, reset by every message, declares a silent worker lost.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use proto::worker_session_server::WorkerSession;
+use proto::{ExecEvent, WorkerMessage, brain_message, worker_message};
+use shared::pki::Role;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{Services, convert};
+use crate::fleet::hub::{Hub, Session};
+use crate::trust::registry::Caps;
+
+/// How long a new session may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Session timing.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionOptions {
+    /// A worker that sends nothing for this long is marked lost.
+    pub lost_after: Duration,
+}
+
+impl SessionOptions {
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.lost_after / 3).max(Duration::from_millis(100))
+    }
+}
+
+#[tonic::async_trait]
+impl WorkerSession for Services {
+    type AttachStream = crate::fleet::hub::SessionStream;
+
+    async fn attach(
+        &self,
+        req: Request<Streaming<WorkerMessage>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        let peer = self.authorize(&req, Role::Worker)?;
+        let mut inbound = req.into_inner();
+        let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
+            Ok(Ok(Some(WorkerMessage {
+                msg: Some(worker_message::Msg::Hello(h)),
+            }))) => h,
+            Ok(Ok(_)) => {
+                return Err(Status::invalid_argument(
+                    "the first message must be a hello",
+                ));
+            }
+            Ok(Err(s)) => return Err(s),
+            Err(_) => return Err(Status::deadline_exceeded("no hello within 10s")),
+        };
+        convert::labels(&hello.labels)?;
+        let caps = Caps::from(hello.capabilities.unwrap_or_default());
+        self.0.registry.update_worker(&peer.id, |w| {
+            w.last_seen_ms = shared::now_unix_ms();
+            for (k, v) in &hello.labels {
+                w.labels.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+            w.caps = Some(caps.clone());
+        })?;
+        let (session, stream) = self.0.hub.register(&peer.id);
+        // A revocation that landed between `authorize` and `register` found no session to
+        // close; check again now that this one is visible to it.
+        if let Ok(Err(reason)) = self.0.registry.check_peer(&peer) {
+            self.0.hub.unregister(&session);
+            return Err(Status::permission_denied(reason));
+        }
+        let opts = self.0.session;
+        session
+            .send(brain_message::Msg::HelloAck(proto::HelloAck {
+                worker_id: peer.id.clone(),
+                brain_time_unix_ms: shared::now_unix_ms(),
+                heartbeat_interval_ms: opts.heartbeat_interval().as_millis() as u64,
+                lost_after_ms: opts.lost_after.as_millis() as u64,
+            }))
+            .await?;
+        tracing::info!(worker = %peer.id, name = %hello.name, session = session.session_no, "worker connected");
+        let shared = self.0.clone();
+        tokio::spawn(async move {
+            let reason = run_session(&shared.hub, &session, &mut inbound, opts).await;
+            shared.hub.unregister(&session);
+            session.close(Status::unavailable(reason.clone()));
+            session.fail_pending();
+            let seen = session.last_seen_ms.load(Ordering::Relaxed);
+            let _ = shared
+                .registry
+                .update_worker(&session.worker_id, |w| w.last_seen_ms = seen);
+            tracing::warn!(worker = %session.worker_id, session = session.session_no, %reason, "worker session ended");
+        });
+        Ok(Response::new(stream))
+    }
+}
+
+/// Reads a worker's messages until the session ends; returns why it ended.
+async fn run_session(
+    hub: &Hub,
+    session: &Arc<Session>,
+    inbound: &mut Streaming<WorkerMessage>,
+    opts: SessionOptions,
+) -> String {
+    let mut beat = tokio::time::interval(opts.heartbeat_interval());
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One deadline, pushed back by every message: a worker that sends nothing for
+    // `lost_after` is lost, whatever else this loop is doing.
+    let lost = tokio::time::sleep(opts.lost_after);
+    tokio::pin!(lost);
+    loop {
+        tokio::select! {
+            _ = session.closed.cancelled() => return "closed by the brain".into(),
+            _ = &mut lost => return format!("lost: no message for {:?}", opts.lost_after),
+            _ = beat.tick() => {
+                // Never wait on a full queue here: heartbeats are best effort.
+                session.try_send(brain_message::Msg::Heartbeat(proto::Heartbeat {
+                    unix_ms: shared::now_unix_ms(),
+                }));
+            }
+            msg = inbound.message() => {
+                let msg = match msg {
+                    Err(status) => return format!("stream error: {}", status.message()),
+                    Ok(None) => return "the worker closed the session".into(),
+                    Ok(Some(m)) => m,
+                };
+                lost.as_mut().reset(tokio::time::Instant::now() + opts.lost_after);
+                session.last_seen_ms.store(shared::now_unix_ms(), Ordering::Relaxed);
+                match msg.msg {
+                    Some(worker_message::Msg::ExecOutput(out)) => {
+                        let id = out.call_id;
+                        if let Some(ExecEvent { event: Some(proto::exec_event::Event::Output(out)) }) =
+                            session.deliver_exec(id, ExecEvent { event: Some(proto::exec_event::Event::Output(out)) }, false)
+                        {
+                            hub.deliver_live(out);
+                        }
+                    }
+                    Some(worker_message::Msg::ExecExit(mut exit)) => {
+                        exit.worker_lost = false;
+                        let id = exit.call_id;
+                        session.deliver_exec(id, ExecEvent { event: Some(proto::exec_event::Event::Exit(exit)) }, true);
+                    }
+                    Some(worker_message::Msg::FileResponse(resp)) => session.deliver_file(resp),
+                    Some(worker_message::Msg::CallResult(r)) => hub.deliver_result(&session.worker_id, r),
+                    Some(worker_message::Msg::Echo(e)) => session.deliver_echo(e.call_id, e.payload),
+                    Some(worker_message::Msg::FsChanged(f)) => hub.deliver_fs(&session.worker_id, f),
+                    Some(worker_message::Msg::Heartbeat(_)) => {}
+                    Some(worker_message::Msg::Hello(_)) | None => {
+                        tracing::warn!(worker = %session.worker_id, "unexpected message on session; ignored");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The engine's ports over the real components: workers through the hub, placement through
+//! the fleet's rule, environments through the machines, git imports into the mirror. Thin:
+//! each converts between domain and wire types (through `api::convert`) and forwards.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::ports::{
+    CallError, Environments, Imported, OutputSink, Picked, Placement, Workers, Workspaces,
+};
+use crate::fleet::hub::{self, Durable, Hub};
+use crate::fleet::placement;
+use crate::mirror::Mirror;
+use crate::model::env::{EnvRequest, Grant, Quote};
+use crate::model::event::SyncRules;
+use crate::model::ops::{Command, CommandEnd, FileAnswer, FileOp, OutputChunk, SyncOp, SyncReport};
+use crate::provision::Machines;
+
+impl From<hub::Error> for CallError {
+    fn from(e: hub::Error) -> Self {
+        match e {
+            hub::Error::NotConnected(w) => CallError::NotConnected(w),
+            hub::Error::Lost(w) => CallError::Lost(w),
+            hub::Error::Timeout { worker, timeout } => CallError::Timeout { worker, timeout },
+            e @ hub::Error::Malformed { .. } => CallError::Other(e.to_string()),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Workers for Hub {
+    fn is_connected(&self, worker: &str) -> bool {
+        Hub::is_connected(self, worker)
+    }
+
+    async fn wait_connected(&self, worker: &str, wait: Duration) -> bool {
+        Hub::wait_connected(self, worker, wait).await.is_some()
+    }
+
+    async fn run_durable(
+        &self,
+        worker: &str,
+        cmd: Command,
+        wait: Duration,
+        output: OutputSink,
+    ) -> CommandEnd {
+        let call_id = cmd.call_id;
+        self.watch(
+            call_id,
+            Arc::new(move |o: proto::ExecOutput| output(OutputChunk::from(o))),
+        );
+        let r = self.durable_exec(worker, cmd.into(), wait).await;
+        self.unwatch(call_id);
+        match r {
+            Durable::Done(r) => r.into(),
+            Durable::WorkerGone => CommandEnd::WorkerGone,
+        }
+    }
+
+    fn cancel(&self, worker: &str, call_id: u64) {
+        if let Some(s) = self.session(worker) {
+            s.try_send(proto::brain_message::Msg::Cancel(proto::Cancel { call_id }));
+        }
+    }
+
+    fn ack(&self, worker: &str, call_id: u64) {
+        Hub::ack(self, worker, call_id)
+    }
+
+    async fn file(
+        &self,
+        worker: &str,
+        workspace: &str,
+        op: FileOp,
+        timeout: Duration,
+    ) -> Result<FileAnswer, CallError> {
+        let call = proto::FileCall {
+            call_id: 0,
+            workspace: workspace.to_string(),
+            op: Some(op.into()),
+        };
+        Ok(Hub::file(self, worker, call, timeout).await?.into())
+    }
+
+    async fn sync(
+        &self,
+        worker: &str,
+        workspace: &str,
+        op: SyncOp,
+        rules: &SyncRules,
+        full_scan: bool,
+        timeout: Duration,
+    ) -> Result<SyncReport, CallError> {
+        Ok(Hub::sync(
+            self,
+            worker,
+            workspace,
+            op.into(),
+            rules,
+            full_scan,
+            timeout,
+        )
+        .await?
+        .into())
+    }
+}
+
+impl Placement for placement::Placement {
+    fn pick(&self, named: &str, labels: &placement::Labels) -> Result<Picked, String> {
+        placement::Placement::pick(self, named, labels).map(|w| Picked {
+            id: w.id,
+            name: w.name,
+        })
+    }
+
+    fn failover(&self, lost: &str, labels: &placement::Labels) -> Option<String> {
+        placement::Placement::failover(self, lost, labels)
+    }
+}
+
+#[async_trait::async_trait]
+impl Environments for Machines {
+    fn quote(&self, task: &str, current: &str, req: &EnvRequest) -> Quote {
+        Machines::quote(self, task, current, req)
+    }
+
+    async fn obtain(
+        &self,
+        task: &str,
+        current: &str,
+        req: &EnvRequest,
+        budget_left: Option<f64>,
+    ) -> Result<Grant, String> {
+        Machines::obtain(self, task, current, req, budget_left).await
+    }
+
+    async fn release_if_ours(&self, worker: &str, task: &str) -> Option<String> {
+        Machines::release_if_ours(self, worker, task).await
+    }
+
+    fn task_cost(&self, task: &str) -> f64 {
+        Machines::task_cost(self, task)
+    }
+}
+
+#[async_trait::async_trait]
+impl Workspaces for Mirror {
+    async fn import_git(
+        &self,
+        url: &str,
+        git_ref: &str,
+        rules: &SyncRules,
+    ) -> Result<Imported, String> {
+        let i = crate::mirror::import::from_git(self, url, git_ref, rules.to_rules())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Imported {
+            root_hash: i.root_hash,
+            files: i.files,
+            bytes: i.bytes,
+        })
+    }
+}

@@ -1,0 +1,505 @@
+//! The agent driver. Each turn it decides from the task's state (a pure function of its log)
+//! the one next thing, and the supervisor performs it, logged before it is acted on:
+//!
+//! 1. a call in flight is settled (its result, or "interrupted", becomes an observation);
+//! 2. the next tool call of the model's last answer is checked (unknown tool, bad arguments,
+//!    permission, approval) and issued;
+//! 3. with nothing left to do, the budgets are checked and the model is asked again.
+//!
+//! After a crash the same turns pick up from the log: an answered LLM request is never sent
+//! again, a command in flight is settled by the worker's journal, an edit that may have
+//! happened is reported as interrupted, and a call waiting for approval waits on.
+
+mod files;
+mod redact;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::driver::{Action, Driver, Facts};
+use super::effects::{self, CommandOutcome};
+use super::{Cx, Error};
+use crate::llm::{self, Provider, ToolUse};
+use crate::model::agent::{AgentState, Gate, Permission};
+use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
+use crate::model::prompt;
+use crate::model::state::{PendingCall, Status, TaskState};
+use crate::model::tools::{self, Prepared};
+pub use redact::Redactor;
+
+/// How long to wait before asking an unreachable model again (after the provider's own
+/// retries gave up).
+const LLM_RETRY: Duration = Duration::from_secs(30);
+/// Most tokens the model may write in one answer.
+const MAX_ANSWER_TOKENS: u32 = 4096;
+
+/// The provider a task's model names: a replay of its recorded transcript, or a real API.
+pub fn provider(a: &AgentState, cfg: &llm::LlmConfig) -> Result<Arc<dyn Provider>, llm::Error> {
+    let spec: llm::ModelSpec = a.spec.model.parse()?;
+    if spec.provider == llm::ProviderKind::Replay {
+        return Ok(Arc::new(llm::Replay::parse(&a.spec.transcript)?));
+    }
+    llm::connect(&spec, cfg)
+}
+
+/// Drives agent tasks.
+pub struct AgentDriver {
+    llm: Arc<llm::LlmConfig>,
+    /// Made on first use, kept for the task's run.
+    model: Option<Arc<dyn Provider>>,
+    redact: Redactor,
+}
+
+impl AgentDriver {
+    pub fn new(llm: Arc<llm::LlmConfig>) -> Self {
+        Self {
+            redact: Redactor::new(&llm),
+            llm,
+            model: None,
+        }
+    }
+}
+
+/// The observation of a call that was not run, or whose outcome is logged with it.
+fn observe(a: &AgentState, u: &ToolUse, text: String, failed: bool) -> Event {
+    Event::Observation {
+        tool_use_id: u.id.clone(),
+        text: a.with_guard_note(u, text, failed),
+        failed,
+    }
+}
+
+/// Asks a person about `u`: the request and the waiting status, in one append.
+fn ask(task: &TaskState, u: &ToolUse, id: u64, what: &str) -> Vec<Event> {
+    vec![
+        Event::ApprovalRequested {
+            approval_id: id,
+            what: what.to_string(),
+            tool_use_id: u.id.clone(),
+        },
+        Event::StatusChanged {
+            status: Status::Waiting,
+            reason: format!(
+                "waiting for approval #{id}: {what} (brain approve {t} / brain deny {t} --reason TEXT)",
+                t = task.id
+            ),
+        },
+    ]
+}
+
+/// The decision for the agent's next turn, given the task's state. Pure.
+pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
+    let Some(a) = st.agent.as_deref() else {
+        return Action::finish(Outcome::Failed, "not an agent task");
+    };
+    if a.stuck() {
+        let call = a
+            .repeat
+            .as_ref()
+            .map(|(s, _)| s.replace('\u{0}', " "))
+            .unwrap_or_default();
+        return Action::finish(
+            Outcome::Stuck,
+            format!(
+                "the same call failed {} times in a row: {}",
+                a.repeat.as_ref().map_or(0, |r| r.1),
+                tools::head_tail(&call, 200)
+            ),
+        );
+    }
+    // 2. The next tool call of the model's last answer.
+    if let Some(u) = a.queue.front() {
+        return match tools::prepare(u, &a.spec) {
+            Prepared::Refused(e) => Action::Log(vec![observe(a, u, e, true)]),
+            Prepared::Environment { req, what } => Action::Environment {
+                tool_use: u.clone(),
+                req,
+                what,
+            },
+            Prepared::Finish(summary) => {
+                let summary = if summary.trim().is_empty() {
+                    "finished (no summary given)".to_string()
+                } else {
+                    summary
+                };
+                Action::Finish {
+                    outcome: Outcome::Finished,
+                    reason: summary,
+                    before: vec![Event::Observation {
+                        tool_use_id: u.id.clone(),
+                        text: "the task is finished".into(),
+                        failed: false,
+                    }],
+                }
+            }
+            Prepared::Call {
+                call,
+                mutating,
+                what,
+            } => {
+                let gate = if mutating && tools::needs_approval(&call, &a.spec) {
+                    a.gate(u)
+                } else {
+                    Gate::Go
+                };
+                match gate {
+                    Gate::Ask(id) => Action::Log(ask(st, u, id, &what)),
+                    Gate::Waiting => Action::AwaitDecision,
+                    Gate::Denied(text) => Action::Log(vec![observe(a, u, text, true)]),
+                    Gate::Go => Action::Issue {
+                        call,
+                        step: a.spent.steps,
+                        purpose: Purpose::Step,
+                    },
+                }
+            }
+        };
+    }
+    // 3. Think.
+    if a.idle_replies >= 2 {
+        let last = a
+            .conversation
+            .iter()
+            .rev()
+            .find(|m| m.role == llm::Role::Assistant)
+            .map(|m| m.content.clone())
+            .unwrap_or_default();
+        return Action::finish(
+            Outcome::Finished,
+            format!(
+                "the model stopped calling tools: {}",
+                tools::head_tail(&last, 500)
+            ),
+        );
+    }
+    if let Some(why) = a.exhausted_with(f.now_ms, f.machines_usd) {
+        return Action::Log(vec![Event::StatusChanged {
+            status: Status::BudgetExhausted,
+            reason: format!(
+                "{why}; continue with `brain task resume {} --budget-usd X` (or --max-steps, --max-tokens, --max-wall)",
+                st.id
+            ),
+        }]);
+    }
+    let info = llm::model_info(&a.spec.model, llm);
+    let system = prompt::system_prompt(a);
+    let estimate = prompt::estimate_tokens(&system, a, &tools::specs(a.spec.permission));
+    if let Some((upto, bytes_saved)) = prompt::elision(a, info.context_window, estimate, false) {
+        return Action::Log(vec![Event::ContextElided { upto, bytes_saved }]);
+    }
+    Action::Think
+}
+
+#[async_trait::async_trait]
+impl Driver for AgentDriver {
+    fn next(&self, st: &TaskState, f: &Facts) -> Action {
+        next(st, f, &self.llm)
+    }
+
+    async fn settle(&mut self, cx: &Cx<'_>, p: PendingCall) -> Result<(), Error> {
+        settle(cx, p, &self.redact).await
+    }
+
+    async fn act(&mut self, cx: &Cx<'_>, action: Action) -> Result<(), Error> {
+        match action {
+            Action::Think => self.think(cx).await,
+            Action::Environment {
+                tool_use,
+                req,
+                what,
+            } => environment(cx, &tool_use, req, what).await,
+            other => {
+                let reason = format!("internal error: the agent cannot perform {other:?}");
+                effects::finish(cx, Outcome::Failed, reason, vec![]).await
+            }
+        }
+    }
+}
+
+impl AgentDriver {
+    /// Asks the model and logs its answer (or why there is none).
+    async fn think(&mut self, cx: &Cx<'_>) -> Result<(), Error> {
+        let st = cx.task.state();
+        let Some(a) = st.agent.as_deref() else {
+            return Ok(());
+        };
+        let provider = match &self.model {
+            Some(p) => p.clone(),
+            None => match provider(a, &self.llm) {
+                Ok(p) => {
+                    self.model = Some(p.clone());
+                    p
+                }
+                Err(e) => {
+                    let reason = format!("model {}: {e}", a.spec.model);
+                    return effects::finish(cx, Outcome::Failed, reason, vec![]).await;
+                }
+            },
+        };
+        let info = llm::model_info(&a.spec.model, &self.llm);
+        let system = prompt::system_prompt(a);
+        let tool_specs = tools::specs(a.spec.permission);
+        let estimate = prompt::estimate_tokens(&system, a, &tool_specs);
+        let mut pre = vec![];
+        if st.status != Status::Running || !st.reason.is_empty() {
+            pre.push(Event::StatusChanged {
+                status: Status::Running,
+                reason: String::new(),
+            });
+        }
+        if !a.awaiting_llm {
+            pre.push(Event::LlmRequest {
+                model: a.spec.model.clone(),
+                messages: a.conversation.len() as u32,
+            });
+        }
+        if !pre.is_empty() {
+            cx.store().append(cx.task, pre).await?;
+        }
+        let req = llm::Request {
+            system,
+            messages: a.conversation.clone(),
+            tools: tool_specs,
+            max_tokens: MAX_ANSWER_TOKENS,
+        };
+        let answer = tokio::select! {
+            r = provider.complete(&req) => r,
+            _ = cx.task.cancel.cancelled() => return Ok(()),
+        };
+        match answer {
+            Ok(mut r) => {
+                r.message.content = self.redact.apply(&r.message.content);
+                let cost_usd = info.price.map_or(0.0, |p| p.cost(&r.usage));
+                tracing::info!(
+                    task = %cx.task.id,
+                    prompt_tokens = r.usage.prompt_tokens,
+                    completion_tokens = r.usage.completion_tokens,
+                    cost_usd,
+                    tool_calls = r.message.tool_calls.len(),
+                    "model answered"
+                );
+                cx.store()
+                    .append(
+                        cx.task,
+                        vec![Event::LlmResponse {
+                            model: a.spec.model.clone(),
+                            prompt_tokens: r.usage.prompt_tokens,
+                            completion_tokens: r.usage.completion_tokens,
+                            cost_usd,
+                            response: Some(Box::new(r)),
+                        }],
+                    )
+                    .await
+            }
+            Err(llm::Error::ContextOverflow(msg)) => {
+                match prompt::elision(a, info.context_window, estimate, true) {
+                    Some((upto, bytes_saved)) => {
+                        cx.store()
+                            .append(cx.task, vec![Event::ContextElided { upto, bytes_saved }])
+                            .await
+                    }
+                    None => {
+                        let reason = format!(
+                            "the conversation no longer fits the model's context window, even with old outputs elided: {msg}"
+                        );
+                        effects::finish(cx, Outcome::Failed, reason, vec![]).await
+                    }
+                }
+            }
+            Err(e) if e.retryable() => {
+                tracing::warn!(task = %cx.task.id, error = %e, "model unreachable; trying again");
+                let reason = format!(
+                    "the model is unreachable ({e}); trying again every {}s",
+                    LLM_RETRY.as_secs()
+                );
+                effects::set_status(cx, Status::Waiting, &reason).await?;
+                tokio::select! {
+                    _ = tokio::time::sleep(LLM_RETRY) => {}
+                    _ = cx.task.cancel.cancelled() => {}
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let reason = format!("model {}: {e}", a.spec.model);
+                effects::finish(cx, Outcome::Failed, reason, vec![]).await
+            }
+        }
+    }
+}
+
+/// `request_environment`: a person's approval if the machine costs more than the policy
+/// allows unasked (or the task asks for everything), then a worker that fits, the move
+/// there, and the release of the machine the task left.
+async fn environment(
+    cx: &Cx<'_>,
+    u: &ToolUse,
+    req: crate::model::env::EnvRequest,
+    what: String,
+) -> Result<(), Error> {
+    let st = cx.task.state();
+    let (Some(a), Some(worker)) = (st.agent.as_deref(), st.worker.clone()) else {
+        return Ok(());
+    };
+    let envs = &cx.ports().environments;
+    let tid = cx.task.id.to_string();
+    let quote = envs.quote(&tid, &worker, &req);
+    if quote.needs_approval || a.spec.permission == Permission::Ask {
+        let asked = if quote.reuse {
+            what.clone()
+        } else {
+            format!("{what}; a new machine at ${:.2}/h", quote.usd_per_hour)
+        };
+        match a.gate(u) {
+            Gate::Ask(id) => return cx.store().append(cx.task, ask(&st, u, id, &asked)).await,
+            Gate::Waiting => {
+                effects::await_decision(cx).await;
+                return Ok(());
+            }
+            Gate::Denied(text) => {
+                return cx
+                    .store()
+                    .append(cx.task, vec![observe(a, u, text, true)])
+                    .await;
+            }
+            Gate::Go => {}
+        }
+    }
+    let budget_left =
+        (a.limits.usd > 0.0).then(|| a.limits.usd - a.spent.usd - envs.task_cost(&tid));
+    tracing::info!(task = %cx.task.id, %what, "environment requested");
+    let (text, failed) = match envs.obtain(&tid, &worker, &req, budget_left).await {
+        Err(why) => (format!("error: no environment: {why}"), true),
+        Ok(g) if g.worker == worker => (
+            format!(
+                "this task already runs on a machine that fits: {}",
+                g.describe
+            ),
+            false,
+        ),
+        Ok(g) => {
+            effects::move_task(cx, &g.worker).await?;
+            if cx.task.state().worker.as_deref() == Some(g.worker.as_str()) {
+                let released = envs
+                    .release_if_ours(&worker, &tid)
+                    .await
+                    .map(|r| format!(" {r}"))
+                    .unwrap_or_default();
+                (
+                    format!(
+                        "now running on {}. The workspace moved along; processes started on the previous machine are gone.{released}",
+                        g.describe
+                    ),
+                    false,
+                )
+            } else {
+                if g.machine.is_some() {
+                    envs.release_if_ours(&g.worker, &tid).await;
+                }
+                (
+                    format!(
+                        "error: the move to {} did not complete; the task stays where it was",
+                        g.describe
+                    ),
+                    true,
+                )
+            }
+        }
+    };
+    let a = cx.task.state().agent.unwrap_or_else(|| Box::new(a.clone()));
+    cx.store()
+        .append(cx.task, vec![observe(&a, u, text, failed)])
+        .await
+}
+
+/// Settles the pending call and logs its outcome with the observation, in one append.
+async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Result<(), Error> {
+    let st = cx.task.state();
+    let (Some(a), Some(u)) = (
+        st.agent.as_deref(),
+        st.agent.as_ref().and_then(|a| a.queue.front().cloned()),
+    ) else {
+        // Nothing asked for it (cannot happen with a log this code wrote): close it.
+        return effects::interrupt(cx, p.call_id, "no tool call of the model is waiting for it")
+            .await;
+    };
+    let mut ack = false;
+    let (mut events, text, failed) = match &p.call {
+        ToolCall::RunCommand {
+            argv,
+            timeout_ms,
+            cwd,
+        } => match effects::run_command(cx, &p, argv, *timeout_ms, cwd).await {
+            CommandOutcome::WorkerGone => return effects::wait_for_report(cx, &p).await,
+            CommandOutcome::Cancelled => {
+                interrupted(&p, "the task was cancelled while the command ran")
+            }
+            CommandOutcome::Interrupted(reason) => {
+                ack = true;
+                interrupted(&p, &reason)
+            }
+            CommandOutcome::Done {
+                result,
+                stdout,
+                stderr,
+            } => {
+                ack = true;
+                let (stdout, stderr) = (redact.apply(&stdout), redact.apply(&stderr));
+                let text = tools::describe_command(&result, &stdout, &stderr);
+                let failed = !result.ok();
+                (
+                    effects::completed(p.call_id, result, stdout, stderr),
+                    text,
+                    failed,
+                )
+            }
+        },
+        // It may have happened before the brain went down, and doing it again is not safe.
+        ToolCall::EditFile { .. } if !cx.task.minted_here(p.call_id) => {
+            interrupted(&p, "the brain restarted while this edit ran")
+        }
+        other => match files::run(cx, &p.worker, other).await {
+            Err(reason) => interrupted(&p, &reason),
+            Ok((text, failed)) => {
+                let result = ToolResult {
+                    exit_code: Some(if failed { 1 } else { 0 }),
+                    error: if failed {
+                        tools::head_tail(&text, 500)
+                    } else {
+                        String::new()
+                    },
+                    ..Default::default()
+                };
+                (
+                    vec![Event::ToolCallCompleted {
+                        call_id: p.call_id,
+                        result,
+                    }],
+                    redact.apply(&text),
+                    failed,
+                )
+            }
+        },
+    };
+    events.push(observe(
+        a,
+        &u,
+        tools::head_tail(&text, tools::MAX_OBSERVATION),
+        failed,
+    ));
+    cx.store().append(cx.task, events).await?;
+    if ack {
+        cx.ports().workers.ack(&p.worker, p.call_id);
+    }
+    Ok(())
+}
+
+fn interrupted(p: &PendingCall, reason: &str) -> (Vec<Event>, String, bool) {
+    (
+        vec![Event::ToolCallInterrupted {
+            call_id: p.call_id,
+            reason: reason.to_string(),
+        }],
+        tools::describe_interrupted(reason),
+        true,
+    )
+}

@@ -1,0 +1,41 @@
+//! Masks secrets (LLM keys) in text bound for the log or the model.
+
+use crate::llm;
+
+/// The secrets to mask: every LLM key the brain can see (environment and config), eight
+/// characters or longer.
+pub struct Redactor(Vec<String>);
+
+impl Redactor {
+    pub fn new(cfg: &llm::LlmConfig) -> Self {
+        let mut secrets: Vec<String> = ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"]
+            .iter()
+            .filter_map(|v| std::env::var(v).ok())
+            .chain(
+                cfg.providers
+                    .values()
+                    .filter_map(|p| p.api_key.as_ref().map(|k| k.expose().to_string())),
+            )
+            .chain(
+                cfg.providers
+                    .values()
+                    .filter_map(|p| p.api_key_env.as_ref())
+                    .filter_map(|v| std::env::var(v).ok()),
+            )
+            .filter(|s| s.len() >= 8)
+            .collect();
+        secrets.sort();
+        secrets.dedup();
+        Self(secrets)
+    }
+
+    pub fn apply(&self, text: &str) -> String {
+        let mut t = text.to_string();
+        for s in &self.0 {
+            if t.contains(s.as_str()) {
+                t = t.replace(s.as_str(), "[redacted]");
+            }
+        }
+        t
+    }
+}

@@ -1,0 +1,460 @@
+//! The effects drivers have, each logged before (or as) it is performed: issuing and running
+//! calls, barriers, moves, seeding a workspace, waiting for a worker or a person.
+
+use std::time::Duration;
+
+use super::ports::OutputSink;
+use super::{Cx, Error, LiveOutput};
+use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
+use crate::model::ops::{Command, CommandEnd, FileAnswer, FileOp, SyncOp};
+use crate::model::state::{PendingCall, Status};
+
+/// Output kept per result in the log (the worker captures up to 64 KiB per stream).
+const LOGGED_OUTPUT: usize = 16 * 1024;
+/// Output a command may produce before the worker cuts it.
+const OUTPUT_CAP: u64 = 1 << 20;
+/// How long one file call may take.
+const FILE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a barrier or a materialisation may take.
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(300);
+const MATERIALISE_TIMEOUT: Duration = Duration::from_secs(1800);
+/// How long a move waits for its target to be connected.
+const MOVE_TARGET_WAIT: Duration = Duration::from_secs(60);
+/// How long a task waits for its worker before looking again.
+const WORKER_WAIT: Duration = Duration::from_secs(3600);
+/// How often a waiting task looks whether its worker is back.
+const FAILOVER_POLL: Duration = Duration::from_millis(250);
+/// A starting workspace that could not be put on the worker is tried again after this.
+const SEED_RETRY: Duration = Duration::from_secs(2);
+
+/// Logs `before` and the end of the task.
+pub async fn finish(
+    cx: &Cx<'_>,
+    outcome: Outcome,
+    reason: String,
+    mut before: Vec<Event>,
+) -> Result<(), Error> {
+    tracing::info!(task = %cx.task.id, ?outcome, %reason, "task ended");
+    before.push(Event::Finished { outcome, reason });
+    cx.store().append(cx.task, before).await
+}
+
+/// Logs a status change, unless the task is in that status for that reason already.
+pub async fn set_status(cx: &Cx<'_>, status: Status, reason: &str) -> Result<(), Error> {
+    let st = cx.task.state();
+    if st.status != status || st.reason != reason {
+        cx.store()
+            .append(
+                cx.task,
+                vec![Event::StatusChanged {
+                    status,
+                    reason: reason.into(),
+                }],
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Whether the worker is connected (and the task marked running). If not, marks the task
+/// waiting and waits a while for it, for failover or a cancel; the caller looks again.
+pub async fn worker_ready(cx: &Cx<'_>, worker: &str) -> Result<bool, Error> {
+    let workers = &cx.ports().workers;
+    if !workers.is_connected(worker) {
+        set_status(cx, Status::Waiting, &format!("waiting for worker {worker}")).await?;
+        tokio::select! {
+            _ = workers.wait_connected(worker, WORKER_WAIT) => {}
+            to = failover_target(cx, worker) => {
+                tracing::warn!(task = %cx.task.id, lost = %worker, %to, "worker lost; failing over");
+                cx.task.set_move_request(&to);
+            }
+            _ = cx.task.cancel.cancelled() => {}
+        }
+        return Ok(false);
+    }
+    set_status(cx, Status::Running, "").await?;
+    Ok(true)
+}
+
+/// Logs a call as issued once its worker is there (the next turn settles it).
+pub async fn issue(cx: &Cx<'_>, call: ToolCall, step: u32, purpose: Purpose) -> Result<(), Error> {
+    let worker = cx.task.state().worker.unwrap_or_default();
+    // Wait for the worker before issuing, so a call is issued only when it can be sent.
+    if worker_ready(cx, &worker).await? {
+        cx.store()
+            .issue(cx.task, &worker, step, purpose, call)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Waits for a person's decision (or a cancel, or a move asked); survives restarts: the
+/// request is in the log.
+pub async fn await_decision(cx: &Cx<'_>) {
+    tokio::select! {
+        _ = cx.task.wake.notified() => {}
+        _ = cx.task.cancel.cancelled() => {}
+    }
+}
+
+/// Makes the brain's mirror equal to the worker's disk and logs the barrier (when anything
+/// changed). The worker lists only what its watcher saw change unless `full` (a move's final
+/// barrier walks the whole tree). A barrier that fails is logged as a warning and left to the
+/// next one; returns whether the mirror now matches the worker.
+pub async fn barrier(cx: &Cx<'_>, worker: &str, full: bool) -> Result<bool, Error> {
+    let st = cx.task.state();
+    let op = SyncOp::Barrier {
+        base: st.barrier_root.clone(),
+    };
+    let r = cx
+        .ports()
+        .workers
+        .sync(
+            worker,
+            &st.workspace,
+            op,
+            &st.sync_rules,
+            full,
+            BARRIER_TIMEOUT,
+        )
+        .await;
+    match r {
+        Ok(r) if r.error.is_empty() => {
+            tracing::debug!(task = %cx.task.id, root = %r.root_hash, files = r.files, wire_bytes = r.wire_bytes, hashed = r.hashed, "barrier");
+            if r.root_hash != st.barrier_root {
+                cx.store()
+                    .append(
+                        cx.task,
+                        vec![Event::Barrier {
+                            version: st.barrier_version + 1,
+                            root_hash: r.root_hash,
+                            files: r.files,
+                            bytes: r.bytes,
+                            wire_bytes: r.wire_bytes,
+                        }],
+                    )
+                    .await?;
+            }
+            Ok(true)
+        }
+        Ok(r) => {
+            tracing::warn!(task = %cx.task.id, %worker, error = %r.error, "barrier failed; the next one will catch up");
+            Ok(false)
+        }
+        Err(e) => {
+            tracing::warn!(task = %cx.task.id, %worker, error = %e, "barrier failed; the next one will catch up");
+            Ok(false)
+        }
+    }
+}
+
+/// Moves a task (at a tool-call boundary) to `to`: a final barrier from the source if it is
+/// there (else the last barrier is what moves: failover), the target materialises that
+/// manifest fetching only the blobs it lacks and verifies the root hash, and the assignment
+/// is switched in the log. Logged as started first, so a crash resumes it; a move that
+/// cannot complete is logged as aborted and the task stays where it was.
+pub async fn move_task(cx: &Cx<'_>, to: &str) -> Result<(), Error> {
+    cx.task.take_move_request(to);
+    let st = cx.task.state();
+    let workers = &cx.ports().workers;
+    let from = st.worker.clone().unwrap_or_default();
+    if st.moving_to.as_deref() != Some(to) {
+        tracing::info!(task = %cx.task.id, %from, %to, "move started");
+        cx.store()
+            .append(
+                cx.task,
+                vec![Event::MoveStarted {
+                    from: from.clone(),
+                    to: to.to_string(),
+                }],
+            )
+            .await?;
+    }
+    let abort = |reason: String| async move {
+        tracing::warn!(task = %cx.task.id, %to, %reason, "move aborted");
+        cx.store()
+            .append(
+                cx.task,
+                vec![Event::MoveAborted {
+                    to: to.to_string(),
+                    reason,
+                }],
+            )
+            .await
+    };
+    if workers.is_connected(&from) && !barrier(cx, &from, true).await? {
+        return abort(format!("the final barrier from {from} failed")).await;
+    }
+    if !workers.wait_connected(to, MOVE_TARGET_WAIT).await {
+        return abort(format!("worker {to} is not connected")).await;
+    }
+    let st = cx.task.state();
+    let (mut files, mut wire_bytes) = (0, 0);
+    if !st.barrier_root.is_empty() {
+        let op = SyncOp::Materialise {
+            root: st.barrier_root.clone(),
+        };
+        match workers
+            .sync(
+                to,
+                &st.workspace,
+                op,
+                &st.sync_rules,
+                false,
+                MATERIALISE_TIMEOUT,
+            )
+            .await
+        {
+            Ok(r) if r.error.is_empty() && r.root_hash == st.barrier_root => {
+                tracing::info!(task = %cx.task.id, %to, files = r.files, bytes = r.bytes, blobs = r.blobs_sent, wire_bytes = r.wire_bytes, "workspace materialised on the target");
+                (files, wire_bytes) = (r.files, r.wire_bytes);
+            }
+            Ok(r) if r.error.is_empty() => {
+                return abort(format!(
+                    "{to} reported root {} instead of {}",
+                    r.root_hash, st.barrier_root
+                ))
+                .await;
+            }
+            Ok(r) => {
+                return abort(format!(
+                    "{to} could not materialise the workspace: {}",
+                    r.error
+                ))
+                .await;
+            }
+            Err(e) => return abort(format!("{to} could not materialise the workspace: {e}")).await,
+        }
+    }
+    cx.store()
+        .append(
+            cx.task,
+            vec![Event::MoveCompleted {
+                to: to.to_string(),
+                files,
+                wire_bytes,
+            }],
+        )
+        .await?;
+    tracing::info!(task = %cx.task.id, %from, %to, "move completed");
+    Ok(())
+}
+
+/// Puts the task's starting workspace on its worker before its first call (once: the
+/// barrier it logs marks it done).
+pub async fn seed(cx: &Cx<'_>) -> Result<(), Error> {
+    let st = cx.task.state();
+    let worker = st.worker.clone().unwrap_or_default();
+    if !worker_ready(cx, &worker).await? {
+        return Ok(());
+    }
+    let op = SyncOp::Materialise {
+        root: st.seed_root.clone(),
+    };
+    let r = cx
+        .ports()
+        .workers
+        .sync(
+            &worker,
+            &st.workspace,
+            op,
+            &st.sync_rules,
+            false,
+            MATERIALISE_TIMEOUT,
+        )
+        .await;
+    let why = match r {
+        Ok(r) if r.error.is_empty() && r.root_hash == st.seed_root => {
+            return cx
+                .store()
+                .append(
+                    cx.task,
+                    vec![Event::Barrier {
+                        version: 1,
+                        root_hash: r.root_hash,
+                        files: r.files,
+                        bytes: r.bytes,
+                        wire_bytes: r.wire_bytes,
+                    }],
+                )
+                .await;
+        }
+        Ok(r) if r.error.is_empty() => format!("it reported root {}", r.root_hash),
+        Ok(r) => r.error,
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!(task = %cx.task.id, %worker, error = %why, "the starting workspace could not be put on the worker; trying again");
+    tokio::select! {
+        _ = tokio::time::sleep(SEED_RETRY) => {}
+        _ = cx.task.cancel.cancelled() => {}
+    }
+    Ok(())
+}
+
+/// Resolves with a worker to move to once `worker` has been gone for the failover delay and
+/// another eligible worker is connected; pends otherwise.
+pub async fn failover_target(cx: &Cx<'_>, worker: &str) -> String {
+    let mut gone_since: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::time::sleep(FAILOVER_POLL).await;
+        if cx.ports().workers.is_connected(worker) {
+            gone_since = None;
+            continue;
+        }
+        let since = *gone_since.get_or_insert_with(tokio::time::Instant::now);
+        if since.elapsed() >= cx.opts().failover_after
+            && let Some(to) = cx
+                .ports()
+                .placement
+                .failover(worker, &cx.task.state().require_labels)
+        {
+            return to;
+        }
+    }
+}
+
+/// Logs that nobody can say what a call did.
+pub async fn interrupt(cx: &Cx<'_>, call_id: u64, reason: impl Into<String>) -> Result<(), Error> {
+    cx.store()
+        .append(
+            cx.task,
+            vec![Event::ToolCallInterrupted {
+                call_id,
+                reason: reason.into(),
+            }],
+        )
+        .await
+}
+
+/// Waits visibly for a worker that must report a call (it may still be running there).
+pub async fn wait_for_report(cx: &Cx<'_>, p: &PendingCall) -> Result<(), Error> {
+    set_status(
+        cx,
+        Status::Waiting,
+        &format!(
+            "waiting for worker {} to report call {}",
+            p.worker, p.call_id
+        ),
+    )
+    .await
+}
+
+fn text(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(LOGGED_OUTPUT)];
+    String::from_utf8_lossy(cut).into_owned()
+}
+
+/// What became of a command.
+pub enum CommandOutcome {
+    /// The task was cancelled while it ran (it was told to stop on the worker).
+    Cancelled,
+    /// The worker says it was interrupted; acknowledge once logged.
+    Interrupted(String),
+    /// The worker is gone and only it can say: wait for it.
+    WorkerGone,
+    /// Finished; acknowledge once logged.
+    Done {
+        result: ToolResult,
+        stdout: String,
+        stderr: String,
+    },
+}
+
+/// Runs (or, after a restart, asks the worker's journal about) a pending command, showing
+/// its output to watchers as it comes.
+pub async fn run_command(
+    cx: &Cx<'_>,
+    p: &PendingCall,
+    argv: &[String],
+    timeout_ms: u64,
+    cwd: &str,
+) -> CommandOutcome {
+    let cmd = Command {
+        call_id: p.call_id,
+        workspace: cx.task.state().workspace,
+        argv: argv.to_vec(),
+        cwd: cwd.to_string(),
+        timeout_ms,
+        output_cap_bytes: OUTPUT_CAP,
+        limits: cx.opts().limits,
+    };
+    let live = cx.task.live.clone();
+    let output: OutputSink = std::sync::Arc::new(move |o| {
+        let _ = live.send(LiveOutput {
+            kind: "live_output",
+            call_id: o.call_id,
+            stream: o.stream.as_str(),
+            text: String::from_utf8_lossy(&o.data).into_owned(),
+        });
+    });
+    let workers = &cx.ports().workers;
+    let end = tokio::select! {
+        o = workers.run_durable(&p.worker, cmd, cx.opts().worker_wait, output) => o,
+        to = failover_target(cx, &p.worker) => {
+            tracing::warn!(task = %cx.task.id, lost = %p.worker, %to, call_id = p.call_id, "worker lost during a call; failing over");
+            cx.task.set_move_request(&to);
+            return CommandOutcome::Interrupted(format!(
+                "worker {} was lost while the command ran; the task moves to {to}",
+                p.worker
+            ));
+        }
+        _ = cx.task.cancel.cancelled() => {
+            workers.cancel(&p.worker, p.call_id);
+            return CommandOutcome::Cancelled;
+        }
+    };
+    match end {
+        CommandEnd::WorkerGone => CommandOutcome::WorkerGone,
+        CommandEnd::Interrupted(why) => CommandOutcome::Interrupted(why),
+        CommandEnd::Finished {
+            result,
+            stdout,
+            stderr,
+        } => CommandOutcome::Done {
+            result,
+            stdout: text(&stdout),
+            stderr: text(&stderr),
+        },
+    }
+}
+
+/// The records of a finished command: its captured output, then its result.
+pub fn completed(call_id: u64, result: ToolResult, stdout: String, stderr: String) -> Vec<Event> {
+    vec![
+        Event::ToolOutput {
+            call_id,
+            stdout,
+            stderr,
+        },
+        Event::ToolCallCompleted { call_id, result },
+    ]
+}
+
+/// One file operation on the task's worker, waiting for the worker (or failover) if it is
+/// away. Err: why it has no answer (the task was cancelled, or the worker did not come back).
+pub async fn file_call(cx: &Cx<'_>, worker: &str, op: FileOp) -> Result<FileAnswer, String> {
+    let workspace = cx.task.state().workspace;
+    let workers = &cx.ports().workers;
+    let wait = cx.opts().worker_wait;
+    loop {
+        if cx.task.cancel.is_cancelled() {
+            return Err("the task was cancelled while the call ran".into());
+        }
+        tokio::select! {
+            back = workers.wait_connected(worker, wait) => if !back {
+                return Err(format!("worker {worker} did not come back within {wait:?}"));
+            },
+            to = failover_target(cx, worker) => {
+                cx.task.set_move_request(&to);
+                return Err(format!("worker {worker} was lost; the task moves to {to}"));
+            }
+        }
+        match workers
+            .file(worker, &workspace, op.clone(), FILE_TIMEOUT)
+            .await
+        {
+            Ok(a) => return Ok(a),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}

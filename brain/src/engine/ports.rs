@@ -1,0 +1,137 @@
+//! What the engine needs from the rest of the brain, as small traits: workers to act on, a
+//! placement policy, machines on demand, and workspace imports. The composition root
+//! (`app`) implements them over the fleet, the provisioners and the mirror; the engine tests
+//! implement them in memory. All in domain types: no wire types cross a port.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::model::env::{EnvRequest, Grant, Quote};
+use crate::model::event::SyncRules;
+use crate::model::ops::{Command, CommandEnd, FileAnswer, FileOp, OutputChunk, SyncOp, SyncReport};
+
+/// The labels a worker must have.
+pub type Labels = BTreeMap<String, String>;
+
+/// Receives the output of a running durable command as it is produced.
+pub type OutputSink = Arc<dyn Fn(OutputChunk) + Send + Sync>;
+
+/// Why a worker call has no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    #[error("worker {0} is not connected")]
+    NotConnected(String),
+    #[error("worker {0} was lost before the call finished")]
+    Lost(String),
+    #[error("worker {worker} did not answer within {timeout:?}")]
+    Timeout { worker: String, timeout: Duration },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The workers, by id.
+#[async_trait::async_trait]
+pub trait Workers: Send + Sync {
+    fn is_connected(&self, worker: &str) -> bool;
+    /// Whether `worker` is connected within `wait`.
+    async fn wait_connected(&self, worker: &str, wait: Duration) -> bool;
+    /// Runs durable `cmd` on `worker` (or asks its journal about it after a restart) and
+    /// waits for the outcome through reconnects; gives up only if the worker stays away for
+    /// `wait`. The output goes to `output` as it comes.
+    async fn run_durable(
+        &self,
+        worker: &str,
+        cmd: Command,
+        wait: Duration,
+        output: OutputSink,
+    ) -> CommandEnd;
+    /// Asks the worker to stop a running call (best effort).
+    fn cancel(&self, worker: &str, call_id: u64);
+    /// Tells the worker it may forget a durable call: its result is in the log.
+    fn ack(&self, worker: &str, call_id: u64);
+    async fn file(
+        &self,
+        worker: &str,
+        workspace: &str,
+        op: FileOp,
+        timeout: Duration,
+    ) -> Result<FileAnswer, CallError>;
+    /// A barrier, a materialisation or an import, and the worker's report of it.
+    async fn sync(
+        &self,
+        worker: &str,
+        workspace: &str,
+        op: SyncOp,
+        rules: &SyncRules,
+        full_scan: bool,
+        timeout: Duration,
+    ) -> Result<SyncReport, CallError>;
+}
+
+/// A worker chosen for a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Picked {
+    pub id: String,
+    pub name: String,
+}
+
+/// Where tasks may run: connected, not revoked, allowed by the brain's policy, with the
+/// labels the task requires.
+pub trait Placement: Send + Sync {
+    /// The worker named (id or name; it must qualify), or, with `named` empty, any one that
+    /// qualifies. The error says why none does.
+    fn pick(&self, named: &str, labels: &Labels) -> Result<Picked, String>;
+    /// A qualifying worker other than `lost` to fail over to.
+    fn failover(&self, lost: &str, labels: &Labels) -> Option<String>;
+}
+
+/// Where `request_environment` gets machines: idle workers that fit, or new ones.
+#[async_trait::async_trait]
+pub trait Environments: Send + Sync {
+    /// The hourly price of what `req` would get, and whether that needs a person's approval.
+    fn quote(&self, task: &str, current: &str, req: &EnvRequest) -> Quote;
+    /// A connected worker that fits `req` (not `current`), provisioned for `task` if need
+    /// be; `budget_left` (USD, `None`: no money limit) bounds what it may cost.
+    async fn obtain(
+        &self,
+        task: &str,
+        current: &str,
+        req: &EnvRequest,
+        budget_left: Option<f64>,
+    ) -> Result<Grant, String>;
+    /// Releases the machine `worker` runs on if the brain created it and no other task uses
+    /// it; says what it did.
+    async fn release_if_ours(&self, worker: &str, task: &str) -> Option<String>;
+    /// What the machines created for `task` have cost so far (USD).
+    fn task_cost(&self, task: &str) -> f64;
+}
+
+/// A workspace stored in the mirror for a task to start from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Imported {
+    pub root_hash: String,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Workspaces the brain fetches itself.
+#[async_trait::async_trait]
+pub trait Workspaces: Send + Sync {
+    /// Clones a git repository (shallow, at `git_ref` or its default branch) into the mirror.
+    async fn import_git(
+        &self,
+        url: &str,
+        git_ref: &str,
+        rules: &SyncRules,
+    ) -> Result<Imported, String>;
+}
+
+/// Every port, as the engine holds them.
+#[derive(Clone)]
+pub struct Ports {
+    pub workers: Arc<dyn Workers>,
+    pub placement: Arc<dyn Placement>,
+    pub environments: Arc<dyn Environments>,
+    pub workspaces: Arc<dyn Workspaces>,
+}

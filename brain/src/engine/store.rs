@@ -1,0 +1,395 @@
+//! The task store: every task's state in memory (a cache of its log), and the only writer of
+//! task events. An append is durable first, then applied, then shown to watchers; a snapshot
+//! is stored every `snapshot_every` events. Call ids are minted here, by the store that logs
+//! them, so a call id in the log is one this brain handed out.
+
+use shared::locks::Lock;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::Error;
+use super::log::EventLog;
+use crate::model::event::{Event, Outcome, Purpose, Record, TaskId, ToolCall};
+use crate::model::ids::CallIds;
+use crate::model::state::{TaskState, apply};
+
+/// Live events of one task for watchers. Bounded: a watcher that falls behind is told it
+/// lagged and re-reads the log.
+const WATCH_QUEUE: usize = 1024;
+/// Call ids minted by this process that a task remembers (for "was this call issued before
+/// the brain restarted?"); older ones count as not minted here.
+const MINTED_KEPT: usize = 64;
+
+/// What watchers see that is not in the log: a running call's output, and file changes the
+/// worker's watcher saw. A watcher that falls behind may miss some.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LiveOutput {
+    /// `live_output` or `fs_change`.
+    pub kind: &'static str,
+    pub call_id: u64,
+    /// `stdout`/`stderr`, or `changed`/`removed`.
+    pub stream: &'static str,
+    pub text: String,
+}
+
+/// One task in memory.
+pub struct Task {
+    pub id: TaskId,
+    /// The state as of the last appended record. A std mutex: never held across an await.
+    state: Mutex<TaskState>,
+    /// Every appended record, for watchers.
+    pub events: broadcast::Sender<Record>,
+    /// Output of the running call as it is produced, and file-change hints.
+    pub live: broadcast::Sender<LiveOutput>,
+    /// Cancelled when a person cancels the task; the driver logs the end.
+    pub cancel: CancellationToken,
+    /// Woken when a person decides an approval the task waits for, or asks for a move.
+    pub wake: tokio::sync::Notify,
+    /// Held by a person's command (decide, resume, move) from its check to its append, so
+    /// two at once cannot both pass the check (and, say, start two drivers).
+    pub(crate) control: tokio::sync::Mutex<()>,
+    /// A move a person asked for (or failover chose), taken at the next tool-call boundary.
+    move_request: Mutex<Option<String>>,
+    /// Call ids this process minted for the task, newest last (bounded).
+    minted: Mutex<VecDeque<u64>>,
+    /// One appender at a time per task, so state and log stay in the same order.
+    append_lock: tokio::sync::Mutex<()>,
+}
+
+impl Task {
+    pub fn state(&self) -> TaskState {
+        self.state.locked().clone()
+    }
+
+    /// Asks for a move to `to` at the next boundary (replacing any earlier request).
+    pub(crate) fn set_move_request(&self, to: &str) {
+        *self.move_request.locked() = Some(to.to_string());
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn move_request(&self) -> Option<String> {
+        self.move_request.locked().clone()
+    }
+
+    /// Takes the move request if it asks for `to`.
+    pub(crate) fn take_move_request(&self, to: &str) {
+        let mut r = self.move_request.locked();
+        if r.as_deref() == Some(to) {
+            *r = None;
+        }
+    }
+
+    /// Whether this process minted `call_id` (it was issued since the brain started).
+    pub fn minted_here(&self, call_id: u64) -> bool {
+        self.minted.locked().contains(&call_id)
+    }
+}
+
+/// The store. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    log: Arc<dyn EventLog>,
+    tasks: Arc<Mutex<HashMap<TaskId, Arc<Task>>>>,
+    snapshot_every: u64,
+    call_ids: CallIds,
+}
+
+impl Store {
+    pub fn new(log: Arc<dyn EventLog>, snapshot_every: u64, call_ids: CallIds) -> Self {
+        Self {
+            log,
+            tasks: Arc::default(),
+            snapshot_every: snapshot_every.max(1),
+            call_ids,
+        }
+    }
+
+    pub fn log(&self) -> &Arc<dyn EventLog> {
+        &self.log
+    }
+
+    pub fn task(&self, id: TaskId) -> Option<Arc<Task>> {
+        self.tasks.locked().get(&id).cloned()
+    }
+
+    /// Finds a task by `t-N` or `N`.
+    pub fn find(&self, text: &str) -> Result<Arc<Task>, Error> {
+        let id: TaskId = text
+            .parse()
+            .map_err(|_| Error::NoSuchTask(text.to_string()))?;
+        self.task(id)
+            .ok_or_else(|| Error::NoSuchTask(text.to_string()))
+    }
+
+    pub(crate) fn all(&self) -> Vec<Arc<Task>> {
+        self.tasks.locked().values().cloned().collect()
+    }
+
+    /// Every task's state, oldest first.
+    pub fn list(&self) -> Vec<TaskState> {
+        let mut v: Vec<TaskState> = self.all().iter().map(|t| t.state()).collect();
+        v.sort_by_key(|s| s.id);
+        v
+    }
+
+    /// Appends events to a task: durable first, then applied and shown to watchers.
+    pub async fn append(&self, task: &Task, events: Vec<Event>) -> Result<(), Error> {
+        let _g = task.append_lock.lock().await;
+        let recs = self.log.append(task.id, events).await?;
+        let snapshot_due = {
+            let mut st = task.state.locked();
+            for r in &recs {
+                apply(&mut st, r);
+            }
+            // `Finished` stays a task's last record; an ended task's replay is bounded by
+            // `snapshot_every` anyway.
+            !st.status.is_terminal() && st.last_seq - st.snapshot_seq >= self.snapshot_every
+        };
+        for r in recs {
+            let _ = task.events.send(r);
+        }
+        if snapshot_due {
+            let (upto, bytes) = {
+                let st = task.state.locked();
+                (
+                    st.last_seq,
+                    serde_json::to_vec(&*st).expect("state serialises"),
+                )
+            };
+            self.log.put_snapshot(task.id, upto, bytes).await?;
+            let recs = self
+                .log
+                .append(task.id, vec![Event::Snapshot { upto }])
+                .await?;
+            let mut st = task.state.locked();
+            for r in &recs {
+                apply(&mut st, r);
+            }
+        }
+        Ok(())
+    }
+
+    /// Mints a call id and logs the call as issued (durable) before anyone sends it.
+    pub async fn issue(
+        &self,
+        task: &Task,
+        worker: &str,
+        step: u32,
+        purpose: Purpose,
+        call: ToolCall,
+    ) -> Result<u64, Error> {
+        let call_id = self.call_ids.next();
+        {
+            let mut m = task.minted.locked();
+            m.push_back(call_id);
+            while m.len() > MINTED_KEPT {
+                m.pop_front();
+            }
+        }
+        self.append(
+            task,
+            vec![Event::ToolCallIssued {
+                call_id,
+                step,
+                purpose,
+                worker: worker.to_string(),
+                call,
+            }],
+        )
+        .await?;
+        Ok(call_id)
+    }
+
+    /// Logs a new task's first records and keeps it in memory.
+    pub async fn create(
+        &self,
+        events: impl FnOnce(TaskId) -> Vec<Event>,
+    ) -> Result<Arc<Task>, Error> {
+        let id = self.log.new_task_id()?;
+        let task = self.insert(TaskState::new(id));
+        self.append(&task, events(id)).await?;
+        Ok(task)
+    }
+
+    pub(crate) fn insert(&self, state: TaskState) -> Arc<Task> {
+        let (events, _) = broadcast::channel(WATCH_QUEUE);
+        let (live, _) = broadcast::channel(WATCH_QUEUE);
+        let task = Arc::new(Task {
+            id: state.id,
+            state: Mutex::new(state),
+            events,
+            live,
+            cancel: CancellationToken::new(),
+            wake: tokio::sync::Notify::new(),
+            control: tokio::sync::Mutex::new(()),
+            move_request: Mutex::new(None),
+            minted: Mutex::new(VecDeque::new()),
+            append_lock: tokio::sync::Mutex::new(()),
+        });
+        self.tasks.locked().insert(task.id, task.clone());
+        task
+    }
+
+    /// Rebuilds every task from its latest snapshot and log tail. A task whose records cannot
+    /// be decoded is failed (with the key and the reason, logged once) and the others go on.
+    /// Returns the tasks, in id order.
+    pub async fn load_all(&self) -> Result<Vec<Arc<Task>>, Error> {
+        let mut out = Vec::new();
+        for id in self.log.tasks()? {
+            let (state, broken) = self.load(id)?;
+            let task = self.insert(state);
+            if let Some(reason) = broken {
+                tracing::error!(task = %id, %reason, "task cannot be replayed; marking it failed");
+                // Marked already on an earlier start? Then its last record says so.
+                let last = self.log.last_seq(id)?;
+                let marked = self
+                    .log
+                    .read(id, last.saturating_sub(1))?
+                    .into_iter()
+                    .any(|r| {
+                        matches!(
+                            r,
+                            Ok(Record {
+                                event: Event::Finished { .. },
+                                ..
+                            })
+                        )
+                    });
+                if marked {
+                    let mut st = task.state.locked();
+                    st.status = crate::model::state::Status::Failed;
+                    st.reason = reason;
+                } else if !task.state().status.is_terminal() {
+                    self.append(
+                        &task,
+                        vec![Event::Finished {
+                            outcome: Outcome::Failed,
+                            reason,
+                        }],
+                    )
+                    .await?;
+                }
+            }
+            out.push(task);
+        }
+        Ok(out)
+    }
+
+    /// A task's state from its snapshot and the records after it. The second value is set
+    /// when a record cannot be decoded: the state is as of the record before it.
+    pub fn load(&self, id: TaskId) -> Result<(TaskState, Option<String>), Error> {
+        let mut state = TaskState::new(id);
+        if let Some((upto, bytes)) = self.log.snapshot(id)? {
+            match serde_json::from_slice::<TaskState>(&bytes) {
+                // A snapshot must not run ahead of the log (a backup taken mid-snapshot).
+                Ok(s) if s.last_seq == upto && upto <= self.log.last_seq(id)? => state = s,
+                // A snapshot we cannot read only costs a longer replay.
+                _ => tracing::warn!(task = %id, "snapshot unreadable; replaying the whole log"),
+            }
+        }
+        for r in self.log.read(id, state.last_seq)? {
+            match r {
+                Ok(r) => apply(&mut state, &r),
+                Err(e) => return Ok((state, Some(e.to_string()))),
+            }
+        }
+        Ok((state, None))
+    }
+
+    /// Whether some running task waits for the result of `call_id`.
+    pub(crate) fn wants_result(&self, call_id: u64) -> bool {
+        self.all()
+            .iter()
+            .any(|t| t.state().pending.is_some_and(|p| p.call_id == call_id))
+    }
+
+    /// Whether a task that holds a worker (not ended, not stopped for budget: a stopped
+    /// task's workspace is mirrored) runs on `worker`.
+    pub fn worker_in_use(&self, worker: &str) -> bool {
+        self.all().iter().any(|t| {
+            let st = t.state();
+            !st.status.is_terminal()
+                && st.status != crate::model::state::Status::BudgetExhausted
+                && st.worker.as_deref() == Some(worker)
+        })
+    }
+
+    /// Ids of tasks this process has in memory, for tests.
+    pub fn ids(&self) -> HashSet<TaskId> {
+        self.tasks.locked().keys().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::log::MemLog;
+
+    #[tokio::test]
+    async fn finished_stays_the_last_record_even_when_a_snapshot_is_due() {
+        let log = Arc::new(MemLog::default());
+        let store = Store::new(log.clone(), 2, CallIds::starting_above(0, 1));
+        let id = log.new_task_id().unwrap();
+        let task = store.insert(TaskState::new(id));
+        store
+            .append(&task, vec![Event::WorkerAssigned { worker: "w".into() }])
+            .await
+            .unwrap();
+        store
+            .append(
+                &task,
+                vec![Event::Finished {
+                    outcome: Outcome::Finished,
+                    reason: String::new(),
+                }],
+            )
+            .await
+            .unwrap();
+        let records: Vec<Record> = log
+            .read(id, 0)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(records.len(), 2, "{records:?}");
+        assert!(matches!(records[1].event, Event::Finished { .. }));
+        // A due snapshot is still taken while the task runs.
+        let id2 = log.new_task_id().unwrap();
+        let t2 = store.insert(TaskState::new(id2));
+        for _ in 0..2 {
+            store
+                .append(&t2, vec![Event::WorkerAssigned { worker: "w".into() }])
+                .await
+                .unwrap();
+        }
+        assert_eq!(log.snapshot(id2).unwrap().map(|s| s.0), Some(2));
+    }
+
+    #[tokio::test]
+    async fn issued_calls_get_fresh_ids_and_are_remembered_as_minted_here() {
+        let log = Arc::new(MemLog::default());
+        let store = Store::new(log.clone(), 100, CallIds::starting_above(0, 1));
+        let task = store
+            .create(|_| vec![Event::WorkerAssigned { worker: "w".into() }])
+            .await
+            .unwrap();
+        let call = ToolCall::ListFiles {
+            glob: String::new(),
+        };
+        let a = store
+            .issue(&task, "w", 0, Purpose::Step, call.clone())
+            .await
+            .unwrap();
+        assert!(task.minted_here(a));
+        assert_eq!(task.state().pending.map(|p| p.call_id), Some(a));
+        let b = store
+            .issue(&task, "w", 1, Purpose::Step, call)
+            .await
+            .unwrap();
+        assert!(b > a);
+        assert!(!task.minted_here(a - 1));
+    }
+}

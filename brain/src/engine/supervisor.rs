@@ -1,0 +1,90 @@
+//! Runs a task's driver until the task ends or stops: builds the facts, asks the shared
+//! [`preamble`] and then the driver what to do, performs it, and asks again. A crash
+//! anywhere is just "rebuild the state from the log, ask again". An error appending to the
+//! log (disk full, I/O) pauses the task and retries from the log's state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::agent::AgentDriver;
+use super::driver::{Action, Driver, Facts, preamble};
+use super::plan::PlanDriver;
+use super::{Cx, Engine, Error, Task, effects};
+
+/// Drives `task` until it ends or stops for budget.
+pub async fn run(engine: Engine, task: Arc<Task>) {
+    let mut driver: Box<dyn Driver> = if task.state().agent.is_some() {
+        Box::new(AgentDriver::new(engine.opts().llm.clone()))
+    } else {
+        Box::new(PlanDriver)
+    };
+    let cx = Cx {
+        engine: &engine,
+        task: &task,
+    };
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match drive(&cx, driver.as_mut()).await {
+            Ok(()) => return,
+            Err(e) => {
+                // Nothing was acted on that the log does not show; try again from its state.
+                tracing::error!(task = %task.id, error = %e, retry_in = ?delay, "task cannot write its log; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(60));
+            }
+        }
+    }
+}
+
+/// What a decision needs from outside the log, now.
+fn facts(cx: &Cx<'_>) -> Facts {
+    let agent = cx.task.state().agent.is_some();
+    Facts {
+        cancelled: cx.task.cancel.is_cancelled(),
+        move_request: cx.task.move_request(),
+        now_ms: shared::now_unix_ms(),
+        machines_usd: if agent {
+            cx.engine.machines_cost(cx.task.id)
+        } else {
+            0.0
+        },
+    }
+}
+
+async fn drive(cx: &Cx<'_>, driver: &mut dyn Driver) -> Result<(), Error> {
+    loop {
+        let st = cx.task.state();
+        let f = facts(cx);
+        let action = preamble(&st, &f).unwrap_or_else(|| driver.next(&st, &f));
+        tracing::trace!(task = %cx.task.id, ?action, "next");
+        match action {
+            Action::Stop => return Ok(()),
+            Action::Finish {
+                outcome,
+                reason,
+                before,
+            } => effects::finish(cx, outcome, reason, before).await?,
+            Action::Log(events) => cx.store().append(cx.task, events).await?,
+            Action::Settle(p) => {
+                let (worker, changes) = (p.worker.clone(), !p.call.is_read_only());
+                driver.settle(cx, p).await?;
+                // The mirror follows the disk after every call that can change it.
+                if changes
+                    && cx.task.state().pending.is_none()
+                    && cx.ports().workers.is_connected(&worker)
+                {
+                    effects::barrier(cx, &worker, false).await?;
+                }
+            }
+            Action::Move(to) => effects::move_task(cx, &to).await?,
+            Action::Seed => effects::seed(cx).await?,
+            Action::Issue {
+                call,
+                step,
+                purpose,
+            } => effects::issue(cx, call, step, purpose).await?,
+            Action::AwaitDecision => effects::await_decision(cx).await,
+            other => driver.act(cx, other).await?,
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! What the model is shown besides the conversation: the system prompt, and how big a
+//! request is (to elide old tool outputs before the context window overflows). Pure: built
+//! anew for every request from the task's fixed spec and state, never logged.
+
+use super::agent::{AgentState, ELIDED, Permission};
+use crate::llm;
+
+/// The system prompt for a task's agent.
+pub fn system_prompt(a: &AgentState) -> String {
+    let perm = match a.spec.permission {
+        Permission::ReadOnly => "You may only read: inspect and report, change nothing.",
+        Permission::Ask => {
+            "Every command and file change waits for a person's approval; a denial comes back as an error with the reason."
+        }
+        Permission::Auto => {
+            "Some commands and paths are pre-approved; others wait for a person's approval."
+        }
+        Permission::Full => "Your commands and file changes run without asking.",
+    };
+    format!(
+        "You are a careful coding agent working in a project workspace on a remote machine, through tools.\n\
+         The first user message is your goal. Work in small steps: look at the files, make a change, run the tests or the program, read the output, fix what fails.\n\
+         Paths are relative to the workspace root; commands start there. Command output, exit codes and errors come back to you; long outputs are cut in the middle.\n\
+         {perm}\n\
+         When the goal is met, or cannot be met, call `finish` with a short summary."
+    )
+}
+
+/// Rough size of a request in tokens (4 characters a token).
+pub fn estimate_tokens(system: &str, a: &AgentState, tools: &[llm::ToolSpec]) -> u64 {
+    let mut chars = system.len() + serde_json::to_string(tools).map_or(0, |s| s.len());
+    for m in &a.conversation {
+        chars += m.content.len() + 16;
+        chars += m
+            .tool_calls
+            .iter()
+            .map(|c| c.name.len() + c.arguments.len() + 16)
+            .sum::<usize>();
+    }
+    chars as u64 / 4
+}
+
+/// Messages whose old tool outputs to elide so the request fits in the context window, and
+/// the bytes that saves; `None` when it fits (or nothing more can go). Past three quarters
+/// of the window, or at once with `force` (the provider said it overflowed). The last few
+/// messages always stay.
+pub fn elision(a: &AgentState, window: u64, estimate: u64, force: bool) -> Option<(u32, u64)> {
+    if !force && estimate * 4 < window * 3 {
+        return None;
+    }
+    const KEEP: usize = 6;
+    let len = a.conversation.len();
+    let upto = len.saturating_sub(KEEP);
+    if upto <= a.elided_upto as usize {
+        return None;
+    }
+    let saved: u64 = a.conversation[..upto]
+        .iter()
+        .filter(|m| m.role == llm::Role::Tool && m.content.len() > ELIDED.len())
+        .map(|m| (m.content.len() - ELIDED.len()) as u64)
+        .sum();
+    (saved > 0).then_some((upto as u32, saved))
+}
