@@ -19,18 +19,23 @@
 //! cannot come back.
 
 pub mod aws;
+mod config;
 pub mod docker;
 pub mod ec2;
 pub mod env;
 pub mod local;
+mod reconcile;
+mod records;
 pub mod ssh;
+
+pub use config::{Policy, ProviderPolicy, ProvisionConfig, check_url};
+pub use records::{Machine, Spec, State};
+use records::{V, decode};
 
 use shared::locks::Lock;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use serde::{Deserialize, Serialize};
 
 use crate::fleet::hub::Hub;
 use crate::fleet::placement::Placement;
@@ -95,98 +100,6 @@ impl ProviderError {
             message: msg.into(),
             untouched: true,
         }
-    }
-}
-
-/// What a machine should offer.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Spec {
-    pub cpu: u32,
-    pub memory_gb: u32,
-    pub disk_gb: u32,
-    pub gpu: u32,
-}
-
-/// Where a machine is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum State {
-    /// The record is written; the provider call may or may not have happened.
-    Creating,
-    /// The provider made it; its worker has not joined yet.
-    Joining,
-    /// Its worker is enrolled.
-    Ready,
-    /// Being destroyed; after a crash the release is done again.
-    Releasing,
-    Released,
-    /// Creation failed and nothing of it is left.
-    Failed,
-}
-
-impl State {
-    pub fn name(self) -> &'static str {
-        match self {
-            State::Creating => "creating",
-            State::Joining => "joining",
-            State::Ready => "ready",
-            State::Releasing => "releasing",
-            State::Released => "released",
-            State::Failed => "failed",
-        }
-    }
-
-    /// Released or failed: nothing of the machine is left.
-    pub fn is_ended(self) -> bool {
-        matches!(self, State::Released | State::Failed)
-    }
-}
-
-/// The durable record of one machine.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Machine {
-    pub v: u32,
-    pub id: String,
-    pub provider: String,
-    pub spec: Spec,
-    /// Provider-specific request (e.g. the ssh destination).
-    #[serde(default)]
-    pub params: serde_json::Value,
-    pub labels: BTreeMap<String, String>,
-    pub state: State,
-    /// The provider's own name for it (a pid, a container or instance id, host:unit).
-    #[serde(default)]
-    pub handle: String,
-    /// Where it is, for people.
-    #[serde(default)]
-    pub address: String,
-    /// The worker it enrolled as.
-    #[serde(default)]
-    pub worker: Option<String>,
-    /// The task it was created for, if any.
-    #[serde(default)]
-    pub task: Option<String>,
-    pub usd_per_hour: f64,
-    pub created_ms: i64,
-    #[serde(default)]
-    pub joined_ms: i64,
-    #[serde(default)]
-    pub ended_ms: i64,
-    /// Why it was released or failed, or what happened to it last.
-    #[serde(default)]
-    pub note: String,
-}
-
-impl Machine {
-    /// What it has cost so far (until now, or until it ended).
-    pub fn cost_usd(&self, now_ms: i64) -> f64 {
-        let end = if self.ended_ms > 0 {
-            self.ended_ms
-        } else {
-            now_ms
-        };
-        let hours = (end - self.created_ms).max(0) as f64 / 3_600_000.0;
-        hours * self.usd_per_hour
     }
 }
 
@@ -271,154 +184,6 @@ pub trait Provisioner: Send + Sync {
     async fn list(&self, records: &[Machine]) -> Result<Vec<Seen>, ProviderError>;
 }
 
-/// Per-provider limits.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ProviderPolicy {
-    /// Machines alive at once (0: none may be created).
-    pub max_machines: u32,
-    /// Sum of the hourly prices of live machines, in USD (0: no limit).
-    pub max_usd_per_hour: f64,
-    /// Hourly price of one machine, in USD.
-    pub usd_per_hour: f64,
-}
-
-impl Default for ProviderPolicy {
-    fn default() -> Self {
-        Self {
-            max_machines: 4,
-            max_usd_per_hour: 0.0,
-            usd_per_hour: 0.0,
-        }
-    }
-}
-
-/// `[provision]` in the brain's config file.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ProvisionConfig {
-    /// The URL machines dial (default: `https://127.0.0.1:<port>`, enough for `local`).
-    pub brain_url: Option<String>,
-    /// A machine whose worker has not joined by then is destroyed.
-    pub join_timeout: String,
-    /// A machine is released this long after it was created ("0s": never).
-    pub ttl: String,
-    /// A ready machine no task has used for this long is released ("0s": never).
-    pub idle_timeout: String,
-    /// Workers the brain starts exit when they cannot reach it for this long.
-    pub worker_exit_after: String,
-    /// How long one provider call may take.
-    pub call_timeout: String,
-    /// How often the reaper looks.
-    pub reaper_every: String,
-    /// Requests from the agent whose machine costs more per hour than this ask for approval.
-    pub approval_above_usd_per_hour: f64,
-    pub providers: BTreeMap<String, ProviderPolicy>,
-    pub local: local::LocalConfig,
-    pub ssh: ssh::SshConfig,
-    pub docker: docker::DockerConfig,
-    pub ec2: ec2::Ec2Config,
-    /// What `request_environment` may provision, first fit first.
-    pub offers: Vec<env::Offer>,
-}
-
-impl Default for ProvisionConfig {
-    fn default() -> Self {
-        Self {
-            brain_url: None,
-            join_timeout: "2m".into(),
-            ttl: "12h".into(),
-            idle_timeout: "30m".into(),
-            worker_exit_after: "10m".into(),
-            call_timeout: "5m".into(),
-            reaper_every: "5s".into(),
-            approval_above_usd_per_hour: 1.0,
-            providers: BTreeMap::new(),
-            local: local::LocalConfig::default(),
-            ssh: ssh::SshConfig::default(),
-            docker: docker::DockerConfig::default(),
-            ec2: ec2::Ec2Config::default(),
-            offers: Vec::new(),
-        }
-    }
-}
-
-/// [`ProvisionConfig`] with its durations parsed.
-#[derive(Debug, Clone)]
-pub struct Policy {
-    pub join_timeout: Duration,
-    pub ttl: Option<Duration>,
-    pub idle_timeout: Option<Duration>,
-    pub worker_exit_after: Duration,
-    pub call_timeout: Duration,
-    pub reaper_every: Duration,
-    pub approval_above_usd_per_hour: f64,
-    pub providers: BTreeMap<String, ProviderPolicy>,
-    pub offers: Vec<env::Offer>,
-}
-
-impl ProvisionConfig {
-    /// Parses the durations; the error names the setting.
-    pub fn policy(&self) -> Result<Policy, String> {
-        let d = |name: &str, v: &str| {
-            shared::parse_duration(v).map_err(|e| format!("provision.{name}: {e}"))
-        };
-        let nonzero = |x: Duration| (!x.is_zero()).then_some(x);
-        let p = Policy {
-            join_timeout: d("join_timeout", &self.join_timeout)?,
-            ttl: nonzero(d("ttl", &self.ttl)?),
-            idle_timeout: nonzero(d("idle_timeout", &self.idle_timeout)?),
-            worker_exit_after: d("worker_exit_after", &self.worker_exit_after)?,
-            call_timeout: d("call_timeout", &self.call_timeout)?,
-            reaper_every: d("reaper_every", &self.reaper_every)?,
-            approval_above_usd_per_hour: self.approval_above_usd_per_hour,
-            providers: self.providers.clone(),
-            offers: self.offers.clone(),
-        };
-        for o in &p.offers {
-            if let Some(url) = &o.brain_url {
-                check_url(url).map_err(|e| format!("provision.offers brain_url: {e}"))?;
-            }
-        }
-        if p.join_timeout.is_zero() || p.call_timeout.is_zero() || p.reaper_every.is_zero() {
-            return Err(
-                "provision.join_timeout, call_timeout and reaper_every must be more than 0s".into(),
-            );
-        }
-        if p.worker_exit_after < Duration::from_secs(1) {
-            return Err("provision.worker_exit_after must be at least 1s".into());
-        }
-        if let Some(url) = &self.brain_url {
-            check_url(url).map_err(|e| format!("provision.brain_url: {e}"))?;
-        }
-        Ok(p)
-    }
-}
-
-/// A brain URL machines can be given: `https://HOST[:PORT]`.
-pub fn check_url(url: &str) -> Result<(), String> {
-    // The same parse the worker does, and only characters that go into a command line or
-    // user data unquoted.
-    shared::tls::BrainAddr::parse(url).map_err(|e| e.to_string())?;
-    let plain = url.len() <= 255
-        && url
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-._:[]/".contains(c));
-    if plain {
-        Ok(())
-    } else {
-        Err(format!(
-            "{url:?} has characters a brain URL does not need: use https://HOST:PORT"
-        ))
-    }
-}
-
-impl Policy {
-    fn limits(&self, provider: &str) -> ProviderPolicy {
-        self.providers.get(provider).cloned().unwrap_or_default()
-    }
-}
-
 /// A request for a machine.
 #[derive(Debug, Clone, Default)]
 pub struct Request {
@@ -439,12 +204,6 @@ pub struct BrainInfo {
     pub url: String,
     pub ca_hash: String,
 }
-
-const V: u32 = 1;
-/// Ended records are kept this long for `brain machines --all`, then dropped.
-const KEEP_ENDED_MS: i64 = 7 * 24 * 3_600_000;
-/// Reconcile with the providers this often besides at start.
-const RECONCILE_EVERY: Duration = Duration::from_secs(60);
 
 /// The machines of this brain. Cheap to clone.
 #[derive(Clone)]
@@ -857,201 +616,4 @@ impl Machines {
         tracing::info!(machine = %m.id, state = end.name(), "machine released");
         Ok(m)
     }
-
-    /// Compares records with what the providers see, and settles every difference.
-    pub async fn reconcile(&self) -> Result<(), Error> {
-        for (name, provider) in &self.inner.providers {
-            let records: Vec<Machine> = self
-                .list()?
-                .into_iter()
-                .filter(|m| m.provider == *name && !m.state.is_ended())
-                .collect();
-            let seen = match tokio::time::timeout(
-                self.inner.policy.call_timeout,
-                provider.list(&records),
-            )
-            .await
-            {
-                Ok(Ok(s)) => s,
-                // A provider nobody uses (no Docker engine here, say) is not worth a warning.
-                Ok(Err(e)) if records.is_empty() => {
-                    tracing::debug!(provider = name, error = %e, "cannot list machines");
-                    continue;
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(provider = name, error = %e, "cannot list machines; will retry");
-                    continue;
-                }
-                Err(_) => {
-                    tracing::warn!(provider = name, "listing machines timed out; will retry");
-                    continue;
-                }
-            };
-            tracing::debug!(provider = name, records = records.len(), seen = ?seen, "reconciling");
-            let seen_ids: HashMap<&str, &Seen> =
-                seen.iter().map(|s| (s.machine.as_str(), s)).collect();
-            for m in records {
-                let Some(_busy) = self.busy(&m.id) else {
-                    continue;
-                };
-                let found = seen_ids.get(m.id.as_str());
-                let outcome = match (m.state, found) {
-                    (State::Creating, Some(s)) => {
-                        let mut m = m.clone();
-                        m.state = State::Joining;
-                        m.handle = s.handle.clone();
-                        m.note = "adopted: found after its creation was interrupted".into();
-                        tracing::info!(machine = %m.id, handle = %m.handle, "machine adopted");
-                        self.put(&m).await
-                    }
-                    (State::Creating, None) => {
-                        let mut m = m.clone();
-                        m.note =
-                            "creation was interrupted and the provider shows no machine".into();
-                        m.state = State::Releasing;
-                        self.put(&m).await?;
-                        self.finish_release(m, State::Failed).await.map(drop)
-                    }
-                    (State::Releasing, _) => self
-                        .finish_release(m.clone(), State::Released)
-                        .await
-                        .map(drop),
-                    (State::Joining | State::Ready, None) => {
-                        let mut m = m.clone();
-                        m.note = "gone: the provider no longer shows it".into();
-                        m.state = State::Releasing;
-                        self.put(&m).await?;
-                        self.finish_release(m, State::Released).await.map(drop)
-                    }
-                    _ => Ok(()),
-                };
-                if let Err(e) = outcome {
-                    tracing::warn!(machine = %m.id, error = %e, "reconciling a machine failed; will retry");
-                }
-            }
-            // Marked machines without a live record: left by a crash or a lost record.
-            for s in &seen {
-                let rec = self.get(&s.machine).ok();
-                if rec.as_ref().is_some_and(|m| !m.state.is_ended()) {
-                    continue;
-                }
-                let Some(_busy) = self.busy(&s.machine) else {
-                    continue;
-                };
-                tracing::warn!(provider = name, machine = %s.machine, handle = %s.handle, "destroying a machine this brain no longer accounts for");
-                let m = rec.unwrap_or_else(|| Machine {
-                    v: V,
-                    id: s.machine.clone(),
-                    provider: name.to_string(),
-                    spec: Spec::default(),
-                    params: serde_json::Value::Null,
-                    labels: BTreeMap::new(),
-                    state: State::Releasing,
-                    handle: s.handle.clone(),
-                    address: String::new(),
-                    worker: None,
-                    task: None,
-                    usd_per_hour: 0.0,
-                    created_ms: now_ms(),
-                    joined_ms: 0,
-                    ended_ms: 0,
-                    note: "orphan: no record named it".into(),
-                });
-                if let Err(e) = provider.destroy(&m).await {
-                    tracing::warn!(machine = %m.id, error = %e, "destroying an orphan failed; will retry");
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// One pass of the reaper: joins, join deadlines, time to live, idleness, old records.
-    pub async fn tick(&self) -> Result<(), Error> {
-        let now = now_ms();
-        let policy = self.inner.policy.clone();
-        for m in self.list()? {
-            if self.inner.busy.locked().contains(&m.id) {
-                continue;
-            }
-            if m.state.is_ended() {
-                if now - m.ended_ms > KEEP_ENDED_MS {
-                    self.inner.tree.remove(m.id.as_bytes())?;
-                }
-                continue;
-            }
-            if m.state == State::Joining {
-                self.check_joined(&m.id).await?;
-            }
-            let m = self.get(&m.id)?;
-            let age = Duration::from_millis((now - m.created_ms).max(0) as u64);
-            let why = match m.state {
-                State::Joining if age > policy.join_timeout => Some(format!(
-                    "its worker did not join within {:?}",
-                    policy.join_timeout
-                )),
-                State::Joining | State::Ready if policy.ttl.is_some_and(|t| age > t) => Some(
-                    format!("its time to live ({:?}) ran out", policy.ttl.unwrap()),
-                ),
-                State::Ready => self.idle_for(&m).and_then(|idle| {
-                    policy
-                        .idle_timeout
-                        .filter(|t| idle > *t)
-                        .map(|t| format!("no task used it for {t:?}"))
-                }),
-                _ => None,
-            };
-            if let Some(why) = why
-                && let Err(e) = self.release(&m.id, &why).await
-            {
-                tracing::warn!(machine = %m.id, error = %e, "releasing a machine failed; will retry");
-            }
-        }
-        Ok(())
-    }
-
-    /// How long a ready machine has gone without a task.
-    fn idle_for(&self, m: &Machine) -> Option<Duration> {
-        let w = m.worker.as_deref()?;
-        let mut used = self.inner.used.locked();
-        let last = used.entry(m.id.clone()).or_insert_with(Instant::now);
-        if (self.inner.in_use)(w) {
-            *last = Instant::now();
-        }
-        Some(last.elapsed())
-    }
-
-    /// Reconciles with the providers, then reaps (join deadline, TTL, idle) every
-    /// `reaper_every` and reconciles every minute, until `stop`.
-    pub async fn run_reaper(&self, stop: tokio_util::sync::CancellationToken) {
-        let pass = async {
-            if let Err(e) = self.reconcile().await {
-                tracing::warn!(error = %e, "reconciling machines failed");
-            }
-            let mut every = tokio::time::interval(self.inner.policy.reaper_every);
-            let mut reconciled = Instant::now();
-            loop {
-                every.tick().await;
-                if let Err(e) = self.tick().await {
-                    tracing::warn!(error = %e, "machine reaper pass failed");
-                }
-                if reconciled.elapsed() >= RECONCILE_EVERY {
-                    reconciled = Instant::now();
-                    if let Err(e) = self.reconcile().await {
-                        tracing::warn!(error = %e, "reconciling machines failed");
-                    }
-                }
-            }
-        };
-        tokio::select! {
-            _ = pass => {}
-            _ = stop.cancelled() => {}
-        }
-    }
-}
-
-fn decode(key: &[u8], bytes: &[u8]) -> Result<Machine, Error> {
-    serde_json::from_slice(bytes).map_err(|e| Error::Decode {
-        id: String::from_utf8_lossy(key).into_owned(),
-        reason: e.to_string(),
-    })
 }
