@@ -173,3 +173,110 @@ impl Driver for PlanDriver {
         effects::finish(cx, Outcome::Failed, reason, vec![]).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::event::{Plan, TaskId};
+    use crate::model::state::Status;
+
+    fn plan(json: &str) -> TaskState {
+        let mut st = TaskState::new(TaskId(1));
+        st.status = Status::Running;
+        st.worker = Some("w".into());
+        st.plan = Some(Plan::parse(json).unwrap());
+        st
+    }
+
+    const TWO: &str = r#"{"steps":[
+        {"run":["make"],"check":["test","-f","out"],"timeout":"5s"},
+        {"write":{"path":"a.txt","content":"x"}}
+    ]}"#;
+
+    #[test]
+    fn what_a_plan_does_next() {
+        let f = Facts::default();
+        let run = |argv: &[&str], ms: u64| ToolCall::RunCommand {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            timeout_ms: ms,
+            cwd: String::new(),
+        };
+        let fresh = plan(TWO);
+        let mut second = plan(TWO);
+        second.next_step = 1;
+        let mut done = plan(TWO);
+        done.next_step = 2;
+        let mut failed = plan(TWO);
+        failed.step_failed = Some("step 0 failed: exit code 2".into());
+        let mut unsure = plan(TWO);
+        unsure.unsure_step = Some(0);
+        let mut unsure_no_check = plan(r#"{"steps":[{"run":["make"]}]}"#);
+        unsure_no_check.unsure_step = Some(0);
+        let mut checks_fail = plan(TWO);
+        checks_fail.unsure_step = Some(0);
+        checks_fail.check_errors = MAX_CHECK_ERRORS;
+        let mut no_plan = plan(TWO);
+        no_plan.plan = None;
+        let cases: Vec<(&str, &TaskState, Action)> = vec![
+            (
+                "the first step, with its own timeout",
+                &fresh,
+                Action::Issue {
+                    call: run(&["make"], 5000),
+                    step: 0,
+                    purpose: Purpose::Step,
+                },
+            ),
+            (
+                "a write step, default mode",
+                &second,
+                Action::Issue {
+                    call: ToolCall::WriteFile {
+                        path: "a.txt".into(),
+                        content: "x".into(),
+                        mode: 0o644,
+                    },
+                    step: 1,
+                    purpose: Purpose::Step,
+                },
+            ),
+            (
+                "all done",
+                &done,
+                Action::finish(Outcome::Finished, "all 2 steps done"),
+            ),
+            (
+                "a failed step fails the task",
+                &failed,
+                Action::finish(Outcome::Failed, "step 0 failed: exit code 2"),
+            ),
+            (
+                "an interrupted step is checked",
+                &unsure,
+                Action::Issue {
+                    call: run(&["test", "-f", "out"], 5000),
+                    step: 0,
+                    purpose: Purpose::Check,
+                },
+            ),
+            (
+                "no plan",
+                &no_plan,
+                Action::finish(Outcome::Failed, "the task has no plan"),
+            ),
+        ];
+        for (name, st, want) in cases {
+            assert_eq!(PlanDriver.next(st, &f), want, "{name}");
+        }
+        let Action::Finish { outcome, reason, .. } = PlanDriver.next(&unsure_no_check, &f) else {
+            panic!("an interrupted step without a check must end the task");
+        };
+        assert_eq!(outcome, Outcome::Failed);
+        assert!(reason.contains("has no check"), "{reason}");
+        let Action::Finish { outcome, reason, .. } = PlanDriver.next(&checks_fail, &f) else {
+            panic!("a check that never answers must end the task");
+        };
+        assert_eq!(outcome, Outcome::Failed);
+        assert!(reason.contains("3 times in a row"), "{reason}");
+    }
+}

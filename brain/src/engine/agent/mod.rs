@@ -12,6 +12,8 @@
 
 mod files;
 mod redact;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,270 @@
+//! Table tests of the agent's decisions: a task state in, the action out.
+
+use super::*;
+use crate::llm::{Message, Response, Role, Usage};
+use crate::model::agent::{AgentSpec, Budget};
+use crate::model::event::TaskId;
+
+fn spec(permission: Permission) -> AgentSpec {
+    AgentSpec {
+        model: "replay:t".into(),
+        permission,
+        budget: Budget {
+            steps: 10,
+            usd: 1.0,
+            ..Default::default()
+        },
+        allow_commands: vec![],
+        allow_paths: vec![],
+        repeat_limit: 2,
+        transcript: String::new(),
+    }
+}
+
+fn task(permission: Permission) -> TaskState {
+    let mut st = TaskState::new(TaskId(3));
+    st.status = Status::Running;
+    st.worker = Some("w".into());
+    st.agent = Some(Box::new(AgentState::new(spec(permission), "fix it", 0)));
+    st
+}
+
+fn answer(calls: &[(&str, &str)]) -> Response {
+    Response {
+        message: Message {
+            role: Role::Assistant,
+            content: String::new(),
+            tool_calls: calls
+                .iter()
+                .enumerate()
+                .map(|(i, (name, args))| ToolUse {
+                    id: format!("u{i}"),
+                    name: name.to_string(),
+                    arguments: args.to_string(),
+                })
+                .collect(),
+            tool_call_id: String::new(),
+        },
+        usage: Usage {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+        },
+        malformed_calls: vec![],
+    }
+}
+
+/// `st` after the model answered with `calls`.
+fn answered(mut st: TaskState, calls: &[(&str, &str)]) -> TaskState {
+    st.agent.as_mut().unwrap().on_response(&answer(calls), 0.01);
+    st
+}
+
+fn decide(st: &TaskState) -> Action {
+    next(st, &Facts::default(), &llm::LlmConfig::default())
+}
+
+#[test]
+fn a_fresh_task_thinks_and_a_read_runs_unasked() {
+    assert_eq!(decide(&task(Permission::Ask)), Action::Think);
+    let st = answered(task(Permission::Ask), &[("read_file", r#"{"path":"a.py"}"#)]);
+    assert_eq!(
+        decide(&st),
+        Action::Issue {
+            call: ToolCall::ReadFile {
+                path: "a.py".into(),
+                start_line: 0,
+                end_line: 0,
+            },
+            step: 1,
+            purpose: Purpose::Step,
+        }
+    );
+}
+
+#[test]
+fn bad_calls_are_answered_with_an_error_observation() {
+    for (name, args, says) in [
+        ("launch_rockets", "{}", "unknown tool"),
+        ("read_file", "not json", "not valid JSON"),
+        ("read_file", "{}", "missing required argument"),
+    ] {
+        let st = answered(task(Permission::Full), &[(name, args)]);
+        let Action::Log(events) = decide(&st) else {
+            panic!("{name}: expected an observation");
+        };
+        match events.as_slice() {
+            [Event::Observation {
+                tool_use_id,
+                text,
+                failed: true,
+            }] => {
+                assert_eq!(tool_use_id, "u0");
+                assert!(text.contains(says), "{name}: {text}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn mutating_calls_wait_for_a_person_under_ask() {
+    let cmd = r#"{"command":"make"}"#;
+    let st = answered(task(Permission::Ask), &[("run_command", cmd)]);
+    let Action::Log(events) = decide(&st) else {
+        panic!("expected an approval request");
+    };
+    assert!(matches!(
+        events.as_slice(),
+        [
+            Event::ApprovalRequested { approval_id: 1, tool_use_id, .. },
+            Event::StatusChanged { status: Status::Waiting, .. },
+        ] if tool_use_id == "u0"
+    ));
+    // Asked: wait.
+    let mut asked = st.clone();
+    let rec = |seq, event| crate::model::event::Record {
+        v: crate::model::event::RECORD_VERSION,
+        task: TaskId(3),
+        seq,
+        at_ms: 0,
+        event,
+    };
+    let mut seq = 1;
+    for e in events {
+        crate::model::state::apply(&mut asked, &rec(seq, e));
+        seq += 1;
+    }
+    assert_eq!(decide(&asked), Action::AwaitDecision);
+    // Denied: the model hears why.
+    let mut denied = asked.clone();
+    crate::model::state::apply(
+        &mut denied,
+        &rec(
+            seq,
+            Event::ApprovalDecided {
+                approval_id: 1,
+                approved: false,
+                by: "ana".into(),
+                reason: "not now".into(),
+            },
+        ),
+    );
+    let Action::Log(events) = decide(&denied) else {
+        panic!("expected the denial as an observation");
+    };
+    assert!(
+        matches!(&events[..], [Event::Observation { text, failed: true, .. }] if text.contains("ana denied this call (not now)")),
+        "{events:?}"
+    );
+    // Approved: issued.
+    let mut approved = asked;
+    crate::model::state::apply(
+        &mut approved,
+        &rec(
+            seq,
+            Event::ApprovalDecided {
+                approval_id: 1,
+                approved: true,
+                by: "ana".into(),
+                reason: String::new(),
+            },
+        ),
+    );
+    assert!(matches!(
+        decide(&approved),
+        Action::Issue {
+            call: ToolCall::RunCommand { .. },
+            ..
+        }
+    ));
+    // Full permission: no question asked.
+    let st = answered(task(Permission::Full), &[("run_command", cmd)]);
+    assert!(matches!(decide(&st), Action::Issue { .. }));
+}
+
+#[test]
+fn finish_environment_and_the_guards() {
+    let st = answered(task(Permission::Full), &[("finish", r#"{"summary":"done"}"#)]);
+    assert!(matches!(
+        decide(&st),
+        Action::Finish { outcome: Outcome::Finished, reason, before } if reason == "done" && before.len() == 1
+    ));
+    let st = answered(
+        task(Permission::Full),
+        &[("request_environment", r#"{"cpu":8,"reason":"big build"}"#)],
+    );
+    assert!(matches!(
+        decide(&st),
+        Action::Environment { req, .. } if req.cpu == 8
+    ));
+    // Two replies in a row without a tool call end the task.
+    let st = answered(answered(task(Permission::Full), &[]), &[]);
+    assert!(matches!(
+        decide(&st),
+        Action::Finish { outcome: Outcome::Finished, reason, .. } if reason.contains("stopped calling tools")
+    ));
+    // The same failing call four times (limit 2 + 2): stuck.
+    let mut st = task(Permission::Full);
+    for i in 0..4 {
+        st = answered(st, &[("run_command", r#"{"command":"false"}"#)]);
+        st.agent
+            .as_mut()
+            .unwrap()
+            .on_observation("u0", &format!("exit {i}"), true);
+    }
+    assert!(matches!(
+        decide(&st),
+        Action::Finish { outcome: Outcome::Stuck, .. }
+    ));
+}
+
+#[test]
+fn budgets_stop_the_task_with_what_to_give() {
+    let mut st = task(Permission::Full);
+    st.agent.as_mut().unwrap().spent.usd = 0.6;
+    let f = Facts {
+        machines_usd: 0.5,
+        ..Facts::default()
+    };
+    let Action::Log(events) = next(&st, &f, &llm::LlmConfig::default()) else {
+        panic!("machines count in the money budget");
+    };
+    assert!(matches!(
+        &events[..],
+        [Event::StatusChanged { status: Status::BudgetExhausted, reason }]
+            if reason.contains("on machines") && reason.contains("brain task resume t-3")
+    ));
+    assert_eq!(
+        next(&st, &Facts::default(), &llm::LlmConfig::default()),
+        Action::Think
+    );
+    // The wall clock is a fact too.
+    let mut st = task(Permission::Full);
+    st.agent.as_mut().unwrap().limits.wall_ms = 1000;
+    let late = Facts {
+        now_ms: 5000,
+        ..Facts::default()
+    };
+    assert!(matches!(next(&st, &late, &llm::LlmConfig::default()), Action::Log(_)));
+}
+
+#[test]
+fn old_outputs_are_elided_near_the_context_window() {
+    let mut st = task(Permission::Full);
+    st.agent.as_mut().unwrap().limits.steps = 100;
+    // 20 outputs of 40k characters: about 200k tokens, past three quarters of 128k.
+    for i in 0..20 {
+        st = answered(st, &[("read_file", r#"{"path":"big"}"#)]);
+        st.agent
+            .as_mut()
+            .unwrap()
+            .on_observation("u0", &format!("{i}{}", "x".repeat(40_000)), false);
+    }
+    let Action::Log(events) = decide(&st) else {
+        panic!("expected an elision");
+    };
+    assert!(matches!(
+        &events[..],
+        [Event::ContextElided { upto, bytes_saved }] if *upto > 0 && *bytes_saved > 100_000
+    ));
+}
