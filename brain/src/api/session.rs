@@ -9,6 +9,7 @@ use std::time::Duration;
 use proto::worker_session_server::WorkerSession;
 use proto::{ExecEvent, WorkerMessage, brain_message, worker_message};
 use shared::pki::Role;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{Services, convert};
@@ -99,7 +100,7 @@ impl WorkerSession for Services {
 async fn run_session(
     hub: &Hub,
     session: &Arc<Session>,
-    inbound: &mut Streaming<WorkerMessage>,
+    inbound: &mut (impl Stream<Item = Result<WorkerMessage, Status>> + Unpin),
     opts: SessionOptions,
 ) -> String {
     let mut beat = tokio::time::interval(opts.heartbeat_interval());
@@ -118,11 +119,11 @@ async fn run_session(
                     unix_ms: shared::now_unix_ms(),
                 }));
             }
-            msg = inbound.message() => {
+            msg = inbound.next() => {
                 let msg = match msg {
-                    Err(status) => return format!("stream error: {}", status.message()),
-                    Ok(None) => return "the worker closed the session".into(),
-                    Ok(Some(m)) => m,
+                    Some(Err(status)) => return format!("stream error: {}", status.message()),
+                    None => return "the worker closed the session".into(),
+                    Some(Ok(m)) => m,
                 };
                 lost.as_mut().reset(tokio::time::Instant::now() + opts.lost_after);
                 session.last_seen_ms.store(shared::now_unix_ms(), Ordering::Relaxed);
@@ -151,5 +152,44 @@ async fn run_session(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ids::CallIds;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_silent_for_lost_after_is_lost_and_messages_keep_it() {
+        let (hub, _events) = Hub::new(CallIds::starting_above(0, 1));
+        let (session, _out) = hub.register("w-1");
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let mut inbound = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let opts = SessionOptions {
+            lost_after: Duration::from_secs(15),
+        };
+        let (h, s) = (hub.clone(), session.clone());
+        let run = tokio::spawn(async move { run_session(&h, &s, &mut inbound, opts).await });
+        // Heartbeats every 10 s for a minute: still connected.
+        let beat = || {
+            Ok(WorkerMessage {
+                msg: Some(worker_message::Msg::Heartbeat(proto::Heartbeat { unix_ms: 0 })),
+            })
+        };
+        for _ in 0..6 {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            tx.send(beat()).await.unwrap();
+        }
+        assert!(!run.is_finished(), "lost although it kept talking");
+        let silent = tokio::time::Instant::now();
+        let why = run.await.unwrap();
+        assert_eq!(why, "lost: no message for 15s");
+        let waited = silent.elapsed();
+        assert!(
+            waited >= Duration::from_secs(15) && waited < Duration::from_secs(16),
+            "{waited:?}"
+        );
+        drop(tx);
     }
 }

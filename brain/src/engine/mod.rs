@@ -563,3 +563,6 @@ impl Engine {
         self.inner.ports.environments.task_cost(&task.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -191,6 +191,11 @@ impl Registry {
 
     /// Checks that a token is valid (known, unused, unexpired) without using it up.
     pub fn check_token(&self, token: &str) -> Result<(), Error> {
+        self.check_token_at(token, shared::now_unix_ms())
+    }
+
+    /// [`Registry::check_token`] as of `now_ms`.
+    pub fn check_token_at(&self, token: &str, now_ms: i64) -> Result<(), Error> {
         let key = token_hash(token);
         let bytes = self
             .tokens
@@ -200,7 +205,7 @@ impl Registry {
         if rec.used_ms.is_some() {
             return Err(Error::TokenUsed);
         }
-        if shared::now_unix_ms() >= rec.expires_ms {
+        if now_ms >= rec.expires_ms {
             return Err(Error::TokenExpired);
         }
         Ok(())
@@ -208,6 +213,15 @@ impl Registry {
 
     /// Marks a token used, atomically, and returns its labels. A token can be consumed once.
     pub async fn consume_token(&self, token: &str) -> Result<BTreeMap<String, String>, Error> {
+        self.consume_token_at(token, shared::now_unix_ms()).await
+    }
+
+    /// [`Registry::consume_token`] as of `now_ms`.
+    pub async fn consume_token_at(
+        &self,
+        token: &str,
+        now_ms: i64,
+    ) -> Result<BTreeMap<String, String>, Error> {
         let key = token_hash(token);
         loop {
             let old = self
@@ -218,11 +232,10 @@ impl Registry {
             if rec.used_ms.is_some() {
                 return Err(Error::TokenUsed);
             }
-            let now = shared::now_unix_ms();
-            if now >= rec.expires_ms {
+            if now_ms >= rec.expires_ms {
                 return Err(Error::TokenExpired);
             }
-            rec.used_ms = Some(now);
+            rec.used_ms = Some(now_ms);
             let swapped =
                 self.tokens
                     .compare_and_swap(key.as_bytes(), Some(old), Some(encode(&rec)))?;
@@ -415,6 +428,27 @@ mod tests {
         assert!(matches!(
             r.consume_token("tj_nope").await,
             Err(Error::TokenUnknown)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_token_expires_exactly_at_its_ttl() {
+        let (_d, r) = reg();
+        let (t, expires) = r.create_token(1_000, BTreeMap::new()).await.unwrap();
+        r.check_token_at(&t, expires - 1).unwrap();
+        assert!(matches!(
+            r.check_token_at(&t, expires),
+            Err(Error::TokenExpired)
+        ));
+        assert!(matches!(
+            r.consume_token_at(&t, expires).await,
+            Err(Error::TokenExpired)
+        ));
+        // An expired attempt leaves it usable within its life.
+        r.consume_token_at(&t, expires - 1).await.unwrap();
+        assert!(matches!(
+            r.check_token_at(&t, expires - 1),
+            Err(Error::TokenUsed)
         ));
     }
 

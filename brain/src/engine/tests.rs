@@ -1,0 +1,364 @@
+//! The engine in process: real store, supervisor and drivers over an in-memory log and fake
+//! ports, with tokio's clock paused, so timeouts (failover after, worker wait) run in virtual
+//! time and each test waits on conditions, not on the wall clock.
+
+use shared::locks::Lock;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::ports::*;
+use super::*;
+use crate::engine::log::MemLog;
+use crate::model::env::{EnvRequest, Grant, Quote};
+use crate::model::event::ToolResult;
+use crate::model::ids::CallIds;
+use crate::model::ops::{Command, CommandEnd, FileAnswer, FileOp, SyncOp, SyncReport};
+
+/// Workers that are connected or not as the test says, run every command at most once per
+/// call id (as a worker's journal does) and answer barriers with a fresh root.
+#[derive(Default)]
+struct FakeWorkers {
+    connected: Mutex<HashSet<String>>,
+    /// Woken when a worker connects or disconnects.
+    changed: tokio::sync::Notify,
+    /// Call ids run, with the worker they ran on, in order.
+    ran: Mutex<Vec<(u64, String)>>,
+    /// While set, commands do not finish (they wait for it to clear, or for their worker
+    /// to go).
+    hold: std::sync::atomic::AtomicBool,
+    barriers: AtomicU64,
+}
+
+impl FakeWorkers {
+    fn hold(&self, on: bool) {
+        self.hold.store(on, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    fn set(&self, worker: &str, up: bool) {
+        let mut c = self.connected.locked();
+        if up {
+            c.insert(worker.to_string());
+        } else {
+            c.remove(worker);
+        }
+        drop(c);
+        self.changed.notify_waiters();
+    }
+
+    fn up(&self, worker: &str) -> bool {
+        self.connected.locked().contains(worker)
+    }
+
+    async fn until_up(&self, worker: &str, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        loop {
+            let notified = self.changed.notified();
+            if self.up(worker) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Workers for FakeWorkers {
+    fn is_connected(&self, worker: &str) -> bool {
+        self.up(worker)
+    }
+
+    async fn wait_connected(&self, worker: &str, wait: Duration) -> bool {
+        self.until_up(worker, wait).await
+    }
+
+    async fn run_durable(
+        &self,
+        worker: &str,
+        cmd: Command,
+        wait: Duration,
+        _output: OutputSink,
+    ) -> CommandEnd {
+        loop {
+            if !self.until_up(worker, wait).await {
+                return CommandEnd::WorkerGone;
+            }
+            let changed = self.changed.notified();
+            if !self.hold.load(Ordering::SeqCst) {
+                break;
+            }
+            if !self.up(worker) {
+                continue;
+            }
+            changed.await;
+        }
+        let mut ran = self.ran.locked();
+        if !ran.iter().any(|(id, _)| *id == cmd.call_id) {
+            ran.push((cmd.call_id, worker.to_string()));
+        }
+        CommandEnd::Finished {
+            result: ToolResult {
+                exit_code: Some(0),
+                ..Default::default()
+            },
+            stdout: format!("ran on {worker}").into_bytes(),
+            stderr: vec![],
+        }
+    }
+
+    fn cancel(&self, _worker: &str, _call_id: u64) {}
+
+    fn ack(&self, _worker: &str, _call_id: u64) {}
+
+    async fn file(
+        &self,
+        worker: &str,
+        _workspace: &str,
+        _op: FileOp,
+        _timeout: Duration,
+    ) -> Result<FileAnswer, CallError> {
+        if self.up(worker) {
+            Ok(FileAnswer::Done)
+        } else {
+            Err(CallError::NotConnected(worker.into()))
+        }
+    }
+
+    async fn sync(
+        &self,
+        worker: &str,
+        _workspace: &str,
+        op: SyncOp,
+        _rules: &SyncRules,
+        _full_scan: bool,
+        _timeout: Duration,
+    ) -> Result<SyncReport, CallError> {
+        if !self.up(worker) {
+            return Err(CallError::NotConnected(worker.into()));
+        }
+        let root_hash = match op {
+            SyncOp::Materialise { root } => root,
+            _ => format!("root-{}", self.barriers.fetch_add(1, Ordering::Relaxed)),
+        };
+        Ok(SyncReport {
+            root_hash,
+            ..Default::default()
+        })
+    }
+}
+
+/// Placement over the fake workers: the one named, or any connected one.
+struct FakePlacement(Arc<FakeWorkers>);
+
+impl Placement for FakePlacement {
+    fn pick(&self, named: &str, _labels: &Labels) -> Result<Picked, String> {
+        Ok(Picked {
+            id: named.into(),
+            name: named.into(),
+        })
+    }
+
+    fn failover(&self, lost: &str, _labels: &Labels) -> Option<String> {
+        let mut up: Vec<String> = self.0.connected.locked().iter().cloned().collect();
+        up.sort();
+        up.into_iter().find(|w| w != lost)
+    }
+}
+
+struct NoMachines;
+
+#[async_trait::async_trait]
+impl Environments for NoMachines {
+    fn quote(&self, _: &str, _: &str, _: &EnvRequest) -> Quote {
+        Quote::default()
+    }
+    async fn obtain(&self, _: &str, _: &str, _: &EnvRequest, _: Option<f64>) -> Result<Grant, String> {
+        Err("no machines here".into())
+    }
+    async fn release_if_ours(&self, _: &str, _: &str) -> Option<String> {
+        None
+    }
+    fn task_cost(&self, _: &str) -> f64 {
+        0.0
+    }
+}
+
+#[async_trait::async_trait]
+impl Workspaces for NoMachines {
+    async fn import_git(&self, _: &str, _: &str, _: &SyncRules) -> Result<Imported, String> {
+        Err("no git here".into())
+    }
+}
+
+fn engine(workers: Arc<FakeWorkers>, opts: Options) -> Engine {
+    let store = Store::new(Arc::new(MemLog::default()), 100, CallIds::starting_above(0, 1));
+    Engine::new(
+        store,
+        Ports {
+            workers: workers.clone(),
+            placement: Arc::new(FakePlacement(workers)),
+            environments: Arc::new(NoMachines),
+            workspaces: Arc::new(NoMachines),
+        },
+        opts,
+        TaskTracker::new(),
+        CancellationToken::new(),
+    )
+}
+
+fn plan_task(worker: &str, steps: usize) -> NewTask {
+    let steps: Vec<String> = (0..steps)
+        .map(|i| format!(r#"{{"run":["step-{i}"]}}"#))
+        .collect();
+    NewTask {
+        goal: "test".into(),
+        kind: Kind::Plan(Plan::parse(&format!(r#"{{"steps":[{}]}}"#, steps.join(","))).unwrap()),
+        worker: worker.into(),
+        labels: Labels::new(),
+        rules: SyncRules::default(),
+        source: Source::Empty,
+    }
+}
+
+/// Waits (in virtual time) until `f` holds for the task's state, at most `limit`.
+async fn until(e: &Engine, id: TaskId, limit: Duration, f: impl Fn(&TaskState) -> bool) -> TaskState {
+    let deadline = Instant::now() + limit;
+    loop {
+        let st = e.store().task(id).unwrap().state();
+        if f(&st) {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "condition not met within {limit:?}: {st:#?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn events(e: &Engine, id: TaskId) -> Vec<Event> {
+    e.store()
+        .log()
+        .read(id, 0)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap().event)
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_fails_over_once_its_worker_is_gone_for_failover_after() {
+    let workers = Arc::new(FakeWorkers::default());
+    workers.set("w2", true);
+    let e = engine(
+        workers.clone(),
+        Options {
+            failover_after: Duration::from_secs(30),
+            ..Options::default()
+        },
+    );
+    let start = Instant::now();
+    let id = e.create(plan_task("w1", 2)).await.unwrap();
+    // It waits for w1 first, visibly.
+    let st = until(&e, id, Duration::from_secs(5), |st| st.status == Status::Waiting).await;
+    assert_eq!(st.reason, "waiting for worker w1");
+    let st = until(&e, id, Duration::from_secs(300), |st| st.status.is_terminal()).await;
+    assert_eq!(st.status, Status::Finished, "{st:#?}");
+    assert!(
+        start.elapsed() >= Duration::from_secs(30),
+        "moved after {:?}, before the failover delay",
+        start.elapsed()
+    );
+    assert!(start.elapsed() < Duration::from_secs(35), "{:?}", start.elapsed());
+    assert_eq!(st.worker.as_deref(), Some("w2"));
+    let log = events(&e, id);
+    assert!(
+        log.iter().any(|ev| matches!(ev, Event::MoveCompleted { to, .. } if to == "w2")),
+        "{log:#?}"
+    );
+    let ran = workers.ran.locked().clone();
+    assert_eq!(ran.len(), 2);
+    assert!(ran.iter().all(|(_, w)| w == "w2"), "{ran:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_whose_worker_is_away_waits_worker_wait_then_shows_waiting_and_runs_once_back() {
+    let workers = Arc::new(FakeWorkers::default());
+    workers.set("w1", true);
+    let e = engine(
+        workers.clone(),
+        Options {
+            worker_wait: Duration::from_secs(600),
+            // No other worker: no failover, whatever the delay.
+            failover_after: Duration::from_secs(1),
+            ..Options::default()
+        },
+    );
+    // The worker goes away while the call runs: the call is in the log, pending.
+    workers.hold(true);
+    let id = e.create(plan_task("w1", 1)).await.unwrap();
+    until(&e, id, Duration::from_secs(5), |st| st.pending.is_some()).await;
+    workers.set("w1", false);
+    let gone = Instant::now();
+    let st = until(&e, id, Duration::from_secs(3600), |st| {
+        st.reason.starts_with("waiting for worker w1 to report call")
+    })
+    .await;
+    assert!(st.pending.is_some());
+    assert!(
+        gone.elapsed() >= Duration::from_secs(600),
+        "gave up on the worker after {:?}",
+        gone.elapsed()
+    );
+    workers.hold(false);
+    workers.set("w1", true);
+    let st = until(&e, id, Duration::from_secs(60), |st| st.status.is_terminal()).await;
+    assert_eq!(st.status, Status::Finished, "{st:#?}");
+    assert_eq!(workers.ran.locked().len(), 1, "run once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_ends_a_waiting_task_and_a_move_request_is_taken_at_the_boundary() {
+    let workers = Arc::new(FakeWorkers::default());
+    let e = engine(workers.clone(), Options::default());
+    let id = e.create(plan_task("w1", 1)).await.unwrap();
+    until(&e, id, Duration::from_secs(5), |st| st.status == Status::Waiting).await;
+    e.cancel(&id.to_string()).await.unwrap();
+    let st = until(&e, id, Duration::from_secs(5), |st| st.status.is_terminal()).await;
+    assert_eq!(st.status, Status::Cancelled);
+    assert!(matches!(e.cancel(&id.to_string()).await, Err(Error::Ended(_))));
+    // A person's move: at the next boundary, to the worker asked for.
+    workers.set("w3", true);
+    let id = e.create(plan_task("w1", 1)).await.unwrap();
+    until(&e, id, Duration::from_secs(5), |st| st.status == Status::Waiting).await;
+    let (_, to) = e.request_move(&id.to_string(), "w3").await.unwrap();
+    assert_eq!(to, "w3");
+    let st = until(&e, id, Duration::from_secs(3600), |st| st.status.is_terminal()).await;
+    assert_eq!((st.status, st.worker.as_deref()), (Status::Finished, Some("w3")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn follow_resumes_exactly_after_a_sequence_number() {
+    let workers = Arc::new(FakeWorkers::default());
+    workers.set("w1", true);
+    let e = engine(workers, Options::default());
+    let id = e.create(plan_task("w1", 3)).await.unwrap();
+    until(&e, id, Duration::from_secs(60), |st| st.status.is_terminal()).await;
+    let all = events(&e, id).len() as u64;
+    for after in [0, 3, all - 1, all] {
+        let mut rx = e.follow(&id.to_string(), after, true).unwrap();
+        let mut seqs = vec![];
+        while let Some(item) = rx.recv().await {
+            if let Followed::Record(r) = item {
+                seqs.push(r.seq);
+            }
+        }
+        let want: Vec<u64> = (after + 1..=all).collect();
+        assert_eq!(seqs, want, "after {after}");
+    }
+}
