@@ -352,7 +352,21 @@ fn a_spent_budget_stops_the_task_and_resume_continues_it() {
     // Stays stopped across a restart, and says what to give.
     c.kill_brain();
     c.start_brain().unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // Loaded, and not resumed: a stopped task waits for a person.
+    assert!(
+        testkit::wait_until(Duration::from_secs(20), || c
+            .brain_log()
+            .contains("tasks loaded from the log")),
+        "{}",
+        c.brain_log()
+    );
+    let loaded = c
+        .brain_log()
+        .lines()
+        .rfind(|l| l.contains("tasks loaded from the log"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(loaded.contains("resumed=0"), "{loaded}");
     assert_eq!(c.task_status(&id).as_deref(), Some("budget_exhausted"));
     assert_eq!(llm.count(), 2);
     let out = c.brain_cli(&["task", "resume", &id]);

@@ -188,11 +188,25 @@ fn worker_sigkill_is_seen_as_lost_and_it_comes_back_with_its_identity() {
 
     // A call in flight when the worker dies ends with the worker-lost status.
     let exec = c
-        .brain_cli_cmd(&["exec", &w.id, "--", "sleep", "30"])
+        .brain_cli_cmd(&[
+            "exec",
+            &w.id,
+            "--",
+            "sh",
+            "-c",
+            "touch started; exec sleep 30",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        wait_until(Duration::from_secs(20), || w
+            .workspace()
+            .join("started")
+            .exists()),
+        "the command never started: {}",
+        w.log_text()
+    );
     let killed_at = Instant::now();
     w.kill();
     let out = exec.wait_with_output().unwrap();
@@ -266,7 +280,14 @@ fn brain_restart_and_the_worker_reconnects_by_itself() {
     let mut c = Cluster::start();
     let w = c.join_worker("loyal");
     c.kill_brain();
-    std::thread::sleep(Duration::from_millis(300));
+    // The worker sees its session end before the brain is back.
+    assert!(
+        wait_until(Duration::from_secs(20), || w
+            .log_text()
+            .contains("session with the brain ended")),
+        "{}",
+        w.log_text()
+    );
     c.start_brain().unwrap();
     c.wait_for_state(&w.id, "connected", Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("{e}\nworker log:\n{}", w.log_text()));

@@ -208,7 +208,9 @@ fn an_undecodable_record_fails_only_its_task() {
     let plan = line_plan(&c, 30, "0.1");
     let a = start_plan(&c, &plan, &w.id);
     let b = start_plan(&c, &plan, &w.id);
-    std::thread::sleep(Duration::from_millis(500));
+    for t in [&a, &b] {
+        c.wait_status(t, &["running"], Duration::from_secs(20));
+    }
     c.kill_brain();
     // Damage one record of task A, as a disk or a bug might.
     {
@@ -244,13 +246,73 @@ fn an_undecodable_record_fails_only_its_task() {
     );
 }
 
+/// A status this code does not know (written by a newer brain, or damaged) is a record that
+/// cannot be decoded: its task fails with the key and the reason, and nothing else changes.
+#[test]
+fn an_unknown_stored_status_fails_only_its_task() {
+    let mut c = Cluster::start();
+    let mut w = c.join_worker("away");
+    w.kill();
+    c.wait_for_state(&w.id, "lost", Duration::from_secs(30))
+        .unwrap();
+    let plan = line_plan(&c, 2, "0");
+    let a = start_plan(&c, &plan, &w.id);
+    let b = start_plan(&c, &plan, &w.id);
+    for t in [&a, &b] {
+        c.wait_status(t, &["waiting"], Duration::from_secs(20));
+    }
+    c.kill_brain();
+    {
+        let db = sled::open(c.data.join("db")).unwrap();
+        let events = db.open_tree("events").unwrap();
+        let num: u64 = a.trim_start_matches("t-").parse().unwrap();
+        let (key, value) = events
+            .scan_prefix(num.to_be_bytes())
+            .map(|kv| kv.unwrap())
+            .find(|(_, v)| String::from_utf8_lossy(v).contains(r#""status":"waiting""#))
+            .expect("task A logged that it waits");
+        let changed = String::from_utf8_lossy(&value)
+            .replace(r#""status":"waiting""#, r#""status":"on_holiday""#);
+        events.insert(key, changed.as_bytes()).unwrap();
+        db.flush().unwrap();
+    }
+    c.start_brain().unwrap();
+    assert_eq!(wait_terminal(&c, &a, Duration::from_secs(20)), "failed");
+    let out = c.brain_cli(&["task", "show", &a]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("cannot be decoded") && shown.contains("on_holiday"),
+        "{shown}"
+    );
+    // The other task waits on, and finishes once its worker is back.
+    assert_eq!(c.task_status(&b).as_deref(), Some("waiting"));
+    c.restart_worker(&mut w);
+    assert_eq!(
+        wait_terminal(&c, &b, Duration::from_secs(60)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    assert_eq!(c.task_status(&a).as_deref(), Some("failed"));
+}
+
 #[test]
 fn cancel_backup_restore_and_a_second_brain() {
     let mut c = Cluster::start();
     let w = c.join_worker("keeper");
     let plan = line_plan(&c, 200, "0.05");
     let id = start_plan(&c, &plan, &w.id);
-    std::thread::sleep(Duration::from_millis(500));
+    // Under way: a few steps done.
+    assert!(
+        testkit::wait_until(Duration::from_secs(30), || c
+            .task_log_json(&id)
+            .iter()
+            .filter(|r| r["kind"] == "tool_call_completed")
+            .count()
+            >= 3),
+        "{}",
+        c.brain_log()
+    );
 
     // A second brain on the same data dir refuses to start, clearly.
     let out = c.brain_cli(&["serve", "--listen", "127.0.0.1:0"]);
@@ -297,12 +359,19 @@ fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
     let id = start_plan(&c, &plan, &w.id);
 
     // Ctrl-C on a watcher leaves the task running.
-    let watcher = c
+    let mut watcher = c
         .brain_cli_cmd(&["watch", &id])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(400));
+    // It is following once it has shown the first record.
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(watcher.stdout.as_mut().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert!(first.contains("created"), "{first}");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(watcher.id() as i32, libc::SIGINT) };
     let _ = watcher.wait_with_output().unwrap();
@@ -330,11 +399,17 @@ fn a_long_call_outlives_a_brain_restart_and_its_result_arrives() {
     let plan = c.dir.join("long.json");
     std::fs::write(
         &plan,
-        r#"{"steps":[{"run":["sh","-c","sleep 3; echo slow >> out.txt"],"check":["grep","-qx","slow","out.txt"]}]}"#,
+        r#"{"steps":[{"run":["sh","-c","touch started; sleep 3; echo slow >> out.txt"],"check":["grep","-qx","slow","out.txt"]}]}"#,
     )
     .unwrap();
     let id = start_plan(&c, &plan, &w.id);
-    std::thread::sleep(Duration::from_millis(1000));
+    let num = id.trim_start_matches("t-");
+    let started = w.state.join(format!("workspaces/task-{num}/started"));
+    assert!(
+        testkit::wait_until(Duration::from_secs(20), || started.exists()),
+        "the call never started: {}",
+        c.brain_log()
+    );
     c.kill_brain();
     c.start_brain().unwrap();
     // The call kept running on the worker; its result comes over the new session as soon as
@@ -345,7 +420,6 @@ fn a_long_call_outlives_a_brain_restart_and_its_result_arrives() {
         "{}",
         c.brain_log()
     );
-    let num = id.trim_start_matches("t-");
     let out =
         std::fs::read_to_string(w.state.join(format!("workspaces/task-{num}/out.txt"))).unwrap();
     assert_eq!(out, "slow\n");

@@ -390,3 +390,103 @@ fn request_environment_refusals_come_back_to_the_model() {
     assert_eq!(c.machines(true).len(), 1);
     assert_eq!(c.machine(&small)["state"], "ready");
 }
+
+/// A brain restarted while a task's `request_environment` waits for approval: the resumed
+/// task is given its machine once approved. (Tasks used to be resumed before the brain's
+/// machines were wired in, so a resumed request could find "no other machines".)
+#[test]
+fn a_task_resumed_with_a_pending_request_environment_gets_its_machine() {
+    let mut c = cluster(
+        "approval_above_usd_per_hour = 1.0\n\
+         [provision.providers.local]\nmax_machines = 2\nusd_per_hour = 1.5\n\
+         [[provision.offers]]\nprovider = \"local\"\ncpu = 1\nmemory_gb = 1\nlabels = { size = \"large\" }",
+    );
+    let home = c.join_worker("home");
+    let transcript = c.dir.join("grow.jsonl");
+    std::fs::write(
+        &transcript,
+        [
+            replay_turn(
+                1,
+                "request_environment",
+                serde_json::json!({"labels": {"size": "large"}, "reason": "bigger"}),
+            ),
+            replay_turn(
+                2,
+                "run_command",
+                serde_json::json!({"command": "echo grown > where.txt"}),
+            ),
+            replay_turn(3, "finish", serde_json::json!({"summary": "grew"})),
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        &format!("replay:{}", transcript.display()),
+        "--permission",
+        "full",
+        "--worker",
+        &home.id,
+        "grow",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(
+        c.wait_status(
+            &task,
+            &["waiting", "finished", "failed"],
+            Duration::from_secs(30)
+        ),
+        "waiting"
+    );
+    let reason = c.brain_cli(&["task", "show", &task]);
+    assert!(text(&reason).contains("approval"), "{}", text(&reason));
+    c.kill_brain();
+    c.start_brain().unwrap();
+    // The request is still waiting after the restart; approving it gets the machine.
+    assert_eq!(
+        c.wait_status(&task, &["waiting"], Duration::from_secs(30)),
+        "waiting"
+    );
+    let out = c.brain_cli(&["approve", &task]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        c.wait_status(
+            &task,
+            &["finished", "failed", "stuck"],
+            Duration::from_secs(60)
+        ),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let log = String::from_utf8_lossy(&c.brain_cli(&["task", "log", &task, "--json"]).stdout)
+        .into_owned();
+    assert!(log.contains("now running on machine"), "{log}");
+    assert!(!log.contains("no other machines"), "{log}");
+    let made: Vec<serde_json::Value> = c
+        .machines(true)
+        .into_iter()
+        .filter(|m| m["task_id"] == task.as_str())
+        .collect();
+    assert_eq!(made.len(), 1, "{made:?}");
+    let worker = made[0]["worker_id"].as_str().unwrap();
+    let out = c.brain_cli(&[
+        "exec",
+        "--workspace",
+        &format!("task-{}", task.trim_start_matches("t-")),
+        worker,
+        "--",
+        "cat",
+        "where.txt",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "grown",
+        "{}",
+        text(&out)
+    );
+}

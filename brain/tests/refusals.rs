@@ -159,6 +159,8 @@ fn tokens_are_one_time_and_expire() {
     );
 
     let (short, ca_hash) = c.token(&["--ttl", "1s"]);
+    // The TTL is wall-clock time, so it is waited out here; the exact boundary is tested
+    // in the registry on an explicit clock.
     std::thread::sleep(Duration::from_millis(1300));
     let late = c
         .join_cmd("late", &short, &ca_hash)

@@ -174,7 +174,9 @@ mod tests {
         // Heartbeats every 10 s for a minute: still connected.
         let beat = || {
             Ok(WorkerMessage {
-                msg: Some(worker_message::Msg::Heartbeat(proto::Heartbeat { unix_ms: 0 })),
+                msg: Some(worker_message::Msg::Heartbeat(proto::Heartbeat {
+                    unix_ms: 0,
+                })),
             })
         };
         for _ in 0..6 {

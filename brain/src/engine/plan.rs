@@ -268,12 +268,18 @@ mod tests {
         for (name, st, want) in cases {
             assert_eq!(PlanDriver.next(st, &f), want, "{name}");
         }
-        let Action::Finish { outcome, reason, .. } = PlanDriver.next(&unsure_no_check, &f) else {
+        let Action::Finish {
+            outcome, reason, ..
+        } = PlanDriver.next(&unsure_no_check, &f)
+        else {
             panic!("an interrupted step without a check must end the task");
         };
         assert_eq!(outcome, Outcome::Failed);
         assert!(reason.contains("has no check"), "{reason}");
-        let Action::Finish { outcome, reason, .. } = PlanDriver.next(&checks_fail, &f) else {
+        let Action::Finish {
+            outcome, reason, ..
+        } = PlanDriver.next(&checks_fail, &f)
+        else {
             panic!("a check that never answers must end the task");
         };
         assert_eq!(outcome, Outcome::Failed);

@@ -180,7 +180,13 @@ impl Environments for NoMachines {
     fn quote(&self, _: &str, _: &str, _: &EnvRequest) -> Quote {
         Quote::default()
     }
-    async fn obtain(&self, _: &str, _: &str, _: &EnvRequest, _: Option<f64>) -> Result<Grant, String> {
+    async fn obtain(
+        &self,
+        _: &str,
+        _: &str,
+        _: &EnvRequest,
+        _: Option<f64>,
+    ) -> Result<Grant, String> {
         Err("no machines here".into())
     }
     async fn release_if_ours(&self, _: &str, _: &str) -> Option<String> {
@@ -199,7 +205,11 @@ impl Workspaces for NoMachines {
 }
 
 fn engine(workers: Arc<FakeWorkers>, opts: Options) -> Engine {
-    let store = Store::new(Arc::new(MemLog::default()), 100, CallIds::starting_above(0, 1));
+    let store = Store::new(
+        Arc::new(MemLog::default()),
+        100,
+        CallIds::starting_above(0, 1),
+    );
     Engine::new(
         store,
         Ports {
@@ -229,14 +239,22 @@ fn plan_task(worker: &str, steps: usize) -> NewTask {
 }
 
 /// Waits (in virtual time) until `f` holds for the task's state, at most `limit`.
-async fn until(e: &Engine, id: TaskId, limit: Duration, f: impl Fn(&TaskState) -> bool) -> TaskState {
+async fn until(
+    e: &Engine,
+    id: TaskId,
+    limit: Duration,
+    f: impl Fn(&TaskState) -> bool,
+) -> TaskState {
     let deadline = Instant::now() + limit;
     loop {
         let st = e.store().task(id).unwrap().state();
         if f(&st) {
             return st;
         }
-        assert!(Instant::now() < deadline, "condition not met within {limit:?}: {st:#?}");
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {limit:?}: {st:#?}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -265,20 +283,31 @@ async fn a_task_fails_over_once_its_worker_is_gone_for_failover_after() {
     let start = Instant::now();
     let id = e.create(plan_task("w1", 2)).await.unwrap();
     // It waits for w1 first, visibly.
-    let st = until(&e, id, Duration::from_secs(5), |st| st.status == Status::Waiting).await;
+    let st = until(&e, id, Duration::from_secs(5), |st| {
+        st.status == Status::Waiting
+    })
+    .await;
     assert_eq!(st.reason, "waiting for worker w1");
-    let st = until(&e, id, Duration::from_secs(300), |st| st.status.is_terminal()).await;
+    let st = until(&e, id, Duration::from_secs(300), |st| {
+        st.status.is_terminal()
+    })
+    .await;
     assert_eq!(st.status, Status::Finished, "{st:#?}");
     assert!(
         start.elapsed() >= Duration::from_secs(30),
         "moved after {:?}, before the failover delay",
         start.elapsed()
     );
-    assert!(start.elapsed() < Duration::from_secs(35), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(35),
+        "{:?}",
+        start.elapsed()
+    );
     assert_eq!(st.worker.as_deref(), Some("w2"));
     let log = events(&e, id);
     assert!(
-        log.iter().any(|ev| matches!(ev, Event::MoveCompleted { to, .. } if to == "w2")),
+        log.iter()
+            .any(|ev| matches!(ev, Event::MoveCompleted { to, .. } if to == "w2")),
         "{log:#?}"
     );
     let ran = workers.ran.locked().clone();
@@ -306,7 +335,8 @@ async fn a_call_whose_worker_is_away_waits_worker_wait_then_shows_waiting_and_ru
     workers.set("w1", false);
     let gone = Instant::now();
     let st = until(&e, id, Duration::from_secs(3600), |st| {
-        st.reason.starts_with("waiting for worker w1 to report call")
+        st.reason
+            .starts_with("waiting for worker w1 to report call")
     })
     .await;
     assert!(st.pending.is_some());
@@ -317,7 +347,10 @@ async fn a_call_whose_worker_is_away_waits_worker_wait_then_shows_waiting_and_ru
     );
     workers.hold(false);
     workers.set("w1", true);
-    let st = until(&e, id, Duration::from_secs(60), |st| st.status.is_terminal()).await;
+    let st = until(&e, id, Duration::from_secs(60), |st| {
+        st.status.is_terminal()
+    })
+    .await;
     assert_eq!(st.status, Status::Finished, "{st:#?}");
     assert_eq!(workers.ran.locked().len(), 1, "run once");
 }
@@ -327,19 +360,34 @@ async fn cancel_ends_a_waiting_task_and_a_move_request_is_taken_at_the_boundary(
     let workers = Arc::new(FakeWorkers::default());
     let e = engine(workers.clone(), Options::default());
     let id = e.create(plan_task("w1", 1)).await.unwrap();
-    until(&e, id, Duration::from_secs(5), |st| st.status == Status::Waiting).await;
+    until(&e, id, Duration::from_secs(5), |st| {
+        st.status == Status::Waiting
+    })
+    .await;
     e.cancel(&id.to_string()).await.unwrap();
     let st = until(&e, id, Duration::from_secs(5), |st| st.status.is_terminal()).await;
     assert_eq!(st.status, Status::Cancelled);
-    assert!(matches!(e.cancel(&id.to_string()).await, Err(Error::Ended(_))));
+    assert!(matches!(
+        e.cancel(&id.to_string()).await,
+        Err(Error::Ended(_))
+    ));
     // A person's move: at the next boundary, to the worker asked for.
     workers.set("w3", true);
     let id = e.create(plan_task("w1", 1)).await.unwrap();
-    until(&e, id, Duration::from_secs(5), |st| st.status == Status::Waiting).await;
+    until(&e, id, Duration::from_secs(5), |st| {
+        st.status == Status::Waiting
+    })
+    .await;
     let (_, to) = e.request_move(&id.to_string(), "w3").await.unwrap();
     assert_eq!(to, "w3");
-    let st = until(&e, id, Duration::from_secs(3600), |st| st.status.is_terminal()).await;
-    assert_eq!((st.status, st.worker.as_deref()), (Status::Finished, Some("w3")));
+    let st = until(&e, id, Duration::from_secs(3600), |st| {
+        st.status.is_terminal()
+    })
+    .await;
+    assert_eq!(
+        (st.status, st.worker.as_deref()),
+        (Status::Finished, Some("w3"))
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -348,7 +396,10 @@ async fn follow_resumes_exactly_after_a_sequence_number() {
     workers.set("w1", true);
     let e = engine(workers, Options::default());
     let id = e.create(plan_task("w1", 3)).await.unwrap();
-    until(&e, id, Duration::from_secs(60), |st| st.status.is_terminal()).await;
+    until(&e, id, Duration::from_secs(60), |st| {
+        st.status.is_terminal()
+    })
+    .await;
     let all = events(&e, id).len() as u64;
     for after in [0, 3, all - 1, all] {
         let mut rx = e.follow(&id.to_string(), after, true).unwrap();

@@ -66,7 +66,10 @@ fn decide(st: &TaskState) -> Action {
 #[test]
 fn a_fresh_task_thinks_and_a_read_runs_unasked() {
     assert_eq!(decide(&task(Permission::Ask)), Action::Think);
-    let st = answered(task(Permission::Ask), &[("read_file", r#"{"path":"a.py"}"#)]);
+    let st = answered(
+        task(Permission::Ask),
+        &[("read_file", r#"{"path":"a.py"}"#)],
+    );
     assert_eq!(
         decide(&st),
         Action::Issue {
@@ -93,11 +96,13 @@ fn bad_calls_are_answered_with_an_error_observation() {
             panic!("{name}: expected an observation");
         };
         match events.as_slice() {
-            [Event::Observation {
-                tool_use_id,
-                text,
-                failed: true,
-            }] => {
+            [
+                Event::Observation {
+                    tool_use_id,
+                    text,
+                    failed: true,
+                },
+            ] => {
                 assert_eq!(tool_use_id, "u0");
                 assert!(text.contains(says), "{name}: {text}");
             }
@@ -184,7 +189,10 @@ fn mutating_calls_wait_for_a_person_under_ask() {
 
 #[test]
 fn finish_environment_and_the_guards() {
-    let st = answered(task(Permission::Full), &[("finish", r#"{"summary":"done"}"#)]);
+    let st = answered(
+        task(Permission::Full),
+        &[("finish", r#"{"summary":"done"}"#)],
+    );
     assert!(matches!(
         decide(&st),
         Action::Finish { outcome: Outcome::Finished, reason, before } if reason == "done" && before.len() == 1
@@ -214,7 +222,10 @@ fn finish_environment_and_the_guards() {
     }
     assert!(matches!(
         decide(&st),
-        Action::Finish { outcome: Outcome::Stuck, .. }
+        Action::Finish {
+            outcome: Outcome::Stuck,
+            ..
+        }
     ));
 }
 
@@ -245,7 +256,10 @@ fn budgets_stop_the_task_with_what_to_give() {
         now_ms: 5000,
         ..Facts::default()
     };
-    assert!(matches!(next(&st, &late, &llm::LlmConfig::default()), Action::Log(_)));
+    assert!(matches!(
+        next(&st, &late, &llm::LlmConfig::default()),
+        Action::Log(_)
+    ));
 }
 
 #[test]
@@ -255,10 +269,11 @@ fn old_outputs_are_elided_near_the_context_window() {
     // 20 outputs of 40k characters: about 200k tokens, past three quarters of 128k.
     for i in 0..20 {
         st = answered(st, &[("read_file", r#"{"path":"big"}"#)]);
-        st.agent
-            .as_mut()
-            .unwrap()
-            .on_observation("u0", &format!("{i}{}", "x".repeat(40_000)), false);
+        st.agent.as_mut().unwrap().on_observation(
+            "u0",
+            &format!("{i}{}", "x".repeat(40_000)),
+            false,
+        );
     }
     let Action::Log(events) = decide(&st) else {
         panic!("expected an elision");
