@@ -1,6 +1,8 @@
-//! Backup and restore of the brain's store as JSON lines: `{"tree":…,"key":hex,"value":hex}`,
-//! one record a line. A backup is taken from a running brain; a restore goes into a stopped
-//! one and moves the old store aside (nothing is deleted).
+//! The brain's store: the one sled database every component keeps its trees in (opened
+//! here, once per process), and its backup and restore as JSON lines
+//! (`{"tree":…,"key":hex,"value":hex}`, one record a line). A backup is taken from a running
+//! brain; a restore goes into a stopped one and moves the old store aside (nothing is
+//! deleted).
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -28,9 +30,31 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Registry(#[from] crate::trust::registry::Error),
+    Open(#[from] OpenError),
     #[error("store: {0}")]
     Sled(#[from] sled::Error),
+}
+
+/// The store could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot open the brain's store at {path}: {source} (is another `brain serve` using this data dir?)"
+)]
+pub struct OpenError {
+    pub path: String,
+    #[source]
+    pub source: sled::Error,
+}
+
+/// Opens (or creates) the brain's store. Fails clearly if another process holds it.
+pub fn open_db(path: &Path) -> Result<sled::Db, OpenError> {
+    sled::Config::new()
+        .path(path)
+        .open()
+        .map_err(|source| OpenError {
+            path: path.display().to_string(),
+            source,
+        })
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -83,7 +107,7 @@ pub fn restore(file: &Path, db_dir: &Path) -> Result<(usize, Option<PathBuf>), E
     }
     // Fails here, touching nothing, if a brain holds the store.
     let moved = if db_dir.exists() {
-        drop(crate::trust::registry::open_db(db_dir)?);
+        drop(open_db(db_dir)?);
         let to = db_dir.with_file_name(format!("db.before-restore-{}", shared::now_unix_ms()));
         std::fs::rename(db_dir, &to).map_err(|source| Error::MoveAside {
             from: db_dir.to_path_buf(),
@@ -94,7 +118,7 @@ pub fn restore(file: &Path, db_dir: &Path) -> Result<(usize, Option<PathBuf>), E
     } else {
         None
     };
-    let db = crate::trust::registry::open_db(db_dir)?;
+    let db = open_db(db_dir)?;
     for (tree, k, v) in &records {
         db.open_tree(tree.as_bytes())?
             .insert(k.as_slice(), v.as_slice())?;

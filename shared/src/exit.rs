@@ -70,12 +70,12 @@ pub fn by<T: Classify + std::error::Error + 'static>(
 }
 
 /// The exit status for an error that reached the top of a program: the first error in its
-/// chain that one of `known` (or this crate's own error types) has a say about decides;
-/// otherwise [`ExitCode::Failure`].
+/// chain that one of `known` has a say about decides; otherwise [`ExitCode::Failure`]. List
+/// every library error type the program may see, `shared`'s (`pki::Error`, `tls::Error`)
+/// among them.
 pub fn classify(e: &anyhow::Error, known: &[Classifier]) -> ExitCode {
-    let ours: [Classifier; 2] = [by::<crate::pki::Error>, by::<crate::tls::Error>];
     e.chain()
-        .find_map(|c| ours.iter().chain(known).find_map(|k| k(c)))
+        .find_map(|c| known.iter().find_map(|k| k(c)))
         .unwrap_or(ExitCode::Failure)
 }
 
@@ -93,10 +93,12 @@ mod tests {
             path: "/x".into(),
             source: std::io::Error::other("gone"),
         };
+        let known: [Classifier; 1] = [by::<crate::pki::Error>];
         let e = anyhow::Error::new(Outer(read)).context("starting");
-        assert_eq!(classify(&e, &[]), ExitCode::Config);
-        let e = anyhow::anyhow!("something else");
+        assert_eq!(classify(&e, &known), ExitCode::Config);
         assert_eq!(classify(&e, &[]), ExitCode::Failure);
+        let e = anyhow::anyhow!("something else");
+        assert_eq!(classify(&e, &known), ExitCode::Failure);
         assert_eq!(ExitCode::Config.code(), 78);
         assert_eq!(ExitCode::TimedOut.code(), 124);
     }

@@ -6,6 +6,9 @@
 //! A manifest is a tree: every entry's parent directory is itself an entry, so no path can
 //! run through a symlink. Symlinks must point inside the workspace; modes carry only the exec
 //! bit (no setuid); special files are not part of a workspace.
+//!
+//! Long file: the model, its wire checks and materialisation share the path and tree rules;
+//! the hostile-input tests sit beside them. Materialisation is the next piece to move out.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
@@ -14,8 +17,6 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::paths;
-
-pub use crate::scan::Scanner;
 
 /// Largest file a workspace may hold, by default.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
@@ -655,6 +656,7 @@ fn write_atomic(full: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scan::Scanner;
     use std::os::unix::fs::PermissionsExt;
 
     fn write(root: &Path, p: &str, s: &str) {

@@ -14,6 +14,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+/// A number that differs between calls and processes (names of throw-away users, interfaces).
+pub(crate) fn rand_u32() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    t.subsec_nanos() ^ std::process::id()
+}
+
 /// Paths of the binaries under test.
 #[derive(Debug, Clone)]
 pub struct Bins {

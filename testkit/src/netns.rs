@@ -36,7 +36,7 @@ impl Netns {
         if unsafe { libc::geteuid() } != 0 {
             return Err("network namespaces need root".into());
         }
-        let n = crate::sshd::rand_u32() & 0xffffff;
+        let n = crate::rand_u32() & 0xffffff;
         let name = format!("tt{n:06x}");
         let veth = format!("vt{n:06x}");
         let peer = format!("vp{n:06x}");

@@ -37,7 +37,7 @@ impl Sshd {
         if unsafe { libc::geteuid() } != 0 {
             return Err("needs root to create a throw-away user for sshd".into());
         }
-        let user = format!("tb{:06x}", rand_u32() & 0xffffff);
+        let user = format!("tb{:06x}", crate::rand_u32() & 0xffffff);
         let home = tmp.join("sshhome");
         let ok = Command::new("useradd")
             .args(["-M", "-p", "*", "-s", "/bin/sh", "-d"])
@@ -179,13 +179,6 @@ impl Drop for Sshd {
         let _ = self.daemon.wait();
         let _ = Command::new("userdel").arg(&self.user).status();
     }
-}
-
-pub(crate) fn rand_u32() -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    t.subsec_nanos() ^ std::process::id()
 }
 
 /// A "remote host" for provisioning tests and benchmarks: sshd in a network namespace of its

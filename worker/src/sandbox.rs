@@ -4,6 +4,9 @@
 //! limits, a fresh network namespace when the network is off, and an unprivileged user when
 //! the worker runs as root. [`Sandbox::probe`] finds out what this host can enforce and
 //! [`Report`] says so plainly (`worker doctor`, and the worker's hello).
+//!
+//! Long file: the probe, the per-command set-up and the pre-exec step must agree on every
+//! mechanism; cgroup v2 and the workspace mount will move each into a file of its own.
 
 use shared::locks::Lock;
 use std::ffi::CString;

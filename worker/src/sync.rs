@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use proto::sync_client::SyncClient;
 use proto::{BlobChunk, BlobList, DeltaChunk, SyncReport, SyncRequest, sync_request};
-use shared::manifest::{self, Kind, Manifest, Rules, Scanner};
+use shared::manifest::{self, Kind, Manifest, Rules};
+use shared::scan::Scanner;
 use tonic::transport::Channel;
 
 use crate::track::Tracker;

@@ -263,7 +263,8 @@ impl Drop for Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared::manifest::{Rules, Scanner};
+    use shared::manifest::Rules;
+    use shared::scan::Scanner;
 
     /// A small deterministic generator, so a failing sequence can be replayed by its seed.
     struct Rng(u64);

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use notify::{EventKind, RecursiveMode, Watcher};
 use proto::{FsChanged, WorkerMessage, worker_message};
-use shared::manifest::{Rules, Scanner};
+use shared::manifest::Rules;
+use shared::scan::Scanner;
 use std::sync::mpsc::{self, RecvTimeoutError};
 
 use crate::durable::CurrentOut;

@@ -88,3 +88,8 @@ pub async fn connect_channel(url: &str, dir: &Path) -> Result<Channel, Error> {
     let addr = BrainAddr::parse(url)?;
     Ok(tls::dial(&addr, config, DialOptions::default()).await?)
 }
+
+/// A status from the brain in words for the person at the terminal.
+pub fn status(s: tonic::Status, url: &str) -> anyhow::Error {
+    anyhow::anyhow!(shared::tls::explain_status(&s, url))
+}

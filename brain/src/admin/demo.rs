@@ -15,24 +15,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::admin::client::Target;
+use crate::provision::local::WorkerProgram;
 use crate::trust::ca::{self, DataDir};
 
 /// The model answers the demo's agent task replays (see `brain run --record`).
 const DEMO_TRANSCRIPT: &str = include_str!("../../demo/fix-calc.jsonl");
-
-/// How to start a worker process: `program prefix... join ...`.
-pub struct Launcher {
-    pub program: PathBuf,
-    pub prefix: Vec<String>,
-}
-
-impl Launcher {
-    fn command(&self) -> Command {
-        let mut c = Command::new(&self.program);
-        c.args(&self.prefix);
-        c
-    }
-}
 
 struct DemoWorker {
     name: String,
@@ -72,7 +59,7 @@ fn step(text: &str) {
 /// Runs the demo; `keep` leaves the temp dir in place for a look afterwards.
 /// Runs the demo; `keep` leaves the temp dir; `model` runs the agent chapter on a real model
 /// (its key from the usual environment variables) instead of the recorded transcript.
-pub async fn run(launcher: Launcher, keep: bool, model: Option<String>) -> anyhow::Result<()> {
+pub async fn run(launcher: WorkerProgram, keep: bool, model: Option<String>) -> anyhow::Result<()> {
     let tmp = tempfile_dir()?;
     let data = DataDir(tmp.join("brain"));
     step(&format!(
@@ -118,7 +105,7 @@ fn tempfile_dir() -> anyhow::Result<PathBuf> {
 }
 
 async fn scenario(
-    launcher: &Launcher,
+    launcher: &WorkerProgram,
     tmp: &std::path::Path,
     data: &DataDir,
     url: &str,

@@ -25,7 +25,18 @@ use crate::provision::Machines;
 use crate::trust::ca::Ca;
 use crate::trust::registry::{Registry, WorkerRecord};
 
-pub use session::SessionOptions;
+/// Session timing.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionOptions {
+    /// A worker that sends nothing for this long is marked lost.
+    pub lost_after: Duration,
+}
+
+impl SessionOptions {
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.lost_after / 3).max(Duration::from_millis(100))
+    }
+}
 
 /// What the services act on; built by the composition root.
 pub struct Shared {

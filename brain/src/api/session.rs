@@ -12,25 +12,12 @@ use shared::pki::Role;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{Services, convert};
+use super::{Services, SessionOptions, convert};
 use crate::fleet::hub::{Hub, Session};
 use crate::trust::registry::Caps;
 
 /// How long a new session may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Session timing.
-#[derive(Debug, Clone, Copy)]
-pub struct SessionOptions {
-    /// A worker that sends nothing for this long is marked lost.
-    pub lost_after: Duration,
-}
-
-impl SessionOptions {
-    pub fn heartbeat_interval(&self) -> Duration {
-        (self.lost_after / 3).max(Duration::from_millis(100))
-    }
-}
 
 #[tonic::async_trait]
 impl WorkerSession for Services {

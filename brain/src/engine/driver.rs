@@ -100,10 +100,18 @@ pub trait Driver: Send {
     /// What to do next, once [`preamble`] has nothing to do. Pure.
     fn next(&self, st: &TaskState, f: &Facts) -> Action;
     /// Gets the outcome of the call in flight and logs it.
-    async fn settle(&mut self, cx: &super::Cx<'_>, p: PendingCall) -> Result<(), super::Error>;
+    async fn settle(
+        &mut self,
+        cx: &super::core::Cx<'_>,
+        p: PendingCall,
+    ) -> Result<(), super::error::Error>;
     /// Performs an action only this driver returns ([`Action::Think`],
     /// [`Action::Environment`]).
-    async fn act(&mut self, cx: &super::Cx<'_>, action: Action) -> Result<(), super::Error>;
+    async fn act(
+        &mut self,
+        cx: &super::core::Cx<'_>,
+        action: Action,
+    ) -> Result<(), super::error::Error>;
 }
 
 #[cfg(test)]

@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
+use super::core::Cx;
+use super::error::Error;
 use super::ports::OutputSink;
-use super::{Cx, Error, LiveOutput};
+use super::store::LiveOutput;
 use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
 use crate::model::ops::{Command, CommandEnd, FileAnswer, FileOp, SyncOp};
 use crate::model::state::{PendingCall, Status};

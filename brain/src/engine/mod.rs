@@ -7,8 +7,10 @@
 //! approval, move, resume, cancel, follow a task's log.
 
 pub mod agent;
+pub mod core;
 pub mod driver;
 pub(crate) mod effects;
+mod error;
 pub mod log;
 pub mod plan;
 pub mod ports;
@@ -23,58 +25,15 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use self::core::Core;
+pub use self::core::Options;
 use crate::model::agent::{AgentSpec, Budget};
 use crate::model::event::{Event, Plan, Record, SyncRules, TaskId};
-use crate::model::ops::{FsChange, Limits, SyncOp};
+use crate::model::ops::{FsChange, SyncOp};
 use crate::model::state::{Status, TaskState};
+pub use error::Error;
 use ports::{Labels, Ports};
 pub use store::{LiveOutput, Store, Task};
-
-/// Errors of the engine's commands.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Log(#[from] log::Error),
-    #[error("no task {0}: see `brain tasks`")]
-    NoSuchTask(String),
-    #[error("task {0} has already ended")]
-    Ended(TaskId),
-    #[error("task {task}: {reason}")]
-    Refused { task: TaskId, reason: String },
-    /// No worker can take the task (the reason says why and what to do).
-    #[error("{0}")]
-    Unplaceable(String),
-    /// The starting workspace could not be fetched.
-    #[error("{0}")]
-    Import(String),
-}
-
-/// Tunables.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Store a snapshot after this many events.
-    pub snapshot_every: u64,
-    /// How long a call waits for its worker to come back before it counts as interrupted.
-    pub worker_wait: Duration,
-    /// Resource limits for every command a task runs (the brain's policy).
-    pub limits: Limits,
-    /// LLM providers, models and prices (the brain's config file).
-    pub llm: Arc<crate::llm::LlmConfig>,
-    /// How long a task's worker may be gone before the task fails over to another.
-    pub failover_after: Duration,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            snapshot_every: 100,
-            worker_wait: Duration::from_secs(600),
-            limits: Limits::default(),
-            llm: Arc::default(),
-            failover_after: Duration::from_secs(30),
-        }
-    }
-}
 
 /// What a new task runs.
 #[derive(Debug, Clone)]
@@ -132,9 +91,8 @@ pub struct Engine {
 }
 
 struct Inner {
-    store: Store,
-    ports: Ports,
-    opts: Options,
+    /// What the drivers share.
+    core: Arc<Core>,
     /// Every task the engine spawns (drivers, followers, orphan checks): shutdown cancels
     /// `shutdown` and waits for them. Drivers stop at once (the log says where they were).
     tracker: TaskTracker,
@@ -144,24 +102,6 @@ struct Inner {
     loaded: tokio::sync::watch::Sender<bool>,
     /// Results replayed before the tasks were loaded.
     early_orphans: Mutex<Vec<(String, u64)>>,
-}
-
-/// What an effect acts in: the engine and one task.
-pub struct Cx<'a> {
-    pub engine: &'a Engine,
-    pub task: &'a Arc<Task>,
-}
-
-impl Cx<'_> {
-    pub fn store(&self) -> &Store {
-        &self.engine.inner.store
-    }
-    pub fn ports(&self) -> &Ports {
-        &self.engine.inner.ports
-    }
-    pub fn opts(&self) -> &Options {
-        &self.engine.inner.opts
-    }
 }
 
 impl Engine {
@@ -177,9 +117,7 @@ impl Engine {
         let (loaded, _) = tokio::sync::watch::channel(false);
         Self {
             inner: Arc::new(Inner {
-                store,
-                ports,
-                opts,
+                core: Arc::new(Core { store, ports, opts }),
                 tracker,
                 shutdown,
                 loaded,
@@ -189,20 +127,20 @@ impl Engine {
     }
 
     pub fn store(&self) -> &Store {
-        &self.inner.store
+        &self.inner.core.store
     }
 
     pub fn opts(&self) -> &Options {
-        &self.inner.opts
+        &self.inner.core.opts
     }
 
     /// Every task's state, oldest first.
     pub fn list(&self) -> Vec<TaskState> {
-        self.inner.store.list()
+        self.inner.core.store.list()
     }
 
     pub fn find(&self, text: &str) -> Result<Arc<Task>, Error> {
-        self.inner.store.find(text)
+        self.inner.core.store.find(text)
     }
 
     /// Spawns `f` on the engine's tracker, stopped at shutdown.
@@ -217,15 +155,15 @@ impl Engine {
     }
 
     fn spawn_driver(&self, task: Arc<Task>) {
-        let e = self.clone();
-        self.spawn(async move { supervisor::run(e, task).await });
+        let core = self.inner.core.clone();
+        self.spawn(async move { supervisor::run(core, task).await });
     }
 
     /// Loads every task from the log and starts a driver for each that has not ended (or
     /// stopped for budget). Call once every port works: a resumed task may fail over or ask
     /// for a machine at once. Returns (loaded, resumed).
     pub async fn resume_all(&self) -> Result<(usize, usize), Error> {
-        let tasks = self.inner.store.load_all().await?;
+        let tasks = self.inner.core.store.load_all().await?;
         let mut resumed = 0;
         for task in &tasks {
             let status = task.state().status;
@@ -246,7 +184,7 @@ impl Engine {
     /// Creates a task: picks its worker, fetches its starting workspace, logs its first
     /// records and starts its driver.
     pub async fn create(&self, new: NewTask) -> Result<TaskId, Error> {
-        let ports = &self.inner.ports;
+        let ports = &self.inner.core.ports;
         let w = ports
             .placement
             .pick(&new.worker, &new.labels)
@@ -295,6 +233,7 @@ impl Engine {
         };
         let task = self
             .inner
+            .core
             .store
             .create(|id| {
                 let mut events = vec![
@@ -348,6 +287,7 @@ impl Engine {
                 reason: "it is not waiting for an approval".into(),
             })?;
         self.inner
+            .core
             .store
             .append(
                 &task,
@@ -378,6 +318,7 @@ impl Engine {
         }
         let w = self
             .inner
+            .core
             .ports
             .placement
             .pick(to, &st.require_labels)
@@ -415,6 +356,7 @@ impl Engine {
             reason,
         })?;
         self.inner
+            .core
             .store
             .append(
                 &task,
@@ -455,7 +397,7 @@ impl Engine {
         // Subscribe before reading the history, so nothing falls between the two.
         let mut live = task.events.subscribe();
         let mut output = task.live.subscribe();
-        let log = self.inner.store.log().clone();
+        let log = self.inner.core.store.log().clone();
         let (tx, rx) = mpsc::channel(FOLLOW_QUEUE);
         self.spawn(async move {
             let mut last = after;
@@ -519,7 +461,7 @@ impl Engine {
     /// workspace they are in, if that task runs on that worker.
     pub fn file_changes(&self, worker: &str, f: FsChange) {
         let Some(task) =
-            TaskId::from_workspace(&f.workspace).and_then(|id| self.inner.store.task(id))
+            TaskId::from_workspace(&f.workspace).and_then(|id| self.inner.core.store.task(id))
         else {
             return;
         };
@@ -551,16 +493,11 @@ impl Engine {
         let (e, worker) = (self.clone(), worker.to_string());
         self.spawn(async move {
             tokio::time::sleep(ORPHAN_GRACE).await;
-            if !e.inner.store.wants_result(call_id) {
+            if !e.inner.core.store.wants_result(call_id) {
                 // Settled already (or nobody's): the worker may forget it.
-                e.inner.ports.workers.ack(&worker, call_id);
+                e.inner.core.ports.workers.ack(&worker, call_id);
             }
         });
-    }
-
-    /// What the machines created for a task have cost.
-    pub fn machines_cost(&self, task: TaskId) -> f64 {
-        self.inner.ports.environments.task_cost(&task.to_string())
     }
 }
 

@@ -3,9 +3,10 @@
 //! that cannot answer is tried three times at most); without a check the task fails rather
 //! than risk running it twice. Writes are idempotent and are simply asked again.
 
+use super::core::Cx;
 use super::driver::{Action, Driver, Facts};
 use super::effects::{self, CommandOutcome};
-use super::{Cx, Error};
+use super::error::Error;
 use crate::model::event::{Outcome, Purpose, ToolCall, ToolResult};
 use crate::model::ops::{FileAnswer, FileOp};
 use crate::model::state::{PendingCall, TaskState};

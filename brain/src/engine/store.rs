@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::Error;
+use super::error::Error;
 use super::log::EventLog;
 use crate::model::event::{Event, Outcome, Purpose, Record, TaskId, ToolCall};
 use crate::model::ids::CallIds;

@@ -7,19 +7,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::agent::AgentDriver;
+use super::core::{Core, Cx};
 use super::driver::{Action, Driver, Facts, preamble};
+use super::effects;
+use super::error::Error;
 use super::plan::PlanDriver;
-use super::{Cx, Engine, Error, Task, effects};
+use super::store::Task;
 
 /// Drives `task` until it ends or stops for budget.
-pub async fn run(engine: Engine, task: Arc<Task>) {
+pub async fn run(core: Arc<Core>, task: Arc<Task>) {
     let mut driver: Box<dyn Driver> = if task.state().agent.is_some() {
-        Box::new(AgentDriver::new(engine.opts().llm.clone()))
+        Box::new(AgentDriver::new(core.opts.llm.clone()))
     } else {
         Box::new(PlanDriver)
     };
     let cx = Cx {
-        engine: &engine,
+        core: &core,
         task: &task,
     };
     let mut delay = Duration::from_secs(1);
@@ -43,11 +46,7 @@ fn facts(cx: &Cx<'_>) -> Facts {
         cancelled: cx.task.cancel.is_cancelled(),
         move_request: cx.task.move_request(),
         now_ms: shared::now_unix_ms(),
-        machines_usd: if agent {
-            cx.engine.machines_cost(cx.task.id)
-        } else {
-            0.0
-        },
+        machines_usd: if agent { cx.machines_cost() } else { 0.0 },
     }
 }
 

@@ -3,3 +3,4 @@
 
 pub mod hub;
 pub mod placement;
+pub mod session;

@@ -4,12 +4,11 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{Error, Provider, Usage};
+use super::types::{Error, Usage};
 
 /// Read timeout of one HTTP attempt when the config sets none.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -446,25 +445,6 @@ pub(crate) fn max_tokens(requested: u32, cap: Option<u32>) -> u32 {
         (r, Some(c)) => r.min(c),
         (r, None) => r,
     }
-}
-
-/// Builds the provider for `spec`: its HTTP client with the resolved URL, key, timeouts and
-/// retries, wrapped in [`super::TextTools`] when the model's `tool_mode` is `text`. A
-/// `replay:FILE` spec loads the transcript file ([`super::Replay::load`]).
-pub fn connect(spec: &ModelSpec, cfg: &LlmConfig) -> Result<Arc<dyn Provider>, Error> {
-    if spec.provider == ProviderKind::Replay {
-        return Ok(Arc::new(super::Replay::load(&spec.model)?));
-    }
-    let r = resolve(spec, cfg, &|v| std::env::var(v).ok())?;
-    let tool_mode = r.tool_mode;
-    let provider: Arc<dyn Provider> = match spec.provider {
-        ProviderKind::Anthropic => Arc::new(super::Anthropic::new(&spec.model, r)?),
-        _ => Arc::new(super::OpenAi::new(&spec.model, r)?),
-    };
-    Ok(match tool_mode {
-        ToolMode::Native => provider,
-        ToolMode::Text => Arc::new(super::TextTools::new(provider)),
-    })
 }
 
 #[cfg(test)]

@@ -6,8 +6,8 @@ use std::time::Duration;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use serde_json::Value;
 
-use super::Error;
 use super::config::{ApiKey, CONNECT_TIMEOUT, Resolved};
+use super::types::Error;
 
 /// Largest response body we read.
 const MAX_BODY: usize = 8 << 20;

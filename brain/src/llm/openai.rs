@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::config::{Resolved, max_tokens};
 use super::http::Http;
-use super::{Error, Message, Provider, Request, Response, Role, ToolUse, Usage};
+use super::types::{Error, Message, Provider, Request, Response, Role, ToolUse, Usage};
 
 /// A Chat Completions client for one model.
 ///

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{Error, Provider, Request, Response, Role};
+use super::types::{Error, Provider, Request, Response, Role};
 
 /// Answers from a transcript. The answer to a request is the response whose index is the
 /// number of assistant messages already in the conversation, so playback keeps no state
@@ -80,7 +80,7 @@ impl Provider for Replay {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Message, ToolUse, Usage};
+    use super::super::types::{Message, ToolUse, Usage};
     use super::*;
 
     fn resp(text: &str, calls: Vec<ToolUse>) -> Response {

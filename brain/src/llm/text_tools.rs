@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::{Error, Message, Provider, Request, Response, Role, ToolSpec, ToolUse};
+use super::types::{Error, Message, Provider, Request, Response, Role, ToolSpec, ToolUse};
 
 /// Wraps a provider so tool calls travel as text: sends no `tools`, describes them in the
 /// system prompt, replays earlier calls and results as text, and parses calls out of the

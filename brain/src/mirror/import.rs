@@ -5,7 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use shared::manifest::{Kind, Rules, Scanner};
+use shared::manifest::{Kind, Rules};
+use shared::scan::Scanner;
 
 use crate::mirror::Mirror;
 

@@ -54,6 +54,44 @@ impl std::str::FromStr for TaskId {
     }
 }
 
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Created,
+    Running,
+    Waiting,
+    /// Stopped until `brain task resume ID --budget-...` gives it more.
+    BudgetExhausted,
+    Finished,
+    Failed,
+    Cancelled,
+    /// The agent kept repeating the same failing call.
+    Stuck,
+}
+
+impl Status {
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Status::Finished | Status::Failed | Status::Cancelled | Status::Stuck
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Created => "created",
+            Status::Running => "running",
+            Status::Waiting => "waiting",
+            Status::BudgetExhausted => "budget_exhausted",
+            Status::Finished => "finished",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+            Status::Stuck => "stuck",
+        }
+    }
+}
+
 /// The version of [`Record`] this code writes.
 pub const RECORD_VERSION: u32 = 1;
 
@@ -284,7 +322,7 @@ pub enum Event {
     /// Running, or waiting (for a worker, an approval, budget) with the reason. A status this
     /// code does not know is a record it cannot decode.
     StatusChanged {
-        status: crate::model::state::Status,
+        status: Status,
         reason: String,
     },
     LlmRequest {
@@ -457,7 +495,6 @@ mod tests {
 
     #[test]
     fn statuses_keep_their_stored_names_and_unknown_ones_do_not_decode() {
-        use crate::model::state::Status;
         let r = Record {
             v: RECORD_VERSION,
             task: TaskId(1),

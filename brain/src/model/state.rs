@@ -6,43 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::event::{Event, Outcome, Plan, Purpose, Record, TaskId, ToolCall};
 use crate::model::agent::{AgentState, Approval};
 
-/// Where a task is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Created,
-    Running,
-    Waiting,
-    /// Stopped until `brain task resume ID --budget-...` gives it more.
-    BudgetExhausted,
-    Finished,
-    Failed,
-    Cancelled,
-    /// The agent kept repeating the same failing call.
-    Stuck,
-}
-
-impl Status {
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Status::Finished | Status::Failed | Status::Cancelled | Status::Stuck
-        )
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Created => "created",
-            Status::Running => "running",
-            Status::Waiting => "waiting",
-            Status::BudgetExhausted => "budget_exhausted",
-            Status::Finished => "finished",
-            Status::Failed => "failed",
-            Status::Cancelled => "cancelled",
-            Status::Stuck => "stuck",
-        }
-    }
-}
+pub use super::event::Status;
 
 /// A call that was issued and has no outcome in the log yet.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{docker, ec2, env, local, ssh};
+use super::{docker, ec2, local, ssh};
+use crate::model::env::EnvRequest;
 
 /// Per-provider limits.
 #[derive(Debug, Clone, Deserialize)]
@@ -56,7 +57,7 @@ pub struct ProvisionConfig {
     pub docker: docker::DockerConfig,
     pub ec2: ec2::Ec2Config,
     /// What `request_environment` may provision, first fit first.
-    pub offers: Vec<env::Offer>,
+    pub offers: Vec<Offer>,
 }
 
 impl Default for ProvisionConfig {
@@ -91,7 +92,7 @@ pub struct Policy {
     pub reaper_every: Duration,
     pub approval_above_usd_per_hour: f64,
     pub providers: BTreeMap<String, ProviderPolicy>,
-    pub offers: Vec<env::Offer>,
+    pub offers: Vec<Offer>,
 }
 
 impl ProvisionConfig {
@@ -153,5 +154,60 @@ pub fn check_url(url: &str) -> Result<(), String> {
 impl Policy {
     pub(super) fn limits(&self, provider: &str) -> ProviderPolicy {
         self.providers.get(provider).cloned().unwrap_or_default()
+    }
+}
+
+/// A machine the brain may provision when an agent asks for one.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Offer {
+    /// `local`, `ssh`, …
+    pub provider: String,
+    /// For `ssh`: `[USER@]HOST`, and optionally a port and a key file.
+    #[serde(default)]
+    pub destination: String,
+    #[serde(default)]
+    pub port: u16,
+    #[serde(default)]
+    pub identity_file: String,
+    pub cpu: u32,
+    pub memory_gb: u32,
+    #[serde(default)]
+    pub disk_gb: u32,
+    #[serde(default)]
+    pub gpu: u32,
+    /// Labels its worker carries.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Hourly price (default: the provider's `usd_per_hour`).
+    #[serde(default)]
+    pub usd_per_hour: Option<f64>,
+    /// The URL this machine dials (default: `provision.brain_url`).
+    #[serde(default)]
+    pub brain_url: Option<String>,
+}
+
+impl Offer {
+    pub(super) fn fits(&self, req: &EnvRequest) -> bool {
+        self.cpu >= req.cpu
+            && self.memory_gb >= req.memory_gb
+            && self.disk_gb >= req.disk_gb
+            && self.gpu >= req.gpu
+            && req
+                .labels
+                .iter()
+                .all(|(k, v)| self.labels.get(k) == Some(v))
+    }
+
+    pub(super) fn params(&self) -> serde_json::Value {
+        if self.provider == "ssh" {
+            serde_json::json!({
+                "destination": self.destination,
+                "port": self.port,
+                "identity_file": self.identity_file,
+            })
+        } else {
+            serde_json::Value::Null
+        }
     }
 }

@@ -20,7 +20,9 @@ use bollard::query_parameters::{
 };
 use serde::Deserialize;
 
-use super::{Created, Join, Machine, ProviderError, Provisioner, Seen};
+use super::error::ProviderError;
+use super::provider::{Created, Join, Provisioner, Seen};
+use super::records::Machine;
 
 /// `[provision.docker]` in the config file.
 #[derive(Debug, Clone, Deserialize)]

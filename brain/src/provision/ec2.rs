@@ -11,7 +11,9 @@ use base64::Engine as _;
 use serde::Deserialize;
 
 use super::aws::Ec2;
-use super::{Created, Join, Machine, ProviderError, Provisioner, Seen};
+use super::error::ProviderError;
+use super::provider::{Created, Join, Provisioner, Seen};
+use super::records::Machine;
 
 /// `[provision.ec2]` in the config file.
 #[derive(Debug, Clone, Deserialize)]

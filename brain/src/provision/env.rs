@@ -4,68 +4,10 @@
 //! quota and the task's money budget. The agent loop then moves the task there and releases
 //! the machine it left if the brain created it.
 
-use std::collections::BTreeMap;
-
-use serde::Deserialize;
-
+use super::config::Offer;
 use super::{Machines, Request, Spec, State};
 use crate::model::env::{EnvRequest, Grant, Quote};
 use crate::trust::registry::WorkerRecord;
-
-/// A machine the brain may provision when an agent asks for one.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Offer {
-    /// `local`, `ssh`, …
-    pub provider: String,
-    /// For `ssh`: `[USER@]HOST`, and optionally a port and a key file.
-    #[serde(default)]
-    pub destination: String,
-    #[serde(default)]
-    pub port: u16,
-    #[serde(default)]
-    pub identity_file: String,
-    pub cpu: u32,
-    pub memory_gb: u32,
-    #[serde(default)]
-    pub disk_gb: u32,
-    #[serde(default)]
-    pub gpu: u32,
-    /// Labels its worker carries.
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    /// Hourly price (default: the provider's `usd_per_hour`).
-    #[serde(default)]
-    pub usd_per_hour: Option<f64>,
-    /// The URL this machine dials (default: `provision.brain_url`).
-    #[serde(default)]
-    pub brain_url: Option<String>,
-}
-
-impl Offer {
-    fn fits(&self, req: &EnvRequest) -> bool {
-        self.cpu >= req.cpu
-            && self.memory_gb >= req.memory_gb
-            && self.disk_gb >= req.disk_gb
-            && self.gpu >= req.gpu
-            && req
-                .labels
-                .iter()
-                .all(|(k, v)| self.labels.get(k) == Some(v))
-    }
-
-    fn params(&self) -> serde_json::Value {
-        if self.provider == "ssh" {
-            serde_json::json!({
-                "destination": self.destination,
-                "port": self.port,
-                "identity_file": self.identity_file,
-            })
-        } else {
-            serde_json::Value::Null
-        }
-    }
-}
 
 /// A budget must cover a new machine for this long.
 const MIN_AFFORDABLE: f64 = 0.25;

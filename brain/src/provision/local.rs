@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{Created, Join, Machine, ProviderError, Provisioner, Seen};
+use super::error::ProviderError;
+use super::provider::{Created, Join, Provisioner, Seen};
+use super::records::Machine;
 
 /// `[provision.local]` in the config file.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -27,11 +29,18 @@ pub struct WorkerProgram {
 }
 
 impl WorkerProgram {
-    /// The worker that came with this brain: `worker` beside it, or the `tether` launcher's
-    /// `worker` subcommand.
+    /// The worker that came with this program, the one place that finds it: the `tether`
+    /// launcher's own `worker` subcommand (same build), or the `worker` binary beside
+    /// `brain`.
     pub fn beside_this_program() -> Result<Self, String> {
         let exe =
             std::env::current_exe().map_err(|e| format!("cannot locate this program: {e}"))?;
+        if exe.file_stem().is_some_and(|n| n == "tether") {
+            return Ok(Self {
+                program: exe,
+                prefix: vec!["worker".into()],
+            });
+        }
         let sibling = exe.with_file_name("worker");
         if sibling.is_file() {
             return Ok(Self {
@@ -39,16 +48,17 @@ impl WorkerProgram {
                 prefix: vec![],
             });
         }
-        if exe.file_stem().is_some_and(|n| n == "tether") {
-            return Ok(Self {
-                program: exe,
-                prefix: vec!["worker".into()],
-            });
-        }
         Err(format!(
-            "no `worker` program beside {}: install it there or set provision.local.worker",
+            "no `worker` program beside {}: build the workspace (`cargo build --release`), install it there, or set provision.local.worker",
             exe.display()
         ))
+    }
+
+    /// `program prefix...`, ready for the worker's own arguments.
+    pub fn command(&self) -> std::process::Command {
+        let mut c = std::process::Command::new(&self.program);
+        c.args(&self.prefix);
+        c
     }
 }
 

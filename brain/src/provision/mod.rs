@@ -23,12 +23,16 @@ mod config;
 pub mod docker;
 pub mod ec2;
 pub mod env;
+mod error;
 pub mod local;
+mod provider;
 mod reconcile;
 mod records;
 pub mod ssh;
 
-pub use config::{Policy, ProviderPolicy, ProvisionConfig, check_url};
+pub use config::{Offer, Policy, ProviderPolicy, ProvisionConfig, check_url};
+pub use error::{Error, ProviderError};
+pub use provider::{Created, Join, Provisioner, Seen};
 pub use records::{Machine, Spec, State};
 use records::{V, decode};
 
@@ -43,146 +47,6 @@ use crate::trust::registry::Registry;
 
 /// The label that names, on a worker, the machine record it was created for.
 pub const MACHINE_LABEL: &str = "tether.machine";
-
-/// Errors of provisioning.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("machine store: {0}")]
-    Sled(#[from] sled::Error),
-    #[error(transparent)]
-    Registry(#[from] crate::trust::registry::Error),
-    #[error("machine record {id} cannot be decoded: {reason}")]
-    Decode { id: String, reason: String },
-    #[error("unknown provider {name:?}: this brain has {have}")]
-    UnknownProvider { name: String, have: String },
-    #[error("no machine {0:?}: see `brain machines --all`")]
-    NoSuchMachine(String),
-    #[error("over quota: {0}")]
-    Quota(String),
-    #[error("machine {id} is already {state}")]
-    AlreadyEnded { id: String, state: &'static str },
-    #[error("{provider}: {source}")]
-    Provider {
-        provider: String,
-        #[source]
-        source: ProviderError,
-    },
-    #[error("{provider} did not finish {doing} within {after:?}")]
-    Timeout {
-        provider: String,
-        doing: &'static str,
-        after: Duration,
-    },
-    #[error("invalid request: {0}")]
-    Invalid(String),
-}
-
-/// What a provider reports when a call fails: a message for a person, and whether the call
-/// certainly changed nothing (so a failed create needs no clean-up).
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct ProviderError {
-    pub message: String,
-    pub untouched: bool,
-}
-
-impl ProviderError {
-    pub fn new(msg: impl Into<String>) -> Self {
-        Self {
-            message: msg.into(),
-            untouched: false,
-        }
-    }
-
-    /// The call failed before it changed anything (e.g. the host could not be reached).
-    pub fn untouched(msg: impl Into<String>) -> Self {
-        Self {
-            message: msg.into(),
-            untouched: true,
-        }
-    }
-}
-
-/// Everything a new machine needs to join this brain. The token is one-time and expires with
-/// the join deadline; providers pass it so it lands in no image, log or process list.
-#[derive(Clone)]
-pub struct Join {
-    pub brain_url: String,
-    pub ca_hash: String,
-    pub token: String,
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    /// The worker exits when the brain has been unreachable this long.
-    pub exit_after_unreachable: Duration,
-}
-
-impl std::fmt::Debug for Join {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Join")
-            .field("brain_url", &self.brain_url)
-            .field("name", &self.name)
-            .field("token", &"<redacted>")
-            .finish()
-    }
-}
-
-impl Join {
-    /// The `worker join` arguments every provider passes (besides the token and the state
-    /// directory, which depend on where the worker runs).
-    pub fn args(&self) -> Vec<String> {
-        let mut v = vec![
-            "join".to_string(),
-            "--brain".into(),
-            self.brain_url.clone(),
-            "--ca-hash".into(),
-            self.ca_hash.clone(),
-            "--name".into(),
-            self.name.clone(),
-            "--exit-after-unreachable".into(),
-            format!("{}s", self.exit_after_unreachable.as_secs().max(1)),
-        ];
-        for (k, val) in &self.labels {
-            v.push("--label".into());
-            v.push(format!("{k}={val}"));
-        }
-        v
-    }
-}
-
-/// What a provider made.
-#[derive(Debug, Clone)]
-pub struct Created {
-    pub handle: String,
-    pub address: String,
-}
-
-/// A machine a provider sees that carries this brain's marker.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Seen {
-    pub machine: String,
-    pub handle: String,
-}
-
-/// One kind of machine.
-#[async_trait::async_trait]
-pub trait Provisioner: Send + Sync {
-    /// The provider's name in config, records and the CLI.
-    fn name(&self) -> &'static str;
-
-    /// Checks a request's provider-specific parameters before anything is recorded.
-    fn check(&self, params: &serde_json::Value) -> Result<(), ProviderError>;
-
-    /// Creates `m` (its id is the marker to put on it) running a worker that joins with `join`.
-    async fn create(&self, m: &Machine, join: &Join) -> Result<Created, ProviderError>;
-
-    /// Destroys `m` and removes what was installed for it. Destroying what is already gone
-    /// succeeds.
-    async fn destroy(&self, m: &Machine) -> Result<(), ProviderError>;
-
-    /// The machines carrying this brain's marker. `records` are this provider's records that
-    /// are not ended, for providers that cannot enumerate on their own (ssh hosts).
-    async fn list(&self, records: &[Machine]) -> Result<Vec<Seen>, ProviderError>;
-}
 
 /// A request for a machine.
 #[derive(Debug, Clone, Default)]

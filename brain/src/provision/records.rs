@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::Error;
+use super::error::Error;
 
 /// The version of [`Machine`] this code writes.
 pub(super) const V: u32 = 1;

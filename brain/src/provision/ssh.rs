@@ -21,8 +21,10 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
+use super::error::ProviderError;
 use super::local::WorkerProgram;
-use super::{Created, Join, Machine, ProviderError, Provisioner, Seen};
+use super::provider::{Created, Join, Provisioner, Seen};
+use super::records::Machine;
 
 /// `[provision.ssh]` in the config file.
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -12,14 +12,8 @@ use shared::pki::{PeerIdentity, Role};
 /// Errors of the registry.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(
-        "cannot open the brain's store at {path}: {source} (is another `brain serve` using this data dir?)"
-    )]
-    Open {
-        path: String,
-        #[source]
-        source: sled::Error,
-    },
+    #[error(transparent)]
+    Open(#[from] crate::storage::OpenError),
     #[error("store: {0}")]
     Sled(#[from] sled::Error),
     #[error("record {key:?} in tree {tree} cannot be decoded: {reason}")]
@@ -124,17 +118,6 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).expect("records serialise")
 }
 
-/// Opens (or creates) the brain's store. Fails clearly if another process holds it.
-pub fn open_db(path: &Path) -> Result<sled::Db, Error> {
-    sled::Config::new()
-        .path(path)
-        .open()
-        .map_err(|source| Error::Open {
-            path: path.display().to_string(),
-            source,
-        })
-}
-
 /// Hex SHA-256 of a join token: the only form in which tokens are stored.
 pub fn token_hash(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
@@ -143,7 +126,7 @@ pub fn token_hash(token: &str) -> String {
 impl Registry {
     /// Opens (or creates) the store. Fails clearly if another process holds it.
     pub fn open(path: &Path) -> Result<Self, Error> {
-        Self::from_db(open_db(path)?)
+        Self::from_db(crate::storage::open_db(path)?)
     }
 
     /// The registry's trees in an already open store.

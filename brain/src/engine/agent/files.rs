@@ -2,7 +2,7 @@
 //! edit (one exact match), list and search. Each answers the observation for the model and
 //! whether the call failed; `Err` means it has no answer (cancelled, worker gone).
 
-use super::super::Cx;
+use super::super::core::Cx;
 use super::super::effects::file_call;
 use crate::model::event::ToolCall;
 use crate::model::ops::{FileAnswer, FileOp};

@@ -18,9 +18,10 @@ mod tests;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::core::Cx;
 use super::driver::{Action, Driver, Facts};
 use super::effects::{self, CommandOutcome};
-use super::{Cx, Error};
+use super::error::Error;
 use crate::llm::{self, Provider, ToolUse};
 use crate::model::agent::{AgentState, Gate, Permission};
 use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};

@@ -1,0 +1,492 @@
+//! The `brain` command line's flags and subcommands (clap), with the checks and conversions
+//! of their values.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "brain",
+    version,
+    about = "Tether brain: enrols workers and runs commands on them",
+    long_about = "Tether brain: the long-lived half of Tether. It enrols workers over mutual TLS and drives them.\n\nQuickstart on one machine:\n  brain init\n  brain serve &\n  brain token create          # prints the `worker join ...` line to run\n  worker join ...             # on the worker machine\n  brain workers\n  brain exec WORKER -- uname -a\n\nData lives in --data (default $TETHER_DATA or ~/.local/share/tether)."
+)]
+pub struct Cli {
+    /// Data dir holding the CA, certificates and the store
+    #[arg(long, global = true, env = "TETHER_DATA")]
+    pub data: Option<PathBuf>,
+    /// Brain to talk to for admin commands (default: the address `brain serve` wrote in the data dir)
+    #[arg(long, global = true, env = "TETHER_BRAIN")]
+    pub brain: Option<String>,
+    /// Admin identity dir (ca.pem, cert.pem, key.pem; default: the data dir's admin identity)
+    #[arg(long, global = true, env = "TETHER_IDENTITY")]
+    pub identity: Option<PathBuf>,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Create the CA, the server certificate and an admin identity in the data dir
+    Init {
+        /// Extra host name or IP address for the server certificate (repeatable); localhost
+        /// and 127.0.0.1 are always included
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// Replace an existing CA (every enrolled worker will have to join again)
+        #[arg(long)]
+        force: bool,
+    },
+    /// Run the brain until SIGTERM or Ctrl-C
+    Serve {
+        /// Address to listen on; a VPS uses 0.0.0.0:7443
+        #[arg(long, default_value = "127.0.0.1:7443")]
+        listen: SocketAddr,
+        /// Mark a worker lost after this long without a message
+        #[arg(long, default_value = "15s", value_parser = shared::parse_duration)]
+        lost_after: Duration,
+        /// Store a snapshot of a task's state every this many events
+        #[arg(long, default_value_t = 100)]
+        snapshot_every: u64,
+        /// How long a task's call waits for its worker to come back before it counts as
+        /// interrupted
+        #[arg(long, default_value = "10m", value_parser = shared::parse_duration)]
+        worker_wait: Duration,
+        /// How long a task's worker may be gone before the task fails over to another
+        /// connected worker (from its last barrier)
+        #[arg(long, default_value = "30s", value_parser = shared::parse_duration)]
+        failover_after: Duration,
+        #[command(flatten)]
+        limits: LimitArgs,
+        /// Turn the network off for every command (a fresh network namespace on the worker)
+        #[arg(long)]
+        network_off: bool,
+        /// Confinement a worker must have before a task is placed on it, comma-separated
+        /// (landlock, cgroup, netns, rlimits, user); see `worker doctor`
+        #[arg(long, value_delimiter = ',')]
+        require_sandbox: Vec<String>,
+        /// The config file: LLM providers, models, prices and agent defaults (TOML; see
+        /// ARCHITECTURE.md). Default: config.toml in the data dir; a missing file means
+        /// every default
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Start an agent task toward GOAL on a worker and follow it live: steps, tool calls and
+    /// their output, approvals asked, tokens and cost. Ctrl-C detaches; the task goes on.
+    /// With --plan FILE, run a scripted plan instead (JSON: {"steps":[{"run":[...],"check":[...]},{"write":{"path":...,"content":...}}]})
+    Run(RunArgs),
+    /// Approve the call a task waits on
+    Approve { task: String },
+    /// Deny the call a task waits on; the agent is told why
+    Deny {
+        task: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// List tasks
+    Tasks,
+    /// Act on one task
+    #[command(subcommand)]
+    Task(TaskCmd),
+    /// Follow a task's events live until it ends (Ctrl-C detaches; it never cancels)
+    Watch { task: String },
+    /// Write a backup of the running brain's whole store to FILE (JSON lines)
+    Backup { file: PathBuf },
+    /// Restore the store from a backup FILE; the brain must be stopped. The current store is
+    /// moved aside, not deleted
+    Restore { file: PathBuf },
+    /// Join tokens
+    #[command(subcommand)]
+    Token(TokenCmd),
+    /// List workers
+    Workers {
+        /// Print JSON for programs
+        #[arg(long)]
+        json: bool,
+    },
+    /// Act on one worker
+    #[command(subcommand)]
+    Worker(WorkerCmd),
+    /// Machines this brain created (provider, id, address, spec, task, age, cost, state);
+    /// `brain machines release ID` destroys one
+    Machines {
+        #[command(subcommand)]
+        cmd: Option<MachinesCmd>,
+        /// Print JSON for programs
+        #[arg(long)]
+        json: bool,
+        /// Include released and failed machines
+        #[arg(long)]
+        all: bool,
+    },
+    /// Create a machine that runs a worker joining this brain (within the provider's quota);
+    /// it is released after its idle timeout or time to live, or by `brain machines release`
+    #[command(subcommand)]
+    Provision(ProvisionCmd),
+    /// Run a command on a worker, streaming its output; exits with its exit code
+    /// (124 timed out, 75 worker lost or not connected, 125 could not run)
+    Exec(ExecArgs),
+    /// File operations in a worker's workspace
+    #[command(subcommand)]
+    File(FileCmd),
+    /// Admin identities
+    #[command(subcommand)]
+    Admin(AdminCmd),
+    /// Run the whole thing on this machine: a temporary brain, two local workers, remote
+    /// execution, a refused escape and a worker killed and brought back
+    Demo {
+        /// Keep the demo's temp dir (logs, store, workspaces) afterwards
+        #[arg(long)]
+        keep: bool,
+        /// Run the agent on this model (e.g. anthropic:claude-sonnet-4-5, with its key in
+        /// ANTHROPIC_API_KEY) instead of the recorded transcript
+        #[arg(long)]
+        model: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum MachinesCmd {
+    /// Destroy a machine and revoke its worker
+    Release { id: String },
+}
+
+#[derive(clap::Args)]
+pub struct ProvisionOpts {
+    /// Label key=value for the machine's worker (repeatable; used for placement)
+    #[arg(long = "label", value_parser = shared::parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Worker name (default: the machine id)
+    #[arg(long)]
+    pub name: Option<String>,
+    /// How long to wait for the worker to join ("0s": do not wait)
+    #[arg(long, default_value = "2m", value_parser = shared::parse_duration)]
+    pub wait: Duration,
+    /// The URL the machine dials to reach this brain (default: provision.brain_url in the
+    /// config, else this brain's listen address)
+    #[arg(long)]
+    pub brain_url: Option<String>,
+    /// CPUs (docker: the container's limit; 0: the provider's default)
+    #[arg(long, default_value_t = 0)]
+    pub cpu: u32,
+    /// Memory in GiB (docker: the container's limit, without swap; 0: the provider's default)
+    #[arg(long, default_value_t = 0)]
+    pub memory_gb: u32,
+    /// Disk in GB (recorded with the machine)
+    #[arg(long, default_value_t = 0)]
+    pub disk_gb: u32,
+}
+
+#[derive(Subcommand)]
+pub enum ProvisionCmd {
+    /// A worker process on the brain's own machine
+    Local(ProvisionOpts),
+    /// A worker container on the local Docker engine ([provision.docker] names the image and
+    /// network), with CPU, memory and pids limits, a read-only root and no capabilities
+    Docker(ProvisionOpts),
+    /// An EC2 instance ([provision.ec2]: ami, instance types, worker_url and its sha256) whose
+    /// cloud-init installs the worker and joins; AWS credentials stay with the brain
+    Ec2(ProvisionOpts),
+    /// A worker on a host reached over ssh (the brain's ssh config and agent apply; an
+    /// unknown or changed host key is refused unless that config accepts it)
+    Ssh {
+        /// [USER@]HOST
+        destination: String,
+        /// ssh port (default: the ssh config's, or 22)
+        #[arg(long, short)]
+        port: Option<u16>,
+        /// Private key file on the brain's machine (default: the ssh config's and the agent's)
+        #[arg(long, short)]
+        identity: Option<String>,
+        #[command(flatten)]
+        opts: ProvisionOpts,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TokenCmd {
+    /// Mint a one-time join token and print the `worker join` line to run
+    Create {
+        /// How long the token stays valid
+        #[arg(long, default_value = "1h", value_parser = shared::parse_duration)]
+        ttl: Duration,
+        /// Label key=value given to the worker that joins with it (repeatable)
+        #[arg(long = "label", value_parser = shared::parse_label)]
+        labels: Vec<(String, String)>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TaskCmd {
+    /// A task's state
+    Show { task: String },
+    /// A task's event log (`--json`: one JSON object per line, stable field names)
+    Log {
+        task: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a task
+    Cancel { task: String },
+    /// Move a running task to another worker at its next tool-call boundary: the workspace
+    /// goes along (only what the target lacks is sent) and the task carries on there
+    Move {
+        task: String,
+        /// Worker id or unique name
+        #[arg(long)]
+        to: String,
+    },
+    /// Continue a task stopped for budget, with more (added to what it has spent)
+    Resume {
+        task: String,
+        #[command(flatten)]
+        budget: BudgetArgs,
+    },
+}
+
+/// Budgets of an agent task (unset: the config file's defaults).
+#[derive(Args, Clone, Default)]
+pub struct BudgetArgs {
+    /// Money budget in USD
+    #[arg(long)]
+    pub budget_usd: Option<f64>,
+    /// Token budget (prompt + completion)
+    #[arg(long)]
+    pub max_tokens: Option<u64>,
+    /// Most LLM calls
+    #[arg(long)]
+    pub max_steps: Option<u32>,
+    /// Wall time, e.g. 30m
+    #[arg(long, value_parser = shared::parse_duration)]
+    pub max_wall: Option<Duration>,
+}
+
+impl BudgetArgs {
+    pub fn to_proto(&self) -> anyhow::Result<proto::Budget> {
+        if let Some(u) = self.budget_usd
+            && !(u.is_finite() && u > 0.0)
+        {
+            bail!("--budget-usd must be a positive number of dollars, not {u}");
+        }
+        Ok(proto::Budget {
+            usd: self.budget_usd.unwrap_or(0.0),
+            tokens: self.max_tokens.unwrap_or(0),
+            steps: self.max_steps.unwrap_or(0),
+            wall_ms: self.max_wall.map_or(0, |d| d.as_millis() as u64),
+        })
+    }
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// What the agent should achieve
+    pub goal: Option<String>,
+    /// Worker id or unique name (default: any connected worker)
+    #[arg(long)]
+    pub worker: Option<String>,
+    /// The model: openai:gpt-4.1, anthropic:claude-sonnet-4-5, ollama:qwen2.5-coder, or
+    /// replay:FILE to replay a recorded transcript without an API key (default: the config's)
+    #[arg(long)]
+    pub model: Option<String>,
+    /// read-only, ask (every change waits for `brain approve`), auto (the config's
+    /// allow-lists run, the rest asks) or full (default: the config's)
+    #[arg(long)]
+    pub permission: Option<String>,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+    /// Write the model's answers to FILE as a transcript that `--model replay:FILE` replays
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+    /// Print the task id and return instead of following the task
+    #[arg(long)]
+    pub detach: bool,
+    /// Start from this git repository: the brain clones it (shallow) with its own
+    /// credentials and the worker gets the files, never the credentials
+    #[arg(long)]
+    pub git: Option<String>,
+    /// Branch or tag of --git
+    #[arg(long, requires = "git")]
+    pub git_ref: Option<String>,
+    /// Start from a copy of this directory on the task's worker (the laptop case; a relative
+    /// path is taken from here, for a worker on this machine). Only what the brain lacks is
+    /// sent; the agent works on the copy
+    #[arg(long, conflicts_with = "git")]
+    pub dir: Option<PathBuf>,
+    /// Sync the workspace's .git/ too (left out by default)
+    #[arg(long)]
+    pub include_git: bool,
+    /// Also leave this file or directory name out of the workspace's sync, wherever it is
+    /// (besides .gitignore and the defaults target, node_modules, .venv, __pycache__)
+    #[arg(long = "exclude", value_name = "NAME")]
+    pub excludes: Vec<String>,
+    /// Do not leave out the default build outputs (target, node_modules, .venv, __pycache__)
+    #[arg(long)]
+    pub no_default_excludes: bool,
+    /// A label (k=v) the task's worker must have, now and when the task moves or fails over;
+    /// repeatable
+    #[arg(long = "require-label", value_name = "K=V", value_parser = shared::parse_label)]
+    pub require_labels: Vec<(String, String)>,
+    /// Run a scripted plan from this JSON file instead of the agent
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
+    /// The goal (same as GOAL; for scripted plans, shown in `brain tasks`)
+    #[arg(long = "goal", hide = true)]
+    pub goal_flag: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum WorkerCmd {
+    /// Revoke a worker: its session is cut at once and its certificate refused from then on
+    Revoke {
+        /// Worker id or unique name
+        worker: String,
+    },
+}
+
+/// Resource limits for commands (0 or unset: the worker's defaults).
+#[derive(Args, Clone, Default)]
+pub struct LimitArgs {
+    /// Memory limit per command, e.g. 2GiB
+    #[arg(long, value_parser = shared::parse_bytes)]
+    pub memory: Option<u64>,
+    /// Most processes per command
+    #[arg(long)]
+    pub pids: Option<u32>,
+    /// CPU share per command, in cores (e.g. 1.5)
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// CPU time per command, e.g. 10m
+    #[arg(long, value_parser = shared::parse_duration)]
+    pub cpu_time: Option<Duration>,
+    /// Largest file a command may write, e.g. 1GiB
+    #[arg(long, value_parser = shared::parse_bytes)]
+    pub file_size: Option<u64>,
+}
+
+impl LimitArgs {
+    pub fn to_proto(&self, network_off: bool) -> proto::Limits {
+        proto::Limits {
+            memory_bytes: self.memory.unwrap_or(0),
+            pids: self.pids.unwrap_or(0),
+            cpus: self.cpus.unwrap_or(0.0),
+            file_size_bytes: self.file_size.unwrap_or(0),
+            cpu_seconds: self.cpu_time.map(|d| d.as_secs().max(1)).unwrap_or(0),
+            network_off,
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct ExecArgs {
+    /// Worker id or unique name
+    pub worker: String,
+    /// Working directory, relative to the workspace root
+    #[arg(long, default_value = "")]
+    pub cwd: String,
+    /// Kill the command's whole process group after this long
+    #[arg(long, default_value = "10m", value_parser = shared::parse_duration)]
+    pub timeout: Duration,
+    /// Workspace name on the worker
+    #[arg(long, default_value = "default")]
+    pub workspace: String,
+    /// Cap on combined output bytes; the rest is dropped and counted
+    #[arg(long, default_value_t = shared::limits::DEFAULT_OUTPUT_CAP_BYTES)]
+    pub output_cap: u64,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    /// Run without network (a fresh network namespace)
+    #[arg(long)]
+    pub network_off: bool,
+    /// The command and its arguments (after `--`)
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
+}
+
+#[derive(Subcommand)]
+pub enum FileCmd {
+    /// Print a file (or a byte range of it) to stdout
+    Read {
+        worker: String,
+        path: String,
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        /// Bytes to read; 0 reads up to the per-call limit
+        #[arg(long, default_value_t = 0)]
+        length: u64,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+    /// Write stdin (or --from FILE) to a file, atomically
+    Write {
+        worker: String,
+        path: String,
+        #[arg(long)]
+        from: Option<PathBuf>,
+        /// Permission bits in octal
+        #[arg(long, default_value = "644")]
+        mode: String,
+        /// Create missing parent directories
+        #[arg(long, short = 'p')]
+        parents: bool,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+    /// List a directory
+    Ls {
+        worker: String,
+        #[arg(default_value = "")]
+        path: String,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+    /// Show one entry
+    Stat {
+        worker: String,
+        path: String,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+    /// Files matching a glob (.gitignore-aware), e.g. `'*.rs'` or `'src/**/*.py'`
+    Find {
+        worker: String,
+        #[arg(default_value = "")]
+        glob: String,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+    /// Lines matching a regular expression (.gitignore-aware)
+    Search {
+        worker: String,
+        pattern: String,
+        /// Only files matching this glob
+        #[arg(long, default_value = "")]
+        glob: String,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+    /// Remove a file or directory
+    Rm {
+        worker: String,
+        path: String,
+        #[arg(long, short = 'r')]
+        recursive: bool,
+        #[arg(long, default_value = "default")]
+        workspace: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum AdminCmd {
+    /// Issue another admin identity into DIR (for driving this brain from another machine)
+    Issue {
+        name: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Withdraw an admin identity
+    Revoke { name: String },
+}

@@ -1,0 +1,260 @@
+//! Starting a task and following it: `brain run` (an agent task or a plan, followed until it
+//! ends), `approve`/`deny`, and the log followers behind `watch` and `task log`.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+use super::args::RunArgs;
+use super::client::{Target, status};
+use super::render::{describe_live, describe_record};
+
+/// `brain run`: starts an agent task (or a scripted plan) and follows it.
+pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
+    let goal = args.goal.or(args.goal_flag).unwrap_or_default();
+    let mut c = target.connect().await?;
+    let task_id = if let Some(plan) = &args.plan {
+        let plan_json = std::fs::read_to_string(plan)
+            .with_context(|| format!("reading the plan {}", plan.display()))?;
+        crate::model::Plan::parse(&plan_json)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", plan.display()))?;
+        let worker = args.worker.clone().unwrap_or_default();
+        let r = c
+            .run_plan(proto::RunPlanRequest {
+                plan_json,
+                worker,
+                goal,
+                require_labels: args.require_labels.iter().cloned().collect(),
+            })
+            .await
+            .map_err(|s| status(s, &target.url))?
+            .into_inner();
+        println!("{}", r.task_id);
+        eprintln!("follow it with: brain watch {}", r.task_id);
+        return Ok(0);
+    } else {
+        if goal.trim().is_empty() {
+            bail!("say what the agent should do: brain run \"GOAL\" (see --help)");
+        }
+        let mut model = args.model.clone().unwrap_or_default();
+        let mut transcript = String::new();
+        if let Some(file) = model.strip_prefix("replay:") {
+            transcript = std::fs::read_to_string(file)
+                .with_context(|| format!("reading the transcript {file}"))?;
+            crate::llm::Replay::parse(&transcript).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+            let name = Path::new(file)
+                .file_name()
+                .map_or_else(|| file.to_string(), |n| n.to_string_lossy().into_owned());
+            model = format!("replay:{name}");
+        }
+        let r = c
+            .run_agent(proto::RunAgentRequest {
+                goal,
+                worker: args.worker.clone().unwrap_or_default(),
+                model,
+                permission: args.permission.clone().unwrap_or_default(),
+                budget: Some(args.budget.to_proto()?),
+                transcript,
+                git_url: args.git.clone().unwrap_or_default(),
+                git_ref: args.git_ref.clone().unwrap_or_default(),
+                require_labels: args.require_labels.iter().cloned().collect(),
+                include_git: args.include_git,
+                extra_excludes: args.excludes.clone(),
+                no_default_excludes: args.no_default_excludes,
+                dir: match &args.dir {
+                    Some(d) if d.is_relative() => std::env::current_dir()
+                        .context("resolving --dir")?
+                        .join(d)
+                        .display()
+                        .to_string(),
+                    Some(d) => d.display().to_string(),
+                    None => String::new(),
+                },
+            })
+            .await
+            .map_err(|s| status(s, &target.url))?
+            .into_inner();
+        r.task_id
+    };
+    println!("{task_id}");
+    if args.detach {
+        eprintln!("follow it with: brain watch {task_id}");
+        return Ok(0);
+    }
+    eprintln!("following {task_id} (Ctrl-C detaches; the task goes on)");
+    let recorder = args.record.as_deref();
+    let outcome = follow_agent(target, &task_id, recorder).await?;
+    Ok(match outcome.as_str() {
+        "finished" => 0,
+        _ => 1,
+    })
+}
+
+/// `brain approve` / `brain deny`.
+pub async fn decide(
+    target: &Target,
+    task: &str,
+    approve: bool,
+    reason: String,
+) -> anyhow::Result<i32> {
+    let mut c = target.connect().await?;
+    let r = c
+        .decide(proto::DecideRequest {
+            task_id: task.to_string(),
+            approve,
+            reason,
+        })
+        .await
+        .map_err(|s| status(s, &target.url))?
+        .into_inner();
+    println!(
+        "{} {task}: {}",
+        if approve { "approved" } else { "denied" },
+        r.what
+    );
+    Ok(0)
+}
+
+/// A task's log records as a stream; with `live`, it stays open until the task ends.
+async fn task_log(
+    target: &Target,
+    task: &str,
+    live: bool,
+) -> anyhow::Result<tonic::Streaming<proto::TaskRecord>> {
+    let mut c = target.connect().await?;
+    Ok(c.task_log(proto::TaskLogRequest {
+        task_id: task.to_string(),
+        follow: live,
+        after_seq: 0,
+    })
+    .await
+    .map_err(|s| status(s, &target.url))?
+    .into_inner())
+}
+
+/// One item of a followed log.
+enum Item {
+    Record(Box<crate::model::Record>),
+    Live(proto::LiveOutput),
+    /// A record the brain could not decode, or this CLI cannot (a newer brain).
+    Broken(String),
+}
+
+fn item(r: proto::TaskRecord) -> Item {
+    use proto::task_record::Item as I;
+    match r.item {
+        Some(I::Record(json)) => match serde_json::from_str::<crate::model::Record>(&json) {
+            Ok(rec) => Item::Record(Box::new(rec)),
+            Err(e) => Item::Broken(format!("a record this program cannot read ({e}): {json}")),
+        },
+        Some(I::Live(o)) => Item::Live(o),
+        Some(I::Error(e)) => Item::Broken(e),
+        None => Item::Broken("an empty record".into()),
+    }
+}
+
+/// Follows an agent task until it ends or stops for budget, printing its events, with a
+/// running total of tokens and cost; with `record`, writes the model's answers as a
+/// transcript. Returns the final status.
+async fn follow_agent(
+    target: &Target,
+    task: &str,
+    record: Option<&Path>,
+) -> anyhow::Result<String> {
+    let mut stream = task_log(target, task, true).await?;
+    let mut answers = Vec::new();
+    let (mut tokens, mut usd) = (0u64, 0f64);
+    let mut out = std::io::stdout();
+    let mut end = String::from("detached");
+    while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
+        let text = match item(r) {
+            Item::Record(rec) => {
+                let mut text = describe_record(&rec);
+                match &rec.event {
+                    crate::model::Event::LlmResponse {
+                        prompt_tokens,
+                        completion_tokens,
+                        cost_usd,
+                        response,
+                        ..
+                    } => {
+                        tokens += prompt_tokens + completion_tokens;
+                        usd += cost_usd;
+                        text.push_str(&format!("\n    (so far: {tokens} tokens, ${usd:.4})"));
+                        if let Some(r) = response {
+                            answers.push((**r).clone());
+                        }
+                    }
+                    crate::model::Event::Finished { outcome, .. } => {
+                        end = serde_json::to_value(outcome)
+                            .ok()
+                            .and_then(|v| v.as_str().map(String::from))
+                            .unwrap_or_default();
+                    }
+                    crate::model::Event::StatusChanged {
+                        status: crate::model::Status::BudgetExhausted,
+                        ..
+                    } => {
+                        end = crate::model::Status::BudgetExhausted.as_str().into();
+                    }
+                    _ => {}
+                }
+                format!("{text}\n")
+            }
+            Item::Live(o) => describe_live(&o),
+            Item::Broken(e) => format!("  (unreadable record: {e})\n"),
+        };
+        if out
+            .write_all(text.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+        {
+            break;
+        }
+        if end == "budget_exhausted" {
+            break;
+        }
+    }
+    if let Some(file) = record {
+        std::fs::write(file, crate::llm::to_transcript(&answers))
+            .with_context(|| format!("writing the transcript {}", file.display()))?;
+        eprintln!(
+            "recorded {} model answers to {} (replay with --model replay:{})",
+            answers.len(),
+            file.display(),
+            file.display()
+        );
+    }
+    eprintln!("{task}: {end}");
+    Ok(end)
+}
+
+/// Prints a task's log; with `live`, keeps following until the task ends. A closed stdout
+/// (`brain watch ID | head`) ends it quietly.
+pub async fn follow(target: &Target, task: &str, live: bool, json: bool) -> anyhow::Result<()> {
+    let mut stream = task_log(target, task, live).await?;
+    let mut out = std::io::stdout();
+    while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
+        let text = match (item(r), json) {
+            (Item::Record(rec), true) => format!("{}\n", serde_json::to_string(&rec)?),
+            (Item::Record(rec), false) => format!("{}\n", describe_record(&rec)),
+            (Item::Live(o), true) => format!(
+                "{}\n",
+                serde_json::json!({"kind": o.kind, "call_id": o.call_id, "stream": o.stream, "text": o.text})
+            ),
+            // Live output of the running call and file changes, as they come.
+            (Item::Live(o), false) => describe_live(&o),
+            (Item::Broken(e), true) => format!("{}\n", serde_json::json!({ "error": e })),
+            (Item::Broken(e), false) => format!("  (unreadable record: {e})\n"),
+        };
+        if out
+            .write_all(text.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+        {
+            return Ok(());
+        }
+    }
+    Ok(())
+}

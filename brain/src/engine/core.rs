@@ -1,0 +1,68 @@
+//! What drivers and effects act in: the store, the ports and the options (the engine's
+//! [`Core`]), and one task ([`Cx`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::ports::Ports;
+use super::store::{Store, Task};
+use crate::model::ops::Limits;
+
+/// Tunables.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Store a snapshot after this many events.
+    pub snapshot_every: u64,
+    /// How long a call waits for its worker to come back before it counts as interrupted.
+    pub worker_wait: Duration,
+    /// Resource limits for every command a task runs (the brain's policy).
+    pub limits: Limits,
+    /// LLM providers, models and prices (the brain's config file).
+    pub llm: Arc<crate::llm::LlmConfig>,
+    /// How long a task's worker may be gone before the task fails over to another.
+    pub failover_after: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            snapshot_every: 100,
+            worker_wait: Duration::from_secs(600),
+            limits: Limits::default(),
+            llm: Arc::default(),
+            failover_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The parts of the engine its drivers use.
+pub struct Core {
+    pub store: Store,
+    pub ports: Ports,
+    pub opts: Options,
+}
+
+/// One task and the engine around it.
+pub struct Cx<'a> {
+    pub core: &'a Core,
+    pub task: &'a Arc<Task>,
+}
+
+impl Cx<'_> {
+    pub fn store(&self) -> &Store {
+        &self.core.store
+    }
+    pub fn ports(&self) -> &Ports {
+        &self.core.ports
+    }
+    pub fn opts(&self) -> &Options {
+        &self.core.opts
+    }
+    /// What the machines created for this task have cost so far.
+    pub fn machines_cost(&self) -> f64 {
+        self.core
+            .ports
+            .environments
+            .task_cost(&self.task.id.to_string())
+    }
+}

@@ -1,0 +1,139 @@
+//! The types every provider shares: a conversation's messages and tool calls, a request,
+//! an answer, the `Provider` trait and its errors.
+
+use serde::{Deserialize, Serialize};
+
+/// Who said a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    User,
+    Assistant,
+    /// The result of a tool call, answering `tool_call_id`.
+    Tool,
+}
+
+/// A tool call the model asked for. `arguments` is the JSON text as the model wrote it (it
+/// may be malformed: the agent answers that with an error the model can fix).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolUse {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// One message of a conversation. The system prompt is not a message: see [`Request`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub content: String,
+    /// Assistant messages: the tool calls asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolUse>,
+    /// Tool messages: the call this answers.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tool_call_id: String,
+}
+
+impl Message {
+    pub fn user(text: impl Into<String>) -> Self {
+        Self {
+            role: Role::User,
+            content: text.into(),
+            tool_calls: vec![],
+            tool_call_id: String::new(),
+        }
+    }
+
+    pub fn tool(call_id: impl Into<String>, text: impl Into<String>) -> Self {
+        Self {
+            role: Role::Tool,
+            content: text.into(),
+            tool_calls: vec![],
+            tool_call_id: call_id.into(),
+        }
+    }
+}
+
+/// A tool offered to the model; `parameters` is a JSON schema object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub parameters: serde_json::Value,
+}
+
+/// One completion request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub system: String,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+    pub max_tokens: u32,
+}
+
+/// Token usage of one call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// The model's answer: an assistant message, the usage, and (text tool-call mode) the tool
+/// calls written in the text that could not be parsed, each as an error the model can act on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub message: Message,
+    pub usage: Usage,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub malformed_calls: Vec<String>,
+}
+
+/// A model behind its wire format: one call, one answer. Implementations retry transient
+/// failures themselves (429, 5xx, connect errors, timeouts), so an error is final.
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync {
+    /// Sends `req` and returns the model's answer.
+    async fn complete(&self, req: &Request) -> Result<Response, Error>;
+}
+
+/// Why a completion failed. Messages say what failed and what to do; none ever holds a key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// 401/403: the key was refused.
+    #[error("{0}")]
+    Auth(String),
+    /// 404: the model or the URL is unknown.
+    #[error("{0}")]
+    NotFound(String),
+    /// The prompt is longer than the model's context window.
+    #[error("{0}")]
+    ContextOverflow(String),
+    /// Any other HTTP error status.
+    #[error("HTTP {status}: {message}")]
+    Http { status: u16, message: String },
+    /// The server could not be reached (DNS, connect, TLS, connection reset).
+    #[error("{0}")]
+    Transport(String),
+    /// No complete answer within the configured timeout.
+    #[error("{0}")]
+    Timeout(String),
+    /// The server answered something we cannot read.
+    #[error("{0}")]
+    Decode(String),
+    /// Bad or missing configuration (model spec, key, URL, timeout, transcript).
+    #[error("{0}")]
+    Config(String),
+}
+
+impl Error {
+    /// Whether trying again later may succeed: 429, 5xx, transport errors and timeouts.
+    pub fn retryable(&self) -> bool {
+        match self {
+            Error::Http { status, .. } => *status == 429 || *status >= 500,
+            Error::Transport(_) | Error::Timeout(_) => true,
+            _ => false,
+        }
+    }
+}

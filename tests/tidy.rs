@@ -1,0 +1,546 @@
+//! The rules of ARCHITECTURE.md, checked mechanically. Crates: the worker never links sled
+//! or the brain, and `shared` stays free of brain-only dependencies (`cargo tree`). Inside
+//! `brain/src`: each layer uses only the layers below it, `model` and `engine` never see
+//! wire types, `llm` and `fleet` know nothing of the engine, and no two files import each
+//! other in a circle. Every source file opens with a `//!` line saying what it is for, and a
+//! file over 800 lines says at its top why it is that long.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn deps_of(package: &str) -> Vec<String> {
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--offline",
+            "-e",
+            "normal,build",
+            "--prefix",
+            "none",
+            "-p",
+            package,
+        ])
+        .args(["--manifest-path", manifest])
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let names: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    assert!(names.len() > 10, "cargo tree printed too little:\n{text}");
+    names
+}
+
+#[test]
+fn worker_does_not_depend_on_sled_or_brain() {
+    let names = deps_of("worker");
+    assert!(
+        names.iter().any(|n| n == "shared"),
+        "sanity: worker uses shared"
+    );
+    for banned in ["sled", "brain"] {
+        assert!(
+            !names.iter().any(|n| n == banned),
+            "worker depends on {banned}; move what it needs into `shared`"
+        );
+    }
+}
+
+#[test]
+fn shared_does_not_depend_on_brain_only_crates() {
+    let names = deps_of("shared");
+    for banned in ["sled", "brain", "worker", "openssh"] {
+        assert!(
+            !names.iter().any(|n| n == banned),
+            "shared depends on {banned}"
+        );
+    }
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                rust_files(&p, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Every Rust source of the workspace (not generated code, not `target/`).
+fn sources() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for d in [
+        "brain", "worker", "shared", "proto", "testkit", "src", "tests",
+    ] {
+        rust_files(&root().join(d), &mut out);
+    }
+    out.sort();
+    assert!(out.len() > 50, "found too few sources: {out:?}");
+    out
+}
+
+const LONG_FILE: usize = 800;
+/// The phrase a long file's header uses to say why it is long.
+const LONG_REASON: &str = "Long file:";
+
+#[test]
+fn every_file_says_what_it_is_for_and_long_ones_why_they_are_long() {
+    let mut missing = Vec::new();
+    let mut long = Vec::new();
+    for f in sources() {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let rel = f.strip_prefix(root()).unwrap().display().to_string();
+        if !text.starts_with("//!") {
+            missing.push(rel.clone());
+        }
+        let header: String = text
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        if text.lines().count() > LONG_FILE && !header.contains(LONG_REASON) {
+            long.push(format!("{rel} ({} lines)", text.lines().count()));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "these files do not open with a `//!` line saying what they are for: {missing:#?}"
+    );
+    assert!(
+        long.is_empty(),
+        "these files are over {LONG_FILE} lines without a `//! {LONG_REASON} ...` line in their header saying why (split them, or say why not): {long:#?}"
+    );
+}
+
+/// The brain's layers, lowest first, and what each may use besides itself.
+const LAYERS: &[(&str, &[&str])] = &[
+    ("storage", &[]),
+    ("llm", &[]),
+    ("model", &["llm"]),
+    ("trust", &["storage"]),
+    ("mirror", &["storage", "model"]),
+    ("fleet", &["model", "trust"]),
+    ("provision", &["model", "trust", "fleet"]),
+    ("engine", &["storage", "llm", "model"]),
+    ("config", &["llm", "model", "provision"]),
+    (
+        "api",
+        &[
+            "storage",
+            "llm",
+            "model",
+            "trust",
+            "mirror",
+            "fleet",
+            "provision",
+            "engine",
+            "config",
+        ],
+    ),
+    (
+        "app",
+        &[
+            "storage",
+            "llm",
+            "model",
+            "trust",
+            "mirror",
+            "fleet",
+            "provision",
+            "engine",
+            "config",
+            "api",
+        ],
+    ),
+    (
+        "admin",
+        &[
+            "storage",
+            "llm",
+            "model",
+            "trust",
+            "mirror",
+            "fleet",
+            "provision",
+            "engine",
+            "config",
+            "api",
+            "app",
+        ],
+    ),
+];
+
+/// One file of `brain/src` as a module: its path (`engine::agent`), its text without inline
+/// test modules, and the child modules it declares.
+struct Module {
+    path: Vec<String>,
+    file: String,
+    text: String,
+    children: BTreeSet<String>,
+}
+
+fn brain_modules(src: &Path) -> Vec<Module> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files
+        .into_iter()
+        .filter(|f| !f.ends_with("main.rs"))
+        .map(|f| {
+            let rel = f.strip_prefix(src).unwrap();
+            let mut path: Vec<String> = rel
+                .with_extension("")
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if matches!(path.last().map(String::as_str), Some("mod" | "lib")) {
+                path.pop();
+            }
+            // Comments name paths without using them.
+            let full: String = std::fs::read_to_string(&f)
+                .unwrap()
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            // Inline test modules (always last) see their file through `super`.
+            let text = match full.find("#[cfg(test)]\nmod tests {") {
+                Some(i) => full[..i].to_string(),
+                None => full,
+            };
+            let children = text
+                .lines()
+                .filter_map(|l| {
+                    let l = l.trim();
+                    let l = l
+                        .strip_prefix("pub(crate) ")
+                        .or(l.strip_prefix("pub "))
+                        .unwrap_or(l);
+                    l.strip_prefix("mod ")?
+                        .strip_suffix(';')
+                        .map(str::to_string)
+                })
+                .collect();
+            Module {
+                path,
+                file: rel.display().to_string(),
+                text,
+                children,
+            }
+        })
+        .collect()
+}
+
+fn is_ident_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Module paths a file refers to: `crate::a::b` (and `crate::a::{b, c}`), `super::x`, and
+/// `use child::...` of its own children. Only lower-case segments: they name modules.
+fn references(m: &Module) -> BTreeSet<Vec<String>> {
+    let mut out = BTreeSet::new();
+    let text = &m.text;
+    let parent: Vec<String> = m.path[..m.path.len().saturating_sub(1)].to_vec();
+    let mut push = |base: Vec<String>, rest: &str| {
+        let mut path = base;
+        // `super::{a, b}`: a group right after the base.
+        let mut rest = match rest.strip_prefix('{') {
+            Some(r) => {
+                let end = r.find('}').unwrap_or(r.len());
+                for item in r[..end].split(',') {
+                    let seg: String = item
+                        .trim()
+                        .chars()
+                        .take_while(|c| is_ident_char(*c))
+                        .collect();
+                    if seg.chars().next().is_some_and(|c| c.is_ascii_lowercase()) && seg != "self" {
+                        let mut p = path.clone();
+                        p.push(seg);
+                        out.insert(p);
+                    }
+                }
+                return;
+            }
+            None => rest,
+        };
+        loop {
+            let seg: String = rest.chars().take_while(|c| is_ident_char(*c)).collect();
+            if seg.is_empty() || !seg.chars().next().unwrap().is_ascii_lowercase() {
+                break;
+            }
+            path.push(seg.clone());
+            rest = &rest[seg.len()..];
+            match rest.strip_prefix("::") {
+                Some(r) if r.starts_with('{') => {
+                    // A group: each item's first segment.
+                    let end = r.find('}').unwrap_or(r.len());
+                    for item in r[1..end].split(',') {
+                        let item = item.trim();
+                        let seg: String = item.chars().take_while(|c| is_ident_char(*c)).collect();
+                        if seg.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+                            && seg != "self"
+                        {
+                            let mut p = path.clone();
+                            p.push(seg);
+                            out.insert(p);
+                        }
+                    }
+                    break;
+                }
+                Some(r) => rest = r,
+                None => break,
+            }
+        }
+        out.insert(path);
+    };
+    for (i, _) in text.match_indices("crate::") {
+        if i > 0 && is_ident_char(text[..i].chars().last().unwrap()) {
+            continue;
+        }
+        push(vec![], &text[i + "crate::".len()..]);
+        continue;
+    }
+    for (i, _) in text.match_indices("super::") {
+        if i > 0 && is_ident_char(text[..i].chars().last().unwrap()) {
+            continue;
+        }
+        push(parent.clone(), &text[i + "super::".len()..]);
+    }
+    for line in text.lines() {
+        let l = line.trim();
+        let l = l.strip_prefix("pub ").unwrap_or(l);
+        if let Some(rest) = l.strip_prefix("use ") {
+            let seg: String = rest.chars().take_while(|c| is_ident_char(*c)).collect();
+            if m.children.contains(&seg) {
+                push(m.path.clone(), rest);
+            }
+        }
+    }
+    out
+}
+
+/// The file-level import graph of `brain/src`: file → files it uses.
+fn brain_graph() -> (Vec<Module>, BTreeMap<usize, BTreeSet<usize>>) {
+    graph_of(&root().join("brain/src"))
+}
+
+fn graph_of(src: &Path) -> (Vec<Module>, BTreeMap<usize, BTreeSet<usize>>) {
+    let modules = brain_modules(src);
+    let by_path: BTreeMap<Vec<String>, usize> = modules
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.path.clone(), i))
+        .collect();
+    let mut edges: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
+    for (i, m) in modules.iter().enumerate() {
+        for r in references(m) {
+            // The longest prefix that is a file.
+            let target = (0..=r.len())
+                .rev()
+                .find_map(|n| by_path.get(&r[..n]).copied());
+            if let Some(t) = target
+                && t != i
+                && !modules[t].path.is_empty()
+            {
+                edges.entry(i).or_default().insert(t);
+            }
+        }
+    }
+    (modules, edges)
+}
+
+#[test]
+fn each_brain_layer_uses_only_the_layers_below_it() {
+    let (modules, edges) = brain_graph();
+    let allowed: BTreeMap<&str, &[&str]> = LAYERS.iter().copied().collect();
+    let mut bad = Vec::new();
+    for (from, tos) in &edges {
+        let a = &modules[*from].path[0];
+        let may = allowed.get(a.as_str()).unwrap_or_else(|| {
+            panic!(
+                "layer {a} ({}) is not in LAYERS: add it",
+                modules[*from].file
+            )
+        });
+        for to in tos {
+            let b = &modules[*to].path[0];
+            if a != b && !may.contains(&b.as_str()) {
+                bad.push(format!(
+                    "{} uses {}",
+                    modules[*from].file, modules[*to].file
+                ));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "layering broken (see LAYERS and ARCHITECTURE.md): {bad:#?}"
+    );
+    // Wire types stay at the edges.
+    for m in &modules {
+        let layer = m.path.first().map(String::as_str).unwrap_or("");
+        if matches!(layer, "model" | "engine") {
+            assert!(
+                !m.text.contains("proto::") && !m.text.contains("tonic::"),
+                "{} uses wire types (proto/tonic): convert in api::convert instead",
+                m.file
+            );
+        }
+        if matches!(layer, "llm" | "fleet") {
+            assert!(
+                !m.text.contains("crate::engine"),
+                "{} uses the engine: it must not know about tasks",
+                m.file
+            );
+        }
+    }
+}
+
+#[test]
+fn no_two_brain_files_import_each_other_in_a_circle() {
+    let (modules, edges) = brain_graph();
+    let circles = circles(&modules, &edges);
+    assert!(
+        circles.is_empty(),
+        "files that import each other in a circle (move what both need below both): {circles:#?}"
+    );
+    assert!(
+        edges.len() > 40,
+        "the import graph looks empty: {}",
+        edges.len()
+    );
+}
+
+#[test]
+fn no_files_import_each_other_in_a_circle_in_the_other_crates() {
+    let mut all = Vec::new();
+    for krate in ["worker/src", "shared/src", "testkit/src"] {
+        let (modules, edges) = graph_of(&root().join(krate));
+        let found: Vec<String> = circles(&modules, &edges)
+            .into_iter()
+            .map(|c| format!("{krate}: {}", c.join(" → ")))
+            .collect();
+        all.extend(found);
+    }
+    assert!(
+        all.is_empty(),
+        "files that import each other in a circle: {all:#?}"
+    );
+}
+
+#[test]
+fn the_circle_check_sees_circles_through_groups_super_and_children() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path();
+    std::fs::create_dir_all(src.join("a")).unwrap();
+    std::fs::write(
+        src.join("lib.rs"),
+        "//! x\npub mod a;\npub mod b;\npub mod c;\n",
+    )
+    .unwrap();
+    // a/mod.rs -> a/inner.rs (a child, by `use`) -> b.rs (a group) -> a/mod.rs (super)
+    std::fs::write(
+        src.join("a/mod.rs"),
+        "//! x\nmod inner;\npub use inner::Thing;\n",
+    )
+    .unwrap();
+    std::fs::write(src.join("a/inner.rs"), "//! x\nuse crate::{b, c};\n").unwrap();
+    std::fs::write(
+        src.join("b.rs"),
+        "//! x\n// a comment naming crate::c is not a use\nuse crate::a::Other;\n",
+    )
+    .unwrap();
+    std::fs::write(src.join("c.rs"), "//! x\npub struct C;\n").unwrap();
+    let (modules, edges) = graph_of(src);
+    let found = circles(&modules, &edges);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let mut names: Vec<String> = found[0].iter().map(|s| s.to_string()).collect();
+    names.sort();
+    assert_eq!(names, ["a/inner.rs", "a/mod.rs", "b.rs"]);
+}
+
+/// Strongly connected components of more than one file: the circles.
+fn circles<'a>(
+    modules: &'a [Module],
+    edges: &BTreeMap<usize, BTreeSet<usize>>,
+) -> Vec<Vec<&'a str>> {
+    // Tarjan's strongly connected components.
+    struct T<'a> {
+        edges: &'a BTreeMap<usize, BTreeSet<usize>>,
+        index: Vec<Option<usize>>,
+        low: Vec<usize>,
+        on: Vec<bool>,
+        stack: Vec<usize>,
+        next: usize,
+        sccs: Vec<Vec<usize>>,
+    }
+    fn visit(t: &mut T, v: usize) {
+        t.index[v] = Some(t.next);
+        t.low[v] = t.next;
+        t.next += 1;
+        t.stack.push(v);
+        t.on[v] = true;
+        for &w in t.edges.get(&v).into_iter().flatten() {
+            match t.index[w] {
+                None => {
+                    visit(t, w);
+                    t.low[v] = t.low[v].min(t.low[w]);
+                }
+                Some(i) if t.on[w] => t.low[v] = t.low[v].min(i),
+                _ => {}
+            }
+        }
+        if Some(t.low[v]) == t.index[v] {
+            let mut scc = Vec::new();
+            while let Some(w) = t.stack.pop() {
+                t.on[w] = false;
+                scc.push(w);
+                if w == v {
+                    break;
+                }
+            }
+            if scc.len() > 1 {
+                t.sccs.push(scc);
+            }
+        }
+    }
+    let n = modules.len();
+    let mut t = T {
+        edges,
+        index: vec![None; n],
+        low: vec![0; n],
+        on: vec![false; n],
+        stack: vec![],
+        next: 0,
+        sccs: vec![],
+    };
+    for v in 0..n {
+        if t.index[v].is_none() {
+            visit(&mut t, v);
+        }
+    }
+    t.sccs
+        .iter()
+        .map(|s| s.iter().map(|i| modules[*i].file.as_str()).collect())
+        .collect()
+}
