@@ -63,7 +63,7 @@ impl Drop for Project {
 #[test]
 fn the_compose_deployment_enrols_two_workers_and_moves_a_task_between_them() {
     if let Some(why) = common::unusable() {
-        eprintln!("SKIPPED: {why}");
+        testkit::skip("docker", &why);
         return;
     }
     if Command::new("docker-compose")
@@ -71,7 +71,7 @@ fn the_compose_deployment_enrols_two_workers_and_moves_a_task_between_them() {
         .output()
         .is_err()
     {
-        eprintln!("SKIPPED: no docker-compose");
+        testkit::skip("compose", "docker-compose is not installed");
         return;
     }
     let bins = testkit::Bins::locate();

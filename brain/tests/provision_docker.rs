@@ -112,7 +112,7 @@ fn a_docker_worker_joins_runs_confined_within_its_limits_and_leaves_nothing() {
     let e = match engine(&bins.worker) {
         Ok(e) => e,
         Err(why) => {
-            eprintln!("SKIPPED: {why}");
+            testkit::skip("docker", &why);
             return;
         }
     };
@@ -218,7 +218,7 @@ fn a_brain_killed_mid_create_finds_its_container_by_label() {
     let e = match engine(&bins.worker) {
         Ok(e) => e,
         Err(why) => {
-            eprintln!("SKIPPED: {why}");
+            testkit::skip("docker", &why);
             return;
         }
     };

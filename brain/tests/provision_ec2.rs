@@ -129,7 +129,7 @@ fn an_instance_is_launched_tagged_with_its_user_data_and_terminated() {
     let m = match moto() {
         Ok(m) => m,
         Err(why) => {
-            eprintln!("SKIPPED: {why}");
+            testkit::skip("moto", &why);
             return;
         }
     };
@@ -199,7 +199,7 @@ fn an_instance_whose_worker_never_joins_is_terminated_at_the_deadline() {
     let m = match moto() {
         Ok(m) => m,
         Err(why) => {
-            eprintln!("SKIPPED: {why}");
+            testkit::skip("moto", &why);
             return;
         }
     };
@@ -229,7 +229,7 @@ fn a_brain_killed_between_run_instances_and_the_record_terminates_it_after_resta
     let m = match moto() {
         Ok(m) => m,
         Err(why) => {
-            eprintln!("SKIPPED: {why}");
+            testkit::skip("moto", &why);
             return;
         }
     };

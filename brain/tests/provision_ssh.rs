@@ -42,7 +42,7 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     let h = match host() {
         Ok(h) => h,
         Err(why) => {
-            eprintln!("SKIPPED: no ssh host can run here: {why}");
+            testkit::skip("sshd", &why);
             return;
         }
     };
@@ -194,7 +194,7 @@ fn request_environment_moves_a_task_to_an_ssh_machine_and_releases_the_old_one()
     let h = match host() {
         Ok(h) => h,
         Err(why) => {
-            eprintln!("SKIPPED: no ssh host can run here: {why}");
+            testkit::skip("sshd", &why);
             return;
         }
     };
@@ -363,7 +363,7 @@ fn install_worker_sh_over_ssh_installs_a_worker_that_joins_and_runs_commands() {
     let h = match host() {
         Ok(h) => h,
         Err(why) => {
-            eprintln!("SKIPPED: no ssh host can run here: {why}");
+            testkit::skip("sshd", &why);
             return;
         }
     };

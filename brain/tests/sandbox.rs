@@ -29,8 +29,9 @@ fn have(c: &Cluster, mechanism: &str, test: &str) -> bool {
     let (active, line) = doctor(c, mechanism);
     if !active {
         assert!(line.contains("MISSING"), "{line}");
-        eprintln!(
-            "skipped {test}: {mechanism} is not available on this host; worker doctor says: {line}"
+        testkit::skip(
+            mechanism,
+            &format!("{test} needs it, and worker doctor says: {line}"),
         );
     }
     active

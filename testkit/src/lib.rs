@@ -13,6 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use shared::locks::Lock;
 
 /// A number that differs between calls and processes (names of throw-away users, interfaces).
 pub(crate) fn rand_u32() -> u32 {
@@ -590,4 +591,79 @@ pub fn text(out: &Output) -> String {
 /// The log filter for the processes a test starts.
 fn test_log() -> String {
     std::env::var("TETHER_TEST_LOG").unwrap_or_else(|_| "info".into())
+}
+
+/// Skips the calling test because `peer` (`docker`, `compose`, `sshd`, `moto`, `landlock`,
+/// `cgroup`, …) cannot run here, saying why. Where `TETHER_REQUIRE_PEERS` names the peer
+/// (comma-separated, or `all`) — `.ci/run` sets it for every peer it installs — a missing
+/// peer is a broken install and the test fails instead. The line goes past the test
+/// harness's output capture, and each test binary ends with one summary of its skips.
+pub fn skip(peer: &str, why: &str) {
+    if peer_required(peer) {
+        panic!(
+            "{peer} is required here (TETHER_REQUIRE_PEERS={}) but cannot run: {why}",
+            std::env::var("TETHER_REQUIRE_PEERS").unwrap_or_default()
+        );
+    }
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    let line = format!("SKIPPED {test}: no {peer} here: {why}");
+    {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{line}");
+    }
+    let mut skipped = SKIPPED.locked();
+    if skipped.is_empty() {
+        // SAFETY: registering a plain `extern "C" fn` with no captured state.
+        unsafe {
+            libc::atexit(print_skipped);
+        }
+    }
+    skipped.push(line);
+}
+
+/// Whether `TETHER_REQUIRE_PEERS` asks for `peer`.
+pub fn peer_required(peer: &str) -> bool {
+    names_peer(
+        &std::env::var("TETHER_REQUIRE_PEERS").unwrap_or_default(),
+        peer,
+    )
+}
+
+/// Whether a comma-separated list of peers names `peer` (or is `all`).
+fn names_peer(list: &str, peer: &str) -> bool {
+    list.split(',')
+        .map(str::trim)
+        .any(|p| p == peer || p == "all")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_list_of_required_peers_is_read_exactly() {
+        use super::names_peer;
+        assert!(names_peer("sshd, moto", "moto"));
+        assert!(names_peer("all", "docker"));
+        assert!(!names_peer("sshd", "ssh"));
+        assert!(!names_peer("", "docker"));
+    }
+}
+
+static SKIPPED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn print_skipped() {
+    use std::io::Write;
+    let skipped = SKIPPED.locked();
+    let mut err = std::io::stderr();
+    let _ = writeln!(
+        err,
+        "\n{} test(s) of {} skipped because a peer cannot run here (TETHER_REQUIRE_PEERS=PEER makes that a failure):",
+        skipped.len(),
+        std::env::args().next().unwrap_or_default()
+    );
+    for l in skipped.iter() {
+        let _ = writeln!(err, "  {l}");
+    }
 }
