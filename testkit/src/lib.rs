@@ -639,17 +639,6 @@ fn names_peer(list: &str, peer: &str) -> bool {
         .any(|p| p == peer || p == "all")
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_list_of_required_peers_is_read_exactly() {
-        use super::names_peer;
-        assert!(names_peer("sshd, moto", "moto"));
-        assert!(names_peer("all", "docker"));
-        assert!(!names_peer("sshd", "ssh"));
-        assert!(!names_peer("", "docker"));
-    }
-}
 
 static SKIPPED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
@@ -665,5 +654,17 @@ extern "C" fn print_skipped() {
     );
     for l in skipped.iter() {
         let _ = writeln!(err, "  {l}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_list_of_required_peers_is_read_exactly() {
+        use super::names_peer;
+        assert!(names_peer("sshd, moto", "moto"));
+        assert!(names_peer("all", "docker"));
+        assert!(!names_peer("sshd", "ssh"));
+        assert!(!names_peer("", "docker"));
     }
 }
