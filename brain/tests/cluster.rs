@@ -372,3 +372,30 @@ fn file_operations_round_trip() {
         text(&out)
     );
 }
+
+/// `brain workers | head -0`: a command whose output pipe closes ends quietly (141, as a
+/// Unix tool killed by SIGPIPE), never with a panic.
+#[test]
+fn cli_output_into_a_closed_pipe_ends_quietly() {
+    let c = Cluster::start();
+    let _w = c.join_worker("piped");
+    for args in [
+        &["workers"][..],
+        &["workers", "--json"],
+        &["machines"],
+        &["tasks"],
+    ] {
+        let mut child = c
+            .brain_cli_cmd(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before anything is written.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "brain {args:?}: {err}");
+        assert_eq!(out.status.code(), Some(141), "brain {args:?}: {err}");
+    }
+}

@@ -639,7 +639,6 @@ fn names_peer(list: &str, peer: &str) -> bool {
         .any(|p| p == peer || p == "all")
 }
 
-
 static SKIPPED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 extern "C" fn print_skipped() {

@@ -76,9 +76,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
         Cmd::Init { hosts, force } => {
             let out = ca::init(&data, &hosts, force)?;
-            println!("initialised {}", data.path().display());
-            println!("CA hash: {}", out.ca_hash);
-            println!("next: brain serve --data {}", data.path().display());
+            out!("initialised {}", data.path().display());
+            out!("CA hash: {}", out.ca_hash);
+            out!("next: brain serve --data {}", data.path().display());
             Ok(0)
         }
         Cmd::Serve {
@@ -126,7 +126,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .await
                 .map_err(|s| status(s, &target.url))?
                 .into_inner();
-            println!("{}", resp.token);
+            out!("{}", resp.token);
             eprintln!(
                 "one-time token, valid for {}; on the worker machine run:",
                 humantime::format_duration(ttl)
@@ -159,7 +159,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .into_inner()
                 .machine
                 .unwrap_or_default();
-            println!(
+            out!(
                 "released {} ({}, cost ${:.4}); its worker {} is revoked",
                 m.id,
                 m.provider,
@@ -194,7 +194,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .await
                 .map_err(|s| status(s, &target.url))?
                 .into_inner();
-            println!(
+            out!(
                 "revoked {}{}",
                 r.worker_id,
                 if r.session_closed {
@@ -219,7 +219,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .await
                 .map_err(|s| status(s, &target.url))?
                 .into_inner();
-            println!(
+            out!(
                 "{task} will move to {} at its next tool-call boundary (brain watch {task} shows it)",
                 r.to
             );
@@ -248,12 +248,16 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .await
                 .map_err(|s| status(s, &target.url))?
                 .into_inner();
-            println!(
+            out!(
                 "{:<10} {:<10} {:>9}  {:<16} {:<30} REASON",
-                "ID", "STATUS", "STEPS", "WORKER", "GOAL"
+                "ID",
+                "STATUS",
+                "STEPS",
+                "WORKER",
+                "GOAL"
             );
             for t in list.tasks {
-                println!(
+                out!(
                     "{:<10} {:<10} {:>4}/{:<4}  {:<16} {:<30} {}",
                     t.id,
                     t.status,
@@ -279,14 +283,20 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .into_iter()
                 .find(|t| t.id == id.to_string())
                 .ok_or_else(|| anyhow::anyhow!("no task {task}: see `brain tasks`"))?;
-            println!(
+            out!(
                 "id:      {}\nstatus:  {}\ngoal:    {}\nworker:  {}\nsteps:   {}/{}\nreason:  {}",
-                t.id, t.status, t.goal, t.worker, t.steps_done, t.steps_total, t.reason
+                t.id,
+                t.status,
+                t.goal,
+                t.worker,
+                t.steps_done,
+                t.steps_total,
+                t.reason
             );
             if !t.model.is_empty() {
                 let l = t.limits.unwrap_or_default();
                 let limit = |v: String, set: bool| if set { v } else { "no limit".into() };
-                println!(
+                out!(
                     "model:   {} (permission {})\ntokens:  {} of {}\ncost:    ${:.4} of {}\nwall:    {}",
                     t.model,
                     t.permission,
@@ -317,7 +327,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             })
             .await
             .map_err(|s| status(s, &target.url))?;
-            println!("cancel requested for {task}");
+            out!("cancel requested for {task}");
             Ok(0)
         }
         Cmd::Backup { file } => {
@@ -337,14 +347,14 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .iter()
                 .map(|c| c.iter().filter(|b| **b == b'\n').count())
                 .sum();
-            println!("backup of {lines} records written to {}", file.display());
+            out!("backup of {lines} records written to {}", file.display());
             Ok(0)
         }
         Cmd::Restore { file } => {
             let (n, moved) = crate::storage::restore(&file, &data.db())?;
-            println!("restored {n} records into {}", data.db().display());
+            out!("restored {n} records into {}", data.db().display());
             if let Some(m) = moved {
-                println!("the previous store was moved to {}", m.display());
+                out!("the previous store was moved to {}", m.display());
             }
             Ok(0)
         }
@@ -372,7 +382,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 key_pem: key.serialize_pem(),
             }
             .save(&out)?;
-            println!(
+            out!(
                 "admin identity {name} written to {}; use it with --identity {} --brain {}",
                 out.display(),
                 out.display(),
@@ -385,7 +395,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             c.revoke_admin(proto::RevokeAdminRequest { name: name.clone() })
                 .await
                 .map_err(|s| status(s, &target.url))?;
-            println!("admin identity {name} revoked");
+            out!("admin identity {name} revoked");
             Ok(0)
         }
     }

@@ -30,7 +30,7 @@ pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
             .await
             .map_err(|s| status(s, &target.url))?
             .into_inner();
-        println!("{}", r.task_id);
+        out!("{}", r.task_id);
         eprintln!("follow it with: brain watch {}", r.task_id);
         return Ok(0);
     } else {
@@ -77,7 +77,7 @@ pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
             .into_inner();
         r.task_id
     };
-    println!("{task_id}");
+    out!("{task_id}");
     if args.detach {
         eprintln!("follow it with: brain watch {task_id}");
         return Ok(0);
@@ -108,7 +108,7 @@ pub async fn decide(
         .await
         .map_err(|s| status(s, &target.url))?
         .into_inner();
-    println!(
+    out!(
         "{} {task}: {}",
         if approve { "approved" } else { "denied" },
         r.what

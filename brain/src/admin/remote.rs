@@ -238,13 +238,13 @@ pub async fn file(target: &Target, cmd: FileCmd) -> anyhow::Result<i32> {
         Some(file_response::Result::Done(_)) => {}
         Some(file_response::Result::Listing(l)) => {
             for e in l.entries {
-                println!("{}", format_stat(&e));
+                out!("{}", format_stat(&e));
             }
         }
-        Some(file_response::Result::Stat(s)) => println!("{}", format_stat(&s)),
+        Some(file_response::Result::Stat(s)) => out!("{}", format_stat(&s)),
         Some(file_response::Result::Paths(p)) => {
             for path in &p.paths {
-                println!("{path}");
+                out!("{path}");
             }
             if p.truncated {
                 eprintln!("(more matched; only the first {} are shown)", p.paths.len());
@@ -252,7 +252,7 @@ pub async fn file(target: &Target, cmd: FileCmd) -> anyhow::Result<i32> {
         }
         Some(file_response::Result::Matches(x)) => {
             for h in &x.matches {
-                println!("{}:{}: {}", h.path, h.line, h.text);
+                out!("{}:{}: {}", h.path, h.line, h.text);
             }
             if x.truncated {
                 eprintln!(
@@ -326,16 +326,20 @@ pub async fn provision(target: &Target, cmd: ProvisionCmd) -> anyhow::Result<i32
         .unwrap_or_default();
     match m.state.as_str() {
         "ready" => {
-            println!(
+            out!(
                 "{} is ready: worker {} at {} ({})",
-                m.id, m.worker_id, m.address, m.handle
+                m.id,
+                m.worker_id,
+                m.address,
+                m.handle
             );
             Ok(0)
         }
         "joining" if wait == 0 => {
-            println!(
+            out!(
                 "{} created at {}; its worker is joining (see `brain machines`)",
-                m.id, m.address
+                m.id,
+                m.address
             );
             Ok(0)
         }

@@ -23,18 +23,23 @@ pub fn print_machines(machines: &[proto::MachineInfo], json: bool) {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(items));
+        out!("{}", serde_json::Value::Array(items));
         return;
     }
     if machines.is_empty() {
-        println!(
-            "no machines (`brain provision local|ssh …` creates one; --all shows released ones)"
-        );
+        out!("no machines (`brain provision local|ssh …` creates one; --all shows released ones)");
         return;
     }
-    println!(
+    out!(
         "{:<16} {:<8} {:<10} {:<16} {:<14} {:<10} {:>10} {:>9}  ADDRESS / NOTE",
-        "ID", "PROVIDER", "STATE", "WORKER", "SPEC", "TASK", "AGE", "COST"
+        "ID",
+        "PROVIDER",
+        "STATE",
+        "WORKER",
+        "SPEC",
+        "TASK",
+        "AGE",
+        "COST"
     );
     for m in machines {
         let s = m.spec.unwrap_or_default();
@@ -61,7 +66,7 @@ pub fn print_machines(machines: &[proto::MachineInfo], json: bool) {
         if !m.note.is_empty() {
             tail = format!("{tail} — {}", m.note);
         }
-        println!(
+        out!(
             "{:<16} {:<8} {:<10} {:<16} {:<14} {:<10} {:>10} {:>8.4}$  {}",
             m.id,
             m.provider,
@@ -120,18 +125,24 @@ pub fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(items));
+        out!("{}", serde_json::Value::Array(items));
         return;
     }
-    println!(
+    out!(
         "{:<16} {:<20} {:<10} {:<14} {:>4} {:>8}  {:<16} LABELS",
-        "ID", "NAME", "STATE", "OS/ARCH", "CPUS", "MEMORY", "LAST SEEN"
+        "ID",
+        "NAME",
+        "STATE",
+        "OS/ARCH",
+        "CPUS",
+        "MEMORY",
+        "LAST SEEN"
     );
     for w in workers {
         let c = w.capabilities.clone().unwrap_or_default();
         let mut labels: Vec<String> = w.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         labels.sort();
-        println!(
+        out!(
             "{:<16} {:<20} {:<10} {:<14} {:>4} {:>7.1}G  {:<16} {}",
             w.id,
             w.name,
