@@ -10,7 +10,10 @@ fn tether() -> Command {
 
 fn code(mut c: Command) -> (Option<i32>, String) {
     let out = c.output().expect("the program starts");
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -34,10 +37,17 @@ fn a_worker_that_never_joined_exits_78_under_both_names() {
 fn a_malformed_brain_url_for_join_exits_78() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = tether();
-    c.args(["worker", "join", "--brain", "http://plain:1", "--token", "tj_x"])
-        .args(["--ca-hash", &format!("sha256:{}", "0".repeat(64))])
-        .arg("--state")
-        .arg(dir.path());
+    c.args([
+        "worker",
+        "join",
+        "--brain",
+        "http://plain:1",
+        "--token",
+        "tj_x",
+    ])
+    .args(["--ca-hash", &format!("sha256:{}", "0".repeat(64))])
+    .arg("--state")
+    .arg(dir.path());
     let (status, err) = code(c);
     assert_eq!(status, Some(78), "{err}");
     assert!(err.contains("https"), "{err}");
@@ -48,7 +58,8 @@ fn a_brain_without_a_ca_or_with_a_bad_config_exits_78() {
     let dir = tempfile::tempdir().unwrap();
     let bins = testkit::Bins::locate();
     let mut c = Command::new(&bins.brain);
-    c.args(["serve", "--listen", "127.0.0.1:0", "--data"]).arg(dir.path());
+    c.args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.path());
     let (status, err) = code(c);
     assert_eq!(status, Some(78), "{err}");
     assert!(err.contains("brain init"), "{err}");

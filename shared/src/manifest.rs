@@ -4,8 +4,11 @@
 //! checks every manifest or delta from the wire must pass before anything is written.
 //!
 //! A manifest is a tree: every entry's parent directory is itself an entry, so no path can
-//! run through a symlink. Symlinks must point inside the workspace; modes carry only the exec
-//! bit (no setuid); special files are not part of a workspace.
+//! run through a symlink. Symlinks are data: their target is carried as the link holds it,
+//! wherever it points (`venv/bin/python -> /usr/bin/python3`), and neither side ever follows
+//! one: the tree rule keeps every write under real directories, and links are created, never
+//! written through. Modes carry only the exec bit (no setuid); special files are not part of
+//! a workspace.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
@@ -44,7 +47,8 @@ pub struct Entry {
     /// Files: BLAKE3 of the content, hex. Empty for directories and symlinks.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hash: String,
-    /// Symlinks: the target, relative, inside the workspace.
+    /// Symlinks: the target as the link holds it (relative or absolute, inside the workspace
+    /// or not: it is never followed).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub target: String,
 }
@@ -219,8 +223,9 @@ impl Manifest {
     }
 
     /// Checks a manifest from the wire: every path canonical and relative, a tree (every
-    /// parent a directory entry), symlinks pointing inside, sizes and counts within the rules,
-    /// hashes well-formed, `.git/` only when allowed.
+    /// parent a directory entry, so nothing lies under a symlink), symlink targets
+    /// well-formed, sizes and counts within the rules, hashes well-formed, `.git/` only when
+    /// allowed.
     pub fn validate(&self, rules: &Rules) -> Result<(), Error> {
         if self.entries.len() > rules.max_entries {
             return Err(Error::TooMany {
@@ -404,56 +409,23 @@ fn check_entry(path: &str, e: &Entry, rules: &Rules) -> Result<(), Error> {
             }
         }
         Kind::Symlink => {
+            // Any target is data; only its form is checked (it is never followed).
             let t = &e.target;
             if t.is_empty() || t.len() > paths::MAX_PATH_BYTES || t.contains('\0') {
-                return Err(rejected(path, "invalid symlink target"));
-            }
-            if t.starts_with('/') {
                 return Err(rejected(
                     path,
-                    format!(
-                        "symlink target {t:?} is absolute: it would point outside the workspace"
-                    ),
+                    "invalid symlink target (empty, over 4096 bytes, or with a NUL)",
                 ));
             }
-            // Resolve lexically from the link's directory: it must stay inside the root.
-            let mut depth: i64 = path.matches('/').count() as i64;
-            for c in t.split('/') {
-                match c {
-                    "" | "." => {}
-                    ".." => depth -= 1,
-                    _ => depth += 1,
-                }
-                if depth < 0 {
-                    return Err(rejected(
-                        path,
-                        format!("symlink target {t:?} points outside the workspace"),
-                    ));
-                }
+            if e.exec || !e.hash.is_empty() || e.size != t.len() as u64 {
+                return Err(rejected(
+                    path,
+                    "a symlink has no hash or exec bit, and its size is its target's length",
+                ));
             }
         }
     }
     Ok(())
-}
-
-/// BLAKE3 of a file's content, read without following a final symlink.
-pub fn hash_file(path: &Path, rel: &str) -> Result<String, Error> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| io(rel, e))?;
-    let mut h = blake3::Hasher::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| io(rel, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().to_hex().to_string())
 }
 
 /// zstd level for blobs and manifests on the wire and at rest: fast, and still a good ratio
@@ -495,7 +467,6 @@ pub fn materialise(
     rules: &Rules,
     blob: &mut dyn FnMut(&str) -> Result<Vec<u8>, String>,
 ) -> Result<Applied, Error> {
-    use std::os::unix::fs::PermissionsExt;
     target.validate(rules)?;
     let mut stats = Applied::default();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
@@ -568,10 +539,24 @@ pub fn materialise(
         match e.kind {
             Kind::Dir => match std::fs::symlink_metadata(&full) {
                 Ok(m) if m.is_dir() => {}
-                _ => std::fs::create_dir(&full).map_err(|err| io(path, err))?,
+                other => {
+                    // Something the scan left out (a FIFO, a socket) may be in the way.
+                    if other.is_ok() {
+                        std::fs::remove_file(&full).map_err(|err| io(path, err))?;
+                    }
+                    std::fs::create_dir(&full).map_err(|err| io(path, err))?
+                }
             },
             Kind::Symlink => {
-                if std::fs::symlink_metadata(&full).is_err() {
+                let there = std::fs::symlink_metadata(&full);
+                let same = there.as_ref().is_ok_and(|m| m.is_symlink())
+                    && std::fs::read_link(&full)
+                        .is_ok_and(|t| t.as_os_str().as_encoded_bytes() == e.target.as_bytes());
+                if !same {
+                    if there.is_ok() {
+                        std::fs::remove_file(&full).map_err(|err| io(path, err))?;
+                    }
+                    // Created, never followed: the target is data.
                     std::os::unix::fs::symlink(&e.target, &full).map_err(|err| io(path, err))?;
                     stats.written += 1;
                 }
@@ -599,9 +584,9 @@ pub fn materialise(
                             n += 1;
                             bytes += data.len() as u64;
                         } else {
-                            // Same content as before, only the exec bit changed.
-                            std::fs::set_permissions(&full, std::fs::Permissions::from_mode(mode))
-                                .map_err(|err| io(path, err))?;
+                            // Same content as before, only the exec bit changed: on the
+                            // file itself, never through a symlink.
+                            set_mode_nofollow(&full, mode).map_err(|err| io(path, err))?;
                         }
                     }
                     Ok((n, bytes))
@@ -641,6 +626,20 @@ fn safe_join(root: &Path, path: &str) -> Result<std::path::PathBuf, Error> {
         }
     }
     Ok(full)
+}
+
+/// Sets the permission bits of the regular file at `full`, refusing a symlink or anything
+/// else that is not a regular file.
+fn set_mode_nofollow(full: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(full)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    f.set_permissions(std::fs::Permissions::from_mode(mode))
 }
 
 fn write_atomic(full: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
@@ -815,13 +814,18 @@ mod tests {
         m.entries.insert("dir".into(), Entry::dir());
         m.entries.insert("link/x".into(), f.clone());
         assert!(hostile(&m).contains("\"link/x\""));
-        // Symlinks out of the root.
-        assert!(hostile(&one("l", Entry::symlink("/etc"))).contains("absolute"));
-        assert!(hostile(&one("l", Entry::symlink("../sentinel"))).contains("outside"));
-        let mut m = one("d", Entry::dir());
-        m.entries
-            .insert("d/l".into(), Entry::symlink("../../sentinel"));
-        assert!(hostile(&m).contains("outside"));
+        // A write through a symlink pointing out of the root, in one manifest.
+        let mut m = one("out", Entry::symlink(".."));
+        m.entries.insert("out/sentinel".into(), f.clone());
+        assert!(hostile(&m).contains("\"out/sentinel\""));
+        let mut m = one("etc", Entry::symlink("/etc"));
+        m.entries.insert("etc/passwd".into(), f.clone());
+        assert!(hostile(&m).contains("\"etc/passwd\""));
+        // Symlinks that lie about their form.
+        let mut lying = Entry::symlink("x");
+        lying.size = 99;
+        assert!(hostile(&one("l", lying)).contains("its target's length"));
+        assert!(hostile(&one("l", Entry::symlink(""))).contains("invalid symlink target"));
         // A parent that is not in the manifest, sizes and counts over the limits.
         assert!(hostile(&one("a/b", f.clone())).contains("not in the manifest"));
         let mut big = f.clone();
@@ -837,6 +841,58 @@ mod tests {
         let mut wrong = f.clone();
         wrong.hash = hash(b"something else");
         assert!(hostile(&one("x", wrong)).contains("does not match its hash"));
+    }
+
+    #[test]
+    fn symlinks_pointing_anywhere_are_carried_as_links_and_never_followed() {
+        let dst = tempfile::tempdir().unwrap();
+        let outside = dst.path().join("sentinel");
+        std::fs::write(&outside, "untouched").unwrap();
+        let root = dst.path().join("ws");
+        std::fs::create_dir(&root).unwrap();
+        let mut m = one("pw", Entry::symlink("/etc/passwd"));
+        m.entries.insert("up".into(), Entry::symlink("../sentinel"));
+        m.entries.insert("venv".into(), Entry::dir());
+        m.entries.insert("venv/bin".into(), Entry::dir());
+        m.entries
+            .insert("venv/bin/python".into(), Entry::symlink("/usr/bin/python3"));
+        m.validate(&Rules::default()).unwrap();
+        let mut none = |_: &str| -> Result<Vec<u8>, String> { Err("no blobs".into()) };
+        materialise(
+            &root,
+            &Manifest::default(),
+            &m,
+            &Rules::default(),
+            &mut none,
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::read_link(root.join("pw")).unwrap(),
+            Path::new("/etc/passwd")
+        );
+        assert_eq!(
+            std::fs::read_link(root.join("venv/bin/python")).unwrap(),
+            Path::new("/usr/bin/python3")
+        );
+        let got = Scanner::new(&root, Rules::default()).scan().unwrap();
+        assert_eq!(got.root_hash(), m.root_hash());
+        // A manifest that turns the outward link into a file replaces the link: the file
+        // outside is not written through it.
+        let mut to = got.clone();
+        to.entries.insert("up".into(), Entry::file(b"evil", false));
+        let mut blob = |_: &str| Ok(b"evil".to_vec());
+        materialise(&root, &got, &to, &Rules::default(), &mut blob).unwrap();
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
+        assert_eq!(std::fs::read_to_string(root.join("up")).unwrap(), "evil");
+        // Nor does an exec-bit change: a link in place of the file is refused, not followed.
+        std::fs::remove_file(root.join("up")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("up")).unwrap();
+        let mut exec = to.clone();
+        exec.entries.insert("up".into(), Entry::file(b"evil", true));
+        let err = materialise(&root, &to, &exec, &Rules::default(), &mut none);
+        assert!(err.is_err());
+        let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
+        assert_eq!(mode & 0o111, 0, "the file outside was made executable");
     }
 
     #[test]

@@ -8,10 +8,18 @@
 //! or inode changed, or when their mtime is too close to the previous scan to trust (the
 //! "racy" case: a same-size rewrite within one timestamp tick looks unchanged; git re-hashes
 //! those too).
+//!
+//! A scan never fails because of one entry in the tree: what the receiving side would refuse
+//! or cannot hold — a name that is not UTF-8 or has a control character, a FIFO, socket or
+//! device, a file over the size limit, an entry that cannot be read, a file that keeps
+//! changing while it is hashed (tried [`READ_TRIES`] times) — is left out and listed in
+//! [`Scanner::left_out`] with the reason. An entry that vanishes during the scan is simply
+//! gone. Symlinks are read, never followed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::FileType;
-use std::os::unix::fs::{DirEntryExt, MetadataExt, PermissionsExt};
+use std::io::Read;
+use std::os::unix::fs::{DirEntryExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -19,7 +27,7 @@ use std::time::{Duration, SystemTime};
 use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
-use crate::manifest::{Entry, Error, Kind, Manifest, Rules, hash_file, io, rejected};
+use crate::manifest::{Entry, Error, Kind, Manifest, Rules, io};
 
 /// What a scan remembers of a file to skip re-hashing it: size, mtime and inode, as git's
 /// index does.
@@ -33,6 +41,9 @@ struct Stamp {
 /// How close to the previous scan an mtime must be to be re-hashed anyway: a few ticks of
 /// the kernel's coarse clock, which file timestamps come from.
 const RACY: Duration = Duration::from_millis(100);
+
+/// How many times a file that changes while it is hashed is read again before it is left out.
+pub const READ_TRIES: usize = 3;
 
 /// Names of the files whose patterns decide what is ignored, in order of precedence (last
 /// wins).
@@ -60,6 +71,9 @@ pub struct Scanner {
     recording: bool,
     /// The root hash [`Scanner::mark`] was given, and the scan it was for.
     mark: Option<(String, u64)>,
+    /// Entries left out of the manifest as of the last scan, by the path they are shown as
+    /// (not-UTF-8 bytes as `\xNN`), with why.
+    left_out: BTreeMap<String, String>,
     /// Counts scans.
     generation: u64,
     last_scan: Option<SystemTime>,
@@ -71,6 +85,122 @@ pub struct Scanner {
     pub listed: u64,
     /// Whether the last scan walked the whole tree.
     pub was_full: bool,
+}
+
+/// A stamp from a file's metadata.
+fn stamp_of(meta: &std::fs::Metadata) -> Stamp {
+    Stamp {
+        size: meta.len(),
+        mtime_ns: mtime_ns(meta),
+        ino: meta.ino(),
+    }
+}
+
+fn file_entry(meta: &std::fs::Metadata, hash: String) -> Entry {
+    Entry {
+        kind: Kind::File,
+        exec: meta.permissions().mode() & 0o100 != 0,
+        size: meta.len(),
+        hash,
+        target: String::new(),
+    }
+}
+
+/// What a special file is, for the reason it is left out (`None` for files, directories and
+/// symlinks).
+fn special(ft: FileType) -> Option<&'static str> {
+    if ft.is_fifo() {
+        Some("a FIFO (named pipe): special files are not part of a workspace")
+    } else if ft.is_socket() {
+        Some("a socket: special files are not part of a workspace")
+    } else if ft.is_block_device() || ft.is_char_device() {
+        Some("a device: special files are not part of a workspace")
+    } else {
+        None
+    }
+}
+
+fn over_limit(size: u64, max: u64) -> String {
+    format!(
+        "{} is over the {} file size limit of the workspace mirror",
+        crate::human_bytes(size),
+        crate::human_bytes(max)
+    )
+}
+
+/// BLAKE3 of the regular file at `path`, read without following a symlink, and its metadata
+/// from the open file; `None` if it changed while it was read (size, mtime or inode) or is
+/// no longer a regular file.
+fn hash_stable(path: &Path) -> std::io::Result<Option<(String, std::fs::Metadata)>> {
+    let mut f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        // Replaced by a symlink since it was looked at.
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let before = f.metadata()?;
+    if !before.is_file() {
+        return Ok(None);
+    }
+    let mut h = blake3::Hasher::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    let after = f.metadata()?;
+    if stamp_of(&before) != stamp_of(&after) {
+        return Ok(None);
+    }
+    Ok(Some((h.finalize().to_hex().to_string(), after)))
+}
+
+/// Why an entry named `name` in `dir` cannot cross the wire (the checks of
+/// [`crate::manifest::check_path`], for one more component of a path that passed them).
+pub(crate) fn name_problem(dir: &str, name: &std::ffi::OsStr) -> Option<String> {
+    let Some(name) = name.to_str() else {
+        return Some("its name is not UTF-8".into());
+    };
+    if name.chars().any(char::is_control) {
+        return Some("its name has a control character".into());
+    }
+    if name.len() > 255 {
+        return Some("its name is longer than 255 bytes".into());
+    }
+    if dir.is_empty() && name.starts_with('\\') {
+        return Some(
+            "its name starts with a backslash, which the wire takes for an absolute path".into(),
+        );
+    }
+    if dir.len() + 1 + name.len() > crate::paths::MAX_PATH_BYTES {
+        return Some("its path is longer than 4096 bytes".into());
+    }
+    None
+}
+
+/// A name for people: bytes that are not UTF-8 as `\xNN`, control characters escaped.
+pub fn shown(name: &std::ffi::OsStr) -> String {
+    let mut out = String::new();
+    for chunk in name.as_encoded_bytes().utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c.is_control() {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
 }
 
 /// A directory's included entries: name → (file type, inode).
@@ -105,6 +235,7 @@ impl Scanner {
             touched: None,
             recording: false,
             mark: None,
+            left_out: BTreeMap::new(),
             generation: 0,
             last_scan: None,
             hashed: 0,
@@ -191,9 +322,15 @@ impl Scanner {
         self.last.as_ref()
     }
 
-    /// The manifest of the directory as it is now, from a full walk. Special files (FIFOs,
-    /// sockets, devices) are left out; a file over the size limit or too many entries is an
-    /// error.
+    /// What the last scan left out of the manifest (see the module's documentation): shown
+    /// path → reason.
+    pub fn left_out(&self) -> &BTreeMap<String, String> {
+        &self.left_out
+    }
+
+    /// The manifest of the directory as it is now, from a full walk. What cannot be part of
+    /// it is left out ([`Scanner::left_out`]); too many entries, or a root that cannot be
+    /// listed, is an error.
     pub fn scan(&mut self) -> Result<Manifest, Error> {
         self.scan_full(&mut |_| {}).cloned()
     }
@@ -207,6 +344,7 @@ impl Scanner {
         self.was_full = true;
         self.ignores.clear();
         self.dirs.clear();
+        self.left_out.clear();
         self.exclude_stamp = self.exclude_file_stamp();
         let mut m = Manifest::default();
         let root_ino = std::fs::symlink_metadata(&self.root)
@@ -304,6 +442,8 @@ impl Scanner {
 
     /// Removes `rel` and everything under it, noting each.
     fn remove(&mut self, m: &mut Manifest, rel: &str) {
+        // What was left out under it goes with it (`rel` itself is its directory's business).
+        self.forget_left_out(rel, true);
         if self.recording && (m.entries.contains_key(rel) || m.under(rel).next().is_some()) {
             let gone: Vec<String> = std::iter::once(rel)
                 .chain(m.under(rel))
@@ -376,64 +516,148 @@ impl Scanner {
         }
     }
 
-    /// The entry for a file or symlink at `rel`, hashing only when the stamp says so.
+    /// Records that `rel` is left out, and why.
+    fn leave_out(&mut self, rel: &str, why: impl Into<String>) {
+        let why = why.into();
+        tracing::debug!(path = rel, reason = %why, "left out of the workspace manifest");
+        self.left_out.insert(rel.to_string(), why);
+    }
+
+    /// Forgets the left-out entries directly in `dir`, or (`deep`) anywhere under it.
+    fn forget_left_out(&mut self, dir: &str, deep: bool) {
+        if self.left_out.is_empty() {
+            return;
+        }
+        let prefix = if dir.is_empty() {
+            String::new()
+        } else {
+            format!("{dir}/")
+        };
+        let gone: Vec<String> = self
+            .left_out
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix.as_str()),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .filter(|(k, _)| deep || !k[prefix.len()..].contains('/'))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            self.left_out.remove(&k);
+        }
+    }
+
+    /// The entry for a file or symlink at `rel`, hashing only when the stamp says so. `None`
+    /// when it vanished or is left out.
     fn leaf(
         &mut self,
         rel: &str,
-        ft: FileType,
+        _ft: FileType,
         before: &HashMap<String, (Stamp, String, bool)>,
     ) -> Result<Option<Entry>, Error> {
         let path = self.root.join(rel);
-        if ft.is_symlink() {
-            let t = std::fs::read_link(&path).map_err(|e| io(rel, e))?;
-            return Ok(Some(Entry::symlink(&t.to_string_lossy())));
-        }
-        if !ft.is_file() {
-            return Ok(None); // FIFOs, sockets, devices are not part of a workspace
-        }
-        let meta = std::fs::symlink_metadata(&path).map_err(|e| io(rel, e))?;
-        if !meta.is_file() {
-            return Ok(None);
-        }
-        if meta.len() > self.rules.max_file_bytes {
-            return Err(rejected(
-                rel,
-                format!(
-                    "{} bytes is over the {}-byte file limit; exclude it or raise the limit",
-                    meta.len(),
-                    self.rules.max_file_bytes
-                ),
-            ));
-        }
-        let stamp = Stamp {
-            size: meta.len(),
-            mtime_ns: mtime_ns(&meta),
-            ino: meta.ino(),
-        };
-        let racy_after = self.last_scan.map(|t| t - RACY);
-        let racy = racy_after.is_none_or(|t| meta.modified().map_or(true, |m| m >= t));
-        let known = self.cache.get(rel).or_else(|| before.get(rel));
-        let hash = match known {
-            Some((s, h, primed)) if *s == stamp && (!racy || *primed) => h.clone(),
-            _ => {
-                let h = hash_file(&path, rel)?;
-                self.hashed += 1;
-                self.hashed_bytes += meta.len();
-                h
+        for _ in 0..READ_TRIES {
+            // What it is now (it may have changed since it was listed).
+            let meta = match std::fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => {
+                    self.leave_out(rel, format!("cannot be read: {e}"));
+                    return Ok(None);
+                }
+            };
+            let ft = meta.file_type();
+            if ft.is_symlink() {
+                return Ok(self.symlink(rel, &path));
             }
-        };
-        self.cache
-            .insert(rel.to_string(), (stamp, hash.clone(), false));
-        Ok(Some(Entry {
-            kind: Kind::File,
-            exec: meta.permissions().mode() & 0o100 != 0,
-            size: meta.len(),
-            hash,
-            target: String::new(),
-        }))
+            if !ft.is_file() {
+                if let Some(what) = special(ft) {
+                    self.leave_out(rel, what);
+                }
+                return Ok(None);
+            }
+            if meta.len() > self.rules.max_file_bytes {
+                self.leave_out(rel, over_limit(meta.len(), self.rules.max_file_bytes));
+                return Ok(None);
+            }
+            let stamp = stamp_of(&meta);
+            let racy_after = self.last_scan.map(|t| t - RACY);
+            let racy = racy_after.is_none_or(|t| meta.modified().map_or(true, |m| m >= t));
+            let known = self.cache.get(rel).or_else(|| before.get(rel));
+            if let Some((s, h, primed)) = known
+                && *s == stamp
+                && (!racy || *primed)
+            {
+                let h = h.clone();
+                self.cache
+                    .insert(rel.to_string(), (stamp, h.clone(), false));
+                return Ok(Some(file_entry(&meta, h)));
+            }
+            match hash_stable(&path) {
+                Ok(Some((h, meta))) => {
+                    self.hashed += 1;
+                    self.hashed_bytes += meta.len();
+                    if meta.len() > self.rules.max_file_bytes {
+                        self.leave_out(rel, over_limit(meta.len(), self.rules.max_file_bytes));
+                        return Ok(None);
+                    }
+                    self.cache
+                        .insert(rel.to_string(), (stamp_of(&meta), h.clone(), false));
+                    return Ok(Some(file_entry(&meta, h)));
+                }
+                // Changed while it was read, or replaced: look again.
+                Ok(None) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => {
+                    self.leave_out(rel, format!("cannot be read: {e}"));
+                    return Ok(None);
+                }
+            }
+        }
+        self.leave_out(
+            rel,
+            format!(
+                "it kept changing while it was read ({READ_TRIES} tries); the next sync tries again"
+            ),
+        );
+        Ok(None)
     }
 
-    /// The included entries directly in `dir` (`None` if it is gone).
+    /// A symlink's entry: its target as it is, never followed. Left out when the target is
+    /// not UTF-8 or too long to cross the wire.
+    fn symlink(&mut self, rel: &str, path: &Path) -> Option<Entry> {
+        let t = match std::fs::read_link(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                self.leave_out(rel, format!("cannot be read: {e}"));
+                return None;
+            }
+        };
+        match t.to_str() {
+            Some(t) if !t.is_empty() && t.len() <= crate::paths::MAX_PATH_BYTES => {
+                Some(Entry::symlink(t))
+            }
+            Some(_) => {
+                self.leave_out(rel, "a symlink whose target is over 4096 bytes");
+                None
+            }
+            None => {
+                self.leave_out(
+                    rel,
+                    format!(
+                        "a symlink whose target {} is not UTF-8",
+                        shown(t.as_os_str())
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// The included entries directly in `dir` (`None` if it is gone, or cannot be listed:
+    /// then it is left out).
     fn list(&mut self, dir: &str) -> Result<Option<Listing>, Error> {
         let rd = match std::fs::read_dir(self.root.join(dir)) {
             Ok(rd) => rd,
@@ -444,18 +668,42 @@ impl Scanner {
             {
                 return Ok(None);
             }
+            Err(e) if !dir.is_empty() => {
+                self.leave_out(dir, format!("a directory that cannot be listed: {e}"));
+                return Ok(None);
+            }
             Err(e) => return Err(io(dir, e)),
         };
         self.listed += 1;
         let mut out = BTreeMap::new();
         for d in rd {
-            let d = d.map_err(|e| io(dir, e))?;
-            let ft = d.file_type().map_err(|e| io(dir, e))?;
-            let name = d.file_name().to_string_lossy().into_owned();
-            let rel = join(dir, &name);
-            if !self.skipped(&rel, &name, ft.is_dir()) {
-                out.insert(name, (ft, d.ino()));
+            let d = match d {
+                Ok(d) => d,
+                Err(e) if !dir.is_empty() => {
+                    self.leave_out(dir, format!("a directory that cannot be listed: {e}"));
+                    return Ok(None);
+                }
+                Err(e) => return Err(io(dir, e)),
+            };
+            let os_name = d.file_name();
+            let Ok(ft) = d.file_type() else {
+                continue; // vanished
+            };
+            let lossy = os_name.to_string_lossy();
+            let rel = join(dir, &lossy);
+            if self.skipped(&rel, &lossy, ft.is_dir()) {
+                continue;
             }
+            if let Some(why) = name_problem(dir, &os_name) {
+                let shown = join(dir, &shown(&os_name));
+                self.leave_out(&shown, why);
+                continue;
+            }
+            if let Some(what) = special(ft) {
+                self.leave_out(&rel, what);
+                continue;
+            }
+            out.insert(lossy.into_owned(), (ft, d.ino()));
         }
         Ok(Some(out))
     }
@@ -473,6 +721,11 @@ impl Scanner {
             self.ignores.remove(&d);
             on_dir(&self.root.join(&d));
             let Some(children) = self.list(&d)? else {
+                // Gone, or left out: not an (empty) directory of the workspace.
+                if !d.is_empty() {
+                    m.entries.remove(&d);
+                    self.dirs.remove(&d);
+                }
                 continue;
             };
             for (name, (ft, ino)) in children {
@@ -510,7 +763,12 @@ impl Scanner {
         if !dir.is_empty() && m.entries.get(dir).map(|e| e.kind) != Some(Kind::Dir) {
             return Ok(()); // not part of the workspace (gone, ignored, or under such)
         }
+        self.forget_left_out(dir, false);
         let Some(now) = self.list(dir)? else {
+            // Gone, or left out (then `list` said why).
+            if !dir.is_empty() {
+                self.remove(m, dir);
+            }
             return Ok(());
         };
         let prefix = if dir.is_empty() {
@@ -719,6 +977,104 @@ mod tests {
         assert_eq!(s.hashed, 2);
         assert_eq!(m.entries["d9/new/g"].hash, crate::manifest::hash(b"new"));
         assert_eq!(m, Scanner::new(d.path(), Rules::default()).scan().unwrap());
+    }
+
+    fn fifo(p: &Path) {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    }
+
+    #[test]
+    fn what_cannot_cross_the_wire_is_left_out_with_a_reason_and_the_rest_syncs() {
+        use std::os::unix::ffi::OsStrExt;
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        write(root, "src/main.rs", "fn main() {}\n");
+        fifo(&root.join("pipe"));
+        let _sock = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
+        let odd = std::ffi::OsStr::from_bytes(b"caf\xe9.txt");
+        std::fs::write(root.join(odd), "latin-1").unwrap();
+        std::fs::create_dir(root.join(std::ffi::OsStr::from_bytes(b"dir\xff"))).unwrap();
+        write(root, "line\nbreak", "x");
+        write(root, "\\back", "x");
+        write(root, "big.bin", &"x".repeat(2000));
+        std::os::unix::fs::symlink("/etc/passwd", root.join("pw")).unwrap();
+        std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(b"t\xfe"), root.join("badlink"))
+            .unwrap();
+        let rules = Rules {
+            max_file_bytes: 1000,
+            ..Rules::default()
+        };
+        let mut s = Scanner::new(root, rules.clone());
+        let m = s.scan().unwrap();
+        m.validate(&rules).unwrap();
+        let paths: Vec<&str> = m.entries.keys().map(|s| s.as_str()).collect();
+        assert_eq!(paths, ["pw", "src", "src/main.rs"]);
+        assert_eq!(m.entries["pw"].target, "/etc/passwd");
+        let left: Vec<(&str, &str)> = s
+            .left_out()
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let want = [
+            ("\\back", "backslash"),
+            ("badlink", "not UTF-8"),
+            ("big.bin", "over the 1000 bytes file size limit"),
+            ("caf\\xe9.txt", "not UTF-8"),
+            ("dir\\xff", "not UTF-8"),
+            ("line\\nbreak", "control character"),
+            ("pipe", "FIFO"),
+            ("sock", "socket"),
+        ];
+        assert_eq!(left.len(), want.len(), "{left:?}");
+        for ((path, why), (want_path, want_why)) in left.iter().zip(want) {
+            assert_eq!(*path, want_path);
+            assert!(why.contains(want_why), "{path}: {why}");
+        }
+        // A partial scan keeps the list up to date: a new FIFO in a subdirectory appears,
+        // a removed one goes.
+        std::fs::remove_file(root.join("pipe")).unwrap();
+        fifo(&root.join("src/p2"));
+        let changed: BTreeSet<String> = ["pipe", "src/p2"].map(String::from).into();
+        s.scan_changes(&changed, &mut |_| {}).unwrap();
+        assert!(!s.left_out().contains_key("pipe"));
+        assert!(s.left_out()["src/p2"].contains("FIFO"));
+        assert_eq!(s.left_out().len(), want.len());
+        // Removing the directory takes what was left out in it along.
+        std::fs::remove_dir_all(root.join("src")).unwrap();
+        let changed: BTreeSet<String> = ["src"].map(String::from).into();
+        s.scan_changes(&changed, &mut |_| {}).unwrap();
+        assert!(!s.left_out().contains_key("src/p2"));
+    }
+
+    #[test]
+    fn the_name_check_agrees_with_the_receivers_path_rules() {
+        use std::os::unix::ffi::OsStrExt;
+        let rules = Rules::default();
+        let long = "n".repeat(255);
+        let deep = ["d"; 2100].join("/");
+        for (dir, name) in [
+            ("", "plain.txt"),
+            ("", "\\lead"),
+            ("a", "\\lead"),
+            ("", "tab\there"),
+            ("", "del\u{7f}"),
+            ("", "ünïcödé"),
+            ("", long.as_str()),
+            ("a/b", "x"),
+            (deep.as_str(), "x"),
+            ("", "a b"),
+        ] {
+            let path = join(dir, name);
+            let ours = name_problem(dir, std::ffi::OsStr::from_bytes(name.as_bytes()));
+            let theirs = crate::manifest::check_path(&path, &rules);
+            assert_eq!(
+                ours.is_none(),
+                theirs.is_ok(),
+                "{path:?}: ours {ours:?}, receiver {theirs:?}"
+            );
+        }
     }
 
     #[test]
