@@ -78,7 +78,7 @@ pub fn human_bytes(n: u64) -> String {
     ];
     for (size, unit) in UNITS {
         if n >= size {
-            return if n % size == 0 {
+            return if n.is_multiple_of(size) {
                 format!("{} {unit}", n / size)
             } else {
                 format!("{:.1} {unit}", n as f64 / size as f64)
