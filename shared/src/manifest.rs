@@ -85,6 +85,53 @@ impl Entry {
     }
 }
 
+/// An entry of a workspace left out of its mirror, and why (what a worker's scan could not
+/// carry: see [`crate::scan`]). For people: the path is as shown, not a wire path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftOut {
+    pub path: String,
+    pub reason: String,
+}
+
+/// Most left-out entries one barrier names (the rest are counted).
+pub const MAX_LEFT_OUT: usize = 32;
+
+impl LeftOut {
+    /// Bounds what a worker reported: at most [`MAX_LEFT_OUT`] entries, each path and reason
+    /// cut to a printable length with control characters escaped; returns them and how many
+    /// more there are.
+    pub fn from_wire(list: &[proto::LeftOut], more: u64) -> (Vec<LeftOut>, u64) {
+        fn clean(s: &str, max: usize) -> String {
+            let mut out: String = s
+                .chars()
+                .take(max)
+                .flat_map(|c| {
+                    let esc: Vec<char> = if c.is_control() {
+                        c.escape_default().collect()
+                    } else {
+                        vec![c]
+                    };
+                    esc
+                })
+                .collect();
+            if s.chars().count() > max {
+                out.push('…');
+            }
+            out
+        }
+        let kept: Vec<LeftOut> = list
+            .iter()
+            .take(MAX_LEFT_OUT)
+            .map(|l| LeftOut {
+                path: clean(&l.path, 512),
+                reason: clean(&l.reason, 256),
+            })
+            .collect();
+        let extra = (list.len() - kept.len()) as u64;
+        (kept, more.saturating_add(extra))
+    }
+}
+
 /// BLAKE3 of some bytes, hex.
 pub fn hash(data: &[u8]) -> String {
     blake3::hash(data).to_hex().to_string()
@@ -893,6 +940,25 @@ mod tests {
         assert!(err.is_err());
         let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
         assert_eq!(mode & 0o111, 0, "the file outside was made executable");
+    }
+
+    #[test]
+    fn left_out_lists_from_the_wire_are_bounded_and_printable() {
+        let list: Vec<proto::LeftOut> = (0..40)
+            .map(|i| proto::LeftOut {
+                path: format!("p{i}\n\x1b[31m{}", "x".repeat(1000)),
+                reason: "a FIFO".into(),
+            })
+            .collect();
+        let (kept, more) = LeftOut::from_wire(&list, 5);
+        assert_eq!((kept.len(), more), (MAX_LEFT_OUT, 5 + 8));
+        assert!(
+            kept[0].path.starts_with("p0\\n\\u{1b}[31m"),
+            "{}",
+            kept[0].path
+        );
+        assert!(kept[0].path.chars().count() < 540 && kept[0].path.ends_with('…'));
+        assert!(!kept.iter().any(|k| k.path.chars().any(char::is_control)));
     }
 
     #[test]

@@ -115,6 +115,7 @@ fn prepare(
         Some(sb) => Some(sb.confine(
             start.call_id,
             &ws,
+            &cwd,
             &start.limits.unwrap_or_default(),
             &mut cmd,
         )?),
@@ -349,11 +350,13 @@ async fn execute(
         }
         Err(e) => exit.error = format!("waiting for the command failed: {e}"),
     }
-    if let Some(limit) = guard.as_ref().and_then(|g| g.oom_killed()) {
-        exit.error = format!(
-            "killed: memory limit of {} MiB exceeded",
-            limit / (1024 * 1024)
-        );
+    // Which limit ended it, in words: an exit code alone tells the model nothing.
+    if let Some(limit) = guard
+        .as_ref()
+        .and_then(|g| g.limit_hit(exit.code, exit.signal))
+    {
+        tracing::info!(call_id, %limit, "a sandbox limit ended or hampered the command");
+        exit.limit = limit;
     }
     (msg(worker_message::Msg::ExecExit(exit)), guard)
 }

@@ -18,5 +18,12 @@ pub mod watch;
 /// `main.rs`).
 pub fn exit_code(e: &anyhow::Error) -> shared::exit::ExitCode {
     use shared::exit::{by, classify};
-    classify(e, &[by::<session::Error>, by::<state::Error>])
+    classify(
+        e,
+        &[
+            by::<session::Error>,
+            by::<state::Error>,
+            by::<sandbox::Error>,
+        ],
+    )
 }

@@ -1,9 +1,13 @@
 //! Confinement of every command the worker runs: Landlock (write only the workspace and the
 //! call's temp dir; read the system but not the worker's state dir nor the home directory's
 //! secrets), rlimits and `no_new_privs`, a new session, a cgroup with memory, pids and CPU
-//! limits, a fresh network namespace when the network is off, and an unprivileged user when
-//! the worker runs as root. [`Sandbox::probe`] finds out what this host can enforce and
-//! [`Report`] says so plainly (`worker doctor`, and the worker's hello).
+//! limits, a mount namespace of its own in which the workspace is at [`WORKSPACE_PATH`] and
+//! its temp dir at `/tmp` while the worker's state is hidden, a fresh network namespace when
+//! the network is off, and an unprivileged user when the worker runs as root.
+//! [`Sandbox::probe`] finds out what this host can enforce and [`Report`] says so plainly
+//! (`worker doctor`, and the worker's hello); [`Sandbox::check_workspaces`] proves that the
+//! command user can reach its workspace, and the worker refuses to start when it cannot.
+//! [`Guard::limit_hit`] says in words which limit ended a command.
 
 use shared::locks::Lock;
 use std::ffi::CString;
@@ -35,6 +39,27 @@ const HOME_SECRETS: &[&str] = &[
 /// The Landlock ABI we require: 3 adds control of truncation, without which a command could
 /// still empty a file it may only read.
 const LANDLOCK_ABI: ABI = ABI::V3;
+
+/// Where commands see their workspace when each gets a mount namespace: the same path on
+/// every worker, so absolute paths that tools record (virtualenvs, build caches) stay valid
+/// after a move.
+pub const WORKSPACE_PATH: &str = "/workspace";
+/// Where they see the workspace's temp dir then (a private `/tmp`).
+pub const TMP_PATH: &str = "/tmp";
+
+/// Why the worker cannot hand out workspaces.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Workspace(String),
+}
+
+impl shared::exit::Classify for Error {
+    /// Running again will not fix it: the state dir or the host must change.
+    fn exit_code(&self) -> Option<shared::exit::ExitCode> {
+        Some(shared::exit::ExitCode::Config)
+    }
+}
 
 /// Defaults when the brain's policy gives none.
 pub const DEFAULT_MEMORY: u64 = 4 << 30;
@@ -95,6 +120,8 @@ pub struct Sandbox {
     landlock: bool,
     cgroup: Option<CgroupV1>,
     netns: bool,
+    /// Each command gets a mount namespace with its workspace at [`WORKSPACE_PATH`].
+    mountns: bool,
     /// (uid, gid) to run commands as, when the worker is root.
     run_as: Option<(u32, u32)>,
     /// Paths commands may not read.
@@ -154,6 +181,17 @@ fn oom_kills(memory_leaf: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// How many forks the pids cgroup refused (`max` in `pids.events`).
+fn pids_refused(pids_leaf: &Path) -> u64 {
+    read(pids_leaf.join("pids.events"))
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("max "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 fn read(p: impl AsRef<Path>) -> Option<String> {
     std::fs::read_to_string(p).ok()
 }
@@ -170,6 +208,286 @@ fn own_cgroup(controller: &str) -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// Runs `f` in a forked child and returns its verdict: `Err(errno)` when it failed. The child
+/// makes plain syscalls on values prepared beforehand and exits: nothing in it allocates or
+/// takes a lock another thread may hold.
+fn in_child(f: &dyn Fn() -> Result<(), i32>) -> Result<(), i32> {
+    // SAFETY: the child only runs `f` (syscalls, no allocation) and `_exit`s.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(-1));
+    }
+    if pid == 0 {
+        let code = match f() {
+            Ok(()) => 0,
+            Err(e) => e.clamp(1, 255),
+        };
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(code) }
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            break;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return Err(-1);
+        }
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else if libc::WIFEXITED(status) {
+        Err(libc::WEXITSTATUS(status))
+    } else {
+        Err(-1)
+    }
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+}
+
+fn describe_errno(e: i32) -> String {
+    if e > 0 {
+        std::io::Error::from_raw_os_error(e).to_string()
+    } else {
+        "the check did not finish".into()
+    }
+}
+
+/// Whether each command can get a mount namespace with its workspace at [`WORKSPACE_PATH`]:
+/// the worker is root, the mount point is (or can be made) an empty directory, and a mount
+/// namespace can be made here (tried in a child).
+fn probe_mountns(root: bool, report: &mut Report) -> bool {
+    let missing = |report: &mut Report, detail: String| {
+        report.mechanisms.push(Mechanism {
+            name: "mountns",
+            active: false,
+            detail,
+        });
+        false
+    };
+    if !root {
+        return missing(
+            report,
+            format!(
+                "the worker is not root, so it cannot give commands a mount namespace: they see their workspace at its real path, not {WORKSPACE_PATH}, and absolute paths tools record there do not survive a move"
+            ),
+        );
+    }
+    match std::fs::symlink_metadata(WORKSPACE_PATH) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return missing(
+                report,
+                format!(
+                    "{WORKSPACE_PATH} exists and is not a directory: remove it so the worker can use it as the commands' workspace mount point"
+                ),
+            );
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // SAFETY: statvfs on a valid path into a zeroed struct.
+            let ro = unsafe {
+                let mut st: libc::statvfs = std::mem::zeroed();
+                libc::statvfs(c"/".as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_RDONLY != 0
+            };
+            if ro {
+                return missing(
+                    report,
+                    format!(
+                        "{WORKSPACE_PATH} does not exist and / is read-only: create that empty directory in the image"
+                    ),
+                );
+            }
+        }
+        Err(e) => return missing(report, format!("cannot look at {WORKSPACE_PATH}: {e}")),
+    }
+    // Try one: a private namespace with a tmpfs mounted in it (harmless: it dies with the
+    // child).
+    let tried = in_child(&|| {
+        // SAFETY: plain syscalls on static strings.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(errno());
+            }
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(errno());
+            }
+            if libc::mount(
+                c"tmpfs".as_ptr(),
+                c"/tmp".as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"size=4k".as_ptr().cast(),
+            ) != 0
+            {
+                return Err(errno());
+            }
+        }
+        Ok(())
+    });
+    match tried {
+        Ok(()) => {
+            report.mechanisms.push(Mechanism {
+                name: "mountns",
+                active: true,
+                detail: format!("each command has a mount namespace of its own: its workspace at {WORKSPACE_PATH} (the same path on every worker), the workspace's temp dir at {TMP_PATH}, the worker's state hidden"),
+            });
+            true
+        }
+        Err(e) => missing(
+            report,
+            format!(
+                "cannot make a mount namespace here ({}; a container without CAP_SYS_ADMIN?): commands see their workspace at its real path",
+                describe_errno(e)
+            ),
+        ),
+    }
+}
+
+/// What a command's mount namespace is made of, prepared before the fork.
+struct MountPlan {
+    /// The workspace and its temp dir on the host, and the state dir to hide.
+    workspace: CString,
+    tmp: CString,
+    state: CString,
+    /// Where the command starts, as it sees it (under [`WORKSPACE_PATH`]).
+    cwd: CString,
+}
+
+impl MountPlan {
+    fn new(workspace: &Path, tmp: &Path, state: &Path, cwd_rel: &Path) -> Result<Self, String> {
+        let c = |p: &Path| {
+            CString::new(p.as_os_str().as_encoded_bytes())
+                .map_err(|_| format!("{} has a NUL byte", p.display()))
+        };
+        Ok(Self {
+            workspace: c(workspace)?,
+            tmp: c(tmp)?,
+            state: c(state)?,
+            cwd: c(&Path::new(WORKSPACE_PATH).join(cwd_rel))?,
+        })
+    }
+
+    /// Child side, in a fresh mount namespace (between fork and exec: plain syscalls on
+    /// prepared values, no allocation): stops mounts from propagating to the host, hides
+    /// the worker's state under an empty read-only tmpfs, shows the workspace at
+    /// [`WORKSPACE_PATH`] and its temp dir at [`TMP_PATH`], and moves into the workspace.
+    fn enter(&self) -> std::io::Result<()> {
+        let err = std::io::Error::last_os_error;
+        // SAFETY: plain syscalls on NUL-terminated strings that outlive them.
+        unsafe {
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(err());
+            }
+            // Held open so they can be bound once the state dir above them is hidden.
+            let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+            let ws = libc::open(self.workspace.as_ptr(), flags);
+            if ws < 0 {
+                return Err(err());
+            }
+            let tmp = libc::open(self.tmp.as_ptr(), flags);
+            if tmp < 0 {
+                return Err(err());
+            }
+            if libc::mount(
+                c"tmpfs".as_ptr(),
+                self.state.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"size=4k,mode=000".as_ptr().cast(),
+            ) != 0
+            {
+                return Err(err());
+            }
+            bind_fd(ws, c"/workspace")?;
+            bind_fd(tmp, c"/tmp")?;
+            libc::close(ws);
+            libc::close(tmp);
+            if libc::chdir(self.cwd.as_ptr()) != 0 {
+                return Err(err());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bind-mounts the directory open as `fd` onto `target` (child side: no allocation).
+fn bind_fd(fd: i32, target: &std::ffi::CStr) -> std::io::Result<()> {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    let mut buf = [0u8; 40];
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 12];
+    let (mut n, mut i) = (fd as u32, digits.len());
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let len = digits.len() - i;
+    buf[PREFIX.len()..PREFIX.len() + len].copy_from_slice(&digits[i..]);
+    // buf stays NUL-terminated: it was zeroed and is longer than what was copied.
+    // SAFETY: both strings are NUL-terminated and outlive the call.
+    let r = unsafe {
+        libc::mount(
+            buf.as_ptr().cast(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The first directory on the way to `path` (from `/`) that a user who is neither its owner
+/// nor in its group cannot traverse, with its mode: what keeps `nobody` out.
+fn untraversable_ancestor(path: &Path, (uid, gid): (u32, u32)) -> Option<(PathBuf, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut cur = PathBuf::from("/");
+    let mut parts = path.components().skip(1).peekable();
+    loop {
+        let m = std::fs::metadata(&cur).ok()?;
+        let mode = m.mode() & 0o7777;
+        let bit = if m.uid() == uid {
+            0o100
+        } else if m.gid() == gid {
+            0o010
+        } else {
+            0o001
+        };
+        if mode & bit == 0 {
+            return Some((cur, mode));
+        }
+        match parts.next() {
+            Some(c) => cur.push(c),
+            None => return None,
+        }
+    }
 }
 
 fn probe_cgroup(report: &mut Report) -> Option<CgroupV1> {
@@ -300,6 +618,7 @@ impl Sandbox {
             });
             false
         };
+        let mountns = probe_mountns(root, &mut report);
         let run_as = if root {
             let (uid, gid) = (65534u32, 65534u32);
             report.mechanisms.push(Mechanism {
@@ -332,6 +651,7 @@ impl Sandbox {
             landlock,
             cgroup,
             netns,
+            mountns,
             run_as,
             denied,
             state_dir: state_dir.to_path_buf(),
@@ -391,7 +711,7 @@ impl Sandbox {
     /// No confinement at all (`--no-sandbox`): commands run like any child of the worker.
     /// The hello then names no mechanism, so a brain that requires one refuses this worker.
     pub fn disabled(state_dir: &Path) -> Self {
-        let names = ["landlock", "rlimits", "cgroup", "netns", "user"];
+        let names = ["landlock", "rlimits", "cgroup", "mountns", "netns", "user"];
         Self {
             report: Report {
                 mechanisms: names
@@ -406,6 +726,7 @@ impl Sandbox {
             landlock: false,
             cgroup: None,
             netns: false,
+            mountns: false,
             run_as: None,
             denied: Vec::new(),
             state_dir: state_dir.to_path_buf(),
@@ -483,12 +804,168 @@ impl Sandbox {
         }
     }
 
+    /// Whether commands get a mount namespace with their workspace at [`WORKSPACE_PATH`].
+    pub fn mountns(&self) -> bool {
+        self.mountns
+    }
+
+    /// Makes the mount point [`WORKSPACE_PATH`] when it is missing (an empty directory owned
+    /// by root; nothing is ever written in it on the host). Without it, no mount namespaces.
+    pub fn prepare(&mut self) {
+        if !self.mountns || Path::new(WORKSPACE_PATH).is_dir() {
+            return;
+        }
+        use std::os::unix::fs::DirBuilderExt;
+        if let Err(e) = std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(WORKSPACE_PATH)
+        {
+            self.mountns = false;
+            if let Some(m) = self
+                .report
+                .mechanisms
+                .iter_mut()
+                .find(|m| m.name == "mountns")
+            {
+                m.active = false;
+                m.detail = format!("cannot create the mount point {WORKSPACE_PATH}: {e}");
+            }
+        }
+    }
+
+    /// Proves that the command user can reach a workspace under `workspaces` (and its temp
+    /// dir) as commands will see it: a child sets itself up as a command would (mount
+    /// namespace, user) and checks it can enter, read and write there. `Ok` says where
+    /// commands see their workspace; `Err` says what keeps them out and how to fix it.
+    pub fn check_workspaces(&self, workspaces: &Path) -> Result<String, Error> {
+        let name = format!(".check-{}", std::process::id());
+        let ws = workspaces.join(&name);
+        let tmp = self.state_dir.join("tmp").join(&name);
+        let made = [&ws, &tmp].iter().try_for_each(|d| {
+            std::fs::create_dir_all(d)
+                .map_err(|e| Error::Workspace(format!("cannot create {}: {e}", d.display())))
+        });
+        let r = made.and_then(|()| {
+            self.hand_over(&ws);
+            self.hand_over(&tmp);
+            self.check_reach(&ws, &tmp)
+        });
+        let _ = std::fs::remove_dir(&ws);
+        let _ = std::fs::remove_dir(&tmp);
+        r
+    }
+
+    fn check_reach(&self, ws: &Path, tmp: &Path) -> Result<String, Error> {
+        let who = match self.run_as {
+            Some((uid, _)) => format!("uid {uid} (nobody)"),
+            None => "the worker's own user".to_string(),
+        };
+        let plan = if self.mountns {
+            Some(
+                MountPlan::new(ws, tmp, &self.state_dir, Path::new(""))
+                    .map_err(Error::Workspace)?,
+            )
+        } else {
+            None
+        };
+        let c = |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).unwrap_or_default();
+        let (seen_ws, seen_tmp) = match &plan {
+            Some(_) => (c(Path::new(WORKSPACE_PATH)), c(Path::new(TMP_PATH))),
+            None => (c(ws), c(tmp)),
+        };
+        let run_as = self.run_as;
+        // Step by step, each in a child of its own, so a failure says which step and why:
+        // 1 the mount namespace, 2 the user, 3 the workspace, 4 its temp dir.
+        let upto = |steps: u8| {
+            in_child(&|| {
+                // SAFETY: plain syscalls on values prepared above.
+                unsafe {
+                    if let Some(p) = &plan
+                        && (libc::unshare(libc::CLONE_NEWNS) != 0 || p.enter().is_err())
+                    {
+                        return Err(errno());
+                    }
+                    if steps < 2 {
+                        return Ok(());
+                    }
+                    if let Some((uid, gid)) = run_as
+                        && (libc::setgroups(0, std::ptr::null()) != 0
+                            || libc::setgid(gid) != 0
+                            || libc::setuid(uid) != 0)
+                    {
+                        return Err(errno());
+                    }
+                    let all = libc::R_OK | libc::W_OK | libc::X_OK;
+                    if steps >= 3 && libc::access(seen_ws.as_ptr(), all) != 0 {
+                        return Err(errno());
+                    }
+                    if steps >= 4 && libc::access(seen_tmp.as_ptr(), all) != 0 {
+                        return Err(errno());
+                    }
+                }
+                Ok(())
+            })
+        };
+        let r = (1..=4u8).try_for_each(|n| upto(n).map_err(|e| (n, e)));
+        let seen = if plan.is_some() {
+            PathBuf::from(WORKSPACE_PATH)
+        } else {
+            ws.parent().unwrap_or(ws).join("<name>")
+        };
+        match r {
+            Ok(()) => Ok(format!(
+                "commands run as {who} and reach their workspace at {}",
+                seen.display()
+            )),
+            Err((1, e)) => Err(Error::Workspace(format!(
+                "cannot set up a command's mount namespace for a workspace under {} ({}); see `worker doctor`",
+                ws.parent().unwrap_or(ws).display(),
+                describe_errno(e)
+            ))),
+            Err((2, e)) => Err(Error::Workspace(format!(
+                "cannot switch to {who} to run commands ({})",
+                describe_errno(e)
+            ))),
+            Err((step, _)) => {
+                let (blocked, what) = match (plan.is_some(), step) {
+                    (true, 3) => (PathBuf::from(WORKSPACE_PATH), "its workspace"),
+                    (true, _) => (PathBuf::from(TMP_PATH), "its temp dir"),
+                    (false, 3) => (ws.to_path_buf(), "its workspace"),
+                    (false, _) => (tmp.to_path_buf(), "its temp dir"),
+                };
+                let why = match self
+                    .run_as
+                    .and_then(|u| untraversable_ancestor(&blocked, u))
+                {
+                    Some((dir, mode)) => format!(
+                        "{} (mode {mode:04o}) is not traversable by it",
+                        dir.display()
+                    ),
+                    None => "access is denied".to_string(),
+                };
+                let state = self.state_dir.display();
+                Err(Error::Workspace(format!(
+                    "commands run as {who} cannot reach {what} under {}: {why}, and {}. Start the worker with a state dir whose every parent others may traverse (for example --state /var/lib/tether-worker, or TETHER_WORKER_STATE), move {state} there, or make the parents traversable (chmod o+x)",
+                    blocked.parent().unwrap_or(&blocked).display(),
+                    if self.mountns {
+                        "the mount namespace did not help".to_string()
+                    } else {
+                        format!(
+                            "no mount namespace can show it at {WORKSPACE_PATH} here (see `worker doctor`)"
+                        )
+                    }
+                )))
+            }
+        }
+    }
+
     /// Sets a command up to run confined. The returned guard owns the call's cgroup and temp
     /// dir; keep it until the command and everything it started are gone.
     pub fn confine(
         &self,
         call_id: u64,
         workspace: &Path,
+        cwd: &Path,
         limits: &proto::Limits,
         cmd: &mut tokio::process::Command,
     ) -> Result<Guard, String> {
@@ -512,12 +989,36 @@ impl Sandbox {
             self.hand_over(&tmp);
         }
         let _ = call_id;
-        cmd.env("TMPDIR", &tmp);
+        let plan = if self.mountns {
+            let canon = workspace
+                .canonicalize()
+                .unwrap_or_else(|_| workspace.to_path_buf());
+            let rel = cwd.strip_prefix(&canon).unwrap_or(Path::new(""));
+            Some(MountPlan::new(workspace, &tmp, &self.state_dir, rel)?)
+        } else {
+            None
+        };
+        let seen_tmp: &Path = if plan.is_some() {
+            Path::new(TMP_PATH)
+        } else {
+            &tmp
+        };
+        cmd.env("TMPDIR", seen_tmp);
+        if self.run_as.is_some() {
+            // The worker's home is not the command user's: give it one it can write.
+            cmd.env("HOME", seen_tmp)
+                .env("USER", "nobody")
+                .env("LOGNAME", "nobody");
+        }
         let mut guard = Guard {
             tmp: None,
             leaves: None,
             oom_before: 0,
+            pids_before: 0,
             memory_limit: 0,
+            pids_limit: 0,
+            file_size: 0,
+            cpu_seconds: 0,
             pool: self.pool.clone(),
         };
         let memory = if limits.memory_bytes == 0 {
@@ -575,7 +1076,9 @@ impl Sandbox {
                 procs.push(f.into());
             }
             guard.oom_before = oom_kills(&leaves.memory);
+            guard.pids_before = pids_refused(&leaves.pids);
             guard.memory_limit = memory;
+            guard.pids_limit = pids;
             guard.leaves = Some(leaves);
         }
         let ruleset = if self.landlock {
@@ -608,7 +1111,11 @@ impl Sandbox {
                 None
             },
         };
+        guard.file_size = rl.file_size;
+        guard.cpu_seconds = rl.cpu.unwrap_or(0);
         let netns = limits.network_off;
+        let unshare = if netns { libc::CLONE_NEWNET } else { 0 }
+            | if plan.is_some() { libc::CLONE_NEWNS } else { 0 };
         let run_as = self.run_as;
         // SAFETY: the closure runs in the child between fork and exec. It makes plain
         // syscalls on values prepared above (no locks held by other threads are taken: the
@@ -622,8 +1129,12 @@ impl Sandbox {
                     write_pid(fd.as_raw_fd())?;
                 }
                 rl.apply()?;
-                if netns && libc::unshare(libc::CLONE_NEWNET) != 0 {
+                if unshare != 0 && libc::unshare(unshare) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // Mounts first: a Landlock-restricted process may not mount.
+                if let Some(p) = &plan {
+                    p.enter()?;
                 }
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
@@ -781,7 +1292,16 @@ impl Rlimits {
             Ok(())
         };
         if let Some(v) = self.cpu {
-            set(libc::RLIMIT_CPU, v)?;
+            // The hard limit a second later: SIGXCPU ends the command at the soft one (at
+            // equal limits the kernel sends SIGKILL, which says nothing).
+            let lim = libc::rlimit {
+                rlim_cur: v,
+                rlim_max: v.saturating_add(1),
+            };
+            // SAFETY: plain syscall with a valid struct.
+            if unsafe { libc::setrlimit(libc::RLIMIT_CPU, &lim) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
         }
         if let Some(v) = self.address_space {
             set(libc::RLIMIT_AS, v)?;
@@ -821,9 +1341,15 @@ fn empty_cgroup(leaf: &Path) -> bool {
 pub struct Guard {
     tmp: Option<PathBuf>,
     leaves: Option<Leaves>,
-    /// The memory leaf's OOM-kill count before the call (leaves are reused).
+    /// The memory leaf's OOM-kill count and the pids leaf's refused forks before the call
+    /// (leaves are reused).
     oom_before: u64,
+    pids_before: u64,
+    /// The limits the call ran under (0: none).
     memory_limit: u64,
+    pids_limit: u32,
+    file_size: u64,
+    cpu_seconds: u64,
     pool: std::sync::Arc<std::sync::Mutex<Vec<Leaves>>>,
 }
 
@@ -846,6 +1372,55 @@ impl Guard {
     pub fn oom_killed(&self) -> Option<u64> {
         let leaves = self.leaves.as_ref()?;
         (oom_kills(&leaves.memory) > self.oom_before).then_some(self.memory_limit)
+    }
+
+    /// Which limit ended or hampered the command, in words, from how it ended (`code`,
+    /// `signal`) and the cgroup's counters. A shell reports a child killed by signal N as
+    /// exit code 128 + N, so those codes count too.
+    pub fn limit_hit(&self, code: Option<i32>, signal: Option<i32>) -> Option<String> {
+        let by = |sig: i32| signal == Some(sig) || code == Some(128 + sig);
+        let how = |sig: i32| {
+            if signal == Some(sig) {
+                String::new()
+            } else {
+                format!(
+                    " (a process it ran died of signal {sig}; exit code {})",
+                    128 + sig
+                )
+            }
+        };
+        if let Some(limit) = self.oom_killed() {
+            return Some(format!(
+                "killed: memory limit of {} exceeded",
+                shared::human_bytes(limit)
+            ));
+        }
+        if self.file_size > 0 && by(libc::SIGXFSZ) {
+            return Some(format!(
+                "killed: file size limit of {} exceeded{}; no file may grow past it",
+                shared::human_bytes(self.file_size),
+                how(libc::SIGXFSZ)
+            ));
+        }
+        if self.cpu_seconds > 0 && by(libc::SIGXCPU) {
+            return Some(format!(
+                "killed: CPU time limit of {} exceeded{}",
+                humantime::format_duration(std::time::Duration::from_secs(self.cpu_seconds)),
+                how(libc::SIGXCPU)
+            ));
+        }
+        let refused = self
+            .leaves
+            .as_ref()
+            .map(|l| pids_refused(&l.pids).saturating_sub(self.pids_before))
+            .unwrap_or(0);
+        if refused > 0 {
+            return Some(format!(
+                "process limit of {} reached: {refused} attempt(s) to start a process failed",
+                self.pids_limit
+            ));
+        }
+        None
     }
 }
 

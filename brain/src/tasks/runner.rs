@@ -241,6 +241,21 @@ pub(crate) async fn barrier(
     {
         Ok(r) if r.error.is_empty() => {
             tracing::debug!(task = %task.id, root = %r.root_hash, files = r.files, wire_bytes = r.wire_bytes, hashed = r.hashed, "barrier");
+            if !r.left_out.is_empty() || r.left_out_more > 0 {
+                let (entries, more) =
+                    shared::manifest::LeftOut::from_wire(&r.left_out, r.left_out_more);
+                tracing::warn!(task = %task.id, %worker, named = entries.len(), more, "entries left out of the workspace's mirror");
+                let worker = worker.to_string();
+                m.append(
+                    task,
+                    vec![Event::LeftOut {
+                        worker,
+                        entries,
+                        more,
+                    }],
+                )
+                .await?;
+            }
             if r.root_hash != st.barrier_root {
                 m.append(
                     task,
@@ -556,6 +571,7 @@ pub(crate) async fn run_command(
                     signal: x.signal,
                     timed_out: x.timed_out,
                     error: x.error.clone(),
+                    limit: x.limit.clone(),
                 },
                 stdout: text(&r.stdout),
                 stderr: text(&r.stderr),
