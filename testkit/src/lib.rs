@@ -425,6 +425,13 @@ impl Cluster {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        self.spawn_worker(name, cmd)
+    }
+
+    /// Starts a `worker join` command made with [`Cluster::join_cmd`] (perhaps wrapped, e.g.
+    /// to run as another user) and waits until the brain shows it connected. Its state dir
+    /// is `<dir>/<name>`.
+    pub fn spawn_worker(&self, name: &str, cmd: Command) -> Worker {
         let state = self.dir.join(name);
         let proc = Proc::spawn(cmd, &state.with_extension("log")).expect("spawn worker");
         let mut w = Worker {

@@ -177,6 +177,12 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 labels,
                 force,
             };
+            // A worker that could not run commands refuses before it spends the token.
+            let sandbox = if no_run {
+                None
+            } else {
+                Some(make_sandbox(&dir, &deny_read, no_sandbox)?)
+            };
             let m = join_retrying(&dir, opts, exit_after_unreachable, &shutdown).await?;
             eprintln!(
                 "joined as {} ({}); identity stored in {}",
@@ -184,10 +190,9 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 m.name,
                 dir.0.display()
             );
-            if no_run {
+            let Some(sandbox) = sandbox else {
                 return Ok(());
-            }
-            let sandbox = make_sandbox(&dir, &deny_read, no_sandbox)?;
+            };
             let backoff = Backoff {
                 give_up_after: exit_after_unreachable,
                 ..Backoff::default()

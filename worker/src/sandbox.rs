@@ -271,6 +271,14 @@ fn probe_mountns(root: bool, report: &mut Report) -> bool {
         });
         false
     };
+    if std::env::var("TETHER_WORKER_MOUNTNS").is_ok_and(|v| v == "off" || v == "0") {
+        return missing(
+            report,
+            format!(
+                "turned off (TETHER_WORKER_MOUNTNS=off): commands see their workspace at its real path, not {WORKSPACE_PATH}"
+            ),
+        );
+    }
     if !root {
         return missing(
             report,
@@ -1129,6 +1137,10 @@ impl Sandbox {
                     write_pid(fd.as_raw_fd())?;
                 }
                 rl.apply()?;
+                // A write past the file size limit fails with EFBIG ("File too large", which
+                // the program reports) instead of killing the program silently, as Python
+                // does for itself; the ignored disposition is kept across exec.
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
                 if unshare != 0 && libc::unshare(unshare) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -1375,9 +1387,11 @@ impl Guard {
     }
 
     /// Which limit ended or hampered the command, in words, from how it ended (`code`,
-    /// `signal`) and the cgroup's counters. A shell reports a child killed by signal N as
-    /// exit code 128 + N, so those codes count too.
-    pub fn limit_hit(&self, code: Option<i32>, signal: Option<i32>) -> Option<String> {
+    /// `signal`), whether its output reported a write that was too large (`efbig`: commands
+    /// ignore SIGXFSZ, so such writes fail with "File too large"), and the cgroup's counters.
+    /// A shell reports a child killed by signal N as exit code 128 + N, so those codes count
+    /// too.
+    pub fn limit_hit(&self, code: Option<i32>, signal: Option<i32>, efbig: bool) -> Option<String> {
         let by = |sig: i32| signal == Some(sig) || code == Some(128 + sig);
         let how = |sig: i32| {
             if signal == Some(sig) {
@@ -1393,6 +1407,12 @@ impl Guard {
             return Some(format!(
                 "killed: memory limit of {} exceeded",
                 shared::human_bytes(limit)
+            ));
+        }
+        if self.file_size > 0 && efbig {
+            return Some(format!(
+                "file size limit of {} exceeded: a write or truncate past it failed (\"File too large\"); no file may grow past it",
+                shared::human_bytes(self.file_size)
             ));
         }
         if self.file_size > 0 && by(libc::SIGXFSZ) {
