@@ -936,17 +936,17 @@ impl Sandbox {
             ))),
             Err((step, _)) => {
                 let (blocked, what) = match (plan.is_some(), step) {
-                    (true, 3) => (PathBuf::from(WORKSPACE_PATH), "its workspace"),
-                    (true, _) => (PathBuf::from(TMP_PATH), "its temp dir"),
-                    (false, 3) => (ws.to_path_buf(), "its workspace"),
-                    (false, _) => (tmp.to_path_buf(), "its temp dir"),
+                    (true, 3) => (PathBuf::from(WORKSPACE_PATH), "their workspace"),
+                    (true, _) => (PathBuf::from(TMP_PATH), "their temp dir"),
+                    (false, 3) => (ws.to_path_buf(), "their workspace"),
+                    (false, _) => (tmp.to_path_buf(), "their temp dir"),
                 };
                 let why = match self
                     .run_as
                     .and_then(|u| untraversable_ancestor(&blocked, u))
                 {
                     Some((dir, mode)) => format!(
-                        "{} (mode {mode:04o}) is not traversable by it",
+                        "{} (mode {mode:04o}) is not traversable by them",
                         dir.display()
                     ),
                     None => "access is denied".to_string(),
