@@ -1497,11 +1497,40 @@ mod tests {
     }
 
     #[test]
+    fn the_parent_that_keeps_nobody_out_is_named_with_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().canonicalize().unwrap();
+        let open = root.join("open/ws");
+        let shut = root.join("shut/deeper/ws");
+        std::fs::create_dir_all(&open).unwrap();
+        std::fs::create_dir_all(&shut).unwrap();
+        for p in [&root, &root.join("open"), &open] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o711)).unwrap();
+        }
+        std::fs::set_permissions(root.join("shut"), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        let nobody = (65534, 65534);
+        if let Some((dir, mode)) = untraversable_ancestor(&root, nobody) {
+            eprintln!(
+                "skipped the_parent_that_keeps_nobody_out_is_named_with_its_mode: the temp dir's own parent {} (mode {mode:o}) keeps others out on this host",
+                dir.display()
+            );
+            return;
+        }
+        assert_eq!(untraversable_ancestor(&open, nobody), None);
+        assert_eq!(
+            untraversable_ancestor(&shut, nobody),
+            Some((root.join("shut"), 0o700))
+        );
+    }
+
+    #[test]
     fn probe_reports_every_mechanism() {
         let d = tempfile::tempdir().unwrap();
         let s = Sandbox::probe(d.path(), &[]);
         let names: Vec<&str> = s.report.mechanisms.iter().map(|m| m.name).collect();
-        for n in ["landlock", "rlimits", "cgroup", "netns", "user"] {
+        for n in ["landlock", "rlimits", "cgroup", "mountns", "netns", "user"] {
             assert!(names.contains(&n), "{names:?}");
         }
         assert!(s.report.render().lines().count() >= 5);
