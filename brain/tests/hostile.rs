@@ -1,7 +1,8 @@
 //! A worker that turns hostile: it holds a real worker identity, answers the brain's session
 //! as a worker would, and then answers a barrier with bad workspace data over the real `Sync`
 //! service. Every bad upload is refused with an error naming the path, and nothing of it
-//! reaches the mirror or the task's log.
+//! reaches the mirror or the task's log. A symlink pointing anywhere is data and is accepted;
+//! a write through it, in the same delta or a later one, is refused.
 
 use std::time::Duration;
 
@@ -55,10 +56,18 @@ fn hostile_deltas() -> Vec<(&'static str, Value, String, &'static str)> {
             ".git/hooks/pre-commit",
         ),
         (
-            "symlink out of the root",
-            d(json!({"link": {"kind": "symlink", "size": 9, "target": "../../etc"}})),
+            "a write through a symlink out of the root",
+            d(
+                json!({"link": {"kind": "symlink", "size": 9, "target": "../../etc"}, "link/passwd": evil}),
+            ),
             String::new(),
-            "outside",
+            "\"link/passwd\"",
+        ),
+        (
+            "a write through an absolute symlink",
+            d(json!({"etc": {"kind": "symlink", "size": 4, "target": "/etc"}, "etc/passwd": evil})),
+            String::new(),
+            "\"etc/passwd\"",
         ),
         (
             "path through a symlink",
@@ -110,7 +119,7 @@ fn hostile_workspace_data_from_a_worker_is_refused_and_changes_nothing() {
     let identity = w.state.join("identity");
     w.kill();
     let plan = c.dir.join("plan.json");
-    std::fs::write(&plan, r#"{"steps":[{"run":["true"]}]}"#).unwrap();
+    std::fs::write(&plan, r#"{"steps":[{"run":["true"]},{"run":["true"]}]}"#).unwrap();
     let out = c.brain_cli(&[
         "run",
         "--plan",
@@ -162,6 +171,13 @@ fn hostile_workspace_data_from_a_worker_is_refused_and_changes_nothing() {
             .into_inner();
         let mut sync = SyncClient::new(ch);
         let mut refusals = Vec::new();
+        // The first barrier: every bad delta, then a good one that holds only a symlink to
+        // /etc/passwd (data, accepted). The second: a write through that link.
+        let link = json!({"pw": {"kind": "symlink", "size": 11, "target": "/etc/passwd"}});
+        let link_root = serde_json::from_value::<manifest::Manifest>(json!({ "entries": link }))
+            .unwrap()
+            .root_hash();
+        let mut barriers = 0;
         loop {
             let msg = tokio::time::timeout(Duration::from_secs(20), inbound.message())
                 .await
@@ -185,7 +201,39 @@ fn hostile_workspace_data_from_a_worker_is_refused_and_changes_nothing() {
                     .await
                     .unwrap();
                 }
+                Some(brain_message::Msg::Sync(req)) if barriers == 1 => {
+                    assert_eq!(
+                        req.op,
+                        Some(proto::sync_request::Op::BarrierBase(link_root.clone()))
+                    );
+                    let through =
+                        json!({"upserts": {"pw/shadow": file_entry(b"evil")}, "deletes": []});
+                    let chunk = DeltaChunk {
+                        request_id: req.id,
+                        base_root: link_root.clone(),
+                        root_hash: "1".repeat(64),
+                        data: manifest::compress(through.to_string().as_bytes()),
+                    };
+                    let e = sync
+                        .put_delta(tokio_stream::iter(vec![chunk]))
+                        .await
+                        .expect_err("a write through a stored symlink");
+                    refusals.push((
+                        "a write through a symlink the mirror holds".into(),
+                        e.message().to_string(),
+                        "\"pw/shadow\"".into(),
+                    ));
+                    sync.report(proto::SyncReport {
+                        id: req.id,
+                        error: "gave up".into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                    return refusals;
+                }
                 Some(brain_message::Msg::Sync(req)) => {
+                    barriers += 1;
                     // A blob whose content does not match its hash.
                     let chunk = BlobChunk {
                         hash: hex::decode(manifest::hash(b"what it claims")).unwrap(),
@@ -214,20 +262,32 @@ fn hostile_workspace_data_from_a_worker_is_refused_and_changes_nothing() {
                             .expect_err(what);
                         refusals.push((what.into(), e.message().to_string(), want.into()));
                     }
+                    let chunk = DeltaChunk {
+                        request_id: req.id,
+                        base_root: String::new(),
+                        root_hash: link_root.clone(),
+                        data: manifest::compress(
+                            json!({"upserts": link, "deletes": []})
+                                .to_string()
+                                .as_bytes(),
+                        ),
+                    };
+                    sync.put_delta(tokio_stream::iter(vec![chunk]))
+                        .await
+                        .expect("a symlink pointing anywhere is data");
                     sync.report(proto::SyncReport {
                         id: req.id,
-                        error: "gave up".into(),
+                        root_hash: link_root.clone(),
                         ..Default::default()
                     })
                     .await
                     .unwrap();
-                    return refusals;
                 }
                 _ => {}
             }
         }
     });
-    assert_eq!(refusals.len(), hostile_deltas().len() + 1);
+    assert_eq!(refusals.len(), hostile_deltas().len() + 2);
     for (what, message, want) in &refusals {
         eprintln!("{what}: {message}");
         assert!(
@@ -235,9 +295,11 @@ fn hostile_workspace_data_from_a_worker_is_refused_and_changes_nothing() {
             "{what}: {message:?} does not name {want:?}"
         );
     }
-    // Nothing reached the mirror: no barrier in the log, no blob stored.
+    // Only the symlink reached the mirror: one barrier in the log, no blob stored.
     let log = c.task_log_json(&task);
-    assert!(!log.iter().any(|r| r["kind"] == "barrier"), "{log:?}");
+    let barriers: Vec<&Value> = log.iter().filter(|r| r["kind"] == "barrier").collect();
+    assert_eq!(barriers.len(), 1, "{log:?}");
+    assert_eq!(barriers[0]["files"], 0);
     let blobs = std::fs::read_dir(c.data.join("blobs"))
         .map(|d| d.count())
         .unwrap_or(0);

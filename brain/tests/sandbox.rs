@@ -6,6 +6,11 @@
 use std::io::Read;
 use std::time::Duration;
 
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+
+use serde_json::json;
+use testkit::fake_llm::{FakeLlm, FakeReply};
 use testkit::{BrainOptions, Cluster, Worker, process_gone, text, wait_until};
 
 /// `worker doctor`'s line for a mechanism, and whether it is active.
@@ -42,6 +47,24 @@ fn open_up(dir: &std::path::Path) {
     std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
 }
 
+/// A cluster whose temp dir is outside /tmp: with mount namespaces, commands see a private
+/// /tmp, so files a test puts for them to find must live elsewhere.
+fn outside_tmp() -> Cluster {
+    Cluster::start_with(BrainOptions {
+        parent: Some(PathBuf::from("/var/tmp")),
+        ..Default::default()
+    })
+}
+
+fn root() -> bool {
+    // SAFETY: plain getter.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn exec(c: &Cluster, w: &Worker, extra: &[&str], script: &str) -> std::process::Output {
     let mut args = vec!["exec", w.id.as_str()];
     args.extend_from_slice(extra);
@@ -51,7 +74,7 @@ fn exec(c: &Cluster, w: &Worker, extra: &[&str], script: &str) -> std::process::
 
 #[test]
 fn writes_outside_the_workspace_fail_and_change_nothing() {
-    let c = Cluster::start();
+    let c = outside_tmp();
     if !have(
         &c,
         "landlock",
@@ -97,7 +120,7 @@ fn writes_outside_the_workspace_fail_and_change_nothing() {
 
 #[test]
 fn home_secrets_and_the_worker_key_are_unreadable() {
-    let c = Cluster::start();
+    let c = outside_tmp();
     if !have(
         &c,
         "landlock",
@@ -297,5 +320,255 @@ fn policy_refuses_a_worker_without_the_required_confinement() {
     assert!(
         e.contains("lacks") && e.contains("seccomp") && e.contains("worker doctor"),
         "{e}"
+    );
+}
+
+/// What the issue's new user ran: a shell `cd`, git, a virtualenv, `realpath`, all of which
+/// resolve the workspace's absolute path.
+const TOOLS: &str = "set -e
+mkdir -p a && cd a && pwd
+git init -q . && echo hi > f && git add f
+git -c user.name=t -c user.email=t@example.com commit -q -m first
+git status --short && git log --oneline | wc -l
+cd ..
+python3 -m venv venv --without-pip
+venv/bin/python -c 'import os, pathlib, sys; os.stat(os.getcwd()); print(sys.prefix); print(pathlib.Path.cwd().resolve())'
+realpath .
+touch \"$TMPDIR/scratch\" && echo tmp-ok";
+
+#[test]
+fn real_tools_work_at_a_fixed_workspace_path_under_a_private_state_dir() {
+    let c = Cluster::start();
+    if !have(
+        &c,
+        "mountns",
+        "real_tools_work_at_a_fixed_workspace_path_under_a_private_state_dir",
+    ) {
+        return;
+    }
+    // The state dir is under the test dir, which only its owner (root) may traverse: the
+    // case of the default state dir in /root (mode 0700).
+    std::fs::set_permissions(&c.dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let w = c.join_worker("tools");
+    let script = format!("{TOOLS}\ntouch \"$HOME/.dotfile\" && echo \"$HOME $TMPDIR\"");
+    let out = exec(&c, &w, &[], &script);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        stdout(&out),
+        "/workspace/a\n1\n/workspace/venv\n/workspace\n/workspace\ntmp-ok\n/tmp /tmp\n",
+        "{}",
+        text(&out)
+    );
+    // The worker sees the same files at its own path; the mount point on the host stays
+    // empty (nothing leaked out of the command's namespace).
+    assert!(w.workspace().join("a/.git/HEAD").is_file());
+    assert!(w.workspace().join("venv/pyvenv.cfg").is_file());
+    assert_eq!(std::fs::read_dir("/workspace").unwrap().count(), 0);
+    // The worker's identity, its other workspaces and their contents stay out of reach,
+    // for reading and for writing.
+    std::fs::create_dir_all(w.state.join("workspaces/other")).unwrap();
+    std::fs::write(w.state.join("workspaces/other/secret.txt"), "OTHER-SECRET").unwrap();
+    let state = w.state.display();
+    for probe in [
+        format!("cat {state}/identity/key.pem"),
+        format!("cat {state}/workspaces/other/secret.txt"),
+        format!("ls {state}/workspaces"),
+        format!("echo pwned > {state}/workspaces/other/pwned"),
+        "ls /workspace/../tether-nothing-here".to_string(),
+    ] {
+        let out = exec(&c, &w, &[], &probe);
+        assert_ne!(out.status.code(), Some(0), "{probe}: {}", text(&out));
+        assert!(!stdout(&out).contains("PRIVATE KEY") && !stdout(&out).contains("OTHER-SECRET"));
+    }
+    assert!(!w.state.join("workspaces/other/pwned").exists());
+    // The host's /tmp is not the commands' /tmp.
+    let marker = std::env::temp_dir().join(format!("tether-host-{}", std::process::id()));
+    std::fs::write(&marker, "host").unwrap();
+    let out = exec(&c, &w, &[], &format!("cat {}", marker.display()));
+    let _ = std::fs::remove_file(&marker);
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn a_worker_run_by_a_normal_user_gives_commands_a_workspace_they_can_use() {
+    let c = Cluster::start();
+    if !root() {
+        eprintln!(
+            "skipped a_worker_run_by_a_normal_user_gives_commands_a_workspace_they_can_use: it starts the worker as uid 1000 with setpriv, which needs root"
+        );
+        return;
+    }
+    // uid 1000 may traverse the test dir and owns its state dir.
+    std::fs::set_permissions(&c.dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let state = c.dir.join("plain");
+    std::fs::create_dir(&state).unwrap();
+    std::os::unix::fs::chown(&state, Some(1000), Some(1000)).unwrap();
+    let (token, ca) = c.token(&[]);
+    let join = c.join_cmd("plain", &token, &ca);
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args(["--reuid=1000", "--regid=1000", "--clear-groups"])
+        .arg(join.get_program())
+        .args(join.get_args())
+        .env("HOME", &state)
+        .env("RUST_LOG", "info");
+    let w = c.spawn_worker("plain", cmd);
+    let out = exec(&c, &w, &[], "id -u");
+    assert_eq!(stdout(&out), "1000\n", "{}", text(&out));
+    let out = exec(&c, &w, &[], TOOLS);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let ws = w.workspace();
+    let want = format!("{a}/a\n1\n{a}/venv\n{a}\n{a}\ntmp-ok\n", a = ws.display());
+    assert_eq!(stdout(&out), want, "{}", text(&out));
+    // Landlock still keeps its own key from it.
+    if doctor(&c, "landlock").0 {
+        let out = exec(
+            &c,
+            &w,
+            &[],
+            &format!("cat {}/identity/key.pem", state.display()),
+        );
+        assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    }
+}
+
+#[test]
+fn without_a_mount_namespace_a_workspace_its_commands_cannot_reach_is_refused_at_start() {
+    let c = Cluster::start();
+    if !root() {
+        eprintln!(
+            "skipped without_a_mount_namespace_a_workspace_its_commands_cannot_reach_is_refused_at_start: only a root worker runs commands as another user"
+        );
+        return;
+    }
+    // The state dir under a private parent, and no mount namespace to show it elsewhere.
+    std::fs::set_permissions(&c.dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (token, ca) = c.token(&[]);
+    let out = c
+        .join_cmd("stuck", &token, &ca)
+        .env("TETHER_WORKER_MOUNTNS", "off")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains(&format!(
+            "{} (mode 0700) is not traversable",
+            c.dir.display()
+        )) && e.contains("--state /var/lib/tether-worker"),
+        "{e}"
+    );
+    // The token was not spent: a worker with a usable state dir joins with it.
+    let doctor = std::process::Command::new(&c.bins.worker)
+        .args(["doctor", "--state"])
+        .arg(c.dir.join("stuck"))
+        .env("TETHER_WORKER_MOUNTNS", "off")
+        .output()
+        .unwrap();
+    assert_eq!(doctor.status.code(), Some(78), "{}", text(&doctor));
+    assert!(
+        stdout(&doctor).contains("workspace BROKEN"),
+        "{}",
+        text(&doctor)
+    );
+    std::fs::set_permissions(&c.dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let mut cmd = c.join_cmd("stuck", &token, &ca);
+    cmd.env("TETHER_WORKER_MOUNTNS", "off");
+    let w = c.spawn_worker("stuck", cmd);
+    // There, commands see the workspace at its real path, and can resolve it.
+    let out = exec(&c, &w, &[], "realpath . && id -u");
+    assert_eq!(
+        stdout(&out),
+        format!(
+            "{}\n65534\n",
+            w.workspace().canonicalize().unwrap().display()
+        ),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn commands_ended_by_a_limit_say_which_limit() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call("run_command", json!({"command": "truncate -s 10G big.bin"})),
+        _ => FakeReply::tool_call("finish", json!({"summary": "tried"})),
+    });
+    let c = Cluster::start_with(BrainOptions {
+        extra_args: vec!["--file-size".into(), "1GiB".into()],
+        config: Some(format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test-key-123456\"\n",
+            llm.url()
+        )),
+        ..Default::default()
+    });
+    let w = c.join_worker("limited");
+    // The file size limit, told to the model and kept in the log.
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "full",
+        "--worker",
+        "limited",
+        "make a big file",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let id = stdout(&out).trim().to_string();
+    c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30));
+    let told = llm.requests()[1].body["messages"].to_string();
+    assert!(told.contains("file size limit of 1 GiB exceeded"), "{told}");
+    let log = c.task_log_json(&id);
+    assert!(
+        log.iter().any(|r| r["kind"] == "tool_call_completed"
+            && r["result"]["limit"]
+                .as_str()
+                .is_some_and(|l| l.contains("file size limit of 1 GiB"))),
+        "{log:?}"
+    );
+    // The same through `brain exec`: a write that stops at the limit, and a shell whose
+    // child died of SIGXFSZ because it asked for the signal back.
+    let out = exec(
+        &c,
+        &w,
+        &["--file-size", "1MiB"],
+        "head -c 2000000 /dev/zero > big.bin; echo wrote",
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("file size limit of 1 MiB exceeded"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        std::fs::metadata(w.workspace().join("big.bin"))
+            .unwrap()
+            .len(),
+        1 << 20
+    );
+    let out = exec(
+        &c,
+        &w,
+        &["--file-size", "1MiB"],
+        "python3 -c 'import signal; signal.signal(signal.SIGXFSZ, signal.SIG_DFL); open(\"b2\", \"wb\").write(bytes(2000000))'",
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGXFSZ),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("killed: file size limit of 1 MiB exceeded"),
+        "{}",
+        text(&out)
+    );
+    // CPU time: the shell itself spins and is ended by SIGXCPU.
+    let out = exec(&c, &w, &["--cpu-time", "1s"], "while :; do :; done");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("killed: CPU time limit of 1s exceeded"),
+        "{}",
+        text(&out)
     );
 }

@@ -3,7 +3,7 @@
 //! exactly the workspace an unmoved run of the same plan ends with.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use testkit::fake_llm::{FakeLlm, FakeReply};
@@ -39,36 +39,12 @@ fn with_model(llm: &FakeLlm) -> Cluster {
     })
 }
 
-fn run_plan(c: &Cluster, plan: &std::path::Path, worker: &str) -> String {
-    let out = c.brain_cli(&["run", "--plan", plan.to_str().unwrap(), "--worker", worker]);
-    assert!(out.status.success(), "{}", text(&out));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 fn last_root(log: &[Value]) -> String {
     log.iter()
         .rev()
         .find(|r| r["kind"] == "barrier")
         .map(|r| r["root_hash"].as_str().unwrap().to_string())
         .expect("a barrier in the log")
-}
-
-fn wait_for(c: &Cluster, id: &str, what: &str, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while c
-        .task_log_json(id)
-        .iter()
-        .filter(|r| r["kind"] == what)
-        .count()
-        < n
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no {n} × {what}:\n{}",
-            c.brain_log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn read(c: &Cluster, worker: &str, id: &str, path: &str) -> Option<String> {
@@ -87,15 +63,15 @@ fn a_task_moved_mid_run_ends_with_the_workspace_of_an_unmoved_run() {
     let b = c.join_worker_with("b", &[("TETHER_MATERIALISE_MEMORY", "0")]);
     let plan = tree_plan(&c, "0.2");
     // The reference: the same plan, never moved.
-    let plain = run_plan(&c, &plan, "a");
+    let plain = c.run_plan(&plan, "a");
     assert_eq!(
         c.wait_status(&plain, &["finished", "failed"], Duration::from_secs(60)),
         "finished"
     );
     let want = last_root(&c.task_log_json(&plain));
 
-    let moved = run_plan(&c, &plan, "a");
-    wait_for(&c, &moved, "tool_call_completed", 3);
+    let moved = c.run_plan(&plan, "a");
+    c.wait_records(&moved, "tool_call_completed", 3);
     let out = c.brain_cli(&["task", "move", &moved, "--to", "b"]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
@@ -185,7 +161,7 @@ fn an_agent_moved_between_calls_is_told_and_carries_on_with_its_files() {
     ]);
     assert!(out.status.success(), "{}", text(&out));
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    wait_for(&c, &id, "tool_call_issued", 1);
+    c.wait_records(&id, "tool_call_issued", 1);
     let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
@@ -216,17 +192,17 @@ fn a_brain_killed_during_a_move_completes_it_or_rolls_it_back() {
     let _a = c.join_worker("a");
     let _b = c.join_worker("b");
     let plan = tree_plan(&c, "0.2");
-    let plain = run_plan(&c, &plan, "a");
+    let plain = c.run_plan(&plan, "a");
     assert_eq!(
         c.wait_status(&plain, &["finished", "failed"], Duration::from_secs(60)),
         "finished"
     );
     let want = last_root(&c.task_log_json(&plain));
-    let id = run_plan(&c, &plan, "a");
-    wait_for(&c, &id, "tool_call_completed", 2);
+    let id = c.run_plan(&plan, "a");
+    c.wait_records(&id, "tool_call_completed", 2);
     let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
     assert!(out.status.success(), "{}", text(&out));
-    wait_for(&c, &id, "move_started", 1);
+    c.wait_records(&id, "move_started", 1);
     c.kill_brain();
     c.start_brain().unwrap();
     assert_eq!(
@@ -254,14 +230,14 @@ fn a_sigkilled_worker_fails_over_to_another_and_the_task_ends_with_the_same_work
     let mut a = c.join_worker("a");
     let b = c.join_worker("b");
     let plan = tree_plan(&c, "0.3");
-    let plain = run_plan(&c, &plan, "b");
+    let plain = c.run_plan(&plan, "b");
     assert_eq!(
         c.wait_status(&plain, &["finished", "failed"], Duration::from_secs(60)),
         "finished"
     );
     let want = last_root(&c.task_log_json(&plain));
-    let id = run_plan(&c, &plan, "a");
-    wait_for(&c, &id, "tool_call_completed", 3);
+    let id = c.run_plan(&plan, "a");
+    c.wait_records(&id, "tool_call_completed", 3);
     a.kill();
     assert_eq!(
         c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
@@ -411,7 +387,7 @@ fn watchers_see_file_changes_as_they_happen() {
         .to_string(),
     )
     .unwrap();
-    let id = run_plan(&c, &plan, "w");
+    let id = c.run_plan(&plan, "w");
     let out = c.brain_cli(&["watch", &id]);
     let shown = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(shown.contains("    ~ src/live.txt"), "{shown}");
@@ -540,7 +516,7 @@ fn failover_and_moves_go_only_to_workers_with_the_required_labels() {
         text(&out)
     );
     // Killing the worker it runs on fails it over to the other gpu worker, never to cpu.
-    wait_for(&c, &id, "tool_call_completed", 2);
+    c.wait_records(&id, "tool_call_completed", 2);
     let other = if on == gpu1.id {
         gpu1.kill();
         gpu2.id.clone()

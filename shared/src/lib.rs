@@ -68,6 +68,26 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
+/// A size for people, in binary units: `1 GiB`, `64 MiB`, `1.5 GiB`, `512 bytes`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (1 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1 << 10, "KiB"),
+    ];
+    for (size, unit) in UNITS {
+        if n >= size {
+            return if n.is_multiple_of(size) {
+                format!("{} {unit}", n / size)
+            } else {
+                format!("{:.1} {unit}", n as f64 / size as f64)
+            };
+        }
+    }
+    format!("{n} bytes")
+}
+
 /// Parses a `key=value` label.
 pub fn parse_label(s: &str) -> Result<(String, String), String> {
     let (k, v) = s

@@ -434,6 +434,13 @@ impl Cluster {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        self.spawn_worker(name, cmd)
+    }
+
+    /// Starts a `worker join` command made with [`Cluster::join_cmd`] (perhaps wrapped, e.g.
+    /// to run as another user) and waits until the brain shows it connected. Its state dir
+    /// is `<dir>/<name>`.
+    pub fn spawn_worker(&self, name: &str, cmd: Command) -> Worker {
         let state = self.dir.join(name);
         let proc = Proc::spawn(cmd, &state.with_extension("log")).expect("spawn worker");
         let mut w = Worker {
@@ -458,6 +465,25 @@ impl Cluster {
             .arg(&w.state)
             .env("RUST_LOG", test_log());
         w.proc = Some(Proc::spawn(cmd, &w.state.with_extension("log")).expect("spawn worker"));
+    }
+
+    /// `brain run --plan PLAN --worker WORKER`, and the task id it printed.
+    pub fn run_plan(&self, plan: &Path, worker: &str) -> String {
+        let out = self.brain_cli(&["run", "--plan", plan.to_str().unwrap(), "--worker", worker]);
+        assert!(out.status.success(), "brain run --plan: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Waits (at most 30 s) until task `id`'s log holds `n` records of kind `kind`.
+    pub fn wait_records(&self, id: &str, kind: &str, n: usize) {
+        let done = wait_until(Duration::from_secs(30), || {
+            self.task_log_json(id)
+                .iter()
+                .filter(|r| r["kind"] == kind)
+                .count()
+                >= n
+        });
+        assert!(done, "no {n} × {kind} in {id}'s log:\n{}", self.brain_log());
     }
 
     /// `brain workers --json`.

@@ -177,6 +177,12 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 labels,
                 force,
             };
+            // A worker that could not run commands refuses before it spends the token.
+            let sandbox = if no_run {
+                None
+            } else {
+                Some(make_sandbox(&dir, &deny_read, no_sandbox)?)
+            };
             let m = join_retrying(&dir, opts, exit_after_unreachable, &shutdown).await?;
             eprintln!(
                 "joined as {} ({}); identity stored in {}",
@@ -184,10 +190,9 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 m.name,
                 dir.0.display()
             );
-            if no_run {
+            let Some(sandbox) = sandbox else {
                 return Ok(());
-            }
-            let sandbox = make_sandbox(&dir, &deny_read, no_sandbox);
+            };
             let backoff = Backoff {
                 give_up_after: exit_after_unreachable,
                 ..Backoff::default()
@@ -202,7 +207,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             exit_after_unreachable,
         } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
-            let sandbox = make_sandbox(&dir, &deny_read, no_sandbox);
+            let sandbox = make_sandbox(&dir, &deny_read, no_sandbox)?;
             let backoff = Backoff {
                 give_up_after: exit_after_unreachable,
                 ..Backoff::default()
@@ -211,7 +216,10 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Doctor { state } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
-            let sandbox = crate::sandbox::Sandbox::probe(&dir.0, &[]);
+            let mut sandbox = crate::sandbox::Sandbox::probe(&dir.0, &[]);
+            // The mount point is made here too (an empty directory), so the check below
+            // says what a running worker would do.
+            sandbox.prepare();
             print!("{}", sandbox.report.render());
             let missing = sandbox
                 .report
@@ -227,20 +235,44 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                     "{missing} mechanism(s) missing: the brain's policy may refuse to place some tasks here"
                 );
             }
+            // Whether commands can reach their workspace, as commands: a worker that could not
+            // refuses to start.
+            let reach = dir
+                .create()
+                .map_err(|e| crate::sandbox::Error::Workspace(e.to_string()))
+                .and_then(|()| sandbox.check_workspaces(&dir.workspaces()));
+            match reach {
+                Ok(line) => println!("workspace ok       {line}"),
+                Err(e) => {
+                    println!("workspace BROKEN   {e}");
+                    return Err(e.into());
+                }
+            }
         }
     }
     Ok(())
 }
 
-fn make_sandbox(dir: &StateDir, deny_read: &[PathBuf], off: bool) -> crate::sandbox::Sandbox {
+/// The sandbox for commands; refuses (exit 78) when their user could not reach its
+/// workspaces, with what to change.
+fn make_sandbox(
+    dir: &StateDir,
+    deny_read: &[PathBuf],
+    off: bool,
+) -> anyhow::Result<crate::sandbox::Sandbox> {
     if off {
         tracing::warn!("--no-sandbox: commands run unconfined, with this worker's user and access");
-        crate::sandbox::Sandbox::disabled(&dir.0)
-    } else {
-        let s = crate::sandbox::Sandbox::probe(&dir.0, deny_read);
-        s.sweep();
-        s
+        return Ok(crate::sandbox::Sandbox::disabled(&dir.0));
     }
+    let mut s = crate::sandbox::Sandbox::probe(&dir.0, deny_read);
+    s.sweep();
+    s.prepare();
+    dir.create()?;
+    let line = s
+        .check_workspaces(&dir.workspaces())
+        .context("this worker would hand out workspaces its commands cannot use")?;
+    tracing::info!("{line}");
+    Ok(s)
 }
 
 fn spawn_signal_handler(shutdown: CancellationToken) {

@@ -115,6 +115,7 @@ fn prepare(
         Some(sb) => Some(sb.confine(
             start.call_id,
             &ws,
+            &cwd,
             &start.limits.unwrap_or_default(),
             &mut cmd,
         )?),
@@ -151,11 +152,16 @@ fn resolve_program(name: &str, path: &std::ffi::OsStr) -> std::path::PathBuf {
     name.into()
 }
 
-/// Shared output budget of one call: bytes still allowed, and bytes dropped past the cap.
+/// Shared output budget of one call: bytes still allowed, and bytes dropped past the cap;
+/// and whether the output reported a write past the file size limit.
 struct Budget {
     left: u64,
     dropped: u64,
+    efbig: bool,
 }
+
+/// How the C library words EFBIG, which a write past the file size limit fails with.
+const EFBIG_TEXT: &[u8] = b"File too large";
 
 async fn pump(
     mut pipe: impl tokio::io::AsyncRead + Unpin,
@@ -176,8 +182,10 @@ async fn pump(
             },
             _ = stop.cancelled() => return,
         };
+        let efbig = buf[..n].windows(EFBIG_TEXT.len()).any(|w| w == EFBIG_TEXT);
         let keep = {
             let mut b = budget.locked();
+            b.efbig |= efbig;
             let keep = (n as u64).min(b.left) as usize;
             b.left -= keep as u64;
             b.dropped += (n - keep) as u64;
@@ -262,6 +270,7 @@ async fn execute(
     let budget = std::sync::Arc::new(std::sync::Mutex::new(Budget {
         left: cap,
         dropped: 0,
+        efbig: false,
     }));
     // Both pipes are read inside this task (no extra tasks to spawn and join per command).
     let stdout = child.stdout.take();
@@ -333,7 +342,10 @@ async fn execute(
         }
     }
     kill_all(pgid);
-    let dropped = budget.locked().dropped;
+    let (dropped, efbig) = {
+        let b = budget.locked();
+        (b.dropped, b.efbig)
+    };
     let mut exit = ExecExit {
         call_id,
         timed_out,
@@ -349,11 +361,13 @@ async fn execute(
         }
         Err(e) => exit.error = format!("waiting for the command failed: {e}"),
     }
-    if let Some(limit) = guard.as_ref().and_then(|g| g.oom_killed()) {
-        exit.error = format!(
-            "killed: memory limit of {} MiB exceeded",
-            limit / (1024 * 1024)
-        );
+    // Which limit ended it, in words: an exit code alone tells the model nothing.
+    if let Some(limit) = guard
+        .as_ref()
+        .and_then(|g| g.limit_hit(exit.code, exit.signal, efbig))
+    {
+        tracing::info!(call_id, %limit, "a sandbox limit ended or hampered the command");
+        exit.limit = limit;
     }
     (msg(worker_message::Msg::ExecExit(exit)), guard)
 }

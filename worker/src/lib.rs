@@ -25,6 +25,7 @@ pub fn exit_code(e: &anyhow::Error) -> shared::exit::ExitCode {
             by::<state::Error>,
             by::<shared::pki::Error>,
             by::<shared::tls::Error>,
+            by::<sandbox::Error>,
         ],
     )
 }

@@ -101,18 +101,23 @@ fn is_ignored(rel: &str) -> bool {
 fn watch(name: &str, root: &Path, out: CurrentOut, used: Arc<Mutex<std::time::Instant>>) {
     let (tx, rx) = mpsc::sync_channel::<Raw>(QUEUE);
     let tx2 = tx.clone();
-    let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        let msg = match res {
-            Ok(ev) if ev.need_rescan() => Raw::Rescan("the watcher lost events".into()),
-            Ok(ev) if matches!(ev.kind, EventKind::Access(_)) => return,
-            Ok(ev) => Raw::Paths(ev.paths),
-            Err(e) => Raw::Rescan(e.to_string()),
-        };
-        if tx2.try_send(msg).is_err() {
-            // Full: the consumer will rescan when it sees this.
-            let _ = tx2.try_send(Raw::Rescan("too many changes at once".into()));
-        }
-    })
+    // Symlinks in a workspace may point anywhere (`ln -s / root`): never follow them.
+    let config = notify::Config::default().with_follow_symlinks(false);
+    let watcher = notify::RecommendedWatcher::new(
+        move |res: notify::Result<notify::Event>| {
+            let msg = match res {
+                Ok(ev) if ev.need_rescan() => Raw::Rescan("the watcher lost events".into()),
+                Ok(ev) if matches!(ev.kind, EventKind::Access(_)) => return,
+                Ok(ev) => Raw::Paths(ev.paths),
+                Err(e) => Raw::Rescan(e.to_string()),
+            };
+            if tx2.try_send(msg).is_err() {
+                // Full: the consumer will rescan when it sees this.
+                let _ = tx2.try_send(Raw::Rescan("too many changes at once".into()));
+            }
+        },
+        config,
+    )
     .and_then(|mut w| w.watch(root, RecursiveMode::Recursive).map(|_| w));
     let mut rescan_mode = match &watcher {
         Ok(_) => None,

@@ -102,6 +102,9 @@ pub async fn exec(target: &Target, args: ExecArgs) -> i32 {
                 if !x.error.is_empty() {
                     eprintln!("brain exec: {}", x.error);
                 }
+                if !x.limit.is_empty() {
+                    eprintln!("brain exec: {}", x.limit);
+                }
                 if let Some(code) = x.code {
                     return code;
                 }

@@ -312,6 +312,20 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             wire_bytes,
         } => format!("moved    now on {to} ({files} files written there, {wire_bytes} bytes sent)"),
         E::MoveAborted { to, reason } => format!("move to {to} aborted: {reason}"),
+        E::LeftOut {
+            worker,
+            entries,
+            more,
+        } => {
+            let mut s = format!("left out of the mirror on {worker} (not synced, not moved):");
+            for e in entries {
+                s.push_str(&format!("\n    ! {}: {}", e.path, e.reason));
+            }
+            if *more > 0 {
+                s.push_str(&format!("\n    ! … and {more} more"));
+            }
+            s
+        }
         E::BudgetRaised { limits } => format!(
             "budget raised to ${:.4}, {} tokens, {} steps, {} ms wall (0 = no limit)",
             limits.usd, limits.tokens, limits.steps, limits.wall_ms

@@ -102,6 +102,7 @@ impl From<proto::CallResult> for CommandEnd {
                 signal: x.signal,
                 timed_out: x.timed_out,
                 error: x.error,
+                limit: x.limit,
             },
             stdout: r.stdout,
             stderr: r.stderr,
@@ -208,6 +209,8 @@ impl From<SyncOp> for proto::sync_request::Op {
 
 impl From<proto::SyncReport> for SyncReport {
     fn from(r: proto::SyncReport) -> Self {
+        // From a worker: bounded and escaped before anything keeps it.
+        let left_out = shared::manifest::LeftOut::from_wire(&r.left_out, r.left_out_more);
         SyncReport {
             error: r.error,
             root_hash: r.root_hash,
@@ -216,6 +219,8 @@ impl From<proto::SyncReport> for SyncReport {
             blobs_sent: r.blobs_sent,
             wire_bytes: r.wire_bytes,
             hashed: r.hashed,
+            left_out: left_out.0,
+            left_out_more: left_out.1,
         }
     }
 }

@@ -123,6 +123,19 @@ pub async fn barrier(cx: &Cx<'_>, worker: &str, full: bool) -> Result<bool, Erro
     match r {
         Ok(r) if r.error.is_empty() => {
             tracing::debug!(task = %cx.task.id, root = %r.root_hash, files = r.files, wire_bytes = r.wire_bytes, hashed = r.hashed, "barrier");
+            if !r.left_out.is_empty() || r.left_out_more > 0 {
+                tracing::warn!(task = %cx.task.id, %worker, named = r.left_out.len(), more = r.left_out_more, "entries left out of the workspace's mirror");
+                cx.store()
+                    .append(
+                        cx.task,
+                        vec![Event::LeftOut {
+                            worker: worker.to_string(),
+                            entries: r.left_out,
+                            more: r.left_out_more,
+                        }],
+                    )
+                    .await?;
+            }
             if r.root_hash != st.barrier_root {
                 cx.store()
                     .append(

@@ -298,6 +298,9 @@ pub struct ToolResult {
     pub timed_out: bool,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,
+    /// The sandbox limit that ended or hampered the command, in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub limit: String,
 }
 
 impl ToolResult {
@@ -390,6 +393,14 @@ pub enum Event {
         /// Compressed bytes that crossed the wire for it.
         #[serde(default)]
         wire_bytes: u64,
+    },
+    /// Entries of the workspace its worker left out of the mirror (a FIFO, a name that is not
+    /// UTF-8, ...), each named once; `more` were left out too but not named.
+    LeftOut {
+        worker: String,
+        entries: Vec<shared::manifest::LeftOut>,
+        #[serde(default)]
+        more: u64,
     },
     /// Labels a worker must have to take this task (placement, moves and failover).
     Placement {

@@ -170,6 +170,10 @@ pub struct SyncReport {
     pub blobs_sent: u64,
     pub wire_bytes: u64,
     pub hashed: u64,
+    /// Entries the worker left out of the mirror (bounded, names escaped), and how many more
+    /// it left out without naming them.
+    pub left_out: Vec<shared::manifest::LeftOut>,
+    pub left_out_more: u64,
 }
 
 /// Files a worker's watcher saw change in a workspace (a live hint, not a barrier).

@@ -323,7 +323,7 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                 p.decision = Some((*approved, by.clone(), reason.clone()));
             }
         }
-        Event::ToolOutput { .. } | Event::BudgetUpdate { .. } => {}
+        Event::ToolOutput { .. } | Event::BudgetUpdate { .. } | Event::LeftOut { .. } => {}
     }
 }
 
@@ -339,6 +339,15 @@ fn remember(st: &mut TaskState, call_id: u64) {
 
 /// A result in words, for failure reasons.
 pub fn describe(r: &super::event::ToolResult) -> String {
+    let how = describe_exit(r);
+    if r.limit.is_empty() {
+        how
+    } else {
+        format!("{how}; {}", r.limit)
+    }
+}
+
+fn describe_exit(r: &super::event::ToolResult) -> String {
     if !r.error.is_empty() {
         r.error.clone()
     } else if r.timed_out {

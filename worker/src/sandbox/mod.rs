@@ -1,17 +1,37 @@
 //! Confinement of every command the worker runs: Landlock (write only the workspace and the
 //! call's temp dir; read the system but not the worker's state dir nor the home directory's
 //! secrets), rlimits and `no_new_privs`, a new session, a cgroup with memory, pids and CPU
-//! limits, a fresh network namespace when the network is off, and an unprivileged user when
-//! the worker runs as root. [`Sandbox::probe`] finds out what this host can enforce and
-//! [`Report`] says so plainly (`worker doctor`, and the worker's hello).
+//! limits, a mount namespace of its own in which the workspace is at [`WORKSPACE_PATH`] and
+//! its temp dir at `/tmp` while the worker's state is hidden, a fresh network namespace when
+//! the network is off, and an unprivileged user when the worker runs as root.
+//! [`Sandbox::probe`] finds out what this host can enforce and [`Report`] says so plainly
+//! (`worker doctor`, and the worker's hello); [`Sandbox::check_workspaces`] proves that the
+//! command user can reach its workspace, and the worker refuses to start when it cannot.
+//! [`Guard::limit_hit`] says in words which limit ended a command.
 //!
-//! Long file: the probe, the per-command set-up and the pre-exec step must agree on every
-//! mechanism; cgroup v2 and the workspace mount will move each into a file of its own.
+//! Long file: `confine` builds every mechanism of one command into one pre-exec step, and the
+//! probe and the start-up check must agree with it; what stands alone (cgroups, mounts,
+//! rlimits, the guard, the report) is in files of its own.
+
+mod cgroup;
+mod guard;
+mod mount;
+mod report;
+mod rlimits;
+mod sys;
 
 use shared::locks::Lock;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+
+use cgroup::{CgroupV1, Leaves, empty_cgroup, oom_kills, pids_refused, probe_cgroup};
+pub use guard::Guard;
+use mount::{MountPlan, probe_mountns, untraversable_ancestor};
+pub use mount::{TMP_PATH, WORKSPACE_PATH};
+pub use report::{Mechanism, Report};
+use rlimits::Rlimits;
+use sys::{describe_errno, errno, in_child, kernel, write, write_pid};
 
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreated,
@@ -39,57 +59,24 @@ const HOME_SECRETS: &[&str] = &[
 /// still empty a file it may only read.
 const LANDLOCK_ABI: ABI = ABI::V3;
 
+/// Why the worker cannot hand out workspaces.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Workspace(String),
+}
+
+impl shared::exit::Classify for Error {
+    /// Running again will not fix it: the state dir or the host must change.
+    fn exit_code(&self) -> Option<shared::exit::ExitCode> {
+        Some(shared::exit::ExitCode::Config)
+    }
+}
+
 /// Defaults when the brain's policy gives none.
 pub const DEFAULT_MEMORY: u64 = 4 << 30;
 pub const DEFAULT_PIDS: u32 = 512;
 pub const DEFAULT_FILE_SIZE: u64 = 8 << 30;
-
-/// One mechanism's state on this host.
-#[derive(Debug, Clone)]
-pub struct Mechanism {
-    pub name: &'static str,
-    pub active: bool,
-    pub detail: String,
-}
-
-/// What this host enforces, and why not where it does not.
-#[derive(Debug, Clone, Default)]
-pub struct Report {
-    pub mechanisms: Vec<Mechanism>,
-}
-
-impl Report {
-    /// Names of the active mechanisms, for the hello.
-    pub fn active(&self) -> Vec<String> {
-        self.mechanisms
-            .iter()
-            .filter(|m| m.active)
-            .map(|m| m.name.to_string())
-            .collect()
-    }
-
-    /// The `worker doctor` text.
-    pub fn render(&self) -> String {
-        let mut s = String::new();
-        for m in &self.mechanisms {
-            s.push_str(&format!(
-                "{:<9} {:<8} {}\n",
-                m.name,
-                if m.active { "active" } else { "MISSING" },
-                m.detail
-            ));
-        }
-        s
-    }
-}
-
-/// Where the cgroup v1 controllers we use live, and our own place in each.
-#[derive(Debug, Clone)]
-struct CgroupV1 {
-    memory: PathBuf,
-    pids: PathBuf,
-    cpu: Option<PathBuf>,
-}
 
 /// The host's confinement mechanisms, probed once at start.
 #[derive(Debug, Clone)]
@@ -98,6 +85,8 @@ pub struct Sandbox {
     landlock: bool,
     cgroup: Option<CgroupV1>,
     netns: bool,
+    /// Each command gets a mount namespace with its workspace at [`WORKSPACE_PATH`].
+    mountns: bool,
     /// (uid, gid) to run commands as, when the worker is root.
     run_as: Option<(u32, u32)>,
     /// Paths commands may not read.
@@ -126,105 +115,6 @@ type RulesetCache = (std::time::Instant, std::sync::Arc<OwnedFd>);
 /// How long carved Landlock roots are reused. An entry created in a carved directory (such as
 /// the home directory itself) in that window is not readable by commands until it passes.
 const ROOTS_TTL: std::time::Duration = std::time::Duration::from_secs(2);
-/// Most idle cgroup leaves kept.
-const POOL_MAX: usize = 16;
-
-/// One call's cgroup leaves (memory, pids, and cpu where mounted).
-#[derive(Debug)]
-struct Leaves {
-    memory: PathBuf,
-    pids: PathBuf,
-    cpu: Option<PathBuf>,
-    /// Limits last written here (memory, pids, cpu quota), to skip rewriting equal values.
-    written: (u64, u32, i64),
-}
-
-impl Leaves {
-    fn all(&self) -> impl Iterator<Item = &PathBuf> {
-        [&self.memory, &self.pids]
-            .into_iter()
-            .chain(self.cpu.as_ref())
-    }
-}
-
-fn oom_kills(memory_leaf: &Path) -> u64 {
-    read(memory_leaf.join("memory.oom_control"))
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("oom_kill "))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-fn read(p: impl AsRef<Path>) -> Option<String> {
-    std::fs::read_to_string(p).ok()
-}
-
-/// Our cgroup v1 path for a controller, from /proc/self/cgroup.
-fn own_cgroup(controller: &str) -> Option<PathBuf> {
-    let text = read("/proc/self/cgroup")?;
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
-        if ctrls.split(',').any(|c| c == controller) {
-            let base = Path::new("/sys/fs/cgroup").join(controller);
-            return Some(base.join(path.trim_start_matches('/')));
-        }
-    }
-    None
-}
-
-fn probe_cgroup(report: &mut Report) -> Option<CgroupV1> {
-    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-        report.mechanisms.push(Mechanism {
-            name: "cgroup",
-            active: false,
-            detail: "cgroup v2 host: this worker build manages v1 controllers only; memory, pids and CPU are bounded by rlimits alone".into(),
-        });
-        return None;
-    }
-    let memory = own_cgroup("memory");
-    let pids = own_cgroup("pids");
-    match (memory, pids) {
-        (Some(memory), Some(pids)) => {
-            // Can we make a child cgroup? (Root, or a delegated subtree.)
-            let test = memory.join(format!("tether-probe-{}", std::process::id()));
-            match std::fs::create_dir(&test) {
-                Ok(()) => {
-                    let _ = std::fs::remove_dir(&test);
-                    let cpu = own_cgroup("cpu").filter(|c| c.join("cpu.cfs_quota_us").exists());
-                    report.mechanisms.push(Mechanism {
-                        name: "cgroup",
-                        active: true,
-                        detail: format!(
-                            "v1 memory and pids{} controllers under {}",
-                            if cpu.is_some() { ", cpu" } else { "" },
-                            memory.display()
-                        ),
-                    });
-                    Some(CgroupV1 { memory, pids, cpu })
-                }
-                Err(e) => {
-                    report.mechanisms.push(Mechanism {
-                        name: "cgroup",
-                        active: false,
-                        detail: format!("cannot create a cgroup under {} ({e}): run the worker as root or delegate a subtree", memory.display()),
-                    });
-                    None
-                }
-            }
-        }
-        _ => {
-            report.mechanisms.push(Mechanism {
-                name: "cgroup",
-                active: false,
-                detail: "no cgroup v1 memory and pids controllers are mounted".into(),
-            });
-            None
-        }
-    }
-}
 
 fn landlock_abi() -> Option<i64> {
     // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
@@ -238,12 +128,6 @@ fn landlock_abi() -> Option<i64> {
         )
     };
     (v > 0).then_some(v)
-}
-
-fn kernel() -> String {
-    read("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
 }
 
 impl Sandbox {
@@ -303,6 +187,7 @@ impl Sandbox {
             });
             false
         };
+        let mountns = probe_mountns(root, &mut report);
         let run_as = if root {
             let (uid, gid) = (65534u32, 65534u32);
             report.mechanisms.push(Mechanism {
@@ -335,6 +220,7 @@ impl Sandbox {
             landlock,
             cgroup,
             netns,
+            mountns,
             run_as,
             denied,
             state_dir: state_dir.to_path_buf(),
@@ -394,7 +280,7 @@ impl Sandbox {
     /// No confinement at all (`--no-sandbox`): commands run like any child of the worker.
     /// The hello then names no mechanism, so a brain that requires one refuses this worker.
     pub fn disabled(state_dir: &Path) -> Self {
-        let names = ["landlock", "rlimits", "cgroup", "netns", "user"];
+        let names = ["landlock", "rlimits", "cgroup", "mountns", "netns", "user"];
         Self {
             report: Report {
                 mechanisms: names
@@ -409,6 +295,7 @@ impl Sandbox {
             landlock: false,
             cgroup: None,
             netns: false,
+            mountns: false,
             run_as: None,
             denied: Vec::new(),
             state_dir: state_dir.to_path_buf(),
@@ -486,12 +373,168 @@ impl Sandbox {
         }
     }
 
+    /// Whether commands get a mount namespace with their workspace at [`WORKSPACE_PATH`].
+    pub fn mountns(&self) -> bool {
+        self.mountns
+    }
+
+    /// Makes the mount point [`WORKSPACE_PATH`] when it is missing (an empty directory owned
+    /// by root; nothing is ever written in it on the host). Without it, no mount namespaces.
+    pub fn prepare(&mut self) {
+        if !self.mountns || Path::new(WORKSPACE_PATH).is_dir() {
+            return;
+        }
+        use std::os::unix::fs::DirBuilderExt;
+        if let Err(e) = std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(WORKSPACE_PATH)
+        {
+            self.mountns = false;
+            if let Some(m) = self
+                .report
+                .mechanisms
+                .iter_mut()
+                .find(|m| m.name == "mountns")
+            {
+                m.active = false;
+                m.detail = format!("cannot create the mount point {WORKSPACE_PATH}: {e}");
+            }
+        }
+    }
+
+    /// Proves that the command user can reach a workspace under `workspaces` (and its temp
+    /// dir) as commands will see it: a child sets itself up as a command would (mount
+    /// namespace, user) and checks it can enter, read and write there. `Ok` says where
+    /// commands see their workspace; `Err` says what keeps them out and how to fix it.
+    pub fn check_workspaces(&self, workspaces: &Path) -> Result<String, Error> {
+        let name = format!(".check-{}", std::process::id());
+        let ws = workspaces.join(&name);
+        let tmp = self.state_dir.join("tmp").join(&name);
+        let made = [&ws, &tmp].iter().try_for_each(|d| {
+            std::fs::create_dir_all(d)
+                .map_err(|e| Error::Workspace(format!("cannot create {}: {e}", d.display())))
+        });
+        let r = made.and_then(|()| {
+            self.hand_over(&ws);
+            self.hand_over(&tmp);
+            self.check_reach(&ws, &tmp)
+        });
+        let _ = std::fs::remove_dir(&ws);
+        let _ = std::fs::remove_dir(&tmp);
+        r
+    }
+
+    fn check_reach(&self, ws: &Path, tmp: &Path) -> Result<String, Error> {
+        let who = match self.run_as {
+            Some((uid, _)) => format!("uid {uid} (nobody)"),
+            None => "the worker's own user".to_string(),
+        };
+        let plan = if self.mountns {
+            Some(
+                MountPlan::new(ws, tmp, &self.state_dir, Path::new(""))
+                    .map_err(Error::Workspace)?,
+            )
+        } else {
+            None
+        };
+        let c = |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).unwrap_or_default();
+        let (seen_ws, seen_tmp) = match &plan {
+            Some(_) => (c(Path::new(WORKSPACE_PATH)), c(Path::new(TMP_PATH))),
+            None => (c(ws), c(tmp)),
+        };
+        let run_as = self.run_as;
+        // Step by step, each in a child of its own, so a failure says which step and why:
+        // 1 the mount namespace, 2 the user, 3 the workspace, 4 its temp dir.
+        let upto = |steps: u8| {
+            in_child(&|| {
+                // SAFETY: plain syscalls on values prepared above.
+                unsafe {
+                    if let Some(p) = &plan
+                        && (libc::unshare(libc::CLONE_NEWNS) != 0 || p.enter().is_err())
+                    {
+                        return Err(errno());
+                    }
+                    if steps < 2 {
+                        return Ok(());
+                    }
+                    if let Some((uid, gid)) = run_as
+                        && (libc::setgroups(0, std::ptr::null()) != 0
+                            || libc::setgid(gid) != 0
+                            || libc::setuid(uid) != 0)
+                    {
+                        return Err(errno());
+                    }
+                    let all = libc::R_OK | libc::W_OK | libc::X_OK;
+                    if steps >= 3 && libc::access(seen_ws.as_ptr(), all) != 0 {
+                        return Err(errno());
+                    }
+                    if steps >= 4 && libc::access(seen_tmp.as_ptr(), all) != 0 {
+                        return Err(errno());
+                    }
+                }
+                Ok(())
+            })
+        };
+        let r = (1..=4u8).try_for_each(|n| upto(n).map_err(|e| (n, e)));
+        let seen = if plan.is_some() {
+            PathBuf::from(WORKSPACE_PATH)
+        } else {
+            ws.parent().unwrap_or(ws).join("<name>")
+        };
+        match r {
+            Ok(()) => Ok(format!(
+                "commands run as {who} and reach their workspace at {}",
+                seen.display()
+            )),
+            Err((1, e)) => Err(Error::Workspace(format!(
+                "cannot set up a command's mount namespace for a workspace under {} ({}); see `worker doctor`",
+                ws.parent().unwrap_or(ws).display(),
+                describe_errno(e)
+            ))),
+            Err((2, e)) => Err(Error::Workspace(format!(
+                "cannot switch to {who} to run commands ({})",
+                describe_errno(e)
+            ))),
+            Err((step, _)) => {
+                let (blocked, what) = match (plan.is_some(), step) {
+                    (true, 3) => (PathBuf::from(WORKSPACE_PATH), "their workspace"),
+                    (true, _) => (PathBuf::from(TMP_PATH), "their temp dir"),
+                    (false, 3) => (ws.to_path_buf(), "their workspace"),
+                    (false, _) => (tmp.to_path_buf(), "their temp dir"),
+                };
+                let why = match self
+                    .run_as
+                    .and_then(|u| untraversable_ancestor(&blocked, u))
+                {
+                    Some((dir, mode)) => format!(
+                        "{} (mode {mode:04o}) is not traversable by them",
+                        dir.display()
+                    ),
+                    None => "access is denied".to_string(),
+                };
+                let state = self.state_dir.display();
+                Err(Error::Workspace(format!(
+                    "commands run as {who} cannot reach {what} under {}: {why}, and {}. Start the worker with a state dir whose every parent others may traverse (for example --state /var/lib/tether-worker, or TETHER_WORKER_STATE), move {state} there, or make the parents traversable (chmod o+x)",
+                    blocked.parent().unwrap_or(&blocked).display(),
+                    if self.mountns {
+                        "the mount namespace did not help".to_string()
+                    } else {
+                        format!(
+                            "no mount namespace can show it at {WORKSPACE_PATH} here (see `worker doctor`)"
+                        )
+                    }
+                )))
+            }
+        }
+    }
+
     /// Sets a command up to run confined. The returned guard owns the call's cgroup and temp
     /// dir; keep it until the command and everything it started are gone.
     pub fn confine(
         &self,
         call_id: u64,
         workspace: &Path,
+        cwd: &Path,
         limits: &proto::Limits,
         cmd: &mut tokio::process::Command,
     ) -> Result<Guard, String> {
@@ -515,12 +558,36 @@ impl Sandbox {
             self.hand_over(&tmp);
         }
         let _ = call_id;
-        cmd.env("TMPDIR", &tmp);
+        let plan = if self.mountns {
+            let canon = workspace
+                .canonicalize()
+                .unwrap_or_else(|_| workspace.to_path_buf());
+            let rel = cwd.strip_prefix(&canon).unwrap_or(Path::new(""));
+            Some(MountPlan::new(workspace, &tmp, &self.state_dir, rel)?)
+        } else {
+            None
+        };
+        let seen_tmp: &Path = if plan.is_some() {
+            Path::new(TMP_PATH)
+        } else {
+            &tmp
+        };
+        cmd.env("TMPDIR", seen_tmp);
+        if self.run_as.is_some() {
+            // The worker's home is not the command user's: give it one it can write.
+            cmd.env("HOME", seen_tmp)
+                .env("USER", "nobody")
+                .env("LOGNAME", "nobody");
+        }
         let mut guard = Guard {
             tmp: None,
             leaves: None,
             oom_before: 0,
+            pids_before: 0,
             memory_limit: 0,
+            pids_limit: 0,
+            file_size: 0,
+            cpu_seconds: 0,
             pool: self.pool.clone(),
         };
         let memory = if limits.memory_bytes == 0 {
@@ -578,7 +645,9 @@ impl Sandbox {
                 procs.push(f.into());
             }
             guard.oom_before = oom_kills(&leaves.memory);
+            guard.pids_before = pids_refused(&leaves.pids);
             guard.memory_limit = memory;
+            guard.pids_limit = pids;
             guard.leaves = Some(leaves);
         }
         let ruleset = if self.landlock {
@@ -611,7 +680,11 @@ impl Sandbox {
                 None
             },
         };
+        guard.file_size = rl.file_size;
+        guard.cpu_seconds = rl.cpu.unwrap_or(0);
         let netns = limits.network_off;
+        let unshare = if netns { libc::CLONE_NEWNET } else { 0 }
+            | if plan.is_some() { libc::CLONE_NEWNS } else { 0 };
         let run_as = self.run_as;
         // SAFETY: the closure runs in the child between fork and exec. It makes plain
         // syscalls on values prepared above (no locks held by other threads are taken: the
@@ -625,8 +698,16 @@ impl Sandbox {
                     write_pid(fd.as_raw_fd())?;
                 }
                 rl.apply()?;
-                if netns && libc::unshare(libc::CLONE_NEWNET) != 0 {
+                // A write past the file size limit fails with EFBIG ("File too large", which
+                // the program reports) instead of killing the program silently, as Python
+                // does for itself; the ignored disposition is kept across exec.
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                if unshare != 0 && libc::unshare(unshare) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // Mounts first: a Landlock-restricted process may not mount.
+                if let Some(p) = &plan {
+                    p.enter()?;
                 }
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
@@ -735,143 +816,6 @@ fn carve(dir: &Path, denied: &[PathBuf], out: &mut Vec<PathBuf>) {
     }
 }
 
-fn write(path: &Path, value: &str) -> Result<(), String> {
-    std::fs::write(path, value)
-        .map_err(|e| format!("cannot write {value} to {}: {e}", path.display()))
-}
-
-/// Writes the calling process's pid to `fd` without allocating (child side of fork).
-fn write_pid(fd: i32) -> std::io::Result<()> {
-    // SAFETY: getpid has no preconditions.
-    let mut n = unsafe { libc::getpid() } as u64;
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // SAFETY: writing our own stack buffer to an open fd.
-    let r = unsafe { libc::write(fd, buf[i..].as_ptr().cast(), buf.len() - i) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-#[derive(Clone, Copy)]
-struct Rlimits {
-    cpu: Option<u64>,
-    address_space: Option<u64>,
-    file_size: u64,
-    nproc: Option<u64>,
-}
-
-impl Rlimits {
-    fn apply(&self) -> std::io::Result<()> {
-        let set = |res, v: u64| {
-            let lim = libc::rlimit {
-                rlim_cur: v,
-                rlim_max: v,
-            };
-            // SAFETY: plain syscall with a valid struct.
-            if unsafe { libc::setrlimit(res, &lim) } != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        };
-        if let Some(v) = self.cpu {
-            set(libc::RLIMIT_CPU, v)?;
-        }
-        if let Some(v) = self.address_space {
-            set(libc::RLIMIT_AS, v)?;
-        }
-        set(libc::RLIMIT_FSIZE, self.file_size)?;
-        if let Some(v) = self.nproc {
-            set(libc::RLIMIT_NPROC, v)?;
-        }
-        Ok(())
-    }
-}
-
-/// SIGKILLs everything in a cgroup until it is empty (new processes may appear while we
-/// kill). Returns whether it emptied within about 100 ms.
-fn empty_cgroup(leaf: &Path) -> bool {
-    for _ in 0..50 {
-        let pids: Vec<i32> = read(leaf.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
-        if pids.is_empty() {
-            return true;
-        }
-        for p in pids {
-            // SAFETY: plain syscall.
-            unsafe {
-                libc::kill(p, libc::SIGKILL);
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    false
-}
-
-/// A confined call's cgroup and temp dir.
-pub struct Guard {
-    tmp: Option<PathBuf>,
-    leaves: Option<Leaves>,
-    /// The memory leaf's OOM-kill count before the call (leaves are reused).
-    oom_before: u64,
-    memory_limit: u64,
-    pool: std::sync::Arc<std::sync::Mutex<Vec<Leaves>>>,
-}
-
-impl Guard {
-    /// Kills every process in the call's cgroup (catches children that left the session).
-    /// Returns whether the cgroup is empty now.
-    pub fn kill_all(&self) -> bool {
-        let Some(leaves) = &self.leaves else {
-            return true;
-        };
-        for leaf in leaves.all() {
-            if !empty_cgroup(leaf) {
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Whether the kernel's OOM killer acted in this call's memory cgroup, with the limit.
-    pub fn oom_killed(&self) -> Option<u64> {
-        let leaves = self.leaves.as_ref()?;
-        (oom_kills(&leaves.memory) > self.oom_before).then_some(self.memory_limit)
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let empty = self.kill_all();
-        if let Some(leaves) = self.leaves.take() {
-            let mut pool = self.pool.locked();
-            if empty && pool.len() < POOL_MAX {
-                pool.push(leaves);
-            } else {
-                drop(pool);
-                for leaf in leaves.all() {
-                    let _ = std::fs::remove_dir(leaf);
-                }
-            }
-        }
-        if let Some(t) = self.tmp.take() {
-            let _ = std::fs::remove_dir_all(t);
-        }
-    }
-}
-
 impl Drop for Sandbox {
     fn drop(&mut self) {
         // Only the last clone tidies up the idle leaves.
@@ -905,11 +849,40 @@ mod tests {
     }
 
     #[test]
+    fn the_parent_that_keeps_nobody_out_is_named_with_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().canonicalize().unwrap();
+        let open = root.join("open/ws");
+        let shut = root.join("shut/deeper/ws");
+        std::fs::create_dir_all(&open).unwrap();
+        std::fs::create_dir_all(&shut).unwrap();
+        for p in [&root, &root.join("open"), &open] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o711)).unwrap();
+        }
+        std::fs::set_permissions(root.join("shut"), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        let nobody = (65534, 65534);
+        if let Some((dir, mode)) = untraversable_ancestor(&root, nobody) {
+            eprintln!(
+                "skipped the_parent_that_keeps_nobody_out_is_named_with_its_mode: the temp dir's own parent {} (mode {mode:o}) keeps others out on this host",
+                dir.display()
+            );
+            return;
+        }
+        assert_eq!(untraversable_ancestor(&open, nobody), None);
+        assert_eq!(
+            untraversable_ancestor(&shut, nobody),
+            Some((root.join("shut"), 0o700))
+        );
+    }
+
+    #[test]
     fn probe_reports_every_mechanism() {
         let d = tempfile::tempdir().unwrap();
         let s = Sandbox::probe(d.path(), &[]);
         let names: Vec<&str> = s.report.mechanisms.iter().map(|m| m.name).collect();
-        for n in ["landlock", "rlimits", "cgroup", "netns", "user"] {
+        for n in ["landlock", "rlimits", "cgroup", "mountns", "netns", "user"] {
             assert!(names.contains(&n), "{names:?}");
         }
         assert!(s.report.render().lines().count() >= 5);

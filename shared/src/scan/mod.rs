@@ -8,10 +8,21 @@
 //! or inode changed, or when their mtime is too close to the previous scan to trust (the
 //! "racy" case: a same-size rewrite within one timestamp tick looks unchanged; git re-hashes
 //! those too).
+//!
+//! A scan never fails because of one entry in the tree: what the receiving side would refuse
+//! or cannot hold — a name that is not UTF-8 or has a control character, a FIFO, socket or
+//! device, a file over the size limit, an entry that cannot be read, a file that keeps
+//! changing while it is hashed (tried [`READ_TRIES`] times) — is left out and listed in
+//! [`Scanner::left_out`] with the reason. An entry that vanishes during the scan is simply
+//! gone. Symlinks are read, never followed.
+//!
+//! Long file: the full walk and the partial scan apply the same rules (ignores, left-out
+//! entries, git-index hashing) through private helpers they share; the tests are in `tests.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::FileType;
-use std::os::unix::fs::{DirEntryExt, MetadataExt, PermissionsExt};
+use std::io::Read;
+use std::os::unix::fs::{DirEntryExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -19,7 +30,7 @@ use std::time::{Duration, SystemTime};
 use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
-use crate::manifest::{Entry, Error, Kind, Manifest, Rules, hash_file, io, rejected};
+use crate::manifest::{Entry, Error, Kind, Manifest, Rules, io};
 
 /// What a scan remembers of a file to skip re-hashing it: size, mtime and inode, as git's
 /// index does.
@@ -33,6 +44,9 @@ struct Stamp {
 /// How close to the previous scan an mtime must be to be re-hashed anyway: a few ticks of
 /// the kernel's coarse clock, which file timestamps come from.
 const RACY: Duration = Duration::from_millis(100);
+
+/// How many times a file that changes while it is hashed is read again before it is left out.
+pub const READ_TRIES: usize = 3;
 
 /// Names of the files whose patterns decide what is ignored, in order of precedence (last
 /// wins).
@@ -60,6 +74,9 @@ pub struct Scanner {
     recording: bool,
     /// The root hash [`Scanner::mark`] was given, and the scan it was for.
     mark: Option<(String, u64)>,
+    /// Entries left out of the manifest as of the last scan, by the path they are shown as
+    /// (not-UTF-8 bytes as `\xNN`), with why.
+    left_out: BTreeMap<String, String>,
     /// Counts scans.
     generation: u64,
     last_scan: Option<SystemTime>,
@@ -71,6 +88,122 @@ pub struct Scanner {
     pub listed: u64,
     /// Whether the last scan walked the whole tree.
     pub was_full: bool,
+}
+
+/// A stamp from a file's metadata.
+fn stamp_of(meta: &std::fs::Metadata) -> Stamp {
+    Stamp {
+        size: meta.len(),
+        mtime_ns: mtime_ns(meta),
+        ino: meta.ino(),
+    }
+}
+
+fn file_entry(meta: &std::fs::Metadata, hash: String) -> Entry {
+    Entry {
+        kind: Kind::File,
+        exec: meta.permissions().mode() & 0o100 != 0,
+        size: meta.len(),
+        hash,
+        target: String::new(),
+    }
+}
+
+/// What a special file is, for the reason it is left out (`None` for files, directories and
+/// symlinks).
+fn special(ft: FileType) -> Option<&'static str> {
+    if ft.is_fifo() {
+        Some("a FIFO (named pipe): special files are not part of a workspace")
+    } else if ft.is_socket() {
+        Some("a socket: special files are not part of a workspace")
+    } else if ft.is_block_device() || ft.is_char_device() {
+        Some("a device: special files are not part of a workspace")
+    } else {
+        None
+    }
+}
+
+fn over_limit(size: u64, max: u64) -> String {
+    format!(
+        "{} is over the {} file size limit of the workspace mirror",
+        crate::human_bytes(size),
+        crate::human_bytes(max)
+    )
+}
+
+/// BLAKE3 of the regular file at `path`, read without following a symlink, and its metadata
+/// from the open file; `None` if it changed while it was read (size, mtime or inode) or is
+/// no longer a regular file.
+fn hash_stable(path: &Path) -> std::io::Result<Option<(String, std::fs::Metadata)>> {
+    let mut f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        // Replaced by a symlink since it was looked at.
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let before = f.metadata()?;
+    if !before.is_file() {
+        return Ok(None);
+    }
+    let mut h = blake3::Hasher::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    let after = f.metadata()?;
+    if stamp_of(&before) != stamp_of(&after) {
+        return Ok(None);
+    }
+    Ok(Some((h.finalize().to_hex().to_string(), after)))
+}
+
+/// Why an entry named `name` in `dir` cannot cross the wire (the checks of
+/// [`crate::manifest::check_path`], for one more component of a path that passed them).
+pub(crate) fn name_problem(dir: &str, name: &std::ffi::OsStr) -> Option<String> {
+    let Some(name) = name.to_str() else {
+        return Some("its name is not UTF-8".into());
+    };
+    if name.chars().any(char::is_control) {
+        return Some("its name has a control character".into());
+    }
+    if name.len() > 255 {
+        return Some("its name is longer than 255 bytes".into());
+    }
+    if dir.is_empty() && name.starts_with('\\') {
+        return Some(
+            "its name starts with a backslash, which the wire takes for an absolute path".into(),
+        );
+    }
+    if dir.len() + 1 + name.len() > crate::paths::MAX_PATH_BYTES {
+        return Some("its path is longer than 4096 bytes".into());
+    }
+    None
+}
+
+/// A name for people: bytes that are not UTF-8 as `\xNN`, control characters escaped.
+pub fn shown(name: &std::ffi::OsStr) -> String {
+    let mut out = String::new();
+    for chunk in name.as_encoded_bytes().utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c.is_control() {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
 }
 
 /// A directory's included entries: name → (file type, inode).
@@ -105,6 +238,7 @@ impl Scanner {
             touched: None,
             recording: false,
             mark: None,
+            left_out: BTreeMap::new(),
             generation: 0,
             last_scan: None,
             hashed: 0,
@@ -191,9 +325,15 @@ impl Scanner {
         self.last.as_ref()
     }
 
-    /// The manifest of the directory as it is now, from a full walk. Special files (FIFOs,
-    /// sockets, devices) are left out; a file over the size limit or too many entries is an
-    /// error.
+    /// What the last scan left out of the manifest (see the module's documentation): shown
+    /// path → reason.
+    pub fn left_out(&self) -> &BTreeMap<String, String> {
+        &self.left_out
+    }
+
+    /// The manifest of the directory as it is now, from a full walk. What cannot be part of
+    /// it is left out ([`Scanner::left_out`]); too many entries, or a root that cannot be
+    /// listed, is an error.
     pub fn scan(&mut self) -> Result<Manifest, Error> {
         self.scan_full(&mut |_| {}).cloned()
     }
@@ -207,6 +347,7 @@ impl Scanner {
         self.was_full = true;
         self.ignores.clear();
         self.dirs.clear();
+        self.left_out.clear();
         self.exclude_stamp = self.exclude_file_stamp();
         let mut m = Manifest::default();
         let root_ino = std::fs::symlink_metadata(&self.root)
@@ -304,6 +445,8 @@ impl Scanner {
 
     /// Removes `rel` and everything under it, noting each.
     fn remove(&mut self, m: &mut Manifest, rel: &str) {
+        // What was left out under it goes with it (`rel` itself is its directory's business).
+        self.forget_left_out(rel, true);
         if self.recording && (m.entries.contains_key(rel) || m.under(rel).next().is_some()) {
             let gone: Vec<String> = std::iter::once(rel)
                 .chain(m.under(rel))
@@ -376,64 +519,148 @@ impl Scanner {
         }
     }
 
-    /// The entry for a file or symlink at `rel`, hashing only when the stamp says so.
+    /// Records that `rel` is left out, and why.
+    fn leave_out(&mut self, rel: &str, why: impl Into<String>) {
+        let why = why.into();
+        tracing::debug!(path = rel, reason = %why, "left out of the workspace manifest");
+        self.left_out.insert(rel.to_string(), why);
+    }
+
+    /// Forgets the left-out entries directly in `dir`, or (`deep`) anywhere under it.
+    fn forget_left_out(&mut self, dir: &str, deep: bool) {
+        if self.left_out.is_empty() {
+            return;
+        }
+        let prefix = if dir.is_empty() {
+            String::new()
+        } else {
+            format!("{dir}/")
+        };
+        let gone: Vec<String> = self
+            .left_out
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix.as_str()),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .filter(|(k, _)| deep || !k[prefix.len()..].contains('/'))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            self.left_out.remove(&k);
+        }
+    }
+
+    /// The entry for a file or symlink at `rel`, hashing only when the stamp says so. `None`
+    /// when it vanished or is left out.
     fn leaf(
         &mut self,
         rel: &str,
-        ft: FileType,
+        _ft: FileType,
         before: &HashMap<String, (Stamp, String, bool)>,
     ) -> Result<Option<Entry>, Error> {
         let path = self.root.join(rel);
-        if ft.is_symlink() {
-            let t = std::fs::read_link(&path).map_err(|e| io(rel, e))?;
-            return Ok(Some(Entry::symlink(&t.to_string_lossy())));
-        }
-        if !ft.is_file() {
-            return Ok(None); // FIFOs, sockets, devices are not part of a workspace
-        }
-        let meta = std::fs::symlink_metadata(&path).map_err(|e| io(rel, e))?;
-        if !meta.is_file() {
-            return Ok(None);
-        }
-        if meta.len() > self.rules.max_file_bytes {
-            return Err(rejected(
-                rel,
-                format!(
-                    "{} bytes is over the {}-byte file limit; exclude it or raise the limit",
-                    meta.len(),
-                    self.rules.max_file_bytes
-                ),
-            ));
-        }
-        let stamp = Stamp {
-            size: meta.len(),
-            mtime_ns: mtime_ns(&meta),
-            ino: meta.ino(),
-        };
-        let racy_after = self.last_scan.map(|t| t - RACY);
-        let racy = racy_after.is_none_or(|t| meta.modified().map_or(true, |m| m >= t));
-        let known = self.cache.get(rel).or_else(|| before.get(rel));
-        let hash = match known {
-            Some((s, h, primed)) if *s == stamp && (!racy || *primed) => h.clone(),
-            _ => {
-                let h = hash_file(&path, rel)?;
-                self.hashed += 1;
-                self.hashed_bytes += meta.len();
-                h
+        for _ in 0..READ_TRIES {
+            // What it is now (it may have changed since it was listed).
+            let meta = match std::fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => {
+                    self.leave_out(rel, format!("cannot be read: {e}"));
+                    return Ok(None);
+                }
+            };
+            let ft = meta.file_type();
+            if ft.is_symlink() {
+                return Ok(self.symlink(rel, &path));
             }
-        };
-        self.cache
-            .insert(rel.to_string(), (stamp, hash.clone(), false));
-        Ok(Some(Entry {
-            kind: Kind::File,
-            exec: meta.permissions().mode() & 0o100 != 0,
-            size: meta.len(),
-            hash,
-            target: String::new(),
-        }))
+            if !ft.is_file() {
+                if let Some(what) = special(ft) {
+                    self.leave_out(rel, what);
+                }
+                return Ok(None);
+            }
+            if meta.len() > self.rules.max_file_bytes {
+                self.leave_out(rel, over_limit(meta.len(), self.rules.max_file_bytes));
+                return Ok(None);
+            }
+            let stamp = stamp_of(&meta);
+            let racy_after = self.last_scan.map(|t| t - RACY);
+            let racy = racy_after.is_none_or(|t| meta.modified().map_or(true, |m| m >= t));
+            let known = self.cache.get(rel).or_else(|| before.get(rel));
+            if let Some((s, h, primed)) = known
+                && *s == stamp
+                && (!racy || *primed)
+            {
+                let h = h.clone();
+                self.cache
+                    .insert(rel.to_string(), (stamp, h.clone(), false));
+                return Ok(Some(file_entry(&meta, h)));
+            }
+            match hash_stable(&path) {
+                Ok(Some((h, meta))) => {
+                    self.hashed += 1;
+                    self.hashed_bytes += meta.len();
+                    if meta.len() > self.rules.max_file_bytes {
+                        self.leave_out(rel, over_limit(meta.len(), self.rules.max_file_bytes));
+                        return Ok(None);
+                    }
+                    self.cache
+                        .insert(rel.to_string(), (stamp_of(&meta), h.clone(), false));
+                    return Ok(Some(file_entry(&meta, h)));
+                }
+                // Changed while it was read, or replaced: look again.
+                Ok(None) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => {
+                    self.leave_out(rel, format!("cannot be read: {e}"));
+                    return Ok(None);
+                }
+            }
+        }
+        self.leave_out(
+            rel,
+            format!(
+                "it kept changing while it was read ({READ_TRIES} tries); the next sync tries again"
+            ),
+        );
+        Ok(None)
     }
 
-    /// The included entries directly in `dir` (`None` if it is gone).
+    /// A symlink's entry: its target as it is, never followed. Left out when the target is
+    /// not UTF-8 or too long to cross the wire.
+    fn symlink(&mut self, rel: &str, path: &Path) -> Option<Entry> {
+        let t = match std::fs::read_link(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                self.leave_out(rel, format!("cannot be read: {e}"));
+                return None;
+            }
+        };
+        match t.to_str() {
+            Some(t) if !t.is_empty() && t.len() <= crate::paths::MAX_PATH_BYTES => {
+                Some(Entry::symlink(t))
+            }
+            Some(_) => {
+                self.leave_out(rel, "a symlink whose target is over 4096 bytes");
+                None
+            }
+            None => {
+                self.leave_out(
+                    rel,
+                    format!(
+                        "a symlink whose target {} is not UTF-8",
+                        shown(t.as_os_str())
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// The included entries directly in `dir` (`None` if it is gone, or cannot be listed:
+    /// then it is left out).
     fn list(&mut self, dir: &str) -> Result<Option<Listing>, Error> {
         let rd = match std::fs::read_dir(self.root.join(dir)) {
             Ok(rd) => rd,
@@ -444,18 +671,42 @@ impl Scanner {
             {
                 return Ok(None);
             }
+            Err(e) if !dir.is_empty() => {
+                self.leave_out(dir, format!("a directory that cannot be listed: {e}"));
+                return Ok(None);
+            }
             Err(e) => return Err(io(dir, e)),
         };
         self.listed += 1;
         let mut out = BTreeMap::new();
         for d in rd {
-            let d = d.map_err(|e| io(dir, e))?;
-            let ft = d.file_type().map_err(|e| io(dir, e))?;
-            let name = d.file_name().to_string_lossy().into_owned();
-            let rel = join(dir, &name);
-            if !self.skipped(&rel, &name, ft.is_dir()) {
-                out.insert(name, (ft, d.ino()));
+            let d = match d {
+                Ok(d) => d,
+                Err(e) if !dir.is_empty() => {
+                    self.leave_out(dir, format!("a directory that cannot be listed: {e}"));
+                    return Ok(None);
+                }
+                Err(e) => return Err(io(dir, e)),
+            };
+            let os_name = d.file_name();
+            let Ok(ft) = d.file_type() else {
+                continue; // vanished
+            };
+            let lossy = os_name.to_string_lossy();
+            let rel = join(dir, &lossy);
+            if self.skipped(&rel, &lossy, ft.is_dir()) {
+                continue;
             }
+            if let Some(why) = name_problem(dir, &os_name) {
+                let shown = join(dir, &shown(&os_name));
+                self.leave_out(&shown, why);
+                continue;
+            }
+            if let Some(what) = special(ft) {
+                self.leave_out(&rel, what);
+                continue;
+            }
+            out.insert(lossy.into_owned(), (ft, d.ino()));
         }
         Ok(Some(out))
     }
@@ -473,6 +724,11 @@ impl Scanner {
             self.ignores.remove(&d);
             on_dir(&self.root.join(&d));
             let Some(children) = self.list(&d)? else {
+                // Gone, or left out: not an (empty) directory of the workspace.
+                if !d.is_empty() {
+                    m.entries.remove(&d);
+                    self.dirs.remove(&d);
+                }
                 continue;
             };
             for (name, (ft, ino)) in children {
@@ -510,7 +766,12 @@ impl Scanner {
         if !dir.is_empty() && m.entries.get(dir).map(|e| e.kind) != Some(Kind::Dir) {
             return Ok(()); // not part of the workspace (gone, ignored, or under such)
         }
+        self.forget_left_out(dir, false);
         let Some(now) = self.list(dir)? else {
+            // Gone, or left out (then `list` said why).
+            if !dir.is_empty() {
+                self.remove(m, dir);
+            }
             return Ok(());
         };
         let prefix = if dir.is_empty() {
@@ -569,177 +830,4 @@ impl Scanner {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn write(root: &Path, p: &str, s: &str) {
-        let p = root.join(p);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, s).unwrap();
-    }
-
-    /// A small deterministic generator, so a failing sequence can be replayed by its seed.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-    }
-
-    /// What an ideal watcher would report for one operation: every path it touched.
-    fn op(root: &Path, r: &mut Rng, step: usize) -> Vec<String> {
-        let dirs = ["", "a", "a/b", "c", "target", "ign", "a/b/deep"];
-        let d = dirs[r.next(dirs.len() as u64) as usize];
-        let f = join(d, &format!("f{}", r.next(6)));
-        let abs = root.join(&f);
-        // A watcher also reports the directories an operation creates.
-        let mut out: Vec<String> =
-            std::iter::successors(Some(d), |p| (!p.is_empty()).then(|| parent(p)))
-                .map(String::from)
-                .collect();
-        out.extend(match r.next(10) {
-            0..=3 => {
-                std::fs::create_dir_all(abs.parent().unwrap()).unwrap();
-                if abs.is_dir() {
-                    std::fs::remove_dir_all(&abs).unwrap();
-                }
-                std::fs::write(&abs, format!("{step}")).unwrap();
-                vec![f]
-            }
-            4 => {
-                let _ = std::fs::remove_file(&abs);
-                vec![f]
-            }
-            5 => {
-                // Replace a directory by another with different content, under the same name.
-                let tmp = root.join("tmp-new");
-                write(&tmp, "x/y", &format!("{step}"));
-                let dst = root.join(d).join("sub");
-                let _ = std::fs::remove_dir_all(&dst);
-                std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
-                std::fs::rename(&tmp, &dst).unwrap();
-                vec![join(d, "sub"), "tmp-new".into()]
-            }
-            6 => {
-                let src = root.join(d).join("sub");
-                let dst = root.join(format!("moved{}", r.next(3)));
-                if src.is_dir() && !dst.exists() {
-                    std::fs::rename(&src, &dst).unwrap();
-                }
-                vec![
-                    join(d, "sub"),
-                    dst.file_name().unwrap().to_str().unwrap().into(),
-                ]
-            }
-            7 => {
-                let _ = std::fs::remove_dir_all(root.join(d).join("sub"));
-                vec![join(d, "sub")]
-            }
-            8 => {
-                let rules = ["*.log\n", "f1\n", "!f1\n", "sub/\n"];
-                let p = join(d, ".gitignore");
-                std::fs::create_dir_all(root.join(d)).unwrap();
-                std::fs::write(root.join(&p), rules[r.next(4) as usize]).unwrap();
-                vec![p]
-            }
-            _ => {
-                let p = join(d, "s.log");
-                std::fs::create_dir_all(root.join(d)).unwrap();
-                let _ = std::fs::remove_file(root.join(&p));
-                std::os::unix::fs::symlink("f1", root.join(&p)).unwrap();
-                vec![p]
-            }
-        });
-        out
-    }
-
-    #[test]
-    fn scans_of_only_the_changed_paths_agree_with_full_walks() {
-        for seed in 1..=40u64 {
-            let d = tempfile::tempdir().unwrap();
-            let root = d.path();
-            write(root, ".gitignore", "ign/\n*.tmp\n");
-            write(root, "a/b/keep.rs", "x");
-            write(root, "target/out", "built");
-            let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let mut inc = Scanner::new(root, Rules::default());
-            let mut marked = inc.scan().unwrap();
-            inc.mark(inc.generation(), &marked.root_hash());
-            for step in 0..30 {
-                let mut changed = BTreeSet::new();
-                for _ in 0..=r.next(3) {
-                    changed.extend(op(root, &mut r, step));
-                }
-                let got = inc.scan_changes(&changed, &mut |_| {}).unwrap().clone();
-                let want = Scanner::new(root, Rules::default()).scan().unwrap();
-                assert!(
-                    got == want,
-                    "seed {seed} step {step}: a scan of {changed:?} disagrees with a full walk: {:?}",
-                    got.diff(&want)
-                );
-                // The changes since the mark turn the marked manifest into this one; the
-                // mark moves only every other step, so changes pile up in between.
-                let d = inc.changes_since_mark().expect("known since the mark");
-                assert_eq!(
-                    marked.apply(&d, &Rules::default()).unwrap(),
-                    want,
-                    "seed {seed} step {step}"
-                );
-                if step % 2 == 0 {
-                    inc.mark(inc.generation(), &want.root_hash());
-                    marked = want;
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_partial_scan_lists_only_the_changed_directories() {
-        let d = tempfile::tempdir().unwrap();
-        let old = SystemTime::now() - Duration::from_secs(60);
-        for i in 0..50 {
-            write(d.path(), &format!("d{i}/f"), "x");
-            let f = std::fs::File::options()
-                .write(true)
-                .open(d.path().join(format!("d{i}/f")));
-            f.unwrap().set_modified(old).unwrap();
-        }
-        let mut s = Scanner::new(d.path(), Rules::default());
-        s.scan().unwrap();
-        assert_eq!(s.listed, 51);
-        write(d.path(), "d7/f", "changed");
-        write(d.path(), "d9/new/g", "new");
-        let changed: BTreeSet<String> = ["d7/f", "d9/new"].map(String::from).into();
-        let m = s.scan_changes(&changed, &mut |_| {}).unwrap().clone();
-        assert!(!s.was_full);
-        assert_eq!(s.listed, 3, "d7, d9 and the new d9/new");
-        assert_eq!(s.hashed, 2);
-        assert_eq!(m.entries["d9/new/g"].hash, crate::manifest::hash(b"new"));
-        assert_eq!(m, Scanner::new(d.path(), Rules::default()).scan().unwrap());
-    }
-
-    #[test]
-    fn gitignore_precedence_follows_git() {
-        let d = tempfile::tempdir().unwrap();
-        let root = d.path();
-        write(root, ".gitignore", "*.log\nbuild/\n");
-        write(root, "a/.gitignore", "!keep.log\n");
-        write(root, "a/keep.log", "k");
-        write(root, "a/drop.log", "d");
-        write(root, "build/x", "x");
-        write(root, "a/build/y", "y");
-        write(root, ".git/info/exclude", "secret\n");
-        write(root, "secret", "s");
-        write(root, "a/.ignore", "drop2\n");
-        write(root, "a/drop2", "d");
-        let m = Scanner::new(root, Rules::default()).scan().unwrap();
-        let paths: Vec<&str> = m.entries.keys().map(|s| s.as_str()).collect();
-        assert_eq!(
-            paths,
-            [".gitignore", "a", "a/.gitignore", "a/.ignore", "a/keep.log"]
-        );
-    }
-}
+mod tests;

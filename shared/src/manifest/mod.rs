@@ -4,11 +4,11 @@
 //! checks every manifest or delta from the wire must pass before anything is written.
 //!
 //! A manifest is a tree: every entry's parent directory is itself an entry, so no path can
-//! run through a symlink. Symlinks must point inside the workspace; modes carry only the exec
-//! bit (no setuid); special files are not part of a workspace.
-//!
-//! Long file: the model, its wire checks and materialisation share the path and tree rules;
-//! the hostile-input tests sit beside them. Materialisation is the next piece to move out.
+//! run through a symlink. Symlinks are data: their target is carried as the link holds it,
+//! wherever it points (`venv/bin/python -> /usr/bin/python3`), and neither side ever follows
+//! one: the tree rule keeps every write under real directories, and links are created, never
+//! written through. Modes carry only the exec bit (no setuid); special files are not part of
+//! a workspace.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
@@ -45,7 +45,8 @@ pub struct Entry {
     /// Files: BLAKE3 of the content, hex. Empty for directories and symlinks.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hash: String,
-    /// Symlinks: the target, relative, inside the workspace.
+    /// Symlinks: the target as the link holds it (relative or absolute, inside the workspace
+    /// or not: it is never followed).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub target: String,
 }
@@ -79,6 +80,53 @@ impl Entry {
             hash: String::new(),
             target: target.to_string(),
         }
+    }
+}
+
+/// An entry of a workspace left out of its mirror, and why (what a worker's scan could not
+/// carry: see [`crate::scan`]). For people: the path is as shown, not a wire path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftOut {
+    pub path: String,
+    pub reason: String,
+}
+
+/// Most left-out entries one barrier names (the rest are counted).
+pub const MAX_LEFT_OUT: usize = 32;
+
+impl LeftOut {
+    /// Bounds what a worker reported: at most [`MAX_LEFT_OUT`] entries, each path and reason
+    /// cut to a printable length with control characters escaped; returns them and how many
+    /// more there are.
+    pub fn from_wire(list: &[proto::LeftOut], more: u64) -> (Vec<LeftOut>, u64) {
+        fn clean(s: &str, max: usize) -> String {
+            let mut out: String = s
+                .chars()
+                .take(max)
+                .flat_map(|c| {
+                    let esc: Vec<char> = if c.is_control() {
+                        c.escape_default().collect()
+                    } else {
+                        vec![c]
+                    };
+                    esc
+                })
+                .collect();
+            if s.chars().count() > max {
+                out.push('…');
+            }
+            out
+        }
+        let kept: Vec<LeftOut> = list
+            .iter()
+            .take(MAX_LEFT_OUT)
+            .map(|l| LeftOut {
+                path: clean(&l.path, 512),
+                reason: clean(&l.reason, 256),
+            })
+            .collect();
+        let extra = (list.len() - kept.len()) as u64;
+        (kept, more.saturating_add(extra))
     }
 }
 
@@ -220,8 +268,9 @@ impl Manifest {
     }
 
     /// Checks a manifest from the wire: every path canonical and relative, a tree (every
-    /// parent a directory entry), symlinks pointing inside, sizes and counts within the rules,
-    /// hashes well-formed, `.git/` only when allowed.
+    /// parent a directory entry, so nothing lies under a symlink), symlink targets
+    /// well-formed, sizes and counts within the rules, hashes well-formed, `.git/` only when
+    /// allowed.
     pub fn validate(&self, rules: &Rules) -> Result<(), Error> {
         if self.entries.len() > rules.max_entries {
             return Err(Error::TooMany {
@@ -405,56 +454,23 @@ fn check_entry(path: &str, e: &Entry, rules: &Rules) -> Result<(), Error> {
             }
         }
         Kind::Symlink => {
+            // Any target is data; only its form is checked (it is never followed).
             let t = &e.target;
             if t.is_empty() || t.len() > paths::MAX_PATH_BYTES || t.contains('\0') {
-                return Err(rejected(path, "invalid symlink target"));
-            }
-            if t.starts_with('/') {
                 return Err(rejected(
                     path,
-                    format!(
-                        "symlink target {t:?} is absolute: it would point outside the workspace"
-                    ),
+                    "invalid symlink target (empty, over 4096 bytes, or with a NUL)",
                 ));
             }
-            // Resolve lexically from the link's directory: it must stay inside the root.
-            let mut depth: i64 = path.matches('/').count() as i64;
-            for c in t.split('/') {
-                match c {
-                    "" | "." => {}
-                    ".." => depth -= 1,
-                    _ => depth += 1,
-                }
-                if depth < 0 {
-                    return Err(rejected(
-                        path,
-                        format!("symlink target {t:?} points outside the workspace"),
-                    ));
-                }
+            if e.exec || !e.hash.is_empty() || e.size != t.len() as u64 {
+                return Err(rejected(
+                    path,
+                    "a symlink has no hash or exec bit, and its size is its target's length",
+                ));
             }
         }
     }
     Ok(())
-}
-
-/// BLAKE3 of a file's content, read without following a final symlink.
-pub fn hash_file(path: &Path, rel: &str) -> Result<String, Error> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| io(rel, e))?;
-    let mut h = blake3::Hasher::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| io(rel, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().to_hex().to_string())
 }
 
 /// zstd level for blobs and manifests on the wire and at rest: fast, and still a good ratio
@@ -496,7 +512,6 @@ pub fn materialise(
     rules: &Rules,
     blob: &mut dyn FnMut(&str) -> Result<Vec<u8>, String>,
 ) -> Result<Applied, Error> {
-    use std::os::unix::fs::PermissionsExt;
     target.validate(rules)?;
     let mut stats = Applied::default();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
@@ -569,10 +584,24 @@ pub fn materialise(
         match e.kind {
             Kind::Dir => match std::fs::symlink_metadata(&full) {
                 Ok(m) if m.is_dir() => {}
-                _ => std::fs::create_dir(&full).map_err(|err| io(path, err))?,
+                other => {
+                    // Something the scan left out (a FIFO, a socket) may be in the way.
+                    if other.is_ok() {
+                        std::fs::remove_file(&full).map_err(|err| io(path, err))?;
+                    }
+                    std::fs::create_dir(&full).map_err(|err| io(path, err))?
+                }
             },
             Kind::Symlink => {
-                if std::fs::symlink_metadata(&full).is_err() {
+                let there = std::fs::symlink_metadata(&full);
+                let same = there.as_ref().is_ok_and(|m| m.is_symlink())
+                    && std::fs::read_link(&full)
+                        .is_ok_and(|t| t.as_os_str().as_encoded_bytes() == e.target.as_bytes());
+                if !same {
+                    if there.is_ok() {
+                        std::fs::remove_file(&full).map_err(|err| io(path, err))?;
+                    }
+                    // Created, never followed: the target is data.
                     std::os::unix::fs::symlink(&e.target, &full).map_err(|err| io(path, err))?;
                     stats.written += 1;
                 }
@@ -600,9 +629,9 @@ pub fn materialise(
                             n += 1;
                             bytes += data.len() as u64;
                         } else {
-                            // Same content as before, only the exec bit changed.
-                            std::fs::set_permissions(&full, std::fs::Permissions::from_mode(mode))
-                                .map_err(|err| io(path, err))?;
+                            // Same content as before, only the exec bit changed: on the
+                            // file itself, never through a symlink.
+                            set_mode_nofollow(&full, mode).map_err(|err| io(path, err))?;
                         }
                     }
                     Ok((n, bytes))
@@ -644,6 +673,20 @@ fn safe_join(root: &Path, path: &str) -> Result<std::path::PathBuf, Error> {
     Ok(full)
 }
 
+/// Sets the permission bits of the regular file at `full`, refusing a symlink or anything
+/// else that is not a regular file.
+fn set_mode_nofollow(full: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(full)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    f.set_permissions(std::fs::Permissions::from_mode(mode))
+}
+
 fn write_atomic(full: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
     // A directory where the file goes (the manifest changed a directory into a file) is
     // removed first; the whole materialisation is synced once at the end.
@@ -654,235 +697,4 @@ fn write_atomic(full: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::scan::Scanner;
-    use std::os::unix::fs::PermissionsExt;
-
-    fn write(root: &Path, p: &str, s: &str) {
-        let p = root.join(p);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, s).unwrap();
-    }
-
-    fn project() -> tempfile::TempDir {
-        let d = tempfile::tempdir().unwrap();
-        write(d.path(), ".gitignore", "*.log\n");
-        write(d.path(), "src/main.rs", "fn main() {}\n");
-        write(d.path(), "src/dup.rs", "fn main() {}\n");
-        write(d.path(), "run.sh", "echo hi\n");
-        std::fs::set_permissions(
-            d.path().join("run.sh"),
-            std::fs::Permissions::from_mode(0o755),
-        )
-        .unwrap();
-        write(d.path(), "debug.log", "noise\n");
-        write(d.path(), "target/debug/app", "binary\n");
-        write(d.path(), ".git/HEAD", "ref: refs/heads/main\n");
-        std::os::unix::fs::symlink("src/main.rs", d.path().join("link")).unwrap();
-        unsafe_fifo(&d.path().join("pipe"));
-        d
-    }
-
-    fn unsafe_fifo(p: &Path) {
-        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
-    }
-
-    #[test]
-    fn a_scan_sees_the_tree_a_developer_sees_and_hashes_only_what_changed() {
-        let d = project();
-        let mut s = Scanner::new(d.path(), Rules::default());
-        let m = s.scan().unwrap();
-        let paths: Vec<&str> = m.entries.keys().map(|s| s.as_str()).collect();
-        assert_eq!(
-            paths,
-            [
-                ".gitignore",
-                "link",
-                "run.sh",
-                "src",
-                "src/dup.rs",
-                "src/main.rs"
-            ]
-        );
-        assert!(m.entries["run.sh"].exec);
-        assert_eq!(m.entries["link"].target, "src/main.rs");
-        assert_eq!(m.entries["src/dup.rs"].hash, m.entries["src/main.rs"].hash);
-        assert_eq!(m.blobs().count(), 3);
-        m.validate(&Rules::default()).unwrap();
-        // Old enough files are not hashed again; a changed one is.
-        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
-        for p in [".gitignore", "run.sh", "src/main.rs", "src/dup.rs"] {
-            std::fs::File::options()
-                .write(true)
-                .open(d.path().join(p))
-                .unwrap()
-                .set_modified(old)
-                .unwrap();
-        }
-        s.reset();
-        let before = s.scan().unwrap();
-        assert_eq!(before.root_hash(), m.root_hash());
-        let again = s.scan().unwrap();
-        assert_eq!((s.hashed, again.root_hash()), (0, m.root_hash()));
-        write(d.path(), "src/main.rs", "fn main() { println!(); }\n");
-        let changed = s.scan().unwrap();
-        assert_eq!(s.hashed, 1);
-        assert_ne!(changed.root_hash(), m.root_hash());
-        let delta = m.diff(&changed);
-        assert_eq!(delta.upserts.keys().collect::<Vec<_>>(), ["src/main.rs"]);
-        assert_eq!(m.apply(&delta, &Rules::default()).unwrap(), changed);
-    }
-
-    #[test]
-    fn a_same_size_rewrite_right_after_a_scan_is_still_seen() {
-        let d = tempfile::tempdir().unwrap();
-        write(d.path(), "a.txt", "aaaa");
-        let mut s = Scanner::new(d.path(), Rules::default());
-        let first = s.scan().unwrap();
-        write(d.path(), "a.txt", "bbbb");
-        let second = s.scan().unwrap();
-        assert_ne!(first.entries["a.txt"].hash, second.entries["a.txt"].hash);
-    }
-
-    #[test]
-    fn materialise_reproduces_a_tree_and_fetches_only_what_is_new() {
-        let src = project();
-        let m = Scanner::new(src.path(), Rules::default()).scan().unwrap();
-        let dst = tempfile::tempdir().unwrap();
-        write(dst.path(), "stale.txt", "old\n");
-        let mut fetched = Vec::new();
-        let current = Scanner::new(dst.path(), Rules::default()).scan().unwrap();
-        let mut blob = |h: &str| {
-            fetched.push(h.to_string());
-            let (p, _) = m.entries.iter().find(|(_, e)| e.hash == h).unwrap();
-            std::fs::read(src.path().join(p)).map_err(|e| e.to_string())
-        };
-        let stats = materialise(dst.path(), &current, &m, &Rules::default(), &mut blob).unwrap();
-        assert_eq!(fetched.len(), 3, "duplicates are fetched once");
-        assert_eq!(stats.deleted, 1);
-        let got = Scanner::new(dst.path(), Rules::default()).scan().unwrap();
-        assert_eq!(got.root_hash(), m.root_hash());
-        // A second run has nothing to fetch.
-        let mut none =
-            |_: &str| -> Result<Vec<u8>, String> { Err("nothing should be fetched".into()) };
-        materialise(dst.path(), &got, &m, &Rules::default(), &mut none).unwrap();
-    }
-
-    fn hostile(m: &Manifest) -> String {
-        let dst = tempfile::tempdir().unwrap();
-        let outside = dst.path().join("sentinel");
-        std::fs::write(&outside, "untouched").unwrap();
-        let root = dst.path().join("ws");
-        std::fs::create_dir(&root).unwrap();
-        let mut blob = |_: &str| Ok(b"evil".to_vec());
-        let err = materialise(&root, &Manifest::default(), m, &Rules::default(), &mut blob)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
-        assert_eq!(
-            std::fs::read_dir(&root).unwrap().count(),
-            0,
-            "nothing written: {err}"
-        );
-        err
-    }
-
-    fn one(path: &str, e: Entry) -> Manifest {
-        let mut m = Manifest::default();
-        m.entries.insert(path.into(), e);
-        m
-    }
-
-    #[test]
-    fn hostile_manifests_are_refused_naming_the_path_and_write_nothing() {
-        let f = Entry::file(b"evil", false);
-        for (path, want) in [
-            ("/etc/passwd", "absolute"),
-            ("../sentinel", "'..'"),
-            ("a/../../sentinel", "'..'"),
-            ("a\0b", "NUL"),
-            ("a\nb", "control"),
-            ("./x", "canonical"),
-            ("x/", "canonical"),
-            (".git/hooks/pre-commit", ".git/"),
-        ] {
-            let err = hostile(&one(path, f.clone()));
-            assert!(err.contains(want), "{path:?}: {err}");
-        }
-        // A path through a symlink.
-        let mut m = one("link", Entry::symlink("dir"));
-        m.entries.insert("dir".into(), Entry::dir());
-        m.entries.insert("link/x".into(), f.clone());
-        assert!(hostile(&m).contains("\"link/x\""));
-        // Symlinks out of the root.
-        assert!(hostile(&one("l", Entry::symlink("/etc"))).contains("absolute"));
-        assert!(hostile(&one("l", Entry::symlink("../sentinel"))).contains("outside"));
-        let mut m = one("d", Entry::dir());
-        m.entries
-            .insert("d/l".into(), Entry::symlink("../../sentinel"));
-        assert!(hostile(&m).contains("outside"));
-        // A parent that is not in the manifest, sizes and counts over the limits.
-        assert!(hostile(&one("a/b", f.clone())).contains("not in the manifest"));
-        let mut big = f.clone();
-        big.size = DEFAULT_MAX_FILE_BYTES + 1;
-        assert!(hostile(&one("big", big)).contains("file limit"));
-        let many = Manifest {
-            entries: (0..DEFAULT_MAX_ENTRIES + 1)
-                .map(|i| (format!("f{i}"), f.clone()))
-                .collect(),
-        };
-        assert!(hostile(&many).contains("more than"));
-        // Content that does not match its hash.
-        let mut wrong = f.clone();
-        wrong.hash = hash(b"something else");
-        assert!(hostile(&one("x", wrong)).contains("does not match its hash"));
-    }
-
-    #[test]
-    fn a_bad_delta_leaves_the_manifest_as_it_was() {
-        let m = one("a", Entry::file(b"a", false));
-        let mut d = Delta::default();
-        d.upserts.insert("../x".into(), Entry::file(b"x", false));
-        assert!(m.apply(&d, &Rules::default()).is_err());
-        let mut d = Delta::default();
-        d.deletes.push("/a".into());
-        assert!(m.apply(&d, &Rules::default()).is_err());
-        assert_eq!(m.entries.len(), 1);
-    }
-
-    #[test]
-    fn a_delta_is_checked_as_a_whole_manifest_would_be() {
-        let mut m = one("d", Entry::dir());
-        m.entries.insert("d/f".into(), Entry::file(b"f", false));
-        let r = Rules::default();
-        let refused = |d: &Delta, why: &str| {
-            let e = m.apply(d, &r).expect_err(why).to_string();
-            assert!(e.contains("d/f") || e.contains("x/y"), "{why}: {e}");
-        };
-        // A directory turned into a file or a symlink while its children stay.
-        let mut d = Delta::default();
-        d.upserts
-            .insert("d".into(), Entry::file(b"now a file", false));
-        refused(&d, "file over a directory with children");
-        d.upserts.insert("d".into(), Entry::symlink("elsewhere"));
-        refused(&d, "symlink over a directory with children");
-        // A new path whose parent is missing, or a file.
-        let mut d = Delta::default();
-        d.upserts.insert("x/y".into(), Entry::file(b"y", false));
-        refused(&d, "missing parent");
-        let mut d = Delta::default();
-        d.upserts.insert("d/f/g".into(), Entry::file(b"g", false));
-        assert!(m.apply(&d, &r).is_err(), "a path through a file");
-        // Deleting a directory takes its subtree; replacing it by a file then is fine.
-        let mut d = Delta::default();
-        d.deletes.push("d".into());
-        d.upserts
-            .insert("d".into(), Entry::file(b"now a file", false));
-        let n = m.apply(&d, &r).unwrap();
-        n.validate(&r).unwrap();
-        assert_eq!(n.entries.keys().collect::<Vec<_>>(), ["d"]);
-    }
-}
+mod tests;

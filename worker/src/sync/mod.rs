@@ -3,6 +3,9 @@
 //! blobs the brain lacks, send the delta) or its disk equal to a manifest (materialise:
 //! fetch the manifest, fetch only the blobs it has nowhere locally, write, verify the root
 //! hash). Bulk data goes over the `Sync` service's own streams, never the session stream.
+//!
+//! Long file: barriers, materialisations and imports share the per-workspace scanner and
+//! tracker and the upload path; the tests are in `tests.rs`.
 
 use shared::locks::Lock;
 use std::collections::HashMap;
@@ -109,6 +112,9 @@ struct Ws {
     used: std::time::Instant,
     /// The tracker was not running all along: the next scan walks the whole tree.
     needs_full: bool,
+    /// What was left out of the mirror as of the last barrier, already reported to the brain
+    /// (each entry is named once while it stays left out).
+    reported: HashMap<String, String>,
 }
 
 impl SyncState {
@@ -124,6 +130,7 @@ impl SyncState {
                     fences: Some(fences.join(name)),
                     used: std::time::Instant::now(),
                     needs_full: true,
+                    reported: HashMap::new(),
                 }))
             })
             .clone();
@@ -219,6 +226,7 @@ async fn run(
             fences: None,
             used: std::time::Instant::now(),
             needs_full: true,
+            reported: HashMap::new(),
         }));
         let report = barrier(req.id, "", &dir, ws.clone(), client, true).await?;
         // Its files can seed the task's workspace without crossing the wire again.
@@ -290,6 +298,38 @@ struct Scanned {
     bytes: u64,
     hashed: u64,
     generation: u64,
+    /// Entries left out that were not reported before, at most [`manifest::MAX_LEFT_OUT`],
+    /// and how many more.
+    left_out: Vec<proto::LeftOut>,
+    left_out_more: u64,
+}
+
+/// The entries the last scan left out that were not reported yet (each once while it stays
+/// left out): at most [`manifest::MAX_LEFT_OUT`] of them, and how many more. Marks them all
+/// reported.
+fn new_left_out(w: &mut Ws) -> (Vec<proto::LeftOut>, u64) {
+    let now = w.scanner.left_out();
+    let fresh: Vec<(&String, &String)> = now
+        .iter()
+        .filter(|(p, why)| w.reported.get(*p) != Some(*why))
+        .collect();
+    let more = fresh.len().saturating_sub(manifest::MAX_LEFT_OUT) as u64;
+    let list: Vec<proto::LeftOut> = fresh
+        .into_iter()
+        .take(manifest::MAX_LEFT_OUT)
+        .map(|(p, why)| proto::LeftOut {
+            path: p.clone(),
+            reason: why.clone(),
+        })
+        .collect();
+    for l in &list {
+        tracing::warn!(path = %l.path, reason = %l.reason, "left out of the workspace's mirror");
+    }
+    if more > 0 {
+        tracing::warn!(more, "more entries left out of the workspace's mirror");
+    }
+    w.reported = now.iter().map(|(p, r)| (p.clone(), r.clone())).collect();
+    (list, more)
 }
 
 /// Scans, and makes the delta from `brain_base` when the scanner knows the changes since
@@ -305,14 +345,24 @@ fn scan_for_barrier(w: &mut Ws, full: bool, brain_base: &str) -> Result<Scanned,
         Some(d) => (d, brain_base.to_string()),
         None => (Manifest::default().diff(m), String::new()),
     };
+    let (root_hash, files, bytes, hashed, generation) = (
+        m.root_hash(),
+        m.entries.values().filter(|e| e.kind == Kind::File).count() as u64,
+        m.bytes(),
+        s.hashed,
+        s.generation(),
+    );
+    let (left_out, left_out_more) = new_left_out(w);
     Ok(Scanned {
         delta,
         base_root,
-        root_hash: m.root_hash(),
-        files: m.entries.values().filter(|e| e.kind == Kind::File).count() as u64,
-        bytes: m.bytes(),
-        hashed: s.hashed,
-        generation: s.generation(),
+        root_hash,
+        files,
+        bytes,
+        hashed,
+        generation,
+        left_out,
+        left_out_more,
     })
 }
 
@@ -333,6 +383,17 @@ async fn scan(ws: &Arc<Mutex<Ws>>, full: bool) -> Result<(Manifest, u64), String
     .map_err(|e| e.to_string())?
 }
 
+/// How many times a barrier is taken again when a file changes between its scan and its
+/// upload.
+const BARRIER_TRIES: usize = 3;
+
+/// Why sending a barrier's blobs failed.
+enum Upload {
+    /// A file changed since the scan: scan again.
+    Changed(String),
+    Failed(String),
+}
+
 async fn barrier(
     id: u64,
     base_root: &str,
@@ -342,11 +403,33 @@ async fn barrier(
     full: bool,
 ) -> Result<SyncReport, String> {
     let t0 = std::time::Instant::now();
-    let (ws2, brain_base) = (ws.clone(), base_root.to_string());
-    let scanned =
-        tokio::task::spawn_blocking(move || scan_for_barrier(&mut ws2.locked(), full, &brain_base))
-            .await
-            .map_err(|e| e.to_string())??;
+    let mut tries = 0;
+    // Left-out entries a try named before it had to scan again.
+    let mut named: (Vec<proto::LeftOut>, u64) = (Vec::new(), 0);
+    let (scanned, t_scan, missing, wire) = loop {
+        tries += 1;
+        let (ws2, brain_base) = (ws.clone(), base_root.to_string());
+        // After a file changed under the upload, walk everything: the tracker may not have
+        // seen how (a write through a memory mapping).
+        let walk = full || tries > 1;
+        let scanned = tokio::task::spawn_blocking(move || {
+            scan_for_barrier(&mut ws2.locked(), walk, &brain_base)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let t_scan = t0.elapsed();
+        match upload(&scanned.delta, root, client).await {
+            Ok((missing, wire)) => break (scanned, t_scan, missing, wire),
+            Err(Upload::Changed(why)) if tries < BARRIER_TRIES => {
+                tracing::info!(reason = %why, "a file changed during the barrier; scanning again");
+                // Marked reported by this try: the report of the try that succeeds names them.
+                named.0.extend(scanned.left_out);
+                named.1 += scanned.left_out_more;
+                continue;
+            }
+            Err(Upload::Changed(why) | Upload::Failed(why)) => return Err(why),
+        }
+    };
     let Scanned {
         delta,
         base_root,
@@ -355,75 +438,15 @@ async fn barrier(
         bytes,
         hashed,
         generation,
+        left_out,
+        left_out_more,
     } = scanned;
-    let t_scan = t0.elapsed();
-    // Only blobs of new content, and of those only what the brain lacks.
-    let mut want: Vec<&str> = delta
-        .upserts
-        .values()
-        .filter(|e| e.kind == Kind::File)
-        .map(|e| e.hash.as_str())
-        .collect();
-    want.sort();
-    want.dedup();
-    let mut missing = Vec::new();
-    for batch in want.chunks(HASH_BATCH) {
-        let r = client
-            .missing_blobs(BlobList {
-                hashes: batch.iter().map(|h| raw(h)).collect(),
-            })
-            .await
-            .map_err(|s| format!("asking which blobs the brain lacks: {}", s.message()))?;
-        missing.extend(r.into_inner().hashes.into_iter().map(hex::encode));
-    }
-    let by_hash: HashMap<&str, &str> = delta
-        .upserts
-        .iter()
-        .filter(|(_, e)| e.kind == Kind::File)
-        .map(|(p, e)| (e.hash.as_str(), p.as_str()))
-        .collect();
-    let mut wire = 0u64;
-    if !missing.is_empty() {
-        let mut chunks = Vec::new();
-        for h in &missing {
-            let Some(path) = by_hash.get(h.as_str()) else {
-                return Err(format!(
-                    "the brain asked for blob {h}, which is not in this workspace"
-                ));
-            };
-            let full = root.join(path);
-            let (h2, p2) = (h.clone(), path.to_string());
-            let compressed = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, String> {
-                let data = std::fs::read(&full).map_err(|e| format!("{p2}: {e}"))?;
-                if manifest::hash(&data) != h2 {
-                    return Err(format!(
-                        "{p2} changed while it was being synced; the next barrier will catch it"
-                    ));
-                }
-                Ok(manifest::compress(&data))
-            })
-            .await
-            .map_err(|e| e.to_string())??;
-            wire += compressed.len() as u64;
-            let n = compressed.len().div_ceil(CHUNK).max(1);
-            for (i, part) in compressed
-                .chunks(CHUNK)
-                .chain(std::iter::once(&[][..]))
-                .take(n)
-                .enumerate()
-            {
-                chunks.push(BlobChunk {
-                    hash: if i == 0 { raw(h) } else { vec![] },
-                    data: part.to_vec(),
-                    last: i + 1 == n,
-                });
-            }
-        }
-        client
-            .put_blobs(tokio_stream::iter(chunks))
-            .await
-            .map_err(|s| format!("uploading blobs: {}", s.message()))?;
-    }
+    let (mut all, mut left_out_more) = (named.0, named.1 + left_out_more);
+    all.extend(left_out);
+    left_out_more += all.len().saturating_sub(manifest::MAX_LEFT_OUT) as u64;
+    all.truncate(manifest::MAX_LEFT_OUT);
+    let left_out = all;
+    let mut wire = wire;
     let json = serde_json::to_vec(&delta).map_err(|e| e.to_string())?;
     let compressed = manifest::compress(&json);
     wire += compressed.len() as u64;
@@ -451,7 +474,9 @@ async fn barrier(
         listed = w.scanner.listed,
         hashed,
         changes = delta.upserts.len() + delta.deletes.len(),
-        blobs = missing.len(),
+        blobs = missing,
+        left_out = w.scanner.left_out().len(),
+        tries,
         scan_ms = t_scan.as_millis() as u64,
         send_ms = (t0.elapsed() - t_scan).as_millis() as u64,
         "barrier"
@@ -463,10 +488,116 @@ async fn barrier(
         root_hash,
         files,
         bytes,
-        blobs_sent: missing.len() as u64,
+        blobs_sent: missing,
         wire_bytes: wire,
         hashed,
+        left_out,
+        left_out_more,
     })
+}
+
+/// Sends the blobs of a delta's new content that the brain lacks; returns how many and the
+/// compressed bytes sent.
+async fn upload(
+    delta: &manifest::Delta,
+    root: &Path,
+    client: &mut SyncClient<Channel>,
+) -> Result<(u64, u64), Upload> {
+    // Only blobs of new content, and of those only what the brain lacks.
+    let mut want: Vec<&str> = delta
+        .upserts
+        .values()
+        .filter(|e| e.kind == Kind::File)
+        .map(|e| e.hash.as_str())
+        .collect();
+    want.sort();
+    want.dedup();
+    let mut missing = Vec::new();
+    for batch in want.chunks(HASH_BATCH) {
+        let r = client
+            .missing_blobs(BlobList {
+                hashes: batch.iter().map(|h| raw(h)).collect(),
+            })
+            .await
+            .map_err(|s| {
+                Upload::Failed(format!(
+                    "asking which blobs the brain lacks: {}",
+                    s.message()
+                ))
+            })?;
+        missing.extend(r.into_inner().hashes.into_iter().map(hex::encode));
+    }
+    let by_hash: HashMap<&str, &str> = delta
+        .upserts
+        .iter()
+        .filter(|(_, e)| e.kind == Kind::File)
+        .map(|(p, e)| (e.hash.as_str(), p.as_str()))
+        .collect();
+    let mut wire = 0u64;
+    if missing.is_empty() {
+        return Ok((0, 0));
+    }
+    let mut chunks = Vec::new();
+    for h in &missing {
+        let Some(path) = by_hash.get(h.as_str()) else {
+            return Err(Upload::Failed(format!(
+                "the brain asked for blob {h}, which is not in this workspace"
+            )));
+        };
+        let full = root.join(path);
+        let (h2, p2) = (h.clone(), path.to_string());
+        let compressed = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, Upload> {
+            let data = read_nofollow(&full).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ELOOP)
+                {
+                    Upload::Changed(format!("{p2} is gone since the scan"))
+                } else {
+                    Upload::Failed(format!("{p2}: {e}"))
+                }
+            })?;
+            if manifest::hash(&data) != h2 {
+                return Err(Upload::Changed(format!("{p2} changed since the scan")));
+            }
+            Ok(manifest::compress(&data))
+        })
+        .await
+        .map_err(|e| Upload::Failed(e.to_string()))??;
+        wire += compressed.len() as u64;
+        let n = compressed.len().div_ceil(CHUNK).max(1);
+        for (i, part) in compressed
+            .chunks(CHUNK)
+            .chain(std::iter::once(&[][..]))
+            .take(n)
+            .enumerate()
+        {
+            chunks.push(BlobChunk {
+                hash: if i == 0 { raw(h) } else { vec![] },
+                data: part.to_vec(),
+                last: i + 1 == n,
+            });
+        }
+    }
+    client
+        .put_blobs(tokio_stream::iter(chunks))
+        .await
+        .map_err(|s| Upload::Failed(format!("uploading blobs: {}", s.message())))?;
+    Ok((missing.len() as u64, wire))
+}
+
+/// A regular file's content, never through a symlink.
+fn read_nofollow(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
+    }
+    let mut data = Vec::new();
+    f.read_to_end(&mut data)?;
+    Ok(data)
 }
 
 async fn materialise(
@@ -673,52 +804,9 @@ async fn materialise(
         blobs_sent: blobs_fetched,
         wire_bytes: wire,
         hashed: 0,
+        ..Default::default()
     })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn trackers_are_bounded_and_one_given_up_means_a_full_walk() {
-        let d = tempfile::tempdir().unwrap();
-        let state = SyncState {
-            max_trackers: 2,
-            ..SyncState::default()
-        };
-        let fences = d.path().join("fences");
-        let ws = |name: &str| {
-            let root = d.path().join(name);
-            std::fs::create_dir_all(&root).unwrap();
-            std::fs::write(root.join("f"), name).unwrap();
-            state.ws(name, &root, &Rules::default(), &fences)
-        };
-        let tracked = |w: &Arc<Mutex<Ws>>| w.locked().tracker.is_some();
-        let (a, b) = (ws("a"), ws("b"));
-        for w in [&a, &b] {
-            scan_now(&mut w.locked(), false).unwrap();
-            assert!(w.locked().scanner.was_full, "a first scan walks");
-        }
-        scan_now(&mut a.locked(), false).unwrap();
-        assert!(
-            !a.locked().scanner.was_full,
-            "a tracked workspace does not walk"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-        let c = ws("c");
-        assert!(
-            tracked(&c) && tracked(&b),
-            "the two most recently used keep theirs"
-        );
-        assert!(!tracked(&a), "the least recently used gives its tracker up");
-        // Changed while untracked: the next scan must walk to see it.
-        std::fs::write(d.path().join("a/new"), "made while untracked").unwrap();
-        let a = ws("a");
-        assert!(tracked(&a));
-        scan_now(&mut a.locked(), false).unwrap();
-        let w = a.locked();
-        assert!(w.scanner.was_full);
-        assert!(w.scanner.last().unwrap().entries.contains_key("new"));
-    }
-}
+mod tests;

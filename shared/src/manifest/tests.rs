@@ -1,0 +1,307 @@
+//! Tests of `manifest`.
+
+use super::*;
+use crate::scan::Scanner;
+use std::os::unix::fs::PermissionsExt;
+
+fn write(root: &Path, p: &str, s: &str) {
+    let p = root.join(p);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, s).unwrap();
+}
+
+fn project() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), ".gitignore", "*.log\n");
+    write(d.path(), "src/main.rs", "fn main() {}\n");
+    write(d.path(), "src/dup.rs", "fn main() {}\n");
+    write(d.path(), "run.sh", "echo hi\n");
+    std::fs::set_permissions(
+        d.path().join("run.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    write(d.path(), "debug.log", "noise\n");
+    write(d.path(), "target/debug/app", "binary\n");
+    write(d.path(), ".git/HEAD", "ref: refs/heads/main\n");
+    std::os::unix::fs::symlink("src/main.rs", d.path().join("link")).unwrap();
+    unsafe_fifo(&d.path().join("pipe"));
+    d
+}
+
+fn unsafe_fifo(p: &Path) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+}
+
+#[test]
+fn a_scan_sees_the_tree_a_developer_sees_and_hashes_only_what_changed() {
+    let d = project();
+    let mut s = Scanner::new(d.path(), Rules::default());
+    let m = s.scan().unwrap();
+    let paths: Vec<&str> = m.entries.keys().map(|s| s.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            ".gitignore",
+            "link",
+            "run.sh",
+            "src",
+            "src/dup.rs",
+            "src/main.rs"
+        ]
+    );
+    assert!(m.entries["run.sh"].exec);
+    assert_eq!(m.entries["link"].target, "src/main.rs");
+    assert_eq!(m.entries["src/dup.rs"].hash, m.entries["src/main.rs"].hash);
+    assert_eq!(m.blobs().count(), 3);
+    m.validate(&Rules::default()).unwrap();
+    // Old enough files are not hashed again; a changed one is.
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    for p in [".gitignore", "run.sh", "src/main.rs", "src/dup.rs"] {
+        std::fs::File::options()
+            .write(true)
+            .open(d.path().join(p))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    s.reset();
+    let before = s.scan().unwrap();
+    assert_eq!(before.root_hash(), m.root_hash());
+    let again = s.scan().unwrap();
+    assert_eq!((s.hashed, again.root_hash()), (0, m.root_hash()));
+    write(d.path(), "src/main.rs", "fn main() { println!(); }\n");
+    let changed = s.scan().unwrap();
+    assert_eq!(s.hashed, 1);
+    assert_ne!(changed.root_hash(), m.root_hash());
+    let delta = m.diff(&changed);
+    assert_eq!(delta.upserts.keys().collect::<Vec<_>>(), ["src/main.rs"]);
+    assert_eq!(m.apply(&delta, &Rules::default()).unwrap(), changed);
+}
+
+#[test]
+fn a_same_size_rewrite_right_after_a_scan_is_still_seen() {
+    let d = tempfile::tempdir().unwrap();
+    write(d.path(), "a.txt", "aaaa");
+    let mut s = Scanner::new(d.path(), Rules::default());
+    let first = s.scan().unwrap();
+    write(d.path(), "a.txt", "bbbb");
+    let second = s.scan().unwrap();
+    assert_ne!(first.entries["a.txt"].hash, second.entries["a.txt"].hash);
+}
+
+#[test]
+fn materialise_reproduces_a_tree_and_fetches_only_what_is_new() {
+    let src = project();
+    let m = Scanner::new(src.path(), Rules::default()).scan().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    write(dst.path(), "stale.txt", "old\n");
+    let mut fetched = Vec::new();
+    let current = Scanner::new(dst.path(), Rules::default()).scan().unwrap();
+    let mut blob = |h: &str| {
+        fetched.push(h.to_string());
+        let (p, _) = m.entries.iter().find(|(_, e)| e.hash == h).unwrap();
+        std::fs::read(src.path().join(p)).map_err(|e| e.to_string())
+    };
+    let stats = materialise(dst.path(), &current, &m, &Rules::default(), &mut blob).unwrap();
+    assert_eq!(fetched.len(), 3, "duplicates are fetched once");
+    assert_eq!(stats.deleted, 1);
+    let got = Scanner::new(dst.path(), Rules::default()).scan().unwrap();
+    assert_eq!(got.root_hash(), m.root_hash());
+    // A second run has nothing to fetch.
+    let mut none = |_: &str| -> Result<Vec<u8>, String> { Err("nothing should be fetched".into()) };
+    materialise(dst.path(), &got, &m, &Rules::default(), &mut none).unwrap();
+}
+
+fn hostile(m: &Manifest) -> String {
+    let dst = tempfile::tempdir().unwrap();
+    let outside = dst.path().join("sentinel");
+    std::fs::write(&outside, "untouched").unwrap();
+    let root = dst.path().join("ws");
+    std::fs::create_dir(&root).unwrap();
+    let mut blob = |_: &str| Ok(b"evil".to_vec());
+    let err = materialise(&root, &Manifest::default(), m, &Rules::default(), &mut blob)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
+    assert_eq!(
+        std::fs::read_dir(&root).unwrap().count(),
+        0,
+        "nothing written: {err}"
+    );
+    err
+}
+
+fn one(path: &str, e: Entry) -> Manifest {
+    let mut m = Manifest::default();
+    m.entries.insert(path.into(), e);
+    m
+}
+
+#[test]
+fn hostile_manifests_are_refused_naming_the_path_and_write_nothing() {
+    let f = Entry::file(b"evil", false);
+    for (path, want) in [
+        ("/etc/passwd", "absolute"),
+        ("../sentinel", "'..'"),
+        ("a/../../sentinel", "'..'"),
+        ("a\0b", "NUL"),
+        ("a\nb", "control"),
+        ("./x", "canonical"),
+        ("x/", "canonical"),
+        (".git/hooks/pre-commit", ".git/"),
+    ] {
+        let err = hostile(&one(path, f.clone()));
+        assert!(err.contains(want), "{path:?}: {err}");
+    }
+    // A path through a symlink.
+    let mut m = one("link", Entry::symlink("dir"));
+    m.entries.insert("dir".into(), Entry::dir());
+    m.entries.insert("link/x".into(), f.clone());
+    assert!(hostile(&m).contains("\"link/x\""));
+    // A write through a symlink pointing out of the root, in one manifest.
+    let mut m = one("out", Entry::symlink(".."));
+    m.entries.insert("out/sentinel".into(), f.clone());
+    assert!(hostile(&m).contains("\"out/sentinel\""));
+    let mut m = one("etc", Entry::symlink("/etc"));
+    m.entries.insert("etc/passwd".into(), f.clone());
+    assert!(hostile(&m).contains("\"etc/passwd\""));
+    // Symlinks that lie about their form.
+    let mut lying = Entry::symlink("x");
+    lying.size = 99;
+    assert!(hostile(&one("l", lying)).contains("its target's length"));
+    assert!(hostile(&one("l", Entry::symlink(""))).contains("invalid symlink target"));
+    // A parent that is not in the manifest, sizes and counts over the limits.
+    assert!(hostile(&one("a/b", f.clone())).contains("not in the manifest"));
+    let mut big = f.clone();
+    big.size = DEFAULT_MAX_FILE_BYTES + 1;
+    assert!(hostile(&one("big", big)).contains("file limit"));
+    let many = Manifest {
+        entries: (0..DEFAULT_MAX_ENTRIES + 1)
+            .map(|i| (format!("f{i}"), f.clone()))
+            .collect(),
+    };
+    assert!(hostile(&many).contains("more than"));
+    // Content that does not match its hash.
+    let mut wrong = f.clone();
+    wrong.hash = hash(b"something else");
+    assert!(hostile(&one("x", wrong)).contains("does not match its hash"));
+}
+
+#[test]
+fn symlinks_pointing_anywhere_are_carried_as_links_and_never_followed() {
+    let dst = tempfile::tempdir().unwrap();
+    let outside = dst.path().join("sentinel");
+    std::fs::write(&outside, "untouched").unwrap();
+    let root = dst.path().join("ws");
+    std::fs::create_dir(&root).unwrap();
+    let mut m = one("pw", Entry::symlink("/etc/passwd"));
+    m.entries.insert("up".into(), Entry::symlink("../sentinel"));
+    m.entries.insert("venv".into(), Entry::dir());
+    m.entries.insert("venv/bin".into(), Entry::dir());
+    m.entries
+        .insert("venv/bin/python".into(), Entry::symlink("/usr/bin/python3"));
+    m.validate(&Rules::default()).unwrap();
+    let mut none = |_: &str| -> Result<Vec<u8>, String> { Err("no blobs".into()) };
+    materialise(
+        &root,
+        &Manifest::default(),
+        &m,
+        &Rules::default(),
+        &mut none,
+    )
+    .unwrap();
+    assert_eq!(
+        std::fs::read_link(root.join("pw")).unwrap(),
+        Path::new("/etc/passwd")
+    );
+    assert_eq!(
+        std::fs::read_link(root.join("venv/bin/python")).unwrap(),
+        Path::new("/usr/bin/python3")
+    );
+    let got = Scanner::new(&root, Rules::default()).scan().unwrap();
+    assert_eq!(got.root_hash(), m.root_hash());
+    // A manifest that turns the outward link into a file replaces the link: the file
+    // outside is not written through it.
+    let mut to = got.clone();
+    to.entries.insert("up".into(), Entry::file(b"evil", false));
+    let mut blob = |_: &str| Ok(b"evil".to_vec());
+    materialise(&root, &got, &to, &Rules::default(), &mut blob).unwrap();
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
+    assert_eq!(std::fs::read_to_string(root.join("up")).unwrap(), "evil");
+    // Nor does an exec-bit change: a link in place of the file is refused, not followed.
+    std::fs::remove_file(root.join("up")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("up")).unwrap();
+    let mut exec = to.clone();
+    exec.entries.insert("up".into(), Entry::file(b"evil", true));
+    let err = materialise(&root, &to, &exec, &Rules::default(), &mut none);
+    assert!(err.is_err());
+    let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
+    assert_eq!(mode & 0o111, 0, "the file outside was made executable");
+}
+
+#[test]
+fn left_out_lists_from_the_wire_are_bounded_and_printable() {
+    let list: Vec<proto::LeftOut> = (0..40)
+        .map(|i| proto::LeftOut {
+            path: format!("p{i}\n\x1b[31m{}", "x".repeat(1000)),
+            reason: "a FIFO".into(),
+        })
+        .collect();
+    let (kept, more) = LeftOut::from_wire(&list, 5);
+    assert_eq!((kept.len(), more), (MAX_LEFT_OUT, 5 + 8));
+    assert!(
+        kept[0].path.starts_with("p0\\n\\u{1b}[31m"),
+        "{}",
+        kept[0].path
+    );
+    assert!(kept[0].path.chars().count() < 540 && kept[0].path.ends_with('…'));
+    assert!(!kept.iter().any(|k| k.path.chars().any(char::is_control)));
+}
+
+#[test]
+fn a_bad_delta_leaves_the_manifest_as_it_was() {
+    let m = one("a", Entry::file(b"a", false));
+    let mut d = Delta::default();
+    d.upserts.insert("../x".into(), Entry::file(b"x", false));
+    assert!(m.apply(&d, &Rules::default()).is_err());
+    let mut d = Delta::default();
+    d.deletes.push("/a".into());
+    assert!(m.apply(&d, &Rules::default()).is_err());
+    assert_eq!(m.entries.len(), 1);
+}
+
+#[test]
+fn a_delta_is_checked_as_a_whole_manifest_would_be() {
+    let mut m = one("d", Entry::dir());
+    m.entries.insert("d/f".into(), Entry::file(b"f", false));
+    let r = Rules::default();
+    let refused = |d: &Delta, why: &str| {
+        let e = m.apply(d, &r).expect_err(why).to_string();
+        assert!(e.contains("d/f") || e.contains("x/y"), "{why}: {e}");
+    };
+    // A directory turned into a file or a symlink while its children stay.
+    let mut d = Delta::default();
+    d.upserts
+        .insert("d".into(), Entry::file(b"now a file", false));
+    refused(&d, "file over a directory with children");
+    d.upserts.insert("d".into(), Entry::symlink("elsewhere"));
+    refused(&d, "symlink over a directory with children");
+    // A new path whose parent is missing, or a file.
+    let mut d = Delta::default();
+    d.upserts.insert("x/y".into(), Entry::file(b"y", false));
+    refused(&d, "missing parent");
+    let mut d = Delta::default();
+    d.upserts.insert("d/f/g".into(), Entry::file(b"g", false));
+    assert!(m.apply(&d, &r).is_err(), "a path through a file");
+    // Deleting a directory takes its subtree; replacing it by a file then is fine.
+    let mut d = Delta::default();
+    d.deletes.push("d".into());
+    d.upserts
+        .insert("d".into(), Entry::file(b"now a file", false));
+    let n = m.apply(&d, &r).unwrap();
+    n.validate(&r).unwrap();
+    assert_eq!(n.entries.keys().collect::<Vec<_>>(), ["d"]);
+}

@@ -1,0 +1,264 @@
+//! The workspace every tool can use: each command's mount namespace with its workspace at
+//! [`WORKSPACE_PATH`], its temp dir at [`TMP_PATH`] and the worker's state hidden; the probe
+//! that says whether this host can give one; and the first directory that keeps the command
+//! user out of a workspace, named.
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+
+use super::report::{Mechanism, Report};
+use super::sys::{describe_errno, errno, in_child};
+
+/// Where commands see their workspace when each gets a mount namespace: the same path on
+/// every worker, so absolute paths that tools record (virtualenvs, build caches) stay valid
+/// after a move.
+pub const WORKSPACE_PATH: &str = "/workspace";
+/// Where they see the workspace's temp dir then (a private `/tmp`).
+pub const TMP_PATH: &str = "/tmp";
+
+/// Whether each command can get a mount namespace with its workspace at [`WORKSPACE_PATH`]:
+/// the worker is root, the mount point is (or can be made) an empty directory, and a mount
+/// namespace can be made here (tried in a child).
+pub(super) fn probe_mountns(root: bool, report: &mut Report) -> bool {
+    let missing = |report: &mut Report, detail: String| {
+        report.mechanisms.push(Mechanism {
+            name: "mountns",
+            active: false,
+            detail,
+        });
+        false
+    };
+    if std::env::var("TETHER_WORKER_MOUNTNS").is_ok_and(|v| v == "off" || v == "0") {
+        return missing(
+            report,
+            format!(
+                "turned off (TETHER_WORKER_MOUNTNS=off): commands see their workspace at its real path, not {WORKSPACE_PATH}"
+            ),
+        );
+    }
+    if !root {
+        return missing(
+            report,
+            format!(
+                "the worker is not root, so it cannot give commands a mount namespace: they see their workspace at its real path, not {WORKSPACE_PATH}, and absolute paths tools record there do not survive a move"
+            ),
+        );
+    }
+    match std::fs::symlink_metadata(WORKSPACE_PATH) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return missing(
+                report,
+                format!(
+                    "{WORKSPACE_PATH} exists and is not a directory: remove it so the worker can use it as the commands' workspace mount point"
+                ),
+            );
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // SAFETY: statvfs on a valid path into a zeroed struct.
+            let ro = unsafe {
+                let mut st: libc::statvfs = std::mem::zeroed();
+                libc::statvfs(c"/".as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_RDONLY != 0
+            };
+            if ro {
+                return missing(
+                    report,
+                    format!(
+                        "{WORKSPACE_PATH} does not exist and / is read-only: create that empty directory in the image"
+                    ),
+                );
+            }
+        }
+        Err(e) => return missing(report, format!("cannot look at {WORKSPACE_PATH}: {e}")),
+    }
+    // Try one: a private namespace with a tmpfs mounted in it (harmless: it dies with the
+    // child).
+    let tried = in_child(&|| {
+        // SAFETY: plain syscalls on static strings.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(errno());
+            }
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(errno());
+            }
+            if libc::mount(
+                c"tmpfs".as_ptr(),
+                c"/tmp".as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"size=4k".as_ptr().cast(),
+            ) != 0
+            {
+                return Err(errno());
+            }
+        }
+        Ok(())
+    });
+    match tried {
+        Ok(()) => {
+            report.mechanisms.push(Mechanism {
+                name: "mountns",
+                active: true,
+                detail: format!("each command has a mount namespace of its own: its workspace at {WORKSPACE_PATH} (the same path on every worker), the workspace's temp dir at {TMP_PATH}, the worker's state hidden"),
+            });
+            true
+        }
+        Err(e) => missing(
+            report,
+            format!(
+                "cannot make a mount namespace here ({}; a container without CAP_SYS_ADMIN?): commands see their workspace at its real path",
+                describe_errno(e)
+            ),
+        ),
+    }
+}
+
+/// What a command's mount namespace is made of, prepared before the fork.
+pub(super) struct MountPlan {
+    /// The workspace and its temp dir on the host, and the state dir to hide.
+    pub(super) workspace: CString,
+    pub(super) tmp: CString,
+    pub(super) state: CString,
+    /// Where the command starts, as it sees it (under [`WORKSPACE_PATH`]).
+    pub(super) cwd: CString,
+}
+
+impl MountPlan {
+    pub(super) fn new(
+        workspace: &Path,
+        tmp: &Path,
+        state: &Path,
+        cwd_rel: &Path,
+    ) -> Result<Self, String> {
+        let c = |p: &Path| {
+            CString::new(p.as_os_str().as_encoded_bytes())
+                .map_err(|_| format!("{} has a NUL byte", p.display()))
+        };
+        Ok(Self {
+            workspace: c(workspace)?,
+            tmp: c(tmp)?,
+            state: c(state)?,
+            cwd: c(&Path::new(WORKSPACE_PATH).join(cwd_rel))?,
+        })
+    }
+
+    /// Child side, in a fresh mount namespace (between fork and exec: plain syscalls on
+    /// prepared values, no allocation): stops mounts from propagating to the host, hides
+    /// the worker's state under an empty read-only tmpfs, shows the workspace at
+    /// [`WORKSPACE_PATH`] and its temp dir at [`TMP_PATH`], and moves into the workspace.
+    pub(super) fn enter(&self) -> std::io::Result<()> {
+        let err = std::io::Error::last_os_error;
+        // SAFETY: plain syscalls on NUL-terminated strings that outlive them.
+        unsafe {
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(err());
+            }
+            // Held open so they can be bound once the state dir above them is hidden.
+            let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+            let ws = libc::open(self.workspace.as_ptr(), flags);
+            if ws < 0 {
+                return Err(err());
+            }
+            let tmp = libc::open(self.tmp.as_ptr(), flags);
+            if tmp < 0 {
+                return Err(err());
+            }
+            if libc::mount(
+                c"tmpfs".as_ptr(),
+                self.state.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"size=4k,mode=000".as_ptr().cast(),
+            ) != 0
+            {
+                return Err(err());
+            }
+            bind_fd(ws, c"/workspace")?;
+            bind_fd(tmp, c"/tmp")?;
+            libc::close(ws);
+            libc::close(tmp);
+            if libc::chdir(self.cwd.as_ptr()) != 0 {
+                return Err(err());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bind-mounts the directory open as `fd` onto `target` (child side: no allocation).
+pub(super) fn bind_fd(fd: i32, target: &std::ffi::CStr) -> std::io::Result<()> {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    let mut buf = [0u8; 40];
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 12];
+    let (mut n, mut i) = (fd as u32, digits.len());
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let len = digits.len() - i;
+    buf[PREFIX.len()..PREFIX.len() + len].copy_from_slice(&digits[i..]);
+    // buf stays NUL-terminated: it was zeroed and is longer than what was copied.
+    // SAFETY: both strings are NUL-terminated and outlive the call.
+    let r = unsafe {
+        libc::mount(
+            buf.as_ptr().cast(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The first directory on the way to `path` (from `/`) that a user who is neither its owner
+/// nor in its group cannot traverse, with its mode: what keeps `nobody` out.
+pub(super) fn untraversable_ancestor(
+    path: &Path,
+    (uid, gid): (u32, u32),
+) -> Option<(PathBuf, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut cur = PathBuf::from("/");
+    let mut parts = path.components().skip(1).peekable();
+    loop {
+        let m = std::fs::metadata(&cur).ok()?;
+        let mode = m.mode() & 0o7777;
+        let bit = if m.uid() == uid {
+            0o100
+        } else if m.gid() == gid {
+            0o010
+        } else {
+            0o001
+        };
+        if mode & bit == 0 {
+            return Some((cur, mode));
+        }
+        match parts.next() {
+            Some(c) => cur.push(c),
+            None => return None,
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Small system helpers the sandbox shares: reading a file, running a check in a forked child,
+//! errno in words, and writes safe between fork and exec (no allocation).
+
+use std::path::Path;
+
+pub(super) fn read(p: impl AsRef<Path>) -> Option<String> {
+    std::fs::read_to_string(p).ok()
+}
+
+/// Runs `f` in a forked child and returns its verdict: `Err(errno)` when it failed. The child
+/// makes plain syscalls on values prepared beforehand and exits: nothing in it allocates or
+/// takes a lock another thread may hold.
+pub(super) fn in_child(f: &dyn Fn() -> Result<(), i32>) -> Result<(), i32> {
+    // SAFETY: the child only runs `f` (syscalls, no allocation) and `_exit`s.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(-1));
+    }
+    if pid == 0 {
+        let code = match f() {
+            Ok(()) => 0,
+            Err(e) => e.clamp(1, 255),
+        };
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(code) }
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            break;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return Err(-1);
+        }
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else if libc::WIFEXITED(status) {
+        Err(libc::WEXITSTATUS(status))
+    } else {
+        Err(-1)
+    }
+}
+
+pub(super) fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+}
+
+pub(super) fn describe_errno(e: i32) -> String {
+    if e > 0 {
+        std::io::Error::from_raw_os_error(e).to_string()
+    } else {
+        "the check did not finish".into()
+    }
+}
+
+pub(super) fn kernel() -> String {
+    read("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+pub(super) fn write(path: &Path, value: &str) -> Result<(), String> {
+    std::fs::write(path, value)
+        .map_err(|e| format!("cannot write {value} to {}: {e}", path.display()))
+}
+
+/// Writes the calling process's pid to `fd` without allocating (child side of fork).
+pub(super) fn write_pid(fd: i32) -> std::io::Result<()> {
+    // SAFETY: getpid has no preconditions.
+    let mut n = unsafe { libc::getpid() } as u64;
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // SAFETY: writing our own stack buffer to an open fd.
+    let r = unsafe { libc::write(fd, buf[i..].as_ptr().cast(), buf.len() - i) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
