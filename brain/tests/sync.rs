@@ -71,7 +71,7 @@ fn a_task_moved_mid_run_ends_with_the_workspace_of_an_unmoved_run() {
     let want = last_root(&c.task_log_json(&plain));
 
     let moved = c.run_plan(&plan, "a");
-    c.wait_records(&moved, "tool_call_completed", 3);
+    c.wait_records(&moved, "tool_call_completed", 3, Duration::from_secs(30));
     let out = c.brain_cli(&["task", "move", &moved, "--to", "b"]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
@@ -161,7 +161,7 @@ fn an_agent_moved_between_calls_is_told_and_carries_on_with_its_files() {
     ]);
     assert!(out.status.success(), "{}", text(&out));
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    c.wait_records(&id, "tool_call_issued", 1);
+    c.wait_records(&id, "tool_call_issued", 1, Duration::from_secs(30));
     let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
@@ -199,10 +199,10 @@ fn a_brain_killed_during_a_move_completes_it_or_rolls_it_back() {
     );
     let want = last_root(&c.task_log_json(&plain));
     let id = c.run_plan(&plan, "a");
-    c.wait_records(&id, "tool_call_completed", 2);
+    c.wait_records(&id, "tool_call_completed", 2, Duration::from_secs(30));
     let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
     assert!(out.status.success(), "{}", text(&out));
-    c.wait_records(&id, "move_started", 1);
+    c.wait_records(&id, "move_started", 1, Duration::from_secs(30));
     c.kill_brain();
     c.start_brain().unwrap();
     assert_eq!(
@@ -237,7 +237,7 @@ fn a_sigkilled_worker_fails_over_to_another_and_the_task_ends_with_the_same_work
     );
     let want = last_root(&c.task_log_json(&plain));
     let id = c.run_plan(&plan, "a");
-    c.wait_records(&id, "tool_call_completed", 3);
+    c.wait_records(&id, "tool_call_completed", 3, Duration::from_secs(30));
     a.kill();
     assert_eq!(
         c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
@@ -516,7 +516,7 @@ fn failover_and_moves_go_only_to_workers_with_the_required_labels() {
         text(&out)
     );
     // Killing the worker it runs on fails it over to the other gpu worker, never to cpu.
-    c.wait_records(&id, "tool_call_completed", 2);
+    c.wait_records(&id, "tool_call_completed", 2, Duration::from_secs(30));
     let other = if on == gpu1.id {
         gpu1.kill();
         gpu2.id.clone()

@@ -48,12 +48,12 @@ impl Drop for Gates {
 /// its third waits at gate 2 (a move happens at the next tool-call boundary: after the
 /// gated step); returns its log once it has finished.
 fn there_and_back(c: &Cluster, id: &str, gates: &Gates, to: &str, back: &str) -> Vec<Value> {
-    c.wait_records(id, "tool_call_issued", 2);
+    c.wait_records(id, "tool_call_issued", 2, Duration::from_secs(180));
     let out = c.brain_cli(&["task", "move", id, "--to", to]);
     assert!(out.status.success(), "{}", text(&out));
     gates.open(1);
-    c.wait_records(id, "move_completed", 1);
-    c.wait_records(id, "tool_call_issued", 3);
+    c.wait_records(id, "move_completed", 1, Duration::from_secs(180));
+    c.wait_records(id, "tool_call_issued", 3, Duration::from_secs(180));
     let out = c.brain_cli(&["task", "move", id, "--to", back]);
     assert!(out.status.success(), "{}", text(&out));
     gates.open(2);
@@ -139,8 +139,6 @@ fn what_a_task_leaves_in_its_workspace_never_stops_a_barrier_or_a_move() {
         outputs.iter().any(|o| o.contains("back on a\nroot")),
         "{outputs:?}"
     );
-    // (Steps that changed nothing since the last barrier run again after a move, so a
-    // step may show more than once.)
     let ran_on = |needle: &str, worker: &str| {
         log.iter().any(|r| {
             r["kind"] == "tool_call_issued"

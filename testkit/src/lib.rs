@@ -474,9 +474,9 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
-    /// Waits (at most 30 s) until task `id`'s log holds `n` records of kind `kind`.
-    pub fn wait_records(&self, id: &str, kind: &str, n: usize) {
-        let done = wait_until(Duration::from_secs(30), || {
+    /// Waits (at most `timeout`) until task `id`'s log holds `n` records of kind `kind`.
+    pub fn wait_records(&self, id: &str, kind: &str, n: usize, timeout: Duration) {
+        let done = wait_until(timeout, || {
             self.task_log_json(id)
                 .iter()
                 .filter(|r| r["kind"] == kind)

@@ -136,12 +136,16 @@ pub async fn barrier(cx: &Cx<'_>, worker: &str, full: bool) -> Result<bool, Erro
                     )
                     .await?;
             }
-            if r.root_hash != st.barrier_root {
+            // Logged when the root changed, and also when it did not but calls ran since the
+            // last barrier: the log must say their effects (none) are in the mirror, or a
+            // move would rewind and run them again.
+            let changed = r.root_hash != st.barrier_root;
+            if changed || st.unsynced_calls > 0 || st.unsure_unsynced {
                 cx.store()
                     .append(
                         cx.task,
                         vec![Event::Barrier {
-                            version: st.barrier_version + 1,
+                            version: st.barrier_version + u64::from(changed),
                             root_hash: r.root_hash,
                             files: r.files,
                             bytes: r.bytes,
