@@ -81,6 +81,11 @@ pub struct AgentConfig {
     pub allow_paths: Vec<String>,
     /// The same failing call this many times in a row earns a note; two more stop the task.
     pub repeat_limit: u32,
+    /// The acceptance check for tasks that name none and whose repository has no
+    /// `.tether/check` (a shell command; exit 0: done). Empty: none.
+    pub check: String,
+    /// How long one run of the check may take, e.g. "10m".
+    pub check_timeout: String,
 }
 
 impl Default for AgentConfig {
@@ -94,6 +99,8 @@ impl Default for AgentConfig {
             allow_commands: vec![],
             allow_paths: vec![],
             repeat_limit: 3,
+            check: String::new(),
+            check_timeout: "10m".into(),
         }
     }
 }
@@ -121,6 +128,8 @@ impl Config {
     pub fn parse(text: &str) -> Result<Self, String> {
         let c: Config = toml::from_str(text).map_err(|e| e.to_string())?;
         shared::parse_duration(&c.agent.max_wall).map_err(|e| format!("agent.max_wall: {e}"))?;
+        shared::parse_duration(&c.agent.check_timeout)
+            .map_err(|e| format!("agent.check_timeout: {e}"))?;
         c.provision.policy()?;
         for p in c.agent.allow_commands.iter().chain(&c.agent.allow_paths) {
             globset::Glob::new(p).map_err(|e| format!("agent allow-list pattern {p:?}: {e}"))?;
@@ -173,6 +182,14 @@ impl Config {
             allow_paths: a.allow_paths.clone(),
             repeat_limit: a.repeat_limit.max(1),
             transcript: String::new(),
+            // The request's, or the repository's, is chosen at creation; this is the default.
+            check: (!a.check.trim().is_empty()).then(|| crate::model::agent::Check {
+                command: a.check.trim().to_string(),
+                timeout_ms: shared::parse_duration(&a.check_timeout)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0),
+                source: "config".into(),
+            }),
         })
     }
 }

@@ -166,7 +166,12 @@ fn an_agent_fixes_a_failing_test_on_a_real_worker() {
     );
     assert_eq!(first.body["model"], "gpt-4.1");
     assert_eq!(first.body["messages"][0]["role"], "system");
-    assert_eq!(first.body["messages"][1]["content"], "make test.sh pass");
+    // The goal first, then what the workspace holds.
+    let goal = first.body["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        goal.starts_with("make test.sh pass\n\n---\nThe workspace is empty."),
+        "{goal}"
+    );
     let tools: Vec<&str> = first.body["tools"]
         .as_array()
         .unwrap()

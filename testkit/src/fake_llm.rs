@@ -111,6 +111,8 @@ fn text_of(v: &Value) -> String {
 enum Body {
     Text(String),
     ToolCall(String, Value),
+    /// Several calls in one answer (native parallel tool calls).
+    ToolCalls(Vec<(String, Value)>),
     Raw(Value),
 }
 
@@ -143,6 +145,14 @@ impl FakeReply {
     /// An answer calling tool `name` with `args` (id `call_<request seq>`).
     pub fn tool_call(name: impl Into<String>, args: Value) -> Self {
         Self::new(200, Body::ToolCall(name.into(), args))
+    }
+
+    /// An answer calling several tools at once (ids `call_<request seq>_<n>`).
+    pub fn tool_calls(calls: Vec<(&str, Value)>) -> Self {
+        Self::new(
+            200,
+            Body::ToolCalls(calls.into_iter().map(|(n, a)| (n.to_string(), a)).collect()),
+        )
     }
 
     /// Any status with this JSON body, sent as is (e.g. `{"error":{"message":"…"}}`).
@@ -179,6 +189,16 @@ impl FakeReply {
                     json!([{"type": "tool_use", "id": id, "name": name, "input": args}]),
                     "tool_use",
                 ),
+                Body::ToolCalls(calls) => (
+                    calls
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (name, args))| {
+                            json!({"type": "tool_use", "id": format!("{id}_{i}"), "name": name, "input": args})
+                        })
+                        .collect(),
+                    "tool_use",
+                ),
                 Body::Raw(v) => return v.clone(),
             };
             json!({
@@ -194,6 +214,17 @@ impl FakeReply {
                         "id": id, "type": "function",
                         "function": {"name": name, "arguments": args.to_string()},
                     }]}),
+                    "tool_calls",
+                ),
+                Body::ToolCalls(calls) => (
+                    json!({"role": "assistant", "content": null, "tool_calls": calls
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (name, args))| json!({
+                            "id": format!("{id}_{i}"), "type": "function",
+                            "function": {"name": name, "arguments": args.to_string()},
+                        }))
+                        .collect::<Vec<_>>()}),
                     "tool_calls",
                 ),
                 Body::Raw(v) => return v.clone(),

@@ -87,8 +87,12 @@ pub enum Cmd {
         #[arg(long, default_value = "")]
         reason: String,
     },
-    /// List tasks
-    Tasks,
+    /// List tasks; CHECK says `verified`, `unverified` (finished without a check), `failing`
+    /// or `pending` (`--json`: an array, stable field names)
+    Tasks {
+        #[arg(long)]
+        json: bool,
+    },
     /// Act on one task
     #[command(subcommand)]
     Task(TaskCmd),
@@ -222,8 +226,13 @@ pub enum TokenCmd {
 
 #[derive(Subcommand)]
 pub enum TaskCmd {
-    /// A task's state
-    Show { task: String },
+    /// A task's state: status, whether its result is verified by its acceptance check,
+    /// budgets (`--json`: one object, stable field names)
+    Show {
+        task: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// A task's event log (`--json`: one JSON object per line, stable field names)
     Log {
         task: String,
@@ -304,6 +313,14 @@ pub struct RunArgs {
     /// Print the task id and return instead of following the task
     #[arg(long)]
     pub detach: bool,
+    /// The acceptance check: a shell command run in the workspace when the model calls
+    /// `finish` (exit 0: done, the task ends verified; otherwise the model sees why and goes
+    /// on). Default: the repository's `.tether/check`, else `[agent] check` in the config
+    #[arg(long)]
+    pub check: Option<String>,
+    /// How long one run of the check may take
+    #[arg(long, value_parser = shared::parse_duration, requires = "check")]
+    pub check_timeout: Option<std::time::Duration>,
     /// Start from this git repository: the brain clones it (shallow) with its own
     /// credentials and the worker gets the files, never the credentials
     #[arg(long)]

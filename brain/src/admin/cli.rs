@@ -241,26 +241,37 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             follow(&target, &task, true, false).await?;
             Ok(0)
         }
-        Cmd::Tasks => {
+        Cmd::Tasks { json } => {
             let mut c = target.connect().await?;
             let list = c
                 .list_tasks(proto::ListTasksRequest {})
                 .await
                 .map_err(|s| status(s, &target.url))?
                 .into_inner();
+            if json {
+                let all: Vec<serde_json::Value> = list.tasks.iter().map(task_json).collect();
+                out!("{}", serde_json::Value::Array(all));
+                return Ok(0);
+            }
             out!(
-                "{:<10} {:<10} {:>9}  {:<16} {:<30} REASON",
+                "{:<10} {:<10} {:<10} {:>9}  {:<16} {:<30} REASON",
                 "ID",
                 "STATUS",
+                "CHECK",
                 "STEPS",
                 "WORKER",
                 "GOAL"
             );
             for t in list.tasks {
                 out!(
-                    "{:<10} {:<10} {:>4}/{:<4}  {:<16} {:<30} {}",
+                    "{:<10} {:<10} {:<10} {:>4}/{:<4}  {:<16} {:<30} {}",
                     t.id,
                     t.status,
+                    if t.verification.is_empty() {
+                        "-"
+                    } else {
+                        &t.verification
+                    },
                     t.steps_done,
                     t.steps_total,
                     t.worker,
@@ -270,7 +281,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Cmd::Task(TaskCmd::Show { task }) => {
+        Cmd::Task(TaskCmd::Show { task, json }) => {
             let mut c = target.connect().await?;
             let list = c
                 .list_tasks(proto::ListTasksRequest {})
@@ -283,6 +294,10 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .into_iter()
                 .find(|t| t.id == id.to_string())
                 .ok_or_else(|| anyhow::anyhow!("no task {task}: see `brain tasks`"))?;
+            if json {
+                out!("{}", task_json(&t));
+                return Ok(0);
+            }
             out!(
                 "id:      {}\nstatus:  {}\ngoal:    {}\nworker:  {}\nsteps:   {}/{}\nreason:  {}",
                 t.id,
@@ -309,6 +324,20 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                         l.wall_ms > 0
                     ),
                 );
+            }
+            if !t.verification.is_empty() {
+                let check = if t.check.is_empty() {
+                    "none".to_string()
+                } else {
+                    format!("`{}`", t.check)
+                };
+                out!("result:  {} (acceptance check: {check})", t.verification);
+                if !t.check_result.is_empty() {
+                    out!("last check: {}", t.check_result);
+                    for l in t.check_output.lines().take(20) {
+                        out!("    | {l}");
+                    }
+                }
             }
             Ok(0)
         }
@@ -429,4 +458,19 @@ pub fn run_demo(keep: bool, model: Option<String>) -> i32 {
             1
         }
     }
+}
+
+/// A task as `--json` shows it; field names are stable.
+fn task_json(t: &proto::TaskSummary) -> serde_json::Value {
+    let l = t.limits.unwrap_or_default();
+    serde_json::json!({
+        "id": t.id, "status": t.status, "goal": t.goal, "worker": t.worker,
+        "steps_done": t.steps_done, "steps_total": t.steps_total,
+        "created_unix_ms": t.created_unix_ms, "updated_unix_ms": t.updated_unix_ms,
+        "reason": t.reason, "model": t.model, "permission": t.permission,
+        "tokens": t.tokens, "spent_usd": t.spent_usd,
+        "limits": {"usd": l.usd, "tokens": l.tokens, "steps": l.steps, "wall_ms": l.wall_ms},
+        "verification": t.verification, "verified": t.verification == "verified",
+        "check": t.check, "check_result": t.check_result, "check_output": t.check_output,
+    })
 }

@@ -559,6 +559,8 @@ async fn agent_chapter(
             git_url: sample.display().to_string(),
             git_ref: String::new(),
             dir: String::new(),
+            // The brain, not the model's word, decides when it is done.
+            check: "sh test.sh".into(),
             ..Default::default()
         })
         .await?
@@ -609,9 +611,9 @@ async fn agent_chapter(
                     in_move = false;
                     move_bytes += wire_bytes;
                 }
-                E::Finished { outcome: o, reason } => {
-                    outcome = format!("{o:?}: {reason}").to_lowercase()
-                }
+                E::Finished {
+                    outcome: o, reason, ..
+                } => outcome = format!("{o:?}: {reason}").to_lowercase(),
                 _ => {}
             }
             if in_move && let E::Barrier { wire_bytes, .. } = &rec.event {

@@ -221,7 +221,21 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             )
         }
         E::ToolCallInterrupted { call_id, reason } => format!("interrupted #{call_id}: {reason}"),
-        E::Finished { outcome, reason } => format!("{outcome:?}: {reason}").to_lowercase(),
+        E::Finished {
+            outcome,
+            reason,
+            verified,
+        } => {
+            let name = serde_json::to_value(outcome)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default();
+            match verified {
+                Some(true) => format!("{name} (verified: the acceptance check passed): {reason}"),
+                Some(false) => format!("{name} (unverified: no acceptance check): {reason}"),
+                None => format!("{name}: {reason}"),
+            }
+        }
         E::WorkerAssigned { worker } => format!("assigned to worker {worker}"),
         E::Snapshot { upto } => format!("snapshot of the state up to {upto}"),
         E::LlmRequest { model, messages } => format!("thinking ({model}, {messages} messages)"),

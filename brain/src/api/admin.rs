@@ -311,6 +311,19 @@ impl Admin for Services {
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
             spec.transcript = req.transcript;
         }
+        if !req.check.trim().is_empty() {
+            let command = req.check.trim();
+            if command.len() > 4096 || command.contains('\0') {
+                return Err(Status::invalid_argument(
+                    "the check must be one shell command of at most 4096 bytes",
+                ));
+            }
+            spec.check = Some(crate::model::agent::Check {
+                command: command.to_string(),
+                timeout_ms: req.check_timeout_ms,
+                source: "--check".into(),
+            });
+        }
         let rules = convert::sync_rules(
             req.include_git,
             &req.extra_excludes,

@@ -346,8 +346,30 @@ pub fn machine_info(m: &Machine, connected: bool) -> proto::MachineInfo {
     }
 }
 
+/// Where a task's result stands: see `TaskSummary.verification`.
+pub fn verification(t: &TaskState) -> &'static str {
+    use crate::model::state::Status;
+    if t.agent.is_none() {
+        return "";
+    }
+    match (t.status, t.check().is_some(), t.last_check.as_ref()) {
+        (Status::Finished, _, _) if t.verified() => "verified",
+        (Status::Finished, _, _) => "unverified",
+        (_, false, _) => "",
+        (_, true, Some(c)) if !c.passed => "failing",
+        (_, true, _) => "pending",
+    }
+}
+
 impl From<TaskState> for proto::TaskSummary {
     fn from(t: TaskState) -> Self {
+        let verification = verification(&t).to_string();
+        let check = t.check().map(|c| c.command.clone()).unwrap_or_default();
+        let (check_result, check_output) = t
+            .last_check
+            .as_ref()
+            .map(|c| (c.result.clone(), c.output.clone()))
+            .unwrap_or_default();
         let a = t.agent.as_deref();
         proto::TaskSummary {
             id: t.id.to_string(),
@@ -364,6 +386,10 @@ impl From<TaskState> for proto::TaskSummary {
             permission: a.map(|a| a.spec.permission.to_string()).unwrap_or_default(),
             reason: t.reason,
             goal: t.goal,
+            verification,
+            check,
+            check_result,
+            check_output,
         }
     }
 }

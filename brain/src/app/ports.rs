@@ -141,6 +141,10 @@ impl Environments for Machines {
     fn task_cost(&self, task: &str) -> f64 {
         Machines::task_cost(self, task)
     }
+
+    fn available(&self, current: &str) -> bool {
+        Machines::available(self, current)
+    }
 }
 
 #[async_trait::async_trait]
@@ -159,5 +163,19 @@ impl Workspaces for Mirror {
             files: i.files,
             bytes: i.bytes,
         })
+    }
+
+    async fn read_file(&self, root: &str, path: &str, max: u64) -> Option<Vec<u8>> {
+        let (m, root, path) = (self.clone(), root.to_string(), path.to_string());
+        tokio::task::spawn_blocking(move || {
+            let manifest = m.manifest_shared(&root).ok()?;
+            let e = manifest.entries.get(&path)?;
+            (e.kind == shared::manifest::Kind::File && e.size <= max)
+                .then(|| m.get(&e.hash).ok())
+                .flatten()
+        })
+        .await
+        .ok()
+        .flatten()
     }
 }

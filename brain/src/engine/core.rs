@@ -40,6 +40,8 @@ pub struct Core {
     pub store: Store,
     pub ports: Ports,
     pub opts: Options,
+    /// Masks every secret the brain knows in text bound for the log, the model or a watcher.
+    pub redact: Arc<super::redact::Redactor>,
 }
 
 /// One task and the engine around it.
@@ -64,5 +66,11 @@ impl Cx<'_> {
             .ports
             .environments
             .task_cost(&self.task.id.to_string())
+    }
+
+    /// Whether the brain has somewhere else to run this task.
+    pub fn can_move(&self) -> bool {
+        let worker = self.task.state().worker.unwrap_or_default();
+        self.core.ports.environments.available(&worker)
     }
 }

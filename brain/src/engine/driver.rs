@@ -37,6 +37,8 @@ pub enum Action {
     },
     /// Wait for a person to decide the approval asked.
     AwaitDecision,
+    /// The agent: look at the workspace before the model's first turn.
+    Survey,
     /// The agent: ask the model.
     Think,
     /// The agent: obtain a machine that fits and move there.
@@ -69,6 +71,9 @@ pub struct Facts {
     pub now_ms: i64,
     /// What machines created for the task have cost so far (USD).
     pub machines_usd: f64,
+    /// The brain has somewhere else to run the task (an offer, or another worker), so
+    /// `request_environment` is worth offering.
+    pub can_move: bool,
 }
 
 /// What every task does before its driver is asked: `None` when the driver decides.

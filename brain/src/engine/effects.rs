@@ -37,7 +37,11 @@ pub async fn finish(
     mut before: Vec<Event>,
 ) -> Result<(), Error> {
     tracing::info!(task = %cx.task.id, ?outcome, %reason, "task ended");
-    before.push(Event::Finished { outcome, reason });
+    before.push(Event::Finished {
+        outcome,
+        reason,
+        verified: None,
+    });
     cx.store().append(cx.task, before).await
 }
 
@@ -398,12 +402,13 @@ pub async fn run_command(
         limits: cx.opts().limits,
     };
     let live = cx.task.live.clone();
+    let redact = cx.core.redact.clone();
     let output: OutputSink = std::sync::Arc::new(move |o| {
         let _ = live.send(LiveOutput {
             kind: "live_output",
             call_id: o.call_id,
             stream: o.stream.as_str(),
-            text: String::from_utf8_lossy(&o.data).into_owned(),
+            text: redact.apply(&String::from_utf8_lossy(&o.data)),
         });
     });
     let workers = &cx.ports().workers;

@@ -471,6 +471,7 @@ mod tests {
         let fin = Event::Finished {
             outcome: Outcome::Finished,
             reason: String::new(),
+            verified: None,
         };
         log.append(a, vec![fin.clone()]).await.unwrap();
         assert_eq!(log.read(a, 3).unwrap()[0].as_ref().unwrap().event, fin);

@@ -14,6 +14,7 @@ mod error;
 pub mod log;
 pub mod plan;
 pub mod ports;
+pub mod redact;
 pub mod store;
 pub(crate) mod supervisor;
 
@@ -27,7 +28,7 @@ use tokio_util::task::TaskTracker;
 
 use self::core::Core;
 pub use self::core::Options;
-use crate::model::agent::{AgentSpec, Budget};
+use crate::model::agent::{AgentSpec, Budget, CHECK_FILE, Check, check_from_file};
 use crate::model::event::{Event, Plan, Record, SyncRules, TaskId};
 use crate::model::ops::{FsChange, SyncOp};
 use crate::model::state::{Status, TaskState};
@@ -117,7 +118,12 @@ impl Engine {
         let (loaded, _) = tokio::sync::watch::channel(false);
         Self {
             inner: Arc::new(Inner {
-                core: Arc::new(Core { store, ports, opts }),
+                core: Arc::new(Core {
+                    redact: Arc::new(redact::Redactor::new(&opts.llm)),
+                    store,
+                    ports,
+                    opts,
+                }),
                 tracker,
                 shutdown,
                 loaded,
@@ -229,7 +235,26 @@ impl Engine {
         };
         let (plan, agent) = match new.kind {
             Kind::Plan(p) => (Some(p), None),
-            Kind::Agent(a) => (None, Some(a)),
+            Kind::Agent(mut a) => {
+                // The repository's own check wins over the config's default (a request's
+                // `--check` wins over both).
+                let from_request = a.check.as_ref().is_some_and(|c| c.source == "--check");
+                if !from_request
+                    && let Some(Event::WorkspaceSeeded { root_hash, .. }) = &seed
+                    && let Some(text) = ports
+                        .workspaces
+                        .read_file(root_hash, CHECK_FILE, 16 * 1024)
+                        .await
+                    && let Some(command) = check_from_file(&String::from_utf8_lossy(&text))
+                {
+                    a.check = Some(Check {
+                        command,
+                        timeout_ms: a.check.as_ref().map_or(0, |c| c.timeout_ms),
+                        source: CHECK_FILE.into(),
+                    });
+                }
+                (None, Some(a))
+            }
         };
         let task = self
             .inner

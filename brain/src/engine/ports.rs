@@ -105,6 +105,9 @@ pub trait Environments: Send + Sync {
     async fn release_if_ours(&self, worker: &str, task: &str) -> Option<String>;
     /// What the machines created for `task` have cost so far (USD).
     fn task_cost(&self, task: &str) -> f64;
+    /// Whether anything could be obtained for a task on `current`: an offer is configured,
+    /// or another worker is connected.
+    fn available(&self, current: &str) -> bool;
 }
 
 /// A workspace stored in the mirror for a task to start from.
@@ -125,6 +128,9 @@ pub trait Workspaces: Send + Sync {
         git_ref: &str,
         rules: &SyncRules,
     ) -> Result<Imported, String>;
+    /// A file of a workspace in the mirror (`root`: its manifest), if it is there, is a
+    /// regular file and has at most `max` bytes.
+    async fn read_file(&self, root: &str, path: &str, max: u64) -> Option<Vec<u8>>;
 }
 
 /// Every port, as the engine holds them.

@@ -268,6 +268,7 @@ impl Store {
                         vec![Event::Finished {
                             outcome: Outcome::Failed,
                             reason,
+                            verified: None,
                         }],
                     )
                     .await?;
@@ -344,6 +345,7 @@ mod tests {
                 vec![Event::Finished {
                     outcome: Outcome::Finished,
                     reason: String::new(),
+                    verified: None,
                 }],
             )
             .await

@@ -17,7 +17,7 @@ use super::store::Task;
 /// Drives `task` until it ends or stops for budget.
 pub async fn run(core: Arc<Core>, task: Arc<Task>) {
     let mut driver: Box<dyn Driver> = if task.state().agent.is_some() {
-        Box::new(AgentDriver::new(core.opts.llm.clone()))
+        Box::new(AgentDriver::new(core.opts.llm.clone(), core.redact.clone()))
     } else {
         Box::new(PlanDriver)
     };
@@ -47,6 +47,7 @@ fn facts(cx: &Cx<'_>) -> Facts {
         move_request: cx.task.move_request(),
         now_ms: shared::now_unix_ms(),
         machines_usd: if agent { cx.machines_cost() } else { 0.0 },
+        can_move: agent && cx.can_move(),
     }
 }
 

@@ -195,12 +195,18 @@ impl Environments for NoMachines {
     fn task_cost(&self, _: &str) -> f64 {
         0.0
     }
+    fn available(&self, _: &str) -> bool {
+        false
+    }
 }
 
 #[async_trait::async_trait]
 impl Workspaces for NoMachines {
     async fn import_git(&self, _: &str, _: &str, _: &SyncRules) -> Result<Imported, String> {
         Err("no git here".into())
+    }
+    async fn read_file(&self, _: &str, _: &str, _: u64) -> Option<Vec<u8>> {
+        None
     }
 }
 

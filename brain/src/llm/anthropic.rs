@@ -46,15 +46,27 @@ impl Provider for Anthropic {
     }
 }
 
-/// The request body. Roles must alternate, so consecutive messages that map to the same
-/// role (tool results, or tool results followed by a user message) become one message.
+/// The request body, within the rules the Messages API enforces beyond its published
+/// schema: no message may be empty and no text block may be empty or only whitespace (an
+/// empty answer of the model is left out), roles alternate (consecutive messages of one
+/// role — tool results, then a note — become one), and in a user turn the tool results come
+/// first.
 pub(crate) fn build_body(model: &str, req: &Request, max_tokens: u32) -> Value {
     let mut turns: Vec<(&str, Vec<Value>)> = Vec::new();
     for m in &req.messages {
         let (role, blocks) = blocks(m);
+        if blocks.is_empty() {
+            continue;
+        }
         match turns.last_mut() {
             Some((r, b)) if *r == role => b.extend(blocks),
             _ => turns.push((role, blocks)),
+        }
+    }
+    for (role, blocks) in &mut turns {
+        if *role == "user" {
+            // Stable: tool results keep their order, and so does the text after them.
+            blocks.sort_by_key(|b| b["type"] != "tool_result");
         }
     }
     let messages: Vec<Value> = turns
@@ -87,17 +99,26 @@ pub(crate) fn build_body(model: &str, req: &Request, max_tokens: u32) -> Value {
 
 fn blocks(m: &Message) -> (&'static str, Vec<Value>) {
     let text = |t: &str| json!({"type": "text", "text": t});
+    let has_text = !m.content.trim().is_empty();
     match m.role {
-        Role::User => ("user", vec![text(&m.content)]),
-        Role::Tool => (
-            "user",
-            vec![
-                json!({"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}),
-            ],
-        ),
+        Role::User if has_text => ("user", vec![text(&m.content)]),
+        Role::User => ("user", vec![]),
+        Role::Tool => {
+            let content = if has_text {
+                m.content.as_str()
+            } else {
+                "(no output)"
+            };
+            (
+                "user",
+                vec![
+                    json!({"type": "tool_result", "tool_use_id": m.tool_call_id, "content": content}),
+                ],
+            )
+        }
         Role::Assistant => {
             let mut out = Vec::new();
-            if !m.content.is_empty() || m.tool_calls.is_empty() {
+            if has_text {
                 out.push(text(&m.content));
             }
             for c in &m.tool_calls {
@@ -158,5 +179,7 @@ pub(crate) fn parse_response(v: &Value) -> Result<Response, String> {
             completion_tokens: n("output_tokens"),
         },
         malformed_calls: Vec::new(),
+        skipped_calls: Vec::new(),
+        nudge: String::new(),
     })
 }

@@ -163,5 +163,7 @@ pub(crate) fn parse_response(v: &Value) -> Result<Response, String> {
             completion_tokens: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
         },
         malformed_calls: Vec::new(),
+        skipped_calls: Vec::new(),
+        nudge: String::new(),
     })
 }

@@ -96,6 +96,8 @@ mod tests {
                 completion_tokens: 2,
             },
             malformed_calls: vec![],
+            skipped_calls: vec![],
+            nudge: String::new(),
         }
     }
 

@@ -38,7 +38,23 @@ impl Provider for TextTools {
             .iter()
             .filter(|m| m.role == Role::Assistant)
             .count();
-        let parsed = parse_reply(&resp.message.content, turn);
+        let mut parsed = parse_reply(&resp.message.content, turn);
+        // One call per reply: the model sees each result before its next move, so it does
+        // not run a plan blind (a `finish` after a test it has not seen fail).
+        if parsed.calls.len() > 1 {
+            let extra: Vec<String> = parsed.calls.drain(1..).map(|c| c.name).collect();
+            resp.skipped_calls.push(format!(
+                "Only the first call of your reply ({}) was run; the other {} ({}) were not. Make one call per reply, and decide the next once you have seen its result.",
+                parsed.calls[0].name,
+                extra.len(),
+                extra.join(", ")
+            ));
+        }
+        if parsed.calls.is_empty() && parsed.malformed.is_empty() {
+            resp.nudge = format!(
+                "You did not call a tool. To call one, write exactly one block like this, with the tool's name and its arguments as a JSON object:\n\n{FORMAT}\n\nWhen the goal is met, call `finish` with a short summary."
+            );
+        }
         resp.message.content = parsed.content;
         resp.message.tool_calls.extend(parsed.calls);
         resp.malformed_calls.extend(parsed.malformed);
@@ -52,13 +68,12 @@ const FORMAT: &str = "```json\n{\"tool\": \"NAME\", \"arguments\": {...}}\n```";
 fn tools_prompt(tools: &[ToolSpec]) -> String {
     let mut s = String::from(
         "# Tools\n\nYou can call the tools below. To call one, write a fenced block exactly \
-         like this, one block per call, with the arguments as a JSON object matching the \
-         tool's schema:\n\n",
+         like this, with the arguments as a JSON object matching the tool's schema:\n\n",
     );
     s.push_str(FORMAT);
     s.push_str(
-        "\n\nYou may write several blocks to make several calls; the results come back in \
-         the next message. When you need no tool, answer in plain text without such blocks.\n",
+        "\n\nMake exactly one call per reply: its result comes back in the next message, and \
+         only then decide the next step. Only the first block of a reply is run.\n",
     );
     for t in tools {
         s.push_str(&format!(

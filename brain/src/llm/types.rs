@@ -88,6 +88,14 @@ pub struct Response {
     pub usage: Usage,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub malformed_calls: Vec<String>,
+    /// Calls the model wrote that were not taken (text mode takes one call per reply), in
+    /// the words the model is told.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped_calls: Vec<String>,
+    /// What to tell the model when this answer has no call (how to call, in its mode); empty:
+    /// the agent's default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub nudge: String,
 }
 
 /// A model behind its wire format: one call, one answer. Implementations retry transient

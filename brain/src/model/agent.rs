@@ -83,7 +83,71 @@ pub struct AgentSpec {
     /// Replay models: the recorded transcript (JSON lines).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub transcript: String,
+    /// The acceptance check that decides whether a `finish` is done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<Check>,
 }
+
+/// A task's acceptance check: a shell command run in the workspace on the task's worker,
+/// sandboxed and logged like any call; exit status 0 means the goal is met.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Check {
+    pub command: String,
+    /// 0: the default (10 minutes).
+    #[serde(default)]
+    pub timeout_ms: u64,
+    /// Where it came from: `--check`, the repository's `.tether/check`, or the config.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+}
+
+impl Check {
+    /// How long a run may take.
+    pub fn timeout(&self) -> std::time::Duration {
+        match self.timeout_ms {
+            0 => std::time::Duration::from_secs(600),
+            ms => std::time::Duration::from_millis(ms),
+        }
+    }
+}
+
+/// One run of a task's acceptance check.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckRun {
+    pub call_id: u64,
+    pub passed: bool,
+    /// How it ended, in words (`exit code 1`, `timed out`).
+    pub result: String,
+    /// Its output (stdout then stderr), head and tail.
+    pub output: String,
+}
+
+/// The repository file that names a task's acceptance check (its first non-empty line that is
+/// not a `#` comment is the command).
+pub const CHECK_FILE: &str = ".tether/check";
+
+/// The check command a `.tether/check` file names, if any.
+pub fn check_from_file(text: &str) -> Option<String> {
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+}
+
+/// One call the model made and what it was told, as the loop detector compares them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Turn {
+    /// The call's tool name and arguments.
+    pub sig: String,
+    /// A hash of the observation (without the guard's notes).
+    pub obs: u64,
+    pub failed: bool,
+}
+
+/// Turns remembered for the loop detector: four rounds of a four-call cycle, and a few more.
+const RECENT_TURNS: usize = 20;
+/// Where the guard's notes start in an observation.
+const NOTE_MARK: &str = "\n\nNote: ";
 
 /// What an agent task has used.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -129,6 +193,111 @@ pub struct AgentState {
     pub idle_replies: u32,
     /// Messages before this index have had their tool outputs elided.
     pub elided_upto: u32,
+    /// Calls in the model's last reply (a `finish` is taken only alone).
+    #[serde(default)]
+    pub reply_calls: u32,
+    /// The latest calls and what came of them, newest last (bounded), for the loop detector.
+    #[serde(default)]
+    pub recent: VecDeque<Turn>,
+    /// The workspace overview is in the first message.
+    #[serde(default)]
+    pub surveyed: bool,
+}
+
+/// A loop the agent is in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loop {
+    /// Calls per round, and rounds in a row.
+    pub period: usize,
+    pub rounds: usize,
+    /// The calls of a round (tool names), or `None` when only the errors repeat.
+    pub calls: Option<Vec<String>>,
+}
+
+impl Loop {
+    /// The loop in words, for the model and for the reason the task stopped.
+    pub fn describe(&self) -> String {
+        match &self.calls {
+            Some(c) if self.period == 1 => format!(
+                "the same call ({}) with the same result {} times in a row",
+                c[0], self.rounds
+            ),
+            Some(c) => format!(
+                "the same {} calls ({}) with the same results, {} rounds in a row",
+                self.period,
+                c.join(", "),
+                self.rounds
+            ),
+            None if self.period == 1 => format!("the same error {} times in a row", self.rounds),
+            None => format!(
+                "the same {} errors in turn, {} rounds in a row",
+                self.period, self.rounds
+            ),
+        }
+    }
+}
+
+/// The longest repetition of a round of 1 to 4 items at the end of `items`: (period, rounds),
+/// counting only rounds that repeat back to back at least twice.
+fn repetition<T: PartialEq>(items: &[T]) -> Option<(usize, usize)> {
+    let n = items.len();
+    let mut best: Option<(usize, usize)> = None;
+    for p in 1..=4usize {
+        let mut rounds = 1;
+        while (rounds + 1) * p <= n
+            && (0..p).all(|i| items[n - 1 - i] == items[n - 1 - i - rounds * p])
+        {
+            rounds += 1;
+        }
+        if rounds >= 2 && best.is_none_or(|(bp, br)| rounds * p > br * bp) {
+            best = Some((p, rounds));
+        }
+    }
+    best
+}
+
+/// The loop `recent` ends in, if any: repeating calls with repeating results, or (whatever
+/// the calls) repeating errors.
+fn detect(recent: &VecDeque<Turn>) -> Option<Loop> {
+    let turns: Vec<&Turn> = recent.iter().collect();
+    let calls = repetition(&turns).map(|(period, rounds)| Loop {
+        period,
+        rounds,
+        calls: Some(
+            turns[turns.len() - period..]
+                .iter()
+                .map(|t| t.sig.split('\u{0}').next().unwrap_or("").to_string())
+                .collect(),
+        ),
+    });
+    let failing: Vec<u64> = turns
+        .iter()
+        .rev()
+        .take_while(|t| t.failed)
+        .map(|t| t.obs)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let errors = repetition(&failing).map(|(period, rounds)| Loop {
+        period,
+        rounds,
+        calls: None,
+    });
+    match (calls, errors) {
+        (Some(c), Some(e)) if e.period * e.rounds > c.period * c.rounds => Some(e),
+        (Some(c), _) => Some(c),
+        (None, e) => e,
+    }
+}
+
+/// A hash of an observation without the notes the guard added to it.
+fn obs_hash(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let raw = text.split(NOTE_MARK).next().unwrap_or(text);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    raw.hash(&mut h);
+    h.finish()
 }
 
 /// Where a person's approval of a call stands.
@@ -166,7 +335,93 @@ impl AgentState {
             repeat: None,
             idle_replies: 0,
             elided_upto: 0,
+            reply_calls: 0,
+            recent: VecDeque::new(),
+            surveyed: false,
         }
+    }
+
+    /// Adds the workspace overview to the first message (the goal), once.
+    pub fn on_surveyed(
+        &mut self,
+        files: &[String],
+        truncated: bool,
+        readme_path: &str,
+        readme: &str,
+    ) {
+        if self.surveyed {
+            return;
+        }
+        self.surveyed = true;
+        let mut text = String::from("\n\n---\n");
+        if files.is_empty() {
+            text.push_str("The workspace is empty.\n");
+        } else {
+            text.push_str(&format!(
+                "The workspace (the root of every path your tools take) holds {}:\n{}\n",
+                if truncated {
+                    format!("these files, and more not listed ({} shown)", files.len())
+                } else {
+                    format!("{} file(s)", files.len())
+                },
+                files.join("\n")
+            ));
+        }
+        if !readme.trim().is_empty() {
+            text.push_str(&format!(
+                "\nThe start of {readme_path}:\n{}\n",
+                super::text::head_tail(readme.trim(), 2000)
+            ));
+        }
+        if let Some(c) = &self.spec.check {
+            text.push_str(&format!(
+                "\nWhen you call `finish`, the brain runs the acceptance check `{}` in the workspace: the task is done only if it passes.\n",
+                c.command
+            ));
+        }
+        if let Some(first) = self.conversation.first_mut() {
+            first.content.push_str(text.trim_end());
+        }
+    }
+
+    /// Adds the acceptance check's first result (before any change) to the first message.
+    pub fn on_first_check(&mut self, run: &CheckRun) {
+        let Some(c) = &self.spec.check else {
+            return;
+        };
+        let mut text = format!(
+            "\n\nThe acceptance check `{}` now: {}",
+            c.command,
+            if run.passed {
+                "it passes already.".to_string()
+            } else {
+                format!("it fails ({}).", run.result)
+            }
+        );
+        if !run.output.trim().is_empty() {
+            text.push_str(&format!("\n{}", run.output.trim_end()));
+        }
+        if let Some(first) = self.conversation.first_mut() {
+            first.content.push_str(&text);
+        }
+    }
+
+    /// The rounds of a loop after which the model is told, and after which the task stops:
+    /// a single repeated call gets two more tries after the note, a longer cycle one more
+    /// round.
+    fn loop_limits(&self, period: usize) -> (usize, usize) {
+        let note = self.spec.repeat_limit.max(1) as usize;
+        (note, note + if period == 1 { 2 } else { 1 })
+    }
+
+    /// The loop the agent is in now and whether it must stop for it.
+    pub fn looping(&self) -> Option<(Loop, bool)> {
+        let l = detect(&self.recent)?;
+        let (note, stop) = self.loop_limits(l.period);
+        (l.rounds >= note).then(|| {
+            let stuck = l.rounds >= stop;
+            (l, stuck)
+        })
     }
 
     /// The signature the repeat guard compares.
@@ -182,13 +437,17 @@ impl AgentState {
         let mut msg = r.message.clone();
         msg.role = Role::Assistant;
         self.queue = msg.tool_calls.iter().cloned().collect();
+        self.reply_calls = self.queue.len() as u32;
         self.conversation.push(msg);
-        let note = (!r.malformed_calls.is_empty()).then(|| {
-            format!(
+        let mut notes = Vec::new();
+        if !r.malformed_calls.is_empty() {
+            notes.push(format!(
                 "Some of your tool calls could not be read:\n{}",
                 r.malformed_calls.join("\n")
-            )
-        });
+            ));
+        }
+        notes.extend(r.skipped_calls.iter().cloned());
+        let note = (!notes.is_empty()).then(|| notes.join("\n\n"));
         if self.queue.is_empty() {
             match note {
                 Some(n) => {
@@ -197,7 +456,12 @@ impl AgentState {
                 }
                 None => {
                     self.idle_replies += 1;
-                    self.conversation.push(Message::user(NUDGE));
+                    let nudge = if r.nudge.is_empty() {
+                        NUDGE
+                    } else {
+                        r.nudge.as_str()
+                    };
+                    self.conversation.push(Message::user(nudge));
                 }
             }
         } else {
@@ -212,6 +476,14 @@ impl AgentState {
         };
         self.queue.pop_front();
         self.conversation.push(Message::tool(tool_use_id, text));
+        self.recent.push_back(Turn {
+            sig: Self::signature(&u),
+            obs: obs_hash(text),
+            failed,
+        });
+        while self.recent.len() > RECENT_TURNS {
+            self.recent.pop_front();
+        }
         let sig = Self::signature(&u);
         self.repeat = match self.repeat.take() {
             _ if !failed => None,
@@ -277,21 +549,37 @@ impl AgentState {
     /// The observation of `u` with the repeat guard's note when it is a failure that
     /// repeats the same call.
     pub fn with_guard_note(&self, u: &ToolUse, mut text: String, failed: bool) -> String {
-        if !failed {
-            return text;
-        }
+        // The same failing call again: the most specific note.
         let sig = Self::signature(u);
         let n = match &self.repeat {
-            Some((s, n)) if *s == sig => n + 1,
-            _ => 1,
+            Some((s, n)) if failed && *s == sig => n + 1,
+            _ if failed => 1,
+            _ => 0,
         };
         let limit = self.spec.repeat_limit.max(1);
         if n >= limit {
             text.push_str(&format!(
-                "\n\nNote: this exact call has now failed {n} times in a row. Stop and think about why before trying again: read the error, look at the files, change your approach."
+                "{NOTE_MARK}this exact call has now failed {n} times in a row. Stop and think about why before trying again: read the error, look at the files, change your approach."
             ));
             if n + 1 >= limit + 2 {
                 text.push_str(" One more identical failure and the task stops as stuck.");
+            }
+            return text;
+        }
+        // The loop detector, with this turn counted.
+        let mut next = self.clone();
+        next.recent.push_back(Turn {
+            sig,
+            obs: obs_hash(&text),
+            failed,
+        });
+        if let Some((l, stuck)) = next.looping() {
+            text.push_str(&format!(
+                "{NOTE_MARK}you are going round in circles: {}. Doing it again will not help: read the errors, look at the files you have not looked at, and change your approach.",
+                l.describe()
+            ));
+            if !stuck && l.rounds + 1 >= next.loop_limits(l.period).1 {
+                text.push_str(" One more round and the task stops as stuck.");
             }
         }
         text
@@ -307,11 +595,22 @@ impl AgentState {
         self.elided_upto = self.elided_upto.max(upto as u32);
     }
 
-    /// Whether the repeat guard has stopped the task.
-    pub fn stuck(&self) -> bool {
-        self.repeat
-            .as_ref()
-            .is_some_and(|(_, n)| *n >= self.spec.repeat_limit.max(1) + 2)
+    /// Why the guard stops the task, if it does: the same failing call too many times, or a
+    /// loop of calls or errors past its note.
+    pub fn stuck(&self) -> Option<String> {
+        if let Some((sig, n)) = &self.repeat
+            && *n >= self.spec.repeat_limit.max(1) + 2
+        {
+            let call = sig.replace('\u{0}', " ");
+            return Some(format!(
+                "the same call failed {n} times in a row: {}",
+                super::text::head_tail(&call, 200)
+            ));
+        }
+        match self.looping() {
+            Some((l, true)) => Some(format!("it went round in circles: {}", l.describe())),
+            _ => None,
+        }
     }
 
     /// Why the task may not take another step, if it may not.
@@ -404,6 +703,7 @@ mod tests {
             allow_paths: vec![],
             repeat_limit: 2,
             transcript: String::new(),
+            check: None,
         }
     }
 
@@ -424,6 +724,8 @@ mod tests {
                 completion_tokens: 5,
             },
             malformed_calls: vec![],
+            skipped_calls: vec![],
+            nudge: String::new(),
         }
     }
 
@@ -438,7 +740,7 @@ mod tests {
             a.on_observation(&format!("c{i}"), "out", failed);
         }
         assert_eq!(a.repeat.as_ref().map(|r| r.1), Some(2));
-        assert!(!a.stuck());
+        assert!(a.stuck().is_none());
         for i in 6..8 {
             a.on_response(
                 &call(&format!("c{i}"), "run_command", "{\"command\":\"x\"}"),
@@ -446,7 +748,7 @@ mod tests {
             );
             a.on_observation(&format!("c{i}"), "out", true);
         }
-        assert!(a.stuck(), "limit 2 + 2 more identical failures");
+        assert!(a.stuck().is_some(), "limit 2 + 2 more identical failures");
         // 1 goal + 7 × (assistant + tool)
         assert_eq!(a.conversation.len(), 15);
         assert_eq!(a.spent.tokens, 7 * 15);

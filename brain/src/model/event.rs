@@ -66,15 +66,17 @@ pub enum Status {
     Finished,
     Failed,
     Cancelled,
-    /// The agent kept repeating the same failing call.
+    /// The agent kept repeating the same calls or errors.
     Stuck,
+    /// The model stopped calling tools.
+    Stalled,
 }
 
 impl Status {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            Status::Finished | Status::Failed | Status::Cancelled | Status::Stuck
+            Status::Finished | Status::Failed | Status::Cancelled | Status::Stuck | Status::Stalled
         )
     }
 
@@ -88,6 +90,7 @@ impl Status {
             Status::Failed => "failed",
             Status::Cancelled => "cancelled",
             Status::Stuck => "stuck",
+            Status::Stalled => "stalled",
         }
     }
 }
@@ -113,8 +116,11 @@ pub enum Outcome {
     Finished,
     Failed,
     Cancelled,
-    /// The agent repeated the same failing call until the guard stopped it.
+    /// The agent went round in circles (the same calls, the same errors) until the guard
+    /// stopped it.
     Stuck,
+    /// The model stopped calling tools: it neither acted nor claimed to be done.
+    Stalled,
 }
 
 /// A step of a scripted plan.
@@ -238,6 +244,9 @@ pub enum Purpose {
     Step,
     /// The step's check, after the step was interrupted.
     Check,
+    /// The task's acceptance check: the brain's test of a `finish`, or the first look at the
+    /// workspace before the model starts.
+    Acceptance,
 }
 
 /// A tool call as logged.
@@ -456,6 +465,17 @@ pub enum Event {
         tokens: u64,
         steps: u32,
     },
+    /// What the agent's workspace held before the model's first turn: its files (capped,
+    /// `.gitignore`-aware), and the head of its README. Shown to the model with the goal.
+    Surveyed {
+        files: Vec<String>,
+        #[serde(default)]
+        truncated: bool,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        readme_path: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        readme: String,
+    },
     /// A snapshot of the state up to and including `upto` was stored.
     Snapshot {
         upto: u64,
@@ -463,6 +483,10 @@ pub enum Event {
     Finished {
         outcome: Outcome,
         reason: String,
+        /// For an agent task that finished: whether its acceptance check passed on the final
+        /// workspace (`false`: it has no check).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        verified: Option<bool>,
     },
 }
 

@@ -9,6 +9,7 @@ pub mod ids;
 pub mod ops;
 pub mod prompt;
 pub mod state;
+pub mod text;
 pub mod tools;
 
 pub use event::{Event, Outcome, Plan, Record, Step, TaskId, ToolCall, ToolResult};

@@ -8,6 +8,11 @@ use crate::model::agent::{AgentState, Approval};
 
 pub use super::event::Status;
 
+pub use super::agent::CheckRun;
+
+/// Most of a check's output kept in the state.
+const CHECK_OUTPUT: usize = 4096;
+
 /// A call that was issued and has no outcome in the log yet.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingCall {
@@ -72,6 +77,9 @@ pub struct TaskState {
     /// Labels a worker must have to take the task.
     #[serde(default)]
     pub require_labels: std::collections::BTreeMap<String, String>,
+    /// The last run of the task's acceptance check, if it has one and it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_check: Option<CheckRun>,
     /// Agent tasks: the conversation, budgets and what waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<crate::model::agent::AgentState>>,
@@ -109,11 +117,23 @@ impl TaskState {
             seed_root: String::new(),
             sync_rules: Default::default(),
             require_labels: Default::default(),
+            last_check: None,
             agent: None,
             last_seq: 0,
             created_ms: 0,
             updated_ms: 0,
         }
+    }
+
+    /// Whether the task ended as `finished` with its acceptance check passing on the final
+    /// workspace. A task without a check is finished but unverified.
+    pub fn verified(&self) -> bool {
+        self.status == Status::Finished && self.last_check.as_ref().is_some_and(|c| c.passed)
+    }
+
+    /// The acceptance check the task carries, if any.
+    pub fn check(&self) -> Option<&crate::model::agent::Check> {
+        self.agent.as_ref().and_then(|a| a.spec.check.as_ref())
     }
 
     pub fn steps_total(&self) -> u32 {
@@ -178,6 +198,24 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                     }
                 }
                 match p.purpose {
+                    Purpose::Acceptance => {
+                        let mut run = st
+                            .last_check
+                            .take()
+                            .filter(|c| c.call_id == *call_id)
+                            .unwrap_or_default();
+                        run.call_id = *call_id;
+                        run.passed = result.ok();
+                        run.result = describe(result);
+                        // Run before the model's first turn: it learns where it starts.
+                        if let Some(a) = &mut st.agent
+                            && a.queue.is_empty()
+                            && a.spent.steps == 0
+                        {
+                            a.on_first_check(&run);
+                        }
+                        st.last_check = Some(run);
+                    }
                     Purpose::Step if result.ok() => st.next_step = p.step + 1,
                     Purpose::Step => {
                         st.step_failed =
@@ -250,12 +288,15 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             st.first_unsynced_step = None;
             st.unsure_unsynced = false;
         }
-        Event::Finished { outcome, reason } => {
+        Event::Finished {
+            outcome, reason, ..
+        } => {
             st.status = match outcome {
                 Outcome::Finished => Status::Finished,
                 Outcome::Failed => Status::Failed,
                 Outcome::Cancelled => Status::Cancelled,
                 Outcome::Stuck => Status::Stuck,
+                Outcome::Stalled => Status::Stalled,
             };
             st.reason = reason.clone();
             st.pending = None;
@@ -323,7 +364,39 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                 p.decision = Some((*approved, by.clone(), reason.clone()));
             }
         }
-        Event::ToolOutput { .. } | Event::BudgetUpdate { .. } | Event::LeftOut { .. } => {}
+        Event::ToolOutput {
+            call_id,
+            stdout,
+            stderr,
+        } => {
+            if st
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.call_id == *call_id && p.purpose == Purpose::Acceptance)
+            {
+                let both = match (stdout.is_empty(), stderr.is_empty()) {
+                    (_, true) => stdout.clone(),
+                    (true, false) => stderr.clone(),
+                    (false, false) => format!("{stdout}\n{stderr}"),
+                };
+                st.last_check = Some(CheckRun {
+                    call_id: *call_id,
+                    output: super::text::head_tail(&both, CHECK_OUTPUT),
+                    ..CheckRun::default()
+                });
+            }
+        }
+        Event::Surveyed {
+            files,
+            truncated,
+            readme_path,
+            readme,
+        } => {
+            if let Some(a) = &mut st.agent {
+                a.on_surveyed(files, *truncated, readme_path, readme);
+            }
+        }
+        Event::BudgetUpdate { .. } | Event::LeftOut { .. } => {}
     }
 }
 

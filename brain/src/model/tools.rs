@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use crate::llm::{ToolSpec, ToolUse};
 use crate::model::agent::{AgentSpec, Permission};
-use crate::model::{ToolCall, ToolResult};
+use crate::model::event::{ToolCall, ToolResult};
 
 /// Default and largest timeout of `run_command`.
 const DEFAULT_TIMEOUT_SECS: u64 = 120;
@@ -25,7 +25,9 @@ fn spec(name: &str, description: &str, parameters: Value) -> ToolSpec {
 }
 
 /// The tools a task with `permission` is offered.
-pub fn specs(permission: Permission) -> Vec<ToolSpec> {
+/// `request_environment` is offered only when `can_move` (the brain has somewhere else to
+/// run the task).
+pub fn specs(permission: Permission, can_move: bool) -> Vec<ToolSpec> {
     let mut v = vec![
         spec(
             "read_file",
@@ -38,7 +40,7 @@ pub fn specs(permission: Permission) -> Vec<ToolSpec> {
         ),
         spec(
             "list_files",
-            "List the workspace's files (honouring .gitignore), optionally matching a glob such as `*.rs` or `src/**/*.py`.",
+            "List the workspace's files (honouring .gitignore), optionally only those matching a glob (`*` within a name, `**` across directories).",
             json!({"type": "object", "properties": {
                 "glob": {"type": "string"}
             }}),
@@ -80,7 +82,10 @@ pub fn specs(permission: Permission) -> Vec<ToolSpec> {
                     "new_string": {"type": "string"}
                 }, "required": ["path", "old_string", "new_string"]}),
             ),
-            spec(
+        ]);
+    }
+    if permission != Permission::ReadOnly && can_move {
+        v.push(spec(
                 "request_environment",
                 "Move this task to a machine with at least the given resources and labels, e.g. when the build needs more cores or memory, or a GPU. An idle matching worker is reused, or one is provisioned within the brain's quotas and this task's budget (it may need a person's approval). The workspace moves along; processes started on the current machine are gone afterwards. The answer says what you got, or why not.",
                 json!({"type": "object", "properties": {
@@ -91,8 +96,7 @@ pub fn specs(permission: Permission) -> Vec<ToolSpec> {
                     "labels": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Labels the machine must carry, e.g. {\"arch\": \"aarch64\"}"},
                     "reason": {"type": "string", "description": "Why, for the people watching"}
                 }, "required": ["reason"]}),
-            ),
-        ]);
+            ));
     }
     v.push(spec(
         "finish",
@@ -179,9 +183,12 @@ pub fn prepare(u: &ToolUse, spec: &AgentSpec) -> Prepared {
 }
 
 fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, String> {
-    let known = specs(Permission::Full);
+    let known = specs(Permission::Full, true);
     if !known.iter().any(|s| s.name == u.name) {
-        let names: Vec<String> = specs(permission).into_iter().map(|s| s.name).collect();
+        let names: Vec<String> = specs(permission, false)
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
         return Err(format!(
             "unknown tool {:?}; the tools are: {}",
             u.name,
@@ -396,26 +403,7 @@ pub fn describe_interrupted(reason: &str) -> String {
     )
 }
 
-/// Cuts text to `max` characters, keeping head and tail with a note of what was cut.
-pub fn head_tail(text: &str, max: usize) -> String {
-    let n = text.chars().count();
-    if n <= max {
-        return text.to_string();
-    }
-    let keep = max / 2;
-    let head: String = text.chars().take(keep).collect();
-    let tail: String = text.chars().skip(n - keep).collect();
-    let cut_lines = text
-        .chars()
-        .skip(keep)
-        .take(n - 2 * keep)
-        .filter(|c| *c == '\n')
-        .count();
-    format!(
-        "{head}\n[… {} characters ({cut_lines} lines) cut …]\n{tail}",
-        n - 2 * keep
-    )
-}
+pub use super::text::head_tail;
 
 /// Numbered lines `start..=end` (1-based; 0 = open) of a file's text.
 pub fn numbered(text: &str, start: u32, end: u32) -> String {
@@ -478,6 +466,7 @@ mod tests {
             allow_paths: vec!["src/**".into()],
             repeat_limit: 3,
             transcript: String::new(),
+            check: None,
         }
     }
 

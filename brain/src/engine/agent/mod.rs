@@ -11,7 +11,6 @@
 //! happened is reported as interrupted, and a call waiting for approval waits on.
 
 mod files;
-mod redact;
 #[cfg(test)]
 mod tests;
 
@@ -22,13 +21,13 @@ use super::core::Cx;
 use super::driver::{Action, Driver, Facts};
 use super::effects::{self, CommandOutcome};
 use super::error::Error;
+use super::redact::Redactor;
 use crate::llm::{self, Provider, ToolUse};
 use crate::model::agent::{AgentState, Gate, Permission};
 use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
 use crate::model::prompt;
 use crate::model::state::{PendingCall, Status, TaskState};
 use crate::model::tools::{self, Prepared};
-pub use redact::Redactor;
 
 /// How long to wait before asking an unreachable model again (after the provider's own
 /// retries gave up).
@@ -50,16 +49,36 @@ pub struct AgentDriver {
     llm: Arc<llm::LlmConfig>,
     /// Made on first use, kept for the task's run.
     model: Option<Arc<dyn Provider>>,
-    redact: Redactor,
+    redact: Arc<Redactor>,
 }
 
 impl AgentDriver {
-    pub fn new(llm: Arc<llm::LlmConfig>) -> Self {
+    pub fn new(llm: Arc<llm::LlmConfig>, redact: Arc<Redactor>) -> Self {
         Self {
-            redact: Redactor::new(&llm),
+            redact,
             llm,
             model: None,
         }
+    }
+}
+
+/// What the model hears when it writes `finish` together with other calls.
+const FINISH_NOT_ALONE: &str = "not done: `finish` was written in the same reply as other calls, so it was not taken; those calls ran. Look at their results first; then, if the goal is met, call `finish` alone.";
+
+fn summary_or_default(summary: String) -> String {
+    if summary.trim().is_empty() {
+        "finished (no summary given)".to_string()
+    } else {
+        summary
+    }
+}
+
+/// The call that runs an acceptance check.
+pub fn check_call(check: &crate::model::agent::Check) -> ToolCall {
+    ToolCall::RunCommand {
+        argv: vec!["sh".into(), "-c".into(), check.command.clone()],
+        timeout_ms: check.timeout().as_millis() as u64,
+        cwd: String::new(),
     }
 }
 
@@ -95,20 +114,8 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
     let Some(a) = st.agent.as_deref() else {
         return Action::finish(Outcome::Failed, "not an agent task");
     };
-    if a.stuck() {
-        let call = a
-            .repeat
-            .as_ref()
-            .map(|(s, _)| s.replace('\u{0}', " "))
-            .unwrap_or_default();
-        return Action::finish(
-            Outcome::Stuck,
-            format!(
-                "the same call failed {} times in a row: {}",
-                a.repeat.as_ref().map_or(0, |r| r.1),
-                tools::head_tail(&call, 200)
-            ),
-        );
+    if let Some(why) = a.stuck() {
+        return Action::finish(Outcome::Stuck, why);
     }
     // 2. The next tool call of the model's last answer.
     if let Some(u) = a.queue.front() {
@@ -120,19 +127,27 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
                 what,
             },
             Prepared::Finish(summary) => {
-                let summary = if summary.trim().is_empty() {
-                    "finished (no summary given)".to_string()
-                } else {
-                    summary
-                };
-                Action::Finish {
-                    outcome: Outcome::Finished,
-                    reason: summary,
-                    before: vec![Event::Observation {
-                        tool_use_id: u.id.clone(),
-                        text: "the task is finished".into(),
-                        failed: false,
-                    }],
+                if a.reply_calls > 1 {
+                    // Written with other calls, before their results were seen: not taken.
+                    return Action::Log(vec![observe(a, u, FINISH_NOT_ALONE.into(), true)]);
+                }
+                match &a.spec.check {
+                    // The brain decides: the check runs on the final workspace.
+                    Some(check) => Action::Issue {
+                        call: check_call(check),
+                        step: a.spent.steps,
+                        purpose: Purpose::Acceptance,
+                    },
+                    None => Action::Finish {
+                        outcome: Outcome::Finished,
+                        reason: summary_or_default(summary),
+                        before: vec![Event::Observation {
+                            tool_use_id: u.id.clone(),
+                            text: "the task is finished (unverified: it has no acceptance check)"
+                                .into(),
+                            failed: false,
+                        }],
+                    },
                 }
             }
             Prepared::Call {
@@ -158,6 +173,21 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
             }
         };
     }
+    // Before the model's first turn: what the workspace holds, and where the check stands.
+    if a.spent.steps == 0 && !a.awaiting_llm {
+        if !a.surveyed {
+            return Action::Survey;
+        }
+        if let Some(check) = &a.spec.check
+            && st.last_check.is_none()
+        {
+            return Action::Issue {
+                call: check_call(check),
+                step: 0,
+                purpose: Purpose::Acceptance,
+            };
+        }
+    }
     // 3. Think.
     if a.idle_replies >= 2 {
         let last = a
@@ -168,9 +198,9 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
             .map(|m| m.content.clone())
             .unwrap_or_default();
         return Action::finish(
-            Outcome::Finished,
+            Outcome::Stalled,
             format!(
-                "the model stopped calling tools: {}",
+                "the model stopped calling tools without finishing: {}",
                 tools::head_tail(&last, 500)
             ),
         );
@@ -186,7 +216,8 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
     }
     let info = llm::model_info(&a.spec.model, llm);
     let system = prompt::system_prompt(a);
-    let estimate = prompt::estimate_tokens(&system, a, &tools::specs(a.spec.permission));
+    let estimate =
+        prompt::estimate_tokens(&system, a, &tools::specs(a.spec.permission, f.can_move));
     if let Some((upto, bytes_saved)) = prompt::elision(a, info.context_window, estimate, false) {
         return Action::Log(vec![Event::ContextElided { upto, bytes_saved }]);
     }
@@ -206,6 +237,7 @@ impl Driver for AgentDriver {
     async fn act(&mut self, cx: &Cx<'_>, action: Action) -> Result<(), Error> {
         match action {
             Action::Think => self.think(cx).await,
+            Action::Survey => survey(cx, &self.redact).await,
             Action::Environment {
                 tool_use,
                 req,
@@ -241,7 +273,7 @@ impl AgentDriver {
         };
         let info = llm::model_info(&a.spec.model, &self.llm);
         let system = prompt::system_prompt(a);
-        let tool_specs = tools::specs(a.spec.permission);
+        let tool_specs = tools::specs(a.spec.permission, cx.can_move());
         let estimate = prompt::estimate_tokens(&system, a, &tool_specs);
         let mut pre = vec![];
         if st.status != Status::Running || !st.reason.is_empty() {
@@ -271,7 +303,15 @@ impl AgentDriver {
         };
         match answer {
             Ok(mut r) => {
+                // A secret the model wrote goes nowhere: not into the log, not into the calls
+                // sent to the worker, not into a summary.
                 r.message.content = self.redact.apply(&r.message.content);
+                for c in &mut r.message.tool_calls {
+                    c.arguments = self.redact.apply(&c.arguments);
+                }
+                for m in &mut r.malformed_calls {
+                    *m = self.redact.apply(m);
+                }
                 let cost_usd = info.price.map_or(0.0, |p| p.cost(&r.usage));
                 tracing::info!(
                     task = %cx.task.id,
@@ -328,6 +368,58 @@ impl AgentDriver {
             }
         }
     }
+}
+
+/// Most files the overview lists, and README bytes it reads.
+const SURVEY_FILES: u32 = 200;
+const SURVEY_README: u64 = 4096;
+
+/// Looks at the workspace before the model's first turn: its files and the head of its
+/// README, logged so the first message shows them.
+async fn survey(cx: &Cx<'_>, redact: &Redactor) -> Result<(), Error> {
+    use crate::model::ops::{FileAnswer, FileOp};
+    let worker = cx.task.state().worker.unwrap_or_default();
+    let list = FileOp::Find {
+        glob: String::new(),
+        max_results: SURVEY_FILES,
+    };
+    let (files, truncated) = match effects::file_call(cx, &worker, list).await {
+        Ok(FileAnswer::Paths { paths, truncated }) => (paths, truncated),
+        Ok(_) => (vec![], false),
+        // Cancelled, or the worker is away: look again.
+        Err(_) => return Ok(()),
+    };
+    let readme_path = files
+        .iter()
+        .filter(|p| !p.contains('/') && p.to_ascii_lowercase().starts_with("readme"))
+        .min_by_key(|p| p.len())
+        .cloned()
+        .unwrap_or_default();
+    let mut readme = String::new();
+    if !readme_path.is_empty() {
+        let read = FileOp::Read {
+            path: readme_path.clone(),
+            offset: 0,
+            length: SURVEY_README,
+        };
+        if let Ok(FileAnswer::Data { data, .. }) = effects::file_call(cx, &worker, read).await
+            && !data.contains(&0)
+        {
+            readme = redact.apply(&String::from_utf8_lossy(&data));
+        }
+    }
+    let files = files.iter().map(|f| redact.apply(f)).collect();
+    cx.store()
+        .append(
+            cx.task,
+            vec![Event::Surveyed {
+                files,
+                truncated,
+                readme_path,
+                readme,
+            }],
+        )
+        .await
 }
 
 /// `request_environment`: a person's approval if the machine costs more than the policy
@@ -414,9 +506,51 @@ async fn environment(
         .await
 }
 
+/// Settles the acceptance check run before the model's first turn (no call of the model
+/// waits for it): its result goes into the first message.
+async fn settle_first_check(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Result<(), Error> {
+    let ToolCall::RunCommand {
+        argv,
+        timeout_ms,
+        cwd,
+    } = &p.call
+    else {
+        return effects::interrupt(cx, p.call_id, "an acceptance check must be a command").await;
+    };
+    match effects::run_command(cx, &p, argv, *timeout_ms, cwd).await {
+        CommandOutcome::WorkerGone => effects::wait_for_report(cx, &p).await,
+        CommandOutcome::Cancelled => {
+            effects::interrupt(cx, p.call_id, "the task was cancelled while the check ran").await
+        }
+        CommandOutcome::Interrupted(reason) => {
+            effects::interrupt(cx, p.call_id, reason).await?;
+            cx.ports().workers.ack(&p.worker, p.call_id);
+            Ok(())
+        }
+        CommandOutcome::Done {
+            result,
+            stdout,
+            stderr,
+        } => {
+            let (stdout, stderr) = (redact.apply(&stdout), redact.apply(&stderr));
+            cx.store()
+                .append(
+                    cx.task,
+                    effects::completed(p.call_id, result, stdout, stderr),
+                )
+                .await?;
+            cx.ports().workers.ack(&p.worker, p.call_id);
+            Ok(())
+        }
+    }
+}
+
 /// Settles the pending call and logs its outcome with the observation, in one append.
 async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Result<(), Error> {
     let st = cx.task.state();
+    if p.purpose == Purpose::Acceptance && st.agent.as_ref().is_some_and(|a| a.queue.is_empty()) {
+        return settle_first_check(cx, p, redact).await;
+    }
     let (Some(a), Some(u)) = (
         st.agent.as_deref(),
         st.agent.as_ref().and_then(|a| a.queue.front().cloned()),
@@ -439,6 +573,48 @@ async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Result<(), Er
             CommandOutcome::Interrupted(reason) => {
                 ack = true;
                 interrupted(&p, &reason)
+            }
+            CommandOutcome::Done {
+                result,
+                stdout,
+                stderr,
+            } if p.purpose == Purpose::Acceptance => {
+                let (stdout, stderr) = (redact.apply(&stdout), redact.apply(&stderr));
+                let check = st.check().map(|c| c.command.clone()).unwrap_or_default();
+                let passed = result.ok();
+                let mut events =
+                    effects::completed(p.call_id, result.clone(), stdout.clone(), stderr.clone());
+                let output = tools::describe_command(&result, &stdout, &stderr);
+                if passed {
+                    let summary = match tools::prepare(&u, &a.spec) {
+                        Prepared::Finish(s) => summary_or_default(s),
+                        _ => "finished".into(),
+                    };
+                    events.push(Event::Observation {
+                        tool_use_id: u.id.clone(),
+                        text: format!(
+                            "the task is finished: the acceptance check `{check}` passed"
+                        ),
+                        failed: false,
+                    });
+                    events.push(Event::Finished {
+                        outcome: Outcome::Finished,
+                        reason: summary,
+                        verified: Some(true),
+                    });
+                    cx.store().append(cx.task, events).await?;
+                    cx.ports().workers.ack(&p.worker, p.call_id);
+                    tracing::info!(task = %cx.task.id, "task ended: finished, verified");
+                    return Ok(());
+                }
+                ack = true;
+                (
+                    events,
+                    format!(
+                        "not done: the acceptance check `{check}` failed, so the task goes on. Its result:\n{output}\nFix what it shows, then call `finish` again."
+                    ),
+                    true,
+                )
             }
             CommandOutcome::Done {
                 result,

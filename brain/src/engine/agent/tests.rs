@@ -18,6 +18,7 @@ fn spec(permission: Permission) -> AgentSpec {
         allow_paths: vec![],
         repeat_limit: 2,
         transcript: String::new(),
+        check: None,
     }
 }
 
@@ -25,7 +26,10 @@ fn task(permission: Permission) -> TaskState {
     let mut st = TaskState::new(TaskId(3));
     st.status = Status::Running;
     st.worker = Some("w".into());
-    st.agent = Some(Box::new(AgentState::new(spec(permission), "fix it", 0)));
+    let mut a = AgentState::new(spec(permission), "fix it", 0);
+    // Looked at the workspace already (see `the_first_turn_waits_for_the_overview`).
+    a.surveyed = true;
+    st.agent = Some(Box::new(a));
     st
 }
 
@@ -50,6 +54,8 @@ fn answer(calls: &[(&str, &str)]) -> Response {
             completion_tokens: 5,
         },
         malformed_calls: vec![],
+        skipped_calls: vec![],
+        nudge: String::new(),
     }
 }
 
@@ -205,11 +211,11 @@ fn finish_environment_and_the_guards() {
         decide(&st),
         Action::Environment { req, .. } if req.cpu == 8
     ));
-    // Two replies in a row without a tool call end the task.
+    // Two replies in a row without a tool call end the task, but not as finished.
     let st = answered(answered(task(Permission::Full), &[]), &[]);
     assert!(matches!(
         decide(&st),
-        Action::Finish { outcome: Outcome::Finished, reason, .. } if reason.contains("stopped calling tools")
+        Action::Finish { outcome: Outcome::Stalled, reason, .. } if reason.contains("stopped calling tools")
     ));
     // The same failing call four times (limit 2 + 2): stuck.
     let mut st = task(Permission::Full);
@@ -282,4 +288,155 @@ fn old_outputs_are_elided_near_the_context_window() {
         &events[..],
         [Event::ContextElided { upto, bytes_saved }] if *upto > 0 && *bytes_saved > 100_000
     ));
+}
+
+#[test]
+fn the_first_turn_waits_for_the_overview_and_the_checks_first_result() {
+    let mut st = task(Permission::Full);
+    st.agent.as_mut().unwrap().surveyed = false;
+    assert_eq!(decide(&st), Action::Survey);
+    st.agent
+        .as_mut()
+        .unwrap()
+        .on_surveyed(&["a.py".into()], false, "", "");
+    assert_eq!(decide(&st), Action::Think, "no check: the model is asked");
+    assert!(
+        st.agent.as_ref().unwrap().conversation[0]
+            .content
+            .contains("a.py")
+    );
+    // With a check, its first result comes before the first question.
+    st.agent.as_mut().unwrap().spec.check = Some(crate::model::agent::Check {
+        command: "python3 test.py".into(),
+        timeout_ms: 0,
+        source: "--check".into(),
+    });
+    assert!(matches!(
+        decide(&st),
+        Action::Issue {
+            purpose: Purpose::Acceptance,
+            step: 0,
+            ..
+        }
+    ));
+    st.last_check = Some(crate::model::state::CheckRun::default());
+    assert_eq!(decide(&st), Action::Think);
+    // A task that already asked the model (from before overviews) is not surveyed midway.
+    let mut old = answered(task(Permission::Full), &[("read_file", r#"{"path":"a"}"#)]);
+    old.agent.as_mut().unwrap().surveyed = false;
+    assert!(matches!(decide(&old), Action::Issue { .. }));
+}
+
+#[test]
+fn a_finish_is_checked_taken_only_alone_and_unverified_without_a_check() {
+    let with_check = |mut st: TaskState| {
+        st.agent.as_mut().unwrap().spec.check = Some(crate::model::agent::Check {
+            command: "make test".into(),
+            timeout_ms: 5000,
+            source: "--check".into(),
+        });
+        st.last_check = Some(crate::model::state::CheckRun::default());
+        st
+    };
+    let st = answered(
+        with_check(task(Permission::Full)),
+        &[("finish", r#"{"summary":"x"}"#)],
+    );
+    assert_eq!(
+        decide(&st),
+        Action::Issue {
+            call: ToolCall::RunCommand {
+                argv: vec!["sh".into(), "-c".into(), "make test".into()],
+                timeout_ms: 5000,
+                cwd: String::new(),
+            },
+            step: 1,
+            purpose: Purpose::Acceptance,
+        }
+    );
+    // Written with another call: not taken, whatever the check.
+    let mut st = answered(
+        with_check(task(Permission::Full)),
+        &[("run_command", r#"{"command":"make"}"#), ("finish", "{}")],
+    );
+    st.agent
+        .as_mut()
+        .unwrap()
+        .on_observation("u0", "built", false);
+    let Action::Log(events) = decide(&st) else {
+        panic!("the finish must be refused");
+    };
+    assert!(matches!(
+        &events[..],
+        [Event::Observation { tool_use_id, text, .. }] if tool_use_id == "u1" && text.contains("same reply")
+    ));
+    // No check: finished, unverified.
+    let st = answered(
+        task(Permission::Full),
+        &[("finish", r#"{"summary":"done"}"#)],
+    );
+    assert!(matches!(
+        decide(&st),
+        Action::Finish { outcome: Outcome::Finished, before, .. }
+            if matches!(&before[..], [Event::Observation { text, .. }] if text.contains("unverified"))
+    ));
+}
+
+#[test]
+fn loops_of_calls_and_of_errors_are_noted_then_stopped() {
+    let round = [
+        ("list_files", "{}"),
+        ("search", r#"{"pattern":"x"}"#),
+        ("run_command", r#"{"command":"true"}"#),
+    ];
+    let mut st = task(Permission::Full);
+    st.agent.as_mut().unwrap().spec.repeat_limit = 3;
+    st.agent.as_mut().unwrap().limits.steps = 100;
+    let mut noted_at = None;
+    for i in 0..12 {
+        let (name, args) = round[i % 3];
+        st = answered(st, &[(name, args)]);
+        let a = st.agent.as_ref().unwrap();
+        let u = a.queue.front().unwrap().clone();
+        let text = a.with_guard_note(&u, "same".into(), false);
+        if noted_at.is_none() && text.contains("round in circles") {
+            noted_at = Some(i + 1);
+        }
+        st.agent
+            .as_mut()
+            .unwrap()
+            .on_observation("u0", &text, false);
+        if st.agent.as_ref().unwrap().stuck().is_some() {
+            assert_eq!(i + 1, 12, "stopped after four rounds of three");
+            break;
+        }
+    }
+    assert_eq!(noted_at, Some(9), "told after three rounds of three");
+    assert!(
+        st.agent
+            .as_ref()
+            .unwrap()
+            .stuck()
+            .unwrap()
+            .contains("3 calls")
+    );
+    // Different calls, the same two errors in turn: a loop of errors.
+    let mut st = task(Permission::Full);
+    st.agent.as_mut().unwrap().limits.steps = 100;
+    for i in 0..8 {
+        st = answered(st, &[("read_file", &format!(r#"{{"path":"f{i}"}}"#))]);
+        let err = if i % 2 == 0 {
+            "error: no such file"
+        } else {
+            "error: denied"
+        };
+        st.agent.as_mut().unwrap().on_observation("u0", err, true);
+    }
+    let why = st
+        .agent
+        .as_ref()
+        .unwrap()
+        .stuck()
+        .expect("a loop of errors stops the task");
+    assert!(why.contains("errors in turn"), "{why}");
 }

@@ -1,4 +1,4 @@
-//! Masks secrets (LLM keys) in text bound for the log or the model.
+//! Masks secrets (LLM keys) in text bound for the log, the model, a watcher or a worker.
 
 use crate::llm;
 

@@ -1,0 +1,332 @@
+//! A result a user can trust: an acceptance check decides whether a `finish` is done, a
+//! `finish` written among other calls is not taken, loops are noticed and stopped, a model
+//! that stops calling tools is not reported as finished, and what a task reports says
+//! whether it was verified. The real brain and worker, and a fake LLM speaking the real
+//! wire formats.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
+use testkit::{BrainOptions, Cluster, text};
+
+/// The key the brain knows (from its config): it must never appear outside the fake's
+/// request headers.
+const KEY: &str = "sk-test-SECRET-4b7e1d9c2a";
+
+fn cluster(llm: &FakeLlm) -> Cluster {
+    Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"{KEY}\"\n\
+             [llm.providers.anthropic]\nbase_url = \"{}\"\napi_key = \"{KEY}\"\n",
+            llm.url(),
+            llm.base()
+        )),
+        ..Default::default()
+    })
+}
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Starts an agent task (full permission) on `worker` and returns its id.
+fn start(c: &Cluster, worker: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "full",
+        "--worker",
+        worker,
+    ];
+    args.extend_from_slice(extra);
+    args.push("make done.txt exist");
+    let out = c.brain_cli(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    stdout(&out).trim().to_string()
+}
+
+fn ended(c: &Cluster, id: &str) -> String {
+    c.wait_status(
+        id,
+        &["finished", "failed", "stuck", "stalled", "budget_exhausted"],
+        Duration::from_secs(60),
+    )
+}
+
+fn show(c: &Cluster, id: &str) -> Value {
+    let out = c.brain_cli(&["task", "show", id, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The text of the first user message of a request.
+fn first_message(r: &FakeRequest) -> String {
+    let m = r
+        .messages()
+        .iter()
+        .find(|m| m["role"] == "user")
+        .expect("a user message");
+    match &m["content"] {
+        Value::String(s) => s.clone(),
+        v => v.to_string(),
+    }
+}
+
+#[test]
+fn a_finish_is_checked_and_a_failing_check_keeps_the_task_going_until_it_passes() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        // Claims done before doing anything.
+        0 => FakeReply::tool_call("finish", json!({"summary": "All Done already"})),
+        1 => FakeReply::tool_call(
+            "write_file",
+            json!({"path": "done.txt", "content": "yes\n"}),
+        ),
+        _ => FakeReply::tool_call("finish", json!({"summary": "Created done.txt"})),
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("checked");
+    let id = start(&c, &w.id, &["--check", "test -f done.txt && echo found it"]);
+    assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
+    let reqs = llm.requests();
+    // Before its first turn the model saw the workspace and where the check stands.
+    let first = first_message(&reqs[0]);
+    assert!(first.contains("make done.txt exist"), "{first}");
+    assert!(
+        first.contains("The acceptance check `test -f done.txt && echo found it` now: it fails"),
+        "{first}"
+    );
+    // The early finish was tested and refused, with the check's result.
+    let told = reqs[1].last_tool_result_text().unwrap_or_default();
+    assert!(
+        told.contains("not done: the acceptance check") && told.contains("exit code 1"),
+        "{told}"
+    );
+    assert_eq!(
+        reqs.len(),
+        3,
+        "one more turn after the refusal, then the finish that passed"
+    );
+    let t = show(&c, &id);
+    assert_eq!(t["verification"], "verified", "{t}");
+    assert_eq!(t["verified"], true);
+    assert!(
+        t["check_output"].as_str().unwrap().contains("found it"),
+        "{t}"
+    );
+    // The summary keeps its case in what people see.
+    let log = stdout(&c.brain_cli(&["task", "log", &id]));
+    assert!(
+        log.contains("finished (verified: the acceptance check passed): Created done.txt"),
+        "{log}"
+    );
+    let tasks = stdout(&c.brain_cli(&["tasks"]));
+    let line = tasks.lines().find(|l| l.starts_with(&id)).unwrap();
+    assert!(line.contains("verified"), "{tasks}");
+}
+
+#[test]
+fn a_finish_written_with_other_calls_is_not_taken_and_no_check_means_unverified() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_calls(vec![
+            ("run_command", json!({"command": "echo tests fail; exit 1"})),
+            ("finish", json!({"summary": "fixed"})),
+        ]),
+        _ => FakeReply::tool_call("finish", json!({"summary": "Looked again: fine"})),
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("eager");
+    let id = start(&c, &w.id, &[]);
+    assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 2, "the finish of the first reply ended nothing");
+    // Both calls of the first reply were answered: the command ran, the finish was refused.
+    let msgs = reqs[1].messages();
+    let results: Vec<String> = msgs
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(results.len(), 2, "{msgs:?}");
+    assert!(results[0].contains("tests fail"), "{results:?}");
+    assert!(
+        results[1].contains("not done: `finish` was written in the same reply"),
+        "{results:?}"
+    );
+    let t = show(&c, &id);
+    assert_eq!(t["verification"], "unverified", "{t}");
+    assert_eq!(t["verified"], false);
+    let tasks = stdout(&c.brain_cli(&["tasks", "--json"]));
+    let all: Vec<Value> = serde_json::from_str(&tasks).unwrap();
+    assert_eq!(all[0]["verification"], "unverified", "{tasks}");
+}
+
+#[test]
+fn a_cycle_of_four_calls_earns_a_note_then_stops_the_task_as_stuck() {
+    let llm = FakeLlm::start(|req| {
+        let calls = [
+            ("list_files", json!({})),
+            ("search", json!({"pattern": "nothing-here"})),
+            ("run_command", json!({"command": "echo same"})),
+            ("read_file", json!({"path": "notes.txt"})),
+        ];
+        let (name, args) = calls[req.assistant_turns() % 4].clone();
+        FakeReply::tool_call(name, args)
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("circles");
+    let id = start(&c, &w.id, &["--max-steps", "40"]);
+    assert_eq!(ended(&c, &id), "stuck", "{}", c.brain_log());
+    let reason = show(&c, &id)["reason"].as_str().unwrap().to_string();
+    assert!(
+        reason.contains("round in circles") && reason.contains("4 calls"),
+        "{reason}"
+    );
+    // Told first (after three rounds), stopped after the fourth.
+    let noted = llm
+        .requests()
+        .iter()
+        .position(|r| {
+            r.last_tool_result_text()
+                .is_some_and(|t| t.contains("going round in circles"))
+        })
+        .expect("the model was told it loops");
+    assert_eq!(noted, 12, "told after three rounds of four calls");
+    assert_eq!(llm.count(), 16, "stopped after the fourth round");
+}
+
+#[test]
+fn out_of_budget_after_a_failing_check_is_not_finished() {
+    let llm = FakeLlm::start(|_| FakeReply::tool_call("finish", json!({"summary": "done"})));
+    let c = cluster(&llm);
+    let w = c.join_worker("stubborn");
+    let id = start(&c, &w.id, &["--check", "false", "--max-steps", "2"]);
+    assert_eq!(ended(&c, &id), "budget_exhausted", "{}", c.brain_log());
+    let t = show(&c, &id);
+    assert_eq!(t["verification"], "failing", "{t}");
+    assert_eq!(t["verified"], false);
+}
+
+#[test]
+fn a_model_that_stops_calling_tools_is_stalled_not_finished() {
+    let llm = FakeLlm::start(|_| FakeReply::text("Here is the fix:\n```python\nprint(1)\n```"));
+    let c = cluster(&llm);
+    let w = c.join_worker("talker");
+    let id = start(&c, &w.id, &[]);
+    assert_eq!(ended(&c, &id), "stalled", "{}", c.brain_log());
+    assert!(
+        show(&c, &id)["reason"]
+            .as_str()
+            .unwrap()
+            .contains("stopped calling tools"),
+        "{}",
+        c.brain_log()
+    );
+}
+
+#[test]
+fn an_empty_answer_from_claude_is_never_sent_back_as_empty_content() {
+    // By request number: the empty answer is left out of the next request.
+    let llm = FakeLlm::start(|req| match req.seq {
+        1 => FakeReply::text(""),
+        _ => FakeReply::tool_call("finish", json!({"summary": "ok"})),
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("claude");
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        "anthropic:claude-sonnet-4-5",
+        "--permission",
+        "full",
+        "--worker",
+        &w.id,
+        "say something",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let id = stdout(&out).trim().to_string();
+    assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 2);
+    // The Messages API refuses an empty message and empty text blocks, and wants the roles
+    // to alternate: none of that was sent.
+    let msgs = reqs[1].messages();
+    let mut last = "";
+    for m in msgs {
+        let role = m["role"].as_str().unwrap();
+        assert_ne!(role, last, "roles alternate: {msgs:?}");
+        last = role;
+        match &m["content"] {
+            Value::String(s) => assert!(!s.trim().is_empty(), "{msgs:?}"),
+            Value::Array(blocks) => {
+                assert!(!blocks.is_empty(), "{msgs:?}");
+                for b in blocks {
+                    if b["type"] == "text" {
+                        assert!(!b["text"].as_str().unwrap().trim().is_empty(), "{msgs:?}");
+                    }
+                }
+            }
+            other => panic!("unexpected content {other}"),
+        }
+    }
+}
+
+#[test]
+fn a_key_the_model_writes_is_masked_in_calls_summaries_records_output_and_listings() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call("run_command", json!({"command": format!("echo {KEY}")})),
+        // Assembled by the shell, so the key is in the output (in one write), not in the
+        // arguments.
+        1 => FakeReply::tool_call(
+            "run_command",
+            json!({"command": "k=sk-test-SECRET-; echo \"${k}4b7e1d9c2a\""}),
+        ),
+        _ => FakeReply::tool_call("finish", json!({"summary": format!("used {KEY}")})),
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("leaky");
+    let out = c.brain_cli(&[
+        "run",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "full",
+        "--worker",
+        &w.id,
+        "show the key",
+    ]);
+    let followed = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        c.task_status("t-1").as_deref(),
+        Some("finished"),
+        "{followed}"
+    );
+    let log = stdout(&c.brain_cli(&["task", "log", "t-1", "--json"]));
+    let shown = stdout(&c.brain_cli(&["task", "log", "t-1"]));
+    let tasks = stdout(&c.brain_cli(&["tasks", "--json"]));
+    let show = stdout(&c.brain_cli(&["task", "show", "t-1"]));
+    for (what, t) in [
+        ("the followed run (live output)", followed.as_str()),
+        ("the stored records", log.as_str()),
+        ("the log shown", shown.as_str()),
+        ("the task listing", tasks.as_str()),
+        ("the task", show.as_str()),
+        ("the brain's log", &c.brain_log()),
+        ("the worker's log", &w.log_text()),
+    ] {
+        assert!(!t.contains(KEY), "the key appears in {what}:\n{t}");
+    }
+    assert!(log.contains("[redacted]"), "{log}");
+    // The worker got the masked arguments, never the key.
+    let journal = std::fs::read_dir(w.state.join("calls"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| std::fs::read(e.path()).unwrap_or_default())
+        .any(|b| String::from_utf8_lossy(&b).contains(KEY));
+    assert!(!journal, "the key reached the worker's journal");
+}
