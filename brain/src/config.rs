@@ -86,6 +86,9 @@ pub struct AgentConfig {
     pub check: String,
     /// How long one run of the check may take, e.g. "10m".
     pub check_timeout: String,
+    /// Files the check relies on (globs, e.g. `tests/**`): the model's file tools may not
+    /// change them, and they are put back before every run of the check.
+    pub protect: Vec<String>,
 }
 
 impl Default for AgentConfig {
@@ -101,6 +104,7 @@ impl Default for AgentConfig {
             repeat_limit: 3,
             check: String::new(),
             check_timeout: "10m".into(),
+            protect: vec![],
         }
     }
 }
@@ -131,7 +135,13 @@ impl Config {
         shared::parse_duration(&c.agent.check_timeout)
             .map_err(|e| format!("agent.check_timeout: {e}"))?;
         c.provision.policy()?;
-        for p in c.agent.allow_commands.iter().chain(&c.agent.allow_paths) {
+        for p in c
+            .agent
+            .allow_commands
+            .iter()
+            .chain(&c.agent.allow_paths)
+            .chain(&c.agent.protect)
+        {
             globset::Glob::new(p).map_err(|e| format!("agent allow-list pattern {p:?}: {e}"))?;
         }
         Ok(c)
@@ -189,6 +199,7 @@ impl Config {
                     .map(|d| d.as_millis() as u64)
                     .unwrap_or(0),
                 source: "config".into(),
+                protect: a.protect.clone(),
             }),
         })
     }

@@ -330,3 +330,121 @@ fn a_key_the_model_writes_is_masked_in_calls_summaries_records_output_and_listin
         .any(|b| String::from_utf8_lossy(&b).contains(KEY));
     assert!(!journal, "the key reached the worker's journal");
 }
+
+/// A small repository with a failing test, as a git URL the brain can clone.
+fn repo(c: &Cluster) -> String {
+    let dir = c.dir.join("repo");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("calc.sh"), "add() { echo $(($1 - $2)); }\n").unwrap();
+    std::fs::write(
+        dir.join("test.sh"),
+        ". ./calc.sh\n[ \"$(add 2 3)\" = 5 ] || { echo 'FAIL add 2 3'; exit 1; }\necho ok\n",
+    )
+    .unwrap();
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "."],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "start",
+        ],
+    ] {
+        let ok = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+    dir.display().to_string()
+}
+
+#[test]
+fn the_checks_own_files_are_protected_and_put_back_before_each_check() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        // Tries to pass by rewriting the test: refused outright by the file tool…
+        0 => FakeReply::tool_call(
+            "write_file",
+            json!({"path": "test.sh", "content": "exit 0\n"}),
+        ),
+        // …then through a command, and claims done.
+        1 => FakeReply::tool_call("run_command", json!({"command": "echo 'exit 0' > test.sh"})),
+        2 => FakeReply::tool_call("finish", json!({"summary": "tests pass"})),
+        // The test was put back and failed: now it fixes the code.
+        3 => FakeReply::tool_call(
+            "write_file",
+            json!({"path": "calc.sh", "content": "add() { echo $(($1 + $2)); }\n"}),
+        ),
+        _ => FakeReply::tool_call("finish", json!({"summary": "fixed add"})),
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("honest");
+    let url = repo(&c);
+    let id = start(
+        &c,
+        &w.id,
+        &[
+            "--git",
+            &url,
+            "--check",
+            "sh test.sh",
+            "--protect",
+            "test.sh",
+        ],
+    );
+    assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
+    let told: Vec<String> = llm
+        .requests()
+        .iter()
+        .filter_map(FakeRequest::last_tool_result_text)
+        .collect();
+    assert!(told[0].contains("test.sh is protected"), "{told:?}");
+    assert!(
+        told[2].contains("not done: the acceptance check `sh test.sh` failed")
+            && told[2].contains("FAIL add 2 3"),
+        "the edited test was put back before the check: {told:?}"
+    );
+    let t = show(&c, &id);
+    assert_eq!(t["verification"], "verified", "{t}");
+    let log = c.task_log_json(&id);
+    let restored: Vec<&Value> = log
+        .iter()
+        .filter(|r| r["kind"] == "protected_restored")
+        .collect();
+    assert_eq!(
+        restored.len(),
+        2,
+        "before each of the two checks of a finish"
+    );
+    assert_eq!(restored[0]["paths"], json!(["test.sh"]));
+}
+
+#[test]
+fn protect_without_a_check_is_refused_clearly() {
+    let llm = FakeLlm::start(|_| FakeReply::text("unused"));
+    let c = cluster(&llm);
+    let w = c.join_worker("nocheck");
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--worker",
+        &w.id,
+        "--protect",
+        "tests/**",
+        "do it",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("--protect needs an acceptance check"),
+        "{}",
+        text(&out)
+    );
+}

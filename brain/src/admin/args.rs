@@ -319,8 +319,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub check: Option<String>,
     /// How long one run of the check may take
-    #[arg(long, value_parser = shared::parse_duration, requires = "check")]
+    #[arg(long, value_parser = shared::parse_duration)]
     pub check_timeout: Option<std::time::Duration>,
+    /// Files the check relies on (a glob, repeatable, e.g. `test_*.py`): the model may not
+    /// change them with its file tools, and they are put back as the task started before
+    /// every run of the check
+    #[arg(long = "protect")]
+    pub protect: Vec<String>,
     /// Start from this git repository: the brain clones it (shallow) with its own
     /// credentials and the worker gets the files, never the credentials
     #[arg(long)]

@@ -322,7 +322,30 @@ impl Admin for Services {
                 command: command.to_string(),
                 timeout_ms: req.check_timeout_ms,
                 source: "--check".into(),
+                protect: vec![],
             });
+        }
+        if req.protect.len() > 64 {
+            return Err(Status::invalid_argument("at most 64 --protect globs"));
+        }
+        for g in &req.protect {
+            globset::Glob::new(g).map_err(|e| {
+                Status::invalid_argument(format!("invalid --protect glob {g:?}: {e}"))
+            })?;
+        }
+        if !req.protect.is_empty() {
+            match &mut spec.check {
+                Some(c) => c.protect.extend(req.protect.iter().cloned()),
+                // The repository's .tether/check may still name the command.
+                None => {
+                    spec.check = Some(crate::model::agent::Check {
+                        command: String::new(),
+                        timeout_ms: req.check_timeout_ms,
+                        source: String::new(),
+                        protect: req.protect.clone(),
+                    })
+                }
+            }
         }
         let rules = convert::sync_rules(
             req.include_git,

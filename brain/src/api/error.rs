@@ -32,6 +32,7 @@ impl From<crate::engine::Error> for Status {
             E::Ended(_) | E::Refused { .. } | E::Unplaceable(_) | E::Import(_) => {
                 Status::failed_precondition(e.to_string())
             }
+            E::Invalid(_) => Status::invalid_argument(e.to_string()),
             E::Log(_) => {
                 tracing::error!(error = %e, "task log error");
                 Status::internal(e.to_string())

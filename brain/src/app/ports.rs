@@ -178,4 +178,22 @@ impl Workspaces for Mirror {
         .ok()
         .flatten()
     }
+
+    async fn list_files(&self, root: &str) -> Vec<(String, bool)> {
+        let (m, root) = (self.clone(), root.to_string());
+        tokio::task::spawn_blocking(move || {
+            m.manifest_shared(&root)
+                .map(|manifest| {
+                    manifest
+                        .entries
+                        .iter()
+                        .filter(|(_, e)| e.kind == shared::manifest::Kind::File)
+                        .map(|(p, e)| (p.clone(), e.exec))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .await
+        .unwrap_or_default()
+    }
 }

@@ -39,6 +39,8 @@ pub enum Action {
     AwaitDecision,
     /// The agent: look at the workspace before the model's first turn.
     Survey,
+    /// The agent: put back the files the check relies on, before the check of this `finish`.
+    Restore { tool_use: ToolUse },
     /// The agent: ask the model.
     Think,
     /// The agent: obtain a machine that fits and move there.

@@ -20,4 +20,7 @@ pub enum Error {
     /// The starting workspace could not be fetched.
     #[error("{0}")]
     Import(String),
+    /// The request contradicts itself (the message says how).
+    #[error("{0}")]
+    Invalid(String),
 }

@@ -245,13 +245,31 @@ impl Engine {
                         .workspaces
                         .read_file(root_hash, CHECK_FILE, 16 * 1024)
                         .await
-                    && let Some(command) = check_from_file(&String::from_utf8_lossy(&text))
+                    && let Some((command, protect)) =
+                        check_from_file(&String::from_utf8_lossy(&text))
                 {
+                    let old = a.check.take().unwrap_or_else(|| Check {
+                        command: String::new(),
+                        timeout_ms: 0,
+                        source: String::new(),
+                        protect: vec![],
+                    });
+                    let mut all = old.protect;
+                    all.extend(protect);
                     a.check = Some(Check {
                         command,
-                        timeout_ms: a.check.as_ref().map_or(0, |c| c.timeout_ms),
+                        timeout_ms: old.timeout_ms,
                         source: CHECK_FILE.into(),
+                        protect: all,
                     });
+                }
+                if a.check
+                    .as_ref()
+                    .is_some_and(|c| c.command.trim().is_empty())
+                {
+                    return Err(Error::Invalid(
+                        "--protect needs an acceptance check: give --check CMD, or name one in the repository's .tether/check".into(),
+                    ));
                 }
                 (None, Some(a))
             }

@@ -131,6 +131,8 @@ pub trait Workspaces: Send + Sync {
     /// A file of a workspace in the mirror (`root`: its manifest), if it is there, is a
     /// regular file and has at most `max` bytes.
     async fn read_file(&self, root: &str, path: &str, max: u64) -> Option<Vec<u8>>;
+    /// The regular files of a workspace in the mirror, each with its exec bit.
+    async fn list_files(&self, root: &str) -> Vec<(String, bool)>;
 }
 
 /// Every port, as the engine holds them.

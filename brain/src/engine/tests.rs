@@ -208,6 +208,9 @@ impl Workspaces for NoMachines {
     async fn read_file(&self, _: &str, _: &str, _: u64) -> Option<Vec<u8>> {
         None
     }
+    async fn list_files(&self, _: &str) -> Vec<(String, bool)> {
+        vec![]
+    }
 }
 
 fn engine(workers: Arc<FakeWorkers>, opts: Options) -> Engine {

@@ -99,6 +99,11 @@ pub struct Check {
     /// Where it came from: `--check`, the repository's `.tether/check`, or the config.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub source: String,
+    /// Files the check relies on (globs over workspace paths, e.g. `test_*.py`): the model's
+    /// file tools may not change them, and they are put back as the task started before
+    /// every run of the check, so a check cannot be passed by editing it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub protect: Vec<String>,
 }
 
 impl Check {
@@ -122,16 +127,39 @@ pub struct CheckRun {
     pub output: String,
 }
 
-/// The repository file that names a task's acceptance check (its first non-empty line that is
-/// not a `#` comment is the command).
+/// The repository file that names a task's acceptance check: its first line that is neither
+/// empty, a `#` comment nor a `protect GLOB` line is the command; each `protect GLOB` line
+/// names files the check relies on.
 pub const CHECK_FILE: &str = ".tether/check";
 
-/// The check command a `.tether/check` file names, if any.
-pub fn check_from_file(text: &str) -> Option<String> {
-    text.lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(str::to_string)
+/// The check command and protected globs a `.tether/check` file names, if it names a command.
+pub fn check_from_file(text: &str) -> Option<(String, Vec<String>)> {
+    let mut command = None;
+    let mut protect = Vec::new();
+    for l in text.lines().map(str::trim) {
+        if l.is_empty() || l.starts_with('#') {
+            continue;
+        }
+        match l.strip_prefix("protect ") {
+            Some(glob) if !glob.trim().is_empty() => protect.push(glob.trim().to_string()),
+            Some(_) => {}
+            None => {
+                command.get_or_insert_with(|| l.to_string());
+            }
+        }
+    }
+    command.map(|c| (c, protect))
+}
+
+/// Whether `path` (workspace-relative) is one a check protects.
+pub fn is_protected(check: &Check, path: &str) -> bool {
+    let path = path.trim_start_matches("./");
+    check.protect.iter().any(|p| {
+        globset::GlobBuilder::new(p)
+            .literal_separator(true)
+            .build()
+            .is_ok_and(|g| g.compile_matcher().is_match(path))
+    })
 }
 
 /// One call the model made and what it was told, as the loop detector compares them.
@@ -202,6 +230,9 @@ pub struct AgentState {
     /// The workspace overview is in the first message.
     #[serde(default)]
     pub surveyed: bool,
+    /// The `finish` call for which the protected files were last put back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_for: Option<String>,
 }
 
 /// A loop the agent is in.
@@ -338,6 +369,7 @@ impl AgentState {
             reply_calls: 0,
             recent: VecDeque::new(),
             surveyed: false,
+            restored_for: None,
         }
     }
 
@@ -727,6 +759,27 @@ mod tests {
             skipped_calls: vec![],
             nudge: String::new(),
         }
+    }
+
+    #[test]
+    fn a_check_file_names_its_command_and_what_it_protects() {
+        let (cmd, protect) = check_from_file(
+            "# how this repository is checked\nprotect tests/**\n\npython3 -m pytest -q\nprotect conftest.py\nignored second command\n",
+        )
+        .unwrap();
+        assert_eq!(cmd, "python3 -m pytest -q");
+        assert_eq!(protect, ["tests/**", "conftest.py"]);
+        assert_eq!(check_from_file("# nothing\nprotect x\n"), None);
+        let c = Check {
+            command: cmd,
+            timeout_ms: 0,
+            source: CHECK_FILE.into(),
+            protect,
+        };
+        assert!(is_protected(&c, "tests/test_a.py"));
+        assert!(is_protected(&c, "./conftest.py"));
+        assert!(!is_protected(&c, "src/conftest.py"), "globs are anchored");
+        assert!(!is_protected(&c, "src/app.py"));
     }
 
     #[test]

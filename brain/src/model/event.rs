@@ -476,6 +476,12 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         readme: String,
     },
+    /// The files the acceptance check relies on were put back as the task started, before
+    /// the check runs for the `finish` call `tool_use_id`.
+    ProtectedRestored {
+        tool_use_id: String,
+        paths: Vec<String>,
+    },
     /// A snapshot of the state up to and including `upto` was stored.
     Snapshot {
         upto: u64,

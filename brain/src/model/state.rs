@@ -396,6 +396,11 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                 a.on_surveyed(files, *truncated, readme_path, readme);
             }
         }
+        Event::ProtectedRestored { tool_use_id, .. } => {
+            if let Some(a) = &mut st.agent {
+                a.restored_for = Some(tool_use_id.clone());
+            }
+        }
         Event::BudgetUpdate { .. } | Event::LeftOut { .. } => {}
     }
 }

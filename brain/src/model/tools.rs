@@ -177,6 +177,18 @@ fn opt_u64(
 /// Turns one of the model's calls into what the agent does with it.
 pub fn prepare(u: &ToolUse, spec: &AgentSpec) -> Prepared {
     match prepare_inner(u, spec.permission) {
+        Ok(Prepared::Call {
+            call: ToolCall::WriteFile { path, .. } | ToolCall::EditFile { path, .. },
+            ..
+        }) if spec
+            .check
+            .as_ref()
+            .is_some_and(|c| crate::model::agent::is_protected(c, &path)) =>
+        {
+            Prepared::Refused(format!(
+                "error: {path} is protected: the acceptance check relies on it, and it is put back as it was before every run of the check. Change the code, not the check's files."
+            ))
+        }
         Ok(p) => p,
         Err(e) => Prepared::Refused(format!("error: {e}")),
     }

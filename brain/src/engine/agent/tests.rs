@@ -310,6 +310,7 @@ fn the_first_turn_waits_for_the_overview_and_the_checks_first_result() {
         command: "python3 test.py".into(),
         timeout_ms: 0,
         source: "--check".into(),
+        protect: vec![],
     });
     assert!(matches!(
         decide(&st),
@@ -334,6 +335,7 @@ fn a_finish_is_checked_taken_only_alone_and_unverified_without_a_check() {
             command: "make test".into(),
             timeout_ms: 5000,
             source: "--check".into(),
+            protect: vec![],
         });
         st.last_check = Some(crate::model::state::CheckRun::default());
         st
