@@ -29,6 +29,8 @@ pub struct Cli {
     pub cmd: Cmd,
 }
 
+// Parsed once per process: the size of its largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum Cmd {
     /// Create the CA, the server certificate and an admin identity in the data dir
