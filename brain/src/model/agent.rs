@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::llm::{Message, Role, ToolUse};
 
+pub use super::check::{CHECK_FILE, Check, CheckRun, check_from_file, is_protected};
+pub use super::stuck::{Loop, Turn};
+use super::stuck::{NOTE_MARK, RECENT_TURNS, detect, obs_hash};
+
 /// What a task may do without asking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -88,95 +92,6 @@ pub struct AgentSpec {
     pub check: Option<Check>,
 }
 
-/// A task's acceptance check: a shell command run in the workspace on the task's worker,
-/// sandboxed and logged like any call; exit status 0 means the goal is met.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Check {
-    pub command: String,
-    /// 0: the default (10 minutes).
-    #[serde(default)]
-    pub timeout_ms: u64,
-    /// Where it came from: `--check`, the repository's `.tether/check`, or the config.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub source: String,
-    /// Files the check relies on (globs over workspace paths, e.g. `test_*.py`): the model's
-    /// file tools may not change them, and they are put back as the task started before
-    /// every run of the check, so a check cannot be passed by editing it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub protect: Vec<String>,
-}
-
-impl Check {
-    /// How long a run may take.
-    pub fn timeout(&self) -> std::time::Duration {
-        match self.timeout_ms {
-            0 => std::time::Duration::from_secs(600),
-            ms => std::time::Duration::from_millis(ms),
-        }
-    }
-}
-
-/// One run of a task's acceptance check.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CheckRun {
-    pub call_id: u64,
-    pub passed: bool,
-    /// How it ended, in words (`exit code 1`, `timed out`).
-    pub result: String,
-    /// Its output (stdout then stderr), head and tail.
-    pub output: String,
-}
-
-/// The repository file that names a task's acceptance check: its first line that is neither
-/// empty, a `#` comment nor a `protect GLOB` line is the command; each `protect GLOB` line
-/// names files the check relies on.
-pub const CHECK_FILE: &str = ".tether/check";
-
-/// The check command and protected globs a `.tether/check` file names, if it names a command.
-pub fn check_from_file(text: &str) -> Option<(String, Vec<String>)> {
-    let mut command = None;
-    let mut protect = Vec::new();
-    for l in text.lines().map(str::trim) {
-        if l.is_empty() || l.starts_with('#') {
-            continue;
-        }
-        match l.strip_prefix("protect ") {
-            Some(glob) if !glob.trim().is_empty() => protect.push(glob.trim().to_string()),
-            Some(_) => {}
-            None => {
-                command.get_or_insert_with(|| l.to_string());
-            }
-        }
-    }
-    command.map(|c| (c, protect))
-}
-
-/// Whether `path` (workspace-relative) is one a check protects.
-pub fn is_protected(check: &Check, path: &str) -> bool {
-    let path = path.trim_start_matches("./");
-    check.protect.iter().any(|p| {
-        globset::GlobBuilder::new(p)
-            .literal_separator(true)
-            .build()
-            .is_ok_and(|g| g.compile_matcher().is_match(path))
-    })
-}
-
-/// One call the model made and what it was told, as the loop detector compares them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Turn {
-    /// The call's tool name and arguments.
-    pub sig: String,
-    /// A hash of the observation (without the guard's notes).
-    pub obs: u64,
-    pub failed: bool,
-}
-
-/// Turns remembered for the loop detector: four rounds of a four-call cycle, and a few more.
-const RECENT_TURNS: usize = 20;
-/// Where the guard's notes start in an observation.
-const NOTE_MARK: &str = "\n\nNote: ";
-
 /// What an agent task has used.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Spent {
@@ -233,102 +148,6 @@ pub struct AgentState {
     /// The `finish` call for which the protected files were last put back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_for: Option<String>,
-}
-
-/// A loop the agent is in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Loop {
-    /// Calls per round, and rounds in a row.
-    pub period: usize,
-    pub rounds: usize,
-    /// The calls of a round (tool names), or `None` when only the errors repeat.
-    pub calls: Option<Vec<String>>,
-}
-
-impl Loop {
-    /// The loop in words, for the model and for the reason the task stopped.
-    pub fn describe(&self) -> String {
-        match &self.calls {
-            Some(c) if self.period == 1 => format!(
-                "the same call ({}) with the same result {} times in a row",
-                c[0], self.rounds
-            ),
-            Some(c) => format!(
-                "the same {} calls ({}) with the same results, {} rounds in a row",
-                self.period,
-                c.join(", "),
-                self.rounds
-            ),
-            None if self.period == 1 => format!("the same error {} times in a row", self.rounds),
-            None => format!(
-                "the same {} errors in turn, {} rounds in a row",
-                self.period, self.rounds
-            ),
-        }
-    }
-}
-
-/// The longest repetition of a round of 1 to 4 items at the end of `items`: (period, rounds),
-/// counting only rounds that repeat back to back at least twice.
-fn repetition<T: PartialEq>(items: &[T]) -> Option<(usize, usize)> {
-    let n = items.len();
-    let mut best: Option<(usize, usize)> = None;
-    for p in 1..=4usize {
-        let mut rounds = 1;
-        while (rounds + 1) * p <= n
-            && (0..p).all(|i| items[n - 1 - i] == items[n - 1 - i - rounds * p])
-        {
-            rounds += 1;
-        }
-        if rounds >= 2 && best.is_none_or(|(bp, br)| rounds * p > br * bp) {
-            best = Some((p, rounds));
-        }
-    }
-    best
-}
-
-/// The loop `recent` ends in, if any: repeating calls with repeating results, or (whatever
-/// the calls) repeating errors.
-fn detect(recent: &VecDeque<Turn>) -> Option<Loop> {
-    let turns: Vec<&Turn> = recent.iter().collect();
-    let calls = repetition(&turns).map(|(period, rounds)| Loop {
-        period,
-        rounds,
-        calls: Some(
-            turns[turns.len() - period..]
-                .iter()
-                .map(|t| t.sig.split('\u{0}').next().unwrap_or("").to_string())
-                .collect(),
-        ),
-    });
-    let failing: Vec<u64> = turns
-        .iter()
-        .rev()
-        .take_while(|t| t.failed)
-        .map(|t| t.obs)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    let errors = repetition(&failing).map(|(period, rounds)| Loop {
-        period,
-        rounds,
-        calls: None,
-    });
-    match (calls, errors) {
-        (Some(c), Some(e)) if e.period * e.rounds > c.period * c.rounds => Some(e),
-        (Some(c), _) => Some(c),
-        (None, e) => e,
-    }
-}
-
-/// A hash of an observation without the notes the guard added to it.
-fn obs_hash(text: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let raw = text.split(NOTE_MARK).next().unwrap_or(text);
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    raw.hash(&mut h);
-    h.finish()
 }
 
 /// Where a person's approval of a call stands.

@@ -3,12 +3,14 @@
 //! worker. No I/O, no clock, no wire types.
 
 pub mod agent;
+pub mod check;
 pub mod env;
 pub mod event;
 pub mod ids;
 pub mod ops;
 pub mod prompt;
 pub mod state;
+pub mod stuck;
 pub mod text;
 pub mod tools;
 

@@ -1,0 +1,79 @@
+//! A task's acceptance check: the command that decides whether a `finish` is done, where it
+//! comes from (`--check`, the repository's `.tether/check`, the config) and the files it
+//! relies on, which the model may not change.
+
+use serde::{Deserialize, Serialize};
+
+/// A task's acceptance check: a shell command run in the workspace on the task's worker,
+/// sandboxed and logged like any call; exit status 0 means the goal is met.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Check {
+    pub command: String,
+    /// 0: the default (10 minutes).
+    #[serde(default)]
+    pub timeout_ms: u64,
+    /// Where it came from: `--check`, the repository's `.tether/check`, or the config.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// Files the check relies on (globs over workspace paths, e.g. `test_*.py`): the model's
+    /// file tools may not change them, and they are put back as the task started before
+    /// every run of the check, so a check cannot be passed by editing it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub protect: Vec<String>,
+}
+
+impl Check {
+    /// How long a run may take.
+    pub fn timeout(&self) -> std::time::Duration {
+        match self.timeout_ms {
+            0 => std::time::Duration::from_secs(600),
+            ms => std::time::Duration::from_millis(ms),
+        }
+    }
+}
+
+/// One run of a task's acceptance check.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckRun {
+    pub call_id: u64,
+    pub passed: bool,
+    /// How it ended, in words (`exit code 1`, `timed out`).
+    pub result: String,
+    /// Its output (stdout then stderr), head and tail.
+    pub output: String,
+}
+
+/// The repository file that names a task's acceptance check: its first line that is neither
+/// empty, a `#` comment nor a `protect GLOB` line is the command; each `protect GLOB` line
+/// names files the check relies on.
+pub const CHECK_FILE: &str = ".tether/check";
+
+/// The check command and protected globs a `.tether/check` file names, if it names a command.
+pub fn check_from_file(text: &str) -> Option<(String, Vec<String>)> {
+    let mut command = None;
+    let mut protect = Vec::new();
+    for l in text.lines().map(str::trim) {
+        if l.is_empty() || l.starts_with('#') {
+            continue;
+        }
+        match l.strip_prefix("protect ") {
+            Some(glob) if !glob.trim().is_empty() => protect.push(glob.trim().to_string()),
+            Some(_) => {}
+            None => {
+                command.get_or_insert_with(|| l.to_string());
+            }
+        }
+    }
+    command.map(|c| (c, protect))
+}
+
+/// Whether `path` (workspace-relative) is one a check protects.
+pub fn is_protected(check: &Check, path: &str) -> bool {
+    let path = path.trim_start_matches("./");
+    check.protect.iter().any(|p| {
+        globset::GlobBuilder::new(p)
+            .literal_separator(true)
+            .build()
+            .is_ok_and(|g| g.compile_matcher().is_match(path))
+    })
+}
