@@ -1,5 +1,6 @@
 //! The brain's config file (TOML, `<data>/config.toml` unless `--config` names another):
-//! LLM providers, models and prices (`[llm]`) and the defaults for agent tasks (`[agent]`).
+//! LLM providers, models and prices (`[llm]`), the defaults for agent tasks (`[agent]`),
+//! how results are delivered (`[deliver]`) and machines (`[provision]`).
 //! A missing file means every default; a bad one is an error that says where.
 //!
 //! ```toml
@@ -18,6 +19,10 @@
 //! allow_commands = ["cargo test*", "cargo build*", "ls*", "git status"]
 //! allow_paths = ["src/**", "tests/**"]
 //!
+//! [deliver]                      # results of --git tasks as branches and pull requests
+//! mode = "branch"                # none (default), branch or pr
+//! git_token_env = "GITHUB_TOKEN" # the variable holding the push token (never in this file)
+//!
 //! [provision]
 //! brain_url = "https://brain.example:7443"   # what provisioned workers dial
 //! join_timeout = "2m"
@@ -33,6 +38,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::model::agent::{AgentSpec, Budget, Permission};
+use crate::model::delivery::Mode;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -59,7 +65,74 @@ impl shared::exit::Classify for Error {
 pub struct Config {
     pub llm: crate::llm::LlmConfig,
     pub agent: AgentConfig,
+    pub deliver: DeliverConfig,
     pub provision: crate::provision::ProvisionConfig,
+}
+
+/// How `--git` tasks' results are delivered. Tokens are read from the environment variables
+/// named here, by the brain only: never written to a file, a log or a worker.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeliverConfig {
+    /// Unless `brain run --deliver` says: `none`, `branch` or `pr`.
+    pub mode: Mode,
+    /// Delivered branches are `<prefix><task-id>` (and `-wip` for unfinished tasks).
+    pub branch_prefix: String,
+    /// The author and committer of delivered commits.
+    pub author_name: String,
+    pub author_email: String,
+    /// The user name sent with the push token over HTTPS (GitHub: `x-access-token`).
+    pub git_username: String,
+    /// The variable holding the token for the brain's HTTPS clones and pushes. Unset or empty:
+    /// the brain user's own git credentials (its credential helpers, its ssh keys).
+    pub git_token_env: String,
+    /// GitHub's REST API (GitHub Enterprise: `https://HOST/api/v3`).
+    pub github_api: String,
+    /// The variable holding the token for pull requests.
+    pub github_token_env: String,
+    /// Pull requests are opened as drafts.
+    pub draft: bool,
+}
+
+impl Default for DeliverConfig {
+    fn default() -> Self {
+        Self {
+            mode: Mode::None,
+            branch_prefix: "tether/".into(),
+            author_name: "Tether".into(),
+            author_email: "tether@localhost".into(),
+            git_username: "x-access-token".into(),
+            git_token_env: "TETHER_GIT_TOKEN".into(),
+            github_api: "https://api.github.com".into(),
+            github_token_env: "GITHUB_TOKEN".into(),
+            draft: true,
+        }
+    }
+}
+
+impl DeliverConfig {
+    /// The settings git works with, tokens read from the environment now.
+    pub fn settings(&self) -> crate::git::Settings {
+        let env = |v: &str| match v {
+            "" => String::new(),
+            v => std::env::var(v).unwrap_or_default(),
+        };
+        crate::git::Settings {
+            mode: self.mode,
+            branch_prefix: self.branch_prefix.clone(),
+            author: crate::git::commit::Author {
+                name: self.author_name.clone(),
+                email: self.author_email.clone(),
+            },
+            creds: crate::git::Credentials {
+                username: self.git_username.clone(),
+                password: env(&self.git_token_env),
+            },
+            github_api: self.github_api.clone(),
+            github_token: env(&self.github_token_env),
+            draft: self.draft,
+        }
+    }
 }
 
 /// Defaults for agent tasks; `brain run` flags override them per task.
@@ -135,6 +208,17 @@ impl Config {
         shared::parse_duration(&c.agent.check_timeout)
             .map_err(|e| format!("agent.check_timeout: {e}"))?;
         c.provision.policy()?;
+        let prefix = &c.deliver.branch_prefix;
+        if prefix.starts_with('-')
+            || prefix.contains("..")
+            || prefix
+                .chars()
+                .any(|ch| ch.is_control() || " ~^:?*[\\".contains(ch))
+        {
+            return Err(format!(
+                "deliver.branch_prefix {prefix:?} cannot start a git branch name"
+            ));
+        }
         for p in c
             .agent
             .allow_commands

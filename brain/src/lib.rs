@@ -3,7 +3,8 @@
 //! Layers, lowest first; a module uses only those below it (the tidy test checks):
 //! `storage` (the sled database, backups) · `llm` (model providers) · `model` (pure: events,
 //! task state, `apply`, agent state, tools) · `trust` (CA, registry) · `mirror` (workspace
-//! blobs and manifests) · `fleet` (worker sessions, placement) · `provision` (machines) ·
+//! blobs and manifests) · `git` (the brain's own git: imports, commits, pushes, pull
+//! requests) · `fleet` (worker sessions, placement) · `provision` (machines) ·
 //! `engine` (log, store, supervisor, drivers, ports) · `config` (the config file) · `api`
 //! (tonic adapters) · `app` (the composition root) · `admin` (the CLI, rendering, demo).
 //! ARCHITECTURE.md has the map.
@@ -14,6 +15,7 @@ pub mod app;
 pub mod config;
 pub mod engine;
 pub mod fleet;
+pub mod git;
 pub mod llm;
 pub mod mirror;
 pub mod model;

@@ -322,11 +322,16 @@ fn a_task_starts_from_a_git_repository_the_brain_clones() {
         read(&c, &w.id, &id, "src/lib.txt").as_deref(),
         Some("from the repository\n")
     );
+    // The two files and the repository's cleaned .git/, at the commit imported.
     let log = c.task_log_json(&id);
-    assert!(
-        log.iter()
-            .any(|r| r["kind"] == "workspace_seeded" && r["files"] == 2)
-    );
+    let seeded = log
+        .iter()
+        .find(|r| r["kind"] == "workspace_seeded")
+        .unwrap();
+    assert!(seeded["files"].as_u64().unwrap() > 2, "{seeded}");
+    assert_eq!(seeded["commit"].as_str().unwrap().len(), 40, "{seeded}");
+    assert_eq!(seeded["branch"], "main", "{seeded}");
+    assert!(read(&c, &w.id, &id, ".git/HEAD").is_some());
     // Per task: .git/ included, src/ left out.
     let out = c.brain_cli(&[
         "run",

@@ -34,6 +34,18 @@ pub mod limits {
     pub const MAX_LIST_ENTRIES: usize = 100_000;
 }
 
+/// Kills this process with SIGKILL when `TETHER_FAILPOINT` names `point`: how the crash
+/// tests stop the brain at an exact place in a flow (a provisioning, a delivery).
+pub fn failpoint(point: &str) {
+    if std::env::var("TETHER_FAILPOINT").is_ok_and(|v| v == point) {
+        tracing::warn!(point, "failpoint reached: killing this process");
+        // SAFETY: kill(2) on our own pid has no memory-safety requirements.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
 /// Milliseconds since the Unix epoch, for timestamps on the wire and in records.
 pub fn now_unix_ms() -> i64 {
     std::time::SystemTime::now()

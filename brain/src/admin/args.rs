@@ -257,6 +257,32 @@ pub enum TaskCmd {
         #[command(flatten)]
         budget: BudgetArgs,
     },
+    /// What the task changed: a unified diff from its starting workspace (the imported
+    /// repository, or the first barrier of a --dir task) to its last barrier; `.git/` left out
+    Diff {
+        task: String,
+        /// Only the files changed and how much (`git diff --stat`)
+        #[arg(long)]
+        stat: bool,
+    },
+    /// What the task changed, as one commit in a mail `git am` applies (`brain task patch
+    /// t-1 | git am` in a clone of the repository)
+    Patch { task: String },
+    /// Write the files of the task's last barrier into DIR (new or empty), `.git/` left out
+    Export { task: String, dir: PathBuf },
+    /// Deliver a --git task's last barrier as a git branch pushed with the brain's
+    /// credentials: `tether/<task>` once it finished, `tether/<task>-wip` for any other task
+    /// (failed, stuck, cancelled, out of budget), so work done is never lost. Delivering the
+    /// same work again changes nothing
+    Deliver {
+        task: String,
+        /// Open a pull request for the branch too (GitHub; the token [deliver]
+        /// github_token_env names)
+        #[arg(long)]
+        pr: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Budgets of an agent task (unset: the config file's defaults).
@@ -335,6 +361,12 @@ pub struct RunArgs {
     /// Branch or tag of --git
     #[arg(long, requires = "git")]
     pub git_ref: Option<String>,
+    /// How a --git task's result is delivered when it finishes: `branch` pushes a commit
+    /// as branch tether/<task> to the repository, `pr` opens a pull request for it too, `none`
+    /// leaves it to `brain task diff|patch|export|deliver`. Default: [deliver] mode in the
+    /// config (none)
+    #[arg(long, requires = "git", value_parser = ["branch", "pr", "none"])]
+    pub deliver: Option<String>,
     /// Start from a copy of this directory on the task's worker (the laptop case; a relative
     /// path is taken from here, for a worker on this machine). Only what the brain lacks is
     /// sent; the agent works on the copy

@@ -104,6 +104,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     limits: limits.to_proto(network_off).into(),
                     llm: std::sync::Arc::new(config.llm.clone()),
                     failover_after,
+                    secrets: vec![],
                 },
                 require_sandbox,
                 config,
@@ -339,7 +340,28 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     }
                 }
             }
+            if !t.origin.is_empty() {
+                out!("origin:  {}", t.origin);
+                out!(
+                    "deliver: {}",
+                    if t.delivery.is_empty() {
+                        format!("{} (not delivered yet)", t.deliver)
+                    } else {
+                        t.delivery.clone()
+                    }
+                );
+            }
             Ok(0)
+        }
+        Cmd::Task(TaskCmd::Diff { task, stat }) => {
+            super::results::diff(&target, &task, if stat { "stat" } else { "diff" }).await
+        }
+        Cmd::Task(TaskCmd::Patch { task }) => super::results::diff(&target, &task, "patch").await,
+        Cmd::Task(TaskCmd::Export { task, dir }) => {
+            super::results::export(&target, &task, &dir).await
+        }
+        Cmd::Task(TaskCmd::Deliver { task, pr, json }) => {
+            super::results::deliver(&target, &task, pr, json).await
         }
         Cmd::Task(TaskCmd::Log { task, json }) => {
             follow(&target, &task, false, json).await?;
@@ -472,5 +494,7 @@ fn task_json(t: &proto::TaskSummary) -> serde_json::Value {
         "limits": {"usd": l.usd, "tokens": l.tokens, "steps": l.steps, "wall_ms": l.wall_ms},
         "verification": t.verification, "verified": t.verification == "verified",
         "check": t.check, "check_result": t.check_result, "check_output": t.check_output,
+        "origin": t.origin, "deliver": t.deliver, "delivery": t.delivery,
+        "delivery_url": t.delivery_url,
     })
 }

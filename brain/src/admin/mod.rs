@@ -20,3 +20,4 @@ pub mod demo;
 mod follow;
 mod remote;
 pub mod render;
+mod results;

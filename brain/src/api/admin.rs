@@ -268,6 +268,7 @@ impl Admin for Services {
                 labels: convert::labels(&req.require_labels)?,
                 rules: Default::default(),
                 source: Source::Empty,
+                deliver: None,
             })
             .await?;
         tracing::info!(task = %id, by = %admin, "plan task created");
@@ -363,6 +364,10 @@ impl Admin for Services {
                 git_ref: req.git_ref,
             },
         };
+        let deliver = match req.deliver.as_str() {
+            "" => None,
+            d => Some(d.parse().map_err(Status::invalid_argument)?),
+        };
         let model = spec.model.clone();
         let id = self
             .0
@@ -374,6 +379,7 @@ impl Admin for Services {
                 labels: convert::labels(&req.require_labels)?,
                 rules,
                 source,
+                deliver,
             })
             .await?;
         tracing::info!(task = %id, %model, by = %admin, "agent task created");
@@ -553,6 +559,43 @@ impl Admin for Services {
         let id = self.0.engine.cancel(&req.get_ref().task_id).await?;
         tracing::info!(task = %id, by = %admin, "task cancel requested");
         Ok(Response::new(proto::CancelTaskResponse {}))
+    }
+
+    type TaskDiffStream = ReceiverStream<Result<proto::DataChunk, Status>>;
+
+    async fn task_diff(
+        &self,
+        req: Request<proto::TaskDiffRequest>,
+    ) -> Result<Response<Self::TaskDiffStream>, Status> {
+        self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        Ok(Response::new(
+            super::results::diff(&self.0, &req.task_id, &req.form).await?,
+        ))
+    }
+
+    type ExportTaskStream = ReceiverStream<Result<proto::ExportEntry, Status>>;
+
+    async fn export_task(
+        &self,
+        req: Request<proto::ExportTaskRequest>,
+    ) -> Result<Response<Self::ExportTaskStream>, Status> {
+        self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        Ok(Response::new(
+            super::results::export(&self.0, &req.task_id).await?,
+        ))
+    }
+
+    async fn deliver_task(
+        &self,
+        req: Request<proto::DeliverTaskRequest>,
+    ) -> Result<Response<proto::DeliverTaskResponse>, Status> {
+        let admin = self.authorize(&req, Role::Admin)?;
+        let req = req.into_inner();
+        let r = super::results::deliver(&self.0, &req.task_id, req.pull_request).await?;
+        tracing::info!(task = %req.task_id, branch = %r.branch, commit = %r.commit, by = %admin, "task delivered");
+        Ok(Response::new(r))
     }
 
     type BackupStream = ReceiverStream<Result<proto::BackupChunk, Status>>;

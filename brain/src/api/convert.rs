@@ -390,6 +390,26 @@ impl From<TaskState> for proto::TaskSummary {
             check,
             check_result,
             check_output,
+            origin: t
+                .origin
+                .as_ref()
+                .map(|o| format!("{} at {}", o.url, &o.commit[..o.commit.len().min(12)]))
+                .unwrap_or_default(),
+            deliver: if t.origin.is_some() {
+                t.deliver.to_string()
+            } else {
+                String::new()
+            },
+            delivery: t
+                .delivery
+                .as_ref()
+                .map(|d| d.describe())
+                .unwrap_or_default(),
+            delivery_url: t
+                .delivery
+                .as_ref()
+                .map(|d| d.pr_url.clone())
+                .unwrap_or_default(),
         }
     }
 }

@@ -29,7 +29,7 @@ impl From<crate::engine::Error> for Status {
         use crate::engine::Error as E;
         match e {
             E::NoSuchTask(_) => Status::not_found(e.to_string()),
-            E::Ended(_) | E::Refused { .. } | E::Unplaceable(_) | E::Import(_) => {
+            E::Ended(_) | E::Refused { .. } | E::Unplaceable(_) | E::Import(_) | E::Delivery(_) => {
                 Status::failed_precondition(e.to_string())
             }
             E::Invalid(_) => Status::invalid_argument(e.to_string()),

@@ -8,6 +8,7 @@ mod admin;
 pub mod convert;
 mod enroll;
 mod error;
+mod results;
 mod session;
 pub mod sync;
 

@@ -145,6 +145,16 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     let store = Store::new(Arc::new(log), opts.tasks.snapshot_every, call_ids);
     let machines = machines(&opts, &ca, &db, &registry, &hub, &placement, &store, addr)?;
 
+    // The brain's own git: imports and deliveries, with the tokens only it holds.
+    let settings = Arc::new(opts.config.deliver.settings());
+    let git = ports::GitPort {
+        mirror: mirror.clone(),
+        repos: crate::git::Repos::new(opts.data.path().join("repos")),
+        settings: settings.clone(),
+    };
+    let mut tasks = opts.tasks.clone();
+    tasks.secrets.extend(settings.secrets());
+
     // The engine, with every port it acts through.
     let engine = Engine::new(
         store,
@@ -152,9 +162,10 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
             workers: Arc::new(hub.clone()),
             placement: Arc::new(placement.clone()),
             environments: Arc::new(machines.clone()),
-            workspaces: Arc::new(mirror.clone()),
+            workspaces: Arc::new(git.clone()),
+            delivery: Arc::new(git),
         },
-        opts.tasks.clone(),
+        tasks,
         tracker.clone(),
         root.clone(),
     );

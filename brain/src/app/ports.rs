@@ -1,16 +1,20 @@
 //! The engine's ports over the real components: workers through the hub, placement through
-//! the fleet's rule, environments through the machines, git imports into the mirror. Thin:
+//! the fleet's rule, environments through the machines, git imports into the mirror and
+//! deliveries through the brain's own git. Thin:
 //! each converts between domain and wire types (through `api::convert`) and forwards.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::ports::{
-    CallError, Environments, Imported, OutputSink, Picked, Placement, Workers, Workspaces,
+    CallError, CommitRequest, Delivery, Environments, Imported, OutputSink, Picked, Placement,
+    PullRequestSpec, Workers, Workspaces,
 };
 use crate::fleet::hub::{self, Durable, Hub};
 use crate::fleet::placement;
+use crate::git::{self, Repos, Settings};
 use crate::mirror::Mirror;
+use crate::model::delivery::{Mode, Origin};
 use crate::model::env::{EnvRequest, Grant, Quote};
 use crate::model::event::SyncRules;
 use crate::model::ops::{Command, CommandEnd, FileAnswer, FileOp, OutputChunk, SyncOp, SyncReport};
@@ -147,26 +151,134 @@ impl Environments for Machines {
     }
 }
 
+/// The mirror and the brain's own git: imports, and deliveries of what the mirror holds.
+#[derive(Clone)]
+pub struct GitPort {
+    pub mirror: Mirror,
+    pub repos: Repos,
+    pub settings: Arc<Settings>,
+}
+
 #[async_trait::async_trait]
-impl Workspaces for Mirror {
+impl Delivery for GitPort {
+    fn default_mode(&self) -> Mode {
+        self.settings.mode
+    }
+
+    fn branch_prefix(&self) -> String {
+        self.settings.branch_prefix.clone()
+    }
+
+    async fn commit(&self, req: &CommitRequest) -> Result<String, String> {
+        let git_dir = self
+            .repos
+            .path(&req.origin.commit)
+            .map_err(|e| e.to_string())?;
+        if !git_dir.is_dir() {
+            return Err(format!(
+                "the brain no longer has the git objects of the imported commit {} (expected at {})",
+                req.origin.commit,
+                git_dir.display()
+            ));
+        }
+        let (m, base, root) = (self.mirror.clone(), req.base_root.clone(), req.root.clone());
+        let (base, head) = tokio::task::spawn_blocking(move || {
+            Ok::<_, crate::mirror::Error>((m.manifest(&base)?, m.manifest(&root)?))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        git::commit::commit(
+            &self.mirror,
+            &git::commit::Spec {
+                git_dir: &git_dir,
+                parent: &req.origin.commit,
+                base: &base,
+                head: &head,
+                author: &self.settings.author,
+                date_s: req.date_s,
+                message: &req.message,
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())
+    }
+
+    async fn push(&self, origin: &Origin, commit: &str, branch: &str) -> Result<(), String> {
+        let git_dir = self.repos.path(&origin.commit).map_err(|e| e.to_string())?;
+        let refspec = format!("+{commit}:refs/heads/{branch}");
+        git::Git::remote(
+            &[
+                "push",
+                "--quiet",
+                "--no-verify",
+                "--",
+                &origin.url,
+                &refspec,
+            ],
+            &self.settings.creds,
+        )
+        .env("GIT_DIR", &git_dir)
+        .run()
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    }
+
+    async fn open_pull_request(&self, pr: &PullRequestSpec) -> Result<(String, u64), String> {
+        let (owner, repo) = git::github::repo_of(&pr.origin_url).ok_or_else(|| {
+            format!(
+                "cannot tell the GitHub owner and repository from {}",
+                pr.origin_url
+            )
+        })?;
+        let gh = git::github::Github::new(&self.settings.github_api, &self.settings.github_token)
+            .map_err(|e| e.to_string())?;
+        gh.open(&git::github::Open {
+            owner: &owner,
+            repo: &repo,
+            head: &pr.head,
+            base: &pr.base,
+            title: &pr.title,
+            body: &pr.body,
+            draft: self.settings.draft,
+        })
+        .await
+        .map(|p| (p.url, p.number))
+        .map_err(|e| e.to_string())
+    }
+}
+
+#[async_trait::async_trait]
+impl Workspaces for GitPort {
     async fn import_git(
         &self,
         url: &str,
         git_ref: &str,
         rules: &SyncRules,
     ) -> Result<Imported, String> {
-        let i = crate::mirror::import::from_git(self, url, git_ref, rules.to_rules())
-            .await
-            .map_err(|e| e.to_string())?;
+        let i = git::import::from_git(
+            &self.mirror,
+            &self.repos,
+            url,
+            git_ref,
+            rules.to_rules(),
+            &self.settings.creds,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         Ok(Imported {
             root_hash: i.root_hash,
             files: i.files,
             bytes: i.bytes,
+            commit: i.commit,
+            branch: i.branch,
+            url: i.url,
         })
     }
 
     async fn read_file(&self, root: &str, path: &str, max: u64) -> Option<Vec<u8>> {
-        let (m, root, path) = (self.clone(), root.to_string(), path.to_string());
+        let (m, root, path) = (self.mirror.clone(), root.to_string(), path.to_string());
         tokio::task::spawn_blocking(move || {
             let manifest = m.manifest_shared(&root).ok()?;
             let e = manifest.entries.get(&path)?;
@@ -180,7 +292,7 @@ impl Workspaces for Mirror {
     }
 
     async fn list_files(&self, root: &str) -> Vec<(String, bool)> {
-        let (m, root) = (self.clone(), root.to_string());
+        let (m, root) = (self.mirror.clone(), root.to_string());
         tokio::task::spawn_blocking(move || {
             m.manifest_shared(&root)
                 .map(|manifest| {

@@ -21,6 +21,9 @@ pub struct Options {
     pub llm: Arc<crate::llm::LlmConfig>,
     /// How long a task's worker may be gone before the task fails over to another.
     pub failover_after: Duration,
+    /// Secrets besides the LLM keys to mask wherever text leaves the brain (the delivery's
+    /// tokens).
+    pub secrets: Vec<String>,
 }
 
 impl Default for Options {
@@ -31,6 +34,7 @@ impl Default for Options {
             limits: Limits::default(),
             llm: Arc::default(),
             failover_after: Duration::from_secs(30),
+            secrets: vec![],
         }
     }
 }

@@ -23,4 +23,7 @@ pub enum Error {
     /// The request contradicts itself (the message says how).
     #[error("{0}")]
     Invalid(String),
+    /// A delivery failed (the log has it too).
+    #[error("{0}")]
+    Delivery(String),
 }

@@ -8,9 +8,12 @@
 
 pub mod agent;
 pub mod core;
+mod deliver;
 pub mod driver;
 pub(crate) mod effects;
 mod error;
+
+pub use deliver::commit_message;
 pub mod log;
 pub mod plan;
 pub mod ports;
@@ -29,6 +32,7 @@ use tokio_util::task::TaskTracker;
 use self::core::Core;
 pub use self::core::Options;
 use crate::model::agent::{AgentSpec, Budget, CHECK_FILE, Check, check_from_file};
+use crate::model::delivery::{Delivery, Mode};
 use crate::model::event::{Event, Plan, Record, SyncRules, TaskId};
 use crate::model::ops::{FsChange, SyncOp};
 use crate::model::state::{Status, TaskState};
@@ -65,6 +69,8 @@ pub struct NewTask {
     pub labels: Labels,
     pub rules: SyncRules,
     pub source: Source,
+    /// How a `--git` task's result is delivered; `None`: the config's default.
+    pub deliver: Option<Mode>,
 }
 
 /// One item of a task's followed log.
@@ -119,7 +125,7 @@ impl Engine {
         Self {
             inner: Arc::new(Inner {
                 core: Arc::new(Core {
-                    redact: Arc::new(redact::Redactor::new(&opts.llm)),
+                    redact: Arc::new(redact::Redactor::new(&opts.llm, &opts.secrets)),
                     store,
                     ports,
                     opts,
@@ -130,6 +136,11 @@ impl Engine {
                 early_orphans: Mutex::default(),
             }),
         }
+    }
+
+    /// `text` with every secret the brain knows masked.
+    pub fn redact(&self, text: &str) -> String {
+        self.inner.core.redact.apply(text)
     }
 
     pub fn store(&self) -> &Store {
@@ -162,7 +173,21 @@ impl Engine {
 
     fn spawn_driver(&self, task: Arc<Task>) {
         let core = self.inner.core.clone();
-        self.spawn(async move { supervisor::run(core, task).await });
+        self.spawn(async move {
+            supervisor::run(core.clone(), task.clone()).await;
+            deliver::owed_delivery(&core, &task).await;
+        });
+    }
+
+    /// Delivers a task's last barrier as a branch (`Mode::Pr`: and a pull request): one that
+    /// finished as `<prefix><id>`, any other as `<prefix><id>-wip`. Delivering the same
+    /// workspace again changes nothing.
+    pub async fn deliver(&self, text: &str, mode: Mode) -> Result<Delivery, Error> {
+        let task = self.find(text)?;
+        if task.state().status == Status::Running && task.state().pending.is_some() {
+            tracing::info!(task = %task.id, "delivering the last barrier of a running task");
+        }
+        deliver::run(&self.inner.core, &task, mode).await
     }
 
     /// Loads every task from the log and starts a driver for each that has not ended (or
@@ -177,6 +202,9 @@ impl Engine {
                 resumed += 1;
                 tracing::info!(task = %task.id, "resuming task");
                 self.spawn_driver(task.clone());
+            } else if deliver::owed(&task.state()).is_some() {
+                let (core, task) = (self.inner.core.clone(), task.clone());
+                self.spawn(async move { deliver::owed_delivery(&core, &task).await });
             }
         }
         self.inner.loaded.send_replace(true);
@@ -189,8 +217,22 @@ impl Engine {
 
     /// Creates a task: picks its worker, fetches its starting workspace, logs its first
     /// records and starts its driver.
-    pub async fn create(&self, new: NewTask) -> Result<TaskId, Error> {
+    pub async fn create(&self, mut new: NewTask) -> Result<TaskId, Error> {
         let ports = &self.inner.core.ports;
+        let git = matches!(new.source, Source::Git { .. });
+        let deliver = match new.deliver {
+            Some(Mode::None) => Mode::None,
+            Some(m) if !git => {
+                return Err(Error::Invalid(format!(
+                    "--deliver {m} needs a task that starts from a git repository (--git URL); `brain task patch` and `brain task export` give any task's result"
+                )));
+            }
+            Some(m) => m,
+            None if git => ports.delivery.default_mode(),
+            None => Mode::None,
+        };
+        // A git task's workspace holds the repository's (cleaned) `.git/`.
+        new.rules.include_git |= git;
         let w = ports
             .placement
             .pick(&new.worker, &new.labels)
@@ -216,6 +258,8 @@ impl Engine {
                     source: format!("{}:{dir}", w.name),
                     files: r.files,
                     bytes: r.bytes,
+                    commit: String::new(),
+                    branch: String::new(),
                 })
             }
             Source::Git { url, git_ref } => {
@@ -224,12 +268,14 @@ impl Engine {
                     .import_git(url, git_ref, &new.rules)
                     .await
                     .map_err(Error::Import)?;
-                tracing::info!(%url, files = i.files, bytes = i.bytes, "workspace imported");
+                tracing::info!(url = %i.url, commit = %i.commit, files = i.files, bytes = i.bytes, "workspace imported");
                 Some(Event::WorkspaceSeeded {
                     root_hash: i.root_hash,
-                    source: url.clone(),
+                    source: i.url,
                     files: i.files,
                     bytes: i.bytes,
+                    commit: i.commit,
+                    branch: i.branch,
                 })
             }
         };
@@ -297,6 +343,9 @@ impl Engine {
                 }
                 if !new.rules.is_default() {
                     events.push(Event::WorkspaceRules { rules: new.rules });
+                }
+                if deliver != Mode::None {
+                    events.push(Event::DeliveryPlanned { mode: deliver });
                 }
                 events.extend(seed);
                 events

@@ -1,12 +1,13 @@
 //! What the engine needs from the rest of the brain, as small traits: workers to act on, a
-//! placement policy, machines on demand, and workspace imports. The composition root
-//! (`app`) implements them over the fleet, the provisioners and the mirror; the engine tests
+//! placement policy, machines on demand, workspace imports and deliveries. The composition
+//! root (`app`) implements them over the fleet, the provisioners, the mirror and git; the engine tests
 //! implement them in memory. All in domain types: no wire types cross a port.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::model::delivery::{Mode, Origin};
 use crate::model::env::{EnvRequest, Grant, Quote};
 use crate::model::event::SyncRules;
 use crate::model::ops::{Command, CommandEnd, FileAnswer, FileOp, OutputChunk, SyncOp, SyncReport};
@@ -116,6 +117,47 @@ pub struct Imported {
     pub root_hash: String,
     pub files: u64,
     pub bytes: u64,
+    /// The commit imported and its branch, and the URL without userinfo.
+    pub commit: String,
+    pub branch: String,
+    pub url: String,
+}
+
+/// A commit a delivery makes: the workspace `root` on top of the imported `origin` commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitRequest {
+    pub origin: Origin,
+    /// The workspace as imported, and the one delivered (manifest roots in the mirror).
+    pub base_root: String,
+    pub root: String,
+    pub date_s: i64,
+    pub message: String,
+}
+
+/// A pull request to open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullRequestSpec {
+    pub origin_url: String,
+    pub head: String,
+    pub base: String,
+    pub title: String,
+    pub body: String,
+}
+
+/// Where results go: git commits pushed with the brain's own credentials, and pull requests.
+#[async_trait::async_trait]
+pub trait Delivery: Send + Sync {
+    /// How tasks are delivered unless they say: the config's `[deliver] mode`.
+    fn default_mode(&self) -> Mode;
+    /// The prefix of delivered branches (`tether/`).
+    fn branch_prefix(&self) -> String;
+    /// Makes the commit (the same request always makes the same id); its id.
+    async fn commit(&self, req: &CommitRequest) -> Result<String, String>;
+    /// Pushes `commit` (made on `origin`'s commit) to `branch` of the origin repository,
+    /// replacing what the branch held.
+    async fn push(&self, origin: &Origin, commit: &str, branch: &str) -> Result<(), String>;
+    /// Opens the pull request, or finds the one open already: (URL, number).
+    async fn open_pull_request(&self, pr: &PullRequestSpec) -> Result<(String, u64), String>;
 }
 
 /// Workspaces the brain fetches itself.
@@ -142,4 +184,5 @@ pub struct Ports {
     pub placement: Arc<dyn Placement>,
     pub environments: Arc<dyn Environments>,
     pub workspaces: Arc<dyn Workspaces>,
+    pub delivery: Arc<dyn Delivery>,
 }

@@ -51,6 +51,8 @@ pub struct Task {
     /// Held by a person's command (decide, resume, move) from its check to its append, so
     /// two at once cannot both pass the check (and, say, start two drivers).
     pub(crate) control: tokio::sync::Mutex<()>,
+    /// Held while the task's result is delivered: one delivery at a time.
+    pub(crate) delivering: tokio::sync::Mutex<()>,
     /// A move a person asked for (or failover chose), taken at the next tool-call boundary.
     move_request: Mutex<Option<String>>,
     /// Call ids this process minted for the task, newest last (bounded).
@@ -225,6 +227,7 @@ impl Store {
             cancel: CancellationToken::new(),
             wake: tokio::sync::Notify::new(),
             control: tokio::sync::Mutex::new(()),
+            delivering: tokio::sync::Mutex::new(()),
             move_request: Mutex::new(None),
             minted: Mutex::new(VecDeque::new()),
             append_lock: tokio::sync::Mutex::new(()),

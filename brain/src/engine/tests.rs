@@ -12,9 +12,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::ports::Delivery;
 use super::ports::*;
 use super::*;
 use crate::engine::log::MemLog;
+use crate::model::delivery::{Mode, Origin};
 use crate::model::env::{EnvRequest, Grant, Quote};
 use crate::model::event::ToolResult;
 use crate::model::ids::CallIds;
@@ -213,6 +215,25 @@ impl Workspaces for NoMachines {
     }
 }
 
+#[async_trait::async_trait]
+impl Delivery for NoMachines {
+    fn default_mode(&self) -> Mode {
+        Mode::None
+    }
+    fn branch_prefix(&self) -> String {
+        "tether/".into()
+    }
+    async fn commit(&self, _: &CommitRequest) -> Result<String, String> {
+        Err("no git here".into())
+    }
+    async fn push(&self, _: &Origin, _: &str, _: &str) -> Result<(), String> {
+        Err("no git here".into())
+    }
+    async fn open_pull_request(&self, _: &PullRequestSpec) -> Result<(String, u64), String> {
+        Err("no git here".into())
+    }
+}
+
 fn engine(workers: Arc<FakeWorkers>, opts: Options) -> Engine {
     let store = Store::new(
         Arc::new(MemLog::default()),
@@ -226,6 +247,7 @@ fn engine(workers: Arc<FakeWorkers>, opts: Options) -> Engine {
             placement: Arc::new(FakePlacement(workers)),
             environments: Arc::new(NoMachines),
             workspaces: Arc::new(NoMachines),
+            delivery: Arc::new(NoMachines),
         },
         opts,
         TaskTracker::new(),
@@ -244,6 +266,7 @@ fn plan_task(worker: &str, steps: usize) -> NewTask {
         labels: Labels::new(),
         rules: SyncRules::default(),
         source: Source::Empty,
+        deliver: None,
     }
 }
 

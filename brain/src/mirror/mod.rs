@@ -6,8 +6,6 @@
 //! whole manifest every [`MAX_CHAIN`] versions, so a barrier costs what changed rather than
 //! the size of the tree. Garbage collection keeps what the given manifests reference.
 
-pub mod import;
-
 use shared::locks::Lock;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

@@ -426,6 +426,40 @@ pub enum Event {
         source: String,
         files: u64,
         bytes: u64,
+        /// A git import: the commit imported and the branch it was on (`source` is the
+        /// repository's URL without userinfo).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        commit: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        branch: String,
+    },
+    /// The task's result is to be delivered this way when it finishes.
+    DeliveryPlanned {
+        mode: super::delivery::Mode,
+    },
+    /// A delivery began: the commit it makes of workspace `root` (author date `date_s`) and
+    /// the branch it pushes it to.
+    DeliveryStarted {
+        mode: super::delivery::Mode,
+        wip: bool,
+        branch: String,
+        root: String,
+        commit: String,
+        date_s: i64,
+    },
+    DeliveryPushed {
+        branch: String,
+        commit: String,
+    },
+    PullRequestOpened {
+        url: String,
+        number: u64,
+    },
+    Delivered {
+        branch: String,
+    },
+    DeliveryFailed {
+        reason: String,
     },
     /// A move could not complete; the task stays where it was.
     MoveAborted {

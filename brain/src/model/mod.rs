@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod check;
+pub mod delivery;
 pub mod env;
 pub mod event;
 pub mod ids;

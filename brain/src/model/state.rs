@@ -83,6 +83,18 @@ pub struct TaskState {
     /// Agent tasks: the conversation, budgets and what waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<crate::model::agent::AgentState>>,
+    /// A git import: where the task's repository stands, for its delivery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<super::delivery::Origin>,
+    /// Moves completed (a person's, failovers, `request_environment`).
+    #[serde(default)]
+    pub moves: u32,
+    /// How the task is delivered when it finishes.
+    #[serde(default)]
+    pub deliver: super::delivery::Mode,
+    /// The latest delivery, if any began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<super::delivery::Delivery>,
     pub last_seq: u64,
     pub created_ms: i64,
     pub updated_ms: i64,
@@ -119,6 +131,10 @@ impl TaskState {
             require_labels: Default::default(),
             last_check: None,
             agent: None,
+            origin: None,
+            moves: 0,
+            deliver: Default::default(),
+            delivery: None,
             last_seq: 0,
             created_ms: 0,
             updated_ms: 0,
@@ -253,12 +269,69 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             st.worker = Some(worker.clone());
         }
         Event::MoveStarted { to, .. } => st.moving_to = Some(to.clone()),
-        Event::WorkspaceSeeded { root_hash, .. } => st.seed_root = root_hash.clone(),
+        Event::WorkspaceSeeded {
+            root_hash,
+            source,
+            commit,
+            branch,
+            ..
+        } => {
+            st.seed_root = root_hash.clone();
+            if !commit.is_empty() {
+                st.origin = Some(super::delivery::Origin {
+                    url: source.clone(),
+                    commit: commit.clone(),
+                    branch: branch.clone(),
+                });
+            }
+        }
+        Event::DeliveryPlanned { mode } => st.deliver = *mode,
+        Event::DeliveryStarted {
+            mode,
+            wip,
+            branch,
+            root,
+            commit,
+            date_s,
+        } => {
+            st.delivery = Some(super::delivery::Delivery {
+                mode: *mode,
+                wip: *wip,
+                branch: branch.clone(),
+                root: root.clone(),
+                commit: commit.clone(),
+                date_s: *date_s,
+                ..Default::default()
+            })
+        }
+        Event::DeliveryPushed { .. } => {
+            if let Some(d) = &mut st.delivery {
+                d.pushed = true;
+            }
+        }
+        Event::PullRequestOpened { url, number } => {
+            if let Some(d) = &mut st.delivery {
+                d.pr_url = url.clone();
+                d.pr_number = *number;
+            }
+        }
+        Event::Delivered { .. } => {
+            if let Some(d) = &mut st.delivery {
+                d.done = true;
+            }
+        }
+        Event::DeliveryFailed { reason } => {
+            if let Some(d) = &mut st.delivery {
+                d.done = true;
+                d.error = reason.clone();
+            }
+        }
         Event::WorkspaceRules { rules } => st.sync_rules = rules.clone(),
         Event::Placement { require_labels } => st.require_labels = require_labels.clone(),
         Event::MoveAborted { .. } => st.moving_to = None,
         Event::MoveCompleted { to, .. } => {
             st.moving_to = None;
+            st.moves += 1;
             let from = st.worker.replace(to.clone()).unwrap_or_default();
             // The target holds the last barrier: what ran after it (the source died before
             // it could be synced) is not there. Plans run those steps again from the first;

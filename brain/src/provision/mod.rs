@@ -111,18 +111,6 @@ fn now_ms() -> i64 {
     shared::now_unix_ms()
 }
 
-/// Kills this process with SIGKILL when `TETHER_FAILPOINT` names `point`: how the tests
-/// stop the brain at an exact place in a provisioning flow.
-fn failpoint(point: &str) {
-    if std::env::var("TETHER_FAILPOINT").is_ok_and(|v| v == point) {
-        tracing::warn!(point, "failpoint reached: killing this process");
-        // SAFETY: kill(2) on our own pid has no memory-safety requirements.
-        unsafe {
-            libc::kill(libc::getpid(), libc::SIGKILL);
-        }
-    }
-}
-
 impl Machines {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -315,7 +303,7 @@ impl Machines {
         };
         tracing::info!(machine = %id, provider = %m.provider, "creating a machine");
         let created = tokio::time::timeout(policy.call_timeout, provider.create(&m, &join)).await;
-        failpoint("provision-created");
+        shared::failpoint("provision-created");
         match created {
             Ok(Ok(c)) => {
                 m.state = State::Joining;

@@ -1,0 +1,161 @@
+//! `brain task diff|patch|export|deliver`: a task's result on the admin's side: text to
+//! stdout, files written under a directory (each path checked, nothing outside it), the
+//! delivery's branch and pull request in words or `--json`.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+use super::client::{Target, status};
+
+/// Writes the diff (`form`: diff, stat or patch) to stdout as it arrives.
+pub async fn diff(target: &Target, task: &str, form: &str) -> anyhow::Result<i32> {
+    let mut c = target.connect().await?;
+    let mut stream = c
+        .task_diff(proto::TaskDiffRequest {
+            task_id: task.into(),
+            form: form.into(),
+        })
+        .await
+        .map_err(|s| status(s, &target.url))?
+        .into_inner();
+    let mut out = std::io::stdout().lock();
+    while let Some(piece) = stream.message().await.map_err(|s| status(s, &target.url))? {
+        if out.write_all(&piece.data).is_err() {
+            // The reader went away (`| head`): quietly, as a pipe expects.
+            std::process::exit(141);
+        }
+    }
+    if out.flush().is_err() {
+        std::process::exit(141);
+    }
+    Ok(0)
+}
+
+/// Writes the task's last barrier into `dir` (created; it must be empty if it exists).
+pub async fn export(target: &Target, task: &str, dir: &Path) -> anyhow::Result<i32> {
+    if dir.exists() {
+        let mut entries =
+            std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+        if entries.next().is_some() {
+            bail!(
+                "{} is not empty: export into a new or empty directory, so nothing of yours is overwritten",
+                dir.display()
+            );
+        }
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let root = dir
+        .canonicalize()
+        .with_context(|| format!("resolving {}", dir.display()))?;
+    let mut c = target.connect().await?;
+    let mut stream = c
+        .export_task(proto::ExportTaskRequest {
+            task_id: task.into(),
+        })
+        .await
+        .map_err(|s| status(s, &target.url))?
+        .into_inner();
+    let (mut files, mut bytes) = (0u64, 0u64);
+    // The file being received: its path, exec bit and content so far.
+    let mut open: Option<(String, bool, Vec<u8>)> = None;
+    while let Some(e) = stream.message().await.map_err(|s| status(s, &target.url))? {
+        if let Some((path, exec, mut data)) = open.take() {
+            if e.path != path || !e.kind.is_empty() {
+                bail!("the brain's export broke off in {path}");
+            }
+            data.extend_from_slice(&e.data);
+            if e.last {
+                write_file(&root, &path, exec, &data)?;
+                files += 1;
+                bytes += data.len() as u64;
+            } else {
+                open = Some((path, exec, data));
+            }
+            continue;
+        }
+        match e.kind.as_str() {
+            "dir" => {
+                let p = shared::paths::confine(&root, &e.path)
+                    .with_context(|| format!("the export names {:?}", e.path))?;
+                std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
+            }
+            "symlink" => {
+                let (parent, name) = shared::paths::confine_parent(&root, &e.path)
+                    .with_context(|| format!("the export names {:?}", e.path))?;
+                std::os::unix::fs::symlink(&e.target, parent.join(name))
+                    .with_context(|| format!("creating the link {}", e.path))?;
+            }
+            "file" if e.last => {
+                write_file(&root, &e.path, e.exec, &e.data)?;
+                files += 1;
+                bytes += e.data.len() as u64;
+            }
+            "file" => open = Some((e.path, e.exec, e.data)),
+            other => bail!(
+                "the export has an entry {:?} of unknown kind {other:?}",
+                e.path
+            ),
+        }
+    }
+    if let Some((path, ..)) = open {
+        bail!("the brain's export ended in the middle of {path}");
+    }
+    eprintln!(
+        "exported {files} files ({}) of {task} to {}",
+        shared::human_bytes(bytes),
+        dir.display()
+    );
+    Ok(0)
+}
+
+fn write_file(root: &Path, path: &str, exec: bool, data: &[u8]) -> anyhow::Result<()> {
+    let (parent, name) = shared::paths::confine_parent(root, path)
+        .with_context(|| format!("the export names {path:?}"))?;
+    std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
+    shared::fsio::write_atomic(
+        &parent.join(name),
+        data,
+        if exec { 0o755 } else { 0o644 },
+        shared::fsio::Durability::Deferred,
+    )
+    .with_context(|| format!("writing {path}"))
+}
+
+/// Delivers the task and says where it went.
+pub async fn deliver(target: &Target, task: &str, pr: bool, json: bool) -> anyhow::Result<i32> {
+    let mut c = target.connect().await?;
+    let r = c
+        .deliver_task(proto::DeliverTaskRequest {
+            task_id: task.into(),
+            pull_request: pr,
+        })
+        .await
+        .map_err(|s| status(s, &target.url))?
+        .into_inner();
+    if json {
+        out!(
+            "{}",
+            serde_json::json!({
+                "branch": r.branch, "commit": r.commit,
+                "pull_request_url": r.pull_request_url, "wip": r.wip,
+            })
+        );
+        return Ok(0);
+    }
+    out!(
+        "{task} delivered as branch {} at {}{}",
+        r.branch,
+        &r.commit[..r.commit.len().min(12)],
+        if r.wip {
+            " (work in progress: the task had not finished)"
+        } else {
+            ""
+        }
+    );
+    if !r.pull_request_url.is_empty() {
+        out!("pull request: {}", r.pull_request_url);
+    }
+    Ok(0)
+}

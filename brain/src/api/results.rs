@@ -1,0 +1,174 @@
+//! A task's result through the admin API: the diff, stat or patch between its starting
+//! workspace and its last barrier, its files, and its delivery as a branch. The work is the
+//! engine's and the brain's git's; this converts and streams it in bounded pieces.
+
+use std::sync::Arc;
+
+use shared::manifest::{Kind, Manifest};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use super::Shared;
+use crate::git::commit::{self, Form};
+use crate::model::TaskState;
+use crate::model::delivery::Mode;
+
+/// Bytes per streamed piece.
+const PIECE: usize = 1 << 20;
+
+/// The starting workspace and the last barrier of a task, as manifests: for `--git` and
+/// `--dir` tasks what they were seeded with, else empty.
+async fn ends(s: &Shared, st: &TaskState) -> Result<(Manifest, Manifest), Status> {
+    let base = st.seed_root.clone();
+    let head = match st.barrier_root.as_str() {
+        "" => st.seed_root.clone(),
+        r => r.to_string(),
+    };
+    let m = s.mirror.clone();
+    tokio::task::spawn_blocking(move || {
+        let get = |root: &str| -> Result<Manifest, crate::mirror::Error> {
+            if root.is_empty() {
+                Ok(Manifest::default())
+            } else {
+                m.manifest(root)
+            }
+        };
+        Ok::<_, crate::mirror::Error>((get(&base)?, get(&head)?))
+    })
+    .await
+    .map_err(|e| Status::internal(e.to_string()))?
+    .map_err(|e| {
+        Status::failed_precondition(format!("the task's workspace is not in the mirror: {e}"))
+    })
+}
+
+/// `brain task diff|patch`: the text, in pieces.
+pub async fn diff(
+    s: &Arc<Shared>,
+    task: &str,
+    form: &str,
+) -> Result<ReceiverStream<Result<proto::DataChunk, Status>>, Status> {
+    let st = s.engine.find(task)?.state();
+    let (base, head) = ends(s, &st).await?;
+    let settings = s.config.deliver.settings();
+    let message = s.engine.redact(&crate::engine::commit_message(&st));
+    let form = match form {
+        "" | "diff" => Form::Diff,
+        "stat" => Form::Stat,
+        "patch" => Form::Patch {
+            author: &settings.author,
+            date_s: st.updated_ms / 1000,
+            message: &message,
+        },
+        other => {
+            return Err(Status::invalid_argument(format!(
+                "unknown form {other:?}: diff, stat or patch"
+            )));
+        }
+    };
+    let text = commit::show(&s.mirror, &base, &head, form)
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        for piece in text.chunks(PIECE) {
+            if tx
+                .send(Ok(proto::DataChunk {
+                    data: piece.to_vec(),
+                }))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    Ok(ReceiverStream::new(rx))
+}
+
+/// `brain task export`: every entry of the last barrier outside `.git/`, files' contents in
+/// pieces after their entry.
+pub async fn export(
+    s: &Arc<Shared>,
+    task: &str,
+) -> Result<ReceiverStream<Result<proto::ExportEntry, Status>>, Status> {
+    let st = s.engine.find(task)?.state();
+    let (_, head) = ends(s, &st).await?;
+    let (tx, rx) = mpsc::channel(8);
+    let mirror = s.mirror.clone();
+    tokio::task::spawn_blocking(move || {
+        for (path, e) in &head.entries {
+            if path == ".git" || path.starts_with(".git/") {
+                continue;
+            }
+            let kind = match e.kind {
+                Kind::File => "file",
+                Kind::Dir => "dir",
+                Kind::Symlink => "symlink",
+            };
+            let entry = proto::ExportEntry {
+                path: path.clone(),
+                kind: kind.into(),
+                exec: e.exec,
+                target: e.target.clone(),
+                size: e.size,
+                last: e.kind != Kind::File,
+                data: vec![],
+            };
+            if tx.blocking_send(Ok(entry)).is_err() {
+                return;
+            }
+            if e.kind != Kind::File {
+                continue;
+            }
+            let data = match mirror.get(&e.hash) {
+                Ok(d) => d,
+                Err(err) => {
+                    let _ = tx.blocking_send(Err(Status::internal(format!("{path}: {err}"))));
+                    return;
+                }
+            };
+            let mut pieces = data.chunks(PIECE).peekable();
+            if pieces.peek().is_none() {
+                let _ = tx.blocking_send(Ok(proto::ExportEntry {
+                    path: path.clone(),
+                    last: true,
+                    ..Default::default()
+                }));
+                continue;
+            }
+            while let Some(p) = pieces.next() {
+                let last = pieces.peek().is_none();
+                if tx
+                    .blocking_send(Ok(proto::ExportEntry {
+                        path: path.clone(),
+                        data: p.to_vec(),
+                        last,
+                        ..Default::default()
+                    }))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(ReceiverStream::new(rx))
+}
+
+/// `brain task deliver`.
+pub async fn deliver(
+    s: &Arc<Shared>,
+    task: &str,
+    pull_request: bool,
+) -> Result<proto::DeliverTaskResponse, Status> {
+    let mode = if pull_request { Mode::Pr } else { Mode::Branch };
+    let d = s.engine.deliver(task, mode).await?;
+    Ok(proto::DeliverTaskResponse {
+        branch: d.branch,
+        commit: d.commit,
+        pull_request_url: d.pr_url,
+        wip: d.wip,
+    })
+}

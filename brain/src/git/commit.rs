@@ -1,0 +1,363 @@
+//! Git objects made from workspaces in the mirror: the commit a delivery pushes (the imported
+//! commit's tree with what changed between two workspaces applied, so files the mirror never
+//! held stay as they were), and the diff, stat or `git am` patch between two workspaces. Only
+//! the paths that differ are written to git, so the cost is what changed. `.git/` is never
+//! part of a commit: the workspace's own git directory is the model's to play with.
+
+use std::path::Path;
+
+use shared::manifest::{Entry, Kind, Manifest};
+
+use super::{Error, Git};
+use crate::mirror::Mirror;
+
+/// Who a commit is by.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Author {
+    pub name: String,
+    pub email: String,
+}
+
+/// What differs between two workspaces, outside `.git/`: entries to write (files and
+/// symlinks) and paths to remove.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub write: Vec<(String, Entry)>,
+    pub remove: Vec<String>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.write.is_empty() && self.remove.is_empty()
+    }
+}
+
+fn in_git_dir(path: &str) -> bool {
+    path == ".git" || path.starts_with(".git/")
+}
+
+/// Files and symlinks: what git tracks.
+fn tracked(m: &Manifest) -> impl Iterator<Item = (&String, &Entry)> {
+    m.entries
+        .iter()
+        .filter(|(p, e)| !in_git_dir(p) && matches!(e.kind, Kind::File | Kind::Symlink))
+}
+
+/// What turns `base` into `head`.
+pub fn changes(base: &Manifest, head: &Manifest) -> Changes {
+    let same = |a: &Entry, b: &Entry| {
+        a.kind == b.kind
+            && match a.kind {
+                Kind::File => a.hash == b.hash && a.exec == b.exec,
+                _ => a.target == b.target,
+            }
+    };
+    let mut c = Changes::default();
+    for (p, e) in tracked(head) {
+        match base.entries.get(p) {
+            Some(b) if same(b, e) => {}
+            _ => c.write.push((p.clone(), e.clone())),
+        }
+    }
+    for (p, _) in tracked(base) {
+        if !head
+            .entries
+            .get(p)
+            .is_some_and(|e| matches!(e.kind, Kind::File | Kind::Symlink))
+        {
+            c.remove.push(p.clone());
+        }
+    }
+    c
+}
+
+/// The entries of `m` at `paths` that it tracks, as changes from nothing.
+fn only(m: &Manifest, paths: &[&String]) -> Changes {
+    Changes {
+        write: paths
+            .iter()
+            .filter_map(|p| {
+                m.entries
+                    .get(*p)
+                    .filter(|e| matches!(e.kind, Kind::File | Kind::Symlink))
+                    .map(|e| ((*p).clone(), e.clone()))
+            })
+            .collect(),
+        remove: vec![],
+    }
+}
+
+/// A tree: `base` (a tree-ish, or nothing) with `changes` applied, written into `git_dir`.
+async fn tree(
+    mirror: &Mirror,
+    git_dir: &Path,
+    base: Option<&str>,
+    changes: &Changes,
+) -> Result<String, Error> {
+    let tmp = tempfile::tempdir().map_err(|e| Error::Io(e.to_string()))?;
+    let index = tmp.path().join("index");
+    match base {
+        Some(b) => {
+            Git::local(Some(git_dir), &["read-tree", b])
+                .index(&index)
+                .run()
+                .await?
+        }
+        None => {
+            Git::local(Some(git_dir), &["read-tree", "--empty"])
+                .index(&index)
+                .run()
+                .await?
+        }
+    };
+    // The contents, as files for `hash-object --stdin-paths`.
+    let mut list = String::new();
+    for (i, (path, e)) in changes.write.iter().enumerate() {
+        let data = match e.kind {
+            Kind::Symlink => e.target.clone().into_bytes(),
+            _ => mirror.get(&e.hash)?,
+        };
+        let f = tmp.path().join(format!("b{i}"));
+        std::fs::write(&f, data).map_err(|e| Error::Io(format!("{path}: {e}")))?;
+        list.push_str(&f.to_string_lossy());
+        list.push('\n');
+    }
+    let oids = if list.is_empty() {
+        String::new()
+    } else {
+        Git::local(
+            Some(git_dir),
+            &["hash-object", "-w", "--no-filters", "--stdin-paths"],
+        )
+        .input(list.into_bytes())
+        .text()
+        .await?
+    };
+    let oids: Vec<&str> = oids.lines().collect();
+    if oids.len() != changes.write.len() {
+        return Err(Error::Invalid(format!(
+            "git hash-object wrote {} objects for {} files",
+            oids.len(),
+            changes.write.len()
+        )));
+    }
+    let zero = "0".repeat(oids.first().map_or(40, |o| o.len()));
+    let mut info = Vec::new();
+    for p in &changes.remove {
+        info.extend_from_slice(format!("0 {zero}\t{p}\0").as_bytes());
+    }
+    for ((p, e), oid) in changes.write.iter().zip(&oids) {
+        let mode = match (e.kind, e.exec) {
+            (Kind::Symlink, _) => "120000",
+            (_, true) => "100755",
+            _ => "100644",
+        };
+        info.extend_from_slice(format!("{mode} {oid}\t{p}\0").as_bytes());
+    }
+    if !info.is_empty() {
+        Git::local(Some(git_dir), &["update-index", "-z", "--index-info"])
+            .index(&index)
+            .input(info)
+            .run()
+            .await?;
+    }
+    Git::local(Some(git_dir), &["write-tree"])
+        .index(&index)
+        .text()
+        .await
+}
+
+/// `git commit-tree` with a fixed author, committer and date, so the same inputs make the
+/// same commit id.
+async fn commit_tree(
+    git_dir: &Path,
+    tree: &str,
+    parent: Option<&str>,
+    author: &Author,
+    date_s: i64,
+    message: &str,
+) -> Result<String, Error> {
+    let mut args = vec!["commit-tree", tree];
+    if let Some(p) = parent {
+        args.extend(["-p", p]);
+    }
+    args.extend(["-F", "-"]);
+    let date = format!("{date_s} +0000");
+    Git::local(Some(git_dir), &args)
+        .env("GIT_AUTHOR_NAME", &author.name)
+        .env("GIT_AUTHOR_EMAIL", &author.email)
+        .env("GIT_AUTHOR_DATE", &date)
+        .env("GIT_COMMITTER_NAME", &author.name)
+        .env("GIT_COMMITTER_EMAIL", &author.email)
+        .env("GIT_COMMITTER_DATE", &date)
+        .input(message.as_bytes().to_vec())
+        .text()
+        .await
+}
+
+/// What a delivery commits.
+pub struct Spec<'a> {
+    /// The git directory holding `parent` (see [`super::Repos`]).
+    pub git_dir: &'a Path,
+    pub parent: &'a str,
+    /// The workspace as imported at `parent`, and the one to deliver.
+    pub base: &'a Manifest,
+    pub head: &'a Manifest,
+    pub author: &'a Author,
+    pub date_s: i64,
+    pub message: &'a str,
+}
+
+/// The commit of `head` on top of `parent`: the same spec always makes the same id.
+pub async fn commit(mirror: &Mirror, spec: &Spec<'_>) -> Result<String, Error> {
+    let c = changes(spec.base, spec.head);
+    let tree = tree(mirror, spec.git_dir, Some(spec.parent), &c).await?;
+    commit_tree(
+        spec.git_dir,
+        &tree,
+        Some(spec.parent),
+        spec.author,
+        spec.date_s,
+        spec.message,
+    )
+    .await
+}
+
+/// How to show what changed between two workspaces.
+pub enum Form<'a> {
+    /// A unified diff (`git diff` style, binary files included).
+    Diff,
+    /// `git diff --stat`.
+    Stat,
+    /// A mail `git am` applies, with this author, date and message.
+    Patch {
+        author: &'a Author,
+        date_s: i64,
+        message: &'a str,
+    },
+}
+
+/// What changed from `base` (nothing: an empty workspace) to `head`, in `form`. Works for
+/// any task: the objects are made in a throw-away repository.
+pub async fn show(
+    mirror: &Mirror,
+    base: &Manifest,
+    head: &Manifest,
+    form: Form<'_>,
+) -> Result<Vec<u8>, Error> {
+    let c = changes(base, head);
+    let tmp = tempfile::tempdir().map_err(|e| Error::Io(e.to_string()))?;
+    let git_dir = tmp.path().join("repo.git");
+    let dir_s = git_dir.to_string_lossy().into_owned();
+    Git::local(None, &["init", "--quiet", "--bare", &dir_s])
+        .run()
+        .await?;
+    // Both sides hold only the paths that differ: the same diff, at the cost of the change.
+    let paths: Vec<&String> = c
+        .write
+        .iter()
+        .map(|(p, _)| p)
+        .chain(c.remove.iter())
+        .collect();
+    let a = tree(mirror, &git_dir, None, &only(base, &paths)).await?;
+    let b = tree(mirror, &git_dir, None, &only(head, &paths)).await?;
+    match form {
+        Form::Diff => {
+            Git::local(
+                Some(&git_dir),
+                &[
+                    "diff-tree",
+                    "-p",
+                    "--binary",
+                    "--no-color",
+                    "--find-renames",
+                    &a,
+                    &b,
+                ],
+            )
+            .run()
+            .await
+        }
+        Form::Stat => {
+            Git::local(
+                Some(&git_dir),
+                &[
+                    "diff-tree",
+                    "--stat",
+                    "--no-color",
+                    "--find-renames",
+                    &a,
+                    &b,
+                ],
+            )
+            .run()
+            .await
+        }
+        Form::Patch {
+            author,
+            date_s,
+            message,
+        } => {
+            let pa = commit_tree(&git_dir, &a, None, author, date_s, "base\n").await?;
+            let pb = commit_tree(&git_dir, &b, Some(&pa), author, date_s, message).await?;
+            Git::local(
+                Some(&git_dir),
+                &[
+                    "format-patch",
+                    "-1",
+                    "--stdout",
+                    "--binary",
+                    "--find-renames",
+                    "--no-signature",
+                    &pb,
+                ],
+            )
+            .run()
+            .await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(kind: Kind, hash: &str, exec: bool, target: &str) -> Entry {
+        Entry {
+            kind,
+            exec,
+            size: 1,
+            hash: hash.into(),
+            target: target.into(),
+        }
+    }
+
+    #[test]
+    fn changes_leave_out_git_dirs_and_unchanged_entries() {
+        let mut base = Manifest::default();
+        let mut head = Manifest::default();
+        for m in [&mut base, &mut head] {
+            m.entries
+                .insert("same.txt".into(), entry(Kind::File, "aa", false, ""));
+            m.entries
+                .insert("d".into(), entry(Kind::Dir, "", false, ""));
+        }
+        base.entries
+            .insert(".git/index".into(), entry(Kind::File, "01", false, ""));
+        head.entries
+            .insert(".git/index".into(), entry(Kind::File, "02", false, ""));
+        base.entries
+            .insert("gone.txt".into(), entry(Kind::File, "bb", false, ""));
+        base.entries
+            .insert("run.sh".into(), entry(Kind::File, "cc", false, ""));
+        head.entries
+            .insert("run.sh".into(), entry(Kind::File, "cc", true, ""));
+        head.entries
+            .insert("link".into(), entry(Kind::Symlink, "", false, "same.txt"));
+        let c = changes(&base, &head);
+        let written: Vec<&str> = c.write.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(written, ["link", "run.sh"]);
+        assert_eq!(c.remove, ["gone.txt"]);
+        assert!(changes(&head, &head).is_empty());
+    }
+}

@@ -1,0 +1,271 @@
+//! The brain's own git: importing a task's repository into the mirror ([`import`]), making a
+//! commit of a workspace in the mirror on top of the imported one and the patches and diffs
+//! between two workspaces ([`commit`]), pushing it with credentials only the brain holds
+//! ([`Credentials`]) and opening a pull request for it ([`github`]). Everything goes through
+//! the `git` program, each run with a timeout; nothing here knows tasks or workers.
+
+pub mod commit;
+pub mod github;
+pub mod import;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+
+/// How long a local git command may take.
+const LOCAL_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a clone, fetch or push may take.
+pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Most of a git command's output kept.
+const MAX_OUTPUT: usize = 256 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot run git ({0}): is git installed on the brain's machine?")]
+    Spawn(std::io::Error),
+    #[error("git {what} gave no answer within {timeout:?}")]
+    Timeout { what: String, timeout: Duration },
+    #[error("git {what} failed: {reason}")]
+    Failed { what: String, reason: String },
+    #[error("{0}")]
+    Io(String),
+    #[error("the mirror: {0}")]
+    Mirror(#[from] crate::mirror::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Credentials for the brain's own clones and pushes (from its config or environment). Given
+/// to one git process at a time through a credential helper that reads them from that
+/// process's environment, never through a URL, a file or a worker. `Debug` hides them.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"[redacted]")
+            .finish()
+    }
+}
+
+impl Credentials {
+    pub fn is_empty(&self) -> bool {
+        self.password.is_empty()
+    }
+}
+
+/// What deliveries need: who commits, where branches go, the brain's tokens.
+#[derive(Clone, Default)]
+pub struct Settings {
+    pub mode: crate::model::delivery::Mode,
+    pub branch_prefix: String,
+    pub author: commit::Author,
+    pub creds: Credentials,
+    pub github_api: String,
+    pub github_token: String,
+    pub draft: bool,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("mode", &self.mode)
+            .field("branch_prefix", &self.branch_prefix)
+            .field("author", &self.author)
+            .field("creds", &self.creds)
+            .field("github_api", &self.github_api)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Settings {
+    /// The tokens, for masking wherever text leaves the brain.
+    pub fn secrets(&self) -> Vec<String> {
+        [&self.creds.password, &self.github_token]
+            .into_iter()
+            .filter(|s| s.len() >= 8)
+            .cloned()
+            .collect()
+    }
+}
+
+/// The credential helper: answers `get` from its own environment (set for one git process),
+/// so the secret is in no argument list and no file.
+const HELPER: &str = "!f() { test \"$1\" = get || exit 0; echo \"username=$TETHER_GIT_USERNAME\"; echo \"password=$TETHER_GIT_PASSWORD\"; }; f";
+
+/// One git command being put together.
+pub struct Git {
+    cmd: tokio::process::Command,
+    what: String,
+    timeout: Duration,
+    stdin: Option<Vec<u8>>,
+}
+
+impl Git {
+    /// `git ARGS` on the repository at `git_dir` (or none), isolated from the brain user's
+    /// and the system's git config, for local plumbing that must come out the same anywhere.
+    pub fn local(git_dir: Option<&Path>, args: &[&str]) -> Self {
+        let mut g = Self::new(args, LOCAL_TIMEOUT);
+        g.cmd
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null");
+        if let Some(d) = git_dir {
+            g.cmd.env("GIT_DIR", d);
+        }
+        g
+    }
+
+    /// `git ARGS` that talks to a remote: the brain user's own git config applies (its ssh
+    /// setup, its credential helpers) unless `creds` are given, which then replace every
+    /// configured credential helper for this process.
+    pub fn remote(args: &[&str], creds: &Credentials) -> Self {
+        let mut g = Self::new(args, REMOTE_TIMEOUT);
+        if !creds.is_empty() {
+            g.cmd
+                .env("GIT_CONFIG_COUNT", "2")
+                .env("GIT_CONFIG_KEY_0", "credential.helper")
+                .env("GIT_CONFIG_VALUE_0", "")
+                .env("GIT_CONFIG_KEY_1", "credential.helper")
+                .env("GIT_CONFIG_VALUE_1", HELPER)
+                .env(
+                    "TETHER_GIT_USERNAME",
+                    if creds.username.is_empty() {
+                        "x-access-token"
+                    } else {
+                        &creds.username
+                    },
+                )
+                .env("TETHER_GIT_PASSWORD", &creds.password);
+        }
+        g
+    }
+
+    fn new(args: &[&str], timeout: Duration) -> Self {
+        let mut cmd = tokio::process::Command::new("git");
+        cmd.args(args)
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_ASKPASS", "/bin/false")
+            .env("SSH_ASKPASS", "/bin/false")
+            .env_remove("GIT_DIR")
+            .env_remove("GIT_INDEX_FILE")
+            .env_remove("GIT_WORK_TREE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        Self {
+            cmd,
+            what: args.first().copied().unwrap_or("").to_string(),
+            timeout,
+            stdin: None,
+        }
+    }
+
+    pub fn env(mut self, k: &str, v: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.cmd.env(k, v);
+        self
+    }
+
+    pub fn dir(mut self, d: &Path) -> Self {
+        self.cmd.current_dir(d);
+        self
+    }
+
+    pub fn index(self, index: &Path) -> Self {
+        self.env("GIT_INDEX_FILE", index)
+    }
+
+    pub fn input(mut self, data: Vec<u8>) -> Self {
+        self.stdin = Some(data);
+        self.cmd.stdin(Stdio::piped());
+        self
+    }
+
+    /// Runs it; its stdout on success, else its stderr in the error.
+    pub async fn run(mut self) -> Result<Vec<u8>, Error> {
+        let mut child = self.cmd.spawn().map_err(Error::Spawn)?;
+        let input = self.stdin.take();
+        let mut stdin = child.stdin.take();
+        let (what, timeout) = (self.what.clone(), self.timeout);
+        let work = async move {
+            let feed = async {
+                if let (Some(data), Some(s)) = (input, stdin.as_mut()) {
+                    // A git that exits early closes its end; its status says why.
+                    let _ = s.write_all(&data).await;
+                }
+                drop(stdin);
+            };
+            let (_, out) = tokio::join!(feed, child.wait_with_output());
+            out
+        };
+        let out = tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| Error::Timeout {
+                what: what.clone(),
+                timeout,
+            })?
+            .map_err(Error::Spawn)?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let err = err.trim();
+            return Err(Error::Failed {
+                what,
+                reason: if err.is_empty() {
+                    format!("{}", out.status)
+                } else {
+                    err.chars().take(2000).collect()
+                },
+            });
+        }
+        if out.stdout.len() > MAX_OUTPUT {
+            return Err(Error::Failed {
+                what,
+                reason: format!("more than {MAX_OUTPUT} bytes of output"),
+            });
+        }
+        Ok(out.stdout)
+    }
+
+    /// Runs it; its stdout as trimmed text.
+    pub async fn text(self) -> Result<String, Error> {
+        let out = self.run().await?;
+        Ok(String::from_utf8_lossy(&out).trim().to_string())
+    }
+}
+
+/// Where the brain keeps each imported repository's git objects: one git directory per
+/// imported commit (shallow, with no remote and no credentials), which deliveries commit on.
+#[derive(Debug, Clone)]
+pub struct Repos {
+    dir: PathBuf,
+}
+
+impl Repos {
+    pub fn new(dir: PathBuf) -> Self {
+        Self { dir }
+    }
+
+    /// The git directory holding `commit`.
+    pub fn path(&self, commit: &str) -> Result<PathBuf, Error> {
+        if !is_object_id(commit) {
+            return Err(Error::Invalid(format!("{commit:?} is not a git commit id")));
+        }
+        Ok(self.dir.join(format!("{commit}.git")))
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// A full hexadecimal git object id (SHA-1 or SHA-256).
+pub fn is_object_id(s: &str) -> bool {
+    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
