@@ -4,7 +4,9 @@
 //! Set `TETHER_KEEP_TEST_DIR=1` to keep a test's temp dir (logs, data, workspaces) after it,
 //! and `TETHER_TEST_LOG` to a `RUST_LOG` filter for the processes (default `info`).
 
+pub mod fake_github;
 pub mod fake_llm;
+pub mod git_server;
 pub mod netns;
 pub mod sshd;
 
