@@ -1,0 +1,575 @@
+//! A result a user can take: a finished `--git` task delivered as a branch (and a pull
+//! request) with credentials only the brain holds, exactly once even when the brain is
+//! SIGKILLed mid-delivery; any task's work salvaged as a `-wip` branch; its diff, a patch
+//! `git am` applies, and its files. The real brain and worker, a real git server (`git
+//! http-backend` behind Basic auth) and a fake GitHub API that checks every request against
+//! the documented create-pull-request operation.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use testkit::fake_github::{FakeGithub, Fault};
+use testkit::fake_llm::{FakeLlm, FakeReply};
+use testkit::git_server::{Auth, GitServer, git};
+use testkit::{BrainOptions, Cluster, text};
+
+/// The token the brain pushes with, and the one it opens pull requests with: neither may
+/// appear anywhere but the brain's own environment and the servers' requests.
+const PUSH_TOKEN: &str = "push-SECRET-7c1e5a9b3d";
+const API_TOKEN: &str = "ghapi-SECRET-2f8d4b6a0e";
+const KEY: &str = "sk-test-SECRET-4b7e1d9c2a";
+
+/// The repository: a value that is wrong and the check that says so.
+const FILES: &[(&str, &str)] = &[
+    ("value.txt", "41\n"),
+    ("check.sh", "test \"$(cat value.txt)\" = 42\n"),
+    ("README.md", "The answer.\n"),
+];
+const CHECK: &str = "sh check.sh";
+
+/// A model that fixes the value, looks at git, and finishes.
+fn fixer() -> FakeLlm {
+    FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call(
+            "write_file",
+            json!({"path": "value.txt", "content": "42\n"}),
+        ),
+        1 => FakeReply::tool_call(
+            "run_command",
+            json!({"command": "git status --porcelain; git diff --stat; cat .git/config; env"}),
+        ),
+        _ => FakeReply::tool_call(
+            "finish",
+            json!({"summary": "Fix the value\n\nIt was 41; the check wants 42."}),
+        ),
+    })
+}
+
+fn env() -> Vec<(String, String)> {
+    vec![
+        ("TETHER_GIT_TOKEN".into(), PUSH_TOKEN.into()),
+        ("TETHER_GITHUB_TOKEN".into(), API_TOKEN.into()),
+    ]
+}
+
+fn cluster(llm: &FakeLlm, mode: &str, github: &str) -> Cluster {
+    cluster_with(llm, mode, github, None)
+}
+
+/// With `failpoint` set in the brain's environment.
+fn cluster_with(llm: &FakeLlm, mode: &str, github: &str, failpoint: Option<&str>) -> Cluster {
+    let mut env = env();
+    if let Some(f) = failpoint {
+        env.push(("TETHER_FAILPOINT".into(), f.into()));
+    }
+    Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"{KEY}\"\n\
+             [deliver]\nmode = \"{mode}\"\ngit_username = \"bot\"\n\
+             git_token_env = \"TETHER_GIT_TOKEN\"\ngithub_token_env = \"TETHER_GITHUB_TOKEN\"\n\
+             github_api = \"{github}\"\n",
+            llm.url()
+        )),
+        env,
+        ..Default::default()
+    })
+}
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn start(c: &Cluster, worker: &str, url: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "full",
+        "--worker",
+        worker,
+        "--git",
+        url,
+        "--check",
+        CHECK,
+    ];
+    args.extend_from_slice(extra);
+    args.push("make the check pass");
+    let out = c.brain_cli(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    stdout(&out).trim().to_string()
+}
+
+fn show(c: &Cluster, id: &str) -> Value {
+    let out = c.brain_cli(&["task", "show", id, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Waits until the task's delivery has ended (delivered or failed) and returns the task.
+fn delivered(c: &Cluster, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if c.task_status(id).is_some() {
+            let t = show(c, id);
+            let d = t["delivery"].as_str().unwrap_or_default();
+            if !d.is_empty() && !d.contains("in progress") && !d.contains("pending") {
+                return t;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no delivery of {id} within 60 s:\n{}",
+            c.brain_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn run_git(dir: &Path, args: &[&str]) -> String {
+    let out = git().arg("-C").arg(dir).args(args).output().unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", text(&out));
+    stdout(&out)
+}
+
+/// Every file under `dir`, recursively, that holds `needle`.
+fn files_holding(dir: &Path, needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(p),
+                Ok(t) if t.is_file() => {
+                    if std::fs::read(&p)
+                        .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+                    {
+                        found.push(p.display().to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+/// The environment of `pid` and of every process under it.
+fn environments_under(pid: u32) -> Vec<(u32, String)> {
+    let mut pids = vec![pid];
+    let mut i = 0;
+    while i < pids.len() {
+        let parent = pids[i];
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            // pid (comm) state ppid ...: the comm may hold spaces, so split after the last ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|s| s.parse::<u32>().ok());
+            if ppid == Some(parent) && !pids.contains(&p) {
+                pids.push(p);
+            }
+        }
+        i += 1;
+    }
+    pids.into_iter()
+        .map(|p| {
+            let env = std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
+            (p, String::from_utf8_lossy(&env).into_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn a_finished_task_is_delivered_as_a_branch_with_the_brains_credentials_only() {
+    let server = GitServer::start("bot", PUSH_TOKEN, Auth::All).unwrap();
+    server.create_repo("acme/app", FILES).unwrap();
+    let main = server.branches("acme/app")[0].1.clone();
+    let llm = fixer();
+    let c = cluster(&llm, "branch", "http://127.0.0.1:9");
+    let w = c.join_worker("w");
+    let id = start(&c, &w.id, &server.url("acme/app"), &[]);
+    let t = delivered(&c, &id);
+    assert_eq!(t["status"], "finished", "{t}");
+    assert_eq!(t["verification"], "verified", "{t}");
+    let branch = format!("tether/{id}");
+    assert!(t["delivery"].as_str().unwrap().starts_with(&branch), "{t}");
+
+    // The branch holds the final barrier, on top of the imported commit.
+    let branches = server.branches("acme/app");
+    let pushed = branches
+        .iter()
+        .find(|(b, _)| *b == branch)
+        .unwrap_or_else(|| panic!("no {branch} in {branches:?}"))
+        .1
+        .clone();
+    assert_eq!(
+        server.file_at("acme/app", &pushed, "value.txt").as_deref(),
+        Some("42\n")
+    );
+    let bare = server.repo_path("acme/app");
+    assert_eq!(
+        run_git(&bare, &["rev-parse", &format!("{pushed}^")]).trim(),
+        main
+    );
+    let message = run_git(&bare, &["log", "-1", "--format=%an <%ae>%n%B", &pushed]);
+    assert!(
+        message.starts_with("Tether <tether@localhost>\nFix the value\n"),
+        "{message}"
+    );
+    assert!(
+        message.contains("It was 41; the check wants 42."),
+        "{message}"
+    );
+    assert!(message.contains(&format!("Tether-Task: {id}")), "{message}");
+    assert!(
+        message.contains("Verified: the acceptance check `sh check.sh` passed"),
+        "{message}"
+    );
+    // Only value.txt changed: no .git/, nothing else.
+    let changed = run_git(&bare, &["diff", "--name-only", &main, &pushed]);
+    assert_eq!(changed.trim(), "value.txt");
+    // The tree is what `brain task export` gives, file for file.
+    let export = c.dir.join("export");
+    let out = c.brain_cli(&["task", "export", &id, export.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let checkout = c.dir.join("checkout");
+    run_git(
+        &c.dir,
+        &[
+            "clone",
+            "-q",
+            "--branch",
+            &branch,
+            bare.to_str().unwrap(),
+            checkout.to_str().unwrap(),
+        ],
+    );
+    std::fs::remove_dir_all(checkout.join(".git")).unwrap();
+    let diff = std::process::Command::new("diff")
+        .arg("-r")
+        .arg(&export)
+        .arg(&checkout)
+        .output()
+        .unwrap();
+    assert!(
+        diff.status.success(),
+        "export and branch differ: {}",
+        text(&diff)
+    );
+
+    // The agent saw the repository's metadata: git status works, the config is the brain's
+    // own, with no credential, and no token is in the command's environment.
+    let seen = llm.requests()[2]
+        .last_tool_result_text()
+        .unwrap_or_default();
+    assert!(
+        seen.contains(" M value.txt"),
+        "git status in the workspace: {seen}"
+    );
+    assert!(
+        seen.contains(&format!("url = {}", server.url("acme/app"))),
+        "{seen}"
+    );
+    assert!(
+        !seen.contains("credential") && !seen.contains("bot@"),
+        "{seen}"
+    );
+
+    // Pushed with the token (the server saw it in Basic auth), which is nowhere else.
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.is_push() && r.authenticated && r.user.as_deref() == Some("bot")),
+        "{:?}",
+        server.requests()
+    );
+    let log: String = c.task_log_json(&id).iter().map(|r| r.to_string()).collect();
+    let tasks = stdout(&c.brain_cli(&["tasks", "--json"]));
+    for (what, hay) in [
+        ("the task log", log.as_str()),
+        ("the brain's log", &c.brain_log()),
+        ("the worker's log", &w.log_text()),
+        ("brain tasks", &tasks),
+        (
+            "the model's requests",
+            &format!(
+                "{:?}",
+                llm.requests()
+                    .iter()
+                    .map(|r| r.body.to_string())
+                    .collect::<Vec<_>>()
+            ),
+        ),
+    ] {
+        assert!(!hay.contains(PUSH_TOKEN), "the push token is in {what}");
+        assert!(!hay.contains(API_TOKEN), "the API token is in {what}");
+    }
+    assert_eq!(files_holding(&w.state, PUSH_TOKEN), Vec::<String>::new());
+    let pid = w.proc.as_ref().unwrap().pid();
+    for (p, e) in environments_under(pid) {
+        assert!(
+            !e.contains(PUSH_TOKEN),
+            "the push token is in the environment of worker process {p}"
+        );
+    }
+
+    // Delivering the same work again changes nothing.
+    let out = c.brain_cli(&["task", "deliver", &id, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let again: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again["commit"], pushed.as_str(), "{again}");
+    assert_eq!(again["wip"], false);
+    assert_eq!(server.branches("acme/app"), branches);
+}
+
+#[test]
+fn a_pull_request_is_opened_once_though_the_brain_dies_after_the_push_and_after_opening_it() {
+    let server = GitServer::start("bot", PUSH_TOKEN, Auth::PushOnly).unwrap();
+    let bare = server.create_repo("acme/app", FILES).unwrap();
+    let gh = FakeGithub::start(API_TOKEN);
+    gh.link_repo("acme", "app", bare);
+    // GitHub asks to wait once: the brain waits and goes on.
+    gh.fail_next(Fault::RateLimited {
+        retry_after_secs: 1,
+    });
+    let llm = fixer();
+    let mut c = cluster_with(&llm, "none", &gh.url(), Some("deliver-pushed"));
+    let w = c.join_worker("w");
+    let id = start(&c, &w.id, &server.url("acme/app"), &["--deliver", "pr"]);
+    // The brain kills itself right after the push, before the log says so.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.brain.as_mut().is_some_and(|b| b.is_running()) {
+        assert!(
+            Instant::now() < deadline,
+            "the failpoint was never reached:\n{}",
+            c.brain_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let branch = format!("tether/{id}");
+    assert!(
+        server
+            .branches("acme/app")
+            .iter()
+            .any(|(b, _)| *b == branch)
+    );
+    assert!(gh.pulls().is_empty());
+    // Again, dying right after GitHub opened the pull request.
+    c.kill_brain();
+    let mut brain_env = env();
+    brain_env.push(("TETHER_FAILPOINT".into(), "deliver-pr-opened".into()));
+    c.opts.env = brain_env;
+    c.start_brain().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.brain.as_mut().is_some_and(|b| b.is_running()) {
+        assert!(
+            Instant::now() < deadline,
+            "the second failpoint was never reached:\n{}",
+            c.brain_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(gh.pulls().len(), 1);
+    // A brain without failpoints finishes the delivery: one branch, one pull request.
+    c.kill_brain();
+    c.opts.env = env();
+    c.start_brain().unwrap();
+    let t = delivered(&c, &id);
+    assert_eq!(t["delivery_url"], gh.pulls()[0].html_url, "{t}");
+    let pulls = gh.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    let p = &pulls[0];
+    assert_eq!(
+        (p.head_ref.as_str(), p.base.as_str()),
+        (branch.as_str(), "main")
+    );
+    assert!(p.draft);
+    assert_eq!(p.title, "Fix the value");
+    let body = p.body.clone().unwrap_or_default();
+    assert!(
+        body.contains("Verified: the acceptance check `sh check.sh` passed"),
+        "{body}"
+    );
+    assert!(
+        body.contains("| steps | tokens | cost | model | ran on | moves |"),
+        "{body}"
+    );
+    assert_eq!(
+        server
+            .branches("acme/app")
+            .iter()
+            .filter(|(b, _)| b.starts_with("tether/"))
+            .count(),
+        1
+    );
+    assert_eq!(gh.violations(), Vec::<String>::new());
+    // The rate limit was met and waited out.
+    assert!(
+        gh.requests().iter().any(|r| r.status == 403),
+        "{:?}",
+        gh.requests()
+    );
+    let log = c.task_log_json(&id);
+    let kinds: Vec<&str> = log.iter().filter_map(|r| r["kind"].as_str()).collect();
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| **k == "pull_request_opened")
+            .count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "delivered").count(),
+        1,
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn github_refusals_end_the_delivery_with_the_reason_and_no_token() {
+    let server = GitServer::start("bot", PUSH_TOKEN, Auth::PushOnly).unwrap();
+    server.create_repo("acme/app", FILES).unwrap();
+    let gh = FakeGithub::start(API_TOKEN);
+    gh.fail_next(Fault::Unauthorized);
+    let llm = fixer();
+    let c = cluster(&llm, "pr", &gh.url());
+    let w = c.join_worker("w");
+    let id = start(&c, &w.id, &server.url("acme/app"), &[]);
+    let t = delivered(&c, &id);
+    let d = t["delivery"].as_str().unwrap();
+    assert!(d.starts_with("failed:") && d.contains("401"), "{t}");
+    assert!(!t.to_string().contains(API_TOKEN));
+    // The branch was pushed; asking again opens the pull request.
+    let out = c.brain_cli(&["task", "deliver", &id, "--pr"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(stdout(&out).contains("pull request: "), "{}", text(&out));
+    assert_eq!(gh.pulls().len(), 1);
+    assert_eq!(gh.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
+    let server = GitServer::start("bot", PUSH_TOKEN, Auth::PushOnly).unwrap();
+    server.create_repo("app", FILES).unwrap();
+    // Fixes the value, then runs out of steps before finishing.
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call(
+            "write_file",
+            json!({"path": "value.txt", "content": "42\n"}),
+        ),
+        _ => FakeReply::tool_call(
+            "write_file",
+            json!({"path": "notes/todo.txt", "content": "more\n"}),
+        ),
+    });
+    let c = cluster(&llm, "branch", "http://127.0.0.1:9");
+    let w = c.join_worker("w");
+    let id = start(&c, &w.id, &server.url("app"), &["--max-steps", "2"]);
+    assert_eq!(
+        c.wait_status(
+            &id,
+            &["budget_exhausted", "finished", "failed"],
+            Duration::from_secs(60)
+        ),
+        "budget_exhausted"
+    );
+    // Not finished: nothing delivered by itself.
+    assert_eq!(show(&c, &id)["delivery"], "");
+    let out = c.brain_cli(&["task", "deliver", &id]);
+    assert!(out.status.success(), "{}", text(&out));
+    let wip = format!("tether/{id}-wip");
+    assert!(stdout(&out).contains(&wip), "{}", text(&out));
+    assert_eq!(
+        server.file_at("app", &wip, "value.txt").as_deref(),
+        Some("42\n")
+    );
+    assert_eq!(
+        server.file_at("app", &wip, "notes/todo.txt").as_deref(),
+        Some("more\n")
+    );
+    let subjects = server.commit_subjects("app", &wip);
+    assert!(
+        subjects[0].starts_with("Work in progress (budget_exhausted)"),
+        "{subjects:?}"
+    );
+
+    // The diff, its stat, and a patch that `git am` applies to a fresh clone.
+    let out = c.brain_cli(&["task", "diff", &id, "--stat"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stat = stdout(&out);
+    assert!(
+        stat.contains("value.txt")
+            && stat.contains("notes/todo.txt")
+            && stat.contains("2 files changed"),
+        "{stat}"
+    );
+    let out = c.brain_cli(&["task", "diff", &id]);
+    let diff = stdout(&out);
+    assert!(
+        diff.contains("-41\n+42\n") && !diff.contains(".git/"),
+        "{diff}"
+    );
+    let out = c.brain_cli(&["task", "patch", &id]);
+    assert!(out.status.success(), "{}", text(&out));
+    let patch = c.dir.join("t.patch");
+    std::fs::write(&patch, &out.stdout).unwrap();
+    let clone = c.dir.join("fresh");
+    run_git(
+        &c.dir,
+        &["clone", "-q", &server.url("app"), clone.to_str().unwrap()],
+    );
+    run_git(&clone, &["am", "-q", patch.to_str().unwrap()]);
+    let check = std::process::Command::new("sh")
+        .arg("check.sh")
+        .current_dir(&clone)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "the check fails on the patched clone: {}",
+        text(&check)
+    );
+    let subject = run_git(&clone, &["log", "-1", "--format=%s"]);
+    assert!(subject.starts_with("Work in progress"), "{subject}");
+
+    // A task that did not start from git: no branch, but a clear word and its diff.
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "full",
+        "--worker",
+        &w.id,
+        "--deliver",
+        "branch",
+        "x",
+    ]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("--git"), "{}", text(&out));
+    // An export never writes over a directory that holds something.
+    let full = c.dir.join("full");
+    std::fs::create_dir_all(&full).unwrap();
+    std::fs::write(full.join("mine"), "keep\n").unwrap();
+    let out = c.brain_cli(&["task", "export", &id, full.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("not empty"), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(full.join("mine")).unwrap(),
+        "keep\n"
+    );
+}
