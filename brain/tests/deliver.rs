@@ -146,12 +146,13 @@ fn files_holding(dir: &Path, needle: &str) -> Vec<String> {
             let p = e.path();
             match e.file_type() {
                 Ok(t) if t.is_dir() => stack.push(p),
-                Ok(t) if t.is_file() => {
-                    if std::fs::read(&p)
-                        .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
-                    {
-                        found.push(p.display().to_string());
-                    }
+                Ok(t)
+                    if t.is_file()
+                        && std::fs::read(&p).is_ok_and(|b| {
+                            b.windows(needle.len()).any(|w| w == needle.as_bytes())
+                        }) =>
+                {
+                    found.push(p.display().to_string());
                 }
                 _ => {}
             }
@@ -198,9 +199,19 @@ fn a_finished_task_is_delivered_as_a_branch_with_the_brains_credentials_only() {
     let llm = fixer();
     let c = cluster(&llm, "branch", "http://127.0.0.1:9");
     let w = c.join_worker("w");
-    let id = start(&c, &w.id, &server.url("acme/app"), &[]);
+    // A URL with a credential in it: used for the clone, kept nowhere.
+    let with_token =
+        server
+            .url("acme/app")
+            .replacen("http://", &format!("http://bot:{PUSH_TOKEN}@"), 1);
+    let id = start(&c, &w.id, &with_token, &[]);
     let t = delivered(&c, &id);
     assert_eq!(t["status"], "finished", "{t}");
+    assert_eq!(
+        t["origin"].as_str().unwrap().split(" at ").next(),
+        Some(server.url("acme/app").as_str()),
+        "{t}"
+    );
     assert_eq!(t["verification"], "verified", "{t}");
     let branch = format!("tether/{id}");
     assert!(t["delivery"].as_str().unwrap().starts_with(&branch), "{t}");
