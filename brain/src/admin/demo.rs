@@ -534,6 +534,18 @@ async fn agent_chapter(
     git(&sample, &["init", "-q", "-b", "main"])?;
     git(&sample, &["add", "."])?;
     git(&sample, &["commit", "-q", "-m", "calc: add and mul"])?;
+    // The repository the task comes from and its result goes back to (a throw-away one).
+    let origin = tmp.join("sample.git");
+    git(
+        tmp,
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            &sample.display().to_string(),
+            &origin.display().to_string(),
+        ],
+    )?;
     let (w1, w2) = (workers[0].name.clone(), workers[1].name.clone());
     let goal = "make the tests in test.sh pass";
     let (model, transcript, shown) = match model {
@@ -545,8 +557,8 @@ async fn agent_chapter(
         ),
     };
     println!(
-        "  brain run --git {} --worker {w1} --model {shown} --permission ask \"{goal}\"",
-        sample.display()
+        "  brain run --git {} --check \"sh test.sh\" --deliver branch --worker {w1} --model {shown} --permission ask \"{goal}\"",
+        origin.display()
     );
     let task = admin
         .run_agent(proto::RunAgentRequest {
@@ -556,11 +568,13 @@ async fn agent_chapter(
             permission: "ask".into(),
             budget: None,
             transcript,
-            git_url: sample.display().to_string(),
+            git_url: origin.display().to_string(),
             git_ref: String::new(),
             dir: String::new(),
             // The brain, not the model's word, decides when it is done.
             check: "sh test.sh".into(),
+            // And the result goes back as a branch.
+            deliver: "branch".into(),
             ..Default::default()
         })
         .await?
@@ -613,7 +627,7 @@ async fn agent_chapter(
                 }
                 E::Finished {
                     outcome: o, reason, ..
-                } => outcome = format!("{o:?}: {reason}").to_lowercase(),
+                } => outcome = format!("{}: {reason}", format!("{o:?}").to_lowercase()),
                 _ => {}
             }
             if in_move && let E::Barrier { wire_bytes, .. } = &rec.event {
@@ -663,33 +677,45 @@ async fn agent_chapter(
     println!(
         "  sync: {synced} bytes (compressed) crossed the wire for the brain's mirror; the move sent {move_bytes} bytes"
     );
-    // The result, as a diff against the repository it came from.
-    let workspace = task
-        .parse::<crate::model::TaskId>()
-        .map_err(|e| anyhow::anyhow!(e))?
-        .workspace();
-    let r = admin
-        .file(proto::AdminFileRequest {
-            worker: w2.clone(),
-            call: Some(FileCall {
-                call_id: 0,
-                workspace: workspace.clone(),
-                op: Some(file_call::Op::Read(proto::ReadFile {
-                    path: "calc.sh".into(),
-                    offset: 0,
-                    length: 0,
-                })),
-            }),
-        })
-        .await?
-        .into_inner();
-    let Some(file_response::Result::Data(d)) = r.result else {
-        bail!("cannot read calc.sh back from {w2}");
+    // The result: verified by the check, delivered as a branch of the repository.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let t = loop {
+        let list = admin
+            .list_tasks(proto::ListTasksRequest {})
+            .await?
+            .into_inner();
+        let t = list
+            .tasks
+            .into_iter()
+            .find(|t| t.id == task)
+            .context("the task is gone from the brain")?;
+        if !t.delivery.is_empty() && !t.delivery.contains("in progress") {
+            break t;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("the result of {task} was not delivered within 2 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    std::fs::write(sample.join("calc.sh"), &d.data)?;
-    println!("  the result, as a diff against the repository (read back from {w2}):");
-    for l in git(&sample, &["diff", "--no-color"])?.lines() {
+    if t.delivery.starts_with("failed") {
+        bail!("the delivery of {task} {}", t.delivery);
+    }
+    println!(
+        "  result: {} by `{}` ({}); delivered as {}",
+        t.verification, t.check, t.check_result, t.delivery
+    );
+    let branch = format!("tether/{task}");
+    println!("  git -C {} show {branch}:", origin.display());
+    for l in git(
+        &origin,
+        &["show", "--no-color", "--format=%h %s%n%n%b", &branch],
+    )?
+    .lines()
+    {
         println!("    {l}");
+    }
+    if t.verification != "verified" {
+        bail!("the result of {task} was not verified: {}", t.verification);
     }
     Ok(())
 }

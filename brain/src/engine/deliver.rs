@@ -183,6 +183,9 @@ pub(super) async fn run(core: &Core, task: &Arc<Task>, mode: Mode) -> Result<Del
     Ok(task.state().delivery.unwrap_or_default())
 }
 
+/// Most characters of a commit's first line.
+const TITLE: usize = 72;
+
 /// The commit's first line.
 fn title(st: &TaskState, wip: bool) -> String {
     let first = |s: &str| {
@@ -202,11 +205,20 @@ fn title(st: &TaskState, wip: bool) -> String {
             .or_else(|| first(&st.goal))
             .unwrap_or_else(|| format!("Tether task {}", st.id))
     };
-    let mut t: String = t.chars().take(72).collect();
-    if t.trim().is_empty() {
-        t = format!("Tether task {}", st.id);
+    let t = t.trim();
+    if t.is_empty() {
+        return format!("Tether task {}", st.id);
     }
-    t
+    if t.chars().count() <= TITLE {
+        return t.to_string();
+    }
+    // Cut at a word, and say it was cut.
+    let head: String = t.chars().take(TITLE - 1).collect();
+    let cut = head
+        .rfind(' ')
+        .filter(|&i| i > TITLE / 2)
+        .unwrap_or(head.len());
+    format!("{}…", head[..cut].trim_end())
 }
 
 /// Whether and how the result was verified, in a sentence.
@@ -238,7 +250,18 @@ pub fn commit_message(st: &TaskState) -> String {
 fn message(st: &TaskState, wip: bool) -> String {
     let mut m = title(st, wip);
     m.push_str("\n\n");
-    let rest: Vec<&str> = st.reason.lines().skip(1).collect();
+    // The summary's other lines, or all of it when its first line had to be cut.
+    let first_whole = st
+        .reason
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .is_some_and(|l| l.chars().count() <= TITLE);
+    let rest: Vec<&str> = if first_whole {
+        st.reason.trim().lines().skip(1).collect()
+    } else {
+        st.reason.lines().collect()
+    };
     let rest = rest.join("\n");
     if !wip && !rest.trim().is_empty() {
         m.push_str(rest.trim());
