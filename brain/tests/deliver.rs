@@ -393,7 +393,10 @@ fn a_pull_request_is_opened_once_though_the_brain_dies_after_the_push_and_after_
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(gh.pulls().len(), 1);
-    // A brain without failpoints finishes the delivery: one branch, one pull request.
+    // A brain without failpoints finishes the delivery: one branch, one pull request. Its
+    // first look finds no pull request (GitHub's list lags), so it meets GitHub's 422 for
+    // the one that exists, and finds it.
+    gh.fail_next(Fault::StaleList);
     c.kill_brain();
     c.opts.env = env();
     c.start_brain().unwrap();
@@ -426,9 +429,16 @@ fn a_pull_request_is_opened_once_though_the_brain_dies_after_the_push_and_after_
         1
     );
     assert_eq!(gh.violations(), Vec::<String>::new());
-    // The rate limit was met and waited out.
+    // The rate limit was met and waited out; the existing pull request was refused as such.
     assert!(
         gh.requests().iter().any(|r| r.status == 403),
+        "{:?}",
+        gh.requests()
+    );
+    assert!(
+        gh.requests()
+            .iter()
+            .any(|r| r.method == "POST" && r.status == 422),
         "{:?}",
         gh.requests()
     );

@@ -68,6 +68,8 @@ pub enum Fault {
     RateLimited { retry_after_secs: u64 },
     /// 500 `Server Error`.
     ServerError,
+    /// 200 and an empty list (GitHub's lists can lag behind a pull request just opened).
+    StaleList,
 }
 
 /// A pull request the fake holds.
@@ -410,6 +412,7 @@ fn fault_answer(fault: Fault) -> Answer {
     match fault {
         Fault::Unauthorized => error(401, "Bad credentials", DOCS),
         Fault::ServerError => error(500, "Server Error", DOCS),
+        Fault::StaleList => Answer::json(200, json!([])),
         Fault::RateLimited { retry_after_secs } => {
             let mut a = error(
                 403,
