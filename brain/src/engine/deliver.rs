@@ -100,13 +100,7 @@ pub(super) async fn run(core: &Core, task: &Arc<Task>, mode: Mode) -> Result<Del
     };
     let commit = match port.commit(&req).await {
         Ok(c) => c,
-        Err(e) => {
-            // Nothing started: say so without a record of a delivery that never began.
-            return Err(Error::Delivery(
-                core.redact
-                    .apply(&format!("cannot make the commit of task {}: {e}", st.id)),
-            ));
-        }
+        Err(e) => return Err(fail(format!("cannot make the commit of task {}: {e}", st.id)).await),
     };
     let resumed = earlier
         .as_ref()
@@ -320,4 +314,71 @@ fn pr_body(st: &TaskState, wip: bool) -> String {
     ));
     b.push_str(&format!("Tether-Task: {}\n", st.id));
     b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::delivery::Origin;
+    use crate::model::event::TaskId;
+
+    fn finished(reason: &str) -> TaskState {
+        let mut st = TaskState::new(TaskId(3));
+        st.status = Status::Finished;
+        st.reason = reason.into();
+        st.goal = "make it pass".into();
+        st
+    }
+
+    #[test]
+    fn only_git_tasks_that_asked_for_it_or_were_interrupted_owe_a_delivery() {
+        let mut st = finished("done");
+        st.deliver = Mode::Branch;
+        assert_eq!(owed(&st), None, "no origin: nothing to deliver to");
+        st.origin = Some(Origin::default());
+        assert_eq!(owed(&st), Some(Mode::Branch));
+        st.delivery = Some(Delivery {
+            mode: Mode::Pr,
+            ..Default::default()
+        });
+        assert_eq!(owed(&st), Some(Mode::Pr), "interrupted: taken up again");
+        st.delivery.as_mut().unwrap().done = true;
+        assert_eq!(owed(&st), None);
+        let mut failed = finished("x");
+        failed.status = Status::Failed;
+        failed.deliver = Mode::Branch;
+        failed.origin = Some(Origin::default());
+        assert_eq!(
+            owed(&failed),
+            None,
+            "only a finished task is delivered by itself"
+        );
+    }
+
+    #[test]
+    fn titles_are_the_summary_cut_at_a_word_and_messages_carry_the_trailer() {
+        assert_eq!(
+            title(&finished("Fix the value\nmore"), false),
+            "Fix the value"
+        );
+        let long = "word ".repeat(30);
+        let t = title(&finished(&long), false);
+        assert!(t.ends_with('…') && t.chars().count() <= TITLE, "{t}");
+        assert!(!t.contains("wor…"), "cut at a word: {t}");
+        assert_eq!(title(&finished(""), false), "make it pass");
+        let m = message(&finished(&long), false);
+        assert!(
+            m.contains(long.trim()),
+            "a cut title keeps the whole summary: {m}"
+        );
+        assert!(m.ends_with("Tether-Task: t-3\n"), "{m}");
+        assert!(
+            m.contains("Not verified: the task had no acceptance check."),
+            "{m}"
+        );
+        let mut wip = finished("");
+        wip.status = Status::Stuck;
+        wip.reason = "a loop".into();
+        assert!(title(&wip, true).starts_with("Work in progress (stuck): make it pass"));
+    }
 }

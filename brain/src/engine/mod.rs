@@ -184,9 +184,6 @@ impl Engine {
     /// workspace again changes nothing.
     pub async fn deliver(&self, text: &str, mode: Mode) -> Result<Delivery, Error> {
         let task = self.find(text)?;
-        if task.state().status == Status::Running && task.state().pending.is_some() {
-            tracing::info!(task = %task.id, "delivering the last barrier of a running task");
-        }
         deliver::run(&self.inner.core, &task, mode).await
     }
 

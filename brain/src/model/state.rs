@@ -321,10 +321,10 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             }
         }
         Event::DeliveryFailed { reason } => {
-            if let Some(d) = &mut st.delivery {
-                d.done = true;
-                d.error = reason.clone();
-            }
+            // Also when it failed before it could start (no commit could be made).
+            let d = st.delivery.get_or_insert_with(Default::default);
+            d.done = true;
+            d.error = reason.clone();
         }
         Event::WorkspaceRules { rules } => st.sync_rules = rules.clone(),
         Event::Placement { require_labels } => st.require_labels = require_labels.clone(),
@@ -555,6 +555,87 @@ mod tests {
                 },
             },
         )
+    }
+
+    #[test]
+    fn a_delivery_is_rebuilt_from_its_records_and_a_failure_before_its_start_ends_it() {
+        use crate::model::delivery::Mode;
+        let mut st = TaskState::new(TaskId(1));
+        let seeded = Event::WorkspaceSeeded {
+            root_hash: "r0".into(),
+            source: "https://example.com/o/r.git".into(),
+            files: 1,
+            bytes: 1,
+            commit: "c".repeat(40),
+            branch: "main".into(),
+        };
+        for (i, e) in [seeded, Event::DeliveryPlanned { mode: Mode::Pr }]
+            .into_iter()
+            .enumerate()
+        {
+            apply(&mut st, &rec(i as u64 + 1, e));
+        }
+        assert_eq!(st.origin.as_ref().unwrap().branch, "main");
+        assert_eq!(st.deliver, Mode::Pr);
+        let mut started = st.clone();
+        for (i, e) in [
+            Event::DeliveryStarted {
+                mode: Mode::Pr,
+                wip: false,
+                branch: "tether/t-1".into(),
+                root: "r1".into(),
+                commit: "d".repeat(40),
+                date_s: 7,
+            },
+            Event::DeliveryPushed {
+                branch: "tether/t-1".into(),
+                commit: "d".repeat(40),
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            apply(&mut started, &rec(i as u64 + 3, e));
+        }
+        let d = started.delivery.clone().unwrap();
+        assert!(d.pushed && !d.done && d.pr_url.is_empty());
+        assert!(
+            d.describe().contains("pull request pending"),
+            "{}",
+            d.describe()
+        );
+        apply(
+            &mut started,
+            &rec(
+                5,
+                Event::PullRequestOpened {
+                    url: "https://example.com/o/r/pull/1".into(),
+                    number: 1,
+                },
+            ),
+        );
+        apply(
+            &mut started,
+            &rec(
+                6,
+                Event::Delivered {
+                    branch: "tether/t-1".into(),
+                },
+            ),
+        );
+        assert!(started.delivery.as_ref().unwrap().delivered());
+        apply(
+            &mut st,
+            &rec(
+                3,
+                Event::DeliveryFailed {
+                    reason: "no objects".into(),
+                },
+            ),
+        );
+        let d = st.delivery.unwrap();
+        assert!(d.done && !d.delivered());
+        assert_eq!(d.describe(), "failed: no objects");
     }
 
     #[test]
