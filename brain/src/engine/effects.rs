@@ -8,8 +8,9 @@ use super::error::Error;
 use super::ports::OutputSink;
 use super::store::LiveOutput;
 use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
-use crate::model::ops::{Command, CommandEnd, FileAnswer, FileOp, SyncOp};
+use crate::model::ops::{Command, CommandEnd, FileAnswer, FileOp, Stream, SyncOp};
 use crate::model::state::{PendingCall, Status};
+use shared::locks::Lock;
 
 /// Output kept per result in the log (the worker captures up to 64 KiB per stream).
 const LOGGED_OUTPUT: usize = 16 * 1024;
@@ -402,13 +403,46 @@ pub async fn run_command(
         limits: cx.opts().limits,
     };
     let live = cx.task.live.clone();
-    let redact = cx.core.redact.clone();
+    // One masker per stream, so a secret cut between two pieces is masked too.
+    let masks = std::sync::Arc::new(std::sync::Mutex::new((
+        cx.core.redact.stream(),
+        cx.core.redact.stream(),
+    )));
+    let (held, held_live, call_id) = (masks.clone(), live.clone(), p.call_id);
+    // What the maskers held back, once the command has ended.
+    let flush = move || {
+        let mut m = held.locked();
+        for (stream, text) in [
+            (Stream::Stdout, m.0.finish()),
+            (Stream::Stderr, m.1.finish()),
+        ] {
+            if !text.is_empty() {
+                let _ = held_live.send(LiveOutput {
+                    kind: "live_output",
+                    call_id,
+                    stream: stream.as_str(),
+                    text,
+                });
+            }
+        }
+    };
     let output: OutputSink = std::sync::Arc::new(move |o| {
+        let text = {
+            let mut m = masks.locked();
+            let mask = match o.stream {
+                Stream::Stderr => &mut m.1,
+                _ => &mut m.0,
+            };
+            mask.push(&o.data)
+        };
+        if text.is_empty() {
+            return;
+        }
         let _ = live.send(LiveOutput {
             kind: "live_output",
             call_id: o.call_id,
             stream: o.stream.as_str(),
-            text: redact.apply(&String::from_utf8_lossy(&o.data)),
+            text,
         });
     });
     let workers = &cx.ports().workers;
@@ -427,6 +461,7 @@ pub async fn run_command(
             return CommandOutcome::Cancelled;
         }
     };
+    flush();
     match end {
         CommandEnd::WorkerGone => CommandOutcome::WorkerGone,
         CommandEnd::Interrupted(why) => CommandOutcome::Interrupted(why),

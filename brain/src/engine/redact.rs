@@ -40,3 +40,87 @@ impl Redactor {
         t
     }
 }
+
+impl Redactor {
+    /// A masker for output that arrives in pieces: a secret split across two pieces is
+    /// masked too, because the end of a piece that could begin a secret is held back until
+    /// the next piece shows whether it does (as are bytes of a character cut in two).
+    pub fn stream(self: &std::sync::Arc<Self>) -> Streaming {
+        Streaming {
+            redactor: self.clone(),
+            held: Vec::new(),
+        }
+    }
+}
+
+/// See [`Redactor::stream`].
+pub struct Streaming {
+    redactor: std::sync::Arc<Redactor>,
+    held: Vec<u8>,
+}
+
+impl Streaming {
+    /// The masked text that can be shown now.
+    pub fn push(&mut self, data: &[u8]) -> String {
+        self.held.extend_from_slice(data);
+        // Only whole characters; an invalid sequence (not a cut one) is shown replaced.
+        let valid = match std::str::from_utf8(&self.held) {
+            Ok(_) => self.held.len(),
+            Err(e) if e.error_len().is_some() => self.held.len(),
+            Err(e) => e.valid_up_to(),
+        };
+        let text = String::from_utf8_lossy(&self.held[..valid]).into_owned();
+        let rest = self.held[valid..].to_vec();
+        let masked = self.redactor.apply(&text);
+        // The longest end of the text that is the start of a secret waits for more.
+        let keep = self
+            .redactor
+            .0
+            .iter()
+            .flat_map(|secret| {
+                (1..secret.len().min(masked.len() + 1)).rev().find(|&n| {
+                    masked.is_char_boundary(masked.len() - n)
+                        && secret
+                            .as_bytes()
+                            .starts_with(&masked.as_bytes()[masked.len() - n..])
+                })
+            })
+            .max()
+            .unwrap_or(0);
+        let (now, later) = masked.split_at(masked.len() - keep);
+        self.held = later.as_bytes().to_vec();
+        self.held.extend_from_slice(&rest);
+        now.to_string()
+    }
+
+    /// What was held back, once no more comes.
+    pub fn finish(&mut self) -> String {
+        let rest = String::from_utf8_lossy(&std::mem::take(&mut self.held)).into_owned();
+        self.redactor.apply(&rest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_cut_across_pieces_is_masked_and_nothing_else_is_held() {
+        let cfg = llm::LlmConfig::default();
+        let r = std::sync::Arc::new(Redactor::new(&cfg, &["tok-SECRET-123456".into()]));
+        let mut s = r.stream();
+        let mut shown = String::new();
+        for piece in ["hello tok-SEC", "RET-12", "3456 and ", "to", "k but not"] {
+            shown.push_str(&s.push(piece.as_bytes()));
+        }
+        // The last "t" could begin the secret: it waits for the end.
+        assert_eq!(shown, "hello [redacted] and tok but no");
+        assert_eq!(s.finish(), "t");
+        assert_eq!(s.finish(), "");
+        // A character cut in two waits for its other half.
+        let mut s = r.stream();
+        let e = "é".as_bytes();
+        assert_eq!(s.push(&e[..1]), "");
+        assert_eq!(s.push(&e[1..]), "é");
+    }
+}
