@@ -468,10 +468,44 @@ fn github_refusals_end_the_delivery_with_the_reason_and_no_token() {
     let llm = fixer();
     let c = cluster(&llm, "pr", &gh.url());
     let w = c.join_worker("w");
-    let id = start(&c, &w.id, &server.url("acme/app"), &[]);
+    // Followed to its end, `brain run` waits for the delivery and says how it went.
+    let url = server.url("acme/app");
+    let out = c.brain_cli(&[
+        "run",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "full",
+        "--worker",
+        &w.id,
+        "--git",
+        &url,
+        "--check",
+        CHECK,
+        "make the check pass",
+    ]);
+    let shown = stdout(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a failed delivery fails the run: {}",
+        text(&out)
+    );
+    let id = shown.lines().next().unwrap().trim().to_string();
+    assert!(
+        shown.contains("delivery: failed:") && shown.contains("401"),
+        "{shown}"
+    );
+    assert!(!shown.contains(API_TOKEN));
     let t = delivered(&c, &id);
     let d = t["delivery"].as_str().unwrap();
     assert!(d.starts_with("failed:") && d.contains("401"), "{t}");
+    let log = stdout(&c.brain_cli(&["task", "log", &id]));
+    assert!(log.contains(&format!("pushed   tether/{id} at")), "{log}");
+    assert!(
+        log.contains("delivery failed: opening a pull request"),
+        "{log}"
+    );
     assert!(!t.to_string().contains(API_TOKEN));
     // The branch was pushed; asking again opens the pull request.
     let out = c.brain_cli(&["task", "deliver", &id, "--pr"]);

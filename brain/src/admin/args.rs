@@ -364,7 +364,7 @@ pub struct RunArgs {
     /// How a --git task's result is delivered when it finishes: `branch` pushes a commit
     /// as branch tether/<task> to the repository, `pr` opens a pull request for it too, `none`
     /// leaves it to `brain task diff|patch|export|deliver`. Default: [deliver] mode in the
-    /// config (none)
+    /// config (none). Followed, `brain run` waits for the delivery and exits 1 if it failed
     #[arg(long, requires = "git", value_parser = ["branch", "pr", "none"])]
     pub deliver: Option<String>,
     /// Start from a copy of this directory on the task's worker (the laptop case; a relative

@@ -89,6 +89,13 @@ pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
     eprintln!("following {task_id} (Ctrl-C detaches; the task goes on)");
     let recorder = args.record.as_deref();
     let outcome = follow_agent(target, &task_id, recorder).await?;
+    if outcome == "finished"
+        && matches!(args.deliver.as_deref(), None | Some("branch" | "pr"))
+        && !super::results::wait_delivery(target, &task_id).await?
+    {
+        // Finished, but the result did not get where it was asked to go.
+        return Ok(1);
+    }
     Ok(match outcome.as_str() {
         "finished" => 0,
         _ => 1,

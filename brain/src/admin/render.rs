@@ -318,6 +318,16 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             source,
             files,
             bytes,
+            commit,
+            ..
+        } if !commit.is_empty() => format!(
+            "workspace from {source} at {}: {files} files, {bytes} bytes",
+            &commit[..commit.len().min(12)]
+        ),
+        E::WorkspaceSeeded {
+            source,
+            files,
+            bytes,
             ..
         } => format!("workspace from {source}: {files} files, {bytes} bytes"),
         E::MoveCompleted {
@@ -326,6 +336,23 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             wire_bytes,
         } => format!("moved    now on {to} ({files} files written there, {wire_bytes} bytes sent)"),
         E::MoveAborted { to, reason } => format!("move to {to} aborted: {reason}"),
+        E::DeliveryPlanned { mode } => format!("to be delivered as a {mode} when it finishes"),
+        E::DeliveryStarted {
+            branch,
+            commit,
+            wip,
+            ..
+        } => format!(
+            "delivering {} as {branch}{}",
+            &commit[..commit.len().min(12)],
+            if *wip { " (work in progress)" } else { "" }
+        ),
+        E::DeliveryPushed { branch, commit } => {
+            format!("pushed   {branch} at {}", &commit[..commit.len().min(12)])
+        }
+        E::PullRequestOpened { url, number } => format!("pull request #{number}: {url}"),
+        E::Delivered { branch } => format!("delivered as {branch}"),
+        E::DeliveryFailed { reason } => format!("delivery failed: {reason}"),
         E::LeftOut {
             worker,
             entries,

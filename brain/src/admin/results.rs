@@ -123,6 +123,38 @@ fn write_file(root: &Path, path: &str, exec: bool, data: &[u8]) -> anyhow::Resul
     .with_context(|| format!("writing {path}"))
 }
 
+/// After `brain run` saw its task finish: waits for the delivery the task owes (if it owes
+/// one; at most ten minutes) and says how it went. False: it failed.
+pub async fn wait_delivery(target: &Target, task: &str) -> anyhow::Result<bool> {
+    let mut c = target.connect().await?;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(600);
+    loop {
+        let list = c
+            .list_tasks(proto::ListTasksRequest {})
+            .await
+            .map_err(|s| status(s, &target.url))?
+            .into_inner();
+        let Some(t) = list.tasks.into_iter().find(|t| t.id == task) else {
+            return Ok(true);
+        };
+        if t.origin.is_empty() || (t.deliver == "none" && t.delivery.is_empty()) {
+            return Ok(true);
+        }
+        if !t.delivery.is_empty()
+            && !t.delivery.contains("in progress")
+            && !t.delivery.contains("pending")
+        {
+            out!("delivery: {}", t.delivery);
+            return Ok(!t.delivery.starts_with("failed"));
+        }
+        if tokio::time::Instant::now() > deadline {
+            eprintln!("the delivery goes on: see `brain task show {task}`");
+            return Ok(true);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+}
+
 /// Delivers the task and says where it went.
 pub async fn deliver(target: &Target, task: &str, pr: bool, json: bool) -> anyhow::Result<i32> {
     let mut c = target.connect().await?;
