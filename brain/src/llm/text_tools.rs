@@ -51,9 +51,7 @@ impl Provider for TextTools {
             ));
         }
         if parsed.calls.is_empty() && parsed.malformed.is_empty() {
-            resp.nudge = format!(
-                "You did not call a tool. To call one, write exactly one block like this, with the tool's name and its arguments as a JSON object:\n\n{FORMAT}\n\nWhen the goal is met, call `finish` with a short summary."
-            );
+            resp.nudge = nudge(&parsed.content);
         }
         resp.message.content = parsed.content;
         resp.message.tool_calls.extend(parsed.calls);
@@ -63,6 +61,24 @@ impl Provider for TextTools {
 }
 
 const FORMAT: &str = "```json\n{\"tool\": \"NAME\", \"arguments\": {...}}\n```";
+
+/// Said after a reply without a call: the exact format, with a real call as the example and,
+/// when the reply held code, that code in a reply is written nowhere (small models write the
+/// fix in a fenced block and believe it is done).
+fn nudge(reply: &str) -> String {
+    let mut n = format!(
+        "You did not call a tool, so nothing was done. To call one, write exactly one block like this, with the tool's name and its arguments as a JSON object:\n\n{FORMAT}\n\nFor example, to read a file:\n\n```json\n{{\"tool\": \"read_file\", \"arguments\": {{\"path\": \"README.md\"}}}}\n```"
+    );
+    if reply.contains("```") {
+        n.push_str(
+            "\n\nCode in your reply is not written to any file. To change a file, call `write_file` (its path and the whole new content) or `edit_file`.",
+        );
+    }
+    n.push_str(
+        "\n\nWhen the goal is met, call `finish` alone:\n\n```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"what you changed\"}}\n```",
+    );
+    n
+}
 
 /// The system prompt's tool section.
 fn tools_prompt(tools: &[ToolSpec]) -> String {
@@ -298,6 +314,18 @@ fn malformed(body: &str, what: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nudge_shows_real_calls_that_parse_and_says_code_in_a_reply_is_written_nowhere() {
+        let plain = nudge("The goal is met.");
+        assert!(!plain.contains("not written to any file"), "{plain}");
+        let with_code = nudge("Fixed:\n```python\ndef f():\n    return 1\n```");
+        assert!(with_code.contains("Code in your reply is not written to any file"));
+        // The examples in it are calls the parser reads, the way the model should copy them.
+        let p = parse_reply(&with_code, 0);
+        let names: Vec<&str> = p.calls.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["read_file", "finish"], "{with_code}");
+    }
 
     #[test]
     fn one_good_block() {
