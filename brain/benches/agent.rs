@@ -316,7 +316,10 @@ fn progress(h: &str, i: usize, a: &Attempt) {
         if a.note.is_empty() {
             String::new()
         } else {
-            format!("  ({})", a.note)
+            format!(
+                "  ({})",
+                a.note.split_whitespace().collect::<Vec<_>>().join(" ")
+            )
         }
     );
 }
