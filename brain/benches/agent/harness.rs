@@ -1,0 +1,419 @@
+//! The three harnesses of the agent benchmark: the one-shot request, Tether (a real brain and
+//! worker) and mini-swe-agent, each turning one attempt at a task into an [`Attempt`].
+
+use super::*;
+
+pub(super) fn http() -> (tokio::runtime::Runtime, reqwest::Client) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(900))
+        .build()
+        .expect("http client");
+    (rt, client)
+}
+
+/// Panics (broken setup) unless the server answers `/models` and serves `model`.
+pub(super) fn check_server(s: &Settings) {
+    let (rt, client) = http();
+    let url = format!("{}/models", s.url);
+    let body = rt
+        .block_on(async {
+            let r = client
+                .get(&url)
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await?;
+            r.error_for_status()?.text().await
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "the model server at {url} does not answer ({e}).\n\
+                 Start it: LLM_MODEL=/opt/llm/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
+                 LLM_ALIAS={} LLM_CTX={} bash /work/shared/llm/start.sh \
+                 (built once by `WITH_QWEN15=1 bash /work/shared/llm/setup.sh`), \
+                 or point AGENT_BENCH_LLM_URL at another OpenAI-compatible server.",
+                s.model, s.ctx
+            )
+        });
+    assert!(
+        body.contains(&format!("\"{}\"", s.model)),
+        "the server at {url} does not serve the model {} (AGENT_BENCH_MODEL): {body}",
+        s.model
+    );
+}
+
+/// One chat request; returns (the answer's text, total tokens).
+pub(super) fn chat(s: &Settings, messages: serde_json::Value) -> Result<(String, u64), String> {
+    let (rt, client) = http();
+    let req = serde_json::json!({
+        "model": s.model,
+        "messages": messages,
+        "max_tokens": s.max_tokens,
+    });
+    let text = rt
+        .block_on(async {
+            client
+                .post(format!("{}/chat/completions", s.url))
+                .header("content-type", "application/json")
+                .header("authorization", "Bearer sk-no-key-needed")
+                .body(req.to_string())
+                .send()
+                .await?
+                .error_for_status()?
+                .text()
+                .await
+        })
+        .map_err(|e| e.to_string())?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+    let answer = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    Ok((answer, v["usage"]["total_tokens"].as_u64().unwrap_or(0)))
+}
+
+/// The first fenced block of `text` (a ```python block if there is one).
+pub(super) fn fenced(text: &str) -> Option<String> {
+    let blocks: Vec<(String, String)> = text
+        .split("```")
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .map(|(_, b)| {
+            let (lang, body) = b.split_once('\n').unwrap_or(("", b));
+            (lang.trim().to_lowercase(), body.to_string())
+        })
+        .collect();
+    blocks
+        .iter()
+        .find(|(l, _)| l == "python" || l == "py")
+        .or(blocks.first())
+        .map(|(_, b)| b.clone())
+}
+
+// ---------------------------------------------------------------------------------------------
+// One-shot
+
+pub(super) fn oneshot(s: &Settings, task: &Task, i: usize, work: &Path) -> Attempt {
+    let repo = work.join(format!("oneshot-{}-{i}", task.name));
+    make_repo(task, &repo);
+    let (_, failing) = verify(task, &repo);
+    let source = std::fs::read_to_string(repo.join(&task.module)).unwrap();
+    let tail: String = {
+        let lines: Vec<&str> = failing.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    };
+    let prompt = format!(
+        "This is {m}:\n\n```python\n{source}```\n\nIts check `{c}` fails:\n\n```\n{tail}\n```\n\n\
+         Fix the bug in {m}. Reply with the whole corrected {m} in one ```python fenced block.",
+        m = task.module,
+        c = task.check,
+    );
+    let t = Instant::now();
+    let r = chat(
+        s,
+        serde_json::json!([
+            {"role": "system", "content": "You are a careful Python programmer."},
+            {"role": "user", "content": prompt},
+        ]),
+    );
+    let wall = t.elapsed();
+    if let Ok((answer, _)) = &r {
+        let _ = std::fs::write(s.out.join(format!("oneshot-{}-{i}.txt", task.name)), answer);
+    }
+    let (claim, solved, tokens, note) = match r {
+        Err(e) => ("error".to_string(), false, 0, e),
+        Ok((answer, tokens)) => match fenced(&answer) {
+            None => ("no code block".into(), false, tokens, String::new()),
+            Some(code) => {
+                std::fs::write(repo.join(&task.module), code).unwrap();
+                let (ok, _) = verify(task, &repo);
+                ("answered".into(), ok, tokens, String::new())
+            }
+        },
+    };
+    Attempt {
+        task: task.name.clone(),
+        claimed: false,
+        claim,
+        solved,
+        calls: 1,
+        tokens,
+        wall,
+        note,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tether
+
+pub(super) fn brain_config(s: &Settings) -> String {
+    format!(
+        r#"[llm]
+default_model = "openai:{m}"
+timeout = "600s"
+[llm.providers.openai]
+base_url = "{url}"
+api_key = "sk-bench-local-server-needs-no-key-7f3a9c"
+[llm.models."openai:{m}"]
+tool_mode = "text"
+context_window = {ctx}
+max_tokens = {mt}
+"#,
+        m = s.model,
+        url = s.url,
+        ctx = s.ctx,
+        mt = s.max_tokens
+    )
+}
+
+pub(super) fn task_show(c: &Cluster, id: &str) -> Option<serde_json::Value> {
+    let out = c.brain_cli(&["task", "show", id, "--json"]);
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+pub(super) fn tether(
+    s: &Settings,
+    c: &Cluster,
+    worker: &testkit::Worker,
+    task: &Task,
+    i: usize,
+    work: &Path,
+) -> Attempt {
+    let repo = work.join(format!("tether-{}-{i}", task.name));
+    make_repo(task, &repo);
+    let steps = s.steps.to_string();
+    let wall = format!("{}s", s.wall.as_secs());
+    let max_tokens = (u64::from(s.steps) * u64::from(s.ctx)).to_string();
+    let goal = task.goal();
+    let t = Instant::now();
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--worker",
+        &worker.name,
+        "--git",
+        repo.to_str().unwrap(),
+        "--check",
+        &task.check,
+        "--check-timeout",
+        "60s",
+        "--protect",
+        "test_*.py",
+        "--model",
+        &format!("openai:{}", s.model),
+        "--permission",
+        "full",
+        "--max-steps",
+        &steps,
+        "--max-wall",
+        &wall,
+        "--max-tokens",
+        &max_tokens,
+        &goal,
+    ]);
+    assert!(
+        out.status.success(),
+        "brain run failed (broken setup): {}",
+        testkit::text(&out)
+    );
+    let id = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    // The brain's own wall budget stops it; past that and a grace period it ran away.
+    let deadline = Instant::now() + s.wall + Duration::from_secs(180);
+    let mut ran_away = false;
+    let show = loop {
+        let v = task_show(c, &id);
+        if let Some(v) = &v {
+            let st = v["status"].as_str().unwrap_or_default();
+            if matches!(
+                st,
+                "finished" | "failed" | "cancelled" | "stuck" | "stalled" | "budget_exhausted"
+            ) {
+                break v.clone();
+            }
+        }
+        if Instant::now() > deadline {
+            ran_away = true;
+            let _ = c.brain_cli(&["task", "cancel", &id]);
+            std::thread::sleep(Duration::from_secs(2));
+            break task_show(c, &id).unwrap_or_default();
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let wall = t.elapsed();
+    let log = c.task_log_json(&id);
+    let calls = log.iter().filter(|r| r["kind"] == "llm_response").count() as u64;
+    let workspace = log
+        .iter()
+        .find(|r| r["kind"] == "created")
+        .and_then(|r| r["workspace"].as_str())
+        .unwrap_or("default")
+        .to_string();
+    let human = c.brain_cli(&["task", "log", &id]);
+    let logfile = s.out.join(format!("tether-{}-{i}.log", task.name));
+    let _ = std::fs::write(
+        &logfile,
+        format!(
+            "{}\n\n{}\n",
+            serde_json::to_string_pretty(&show).unwrap_or_default(),
+            testkit::text(&human)
+        ),
+    );
+    let status = show["status"].as_str().unwrap_or("unknown").to_string();
+    let verification = show["verification"].as_str().unwrap_or_default();
+    let claim = if ran_away {
+        format!("RAN AWAY ({status})")
+    } else if status == "finished" {
+        format!("finished/{verification}")
+    } else {
+        status.clone()
+    };
+    let files = worker.state.join("workspaces").join(&workspace);
+    let (solved, _) = verify(task, &files);
+    let mut note = String::new();
+    if !files.is_dir() {
+        note = format!("no workspace at {}", files.display());
+    }
+    if status != "finished" {
+        let reason = show["reason"].as_str().unwrap_or_default();
+        let reason: String = reason.chars().take(90).collect();
+        if !reason.is_empty() {
+            if !note.is_empty() {
+                note.push_str("; ");
+            }
+            note.push_str(&reason);
+        }
+    }
+    Attempt {
+        task: task.name.clone(),
+        claimed: status == "finished",
+        claim,
+        solved,
+        calls,
+        tokens: show["tokens"].as_u64().unwrap_or(0),
+        wall,
+        note,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// mini-swe-agent
+
+/// None if mini-swe-agent can be used; else why not and how to install it.
+pub(super) fn msa_missing(s: &Settings) -> Option<String> {
+    let out = Command::new(&s.msa_python)
+        .args([
+            "-c",
+            "import minisweagent, litellm; print(minisweagent.__version__)",
+        ])
+        .env("MSWEA_SILENT_STARTUP", "1")
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        .output();
+    match out {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(testkit::text(&o).lines().last().unwrap_or("").to_string()),
+        Err(e) => Some(format!("{}: {e}", s.msa_python)),
+    }
+    .map(|why| {
+        format!(
+            "mini-swe-agent rows skipped: {why}\n  install it: python3 -m venv /opt/msa-venv && \
+             /opt/msa-venv/bin/pip install mini-swe-agent (or set AGENT_BENCH_MSA_PYTHON)"
+        )
+    })
+}
+
+pub(super) fn msa_version(s: &Settings) -> String {
+    let out = run(Command::new(&s.msa_python)
+        .args(["-c", "import minisweagent; print(minisweagent.__version__)"])
+        .env("MSWEA_SILENT_STARTUP", "1"));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+pub(super) fn msa(s: &Settings, task: &Task, i: usize, work: &Path) -> Attempt {
+    let repo = work.join(format!("msa-{}-{i}", task.name));
+    make_repo(task, &repo);
+    let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/agent/msa_driver.py");
+    let traj = s.out.join(format!("msa-{}-{i}.traj.json", task.name));
+    let cfg_dir = work.join("msa-config");
+    let t = Instant::now();
+    let (code, out) = run_timeout(
+        Command::new(&s.msa_python)
+            .arg(&driver)
+            .arg(&repo)
+            .arg(task.goal())
+            .args(["--steps", &s.steps.to_string()])
+            .args(["--wall", &s.wall.as_secs().to_string()])
+            .args(["--api-base", &s.url])
+            .args(["--model", &format!("openai/{}", s.model)])
+            .args(["--max-tokens", &s.max_tokens.to_string()])
+            .arg("--traj")
+            .arg(&traj)
+            .env("MSWEA_GLOBAL_CONFIG_DIR", &cfg_dir)
+            .env("PYTHONDONTWRITEBYTECODE", "1"),
+        s.wall + Duration::from_secs(180),
+    );
+    let wall = t.elapsed();
+    let _ = std::fs::write(s.out.join(format!("msa-{}-{i}.log", task.name)), &out);
+    let result = out
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("MSA_RESULT "))
+        .and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok());
+    let (solved, _) = verify(task, &repo);
+    let Some(r) = result else {
+        let last: String = out
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .chars()
+            .take(90)
+            .collect();
+        return Attempt {
+            task: task.name.clone(),
+            claim: if code.is_none() {
+                "RAN AWAY (killed)".into()
+            } else {
+                format!("crashed (exit {code:?})")
+            },
+            claimed: false,
+            solved,
+            calls: 0,
+            tokens: 0,
+            wall,
+            note: last,
+        };
+    };
+    let submitted = r["submitted"].as_bool().unwrap_or(false);
+    let status = r["exit_status"].as_str().unwrap_or_default();
+    Attempt {
+        task: task.name.clone(),
+        claim: if submitted {
+            "submitted".into()
+        } else {
+            status.to_string()
+        },
+        claimed: submitted,
+        solved,
+        calls: r["model_calls"].as_u64().unwrap_or(0),
+        tokens: r["tokens"].as_u64().unwrap_or(0),
+        wall,
+        note: r["error"]
+            .as_str()
+            .unwrap_or_default()
+            .chars()
+            .take(90)
+            .collect(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report
