@@ -227,7 +227,8 @@ pub(super) fn tether(
         .next()
         .unwrap_or_default()
         .to_string();
-    // The brain's own wall budget stops it; past that and a grace period it ran away.
+    // The brain's own wall budget stops it between model calls; one slow call may go past it.
+    // Past the budget and a grace period the attempt is cancelled, and the line says so.
     let deadline = Instant::now() + s.wall + Duration::from_secs(180);
     let mut ran_away = false;
     let show = loop {
@@ -271,7 +272,7 @@ pub(super) fn tether(
     let status = show["status"].as_str().unwrap_or("unknown").to_string();
     let verification = show["verification"].as_str().unwrap_or_default();
     let claim = if ran_away {
-        format!("RAN AWAY ({status})")
+        format!("past wall+180s, cancelled ({status})")
     } else if status == "finished" {
         format!("finished/{verification}")
     } else {
@@ -380,7 +381,7 @@ pub(super) fn msa(s: &Settings, task: &Task, i: usize, work: &Path) -> Attempt {
         return Attempt {
             task: task.name.clone(),
             claim: if code.is_none() {
-                "RAN AWAY (killed)".into()
+                "past wall+180s, killed".into()
             } else {
                 format!("crashed (exit {code:?})")
             },
