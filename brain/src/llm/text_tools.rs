@@ -66,8 +66,9 @@ const FORMAT: &str = "```json\n{\"tool\": \"NAME\", \"arguments\": {...}}\n```";
 /// when the reply held code, that code in a reply is written nowhere (small models write the
 /// fix in a fenced block and believe it is done).
 fn nudge(reply: &str) -> String {
-    let mut n = format!(
-        "You did not call a tool, so nothing was done. To call one, write exactly one block like this, with the tool's name and its arguments as a JSON object:\n\n{FORMAT}\n\nFor example, to read a file:\n\n```json\n{{\"tool\": \"read_file\", \"arguments\": {{\"path\": \"README.md\"}}}}\n```"
+    // Real calls only: a model shown a placeholder (`NAME`, `{...}`) copies it.
+    let mut n = String::from(
+        "You did not call a tool, so nothing was done. To call one, write exactly one fenced json block with the tool's name and its arguments as a JSON object. For example, to read a file:\n\n```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\": \"README.md\"}}\n```",
     );
     if reply.contains("```") {
         n.push_str(
@@ -319,6 +320,10 @@ mod tests {
     fn the_nudge_shows_real_calls_that_parse_and_says_code_in_a_reply_is_written_nowhere() {
         let plain = nudge("The goal is met.");
         assert!(!plain.contains("not written to any file"), "{plain}");
+        assert!(
+            !plain.contains("NAME") && !plain.contains("{...}"),
+            "no placeholder to copy: {plain}"
+        );
         let with_code = nudge("Fixed:\n```python\ndef f():\n    return 1\n```");
         assert!(with_code.contains("Code in your reply is not written to any file"));
         // The examples in it are calls the parser reads, the way the model should copy them.

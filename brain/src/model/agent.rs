@@ -132,8 +132,11 @@ pub struct AgentState {
     pub approvals_asked: u64,
     /// The last failing call (tool name and arguments) and how many times in a row.
     pub repeat: Option<(String, u32)>,
-    /// Replies in a row without a tool call.
+    /// Replies in a row without a tool call that could run.
     pub idle_replies: u32,
+    /// The last of them held calls that could not be read.
+    #[serde(default)]
+    pub idle_malformed: bool,
     /// Messages before this index have had their tool outputs elided.
     pub elided_upto: u32,
     /// Calls in the model's last reply (a `finish` is taken only alone).
@@ -184,6 +187,7 @@ impl AgentState {
             approvals_asked: 0,
             repeat: None,
             idle_replies: 0,
+            idle_malformed: false,
             elided_upto: 0,
             reply_calls: 0,
             recent: VecDeque::new(),
@@ -300,13 +304,12 @@ impl AgentState {
         notes.extend(r.skipped_calls.iter().cloned());
         let note = (!notes.is_empty()).then(|| notes.join("\n\n"));
         if self.queue.is_empty() {
+            // A reply with no call that could run, whether it tried (malformed) or not.
+            self.idle_replies += 1;
+            self.idle_malformed = note.is_some();
             match note {
-                Some(n) => {
-                    self.idle_replies = 0;
-                    self.conversation.push(Message::user(n));
-                }
+                Some(n) => self.conversation.push(Message::user(n)),
                 None => {
-                    self.idle_replies += 1;
                     let nudge = if r.nudge.is_empty() {
                         NUDGE
                     } else {
@@ -319,6 +322,13 @@ impl AgentState {
             self.idle_replies = 0;
             self.note_after = note;
         }
+    }
+
+    /// Whether the model has stopped calling tools: two replies in a row without a call (the
+    /// nudge after the first did not help), or three when the last tried and could not be read
+    /// (a model copying the call format wrong alternates between the two for ever otherwise).
+    pub fn stalled(&self) -> bool {
+        self.idle_replies >= 3 || (self.idle_replies >= 2 && !self.idle_malformed)
     }
 
     pub fn on_observation(&mut self, tool_use_id: &str, text: &str, failed: bool) {
@@ -661,5 +671,48 @@ mod tests {
         a.elide(6);
         assert_eq!(a.conversation[4].content, ELIDED);
         assert_eq!(a.conversation[6].content.len(), 500);
+    }
+
+    #[test]
+    fn a_model_alternating_unreadable_calls_and_no_calls_is_stalled_on_the_third_reply() {
+        let idle = || {
+            let mut r = call("x", "read_file", "{}");
+            r.message.tool_calls.clear();
+            r.message.content = "I fixed it.".into();
+            r
+        };
+        let unreadable = || {
+            let mut r = idle();
+            r.malformed_calls = vec!["not JSON: {\"tool\": \"NAME\", ...}".into()];
+            r
+        };
+        // No call twice: the nudge did not help.
+        let mut a = AgentState::new(spec(), "goal", 0);
+        a.on_response(&idle(), 0.0);
+        assert!(!a.stalled());
+        a.on_response(&idle(), 0.0);
+        assert!(a.stalled());
+        // No call, then a try that cannot be read, then no call: stalled at the third.
+        let mut a = AgentState::new(spec(), "goal", 0);
+        a.on_response(&idle(), 0.0);
+        a.on_response(&unreadable(), 0.0);
+        assert!(
+            !a.stalled(),
+            "its last reply tried to call: one more chance"
+        );
+        assert!(
+            a.conversation
+                .last()
+                .unwrap()
+                .content
+                .contains("could not be read")
+        );
+        a.on_response(&idle(), 0.0);
+        assert!(a.stalled());
+        // A call that runs starts the count again.
+        let mut a = AgentState::new(spec(), "goal", 0);
+        a.on_response(&unreadable(), 0.0);
+        a.on_response(&call("c1", "read_file", "{}"), 0.0);
+        assert_eq!(a.idle_replies, 0);
     }
 }

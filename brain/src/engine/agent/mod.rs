@@ -198,7 +198,7 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
         }
     }
     // 3. Think.
-    if a.idle_replies >= 2 {
+    if a.stalled() {
         let last = a
             .conversation
             .iter()
@@ -209,7 +209,8 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
         return Action::finish(
             Outcome::Stalled,
             format!(
-                "the model stopped calling tools without finishing: {}",
+                "the model stopped calling tools without finishing ({} replies in a row without a call that could run): {}",
+                a.idle_replies,
                 tools::head_tail(&last, 500)
             ),
         );
