@@ -2,7 +2,7 @@
 //! baseline, in the same run, on the same one-bug Python tasks. Prints figures; never fails on
 //! a result or a timing, only on a broken setup.
 //!
-//!     bash /work/shared/llm/setup.sh && bash /work/shared/llm/start.sh   # see README.md
+//!     bash ../shared/llm/setup.sh && bash ../shared/llm/start.sh   # see README.md
 //!     cargo build --release --workspace && cargo bench -p brain --bench agent
 //!
 //! Tasks are the directories under `benches/agent/tasks/`: a module with one bug, its check

@@ -211,6 +211,40 @@ fn out_of_budget_after_a_failing_check_is_not_finished() {
 }
 
 #[test]
+fn a_slow_answer_does_not_carry_the_task_past_its_wall_time_budget() {
+    // The answer would come long after the budget: the budget ends the task first.
+    let llm = FakeLlm::start(|_| {
+        FakeReply::tool_call("finish", json!({"summary": "late"})).delay(Duration::from_secs(20))
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("slow");
+    let id = start(&c, &w.id, &["--max-wall", "2s"]);
+    assert_eq!(
+        c.wait_status(
+            &id,
+            &["budget_exhausted", "finished"],
+            Duration::from_secs(15)
+        ),
+        "budget_exhausted",
+        "{}",
+        c.brain_log()
+    );
+    let t = show(&c, &id);
+    assert!(
+        t["reason"].as_str().unwrap().contains("wall-time budget"),
+        "{t}"
+    );
+    assert_eq!(
+        c.task_log_json(&id)
+            .iter()
+            .filter(|r| r["kind"] == "llm_response")
+            .count(),
+        0,
+        "the late answer was not taken"
+    );
+}
+
+#[test]
 fn a_model_that_stops_calling_tools_is_stalled_not_finished() {
     let llm = FakeLlm::start(|_| FakeReply::text("Here is the fix:\n```python\nprint(1)\n```"));
     let c = cluster(&llm);

@@ -308,9 +308,24 @@ impl AgentDriver {
             tools: tool_specs,
             max_tokens: MAX_ANSWER_TOKENS,
         };
+        // The wall-time budget holds during a call too: a slow answer does not carry the task
+        // past it (the next decision logs the budget as spent; a resume asks again).
+        let wall_left = (a.limits.wall_ms > 0).then(|| {
+            let end = a.wall_start_ms + a.limits.wall_ms as i64;
+            Duration::from_millis((end - shared::now_unix_ms()).max(0) as u64 + 1)
+        });
         let answer = tokio::select! {
             r = provider.complete(&req) => r,
             _ = cx.task.cancel.cancelled() => return Ok(()),
+            _ = async {
+                match wall_left {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                tracing::info!(task = %cx.task.id, "wall-time budget spent while the model was answering");
+                return Ok(());
+            }
         };
         match answer {
             Ok(mut r) => {
