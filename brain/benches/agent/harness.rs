@@ -32,8 +32,8 @@ pub(super) fn check_server(s: &Settings) {
             panic!(
                 "the model server at {url} does not answer ({e}).\n\
                  Start it: LLM_MODEL=/opt/llm/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
-                 LLM_ALIAS={} LLM_CTX={} bash /work/shared/llm/start.sh \
-                 (built once by `WITH_QWEN15=1 bash /work/shared/llm/setup.sh`), \
+                 LLM_ALIAS={} LLM_CTX={} bash ../shared/llm/start.sh \
+                 (built once by `WITH_QWEN15=1 bash ../shared/llm/setup.sh`), \
                  or point AGENT_BENCH_LLM_URL at another OpenAI-compatible server.",
                 s.model, s.ctx
             )
