@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use testkit::{BrainOptions, Cluster, pids_mentioning, replay_turn, text, wait_until};
+use testkit::{
+    BrainOptions, Cluster, pids_mentioning, processes_started_in, replay_turn, text, wait_until,
+};
 
 fn config(extra: &str) -> String {
     format!("[provision]\nreaper_every = \"200ms\"\n{extra}\n")
@@ -38,8 +40,9 @@ fn provision(c: &Cluster, extra: &[&str]) -> String {
 }
 
 /// Worker processes of machine `id` (found by their state dir on the command line).
+/// The worker processes a machine started (not the checks they fork for a moment).
 fn machine_pids(c: &Cluster, id: &str) -> Vec<u32> {
-    pids_mentioning(&c.data.join("machines").join(id))
+    processes_started_in(&c.data.join("machines").join(id))
 }
 
 fn exec_on(c: &Cluster, worker: &str, argv: &[&str]) -> std::process::Output {
@@ -49,7 +52,8 @@ fn exec_on(c: &Cluster, worker: &str, argv: &[&str]) -> std::process::Output {
 }
 
 fn gone(c: &Cluster, id: &str) -> bool {
-    machine_pids(c, id).is_empty() && !c.data.join("machines").join(id).exists()
+    pids_mentioning(&c.data.join("machines").join(id)).is_empty()
+        && !c.data.join("machines").join(id).exists()
 }
 
 #[test]
@@ -221,7 +225,7 @@ fn a_brain_killed_between_create_and_record_finds_the_machine_on_restart() {
     );
     c.kill_brain();
     // The machine exists, and the store only knows it was being created.
-    let orphans = pids_mentioning(&c.data.join("machines"));
+    let orphans = processes_started_in(&c.data.join("machines"));
     assert_eq!(orphans.len(), 1, "one worker process was started");
 
     c.start_brain().unwrap();

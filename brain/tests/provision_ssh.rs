@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use testkit::sshd::SshHost;
-use testkit::{BrainOptions, Cluster, pids_mentioning, replay_turn, text, wait_until};
+use testkit::{
+    BrainOptions, Cluster, pids_mentioning, processes_started_in, replay_turn, text, wait_until,
+};
 
 type Host = SshHost;
 
@@ -128,7 +130,7 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
         stdout.contains(&h.sshd.user) && stdout.contains("42"),
         "{stdout}"
     );
-    let pids = pids_mentioning(&home.join(".tether"));
+    let pids = processes_started_in(&home.join(".tether"));
     assert_eq!(pids.len(), 1, "one worker process on the host");
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", pids[0])).unwrap();
     assert!(!String::from_utf8_lossy(&cmdline).contains("tj_"));
@@ -169,7 +171,7 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     let m = c.wait_settled(&id, Duration::from_secs(30));
     if m["state"] == "ready" {
         eprintln!("the interrupted machine was adopted");
-        assert_eq!(pids_mentioning(&home.join(".tether")).len(), 1);
+        assert_eq!(processes_started_in(&home.join(".tether")).len(), 1);
         let out = c.brain_cli(&["machines", "release", &id]);
         assert!(out.status.success(), "{}", text(&out));
     } else {

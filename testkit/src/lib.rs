@@ -569,6 +569,24 @@ pub fn pids_mentioning(path: &std::path::Path) -> Vec<u32> {
         .collect()
 }
 
+/// The processes started with `path` in their command line, not counting their own children
+/// that still carry it (a forked check between fork and exec has its parent's command line):
+/// how many programs were started, whatever they are doing this instant.
+pub fn processes_started_in(path: &std::path::Path) -> Vec<u32> {
+    let all = pids_mentioning(path);
+    all.iter()
+        .copied()
+        .filter(|pid| parent_of(*pid).is_none_or(|p| !all.contains(&p)))
+        .collect()
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// One line of a replayed model transcript (`--model replay:FILE`): an answer calling `tool`
 /// with `args`.
 pub fn replay_turn(n: usize, tool: &str, args: serde_json::Value) -> String {
