@@ -6,6 +6,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={f}");
     }
     let fds = protox::compile(files, ["proto"])?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    // Messages are JSON too: the HTTP API (`brain/src/web`) speaks them. Absent fields take
+    // their proto defaults, as on the wire.
+    tonic_prost_build::configure()
+        .message_attribute(
+            ".tether.v1",
+            "#[derive(serde::Serialize, serde::Deserialize)] #[serde(default)]",
+        )
+        .enum_attribute(
+            ".tether.v1",
+            "#[derive(serde::Serialize, serde::Deserialize)]",
+        )
+        .compile_fds(fds)?;
     Ok(())
 }

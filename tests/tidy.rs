@@ -161,6 +161,22 @@ const LAYERS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "web",
+        &[
+            "storage",
+            "llm",
+            "model",
+            "trust",
+            "mirror",
+            "git",
+            "fleet",
+            "provision",
+            "engine",
+            "config",
+            "api",
+        ],
+    ),
+    (
         "app",
         &[
             "storage",
@@ -174,6 +190,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "engine",
             "config",
             "api",
+            "web",
         ],
     ),
     (
@@ -190,6 +207,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "engine",
             "config",
             "api",
+            "web",
             "app",
         ],
     ),

@@ -6,7 +6,7 @@
 //! blobs and manifests) · `git` (the brain's own git: imports, commits, pushes, pull
 //! requests) · `fleet` (worker sessions, placement) · `provision` (machines) ·
 //! `engine` (log, store, supervisor, drivers, ports) · `config` (the config file) · `api`
-//! (tonic adapters) · `app` (the composition root) · `admin` (the CLI, rendering, demo).
+//! (tonic adapters) · `web` (the HTTP API, event streams and the page) · `app` (the composition root) · `admin` (the CLI, rendering, demo).
 //! ARCHITECTURE.md has the map.
 
 pub mod admin;
@@ -22,3 +22,4 @@ pub mod model;
 pub mod provision;
 pub mod storage;
 pub mod trust;
+pub mod web;

@@ -76,6 +76,11 @@ pub enum Cmd {
         /// every default
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Serve the HTTP API and the web page on this address (plain HTTP, loopback only,
+        /// e.g. 127.0.0.1:7480; put a TLS reverse proxy in front to reach it from elsewhere).
+        /// Log in with `brain web login`
+        #[arg(long)]
+        web_listen: Option<SocketAddr>,
     },
     /// Start an agent task toward GOAL on a worker and follow it live: steps, tool calls and
     /// their output, approvals asked, tokens and cost. Ctrl-C detaches; the task goes on.
@@ -99,7 +104,16 @@ pub enum Cmd {
     #[command(subcommand)]
     Task(TaskCmd),
     /// Follow a task's events live until it ends (Ctrl-C detaches; it never cancels)
-    Watch { task: String },
+    Watch {
+        task: String,
+        /// Only what comes after this sequence number (the `seq` of the last record seen):
+        /// a watch cut off resumes with nothing missed and nothing twice
+        #[arg(long, default_value_t = 0)]
+        since: u64,
+        /// One JSON object per line (records as `task log --json`)
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a backup of the running brain's whole store to FILE (JSON lines)
     Backup { file: PathBuf },
     /// Restore the store from a backup FILE; the brain must be stopped. The current store is
@@ -139,9 +153,12 @@ pub enum Cmd {
     /// File operations in a worker's workspace
     #[command(subcommand)]
     File(FileCmd),
-    /// Admin identities
+    /// Admin identities, and the HTTP API's tokens
     #[command(subcommand)]
     Admin(AdminCmd),
+    /// The web page (`brain serve --web-listen ADDR`)
+    #[command(subcommand)]
+    Web(WebCmd),
     /// Run the whole thing on this machine: a temporary brain, two local workers, remote
     /// execution, a refused escape and a worker killed and brought back
     Demo {
@@ -545,4 +562,53 @@ pub enum AdminCmd {
     },
     /// Withdraw an admin identity
     Revoke { name: String },
+    /// Bearer tokens for the HTTP API (programs without a certificate)
+    #[command(subcommand)]
+    Token(ApiTokenCmd),
+}
+
+#[derive(Subcommand)]
+pub enum ApiTokenCmd {
+    /// Create a token and print it (once: the brain keeps only its hash)
+    Create {
+        /// Who or what it is for (1-64 characters of [A-Za-z0-9._-])
+        #[arg(long)]
+        name: String,
+        /// viewer reads; operator also approves, denies, moves, cancels, delivers, provisions
+        #[arg(long, default_value = "viewer")]
+        role: String,
+        /// How long it works
+        #[arg(long, default_value = "30d", value_parser = shared::parse_duration)]
+        ttl: Duration,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Tokens and browser sessions (never their secrets)
+    List {
+        /// Include expired and revoked ones
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token or session by id, or every one of a name
+    Revoke { id: String },
+}
+
+#[derive(Subcommand)]
+pub enum WebCmd {
+    /// Print a one-time link that logs a browser in (it works once, within 10 minutes)
+    Login {
+        /// The name the session acts as (shown in approvals and logs)
+        #[arg(long, default_value = "admin")]
+        name: String,
+        /// viewer or operator
+        #[arg(long, default_value = "operator")]
+        role: String,
+        /// How long the session lasts
+        #[arg(long, default_value = "12h", value_parser = shared::parse_duration)]
+        ttl: Duration,
+        #[arg(long)]
+        json: bool,
+    },
 }

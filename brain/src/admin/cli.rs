@@ -8,7 +8,7 @@ use clap::Parser;
 use shared::pki::{self, IdentityFiles};
 use tokio_util::sync::CancellationToken;
 
-use super::args::{AdminCmd, Cli, Cmd, MachinesCmd, TaskCmd, TokenCmd, WorkerCmd};
+use super::args::{AdminCmd, Cli, Cmd, MachinesCmd, TaskCmd, TokenCmd, WebCmd, WorkerCmd};
 use super::client::{Target, status};
 use super::follow::{decide, follow, run_task};
 use super::remote::{exec, file, provision};
@@ -91,6 +91,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             network_off,
             require_sandbox,
             config,
+            web_listen,
         } => {
             let config_path = config.unwrap_or_else(|| data.path().join("config.toml"));
             let config = std::sync::Arc::new(crate::config::Config::load(&config_path)?);
@@ -108,6 +109,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                 },
                 require_sandbox,
                 config,
+                web_listen,
             })
             .await?;
             tracing::info!(addr = %ready.addr, data = %data.path().display(), "brain listening on {}", ready.addr);
@@ -239,7 +241,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             .await
             .map_err(|s| status(s, &target.url))?;
             eprintln!("{task} resumed; following it (Ctrl-C detaches)");
-            follow(&target, &task, true, false).await?;
+            follow(&target, &task, true, false, 0).await?;
             Ok(0)
         }
         Cmd::Tasks { json } => {
@@ -364,11 +366,11 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             super::results::deliver(&target, &task, pr, json).await
         }
         Cmd::Task(TaskCmd::Log { task, json }) => {
-            follow(&target, &task, false, json).await?;
+            follow(&target, &task, false, json, 0).await?;
             Ok(0)
         }
-        Cmd::Watch { task } => {
-            follow(&target, &task, true, false).await?;
+        Cmd::Watch { task, since, json } => {
+            follow(&target, &task, true, json, since).await?;
             Ok(0)
         }
         Cmd::Task(TaskCmd::Cancel { task }) => {
@@ -449,6 +451,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             out!("admin identity {name} revoked");
             Ok(0)
         }
+        Cmd::Admin(AdminCmd::Token(cmd)) => super::web::token(&target, cmd).await,
+        Cmd::Web(WebCmd::Login {
+            name,
+            role,
+            ttl,
+            json,
+        }) => super::web::login(&target, &name, &role, ttl, json).await,
     }
 }
 

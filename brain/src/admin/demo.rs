@@ -74,6 +74,7 @@ pub async fn run(launcher: WorkerProgram, keep: bool, model: Option<String>) -> 
         lost_after: Duration::from_secs(3),
         tasks: Default::default(),
         require_sandbox: vec![],
+        web_listen: None,
         config: Default::default(),
     })
     .await?;

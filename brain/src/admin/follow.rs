@@ -132,12 +132,13 @@ async fn task_log(
     target: &Target,
     task: &str,
     live: bool,
+    since: u64,
 ) -> anyhow::Result<tonic::Streaming<proto::TaskRecord>> {
     let mut c = target.connect().await?;
     Ok(c.task_log(proto::TaskLogRequest {
         task_id: task.to_string(),
         follow: live,
-        after_seq: 0,
+        after_seq: since,
     })
     .await
     .map_err(|s| status(s, &target.url))?
@@ -173,7 +174,7 @@ async fn follow_agent(
     task: &str,
     record: Option<&Path>,
 ) -> anyhow::Result<String> {
-    let mut stream = task_log(target, task, true).await?;
+    let mut stream = task_log(target, task, true, 0).await?;
     let mut answers = Vec::new();
     let (mut tokens, mut usd) = (0u64, 0f64);
     let mut out = std::io::stdout();
@@ -243,8 +244,16 @@ async fn follow_agent(
 
 /// Prints a task's log; with `live`, keeps following until the task ends. A closed stdout
 /// (`brain watch ID | head`) ends it quietly.
-pub async fn follow(target: &Target, task: &str, live: bool, json: bool) -> anyhow::Result<()> {
-    let mut stream = task_log(target, task, live).await?;
+/// Prints a task's records after sequence number `since` (0: all), and with `live` what
+/// follows until it ends.
+pub async fn follow(
+    target: &Target,
+    task: &str,
+    live: bool,
+    json: bool,
+    since: u64,
+) -> anyhow::Result<()> {
+    let mut stream = task_log(target, task, live, since).await?;
     let mut out = std::io::stdout();
     while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
         let text = match (item(r), json) {

@@ -21,3 +21,4 @@ mod follow;
 mod remote;
 pub mod render;
 mod results;
+mod web;

@@ -111,7 +111,7 @@ impl Admin for Services {
         &self,
         req: Request<IssueAdminRequest>,
     ) -> Result<Response<IssueAdminResponse>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.authorize_cert(&req, Role::Admin)?;
         let req = req.into_inner();
         check_name(&req.name)?;
         if let Some(old) = self.0.registry.admin(&req.name)?
@@ -142,7 +142,7 @@ impl Admin for Services {
         &self,
         req: Request<RevokeAdminRequest>,
     ) -> Result<Response<RevokeAdminResponse>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.authorize_cert(&req, Role::Admin)?;
         let name = &req.get_ref().name;
         if *name == admin.id {
             return Err(Status::failed_precondition(
@@ -160,7 +160,7 @@ impl Admin for Services {
         &self,
         req: Request<AdminExecRequest>,
     ) -> Result<Response<Self::ExecStream>, Status> {
-        self.authorize(&req, Role::Admin)?;
+        self.authorize_cert(&req, Role::Admin)?;
         let req = req.into_inner();
         let w = self.resolve(&req.worker)?;
         if req.argv.is_empty() {
@@ -215,7 +215,7 @@ impl Admin for Services {
     }
 
     async fn file(&self, req: Request<AdminFileRequest>) -> Result<Response<FileResponse>, Status> {
-        self.authorize(&req, Role::Admin)?;
+        self.authorize_cert(&req, Role::Admin)?;
         let req = req.into_inner();
         let w = self.resolve(&req.worker)?;
         let mut call = req
@@ -232,7 +232,7 @@ impl Admin for Services {
         &self,
         req: Request<AdminEchoRequest>,
     ) -> Result<Response<AdminEchoResponse>, Status> {
-        self.authorize(&req, Role::Admin)?;
+        self.authorize_cert(&req, Role::Admin)?;
         let req = req.into_inner();
         let w = self.resolve(&req.worker)?;
         let payload = self
@@ -604,7 +604,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::BackupRequest>,
     ) -> Result<Response<Self::BackupStream>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.authorize_cert(&req, Role::Admin)?;
         tracing::info!(by = %admin, "backup started");
         let db = self.0.db.clone();
         let (tx, rx) = mpsc::channel(16);
@@ -646,5 +646,54 @@ impl Admin for Services {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn create_api_token(
+        &self,
+        req: Request<proto::CreateApiTokenRequest>,
+    ) -> Result<Response<proto::CreateApiTokenResponse>, Status> {
+        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let r = super::credentials::create_token(&self.0, req.into_inner()).await?;
+        tracing::info!(credential = %r.id, by = %admin, "web API token created");
+        Ok(Response::new(r))
+    }
+
+    async fn create_web_login(
+        &self,
+        req: Request<proto::CreateWebLoginRequest>,
+    ) -> Result<Response<proto::CreateWebLoginResponse>, Status> {
+        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let r = super::credentials::create_login(&self.0, req.into_inner()).await?;
+        tracing::info!(by = %admin, "web login link created");
+        Ok(Response::new(r))
+    }
+
+    async fn list_api_tokens(
+        &self,
+        req: Request<proto::ListApiTokensRequest>,
+    ) -> Result<Response<proto::ListApiTokensResponse>, Status> {
+        self.authorize_cert(&req, Role::Admin)?;
+        Ok(Response::new(super::credentials::list(
+            &self.0,
+            req.get_ref().all,
+        )?))
+    }
+
+    async fn revoke_api_token(
+        &self,
+        req: Request<proto::RevokeApiTokenRequest>,
+    ) -> Result<Response<proto::RevokeApiTokenResponse>, Status> {
+        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let id = &req.get_ref().id;
+        let revoked = self.0.web.revoke(id).await?;
+        if revoked == 0 {
+            return Err(Status::not_found(format!(
+                "no live web token or session with id or name {id:?}: see `brain admin token list`"
+            )));
+        }
+        tracing::warn!(credential = %id, revoked, by = %admin, "web credentials revoked");
+        Ok(Response::new(proto::RevokeApiTokenResponse {
+            revoked: revoked as u32,
+        }))
     }
 }

@@ -16,6 +16,7 @@ impl From<registry::Error> for Status {
             E::NoSuchWorker(_) | E::NoSuchAdmin(_) => Status::not_found(e.to_string()),
             E::Ambiguous(_) => Status::invalid_argument(e.to_string()),
             E::AdminExists(_) => Status::already_exists(e.to_string()),
+            E::Full(_) => Status::resource_exhausted(e.to_string()),
             E::Open { .. } | E::Sled(_) | E::Decode { .. } => {
                 tracing::error!(error = %e, "store error");
                 Status::internal(format!("brain store error: {e}"))

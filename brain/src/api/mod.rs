@@ -6,6 +6,7 @@
 
 mod admin;
 pub mod convert;
+mod credentials;
 mod enroll;
 mod error;
 mod results;
@@ -55,6 +56,10 @@ pub struct Shared {
     pub mirror: Mirror,
     /// Machines this brain created.
     pub machines: Machines,
+    /// The HTTP API's tokens and sessions.
+    pub web: crate::trust::web::WebAuth,
+    /// Where the web page is (for `brain web login` links), if it is served.
+    pub web_url: Option<String>,
 }
 
 /// The services, cheap to clone.
@@ -66,9 +71,32 @@ const NO_CERT: &str = "no client certificate: this call needs a certificate issu
 const FILE_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Services {
-    /// Checks the caller's certificate: issued by our CA (rustls did that), naming `role`,
-    /// current and not revoked.
+    /// Checks the caller: a certificate issued by our CA (rustls did that), naming `role`,
+    /// current and not revoked; or, for an admin call made in process by the web API, the
+    /// web caller it checked (whose role the web API's route table enforced).
     pub(crate) fn authorize<T>(
+        &self,
+        req: &Request<T>,
+        role: Role,
+    ) -> Result<PeerIdentity, Status> {
+        if let Some(c) = req.extensions().get::<crate::trust::web::Caller>() {
+            if role != Role::Admin {
+                return Err(Status::permission_denied(
+                    "web callers make admin calls only",
+                ));
+            }
+            return Ok(PeerIdentity {
+                role: Role::Admin,
+                id: c.to_string(),
+                fingerprint: String::new(),
+            });
+        }
+        self.authorize_cert(req, role)
+    }
+
+    /// [`Services::authorize`] by certificate only: for calls the web API never makes
+    /// (identities, credentials, backups, commands on workers).
+    pub(crate) fn authorize_cert<T>(
         &self,
         req: &Request<T>,
         role: Role,

@@ -59,6 +59,8 @@ pub enum Error {
     Provision(#[from] crate::provision::Error),
     #[error("config: {0}")]
     Config(String),
+    #[error(transparent)]
+    Web(#[from] crate::web::Error),
 }
 
 impl shared::exit::Classify for Error {
@@ -69,6 +71,7 @@ impl shared::exit::Classify for Error {
             // The server certificate and key do not make a TLS identity; a config section
             // the server cannot use.
             Error::Tls(_) | Error::Config(_) => Some(shared::exit::ExitCode::Config),
+            Error::Web(crate::web::Error::NotLoopback(_)) => Some(shared::exit::ExitCode::Config),
             // A port in use, a store that cannot be opened or locked: not configuration.
             _ => None,
         }
@@ -92,6 +95,8 @@ pub struct Options {
     pub require_sandbox: Vec<String>,
     /// The config file's contents (its LLM part is also in `tasks.llm`).
     pub config: Arc<crate::config::Config>,
+    /// Where the HTTP API and the web page listen (loopback only), if anywhere.
+    pub web_listen: Option<SocketAddr>,
 }
 
 /// A brain that is bound and running its tasks; [`Ready::run`] serves until `shutdown`.
@@ -99,6 +104,7 @@ pub struct Ready {
     pub addr: SocketAddr,
     pub shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
+    web: Option<tokio::net::TcpListener>,
     tls: ServerTlsConfig,
     root: CancellationToken,
     tracker: TaskTracker,
@@ -131,6 +137,11 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         source,
     })?;
     let tls = tls_config(&opts.data, &ca)?;
+    let web = match opts.web_listen {
+        Some(a) => Some(crate::web::bind(a).await?),
+        None => None,
+    };
+    let web_addr = web.as_ref().and_then(|l| l.local_addr().ok());
 
     // The fleet.
     let (hub, hub_events) = Hub::new(call_ids.clone());
@@ -181,11 +192,19 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         tracing::info!(loaded, resumed, "tasks loaded from the log");
     }
 
+    if let Some(w) = web_addr {
+        pki::write_file(
+            &opts.data.path().join("brain.web"),
+            format!("{w}\n").as_bytes(),
+            0o644,
+        )?;
+    }
     pki::write_file(
         &opts.data.addr_file(),
         format!("{addr}\n").as_bytes(),
         0o644,
     )?;
+    let web_auth = crate::trust::web::WebAuth::open(&db)?;
     let shared = Arc::new(Shared {
         registry,
         hub,
@@ -199,11 +218,14 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         config: opts.config.clone(),
         mirror,
         machines,
+        web: web_auth,
+        web_url: web_addr.map(|a| format!("http://{a}")),
     });
     Ok(Ready {
         addr,
         shared,
         listener,
+        web,
         tls,
         root,
         tracker,
@@ -363,6 +385,19 @@ impl Ready {
     /// task (waiting a bounded time) and flushes the store.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), Error> {
         let services = Services(self.shared.clone());
+        if let Some(l) = self.web {
+            let web = crate::web::Web::new(self.shared.clone(), self.shared.web.clone());
+            let stop = self.root.clone();
+            tracing::info!(addr = %l.local_addr().map(|a| a.to_string()).unwrap_or_default(), "web API and page listening");
+            self.tracker.spawn(async move {
+                let quit = stop.clone();
+                if let Err(e) =
+                    crate::web::serve(l, web, async move { quit.cancelled().await }).await
+                {
+                    tracing::error!(error = %e, "the web API stopped");
+                }
+            });
+        }
         let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
         let hub = self.shared.hub.clone();
         let result = Server::builder()

@@ -97,6 +97,9 @@ pub struct Store {
     tasks: Arc<Mutex<HashMap<TaskId, Arc<Task>>>>,
     snapshot_every: u64,
     call_ids: CallIds,
+    /// The id of every task something was appended to, for lists that follow all tasks.
+    /// Bounded: a listener that falls behind is told it lagged and reads the list again.
+    changes: broadcast::Sender<TaskId>,
 }
 
 impl Store {
@@ -106,7 +109,13 @@ impl Store {
             tasks: Arc::default(),
             snapshot_every: snapshot_every.max(1),
             call_ids,
+            changes: broadcast::channel(WATCH_QUEUE).0,
         }
+    }
+
+    /// Ids of tasks as records are appended to them (one per append).
+    pub fn changes(&self) -> broadcast::Receiver<TaskId> {
+        self.changes.subscribe()
     }
 
     pub fn log(&self) -> &Arc<dyn EventLog> {
@@ -153,6 +162,7 @@ impl Store {
         for r in recs {
             let _ = task.events.send(r);
         }
+        let _ = self.changes.send(task.id);
         if snapshot_due {
             let (upto, bytes) = {
                 let st = task.state.locked();

@@ -38,6 +38,10 @@ pub enum Error {
     AdminExists(String),
     #[error("no admin named {0:?}")]
     NoSuchAdmin(String),
+    #[error(
+        "the brain holds {0} web credentials already: revoke some (`brain admin token list`, `brain admin token revoke`)"
+    )]
+    Full(usize),
 }
 
 /// A stored worker.

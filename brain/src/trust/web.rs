@@ -1,0 +1,439 @@
+//! Credentials of the HTTP API: bearer tokens for programs, one-time login links for browsers
+//! and the sessions those links open. Each is stored under the SHA-256 of its secret, never
+//! the secret itself; each has a role, an expiry, and can be revoked. A session's CSRF token
+//! is derived from its secret, so it is never stored either.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::registry::Error;
+
+/// How long an unused login link works.
+pub const LINK_TTL_MS: i64 = 10 * 60 * 1000;
+/// A session's default lifetime.
+pub const SESSION_TTL_MS: i64 = 12 * 3600 * 1000;
+/// A token's default and longest lifetime.
+pub const TOKEN_TTL_MS: i64 = 30 * 24 * 3600 * 1000;
+pub const MAX_TTL_MS: i64 = 365 * 24 * 3600 * 1000;
+/// Credentials kept (live and ended): creating one past this drops ended ones first, then
+/// refuses.
+const MAX_KEPT: usize = 10_000;
+/// Ended credentials are listed for this long, then forgotten.
+const KEEP_ENDED_MS: i64 = 7 * 24 * 3600 * 1000;
+
+/// What a credential's holder may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WebRole {
+    /// Reads tasks, workers, machines, events and workspaces.
+    Viewer,
+    /// Also approves, denies, moves, cancels, resumes, delivers, creates tasks, revokes
+    /// workers, releases and provisions machines, creates join tokens.
+    Operator,
+}
+
+impl std::str::FromStr for WebRole {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "viewer" => Ok(Self::Viewer),
+            "operator" => Ok(Self::Operator),
+            _ => Err(format!("unknown role {s:?}: use viewer or operator")),
+        }
+    }
+}
+
+impl fmt::Display for WebRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Viewer => "viewer",
+            Self::Operator => "operator",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// `Authorization: Bearer`.
+    Token,
+    /// A one-time link, not used yet.
+    Login,
+    /// A browser's cookie, opened by a link.
+    Session,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Token => "token",
+            Self::Login => "login",
+            Self::Session => "session",
+        })
+    }
+}
+
+/// One stored credential (without its secret).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Credential {
+    pub id: String,
+    pub name: String,
+    pub role: WebRole,
+    pub kind: Kind,
+    pub created_ms: i64,
+    pub expires_ms: i64,
+    #[serde(default)]
+    pub revoked: bool,
+    /// For a link: how long the session it opens lasts.
+    #[serde(default)]
+    pub session_ttl_ms: i64,
+}
+
+impl Credential {
+    pub fn live_at(&self, now_ms: i64) -> bool {
+        !self.revoked && now_ms < self.expires_ms
+    }
+}
+
+/// Who made an HTTP request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Caller {
+    pub id: String,
+    pub name: String,
+    pub role: WebRole,
+    pub kind: Kind,
+}
+
+impl fmt::Display for Caller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "web:{}", self.name)
+    }
+}
+
+/// Why a credential was refused. The message never holds the secret.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum Refused {
+    #[error(
+        "unknown credential: log in again (`brain web login`) or create a token (`brain admin token create`)"
+    )]
+    Unknown,
+    #[error("this credential expired: log in again (`brain web login`) or create a new token")]
+    Expired,
+    #[error("this credential was revoked: ask an admin for a new one")]
+    Revoked,
+    #[error("this login link was already used or has expired: run `brain web login` again")]
+    LinkUsed,
+}
+
+/// The store: one sled tree, `web_auth`, keyed by the secret's hash.
+#[derive(Clone)]
+pub struct WebAuth {
+    db: sled::Db,
+    tree: sled::Tree,
+}
+
+fn hash(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+fn secret(prefix: &str) -> String {
+    use base64::Engine;
+    format!(
+        "{prefix}{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>())
+    )
+}
+
+/// The CSRF token of a session: the page sends it back in a header on every change.
+pub fn csrf_for(session_secret: &str) -> String {
+    hex::encode(&Sha256::digest(format!("tether-csrf:{session_secret}").as_bytes())[..16])
+}
+
+/// Whether `text` looks like one of our secrets (for masking in logs).
+pub fn looks_secret(text: &str) -> bool {
+    ["tw_", "tl_", "ts_"].iter().any(|p| text.starts_with(p))
+}
+
+impl WebAuth {
+    pub fn open(db: &sled::Db) -> Result<Self, Error> {
+        Ok(Self {
+            db: db.clone(),
+            tree: db.open_tree("web_auth")?,
+        })
+    }
+
+    fn put(&self, key: &str, c: &Credential) -> Result<(), Error> {
+        self.tree
+            .insert(key.as_bytes(), serde_json::to_vec(c).expect("serialises"))?;
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Credential>, Error> {
+        match self.tree.get(key.as_bytes())? {
+            None => Ok(None),
+            Some(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| Error::Decode {
+                    tree: "web_auth",
+                    key: key.chars().take(8).collect(),
+                    reason: e.to_string(),
+                }),
+        }
+    }
+
+    fn entries(&self) -> Result<Vec<(String, Credential)>, Error> {
+        let mut v = Vec::new();
+        for kv in self.tree.iter() {
+            let (k, b) = kv?;
+            let key = String::from_utf8_lossy(&k).into_owned();
+            match serde_json::from_slice::<Credential>(&b) {
+                Ok(c) => v.push((key, c)),
+                Err(e) => tracing::warn!(error = %e, "undecodable web credential skipped"),
+            }
+        }
+        Ok(v)
+    }
+
+    /// Makes room for one more: when the store is full, ended credentials go (those ended
+    /// more than a week ago first); full of live ones, it refuses.
+    fn make_room(&self, now_ms: i64) -> Result<(), Error> {
+        if self.tree.len() < MAX_KEPT {
+            return Ok(());
+        }
+        let ended: Vec<(String, Credential)> = self
+            .entries()?
+            .into_iter()
+            .filter(|(_, c)| !c.live_at(now_ms))
+            .collect();
+        let old = |c: &Credential| now_ms - c.expires_ms > KEEP_ENDED_MS;
+        for (k, _) in ended.iter().filter(|(_, c)| old(c)) {
+            self.tree.remove(k.as_bytes())?;
+        }
+        for (k, _) in ended.iter().filter(|(_, c)| !old(c)) {
+            if self.tree.len() < MAX_KEPT {
+                break;
+            }
+            self.tree.remove(k.as_bytes())?;
+        }
+        if self.tree.len() >= MAX_KEPT {
+            return Err(Error::Full(MAX_KEPT));
+        }
+        Ok(())
+    }
+
+    async fn create(
+        &self,
+        kind: Kind,
+        name: &str,
+        role: WebRole,
+        ttl_ms: i64,
+        session_ttl_ms: i64,
+    ) -> Result<(String, Credential), Error> {
+        let now = shared::now_unix_ms();
+        self.make_room(now)?;
+        let prefix = match kind {
+            Kind::Token => "tw_",
+            Kind::Login => "tl_",
+            Kind::Session => "ts_",
+        };
+        let secret = secret(prefix);
+        let c = Credential {
+            id: hex::encode(rand::random::<[u8; 6]>()),
+            name: name.to_string(),
+            role,
+            kind,
+            created_ms: now,
+            expires_ms: now + ttl_ms.clamp(1000, MAX_TTL_MS),
+            revoked: false,
+            session_ttl_ms,
+        };
+        self.put(&hash(&secret), &c)?;
+        self.db.flush_async().await?;
+        Ok((secret, c))
+    }
+
+    /// A bearer token for a program.
+    pub async fn create_token(
+        &self,
+        name: &str,
+        role: WebRole,
+        ttl_ms: i64,
+    ) -> Result<(String, Credential), Error> {
+        self.create(Kind::Token, name, role, ttl_ms, 0).await
+    }
+
+    /// A one-time login link (its code) that opens a session of `session_ttl_ms`.
+    pub async fn create_login(
+        &self,
+        name: &str,
+        role: WebRole,
+        session_ttl_ms: i64,
+    ) -> Result<(String, Credential), Error> {
+        self.create(Kind::Login, name, role, LINK_TTL_MS, session_ttl_ms)
+            .await
+    }
+
+    /// Uses a login link up and opens its session: the session's secret (the cookie).
+    pub async fn redeem(&self, code: &str) -> Result<Result<(String, Credential), Refused>, Error> {
+        let key = hash(code);
+        let Some(c) = self.get(&key)? else {
+            return Ok(Err(Refused::LinkUsed));
+        };
+        // One use: removed before the session exists, so two opens cannot both win.
+        if self.tree.remove(key.as_bytes())?.is_none() || c.kind != Kind::Login {
+            return Ok(Err(Refused::LinkUsed));
+        }
+        if !c.live_at(shared::now_unix_ms()) {
+            self.db.flush_async().await?;
+            return Ok(Err(Refused::LinkUsed));
+        }
+        let ttl = if c.session_ttl_ms > 0 {
+            c.session_ttl_ms
+        } else {
+            SESSION_TTL_MS
+        };
+        self.create(Kind::Session, &c.name, c.role, ttl, 0)
+            .await
+            .map(Ok)
+    }
+
+    /// Who holds `secret` (a token or a session), if it is live.
+    pub fn check(&self, secret: &str) -> Result<Result<Caller, Refused>, Error> {
+        self.check_at(secret, shared::now_unix_ms())
+    }
+
+    pub fn check_at(&self, secret: &str, now_ms: i64) -> Result<Result<Caller, Refused>, Error> {
+        let Some(c) = self.get(&hash(secret))? else {
+            return Ok(Err(Refused::Unknown));
+        };
+        if c.kind == Kind::Login {
+            return Ok(Err(Refused::Unknown));
+        }
+        if c.revoked {
+            return Ok(Err(Refused::Revoked));
+        }
+        if now_ms >= c.expires_ms {
+            return Ok(Err(Refused::Expired));
+        }
+        Ok(Ok(Caller {
+            id: c.id,
+            name: c.name,
+            role: c.role,
+            kind: c.kind,
+        }))
+    }
+
+    /// Every credential, newest first; with `all`, ended ones too.
+    pub fn list(&self, all: bool) -> Result<Vec<Credential>, Error> {
+        let now = shared::now_unix_ms();
+        let mut v: Vec<Credential> = self
+            .entries()?
+            .into_iter()
+            .map(|(_, c)| c)
+            .filter(|c| all || c.live_at(now))
+            .collect();
+        v.sort_by(|a, b| b.created_ms.cmp(&a.created_ms).then(a.id.cmp(&b.id)));
+        Ok(v)
+    }
+
+    /// Revokes the credential with this id, or every one of this name. How many.
+    pub async fn revoke(&self, id_or_name: &str) -> Result<usize, Error> {
+        let mut n = 0;
+        for (k, mut c) in self.entries()? {
+            if (c.id == id_or_name || c.name == id_or_name) && !c.revoked {
+                c.revoked = true;
+                self.put(&k, &c)?;
+                n += 1;
+            }
+        }
+        self.db.flush_async().await?;
+        Ok(n)
+    }
+
+    /// Ends one session (logging out).
+    pub async fn end_session(&self, secret: &str) -> Result<(), Error> {
+        let key = hash(secret);
+        if let Some(mut c) = self.get(&key)?
+            && c.kind == Kind::Session
+        {
+            c.revoked = true;
+            self.put(&key, &c)?;
+            self.db.flush_async().await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> WebAuth {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        WebAuth::open(&db).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_token_is_stored_only_as_its_hash_and_checks_by_role() {
+        let s = store();
+        let (secret, c) = s.create_token("ci", WebRole::Viewer, 60_000).await.unwrap();
+        assert!(secret.starts_with("tw_") && secret.len() > 40);
+        for kv in s.tree.iter() {
+            let (k, v) = kv.unwrap();
+            assert!(!String::from_utf8_lossy(&k).contains(&secret[3..]));
+            assert!(!String::from_utf8_lossy(&v).contains(&secret[3..]));
+        }
+        let who = s.check(&secret).unwrap().unwrap();
+        assert_eq!((who.name.as_str(), who.role), ("ci", WebRole::Viewer));
+        assert_eq!(s.check("tw_nope").unwrap(), Err(Refused::Unknown));
+        assert_eq!(
+            s.check_at(&secret, c.expires_ms).unwrap(),
+            Err(Refused::Expired)
+        );
+        assert_eq!(s.revoke(&c.id).await.unwrap(), 1);
+        assert_eq!(s.check(&secret).unwrap(), Err(Refused::Revoked));
+        assert!(s.list(false).unwrap().is_empty());
+        assert_eq!(s.list(true).unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_login_link_opens_one_session_once() {
+        let s = store();
+        let (code, _) = s
+            .create_login("ann", WebRole::Operator, 3_600_000)
+            .await
+            .unwrap();
+        // A link is not a credential by itself.
+        assert_eq!(s.check(&code).unwrap(), Err(Refused::Unknown));
+        let (session, c) = s.redeem(&code).await.unwrap().unwrap();
+        assert_eq!(c.kind, Kind::Session);
+        assert!(c.expires_ms - c.created_ms == 3_600_000);
+        assert_eq!(s.redeem(&code).await.unwrap(), Err(Refused::LinkUsed));
+        let who = s.check(&session).unwrap().unwrap();
+        assert_eq!(who.role, WebRole::Operator);
+        assert_ne!(csrf_for(&session), csrf_for("ts_other"));
+        s.end_session(&session).await.unwrap();
+        assert_eq!(s.check(&session).unwrap(), Err(Refused::Revoked));
+    }
+
+    #[tokio::test]
+    async fn revoking_a_name_ends_its_tokens_and_sessions() {
+        let s = store();
+        let (a, _) = s
+            .create_token("bob", WebRole::Viewer, 60_000)
+            .await
+            .unwrap();
+        let (code, _) = s.create_login("bob", WebRole::Viewer, 0).await.unwrap();
+        let (b, _) = s.redeem(&code).await.unwrap().unwrap();
+        let (other, _) = s
+            .create_token("eve", WebRole::Viewer, 60_000)
+            .await
+            .unwrap();
+        assert_eq!(s.revoke("bob").await.unwrap(), 2);
+        assert_eq!(s.check(&a).unwrap(), Err(Refused::Revoked));
+        assert_eq!(s.check(&b).unwrap(), Err(Refused::Revoked));
+        assert!(s.check(&other).unwrap().is_ok());
+    }
+}

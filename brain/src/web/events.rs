@@ -1,0 +1,188 @@
+//! Event streams. A task's events are its log: Server-Sent Events whose `id:` is the
+//! record's sequence number, so a browser's `EventSource` (which sends `Last-Event-ID` when it
+//! reconnects) or a program (`?since=N`) resumes exactly after N — history from the log,
+//! then live, with no gap and no duplicate at the seam (the engine's `follow`). Live command
+//! output and file-change hints travel on the same stream as `live` events without an id:
+//! not durable, a slow client may miss some. `?follow=false` answers the history as NDJSON.
+//! The all-tasks stream sends the list, then each task's summary as it changes.
+
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::auth::Authed;
+use super::routes::Params;
+use super::{ApiError, Web};
+use crate::engine::Followed;
+
+/// Items a slow client may have queued before its producer waits (and, waiting, falls
+/// behind the task, which makes the engine re-read the log for it instead of buffering).
+const CLIENT_QUEUE: usize = 64;
+/// A comment line this often keeps proxies from closing a quiet stream.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct EventsQuery {
+    /// Only records after this sequence number (`Last-Event-ID` wins when both are sent).
+    pub since: Option<u64>,
+    /// false: the history up to now as NDJSON, then the answer ends.
+    pub follow: Option<bool>,
+}
+
+/// The JSON of one streamed item: a record as `brain task log --json` prints it, a live
+/// item marked `"durable": false`, or an undecodable record's error.
+fn item_json(f: &Followed) -> (Option<u64>, &'static str, String) {
+    match f {
+        Followed::Record(r) => (
+            Some(r.seq),
+            "record",
+            serde_json::to_string(r).expect("records serialise"),
+        ),
+        Followed::Live(o) => {
+            let mut v = serde_json::to_value(o).expect("serialises");
+            v["durable"] = false.into();
+            (None, "live", v.to_string())
+        }
+        Followed::Broken(e) => (None, "broken", serde_json::json!({"error": e}).to_string()),
+    }
+}
+
+/// `GET /api/tasks/{id}/events`.
+pub async fn task_events(
+    State(web): State<Web>,
+    Extension(_): Extension<Authed>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Params(q): Params<EventsQuery>,
+) -> Result<Response, ApiError> {
+    let last_event_id = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request("Last-Event-ID must be a record's sequence number")
+                })?,
+        ),
+    };
+    let after = last_event_id.or(q.since).unwrap_or(0);
+    let follow = q.follow.unwrap_or(true);
+    let engine = web.services.0.engine.clone();
+    let task = engine.find(&id).map_err(tonic::Status::from)?;
+    let mut items = engine
+        .follow(&id, after, follow)
+        .map_err(tonic::Status::from)?;
+    if !follow {
+        let lines = ReceiverStream::new(items).map(|f| {
+            let (_, _, mut json) = item_json(&f);
+            json.push('\n');
+            Ok::<_, Infallible>(json)
+        });
+        return Ok((
+            [(header::CONTENT_TYPE, "application/x-ndjson")],
+            Body::from_stream(lines),
+        )
+            .into_response());
+    }
+    let (tx, rx) = mpsc::channel::<Event>(CLIENT_QUEUE);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                f = items.recv() => {
+                    let Some(f) = f else { break };
+                    let (seq, kind, json) = item_json(&f);
+                    let mut e = Event::default().event(kind).data(json);
+                    if let Some(seq) = seq {
+                        e = e.id(seq.to_string());
+                    }
+                    if tx.send(e).await.is_err() {
+                        return;
+                    }
+                }
+                _ = tx.closed() => return,
+            }
+        }
+        // The history is through and the task has ended: say so, so a client stops
+        // reconnecting. (A stream cut otherwise — the brain going down — is reconnected.)
+        if task.state().status.is_terminal() {
+            let _ = tx.send(Event::default().event("end").data("{}")).await;
+        }
+    });
+    let stream = ReceiverStream::new(rx).map(Ok::<_, Infallible>);
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response())
+}
+
+/// `GET /api/events`: `tasks` (every task's summary, at the start and whenever this client
+/// fell behind), then `task` (one task's summary) as tasks change.
+pub async fn all_tasks(State(web): State<Web>, Extension(_): Extension<Authed>) -> Response {
+    let engine = web.services.0.engine.clone();
+    // Subscribed before the first list, so no change falls between them.
+    let mut changes = engine.store().changes();
+    let (tx, rx) = mpsc::channel::<Event>(CLIENT_QUEUE);
+    tokio::spawn(async move {
+        let list = |engine: &crate::engine::Engine| {
+            let tasks: Vec<proto::TaskSummary> =
+                engine.list().into_iter().map(Into::into).collect();
+            Event::default()
+                .event("tasks")
+                .data(serde_json::json!({ "tasks": tasks }).to_string())
+        };
+        if tx.send(list(&engine)).await.is_err() {
+            return;
+        }
+        loop {
+            let first = tokio::select! {
+                c = changes.recv() => c,
+                _ = tx.closed() => return,
+            };
+            let mut ids = BTreeSet::new();
+            match first {
+                Ok(id) => {
+                    ids.insert(id);
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    if tx.send(list(&engine)).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+            // Several appends to one task in a burst make one summary.
+            while let Ok(id) = changes.try_recv() {
+                ids.insert(id);
+            }
+            for id in ids {
+                let Some(t) = engine.store().task(id) else {
+                    continue;
+                };
+                let summary: proto::TaskSummary = t.state().into();
+                let e = Event::default()
+                    .event("task")
+                    .data(serde_json::to_string(&summary).expect("serialises"));
+                if tx.send(e).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let stream = ReceiverStream::new(rx).map(Ok::<_, Infallible>);
+    Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response()
+}

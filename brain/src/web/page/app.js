@@ -1,0 +1,388 @@
+// Tether's web page: plain JavaScript, no build step. Everything a model, a command or a
+// file wrote is put in the page as text (textContent, text nodes), never as markup.
+"use strict";
+
+const state = { session: null, stream: null, tasks: new Map(), workers: [] };
+
+// ------------------------------------------------------------------ helpers
+
+// el("td", {class: "x"}, "text", child): strings become text nodes, never HTML.
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null && v !== false) e.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function banner(text) {
+  const b = document.getElementById("banner");
+  b.textContent = text || "";
+  b.hidden = !text;
+}
+
+async function api(method, path, body) {
+  const headers = { "Accept": "application/json" };
+  if (method !== "GET") {
+    headers["Content-Type"] = "application/json";
+    if (state.session && state.session.csrf) headers["X-Tether-CSRF"] = state.session.csrf;
+  }
+  const r = await fetch(path, {
+    method, headers, credentials: "same-origin",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const type = r.headers.get("content-type") || "";
+  const data = type.includes("json") ? await r.json() : await r.text();
+  if (!r.ok) {
+    const msg = data && data.error ? data.error.message : String(data);
+    throw new Error(msg);
+  }
+  return data;
+}
+
+async function act(what, f) {
+  try {
+    await f();
+    banner("");
+  } catch (e) {
+    banner(what + ": " + e.message);
+  }
+}
+
+function age(ms) {
+  if (!ms) return "";
+  const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
+  if (s < 60) return s + "s";
+  if (s < 3600) return Math.round(s / 60) + "m";
+  if (s < 86400) return Math.round(s / 3600) + "h";
+  return Math.round(s / 86400) + "d";
+}
+
+function money(x) { return "$" + (x || 0).toFixed(4); }
+
+function badge(text) { return text ? el("span", { class: "badge " + text }, text.replace("_", " ")) : ""; }
+
+function closeStream() {
+  if (state.stream) { state.stream.close(); state.stream = null; }
+  clearTimeout(state.retry);
+}
+
+// An EventSource that reconnects by itself after the browser gave up (the brain restarted,
+// or answered an error): from the last sequence number it saw.
+function follow(url, handlers, lastSeq) {
+  closeStream();
+  const sep = url.includes("?") ? "&" : "?";
+  const src = new EventSource(lastSeq ? url + sep + "since=" + lastSeq() : url);
+  for (const [name, f] of Object.entries(handlers)) src.addEventListener(name, f);
+  src.addEventListener("end", () => { src.close(); });
+  src.onopen = () => { if (document.getElementById("banner").textContent.startsWith("reconnecting")) banner(""); };
+  src.onerror = () => {
+    if (src.readyState === EventSource.CLOSED && state.stream === src) {
+      banner("reconnecting to the brain…");
+      state.retry = setTimeout(() => follow(url, handlers, lastSeq), 1000);
+    } else if (src.readyState === EventSource.CONNECTING) {
+      banner("reconnecting to the brain…");
+    }
+  };
+  state.stream = src;
+  return src;
+}
+
+// ------------------------------------------------------------------ views
+
+function route() {
+  closeStream();
+  banner("");
+  const h = location.hash || "#/";
+  const view = document.getElementById("view");
+  view.replaceChildren();
+  let m;
+  if ((m = h.match(/^#\/task\/([A-Za-z0-9-]+)$/))) return taskView(view, m[1]);
+  if (h === "#/workers") return workersView(view);
+  if (h === "#/machines") return machinesView(view);
+  if (h === "#/new") return newView(view);
+  return tasksView(view);
+}
+
+function tasksView(view) {
+  const body = el("tbody", { id: "tasks" });
+  view.append(el("h2", {}, "Tasks"), el("table", {},
+    el("thead", {}, el("tr", {}, ["Task", "Status", "Verified", "Goal", "Worker", "Model", "Steps", "Tokens", "Cost / budget", "Age"].map(h => el("th", {}, h)))),
+    body));
+  const render = () => {
+    const rows = [...state.tasks.values()].sort((a, b) => (b.created_unix_ms || 0) - (a.created_unix_ms || 0));
+    body.replaceChildren(...rows.map(t => el("tr", { "data-task": t.id },
+      el("td", {}, el("a", { href: "#/task/" + t.id }, t.id)),
+      el("td", { class: "status" }, badge(t.status), " ", el("span", { class: "muted" }, t.reason || "")),
+      el("td", {}, badge(t.verification)),
+      el("td", { class: "goal", title: t.goal }, t.goal),
+      el("td", {}, t.worker),
+      el("td", {}, t.model),
+      el("td", {}, t.steps_total ? t.steps_done + "/" + t.steps_total : String(t.steps_done || 0)),
+      el("td", {}, String(t.tokens || 0)),
+      el("td", {}, money(t.spent_usd) + (t.limits && t.limits.usd ? " / " + money(t.limits.usd) : "")),
+      el("td", {}, age(t.created_unix_ms)))));
+  };
+  follow("/api/events", {
+    tasks: e => { state.tasks = new Map(JSON.parse(e.data).tasks.map(t => [t.id, t])); render(); },
+    task: e => { const t = JSON.parse(e.data); state.tasks.set(t.id, t); render(); },
+  });
+  render();
+}
+
+// What one record says, in words; the class says what kind of line it is.
+function describe(r) {
+  const k = r.kind;
+  switch (k) {
+    case "created": return ["", "created: " + r.goal];
+    case "status_changed": return [r.status === "waiting" ? "approval" : "", "status " + r.status + (r.reason ? ": " + r.reason : "")];
+    case "llm_request": return ["turn", "asked " + r.model + " (" + r.messages + " messages)"];
+    case "llm_response": {
+      const m = (r.response && r.response.message) || {};
+      const calls = (m.tool_calls || []).map(c => c.name + " " + c.arguments).join("\n");
+      return ["turn", "model: " + (m.content || "") + (calls ? "\ncalls: " + calls : "") + "\n(" + (r.prompt_tokens + r.completion_tokens) + " tokens, " + money(r.cost_usd) + ")"];
+    }
+    case "tool_call_issued": return ["call", "call " + r.call_id + " on " + r.worker + ": " + JSON.stringify(r.call)];
+    case "tool_call_completed": return ["call", "call " + r.call_id + " done: " + JSON.stringify(r.result)];
+    case "tool_call_interrupted": return ["bad", "call " + r.call_id + " interrupted: " + r.reason];
+    case "observation": return [r.failed ? "bad" : "", "observation: " + r.text];
+    case "barrier": return ["", "barrier v" + r.version + ": " + r.files + " files, " + (r.wire_bytes || 0) + " bytes sent"];
+    case "approval_requested": return ["approval", "approval " + r.approval_id + " asked: " + r.what];
+    case "approval_decided": return ["approval", "approval " + r.approval_id + (r.approved ? " approved" : " denied") + " by " + r.by + (r.reason ? ": " + r.reason : "")];
+    case "worker_assigned": return ["move", "on worker " + r.worker];
+    case "move_started": return ["move", "moving " + r.from + " → " + r.to];
+    case "move_completed": return ["move", "moved to " + r.to + " (" + r.files + " files, " + r.wire_bytes + " bytes)"];
+    case "move_aborted": return ["bad", "move to " + r.to + " aborted: " + r.reason];
+    case "delivery_pushed": return ["check", "pushed " + r.branch + " at " + r.commit];
+    case "pull_request_opened": return ["check", "pull request " + r.url];
+    case "delivered": return ["check", "delivered " + r.branch];
+    case "delivery_failed": return ["bad", "delivery failed: " + r.reason];
+    case "finished": return [r.outcome === "success" ? "check" : "bad", "finished (" + r.outcome + (r.verified === true ? ", verified" : r.verified === false ? ", unverified" : "") + "): " + r.reason];
+    default: {
+      const rest = Object.assign({}, r);
+      for (const f of ["v", "task", "seq", "at_ms", "kind"]) delete rest[f];
+      return ["", k + " " + JSON.stringify(rest)];
+    }
+  }
+}
+
+// Workers as lanes over time, moves as arrows, waits shaded.
+function lanes(records, now) {
+  const spans = [], moves = [], waits = [];
+  let cur = null, since = 0, waitFrom = 0, end = now;
+  for (const r of records) {
+    if (r.kind === "worker_assigned" || r.kind === "move_completed") {
+      const w = r.worker || r.to;
+      if (cur && cur !== w) { spans.push([cur, since, r.at_ms]); moves.push([cur, w, r.at_ms, false]); }
+      if (cur !== w) { cur = w; since = r.at_ms; }
+    }
+    if (r.kind === "status_changed") {
+      if (r.status === "waiting" && !waitFrom) waitFrom = r.at_ms;
+      if (r.status !== "waiting" && waitFrom) { waits.push([waitFrom, r.at_ms]); waitFrom = 0; }
+      if (/failover|failed over/i.test(r.reason || "") && moves.length) moves[moves.length - 1][3] = true;
+    }
+    if (r.kind === "finished") end = r.at_ms;
+  }
+  if (cur) spans.push([cur, since, end]);
+  if (waitFrom) waits.push([waitFrom, end]);
+  const workers = [...new Set(spans.map(s => s[0]))];
+  const t0 = records.length ? records[0].at_ms : now, t1 = Math.max(end, t0 + 1);
+  const W = 640, H = 28 * Math.max(1, workers.length) + 10, L = 120;
+  const x = t => L + (W - L - 10) * (t - t0) / (t1 - t0);
+  const y = w => 10 + 28 * workers.indexOf(w);
+  const NS = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("class", "lanes"); svg.setAttribute("width", W); svg.setAttribute("height", H);
+  svg.setAttribute("data-lanes", workers.join(","));
+  const add = (tag, attrs, text) => {
+    const e = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    svg.append(e);
+    return e;
+  };
+  for (const [a, b] of waits) add("rect", { x: x(a), y: 0, width: Math.max(1, x(b) - x(a)), height: H, fill: "#fef3c7" });
+  for (const w of workers) add("text", { x: 4, y: y(w) + 12, "font-size": 12 }, w);
+  for (const [w, a, b] of spans) add("rect", { x: x(a), y: y(w), width: Math.max(2, x(b) - x(a)), height: 16, fill: "#93c5fd", "data-worker": w });
+  for (const [from, to, t, failover] of moves) {
+    add("line", { x1: x(t), y1: y(from) + 8, x2: x(t), y2: y(to) + 8, stroke: failover ? "#b91c1c" : "#0891b2", "stroke-width": 2, "data-move": from + "→" + to });
+    add("circle", { cx: x(t), cy: y(to) + 8, r: 3, fill: failover ? "#b91c1c" : "#0891b2" });
+  }
+  return svg;
+}
+
+function taskView(view, id) {
+  const summary = el("div", { id: "summary" });
+  const approvals = el("div", { id: "approvals" });
+  const actions = el("div", { class: "actions" });
+  const timeline = el("ol", { class: "timeline", id: "timeline" });
+  const lanesBox = el("div", { id: "lanes" });
+  const diffBox = el("pre", { id: "diff", hidden: true });
+  view.append(el("h2", {}, "Task " + id), summary, approvals, actions, lanesBox,
+    el("div", { class: "grid" }, el("div", {}, el("h3", {}, "Timeline"), timeline),
+      el("div", {}, el("h3", {}, "Workspace"), el("button", { id: "show-diff", type: "button", onclick: showDiff }, "Show diff against the base"), diffBox)));
+  const records = [];
+  const outputs = new Map();
+  const pending = new Map();
+  let last = 0, refresh = null;
+
+  async function showDiff() {
+    await act("diff", async () => {
+      const text = await api("GET", "/api/tasks/" + id + "/diff");
+      diffBox.textContent = text || "(no change)";
+      diffBox.hidden = false;
+    });
+  }
+
+  async function loadSummary() {
+    try {
+      const t = await api("GET", "/api/tasks/" + id);
+      summary.replaceChildren(
+        el("p", {}, badge(t.status), " ", badge(t.verification), " ", el("span", { class: "muted" }, t.reason || "")),
+        el("p", { class: "goal" }, t.goal),
+        el("p", { class: "muted" }, "worker " + (t.worker || "-") + " · model " + (t.model || "-") + " · " + (t.tokens || 0) + " tokens · " + money(t.spent_usd) +
+          (t.limits && t.limits.usd ? " of " + money(t.limits.usd) : "") + (t.check ? " · check: " + t.check + " → " + (t.check_result || "not run") : "") +
+          (t.delivery ? " · delivery: " + t.delivery : "")),
+        t.delivery_url ? el("p", {}, el("a", { href: t.delivery_url, rel: "noopener noreferrer", target: "_blank" }, t.delivery_url)) : "");
+    } catch (e) { banner(e.message); }
+  }
+
+  function renderApprovals() {
+    approvals.replaceChildren(...[...pending.values()].map(a => {
+      const reason = el("input", { type: "text", placeholder: "reason (told to the model)", class: "deny-reason" });
+      return el("div", { class: "approval-box", "data-approval": a.approval_id },
+        el("p", {}, "Waiting for approval: ", el("code", {}, a.what)),
+        el("button", { type: "button", class: "approve", onclick: () => act("approve", () => api("POST", "/api/tasks/" + id + "/approve")) }, "Approve"),
+        " ", reason, " ",
+        el("button", { type: "button", class: "deny", onclick: () => act("deny", () => api("POST", "/api/tasks/" + id + "/deny", { reason: reason.value })) }, "Deny"));
+    }));
+  }
+
+  function add(r) {
+    if (r.seq <= last) return; // never twice, whatever the network did
+    last = r.seq;
+    records.push(r);
+    const [cls, text] = describe(r);
+    const li = el("li", { class: cls, "data-seq": r.seq, "data-kind": r.kind }, el("span", { class: "kind" }, "#" + r.seq), text);
+    if (r.kind === "tool_call_issued") {
+      const out = el("pre", { class: "output", "data-call": r.call_id });
+      outputs.set(r.call_id, out);
+      li.append(out);
+    }
+    if (r.kind === "tool_output" && outputs.has(r.call_id)) {
+      outputs.get(r.call_id).textContent = (r.stdout || "") + (r.stderr || "");
+    }
+    timeline.append(li);
+    if (r.kind === "approval_requested") pending.set(r.approval_id, r);
+    if (r.kind === "approval_decided") pending.delete(r.approval_id);
+    if (["approval_requested", "approval_decided"].includes(r.kind)) renderApprovals();
+    clearTimeout(refresh);
+    refresh = setTimeout(() => { loadSummary(); lanesBox.replaceChildren(lanes(records, Date.now())); }, 150);
+  }
+
+  const workerPick = el("select", { id: "move-to" });
+  const budget = el("input", { type: "number", min: 1, value: 10, id: "more-steps", title: "more steps" });
+  const pr = el("input", { type: "checkbox", id: "deliver-pr" });
+  actions.append(
+    workerPick, el("button", { type: "button", id: "move", onclick: () => act("move", () => api("POST", "/api/tasks/" + id + "/move", { to: workerPick.value })) }, "Move"),
+    el("button", { type: "button", id: "cancel", onclick: () => act("cancel", () => api("POST", "/api/tasks/" + id + "/cancel")) }, "Cancel"),
+    budget, el("button", { type: "button", id: "resume", onclick: () => act("resume", () => api("POST", "/api/tasks/" + id + "/resume", { budget: { steps: Number(budget.value) || 0 } })) }, "Resume with more steps"),
+    el("label", {}, pr, " pull request"), el("button", { type: "button", id: "deliver", onclick: () => act("deliver", async () => { const d = await api("POST", "/api/tasks/" + id + "/deliver", { pull_request: pr.checked }); banner("delivered " + d.branch + (d.pull_request_url ? " " + d.pull_request_url : "")); }) }, "Deliver"));
+  if (state.session && state.session.role !== "operator") for (const b of actions.querySelectorAll("button")) b.disabled = true;
+  api("GET", "/api/workers").then(r => {
+    workerPick.replaceChildren(...(r.workers || []).map(w => el("option", { value: w.id }, (w.name || w.id) + (w.state === "WORKER_STATE_CONNECTED" || w.state === 1 ? "" : " (offline)"))));
+  }).catch(() => {});
+
+  loadSummary();
+  follow("/api/tasks/" + id + "/events", {
+    record: e => add(JSON.parse(e.data)),
+    live: e => {
+      const o = JSON.parse(e.data);
+      if (o.kind === "live_output" && outputs.has(o.call_id)) outputs.get(o.call_id).append(document.createTextNode(o.text));
+    },
+    broken: e => banner("a record cannot be read: " + JSON.parse(e.data).error),
+  }, () => last);
+}
+
+function workersView(view) {
+  const body = el("tbody", {});
+  view.append(el("h2", {}, "Workers"), el("table", {}, el("thead", {}, el("tr", {}, ["Id", "Name", "State", "Labels", "CPUs", "Memory", "Sandbox", "Last seen", ""].map(h => el("th", {}, h)))), body));
+  const load = () => api("GET", "/api/workers").then(r => {
+    body.replaceChildren(...(r.workers || []).map(w => {
+      const c = w.capabilities || {};
+      return el("tr", { "data-worker": w.id }, el("td", {}, w.id), el("td", {}, w.name), el("td", {}, String(w.state)),
+        el("td", {}, Object.entries(w.labels || {}).map(([k, v]) => k + "=" + v).join(" ")),
+        el("td", {}, String(c.cpus || "")), el("td", {}, c.memory_bytes ? (c.memory_bytes / 2 ** 30).toFixed(1) + " GiB" : ""),
+        el("td", {}, (c.sandbox || []).join(", ")), el("td", {}, age(w.last_seen_unix_ms)),
+        el("td", {}, el("button", { type: "button", class: "revoke", onclick: () => { if (confirm("Revoke " + w.id + "?")) act("revoke", async () => { await api("POST", "/api/workers/" + w.id + "/revoke"); load(); }); } }, "Revoke")));
+    }));
+  }).catch(e => banner(e.message));
+  load();
+}
+
+function machinesView(view) {
+  const body = el("tbody", {});
+  view.append(el("h2", {}, "Machines"), el("table", {}, el("thead", {}, el("tr", {}, ["Id", "Provider", "State", "Worker", "Task", "Cost", "Note", ""].map(h => el("th", {}, h)))), body));
+  const load = () => api("GET", "/api/machines?all=true").then(r => {
+    body.replaceChildren(...(r.machines || []).map(m => el("tr", { "data-machine": m.id }, el("td", {}, m.id), el("td", {}, m.provider), el("td", {}, m.state),
+      el("td", {}, m.worker_id), el("td", {}, m.task_id), el("td", {}, money(m.cost_usd) + " (" + money(m.usd_per_hour) + "/h)"), el("td", {}, m.note),
+      el("td", {}, ["released", "failed"].includes(m.state) ? "" : el("button", { type: "button", class: "release", onclick: () => act("release", async () => { await api("POST", "/api/machines/" + m.id + "/release"); load(); }) }, "Release")))));
+  }).catch(e => banner(e.message));
+  load();
+}
+
+function newView(view) {
+  const f = (name, label, input) => [el("label", { for: name }, label), input || el("input", { id: name, name, type: "text" })];
+  const form = el("form", { class: "new" },
+    f("goal", "Goal", el("textarea", { id: "goal", name: "goal", rows: 4, required: true })),
+    f("git_url", "Git repository (optional)"), f("dir", "Or a directory on the worker (optional)"),
+    f("worker", "Worker (empty: any)"), f("model", "Model (empty: the configured default)"),
+    f("permission", "Permission", el("select", { id: "permission", name: "permission" }, ["", "read-only", "ask", "auto", "full"].map(p => el("option", { value: p }, p || "default")))),
+    f("check", "Acceptance check (a shell command; exit 0 means done)"),
+    f("labels", "Required worker labels (k=v, comma-separated)"),
+    f("steps", "Step budget (0: default)", el("input", { id: "steps", type: "number", min: 0, value: 0 })),
+    f("usd", "Cost budget in USD (0: default)", el("input", { id: "usd", type: "number", min: 0, step: "0.01", value: 0 })),
+    el("p", {}, el("button", { type: "submit" }, "Start")));
+  form.addEventListener("submit", ev => {
+    ev.preventDefault();
+    const v = n => form.querySelector("#" + n).value.trim();
+    const labels = {};
+    for (const kv of v("labels").split(",").map(s => s.trim()).filter(Boolean)) { const [k, ...rest] = kv.split("="); labels[k] = rest.join("="); }
+    act("start", async () => {
+      const r = await api("POST", "/api/tasks", {
+        goal: v("goal"), git_url: v("git_url"), dir: v("dir"), worker: v("worker"), model: v("model"),
+        permission: v("permission"), check: v("check"), require_labels: labels,
+        budget: { steps: Number(v("steps")) || 0, usd: Number(v("usd")) || 0 },
+      });
+      location.hash = "#/task/" + r.task_id;
+    });
+  });
+  view.append(el("h2", {}, "New task"), form);
+}
+
+// ------------------------------------------------------------------ start
+
+async function start() {
+  document.getElementById("logout").addEventListener("click", () => act("log out", async () => {
+    await api("POST", "/api/logout");
+    location.reload();
+  }));
+  try {
+    state.session = await api("GET", "/api/session");
+  } catch (e) {
+    document.getElementById("view").replaceChildren(el("p", {}, "Not logged in: " + e.message),
+      el("p", {}, "Run ", el("code", {}, "brain web login"), " on the brain's host and open the link it prints."));
+    return;
+  }
+  document.getElementById("who").textContent = state.session.name + " (" + state.session.role + ")";
+  if (state.session.role !== "operator") document.getElementById("nav-new").hidden = true;
+  window.addEventListener("hashchange", route);
+  route();
+}
+
+start();
