@@ -91,6 +91,7 @@ fn main() {
             lost_after: Duration::from_secs(15),
             tasks: Default::default(),
             require_sandbox: vec![],
+            web_listen: None,
             config: Default::default(),
         })
         .await

@@ -166,6 +166,9 @@ pub struct BrainOptions {
     pub init_args: Vec<String>,
     /// Where the cluster's temp dir goes (default: the system's temp dir).
     pub parent: Option<PathBuf>,
+    /// Serve the web API on loopback (`--web-listen`; its port is chosen at the first start
+    /// and kept across restarts, as the gRPC port is).
+    pub web: bool,
 }
 
 impl Default for BrainOptions {
@@ -178,6 +181,7 @@ impl Default for BrainOptions {
             listen_host: "127.0.0.1".into(),
             init_args: Vec::new(),
             parent: None,
+            web: false,
         }
     }
 }
@@ -189,6 +193,8 @@ pub struct Cluster {
     _tmp: Option<tempfile::TempDir>,
     pub data: PathBuf,
     pub port: u16,
+    /// The web API's port (0 before the first start, or without `BrainOptions::web`).
+    pub web_port: u16,
     pub opts: BrainOptions,
     pub brain: Option<Proc>,
 }
@@ -221,6 +227,7 @@ impl Cluster {
             _tmp: tmp,
             data,
             port: 0,
+            web_port: 0,
             opts,
             brain: None,
         };
@@ -240,10 +247,17 @@ impl Cluster {
         format!("https://127.0.0.1:{}", self.port)
     }
 
+    /// The web API's URL (with `BrainOptions::web`).
+    pub fn web_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.web_port)
+    }
+
     /// Starts `brain serve` (on the same port as before, after the first start).
     pub fn start_brain(&mut self) -> anyhow::Result<()> {
         let addr_file = self.data.join("brain.addr");
         let _ = std::fs::remove_file(&addr_file);
+        let web_file = self.data.join("brain.web");
+        let _ = std::fs::remove_file(&web_file);
         let mut cmd = Command::new(&self.bins.brain);
         cmd.arg("--data")
             .arg(&self.data)
@@ -253,6 +267,18 @@ impl Cluster {
             .arg("--lost-after")
             .arg(format!("{}ms", self.opts.lost_after.as_millis()))
             .args(&self.opts.extra_args)
+            .args(
+                self.opts
+                    .web
+                    .then(|| {
+                        [
+                            "--web-listen".to_string(),
+                            format!("127.0.0.1:{}", self.web_port),
+                        ]
+                    })
+                    .into_iter()
+                    .flatten(),
+            )
             .envs(std::mem::take(&mut self.opts.env))
             .env("RUST_LOG", test_log());
         let mut proc = Proc::spawn(cmd, &self.dir.join("brain.log"))?;
@@ -262,6 +288,12 @@ impl Cluster {
                 && let Ok(a) = s.trim().parse::<std::net::SocketAddr>()
             {
                 self.port = a.port();
+                if self.opts.web {
+                    let s = std::fs::read_to_string(&web_file).unwrap_or_default();
+                    let a: std::net::SocketAddr =
+                        s.trim().parse().expect("brain.web holds the web address");
+                    self.web_port = a.port();
+                }
                 break;
             }
             if !proc.is_running() {

@@ -1,0 +1,699 @@
+//! The HTTP API end to end: a real brain (with `--web-listen`) and a real worker as
+//! processes, a fake LLM on loopback, and plain HTTP requests. Who may do what (401, 403,
+//! CSRF, origins, revoked and expired credentials), the event stream resuming exactly after
+//! a cut and after a brain SIGKILL, the workspace endpoints, and that no secret is logged.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use testkit::fake_llm::{FakeLlm, FakeReply};
+use testkit::{BrainOptions, Cluster, text};
+
+fn cluster(llm: &FakeLlm) -> Cluster {
+    Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-web-test\"\n",
+            llm.url()
+        )),
+        web: true,
+        ..Default::default()
+    })
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn token(c: &Cluster, name: &str, role: &str, ttl: &str) -> String {
+    let out = c.brain_cli(&[
+        "admin", "token", "create", "--name", name, "--role", role, "--ttl", ttl,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    stdout(&out)
+}
+
+fn start(c: &Cluster, args: &[&str]) -> String {
+    let mut all = vec!["run", "--detach", "--model", "openai:gpt-4.1"];
+    all.extend_from_slice(args);
+    let out = c.brain_cli(&all);
+    assert!(out.status.success(), "brain run: {}", text(&out));
+    stdout(&out)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// A request's status and JSON (or text as a JSON string).
+async fn call(
+    c: &Cluster,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut r = client().request(method.parse().unwrap(), format!("{}{path}", c.web_url()));
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    if let Some(b) = body {
+        r = r
+            .header("content-type", "application/json")
+            .body(b.to_string());
+    }
+    let resp = r.send().await.expect("the web API answers");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn bearer(t: &str) -> String {
+    format!("Bearer {t}")
+}
+
+fn status_of(c: &Cluster, id: &str) -> String {
+    c.task_status(id).unwrap_or_default()
+}
+
+/// The log as `brain task log --json` prints it: each record's sequence number and kind.
+fn log_seqs(c: &Cluster, id: &str) -> Vec<(u64, String)> {
+    let out = c.brain_cli(&["task", "log", id, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v.get("seq").is_some())
+        .map(|v| {
+            (
+                v["seq"].as_u64().unwrap(),
+                v["kind"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// One Server-Sent Event.
+#[derive(Debug, Clone)]
+struct Sse {
+    event: String,
+    id: Option<u64>,
+    data: Value,
+}
+
+/// Reads SSE events from an open response until `stop` says so, the stream ends, or the
+/// deadline passes.
+async fn read_sse(
+    resp: &mut reqwest::Response,
+    buf: &mut String,
+    mut stop: impl FnMut(&Sse) -> bool,
+    timeout: Duration,
+) -> Vec<Sse> {
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    loop {
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let mut e = Sse {
+                event: "message".into(),
+                id: None,
+                data: Value::Null,
+            };
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    e.event = v.trim().into();
+                } else if let Some(v) = line.strip_prefix("id:") {
+                    e.id = v.trim().parse().ok();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim_start());
+                }
+            }
+            if data.is_empty() {
+                continue; // a keep-alive comment
+            }
+            e.data = serde_json::from_str(&data).unwrap_or(Value::String(data));
+            let done = stop(&e);
+            out.push(e);
+            if done {
+                return out;
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no end of the stream in time: {out:#?}");
+        match tokio::time::timeout(left, resp.chunk()).await {
+            Ok(Ok(Some(bytes))) => buf.push_str(&String::from_utf8_lossy(&bytes)),
+            Ok(Ok(None)) | Ok(Err(_)) => return out,
+            Err(_) => panic!("no end of the stream in time: {out:#?}"),
+        }
+    }
+}
+
+async fn open_sse(c: &Cluster, path: &str, auth: &str, last_id: Option<u64>) -> reqwest::Response {
+    let mut r = client()
+        .get(format!("{}{path}", c.web_url()))
+        .header("authorization", auth)
+        .header("accept", "text/event-stream")
+        .timeout(Duration::from_secs(120));
+    if let Some(id) = last_id {
+        r = r.header("last-event-id", id.to_string());
+    }
+    let resp = r.send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    resp
+}
+
+async fn wait_status(c: &Cluster, id: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status_of(c, id) != want {
+        assert!(
+            Instant::now() < deadline,
+            "{id} never {want}: {}",
+            c.brain_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn who_may_do_what_and_nothing_changes_when_refused() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call("run_command", json!({"command": "echo ran > proof.txt"})),
+        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
+    });
+    let c = cluster(&llm);
+    let _w = c.join_worker("laptop");
+    let viewer = token(&c, "watcher", "viewer", "1h");
+    let operator = token(&c, "ci", "operator", "1h");
+    let id = start(
+        &c,
+        &["--permission", "ask", "--worker", "laptop", "approve me"],
+    );
+    wait_status(&c, &id, "waiting").await;
+    let approve = format!("/api/tasks/{id}/approve");
+
+    // No credential, a wrong one.
+    let (s, body) = call(&c, "GET", "/api/tasks", &[], None).await;
+    assert_eq!(s, 401, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("brain web login")
+    );
+    let (s, _) = call(
+        &c,
+        "GET",
+        "/api/tasks",
+        &[("authorization", "Bearer tw_nope")],
+        None,
+    )
+    .await;
+    assert_eq!(s, 401);
+
+    // A viewer reads, and may not approve.
+    let (s, body) = call(
+        &c,
+        "GET",
+        "/api/tasks",
+        &[("authorization", &bearer(&viewer))],
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["tasks"][0]["id"], id.as_str());
+    assert_eq!(body["tasks"][0]["status"], "waiting");
+    let (s, body) = call(
+        &c,
+        "POST",
+        &approve,
+        &[("authorization", &bearer(&viewer))],
+        None,
+    )
+    .await;
+    assert_eq!(s, 403, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("operator")
+    );
+    // An operator's change from another origin.
+    let (s, body) = call(
+        &c,
+        "POST",
+        &approve,
+        &[
+            ("authorization", &bearer(&operator)),
+            ("origin", "http://evil.test"),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, body["error"]["code"].as_str()),
+        (403, Some("cross_origin"))
+    );
+
+    // A browser: the one-time link sets the session cookie, once.
+    let out = c.brain_cli(&["web", "login", "--name", "ann", "--role", "operator"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let link = stdout(&out);
+    assert!(link.starts_with(&c.web_url()), "{link}");
+    let resp = client().get(&link).send().await.unwrap();
+    assert_eq!(resp.status(), 303);
+    let cookie_line = resp.headers()["set-cookie"].to_str().unwrap().to_string();
+    for attr in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/"] {
+        assert!(cookie_line.contains(attr), "{cookie_line}");
+    }
+    let session = cookie_line.split(';').next().unwrap().to_string();
+    assert_eq!(
+        client().get(&link).send().await.unwrap().status(),
+        401,
+        "a link works once"
+    );
+    let (s, me) = call(&c, "GET", "/api/session", &[("cookie", &session)], None).await;
+    assert_eq!(s, 200, "{me}");
+    assert_eq!(
+        (me["name"].as_str(), me["role"].as_str()),
+        (Some("ann"), Some("operator"))
+    );
+    let csrf = me["csrf"].as_str().unwrap().to_string();
+    assert!(!csrf.is_empty());
+    // Without the CSRF header, with a wrong one, cross-site: refused.
+    for headers in [
+        vec![("cookie", session.as_str())],
+        vec![("cookie", session.as_str()), ("x-tether-csrf", "0000")],
+        vec![
+            ("cookie", session.as_str()),
+            ("x-tether-csrf", csrf.as_str()),
+            ("sec-fetch-site", "cross-site"),
+        ],
+    ] {
+        let (s, body) = call(&c, "POST", &approve, &headers, None).await;
+        assert_eq!(s, 403, "{headers:?}: {body}");
+    }
+    // Nothing of that changed anything.
+    assert_eq!(status_of(&c, &id), "waiting");
+    assert_eq!(llm.count(), 1);
+    let log = log_seqs(&c, &id);
+    assert!(!log.iter().any(|(_, k)| k == "approval_decided"), "{log:?}");
+
+    // The page's own request goes through, and the task goes on.
+    let (s, body) = call(
+        &c,
+        "POST",
+        &approve,
+        &[
+            ("cookie", &session),
+            ("x-tether-csrf", &csrf),
+            ("origin", &c.web_url()),
+            ("sec-fetch-site", "same-origin"),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    assert!(
+        body["what"].as_str().unwrap().contains("echo ran"),
+        "{body}"
+    );
+    wait_status(&c, &id, "finished").await;
+    let log = c.brain_cli(&["task", "log", &id, "--json"]);
+    assert!(
+        stdout(&log).contains("\"by\":\"web:ann\""),
+        "{}",
+        stdout(&log)
+    );
+
+    // Revoked and expired credentials.
+    let out = c.brain_cli(&["admin", "token", "revoke", "watcher"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let (s, body) = call(
+        &c,
+        "GET",
+        "/api/tasks",
+        &[("authorization", &bearer(&viewer))],
+        None,
+    )
+    .await;
+    assert_eq!(s, 401);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("revoked")
+    );
+    let short = token(&c, "short", "viewer", "1s");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, body) = call(
+            &c,
+            "GET",
+            "/api/tasks",
+            &[("authorization", &bearer(&short))],
+            None,
+        )
+        .await;
+        if s == 401 {
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("expired"),
+                "{body}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "a 1 s token still works");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (s, _) = call(
+        &c,
+        "POST",
+        "/api/logout",
+        &[("cookie", &session), ("x-tether-csrf", &csrf)],
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, _) = call(&c, "GET", "/api/session", &[("cookie", &session)], None).await;
+    assert_eq!(s, 401, "a logged-out session is over");
+
+    // The list says what exists, never a secret.
+    let out = c.brain_cli(&["admin", "token", "list", "--all", "--json"]);
+    let list = stdout(&out);
+    assert!(
+        list.contains("\"name\":\"ci\"") && list.contains("\"kind\":\"session\""),
+        "{list}"
+    );
+    // No secret in any log, the list or the store's files.
+    let secrets = [
+        viewer.as_str(),
+        operator.as_str(),
+        short.as_str(),
+        &session[session.find('=').unwrap() + 1..],
+        &link[link.find("code=").unwrap() + 5..],
+    ];
+    for s in secrets {
+        assert!(
+            !c.brain_log().contains(s),
+            "a credential is in the brain's log"
+        );
+        assert!(!list.contains(s));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_route_exists_and_asks_for_its_role() {
+    let llm = FakeLlm::start(|_| FakeReply::tool_call("finish", json!({"summary": "done"})));
+    let c = cluster(&llm);
+    let viewer = token(&c, "v", "viewer", "1h");
+    let (s, doc) = call(&c, "GET", "/api/openapi.json", &[], None).await;
+    assert_eq!(s, 200);
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 15, "{paths:?}");
+    for (path, ops) in paths {
+        for (method, op) in ops.as_object().unwrap() {
+            let concrete = path.replace("{id}", "t-999");
+            if path == "/api/events" {
+                // A stream that does not end: its answer's status is the check.
+                let resp = client()
+                    .get(format!("{}{concrete}", c.web_url()))
+                    .header("authorization", bearer(&viewer))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), 200);
+                continue;
+            }
+            let (s, body) = call(
+                &c,
+                &method.to_uppercase(),
+                &concrete,
+                &[("authorization", &bearer(&viewer))],
+                (method == "post").then(|| json!({})),
+            )
+            .await;
+            let fallback = body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("no such endpoint"));
+            assert!(!fallback, "{method} {path} is documented but not routed");
+            if op["x-tether-role"] == "operator" {
+                assert_eq!(s, 403, "{method} {path}: a viewer got {s} {body}");
+            } else {
+                assert_ne!(s, 403, "{method} {path}: {body}");
+                assert_ne!(s, 401, "{method} {path}: {body}");
+            }
+        }
+    }
+    let (s, body) = call(
+        &c,
+        "GET",
+        "/api/nothing-here",
+        &[("authorization", &bearer(&viewer))],
+        None,
+    )
+    .await;
+    assert_eq!(s, 404);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("openapi.json")
+    );
+    // Bad input is refused in JSON, naming what is wrong.
+    let op = token(&c, "o", "operator", "1h");
+    let (s, body) = call(
+        &c,
+        "POST",
+        "/api/tasks",
+        &[
+            ("authorization", &bearer(&op)),
+            ("content-type", "application/json"),
+        ],
+        Some(json!({"goal": 5})),
+    )
+    .await;
+    assert_eq!(s, 422, "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("goal"),
+        "{body}"
+    );
+    let (s, body) = call(
+        &c,
+        "POST",
+        "/api/tasks",
+        &[("authorization", &bearer(&op))],
+        Some(json!({"goal": "  "})),
+    )
+    .await;
+    assert_eq!(s, 400, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call("run_command", json!({"command": "echo one > a.txt"})),
+        1 => FakeReply::tool_call(
+            "run_command",
+            json!({"command": "echo two >> a.txt; echo '<script>x()</script>'"}),
+        ),
+        2 => FakeReply::tool_call("run_command", json!({"command": "cat a.txt"})),
+        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
+    });
+    let mut c = cluster(&llm);
+    let _w = c.join_worker("laptop");
+    let t = token(&c, "reader", "viewer", "1h");
+    let auth = bearer(&t);
+    let id = start(
+        &c,
+        &["--permission", "ask", "--worker", "laptop", "write a"],
+    );
+    wait_status(&c, &id, "waiting").await;
+    let path = format!("/api/tasks/{id}/events");
+
+    // Read what there is, then cut the connection.
+    let mut resp = open_sse(&c, &path, &auth, None).await;
+    let mut buf = String::new();
+    let first = read_sse(
+        &mut resp,
+        &mut buf,
+        |e| e.data["kind"] == "approval_requested",
+        Duration::from_secs(20),
+    )
+    .await;
+    drop(resp);
+    let mut seen: Vec<u64> = first.iter().filter_map(|e| e.id).collect();
+    assert!(seen.len() >= 3, "{first:#?}");
+    for e in &first {
+        assert_eq!(e.event, "record", "{e:?}");
+        assert_eq!(
+            e.id,
+            e.data["seq"].as_u64(),
+            "the id is the sequence number"
+        );
+    }
+
+    // The brain dies; while it is down the stream cannot be reopened; it comes back on the
+    // same port and the stream resumes after the last id seen.
+    c.kill_brain();
+    c.start_brain().unwrap();
+    let out = c.brain_cli(&["approve", &id]);
+    assert!(out.status.success(), "{}", text(&out));
+    let mut resp = open_sse(&c, &path, &auth, seen.last().copied()).await;
+    let mut buf = String::new();
+    // Cut again in the middle of the second command's records.
+    let second = read_sse(
+        &mut resp,
+        &mut buf,
+        |e| e.data["kind"] == "tool_call_issued",
+        Duration::from_secs(30),
+    )
+    .await;
+    drop(resp);
+    seen.extend(second.iter().filter_map(|e| e.id));
+    // ?since=N resumes the same way; follow to the end, approving what is asked.
+    let mut resp = open_sse(
+        &c,
+        &format!("{path}?since={}", seen.last().unwrap()),
+        &auth,
+        None,
+    )
+    .await;
+    let mut buf = String::new();
+    let cc = &c;
+    let rest = read_sse(
+        &mut resp,
+        &mut buf,
+        |e| {
+            if e.data["kind"] == "approval_requested" {
+                let out = cc.brain_cli(&["approve", &id]);
+                assert!(out.status.success(), "{}", text(&out));
+            }
+            e.event == "end"
+        },
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(rest.last().unwrap().event, "end", "{rest:#?}");
+    seen.extend(rest.iter().filter_map(|e| e.id));
+    // Live output came on the same stream, marked as not durable, and as text.
+    let live: Vec<&Sse> = rest
+        .iter()
+        .chain(&second)
+        .filter(|e| e.event == "live")
+        .collect();
+    for e in &live {
+        assert_eq!(e.data["durable"], false);
+        assert!(e.id.is_none());
+    }
+    // Exactly the log: no gap, no duplicate, across two cuts and a brain kill.
+    let log: Vec<u64> = log_seqs(&c, &id).into_iter().map(|(s, _)| s).collect();
+    assert_eq!(seen, log);
+    assert_eq!(status_of(&c, &id), "finished");
+
+    // History as NDJSON: the same records.
+    let resp = client()
+        .get(format!("{}{path}?follow=false", c.web_url()))
+        .header("authorization", &auth)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let body = resp.text().await.unwrap();
+    let lines: Vec<u64> = body
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(lines, log);
+    assert!(
+        body.contains("<script>x()</script>"),
+        "the output is carried as it is, in JSON"
+    );
+
+    // The workspace at its last barrier, one file, and the diff against the base.
+    let (s, tree) = call(
+        &c,
+        "GET",
+        &format!("/api/tasks/{id}/files"),
+        &[("authorization", &auth)],
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{tree}");
+    let entries: HashMap<String, Value> = tree["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["path"].as_str().unwrap().to_string(), e.clone()))
+        .collect();
+    assert_eq!(entries["a.txt"]["kind"], "file");
+    let (s, content) = call(
+        &c,
+        "GET",
+        &format!("/api/tasks/{id}/files/content?path=a.txt"),
+        &[("authorization", &auth)],
+        None,
+    )
+    .await;
+    assert_eq!((s, content.as_str()), (200, Some("one\ntwo\n")));
+    let (s, _) = call(
+        &c,
+        "GET",
+        &format!("/api/tasks/{id}/files/content?path=../etc/passwd"),
+        &[("authorization", &auth)],
+        None,
+    )
+    .await;
+    assert_eq!(s, 404);
+    let (s, _) = call(
+        &c,
+        "GET",
+        &format!("/api/tasks/{id}/files?root={}", "ab".repeat(32)),
+        &[("authorization", &auth)],
+        None,
+    )
+    .await;
+    assert_eq!(s, 404, "a root the task never had");
+    let (s, diff) = call(
+        &c,
+        "GET",
+        &format!("/api/tasks/{id}/diff"),
+        &[("authorization", &auth)],
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert!(diff.as_str().unwrap().contains("+two"), "{diff}");
+
+    // The all-tasks stream starts with the list.
+    let mut resp = open_sse(&c, "/api/events", &auth, None).await;
+    let mut buf = String::new();
+    let list = read_sse(
+        &mut resp,
+        &mut buf,
+        |e| e.event == "tasks",
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(list.last().unwrap().data["tasks"][0]["id"], id.as_str());
+}
