@@ -9,6 +9,7 @@ pub mod fake_llm;
 pub mod git_server;
 pub mod netns;
 pub mod sshd;
+pub mod webdriver;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -63,6 +63,10 @@ function age(ms) {
   return Math.round(s / 86400) + "d";
 }
 
+// tether.v1.WorkerState, by number.
+const WORKER_STATES = ["unknown", "enrolled", "connected", "lost", "revoked"];
+function workerState(n) { return WORKER_STATES[n] || String(n); }
+
 function money(x) { return "$" + (x || 0).toFixed(4); }
 
 function badge(text) { return text ? el("span", { class: "badge " + text }, text.replace("_", " ")) : ""; }
@@ -295,7 +299,7 @@ function taskView(view, id) {
     el("label", {}, pr, " pull request"), el("button", { type: "button", id: "deliver", onclick: () => act("deliver", async () => { const d = await api("POST", "/api/tasks/" + id + "/deliver", { pull_request: pr.checked }); banner("delivered " + d.branch + (d.pull_request_url ? " " + d.pull_request_url : "")); }) }, "Deliver"));
   if (state.session && state.session.role !== "operator") for (const b of actions.querySelectorAll("button")) b.disabled = true;
   api("GET", "/api/workers").then(r => {
-    workerPick.replaceChildren(...(r.workers || []).map(w => el("option", { value: w.id }, (w.name || w.id) + (w.state === "WORKER_STATE_CONNECTED" || w.state === 1 ? "" : " (offline)"))));
+    workerPick.replaceChildren(...(r.workers || []).map(w => el("option", { value: w.id }, (w.name || w.id) + (w.state === WORKER_STATES.indexOf("connected") ? "" : " (" + workerState(w.state) + ")"))));
   }).catch(() => {});
 
   loadSummary();
@@ -315,7 +319,7 @@ function workersView(view) {
   const load = () => api("GET", "/api/workers").then(r => {
     body.replaceChildren(...(r.workers || []).map(w => {
       const c = w.capabilities || {};
-      return el("tr", { "data-worker": w.id }, el("td", {}, w.id), el("td", {}, w.name), el("td", {}, String(w.state)),
+      return el("tr", { "data-worker": w.id }, el("td", {}, w.id), el("td", {}, w.name), el("td", {}, workerState(w.state)),
         el("td", {}, Object.entries(w.labels || {}).map(([k, v]) => k + "=" + v).join(" ")),
         el("td", {}, String(c.cpus || "")), el("td", {}, c.memory_bytes ? (c.memory_bytes / 2 ** 30).toFixed(1) + " GiB" : ""),
         el("td", {}, (c.sandbox || []).join(", ")), el("td", {}, age(w.last_seen_unix_ms)),

@@ -1,0 +1,152 @@
+//! The web page in a real browser: headless Chromium through WebDriver against a real brain,
+//! two real workers and the fake LLM. A person logs in with a one-time link, starts a task
+//! from the form, approves a call and sees its output appear without a reload (as text: the
+//! markup in it never runs), denies one with a reason the model is told, moves the task to
+//! the second worker and sees it in the lane picture, and reads the diff. A screenshot of
+//! the task page is kept as a test artifact (`target/web-artifacts/task-page.png`).
+
+use std::time::Duration;
+
+use serde_json::json;
+use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
+use testkit::webdriver::Browser;
+use testkit::{BrainOptions, Cluster, skip, text};
+
+const REASON: &str = "notes stay out of this repository";
+
+#[test]
+fn a_person_steers_a_task_from_the_page() {
+    let browser = match Browser::start() {
+        Ok(b) => b,
+        Err(why) => return skip("chromium", &why),
+    };
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call(
+            "run_command",
+            json!({"command": "echo first > a.txt; printf '%s\\n' '<img src=x onerror=\"window.__pwned=1\">' '<script>window.__pwned=2</script>'"}),
+        ),
+        1 => FakeReply::tool_call("write_file", json!({"path": "notes.txt", "content": "x"})),
+        2 => FakeReply::tool_call("run_command", json!({"command": "echo second >> a.txt"})),
+        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
+    });
+    let c = Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-web-test\"\n",
+            llm.url()
+        )),
+        web: true,
+        ..Default::default()
+    });
+    let laptop = c.join_worker("laptop");
+    let bigbox = c.join_worker("bigbox");
+    let out = c.brain_cli(&["web", "login", "--name", "ann", "--role", "operator"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let link = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let t = Duration::from_secs(30);
+
+    // The link logs the browser in and leaves the code behind.
+    browser.goto(&link);
+    browser.wait("the page to say who is logged in", t, |b| {
+        b.text("#who").contains("ann (operator)")
+    });
+    let url = browser.exec("return location.href", json!([]));
+    assert!(!url.as_str().unwrap().contains("code="), "{url}");
+
+    // A new task from the form.
+    browser.goto(&format!("{}/#/new", c.web_url()));
+    browser.wait("the form", t, |b| b.find("form.new #goal").is_some());
+    browser.type_into("#goal", "write a.txt").unwrap();
+    browser.type_into("#worker", "laptop").unwrap();
+    browser.type_into("#model", "openai:gpt-4.1").unwrap();
+    browser.click("#permission option[value=ask]").unwrap();
+    browser.click("form.new button[type=submit]").unwrap();
+    browser.wait("the task page", t, |b| {
+        b.exec("return location.hash", json!([])) == "#/task/t-1"
+    });
+
+    // Waiting for approval: the box appears; Approve lets it go on, and the command's output
+    // shows up without a reload, as text.
+    browser.wait("the approval", t, |b| {
+        b.find(".approval-box .approve").is_some()
+    });
+    assert!(browser.text(".approval-box").contains("echo first"));
+    browser.click(".approval-box .approve").unwrap();
+    browser.wait("the command's output", t, |b| {
+        b.text("#timeline pre.output")
+            .contains("<img src=x onerror")
+    });
+    let ran = browser.exec(
+        "return [typeof window.__pwned, document.querySelectorAll('#timeline img, #timeline script').length]",
+        json!([]),
+    );
+    assert_eq!(
+        ran,
+        json!(["undefined", 0]),
+        "markup from a command ran or rendered"
+    );
+
+    // The write is asked for next: deny it with a reason, which the model is told.
+    browser.wait("the second approval", t, |b| {
+        b.text(".approval-box").contains("notes.txt")
+    });
+    browser
+        .type_into(".approval-box .deny-reason", REASON)
+        .unwrap();
+    browser.click(".approval-box .deny").unwrap();
+    browser.wait("the model to hear the denial", t, |_| {
+        llm.requests()
+            .iter()
+            .filter_map(FakeRequest::last_tool_result_text)
+            .any(|o| o.contains(REASON))
+    });
+
+    // Move to the second worker while the third call waits, then approve it there.
+    browser.wait("the third approval", t, |b| {
+        b.text(".approval-box").contains("echo second")
+    });
+    browser.wait("the worker list", t, |b| {
+        b.find(&format!("#move-to option[value='{}']", bigbox.id))
+            .is_some()
+    });
+    browser
+        .click(&format!("#move-to option[value='{}']", bigbox.id))
+        .unwrap();
+    browser.click("#move").unwrap();
+    browser.wait("the move in the timeline", t, |b| {
+        b.text("#timeline")
+            .contains(&format!("moved to {}", bigbox.id))
+    });
+    browser.wait("the approval after the move", t, |b| {
+        b.find(".approval-box .approve").is_some()
+    });
+    browser.click(".approval-box .approve").unwrap();
+    c.wait_status("t-1", &["finished"], t);
+
+    // The lane picture shows both workers and the move between them.
+    browser.wait("both lanes", t, |b| {
+        let lanes = b.exec(
+            "const s = document.querySelector('svg.lanes'); return s ? s.getAttribute('data-lanes') : ''",
+            json!([]),
+        );
+        let lanes = lanes.as_str().unwrap_or_default().to_string();
+        lanes.contains(&laptop.id) && lanes.contains(&bigbox.id)
+    });
+    let arrow = browser.exec(
+        "return document.querySelectorAll('svg.lanes line[data-move]').length",
+        json!([]),
+    );
+    assert_eq!(arrow, json!(1), "one move arrow");
+
+    // The diff against the base.
+    browser.click("#show-diff").unwrap();
+    browser.wait("the diff", t, |b| b.text("#diff").contains("+second"));
+    assert!(browser.text("#diff").contains("+first"));
+    assert!(browser.text("#summary").contains("finished"));
+
+    let png = browser.screenshot();
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/web-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("task-page.png"), &png).unwrap();
+    eprintln!("screenshot: {}", dir.join("task-page.png").display());
+}
