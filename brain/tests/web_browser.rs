@@ -29,7 +29,7 @@ fn a_person_steers_a_task_from_the_page() {
         2 => FakeReply::tool_call("run_command", json!({"command": "echo second >> a.txt"})),
         _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
     });
-    let c = Cluster::start_with(BrainOptions {
+    let mut c = Cluster::start_with(BrainOptions {
         config: Some(format!(
             "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-web-test\"\n",
             llm.url()
@@ -85,10 +85,34 @@ fn a_person_steers_a_task_from_the_page() {
         "markup from a command ran or rendered"
     );
 
+    // The brain is SIGKILLed and comes back: the page reconnects by itself (no reload: the
+    // marker set now survives) and its timeline goes on from where it was.
+    browser.exec("window.__marker = 'same page'", json!([]));
+    let before = browser.exec(
+        "return document.querySelectorAll('#timeline li').length",
+        json!([]),
+    );
+    c.kill_brain();
+    c.start_brain().unwrap();
+
     // The write is asked for next: deny it with a reason, which the model is told.
     browser.wait("the second approval", t, |b| {
         b.text(".approval-box").contains("notes.txt")
     });
+    assert_eq!(
+        browser.exec("return window.__marker", json!([])),
+        "same page"
+    );
+    let seqs = browser.exec(
+        "return [...document.querySelectorAll('#timeline li')].map(li => Number(li.dataset.seq))",
+        json!([]),
+    );
+    let seqs: Vec<u64> = serde_json::from_value(seqs).unwrap();
+    assert!(seqs.len() as u64 > before.as_u64().unwrap());
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1) && seqs[0] == 1,
+        "the timeline has a gap or a repeat across the restart: {seqs:?}"
+    );
     browser
         .type_into(".approval-box .deny-reason", REASON)
         .unwrap();
