@@ -1,0 +1,372 @@
+//! Event-stream benchmark: how long an appended record takes to reach its watchers, with 1,
+//! 100 and 1,000 of them on one task, over the web API's Server-Sent Events and over the
+//! admin gRPC stream `brain watch` uses, side by side in one run; whether that many watchers
+//! slow the task; and the brain's resident memory meanwhile. Prints figures; never fails on
+//! a timing.
+//!
+//!     cargo build --release --workspace && cargo bench -p brain --bench events
+//!
+//! The task is a scripted plan on a real worker: a pause while the watchers connect (each
+//! reads the history first), then `BENCH_STEPS` (200) steps of `true`. A record's latency is
+//! the time it arrived at a watcher minus its `at_ms` in the log (the same machine's clock;
+//! the log's timestamps are in milliseconds, so figures are ±1 ms).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use brain::admin::client::Target;
+use brain::trust::ca::DataDir;
+use serde_json::Value;
+use shared::locks::Lock;
+use testkit::{BrainOptions, Cluster};
+
+/// Seconds the plan waits before its steps, so every watcher is connected and has read the
+/// history when the measured records are appended.
+const PAUSE_S: u64 = 6;
+
+fn now_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        * 1e3
+}
+
+fn at_ms(record_json: &str) -> Option<(u64, f64)> {
+    let v: Value = serde_json::from_str(record_json).ok()?;
+    Some((v["seq"].as_u64()?, v["at_ms"].as_f64()?))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Via {
+    None,
+    Sse,
+    Grpc,
+}
+
+struct Outcome {
+    latencies: Vec<f64>,
+    task_ms: f64,
+    rss_kb: u64,
+    complete: usize,
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 - 1.0) * q).round() as usize]
+}
+
+/// Raises this process's open-file limit to its hard limit (children inherit it): a thousand
+/// watchers are a thousand sockets on each side.
+fn raise_nofile() {
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+            r.rlim_cur = r.rlim_max.min(65536);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+async fn sse_watcher(
+    url: String,
+    token: String,
+    ready: Arc<tokio::sync::Barrier>,
+    lat: Arc<Mutex<Vec<f64>>>,
+    from_ms: Arc<Mutex<f64>>,
+) -> bool {
+    let client = reqwest::Client::new();
+    let Ok(mut resp) = client
+        .get(&url)
+        .header("authorization", format!("Bearer {token}"))
+        .send()
+        .await
+    else {
+        ready.wait().await;
+        return false;
+    };
+    let mut buf = String::new();
+    let mut waited = false;
+    let mut mine = Vec::new();
+    let mut ended = false;
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        let t = now_ms();
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            if block.contains("event: end") {
+                ended = true;
+            }
+            for line in block.lines() {
+                if let Some(d) = line.strip_prefix("data: ")
+                    && let Some((_, at)) = at_ms(d)
+                    && at >= *from_ms.locked()
+                {
+                    mine.push(t - at);
+                }
+            }
+        }
+        if !waited {
+            waited = true;
+            ready.wait().await;
+        }
+        if ended {
+            break;
+        }
+    }
+    if !waited {
+        ready.wait().await;
+    }
+    lat.locked().extend(mine);
+    ended
+}
+
+async fn grpc_watcher(
+    mut client: proto::admin_client::AdminClient<tonic::transport::Channel>,
+    task: String,
+    ready: Arc<tokio::sync::Barrier>,
+    lat: Arc<Mutex<Vec<f64>>>,
+    from_ms: Arc<Mutex<f64>>,
+) -> bool {
+    let Ok(stream) = client
+        .task_log(proto::TaskLogRequest {
+            task_id: task,
+            follow: true,
+            after_seq: 0,
+        })
+        .await
+    else {
+        ready.wait().await;
+        return false;
+    };
+    let mut stream = stream.into_inner();
+    let mut waited = false;
+    let mut mine = Vec::new();
+    let mut last_kind_finished = false;
+    while let Ok(Some(r)) = stream.message().await {
+        let t = now_ms();
+        if let Some(proto::task_record::Item::Record(json)) = r.item {
+            if let Some((_, at)) = at_ms(&json)
+                && at >= *from_ms.locked()
+            {
+                mine.push(t - at);
+            }
+            last_kind_finished = json.contains("\"kind\":\"finished\"");
+        }
+        if !waited {
+            waited = true;
+            ready.wait().await;
+        }
+    }
+    if !waited {
+        ready.wait().await;
+    }
+    lat.locked().extend(mine);
+    last_kind_finished
+}
+
+fn run_once(
+    c: &Cluster,
+    rt: &tokio::runtime::Runtime,
+    via: Via,
+    n: usize,
+    steps: usize,
+) -> Outcome {
+    let mut plan = vec![serde_json::json!({"run": ["sleep", PAUSE_S.to_string()]})];
+    plan.extend((0..steps).map(|_| serde_json::json!({"run": ["true"]})));
+    let file = c.dir.join(format!("plan-{n}.json"));
+    std::fs::write(&file, serde_json::json!({ "steps": plan }).to_string()).unwrap();
+    let out = c.brain_cli(&["run", "--plan", file.to_str().unwrap(), "--worker", "bench"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let token = {
+        let out = c.brain_cli(&["admin", "token", "create", "--name", "bench", "--ttl", "1h"]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let lat = Arc::new(Mutex::new(Vec::new()));
+    // Records appended before every watcher is in are not counted.
+    let from_ms = Arc::new(Mutex::new(f64::MAX));
+    let ready = Arc::new(tokio::sync::Barrier::new(n + 1));
+    let target = Target::resolve(&DataDir(c.data.clone()), None, None);
+    let pid = c.brain.as_ref().unwrap().pid();
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let complete = rt.block_on(async {
+        let mut handles = Vec::new();
+        let mut clients = Vec::new();
+        if via == Via::Grpc {
+            // A channel per 100 streams: HTTP/2 bounds the streams on one connection.
+            for _ in 0..n.div_ceil(100) {
+                clients.push(target.connect().await.expect("admin connection"));
+            }
+        }
+        for i in 0..n {
+            let (lat, from, ready) = (lat.clone(), from_ms.clone(), ready.clone());
+            handles.push(match via {
+                Via::Sse => tokio::spawn(sse_watcher(
+                    format!("{}/api/tasks/{id}/events", c.web_url()),
+                    token.clone(),
+                    ready,
+                    lat,
+                    from,
+                )),
+                Via::Grpc => tokio::spawn(grpc_watcher(
+                    clients[i / 100].clone(),
+                    id.clone(),
+                    ready,
+                    lat,
+                    from,
+                )),
+                Via::None => unreachable!(),
+            });
+        }
+        ready.wait().await;
+        *from_ms.locked() = now_ms();
+        let sampler = {
+            let peak = peak.clone();
+            tokio::spawn(async move {
+                loop {
+                    peak.fetch_max(rss_kb(pid), std::sync::atomic::Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+        };
+        let mut complete = 0;
+        for h in handles {
+            if h.await.unwrap_or(false) {
+                complete += 1;
+            }
+        }
+        if via == Via::None {
+            *from_ms.locked() = now_ms();
+        }
+        sampler.abort();
+        complete
+    });
+    // The task's own pace: from the end of the pause to its last record.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let log = loop {
+        let out = c.brain_cli(&["task", "log", &id, "--json"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if text.contains("\"kind\":\"finished\"") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "the plan did not finish");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let recs: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let completed: Vec<f64> = recs
+        .iter()
+        .filter(|r| r["kind"] == "tool_call_completed")
+        .filter_map(|r| r["at_ms"].as_f64())
+        .collect();
+    let end = recs.last().and_then(|r| r["at_ms"].as_f64()).unwrap_or(0.0);
+    let task_ms = end - completed.first().copied().unwrap_or(end);
+    let mut latencies = lat.locked().clone();
+    latencies.retain(|l| l.is_finite());
+    Outcome {
+        latencies,
+        task_ms,
+        rss_kb: peak
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .max(rss_kb(pid)),
+        complete,
+    }
+}
+
+fn main() {
+    raise_nofile();
+    let steps: usize = std::env::var("BENCH_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let c = Cluster::start_with(BrainOptions {
+        web: true,
+        ..Default::default()
+    });
+    let _w = c.join_worker("bench");
+    println!(
+        "Tether event-stream benchmark ({steps} steps of `true` per run, loopback, {} CPUs; the brain, the worker and every watcher share them)\n",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+    println!(
+        "{:<20} {:>8} {:>10} {:>10} {:>9} {:>8} {:>11} {:>8} {:>10}",
+        "append → watcher",
+        "watchers",
+        "p50",
+        "p99",
+        "records",
+        "saw end",
+        "task time",
+        "vs none",
+        "brain RSS"
+    );
+    let base = run_once(&c, &rt, Via::None, 0, steps);
+    println!(
+        "{:<20} {:>8} {:>10} {:>10} {:>9} {:>8} {:>9.0}ms {:>8} {:>8}MB",
+        "nobody watching",
+        0,
+        "-",
+        "-",
+        "-",
+        "-",
+        base.task_ms,
+        "1.00×",
+        base.rss_kb / 1024
+    );
+    for (via, name) in [
+        (Via::Sse, "SSE (web API)"),
+        (Via::Grpc, "gRPC (brain watch)"),
+    ] {
+        for n in [1, 100, 1000] {
+            let mut o = run_once(&c, &rt, via, n, steps);
+            let (p50, p99) = (pct(&mut o.latencies, 0.5), pct(&mut o.latencies, 0.99));
+            println!(
+                "{:<20} {:>8} {:>8.1}ms {:>8.1}ms {:>9} {:>8} {:>9.0}ms {:>7.2}× {:>8}MB",
+                name,
+                n,
+                p50,
+                p99,
+                o.latencies.len(),
+                o.complete,
+                o.task_ms,
+                o.task_ms / base.task_ms.max(1.0),
+                o.rss_kb / 1024
+            );
+        }
+    }
+}
