@@ -32,7 +32,7 @@ const CLIENT_QUEUE: usize = 64;
 /// A comment line this often keeps proxies from closing a quiet stream.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct EventsQuery {
     /// Only records after this sequence number (`Last-Event-ID` wins when both are sent).

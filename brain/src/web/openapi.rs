@@ -5,6 +5,8 @@
 
 use axum::Json;
 use axum::routing::MethodRouter;
+use schemars::generate::{SchemaGenerator, SchemaSettings};
+use schemars::{JsonSchema, Schema};
 use serde_json::{Value, json};
 
 use super::Web;
@@ -16,6 +18,22 @@ pub enum Role {
     Operator,
 }
 
+/// What a route takes or answers.
+#[derive(Clone, Copy)]
+pub enum Shape {
+    /// JSON of a type, its schema generated from the type.
+    Json(fn(&mut SchemaGenerator) -> Schema),
+    Text,
+    Bytes,
+    /// Server-Sent Events (or NDJSON): records as `brain task log --json` prints them.
+    Events,
+}
+
+/// The schema of `T` (a reference to its entry under `components/schemas`).
+pub fn of<T: JsonSchema>() -> Shape {
+    Shape::Json(|g| g.subschema_for::<T>())
+}
+
 /// One route: how it is called and what it does.
 pub struct Doc {
     pub method: &'static str,
@@ -23,8 +41,10 @@ pub struct Doc {
     pub path: &'static str,
     pub role: Role,
     pub summary: &'static str,
-    pub body: Option<&'static str>,
-    pub answer: &'static str,
+    /// Its query parameters: the properties of this type's schema.
+    pub query: Option<fn(&mut SchemaGenerator) -> Schema>,
+    pub body: Option<Shape>,
+    pub answer: Shape,
     pub handler: MethodRouter<Web>,
 }
 
@@ -34,8 +54,8 @@ impl Doc {
         path: &'static str,
         role: Role,
         summary: &'static str,
-        body: Option<&'static str>,
-        answer: &'static str,
+        body: Option<Shape>,
+        answer: Shape,
         handler: MethodRouter<Web>,
     ) -> Self {
         Self {
@@ -43,75 +63,77 @@ impl Doc {
             path,
             role,
             summary,
+            query: None,
             body,
             answer,
             handler,
         }
     }
-}
 
-fn schema(name: &str) -> Value {
-    match name {
-        "Text" => json!({"type": "string"}),
-        "Bytes" => json!({"type": "string", "contentEncoding": "binary"}),
-        "Empty" => json!({"type": "object"}),
-        _ => json!({"$ref": format!("#/components/schemas/{name}")}),
+    /// The route takes query parameters: the fields of `T`.
+    pub fn query<T: JsonSchema>(mut self) -> Self {
+        self.query = Some(|g| g.root_schema_for::<T>());
+        self
     }
 }
 
-fn media(name: &str) -> &'static str {
-    match name {
-        "Text" => "text/plain",
-        "Bytes" => "application/octet-stream",
-        "Record" | "TaskSummary" => "application/json",
-        _ => "application/json",
+fn content(g: &mut SchemaGenerator, shape: Shape) -> Value {
+    match shape {
+        Shape::Json(f) => json!({"application/json": {"schema": f(g)}}),
+        Shape::Text => json!({"text/plain": {"schema": {"type": "string"}}}),
+        Shape::Bytes => {
+            json!({"application/octet-stream": {"schema": {"type": "string", "contentMediaType": "application/octet-stream"}}})
+        }
+        Shape::Events => json!({
+            "text/event-stream": {"schema": {"type": "string", "description": "events `record` (id: the sequence number; data: the record's JSON), `live` (no id, not durable), `broken`, `end`; `tasks` and `task` on /api/events"}},
+            "application/x-ndjson": {"schema": {"type": "string", "description": "with follow=false: one record's JSON per line"}},
+        }),
     }
 }
 
 /// The document.
 pub fn build() -> Value {
+    let mut g = SchemaSettings::draft2020_12()
+        .with(|s| s.definitions_path = "/components/schemas".into())
+        .into_generator();
     let mut paths = serde_json::Map::new();
-    let mut names = std::collections::BTreeSet::new();
     for d in super::routes::table() {
-        let params: Vec<Value> = d
+        let mut params: Vec<Value> = d
             .path
             .split('/')
             .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
             .map(|p| json!({"name": p, "in": "path", "required": true, "schema": {"type": "string"}}))
             .collect();
+        if let Some(q) = d.query {
+            let schema = q(&mut g).to_value();
+            for (name, prop) in schema["properties"].as_object().into_iter().flatten() {
+                let mut prop = prop.clone();
+                let description = prop
+                    .as_object_mut()
+                    .and_then(|o| o.remove("description"))
+                    .unwrap_or(Value::Null);
+                params.push(json!({"name": name, "in": "query", "required": false, "schema": prop, "description": description}));
+            }
+        }
         let mut op = json!({
             "summary": d.summary,
             "operationId": format!("{} {}", d.method, d.path),
             "x-tether-role": match d.role { Role::Viewer => "viewer", Role::Operator => "operator" },
             "parameters": params,
             "responses": {
-                "200": {"description": "OK", "content": {media(d.answer): {"schema": schema(d.answer)}}},
+                "200": {"description": "OK", "content": content(&mut g, d.answer)},
                 "default": {"description": "An error: what failed and what to do", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
             },
         });
-        if d.path.ends_with("/events") {
-            op["responses"]["200"]["content"]["text/event-stream"] =
-                json!({"schema": {"type": "string"}});
-        }
         if let Some(b) = d.body {
-            op["requestBody"] = json!({"content": {"application/json": {"schema": schema(b)}}});
-            names.insert(b);
-        }
-        if !matches!(d.answer, "Text" | "Bytes" | "Empty") {
-            names.insert(d.answer);
+            op["requestBody"] = json!({"content": content(&mut g, b)});
         }
         let entry = paths
             .entry(format!("/api{}", d.path))
             .or_insert_with(|| json!({}));
         entry[d.method.to_lowercase()] = op;
     }
-    let mut schemas = serde_json::Map::new();
-    for n in names {
-        schemas.insert(
-            n.to_string(),
-            json!({"type": "object", "description": format!("The JSON form of tether.v1.{n} (absent fields take their defaults)")}),
-        );
-    }
+    let mut schemas: serde_json::Map<String, Value> = g.take_definitions(true);
     schemas.insert(
         "Error".into(),
         json!({"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}}),
@@ -119,6 +141,7 @@ pub fn build() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": {"title": "Tether brain", "version": env!("CARGO_PKG_VERSION")},
+        "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
         "paths": paths,
         "components": {
             "schemas": schemas,
@@ -145,10 +168,9 @@ mod tests {
         for d in &table {
             let op = &doc["paths"][format!("/api{}", d.path)][d.method.to_lowercase()];
             assert!(op.is_object(), "{} {} missing", d.method, d.path);
-            assert_eq!(
-                op["parameters"].as_array().unwrap().len(),
-                d.path.matches('{').count()
-            );
+            let params = op["parameters"].as_array().unwrap();
+            let in_path = params.iter().filter(|p| p["in"] == "path").count();
+            assert_eq!(in_path, d.path.matches('{').count());
             n += 1;
         }
         let documented: usize = doc["paths"]
@@ -159,5 +181,24 @@ mod tests {
             .sum();
         assert_eq!(documented, n);
         assert_eq!(doc["openapi"], "3.1.0");
+        // Every reference resolves to a schema generated from a type.
+        let text = doc.to_string();
+        for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+            let name = &r[..r.find('"').unwrap()];
+            assert!(
+                doc["components"]["schemas"][name].is_object(),
+                "{name} is referenced and not defined"
+            );
+        }
+        let create = &doc["components"]["schemas"]["RunAgentRequest"];
+        assert_eq!(create["properties"]["goal"]["type"], "string", "{create}");
+        let list = &doc["paths"]["/api/tasks"]["get"]["parameters"];
+        assert!(
+            list.as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == "status"),
+            "{list}"
+        );
     }
 }

@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use tokio_stream::StreamExt;
 
 use super::auth::{self, Authed};
-use super::openapi::{Doc, Role};
+use super::openapi::{Doc, Role, Shape, of};
 use super::{ApiError, Web, events, openapi, page};
 use crate::trust::web::{WebRole, csrf_for};
 
@@ -33,208 +33,37 @@ const MAX_FILE_SHOWN: u64 = 4 * 1024 * 1024;
 /// are both made from this table, so neither can hold a route the other lacks.
 pub fn table() -> Vec<Doc> {
     use Role::*;
+    use Shape::{Bytes, Events, Text};
     let d = Doc::new;
     vec![
-        d(
-            "GET",
-            "/session",
-            Viewer,
-            "Who is calling; a browser session's CSRF token",
-            None,
-            "SessionInfo",
-            get(session),
-        ),
-        d(
-            "POST",
-            "/logout",
-            Viewer,
-            "Ends the caller's browser session",
-            None,
-            "Empty",
-            post(logout),
-        ),
-        d(
-            "GET",
-            "/tasks",
-            Viewer,
-            "Tasks, newest first (filters: status, worker, verification, q, limit)",
-            None,
-            "ListTasksResponse",
-            get(list_tasks),
-        ),
-        d(
-            "POST",
-            "/tasks",
-            Operator,
-            "Starts an agent task",
-            Some("RunAgentRequest"),
-            "RunPlanResponse",
-            post(create_task),
-        ),
-        d(
-            "GET",
-            "/tasks/{id}",
-            Viewer,
-            "One task's summary",
-            None,
-            "TaskSummary",
-            get(show_task),
-        ),
-        d(
-            "GET",
-            "/tasks/{id}/events",
-            Viewer,
-            "The task's log as Server-Sent Events (id: sequence number; resume with Last-Event-ID or since), or as NDJSON with follow=false",
-            None,
-            "Record",
-            get(events::task_events),
-        ),
-        d(
-            "POST",
-            "/tasks/{id}/approve",
-            Operator,
-            "Approves what the task waits for",
-            None,
-            "DecideResponse",
-            post(approve),
-        ),
-        d(
-            "POST",
-            "/tasks/{id}/deny",
-            Operator,
-            "Denies it, with a reason the model is told",
-            Some("Reason"),
-            "DecideResponse",
-            post(deny),
-        ),
-        d(
-            "POST",
-            "/tasks/{id}/cancel",
-            Operator,
-            "Cancels the task",
-            None,
-            "CancelTaskResponse",
-            post(cancel),
-        ),
-        d(
-            "POST",
-            "/tasks/{id}/move",
-            Operator,
-            "Moves the task to another worker at its next step",
-            Some("MoveTo"),
-            "MoveTaskResponse",
-            post(move_task),
-        ),
-        d(
-            "POST",
-            "/tasks/{id}/resume",
-            Operator,
-            "Resumes a task with more budget",
-            Some("MoreBudget"),
-            "ResumeTaskResponse",
-            post(resume),
-        ),
-        d(
-            "POST",
-            "/tasks/{id}/deliver",
-            Operator,
-            "Delivers the task's last barrier as a branch (and a pull request)",
-            Some("DeliverHow"),
-            "DeliverTaskResponse",
-            post(deliver),
-        ),
-        d(
-            "GET",
-            "/tasks/{id}/diff",
-            Viewer,
-            "The workspace against its base as text (form: diff, stat, patch)",
-            None,
-            "Text",
-            get(diff),
-        ),
-        d(
-            "GET",
-            "/tasks/{id}/files",
-            Viewer,
-            "The workspace's file tree at a barrier (root; default the last)",
-            None,
-            "Tree",
-            get(files),
-        ),
-        d(
-            "GET",
-            "/tasks/{id}/files/content",
-            Viewer,
-            "One file's bytes at a barrier (root, path)",
-            None,
-            "Bytes",
-            get(file_content),
-        ),
-        d(
-            "GET",
-            "/events",
-            Viewer,
-            "Every task's summary as it changes, as Server-Sent Events",
-            None,
-            "TaskSummary",
-            get(events::all_tasks),
-        ),
-        d(
-            "GET",
-            "/workers",
-            Viewer,
-            "Enrolled workers",
-            None,
-            "ListWorkersResponse",
-            get(list_workers),
-        ),
-        d(
-            "POST",
-            "/workers/{id}/revoke",
-            Operator,
-            "Revokes a worker's certificate and closes its session",
-            None,
-            "RevokeWorkerResponse",
-            post(revoke_worker),
-        ),
-        d(
-            "GET",
-            "/machines",
-            Viewer,
-            "Machines the brain created (all=true: ended ones too)",
-            None,
-            "ListMachinesResponse",
-            get(list_machines),
-        ),
-        d(
-            "POST",
-            "/machines",
-            Operator,
-            "Provisions a machine",
-            Some("ProvisionRequest"),
-            "MachineResponse",
-            post(provision),
-        ),
-        d(
-            "POST",
-            "/machines/{id}/release",
-            Operator,
-            "Releases a machine",
-            None,
-            "MachineResponse",
-            post(release_machine),
-        ),
-        d(
-            "POST",
-            "/join-tokens",
-            Operator,
-            "Creates a one-time join token for a worker",
-            Some("CreateTokenRequest"),
-            "CreateTokenResponse",
-            post(create_join_token),
-        ),
+        d("GET", "/session", Viewer, "Who is calling; a browser session's CSRF token", None, of::<SessionInfo>(), get(session)),
+        d("POST", "/logout", Viewer, "Ends the caller's browser session", None, of::<Empty>(), post(logout)),
+        d("GET", "/tasks", Viewer, "Tasks, newest first", None, of::<proto::ListTasksResponse>(), get(list_tasks)).query::<TaskFilter>(),
+        d("POST", "/tasks", Operator, "Starts an agent task", Some(of::<proto::RunAgentRequest>()), of::<proto::RunPlanResponse>(), post(create_task)),
+        d("GET", "/tasks/{id}", Viewer, "One task's summary", None, of::<proto::TaskSummary>(), get(show_task)),
+        d("GET", "/tasks/{id}/events", Viewer, "The task's log as Server-Sent Events (id: the sequence number; resume with Last-Event-ID or since), or as NDJSON with follow=false", None, Events, get(events::task_events)).query::<events::EventsQuery>(),
+        d("POST", "/tasks/{id}/approve", Operator, "Approves what the task waits for", None, of::<proto::DecideResponse>(), post(approve)),
+        d("POST", "/tasks/{id}/deny", Operator, "Denies it, with a reason the model is told", Some(of::<Reason>()), of::<proto::DecideResponse>(), post(deny)),
+        d("POST", "/tasks/{id}/cancel", Operator, "Cancels the task", None, of::<proto::CancelTaskResponse>(), post(cancel)),
+        d("POST", "/tasks/{id}/move", Operator, "Moves the task to another worker at its next step", Some(of::<MoveTo>()), of::<proto::MoveTaskResponse>(), post(move_task)),
+        d("POST", "/tasks/{id}/resume", Operator, "Resumes a task with more budget", Some(of::<MoreBudget>()), of::<proto::ResumeTaskResponse>(), post(resume)),
+        d("POST", "/tasks/{id}/deliver", Operator, "Delivers the task's last barrier as a branch (and a pull request)", Some(of::<DeliverHow>()), of::<proto::DeliverTaskResponse>(), post(deliver)),
+        d("GET", "/tasks/{id}/diff", Viewer, "The workspace against its base, as text", None, Text, get(diff)).query::<DiffForm>(),
+        d("GET", "/tasks/{id}/files", Viewer, "The workspace's file tree at a barrier", None, of::<Tree>(), get(files)).query::<At>(),
+        d("GET", "/tasks/{id}/files/content", Viewer, "One file's bytes at a barrier", None, Bytes, get(file_content)).query::<At>(),
+        d("GET", "/events", Viewer, "Every task's summary as it changes, as Server-Sent Events", None, Events, get(events::all_tasks)),
+        d("GET", "/workers", Viewer, "Enrolled workers", None, of::<proto::ListWorkersResponse>(), get(list_workers)),
+        d("POST", "/workers/{id}/revoke", Operator, "Revokes a worker's certificate and closes its session", None, of::<proto::RevokeWorkerResponse>(), post(revoke_worker)),
+        d("GET", "/machines", Viewer, "Machines the brain created", None, of::<proto::ListMachinesResponse>(), get(list_machines)).query::<AllMachines>(),
+        d("POST", "/machines", Operator, "Provisions a machine", Some(of::<proto::ProvisionRequest>()), of::<proto::MachineResponse>(), post(provision)),
+        d("POST", "/machines/{id}/release", Operator, "Releases a machine", None, of::<proto::MachineResponse>(), post(release_machine)),
+        d("POST", "/join-tokens", Operator, "Creates a one-time join token for a worker", Some(of::<proto::CreateTokenRequest>()), of::<proto::CreateTokenResponse>(), post(create_join_token)),
     ]
 }
+
+/// An answer with nothing in it.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+pub struct Empty {}
 
 pub fn router(web: Web) -> Router {
     let mut api = Router::new();
@@ -358,7 +187,7 @@ type Answer<T> = Result<Json<T>, ApiError>;
 
 // ---------------------------------------------------------------- session
 
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
 pub struct SessionInfo {
     pub name: String,
     pub role: String,
@@ -383,7 +212,7 @@ async fn logout(State(web): State<Web>, Extension(a): Extension<Authed>) -> Resp
     {
         return ApiError::from(e).into_response();
     }
-    let mut r = Json(serde_json::json!({})).into_response();
+    let mut r = Json(Empty {}).into_response();
     r.headers_mut().insert(
         header::SET_COOKIE,
         HeaderValue::from_str(&format!(
@@ -440,7 +269,7 @@ async fn login(
 
 // ---------------------------------------------------------------- tasks
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct TaskFilter {
     /// A status (`running`, `waiting`, `finished`, `budget_exhausted`, ...), or `active`
@@ -507,7 +336,7 @@ async fn create_task(
     Ok((StatusCode::CREATED, Json(r)))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct Reason {
     pub reason: String,
@@ -551,7 +380,7 @@ async fn cancel(
     ))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct MoveTo {
     /// Worker id or name.
@@ -573,7 +402,7 @@ async fn move_task(
     ))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct MoreBudget {
     pub budget: proto::Budget,
@@ -594,7 +423,7 @@ async fn resume(
     ))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct DeliverHow {
     pub pull_request: bool,
@@ -615,7 +444,7 @@ async fn deliver(
     ))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct DiffForm {
     /// diff (default), stat or patch.
@@ -641,7 +470,7 @@ async fn diff(
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct At {
     /// A root hash the task's log names (a barrier, or its starting workspace); empty: the
@@ -651,7 +480,7 @@ pub struct At {
     pub path: String,
 }
 
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
 pub struct TreeEntry {
     pub path: String,
     /// file, dir or symlink.
@@ -661,7 +490,7 @@ pub struct TreeEntry {
     pub target: String,
 }
 
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
 pub struct Tree {
     pub root: String,
     pub entries: Vec<TreeEntry>,
@@ -804,7 +633,7 @@ async fn revoke_worker(
     ))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(default)]
 pub struct AllMachines {
     /// Include released and failed machines.
