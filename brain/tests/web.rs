@@ -420,7 +420,7 @@ async fn who_may_do_what_and_nothing_changes_when_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_route_exists_and_asks_for_its_role() {
     let llm = FakeLlm::start(|_| FakeReply::tool_call("finish", json!({"summary": "done"})));
-    let c = cluster(&llm);
+    let mut c = cluster(&llm);
     let viewer = token(&c, "v", "viewer", "1h");
     let (s, doc) = call(&c, "GET", "/api/openapi.json", &[], None).await;
     assert_eq!(s, 200);
@@ -503,6 +503,22 @@ async fn every_documented_route_exists_and_asks_for_its_role() {
     )
     .await;
     assert_eq!(s, 400, "{body}");
+
+    // Plain HTTP off loopback is refused as bad configuration.
+    c.kill_brain();
+    let out = c.brain_cli(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--web-listen",
+        "0.0.0.0:0",
+    ]);
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("loopback only"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -684,6 +700,37 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
     .await;
     assert_eq!(s, 200);
     assert!(diff.as_str().unwrap().contains("+two"), "{diff}");
+
+    // The workspace at an earlier barrier: the first one after `a.txt` was written.
+    let out = c.brain_cli(&["task", "log", &id, "--json"]);
+    let first_root = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["kind"] == "barrier" && r["files"].as_u64() > Some(0))
+        .map(|r| r["root_hash"].as_str().unwrap().to_string())
+        .expect("a barrier with a.txt");
+    let (s, content) = call(
+        &c,
+        "GET",
+        &format!("/api/tasks/{id}/files/content?path=a.txt&root={first_root}"),
+        &[("authorization", &auth)],
+        None,
+    )
+    .await;
+    assert_eq!((s, content.as_str()), (200, Some("one\n")));
+    let (s, early) = call(
+        &c,
+        "GET",
+        &format!("/api/tasks/{id}/diff?root={first_root}"),
+        &[("authorization", &auth)],
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let early = early.as_str().unwrap();
+    assert!(early.contains("+one") && !early.contains("+two"), "{early}");
+    let out = c.brain_cli(&["task", "diff", &id, "--at", &first_root]);
+    assert_eq!(stdout(&out), early.trim_end());
 
     // The all-tasks stream starts with the list.
     let mut resp = open_sse(&c, "/api/events", &auth, None).await;

@@ -281,6 +281,10 @@ pub enum TaskCmd {
         /// Only the files changed and how much (`git diff --stat`)
         #[arg(long)]
         stat: bool,
+        /// The workspace at this barrier (its root hash, as `task log` shows) instead of the
+        /// last one
+        #[arg(long, value_name = "ROOT")]
+        at: Option<String>,
     },
     /// What the task changed, as one commit in a mail `git am` applies (`brain task patch
     /// t-1 | git am` in a clone of the repository)

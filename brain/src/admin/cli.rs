@@ -355,10 +355,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Cmd::Task(TaskCmd::Diff { task, stat }) => {
-            super::results::diff(&target, &task, if stat { "stat" } else { "diff" }).await
+        Cmd::Task(TaskCmd::Diff { task, stat, at }) => {
+            let form = if stat { "stat" } else { "diff" };
+            super::results::diff(&target, &task, form, at.as_deref().unwrap_or("")).await
         }
-        Cmd::Task(TaskCmd::Patch { task }) => super::results::diff(&target, &task, "patch").await,
+        Cmd::Task(TaskCmd::Patch { task }) => {
+            super::results::diff(&target, &task, "patch", "").await
+        }
         Cmd::Task(TaskCmd::Export { task, dir }) => {
             super::results::export(&target, &task, &dir).await
         }

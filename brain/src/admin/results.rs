@@ -9,13 +9,15 @@ use anyhow::{Context, bail};
 
 use super::client::{Target, status};
 
-/// Writes the diff (`form`: diff, stat or patch) to stdout as it arrives.
-pub async fn diff(target: &Target, task: &str, form: &str) -> anyhow::Result<i32> {
+/// Writes the diff (`form`: diff, stat or patch) of the workspace at `root` (empty: the last
+/// barrier) to stdout as it arrives.
+pub async fn diff(target: &Target, task: &str, form: &str, root: &str) -> anyhow::Result<i32> {
     let mut c = target.connect().await?;
     let mut stream = c
         .task_diff(proto::TaskDiffRequest {
             task_id: task.into(),
             form: form.into(),
+            root: root.into(),
         })
         .await
         .map_err(|s| status(s, &target.url))?

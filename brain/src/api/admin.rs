@@ -570,7 +570,7 @@ impl Admin for Services {
         self.authorize(&req, Role::Admin)?;
         let req = req.into_inner();
         Ok(Response::new(
-            super::results::diff(&self.0, &req.task_id, &req.form).await?,
+            super::results::diff(&self.0, &req.task_id, &req.form, &req.root).await?,
         ))
     }
 

@@ -9,7 +9,7 @@ pub mod convert;
 mod credentials;
 mod enroll;
 mod error;
-mod results;
+pub mod results;
 mod session;
 pub mod sync;
 

@@ -17,14 +17,47 @@ use crate::model::delivery::Mode;
 /// Bytes per streamed piece.
 const PIECE: usize = 1 << 20;
 
-/// The starting workspace and the last barrier of a task, as manifests: for `--git` and
-/// `--dir` tasks what they were seeded with, else empty.
-async fn ends(s: &Shared, st: &TaskState) -> Result<(Manifest, Manifest), Status> {
-    let base = st.seed_root.clone();
-    let head = match st.barrier_root.as_str() {
+/// The root hash of a task's workspace at `root` if its log names it (a barrier, or what it
+/// was seeded with); empty `root`: the last barrier, else the seed.
+pub async fn root_at(s: &Shared, task: &str, root: &str) -> Result<(TaskState, String), Status> {
+    let t = s.engine.find(task)?;
+    let st = t.state();
+    let last = match st.barrier_root.as_str() {
         "" => st.seed_root.clone(),
         r => r.to_string(),
     };
+    if root.is_empty() || root == last || root == st.seed_root {
+        let root = if root.is_empty() {
+            last
+        } else {
+            root.to_string()
+        };
+        return Ok((st, root));
+    }
+    let log = s.engine.store().log().clone();
+    let (id, want) = (t.id, root.to_string());
+    let named = tokio::task::spawn_blocking(move || {
+        log.read(id, 0).is_ok_and(|rs| {
+            rs.iter().flatten().any(|r| {
+                matches!(&r.event, crate::model::Event::Barrier { root_hash, .. } if *root_hash == want)
+            })
+        })
+    })
+    .await
+    .unwrap_or(false);
+    if !named {
+        return Err(Status::not_found(format!(
+            "task {task} never had a workspace with root {root}: see its barrier records (`brain task log {task}`)"
+        )));
+    }
+    Ok((st, root.to_string()))
+}
+
+/// The starting workspace and the workspace at `head` (a root hash) of a task, as
+/// manifests: for `--git` and `--dir` tasks what they were seeded with, else empty.
+async fn ends(s: &Shared, st: &TaskState, head: &str) -> Result<(Manifest, Manifest), Status> {
+    let base = st.seed_root.clone();
+    let head = head.to_string();
     let m = s.mirror.clone();
     tokio::task::spawn_blocking(move || {
         let get = |root: &str| -> Result<Manifest, crate::mirror::Error> {
@@ -48,9 +81,10 @@ pub async fn diff(
     s: &Arc<Shared>,
     task: &str,
     form: &str,
+    root: &str,
 ) -> Result<ReceiverStream<Result<proto::DataChunk, Status>>, Status> {
-    let st = s.engine.find(task)?.state();
-    let (base, head) = ends(s, &st).await?;
+    let (st, root) = root_at(s, task, root).await?;
+    let (base, head) = ends(s, &st, &root).await?;
     let settings = s.config.deliver.settings();
     let message = s.engine.redact(&crate::engine::commit_message(&st));
     let form = match form {
@@ -93,8 +127,8 @@ pub async fn export(
     s: &Arc<Shared>,
     task: &str,
 ) -> Result<ReceiverStream<Result<proto::ExportEntry, Status>>, Status> {
-    let st = s.engine.find(task)?.state();
-    let (_, head) = ends(s, &st).await?;
+    let (st, root) = root_at(s, task, "").await?;
+    let (_, head) = ends(s, &st, &root).await?;
     let (tx, rx) = mpsc::channel(8);
     let mirror = s.mirror.clone();
     tokio::task::spawn_blocking(move || {

@@ -449,6 +449,8 @@ async fn deliver(
 pub struct DiffForm {
     /// diff (default), stat or patch.
     pub form: String,
+    /// The workspace at this root hash (a barrier the task's log names); empty: the last.
+    pub root: String,
 }
 
 /// The workspace against its base, as text.
@@ -461,6 +463,7 @@ async fn diff(
     let req = proto::TaskDiffRequest {
         task_id: id,
         form: f.form,
+        root: f.root,
     };
     let mut pieces = within(web.services.task_diff(request(&a, req))).await?;
     let mut text = Vec::new();
@@ -496,43 +499,15 @@ pub struct Tree {
     pub entries: Vec<TreeEntry>,
 }
 
-/// The manifest at `root` if the task's log names it.
+/// The manifest at `root` if the task's log names it (empty: the last barrier).
 async fn manifest_at(
     web: &Web,
     id: &str,
     root: &str,
 ) -> Result<(String, shared::manifest::Manifest), ApiError> {
-    let task = web.shared().engine.find(id).map_err(tonic::Status::from)?;
-    let st = task.state();
-    let root = match root {
-        "" if st.barrier_root.is_empty() => st.seed_root.clone(),
-        "" => st.barrier_root.clone(),
-        r => r.to_string(),
-    };
+    let (_, root) = crate::api::results::root_at(web.shared(), id, root).await?;
     if root.is_empty() {
         return Ok((root, shared::manifest::Manifest::default()));
-    }
-    let known = root == st.barrier_root
-        || root == st.seed_root
-        || {
-            let log = web.shared().engine.store().log().clone();
-            let (tid, want) = (task.id, root.clone());
-            tokio::task::spawn_blocking(move || {
-            log.read(tid, 0).is_ok_and(|rs| {
-                rs.iter().flatten().any(|r| {
-                    matches!(&r.event, crate::model::Event::Barrier { root_hash, .. } if *root_hash == want)
-                })
-            })
-        })
-        .await
-        .unwrap_or(false)
-        };
-    if !known {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("task {id} never had a workspace with root {root}: see its barrier events"),
-        ));
     }
     let m = web.shared().mirror.clone();
     let r = root.clone();
