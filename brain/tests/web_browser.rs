@@ -85,6 +85,10 @@ fn a_person_steers_a_task_from_the_page() {
         "markup from a command ran or rendered"
     );
 
+    // The write is asked for next.
+    browser.wait("the second approval", t, |b| {
+        b.text(".approval-box").contains("notes.txt")
+    });
     // The brain is SIGKILLed and comes back: the page reconnects by itself (no reload: the
     // marker set now survives) and its timeline goes on from where it was.
     browser.exec("window.__marker = 'same page'", json!([]));
@@ -94,10 +98,14 @@ fn a_person_steers_a_task_from_the_page() {
     );
     c.kill_brain();
     c.start_brain().unwrap();
-
-    // The write is asked for next: deny it with a reason, which the model is told.
-    browser.wait("the second approval", t, |b| {
-        b.text(".approval-box").contains("notes.txt")
+    // Deny it with a reason, which the model is told; the decision, made after the restart,
+    // reaches the timeline through the reconnected stream.
+    browser
+        .type_into(".approval-box .deny-reason", REASON)
+        .unwrap();
+    browser.click(".approval-box .deny").unwrap();
+    browser.wait("the denial in the timeline", t, |b| {
+        b.text("#timeline").contains("denied by web:ann")
     });
     assert_eq!(
         browser.exec("return window.__marker", json!([])),
@@ -113,10 +121,6 @@ fn a_person_steers_a_task_from_the_page() {
         seqs.windows(2).all(|w| w[1] == w[0] + 1) && seqs[0] == 1,
         "the timeline has a gap or a repeat across the restart: {seqs:?}"
     );
-    browser
-        .type_into(".approval-box .deny-reason", REASON)
-        .unwrap();
-    browser.click(".approval-box .deny").unwrap();
     browser.wait("the model to hear the denial", t, |_| {
         llm.requests()
             .iter()

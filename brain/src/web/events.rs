@@ -22,7 +22,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::auth::Authed;
-use super::routes::Params;
+use super::extract::Params;
 use super::{ApiError, Web};
 use crate::engine::Followed;
 

@@ -10,9 +10,13 @@
 
 mod auth;
 mod events;
+mod extract;
+mod fleet;
 mod openapi;
 mod page;
 mod routes;
+mod session;
+mod tasks;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
