@@ -164,6 +164,20 @@ fn a_person_steers_a_task_from_the_page() {
         json!([]),
     );
     assert_eq!(arrow, json!(1), "one move arrow");
+    let marks = browser.exec(
+        "return [document.querySelector('svg.lanes line[data-move]').dataset.failover, document.querySelectorAll('svg.lanes rect[data-wait=approval]').length, document.querySelector('svg.lanes').textContent]",
+        json!([]),
+    );
+    assert_eq!(marks[0], "no", "a move a person asked for is no failover");
+    assert!(
+        marks[1].as_u64() >= Some(3),
+        "each approval wait is shaded: {marks}"
+    );
+    let labels = marks[2].as_str().unwrap();
+    assert!(
+        labels.contains("laptop") && labels.contains("bigbox"),
+        "{labels}"
+    );
 
     // The diff against the base.
     browser.click("#show-diff").unwrap();

@@ -175,25 +175,29 @@ function describe(r) {
   }
 }
 
-// Workers as lanes over time, moves as arrows, waits shaded.
-function lanes(records, now) {
+// Workers as lanes over time, moves as arrows (red: a failover, after the worker was lost),
+// waits shaded (yellow: for a person's approval; grey: for a lost worker or anything else).
+function lanes(records, now, names) {
   const spans = [], moves = [], waits = [];
-  let cur = null, since = 0, waitFrom = 0, end = now;
+  let cur = null, since = 0, wait = null, end = now, lost = false;
   for (const r of records) {
     if (r.kind === "worker_assigned" || r.kind === "move_completed") {
       const w = r.worker || r.to;
-      if (cur && cur !== w) { spans.push([cur, since, r.at_ms]); moves.push([cur, w, r.at_ms, false]); }
+      if (cur && cur !== w) { spans.push([cur, since, r.at_ms]); moves.push([cur, w, r.at_ms, lost]); }
       if (cur !== w) { cur = w; since = r.at_ms; }
+      lost = false;
     }
     if (r.kind === "status_changed") {
-      if (r.status === "waiting" && !waitFrom) waitFrom = r.at_ms;
-      if (r.status !== "waiting" && waitFrom) { waits.push([waitFrom, r.at_ms]); waitFrom = 0; }
-      if (/failover|failed over/i.test(r.reason || "") && moves.length) moves[moves.length - 1][3] = true;
+      if (wait) { waits.push([wait.from, r.at_ms, wait.approval]); wait = null; }
+      if (r.status === "waiting") {
+        wait = { from: r.at_ms, approval: /approval/i.test(r.reason || "") };
+        if (/^waiting for worker/i.test(r.reason || "")) lost = true;
+      }
     }
     if (r.kind === "finished") end = r.at_ms;
   }
   if (cur) spans.push([cur, since, end]);
-  if (waitFrom) waits.push([waitFrom, end]);
+  if (wait) waits.push([wait.from, end, wait.approval]);
   const workers = [...new Set(spans.map(s => s[0]))];
   const t0 = records.length ? records[0].at_ms : now, t1 = Math.max(end, t0 + 1);
   const W = 640, H = 28 * Math.max(1, workers.length) + 10, L = 120;
@@ -210,11 +214,11 @@ function lanes(records, now) {
     svg.append(e);
     return e;
   };
-  for (const [a, b] of waits) add("rect", { x: x(a), y: 0, width: Math.max(1, x(b) - x(a)), height: H, fill: "#fef3c7" });
-  for (const w of workers) add("text", { x: 4, y: y(w) + 12, "font-size": 12 }, w);
+  for (const [a, b, approval] of waits) add("rect", { x: x(a), y: 0, width: Math.max(1, x(b) - x(a)), height: H, fill: approval ? "#fef3c7" : "#e5e7eb", "data-wait": approval ? "approval" : "other" });
+  for (const w of workers) add("text", { x: 4, y: y(w) + 12, "font-size": 12 }, (names && names[w]) || w);
   for (const [w, a, b] of spans) add("rect", { x: x(a), y: y(w), width: Math.max(2, x(b) - x(a)), height: 16, fill: "#93c5fd", "data-worker": w });
   for (const [from, to, t, failover] of moves) {
-    add("line", { x1: x(t), y1: y(from) + 8, x2: x(t), y2: y(to) + 8, stroke: failover ? "#b91c1c" : "#0891b2", "stroke-width": 2, "data-move": from + "→" + to });
+    add("line", { x1: x(t), y1: y(from) + 8, x2: x(t), y2: y(to) + 8, stroke: failover ? "#b91c1c" : "#0891b2", "stroke-width": 2, "data-move": from + "→" + to, "data-failover": failover ? "yes" : "no" });
     add("circle", { cx: x(t), cy: y(to) + 8, r: 3, fill: failover ? "#b91c1c" : "#0891b2" });
   }
   return svg;
@@ -231,6 +235,7 @@ function taskView(view, id) {
     el("div", { class: "grid" }, el("div", {}, el("h3", {}, "Timeline"), timeline),
       el("div", {}, el("h3", {}, "Workspace"), el("button", { id: "show-diff", type: "button", onclick: showDiff }, "Show diff against the base"), diffBox)));
   const records = [];
+  const names = {};
   const outputs = new Map();
   const pending = new Map();
   let last = 0, refresh = null;
@@ -286,7 +291,7 @@ function taskView(view, id) {
     if (r.kind === "approval_decided") pending.delete(r.approval_id);
     if (["approval_requested", "approval_decided"].includes(r.kind)) renderApprovals();
     clearTimeout(refresh);
-    refresh = setTimeout(() => { loadSummary(); lanesBox.replaceChildren(lanes(records, Date.now())); }, 150);
+    refresh = setTimeout(() => { loadSummary(); lanesBox.replaceChildren(lanes(records, Date.now(), names)); }, 150);
   }
 
   const workerPick = el("select", { id: "move-to" });
@@ -299,6 +304,7 @@ function taskView(view, id) {
     el("label", {}, pr, " pull request"), el("button", { type: "button", id: "deliver", onclick: () => act("deliver", async () => { const d = await api("POST", "/api/tasks/" + id + "/deliver", { pull_request: pr.checked }); banner("delivered " + d.branch + (d.pull_request_url ? " " + d.pull_request_url : "")); }) }, "Deliver"));
   if (state.session && state.session.role !== "operator") for (const b of actions.querySelectorAll("button")) b.disabled = true;
   api("GET", "/api/workers").then(r => {
+    for (const w of r.workers || []) names[w.id] = w.name || w.id;
     workerPick.replaceChildren(...(r.workers || []).map(w => el("option", { value: w.id }, (w.name || w.id) + (w.state === WORKER_STATES.indexOf("connected") ? "" : " (" + workerState(w.state) + ")"))));
   }).catch(() => {});
 
