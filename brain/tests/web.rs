@@ -623,6 +623,19 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
     assert_eq!(seen, log);
     assert_eq!(status_of(&c, &id), "finished");
 
+    // `brain watch --since` resumes the same way over gRPC.
+    let mid = log[log.len() / 2];
+    let out = c.brain_cli(&["watch", &id, "--since", &mid.to_string(), "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let watched: Vec<u64> = stdout(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok()?["seq"].as_u64())
+        .collect();
+    assert_eq!(
+        watched,
+        log.iter().copied().filter(|s| *s > mid).collect::<Vec<_>>()
+    );
+
     // History as NDJSON: the same records.
     let resp = client()
         .get(format!("{}{path}?follow=false", c.web_url()))
