@@ -540,7 +540,8 @@ impl Admin for Services {
                 tokio::select! {
                     item = items.recv() => {
                         let Some(item) = item else { return };
-                        if tx.send(Ok(item.into())).await.is_err() {
+                        let Some(record) = convert::task_record(item) else { return };
+                        if tx.send(Ok(record)).await.is_err() {
                             return;
                         }
                     }

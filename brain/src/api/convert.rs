@@ -425,19 +425,17 @@ impl From<LiveOutput> for proto::LiveOutput {
     }
 }
 
-impl From<Followed> for proto::TaskRecord {
-    fn from(f: Followed) -> Self {
-        use proto::task_record::Item;
-        proto::TaskRecord {
-            item: Some(match f {
-                Followed::Record(r) => {
-                    Item::Record(serde_json::to_string(&r).expect("records serialise"))
-                }
-                Followed::Live(o) => Item::Live(o.into()),
-                Followed::Broken(e) => Item::Error(e),
-            }),
-        }
-    }
+/// A followed item on the wire; the end of the stream itself says the task is over, so
+/// [`Followed::End`] has no message.
+pub fn task_record(f: Followed) -> Option<proto::TaskRecord> {
+    use proto::task_record::Item;
+    let item = match f {
+        Followed::Record(r) => Item::Record(serde_json::to_string(&r).expect("records serialise")),
+        Followed::Live(o) => Item::Live(o.into()),
+        Followed::Broken(e) => Item::Error(e),
+        Followed::End => return None,
+    };
+    Some(proto::TaskRecord { item: Some(item) })
 }
 
 #[cfg(test)]

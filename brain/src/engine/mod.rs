@@ -81,6 +81,8 @@ pub enum Followed {
     Live(LiveOutput),
     /// A record that cannot be decoded (its key and why).
     Broken(String),
+    /// The task has ended and every record has been sent: the last item.
+    End,
 }
 
 /// How long an import of a worker's directory may take.
@@ -513,7 +515,11 @@ impl Engine {
                         return;
                     }
                 }
-                if !follow || ended {
+                if ended {
+                    let _ = tx.send(Followed::End).await;
+                    return;
+                }
+                if !follow {
                     return;
                 }
                 loop {
@@ -523,7 +529,11 @@ impl Engine {
                             Ok(r) => {
                                 last = r.seq;
                                 let end = matches!(r.event, Event::Finished { .. });
-                                if tx.send(Followed::Record(Box::new(r))).await.is_err() || end {
+                                if tx.send(Followed::Record(Box::new(r))).await.is_err() {
+                                    return;
+                                }
+                                if end {
+                                    let _ = tx.send(Followed::End).await;
                                     return;
                                 }
                             }

@@ -42,9 +42,10 @@ pub struct EventsQuery {
 }
 
 /// The JSON of one streamed item: a record as `brain task log --json` prints it, a live
-/// item marked `"durable": false`, or an undecodable record's error.
+/// item marked `"durable": false`, an undecodable record's error, or the end.
 fn item_json(f: &Followed) -> (Option<u64>, &'static str, String) {
     match f {
+        Followed::End => (None, "end", "{}".into()),
         Followed::Record(r) => (
             Some(r.seq),
             "record",
@@ -81,47 +82,33 @@ pub async fn task_events(
     let after = last_event_id.or(q.since).unwrap_or(0);
     let follow = q.follow.unwrap_or(true);
     let engine = web.services.0.engine.clone();
-    let task = engine.find(&id).map_err(tonic::Status::from)?;
-    let mut items = engine
+    let items = engine
         .follow(&id, after, follow)
         .map_err(tonic::Status::from)?;
     if !follow {
-        let lines = ReceiverStream::new(items).map(|f| {
-            let (_, _, mut json) = item_json(&f);
-            json.push('\n');
-            Ok::<_, Infallible>(json)
-        });
+        let lines = ReceiverStream::new(items)
+            .filter(|f| !matches!(f, Followed::End))
+            .map(|f| {
+                let (_, _, mut json) = item_json(&f);
+                json.push('\n');
+                Ok::<_, Infallible>(json)
+            });
         return Ok((
             [(header::CONTENT_TYPE, "application/x-ndjson")],
             Body::from_stream(lines),
         )
             .into_response());
     }
-    let (tx, rx) = mpsc::channel::<Event>(CLIENT_QUEUE);
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                f = items.recv() => {
-                    let Some(f) = f else { break };
-                    let (seq, kind, json) = item_json(&f);
-                    let mut e = Event::default().event(kind).data(json);
-                    if let Some(seq) = seq {
-                        e = e.id(seq.to_string());
-                    }
-                    if tx.send(e).await.is_err() {
-                        return;
-                    }
-                }
-                _ = tx.closed() => return,
-            }
+    // Straight from the engine's follower (bounded; it re-reads the log when this client
+    // falls behind) to the response: a stream cut ends the follower with it.
+    let stream = ReceiverStream::new(items).map(|f| {
+        let (seq, kind, json) = item_json(&f);
+        let mut e = Event::default().event(kind).data(json);
+        if let Some(seq) = seq {
+            e = e.id(seq.to_string());
         }
-        // The history is through and the task has ended: say so, so a client stops
-        // reconnecting. (A stream cut otherwise — the brain going down — is reconnected.)
-        if task.state().status.is_terminal() {
-            let _ = tx.send(Event::default().event("end").data("{}")).await;
-        }
+        Ok::<_, Infallible>(e)
     });
-    let stream = ReceiverStream::new(rx).map(Ok::<_, Infallible>);
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response())
