@@ -430,7 +430,7 @@ impl From<LiveOutput> for proto::LiveOutput {
 pub fn task_record(f: Followed) -> Option<proto::TaskRecord> {
     use proto::task_record::Item;
     let item = match f {
-        Followed::Record(r) => Item::Record(serde_json::to_string(&r).expect("records serialise")),
+        Followed::Record(r) => Item::Record(r.json().to_string()),
         Followed::Live(o) => Item::Live(o.into()),
         Followed::Broken(e) => Item::Error(e),
         Followed::End => return None,

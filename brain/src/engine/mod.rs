@@ -33,12 +33,12 @@ use self::core::Core;
 pub use self::core::Options;
 use crate::model::agent::{AgentSpec, Budget, CHECK_FILE, Check, check_from_file};
 use crate::model::delivery::{Delivery, Mode};
-use crate::model::event::{Event, Plan, Record, SyncRules, TaskId};
+use crate::model::event::{Event, Plan, SyncRules, TaskId};
 use crate::model::ops::{FsChange, SyncOp};
 use crate::model::state::{Status, TaskState};
 pub use error::Error;
 use ports::{Labels, Ports};
-pub use store::{LiveOutput, Store, Task};
+pub use store::{LiveOutput, Shown, Store, Task};
 
 /// What a new task runs.
 #[derive(Debug, Clone)]
@@ -76,7 +76,7 @@ pub struct NewTask {
 /// One item of a task's followed log.
 #[derive(Debug, Clone)]
 pub enum Followed {
-    Record(Box<Record>),
+    Record(Arc<Shown>),
     /// Not logged; a slow follower may miss some.
     Live(LiveOutput),
     /// A record that cannot be decoded (its key and why).
@@ -507,7 +507,7 @@ impl Engine {
                         Ok(r) => {
                             last = r.seq;
                             ended |= matches!(r.event, Event::Finished { .. });
-                            Followed::Record(Box::new(r))
+                            Followed::Record(Shown::new(r))
                         }
                         Err(e) => Followed::Broken(e.to_string()),
                     };
@@ -529,7 +529,7 @@ impl Engine {
                             Ok(r) => {
                                 last = r.seq;
                                 let end = matches!(r.event, Event::Finished { .. });
-                                if tx.send(Followed::Record(Box::new(r))).await.is_err() {
+                                if tx.send(Followed::Record(r)).await.is_err() {
                                     return;
                                 }
                                 if end {

@@ -35,13 +35,43 @@ pub struct LiveOutput {
     pub text: String,
 }
 
+/// A record as its watchers get it: shared by all of them, its JSON made once, by the first
+/// that needs it (a thousand watchers of one task cost one serialisation per record).
+#[derive(Debug)]
+pub struct Shown {
+    pub record: Record,
+    json: std::sync::OnceLock<String>,
+}
+
+impl Shown {
+    pub fn new(record: Record) -> Arc<Self> {
+        Arc::new(Self {
+            record,
+            json: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// The record's JSON, with the stable field names of `brain task log --json`.
+    pub fn json(&self) -> &str {
+        self.json
+            .get_or_init(|| serde_json::to_string(&self.record).expect("records serialise"))
+    }
+}
+
+impl std::ops::Deref for Shown {
+    type Target = Record;
+    fn deref(&self) -> &Record {
+        &self.record
+    }
+}
+
 /// One task in memory.
 pub struct Task {
     pub id: TaskId,
     /// The state as of the last appended record. A std mutex: never held across an await.
     state: Mutex<TaskState>,
     /// Every appended record, for watchers.
-    pub events: broadcast::Sender<Record>,
+    pub events: broadcast::Sender<Arc<Shown>>,
     /// Output of the running call as it is produced, and file-change hints.
     pub live: broadcast::Sender<LiveOutput>,
     /// Cancelled when a person cancels the task; the driver logs the end.
@@ -160,7 +190,7 @@ impl Store {
             !st.status.is_terminal() && st.last_seq - st.snapshot_seq >= self.snapshot_every
         };
         for r in recs {
-            let _ = task.events.send(r);
+            let _ = task.events.send(Shown::new(r));
         }
         let _ = self.changes.send(task.id);
         if snapshot_due {

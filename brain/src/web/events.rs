@@ -46,11 +46,7 @@ pub struct EventsQuery {
 fn item_json(f: &Followed) -> (Option<u64>, &'static str, String) {
     match f {
         Followed::End => (None, "end", "{}".into()),
-        Followed::Record(r) => (
-            Some(r.seq),
-            "record",
-            serde_json::to_string(r).expect("records serialise"),
-        ),
+        Followed::Record(r) => (Some(r.seq), "record", r.json().to_string()),
         Followed::Live(o) => {
             let mut v = serde_json::to_value(o).expect("serialises");
             v["durable"] = false.into();
