@@ -9,7 +9,9 @@
 //! The task is a scripted plan on a real worker: a pause while the watchers connect (each
 //! reads the history first), then `BENCH_STEPS` (200) steps of `true`. A record's latency is
 //! the time it arrived at a watcher minus its `at_ms` in the log (the same machine's clock;
-//! the log's timestamps are in milliseconds, so figures are ±1 ms).
+//! the log's timestamps are in milliseconds, so figures are ±1 ms). The watchers run in this
+//! process on the same two cores; "brain µs/rec" is the brain's own CPU time per delivered
+//! record beyond what the task costs with nobody watching.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -32,9 +34,14 @@ fn now_ms() -> f64 {
         * 1e3
 }
 
-fn at_ms(record_json: &str) -> Option<(u64, f64)> {
-    let v: Value = serde_json::from_str(record_json).ok()?;
-    Some((v["seq"].as_u64()?, v["at_ms"].as_f64()?))
+/// A record's `at_ms`, read without parsing the whole record (a thousand watchers parsing
+/// every record would take the CPU the brain is measured on).
+fn at_ms(record_json: &str) -> Option<f64> {
+    let rest = &record_json[record_json.find("\"at_ms\":")? + 8..];
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -49,6 +56,8 @@ struct Outcome {
     task_ms: f64,
     rss_kb: u64,
     complete: usize,
+    /// The brain's CPU time over the run.
+    cpu_ms: f64,
 }
 
 fn rss_kb(pid: u32) -> u64 {
@@ -63,6 +72,21 @@ fn rss_kb(pid: u32) -> u64 {
                 .ok()
         })
         .unwrap_or(0)
+}
+
+/// The brain's CPU time so far (user + system), in ms.
+fn cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    // Fields 14 and 15 of stat (utime, stime), counted from after the command name.
+    let ticks = f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0);
+    // SAFETY: sysconf has no memory-safety requirements.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks * 1000.0 / hz.max(1.0)
 }
 
 fn pct(v: &mut [f64], q: f64) -> f64 {
@@ -120,7 +144,7 @@ async fn sse_watcher(
             }
             for line in block.lines() {
                 if let Some(d) = line.strip_prefix("data: ")
-                    && let Some((_, at)) = at_ms(d)
+                    && let Some(at) = at_ms(d)
                     && at >= *from_ms.locked()
                 {
                     mine.push(t - at);
@@ -167,7 +191,7 @@ async fn grpc_watcher(
     while let Ok(Some(r)) = stream.message().await {
         let t = now_ms();
         if let Some(proto::task_record::Item::Record(json)) = r.item {
-            if let Some((_, at)) = at_ms(&json)
+            if let Some(at) = at_ms(&json)
                 && at >= *from_ms.locked()
             {
                 mine.push(t - at);
@@ -215,6 +239,7 @@ fn run_once(
     let target = Target::resolve(&DataDir(c.data.clone()), None, None);
     let pid = c.brain.as_ref().unwrap().pid();
     let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let cpu_before = cpu_ms(pid);
     let complete = rt.block_on(async {
         let mut handles = Vec::new();
         let mut clients = Vec::new();
@@ -289,6 +314,7 @@ fn run_once(
         .collect();
     let end = recs.last().and_then(|r| r["at_ms"].as_f64()).unwrap_or(0.0);
     let task_ms = end - completed.first().copied().unwrap_or(end);
+    let cpu = cpu_ms(pid) - cpu_before;
     let mut latencies = lat.locked().clone();
     latencies.retain(|l| l.is_finite());
     Outcome {
@@ -298,6 +324,7 @@ fn run_once(
             .load(std::sync::atomic::Ordering::Relaxed)
             .max(rss_kb(pid)),
         complete,
+        cpu_ms: cpu,
     }
 }
 
@@ -337,7 +364,7 @@ fn main() {
     );
     let base = run_once(&c, &rt, Via::None, 0, steps);
     println!(
-        "{:<20} {:>8} {:>10} {:>10} {:>9} {:>8} {:>9.0}ms {:>8} {:>8}MB",
+        "{:<20} {:>8} {:>10} {:>10} {:>9} {:>8} {:>9.0}ms {:>8} {:>8}MB {:>12}",
         "nobody watching",
         0,
         "-",
@@ -346,7 +373,8 @@ fn main() {
         "-",
         base.task_ms,
         "1.00×",
-        base.rss_kb / 1024
+        base.rss_kb / 1024,
+        "-"
     );
     for (via, name) in [
         (Via::Sse, "SSE (web API)"),
@@ -356,7 +384,7 @@ fn main() {
             let mut o = run_once(&c, &rt, via, n, steps);
             let (p50, p99) = (pct(&mut o.latencies, 0.5), pct(&mut o.latencies, 0.99));
             println!(
-                "{:<20} {:>8} {:>8.1}ms {:>8.1}ms {:>9} {:>8} {:>9.0}ms {:>7.2}× {:>8}MB",
+                "{:<20} {:>8} {:>8.1}ms {:>8.1}ms {:>9} {:>8} {:>9.0}ms {:>7.2}× {:>8}MB {:>12.1}",
                 name,
                 n,
                 p50,
@@ -365,7 +393,9 @@ fn main() {
                 o.complete,
                 o.task_ms,
                 o.task_ms / base.task_ms.max(1.0),
-                o.rss_kb / 1024
+                o.rss_kb / 1024,
+                // What each delivered record cost the brain, beyond running the task.
+                (o.cpu_ms - base.cpu_ms).max(0.0) * 1000.0 / o.latencies.len().max(1) as f64
             );
         }
     }

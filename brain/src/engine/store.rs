@@ -206,9 +206,15 @@ impl Store {
                 .log
                 .append(task.id, vec![Event::Snapshot { upto }])
                 .await?;
-            let mut st = task.state.locked();
-            for r in &recs {
-                apply(&mut st, r);
+            {
+                let mut st = task.state.locked();
+                for r in &recs {
+                    apply(&mut st, r);
+                }
+            }
+            // Watchers see the marker too: what they are shown is the log, record for record.
+            for r in recs {
+                let _ = task.events.send(Shown::new(r));
             }
         }
         Ok(())

@@ -445,3 +445,31 @@ async fn follow_resumes_exactly_after_a_sequence_number() {
         assert_eq!(seqs, want, "after {after}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_that_falls_behind_gets_every_record_once_from_the_log() {
+    let workers = Arc::new(FakeWorkers::default());
+    workers.set("w1", true);
+    let e = engine(workers, Options::default());
+    // Far more records than the live queue (1,024) and the follower's queue (256) hold.
+    let id = e.create(plan_task("w1", 700)).await.unwrap();
+    let mut rx = e.follow(&id.to_string(), 0, true).unwrap();
+    // Read nothing until the task is over.
+    until(&e, id, Duration::from_secs(3600), |st| {
+        st.status.is_terminal()
+    })
+    .await;
+    let all = events(&e, id).len() as u64;
+    assert!(all > 1024 + 256, "only {all} records");
+    let mut seqs = vec![];
+    let mut ended = false;
+    while let Some(item) = rx.recv().await {
+        match item {
+            Followed::Record(r) => seqs.push(r.seq),
+            Followed::End => ended = true,
+            _ => {}
+        }
+    }
+    assert!(ended, "the follower says the task ended");
+    assert_eq!(seqs, (1..=all).collect::<Vec<_>>());
+}
