@@ -351,7 +351,7 @@ fn main() {
             .unwrap_or(1)
     );
     println!(
-        "{:<20} {:>8} {:>10} {:>10} {:>9} {:>8} {:>11} {:>8} {:>10}",
+        "{:<20} {:>8} {:>10} {:>10} {:>9} {:>8} {:>11} {:>8} {:>10} {:>12}",
         "append → watcher",
         "watchers",
         "p50",
@@ -360,7 +360,8 @@ fn main() {
         "saw end",
         "task time",
         "vs none",
-        "brain RSS"
+        "brain RSS",
+        "brain µs/rec"
     );
     let base = run_once(&c, &rt, Via::None, 0, steps);
     println!(
