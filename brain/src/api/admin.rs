@@ -15,6 +15,7 @@ use proto::{
 use shared::limits;
 use shared::pki::{self, Role};
 use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
@@ -522,7 +523,9 @@ impl Admin for Services {
         Ok(Response::new(proto::ListTasksResponse { tasks }))
     }
 
-    type TaskLogStream = ReceiverStream<Result<proto::TaskRecord, Status>>;
+    type TaskLogStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<proto::TaskRecord, Status>> + Send>,
+    >;
 
     async fn task_log(
         &self,
@@ -530,26 +533,14 @@ impl Admin for Services {
     ) -> Result<Response<Self::TaskLogStream>, Status> {
         self.authorize(&req, Role::Admin)?;
         let req = req.into_inner();
-        let mut items = self
+        let items = self
             .0
             .engine
             .follow(&req.task_id, req.after_seq, req.follow)?;
-        let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    item = items.recv() => {
-                        let Some(item) = item else { return };
-                        let Some(record) = convert::task_record(item) else { return };
-                        if tx.send(Ok(record)).await.is_err() {
-                            return;
-                        }
-                    }
-                    _ = tx.closed() => return,
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        // Polled by the connection itself: no task and no queue between the log and the wire.
+        Ok(Response::new(Box::pin(
+            items.map_while(|item| convert::task_record(item).map(Ok)),
+        )))
     }
 
     async fn cancel_task(

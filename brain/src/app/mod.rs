@@ -390,10 +390,7 @@ impl Ready {
             let stop = self.root.clone();
             tracing::info!(addr = %l.local_addr().map(|a| a.to_string()).unwrap_or_default(), "web API and page listening");
             self.tracker.spawn(async move {
-                let quit = stop.clone();
-                if let Err(e) =
-                    crate::web::serve(l, web, async move { quit.cancelled().await }).await
-                {
+                if let Err(e) = crate::web::serve(l, web, stop).await {
                     tracing::error!(error = %e, "the web API stopped");
                 }
             });

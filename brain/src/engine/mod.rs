@@ -12,6 +12,7 @@ mod deliver;
 pub mod driver;
 pub(crate) mod effects;
 mod error;
+mod follow;
 
 pub use deliver::commit_message;
 pub mod log;
@@ -25,7 +26,6 @@ use shared::locks::Lock;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -37,6 +37,7 @@ use crate::model::event::{Event, Plan, SyncRules, TaskId};
 use crate::model::ops::{FsChange, SyncOp};
 use crate::model::state::{Status, TaskState};
 pub use error::Error;
+pub use follow::{Followed, Follower};
 use ports::{Labels, Ports};
 pub use store::{LiveOutput, Shown, Store, Task};
 
@@ -73,22 +74,8 @@ pub struct NewTask {
     pub deliver: Option<Mode>,
 }
 
-/// One item of a task's followed log.
-#[derive(Debug, Clone)]
-pub enum Followed {
-    Record(Arc<Shown>),
-    /// Not logged; a slow follower may miss some.
-    Live(LiveOutput),
-    /// A record that cannot be decoded (its key and why).
-    Broken(String),
-    /// The task has ended and every record has been sent: the last item.
-    End,
-}
-
 /// How long an import of a worker's directory may take.
 const IMPORT_TIMEOUT: Duration = Duration::from_secs(1800);
-/// Items a follower may fall behind before it re-reads from the log.
-const FOLLOW_QUEUE: usize = 256;
 /// A result a worker replays that no task claims within this long is acknowledged (a task
 /// resuming after a restart may be about to ask for it).
 const ORPHAN_GRACE: Duration = Duration::from_secs(2);
@@ -475,85 +462,18 @@ impl Engine {
     }
 
     /// A task's records after sequence number `after`, then (with `follow`) what is appended
-    /// and the live output, until the task ends or the receiver is dropped. No record is
-    /// missed or repeated at the seam between history and live: a follower that falls behind
-    /// re-reads from the log.
-    pub fn follow(
-        &self,
-        text: &str,
-        after: u64,
-        follow: bool,
-    ) -> Result<mpsc::Receiver<Followed>, Error> {
+    /// and the live output, until the task ends, the stream is dropped or the engine shuts
+    /// down. No record is missed or repeated at the seam between history and live: a
+    /// follower that falls behind re-reads from the log.
+    pub fn follow(&self, text: &str, after: u64, follow: bool) -> Result<Follower, Error> {
         let task = self.find(text)?;
-        // Subscribe before reading the history, so nothing falls between the two.
-        let mut live = task.events.subscribe();
-        let mut output = task.live.subscribe();
-        let log = self.inner.core.store.log().clone();
-        let (tx, rx) = mpsc::channel(FOLLOW_QUEUE);
-        self.spawn(async move {
-            let mut last = after;
-            let mut ended = task.state().status.is_terminal();
-            loop {
-                // History (or what was missed after falling behind).
-                let records = match log.read(task.id, last) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let _ = tx.send(Followed::Broken(e.to_string())).await;
-                        return;
-                    }
-                };
-                for r in records {
-                    let item = match r {
-                        Ok(r) => {
-                            last = r.seq;
-                            ended |= matches!(r.event, Event::Finished { .. });
-                            Followed::Record(Shown::new(r))
-                        }
-                        Err(e) => Followed::Broken(e.to_string()),
-                    };
-                    if tx.send(item).await.is_err() {
-                        return;
-                    }
-                }
-                if ended {
-                    let _ = tx.send(Followed::End).await;
-                    return;
-                }
-                if !follow {
-                    return;
-                }
-                loop {
-                    tokio::select! {
-                        r = live.recv() => match r {
-                            Ok(r) if r.seq <= last => {}
-                            Ok(r) => {
-                                last = r.seq;
-                                let end = matches!(r.event, Event::Finished { .. });
-                                if tx.send(Followed::Record(r)).await.is_err() {
-                                    return;
-                                }
-                                if end {
-                                    let _ = tx.send(Followed::End).await;
-                                    return;
-                                }
-                            }
-                            // Fell behind: re-read from the log.
-                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
-                            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                        },
-                        o = output.recv() => {
-                            if let Ok(o) = o
-                                && tx.send(Followed::Live(o)).await.is_err()
-                            {
-                                return;
-                            }
-                        }
-                        _ = tx.closed() => return,
-                    }
-                }
-            }
-        });
-        Ok(rx)
+        Ok(follow::follow(
+            task,
+            self.inner.core.store.log().clone(),
+            after,
+            follow,
+            self.inner.shutdown.clone(),
+        ))
     }
 
     /// File changes a worker's watcher saw: shown to the watchers of the task whose

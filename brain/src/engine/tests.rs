@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -436,7 +437,7 @@ async fn follow_resumes_exactly_after_a_sequence_number() {
     for after in [0, 3, all - 1, all] {
         let mut rx = e.follow(&id.to_string(), after, true).unwrap();
         let mut seqs = vec![];
-        while let Some(item) = rx.recv().await {
+        while let Some(item) = rx.next().await {
             if let Followed::Record(r) = item {
                 seqs.push(r.seq);
             }
@@ -447,11 +448,47 @@ async fn follow_resumes_exactly_after_a_sequence_number() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn many_followers_linger_and_each_still_gets_every_record_once_in_order() {
+    let workers = Arc::new(FakeWorkers::default());
+    workers.set("w1", true);
+    let e = engine(workers, Options::default());
+    let id = e.create(plan_task("w1", 50)).await.unwrap();
+    // Enough followers that each lingers after a wake and then drains what piled up.
+    let followers: Vec<_> = (0..80)
+        .map(|_| e.follow(&id.to_string(), 0, true).unwrap())
+        .collect();
+    let mut handles = Vec::new();
+    for mut f in followers {
+        handles.push(tokio::spawn(async move {
+            let (mut seqs, mut ended) = (vec![], false);
+            while let Some(item) = f.next().await {
+                match item {
+                    Followed::Record(r) => seqs.push(r.seq),
+                    Followed::End => ended = true,
+                    _ => {}
+                }
+            }
+            (seqs, ended)
+        }));
+    }
+    let mut got = vec![];
+    for h in handles {
+        got.push(h.await.unwrap());
+    }
+    let all = events(&e, id).len() as u64;
+    assert!(all > 100, "only {all} records");
+    for (seqs, ended) in got {
+        assert!(ended, "every follower is told the task ended");
+        assert_eq!(seqs, (1..=all).collect::<Vec<_>>());
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_follower_that_falls_behind_gets_every_record_once_from_the_log() {
     let workers = Arc::new(FakeWorkers::default());
     workers.set("w1", true);
     let e = engine(workers, Options::default());
-    // Far more records than the live queue (1,024) and the follower's queue (256) hold.
+    // Far more records than the live queue (1,024) holds.
     let id = e.create(plan_task("w1", 700)).await.unwrap();
     let mut rx = e.follow(&id.to_string(), 0, true).unwrap();
     // Read nothing until the task is over.
@@ -463,7 +500,7 @@ async fn a_follower_that_falls_behind_gets_every_record_once_from_the_log() {
     assert!(all > 1024 + 256, "only {all} records");
     let mut seqs = vec![];
     let mut ended = false;
-    while let Some(item) = rx.recv().await {
+    while let Some(item) = rx.next().await {
         match item {
             Followed::Record(r) => seqs.push(r.seq),
             Followed::End => ended = true,

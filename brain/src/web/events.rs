@@ -24,11 +24,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::auth::Authed;
 use super::extract::Params;
 use super::{ApiError, Web};
-use crate::engine::Followed;
+use crate::engine::{Followed, Follower};
+use futures_util::FutureExt;
 
-/// Items a slow client may have queued before its producer waits (and, waiting, falls
-/// behind the task, which makes the engine re-read the log for it instead of buffering).
+/// Items a slow client of the all-tasks stream may have queued before its producer waits.
 const CLIENT_QUEUE: usize = 64;
+/// What one chunk of a task's stream holds at most, beyond its last item.
+const CHUNK: usize = 256 * 1024;
 /// A comment line this often keeps proxies from closing a quiet stream.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
@@ -82,13 +84,13 @@ pub async fn task_events(
         .follow(&id, after, follow)
         .map_err(tonic::Status::from)?;
     if !follow {
-        let lines = ReceiverStream::new(items)
-            .filter(|f| !matches!(f, Followed::End))
-            .map(|f| {
-                let (_, _, mut json) = item_json(&f);
-                json.push('\n');
-                Ok::<_, Infallible>(json)
-            });
+        let lines = batched(items, None, |f, out| {
+            if !matches!(f, Followed::End) {
+                let (_, _, json) = item_json(&f);
+                out.push_str(&json);
+                out.push('\n');
+            }
+        });
         return Ok((
             [(header::CONTENT_TYPE, "application/x-ndjson")],
             Body::from_stream(lines),
@@ -97,17 +99,63 @@ pub async fn task_events(
     }
     // Straight from the engine's follower (bounded; it re-reads the log when this client
     // falls behind) to the response: a stream cut ends the follower with it.
-    let stream = ReceiverStream::new(items).map(|f| {
+    let events = batched(items, Some(KEEP_ALIVE), |f, out| {
         let (seq, kind, json) = item_json(&f);
-        let mut e = Event::default().event(kind).data(json);
         if let Some(seq) = seq {
-            e = e.id(seq.to_string());
+            out.push_str("id: ");
+            out.push_str(&seq.to_string());
+            out.push('\n');
         }
-        Ok::<_, Infallible>(e)
+        out.push_str("event: ");
+        out.push_str(kind);
+        // Compact JSON has no line breaks, so it is one `data:` line.
+        out.push_str("\ndata: ");
+        out.push_str(&json);
+        out.push_str("\n\n");
     });
-    Ok(Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(events),
+    )
         .into_response())
+}
+
+/// The follower's items as response chunks: each chunk holds one item and every item that is
+/// ready behind it (up to [`CHUNK`] bytes), so a watcher that wakes late writes what piled up
+/// in one write, not one each. With `keep_alive`, a comment line after that long without an
+/// item keeps proxies from closing a quiet stream.
+fn batched(
+    items: Follower,
+    keep_alive: Option<Duration>,
+    write: impl FnMut(Followed, &mut String) + Send + 'static,
+) -> impl futures_util::Stream<Item = Result<String, Infallible>> + Send {
+    let period = keep_alive.unwrap_or(Duration::from_secs(86_400 * 365));
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    futures_util::stream::unfold(
+        (items, ticker, write),
+        |(mut items, mut ticker, mut write)| async move {
+            let out = tokio::select! {
+                item = items.next() => {
+                    let mut out = String::new();
+                    write(item?, &mut out);
+                    while out.len() < CHUNK {
+                        match items.next().now_or_never() {
+                            Some(Some(item)) => write(item, &mut out),
+                            _ => break,
+                        }
+                    }
+                    out
+                }
+                _ = ticker.tick() => ":\n\n".to_string(),
+            };
+            ticker.reset();
+            Some((Ok(out), (items, ticker, write)))
+        },
+    )
 }
 
 /// `GET /api/events`: `tasks` (every task's summary, at the start and whenever this client

@@ -20,10 +20,13 @@ mod tasks;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+
+use tokio_util::sync::CancellationToken;
 
 use crate::api::{Services, Shared};
 use crate::trust::web::WebAuth;
@@ -76,15 +79,91 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
         .map_err(|source| Error::Bind { addr, source })
 }
 
-/// Serves until `shutdown` resolves.
+/// How much lower than the engine's the web threads' CPU priority is (a nice value).
+const WEB_NICE: i32 = 10;
+/// How long the web API's threads get to close their connections at shutdown.
+const WEB_STOP: Duration = Duration::from_secs(2);
+
+/// Serves until `shutdown` is cancelled, on threads of its own at a lower CPU priority than
+/// the engine's: what watchers cost (a write per watcher per record, and their wakeups) is
+/// taken from what the tasks leave, so a thousand watchers of a task cannot slow it. Each
+/// request's handler runs on `engine`, the runtime it came from (it may start tasks that must
+/// outlive the request at the engine's priority); only the answers are written from here, a
+/// task's event stream included. Returns when the web threads have stopped (or after a short
+/// grace once `shutdown` is cancelled).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     web: Web,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, routes::router(web))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let listener = listener.into_std()?;
+    let engine = tokio::runtime::Handle::current();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let stop = shutdown.clone();
+    std::thread::Builder::new()
+        .name("tether-web".into())
+        .spawn(move || {
+            let result = web_runtime().and_then(|rt| {
+                let result = rt.block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener)?;
+                    let app = routes::router(web).layer(axum::middleware::from_fn(
+                        move |req: axum::extract::Request, next: axum::middleware::Next| {
+                            let engine = engine.clone();
+                            async move {
+                                match engine.spawn(next.run(req)).await {
+                                    Ok(r) => r,
+                                    Err(e) => ApiError::new(
+                                        StatusCode::SERVICE_UNAVAILABLE,
+                                        "unavailable",
+                                        format!("the brain is stopping ({e}); try again"),
+                                    )
+                                    .into_response(),
+                                }
+                            }
+                        },
+                    ));
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(async move { stop.cancelled().await })
+                        .await
+                });
+                rt.shutdown_timeout(WEB_STOP);
+                result
+            });
+            let _ = done_tx.send(result);
+        })?;
+    tokio::select! {
+        r = done_rx => r.unwrap_or(Ok(())),
+        // Streams that do not end by themselves (a client that reads nothing) are cut.
+        _ = async { shutdown.cancelled().await; tokio::time::sleep(WEB_STOP * 2).await } => Ok(()),
+    }
+}
+
+/// The web API's runtime: two threads, named `tether-web`, each at [`WEB_NICE`].
+fn web_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    lower_priority();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("tether-web")
+        .on_thread_start(lower_priority)
+        .enable_all()
+        .build()
+}
+
+/// Lowers the calling thread's CPU priority by [`WEB_NICE`] (Linux keeps a nice value per
+/// thread). Lowering needs no privilege; where it fails, the thread keeps its priority.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
+        let rc = unsafe {
+            let tid = libc::gettid();
+            let now = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, now + WEB_NICE)
+        };
+        if rc != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the web threads' priority");
+        }
+    }
 }
 
 /// An error answer: `{"error": {"code": ..., "message": ...}}` with the HTTP status that
