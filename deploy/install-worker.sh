@@ -30,6 +30,10 @@ Installs the worker binary after checking its SHA-256, enrols it with the brain 
   --prefix DIR      install the binary as DIR/bin/tether-worker
                     (default ~/.local, or /usr/local as root)
   --no-start        install and enrol, but do not start (or restart) anything
+  --ephemeral D     for a machine the brain provisioned: once the brain has been
+                    unreachable for D (e.g. 10m; also while joining) the worker gives up
+                    and powers the machine off (systemd's FailureAction does it too), so
+                    the machine cannot outlive its brain
   --uninstall       stop the worker and remove the binary, the unit and the pid/log files
   --purge           with --uninstall, also delete the state dir: identity and workspaces
   -h, --help        this help
@@ -76,7 +80,7 @@ usage_error() {
 # --- arguments -------------------------------------------------------------------------
 
 brain='' token="${TETHER_JOIN_TOKEN:-}" ca_hash='' name='' labels='' binary='' url='' sha256='' prefix=''
-no_start=0 uninstall=0 purge=0
+no_start=0 uninstall=0 purge=0 ephemeral=''
 
 # value OPTION NARGS: fails unless the option has a value after it.
 value() {
@@ -148,6 +152,14 @@ while [ $# -gt 0 ]; do
 		prefix=$2
 		shift
 		;;
+	--ephemeral)
+		value "$opt" $#
+		case $2 in
+		'' | *[!0-9smhd]*) usage_error "--ephemeral wants a duration like 10m, not '$2'" ;;
+		esac
+		ephemeral=$2
+		shift
+		;;
 	--no-start) no_start=1 ;;
 	--uninstall) uninstall=1 ;;
 	--purge) purge=1 ;;
@@ -191,6 +203,11 @@ case $prefix in
 esac
 bin_dir=$prefix/bin
 bin=$bin_dir/tether-worker
+# What `worker run` gets besides --state; an ephemeral machine gives up and powers off.
+run_extra=''
+if [ -n "$ephemeral" ]; then
+	run_extra=" --exit-after-unreachable $ephemeral --poweroff-on-give-up"
+fi
 unit_file=$unit_dir/$UNIT
 pid_file=$run_dir/worker.pid
 log_file=$log_dir/worker.log
@@ -276,10 +293,12 @@ start_detached() {
 	if [ "$mode" = system ]; then
 		command -v setpriv >/dev/null 2>&1 ||
 			die "no systemd and no setpriv to run the worker as $svc_user: start it yourself: $bin run --state $state_dir"
+		# shellcheck disable=SC2086 # run_extra is words of this script's own making
 		setsid nohup setpriv --reuid="$svc_user" --regid="$svc_user" --init-groups \
-			"$bin" run --state "$state_dir" </dev/null >>"$log_file" 2>&1 &
+			"$bin" run --state "$state_dir" $run_extra </dev/null >>"$log_file" 2>&1 &
 	else
-		setsid nohup "$bin" run --state "$state_dir" </dev/null >>"$log_file" 2>&1 &
+		# shellcheck disable=SC2086
+		setsid nohup "$bin" run --state "$state_dir" $run_extra </dev/null >>"$log_file" 2>&1 &
 	fi
 	echo $! >"$pid_file"
 	# A worker that cannot start (not joined, bad identity) exits at once: say so.
@@ -305,6 +324,13 @@ is_enrolled() {
 	[ -f "$state_dir/worker.json" ] && [ -f "$state_dir/identity/cert.pem" ]
 }
 
+# An ephemeral machine's system unit: when the worker fails for good (it gave up on its
+# brain, exit 69; a bad config, 78; or it keeps crashing), systemd powers the machine off.
+ephemeral_lines() {
+	[ -n "$ephemeral" ] || return 0
+	printf '\nFailureAction=poweroff'
+}
+
 # The unit for this mode and these paths; %h where the paths are under the real home.
 unit_text() {
 	if [ "$mode" = system ]; then
@@ -324,10 +350,10 @@ Group=$svc_user
 StateDirectory=tether-worker
 StateDirectoryMode=0711
 Environment=TETHER_WORKER_STATE=$state_dir
-ExecStart=$bin run --state $state_dir
+ExecStart=$bin run --state $state_dir$run_extra
 Restart=on-failure
 RestartSec=2
-RestartPreventExitStatus=78
+RestartPreventExitStatus=78 69$(ephemeral_lines)
 KillMode=control-group
 TimeoutStopSec=30
 Delegate=yes
@@ -365,10 +391,10 @@ StartLimitBurst=5
 [Service]
 Type=simple
 Environment=TETHER_WORKER_STATE=$u_state
-ExecStart=$u_bin run --state $u_state
+ExecStart=$u_bin run --state $u_state$run_extra
 Restart=on-failure
 RestartSec=2
-RestartPreventExitStatus=78
+RestartPreventExitStatus=78 69
 KillMode=control-group
 TimeoutStopSec=30
 Delegate=yes
@@ -499,6 +525,10 @@ else
 	mkdir -p "$state_dir"
 	chmod 0711 "$state_dir"
 	set -- "$bin" join --no-run --brain "$brain" --ca-hash "$ca_hash" --state "$state_dir"
+	if [ -n "$ephemeral" ]; then
+		# A brain not reachable yet is waited for; one that stays away ends the machine.
+		set -- "$@" --exit-after-unreachable "$ephemeral" --poweroff-on-give-up
+	fi
 	if [ -n "$name" ]; then
 		set -- "$@" --name "$name"
 	fi

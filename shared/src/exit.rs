@@ -14,6 +14,10 @@ pub enum ExitCode {
     Failure,
     /// Bad flags or arguments.
     Usage,
+    /// sysexits.h `EX_UNAVAILABLE`: a worker gave up on a brain that stayed unreachable for
+    /// as long as it was told to wait (a provisioned machine then releases itself; its unit
+    /// does not restart it).
+    GaveUp,
     /// sysexits.h `EX_TEMPFAIL`: the worker was lost or is not connected; trying later may
     /// work.
     WorkerLost,
@@ -37,6 +41,7 @@ impl ExitCode {
             ExitCode::Success => 0,
             ExitCode::Failure => 1,
             ExitCode::Usage => 2,
+            ExitCode::GaveUp => 69,
             ExitCode::WorkerLost => 75,
             ExitCode::Config => 78,
             ExitCode::TimedOut => 124,

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::giveup::GiveUp;
 use crate::session::{self, Backoff, JoinOptions};
 use crate::state::{self, StateDir};
 use anyhow::Context;
@@ -67,6 +68,14 @@ enum Cmd {
         /// workers a provisioner started, so an orphaned machine does not run for ever
         #[arg(long, value_parser = shared::parse_duration)]
         exit_after_unreachable: Option<std::time::Duration>,
+        /// On giving up (--exit-after-unreachable), delete this directory (repeatable): what
+        /// was installed for a provisioned machine
+        #[arg(long = "remove-on-give-up", requires = "exit_after_unreachable")]
+        remove_on_give_up: Vec<PathBuf>,
+        /// On giving up (--exit-after-unreachable), power the machine off (an EC2 instance
+        /// launched with shutdown-means-terminate is then terminated)
+        #[arg(long, requires = "exit_after_unreachable")]
+        poweroff_on_give_up: bool,
     },
     /// Connect to the brain with the stored identity and serve its calls until stopped
     Run {
@@ -86,6 +95,14 @@ enum Cmd {
         /// workers a provisioner started, so an orphaned machine does not run for ever
         #[arg(long, value_parser = shared::parse_duration)]
         exit_after_unreachable: Option<std::time::Duration>,
+        /// On giving up (--exit-after-unreachable), delete this directory (repeatable): what
+        /// was installed for a provisioned machine
+        #[arg(long = "remove-on-give-up", requires = "exit_after_unreachable")]
+        remove_on_give_up: Vec<PathBuf>,
+        /// On giving up (--exit-after-unreachable), power the machine off (an EC2 instance
+        /// launched with shutdown-means-terminate is then terminated)
+        #[arg(long, requires = "exit_after_unreachable")]
+        poweroff_on_give_up: bool,
     },
     /// Show which confinement mechanisms work on this host, and why any does not
     Doctor {
@@ -115,6 +132,14 @@ async fn join_retrying(
                     _ = tokio::time::sleep(delay) => {}
                 }
                 delay = (delay * 2).min(std::time::Duration::from_secs(10));
+            }
+            Err(session::Error::Tls(shared::tls::Error::Connect(e))) if retry_for.is_some() => {
+                tracing::error!(error = %e, "the brain stayed unreachable while joining; the worker exits");
+                return Err(session::Error::Unreachable {
+                    url: opts.brain.clone(),
+                    after: retry_for.unwrap_or_default(),
+                }
+                .into());
             }
             r => return Ok(r?),
         }
@@ -156,7 +181,14 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             deny_read,
             no_sandbox,
             exit_after_unreachable,
+            remove_on_give_up,
+            poweroff_on_give_up,
         } => {
+            let give_up = GiveUp {
+                remove: remove_on_give_up,
+                poweroff: poweroff_on_give_up,
+            };
+            give_up.check().map_err(anyhow::Error::msg)?;
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
             let token = match (token, token_file) {
                 (Some(t), _) => t,
@@ -183,7 +215,10 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             } else {
                 Some(make_sandbox(&dir, &deny_read, no_sandbox)?)
             };
-            let m = join_retrying(&dir, opts, exit_after_unreachable, &shutdown).await?;
+            let m = match join_retrying(&dir, opts, exit_after_unreachable, &shutdown).await {
+                Ok(m) => m,
+                Err(e) => return given_up(e, &give_up).await,
+            };
             eprintln!(
                 "joined as {} ({}); identity stored in {}",
                 m.worker_id,
@@ -197,7 +232,9 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 give_up_after: exit_after_unreachable,
                 ..Backoff::default()
             };
-            session::run(dir, None, backoff, sandbox, shutdown).await?;
+            if let Err(e) = session::run(dir, None, backoff, sandbox, shutdown).await {
+                return given_up(e.into(), &give_up).await;
+            }
         }
         Cmd::Run {
             state,
@@ -205,14 +242,23 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             deny_read,
             no_sandbox,
             exit_after_unreachable,
+            remove_on_give_up,
+            poweroff_on_give_up,
         } => {
+            let give_up = GiveUp {
+                remove: remove_on_give_up,
+                poweroff: poweroff_on_give_up,
+            };
+            give_up.check().map_err(anyhow::Error::msg)?;
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
             let sandbox = make_sandbox(&dir, &deny_read, no_sandbox)?;
             let backoff = Backoff {
                 give_up_after: exit_after_unreachable,
                 ..Backoff::default()
             };
-            session::run(dir, brain, backoff, sandbox, shutdown).await?;
+            if let Err(e) = session::run(dir, brain, backoff, sandbox, shutdown).await {
+                return given_up(e.into(), &give_up).await;
+            }
         }
         Cmd::Doctor { state } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
@@ -273,6 +319,21 @@ fn make_sandbox(
         .context("this worker would hand out workspaces its commands cannot use")?;
     tracing::info!("{line}");
     Ok(s)
+}
+
+/// A session's or a join's error: when it is the brain staying unreachable, the machine
+/// releases itself first (the give-up steps); the error is returned either way.
+async fn given_up(e: anyhow::Error, steps: &GiveUp) -> anyhow::Result<()> {
+    let unreachable = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<session::Error>(),
+            Some(session::Error::Unreachable { .. })
+        )
+    });
+    if unreachable {
+        steps.run().await;
+    }
+    Err(e)
 }
 
 fn spawn_signal_handler(shutdown: CancellationToken) {

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod durable;
 pub mod exec;
 pub mod files;
+pub mod giveup;
 pub mod journal;
 pub mod sandbox;
 pub mod session;

@@ -55,7 +55,8 @@ impl shared::exit::Classify for Error {
             Error::CaMismatch { .. } => Some(shared::exit::ExitCode::Config),
             // `Refused` carries any status the brain or the transport gave, some of them
             // transient; `AlreadyJoined` is a usage error.
-            Error::Refused(_) | Error::AlreadyJoined(_) | Error::Unreachable { .. } => None,
+            Error::Unreachable { .. } => Some(shared::exit::ExitCode::GaveUp),
+            Error::Refused(_) | Error::AlreadyJoined(_) => None,
         }
     }
 }
