@@ -285,3 +285,52 @@ fn a_brain_killed_mid_create_finds_its_container_by_label() {
         left_of(&id)
     );
 }
+
+/// The dead-man switch in a container: the brain SIGKILLed and kept down past
+/// `worker_exit_after`, the worker exits and its container is removed with it; the brain,
+/// back, removes the state volume the container left.
+#[test]
+fn a_container_whose_brain_stays_away_exits_and_is_removed() {
+    let bins = testkit::Bins::locate();
+    let e = match engine(&bins.worker) {
+        Ok(e) => e,
+        Err(why) => {
+            testkit::skip("docker", &why);
+            return;
+        }
+    };
+    let mut c = Cluster::start_with(BrainOptions {
+        listen_host: "0.0.0.0".into(),
+        init_args: vec!["--host".into(), e.gateway.clone()],
+        config: Some(format!(
+            "[provision]\nreaper_every = \"200ms\"\nworker_exit_after = \"2s\"\n[provision.docker]\nimage = \"{}\"\nnetwork = \"{}\"\n",
+            e.image, e.network
+        )),
+        ..BrainOptions::default()
+    });
+    let o = provision(&c, &e, &[]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    let id = c.machines(true)[0]["id"].as_str().unwrap().to_string();
+    assert!(!left_of(&id).0.is_empty(), "the container runs");
+    c.kill_brain();
+    assert!(
+        wait_until(Duration::from_secs(60), || left_of(&id).0.is_empty()),
+        "the container outlived its brain: {}",
+        out(&docker(&[
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=tether.machine={id}")
+        ]))
+    );
+    // Back, the brain finds the machine gone and removes what is left of it.
+    c.start_brain().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            c.machine(&id)["state"] == "released" && left_of(&id) == (String::new(), String::new())
+        }),
+        "{} {:?}",
+        c.machine(&id),
+        left_of(&id)
+    );
+}

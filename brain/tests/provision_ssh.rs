@@ -437,3 +437,143 @@ fn install_worker_sh_over_ssh_installs_a_worker_that_joins_and_runs_commands() {
     assert!(!h.sshd.home.join(".local/bin/tether-worker").exists());
     assert!(!h.sshd.home.join(".local/share/tether-worker").exists());
 }
+
+/// The dead-man switch on an ssh host: the brain SIGKILLed and kept down past
+/// `worker_exit_after`, the worker there exits and removes everything installed for it.
+#[test]
+fn an_ssh_worker_whose_brain_stays_away_exits_and_removes_what_was_installed() {
+    let h = match host() {
+        Ok(h) => h,
+        Err(why) => {
+            testkit::skip("sshd", &why);
+            return;
+        }
+    };
+    let cfg = write_ssh_config(&h, "no");
+    let mut c = Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[provision]\nreaper_every = \"200ms\"\nworker_exit_after = \"2s\"\n[provision.ssh]\nconfig_file = \"{}\"\n",
+            cfg.display()
+        )),
+        listen_host: "0.0.0.0".into(),
+        init_args: vec!["--host".into(), h.brain_host.clone()],
+        ..BrainOptions::default()
+    });
+    let out = provision(&c, &h);
+    assert!(out.status.success(), "{}", text(&out));
+    let home = h.sshd.home.clone();
+    let dot = home.join(".tether");
+    let machine_dirs = || -> Vec<PathBuf> {
+        std::fs::read_dir(&dot)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|brain| {
+                std::fs::read_dir(brain.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+            })
+            .map(|e| e.path())
+            .collect()
+    };
+    let dirs = machine_dirs();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    assert!(
+        !processes_started_in(&dirs[0]).is_empty(),
+        "the worker runs"
+    );
+    c.kill_brain();
+    assert!(
+        wait_until(Duration::from_secs(30), || processes_started_in(&dirs[0])
+            .is_empty()),
+        "the worker on the host kept running without its brain"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || !dirs[0].exists()),
+        "what was installed for the machine is left: {:?}",
+        installed(&dirs[0])
+    );
+}
+
+/// An EC2 instance's dead-man switch, on the ssh host standing in for it: the worker as the
+/// instance's user data installs it (`install-worker.sh --ephemeral`) gives up on a brain
+/// that stays away and runs its power-off step (here a `poweroff` on the user's PATH that
+/// records being called; on EC2 the instance, launched with shutdown-means-terminate, ends).
+#[test]
+fn an_ephemeral_worker_powers_its_machine_off_when_its_brain_stays_away() {
+    let h = match host() {
+        Ok(h) => h,
+        Err(why) => {
+            testkit::skip("sshd", &why);
+            return;
+        }
+    };
+    let mut c = Cluster::start_with(BrainOptions {
+        listen_host: "0.0.0.0".into(),
+        init_args: vec!["--host".into(), h.brain_host.clone()],
+        ..BrainOptions::default()
+    });
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/install-worker.sh");
+    assert!(
+        on_host(&h, "cat > install-worker.sh", Some(&script))
+            .status
+            .success()
+    );
+    assert!(
+        on_host(&h, "cat > worker.bin", Some(&c.bins.worker))
+            .status
+            .success()
+    );
+    let stub = h.tmp.join("poweroff");
+    std::fs::write(
+        &stub,
+        "#!/bin/sh\necho \"powered off by $(id -un)\" > \"$HOME/powered-off\"\n",
+    )
+    .unwrap();
+    assert!(
+        on_host(
+            &h,
+            "mkdir -p stub && cat > stub/poweroff && chmod 755 stub/poweroff",
+            Some(&stub)
+        )
+        .status
+        .success()
+    );
+    let sum = std::process::Command::new("sha256sum")
+        .arg(&c.bins.worker)
+        .output()
+        .unwrap();
+    let sum = stdout(&sum).split_whitespace().next().unwrap().to_string();
+    let (token, ca_hash) = c.token(&[]);
+    let url = format!("https://{}:{}", h.brain_host, c.port);
+    let out = on_host(
+        &h,
+        &format!(
+            "PATH=\"$HOME/stub:$PATH\" sh install-worker.sh --brain {url} --token {token} --ca-hash {ca_hash} --binary ./worker.bin --sha256 {sum} --name eph --ephemeral 2s"
+        ),
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        wait_until(Duration::from_secs(30), || c.worker_state("eph").as_deref()
+            == Some("connected")),
+        "the installed worker did not connect"
+    );
+    let marker = h.sshd.home.join("powered-off");
+    assert!(!marker.exists());
+    c.kill_brain();
+    assert!(
+        wait_until(Duration::from_secs(30), || marker.exists()),
+        "the worker did not run its power-off step"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap().trim(),
+        format!("powered off by {}", h.sshd.user)
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || pids_mentioning(&h.sshd.home)
+            .is_empty()),
+        "the worker kept running"
+    );
+}

@@ -224,7 +224,9 @@ pub fn explain_status(s: &tonic::Status, url: &str) -> String {
         Code::Unauthenticated | Code::PermissionDenied => {
             format!("the brain refused us: {}", s.message())
         }
-        Code::Unavailable => format!("brain unavailable: {}", s.message()),
+        // Said by the brain itself: it is there, something behind it is not (a provider).
+        Code::Unavailable if !s.message().is_empty() => s.message().to_string(),
+        Code::Unavailable => format!("the brain at {url} is unavailable"),
         Code::Internal | Code::Unknown | Code::DataLoss => {
             format!("the brain failed: {} ({:?})", s.message(), s.code())
         }

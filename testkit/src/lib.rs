@@ -7,6 +7,7 @@
 pub mod fake_github;
 pub mod fake_llm;
 pub mod git_server;
+pub mod moto;
 pub mod netns;
 pub mod sshd;
 pub mod webdriver;

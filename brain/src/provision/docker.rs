@@ -15,14 +15,14 @@ use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, VolumeCreateRequest};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder,
-    RemoveContainerOptionsBuilder, RemoveVolumeOptions, StartContainerOptions,
-    UploadToContainerOptionsBuilder,
+    ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder, RemoveVolumeOptions,
+    StartContainerOptions, UploadToContainerOptionsBuilder,
 };
 use serde::Deserialize;
 
 use super::error::ProviderError;
 use super::provider::{Created, Join, Provisioner, Seen};
-use super::records::Machine;
+use super::records::{Machine, Spec};
 
 /// `[provision.docker]` in the config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -136,7 +136,12 @@ impl Provisioner for DockerProvider {
         "docker"
     }
 
-    fn check(&self, params: &serde_json::Value) -> Result<(), ProviderError> {
+    fn remote(&self, _params: &serde_json::Value) -> bool {
+        // Only the host's own network reaches the host's loopback.
+        self.cfg.network != "host"
+    }
+
+    fn check(&self, params: &serde_json::Value, _spec: &Spec) -> Result<(), ProviderError> {
         if params.is_null() || params.as_object().is_some_and(|o| o.is_empty()) {
             Ok(())
         } else {
@@ -178,7 +183,17 @@ impl Provisioner for DockerProvider {
         };
         let memory = i64::from(gb) << 30;
         let mut cmd = join.args();
-        cmd.extend(["--token-file", "/state/token", "--state", "/state/worker"].map(String::from));
+        cmd.extend(
+            [
+                "--token-file",
+                "/state/token",
+                "--state",
+                "/state/worker",
+                "--remove-on-give-up",
+                "/state/worker",
+            ]
+            .map(String::from),
+        );
         let body = ContainerCreateBody {
             image: Some(self.cfg.image.clone()),
             entrypoint: Some(vec!["/usr/local/bin/worker".into()]),
@@ -207,6 +222,8 @@ impl Provisioner for DockerProvider {
                 }]),
                 network_mode: Some(self.cfg.network.clone()),
                 init: Some(true),
+                // A worker that gives up on its brain exits, and its container goes with it.
+                auto_remove: Some(true),
                 ..Default::default()
             }),
             ..Default::default()
@@ -268,7 +285,7 @@ impl Provisioner for DockerProvider {
         }
     }
 
-    async fn list(&self, _records: &[Machine]) -> Result<Vec<Seen>, ProviderError> {
+    async fn list(&self, records: &[Machine]) -> Result<Vec<Seen>, ProviderError> {
         let d = self
             .docker()
             .await
@@ -282,7 +299,7 @@ impl Provisioner for DockerProvider {
             .list_containers(Some(opts))
             .await
             .map_err(|e| err("listing containers", e))?;
-        Ok(found
+        let mut seen: Vec<Seen> = found
             .into_iter()
             .filter_map(|c| {
                 let machine = c.labels.as_ref()?.get(MACHINE)?.clone();
@@ -291,6 +308,28 @@ impl Provisioner for DockerProvider {
                     handle: c.id.unwrap_or_default().chars().take(12).collect(),
                 })
             })
-            .collect())
+            .collect();
+        // A volume whose container is gone (it exited and was removed) and that no live
+        // record names is an orphan to remove; one a record names goes with that record.
+        let volumes = d
+            .list_volumes(Some(
+                ListVolumesOptionsBuilder::default()
+                    .filters(&filters)
+                    .build(),
+            ))
+            .await
+            .map_err(|e| err("listing volumes", e))?;
+        for v in volumes.volumes.unwrap_or_default() {
+            if let Some(machine) = v.labels.get(MACHINE)
+                && !seen.iter().any(|s| &s.machine == machine)
+                && !records.iter().any(|r| &r.id == machine)
+            {
+                seen.push(Seen {
+                    machine: machine.clone(),
+                    handle: format!("volume {}", v.name),
+                });
+            }
+        }
+        Ok(seen)
     }
 }

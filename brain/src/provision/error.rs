@@ -19,7 +19,7 @@ pub enum Error {
     Quota(String),
     #[error("machine {id} is already {state}")]
     AlreadyEnded { id: String, state: &'static str },
-    #[error("{provider}: {source}")]
+    #[error("provider {provider} failed: {source}")]
     Provider {
         provider: String,
         #[source]

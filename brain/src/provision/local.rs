@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::error::ProviderError;
 use super::provider::{Created, Join, Provisioner, Seen};
-use super::records::Machine;
+use super::records::{Machine, Spec};
 
 /// `[provision.local]` in the config file.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -140,7 +140,11 @@ impl Provisioner for Local {
         "local"
     }
 
-    fn check(&self, params: &serde_json::Value) -> Result<(), ProviderError> {
+    fn remote(&self, _params: &serde_json::Value) -> bool {
+        false
+    }
+
+    fn check(&self, params: &serde_json::Value, _spec: &Spec) -> Result<(), ProviderError> {
         if !(params.is_null() || params.as_object().is_some_and(|o| o.is_empty())) {
             return Err(ProviderError::new("the local provider takes no parameters"));
         }
@@ -162,6 +166,9 @@ impl Provisioner for Local {
             .args(join.args())
             .args(&self.args)
             .arg("--state")
+            .arg(&dir)
+            // Given up on the brain, it removes its own directory as it exits.
+            .arg("--remove-on-give-up")
             .arg(&dir)
             // The token goes by environment, not argument: the process list shows arguments.
             .env("TETHER_JOIN_TOKEN", &join.token)

@@ -111,6 +111,22 @@ fn now_ms() -> i64 {
     shared::now_unix_ms()
 }
 
+/// Whether a brain URL names an address another host can dial: not loopback (`127.0.0.1`,
+/// `::1`, `localhost`) and not unspecified (`0.0.0.0`, `::`).
+fn reachable_from_elsewhere(url: &str) -> bool {
+    let Ok(addr) = shared::tls::BrainAddr::parse(url) else {
+        return false;
+    };
+    let host = addr.host.trim_start_matches('[').trim_end_matches(']');
+    if host.eq_ignore_ascii_case("localhost") || host.ends_with(".localhost") {
+        return false;
+    }
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => !(ip.is_loopback() || ip.is_unspecified()),
+        Err(_) => true,
+    }
+}
+
 impl Machines {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -242,11 +258,21 @@ impl Machines {
     pub async fn provision(&self, req: Request) -> Result<Machine, Error> {
         let provider = self.provider(&req.provider)?;
         provider
-            .check(&req.params)
+            .check(&req.params, &req.spec)
             .map_err(|source| Error::Provider {
                 provider: req.provider.clone(),
                 source,
             })?;
+        let brain_url = req
+            .brain_url
+            .clone()
+            .unwrap_or_else(|| self.inner.brain.url.clone());
+        if provider.remote(&req.params) && !reachable_from_elsewhere(&brain_url) {
+            return Err(Error::Invalid(format!(
+                "a {} machine is another host, and cannot reach this brain at {brain_url}: set provision.brain_url in the brain's config to an address it can reach (e.g. https://brain.example:7443)",
+                req.provider
+            )));
+        }
         if let Some(name) = &req.name {
             shared::parse_label(&format!("name={name}")).map_err(Error::Invalid)?;
         }
@@ -291,10 +317,7 @@ impl Machines {
             .create_token(policy.join_timeout.as_millis() as i64, m.labels.clone())
             .await?;
         let join = Join {
-            brain_url: req
-                .brain_url
-                .clone()
-                .unwrap_or_else(|| self.inner.brain.url.clone()),
+            brain_url,
             ca_hash: self.inner.brain.ca_hash.clone(),
             token,
             name: req.name.clone().unwrap_or_else(|| id.clone()),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::error::ProviderError;
-use super::records::Machine;
+use super::records::{Machine, Spec};
 
 /// Everything a new machine needs to join this brain. The token is one-time and expires with
 /// the join deadline; providers pass it so it lands in no image, log or process list.
@@ -74,8 +74,13 @@ pub trait Provisioner: Send + Sync {
     /// The provider's name in config, records and the CLI.
     fn name(&self) -> &'static str;
 
-    /// Checks a request's provider-specific parameters before anything is recorded.
-    fn check(&self, params: &serde_json::Value) -> Result<(), ProviderError>;
+    /// Checks a request's provider-specific parameters and what it asks for (this provider
+    /// may have nothing that fits) before anything is recorded.
+    fn check(&self, params: &serde_json::Value, spec: &Spec) -> Result<(), ProviderError>;
+
+    /// Whether the machine for `params` is another host than the brain's (so a loopback
+    /// brain URL cannot reach the brain from it).
+    fn remote(&self, params: &serde_json::Value) -> bool;
 
     /// Creates `m` (its id is the marker to put on it) running a worker that joins with `join`.
     async fn create(&self, m: &Machine, join: &Join) -> Result<Created, ProviderError>;

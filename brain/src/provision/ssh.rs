@@ -6,7 +6,8 @@
 //! on the worker's command line as `--state …/state`, is the marker `list` looks for. The
 //! worker starts detached: as a transient systemd user unit where a user manager answers,
 //! otherwise under `setsid`. The one-time join token goes through ssh's stdin into a 0600 file
-//! that the worker deletes when it reads it: it is never on a command line.
+//! that the worker deletes when it reads it: it is never on a command line. A worker that
+//! gives up on its brain (`worker_exit_after`) removes that directory and exits.
 //!
 //! Host keys: the check is whatever the user's ssh config says for that host
 //! (`StrictHostKeyChecking`, read with `ssh -G`); by default an unknown or changed key is
@@ -24,7 +25,7 @@ use tokio::io::AsyncWriteExt;
 use super::error::ProviderError;
 use super::local::WorkerProgram;
 use super::provider::{Created, Join, Provisioner, Seen};
-use super::records::Machine;
+use super::records::{Machine, Spec};
 
 /// `[provision.ssh]` in the config file.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -71,6 +72,21 @@ impl Target {
             )));
         }
         Ok(t)
+    }
+
+    /// The destination is this host (`localhost`, a loopback address).
+    fn is_this_host(&self) -> bool {
+        let host = self
+            .destination
+            .rsplit_once('@')
+            .map(|(_, h)| h)
+            .unwrap_or(&self.destination)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
     }
 
     fn shown(&self) -> String {
@@ -331,10 +347,10 @@ cat > "$D/token"
 if [ "$SYSTEMD" = yes ]; then
   systemd-run --user --quiet --collect --unit "tether-$(basename "$D")" \
     -p StandardOutput="append:$D/worker.log" -p StandardError="append:$D/worker.log" \
-    "$BIN" "$@" --token-file "$D/token" --state "$D/state"
+    "$BIN" "$@" --token-file "$D/token" --state "$D/state" --remove-on-give-up "$D"
   echo "systemd tether-$(basename "$D")"
 else
-  setsid nohup "$BIN" "$@" --token-file "$D/token" --state "$D/state" </dev/null >>"$D/worker.log" 2>&1 &
+  setsid nohup "$BIN" "$@" --token-file "$D/token" --state "$D/state" --remove-on-give-up "$D" </dev/null >>"$D/worker.log" 2>&1 &
   echo "pid $!"
 fi
 "#;
@@ -365,7 +381,11 @@ impl Provisioner for Ssh {
         "ssh"
     }
 
-    fn check(&self, params: &serde_json::Value) -> Result<(), ProviderError> {
+    fn remote(&self, params: &serde_json::Value) -> bool {
+        Target::from(params).is_ok_and(|t| !t.is_this_host())
+    }
+
+    fn check(&self, params: &serde_json::Value, _spec: &Spec) -> Result<(), ProviderError> {
         Target::from(params).map(drop)
     }
 
