@@ -41,7 +41,7 @@ fn main() {
             }
         },
         "-h" | "--help" | "help" => {
-            print!("{USAGE}");
+            shared::outp!("{USAGE}");
             0
         }
         _ => {

@@ -501,3 +501,48 @@ fn a_task_resumed_with_a_pending_request_environment_gets_its_machine() {
         text(&out)
     );
 }
+
+/// `brain provision` on a terminal shows what it waits for as it goes (one line redrawn on
+/// stderr); with `--json`, or into a pipe, it prints only the answer.
+#[test]
+fn provisioning_shows_progress_on_a_terminal_and_json_prints_only_the_machine() {
+    let c = cluster("");
+    // A real terminal: util-linux's `script` runs the command on a pty.
+    let on_a_terminal = |args: &str| {
+        let line = format!(
+            "{} --data {} {args}",
+            c.bins.brain.display(),
+            c.data.display()
+        );
+        let out = std::process::Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .env_remove("TETHER_BRAIN")
+            .env_remove("TETHER_IDENTITY")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run script (util-linux)");
+        assert!(out.status.success(), "{args}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shown = on_a_terminal("provision local");
+    assert!(
+        shown.contains("provisioning a local machine") && shown.contains("\r\x1b[2K"),
+        "no progress line: {shown:?}"
+    );
+    assert!(shown.contains(" is ready: worker "), "{shown:?}");
+
+    let shown = on_a_terminal("provision local --json");
+    assert!(!shown.contains("\x1b[2K"), "progress under --json: {shown:?}");
+    let m: serde_json::Value = serde_json::from_str(shown.trim()).expect("JSON alone");
+    assert_eq!(m[0]["state"], "ready", "{m}");
+
+    // Into a pipe: the JSON on stdout and nothing on stderr.
+    let out = c.brain_cli(&["provision", "local", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.stderr.is_empty(), "{}", text(&out));
+    let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = m[0]["id"].as_str().unwrap();
+    assert_eq!(m[0]["provider"], "local");
+    assert!(!m[0]["worker_id"].as_str().unwrap().is_empty(), "{m}");
+    assert_eq!(c.machine(id)["state"], "ready");
+}

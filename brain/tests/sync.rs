@@ -162,8 +162,23 @@ fn an_agent_moved_between_calls_is_told_and_carries_on_with_its_files() {
     assert!(out.status.success(), "{}", text(&out));
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     c.wait_records(&id, "tool_call_issued", 1, Duration::from_secs(30));
-    let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
+    // `--wait` follows the move to its end and says what it sent.
+    let out = c.brain_cli(&["task", "move", &id, "--to", "b", "--wait", "30s"]);
     assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with(&format!("{id} moved to {} (", b.id)) && said.contains("bytes sent"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        c.task_log_json(&id)
+            .iter()
+            .filter(|r| r["kind"] == "move_completed")
+            .count(),
+        1,
+        "the move completed before `--wait` returned"
+    );
     assert_eq!(
         c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
         "finished",

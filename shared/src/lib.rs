@@ -10,6 +10,7 @@ pub mod paths;
 pub mod pki;
 pub mod scan;
 pub mod signals;
+pub mod stdout;
 pub mod telemetry;
 pub mod tls;
 pub mod workspace;

@@ -266,18 +266,18 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             // The mount point is made here too (an empty directory), so the check below
             // says what a running worker would do.
             sandbox.prepare();
-            print!("{}", sandbox.report.render());
+            shared::outp!("{}", sandbox.report.render());
             let missing = sandbox
                 .report
                 .mechanisms
                 .iter()
                 .filter(|m| !m.active)
                 .count();
-            println!("{}", crate::watch::doctor_line());
+            shared::outln!("{}", crate::watch::doctor_line());
             if missing == 0 {
-                println!("every mechanism is active");
+                shared::outln!("every mechanism is active");
             } else {
-                println!(
+                shared::outln!(
                     "{missing} mechanism(s) missing: the brain's policy may refuse to place some tasks here"
                 );
             }
@@ -288,9 +288,9 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 .map_err(|e| crate::sandbox::Error::Workspace(e.to_string()))
                 .and_then(|()| sandbox.check_workspaces(&dir.workspaces()));
             match reach {
-                Ok(line) => println!("workspace ok       {line}"),
+                Ok(line) => shared::outln!("workspace ok       {line}"),
                 Err(e) => {
-                    println!("workspace BROKEN   {e}");
+                    shared::outln!("workspace BROKEN   {e}");
                     return Err(e.into());
                 }
             }

@@ -202,6 +202,9 @@ pub struct ProvisionOpts {
     /// Disk in GB (recorded with the machine)
     #[arg(long, default_value_t = 0)]
     pub disk_gb: u32,
+    /// Print the machine as JSON (the fields of `brain machines --json`), and no progress
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Subcommand)]
@@ -267,6 +270,10 @@ pub enum TaskCmd {
         /// Worker id or unique name
         #[arg(long)]
         to: String,
+        /// Wait this long for the move to complete (e.g. 2m), showing its progress; exits 1
+        /// if it was aborted, 124 if it is still going on
+        #[arg(long, value_parser = shared::parse_duration)]
+        wait: Option<std::time::Duration>,
     },
     /// Continue a task stopped for budget, with more (added to what it has spent)
     Resume {

@@ -212,7 +212,16 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Run(args) => run_task(&target, args).await,
         Cmd::Approve { task } => decide(&target, &task, true, String::new()).await,
         Cmd::Deny { task, reason } => decide(&target, &task, false, reason).await,
-        Cmd::Task(TaskCmd::Move { task, to }) => {
+        Cmd::Task(TaskCmd::Move {
+            task,
+            to,
+            wait: Some(wait),
+        }) => super::follow::move_and_wait(&target, &task, &to, wait).await,
+        Cmd::Task(TaskCmd::Move {
+            task,
+            to,
+            wait: None,
+        }) => {
             let mut c = target.connect().await?;
             let r = c
                 .move_task(proto::MoveTaskRequest {

@@ -53,7 +53,7 @@ fn bold(text: &str) -> String {
 }
 
 fn step(text: &str) {
-    println!("\n{}", bold(&format!("▸ {text}")));
+    out!("\n{}", bold(&format!("▸ {text}")));
 }
 
 /// Runs the demo; `keep` leaves the temp dir in place for a look afterwards.
@@ -67,7 +67,7 @@ pub async fn run(launcher: WorkerProgram, keep: bool, model: Option<String>) -> 
         tmp.display()
     ));
     let init = ca::init(&data, &[], false)?;
-    println!("  CA created: {}", init.ca_hash);
+    out!("  CA created: {}", init.ca_hash);
     let ready = crate::app::prepare(crate::app::Options {
         data: data.clone(),
         listen: "127.0.0.1:0".parse().expect("address"),
@@ -79,19 +79,19 @@ pub async fn run(launcher: WorkerProgram, keep: bool, model: Option<String>) -> 
     })
     .await?;
     let url = format!("https://127.0.0.1:{}", ready.addr.port());
-    println!("  listening on {url} (mutual TLS)");
+    out!("  listening on {url} (mutual TLS)");
     let stop = CancellationToken::new();
     let server = tokio::spawn(ready.run(stop.clone().cancelled_owned()));
     let result = scenario(&launcher, &tmp, &data, &url, model).await;
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     if keep {
-        println!("\nkept {}", tmp.display());
+        out!("\nkept {}", tmp.display());
     } else {
         let _ = std::fs::remove_dir_all(&tmp);
     }
     result?;
-    println!("\n{}", bold("demo complete"));
+    out!("\n{}", bold("demo complete"));
     Ok(())
 }
 
@@ -128,7 +128,7 @@ async fn scenario(
             })
             .await?
             .into_inner();
-        println!(
+        out!(
             "  worker join --brain {url} --token tj_… --ca-hash {}… --name {name}",
             &tok.ca_hash[..19]
         );
@@ -190,7 +190,7 @@ async fn scenario(
     )
     .await?;
     if let Some(file_response::Result::Data(d)) = r {
-        print!("  notes/hello.txt: {}", String::from_utf8_lossy(&d.data));
+        shared::outp!("  notes/hello.txt: {}", String::from_utf8_lossy(&d.data));
     }
     exec(&mut admin, w1, &["ls", "-l", "notes"]).await?;
 
@@ -206,7 +206,7 @@ async fn scenario(
     )
     .await?;
     match r {
-        Some(file_response::Result::Error(e)) => println!("  refused: {}", e.message),
+        Some(file_response::Result::Error(e)) => out!("  refused: {}", e.message),
         other => bail!("the escape was not refused: {other:?}"),
     }
 
@@ -229,10 +229,10 @@ async fn scenario(
         .await?
         .into_inner()
         .task_id;
-    println!("  started {task_id} on {w1}");
+    out!("  started {task_id} on {w1}");
     tokio::time::sleep(Duration::from_millis(1000)).await;
     workers[0].kill();
-    println!("  SIGKILLed {w1} in the middle of the task");
+    out!("  SIGKILLed {w1} in the middle of the task");
     let mut cmd = launcher.command();
     cmd.arg("run").arg("--state").arg(&workers[0].state);
     workers[0].child = Some(spawn_logged(cmd, &workers[0].log)?);
@@ -264,7 +264,7 @@ async fn scenario(
         if let Some(rec) = crate::admin::render::logged(&r)
             && !matches!(rec.event, crate::model::Event::ToolOutput { .. })
         {
-            println!("  {}", crate::admin::render::describe_record(&rec));
+            out!("  {}", crate::admin::render::describe_record(&rec));
         }
     }
     let workspace = task_id
@@ -288,7 +288,7 @@ async fn scenario(
         .into_inner();
     if let Some(file_response::Result::Data(d)) = r.result {
         let text = String::from_utf8_lossy(&d.data).into_owned();
-        println!(
+        out!(
             "  {task_id} {}; progress.txt: {}",
             summary.status,
             text.lines().collect::<Vec<_>>().join(", ")
@@ -311,7 +311,7 @@ async fn scenario(
     while let Some(r) = set.join_next().await {
         codes.push(r??);
     }
-    println!(
+    out!(
         "  20 concurrent execs finished in {:?}; exit codes seen: {:?}",
         started.elapsed(),
         {
@@ -332,7 +332,7 @@ async fn scenario(
         rtts.push(t.elapsed());
     }
     rtts.sort();
-    println!(
+    out!(
         "  1-byte round trip admin → brain → worker → back: p50 {:?}",
         rtts[100]
     );
@@ -342,7 +342,7 @@ async fn scenario(
     w2.kill();
     let t = Instant::now();
     wait_state(&mut admin, &w2.name.clone(), proto::WorkerState::Lost, w2).await?;
-    println!("  {} marked lost after {:?}", w2.name, t.elapsed());
+    out!("  {} marked lost after {:?}", w2.name, t.elapsed());
     let mut cmd = launcher.command();
     cmd.arg("run").arg("--state").arg(&w2.state);
     w2.child = Some(spawn_logged(cmd, &w2.log)?);
@@ -353,7 +353,7 @@ async fn scenario(
         w2,
     )
     .await?;
-    println!("  {} reconnected", w2.name);
+    out!("  {} reconnected", w2.name);
     let list = admin
         .list_workers(proto::ListWorkersRequest {})
         .await?
@@ -415,13 +415,13 @@ async fn exec(
             Some(exec_event::Event::Output(o)) => {
                 pending.push_str(&String::from_utf8_lossy(&o.data));
                 while let Some(i) = pending.find('\n') {
-                    println!("  [{worker}] {}", &pending[..i]);
+                    out!("  [{worker}] {}", &pending[..i]);
                     pending.drain(..=i);
                 }
             }
             Some(exec_event::Event::Exit(x)) => {
                 if !pending.is_empty() {
-                    println!("  [{worker}] {pending}");
+                    out!("  [{worker}] {pending}");
                 }
                 return Ok(x.code.unwrap_or(-1));
             }
@@ -557,7 +557,7 @@ async fn agent_chapter(
             "replay:brain/demo/fix-calc.jsonl".to_string(),
         ),
     };
-    println!(
+    out!(
         "  brain run --git {} --check \"sh test.sh\" --deliver branch --worker {w1} --model {shown} --permission ask \"{goal}\"",
         origin.display()
     );
@@ -634,7 +634,7 @@ async fn agent_chapter(
             if in_move && let E::Barrier { wire_bytes, .. } = &rec.event {
                 move_bytes += wire_bytes;
             }
-            println!(
+            out!(
                 "  {}",
                 named(crate::admin::render::describe_record(&rec)).replace('\n', "\n  ")
             );
@@ -643,9 +643,7 @@ async fn agent_chapter(
                 // Midway: at the second change it asks for.
                 if *approval_id == 2 && !moved {
                     moved = true;
-                    println!(
-                        "  ▸ brain task move {task} --to {w2}   (while it waits for approval)"
-                    );
+                    out!("  ▸ brain task move {task} --to {w2}   (while it waits for approval)");
                     a.move_task(proto::MoveTaskRequest {
                         task_id: task.clone(),
                         to: w2.clone(),
@@ -664,7 +662,7 @@ async fn agent_chapter(
                         })
                         .await;
                 });
-                println!("  ▸ brain approve {task}");
+                out!("  ▸ brain approve {task}");
             }
         }
         anyhow::Ok(())
@@ -675,7 +673,7 @@ async fn agent_chapter(
     if !outcome.starts_with("finished") {
         bail!("the agent task did not finish: {outcome}");
     }
-    println!(
+    out!(
         "  sync: {synced} bytes (compressed) crossed the wire for the brain's mirror; the move sent {move_bytes} bytes"
     );
     // The result: verified by the check, delivered as a branch of the repository.
@@ -701,19 +699,22 @@ async fn agent_chapter(
     if t.delivery.starts_with("failed") {
         bail!("the delivery of {task} {}", t.delivery);
     }
-    println!(
+    out!(
         "  result: {} by `{}` ({}); delivered as {}",
-        t.verification, t.check, t.check_result, t.delivery
+        t.verification,
+        t.check,
+        t.check_result,
+        t.delivery
     );
     let branch = format!("tether/{task}");
-    println!("  git -C {} show {branch}:", origin.display());
+    out!("  git -C {} show {branch}:", origin.display());
     for l in git(
         &origin,
         &["show", "--no-color", "--format=%h %s%n%n%b", &branch],
     )?
     .lines()
     {
-        println!("    {l}");
+        out!("    {l}");
     }
     if t.verification != "verified" {
         bail!("the result of {task} was not verified: {}", t.verification);

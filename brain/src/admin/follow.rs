@@ -242,10 +242,8 @@ async fn follow_agent(
     Ok(end)
 }
 
-/// Prints a task's log; with `live`, keeps following until the task ends. A closed stdout
-/// (`brain watch ID | head`) ends it quietly.
 /// Prints a task's records after sequence number `since` (0: all), and with `live` what
-/// follows until it ends.
+/// follows until it ends. A closed stdout (`brain watch ID | head`) ends it quietly (141).
 pub async fn follow(
     target: &Target,
     task: &str,
@@ -254,7 +252,6 @@ pub async fn follow(
     since: u64,
 ) -> anyhow::Result<()> {
     let mut stream = task_log(target, task, live, since).await?;
-    let mut out = std::io::stdout();
     while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
         let text = match (item(r), json) {
             (Item::Record(rec), true) => format!("{}\n", serde_json::to_string(&rec)?),
@@ -268,13 +265,98 @@ pub async fn follow(
             (Item::Broken(e), true) => format!("{}\n", serde_json::json!({ "error": e })),
             (Item::Broken(e), false) => format!("  (unreadable record: {e})\n"),
         };
-        if out
-            .write_all(text.as_bytes())
-            .and_then(|_| out.flush())
-            .is_err()
-        {
-            return Ok(());
-        }
+        // A closed output pipe (`| head`) ends the command quietly.
+        shared::stdout::write_or_exit(text.as_bytes());
     }
     Ok(())
+}
+
+/// `brain task move ID --to W --wait D`: asks for the move, then follows the task's log from
+/// where it stood until the move completes (0), is aborted (1), the task ends first (1), or
+/// `wait` passes (124, the move goes on). Progress on a terminal; the outcome on stdout.
+pub async fn move_and_wait(
+    target: &Target,
+    task: &str,
+    to: &str,
+    wait: std::time::Duration,
+) -> anyhow::Result<i32> {
+    use crate::model::Event;
+    // Where the log stands before the move is asked for, so an earlier move is not taken
+    // for this one.
+    let mut history = task_log(target, task, false, 0).await?;
+    let mut last = 0;
+    while let Some(r) = history
+        .message()
+        .await
+        .map_err(|s| status(s, &target.url))?
+    {
+        if let Item::Record(rec) = item(r) {
+            last = last.max(rec.seq);
+        }
+    }
+    let mut c = target.connect().await?;
+    let to = c
+        .move_task(proto::MoveTaskRequest {
+            task_id: task.into(),
+            to: to.into(),
+        })
+        .await
+        .map_err(|s| status(s, &target.url))?
+        .into_inner()
+        .to;
+    let progress = super::progress::Progress::start(
+        format!("{task}: waiting for its next tool-call boundary to move to {to}"),
+        false,
+    );
+    let mut stream = task_log(target, task, true, last).await?;
+    let outcome = tokio::time::timeout(wait, async {
+        while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
+            let Item::Record(rec) = item(r) else { continue };
+            match rec.event {
+                Event::MoveStarted { to: t, .. } if t == to => {
+                    progress.set(format!("{task}: moving to {to} (syncing its workspace)"));
+                }
+                Event::MoveCompleted {
+                    to: t,
+                    files,
+                    wire_bytes,
+                } if t == to => {
+                    return Ok((
+                        0,
+                        format!(
+                            "{task} moved to {to} ({files} files written, {wire_bytes} bytes sent)"
+                        ),
+                    ));
+                }
+                Event::MoveAborted { to: t, reason } if t == to => {
+                    return Ok((
+                        1,
+                        format!("the move of {task} to {to} was aborted: {reason}"),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        anyhow::Ok((1, format!("{task} ended before it moved to {to}")))
+    })
+    .await;
+    progress.done().await;
+    match outcome {
+        Ok(Ok((0, said))) => {
+            out!("{said}");
+            Ok(0)
+        }
+        Ok(Ok((code, said))) => {
+            eprintln!("error: {said}");
+            Ok(code)
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => {
+            eprintln!(
+                "{task} has not moved to {to} within {}; the move goes on (brain watch {task} shows it)",
+                humantime::format_duration(wait)
+            );
+            Ok(shared::exit::ExitCode::TimedOut.code())
+        }
+    }
 }

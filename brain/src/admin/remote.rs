@@ -9,6 +9,7 @@ use shared::exit::ExitCode;
 
 use super::args::{ExecArgs, FileCmd, ProvisionCmd};
 use super::client::{Target, status};
+use super::progress::Progress;
 
 /// Exit statuses of `brain exec` beside the command's own.
 const EXIT_TIMEOUT: i32 = ExitCode::TimedOut.code();
@@ -71,7 +72,9 @@ pub async fn exec(target: &Target, args: ExecArgs) -> i32 {
                     stdout.write_all(&o.data).and_then(|_| stdout.flush())
                 };
                 if res.is_err() {
-                    return EXIT_TETHER_ERROR; // our stdout is gone; dropping the stream cancels
+                    // Our output pipe closed (`| head`): quietly, as SIGPIPE would; dropping
+                    // the stream cancels the command.
+                    return shared::stdout::CLOSED_PIPE;
                 }
             }
             Some(exec_event::Event::Exit(x)) => {
@@ -236,7 +239,7 @@ pub async fn file(target: &Target, cmd: FileCmd) -> anyhow::Result<i32> {
         .into_inner();
     match resp.result {
         Some(file_response::Result::Data(d)) => {
-            std::io::stdout().write_all(&d.data)?;
+            shared::stdout::write_or_exit(&d.data);
         }
         Some(file_response::Result::Done(_)) => {}
         Some(file_response::Result::Listing(l)) => {
@@ -302,31 +305,74 @@ pub async fn provision(target: &Target, cmd: ProvisionCmd) -> anyhow::Result<i32
     };
     let mut c = target.connect().await?;
     let wait = opts.wait.as_secs().min(3600) as u32;
-    if wait > 0 {
-        eprintln!(
-            "provisioning a {provider} machine and waiting up to {wait}s for its worker to join…"
-        );
+    let json = opts.json;
+    let what = if wait > 0 {
+        format!("provisioning a {provider} machine (waiting up to {wait}s for its worker to join)")
+    } else {
+        format!("provisioning a {provider} machine")
+    };
+    let progress = Progress::start(what.clone(), json);
+    if !json && !progress.shown() {
+        eprintln!("{what}…");
     }
-    let m = c
-        .provision(proto::ProvisionRequest {
-            provider: provider.into(),
-            spec: Some(proto::MachineSpec {
-                cpu: opts.cpu,
-                memory_gb: opts.memory_gb,
-                disk_gb: opts.disk_gb,
-                gpu: 0,
-            }),
-            labels: opts.labels.into_iter().collect(),
-            name: opts.name.unwrap_or_default(),
-            ssh,
-            wait_seconds: wait,
-            brain_url: opts.brain_url.unwrap_or_default(),
-        })
-        .await
+    // The machines there were before, so the new one can be told apart while it is made.
+    let before: std::collections::HashSet<String> = if progress.shown() {
+        c.list_machines(proto::ListMachinesRequest { all: true })
+            .await
+            .map(|r| r.into_inner().machines.into_iter().map(|m| m.id).collect())
+            .unwrap_or_default()
+    } else {
+        Default::default()
+    };
+    let mut caller = c.clone();
+    let call = caller.provision(proto::ProvisionRequest {
+        provider: provider.into(),
+        spec: Some(proto::MachineSpec {
+            cpu: opts.cpu,
+            memory_gb: opts.memory_gb,
+            disk_gb: opts.disk_gb,
+            gpu: 0,
+        }),
+        labels: opts.labels.into_iter().collect(),
+        name: opts.name.unwrap_or_default(),
+        ssh,
+        wait_seconds: wait,
+        brain_url: opts.brain_url.unwrap_or_default(),
+    });
+    tokio::pin!(call);
+    let answer = loop {
+        tokio::select! {
+            r = &mut call => break r,
+            _ = tokio::time::sleep(std::time::Duration::from_millis(500)), if progress.shown() => {
+                let Ok(list) = c.list_machines(proto::ListMachinesRequest { all: true }).await else {
+                    continue;
+                };
+                if let Some(m) = list.into_inner().machines.into_iter().find(|m| !before.contains(&m.id) && m.provider == provider) {
+                    progress.set(match m.state.as_str() {
+                        "creating" => format!("{}: creating the {provider} machine", m.id),
+                        "joining" => format!("{}: created at {}; waiting for its worker to join", m.id, m.address),
+                        s => format!("{}: {s}", m.id),
+                    });
+                }
+            }
+        }
+    };
+    progress.done().await;
+    let m = answer
         .map_err(|s| status(s, &target.url))?
         .into_inner()
         .machine
         .unwrap_or_default();
+    if json {
+        super::render::print_machines(std::slice::from_ref(&m), true);
+        return Ok(
+            if m.state == "ready" || (m.state == "joining" && wait == 0) {
+                0
+            } else {
+                1
+            },
+        );
+    }
     match m.state.as_str() {
         "ready" => {
             out!(

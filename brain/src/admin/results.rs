@@ -26,11 +26,11 @@ pub async fn diff(target: &Target, task: &str, form: &str, root: &str) -> anyhow
     while let Some(piece) = stream.message().await.map_err(|s| status(s, &target.url))? {
         if out.write_all(&piece.data).is_err() {
             // The reader went away (`| head`): quietly, as a pipe expects.
-            std::process::exit(141);
+            std::process::exit(shared::stdout::CLOSED_PIPE);
         }
     }
     if out.flush().is_err() {
-        std::process::exit(141);
+        std::process::exit(shared::stdout::CLOSED_PIPE);
     }
     Ok(0)
 }
@@ -130,6 +130,7 @@ fn write_file(root: &Path, path: &str, exec: bool, data: &[u8]) -> anyhow::Resul
 pub async fn wait_delivery(target: &Target, task: &str) -> anyhow::Result<bool> {
     let mut c = target.connect().await?;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(600);
+    let progress = super::progress::Progress::start(format!("delivering {task}"), false);
     loop {
         let list = c
             .list_tasks(proto::ListTasksRequest {})
@@ -146,10 +147,15 @@ pub async fn wait_delivery(target: &Target, task: &str) -> anyhow::Result<bool> 
             && !t.delivery.contains("in progress")
             && !t.delivery.contains("pending")
         {
+            progress.done().await;
             out!("delivery: {}", t.delivery);
             return Ok(!t.delivery.starts_with("failed"));
         }
+        if !t.delivery.is_empty() {
+            progress.set(format!("delivering {task}: {}", t.delivery));
+        }
         if tokio::time::Instant::now() > deadline {
+            progress.done().await;
             eprintln!("the delivery goes on: see `brain task show {task}`");
             return Ok(true);
         }
@@ -160,14 +166,25 @@ pub async fn wait_delivery(target: &Target, task: &str) -> anyhow::Result<bool> 
 /// Delivers the task and says where it went.
 pub async fn deliver(target: &Target, task: &str, pr: bool, json: bool) -> anyhow::Result<i32> {
     let mut c = target.connect().await?;
+    let progress = super::progress::Progress::start(
+        format!(
+            "delivering {task}: committing and pushing its branch{}",
+            if pr {
+                ", then opening a pull request"
+            } else {
+                ""
+            }
+        ),
+        json,
+    );
     let r = c
         .deliver_task(proto::DeliverTaskRequest {
             task_id: task.into(),
             pull_request: pr,
         })
-        .await
-        .map_err(|s| status(s, &target.url))?
-        .into_inner();
+        .await;
+    progress.done().await;
+    let r = r.map_err(|s| status(s, &target.url))?.into_inner();
     if json {
         out!(
             "{}",

@@ -1,0 +1,36 @@
+//! Writing a command's answer to stdout the way Unix tools do: when the reader has gone
+//! (`brain machines | head -1`), the command ends there, quietly, with 141 (128 + SIGPIPE),
+//! as a tool killed by SIGPIPE would. `println!` would panic instead, and an ignored error
+//! would go on working for nobody.
+
+use std::io::Write;
+
+/// The exit status of a command whose output pipe closed.
+pub const CLOSED_PIPE: i32 = 141;
+
+/// Writes `bytes` to stdout and flushes; a closed pipe ends the process quietly.
+pub fn write_or_exit(bytes: &[u8]) {
+    let mut out = std::io::stdout().lock();
+    if out.write_all(bytes).and_then(|()| out.flush()).is_err() {
+        std::process::exit(CLOSED_PIPE);
+    }
+}
+
+/// `println!` that ends the process quietly (141) when stdout's reader has gone.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            std::process::exit($crate::stdout::CLOSED_PIPE);
+        }
+    }};
+}
+
+/// `print!` (flushed) that ends the process quietly (141) when stdout's reader has gone.
+#[macro_export]
+macro_rules! outp {
+    ($($arg:tt)*) => {{
+        $crate::stdout::write_or_exit(format!($($arg)*).as_bytes())
+    }};
+}
