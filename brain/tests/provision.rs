@@ -532,7 +532,10 @@ fn provisioning_shows_progress_on_a_terminal_and_json_prints_only_the_machine() 
     assert!(shown.contains(" is ready: worker "), "{shown:?}");
 
     let shown = on_a_terminal("provision local --json");
-    assert!(!shown.contains("\x1b[2K"), "progress under --json: {shown:?}");
+    assert!(
+        !shown.contains("\x1b[2K"),
+        "progress under --json: {shown:?}"
+    );
     let m: serde_json::Value = serde_json::from_str(shown.trim()).expect("JSON alone");
     assert_eq!(m[0]["state"], "ready", "{m}");
 

@@ -217,6 +217,10 @@ pub enum ProvisionCmd {
     /// An EC2 instance ([provision.ec2]: ami, instance types, worker_url and its sha256) whose
     /// cloud-init installs the worker and joins; AWS credentials stay with the brain
     Ec2(ProvisionOpts),
+    /// A worker Pod on a Kubernetes cluster ([provision.k8s]: kubeconfig or the pod's service
+    /// account, namespace, image) with the request as its resources, a read-only root, no
+    /// capabilities, and its join token in a Secret deleted once it has joined
+    K8s(ProvisionOpts),
     /// A worker on a host reached over ssh (the brain's ssh config and agent apply; an
     /// unknown or changed host key is refused unless that config accepts it)
     Ssh {

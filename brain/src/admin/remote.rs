@@ -288,6 +288,7 @@ pub async fn provision(target: &Target, cmd: ProvisionCmd) -> anyhow::Result<i32
         ProvisionCmd::Local(opts) => ("local", None, opts),
         ProvisionCmd::Docker(opts) => ("docker", None, opts),
         ProvisionCmd::Ec2(opts) => ("ec2", None, opts),
+        ProvisionCmd::K8s(opts) => ("k8s", None, opts),
         ProvisionCmd::Ssh {
             destination,
             port,

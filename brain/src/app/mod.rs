@@ -295,6 +295,7 @@ fn machines(
         Arc::new(provision::ssh::Ssh::new(&cfg.ssh, &tag, opts.data.path())),
         Arc::new(provision::docker::DockerProvider::new(&cfg.docker, &tag)),
         Arc::new(provision::ec2::Ec2Provider::new(&cfg.ec2, &tag)),
+        Arc::new(provision::k8s::K8sProvider::new(&cfg.k8s, &tag)),
     ];
     let store = store.clone();
     Ok(Machines::new(

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{docker, ec2, local, ssh};
+use super::{docker, ec2, k8s, local, ssh};
 use crate::model::env::EnvRequest;
 
 /// Per-provider limits.
@@ -49,6 +49,8 @@ pub struct ProvisionConfig {
     pub call_timeout: String,
     /// How often the reaper looks.
     pub reaper_every: String,
+    /// How often the records are compared with what the providers show.
+    pub reconcile_every: String,
     /// Requests from the agent whose machine costs more per hour than this ask for approval.
     pub approval_above_usd_per_hour: f64,
     pub providers: BTreeMap<String, ProviderPolicy>,
@@ -56,6 +58,7 @@ pub struct ProvisionConfig {
     pub ssh: ssh::SshConfig,
     pub docker: docker::DockerConfig,
     pub ec2: ec2::Ec2Config,
+    pub k8s: k8s::K8sConfig,
     /// What `request_environment` may provision, first fit first.
     pub offers: Vec<Offer>,
 }
@@ -70,12 +73,14 @@ impl Default for ProvisionConfig {
             worker_exit_after: "10m".into(),
             call_timeout: "5m".into(),
             reaper_every: "5s".into(),
+            reconcile_every: "1m".into(),
             approval_above_usd_per_hour: 1.0,
             providers: BTreeMap::new(),
             local: local::LocalConfig::default(),
             ssh: ssh::SshConfig::default(),
             docker: docker::DockerConfig::default(),
             ec2: ec2::Ec2Config::default(),
+            k8s: k8s::K8sConfig::default(),
             offers: Vec::new(),
         }
     }
@@ -90,6 +95,7 @@ pub struct Policy {
     pub worker_exit_after: Duration,
     pub call_timeout: Duration,
     pub reaper_every: Duration,
+    pub reconcile_every: Duration,
     pub approval_above_usd_per_hour: f64,
     pub providers: BTreeMap<String, ProviderPolicy>,
     pub offers: Vec<Offer>,
@@ -109,6 +115,7 @@ impl ProvisionConfig {
             worker_exit_after: d("worker_exit_after", &self.worker_exit_after)?,
             call_timeout: d("call_timeout", &self.call_timeout)?,
             reaper_every: d("reaper_every", &self.reaper_every)?,
+            reconcile_every: d("reconcile_every", &self.reconcile_every)?,
             approval_above_usd_per_hour: self.approval_above_usd_per_hour,
             providers: self.providers.clone(),
             offers: self.offers.clone(),

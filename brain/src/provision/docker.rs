@@ -306,6 +306,7 @@ impl Provisioner for DockerProvider {
                 Some(Seen {
                     machine,
                     handle: c.id.unwrap_or_default().chars().take(12).collect(),
+                    failure: None,
                 })
             })
             .collect();
@@ -327,6 +328,7 @@ impl Provisioner for DockerProvider {
                 seen.push(Seen {
                     machine: machine.clone(),
                     handle: format!("volume {}", v.name),
+                    failure: None,
                 });
             }
         }

@@ -326,6 +326,7 @@ impl Provisioner for Ec2Provider {
                 Some(Seen {
                     machine: i.tags.get(MACHINE)?.clone(),
                     handle: i.id,
+                    failure: None,
                 })
             })
             .collect())

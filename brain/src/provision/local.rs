@@ -248,6 +248,7 @@ impl Provisioner for Local {
             .map(|(machine, pid)| Seen {
                 machine,
                 handle: format!("pid {pid}"),
+                failure: None,
             })
             .collect())
     }

@@ -24,6 +24,7 @@ pub mod docker;
 pub mod ec2;
 pub mod env;
 mod error;
+pub mod k8s;
 pub mod local;
 mod provider;
 mod reconcile;
@@ -414,6 +415,11 @@ impl Machines {
                     .locked()
                     .insert(m.id.clone(), Instant::now());
                 tracing::info!(machine = %m.id, worker = %w.id, "machine joined");
+                if let Ok(p) = self.provider(&m.provider)
+                    && let Err(e) = p.joined(&m).await
+                {
+                    tracing::warn!(machine = %m.id, error = %e, "tidying up after the join failed");
+                }
             }
         }
         Ok(())

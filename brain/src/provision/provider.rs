@@ -66,6 +66,9 @@ pub struct Created {
 pub struct Seen {
     pub machine: String,
     pub handle: String,
+    /// Why the machine is dead or can never join (a pod OOMKilled, evicted, or its image not
+    /// pulled), in the provider's words; `None` while it lives.
+    pub failure: Option<String>,
 }
 
 /// One kind of machine.
@@ -92,4 +95,10 @@ pub trait Provisioner: Send + Sync {
     /// The machines carrying this brain's marker. `records` are this provider's records that
     /// are not ended, for providers that cannot enumerate on their own (ssh hosts).
     async fn list(&self, records: &[Machine]) -> Result<Vec<Seen>, ProviderError>;
+
+    /// Called once `m`'s worker has joined: what only the join needed can go (the k8s
+    /// provider's token secret).
+    async fn joined(&self, _m: &Machine) -> Result<(), ProviderError> {
+        Ok(())
+    }
 }

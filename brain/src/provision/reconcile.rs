@@ -1,4 +1,5 @@
-//! Keeping the records true to the providers: reconcile (at start and every minute) and the
+//! Keeping the records true to the providers: reconcile (at start and every `reconcile_every`,
+//! a minute by default; a machine the provider reports failed ends `failed` with its reason) and the
 //! reaper (join deadline, time to live, idle timeout).
 
 use shared::locks::Lock;
@@ -7,9 +8,6 @@ use std::time::{Duration, Instant};
 
 use super::records::{KEEP_ENDED_MS, V};
 use super::{Error, Machine, Machines, Seen, Spec, State, now_ms};
-
-/// Reconcile with the providers this often besides at start.
-const RECONCILE_EVERY: Duration = Duration::from_secs(60);
 
 impl Machines {
     /// Compares records with what the providers see, and settles every difference.
@@ -70,6 +68,20 @@ impl Machines {
                         .finish_release(m.clone(), State::Released)
                         .await
                         .map(drop),
+                    (
+                        State::Joining | State::Ready,
+                        Some(Seen {
+                            failure: Some(why), ..
+                        }),
+                    ) => {
+                        // Dead, or never to join: the provider said why.
+                        let mut m = m.clone();
+                        tracing::warn!(machine = %m.id, reason = %why, "machine failed");
+                        m.note = why.clone();
+                        m.state = State::Releasing;
+                        self.put(&m).await?;
+                        self.finish_release(m, State::Failed).await.map(drop)
+                    }
                     (State::Joining | State::Ready, None) => {
                         let mut m = m.clone();
                         m.note = "gone: the provider no longer shows it".into();
@@ -175,7 +187,7 @@ impl Machines {
     }
 
     /// Reconciles with the providers, then reaps (join deadline, TTL, idle) every
-    /// `reaper_every` and reconciles every minute, until `stop`.
+    /// `reaper_every` and reconciles every `reconcile_every`, until `stop`.
     pub async fn run_reaper(&self, stop: tokio_util::sync::CancellationToken) {
         let pass = async {
             if let Err(e) = self.reconcile().await {
@@ -188,7 +200,7 @@ impl Machines {
                 if let Err(e) = self.tick().await {
                     tracing::warn!(error = %e, "machine reaper pass failed");
                 }
-                if reconciled.elapsed() >= RECONCILE_EVERY {
+                if reconciled.elapsed() >= self.inner.policy.reconcile_every {
                     reconciled = Instant::now();
                     if let Err(e) = self.reconcile().await {
                         tracing::warn!(error = %e, "reconciling machines failed");

@@ -438,6 +438,7 @@ impl Provisioner for Ssh {
                 seen.push(Seen {
                     machine: id.to_string(),
                     handle: t.shown(),
+                    failure: None,
                 });
             }
         }
