@@ -5,6 +5,7 @@
 //! and `TETHER_TEST_LOG` to a `RUST_LOG` filter for the processes (default `info`).
 
 pub mod fake_github;
+pub mod fake_kube;
 pub mod fake_llm;
 pub mod git_server;
 pub mod moto;

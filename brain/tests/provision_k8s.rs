@@ -1,0 +1,344 @@
+//! The k8s provider against a fake kube-apiserver over real HTTPS (`testkit::fake_kube`: the
+//! core/v1 wire format for pods and secrets, bearer-token auth, and a fake kubelet that runs
+//! each Pod as a real worker process with the pod's arguments, environment and mounted join
+//! secret). Every Pod and Secret the brain sends is checked against Kubernetes' published
+//! schemas with `kubernetes-validate --strict`. Pods reach the brain by the Service name the
+//! deployment in `deploy/k8s/` gives it, which the fake cluster's DNS maps to loopback.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use testkit::fake_kube::FakeKube;
+use testkit::{BrainOptions, Cluster, text, wait_until};
+
+/// The brain's Service name in `deploy/k8s/`.
+const SERVICE: &str = "tether-brain.tether.svc";
+const IMAGE: &str = "tether-worker:test";
+
+/// The fake cluster and a brain configured for it, or why they cannot run here.
+fn setup(extra: &str) -> Result<(FakeKube, Cluster), String> {
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("the fake kubelet gives each pod its own /etc/hosts in a mount namespace, which needs root".into());
+    }
+    let bins = testkit::Bins::locate();
+    let fake = FakeKube::start(&bins.worker).map_err(|e| e.to_string())?;
+    fake.add_dns(SERVICE, "127.0.0.1");
+    let kubeconfig = fake.kubeconfig("tether");
+    let c = Cluster::start_with(BrainOptions {
+        init_args: vec!["--host".into(), SERVICE.into()],
+        config: Some(format!(
+            "[provision]\nreaper_every = \"200ms\"\nreconcile_every = \"300ms\"\n{extra}\n[provision.k8s]\nkubeconfig = \"{}\"\nimage = \"{IMAGE}\"\n",
+            kubeconfig.display()
+        )),
+        ..BrainOptions::default()
+    });
+    Ok((fake, c))
+}
+
+/// `brain provision k8s … --json`: the machine.
+fn provision(c: &Cluster, extra: &[&str]) -> (std::process::Output, Value) {
+    let url = format!("https://{SERVICE}:{}", c.port);
+    let mut args = vec!["provision", "k8s", "--brain-url", &url, "--json"];
+    args.extend_from_slice(extra);
+    let o = c.brain_cli(&args);
+    let m: Value = serde_json::from_slice(&o.stdout)
+        .map(|v: Value| v[0].clone())
+        .unwrap_or_default();
+    (o, m)
+}
+
+fn pod_of(fake: &FakeKube, machine: &str) -> Option<Value> {
+    fake.pods()
+        .into_iter()
+        .find(|p| p["metadata"]["labels"]["tether.machine"] == machine)
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+/// Everything the brain sent, checked against the published schemas.
+fn validate(fake: &FakeKube) {
+    let sent = fake.received();
+    assert!(!sent.is_empty(), "nothing was sent");
+    if std::process::Command::new("kubernetes-validate")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        testkit::skip(
+            "kubernetes-validate",
+            "kubernetes-validate is not installed (pip install kubernetes-validate)",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<String> = sent
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let f = dir
+                .path()
+                .join(format!("{i}-{}.json", o["kind"].as_str().unwrap_or("x")));
+            std::fs::write(&f, o.to_string()).unwrap();
+            f.display().to_string()
+        })
+        .collect();
+    let o = std::process::Command::new("kubernetes-validate")
+        .args(["--strict", "--quiet"])
+        .args(&files)
+        .output()
+        .expect("run kubernetes-validate");
+    assert!(
+        o.status.success(),
+        "kubernetes-validate refused what the brain sent: {}\n{}",
+        text(&o),
+        sent.iter()
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn pods_join_run_a_task_that_moves_between_them_and_are_released_without_a_trace() {
+    let (fake, c) = match setup("") {
+        Ok(x) => x,
+        Err(why) => {
+            testkit::skip("user", &why);
+            return;
+        }
+    };
+    let (o, m1) = provision(&c, &["--cpu", "2", "--memory-gb", "3", "--disk-gb", "5"]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    assert_eq!(m1["state"], "ready", "{m1}");
+    let id1 = m1["id"].as_str().unwrap().to_string();
+    let w1 = m1["worker_id"].as_str().unwrap().to_string();
+
+    // What the cluster was asked for.
+    let pod = pod_of(&fake, &id1).expect("a pod for the machine");
+    assert_eq!(pod["metadata"]["namespace"], "tether");
+    assert_eq!(pod["spec"]["restartPolicy"], "Never");
+    let ctr = &pod["spec"]["containers"][0];
+    assert_eq!(ctr["image"], IMAGE);
+    assert_eq!(
+        ctr["resources"]["limits"],
+        json!({"cpu": "2", "memory": "3Gi", "ephemeral-storage": "5Gi"})
+    );
+    assert_eq!(ctr["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(pod["spec"]["securityContext"]["runAsNonRoot"], true);
+    let tag = pod["metadata"]["labels"]["tether.brain"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(!tag.is_empty());
+    assert!(
+        !pod.to_string().contains("tj_"),
+        "the join token is in the pod spec"
+    );
+    // The token's secret goes once the worker has joined.
+    assert!(
+        wait_until(Duration::from_secs(10), || fake.secrets().is_empty()),
+        "the join secret outlived the join: {:?}",
+        fake.secrets()
+    );
+    // The provider found pods by label selector.
+    assert!(
+        fake.requests()
+            .iter()
+            .any(|r| r.contains("labelSelector=tether.brain%3D")),
+        "{:?}",
+        fake.requests()
+    );
+
+    let (o, m2) = provision(&c, &[]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    let id2 = m2["id"].as_str().unwrap().to_string();
+    let w2 = m2["worker_id"].as_str().unwrap().to_string();
+
+    // A task runs on the first pod and moves to the second.
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    let steps: Vec<Value> = (0..8)
+        .map(|i| json!({"run": ["sh", "-c", format!("echo line-{i} >> out.txt; sleep 0.3")]}))
+        .collect();
+    std::fs::write(&plan, json!({ "steps": steps }).to_string()).unwrap();
+    let task = c.run_plan(&plan, &w1);
+    c.wait_records(&task, "tool_call_completed", 2, Duration::from_secs(30));
+    let o = c.brain_cli(&["task", "move", &task, "--to", &w2, "--wait", "60s"]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    assert_eq!(
+        c.wait_status(&task, &["finished", "failed"], Duration::from_secs(60)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let ws = format!("task-{}", task.trim_start_matches("t-"));
+    let o = c.brain_cli(&["file", "read", &w2, "out.txt", "--workspace", &ws]);
+    assert!(o.status.success(), "{}", text(&o));
+    let lines: Vec<String> = (0..8).map(|i| format!("line-{i}")).collect();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        lines
+    );
+
+    // Release deletes the pod (its process ends) and leaves no secret.
+    let pids: Vec<u32> = [&id1, &id2]
+        .iter()
+        .filter_map(|id| fake.pid(&format!("tether-{id}")))
+        .collect();
+    assert_eq!(pids.len(), 2, "both pods run a process");
+    for id in [&id1, &id2] {
+        let o = c.brain_cli(&["machines", "release", id]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    assert!(fake.pods().is_empty(), "{:?}", fake.pods());
+    assert!(fake.secrets().is_empty(), "{:?}", fake.secrets());
+    assert!(
+        wait_until(Duration::from_secs(10), || !pids.iter().any(|p| alive(*p))),
+        "a pod's process outlived its pod"
+    );
+    assert_eq!(c.machine(&id1)["state"], "released");
+    validate(&fake);
+}
+
+#[test]
+fn oomkilled_unpullable_orphaned_and_abandoned_pods_end_with_their_reasons() {
+    let (fake, mut c) = match setup("worker_exit_after = \"2s\"") {
+        Ok(x) => x,
+        Err(why) => {
+            testkit::skip("user", &why);
+            return;
+        }
+    };
+    // OOMKilled: the machine fails with Kubernetes' reason, and the pod is deleted.
+    let (o, m) = provision(&c, &[]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    let id = m["id"].as_str().unwrap().to_string();
+    assert!(fake.oom_kill(&format!("tether-{id}")));
+    assert!(
+        wait_until(Duration::from_secs(20), || c.machine(&id)["state"]
+            == "failed"),
+        "{}\n{}",
+        c.machine(&id),
+        c.brain_log()
+    );
+    let note = c.machine(&id)["note"].as_str().unwrap().to_string();
+    assert!(note.contains("OOMKilled"), "{note}");
+    assert!(
+        wait_until(Duration::from_secs(10), || pod_of(&fake, &id).is_none()),
+        "the failed pod was not deleted"
+    );
+    // `brain machines` shows the reason too.
+    let o = c.brain_cli(&["machines", "--all"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("OOMKilled"),
+        "{}",
+        text(&o)
+    );
+
+    // An orphan: a pod with this brain's label that no record names is deleted.
+    let tag = fake
+        .received()
+        .iter()
+        .find_map(|o| {
+            o["metadata"]["labels"]["tether.brain"]
+                .as_str()
+                .map(String::from)
+        })
+        .unwrap();
+    let orphan = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "tether-m-00000000dead",
+            "labels": {"tether.brain": tag, "tether.machine": "m-00000000dead"}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "worker", "image": IMAGE,
+            "command": ["/usr/local/bin/worker"], "args": ["--help"]}]}});
+    assert_eq!(fake.create("tether", &orphan), 201);
+    assert!(
+        wait_until(Duration::from_secs(10), || pod_of(&fake, "m-00000000dead")
+            .is_none()),
+        "reconcile left the orphan pod"
+    );
+
+    // The dead-man switch: the brain SIGKILLed and kept away past worker_exit_after, the
+    // worker gives up and its pod ends; back, the brain records why and deletes the pod.
+    let (o, m) = provision(&c, &[]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    let id = m["id"].as_str().unwrap().to_string();
+    c.kill_brain();
+    assert!(
+        wait_until(Duration::from_secs(30), || pod_of(&fake, &id)
+            .is_some_and(|p| p["status"]["phase"] == "Failed")),
+        "the pod's worker did not give up: {:?}",
+        pod_of(&fake, &id)
+    );
+    let p = pod_of(&fake, &id).unwrap();
+    assert_eq!(
+        p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"], 69,
+        "{p}"
+    );
+    c.start_brain().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || c.machine(&id)["state"]
+            == "failed"
+            && pod_of(&fake, &id).is_none()),
+        "{}",
+        c.machine(&id)
+    );
+    let note = c.machine(&id)["note"].as_str().unwrap().to_string();
+    assert!(note.contains("gave up on its brain"), "{note}");
+
+    // An image the cluster cannot pull: the machine fails with the reason, before its deadline.
+    fake.refuse_image(IMAGE);
+    let (o, m) = provision(&c, &["--wait", "0s"]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    let id = m["id"].as_str().unwrap().to_string();
+    assert!(
+        wait_until(Duration::from_secs(20), || c.machine(&id)["state"]
+            == "failed"),
+        "{}",
+        c.machine(&id)
+    );
+    let note = c.machine(&id)["note"].as_str().unwrap().to_string();
+    assert!(note.contains("ImagePullBackOff"), "{note}");
+    assert!(wait_until(Duration::from_secs(10), || fake
+        .pods()
+        .is_empty()
+        && fake.secrets().is_empty()));
+    validate(&fake);
+}
+
+#[test]
+fn a_brain_killed_between_create_and_record_adopts_its_pod() {
+    let (fake, mut c) = match setup("") {
+        Ok(x) => x,
+        Err(why) => {
+            testkit::skip("user", &why);
+            return;
+        }
+    };
+    c.kill_brain();
+    c.opts.env = vec![("TETHER_FAILPOINT".into(), "provision-created".into())];
+    c.start_brain().unwrap();
+    let (o, _) = provision(&c, &[]);
+    assert!(!o.status.success(), "the brain should have died");
+    c.kill_brain();
+    assert_eq!(
+        fake.pods().len(),
+        1,
+        "the pod was made before the brain died"
+    );
+    c.start_brain().unwrap();
+    let id = c.machines(true)[0]["id"].as_str().unwrap().to_string();
+    let m = c.wait_settled(&id, Duration::from_secs(60));
+    assert_eq!(m["state"], "ready", "{m}\n{}", c.brain_log());
+    assert!(m["note"].as_str().unwrap().contains("adopted"), "{m}");
+    let o = c.brain_cli(&["machines", "release", &id]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(fake.pods().is_empty() && fake.secrets().is_empty());
+}
