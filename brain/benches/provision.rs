@@ -9,8 +9,10 @@
 //! HOST true` and copying the worker binary over ssh (`cat > file`), against a throw-away
 //! sshd in a network namespace (skipped, with the reason, when sshd or root is missing);
 //! `brain provision docker` until connected, beside `docker run --rm IMAGE true` with the same
-//! image (built FROM scratch; skipped when there is no engine); and `brain machines release`
-//! for each. N runs each (`BENCH_N`, default 5); medians.
+//! image (built FROM scratch; skipped when there is no engine); `brain provision k8s` against
+//! the fake kube-apiserver (`testkit::fake_kube`) beside `provision local`; `brain provision
+//! ec2` against moto until the launch is accepted, beside boto3's own `run_instances`; and
+//! `brain machines release` for each. N runs each (`BENCH_N`, default 5); medians.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,6 +35,11 @@ fn row(name: &str, d: Duration) {
 
 /// Provisions with `args` and releases, `n` times; returns (provision, release) medians.
 fn cycle(c: &Cluster, args: &[&str], n: usize) -> (Duration, Duration) {
+    cycle_until(c, args, n, "is ready")
+}
+
+/// [`cycle`], where provisioning prints `want` when it is done.
+fn cycle_until(c: &Cluster, args: &[&str], n: usize, want: &str) -> (Duration, Duration) {
     let (mut up, mut down) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let t = Instant::now();
@@ -45,7 +52,7 @@ fn cycle(c: &Cluster, args: &[&str], n: usize) -> (Duration, Duration) {
             .next()
             .unwrap_or_default()
             .to_string();
-        assert!(stdout.contains("is ready"), "{stdout}");
+        assert!(stdout.contains(want), "{stdout}");
         let t = Instant::now();
         let out = c.brain_cli(&["machines", "release", &id]);
         down.push(t.elapsed());
@@ -107,6 +114,8 @@ fn main() {
     row("local: release (stop, remove, revoke)", local_down);
 
     docker_rows(n);
+    k8s_rows(n, local_up);
+    ec2_rows(n);
     let h = match host {
         Ok(h) => h,
         Err(why) => {
@@ -274,4 +283,104 @@ fn docker_rows(n: usize) {
     let _ = Command::new("docker")
         .args(["rmi", "-f", &image, &base])
         .output();
+}
+
+/// The k8s provider against the fake kube-apiserver (its kubelet runs pods as local worker
+/// processes), so the figure is Tether's own share plus a local spawn: shown beside
+/// `provision local`, which is that spawn and join alone.
+fn k8s_rows(n: usize, local_up: Duration) {
+    const SERVICE: &str = "tether-brain.tether.svc";
+    if unsafe { libc::geteuid() } != 0 {
+        println!("\nk8s rows skipped: the fake kubelet needs root (a mount namespace per pod)");
+        return;
+    }
+    let bins = testkit::Bins::locate();
+    let fake = match testkit::fake_kube::FakeKube::start(&bins.worker) {
+        Ok(f) => f,
+        Err(e) => {
+            println!("\nk8s rows skipped: {e}");
+            return;
+        }
+    };
+    fake.add_dns(SERVICE, "127.0.0.1");
+    let c = Cluster::start_with(BrainOptions {
+        init_args: vec!["--host".into(), SERVICE.into()],
+        config: Some(format!(
+            "[provision]\nreaper_every = \"200ms\"\n[provision.k8s]\nkubeconfig = \"{}\"\nimage = \"tether-worker:bench\"\n",
+            fake.kubeconfig("tether").display()
+        )),
+        ..BrainOptions::default()
+    });
+    let url = format!("https://{SERVICE}:{}", c.port);
+    let (up, down) = cycle(&c, &["provision", "k8s", "--brain-url", &url], n);
+    println!();
+    row("k8s (fake API server): provision until connected", up);
+    row("  baseline: local: provision until connected", local_up);
+    println!(
+        "  ratio k8s / local: {:.2}× (the API calls, the secret and the kubelet's pass: {:.1} ms)",
+        up.as_secs_f64() / local_up.as_secs_f64(),
+        (up.as_secs_f64() - local_up.as_secs_f64()) * 1e3
+    );
+    row("k8s: release (delete the pod and its secret)", down);
+}
+
+/// The ec2 provider against moto with IAM enforced: launch accepted (`--wait 0s`: moto runs
+/// no instance, so no worker joins) and terminate, beside the same RunInstances and
+/// TerminateInstances made by boto3 in one Python process (its start-up not counted).
+fn ec2_rows(n: usize) {
+    use testkit::moto::{AMI, BRAIN_POLICY, Moto};
+    let m = match Moto::start() {
+        Ok(m) => m,
+        Err(why) => {
+            println!("\nec2 rows skipped: {why}");
+            return;
+        }
+    };
+    let key = m.user("tether-bench", BRAIN_POLICY);
+    m.enforce();
+    let home = tempfile::tempdir().unwrap();
+    let mut opts = BrainOptions {
+        config: Some(format!(
+            "[provision]\nreaper_every = \"200ms\"\nbrain_url = \"https://brain.example:7443\"\n[provision.ec2]\nendpoint = \"{}\"\nregion = \"us-east-1\"\nami = \"{AMI}\"\ninstance_type = \"t3.micro\"\nworker_url = \"https://downloads.invalid/tether/worker\"\nworker_sha256 = \"{}\"\n",
+            m.url,
+            "ab".repeat(32)
+        )),
+        ..BrainOptions::default()
+    };
+    opts.env = [
+        ("AWS_ACCESS_KEY_ID", key.id.as_str()),
+        ("AWS_SECRET_ACCESS_KEY", key.secret.as_str()),
+        ("AWS_SESSION_TOKEN", ""),
+        ("AWS_PROFILE", ""),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+        ("HOME", home.path().to_str().unwrap()),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let c = Cluster::start_with(opts);
+    let (up, down) = cycle_until(
+        &c,
+        &["provision", "ec2", "--wait", "0s"],
+        n,
+        "its worker is joining",
+    );
+    let direct = m
+        .python(
+            &key,
+            &format!(
+                "import time\nec2 = session.client('ec2', endpoint_url=url)\nrun, term = [], []\nfor i in range({n}):\n    t = time.monotonic()\n    r = ec2.run_instances(ImageId='{AMI}', InstanceType='t3.micro', MinCount=1, MaxCount=1, UserData='x' * 7000)\n    run.append(time.monotonic() - t)\n    t = time.monotonic()\n    ec2.terminate_instances(InstanceIds=[r['Instances'][0]['InstanceId']])\n    term.append(time.monotonic() - t)\nrun.sort(); term.sort()\nprint(json.dumps([run[len(run) // 2], term[len(term) // 2]]))"
+            ),
+        )
+        .unwrap_or_else(|e| panic!("boto3: {e}"));
+    let secs = |i: usize| Duration::from_secs_f64(direct[i].as_f64().unwrap_or(0.0));
+    println!();
+    row("ec2 (moto, IAM enforced): provision until launched", up);
+    row("  baseline: boto3 run_instances (7 KB user data)", secs(0));
+    println!(
+        "  ratio provision / run_instances: {:.2}× (the CLI, the record, the user data, the signing)",
+        up.as_secs_f64() / secs(0).as_secs_f64()
+    );
+    row("ec2: release (terminate)", down);
+    row("  baseline: boto3 terminate_instances", secs(1));
 }
