@@ -168,7 +168,7 @@ impl Policy {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Offer {
-    /// `local`, `ssh`, …
+    /// `local`, `ssh`, `docker`, `ec2` or `k8s`.
     pub provider: String,
     /// For `ssh`: `[USER@]HOST`, and optionally a port and a key file.
     #[serde(default)]
