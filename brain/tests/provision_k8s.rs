@@ -349,3 +349,98 @@ fn a_brain_killed_between_create_and_record_adopts_its_pod() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(fake.pods().is_empty() && fake.secrets().is_empty());
 }
+
+/// The agent's `request_environment` provisions a pod from a `k8s` offer, labelled with its
+/// task, and the task goes on there.
+#[test]
+fn request_environment_moves_a_task_to_a_pod_from_a_k8s_offer() {
+    let (fake, mut c) = match setup("") {
+        Ok(x) => x,
+        Err(why) => {
+            testkit::skip("user", &why);
+            return;
+        }
+    };
+    // The offer names the brain's Service, port included.
+    c.kill_brain();
+    let cfg = std::fs::read_to_string(c.data.join("config.toml")).unwrap();
+    std::fs::write(
+        c.data.join("config.toml"),
+        format!(
+            "{cfg}\n[[provision.offers]]\nprovider = \"k8s\"\ncpu = 4\nmemory_gb = 2\nbrain_url = \"https://{SERVICE}:{}\"\nlabels = {{ size = \"pod\" }}\n",
+            c.port
+        ),
+    )
+    .unwrap();
+    c.start_brain().unwrap();
+    let small = c.join_worker("small");
+    let transcript = c.dir.join("env.jsonl");
+    std::fs::write(
+        &transcript,
+        [
+            testkit::replay_turn(
+                1,
+                "request_environment",
+                json!({"cpu": 4, "labels": {"size": "pod"}, "reason": "needs 4 cores"}),
+            ),
+            testkit::replay_turn(
+                2,
+                "run_command",
+                json!({"command": "echo built-in-a-pod > where.txt"}),
+            ),
+            testkit::replay_turn(3, "finish", json!({"summary": "built in a pod"})),
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let o = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        &format!("replay:{}", transcript.display()),
+        "--permission",
+        "full",
+        "--worker",
+        &small.id,
+        "build it",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let task = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert_eq!(
+        c.wait_status(
+            &task,
+            &["finished", "failed", "stuck", "waiting"],
+            Duration::from_secs(90)
+        ),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let m = c
+        .machines(true)
+        .into_iter()
+        .find(|m| m["provider"] == "k8s")
+        .expect("a k8s machine");
+    let pod = pod_of(&fake, m["id"].as_str().unwrap()).expect("its pod");
+    assert_eq!(pod["metadata"]["labels"]["tether.task"], task.as_str());
+    assert_eq!(
+        pod["spec"]["containers"][0]["resources"]["limits"]["cpu"],
+        "4"
+    );
+    let ws = format!("task-{}", task.trim_start_matches("t-"));
+    let o = c.brain_cli(&[
+        "file",
+        "read",
+        m["worker_id"].as_str().unwrap(),
+        "where.txt",
+        "--workspace",
+        &ws,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "built-in-a-pod\n",
+        "{}",
+        text(&o)
+    );
+    validate(&fake);
+}
