@@ -348,7 +348,7 @@ impl Api {
         let said = v["message"].as_str().unwrap_or("").to_string();
         let hint = match status {
             401 => "; the kubeconfig's credentials are not accepted (expired token?)",
-            403 => "; give the brain's account the Role in deploy/k8s/rbac.yaml",
+            403 => "; give the brain's account the Role in deploy/k8s/10-rbac.yaml",
             404 if v["details"]["kind"] == "namespaces" || said.contains("namespace") => {
                 "; create the namespace or set provision.k8s.namespace"
             }

@@ -108,6 +108,9 @@ pub fn pod(m: &Machine, tag: &str, cfg: &K8sConfig, join: &Join) -> Result<Value
         format!("{JOIN_DIR}/token"),
         "--state".into(),
         "/state/worker".into(),
+        // The spent token stays in the mounted volume: commands may not read it.
+        "--deny-read".into(),
+        JOIN_DIR.into(),
     ]);
     let disk = or(m.spec.disk_gb, cfg.disk_gb);
     let mut spec = json!({
