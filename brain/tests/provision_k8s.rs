@@ -162,9 +162,12 @@ fn pods_join_run_a_task_that_moves_between_them_and_are_released_without_a_trace
         fake.requests()
     );
 
-    let (o, m2) = provision(&c, &[]);
+    let (o, m2) = provision(&c, &["--gpu", "1"]);
     assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
     let id2 = m2["id"].as_str().unwrap().to_string();
+    let limits = &pod_of(&fake, &id2).unwrap()["spec"]["containers"][0]["resources"]["limits"];
+    assert_eq!(limits["nvidia.com/gpu"], "1", "{limits}");
+    assert_eq!(limits["cpu"], "1", "the configured default: {limits}");
     let w2 = m2["worker_id"].as_str().unwrap().to_string();
 
     // A task runs on the first pod and moves to the second.

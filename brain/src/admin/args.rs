@@ -199,9 +199,12 @@ pub struct ProvisionOpts {
     /// Memory in GiB (docker: the container's limit, without swap; 0: the provider's default)
     #[arg(long, default_value_t = 0)]
     pub memory_gb: u32,
-    /// Disk in GB (recorded with the machine)
+    /// Disk in GB (k8s: ephemeral storage; otherwise recorded with the machine)
     #[arg(long, default_value_t = 0)]
     pub disk_gb: u32,
+    /// GPUs (k8s: the configured GPU resource; ec2: an instance type that has them)
+    #[arg(long, default_value_t = 0)]
+    pub gpu: u32,
     /// Print the machine as JSON (the fields of `brain machines --json`), and no progress
     #[arg(long)]
     pub json: bool,

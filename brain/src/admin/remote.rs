@@ -332,7 +332,7 @@ pub async fn provision(target: &Target, cmd: ProvisionCmd) -> anyhow::Result<i32
             cpu: opts.cpu,
             memory_gb: opts.memory_gb,
             disk_gb: opts.disk_gb,
-            gpu: 0,
+            gpu: opts.gpu,
         }),
         labels: opts.labels.into_iter().collect(),
         name: opts.name.unwrap_or_default(),
