@@ -25,3 +25,29 @@ fn the_demo_ends_with_a_verified_fix_delivered_as_a_branch() {
     assert!(stdout.contains("Tether-Task: t-"), "{stdout}");
     assert!(stdout.trim_end().ends_with("demo complete"), "{stdout}");
 }
+
+/// `tether demo | head -1`: the demo stops at once, quietly, with 141, and removes its
+/// temporary directory on the way out.
+#[test]
+fn the_demo_into_a_closed_pipe_stops_quietly_and_leaves_no_temp_dir() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .arg("demo")
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run tether demo");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("tether-demo-"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

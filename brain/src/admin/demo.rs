@@ -56,11 +56,13 @@ fn step(text: &str) {
     out!("\n{}", bold(&format!("▸ {text}")));
 }
 
-/// Runs the demo; `keep` leaves the temp dir in place for a look afterwards.
 /// Runs the demo; `keep` leaves the temp dir; `model` runs the agent chapter on a real model
 /// (its key from the usual environment variables) instead of the recorded transcript.
 pub async fn run(launcher: WorkerProgram, keep: bool, model: Option<String>) -> anyhow::Result<()> {
     let tmp = tempfile_dir()?;
+    if !keep {
+        shared::stdout::remove_on_closed_pipe(tmp.clone());
+    }
     let data = DataDir(tmp.join("brain"));
     step(&format!(
         "starting a brain with a temporary store in {}",
