@@ -213,6 +213,8 @@ impl Provisioner for Local {
             unsafe { libc::kill(pid, libc::SIGTERM) };
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        // A worker usually stops within milliseconds: look soon, then less often.
+        let mut pause = Duration::from_millis(2);
         loop {
             let left: Vec<i32> = pids().into_iter().filter(|p| alive(*p)).collect();
             if left.is_empty() {
@@ -226,7 +228,8 @@ impl Provisioner for Local {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
         }
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
