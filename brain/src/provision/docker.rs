@@ -21,7 +21,7 @@ use bollard::query_parameters::{
 use serde::Deserialize;
 
 use super::error::ProviderError;
-use super::provider::{Created, Join, Provisioner, Seen};
+use super::provider::{Created, Join, Provisioner, Seen, no_params};
 use super::records::{Machine, Spec};
 
 /// `[provision.docker]` in the config file.
@@ -142,13 +142,11 @@ impl Provisioner for DockerProvider {
     }
 
     fn check(&self, params: &serde_json::Value, _spec: &Spec) -> Result<(), ProviderError> {
-        if params.is_null() || params.as_object().is_some_and(|o| o.is_empty()) {
-            Ok(())
-        } else {
-            Err(ProviderError::new(
-                "the docker provider takes no parameters (the image and network are in [provision.docker])",
-            ))
-        }
+        no_params(
+            "docker",
+            params,
+            "the image and network are in [provision.docker]",
+        )
     }
 
     async fn create(&self, m: &Machine, join: &Join) -> Result<Created, ProviderError> {

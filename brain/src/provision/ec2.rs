@@ -14,7 +14,7 @@ use shared::locks::Lock;
 
 use super::aws::{self, Ec2, Env};
 use super::error::ProviderError;
-use super::provider::{Created, Join, Provisioner, Seen};
+use super::provider::{Created, Join, Provisioner, Seen, no_params};
 use super::records::{Machine, Spec};
 
 /// `[provision.ec2]` in the config file.
@@ -239,11 +239,7 @@ impl Provisioner for Ec2Provider {
     }
 
     fn check(&self, params: &serde_json::Value, spec: &Spec) -> Result<(), ProviderError> {
-        if !(params.is_null() || params.as_object().is_some_and(|o| o.is_empty())) {
-            return Err(ProviderError::new(
-                "the ec2 provider takes no parameters (they are in [provision.ec2])",
-            ));
-        }
+        no_params("ec2", params, "they are in [provision.ec2]")?;
         for (what, v) in [
             ("ami", &self.cfg.ami),
             ("worker_url", &self.cfg.worker_url),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::error::ProviderError;
-use super::provider::{Created, Join, Provisioner, Seen};
+use super::provider::{Created, Join, Provisioner, Seen, no_params};
 use super::records::{Machine, Spec};
 
 /// `[provision.local]` in the config file.
@@ -145,9 +145,7 @@ impl Provisioner for Local {
     }
 
     fn check(&self, params: &serde_json::Value, _spec: &Spec) -> Result<(), ProviderError> {
-        if !(params.is_null() || params.as_object().is_some_and(|o| o.is_empty())) {
-            return Err(ProviderError::new("the local provider takes no parameters"));
-        }
+        no_params("local", params, "")?;
         self.worker.as_ref().map(drop).map_err(ProviderError::new)
     }
 

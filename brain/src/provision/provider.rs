@@ -54,6 +54,27 @@ impl Join {
     }
 }
 
+/// For a provider whose settings all live in its config section: refuses a request that
+/// brings parameters of its own, saying where the settings go (`where_`, e.g. "they are in
+/// [provision.ec2]").
+pub fn no_params(
+    provider: &str,
+    params: &serde_json::Value,
+    where_: &str,
+) -> Result<(), ProviderError> {
+    if params.is_null() || params.as_object().is_some_and(|o| o.is_empty()) {
+        Ok(())
+    } else if where_.is_empty() {
+        Err(ProviderError::new(format!(
+            "the {provider} provider takes no parameters"
+        )))
+    } else {
+        Err(ProviderError::new(format!(
+            "the {provider} provider takes no parameters ({where_})"
+        )))
+    }
+}
+
 /// What a provider made.
 #[derive(Debug, Clone)]
 pub struct Created {

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use shared::locks::Lock;
 
 use super::error::ProviderError;
-use super::provider::{Created, Join, Provisioner, Seen};
+use super::provider::{Created, Join, Provisioner, Seen, no_params};
 use super::records::{Machine, Spec};
 use auth::Cluster;
 
@@ -139,11 +139,7 @@ impl Provisioner for K8sProvider {
     }
 
     fn check(&self, params: &serde_json::Value, _spec: &Spec) -> Result<(), ProviderError> {
-        if !(params.is_null() || params.as_object().is_some_and(|o| o.is_empty())) {
-            return Err(ProviderError::new(
-                "the k8s provider takes no parameters (they are in [provision.k8s])",
-            ));
-        }
+        no_params("k8s", params, "they are in [provision.k8s]")?;
         pod::check_label_value(&self.tag).map_err(ProviderError::new)
     }
 
