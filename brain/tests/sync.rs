@@ -559,3 +559,62 @@ fn failover_and_moves_go_only_to_workers_with_the_required_labels() {
     assert_eq!(moved.len(), 1);
     assert_eq!(moved[0]["to"], other.as_str());
 }
+
+/// `cp -p`, `tar x` and `rsync -t` rewrite a file and put its old mtime back: the same size,
+/// mtime and inode. The change must still reach the mirror (the scanner's stamp holds the
+/// ctime, which nothing can set back) through the full walk a move's last barrier makes, and
+/// the target must get the new bytes.
+#[test]
+fn a_same_size_rewrite_with_its_old_mtime_put_back_reaches_the_mirror_and_survives_a_move() {
+    let c = Cluster::start();
+    let a = c.join_worker("a");
+    let b = c.join_worker("b");
+    let steps = json!({"steps": [
+        {"run": ["sh", "-c", "printf 'version 1' > f.txt; touch -d @1000000000 f.txt"]},
+        {"run": ["sleep", "2"]},
+        {"run": ["cat", "f.txt"]},
+    ]});
+    let plan = c.dir.join("rewrite-plan.json");
+    std::fs::write(&plan, steps.to_string()).unwrap();
+    let id = c.run_plan(&plan, "a");
+    c.wait_records(&id, "tool_call_completed", 1, Duration::from_secs(30));
+    // While the second step sleeps: rewritten in place, its mtime put back.
+    let file = a.state.join(format!(
+        "workspaces/task-{}/f.txt",
+        id.trim_start_matches("t-")
+    ));
+    let old = std::fs::metadata(&file).unwrap();
+    std::fs::write(&file, "version 2").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(old.modified().unwrap())
+        .unwrap();
+    let new = std::fs::metadata(&file).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (new.len(), new.mtime(), new.mtime_nsec(), new.ino()),
+        (old.len(), old.mtime(), old.mtime_nsec(), old.ino())
+    );
+    let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    assert_eq!(read(&c, &b.id, &id, "f.txt").as_deref(), Some("version 2"));
+    let log = c.task_log_json(&id);
+    let outputs: Vec<&str> = log
+        .iter()
+        .filter(|r| r["kind"] == "tool_output")
+        .filter_map(|r| r["stdout"].as_str())
+        .collect();
+    assert!(
+        outputs.iter().any(|o| o.contains("version 2")),
+        "the last step ran on the moved workspace: {outputs:?}"
+    );
+    assert!(log.iter().any(|r| r["kind"] == "move_completed"));
+}

@@ -4,10 +4,11 @@
 //! Both walks decide what belongs to the workspace with the same rules: `.git/` only on
 //! opt-in, the configured excluded directory names, and `.gitignore` / `.ignore` files (and
 //! `.git/info/exclude`) with git's precedence, the deepest directory's file first and, within
-//! one directory, the last matching pattern. Files are re-hashed only when their size, mtime
-//! or inode changed, or when their mtime is too close to the previous scan to trust (the
-//! "racy" case: a same-size rewrite within one timestamp tick looks unchanged; git re-hashes
-//! those too).
+//! one directory, the last matching pattern. Files are re-hashed only when their size, mtime,
+//! ctime or inode changed, or when their mtime or ctime is too close to the previous scan to
+//! trust (the "racy" case: a same-size rewrite within one timestamp tick looks unchanged; git
+//! re-hashes those too). The ctime catches a rewrite whose old mtime was put back, as
+//! `cp -p`, `tar x` and `rsync -t` do.
 //!
 //! A scan never fails because of one entry in the tree: what the receiving side would refuse
 //! or cannot hold — a name that is not UTF-8 or has a control character, a FIFO, socket or
@@ -32,18 +33,21 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
 use crate::manifest::{Entry, Error, Kind, Manifest, Rules, io};
 
-/// What a scan remembers of a file to skip re-hashing it: size, mtime and inode, as git's
-/// index does.
+/// What a scan remembers of a file to skip re-hashing it: size, mtime, ctime and inode, as
+/// git's index does. The ctime matters where the mtime was put back: `cp -p`, `tar x` and
+/// `rsync -t` restore a file's old mtime after rewriting it, but none can set its ctime,
+/// which the kernel moves on every write and every change of metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {
     size: u64,
     mtime_ns: i128,
+    ctime_ns: i128,
     ino: u64,
 }
 
 /// How close to the previous scan an mtime must be to be re-hashed anyway: a few ticks of
 /// the kernel's coarse clock, which file timestamps come from.
-const RACY: Duration = Duration::from_millis(100);
+pub(crate) const RACY: Duration = Duration::from_millis(100);
 
 /// How many times a file that changes while it is hashed is read again before it is left out.
 pub const READ_TRIES: usize = 3;
@@ -95,6 +99,7 @@ fn stamp_of(meta: &std::fs::Metadata) -> Stamp {
     Stamp {
         size: meta.len(),
         mtime_ns: mtime_ns(meta),
+        ctime_ns: meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128,
         ino: meta.ino(),
     }
 }
@@ -132,8 +137,8 @@ fn over_limit(size: u64, max: u64) -> String {
 }
 
 /// BLAKE3 of the regular file at `path`, read without following a symlink, and its metadata
-/// from the open file; `None` if it changed while it was read (size, mtime or inode) or is
-/// no longer a regular file.
+/// from the open file; `None` if it changed while it was read (size, mtime, ctime or inode) or
+/// is no longer a regular file.
 fn hash_stable(path: &Path) -> std::io::Result<Option<(String, std::fs::Metadata)>> {
     let mut f = match std::fs::OpenOptions::new()
         .read(true)
@@ -221,6 +226,14 @@ fn join(dir: &str, name: &str) -> String {
     }
 }
 
+/// A time as nanoseconds since the epoch, as the stamps hold them (before it: negative).
+fn ns_since_epoch(t: SystemTime) -> i128 {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i128,
+        Err(e) => -(e.duration().as_nanos() as i128),
+    }
+}
+
 fn mtime_ns(meta: &std::fs::Metadata) -> i128 {
     meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128
 }
@@ -269,11 +282,7 @@ impl Scanner {
         if let Ok(meta) = std::fs::symlink_metadata(self.root.join(rel))
             && meta.is_file()
         {
-            let stamp = Stamp {
-                size: meta.len(),
-                mtime_ns: mtime_ns(&meta),
-                ino: meta.ino(),
-            };
+            let stamp = stamp_of(&meta);
             self.cache
                 .insert(rel.to_string(), (stamp, hash.to_string(), true));
         }
@@ -586,7 +595,11 @@ impl Scanner {
             }
             let stamp = stamp_of(&meta);
             let racy_after = self.last_scan.map(|t| t - RACY);
-            let racy = racy_after.is_none_or(|t| meta.modified().map_or(true, |m| m >= t));
+            // Racy: changed (mtime) or rewritten with its mtime put back (ctime) too close to
+            // the previous scan for a timestamp tick to tell apart.
+            let racy = racy_after.is_none_or(|t| {
+                meta.modified().map_or(true, |m| m >= t) || stamp.ctime_ns >= ns_since_epoch(t)
+            });
             let known = self.cache.get(rel).or_else(|| before.get(rel));
             if let Some((s, h, primed)) = known
                 && *s == stamp

@@ -137,6 +137,8 @@ fn a_partial_scan_lists_only_the_changed_directories() {
             .open(d.path().join(format!("d{i}/f")));
         f.unwrap().set_modified(old).unwrap();
     }
+    // Old enough by ctime too (setting the mtime moved it), so nothing is racy.
+    std::thread::sleep(RACY + Duration::from_millis(20));
     let mut s = Scanner::new(d.path(), Rules::default());
     s.scan().unwrap();
     assert_eq!(s.listed, 51);
@@ -148,6 +150,61 @@ fn a_partial_scan_lists_only_the_changed_directories() {
     assert_eq!(s.listed, 3, "d7, d9 and the new d9/new");
     assert_eq!(s.hashed, 2);
     assert_eq!(m.entries["d9/new/g"].hash, crate::manifest::hash(b"new"));
+    assert_eq!(m, Scanner::new(d.path(), Rules::default()).scan().unwrap());
+}
+
+/// `cp -p`, `tar x` and `rsync -t` put a rewritten file's old mtime back: size, mtime and
+/// inode all look unchanged, and only the ctime (which no call can set) tells: in the stamp
+/// when the rewrite is older than the racy window, as racy when it is inside it.
+#[test]
+fn a_same_size_rewrite_with_its_old_mtime_put_back_is_hashed_again() {
+    let d = tempfile::tempdir().unwrap();
+    let old = SystemTime::now() - Duration::from_secs(60);
+    let set_old = |p: &str| {
+        let f = std::fs::File::options().write(true).open(d.path().join(p));
+        f.unwrap().set_modified(old).unwrap();
+    };
+    // Rewritten in place (same inode, same size), its mtime put back.
+    let rewrite = |p: &str, text: &str| {
+        let ino = std::fs::metadata(d.path().join(p)).unwrap().ino();
+        std::fs::write(d.path().join(p), text).unwrap();
+        set_old(p);
+        let meta = std::fs::metadata(d.path().join(p)).unwrap();
+        assert_eq!((meta.ino(), meta.len()), (ino, text.len() as u64));
+        assert_eq!(meta.modified().unwrap(), old);
+    };
+    // The ctime of each change must fall before the racy window of the scan after it, so
+    // that only the stamp can tell: wait that long before the scan.
+    let past_racy = || std::thread::sleep(RACY + Duration::from_millis(20));
+    for p in ["a.txt", "b.txt", "c.txt"] {
+        write(d.path(), p, "version 1");
+        set_old(p);
+    }
+    past_racy();
+    let mut s = Scanner::new(d.path(), Rules::default());
+    let first = s.scan().unwrap().clone();
+    past_racy();
+    s.scan().unwrap();
+    assert_eq!(s.hashed, 0, "nothing changed, nothing is hashed");
+
+    rewrite("a.txt", "version 2");
+    past_racy();
+    let m = s.scan().unwrap().clone();
+    assert!(s.was_full);
+    assert_eq!(
+        s.hashed, 1,
+        "only the rewritten file is hashed again (its ctime moved)"
+    );
+    assert_eq!(m.entries["a.txt"].hash, crate::manifest::hash(b"version 2"));
+    assert_eq!(m.entries["b.txt"], first.entries["b.txt"]);
+
+    // Rewritten right after a scan: inside that scan's racy window by its ctime.
+    past_racy();
+    s.scan().unwrap();
+    rewrite("b.txt", "version 3");
+    let m = s.scan().unwrap().clone();
+    assert_eq!(m.entries["b.txt"].hash, crate::manifest::hash(b"version 3"));
+    assert_eq!(m.entries["c.txt"], first.entries["c.txt"]);
     assert_eq!(m, Scanner::new(d.path(), Rules::default()).scan().unwrap());
 }
 
