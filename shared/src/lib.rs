@@ -2,6 +2,7 @@
 //! path-confinement rule for every path that comes off the wire, where state lives on disk,
 //! and logging set-up.
 
+pub mod beneath;
 pub mod dirs;
 pub mod exit;
 pub mod fsio;

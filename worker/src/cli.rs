@@ -274,6 +274,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 .filter(|m| !m.active)
                 .count();
             shared::outln!("{}", crate::watch::doctor_line());
+            shared::outln!("{}", crate::files::doctor_line());
             if missing == 0 {
                 shared::outln!("every mechanism is active");
             } else {

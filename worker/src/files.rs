@@ -1,5 +1,8 @@
-//! File operations inside a workspace. Every path goes through `shared::paths`; writes are
-//! atomic (temp file in the same directory, fsync, rename); sizes are bounded.
+//! File operations inside a workspace. Every path is resolved beneath the workspace by
+//! `shared::beneath` (the kernel's `openat2(RESOLVE_BENEATH)` where it has it, so a command
+//! racing symlinks into the tree cannot make an operation land outside; `shared::paths`'
+//! check-then-open elsewhere); writes are atomic (temp file in the same directory, fsync,
+//! rename); sizes are bounded.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
@@ -8,11 +11,22 @@ use proto::{
     DirListing, Done, FileCall, FileData, FileError, FileErrorKind, FileKind, FileResponse,
     FileStat, PathList, SearchMatch, SearchMatches, file_call, file_response,
 };
+use shared::beneath::Beneath;
 use shared::limits::{MAX_FILE_CHUNK_BYTES, MAX_LIST_ENTRIES};
 use shared::{paths, workspace};
 
 /// Largest directory listing answered, in bytes of paths plus per-entry overhead.
 const LIST_BYTES: usize = 4 * 1024 * 1024;
+
+/// What `worker doctor` says about how wire paths are resolved.
+pub fn doctor_line() -> String {
+    match shared::beneath::support() {
+        shared::beneath::Support::Openat2 => "file paths: resolved beneath the workspace by the kernel (openat2, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)".into(),
+        shared::beneath::Support::Fallback(why) => format!(
+            "file paths: checked, then opened ({why}): a command that swaps symlinks in its workspace during a file call could make it land outside"
+        ),
+    }
+}
 
 fn error(kind: FileErrorKind, path: &str, message: String) -> file_response::Result {
     file_response::Result::Error(FileError {
@@ -46,21 +60,23 @@ fn from_io(path: &str, what: &str, e: std::io::Error) -> file_response::Result {
 /// worker's commands run as: what a write creates is given to it, so commands can change it.
 pub fn handle(call: FileCall, workspaces_root: &Path, owner: Option<(u32, u32)>) -> FileResponse {
     let call_id = call.call_id;
-    let result = match crate::state::workspace(workspaces_root, &call.workspace) {
+    let opened = crate::state::workspace(workspaces_root, &call.workspace)
+        .and_then(|ws| Beneath::new(&ws).map(|b| (ws, b)));
+    let result = match opened {
         Err(e) => from_paths(&call.workspace, e),
-        Ok(ws) => match call.op {
+        Ok((ws, b)) => match call.op {
             None => error(FileErrorKind::Invalid, "", "no operation given".into()),
-            Some(file_call::Op::Read(r)) => read(&ws, &r.path, r.offset, r.length),
+            Some(file_call::Op::Read(r)) => read(&b, &r.path, r.offset, r.length),
             Some(file_call::Op::Write(w)) => {
-                let r = write(&ws, &w.path, &w.data, w.mode, w.create_dirs);
+                let r = write(&b, &w.path, &w.data, w.mode, w.create_dirs);
                 if let (Some(o), file_response::Result::Done(_)) = (owner, &r) {
-                    give(&ws, &w.path, o);
+                    give(&b, &w.path, o);
                 }
                 r
             }
-            Some(file_call::Op::List(l)) => list(&ws, &l.path),
-            Some(file_call::Op::Stat(s)) => stat(&ws, &s.path),
-            Some(file_call::Op::Remove(r)) => remove(&ws, &r.path, r.recursive),
+            Some(file_call::Op::List(l)) => list(&b, &l.path),
+            Some(file_call::Op::Stat(s)) => stat(&b, &s.path),
+            Some(file_call::Op::Remove(r)) => remove(&b, &r.path, r.recursive),
             Some(file_call::Op::Find(f)) => find(&ws, &f.glob, f.max_results),
             Some(file_call::Op::Search(f)) => search(&ws, &f.pattern, &f.glob, f.max_matches),
         },
@@ -71,42 +87,21 @@ pub fn handle(call: FileCall, workspaces_root: &Path, owner: Option<(u32, u32)>)
     }
 }
 
-fn read(ws: &Path, path: &str, offset: u64, length: u64) -> file_response::Result {
-    use std::os::unix::fs::OpenOptionsExt;
-    let full = match paths::confine(ws, path) {
-        Ok(p) => p,
+fn read(b: &Beneath, path: &str, offset: u64, length: u64) -> file_response::Result {
+    // Looked at before it is opened: opening a FIFO would block, a device could do anything.
+    let mut f = match b.open_read(path) {
+        Ok(Some(f)) => f,
+        Ok(None) => {
+            return error(
+                FileErrorKind::Invalid,
+                path,
+                format!("{path:?} is not a regular file"),
+            );
+        }
         Err(e) => return from_paths(path, e),
     };
-    // Look before opening: opening a FIFO would block, a device could do anything.
-    match std::fs::symlink_metadata(&full) {
-        Ok(m) if m.is_file() => {}
-        Ok(_) => {
-            return error(
-                FileErrorKind::Invalid,
-                path,
-                format!("{path:?} is not a regular file"),
-            );
-        }
-        Err(e) => return from_io(path, "cannot stat", e),
-    }
-    let mut f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&full)
-    {
-        Ok(f) => f,
-        Err(e) => return from_io(path, "cannot open", e),
-    };
-    // Checked again on the open file, in case it was swapped since the look.
     let size = match f.metadata() {
-        Ok(m) if m.is_file() => m.len(),
-        Ok(_) => {
-            return error(
-                FileErrorKind::Invalid,
-                path,
-                format!("{path:?} is not a regular file"),
-            );
-        }
+        Ok(m) => m.len(),
         Err(e) => return from_io(path, "cannot stat", e),
     };
     let want = if length == 0 {
@@ -128,7 +123,7 @@ fn read(ws: &Path, path: &str, offset: u64, length: u64) -> file_response::Resul
 }
 
 fn write(
-    ws: &Path,
+    b: &Beneath,
     path: &str,
     data: &[u8],
     mode: u32,
@@ -144,13 +139,10 @@ fn write(
             ),
         );
     }
-    let (parent, name) = match paths::confine_parent(ws, path) {
+    let (parent, name) = match b.parent(path, create_dirs) {
         Ok(x) => x,
         Err(e) => return from_paths(path, e),
     };
-    if create_dirs && let Err(e) = std::fs::create_dir_all(&parent) {
-        return from_io(path, "cannot create the parent of", e);
-    }
     // Only permission bits: no setuid, setgid or sticky bits from the wire.
     let mode = if mode == 0 { 0o644 } else { mode & 0o777 };
     let target = parent.join(&name);
@@ -167,24 +159,22 @@ fn write(
     }
 }
 
-/// Gives a written file, and the directories above it inside the workspace, to `owner`.
-/// Gives a workspace path (and the directories on the way) to the command user.
+/// Gives a workspace path, and the directories on the way to it, to the command user.
 pub fn give_path(ws: &Path, path: &str, owner: (u32, u32)) {
-    give(ws, path, owner)
+    if let Ok(b) = Beneath::new(ws) {
+        give(&b, path, owner)
+    }
 }
 
-fn give(ws: &Path, path: &str, (uid, gid): (u32, u32)) {
+/// Gives a written file, and the directories above it inside the workspace, to `owner`
+/// (each entry itself: a symlink is not followed).
+fn give(b: &Beneath, path: &str, (uid, gid): (u32, u32)) {
     let Ok(parts) = paths::check_relative(path) else {
         return;
     };
-    let mut cur = ws.to_path_buf();
-    for p in parts {
-        cur.push(p);
-        if let Ok(c) = std::ffi::CString::new(cur.as_os_str().as_encoded_bytes()) {
-            // SAFETY: valid NUL-terminated path; lchown does not follow symlinks.
-            unsafe {
-                libc::lchown(c.as_ptr(), uid, gid);
-            }
+    for i in 1..=parts.len() {
+        if let Ok((dir, name)) = b.parent(&parts[..i].join("/"), false) {
+            let _ = std::os::unix::fs::lchown(dir.join(&name), Some(uid), Some(gid));
         }
     }
 }
@@ -210,12 +200,12 @@ fn stat_of(rel: String, meta: &std::fs::Metadata) -> FileStat {
     }
 }
 
-fn list(ws: &Path, path: &str) -> file_response::Result {
-    let full = match paths::confine(ws, path) {
-        Ok(p) => p,
+fn list(b: &Beneath, path: &str) -> file_response::Result {
+    let dir = match b.dir(path, false) {
+        Ok(d) => d,
         Err(e) => return from_paths(path, e),
     };
-    let rd = match std::fs::read_dir(&full) {
+    let rd = match std::fs::read_dir(dir.path()) {
         Ok(rd) => rd,
         Err(e) => return from_io(path, "cannot list", e),
     };
@@ -303,29 +293,30 @@ fn search(ws: &Path, pattern: &str, glob: &str, max: u32) -> file_response::Resu
     })
 }
 
-fn stat(ws: &Path, path: &str) -> file_response::Result {
+fn stat(b: &Beneath, path: &str) -> file_response::Result {
     // The entry itself is described: a symlink is reported as a symlink, not followed.
-    let full = match paths::check_relative(path) {
-        Ok(parts) if parts.is_empty() => paths::confine(ws, path),
-        Ok(_) => paths::confine_parent(ws, path).map(|(parent, name)| parent.join(name)),
+    let meta = match paths::check_relative(path) {
+        Ok(parts) if parts.is_empty() => b
+            .dir(path, false)
+            .map(|d| std::fs::metadata(d.path()).map_err(|e| (path, e))),
+        Ok(_) => b
+            .parent(path, false)
+            .map(|(d, name)| std::fs::symlink_metadata(d.join(&name)).map_err(|e| (path, e))),
         Err(e) => Err(e),
     };
-    let full = match full {
-        Ok(p) => p,
-        Err(e) => return from_paths(path, e),
-    };
-    match std::fs::symlink_metadata(&full) {
-        Ok(meta) => file_response::Result::Stat(stat_of(path.to_string(), &meta)),
-        Err(e) => from_io(path, "cannot stat", e),
+    match meta {
+        Ok(Ok(meta)) => file_response::Result::Stat(stat_of(path.to_string(), &meta)),
+        Ok(Err((path, e))) => from_io(path, "cannot stat", e),
+        Err(e) => from_paths(path, e),
     }
 }
 
-fn remove(ws: &Path, path: &str, recursive: bool) -> file_response::Result {
-    let (parent, name) = match paths::confine_parent(ws, path) {
+fn remove(b: &Beneath, path: &str, recursive: bool) -> file_response::Result {
+    let (parent, name) = match b.parent(path, false) {
         Ok(x) => x,
         Err(e) => return from_paths(path, e),
     };
-    let target = parent.join(name);
+    let target = parent.join(&name);
     let res = match std::fs::symlink_metadata(&target) {
         Err(e) => Err(e),
         Ok(m) if m.is_dir() && recursive => std::fs::remove_dir_all(&target),
@@ -465,5 +456,110 @@ mod tests {
             None,
         );
         assert!(matches!(rm.result, Some(file_response::Result::Error(_))));
+    }
+
+    /// A command swaps a directory of the workspace for a symlink to outside and back, as
+    /// fast as it can, while file calls go through it: none may read or write outside.
+    #[test]
+    fn a_racing_symlink_swap_never_reads_or_writes_outside() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let ws = root.path().join("ws");
+        std::fs::create_dir_all(ws.join("d")).unwrap();
+        std::fs::write(ws.join("d/f"), "inside").unwrap();
+        std::fs::write(outside.path().join("f"), "outside").unwrap();
+        std::os::unix::fs::symlink(outside.path(), ws.join("swap")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (stop, ws) = (stop.clone(), ws.clone());
+            std::thread::spawn(move || {
+                let a = std::ffi::CString::new(ws.join("d").into_os_string().into_encoded_bytes())
+                    .unwrap();
+                let b =
+                    std::ffi::CString::new(ws.join("swap").into_os_string().into_encoded_bytes())
+                        .unwrap();
+                let mut swaps = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // SAFETY: two valid NUL-terminated paths; `d` and `swap` trade places
+                    // atomically, so `d` is always one of the two.
+                    let r = unsafe {
+                        libc::renameat2(
+                            libc::AT_FDCWD,
+                            a.as_ptr(),
+                            libc::AT_FDCWD,
+                            b.as_ptr(),
+                            libc::RENAME_EXCHANGE,
+                        )
+                    };
+                    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+        let (mut inside, mut refused) = (0, 0);
+        for i in 0..3000 {
+            let r = handle(
+                call(file_call::Op::Read(ReadFile {
+                    path: "d/f".into(),
+                    offset: 0,
+                    length: 0,
+                })),
+                root.path(),
+                None,
+            );
+            match r.result {
+                Some(file_response::Result::Data(d)) => {
+                    assert_eq!(d.data, b"inside", "read outside the workspace");
+                    inside += 1;
+                }
+                Some(file_response::Result::Error(_)) => refused += 1,
+                other => panic!("{other:?}"),
+            }
+            let path = format!("d/new-{i}");
+            handle(
+                call(file_call::Op::Write(WriteFile {
+                    path: path.clone(),
+                    data: b"x".to_vec(),
+                    mode: 0,
+                    create_dirs: true,
+                })),
+                root.path(),
+                None,
+            );
+            handle(
+                call(file_call::Op::Remove(RemovePath {
+                    path: "d/f-gone".into(),
+                    recursive: true,
+                })),
+                root.path(),
+                None,
+            );
+            let l = handle(
+                call(file_call::Op::List(proto::ListDir { path: "d".into() })),
+                root.path(),
+                None,
+            );
+            if let Some(file_response::Result::Listing(l)) = l.result {
+                assert!(
+                    l.entries.iter().all(|e| e.path != "d/f" || e.size == 6),
+                    "listed outside the workspace"
+                );
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let swaps = swapper.join().unwrap();
+        let mut out: Vec<String> = std::fs::read_dir(outside.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        out.sort();
+        assert_eq!(out, ["f"], "something was written outside");
+        assert_eq!(std::fs::read(outside.path().join("f")).unwrap(), b"outside");
+        // The race really ran: the swap was seen both ways.
+        assert!(
+            swaps > 100 && inside > 0 && refused > 0,
+            "{swaps} {inside} {refused}"
+        );
     }
 }
