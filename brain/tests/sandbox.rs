@@ -389,6 +389,68 @@ fn real_tools_work_at_a_fixed_workspace_path_under_a_private_state_dir() {
     assert_ne!(out.status.code(), Some(0), "{}", text(&out));
 }
 
+/// Commands see only the command user's processes in /proc: the worker's and the brain's
+/// command lines (and every other user's) are not there to read, while their own processes
+/// and /proc/cpuinfo still are. The worker's /proc lives in its own mount namespace: the
+/// host's mounts do not change.
+#[test]
+fn a_command_cannot_read_other_processes_in_proc() {
+    let proc_mounts = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.split(' ').nth(4) == Some("/proc"))
+            .map(|l| l.split(" - ").nth(1).unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    let before = proc_mounts();
+    let c = Cluster::start();
+    if !have(&c, "proc", "a_command_cannot_read_other_processes_in_proc") {
+        return;
+    }
+    let w = c.join_worker("proc");
+    let brain = c.brain.as_ref().unwrap().pid();
+    let worker = w.proc.as_ref().unwrap().pid();
+    // The host's /proc has them, to show what is being hidden.
+    assert!(std::fs::read(format!("/proc/{worker}/cmdline")).is_ok_and(|b| !b.is_empty()));
+    for pid in [worker, brain, 1] {
+        let out = exec(&c, &w, &[], &format!("cat /proc/{pid}/cmdline"));
+        assert_ne!(out.status.code(), Some(0), "pid {pid}: {}", text(&out));
+        assert!(stdout(&out).is_empty(), "pid {pid}: {}", text(&out));
+    }
+    // Every process the command can see is the command user's.
+    let out = exec(
+        &c,
+        &w,
+        &[],
+        "for p in /proc/[0-9]*; do stat -c %u \"$p\" 2>/dev/null; done | sort -u; \
+         tr '\\0' ' ' < /proc/self/cmdline; echo; grep -c ^processor /proc/cpuinfo",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let said = stdout(&out);
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", text(&out));
+    assert_eq!(
+        lines[0],
+        "65534",
+        "other users' processes are visible: {}",
+        text(&out)
+    );
+    // Its own processes are there (the redirect opens /proc/self before `tr` runs: the
+    // shell's command line).
+    assert!(
+        lines[1].starts_with("tr ") || lines[1].starts_with("sh -c "),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        lines[2].parse::<u32>().is_ok_and(|n| n > 0),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(proc_mounts(), before, "the worker's /proc reached the host");
+}
+
 #[test]
 fn a_worker_run_by_a_normal_user_gives_commands_a_workspace_they_can_use() {
     let c = Cluster::start();

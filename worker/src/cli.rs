@@ -154,6 +154,17 @@ where
 {
     shared::telemetry::init("info");
     let cli = Cli::parse_from(args);
+    // Before the runtime and its threads: a mount namespace is per thread.
+    let confined = match &cli.cmd {
+        Cmd::Join {
+            no_run, no_sandbox, ..
+        } => !no_run && !no_sandbox,
+        Cmd::Run { no_sandbox, .. } => !no_sandbox,
+        Cmd::Doctor { .. } => true,
+    };
+    if confined {
+        crate::sandbox::isolate();
+    }
     // One thread: the worker's work is I/O and child processes, and a single-threaded
     // runtime wakes on a child's exit or a message without a cross-thread hand-off (measured:
     // about 0.15 ms less per exec than two threads). Blocking file I/O goes to the blocking pool.

@@ -68,7 +68,7 @@ pub enum Cmd {
         #[arg(long)]
         network_off: bool,
         /// Confinement a worker must have before a task is placed on it, comma-separated
-        /// (landlock, cgroup, netns, rlimits, user); see `worker doctor`
+        /// (landlock, cgroup, mountns, proc, netns, rlimits, user); see `worker doctor`
         #[arg(long, value_delimiter = ',')]
         require_sandbox: Vec<String>,
         /// The config file: LLM providers, models, prices and agent defaults (TOML; see

@@ -3,7 +3,8 @@
 //! secrets), rlimits and `no_new_privs`, a new session, a cgroup with memory, pids and CPU
 //! limits, a mount namespace of its own in which the workspace is at [`WORKSPACE_PATH`] and
 //! its temp dir at `/tmp` while the worker's state is hidden, a fresh network namespace when
-//! the network is off, and an unprivileged user when the worker runs as root.
+//! the network is off, an unprivileged user when the worker runs as root, and a `/proc` that
+//! shows that user only its own processes.
 //! [`Sandbox::probe`] finds out what this host can enforce and [`Report`] says so plainly
 //! (`worker doctor`, and the worker's hello); [`Sandbox::check_workspaces`] proves that the
 //! command user can reach its workspace, and the worker refuses to start when it cannot.
@@ -16,6 +17,7 @@
 mod cgroup;
 mod guard;
 mod mount;
+mod proc;
 mod report;
 mod rlimits;
 mod sys;
@@ -29,6 +31,8 @@ use cgroup::{CgroupV1, Leaves, empty_cgroup, oom_kills, pids_refused, probe_cgro
 pub use guard::Guard;
 use mount::{MountPlan, probe_mountns, untraversable_ancestor};
 pub use mount::{TMP_PATH, WORKSPACE_PATH};
+pub use proc::isolate;
+use proc::probe_proc;
 pub use report::{Mechanism, Report};
 use rlimits::Rlimits;
 use sys::{describe_errno, errno, in_child, kernel, write, write_pid};
@@ -204,6 +208,7 @@ impl Sandbox {
             });
             None
         };
+        probe_proc(run_as.is_some(), &mut report);
         let mut denied: Vec<PathBuf> = vec![state_dir.to_path_buf()];
         if let Some(home) = std::env::var_os("HOME") {
             for s in HOME_SECRETS {
@@ -280,7 +285,9 @@ impl Sandbox {
     /// No confinement at all (`--no-sandbox`): commands run like any child of the worker.
     /// The hello then names no mechanism, so a brain that requires one refuses this worker.
     pub fn disabled(state_dir: &Path) -> Self {
-        let names = ["landlock", "rlimits", "cgroup", "mountns", "netns", "user"];
+        let names = [
+            "landlock", "rlimits", "cgroup", "mountns", "proc", "netns", "user",
+        ];
         Self {
             report: Report {
                 mechanisms: names
@@ -882,7 +889,9 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let s = Sandbox::probe(d.path(), &[]);
         let names: Vec<&str> = s.report.mechanisms.iter().map(|m| m.name).collect();
-        for n in ["landlock", "rlimits", "cgroup", "mountns", "netns", "user"] {
+        for n in [
+            "landlock", "rlimits", "cgroup", "mountns", "proc", "netns", "user",
+        ] {
             assert!(names.contains(&n), "{names:?}");
         }
         assert!(s.report.render().lines().count() >= 5);
