@@ -273,7 +273,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Doctor { state } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
-            let mut sandbox = crate::sandbox::Sandbox::probe(&dir.0, &[]);
+            let mut sandbox = crate::sandbox::Sandbox::look(&dir.0, &[]);
             // The mount point is made here too (an empty directory), so the check below
             // says what a running worker would do.
             sandbox.prepare();

@@ -1,17 +1,42 @@
-//! The cgroup v1 side of confinement: where our controllers are, one call's leaves (memory,
-//! pids, cpu), their counters (OOM kills, refused forks), and emptying a leaf.
+//! The cgroup side of confinement, v1 and v2: where our controllers are, one call's leaves
+//! (memory, pids, cpu: one directory per controller in v1, one directory in v2), the limits
+//! written there, their counters (OOM kills, refused forks), and emptying a leaf. Finding and
+//! preparing a v2 subtree is `cgroup_v2`.
 
 use std::path::{Path, PathBuf};
 
+use super::cgroup_v2::{self, Hierarchy};
 use super::report::{Mechanism, Report};
-use super::sys::read;
+use super::sys::{read, write};
 
-/// Where the cgroup v1 controllers we use live, and our own place in each.
+/// Which cgroup version the leaves are made in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Version {
+    V1,
+    V2,
+}
+
+/// Where the controllers we use live, and our own place in each (in v2 the three are one
+/// directory, `cpu` there when the cpu controller was handed to us).
 #[derive(Debug, Clone)]
-pub(super) struct CgroupV1 {
+pub(super) struct Cgroups {
+    pub(super) version: Version,
     pub(super) memory: PathBuf,
     pub(super) pids: PathBuf,
     pub(super) cpu: Option<PathBuf>,
+}
+
+impl Cgroups {
+    /// The directories leaves are made under, each once.
+    pub(super) fn bases(&self) -> Vec<&PathBuf> {
+        let mut v = vec![&self.memory];
+        for b in [Some(&self.pids), self.cpu.as_ref()].into_iter().flatten() {
+            if !v.contains(&b) {
+                v.push(b);
+            }
+        }
+        v
+    }
 }
 
 /// Most idle cgroup leaves kept.
@@ -20,6 +45,7 @@ pub(super) const POOL_MAX: usize = 16;
 /// One call's cgroup leaves (memory, pids, and cpu where mounted).
 #[derive(Debug)]
 pub(super) struct Leaves {
+    pub(super) version: Version,
     pub(super) memory: PathBuf,
     pub(super) pids: PathBuf,
     pub(super) cpu: Option<PathBuf>,
@@ -28,13 +54,99 @@ pub(super) struct Leaves {
 }
 
 impl Leaves {
+    /// Each leaf directory once.
     pub(super) fn all(&self) -> impl Iterator<Item = &PathBuf> {
-        [&self.memory, &self.pids]
-            .into_iter()
-            .chain(self.cpu.as_ref())
+        let v1 = self.version == Version::V1;
+        [
+            Some(&self.memory),
+            v1.then_some(&self.pids),
+            self.cpu.as_ref().filter(|_| v1),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// The directories a command joins: in v1 the cpu leaf only when the CPU is capped
+    /// (joining costs a little per controller); in v2 the one leaf.
+    pub(super) fn to_join(&self, capped: bool) -> Vec<&PathBuf> {
+        match self.version {
+            Version::V1 if capped => self.all().collect(),
+            Version::V1 => vec![&self.memory, &self.pids],
+            Version::V2 => vec![&self.memory],
+        }
+    }
+
+    /// Writes the limits that differ from the last ones written here (`cpu_quota`: µs per
+    /// 100 ms period, or -1 for none).
+    pub(super) fn set_limits(
+        &mut self,
+        memory: u64,
+        pids: u32,
+        cpu_quota: i64,
+    ) -> Result<(), String> {
+        let (m0, p0, c0) = self.written;
+        match self.version {
+            Version::V1 => {
+                if m0 != memory {
+                    // memory+swap may never be below memory: raise memsw first, lower it
+                    // last. Without swap accounting that file is absent; the memory limit
+                    // still holds.
+                    let memsw = self.memory.join("memory.memsw.limit_in_bytes");
+                    if memory > m0 {
+                        let _ = std::fs::write(&memsw, memory.to_string());
+                    }
+                    write(
+                        &self.memory.join("memory.limit_in_bytes"),
+                        &memory.to_string(),
+                    )?;
+                    let _ = std::fs::write(&memsw, memory.to_string());
+                }
+                if p0 != pids {
+                    write(&self.pids.join("pids.max"), &pids.to_string())?;
+                }
+                if let Some(cl) = &self.cpu
+                    && c0 != cpu_quota
+                {
+                    write(&cl.join("cpu.cfs_period_us"), "100000")?;
+                    write(&cl.join("cpu.cfs_quota_us"), &cpu_quota.to_string())?;
+                }
+            }
+            Version::V2 => {
+                let changed = [m0 != memory, m0 != memory, p0 != pids, c0 != cpu_quota];
+                for ((file, value), changed) in cgroup_v2::limit_files(memory, pids, cpu_quota)
+                    .into_iter()
+                    .zip(changed)
+                {
+                    if !changed || (file == "cpu.max" && self.cpu.is_none()) {
+                        continue;
+                    }
+                    match write(&self.memory.join(file), &value) {
+                        // No swap controller (swap accounting off): there is no swap to use.
+                        Err(_) if file == "memory.swap.max" => {}
+                        r => r?,
+                    }
+                }
+            }
+        }
+        self.written = (memory, pids, cpu_quota);
+        Ok(())
+    }
+
+    /// OOM kills counted here so far.
+    pub(super) fn oom_kills(&self) -> u64 {
+        match self.version {
+            Version::V1 => oom_kills(&self.memory),
+            Version::V2 => cgroup_v2::oom_kills(&self.memory),
+        }
+    }
+
+    /// Forks refused here so far (`max` in `pids.events`, in v1 and v2 alike).
+    pub(super) fn pids_refused(&self) -> u64 {
+        pids_refused(&self.pids)
     }
 }
 
+/// The OOM kills of a v1 memory leaf (`oom_kill` in `memory.oom_control`).
 pub(super) fn oom_kills(memory_leaf: &Path) -> u64 {
     read(memory_leaf.join("memory.oom_control"))
         .and_then(|t| {
@@ -70,14 +182,45 @@ pub(super) fn own_cgroup(controller: &str) -> Option<PathBuf> {
     None
 }
 
-pub(super) fn probe_cgroup(report: &mut Report) -> Option<CgroupV1> {
-    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-        report.mechanisms.push(Mechanism {
-            name: "cgroup",
-            active: false,
-            detail: "cgroup v2 host: this worker build manages v1 controllers only; memory, pids and CPU are bounded by rlimits alone".into(),
-        });
-        return None;
+/// Finds the controllers on this host and says what is enforced. `commit` (a worker that
+/// will run commands, not `worker doctor`) lets a v2 worker move itself into its leaf.
+pub(super) fn probe_cgroup(report: &mut Report, commit: bool) -> Option<Cgroups> {
+    let mount = Path::new("/sys/fs/cgroup");
+    let hierarchy = Hierarchy::of(mount);
+    if hierarchy == Hierarchy::V2 {
+        let own = read("/proc/self/cgroup");
+        let prepared = own
+            .as_deref()
+            .and_then(cgroup_v2::own_path)
+            .ok_or_else(|| "cannot read this process's cgroup from /proc/self/cgroup".to_string())
+            .and_then(|own| cgroup_v2::prepare(mount, own, std::process::id(), commit));
+        return match prepared {
+            Ok(sub) => {
+                report.mechanisms.push(Mechanism {
+                    name: "cgroup",
+                    active: true,
+                    detail: format!(
+                        "v2: a leaf per call under {} with memory.max (no swap), pids.max{}; OOM kills from memory.events; the whole leaf killed with cgroup.kill",
+                        sub.base.display(),
+                        if sub.cpu { ", cpu.max" } else { " (no cpu controller delegated: CPU time by rlimit only)" }
+                    ),
+                });
+                Some(Cgroups {
+                    version: Version::V2,
+                    memory: sub.base.clone(),
+                    pids: sub.base.clone(),
+                    cpu: sub.cpu.then_some(sub.base),
+                })
+            }
+            Err(why) => {
+                report.mechanisms.push(Mechanism {
+                    name: "cgroup",
+                    active: false,
+                    detail: format!("{why}; memory, pids and CPU are bounded by rlimits alone"),
+                });
+                None
+            }
+        };
     }
     let memory = own_cgroup("memory");
     let pids = own_cgroup("pids");
@@ -93,12 +236,18 @@ pub(super) fn probe_cgroup(report: &mut Report) -> Option<CgroupV1> {
                         name: "cgroup",
                         active: true,
                         detail: format!(
-                            "v1 memory and pids{} controllers under {}",
+                            "{}: memory and pids{} controllers under {}",
+                            hierarchy.name(),
                             if cpu.is_some() { ", cpu" } else { "" },
                             memory.display()
                         ),
                     });
-                    Some(CgroupV1 { memory, pids, cpu })
+                    Some(Cgroups {
+                        version: Version::V1,
+                        memory,
+                        pids,
+                        cpu,
+                    })
                 }
                 Err(e) => {
                     report.mechanisms.push(Mechanism {
@@ -114,7 +263,10 @@ pub(super) fn probe_cgroup(report: &mut Report) -> Option<CgroupV1> {
             report.mechanisms.push(Mechanism {
                 name: "cgroup",
                 active: false,
-                detail: "no cgroup v1 memory and pids controllers are mounted".into(),
+                detail: format!(
+                    "{}: no cgroup v1 memory and pids controllers are mounted",
+                    hierarchy.name()
+                ),
             });
             None
         }
@@ -122,9 +274,11 @@ pub(super) fn probe_cgroup(report: &mut Report) -> Option<CgroupV1> {
 }
 
 /// SIGKILLs everything in a cgroup until it is empty (new processes may appear while we
-/// kill). Returns whether it emptied within about 100 ms.
+/// kill): in v2 all at once with `cgroup.kill`, in v1 process by process. Returns whether it
+/// emptied within about 100 ms.
 pub(super) fn empty_cgroup(leaf: &Path) -> bool {
-    for _ in 0..50 {
+    let all_at_once = cgroup_v2::kill(leaf);
+    for round in 0..50 {
         let pids: Vec<i32> = read(leaf.join("cgroup.procs"))
             .unwrap_or_default()
             .lines()
@@ -133,7 +287,8 @@ pub(super) fn empty_cgroup(leaf: &Path) -> bool {
         if pids.is_empty() {
             return true;
         }
-        for p in pids {
+        // After cgroup.kill, a few rounds for the killed to leave; then one by one too.
+        for p in pids.into_iter().filter(|_| !all_at_once || round >= 5) {
             // SAFETY: plain syscall.
             unsafe {
                 libc::kill(p, libc::SIGKILL);

@@ -4,7 +4,7 @@
 use shared::locks::Lock;
 use std::path::PathBuf;
 
-use super::cgroup::{Leaves, POOL_MAX, empty_cgroup, oom_kills, pids_refused};
+use super::cgroup::{Leaves, POOL_MAX, empty_cgroup};
 
 /// A confined call's cgroup and temp dir.
 pub struct Guard {
@@ -40,7 +40,7 @@ impl Guard {
     /// Whether the kernel's OOM killer acted in this call's memory cgroup, with the limit.
     pub fn oom_killed(&self) -> Option<u64> {
         let leaves = self.leaves.as_ref()?;
-        (oom_kills(&leaves.memory) > self.oom_before).then_some(self.memory_limit)
+        (leaves.oom_kills() > self.oom_before).then_some(self.memory_limit)
     }
 
     /// Which limit ended or hampered the command, in words, from how it ended (`code`,
@@ -89,7 +89,7 @@ impl Guard {
         let refused = self
             .leaves
             .as_ref()
-            .map(|l| pids_refused(&l.pids).saturating_sub(self.pids_before))
+            .map(|l| l.pids_refused().saturating_sub(self.pids_before))
             .unwrap_or(0);
         if refused > 0 {
             return Some(format!(

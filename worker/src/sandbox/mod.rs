@@ -15,6 +15,9 @@
 //! rlimits, the guard, the report) is in files of its own.
 
 mod cgroup;
+#[cfg(test)]
+mod cgroup_real_tests;
+mod cgroup_v2;
 mod guard;
 mod mount;
 mod proc;
@@ -27,7 +30,7 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use cgroup::{CgroupV1, Leaves, empty_cgroup, oom_kills, pids_refused, probe_cgroup};
+use cgroup::{Cgroups, Leaves, Version, empty_cgroup, probe_cgroup};
 pub use guard::Guard;
 use mount::{MountPlan, probe_mountns, untraversable_ancestor};
 pub use mount::{TMP_PATH, WORKSPACE_PATH};
@@ -35,7 +38,7 @@ pub use proc::isolate;
 use proc::probe_proc;
 pub use report::{Mechanism, Report};
 use rlimits::Rlimits;
-use sys::{describe_errno, errno, in_child, kernel, write, write_pid};
+use sys::{describe_errno, errno, in_child, kernel, write_pid};
 
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreated,
@@ -87,7 +90,7 @@ pub const DEFAULT_FILE_SIZE: u64 = 8 << 30;
 pub struct Sandbox {
     pub report: Report,
     landlock: bool,
-    cgroup: Option<CgroupV1>,
+    cgroup: Option<Cgroups>,
     netns: bool,
     /// Each command gets a mount namespace with its workspace at [`WORKSPACE_PATH`].
     mountns: bool,
@@ -137,6 +140,16 @@ fn landlock_abi() -> Option<i64> {
 impl Sandbox {
     /// Finds out what this host can enforce. `deny_read` adds paths commands may not read.
     pub fn probe(state_dir: &Path, deny_read: &[PathBuf]) -> Self {
+        Self::probe_as(state_dir, deny_read, true)
+    }
+
+    /// What [`Sandbox::probe`] would find, changing nothing on the host (for `worker
+    /// doctor`: a cgroup v2 worker does not move itself into its leaf).
+    pub fn look(state_dir: &Path, deny_read: &[PathBuf]) -> Self {
+        Self::probe_as(state_dir, deny_read, false)
+    }
+
+    fn probe_as(state_dir: &Path, deny_read: &[PathBuf], commit: bool) -> Self {
         let mut report = Report::default();
         let landlock = match landlock_abi() {
             Some(v) if v >= 3 => {
@@ -172,7 +185,7 @@ impl Sandbox {
             active: true,
             detail: "file size always; CPU time and address space when the policy sets them (address space also when there is no cgroup); processes when commands run as a dedicated user without a cgroup; no_new_privs; own session".into(),
         });
-        let cgroup = probe_cgroup(&mut report);
+        let cgroup = probe_cgroup(&mut report, commit);
         // SAFETY: plain getter.
         let root = unsafe { libc::geteuid() } == 0;
         let netns = if root {
@@ -237,7 +250,7 @@ impl Sandbox {
     }
 
     /// A set of cgroup leaves for a call: an idle one, or new ones.
-    fn leaves(&self, cg: &CgroupV1) -> Result<Leaves, String> {
+    fn leaves(&self, cg: &Cgroups) -> Result<Leaves, String> {
         if let Some(l) = self.pool.locked().pop() {
             return Ok(l);
         }
@@ -251,11 +264,25 @@ impl Sandbox {
                 .map_err(|e| format!("cannot create cgroup {}: {e}", leaf.display()))?;
             Ok(leaf)
         };
-        Ok(Leaves {
-            memory: mk(&cg.memory)?,
-            pids: mk(&cg.pids)?,
-            cpu: cg.cpu.as_ref().map(|c| mk(c)).transpose()?,
-            written: (0, 0, -1),
+        Ok(match cg.version {
+            Version::V1 => Leaves {
+                version: Version::V1,
+                memory: mk(&cg.memory)?,
+                pids: mk(&cg.pids)?,
+                cpu: cg.cpu.as_ref().map(|c| mk(c)).transpose()?,
+                written: (0, 0, -1),
+            },
+            Version::V2 => {
+                let leaf = mk(&cg.memory)?;
+                Leaves {
+                    version: Version::V2,
+                    pids: leaf.clone(),
+                    cpu: cg.cpu.as_ref().map(|_| leaf.clone()),
+                    memory: leaf,
+                    // Unknown: every limit is written the first time.
+                    written: (0, 0, 0),
+                }
+            }
         })
     }
 
@@ -326,10 +353,7 @@ impl Sandbox {
             return;
         };
         let me = std::process::id();
-        for base in [Some(&cg.memory), Some(&cg.pids), cg.cpu.as_ref()]
-            .into_iter()
-            .flatten()
-        {
+        for base in cg.bases() {
             let Ok(entries) = std::fs::read_dir(base) else {
                 continue;
             };
@@ -615,44 +639,16 @@ impl Sandbox {
             } else {
                 -1
             };
-            if leaves.written.0 != memory {
-                // memory+swap may never be below memory: raise memsw first, lower it last.
-                // Without swap accounting that file is absent; the memory limit still holds.
-                let memsw = leaves.memory.join("memory.memsw.limit_in_bytes");
-                if memory > leaves.written.0 {
-                    let _ = std::fs::write(&memsw, memory.to_string());
-                }
-                write(
-                    &leaves.memory.join("memory.limit_in_bytes"),
-                    &memory.to_string(),
-                )?;
-                let _ = std::fs::write(&memsw, memory.to_string());
-            }
-            if leaves.written.1 != pids {
-                write(&leaves.pids.join("pids.max"), &pids.to_string())?;
-            }
-            if let Some(cl) = &leaves.cpu
-                && leaves.written.2 != quota
-            {
-                write(&cl.join("cpu.cfs_period_us"), "100000")?;
-                write(&cl.join("cpu.cfs_quota_us"), &quota.to_string())?;
-            }
-            leaves.written = (memory, pids, quota);
-            // Joining a cgroup costs a little per controller: the cpu one only when capped.
-            let join: Vec<&PathBuf> = if quota > 0 {
-                leaves.all().collect()
-            } else {
-                vec![&leaves.memory, &leaves.pids]
-            };
-            for d in join {
+            leaves.set_limits(memory, pids, quota)?;
+            for d in leaves.to_join(quota > 0) {
                 let f = std::fs::OpenOptions::new()
                     .write(true)
                     .open(d.join("cgroup.procs"))
                     .map_err(|e| format!("cannot open {}/cgroup.procs: {e}", d.display()))?;
                 procs.push(f.into());
             }
-            guard.oom_before = oom_kills(&leaves.memory);
-            guard.pids_before = pids_refused(&leaves.pids);
+            guard.oom_before = leaves.oom_kills();
+            guard.pids_before = leaves.pids_refused();
             guard.memory_limit = memory;
             guard.pids_limit = pids;
             guard.leaves = Some(leaves);
@@ -887,7 +883,7 @@ mod tests {
     #[test]
     fn probe_reports_every_mechanism() {
         let d = tempfile::tempdir().unwrap();
-        let s = Sandbox::probe(d.path(), &[]);
+        let s = Sandbox::look(d.path(), &[]);
         let names: Vec<&str> = s.report.mechanisms.iter().map(|m| m.name).collect();
         for n in [
             "landlock", "rlimits", "cgroup", "mountns", "proc", "netns", "user",
