@@ -634,3 +634,65 @@ fn commands_ended_by_a_limit_say_which_limit() {
         text(&out)
     );
 }
+
+/// A task that keeps more on its worker's disk than `--disk-quota` / `--disk-files` allow —
+/// in its workspace or in its temp dir — is stopped at the barrier after the call that went
+/// over, with the reason, before its next call runs; what is outside its workspace and temp
+/// dir is not touched.
+#[test]
+fn a_task_over_its_disk_quota_is_stopped_with_the_reason() {
+    let c = Cluster::start_with(BrainOptions {
+        extra_args: vec![
+            "--disk-quota".into(),
+            "1MiB".into(),
+            "--disk-files".into(),
+            "50".into(),
+        ],
+        ..Default::default()
+    });
+    let _w = c.join_worker("q");
+    let outside = c.dir.join("outside.txt");
+    std::fs::write(&outside, "untouched").unwrap();
+    let cases = [
+        ("head -c 2000000 /dev/zero > big.bin", "the quota is 1 MiB"),
+        (
+            "head -c 2000000 /dev/zero > \"$TMPDIR/big.bin\"",
+            "the quota is 1 MiB",
+        ),
+        (
+            "mkdir d && for i in $(seq 1 80); do : > d/f$i; done",
+            "the quota is 50",
+        ),
+    ];
+    for (i, (fill, says)) in cases.iter().enumerate() {
+        let steps = json!({"steps": [
+            {"run": ["sh", "-c", "head -c 1000 /dev/zero > small.bin"]},
+            {"run": ["sh", "-c", fill]},
+            {"run": ["sh", "-c", "echo ran > after.txt"]},
+        ]});
+        let plan = c.dir.join(format!("quota-{i}.json"));
+        std::fs::write(&plan, steps.to_string()).unwrap();
+        let id = c.run_plan(&plan, "q");
+        assert_eq!(
+            c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
+            "failed",
+            "{fill}"
+        );
+        let log = c.task_log_json(&id);
+        let end = log.last().unwrap();
+        let reason = end["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("over its disk quota") && reason.contains(says),
+            "{fill}: {reason}"
+        );
+        // The third step never ran.
+        let issued = log
+            .iter()
+            .filter(|r| r["kind"] == "tool_call_issued")
+            .count();
+        assert_eq!(issued, 2, "{fill}: {log:?}");
+        let out = c.brain_cli(&["task", "show", &id]);
+        assert!(text(&out).contains("over its disk quota"), "{}", text(&out));
+    }
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
+}

@@ -286,6 +286,9 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 .count();
             shared::outln!("{}", crate::watch::doctor_line());
             shared::outln!("{}", crate::files::doctor_line());
+            shared::outln!(
+                "disk quota: measured at every barrier (the workspace's manifest and its temp dir) for the brain's --disk-quota and --disk-files; no filesystem quota is set, so one call can write past it until it ends, each file bounded by the file size limit"
+            );
             if missing == 0 {
                 shared::outln!("every mechanism is active");
             } else {

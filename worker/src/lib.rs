@@ -13,6 +13,7 @@ pub mod session;
 pub mod state;
 pub mod sync;
 pub mod track;
+pub mod usage;
 pub mod watch;
 
 /// The exit status for an error that ended the worker (78 for configuration problems; see

@@ -67,6 +67,14 @@ pub enum Cmd {
         /// Turn the network off for every command (a fresh network namespace on the worker)
         #[arg(long)]
         network_off: bool,
+        /// Most bytes of files a task may keep in its workspace and temp dir together, e.g.
+        /// 10GiB; checked at every barrier (after each call that can change files), and a
+        /// task over it is stopped with the reason. Default: none
+        #[arg(long, value_parser = shared::parse_bytes)]
+        disk_quota: Option<u64>,
+        /// Most files and directories a task may keep there (an inode quota). Default: none
+        #[arg(long)]
+        disk_files: Option<u64>,
         /// Confinement a worker must have before a task is placed on it, comma-separated
         /// (landlock, cgroup, mountns, proc, netns, rlimits, user); see `worker doctor`
         #[arg(long, value_delimiter = ',')]

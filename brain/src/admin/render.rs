@@ -309,9 +309,16 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             files,
             bytes,
             wire_bytes,
+            tmp_bytes,
+            tmp_files,
         } => format!(
-            "barrier  v{version}: {files} files, {bytes} bytes, root {}…; {wire_bytes} bytes sent",
-            &root_hash[..root_hash.len().min(12)]
+            "barrier  v{version}: {files} files, {bytes} bytes, root {}…; {wire_bytes} bytes sent{}",
+            &root_hash[..root_hash.len().min(12)],
+            if tmp_files > &0 {
+                format!("; temp dir {tmp_files} entries, {tmp_bytes} bytes")
+            } else {
+                String::new()
+            }
         ),
         E::MoveStarted { from, to } => format!("MOVE     from {from} to {to}"),
         E::WorkspaceSeeded {

@@ -221,6 +221,8 @@ impl From<proto::SyncReport> for SyncReport {
             hashed: r.hashed,
             left_out: left_out.0,
             left_out_more: left_out.1,
+            tmp_bytes: r.tmp_bytes,
+            tmp_files: r.tmp_files,
         }
     }
 }

@@ -17,6 +17,8 @@ pub struct Options {
     pub worker_wait: Duration,
     /// Resource limits for every command a task runs (the brain's policy).
     pub limits: Limits,
+    /// How much each task may keep on its worker's disk (the brain's policy).
+    pub disk_quota: crate::model::ops::DiskQuota,
     /// LLM providers, models and prices (the brain's config file).
     pub llm: Arc<crate::llm::LlmConfig>,
     /// How long a task's worker may be gone before the task fails over to another.
@@ -32,6 +34,7 @@ impl Default for Options {
             snapshot_every: 100,
             worker_wait: Duration::from_secs(600),
             limits: Limits::default(),
+            disk_quota: Default::default(),
             llm: Arc::default(),
             failover_after: Duration::from_secs(30),
             secrets: vec![],

@@ -76,6 +76,8 @@ pub struct Facts {
     /// The brain has somewhere else to run the task (an offer, or another worker), so
     /// `request_environment` is worth offering.
     pub can_move: bool,
+    /// How much the task may keep on its worker's disk (the brain's policy).
+    pub disk_quota: crate::model::ops::DiskQuota,
 }
 
 /// What every task does before its driver is asked: `None` when the driver decides.
@@ -91,6 +93,10 @@ pub fn preamble(st: &TaskState, f: &Facts) -> Option<Action> {
     }
     if let Some(p) = &st.pending {
         return Some(Action::Settle(p.clone()));
+    }
+    // After the call is settled (and its barrier taken), before anything else runs.
+    if let Some(reason) = f.disk_quota.exceeded(st.disk_bytes, st.disk_files) {
+        return Some(Action::finish(Outcome::Failed, reason));
     }
     if let Some(to) = st.moving_to.clone().or_else(|| f.move_request.clone()) {
         return Some(Action::Move(to));
@@ -170,7 +176,51 @@ mod tests {
         let mut mid_move = running("w");
         mid_move.moving_to = Some("x".into());
         let idle = running("w");
+        let quota = Facts {
+            disk_quota: crate::model::ops::DiskQuota {
+                bytes: 1000,
+                files: 10,
+            },
+            move_request: Some("v".into()),
+            ..Facts::default()
+        };
+        let mut full = running("w");
+        full.disk_bytes = 1001;
+        let mut full_busy = full.clone();
+        full_busy.pending = Some(pending());
+        let mut many = running("w");
+        many.disk_files = 11;
+        let over = |s: &TaskState| {
+            quota
+                .disk_quota
+                .exceeded(s.disk_bytes, s.disk_files)
+                .unwrap()
+        };
         let table: Vec<(&str, &TaskState, &Facts, Option<Action>)> = vec![
+            (
+                "over the disk quota: stopped before a move",
+                &full,
+                &quota,
+                Some(Action::finish(Outcome::Failed, over(&full))),
+            ),
+            (
+                "over the disk quota with a call in flight: settle it first",
+                &full_busy,
+                &quota,
+                Some(Action::Settle(pending())),
+            ),
+            (
+                "over the file quota",
+                &many,
+                &quota,
+                Some(Action::finish(Outcome::Failed, over(&many))),
+            ),
+            (
+                "within the quota",
+                &idle,
+                &quota,
+                Some(Action::Move("v".into())),
+            ),
             ("ended", &ended, &cancel, Some(Action::Stop)),
             ("budget stop", &stopped, &none, Some(Action::Stop)),
             (

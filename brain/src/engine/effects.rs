@@ -155,6 +155,8 @@ pub async fn barrier(cx: &Cx<'_>, worker: &str, full: bool) -> Result<bool, Erro
                             files: r.files,
                             bytes: r.bytes,
                             wire_bytes: r.wire_bytes,
+                            tmp_bytes: r.tmp_bytes,
+                            tmp_files: r.tmp_files,
                         }],
                     )
                     .await?;
@@ -299,6 +301,8 @@ pub async fn seed(cx: &Cx<'_>) -> Result<(), Error> {
                         files: r.files,
                         bytes: r.bytes,
                         wire_bytes: r.wire_bytes,
+                        tmp_bytes: 0,
+                        tmp_files: 0,
                     }],
                 )
                 .await;

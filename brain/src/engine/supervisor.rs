@@ -48,6 +48,7 @@ fn facts(cx: &Cx<'_>) -> Facts {
         now_ms: shared::now_unix_ms(),
         machines_usd: if agent { cx.machines_cost() } else { 0.0 },
         can_move: agent && cx.can_move(),
+        disk_quota: cx.core.opts.disk_quota,
     }
 }
 

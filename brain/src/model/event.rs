@@ -402,6 +402,11 @@ pub enum Event {
         /// Compressed bytes that crossed the wire for it.
         #[serde(default)]
         wire_bytes: u64,
+        /// What the workspace's temp dir held (bytes of its files, and its entries).
+        #[serde(default)]
+        tmp_bytes: u64,
+        #[serde(default)]
+        tmp_files: u64,
     },
     /// Entries of the workspace its worker left out of the mirror (a FIFO, a name that is not
     /// UTF-8, ...), each named once; `more` were left out too but not named.

@@ -5,6 +5,34 @@ use serde::{Deserialize, Serialize};
 
 use super::event::ToolResult;
 
+/// How much a task may keep on its worker's disk, in its workspace and temp dir together;
+/// 0 leaves one unset. Checked at every barrier: a task over it is stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskQuota {
+    pub bytes: u64,
+    pub files: u64,
+}
+
+impl DiskQuota {
+    /// Why a task holding `bytes` in `files` entries is over the quota, if it is.
+    pub fn exceeded(&self, bytes: u64, files: u64) -> Option<String> {
+        if self.bytes > 0 && bytes > self.bytes {
+            return Some(format!(
+                "over its disk quota: the workspace and its temp dir hold {} (the quota is {}); delete what the task does not need, or raise `brain serve --disk-quota`",
+                shared::human_bytes(bytes),
+                shared::human_bytes(self.bytes)
+            ));
+        }
+        if self.files > 0 && files > self.files {
+            return Some(format!(
+                "over its disk quota: the workspace and its temp dir hold {files} files and directories (the quota is {}); delete what the task does not need, or raise `brain serve --disk-files`",
+                self.files
+            ));
+        }
+        None
+    }
+}
+
 /// Resource limits for a command; 0 (or `false`) leaves one unset.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
@@ -174,6 +202,9 @@ pub struct SyncReport {
     /// it left out without naming them.
     pub left_out: Vec<shared::manifest::LeftOut>,
     pub left_out_more: u64,
+    /// Barriers: what the workspace's temp dir holds (bytes of files, entries).
+    pub tmp_bytes: u64,
+    pub tmp_files: u64,
 }
 
 /// Files a worker's watcher saw change in a workspace (a live hint, not a barrier).

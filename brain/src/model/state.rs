@@ -57,6 +57,12 @@ pub struct TaskState {
     pub barrier_version: u64,
     #[serde(default)]
     pub barrier_root: String,
+    /// What the workspace and its temp dir held at the latest barrier: bytes of files, and
+    /// entries (for the disk quota).
+    #[serde(default)]
+    pub disk_bytes: u64,
+    #[serde(default)]
+    pub disk_files: u64,
     /// A move that started and has not completed or aborted: the target worker.
     #[serde(default)]
     pub moving_to: Option<String>,
@@ -122,6 +128,8 @@ impl TaskState {
             snapshot_seq: 0,
             barrier_version: 0,
             barrier_root: String::new(),
+            disk_bytes: 0,
+            disk_files: 0,
             moving_to: None,
             unsynced_calls: 0,
             first_unsynced_step: None,
@@ -353,10 +361,18 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             }
         }
         Event::Barrier {
-            version, root_hash, ..
+            version,
+            root_hash,
+            files,
+            bytes,
+            tmp_bytes,
+            tmp_files,
+            ..
         } => {
             st.barrier_version = *version;
             st.barrier_root = root_hash.clone();
+            st.disk_bytes = bytes + tmp_bytes;
+            st.disk_files = files + tmp_files;
             st.unsynced_calls = 0;
             st.first_unsynced_step = None;
             st.unsure_unsynced = false;
@@ -713,6 +729,8 @@ mod tests {
                     files: 0,
                     bytes: 0,
                     wire_bytes: 0,
+                    tmp_bytes: 0,
+                    tmp_files: 0,
                 },
             )
         };

@@ -244,7 +244,14 @@ async fn run(
     let ws = state.ws(&req.workspace, &root, &rules, &fences);
     match &req.op {
         Some(sync_request::Op::BarrierBase(base)) => {
-            barrier(req.id, base, &root, ws, client, req.full_scan).await
+            let mut report = barrier(req.id, base, &root, ws, client, req.full_scan).await?;
+            // The workspace's temp dir counts towards the task's disk quota too.
+            let tmp = workspaces.with_file_name("tmp").join(&req.workspace);
+            (report.tmp_bytes, report.tmp_files) =
+                tokio::task::spawn_blocking(move || crate::usage::of(&tmp))
+                    .await
+                    .unwrap_or_default();
+            Ok(report)
         }
         Some(sync_request::Op::MaterialiseRoot(want)) => {
             materialise(req.id, want, &root, ws, client, owner, state).await
@@ -493,6 +500,7 @@ async fn barrier(
         hashed,
         left_out,
         left_out_more,
+        ..Default::default()
     })
 }
 
