@@ -268,6 +268,62 @@ impl Beneath {
     }
 }
 
+/// The directory `root`, open for [`open_no_symlinks`] (`None` where the kernel resolves no
+/// paths beneath: the caller opens by path then).
+pub fn open_root(root: &Path) -> Option<OwnedFd> {
+    match support() {
+        Support::Openat2 => rustix::fs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok(),
+        Support::Fallback(_) => None,
+    }
+}
+
+/// Opens the regular file `rel` (a relative path the caller built from its own walk) under
+/// `root` for reading, refusing any symlink on the way, the last component included, and
+/// anything that leaves `root`: for walkers that never follow links, so that a directory
+/// swapped for a symlink between the listing and the open cannot make them read outside.
+/// Such a swap is `Ok(None)`, as is a FIFO (opened without blocking) or anything that is
+/// not a regular file. `root_fd` from [`open_root`]; without it, `root.join(rel)` is opened
+/// with `O_NOFOLLOW` (the last component only).
+pub fn open_no_symlinks(
+    root_fd: Option<&OwnedFd>,
+    root: &Path,
+    rel: &str,
+) -> std::io::Result<Option<File>> {
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let opened = match root_fd {
+        Some(fd) => rustix::fs::openat2(
+            fd,
+            rel,
+            flags,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map(File::from)
+        .map_err(std::io::Error::from),
+        None => rustix::fs::open(root.join(rel), flags, Mode::empty())
+            .map(File::from)
+            .map_err(std::io::Error::from),
+    };
+    match opened {
+        Ok(f) => Ok(f.metadata()?.is_file().then_some(f)),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ELOOP | libc::EXDEV | libc::ENOTDIR)
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// `path` as `openat2` takes it: checked, its normal components joined (`.` for the root).
 fn relative(path: &str) -> Result<String, Error> {
     let parts = paths::check_relative(path)?;

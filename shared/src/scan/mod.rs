@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::FileType;
 use std::io::Read;
-use std::os::unix::fs::{DirEntryExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirEntryExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -81,6 +81,9 @@ pub struct Scanner {
     /// Entries left out of the manifest as of the last scan, by the path they are shown as
     /// (not-UTF-8 bytes as `\xNN`), with why.
     left_out: BTreeMap<String, String>,
+    /// The root, open, for reading files beneath it (`None`: by path, see
+    /// [`crate::beneath`]).
+    root_fd: Option<std::os::fd::OwnedFd>,
     /// Counts scans.
     generation: u64,
     last_scan: Option<SystemTime>,
@@ -136,24 +139,20 @@ fn over_limit(size: u64, max: u64) -> String {
     )
 }
 
-/// BLAKE3 of the regular file at `path`, read without following a symlink, and its metadata
-/// from the open file; `None` if it changed while it was read (size, mtime, ctime or inode) or
-/// is no longer a regular file.
-fn hash_stable(path: &Path) -> std::io::Result<Option<(String, std::fs::Metadata)>> {
-    let mut f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(f) => f,
-        // Replaced by a symlink since it was looked at.
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
-        Err(e) => return Err(e),
+/// BLAKE3 of the regular file at `rel` under `root`, opened beneath it without following any
+/// symlink on the way ([`crate::beneath::open_no_symlinks`]: a directory swapped for a link
+/// to elsewhere since the walk listed it cannot make the scan read outside), and its metadata
+/// from the open file; `None` if it changed while it was read (size, mtime, ctime or inode),
+/// is no longer a regular file, or its path now goes through a symlink.
+fn hash_stable(
+    root_fd: Option<&std::os::fd::OwnedFd>,
+    root: &Path,
+    rel: &str,
+) -> std::io::Result<Option<(String, std::fs::Metadata)>> {
+    let Some(mut f) = crate::beneath::open_no_symlinks(root_fd, root, rel)? else {
+        return Ok(None);
     };
     let before = f.metadata()?;
-    if !before.is_file() {
-        return Ok(None);
-    }
     let mut h = blake3::Hasher::new();
     let mut buf = vec![0u8; 256 * 1024];
     loop {
@@ -252,6 +251,7 @@ impl Scanner {
             recording: false,
             mark: None,
             left_out: BTreeMap::new(),
+            root_fd: None,
             generation: 0,
             last_scan: None,
             hashed: 0,
@@ -424,6 +424,8 @@ impl Scanner {
     }
 
     fn begin(&mut self) {
+        // Opened again each scan: the root may have been made or replaced since.
+        self.root_fd = crate::beneath::open_root(&self.root);
         self.hashed = 0;
         self.hashed_bytes = 0;
         self.listed = 0;
@@ -610,7 +612,7 @@ impl Scanner {
                     .insert(rel.to_string(), (stamp, h.clone(), false));
                 return Ok(Some(file_entry(&meta, h)));
             }
-            match hash_stable(&path) {
+            match hash_stable(self.root_fd.as_ref(), &self.root, rel) {
                 Ok(Some((h, meta))) => {
                     self.hashed += 1;
                     self.hashed_bytes += meta.len();

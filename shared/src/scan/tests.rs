@@ -327,3 +327,64 @@ fn gitignore_precedence_follows_git() {
         [".gitignore", "a", "a/.gitignore", "a/.ignore", "a/keep.log"]
     );
 }
+
+/// A command swaps a workspace directory for a symlink to outside and back while scans run:
+/// no scan may read what is outside (its hash would be in the manifest, and the file would
+/// reach the brain's mirror).
+#[test]
+fn a_racing_symlink_swap_never_makes_a_scan_read_outside() {
+    let d = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let root = d.path().to_path_buf();
+    write(&root, "d/f", "inside!");
+    std::fs::write(outside.path().join("f"), "SECRET!").unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.join("swap")).unwrap();
+    let secret = crate::manifest::hash(b"SECRET!");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (stop, root) = (stop.clone(), root.clone());
+        std::thread::spawn(move || {
+            let c = |p: &str| {
+                std::ffi::CString::new(root.join(p).into_os_string().into_encoded_bytes()).unwrap()
+            };
+            let (a, b) = (c("d"), c("swap"));
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: two valid NUL-terminated paths that trade places atomically.
+                let r = unsafe {
+                    libc::renameat2(
+                        libc::AT_FDCWD,
+                        a.as_ptr(),
+                        libc::AT_FDCWD,
+                        b.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    )
+                };
+                assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let mut s = Scanner::new(&root, Rules::default());
+    let (mut saw_file, mut saw_link) = (0, 0);
+    for _ in 0..1500 {
+        s.reset();
+        let m = s.scan().unwrap().clone();
+        assert!(
+            m.entries.values().all(|e| e.hash != secret),
+            "a scan read outside the root: {m:?}"
+        );
+        match m.entries.get("d").map(|e| e.kind) {
+            Some(Kind::Dir) if m.entries.contains_key("d/f") => saw_file += 1,
+            Some(Kind::Symlink) => saw_link += 1,
+            _ => {}
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(
+        swaps > 100 && saw_file > 0 && saw_link > 0,
+        "{swaps} {saw_file} {saw_link}"
+    );
+}
