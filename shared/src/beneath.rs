@@ -324,6 +324,86 @@ pub fn open_no_symlinks(
     }
 }
 
+/// Entries of a tree a writer makes match a manifest (a move's target), each named through
+/// its parent directory held open: the parent is resolved beneath the root with no symlink
+/// on the way (a manifest's directories are directories), so nothing a racing process does
+/// to the tree above can make a write or a removal land outside. The last parent is kept
+/// open, so entries of one directory in a row cost one `openat2`.
+pub struct Parents {
+    root: PathBuf,
+    fd: Option<OwnedFd>,
+    last: Option<(String, OwnedFd)>,
+}
+
+/// Why [`Parents::entry`] has no name for an entry.
+#[derive(Debug)]
+pub enum NoEntry {
+    /// The parent does not exist (nothing there to remove).
+    Missing,
+    /// The parent is not a directory on disk, or its path goes through a symlink.
+    NotADirectory,
+    Io(std::io::Error),
+}
+
+impl Parents {
+    pub fn new(root: &Path) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            fd: open_root(root),
+            last: None,
+        }
+    }
+
+    /// A name for the entry `rel` (a manifest path: checked, relative, `/`-separated) that
+    /// reaches it through its parent held open. Where the kernel resolves nothing beneath,
+    /// every ancestor is looked at instead (none may be a symlink or a non-directory), then
+    /// `root/rel`.
+    pub fn entry(&mut self, rel: &str) -> Result<PathBuf, NoEntry> {
+        let (parent, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+        let Some(root) = &self.fd else {
+            return self.checked_path(rel);
+        };
+        if self.last.as_ref().is_none_or(|(p, _)| p != parent) {
+            let fd = rustix::fs::openat2(
+                root,
+                if parent.is_empty() { "." } else { parent },
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+            )
+            .map_err(|e| match e {
+                rustix::io::Errno::NOENT => NoEntry::Missing,
+                rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR | rustix::io::Errno::XDEV => {
+                    NoEntry::NotADirectory
+                }
+                e => NoEntry::Io(e.into()),
+            })?;
+            self.last = Some((parent.to_string(), fd));
+        }
+        let (_, fd) = self.last.as_ref().expect("set above");
+        Ok(fd_path(fd).join(name))
+    }
+
+    fn checked_path(&self, rel: &str) -> Result<PathBuf, NoEntry> {
+        let mut full = self.root.clone();
+        let parts: Vec<&str> = rel.split('/').collect();
+        for (i, part) in parts.iter().enumerate() {
+            full.push(part);
+            if i + 1 < parts.len() {
+                match std::fs::symlink_metadata(&full) {
+                    Ok(m) if m.is_dir() => {}
+                    Ok(_) => return Err(NoEntry::NotADirectory),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        return Err(NoEntry::Missing);
+                    }
+                    Err(e) => return Err(NoEntry::Io(e)),
+                }
+            }
+        }
+        Ok(full)
+    }
+}
+
 /// `path` as `openat2` takes it: checked, its normal components joined (`.` for the root).
 fn relative(path: &str) -> Result<String, Error> {
     let parts = paths::check_relative(path)?;

@@ -558,6 +558,7 @@ pub fn materialise(
     })?;
     let contents: HashMap<&str, Vec<u8>> = fetched.into_iter().map(|(_, h, d)| (h, d)).collect();
     // Remove what goes away or changes kind, deepest first.
+    let mut parents = crate::beneath::Parents::new(root);
     for (path, e) in current.entries.iter().rev() {
         let keep = target
             .entries
@@ -566,7 +567,11 @@ pub fn materialise(
         if keep {
             continue;
         }
-        let full = safe_join(root, path)?;
+        let Some(full) = entry(&mut parents, path)? else {
+            // Its directory is gone already: so is it.
+            stats.deleted += 1;
+            continue;
+        };
         let r = match std::fs::symlink_metadata(&full) {
             Ok(m) if m.is_dir() => std::fs::remove_dir_all(&full),
             Ok(_) => std::fs::remove_file(&full),
@@ -579,8 +584,9 @@ pub fn materialise(
     // Directories and symlinks in path order (parents before children), then the files on
     // every core.
     let mut files: Vec<(&str, &Entry)> = Vec::new();
+    let mut parents = crate::beneath::Parents::new(root);
     for (path, e) in &target.entries {
-        let full = safe_join(root, path)?;
+        let full = entry_in_place(&mut parents, path)?;
         match e.kind {
             Kind::Dir => match std::fs::symlink_metadata(&full) {
                 Ok(m) if m.is_dir() => {}
@@ -621,8 +627,9 @@ pub fn materialise(
             .map(|part| {
                 sc.spawn(move || -> Result<(u64, u64), Error> {
                     let (mut n, mut bytes) = (0, 0);
+                    let mut parents = crate::beneath::Parents::new(root);
                     for (path, e) in part {
-                        let full = safe_join(root, path)?;
+                        let full = entry_in_place(&mut parents, path)?;
                         let mode = if e.exec { 0o755 } else { 0o644 };
                         if let Some(data) = contents.get(e.hash.as_str()) {
                             write_atomic(&full, data, mode).map_err(|err| io(path, err))?;
@@ -650,27 +657,35 @@ pub fn materialise(
     Ok(stats)
 }
 
-/// `root/path`, after checking that no existing ancestor is a symlink or a non-directory.
-fn safe_join(root: &Path, path: &str) -> Result<std::path::PathBuf, Error> {
-    let mut full = root.to_path_buf();
-    let parts: Vec<&str> = path.split('/').collect();
-    for (i, part) in parts.iter().enumerate() {
-        full.push(part);
-        if i + 1 < parts.len() {
-            match std::fs::symlink_metadata(&full) {
-                Ok(m) if m.is_dir() => {}
-                Ok(_) => {
-                    return Err(rejected(
-                        path,
-                        format!("{:?} on disk is not a directory", parts[..=i].join("/")),
-                    ));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io(path, e)),
-            }
-        }
+/// A name for the entry `path` through its parent held open (see
+/// [`crate::beneath::Parents`]); `None` when the parent does not exist.
+fn entry(
+    parents: &mut crate::beneath::Parents,
+    path: &str,
+) -> Result<Option<std::path::PathBuf>, Error> {
+    use crate::beneath::NoEntry;
+    match parents.entry(path) {
+        Ok(p) => Ok(Some(p)),
+        Err(NoEntry::Missing) => Ok(None),
+        Err(NoEntry::NotADirectory) => Err(rejected(
+            path,
+            "a directory above it on disk is not a directory, or is a symlink".to_string(),
+        )),
+        Err(NoEntry::Io(e)) => Err(io(path, e)),
     }
-    Ok(full)
+}
+
+/// [`entry`] for an entry whose parent must exist (made before it, in path order).
+fn entry_in_place(
+    parents: &mut crate::beneath::Parents,
+    path: &str,
+) -> Result<std::path::PathBuf, Error> {
+    entry(parents, path)?.ok_or_else(|| {
+        io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "its directory is missing"),
+        )
+    })
 }
 
 /// Sets the permission bits of the regular file at `full`, refusing a symlink or anything

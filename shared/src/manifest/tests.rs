@@ -307,3 +307,66 @@ fn a_delta_is_checked_as_a_whole_manifest_would_be() {
     n.validate(&r).unwrap();
     assert_eq!(n.entries.keys().collect::<Vec<_>>(), ["d"]);
 }
+
+/// A process swaps a directory of the tree for a symlink to outside and back while a move's
+/// target materialises files into it: every write lands inside or fails, none outside.
+#[test]
+fn a_racing_symlink_swap_never_makes_materialise_write_outside() {
+    let dst = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let root = dst.path().join("ws");
+    let mut base = Manifest::default();
+    base.entries.insert("d".into(), Entry::dir());
+    let mut target = base.clone();
+    for i in 0..100 {
+        target
+            .entries
+            .insert(format!("d/f{i:03}"), Entry::file(b"new", false));
+    }
+    let (mut ok, mut refused) = (0, 0);
+    for _ in 0..100 {
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("d")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.join("swap")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (stop, root) = (stop.clone(), root.clone());
+            std::thread::spawn(move || {
+                let c = |p: &str| {
+                    std::ffi::CString::new(root.join(p).into_os_string().into_encoded_bytes())
+                        .unwrap()
+                };
+                let (a, b) = (c("d"), c("swap"));
+                // Until stopped, or until materialise replaced the link it found at `d`.
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // SAFETY: two valid NUL-terminated paths that trade places atomically.
+                    let r = unsafe {
+                        libc::renameat2(
+                            libc::AT_FDCWD,
+                            a.as_ptr(),
+                            libc::AT_FDCWD,
+                            b.as_ptr(),
+                            libc::RENAME_EXCHANGE,
+                        )
+                    };
+                    if r != 0 {
+                        break;
+                    }
+                }
+            })
+        };
+        let mut blob = |_: &str| Ok(b"new".to_vec());
+        match materialise(&root, &base, &target, &Rules::default(), &mut blob) {
+            Ok(_) => ok += 1,
+            Err(_) => refused += 1,
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert_eq!(
+            std::fs::read_dir(outside.path()).unwrap().count(),
+            0,
+            "materialise wrote outside the root"
+        );
+    }
+    assert_eq!(ok + refused, 100);
+}
