@@ -404,6 +404,50 @@ impl Parents {
     }
 }
 
+/// For race tests (here and in the worker): a thread that makes `a` and `b` trade places
+/// atomically (`renameat2(RENAME_EXCHANGE)`), over and over, until stopped or until one of
+/// them is gone — a hostile command swapping a directory and a symlink under a worker.
+#[doc(hidden)]
+pub struct Swapper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+#[doc(hidden)]
+impl Swapper {
+    pub fn start(a: &Path, b: &Path) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (a, b) = (a.to_path_buf(), b.to_path_buf());
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut swaps = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed)
+                && rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    &a,
+                    rustix::fs::CWD,
+                    &b,
+                    rustix::fs::RenameFlags::EXCHANGE,
+                )
+                .is_ok()
+            {
+                swaps += 1;
+            }
+            swaps
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the thread; how many swaps it made.
+    pub fn stop(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
+    }
+}
+
 /// `path` as `openat2` takes it: checked, its normal components joined (`.` for the root).
 fn relative(path: &str) -> Result<String, Error> {
     let parts = paths::check_relative(path)?;

@@ -469,34 +469,7 @@ mod tests {
         std::fs::write(ws.join("d/f"), "inside").unwrap();
         std::fs::write(outside.path().join("f"), "outside").unwrap();
         std::os::unix::fs::symlink(outside.path(), ws.join("swap")).unwrap();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let swapper = {
-            let (stop, ws) = (stop.clone(), ws.clone());
-            std::thread::spawn(move || {
-                let a = std::ffi::CString::new(ws.join("d").into_os_string().into_encoded_bytes())
-                    .unwrap();
-                let b =
-                    std::ffi::CString::new(ws.join("swap").into_os_string().into_encoded_bytes())
-                        .unwrap();
-                let mut swaps = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    // SAFETY: two valid NUL-terminated paths; `d` and `swap` trade places
-                    // atomically, so `d` is always one of the two.
-                    let r = unsafe {
-                        libc::renameat2(
-                            libc::AT_FDCWD,
-                            a.as_ptr(),
-                            libc::AT_FDCWD,
-                            b.as_ptr(),
-                            libc::RENAME_EXCHANGE,
-                        )
-                    };
-                    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
-                    swaps += 1;
-                }
-                swaps
-            })
-        };
+        let swapper = shared::beneath::Swapper::start(&ws.join("d"), &ws.join("swap"));
         let (mut inside, mut refused) = (0, 0);
         for i in 0..3000 {
             let r = handle(
@@ -547,8 +520,7 @@ mod tests {
                 );
             }
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let swaps = swapper.join().unwrap();
+        let swaps = swapper.stop();
         let mut out: Vec<String> = std::fs::read_dir(outside.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -328,40 +328,14 @@ fn a_racing_symlink_swap_never_makes_materialise_write_outside() {
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(root.join("d")).unwrap();
         std::os::unix::fs::symlink(outside.path(), root.join("swap")).unwrap();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let swapper = {
-            let (stop, root) = (stop.clone(), root.clone());
-            std::thread::spawn(move || {
-                let c = |p: &str| {
-                    std::ffi::CString::new(root.join(p).into_os_string().into_encoded_bytes())
-                        .unwrap()
-                };
-                let (a, b) = (c("d"), c("swap"));
-                // Until stopped, or until materialise replaced the link it found at `d`.
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    // SAFETY: two valid NUL-terminated paths that trade places atomically.
-                    let r = unsafe {
-                        libc::renameat2(
-                            libc::AT_FDCWD,
-                            a.as_ptr(),
-                            libc::AT_FDCWD,
-                            b.as_ptr(),
-                            libc::RENAME_EXCHANGE,
-                        )
-                    };
-                    if r != 0 {
-                        break;
-                    }
-                }
-            })
-        };
+        // Until the end of this run, or until materialise replaces the link it finds at `d`.
+        let swapper = crate::beneath::Swapper::start(&root.join("d"), &root.join("swap"));
         let mut blob = |_: &str| Ok(b"new".to_vec());
         match materialise(&root, &base, &target, &Rules::default(), &mut blob) {
             Ok(_) => ok += 1,
             Err(_) => refused += 1,
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        swapper.join().unwrap();
+        swapper.stop();
         assert_eq!(
             std::fs::read_dir(outside.path()).unwrap().count(),
             0,

@@ -340,32 +340,7 @@ fn a_racing_symlink_swap_never_makes_a_scan_read_outside() {
     std::fs::write(outside.path().join("f"), "SECRET!").unwrap();
     std::os::unix::fs::symlink(outside.path(), root.join("swap")).unwrap();
     let secret = crate::manifest::hash(b"SECRET!");
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let swapper = {
-        let (stop, root) = (stop.clone(), root.clone());
-        std::thread::spawn(move || {
-            let c = |p: &str| {
-                std::ffi::CString::new(root.join(p).into_os_string().into_encoded_bytes()).unwrap()
-            };
-            let (a, b) = (c("d"), c("swap"));
-            let mut swaps = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                // SAFETY: two valid NUL-terminated paths that trade places atomically.
-                let r = unsafe {
-                    libc::renameat2(
-                        libc::AT_FDCWD,
-                        a.as_ptr(),
-                        libc::AT_FDCWD,
-                        b.as_ptr(),
-                        libc::RENAME_EXCHANGE,
-                    )
-                };
-                assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
-                swaps += 1;
-            }
-            swaps
-        })
-    };
+    let swapper = crate::beneath::Swapper::start(&root.join("d"), &root.join("swap"));
     let mut s = Scanner::new(&root, Rules::default());
     let (mut saw_file, mut saw_link) = (0, 0);
     for _ in 0..1500 {
@@ -381,8 +356,7 @@ fn a_racing_symlink_swap_never_makes_a_scan_read_outside() {
             _ => {}
         }
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let swaps = swapper.join().unwrap();
+    let swaps = swapper.stop();
     assert!(
         swaps > 100 && saw_file > 0 && saw_link > 0,
         "{swaps} {saw_file} {saw_link}"

@@ -134,38 +134,17 @@ impl Leaves {
 
     /// OOM kills counted here so far.
     pub(super) fn oom_kills(&self) -> u64 {
-        match self.version {
-            Version::V1 => oom_kills(&self.memory),
-            Version::V2 => cgroup_v2::oom_kills(&self.memory),
-        }
+        let file = match self.version {
+            Version::V1 => "memory.oom_control",
+            Version::V2 => "memory.events",
+        };
+        cgroup_v2::counter(&self.memory.join(file), "oom_kill")
     }
 
     /// Forks refused here so far (`max` in `pids.events`, in v1 and v2 alike).
     pub(super) fn pids_refused(&self) -> u64 {
-        pids_refused(&self.pids)
+        cgroup_v2::counter(&self.pids.join("pids.events"), "max")
     }
-}
-
-/// The OOM kills of a v1 memory leaf (`oom_kill` in `memory.oom_control`).
-pub(super) fn oom_kills(memory_leaf: &Path) -> u64 {
-    read(memory_leaf.join("memory.oom_control"))
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("oom_kill "))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// How many forks the pids cgroup refused (`max` in `pids.events`).
-pub(super) fn pids_refused(pids_leaf: &Path) -> u64 {
-    read(pids_leaf.join("pids.events"))
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("max "))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// Our cgroup v1 path for a controller, from /proc/self/cgroup.

@@ -151,12 +151,13 @@ pub(super) fn limit_files(memory: u64, pids: u32, cpu_quota: i64) -> [(&'static 
     ]
 }
 
-/// The OOM kills a v2 leaf has counted (`oom_kill` in `memory.events`).
-pub(super) fn oom_kills(leaf: &Path) -> u64 {
-    read(leaf.join("memory.events"))
+/// A counter of a cgroup's flat-keyed file (`memory.events`, `pids.events`,
+/// `memory.oom_control`: lines of `key value`), 0 where it is missing.
+pub(super) fn counter(file: &Path, key: &str) -> u64 {
+    read(file)
         .and_then(|t| {
             t.lines()
-                .find_map(|l| l.strip_prefix("oom_kill "))
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
                 .and_then(|v| v.trim().parse().ok())
         })
         .unwrap_or(0)
@@ -263,6 +264,18 @@ mod tests {
             ]
         );
         assert_eq!(limit_files(1, 1, -1)[3].1, "max 100000");
+    }
+
+    #[test]
+    fn counters_are_read_by_their_whole_key() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("memory.oom_control");
+        std::fs::write(&f, "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n").unwrap();
+        assert_eq!(counter(&f, "oom_kill"), 2);
+        let f = d.path().join("pids.events");
+        std::fs::write(&f, "max 7\n").unwrap();
+        assert_eq!(counter(&f, "max"), 7);
+        assert_eq!(counter(&d.path().join("missing"), "max"), 0);
     }
 
     #[test]
