@@ -5,9 +5,10 @@
 //! systemd hands a unit with `Delegate=yes` (the units in `deploy/` set it), or the one root
 //! is in — moves itself into a leaf `worker` there, enables the memory, pids and (where
 //! delegated) cpu controllers for the children, and makes each call's leaf beside it. When
-//! the worker's cgroup is the root of the hierarchy (a container's cgroup namespace, a root
-//! shell on a host without systemd), it makes a `tether` child there instead and leaves
-//! itself where it is.
+//! the worker's cgroup is the root of the hierarchy (a root shell on a host without
+//! systemd), it makes a `tether` child there instead and leaves itself where it is. The root
+//! of a container's cgroup namespace looks like `/` from inside but is an ordinary cgroup:
+//! there the worker moves into its leaf as in a unit's subtree.
 
 use std::path::{Path, PathBuf};
 
@@ -80,7 +81,9 @@ pub(super) fn prepare(mount: &Path, own: &str, pid: u32, commit: bool) -> Result
     } else {
         "+memory +pids"
     };
-    let at_root = own.trim_matches('/').is_empty();
+    // The hierarchy's real root has no `cgroup.type`; the root of a container's cgroup
+    // namespace (also `/` from inside) is an ordinary cgroup, bound by the rule above.
+    let at_root = own.trim_matches('/').is_empty() && !here.join("cgroup.type").exists();
     let base = if at_root {
         here.join("tether")
     } else {
@@ -222,6 +225,21 @@ mod tests {
             std::fs::read_to_string(d.path().join("tether/cgroup.subtree_control")).unwrap(),
             "+memory +pids"
         );
+    }
+
+    #[test]
+    fn the_root_of_a_containers_cgroup_namespace_is_treated_as_a_cgroup_of_its_own() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("cgroup.controllers"), "memory pids\n").unwrap();
+        std::fs::write(d.path().join("cgroup.type"), "domain\n").unwrap();
+        std::fs::write(d.path().join("cgroup.procs"), "").unwrap();
+        let s = prepare(d.path(), "/", 9, true).unwrap();
+        assert_eq!(s.base, d.path());
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("worker/cgroup.procs")).unwrap(),
+            "9"
+        );
+        assert!(!d.path().join("tether").exists());
     }
 
     #[test]
