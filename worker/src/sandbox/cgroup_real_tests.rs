@@ -93,6 +93,8 @@ fn a_real_v2_leaf_is_killed_as_a_whole() {
         leaf.join("cgroup.kill").exists(),
         "cgroup.kill (Linux 5.14)"
     );
+    // How `cgroup_v2::prepare` tells the hierarchy's real root from a cgroup namespace's.
+    assert!(!mount.join("cgroup.type").exists() && leaf.join("cgroup.type").exists());
     assert!(empty_cgroup(&leaf), "the leaf did not empty");
     let status = child.wait().unwrap();
     assert_eq!(
