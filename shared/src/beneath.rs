@@ -200,6 +200,18 @@ impl Beneath {
         let open = |at: &OwnedFd, name: &str| {
             rustix::fs::openat2(at, name, flags, Mode::empty(), resolve())
         };
+        // One call for a directory that exists (as `confine` would, in-tree symlinks are
+        // followed); component by component only to make what is missing.
+        match open(root, relative(path)?.as_str()) {
+            Ok(fd) => {
+                return Ok(Dir {
+                    path: fd_path(&fd),
+                    _fd: Some(fd),
+                });
+            }
+            Err(rustix::io::Errno::NOENT) if create => {}
+            Err(e) => return Err(self.error(path, e)),
+        }
         let mut cur = open(root, ".").map_err(|e| self.error(path, e))?;
         for part in parts {
             let next = match open(&cur, part) {
@@ -287,13 +299,13 @@ pub fn open_root(root: &Path) -> Option<OwnedFd> {
 /// anything that leaves `root`: for walkers that never follow links, so that a directory
 /// swapped for a symlink between the listing and the open cannot make them read outside.
 /// Such a swap is `Ok(None)`, as is a FIFO (opened without blocking) or anything that is
-/// not a regular file. `root_fd` from [`open_root`]; without it, `root.join(rel)` is opened
+/// not a regular file; otherwise the file and its metadata (from the open file). `root_fd` from [`open_root`]; without it, `root.join(rel)` is opened
 /// with `O_NOFOLLOW` (the last component only).
 pub fn open_no_symlinks(
     root_fd: Option<&OwnedFd>,
     root: &Path,
     rel: &str,
-) -> std::io::Result<Option<File>> {
+) -> std::io::Result<Option<(File, std::fs::Metadata)>> {
     let flags =
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
     let opened = match root_fd {
@@ -311,7 +323,10 @@ pub fn open_no_symlinks(
             .map_err(std::io::Error::from),
     };
     match opened {
-        Ok(f) => Ok(f.metadata()?.is_file().then_some(f)),
+        Ok(f) => {
+            let meta = f.metadata()?;
+            Ok(meta.is_file().then_some((f, meta)))
+        }
         Err(e)
             if matches!(
                 e.raw_os_error(),

@@ -149,10 +149,9 @@ fn hash_stable(
     root: &Path,
     rel: &str,
 ) -> std::io::Result<Option<(String, std::fs::Metadata)>> {
-    let Some(mut f) = crate::beneath::open_no_symlinks(root_fd, root, rel)? else {
+    let Some((mut f, before)) = crate::beneath::open_no_symlinks(root_fd, root, rel)? else {
         return Ok(None);
     };
-    let before = f.metadata()?;
     let mut h = blake3::Hasher::new();
     let mut buf = vec![0u8; 256 * 1024];
     loop {
