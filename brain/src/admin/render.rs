@@ -378,6 +378,53 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             "budget raised to ${:.4}, {} tokens, {} steps, {} ms wall (0 = no limit)",
             limits.usd, limits.tokens, limits.steps, limits.wall_ms
         ),
+        E::WorkspaceRules { rules } => {
+            let mut parts = vec![if rules.include_git {
+                ".git/ included".to_string()
+            } else {
+                ".git/ left out".to_string()
+            }];
+            if rules.no_default_excludes {
+                parts.push("default excludes off".into());
+            }
+            if !rules.extra_excludes.is_empty() {
+                parts.push(format!(
+                    "also left out: {}",
+                    rules.extra_excludes.join(", ")
+                ));
+            }
+            format!("workspace rules: {}", parts.join("; "))
+        }
+        E::Surveyed {
+            files,
+            truncated,
+            readme_path,
+            ..
+        } => {
+            const SHOWN: usize = 8;
+            let mut s = format!(
+                "surveyed {}{} file(s): {}",
+                files.len(),
+                if *truncated { "+" } else { "" },
+                files
+                    .iter()
+                    .take(SHOWN)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            if files.len() > SHOWN {
+                s.push_str(", …");
+            }
+            if !readme_path.is_empty() {
+                s.push_str(&format!("; read {readme_path}"));
+            }
+            s
+        }
+        E::ProtectedRestored { paths, .. } => format!(
+            "restored the check's files before the check: {}",
+            paths.join(", ")
+        ),
         other => serde_json::to_string(other).unwrap_or_default(),
     };
     format!("{:>5}  {what}", r.seq)
