@@ -21,6 +21,24 @@ pub enum Durability {
     Deferred,
 }
 
+/// Whether `name` (one path component) is a temp file [`write_atomic`] makes beside its
+/// target (`.NAME.tether-PID-HEX16`): not a change anyone made, for watchers to skip.
+pub fn is_temp_name(name: &str) -> bool {
+    let Some((head, hex)) = name.rsplit_once('-') else {
+        return false;
+    };
+    let Some((head, pid)) = head.rsplit_once('-') else {
+        return false;
+    };
+    name.starts_with('.')
+        && head.len() > ".tether".len() + 1
+        && head.ends_with(".tether")
+        && hex.len() == 16
+        && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        && !pid.is_empty()
+        && pid.bytes().all(|b| b.is_ascii_digit())
+}
+
 /// Writes `data` to `path` atomically with permission bits `mode` (the umask does not apply).
 /// The temporary file is created exclusively and never through a symlink; if the write
 /// fails it is removed and `path` is untouched.
@@ -88,6 +106,24 @@ pub fn syncfs(dir: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn its_own_temp_names_are_told_apart() {
+        let d = tempfile::tempdir().unwrap();
+        let tmp = format!(".a.txt.tether-{}-{:016x}", std::process::id(), 0xfeedu64);
+        assert!(is_temp_name(&tmp));
+        for other in [
+            "a.txt",
+            ".a.txt.tether-1-xyz",
+            ".tether-1-0123456789abcdef",
+            "a.tether-1-0123456789abcdef",
+        ] {
+            assert!(!is_temp_name(other), "{other}");
+        }
+        // The shape write_atomic really uses: nothing else is left beside the target.
+        write_atomic(&d.path().join("a.txt"), b"x", 0o644, Durability::Deferred).unwrap();
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+    }
 
     #[test]
     fn replaces_whole_with_the_mode_and_leaves_no_temporary() {

@@ -95,6 +95,7 @@ fn is_ignored(rel: &str) -> bool {
         c == ".git"
             || shared::workspace::DEFAULT_EXCLUDES.contains(&c)
             || c.starts_with(".tether-tmp-")
+            || shared::fsio::is_temp_name(c)
     })
 }
 
