@@ -12,6 +12,9 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::sandbox::StartError;
+use crate::sandbox::spawnd::resolve_program;
+
 /// Environment variables passed through to commands; everything else is dropped so the
 /// worker's own secrets are never inherited.
 const ENV_ALLOW: &[&str] = &[
@@ -59,14 +62,41 @@ pub async fn run_with(
     sandbox: Option<&crate::sandbox::Sandbox>,
 ) {
     let call_id = start.call_id;
-    let (exit, guard) = match prepare(&start, workspaces_root, sandbox) {
-        Ok((cmd, guard)) => execute(cmd, &start, &out, cancel, on_spawn, guard).await,
-        Err(e) => (exit_with_error(call_id, 125, e), None),
+    let (exit, confined) = match prepare(&start, workspaces_root, sandbox, true) {
+        Ok(launch) => {
+            let fallback = || prepare(&start, workspaces_root, sandbox, false);
+            execute(launch, fallback, &start, &out, cancel, on_spawn).await
+        }
+        Err(e) => (exit_with_error(call_id, 125, e), Confined::None),
     };
     let _ = out.send(exit).await;
     // Tidying the call's cgroup and temp dir waits until the caller has its answer.
-    if let Some(g) = guard {
-        tokio::task::spawn_blocking(move || drop(g));
+    if !matches!(confined, Confined::None) {
+        tokio::task::spawn_blocking(move || drop(confined));
+    }
+}
+
+/// How a call's command is started: forked and confined on its own, or by the workspace's
+/// pre-confined spawner.
+enum Launch {
+    Fork(Box<tokio::process::Command>, Option<crate::sandbox::Guard>),
+    Spawner(crate::sandbox::Lease, crate::sandbox::spawnd::Request),
+}
+
+/// What holds a running call's confinement: its own cgroup guard, or the spawner lent to it.
+enum Confined {
+    None,
+    Guard(crate::sandbox::Guard),
+    Lease(crate::sandbox::Lease),
+}
+
+impl Confined {
+    fn guard(&self) -> Option<&crate::sandbox::Guard> {
+        match self {
+            Confined::None => None,
+            Confined::Guard(g) => Some(g),
+            Confined::Lease(l) => l.guard(),
+        }
     }
 }
 
@@ -74,7 +104,8 @@ fn prepare(
     start: &ExecStart,
     root: &Path,
     sandbox: Option<&crate::sandbox::Sandbox>,
-) -> Result<(tokio::process::Command, Option<crate::sandbox::Guard>), String> {
+    spawner: bool,
+) -> Result<Launch, String> {
     let argv0 = start.argv.first().ok_or("no command given")?;
     let ws = crate::state::workspace(root, &start.workspace).map_err(|e| e.to_string())?;
     if let Some(sb) = sandbox {
@@ -88,68 +119,44 @@ fn prepare(
         ));
     }
     let path_var = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
+    let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> = ENV_ALLOW
+        .iter()
+        .filter(|k| **k != "PATH")
+        .filter_map(|k| std::env::var_os(k).map(|v| ((*k).into(), v)))
+        .collect();
+    env.push(("PATH".into(), path_var.clone()));
+    let limits = start.limits.unwrap_or_default();
+    if let Some(sb) = sandbox.filter(|_| spawner)
+        && let Some((lease, req)) = sb.lease(&ws, &cwd, &limits, &start.argv, &env)
+    {
+        return Ok(Launch::Spawner(lease, req));
+    }
     // Confined commands are spawned with fork + exec anyway (the sandbox needs a pre-exec
     // step), and must find the program as the command's user: let execvp look it up.
     let program = if sandbox.is_some() {
         std::path::PathBuf::from(argv0)
     } else {
-        resolve_program(argv0, &path_var)
+        resolve_program(argv0.as_ref(), &path_var)
     };
     let mut cmd = tokio::process::Command::new(program);
     cmd.arg0(argv0)
         .args(&start.argv[1..])
         .current_dir(&cwd)
         .env_clear()
+        .envs(env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    for k in ENV_ALLOW {
-        if let Some(v) = std::env::var_os(k) {
-            cmd.env(k, v);
-        }
-    }
-    cmd.env("PATH", &path_var);
     let guard = match sandbox {
         // The sandbox starts a new session (and so a process group) in the child.
-        Some(sb) => Some(sb.confine(
-            start.call_id,
-            &ws,
-            &cwd,
-            &start.limits.unwrap_or_default(),
-            &mut cmd,
-        )?),
+        Some(sb) => Some(sb.confine(&ws, &cwd, &limits, &mut cmd)?),
         None => {
             cmd.process_group(0);
             None
         }
     };
-    Ok((cmd, guard))
-}
-
-/// Looks a bare program name up in `path` the way `execvp` would. Spawning an absolute path
-/// lets the standard library use `posix_spawn` (a vfork-style spawn) instead of fork + exec,
-/// which it must fall back to when the child's PATH differs from ours; that saves about a
-/// tenth of a millisecond per command. Names with a slash, and names not found, are returned
-/// as they are (the spawn then reports them).
-fn resolve_program(name: &str, path: &std::ffi::OsStr) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    if name.contains('/') || name.is_empty() {
-        return name.into();
-    }
-    for dir in std::env::split_paths(path) {
-        if !dir.is_absolute() {
-            continue;
-        }
-        let candidate = dir.join(name);
-        if let Ok(meta) = std::fs::metadata(&candidate)
-            && meta.is_file()
-            && meta.permissions().mode() & 0o111 != 0
-        {
-            return candidate;
-        }
-    }
-    name.into()
+    Ok(Launch::Fork(Box::new(cmd), guard))
 }
 
 /// Shared output budget of one call: bytes still allowed, and bytes dropped past the cap;
@@ -224,40 +231,87 @@ fn kill_group(pgid: i32) {
     }
 }
 
+/// A command's output pipe: ours from a fork, or handed to the spawner.
+type Pipe = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+
+/// Waits for the command: our child, or the spawner's (its exit comes from the spawner).
+async fn wait(
+    child: &mut Option<tokio::process::Child>,
+    confined: &mut Confined,
+) -> std::io::Result<std::process::ExitStatus> {
+    match (child, confined) {
+        (Some(c), _) => c.wait().await,
+        (None, Confined::Lease(l)) => l.wait().await,
+        (None, _) => Err(std::io::Error::other("no command to wait for")),
+    }
+}
+
 async fn execute(
-    mut cmd: tokio::process::Command,
+    launch: Launch,
+    fallback: impl FnOnce() -> Result<Launch, String>,
     start: &ExecStart,
     out: &mpsc::Sender<WorkerMessage>,
     cancel: CancellationToken,
     on_spawn: Option<OnSpawn>,
-    guard: Option<crate::sandbox::Guard>,
-) -> (WorkerMessage, Option<crate::sandbox::Guard>) {
-    let kill_all = |pgid: i32| {
+) -> (WorkerMessage, Confined) {
+    let call_id = start.call_id;
+    let cannot_start = |e: std::io::Error| {
+        let code = match e.kind() {
+            std::io::ErrorKind::NotFound => 127,
+            std::io::ErrorKind::PermissionDenied => 126,
+            _ => 125,
+        };
+        exit_with_error(
+            call_id,
+            code,
+            format!("cannot start {:?}: {e}", start.argv[0]),
+        )
+    };
+    // The workspace's spawner starts it when there is one; when that spawner is gone, the
+    // command (not started) is started the ordinary way.
+    let launch = match launch {
+        Launch::Spawner(mut lease, req) => match lease.start(&req).await {
+            Ok(s) => Ok((lease, s)),
+            Err(StartError::Refused(e)) => return (cannot_start(e), Confined::Lease(lease)),
+            Err(StartError::Lost(why)) => {
+                tracing::warn!(call_id, %why, "the workspace's spawner is gone; starting the command the ordinary way");
+                tokio::task::spawn_blocking(move || drop(lease));
+                match fallback() {
+                    Ok(l) => Err(l),
+                    Err(e) => return (exit_with_error(call_id, 125, e), Confined::None),
+                }
+            }
+        },
+        other => Err(other),
+    };
+    let (mut child, stdout, stderr, pgid, mut confined): (_, Option<Pipe>, Option<Pipe>, _, _) =
+        match launch {
+            Ok((lease, s)) => (
+                None,
+                Some(Box::new(s.stdout)),
+                Some(Box::new(s.stderr)),
+                s.pid,
+                Confined::Lease(lease),
+            ),
+            Err(Launch::Fork(mut cmd, guard)) => {
+                let confined = guard.map_or(Confined::None, Confined::Guard);
+                let mut c = match cmd.spawn() {
+                    Ok(c) => c,
+                    Err(e) => return (cannot_start(e), confined),
+                };
+                let stdout = c.stdout.take().map(|p| Box::new(p) as Pipe);
+                let stderr = c.stderr.take().map(|p| Box::new(p) as Pipe);
+                let pgid = c.id().map(|p| p as i32).unwrap_or(0);
+                (Some(c), stdout, stderr, pgid, confined)
+            }
+            Err(Launch::Spawner(..)) => unreachable!("a spawner launch was started above"),
+        };
+    let kill_all = |pgid: i32, confined: &Confined| {
         kill_group(pgid);
-        if let Some(g) = &guard {
+        if let Some(g) = confined.guard() {
             g.kill_all();
         }
     };
-    let call_id = start.call_id;
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            let code = match e.kind() {
-                std::io::ErrorKind::NotFound => 127,
-                std::io::ErrorKind::PermissionDenied => 126,
-                _ => 125,
-            };
-            return (
-                exit_with_error(
-                    call_id,
-                    code,
-                    format!("cannot start {:?}: {e}", start.argv[0]),
-                ),
-                guard,
-            );
-        }
-    };
-    let pgid = child.id().map(|p| p as i32).unwrap_or(0);
     let _group = GroupGuard(pgid);
     if let Some(f) = on_spawn {
         f(pgid);
@@ -273,8 +327,6 @@ async fn execute(
         efbig: false,
     }));
     // Both pipes are read inside this task (no extra tasks to spawn and join per command).
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
     let pumps = async {
         let a = async {
             if let Some(p) = stdout {
@@ -316,16 +368,16 @@ async fn execute(
     let status = loop {
         tokio::select! {
             _ = &mut pumps, if !drained => drained = true,
-            s = child.wait() => break s,
+            s = wait(&mut child, &mut confined) => break s,
             _ = &mut deadline => {
                 timed_out = true;
-                kill_all(pgid);
-                break child.wait().await;
+                kill_all(pgid, &confined);
+                break wait(&mut child, &mut confined).await;
             }
             _ = cancel.cancelled() => {
                 cancelled = true;
-                kill_all(pgid);
-                break child.wait().await;
+                kill_all(pgid, &confined);
+                break wait(&mut child, &mut confined).await;
             }
         }
     };
@@ -341,7 +393,7 @@ async fn execute(
             }
         }
     }
-    kill_all(pgid);
+    kill_all(pgid, &confined);
     let (dropped, efbig) = {
         let b = budget.locked();
         (b.dropped, b.efbig)
@@ -362,14 +414,14 @@ async fn execute(
         Err(e) => exit.error = format!("waiting for the command failed: {e}"),
     }
     // Which limit ended it, in words: an exit code alone tells the model nothing.
-    if let Some(limit) = guard
-        .as_ref()
+    if let Some(limit) = confined
+        .guard()
         .and_then(|g| g.limit_hit(exit.code, exit.signal, efbig))
     {
         tracing::info!(call_id, %limit, "a sandbox limit ended or hampered the command");
         exit.limit = limit;
     }
-    (msg(worker_message::Msg::ExecExit(exit)), guard)
+    (msg(worker_message::Msg::ExecExit(exit)), confined)
 }
 
 #[cfg(test)]
@@ -421,23 +473,6 @@ mod tests {
         let (_, exit) = run_cmd(&["no-such-program-xyz"], 5000, 0).await;
         assert_eq!(exit.code, Some(127));
         assert!(exit.error.contains("no-such-program-xyz"), "{}", exit.error);
-    }
-
-    #[test]
-    fn programs_are_resolved_like_execvp() {
-        let p = resolve_program(
-            "sh",
-            std::ffi::OsStr::new("relative:/nonexistent:/bin:/usr/bin"),
-        );
-        assert!(p.is_absolute() && p.ends_with("sh"), "{p:?}");
-        assert_eq!(
-            resolve_program("./x", std::ffi::OsStr::new("/bin")),
-            std::path::PathBuf::from("./x")
-        );
-        assert_eq!(
-            resolve_program("no-such-xyz", std::ffi::OsStr::new("/bin")),
-            std::path::PathBuf::from("no-such-xyz")
-        );
     }
 
     #[tokio::test]

@@ -252,16 +252,18 @@ pub(super) fn probe_cgroup(report: &mut Report, commit: bool) -> Option<Cgroups>
     }
 }
 
-/// SIGKILLs everything in a cgroup until it is empty (new processes may appear while we
-/// kill): in v2 all at once with `cgroup.kill`, in v1 process by process. Returns whether it
+/// SIGKILLs everything in a cgroup but `spare` (a spawner that lives there) until nothing
+/// else is left (new processes may appear while we kill): in v2 all at once with
+/// `cgroup.kill` when nothing is spared, otherwise process by process. Returns whether it
 /// emptied within about 100 ms.
-pub(super) fn empty_cgroup(leaf: &Path) -> bool {
-    let all_at_once = cgroup_v2::kill(leaf);
+pub(super) fn empty_cgroup(leaf: &Path, spare: Option<i32>) -> bool {
+    let all_at_once = spare.is_none() && cgroup_v2::kill(leaf);
     for round in 0..50 {
         let pids: Vec<i32> = read(leaf.join("cgroup.procs"))
             .unwrap_or_default()
             .lines()
             .filter_map(|l| l.trim().parse().ok())
+            .filter(|p| Some(*p) != spare)
             .collect();
         if pids.is_empty() {
             return true;

@@ -95,7 +95,7 @@ fn a_real_v2_leaf_is_killed_as_a_whole() {
     );
     // How `cgroup_v2::prepare` tells the hierarchy's real root from a cgroup namespace's.
     assert!(!mount.join("cgroup.type").exists() && leaf.join("cgroup.type").exists());
-    assert!(empty_cgroup(&leaf), "the leaf did not empty");
+    assert!(empty_cgroup(&leaf, None), "the leaf did not empty");
     let status = child.wait().unwrap();
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&status),
@@ -149,6 +149,6 @@ fn a_real_v2_leaf_enforces_memory_and_pids_and_counts_the_oom_kill() {
     );
     let _ = forks.wait_with_output();
     assert!(leaves.pids_refused() >= 1, "no fork refused");
-    empty_cgroup(&leaf);
+    empty_cgroup(&leaf, None);
     std::fs::remove_dir(&leaf).unwrap();
 }

@@ -20,6 +20,8 @@ pub struct Guard {
     pub(super) file_size: u64,
     pub(super) cpu_seconds: u64,
     pub(super) pool: std::sync::Arc<std::sync::Mutex<Vec<Leaves>>>,
+    /// A process [`Guard::kill_all`] leaves alive: the spawner whose leaves these are.
+    pub(super) spare: Option<i32>,
 }
 
 impl Guard {
@@ -30,7 +32,7 @@ impl Guard {
             return true;
         };
         for leaf in leaves.all() {
-            if !empty_cgroup(leaf) {
+            if !empty_cgroup(leaf, self.spare) {
                 return false;
             }
         }
@@ -103,6 +105,7 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        self.spare = None;
         let empty = self.kill_all();
         if let Some(leaves) = self.leaves.take() {
             let mut pool = self.pool.locked();

@@ -10,9 +10,14 @@
 //! command user can reach its workspace, and the worker refuses to start when it cannot.
 //! [`Guard::limit_hit`] says in words which limit ended a command.
 //!
+//! Commands are started by a pre-confined spawner per workspace ([`Sandbox::lease`]; the
+//! spawner's side is `spawnd`, the worker's `spawner`) where one can be had, and otherwise
+//! forked and confined one by one ([`Sandbox::confine`], which also confines the spawners).
+//!
 //! Long file: `confine` builds every mechanism of one command into one pre-exec step, and the
-//! probe and the start-up check must agree with it; what stands alone (cgroups, mounts,
-//! rlimits, the guard, the report) is in files of its own.
+//! probe, the start-up check and the spawners' keys (which limits fix a spawner) must agree
+//! with it; what stands alone (cgroups, mounts, rlimits, the guard, the report, both sides of
+//! the spawner) is in files of its own.
 
 mod cgroup;
 #[cfg(test)]
@@ -23,6 +28,8 @@ mod mount;
 mod proc;
 mod report;
 mod rlimits;
+pub mod spawnd;
+mod spawner;
 mod sys;
 
 use shared::locks::Lock;
@@ -38,6 +45,7 @@ pub use proc::isolate;
 use proc::probe_proc;
 pub use report::{Mechanism, Report};
 use rlimits::Rlimits;
+pub use spawner::{Lease, StartError, Started};
 use sys::{describe_errno, errno, in_child, kernel, write_pid};
 
 use landlock::{
@@ -107,6 +115,8 @@ pub struct Sandbox {
     /// Idle cgroup leaves from finished calls, reused to save a mkdir and rmdir per call.
     pool: std::sync::Arc<std::sync::Mutex<Vec<Leaves>>>,
     next_leaf: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Pre-confined spawners by workspace (none when `TETHER_WORKER_SPAWNER=off`).
+    spawners: Option<std::sync::Arc<std::sync::Mutex<spawner::Pool>>>,
 }
 
 /// The opened Landlock read roots (each with whether it is a directory) and when they were
@@ -122,6 +132,12 @@ type RulesetCache = (std::time::Instant, std::sync::Arc<OwnedFd>);
 /// How long carved Landlock roots are reused. An entry created in a carved directory (such as
 /// the home directory itself) in that window is not readable by commands until it passes.
 const ROOTS_TTL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether commands are started by pre-confined spawners (`TETHER_WORKER_SPAWNER=off` starts
+/// each one with its own fork and confinement, as a baseline or a way out).
+fn spawners_wanted() -> bool {
+    !std::env::var("TETHER_WORKER_SPAWNER").is_ok_and(|v| v == "off" || v == "0")
+}
 
 fn landlock_abi() -> Option<i64> {
     // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
@@ -246,6 +262,7 @@ impl Sandbox {
             rulesets: Default::default(),
             pool: Default::default(),
             next_leaf: Default::default(),
+            spawners: spawners_wanted().then(Default::default),
         }
     }
 
@@ -337,6 +354,7 @@ impl Sandbox {
             rulesets: Default::default(),
             pool: Default::default(),
             next_leaf: Default::default(),
+            spawners: None,
         }
     }
 
@@ -370,7 +388,7 @@ impl Sandbox {
                     continue;
                 }
                 let leaf = e.path();
-                empty_cgroup(&leaf);
+                empty_cgroup(&leaf, None);
                 let _ = std::fs::remove_dir(&leaf);
             }
         }
@@ -559,21 +577,9 @@ impl Sandbox {
         }
     }
 
-    /// Sets a command up to run confined. The returned guard owns the call's cgroup and temp
-    /// dir; keep it until the command and everything it started are gone.
-    pub fn confine(
-        &self,
-        call_id: u64,
-        workspace: &Path,
-        cwd: &Path,
-        limits: &proto::Limits,
-        cmd: &mut tokio::process::Command,
-    ) -> Result<Guard, String> {
-        if limits.network_off && !self.netns {
-            return Err("the brain's policy turns the network off for this call, but this worker cannot create network namespaces (see `worker doctor`)".into());
-        }
-        // One temp dir per workspace (cleared when the worker starts), so the Landlock ruleset,
-        // which names it, can be reused from call to call.
+    /// The workspace's temp dir (one per workspace, cleared when the worker starts, so the
+    /// Landlock ruleset and a spawner, which name it, can be reused from call to call).
+    fn workspace_tmp(&self, workspace: &Path) -> Result<PathBuf, String> {
         let ws_name = workspace
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -588,39 +594,11 @@ impl Sandbox {
             })?;
             self.hand_over(&tmp);
         }
-        let _ = call_id;
-        let plan = if self.mountns {
-            let canon = workspace
-                .canonicalize()
-                .unwrap_or_else(|_| workspace.to_path_buf());
-            let rel = cwd.strip_prefix(&canon).unwrap_or(Path::new(""));
-            Some(MountPlan::new(workspace, &tmp, &self.state_dir, rel)?)
-        } else {
-            None
-        };
-        let seen_tmp: &Path = if plan.is_some() {
-            Path::new(TMP_PATH)
-        } else {
-            &tmp
-        };
-        cmd.env("TMPDIR", seen_tmp);
-        if self.run_as.is_some() {
-            // The worker's home is not the command user's: give it one it can write.
-            cmd.env("HOME", seen_tmp)
-                .env("USER", "nobody")
-                .env("LOGNAME", "nobody");
-        }
-        let mut guard = Guard {
-            tmp: None,
-            leaves: None,
-            oom_before: 0,
-            pids_before: 0,
-            memory_limit: 0,
-            pids_limit: 0,
-            file_size: 0,
-            cpu_seconds: 0,
-            pool: self.pool.clone(),
-        };
+        Ok(tmp)
+    }
+
+    /// The call's memory, pids and CPU quota (µs per 100 ms, -1 for none), defaults filled in.
+    fn cgroup_limits(limits: &proto::Limits) -> (u64, u32, i64) {
         let memory = if limits.memory_bytes == 0 {
             DEFAULT_MEMORY
         } else {
@@ -631,34 +609,17 @@ impl Sandbox {
         } else {
             limits.pids
         };
-        let mut procs: Vec<OwnedFd> = Vec::new();
-        if let Some(cg) = &self.cgroup {
-            let mut leaves = self.leaves(cg)?;
-            let quota: i64 = if limits.cpus > 0.0 {
-                ((limits.cpus * 100_000.0) as i64).max(1000)
-            } else {
-                -1
-            };
-            leaves.set_limits(memory, pids, quota)?;
-            for d in leaves.to_join(quota > 0) {
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(d.join("cgroup.procs"))
-                    .map_err(|e| format!("cannot open {}/cgroup.procs: {e}", d.display()))?;
-                procs.push(f.into());
-            }
-            guard.oom_before = leaves.oom_kills();
-            guard.pids_before = leaves.pids_refused();
-            guard.memory_limit = memory;
-            guard.pids_limit = pids;
-            guard.leaves = Some(leaves);
-        }
-        let ruleset = if self.landlock {
-            Some(self.ruleset_fd(workspace, &tmp)?)
+        let quota: i64 = if limits.cpus > 0.0 {
+            ((limits.cpus * 100_000.0) as i64).max(1000)
         } else {
-            None
+            -1
         };
-        let rl = Rlimits {
+        (memory, pids, quota)
+    }
+
+    fn rlimits(&self, limits: &proto::Limits) -> Rlimits {
+        let (memory, pids, _) = Self::cgroup_limits(limits);
+        Rlimits {
             cpu: if limits.cpu_seconds == 0 {
                 None
             } else {
@@ -682,7 +643,96 @@ impl Sandbox {
             } else {
                 None
             },
+        }
+    }
+
+    /// The environment the sandbox gives a command on top of the worker's: its temp dir,
+    /// and a home and user name when it runs as a user of its own.
+    fn command_env(&self, seen_tmp: &Path) -> Vec<(&'static str, std::ffi::OsString)> {
+        let mut env = vec![("TMPDIR", seen_tmp.as_os_str().to_owned())];
+        if self.run_as.is_some() {
+            // The worker's home is not the command user's: give it one it can write.
+            env.push(("HOME", seen_tmp.as_os_str().to_owned()));
+            env.push(("USER", "nobody".into()));
+            env.push(("LOGNAME", "nobody".into()));
+        }
+        env
+    }
+
+    /// Where a command sees `cwd` (a directory of `workspace`) and its temp dir `tmp`.
+    fn seen(&self, workspace: &Path, cwd: &Path, tmp: &Path) -> (PathBuf, PathBuf) {
+        if !self.mountns {
+            return (cwd.to_path_buf(), tmp.to_path_buf());
+        }
+        let canon = workspace
+            .canonicalize()
+            .unwrap_or_else(|_| workspace.to_path_buf());
+        let rel = cwd.strip_prefix(&canon).unwrap_or(Path::new(""));
+        (Path::new(WORKSPACE_PATH).join(rel), PathBuf::from(TMP_PATH))
+    }
+
+    /// Sets a command up to run confined. The returned guard owns the call's cgroup and temp
+    /// dir; keep it until the command and everything it started are gone.
+    pub fn confine(
+        &self,
+        workspace: &Path,
+        cwd: &Path,
+        limits: &proto::Limits,
+        cmd: &mut tokio::process::Command,
+    ) -> Result<Guard, String> {
+        if limits.network_off && !self.netns {
+            return Err("the brain's policy turns the network off for this call, but this worker cannot create network namespaces (see `worker doctor`)".into());
+        }
+        let tmp = self.workspace_tmp(workspace)?;
+        let plan = if self.mountns {
+            let canon = workspace
+                .canonicalize()
+                .unwrap_or_else(|_| workspace.to_path_buf());
+            let rel = cwd.strip_prefix(&canon).unwrap_or(Path::new(""));
+            Some(MountPlan::new(workspace, &tmp, &self.state_dir, rel)?)
+        } else {
+            None
         };
+        let (_, seen_tmp) = self.seen(workspace, cwd, &tmp);
+        for (k, v) in self.command_env(&seen_tmp) {
+            cmd.env(k, v);
+        }
+        let mut guard = Guard {
+            tmp: None,
+            leaves: None,
+            oom_before: 0,
+            pids_before: 0,
+            memory_limit: 0,
+            pids_limit: 0,
+            file_size: 0,
+            cpu_seconds: 0,
+            pool: self.pool.clone(),
+            spare: None,
+        };
+        let (memory, pids, quota) = Self::cgroup_limits(limits);
+        let mut procs: Vec<OwnedFd> = Vec::new();
+        if let Some(cg) = &self.cgroup {
+            let mut leaves = self.leaves(cg)?;
+            leaves.set_limits(memory, pids, quota)?;
+            for d in leaves.to_join(quota > 0) {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(d.join("cgroup.procs"))
+                    .map_err(|e| format!("cannot open {}/cgroup.procs: {e}", d.display()))?;
+                procs.push(f.into());
+            }
+            guard.oom_before = leaves.oom_kills();
+            guard.pids_before = leaves.pids_refused();
+            guard.memory_limit = memory;
+            guard.pids_limit = pids;
+            guard.leaves = Some(leaves);
+        }
+        let ruleset = if self.landlock {
+            Some(self.ruleset_fd(workspace, &tmp)?)
+        } else {
+            None
+        };
+        let rl = self.rlimits(limits);
         guard.file_size = rl.file_size;
         guard.cpu_seconds = rl.cpu.unwrap_or(0);
         let netns = limits.network_off;
@@ -731,6 +781,104 @@ impl Sandbox {
             });
         }
         Ok(guard)
+    }
+
+    /// A pre-confined spawner for a call in `workspace` (a directory of it is `cwd`), with
+    /// the call's limits written to its cgroup, and the request that starts `argv` with `env`
+    /// there: an idle one, or one made now. `None` (the call runs the ordinary way) when
+    /// spawners are off, when the workspace's spawner is busy with another call, when one
+    /// could not be made lately, or when the request is too large for one.
+    pub fn lease(
+        &self,
+        workspace: &Path,
+        cwd: &Path,
+        limits: &proto::Limits,
+        argv: &[String],
+        env: &[(std::ffi::OsString, std::ffi::OsString)],
+    ) -> Option<(Lease, spawnd::Request)> {
+        let pool = self.spawners.as_ref()?;
+        if limits.network_off && !self.netns {
+            return None;
+        }
+        let tmp = self.workspace_tmp(workspace).ok()?;
+        let (seen_cwd, seen_tmp) = self.seen(workspace, cwd, &tmp);
+        let mut env = env.to_vec();
+        for (k, v) in self.command_env(&seen_tmp) {
+            env.retain(|(k2, _)| k2 != k);
+            env.push((k.into(), v));
+        }
+        let req = spawnd::Request {
+            argv: argv.iter().map(Into::into).collect(),
+            env,
+            cwd: seen_cwd,
+        };
+        req.encode()?;
+        let (memory, pids, quota) = Self::cgroup_limits(limits);
+        let rl = self.rlimits(limits);
+        let key = spawner::Key {
+            workspace: workspace.to_path_buf(),
+            network_off: limits.network_off,
+            cpu_capped: quota > 0,
+            rlimits: (rl.cpu, rl.address_space, rl.file_size, rl.nproc),
+            ids: [spawner::dir_id(workspace), spawner::dir_id(&tmp)],
+        };
+        let (found, stale) = pool.locked().take(&key);
+        if !stale.is_empty() {
+            tokio::task::spawn_blocking(move || drop(stale));
+        }
+        let mut sp = match found {
+            Some(sp) => sp,
+            None => {
+                // The spawner for this workspace is busy with another call (which keeps its
+                // leaves to itself), or is being made: this call runs the ordinary way.
+                if !pool.locked().begin(&key) {
+                    return None;
+                }
+                let made = self.start_spawner(key.clone(), workspace, limits);
+                let mut p = pool.locked();
+                p.end(&key, made.is_ok());
+                drop(p);
+                match made {
+                    Ok(sp) => sp,
+                    Err(e) => {
+                        tracing::warn!(error = %e, workspace = %workspace.display(), "cannot start a spawner; commands start the ordinary way for a while");
+                        return None;
+                    }
+                }
+            }
+        };
+        let g = &mut sp.guard;
+        if let Some(leaves) = g.leaves.as_mut() {
+            // The spawner itself is one of the leaf's processes.
+            if leaves.set_limits(memory, pids + 1, quota).is_err() {
+                tokio::task::spawn_blocking(move || drop(sp));
+                return None;
+            }
+            g.oom_before = leaves.oom_kills();
+            g.pids_before = leaves.pids_refused();
+            g.memory_limit = memory;
+            g.pids_limit = pids;
+        }
+        g.file_size = rl.file_size;
+        g.cpu_seconds = rl.cpu.unwrap_or(0);
+        Some((Lease::new(sp, pool.clone()), req))
+    }
+
+    fn start_spawner(
+        &self,
+        key: spawner::Key,
+        workspace: &Path,
+        limits: &proto::Limits,
+    ) -> Result<spawner::Spawner, String> {
+        let mut cmd = tokio::process::Command::new("/proc/self/exe");
+        cmd.arg(spawnd::ARG)
+            .env_clear()
+            .current_dir(workspace)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let guard = self.confine(workspace, workspace, limits, &mut cmd)?;
+        spawner::Spawner::start(cmd, guard, key).map_err(|e| format!("cannot start a spawner: {e}"))
     }
 
     /// The Landlock ruleset for a workspace, built once and reused for [`ROOTS_TTL`]: each
@@ -821,7 +969,14 @@ fn carve(dir: &Path, denied: &[PathBuf], out: &mut Vec<PathBuf>) {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        // Only the last clone tidies up the idle leaves.
+        // Only the last clone tidies up: the idle spawners (their leaves go back to the
+        // pool), then the idle leaves.
+        if let Some(sp) = &self.spawners
+            && std::sync::Arc::strong_count(sp) == 1
+        {
+            let idle = sp.locked().drain();
+            drop(idle);
+        }
         if std::sync::Arc::strong_count(&self.pool) == 1 {
             for leaves in self.pool.locked().drain(..) {
                 for leaf in leaves.all() {

@@ -1,0 +1,357 @@
+//! The pre-confined spawner's own side: a small process (the worker binary run as
+//! `worker __spawner`) that was confined once, exactly as a command would be, and then starts
+//! each command of its workspace with a vfork-style `posix_spawn`, with no pre-exec work
+//! left to do. It reads requests from the socket at fd 3, one at a time, and answers each
+//! with the command's pid (or why it could not start) and then its wait status.
+//!
+//! The wire, both ways over a Unix stream socket:
+//! - request: `u32` payload length (little-endian) sent with the command's stdout and stderr
+//!   as `SCM_RIGHTS`, then the payload: `u32` argc, `u32` envc, then argc + envc + 1 strings,
+//!   each a `u32` length and its bytes: argv, the environment as `KEY=VALUE`, and the working
+//!   directory. The spawner looks argv\[0\] up in the request's PATH as `execvp` would, as
+//!   the command's user.
+//! - replies: 8 bytes, a `u32` kind ([`STARTED`] with the pid, [`FAILED`] with an errno, then
+//!   [`EXITED`] with the raw wait status) and an `i32`.
+
+use std::ffi::{OsStr, OsString};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::Stdio;
+
+/// The argument that makes the worker binary a spawner.
+pub const ARG: &str = "__spawner";
+/// The descriptor the spawner reads requests from.
+pub const FD: RawFd = 3;
+/// Largest request payload; bigger commands are started the ordinary way.
+pub const MAX_REQUEST: usize = 64 * 1024;
+
+pub const STARTED: u32 = 1;
+pub const FAILED: u32 = 2;
+pub const EXITED: u32 = 3;
+
+/// One command to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub argv: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+    pub cwd: PathBuf,
+}
+
+impl Request {
+    /// The payload, or `None` when it is larger than [`MAX_REQUEST`] or has no argv.
+    pub fn encode(&self) -> Option<Vec<u8>> {
+        if self.argv.is_empty() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(&(self.argv.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.env.len() as u32).to_le_bytes());
+        let mut put = |b: &[u8]| {
+            out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+            out.extend_from_slice(b);
+        };
+        for a in &self.argv {
+            put(a.as_bytes());
+        }
+        for (k, v) in &self.env {
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            put(&kv);
+        }
+        put(self.cwd.as_os_str().as_bytes());
+        (out.len() <= MAX_REQUEST).then_some(out)
+    }
+
+    /// The request, or `None` for a malformed payload.
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        let mut at = 0usize;
+        let mut u32_at = || -> Option<usize> {
+            let v = u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?);
+            at += 4;
+            Some(v as usize)
+        };
+        let (argc, envc) = (u32_at()?, u32_at()?);
+        if argc == 0 || argc + envc > MAX_REQUEST {
+            return None;
+        }
+        let mut strings = Vec::with_capacity(argc + envc + 1);
+        for _ in 0..argc + envc + 1 {
+            let n = u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?) as usize;
+            at += 4;
+            let s = b.get(at..at.checked_add(n)?)?;
+            at += n;
+            if s.contains(&0) {
+                return None;
+            }
+            strings.push(OsString::from_vec(s.to_vec()));
+        }
+        if at != b.len() {
+            return None;
+        }
+        let cwd = PathBuf::from(strings.pop()?);
+        let env = strings
+            .split_off(argc)
+            .into_iter()
+            .map(|kv| {
+                let kv = kv.into_vec();
+                let eq = kv.iter().position(|&c| c == b'=')?;
+                Some((
+                    OsString::from_vec(kv[..eq].to_vec()),
+                    OsString::from_vec(kv[eq + 1..].to_vec()),
+                ))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Request {
+            argv: strings,
+            env,
+            cwd,
+        })
+    }
+
+    /// The program to run: argv\[0\] looked up in the request's PATH.
+    pub fn program(&self) -> PathBuf {
+        let path = self
+            .env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.as_os_str())
+            .unwrap_or(OsStr::new(""));
+        resolve_program(&self.argv[0], path)
+    }
+}
+
+/// Looks a bare program name up in `path` the way `execvp` would. Spawning an absolute path
+/// lets the standard library use `posix_spawn` (a vfork-style spawn) instead of fork + exec,
+/// which it must fall back to when the child's PATH differs from ours. Names with a slash,
+/// and names not found, are returned as they are (the spawn then reports them).
+pub fn resolve_program(name: &OsStr, path: &OsStr) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    if name.as_bytes().contains(&b'/') || name.is_empty() {
+        return name.into();
+    }
+    for dir in std::env::split_paths(path) {
+        if !dir.is_absolute() {
+            continue;
+        }
+        let candidate = dir.join(name);
+        if let Ok(meta) = std::fs::metadata(&candidate)
+            && meta.is_file()
+            && meta.permissions().mode() & 0o111 != 0
+        {
+            return candidate;
+        }
+    }
+    name.into()
+}
+
+/// Sends `bytes` with `fds` attached (as `SCM_RIGHTS`) on a stream socket; returns how many
+/// bytes went (the rest is sent as plain data).
+pub fn send_with_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> std::io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    let fd_bytes = std::mem::size_of_val(fds) as u32;
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    // SAFETY: msghdr is plain data; every pointer set below outlives the call, and the
+    // control buffer is large enough for one header with `fds` (CMSG_SPACE).
+    unsafe {
+        let mut m: libc::msghdr = std::mem::zeroed();
+        m.msg_iov = &mut iov;
+        m.msg_iovlen = 1;
+        if !fds.is_empty() {
+            m.msg_control = cbuf.as_mut_ptr().cast();
+            m.msg_controllen = space as _;
+            let c = libc::CMSG_FIRSTHDR(&m);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(c),
+                fd_bytes as usize,
+            );
+        }
+        let n = libc::sendmsg(sock, &m, libc::MSG_NOSIGNAL);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+}
+
+/// Receives up to `buf.len()` bytes and the descriptors sent with them (close-on-exec).
+/// `Ok((0, _))` is the end of the stream.
+fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 16];
+    // SAFETY: as in `send_with_fds`; the kernel writes at most msg_controllen bytes, and each
+    // descriptor it reports is new and ours.
+    unsafe {
+        let mut m: libc::msghdr = std::mem::zeroed();
+        m.msg_iov = &mut iov;
+        m.msg_iovlen = 1;
+        m.msg_control = cbuf.as_mut_ptr().cast();
+        m.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+        let n = libc::recvmsg(sock, &mut m, libc::MSG_CMSG_CLOEXEC);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut fds = Vec::new();
+        let mut c = libc::CMSG_FIRSTHDR(&m);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c);
+                let len = (*c).cmsg_len as usize - (data as usize - c as usize);
+                for i in 0..len / std::mem::size_of::<RawFd>() {
+                    let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&m, c);
+        }
+        Ok((n as usize, fds))
+    }
+}
+
+fn reply(sock: &mut UnixStream, kind: u32, value: i32) -> std::io::Result<()> {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&kind.to_le_bytes());
+    b[4..].copy_from_slice(&value.to_le_bytes());
+    sock.write_all(&b)
+}
+
+/// Reads one request: its payload and the descriptors that came with it; `None` at the end.
+fn read_request(sock: &mut UnixStream) -> std::io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    let mut len = [0u8; 4];
+    let (n, fds) = recv_with_fds(sock.as_raw_fd(), &mut len)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    sock.read_exact(&mut len[n..])?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_REQUEST {
+        return Err(std::io::Error::other("request too large"));
+    }
+    let mut payload = vec![0u8; len];
+    sock.read_exact(&mut payload)?;
+    Ok(Some((payload, fds)))
+}
+
+/// The spawner's main loop (`worker __spawner`): serves requests until the worker closes
+/// the socket. Runs already confined; its commands inherit all of it.
+pub fn serve() -> std::process::ExitCode {
+    // Commands run as the same user: keep them from tracing this process or reading its
+    // memory and descriptors (the socket to the worker is what a command must never reach).
+    // SAFETY: plain prctl and fcntl on our own descriptor 3, which the worker placed there.
+    let mut sock = unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        if libc::fcntl(FD, libc::F_SETFD, libc::FD_CLOEXEC) != 0 {
+            return std::process::ExitCode::FAILURE;
+        }
+        UnixStream::from_raw_fd(FD)
+    };
+    loop {
+        let (payload, fds) = match read_request(&mut sock) {
+            Ok(Some(r)) => r,
+            Ok(None) => return std::process::ExitCode::SUCCESS,
+            Err(_) => return std::process::ExitCode::FAILURE,
+        };
+        let (req, [out, err]) = match (Request::decode(&payload), <[OwnedFd; 2]>::try_from(fds)) {
+            (Some(req), Ok(fds)) => (req, fds),
+            _ => {
+                if reply(&mut sock, FAILED, libc::EINVAL).is_err() {
+                    return std::process::ExitCode::FAILURE;
+                }
+                continue;
+            }
+        };
+        let mut cmd = std::process::Command::new(req.program());
+        cmd.arg0(&req.argv[0])
+            .args(&req.argv[1..])
+            .env_clear()
+            .envs(req.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&req.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .process_group(0);
+        let spawned = cmd.spawn();
+        // Our copies of the pipes go now, so the worker sees the end of output when the
+        // command (and whatever it started) is done with them.
+        drop(cmd);
+        let sent = match spawned {
+            Err(e) => reply(&mut sock, FAILED, e.raw_os_error().unwrap_or(libc::EIO)),
+            Ok(mut child) => reply(&mut sock, STARTED, child.id() as i32).and_then(|()| {
+                let status = child.wait()?;
+                reply(&mut sock, EXITED, status.into_raw())
+            }),
+        };
+        if sent.is_err() {
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_and_bad_ones_are_refused() {
+        let req = Request {
+            argv: vec!["sh".into(), "-c".into(), "echo ok".into()],
+            env: vec![
+                ("PATH".into(), "/usr/bin:/bin".into()),
+                ("A".into(), "b=c".into()),
+            ],
+            cwd: "/workspace/sub".into(),
+        };
+        let b = req.encode().unwrap();
+        let back = Request::decode(&b).unwrap();
+        assert_eq!(back, req);
+        let program = back.program();
+        assert!(
+            program.is_absolute() && program.ends_with("sh"),
+            "{program:?}"
+        );
+        for cut in [0, 3, 8, b.len() - 1] {
+            assert_eq!(Request::decode(&b[..cut]), None, "cut at {cut}");
+        }
+        let mut longer = b.clone();
+        longer.push(0);
+        assert_eq!(Request::decode(&longer), None);
+        let huge = Request {
+            argv: vec!["x".repeat(MAX_REQUEST).into()],
+            ..req
+        };
+        assert_eq!(huge.encode(), None);
+    }
+
+    #[test]
+    fn programs_are_resolved_like_execvp() {
+        let p = resolve_program(
+            OsStr::new("sh"),
+            OsStr::new("relative:/nonexistent:/bin:/usr/bin"),
+        );
+        assert!(p.is_absolute() && p.ends_with("sh"), "{p:?}");
+        assert_eq!(
+            resolve_program(OsStr::new("./x"), OsStr::new("/bin")),
+            PathBuf::from("./x")
+        );
+        assert_eq!(
+            resolve_program(OsStr::new("no-such-xyz"), OsStr::new("/bin")),
+            PathBuf::from("no-such-xyz")
+        );
+    }
+}
