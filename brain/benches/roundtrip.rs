@@ -4,7 +4,9 @@
 //!     cargo build --release --workspace && cargo bench -p brain --bench roundtrip
 //!
 //! Rows: a local `std::process::Command` spawn of `true`; `true` through brain → worker (the
-//! in-brain API the agent uses, and the admin path a person uses); a 1-byte round trip on the
+//! in-brain API the agent uses, confined and started by the workspace's spawner; the same
+//! with each command forked and confined on its own; unconfined; and the admin path a person
+//! uses); a 1-byte round trip on the
 //! open session; a cold connect (TCP + mTLS + HTTP/2); `ssh -p PORT 127.0.0.1 true` against a
 //! throw-away sshd, fresh and multiplexed (skipped, with the reason, when sshd is absent or we
 //! are not root); the worker's idle RSS and the release binaries' sizes.
@@ -235,6 +237,65 @@ fn main() {
         &bare_exec,
     );
 
+    // The same confined, but each command forked and confined on its own (no spawner): the
+    // path every command took before the spawners.
+    let (token3, _) = rt
+        .block_on(
+            ready_shared
+                .registry
+                .create_token(600_000, Default::default()),
+        )
+        .unwrap();
+    let mut forked = Command::new(&bins.worker)
+        .args(["join", "--brain", &url, "--token", &token3, "--ca-hash"])
+        .arg(ready_shared.ca.hash())
+        .args(["--name", "bench-fork", "--state"])
+        .arg(tmp.path().join("worker-fork"))
+        .env("RUST_LOG", "error")
+        .env("TETHER_WORKER_SPAWNER", "off")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let fork_id = rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ws = ready_shared.registry.workers().unwrap();
+            if let Some(w) = ws
+                .iter()
+                .find(|w| w.name == "bench-fork" && hub.is_connected(&w.id))
+            {
+                break w.id.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "spawner-less worker did not connect"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let fork_exec = stats(rt.block_on(async {
+        let mut v = Vec::with_capacity(n);
+        for i in 0..n + 50 {
+            let t = Instant::now();
+            let mut call = hub.exec(&fork_id, spec.clone()).await.unwrap();
+            while let Some(ev) = call.next().await {
+                if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
+                    break;
+                }
+            }
+            if i >= 50 {
+                v.push(t.elapsed());
+            }
+        }
+        v
+    }));
+    let _ = forked.kill();
+    let _ = forked.wait();
+    row(
+        "tether `true` brain → worker, confined, no spawner (fork)",
+        &fork_exec,
+    );
+
     let target = Target {
         url: url.clone(),
         identity_dir: data.admin_identity(),
@@ -337,6 +398,11 @@ fn main() {
     println!(
         "  tether in-brain exec / local spawn           {:>8.2}×   (target ≤ 1.5×)",
         r(tether.p50, local.p50)
+    );
+    println!(
+        "  confined fork (no spawner) / local spawn     {:>8.2}×   (the spawner saves {:.3} ms per command)",
+        r(fork_exec.p50, local.p50),
+        (fork_exec.p50.as_secs_f64() - tether.p50.as_secs_f64()) * 1e3
     );
     println!(
         "  tether admin exec / local spawn              {:>8.2}×",
