@@ -851,6 +851,7 @@ impl Sandbox {
         if let Some(leaves) = g.leaves.as_mut() {
             // The spawner itself is one of the leaf's processes.
             if leaves.set_limits(memory, pids + 1, quota).is_err() {
+                pool.locked().release(&sp.key);
                 tokio::task::spawn_blocking(move || drop(sp));
                 return None;
             }

@@ -206,7 +206,8 @@ impl Pool {
         }
     }
 
-    fn release(&mut self, key: &Key) {
+    /// A spawner for `key` is no longer made or lent.
+    pub(super) fn release(&mut self, key: &Key) {
         if let Some(i) = self.busy.iter().position(|k| k == key) {
             self.busy.swap_remove(i);
         }
