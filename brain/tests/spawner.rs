@@ -171,7 +171,12 @@ fn a_command_that_kills_its_spawner_gets_a_clear_error_and_the_next_call_works()
     let w = c.join_worker("regicide");
     let first = report(&exec(&c, &w, &[], SELF_REPORT)).parent;
     assert!(cmdline(first).contains("__spawner"), "{}", cmdline(first));
-    let out = exec(&c, &w, &[], "kill -9 $PPID; sleep 2; echo survived");
+    let out = exec(
+        &c,
+        &w,
+        &[],
+        "echo ran >> runs.txt; kill -9 $PPID; sleep 2; echo survived",
+    );
     assert_ne!(out.status.code(), Some(0), "{}", text(&out));
     assert!(
         text(&out).contains("spawner ended"),
@@ -179,6 +184,14 @@ fn a_command_that_kills_its_spawner_gets_a_clear_error_and_the_next_call_works()
         text(&out)
     );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("survived"));
+    // Whether the spawner died before or after it said the command started, the command
+    // ran once: it is never started a second time.
+    assert_eq!(
+        std::fs::read_to_string(w.workspace().join("runs.txt")).unwrap(),
+        "ran\n",
+        "{}",
+        text(&out)
+    );
     assert!(wait_until(Duration::from_secs(5), || process_gone(first)));
     let out = exec(&c, &w, &[], &format!("{SELF_REPORT}; echo fine"));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));

@@ -69,8 +69,17 @@ pub async fn run_with(
         }
         Err(e) => (exit_with_error(call_id, 125, e), Confined::None),
     };
+    // A spawner goes back before the answer, so the caller's next call finds it idle (its
+    // leaves were emptied at the command's end: this only checks them and files it).
+    let confined = match confined {
+        Confined::Lease(l) => {
+            drop(l);
+            Confined::None
+        }
+        other => other,
+    };
     let _ = out.send(exit).await;
-    // Tidying the call's cgroup and temp dir waits until the caller has its answer.
+    // Tidying the call's own cgroup and temp dir waits until the caller has its answer.
     if !matches!(confined, Confined::None) {
         tokio::task::spawn_blocking(move || drop(confined));
     }
@@ -273,6 +282,10 @@ async fn execute(
         Launch::Spawner(mut lease, req) => match lease.start(&req).await {
             Ok(s) => Ok((lease, s)),
             Err(StartError::Refused(e)) => return (cannot_start(e), Confined::Lease(lease)),
+            Err(StartError::Unsure(why)) => {
+                tracing::warn!(call_id, %why, "a spawner failed during a start");
+                return (exit_with_error(call_id, 125, why), Confined::Lease(lease));
+            }
             Err(StartError::Lost(why)) => {
                 tracing::warn!(call_id, %why, "the workspace's spawner is gone; starting the command the ordinary way");
                 tokio::task::spawn_blocking(move || drop(lease));

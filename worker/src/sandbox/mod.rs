@@ -14,10 +14,8 @@
 //! spawner's side is `spawnd`, the worker's `spawner`) where one can be had, and otherwise
 //! forked and confined one by one ([`Sandbox::confine`], which also confines the spawners).
 //!
-//! Long file: `confine` builds every mechanism of one command into one pre-exec step, and the
-//! probe, the start-up check and the spawners' keys (which limits fix a spawner) must agree
-//! with it; what stands alone (cgroups, mounts, rlimits, the guard, the report, both sides of
-//! the spawner) is in files of its own.
+//! What stands alone is in files of its own: cgroups, mounts and the start-up reach check,
+//! rlimits, the Landlock rules, the guard, the report, and both sides of the spawner.
 
 mod cgroup;
 #[cfg(test)]
@@ -28,6 +26,7 @@ mod mount;
 mod proc;
 mod report;
 mod rlimits;
+mod rules;
 pub mod spawnd;
 mod spawner;
 mod sys;
@@ -39,19 +38,15 @@ use std::path::{Path, PathBuf};
 
 use cgroup::{Cgroups, Leaves, Version, empty_cgroup, probe_cgroup};
 pub use guard::Guard;
-use mount::{MountPlan, probe_mountns, untraversable_ancestor};
+use mount::{MountPlan, check_reach, probe_mountns};
 pub use mount::{TMP_PATH, WORKSPACE_PATH};
 pub use proc::isolate;
 use proc::probe_proc;
 pub use report::{Mechanism, Report};
 use rlimits::Rlimits;
+use rules::{Rules, landlock_abi};
 pub use spawner::{Lease, StartError, Started};
-use sys::{describe_errno, errno, in_child, kernel, write_pid};
-
-use landlock::{
-    ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreated,
-    RulesetCreatedAttr, path_beneath_rules,
-};
+use sys::{kernel, write_pid};
 
 /// Secrets under the home directory that commands may not read (besides `--deny-read`).
 const HOME_SECRETS: &[&str] = &[
@@ -69,10 +64,6 @@ const HOME_SECRETS: &[&str] = &[
     ".pypirc",
     ".cargo/credentials.toml",
 ];
-
-/// The Landlock ABI we require: 3 adds control of truncation, without which a command could
-/// still empty a file it may only read.
-const LANDLOCK_ABI: ABI = ABI::V3;
 
 /// Why the worker cannot hand out workspaces.
 #[derive(Debug, thiserror::Error)]
@@ -107,11 +98,8 @@ pub struct Sandbox {
     /// Paths commands may not read.
     denied: Vec<PathBuf>,
     state_dir: PathBuf,
-    /// The read-only Landlock roots, opened, and when: carving and opening them costs more
-    /// than the rest of a spawn, so they are reused for a moment.
-    roots: std::sync::Arc<std::sync::Mutex<Option<RootsCache>>>,
-    /// Landlock rulesets by workspace, and when they were built.
-    rulesets: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<PathBuf, RulesetCache>>>,
+    /// Landlock rulesets by workspace, and the carved read roots they are built from.
+    rules: Rules,
     /// Idle cgroup leaves from finished calls, reused to save a mkdir and rmdir per call.
     pool: std::sync::Arc<std::sync::Mutex<Vec<Leaves>>>,
     next_leaf: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -119,38 +107,10 @@ pub struct Sandbox {
     spawners: Option<std::sync::Arc<std::sync::Mutex<spawner::Pool>>>,
 }
 
-/// The opened Landlock read roots (each with whether it is a directory) and when they were
-/// carved.
-type RootsCache = (
-    std::time::Instant,
-    std::sync::Arc<Vec<(landlock::PathFd, bool)>>,
-);
-
-/// A built Landlock ruleset's descriptor and when it was built.
-type RulesetCache = (std::time::Instant, std::sync::Arc<OwnedFd>);
-
-/// How long carved Landlock roots are reused. An entry created in a carved directory (such as
-/// the home directory itself) in that window is not readable by commands until it passes.
-const ROOTS_TTL: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// Whether commands are started by pre-confined spawners (`TETHER_WORKER_SPAWNER=off` starts
 /// each one with its own fork and confinement, as a baseline or a way out).
 fn spawners_wanted() -> bool {
     !std::env::var("TETHER_WORKER_SPAWNER").is_ok_and(|v| v == "off" || v == "0")
-}
-
-fn landlock_abi() -> Option<i64> {
-    // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
-    // SAFETY: this form of the syscall only returns the ABI version.
-    let v = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<u8>(),
-            0usize,
-            1u32,
-        )
-    };
-    (v > 0).then_some(v)
 }
 
 impl Sandbox {
@@ -258,8 +218,7 @@ impl Sandbox {
             run_as,
             denied,
             state_dir: state_dir.to_path_buf(),
-            roots: Default::default(),
-            rulesets: Default::default(),
+            rules: Default::default(),
             pool: Default::default(),
             next_leaf: Default::default(),
             spawners: spawners_wanted().then(Default::default),
@@ -303,29 +262,6 @@ impl Sandbox {
         })
     }
 
-    /// The carved read-only roots, opened (cached for [`ROOTS_TTL`]).
-    fn read_roots(&self) -> std::sync::Arc<Vec<(landlock::PathFd, bool)>> {
-        let mut g = self.roots.locked();
-        if let Some((at, fds)) = g.as_ref()
-            && at.elapsed() < ROOTS_TTL
-        {
-            return fds.clone();
-        }
-        let mut roots = Vec::new();
-        carve(Path::new("/"), &self.denied, &mut roots);
-        let fds = std::sync::Arc::new(
-            roots
-                .iter()
-                .filter_map(|p| {
-                    let is_dir = std::fs::metadata(p).is_ok_and(|m| m.is_dir());
-                    landlock::PathFd::new(p).ok().map(|fd| (fd, is_dir))
-                })
-                .collect::<Vec<_>>(),
-        );
-        *g = Some((std::time::Instant::now(), fds.clone()));
-        fds
-    }
-
     /// No confinement at all (`--no-sandbox`): commands run like any child of the worker.
     /// The hello then names no mechanism, so a brain that requires one refuses this worker.
     pub fn disabled(state_dir: &Path) -> Self {
@@ -350,8 +286,7 @@ impl Sandbox {
             run_as: None,
             denied: Vec::new(),
             state_dir: state_dir.to_path_buf(),
-            roots: Default::default(),
-            rulesets: Default::default(),
+            rules: Default::default(),
             pool: Default::default(),
             next_leaf: Default::default(),
             spawners: None,
@@ -466,115 +401,12 @@ impl Sandbox {
         let r = made.and_then(|()| {
             self.hand_over(&ws);
             self.hand_over(&tmp);
-            self.check_reach(&ws, &tmp)
+            check_reach(&ws, &tmp, &self.state_dir, self.mountns, self.run_as)
+                .map_err(Error::Workspace)
         });
         let _ = std::fs::remove_dir(&ws);
         let _ = std::fs::remove_dir(&tmp);
         r
-    }
-
-    fn check_reach(&self, ws: &Path, tmp: &Path) -> Result<String, Error> {
-        let who = match self.run_as {
-            Some((uid, _)) => format!("uid {uid} (nobody)"),
-            None => "the worker's own user".to_string(),
-        };
-        let plan = if self.mountns {
-            Some(
-                MountPlan::new(ws, tmp, &self.state_dir, Path::new(""))
-                    .map_err(Error::Workspace)?,
-            )
-        } else {
-            None
-        };
-        let c = |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).unwrap_or_default();
-        let (seen_ws, seen_tmp) = match &plan {
-            Some(_) => (c(Path::new(WORKSPACE_PATH)), c(Path::new(TMP_PATH))),
-            None => (c(ws), c(tmp)),
-        };
-        let run_as = self.run_as;
-        // Step by step, each in a child of its own, so a failure says which step and why:
-        // 1 the mount namespace, 2 the user, 3 the workspace, 4 its temp dir.
-        let upto = |steps: u8| {
-            in_child(&|| {
-                // SAFETY: plain syscalls on values prepared above.
-                unsafe {
-                    if let Some(p) = &plan
-                        && (libc::unshare(libc::CLONE_NEWNS) != 0 || p.enter().is_err())
-                    {
-                        return Err(errno());
-                    }
-                    if steps < 2 {
-                        return Ok(());
-                    }
-                    if let Some((uid, gid)) = run_as
-                        && (libc::setgroups(0, std::ptr::null()) != 0
-                            || libc::setgid(gid) != 0
-                            || libc::setuid(uid) != 0)
-                    {
-                        return Err(errno());
-                    }
-                    let all = libc::R_OK | libc::W_OK | libc::X_OK;
-                    if steps >= 3 && libc::access(seen_ws.as_ptr(), all) != 0 {
-                        return Err(errno());
-                    }
-                    if steps >= 4 && libc::access(seen_tmp.as_ptr(), all) != 0 {
-                        return Err(errno());
-                    }
-                }
-                Ok(())
-            })
-        };
-        let r = (1..=4u8).try_for_each(|n| upto(n).map_err(|e| (n, e)));
-        let seen = if plan.is_some() {
-            PathBuf::from(WORKSPACE_PATH)
-        } else {
-            ws.parent().unwrap_or(ws).join("<name>")
-        };
-        match r {
-            Ok(()) => Ok(format!(
-                "commands run as {who} and reach their workspace at {}",
-                seen.display()
-            )),
-            Err((1, e)) => Err(Error::Workspace(format!(
-                "cannot set up a command's mount namespace for a workspace under {} ({}); see `worker doctor`",
-                ws.parent().unwrap_or(ws).display(),
-                describe_errno(e)
-            ))),
-            Err((2, e)) => Err(Error::Workspace(format!(
-                "cannot switch to {who} to run commands ({})",
-                describe_errno(e)
-            ))),
-            Err((step, _)) => {
-                let (blocked, what) = match (plan.is_some(), step) {
-                    (true, 3) => (PathBuf::from(WORKSPACE_PATH), "their workspace"),
-                    (true, _) => (PathBuf::from(TMP_PATH), "their temp dir"),
-                    (false, 3) => (ws.to_path_buf(), "their workspace"),
-                    (false, _) => (tmp.to_path_buf(), "their temp dir"),
-                };
-                let why = match self
-                    .run_as
-                    .and_then(|u| untraversable_ancestor(&blocked, u))
-                {
-                    Some((dir, mode)) => format!(
-                        "{} (mode {mode:04o}) is not traversable by them",
-                        dir.display()
-                    ),
-                    None => "access is denied".to_string(),
-                };
-                let state = self.state_dir.display();
-                Err(Error::Workspace(format!(
-                    "commands run as {who} cannot reach {what} under {}: {why}, and {}. Start the worker with a state dir whose every parent others may traverse (for example --state /var/lib/tether-worker, or TETHER_WORKER_STATE), move {state} there, or make the parents traversable (chmod o+x)",
-                    blocked.parent().unwrap_or(&blocked).display(),
-                    if self.mountns {
-                        "the mount namespace did not help".to_string()
-                    } else {
-                        format!(
-                            "no mount namespace can show it at {WORKSPACE_PATH} here (see `worker doctor`)"
-                        )
-                    }
-                )))
-            }
-        }
     }
 
     /// The workspace's temp dir (one per workspace, cleared when the worker starts, so the
@@ -728,7 +560,7 @@ impl Sandbox {
             guard.leaves = Some(leaves);
         }
         let ruleset = if self.landlock {
-            Some(self.ruleset_fd(workspace, &tmp)?)
+            Some(self.rules.ruleset_fd(&self.denied, workspace, &tmp)?)
         } else {
             None
         };
@@ -879,92 +711,12 @@ impl Sandbox {
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true);
         let guard = self.confine(workspace, workspace, limits, &mut cmd)?;
-        spawner::Spawner::start(cmd, guard, key).map_err(|e| format!("cannot start a spawner: {e}"))
-    }
-
-    /// The Landlock ruleset for a workspace, built once and reused for [`ROOTS_TTL`]: each
-    /// child restricts itself with the inherited descriptor.
-    fn ruleset_fd(&self, workspace: &Path, tmp: &Path) -> Result<std::sync::Arc<OwnedFd>, String> {
-        let mut cache = self.rulesets.locked();
-        if let Some((at, fd)) = cache.get(workspace)
-            && at.elapsed() < ROOTS_TTL
-        {
-            return Ok(fd.clone());
-        }
-        let created = self
-            .ruleset(workspace, tmp)
-            .map_err(|e| format!("cannot build the Landlock ruleset: {e}"))?;
-        let fd: Option<OwnedFd> = created.into();
-        let fd = std::sync::Arc::new(
-            fd.ok_or("the kernel refused to create a Landlock ruleset; see `worker doctor`")?,
-        );
-        if cache.len() > 256 {
-            cache.clear();
-        }
-        cache.insert(
-            workspace.to_path_buf(),
-            (std::time::Instant::now(), fd.clone()),
-        );
-        Ok(fd)
-    }
-
-    /// Read everywhere except the denied subtrees; read and write in the workspace, the temp
-    /// dir and /dev/null.
-    fn ruleset(
-        &self,
-        workspace: &Path,
-        tmp: &Path,
-    ) -> Result<RulesetCreated, landlock::RulesetError> {
-        let read = AccessFs::from_read(LANDLOCK_ABI);
-        let all = AccessFs::from_all(LANDLOCK_ABI);
-        let roots = self.read_roots();
-        Ruleset::default()
-            .set_compatibility(CompatLevel::HardRequirement)
-            .handle_access(all)?
-            .create()?
-            .add_rules(roots.iter().map(|(fd, is_dir)| {
-                // Files take only the rights that make sense for a file.
-                let access = if *is_dir {
-                    read
-                } else {
-                    read & AccessFs::from_file(LANDLOCK_ABI)
-                };
-                Ok::<_, landlock::RulesetError>(landlock::PathBeneath::new(fd, access))
-            }))?
-            .add_rules(path_beneath_rules(
-                [workspace, tmp, Path::new("/dev/null")],
-                all,
-            ))
-    }
-}
-
-/// Collects paths that together cover `dir` minus the denied subtrees: a dir with nothing
-/// denied inside is taken whole; one with denied parts is opened up and its other entries
-/// taken. Symlinks into a denied subtree are left out.
-fn carve(dir: &Path, denied: &[PathBuf], out: &mut Vec<PathBuf>) {
-    if denied.iter().any(|d| d == dir) {
-        return;
-    }
-    if !denied.iter().any(|d| d.starts_with(dir)) {
-        out.push(dir.to_path_buf());
-        return;
-    }
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        if e.file_type().is_ok_and(|t| t.is_symlink()) {
-            match p.canonicalize() {
-                // Into a denied subtree, or onto a directory that holds one: granting it
-                // would grant the secret.
-                Ok(t) if denied.iter().any(|d| t.starts_with(d) || d.starts_with(&t)) => continue,
-                Ok(_) => out.push(p),
-                Err(_) => {}
-            }
-            continue;
-        }
-        carve(&p, denied, out);
+        // SAFETY: plain getter.
+        let uid = self
+            .run_as
+            .map_or_else(|| unsafe { libc::geteuid() }, |(u, _)| u);
+        spawner::Spawner::start(cmd, guard, key, uid)
+            .map_err(|e| format!("cannot start a spawner: {e}"))
     }
 }
 
@@ -991,50 +743,6 @@ impl Drop for Sandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn carving_leaves_out_denied_subtrees_only() {
-        let d = tempfile::tempdir().unwrap();
-        let root = d.path().canonicalize().unwrap();
-        for p in ["a/secret/x", "a/open/y", "b/z"] {
-            std::fs::create_dir_all(root.join(p)).unwrap();
-        }
-        std::os::unix::fs::symlink(root.join("a/secret"), root.join("a/sneaky")).unwrap();
-        let denied = vec![root.join("a/secret")];
-        let mut out = Vec::new();
-        carve(&root, &denied, &mut out);
-        out.sort();
-        assert_eq!(out, vec![root.join("a/open"), root.join("b")]);
-    }
-
-    #[test]
-    fn the_parent_that_keeps_nobody_out_is_named_with_its_mode() {
-        use std::os::unix::fs::PermissionsExt;
-        let d = tempfile::tempdir().unwrap();
-        let root = d.path().canonicalize().unwrap();
-        let open = root.join("open/ws");
-        let shut = root.join("shut/deeper/ws");
-        std::fs::create_dir_all(&open).unwrap();
-        std::fs::create_dir_all(&shut).unwrap();
-        for p in [&root, &root.join("open"), &open] {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o711)).unwrap();
-        }
-        std::fs::set_permissions(root.join("shut"), std::fs::Permissions::from_mode(0o700))
-            .unwrap();
-        let nobody = (65534, 65534);
-        if let Some((dir, mode)) = untraversable_ancestor(&root, nobody) {
-            eprintln!(
-                "skipped the_parent_that_keeps_nobody_out_is_named_with_its_mode: the temp dir's own parent {} (mode {mode:o}) keeps others out on this host",
-                dir.display()
-            );
-            return;
-        }
-        assert_eq!(untraversable_ancestor(&open, nobody), None);
-        assert_eq!(
-            untraversable_ancestor(&shut, nobody),
-            Some((root.join("shut"), 0o700))
-        );
-    }
 
     #[test]
     fn probe_reports_every_mechanism() {

@@ -121,6 +121,113 @@ pub(super) fn probe_mountns(root: bool, report: &mut Report) -> bool {
     }
 }
 
+/// Proves, step by step in forked children, that the command user (`run_as`, or the worker's
+/// own) can reach the workspace `ws` and its temp dir `tmp` as commands will see them (in a
+/// mount namespace when `mountns`); `Ok` says where, `Err` what keeps them out and how to fix
+/// it.
+pub(super) fn check_reach(
+    ws: &Path,
+    tmp: &Path,
+    state_dir: &Path,
+    mountns: bool,
+    run_as: Option<(u32, u32)>,
+) -> Result<String, String> {
+    let who = match run_as {
+        Some((uid, _)) => format!("uid {uid} (nobody)"),
+        None => "the worker's own user".to_string(),
+    };
+    let plan = if mountns {
+        Some(MountPlan::new(ws, tmp, state_dir, Path::new(""))?)
+    } else {
+        None
+    };
+    let c = |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    let (seen_ws, seen_tmp) = match &plan {
+        Some(_) => (c(Path::new(WORKSPACE_PATH)), c(Path::new(TMP_PATH))),
+        None => (c(ws), c(tmp)),
+    };
+    // Step by step, each in a child of its own, so a failure says which step and why:
+    // 1 the mount namespace, 2 the user, 3 the workspace, 4 its temp dir.
+    let upto = |steps: u8| {
+        in_child(&|| {
+            // SAFETY: plain syscalls on values prepared above.
+            unsafe {
+                if let Some(p) = &plan
+                    && (libc::unshare(libc::CLONE_NEWNS) != 0 || p.enter().is_err())
+                {
+                    return Err(errno());
+                }
+                if steps < 2 {
+                    return Ok(());
+                }
+                if let Some((uid, gid)) = run_as
+                    && (libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setgid(gid) != 0
+                        || libc::setuid(uid) != 0)
+                {
+                    return Err(errno());
+                }
+                let all = libc::R_OK | libc::W_OK | libc::X_OK;
+                if steps >= 3 && libc::access(seen_ws.as_ptr(), all) != 0 {
+                    return Err(errno());
+                }
+                if steps >= 4 && libc::access(seen_tmp.as_ptr(), all) != 0 {
+                    return Err(errno());
+                }
+            }
+            Ok(())
+        })
+    };
+    let r = (1..=4u8).try_for_each(|n| upto(n).map_err(|e| (n, e)));
+    let seen = if plan.is_some() {
+        PathBuf::from(WORKSPACE_PATH)
+    } else {
+        ws.parent().unwrap_or(ws).join("<name>")
+    };
+    match r {
+        Ok(()) => Ok(format!(
+            "commands run as {who} and reach their workspace at {}",
+            seen.display()
+        )),
+        Err((1, e)) => Err(format!(
+            "cannot set up a command's mount namespace for a workspace under {} ({}); see `worker doctor`",
+            ws.parent().unwrap_or(ws).display(),
+            describe_errno(e)
+        )),
+        Err((2, e)) => Err(format!(
+            "cannot switch to {who} to run commands ({})",
+            describe_errno(e)
+        )),
+        Err((step, _)) => {
+            let (blocked, what) = match (plan.is_some(), step) {
+                (true, 3) => (PathBuf::from(WORKSPACE_PATH), "their workspace"),
+                (true, _) => (PathBuf::from(TMP_PATH), "their temp dir"),
+                (false, 3) => (ws.to_path_buf(), "their workspace"),
+                (false, _) => (tmp.to_path_buf(), "their temp dir"),
+            };
+            let why = match run_as.and_then(|u| untraversable_ancestor(&blocked, u)) {
+                Some((dir, mode)) => format!(
+                    "{} (mode {mode:04o}) is not traversable by them",
+                    dir.display()
+                ),
+                None => "access is denied".to_string(),
+            };
+            let state = state_dir.display();
+            Err(format!(
+                "commands run as {who} cannot reach {what} under {}: {why}, and {}. Start the worker with a state dir whose every parent others may traverse (for example --state /var/lib/tether-worker, or TETHER_WORKER_STATE), move {state} there, or make the parents traversable (chmod o+x)",
+                blocked.parent().unwrap_or(&blocked).display(),
+                if mountns {
+                    "the mount namespace did not help".to_string()
+                } else {
+                    format!(
+                        "no mount namespace can show it at {WORKSPACE_PATH} here (see `worker doctor`)"
+                    )
+                }
+            ))
+        }
+    }
+}
+
 /// What a command's mount namespace is made of, prepared before the fork.
 pub(super) struct MountPlan {
     /// The workspace and its temp dir on the host, and the state dir to hide.
@@ -260,5 +367,39 @@ pub(super) fn untraversable_ancestor(
             Some(c) => cur.push(c),
             None => return None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parent_that_keeps_nobody_out_is_named_with_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().canonicalize().unwrap();
+        let open = root.join("open/ws");
+        let shut = root.join("shut/deeper/ws");
+        std::fs::create_dir_all(&open).unwrap();
+        std::fs::create_dir_all(&shut).unwrap();
+        for p in [&root, &root.join("open"), &open] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o711)).unwrap();
+        }
+        std::fs::set_permissions(root.join("shut"), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        let nobody = (65534, 65534);
+        if let Some((dir, mode)) = untraversable_ancestor(&root, nobody) {
+            eprintln!(
+                "skipped the_parent_that_keeps_nobody_out_is_named_with_its_mode: the temp dir's own parent {} (mode {mode:o}) keeps others out on this host",
+                dir.display()
+            );
+            return;
+        }
+        assert_eq!(untraversable_ancestor(&open, nobody), None);
+        assert_eq!(
+            untraversable_ancestor(&shut, nobody),
+            Some((root.join("shut"), 0o700))
+        );
     }
 }

@@ -49,6 +49,8 @@ pub struct Spawner {
     child: tokio::process::Child,
     sock: tokio::net::UnixStream,
     pid: i32,
+    /// The user its commands run as.
+    uid: u32,
     /// Its cgroup leaves (sparing it when emptied) and the current call's limits.
     pub(super) guard: Guard,
     born: Instant,
@@ -67,6 +69,7 @@ impl Spawner {
         mut cmd: tokio::process::Command,
         mut guard: Guard,
         key: Key,
+        uid: u32,
     ) -> std::io::Result<Self> {
         let (mine, theirs) = std::os::unix::net::UnixStream::pair()?;
         let fd = theirs.as_raw_fd();
@@ -94,6 +97,7 @@ impl Spawner {
             child,
             sock: tokio::net::UnixStream::from_std(mine)?,
             pid,
+            uid,
             guard,
             born: Instant::now(),
             key,
@@ -236,6 +240,9 @@ pub enum StartError {
     /// The spawner is gone or misbehaved; the command was not started and may be started
     /// the ordinary way.
     Lost(String),
+    /// The spawner ended or misbehaved after it had the request: the command may have run,
+    /// so it is not started again; the call ends with this error.
+    Unsure(String),
 }
 
 /// A spawner lent to one call; given back (or retired) when dropped. Dropping may wait a
@@ -265,11 +272,11 @@ fn pipe_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
     }
 }
 
-/// The parent of `pid` from /proc, if it can still be read.
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
+/// The real uid of `pid` from /proc, while it can still be read.
+fn owner_of(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 impl Lease {
@@ -302,35 +309,51 @@ impl Lease {
         let (err_r, err_w) = pipe_pair().map_err(StartError::Refused)?;
         let mut frame = (payload.len() as u32).to_le_bytes().to_vec();
         frame.extend_from_slice(&payload);
-        let answer = tokio::time::timeout(START_TIMEOUT, async {
-            sp.send(&frame, &[out_w.as_raw_fd(), err_w.as_raw_fd()])
-                .await?;
-            drop((out_w, err_w));
-            sp.read_reply().await
-        })
+        // Until the request is handed over, the command has not started: a spawner found
+        // dead, or one that cannot take the request, means it may be started another way.
+        // After that it may have started (and, say, killed the spawner before it could say
+        // so), so it is never started again.
+        if !matches!(sp.child.try_wait(), Ok(None)) {
+            sp.broken = true;
+            return Err(lost("the spawner had ended"));
+        }
+        let sent = tokio::time::timeout(
+            START_TIMEOUT,
+            sp.send(&frame, &[out_w.as_raw_fd(), err_w.as_raw_fd()]),
+        )
         .await;
-        let (kind, value) = match answer {
+        drop((out_w, err_w));
+        if !matches!(sent, Ok(Ok(()))) {
+            sp.broken = true;
+            return Err(lost("the spawner did not take the request"));
+        }
+        let unsure = |why: &str| {
+            StartError::Unsure(format!(
+                "the command's spawner {why} before it said whether the command started; it was not started again"
+            ))
+        };
+        let (kind, value) = match tokio::time::timeout(START_TIMEOUT, sp.read_reply()).await {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
+            Ok(Err(_)) => {
                 sp.broken = true;
-                return Err(StartError::Lost(format!("the spawner did not answer: {e}")));
+                return Err(unsure("ended"));
             }
             Err(_) => {
                 sp.broken = true;
-                return Err(lost("the spawner did not answer in time"));
+                return Err(unsure("did not answer in time"));
             }
         };
         match kind {
             FAILED => Err(StartError::Refused(std::io::Error::from_raw_os_error(
                 value,
             ))),
-            STARTED if value > 0 => {
-                // A pid that is not the spawner's child is not one to signal or wait on.
-                if parent_of(value).is_some_and(|p| p != sp.pid) {
-                    sp.broken = true;
-                    return Err(lost("the spawner named a process that is not its own"));
-                }
+            STARTED if value > 1 && value != sp.pid => {
                 self.running = true;
+                // A live process of another user is no command of ours: not one to signal.
+                if owner_of(value).is_some_and(|u| u != sp.uid) {
+                    sp.broken = true;
+                    return Err(unsure("named a process that is not a command's"));
+                }
                 let rx =
                     |fd: OwnedFd| pipe::Receiver::from_owned_fd(fd).map_err(StartError::Refused);
                 Ok(Started {
@@ -341,7 +364,7 @@ impl Lease {
             }
             _ => {
                 sp.broken = true;
-                Err(lost("the spawner answered out of turn"))
+                Err(unsure("answered out of turn"))
             }
         }
     }
