@@ -172,128 +172,73 @@ fn main() {
     }));
     row("tether `true` brain → worker (in-brain API)", &tether);
 
-    // The same through a worker started with --no-sandbox, to show what confinement costs.
-    let (token2, _) = rt
-        .block_on(
-            ready_shared
-                .registry
-                .create_token(600_000, Default::default()),
-        )
-        .unwrap();
-    let mut bare = Command::new(&bins.worker)
-        .args([
-            "join",
-            "--no-sandbox",
-            "--brain",
-            &url,
-            "--token",
-            &token2,
-            "--ca-hash",
-        ])
-        .arg(ready_shared.ca.hash())
-        .args(["--name", "bench-bare", "--state"])
-        .arg(tmp.path().join("worker-bare"))
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let bare_id = rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ws = ready_shared.registry.workers().unwrap();
-            if let Some(w) = ws
-                .iter()
-                .find(|w| w.name == "bench-bare" && hub.is_connected(&w.id))
-            {
-                break w.id.clone();
+    // `true` through another worker joined with `flags` and `env`: n calls after 50 to warm up.
+    let other_worker = |name: &str, flags: &[&str], env: &[(&str, &str)]| -> Stats {
+        let (token, _) = rt
+            .block_on(
+                ready_shared
+                    .registry
+                    .create_token(600_000, Default::default()),
+            )
+            .unwrap();
+        let mut child = Command::new(&bins.worker)
+            .arg("join")
+            .args(flags)
+            .args(["--brain", &url, "--token", &token, "--ca-hash"])
+            .arg(ready_shared.ca.hash())
+            .args(["--name", name, "--state"])
+            .arg(tmp.path().join(name))
+            .env("RUST_LOG", "error")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let id = rt.block_on(async {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let ws = ready_shared.registry.workers().unwrap();
+                if let Some(w) = ws
+                    .iter()
+                    .find(|w| w.name == name && hub.is_connected(&w.id))
+                {
+                    break w.id.clone();
+                }
+                assert!(Instant::now() < deadline, "worker {name} did not connect");
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            assert!(
-                Instant::now() < deadline,
-                "unconfined worker did not connect"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
-    let bare_exec = stats(rt.block_on(async {
-        let mut v = Vec::with_capacity(n);
-        for i in 0..n + 50 {
-            let t = Instant::now();
-            let mut call = hub.exec(&bare_id, spec.clone()).await.unwrap();
-            while let Some(ev) = call.next().await {
-                if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
-                    break;
+        });
+        let s = stats(rt.block_on(async {
+            let mut v = Vec::with_capacity(n);
+            for i in 0..n + 50 {
+                let t = Instant::now();
+                let mut call = hub.exec(&id, spec.clone()).await.unwrap();
+                while let Some(ev) = call.next().await {
+                    if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
+                        break;
+                    }
+                }
+                if i >= 50 {
+                    v.push(t.elapsed());
                 }
             }
-            if i >= 50 {
-                v.push(t.elapsed());
-            }
-        }
-        v
-    }));
-    let _ = bare.kill();
-    let _ = bare.wait();
-    row(
-        "tether `true` brain → worker, unconfined (--no-sandbox)",
-        &bare_exec,
-    );
-
+            v
+        }));
+        let _ = child.kill();
+        let _ = child.wait();
+        s
+    };
     // The same confined, but each command forked and confined on its own (no spawner): the
     // path every command took before the spawners.
-    let (token3, _) = rt
-        .block_on(
-            ready_shared
-                .registry
-                .create_token(600_000, Default::default()),
-        )
-        .unwrap();
-    let mut forked = Command::new(&bins.worker)
-        .args(["join", "--brain", &url, "--token", &token3, "--ca-hash"])
-        .arg(ready_shared.ca.hash())
-        .args(["--name", "bench-fork", "--state"])
-        .arg(tmp.path().join("worker-fork"))
-        .env("RUST_LOG", "error")
-        .env("TETHER_WORKER_SPAWNER", "off")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let fork_id = rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ws = ready_shared.registry.workers().unwrap();
-            if let Some(w) = ws
-                .iter()
-                .find(|w| w.name == "bench-fork" && hub.is_connected(&w.id))
-            {
-                break w.id.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "spawner-less worker did not connect"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
-    let fork_exec = stats(rt.block_on(async {
-        let mut v = Vec::with_capacity(n);
-        for i in 0..n + 50 {
-            let t = Instant::now();
-            let mut call = hub.exec(&fork_id, spec.clone()).await.unwrap();
-            while let Some(ev) = call.next().await {
-                if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
-                    break;
-                }
-            }
-            if i >= 50 {
-                v.push(t.elapsed());
-            }
-        }
-        v
-    }));
-    let _ = forked.kill();
-    let _ = forked.wait();
+    let fork_exec = other_worker("bench-fork", &[], &[("TETHER_WORKER_SPAWNER", "off")]);
     row(
         "tether `true` brain → worker, confined, no spawner (fork)",
         &fork_exec,
+    );
+    // And through a worker started with --no-sandbox, to show what confinement costs.
+    let bare_exec = other_worker("bench-bare", &["--no-sandbox"], &[]);
+    row(
+        "tether `true` brain → worker, unconfined (--no-sandbox)",
+        &bare_exec,
     );
 
     let target = Target {
