@@ -89,7 +89,8 @@ pub async fn run_with(
 /// pre-confined spawner.
 enum Launch {
     Fork(Box<tokio::process::Command>, Option<crate::sandbox::Guard>),
-    Spawner(crate::sandbox::Lease, crate::sandbox::spawnd::Request),
+    /// The spawner lent to the call, and the encoded request.
+    Spawner(crate::sandbox::Lease, Vec<u8>),
 }
 
 /// What holds a running call's confinement: its own cgroup guard, or the spawner lent to it.

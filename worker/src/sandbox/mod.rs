@@ -617,7 +617,7 @@ impl Sandbox {
 
     /// A pre-confined spawner for a call in `workspace` (a directory of it is `cwd`), with
     /// the call's limits written to its cgroup, and the request that starts `argv` with `env`
-    /// there: an idle one, or one made now. `None` (the call runs the ordinary way) when
+    /// there, encoded: an idle one, or one made now. `None` (the call runs the ordinary way) when
     /// spawners are off, when the workspace's spawner is busy with another call, when one
     /// could not be made lately, or when the request is too large for one.
     pub fn lease(
@@ -627,7 +627,7 @@ impl Sandbox {
         limits: &proto::Limits,
         argv: &[String],
         env: &[(std::ffi::OsString, std::ffi::OsString)],
-    ) -> Option<(Lease, spawnd::Request)> {
+    ) -> Option<(Lease, Vec<u8>)> {
         let pool = self.spawners.as_ref()?;
         if limits.network_off && !self.netns {
             return None;
@@ -644,7 +644,7 @@ impl Sandbox {
             env,
             cwd: seen_cwd,
         };
-        req.encode()?;
+        let payload = req.encode()?;
         let (memory, pids, quota) = Self::cgroup_limits(limits);
         let rl = self.rlimits(limits);
         let key = spawner::Key {
@@ -694,7 +694,7 @@ impl Sandbox {
         }
         g.file_size = rl.file_size;
         g.cpu_seconds = rl.cpu.unwrap_or(0);
-        Some((Lease::new(sp, pool.clone()), req))
+        Some((Lease::new(sp, pool.clone()), payload))
     }
 
     fn start_spawner(

@@ -42,12 +42,14 @@ pub struct Request {
 }
 
 impl Request {
-    /// The payload, or `None` when it is larger than [`MAX_REQUEST`] or has no argv.
+    /// The request as sent: its payload's length, then the payload; `None` when the payload
+    /// is larger than [`MAX_REQUEST`] or there is no argv.
     pub fn encode(&self) -> Option<Vec<u8>> {
         if self.argv.is_empty() {
             return None;
         }
         let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(&[0; 4]);
         out.extend_from_slice(&(self.argv.len() as u32).to_le_bytes());
         out.extend_from_slice(&(self.env.len() as u32).to_le_bytes());
         let mut put = |b: &[u8]| {
@@ -64,10 +66,13 @@ impl Request {
             put(&kv);
         }
         put(self.cwd.as_os_str().as_bytes());
-        (out.len() <= MAX_REQUEST).then_some(out)
+        let len = out.len() - 4;
+        out[..4].copy_from_slice(&(len as u32).to_le_bytes());
+        (len <= MAX_REQUEST).then_some(out)
     }
 
-    /// The request, or `None` for a malformed payload.
+    /// The request from its payload (the frame without its length), or `None` for a
+    /// malformed one.
     pub fn decode(b: &[u8]) -> Option<Self> {
         let mut at = 0usize;
         let mut u32_at = || -> Option<usize> {
@@ -317,8 +322,13 @@ mod tests {
             ],
             cwd: "/workspace/sub".into(),
         };
-        let b = req.encode().unwrap();
-        let back = Request::decode(&b).unwrap();
+        let frame = req.encode().unwrap();
+        assert_eq!(
+            u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize,
+            frame.len() - 4
+        );
+        let b = &frame[4..];
+        let back = Request::decode(b).unwrap();
         assert_eq!(back, req);
         let program = back.program();
         assert!(
@@ -328,7 +338,7 @@ mod tests {
         for cut in [0, 3, 8, b.len() - 1] {
             assert_eq!(Request::decode(&b[..cut]), None, "cut at {cut}");
         }
-        let mut longer = b.clone();
+        let mut longer = b.to_vec();
         longer.push(0);
         assert_eq!(Request::decode(&longer), None);
         let huge = Request {

@@ -21,7 +21,9 @@ use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::unix::pipe;
 
 use super::guard::Guard;
-use super::spawnd::{self, EXITED, FAILED, Request, STARTED};
+#[cfg(doc)]
+use super::spawnd::Request;
+use super::spawnd::{self, EXITED, FAILED, STARTED};
 
 /// How long a spawner serves before it is replaced.
 pub const SPAWNER_TTL: Duration = Duration::from_secs(60);
@@ -298,17 +300,12 @@ impl Lease {
         self.spawner.as_ref().map(|s| s.pid).unwrap_or(0)
     }
 
-    /// Starts `req` (its payload already checked to fit, see [`Request::encode`]).
-    pub async fn start(&mut self, req: &Request) -> Result<Started, StartError> {
+    /// Starts the command of an encoded request (its frame, see [`Request::encode`]).
+    pub async fn start(&mut self, frame: &[u8]) -> Result<Started, StartError> {
         let lost = |why: &str| StartError::Lost(why.to_string());
-        let payload = req
-            .encode()
-            .ok_or_else(|| lost("the request is too large"))?;
         let sp = self.spawner.as_mut().ok_or_else(|| lost("no spawner"))?;
         let (out_r, out_w) = pipe_pair().map_err(StartError::Refused)?;
         let (err_r, err_w) = pipe_pair().map_err(StartError::Refused)?;
-        let mut frame = (payload.len() as u32).to_le_bytes().to_vec();
-        frame.extend_from_slice(&payload);
         // Until the request is handed over, the command has not started: a spawner found
         // dead, or one that cannot take the request, means it may be started another way.
         // After that it may have started (and, say, killed the spawner before it could say
@@ -319,7 +316,7 @@ impl Lease {
         }
         let sent = tokio::time::timeout(
             START_TIMEOUT,
-            sp.send(&frame, &[out_w.as_raw_fd(), err_w.as_raw_fd()]),
+            sp.send(frame, &[out_w.as_raw_fd(), err_w.as_raw_fd()]),
         )
         .await;
         drop((out_w, err_w));
