@@ -704,7 +704,9 @@ impl Sandbox {
         limits: &proto::Limits,
     ) -> Result<spawner::Spawner, String> {
         let mut cmd = tokio::process::Command::new("/proc/self/exe");
-        cmd.arg(spawnd::ARG)
+        // Named for `ps`, where "/proc/self/exe" would say nothing.
+        cmd.arg0("tether-spawner")
+            .arg(spawnd::ARG)
             .env_clear()
             .current_dir(workspace)
             .stdin(std::process::Stdio::null())
