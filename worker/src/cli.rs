@@ -152,6 +152,21 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    // A workspace's pre-confined spawner, started by a worker from its own executable with
+    // the same leading arguments (`tether worker __spawner`, `worker __spawner`): nothing
+    // else runs in that process.
+    if args
+        .get(1)
+        .is_some_and(|a| a == crate::sandbox::spawnd::ARG)
+    {
+        std::process::exit(crate::sandbox::spawnd::serve());
+    }
+    // What comes before these arguments on our own command line (`worker` for `tether
+    // worker ...`), for starting spawners the same way.
+    let own: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let prefix = own.len().saturating_sub(args.len().saturating_sub(1));
+    crate::sandbox::spawnd::set_prefix(own[..prefix].to_vec());
     shared::telemetry::init("info");
     let cli = Cli::parse_from(args);
     // Before the runtime and its threads: a mount namespace is per thread.

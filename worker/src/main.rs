@@ -7,13 +7,6 @@
 //! in deploy/ restart the worker on failure but not on 78 (`RestartPreventExitStatus=78`).
 
 fn main() -> std::process::ExitCode {
-    // A workspace's pre-confined spawner (started by the worker itself, already confined):
-    // nothing else runs in that process.
-    if std::env::args_os().nth(1).as_deref()
-        == Some(std::ffi::OsStr::new(worker::sandbox::spawnd::ARG))
-    {
-        return worker::sandbox::spawnd::serve();
-    }
     match worker::cli::main_with(std::env::args_os()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -706,7 +706,7 @@ impl Sandbox {
         let mut cmd = tokio::process::Command::new("/proc/self/exe");
         // Named for `ps`, where "/proc/self/exe" would say nothing.
         cmd.arg0("tether-spawner")
-            .arg(spawnd::ARG)
+            .args(spawnd::args())
             .env_clear()
             .current_dir(workspace)
             .stdin(std::process::Stdio::null())

@@ -22,8 +22,24 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::Stdio;
 
-/// The argument that makes the worker binary a spawner.
+/// The argument that makes the worker a spawner.
 pub const ARG: &str = "__spawner";
+
+/// The arguments before the worker's own on its command line (`worker` when it runs as
+/// `tether worker ...`): a spawner is started as the same executable with these, then [`ARG`].
+static PREFIX: std::sync::OnceLock<Vec<OsString>> = std::sync::OnceLock::new();
+
+/// Records [`PREFIX`] (once, at start).
+pub fn set_prefix(prefix: Vec<OsString>) {
+    let _ = PREFIX.set(prefix);
+}
+
+/// The arguments a spawner is started with.
+pub fn args() -> Vec<OsString> {
+    let mut v = PREFIX.get().cloned().unwrap_or_default();
+    v.push(ARG.into());
+    v
+}
 /// The descriptor the spawner reads requests from.
 pub const FD: RawFd = 3;
 /// Largest request payload; bigger commands are started the ordinary way.
@@ -255,28 +271,28 @@ fn read_request(sock: &mut UnixStream) -> std::io::Result<Option<(Vec<u8>, Vec<O
 
 /// The spawner's main loop (`worker __spawner`): serves requests until the worker closes
 /// the socket. Runs already confined; its commands inherit all of it.
-pub fn serve() -> std::process::ExitCode {
+pub fn serve() -> i32 {
     // Commands run as the same user: keep them from tracing this process or reading its
     // memory and descriptors (the socket to the worker is what a command must never reach).
     // SAFETY: plain prctl and fcntl on our own descriptor 3, which the worker placed there.
     let mut sock = unsafe {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         if libc::fcntl(FD, libc::F_SETFD, libc::FD_CLOEXEC) != 0 {
-            return std::process::ExitCode::FAILURE;
+            return 1;
         }
         UnixStream::from_raw_fd(FD)
     };
     loop {
         let (payload, fds) = match read_request(&mut sock) {
             Ok(Some(r)) => r,
-            Ok(None) => return std::process::ExitCode::SUCCESS,
-            Err(_) => return std::process::ExitCode::FAILURE,
+            Ok(None) => return 0,
+            Err(_) => return 1,
         };
         let (req, [out, err]) = match (Request::decode(&payload), <[OwnedFd; 2]>::try_from(fds)) {
             (Some(req), Ok(fds)) => (req, fds),
             _ => {
                 if reply(&mut sock, FAILED, libc::EINVAL).is_err() {
-                    return std::process::ExitCode::FAILURE;
+                    return 1;
                 }
                 continue;
             }
@@ -303,7 +319,7 @@ pub fn serve() -> std::process::ExitCode {
             }),
         };
         if sent.is_err() {
-            return std::process::ExitCode::FAILURE;
+            return 1;
         }
     }
 }
