@@ -618,3 +618,87 @@ fn a_same_size_rewrite_with_its_old_mtime_put_back_reaches_the_mirror_and_surviv
     );
     assert!(log.iter().any(|r| r["kind"] == "move_completed"));
 }
+
+#[test]
+fn a_move_back_to_a_warm_worker_sends_only_what_changed_there() {
+    let c = Cluster::start();
+    let a = c.join_worker("a");
+    let _b = c.join_worker("b");
+    // 300 files of 2 kB of noise (so nothing compresses them away), then, on b, a few
+    // changes of every kind; the task ends back on a.
+    let steps = json!({"steps": [
+        {"run": ["sh", "-c", "for d in 0 1 2; do mkdir -p d$d/sub; for i in $(seq 1 100); do head -c 2000 /dev/urandom > d$d/sub/f$i.bin; done; done; echo one > notes.txt; echo gone > old.txt"]},
+        {"run": ["sleep", "3"]},
+        {"run": ["sh", "-c", "echo two >> notes.txt; rm old.txt; rm -r d2; mkdir -p new/deep; echo n > new/deep/n.txt; printf '#!/bin/sh\\n' > run.sh; chmod +x run.sh; ln -s notes.txt link"]},
+        {"run": ["sleep", "3"]},
+        {"run": ["sh", "-c", "cat notes.txt new/deep/n.txt; test -x run.sh; test -L link; test ! -e old.txt; test ! -e d2; ls d0/sub | wc -l"]}
+    ]});
+    let plan = c.dir.join("warm-plan.json");
+    std::fs::write(&plan, steps.to_string()).unwrap();
+    let id = c.run_plan(&plan, "a");
+    c.wait_records(&id, "tool_call_completed", 1, Duration::from_secs(60));
+    let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
+    assert!(out.status.success(), "{}", text(&out));
+    c.wait_records(&id, "move_completed", 1, Duration::from_secs(60));
+    c.wait_records(&id, "tool_call_completed", 3, Duration::from_secs(60));
+    let out = c.brain_cli(&["task", "move", &id, "--to", "a"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let log = c.task_log_json(&id);
+    let moves: Vec<&Value> = log
+        .iter()
+        .filter(|r| r["kind"] == "move_completed")
+        .collect();
+    assert_eq!(moves.len(), 2, "{log:?}");
+    let (cold, warm) = (
+        moves[0]["wire_bytes"].as_u64().unwrap(),
+        moves[1]["wire_bytes"].as_u64().unwrap(),
+    );
+    assert!(cold > 500_000, "the cold move sent the tree: {cold} bytes");
+    assert!(
+        warm < 4_000,
+        "the warm move sent {warm} bytes for a few small changes"
+    );
+    assert!(
+        a.log_text().contains("warm=true"),
+        "a did not take the delta: {}",
+        a.log_text()
+    );
+    // The last call ran on a and saw b's changes, and a's disk is what the mirror holds.
+    let last = log
+        .iter()
+        .rev()
+        .find(|r| r["kind"] == "tool_call_completed")
+        .unwrap();
+    assert_eq!(last["result"]["exit_code"], 0, "{last}");
+    let said: String = log
+        .iter()
+        .filter(|r| r["kind"] == "tool_output")
+        .filter_map(|r| r["stdout"].as_str())
+        .collect();
+    assert!(said.ends_with("one\ntwo\nn\n100\n"), "{said:?}");
+    assert_eq!(
+        read(&c, &a.id, &id, "notes.txt").as_deref(),
+        Some("one\ntwo\n")
+    );
+    assert_eq!(read(&c, &a.id, &id, "old.txt"), None);
+    assert_eq!(read(&c, &a.id, &id, "d2/sub/f1.bin"), None);
+    assert_eq!(
+        read(&c, &a.id, &id, "new/deep/n.txt").as_deref(),
+        Some("n\n")
+    );
+    let ws = a
+        .state
+        .join(format!("workspaces/task-{}", id.trim_start_matches("t-")));
+    let mut s = shared::scan::Scanner::new(&ws, shared::manifest::Rules::default());
+    assert_eq!(
+        s.scan().unwrap().root_hash(),
+        last_root(&log),
+        "a full walk of a's workspace disagrees with the mirror"
+    );
+}

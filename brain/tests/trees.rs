@@ -269,14 +269,15 @@ print("entries", n)
     let here = shared::scan::Scanner::new(&task_ws(&a, &id), Default::default())
         .scan()
         .unwrap();
-    assert_eq!(here.entries.len(), 50_000);
+    assert_eq!(here.entries().len(), 50_000);
     assert_eq!(here.root_hash(), roots[0]);
     assert_eq!(
-        here.entries["hostname"].target, "/etc/hostname",
+        here.entries()["hostname"].target,
+        "/etc/hostname",
         "an external link"
     );
-    assert!(here.entries["src/pkg000/sub0/deep/m001.py"].exec);
-    assert_eq!(here.entries["sparse.bin"].size, 64 << 20);
+    assert!(here.entries()["src/pkg000/sub0/deep/m001.py"].exec);
+    assert_eq!(here.entries()["sparse.bin"].size, 64 << 20);
     assert!(
         !log.iter().any(|r| r["kind"] == "left_out"),
         "nothing of this tree is left out"

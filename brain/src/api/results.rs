@@ -110,6 +110,7 @@ pub async fn diff(
             if tx
                 .send(Ok(proto::DataChunk {
                     data: piece.to_vec(),
+                    ..Default::default()
                 }))
                 .await
                 .is_err()
@@ -132,7 +133,7 @@ pub async fn export(
     let (tx, rx) = mpsc::channel(8);
     let mirror = s.mirror.clone();
     tokio::task::spawn_blocking(move || {
-        for (path, e) in &head.entries {
+        for (path, e) in head.entries() {
             if path == ".git" || path.starts_with(".git/") {
                 continue;
             }

@@ -228,22 +228,42 @@ impl SyncService for Services {
             .ok_or_else(|| {
                 Status::failed_precondition("no materialisation of this worker awaits a manifest")
             })?;
+        let have = req.get_ref().have_root.clone();
         let mirror = self.0.mirror.clone();
-        let data = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, Status> {
-            let m = mirror
-                .manifest(&pending.materialise)
-                .map_err(Status::from)?;
-            Ok(manifest::compress(
-                &serde_json::to_vec(&m).expect("manifests serialise"),
-            ))
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))??;
-        Ok(Response::new(chunks(
-            data.chunks(CHUNK)
-                .map(|c| DataChunk { data: c.to_vec() })
-                .collect(),
-        )))
+        let (data, delta_from) =
+            tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, String), Status> {
+                let m = mirror
+                    .manifest_shared(&pending.materialise)
+                    .map_err(Status::from)?;
+                // A warm target gets what changed since the version it holds, found by the
+                // directory hashes; one the mirror no longer holds gets the whole manifest.
+                let json = match mirror.manifest_shared(&have) {
+                    Ok(base) if !have.is_empty() => {
+                        let delta = base.diff(&m);
+                        let json = serde_json::to_vec(&delta).expect("deltas serialise");
+                        (json, have)
+                    }
+                    _ => (
+                        serde_json::to_vec(&*m).expect("manifests serialise"),
+                        String::new(),
+                    ),
+                };
+                Ok((manifest::compress(&json.0), json.1))
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??;
+        let mut parts: Vec<DataChunk> = data
+            .chunks(CHUNK)
+            .map(|c| DataChunk {
+                data: c.to_vec(),
+                ..Default::default()
+            })
+            .collect();
+        if parts.is_empty() {
+            parts.push(DataChunk::default());
+        }
+        parts[0].delta_from = delta_from;
+        Ok(Response::new(chunks(parts)))
     }
 
     type GetBlobsStream = ChunkStream<BlobChunk>;

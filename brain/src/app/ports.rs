@@ -281,7 +281,7 @@ impl Workspaces for GitPort {
         let (m, root, path) = (self.mirror.clone(), root.to_string(), path.to_string());
         tokio::task::spawn_blocking(move || {
             let manifest = m.manifest_shared(&root).ok()?;
-            let e = manifest.entries.get(&path)?;
+            let e = manifest.entries().get(&path)?;
             (e.kind == shared::manifest::Kind::File && e.size <= max)
                 .then(|| m.get(&e.hash).ok())
                 .flatten()
@@ -297,7 +297,7 @@ impl Workspaces for GitPort {
             m.manifest_shared(&root)
                 .map(|manifest| {
                     manifest
-                        .entries
+                        .entries()
                         .iter()
                         .filter(|(_, e)| e.kind == shared::manifest::Kind::File)
                         .map(|(p, e)| (p.clone(), e.exec))

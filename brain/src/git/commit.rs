@@ -38,7 +38,7 @@ fn in_git_dir(path: &str) -> bool {
 
 /// Files and symlinks: what git tracks.
 fn tracked(m: &Manifest) -> impl Iterator<Item = (&String, &Entry)> {
-    m.entries
+    m.entries()
         .iter()
         .filter(|(p, e)| !in_git_dir(p) && matches!(e.kind, Kind::File | Kind::Symlink))
 }
@@ -54,14 +54,14 @@ pub fn changes(base: &Manifest, head: &Manifest) -> Changes {
     };
     let mut c = Changes::default();
     for (p, e) in tracked(head) {
-        match base.entries.get(p) {
+        match base.entries().get(p) {
             Some(b) if same(b, e) => {}
             _ => c.write.push((p.clone(), e.clone())),
         }
     }
     for (p, _) in tracked(base) {
         if !head
-            .entries
+            .entries()
             .get(p)
             .is_some_and(|e| matches!(e.kind, Kind::File | Kind::Symlink))
         {
@@ -77,7 +77,7 @@ fn only(m: &Manifest, paths: &[&String]) -> Changes {
         write: paths
             .iter()
             .filter_map(|p| {
-                m.entries
+                m.entries()
                     .get(*p)
                     .filter(|e| matches!(e.kind, Kind::File | Kind::Symlink))
                     .map(|e| ((*p).clone(), e.clone()))
@@ -337,23 +337,15 @@ mod tests {
         let mut base = Manifest::default();
         let mut head = Manifest::default();
         for m in [&mut base, &mut head] {
-            m.entries
-                .insert("same.txt".into(), entry(Kind::File, "aa", false, ""));
-            m.entries
-                .insert("d".into(), entry(Kind::Dir, "", false, ""));
+            m.insert("same.txt".into(), entry(Kind::File, "aa", false, ""));
+            m.insert("d".into(), entry(Kind::Dir, "", false, ""));
         }
-        base.entries
-            .insert(".git/index".into(), entry(Kind::File, "01", false, ""));
-        head.entries
-            .insert(".git/index".into(), entry(Kind::File, "02", false, ""));
-        base.entries
-            .insert("gone.txt".into(), entry(Kind::File, "bb", false, ""));
-        base.entries
-            .insert("run.sh".into(), entry(Kind::File, "cc", false, ""));
-        head.entries
-            .insert("run.sh".into(), entry(Kind::File, "cc", true, ""));
-        head.entries
-            .insert("link".into(), entry(Kind::Symlink, "", false, "same.txt"));
+        base.insert(".git/index".into(), entry(Kind::File, "01", false, ""));
+        head.insert(".git/index".into(), entry(Kind::File, "02", false, ""));
+        base.insert("gone.txt".into(), entry(Kind::File, "bb", false, ""));
+        base.insert("run.sh".into(), entry(Kind::File, "cc", false, ""));
+        head.insert("run.sh".into(), entry(Kind::File, "cc", true, ""));
+        head.insert("link".into(), entry(Kind::Symlink, "", false, "same.txt"));
         let c = changes(&base, &head);
         let written: Vec<&str> = c.write.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(written, ["link", "run.sh"]);

@@ -197,7 +197,7 @@ pub fn store_dir(
     let m = Scanner::new(dir, rules)
         .scan()
         .map_err(|e| err(e.to_string()))?;
-    for (path, e) in &m.entries {
+    for (path, e) in m.entries() {
         if e.kind == Kind::File && !mirror.has(&e.hash) {
             let data = std::fs::read(dir.join(path)).map_err(|e| err(format!("{path}: {e}")))?;
             let h = mirror.put(&data).map_err(|e| err(e.to_string()))?;
@@ -210,7 +210,7 @@ pub fn store_dir(
     let root_hash = mirror.put_manifest(&m).map_err(|e| err(e.to_string()))?;
     Ok(Imported {
         root_hash,
-        files: m.entries.values().filter(|e| e.kind == Kind::File).count() as u64,
+        files: m.files(),
         bytes: m.bytes(),
         commit: String::new(),
         branch: String::new(),

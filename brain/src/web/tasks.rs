@@ -276,7 +276,7 @@ pub(super) async fn files(
     use shared::manifest::Kind as K;
     let (root, m) = manifest_at(&web, &id, &at.root).await?;
     let entries = m
-        .entries
+        .entries()
         .iter()
         .map(|(path, e)| TreeEntry {
             path: path.clone(),
@@ -302,7 +302,7 @@ pub(super) async fn file_content(
     Params(at): Params<At>,
 ) -> Result<Response, ApiError> {
     let (_, m) = manifest_at(&web, &id, &at.root).await?;
-    let Some(e) = m.entries.get(&at.path) else {
+    let Some(e) = m.entries().get(&at.path) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",

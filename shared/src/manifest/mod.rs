@@ -10,13 +10,21 @@
 //! written through. Modes carry only the exec bit (no setuid); special files are not part of
 //! a workspace.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::Path;
+
+use std::sync::Mutex;
+
+use crate::locks::Lock;
 
 use serde::{Deserialize, Serialize};
 
 use crate::paths;
+
+mod tree;
+mod write;
+
+pub use write::{Applied, materialise, materialise_delta};
 
 /// Largest file a workspace may hold, by default.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
@@ -218,16 +226,164 @@ impl Default for Rules {
 }
 
 /// A workspace's manifest: sorted by path, so iteration order and the root hash are stable.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Its root hash is that of a hash tree over its directories ([`tree`]), kept up to date as
+/// entries change, so it costs what changed rather than the size of the tree; so do the
+/// counts of files and bytes.
+#[derive(Default)]
 pub struct Manifest {
-    pub entries: BTreeMap<String, Entry>,
+    entries: BTreeMap<String, Entry>,
+    /// Files and their bytes, kept as entries change.
+    files: u64,
+    bytes: u64,
+    /// The directories' hashes. A lock because they are computed when asked for, on a
+    /// manifest that may be shared (the mirror's cache hands out `Arc`s).
+    tree: Mutex<tree::Hashes>,
+}
+
+impl Clone for Manifest {
+    fn clone(&self) -> Self {
+        Self {
+            entries: self.entries.clone(),
+            files: self.files,
+            bytes: self.bytes,
+            tree: Mutex::new(self.tree.locked().clone()),
+        }
+    }
+}
+
+impl PartialEq for Manifest {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries
+    }
+}
+
+impl Eq for Manifest {}
+
+impl std::fmt::Debug for Manifest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manifest")
+            .field("entries", &self.entries)
+            .finish()
+    }
+}
+
+/// A manifest as it is written: its entries.
+#[derive(Serialize, Deserialize)]
+struct Wire<E> {
+    entries: E,
+}
+
+impl Serialize for Manifest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        Wire {
+            entries: &self.entries,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Manifest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Wire::<BTreeMap<String, Entry>>::deserialize(d).map(|w| Manifest::from(w.entries))
+    }
+}
+
+impl From<BTreeMap<String, Entry>> for Manifest {
+    fn from(entries: BTreeMap<String, Entry>) -> Self {
+        let files = entries.values().filter(|e| e.kind == Kind::File);
+        let (files, bytes) = files.fold((0, 0), |(n, b), e| (n + 1, b + e.size));
+        Self {
+            entries,
+            files,
+            bytes,
+            tree: Default::default(),
+        }
+    }
+}
+
+impl FromIterator<(String, Entry)> for Manifest {
+    fn from_iter<I: IntoIterator<Item = (String, Entry)>>(iter: I) -> Self {
+        Manifest::from(iter.into_iter().collect::<BTreeMap<_, _>>())
+    }
 }
 
 impl Manifest {
-    /// The hash of the whole tree: BLAKE3 over every entry in path order.
+    /// The entries, by path.
+    pub fn entries(&self) -> &BTreeMap<String, Entry> {
+        &self.entries
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The entry at `path`.
+    pub fn get(&self, path: &str) -> Option<&Entry> {
+        self.entries.get(path)
+    }
+
+    /// Adds or replaces the entry at `path` (its parent is not checked: see
+    /// [`Manifest::validate`]); returns the one it replaced.
+    pub fn insert(&mut self, path: String, e: Entry) -> Option<Entry> {
+        {
+            let mut t = self.tree.locked();
+            t.touch(tree::parent(&path));
+            if e.kind == Kind::Dir {
+                t.touch(&path);
+            }
+        }
+        if e.kind == Kind::File {
+            self.files += 1;
+            self.bytes += e.size;
+        }
+        let old = self.entries.insert(path, e);
+        if let Some(o) = &old {
+            self.uncount(o);
+        }
+        old
+    }
+
+    /// Removes the entry at `path` only (what is under it stays: see
+    /// [`Manifest::remove_tree`]).
+    pub fn remove(&mut self, path: &str) -> Option<Entry> {
+        let old = self.entries.remove(path)?;
+        let mut t = self.tree.locked();
+        t.touch(tree::parent(path));
+        if old.kind == Kind::Dir {
+            t.forget(path);
+        }
+        drop(t);
+        self.uncount(&old);
+        Some(old)
+    }
+
+    fn uncount(&mut self, e: &Entry) {
+        if e.kind == Kind::File {
+            self.files -= 1;
+            self.bytes -= e.size;
+        }
+    }
+
+    /// The hash of the whole tree: the root directory's hash in the tree of directory
+    /// hashes, hex.
     pub fn root_hash(&self) -> String {
-        // Hashed in large pieces: the same digest as entry by entry, without the per-call
-        // cost that dominates on small entries.
+        hex::encode(self.tree.locked().root(&self.entries))
+    }
+
+    /// Whether this manifest has this root hash, or had it under the flat hash of earlier
+    /// versions (BLAKE3 over every entry in path order), which manifests stored before the
+    /// hash tree are named by.
+    pub fn matches_root(&self, root: &str) -> bool {
+        self.root_hash() == root || self.flat_root_hash() == root
+    }
+
+    /// The flat hash earlier versions named manifests by.
+    fn flat_root_hash(&self) -> String {
         let mut h = blake3::Hasher::new();
         let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
         for (path, e) in &self.entries {
@@ -247,13 +403,20 @@ impl Manifest {
         h.finalize().to_hex().to_string()
     }
 
+    /// Directories hashed so far (what a change costs, for tests).
+    #[cfg(test)]
+    fn work(&self) -> u64 {
+        self.tree.locked().hashed
+    }
+
+    /// Number of files.
+    pub fn files(&self) -> u64 {
+        self.files
+    }
+
     /// Total bytes of the files.
     pub fn bytes(&self) -> u64 {
-        self.entries
-            .values()
-            .filter(|e| e.kind == Kind::File)
-            .map(|e| e.size)
-            .sum()
+        self.bytes
     }
 
     /// Distinct file hashes.
@@ -284,19 +447,32 @@ impl Manifest {
         Ok(())
     }
 
-    /// The delta that turns `self` into `to`.
+    /// The delta that turns `self` into `to`, found by descending only into directories
+    /// whose hashes differ: it costs what changed times the depth (once both manifests'
+    /// hashes are computed, which they are after [`Manifest::root_hash`]).
     pub fn diff(&self, to: &Manifest) -> Delta {
+        if std::ptr::eq(self, to) {
+            return Delta::default();
+        }
+        // Two locks, taken in address order so that two diffs of the same pair cannot wait
+        // on each other.
+        let (first, second) = if (self as *const Self) < (to as *const Self) {
+            (self, to)
+        } else {
+            (to, self)
+        };
+        let mut g1 = first.tree.locked();
+        let mut g2 = second.tree.locked();
+        g1.root(&first.entries);
+        g2.root(&second.entries);
+        let (a, b) = if std::ptr::eq(first, self) {
+            (&*g1, &*g2)
+        } else {
+            (&*g2, &*g1)
+        };
         let mut d = Delta::default();
-        for (p, e) in &to.entries {
-            if self.entries.get(p) != Some(e) {
-                d.upserts.insert(p.clone(), e.clone());
-            }
-        }
-        for p in self.entries.keys() {
-            if !to.entries.contains_key(p) {
-                d.deletes.push(p.clone());
-            }
-        }
+        diff_dirs(&self.entries, a, &to.entries, b, &mut d);
+        d.deletes.sort();
         d
     }
 
@@ -329,7 +505,7 @@ impl Manifest {
             m.remove_tree(p);
         }
         for (p, e) in &delta.upserts {
-            m.entries.insert(p.clone(), e.clone());
+            m.insert(p.clone(), e.clone());
         }
         if m.entries.len() > rules.max_entries {
             return Err(Error::TooMany {
@@ -354,20 +530,16 @@ impl Manifest {
 
     /// The paths strictly under `dir`, in order.
     pub fn under<'a>(&'a self, dir: &str) -> impl Iterator<Item = &'a str> + 'a {
-        let lo = format!("{dir}/");
-        let hi = format!("{dir}0"); // '0' sorts right after '/'
-        self.entries
-            .range::<String, _>((std::ops::Bound::Included(lo), std::ops::Bound::Excluded(hi)))
-            .map(|(k, _)| k.as_str())
+        under(&self.entries, dir).map(|(k, _)| k.as_str())
     }
 
     /// Removes `path` and everything under it.
     pub fn remove_tree(&mut self, path: &str) {
-        self.entries.remove(path);
         let under: Vec<String> = self.under(path).map(String::from).collect();
-        for k in under {
-            self.entries.remove(&k);
+        for k in under.iter().rev() {
+            self.remove(k);
         }
+        self.remove(path);
     }
 
     fn check_parent(&self, path: &str) -> Result<(), Error> {
@@ -386,6 +558,77 @@ impl Manifest {
                 path,
                 format!("its parent {parent:?} is not in the manifest"),
             )),
+        }
+    }
+}
+
+/// The entries strictly under `dir`, in order.
+fn under<'a>(
+    entries: &'a BTreeMap<String, Entry>,
+    dir: &str,
+) -> impl Iterator<Item = (&'a String, &'a Entry)> + 'a {
+    let lo = format!("{dir}/");
+    let hi = format!("{dir}0"); // '0' sorts right after '/'
+    entries.range::<String, _>((std::ops::Bound::Included(lo), std::ops::Bound::Excluded(hi)))
+}
+
+/// Adds to `d` what turns directory listings `a` into `b`, from the root down, skipping every
+/// directory whose hash is the same on both sides.
+fn diff_dirs(
+    a: &BTreeMap<String, Entry>,
+    ha: &tree::Hashes,
+    b: &BTreeMap<String, Entry>,
+    hb: &tree::Hashes,
+    d: &mut Delta,
+) {
+    let mut todo: Vec<String> = vec![String::new()];
+    while let Some(dir) = todo.pop() {
+        if ha.dir(&dir) == hb.dir(&dir) {
+            continue;
+        }
+        let mut xs = tree::children(a, &dir).peekable();
+        let mut ys = tree::children(b, &dir).peekable();
+        loop {
+            let order = match (xs.peek(), ys.peek()) {
+                (None, None) => break,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some(x), Some(y)) => x.name.cmp(y.name),
+            };
+            match order {
+                std::cmp::Ordering::Less => {
+                    let x = xs.next().expect("peeked");
+                    let p = x.path();
+                    d.deletes.extend(under(a, &p).map(|(k, _)| k.clone()));
+                    d.deletes.push(p);
+                }
+                std::cmp::Ordering::Greater => {
+                    let y = ys.next().expect("peeked");
+                    let p = y.path();
+                    d.upserts
+                        .extend(under(b, &p).map(|(k, e)| (k.clone(), e.clone())));
+                    d.upserts.insert(p, y.entry.clone());
+                }
+                std::cmp::Ordering::Equal => {
+                    let (x, y) = (xs.next().expect("peeked"), ys.next().expect("peeked"));
+                    let p = x.path();
+                    match (x.entry.kind == Kind::Dir, y.entry.kind == Kind::Dir) {
+                        (true, true) => todo.push(p),
+                        (was_dir, is_dir) => {
+                            if x.entry != y.entry {
+                                d.upserts.insert(p.clone(), y.entry.clone());
+                            }
+                            if was_dir {
+                                d.deletes.extend(under(a, &p).map(|(k, _)| k.clone()));
+                            }
+                            if is_dir {
+                                d.upserts
+                                    .extend(under(b, &p).map(|(k, e)| (k.clone(), e.clone())));
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }
@@ -490,225 +733,6 @@ pub fn decompress(data: &[u8], max: u64) -> std::io::Result<Vec<u8>> {
         return Err(std::io::Error::other("decompressed data is over the limit"));
     }
     Ok(out)
-}
-
-/// What [`materialise`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Applied {
-    pub written: u64,
-    pub written_bytes: u64,
-    pub deleted: u64,
-}
-
-/// Makes the directory `root` (whose manifest is `current`) match `target`, fetching file
-/// contents by hash from `blob`. `target` is validated first and every blob is checked
-/// against its hash before it is written, so a bad manifest or blob writes nothing; writes
-/// are atomic per file (temp file, rename) and never go through a symlink, and the whole
-/// filesystem is synced once at the end (not once a file).
-pub fn materialise(
-    root: &Path,
-    current: &Manifest,
-    target: &Manifest,
-    rules: &Rules,
-    blob: &mut dyn FnMut(&str) -> Result<Vec<u8>, String>,
-) -> Result<Applied, Error> {
-    target.validate(rules)?;
-    let mut stats = Applied::default();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
-    // Fetch what is new, and check it (on every core) before changing anything.
-    let mut fetched: Vec<(&str, &str, Vec<u8>)> = Vec::new();
-    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
-    for (path, e) in &target.entries {
-        if e.kind != Kind::File || current.entries.get(path) == Some(e) {
-            continue;
-        }
-        if !seen.insert(e.hash.as_str()) {
-            continue;
-        }
-        let data = blob(&e.hash).map_err(|reason| Error::MissingBlob {
-            path: path.clone(),
-            hash: e.hash.clone(),
-            reason,
-        })?;
-        fetched.push((path.as_str(), e.hash.as_str(), data));
-    }
-    let per = fetched.len().div_ceil(threads).max(1);
-    std::thread::scope(|sc| {
-        let checks: Vec<_> = fetched
-            .chunks(per)
-            .map(|part| {
-                sc.spawn(move || {
-                    for (path, expected, data) in part {
-                        let actual = hash(data);
-                        if actual != *expected {
-                            return Err(Error::HashMismatch {
-                                path: path.to_string(),
-                                expected: expected.to_string(),
-                                actual,
-                            });
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        checks
-            .into_iter()
-            .try_for_each(|h| h.join().expect("hash check panicked"))
-    })?;
-    let contents: HashMap<&str, Vec<u8>> = fetched.into_iter().map(|(_, h, d)| (h, d)).collect();
-    // Remove what goes away or changes kind, deepest first.
-    let mut parents = crate::beneath::Parents::new(root);
-    for (path, e) in current.entries.iter().rev() {
-        let keep = target
-            .entries
-            .get(path)
-            .is_some_and(|t| t.kind == e.kind && (e.kind != Kind::Symlink || t.target == e.target));
-        if keep {
-            continue;
-        }
-        let Some(full) = entry(&mut parents, path)? else {
-            // Its directory is gone already: so is it.
-            stats.deleted += 1;
-            continue;
-        };
-        let r = match std::fs::symlink_metadata(&full) {
-            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&full),
-            Ok(_) => std::fs::remove_file(&full),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        };
-        r.map_err(|e| io(path, e))?;
-        stats.deleted += 1;
-    }
-    // Directories and symlinks in path order (parents before children), then the files on
-    // every core.
-    let mut files: Vec<(&str, &Entry)> = Vec::new();
-    let mut parents = crate::beneath::Parents::new(root);
-    for (path, e) in &target.entries {
-        let full = entry_in_place(&mut parents, path)?;
-        match e.kind {
-            Kind::Dir => match std::fs::symlink_metadata(&full) {
-                Ok(m) if m.is_dir() => {}
-                other => {
-                    // Something the scan left out (a FIFO, a socket) may be in the way.
-                    if other.is_ok() {
-                        std::fs::remove_file(&full).map_err(|err| io(path, err))?;
-                    }
-                    std::fs::create_dir(&full).map_err(|err| io(path, err))?
-                }
-            },
-            Kind::Symlink => {
-                let there = std::fs::symlink_metadata(&full);
-                let same = there.as_ref().is_ok_and(|m| m.is_symlink())
-                    && std::fs::read_link(&full)
-                        .is_ok_and(|t| t.as_os_str().as_encoded_bytes() == e.target.as_bytes());
-                if !same {
-                    if there.is_ok() {
-                        std::fs::remove_file(&full).map_err(|err| io(path, err))?;
-                    }
-                    // Created, never followed: the target is data.
-                    std::os::unix::fs::symlink(&e.target, &full).map_err(|err| io(path, err))?;
-                    stats.written += 1;
-                }
-            }
-            Kind::File => {
-                if current.entries.get(path) != Some(e) {
-                    files.push((path, e));
-                }
-            }
-        }
-    }
-    let per = files.len().div_ceil(threads).max(1);
-    let contents = &contents;
-    let written = std::thread::scope(|sc| {
-        let writers: Vec<_> = files
-            .chunks(per)
-            .map(|part| {
-                sc.spawn(move || -> Result<(u64, u64), Error> {
-                    let (mut n, mut bytes) = (0, 0);
-                    let mut parents = crate::beneath::Parents::new(root);
-                    for (path, e) in part {
-                        let full = entry_in_place(&mut parents, path)?;
-                        let mode = if e.exec { 0o755 } else { 0o644 };
-                        if let Some(data) = contents.get(e.hash.as_str()) {
-                            write_atomic(&full, data, mode).map_err(|err| io(path, err))?;
-                            n += 1;
-                            bytes += data.len() as u64;
-                        } else {
-                            // Same content as before, only the exec bit changed: on the
-                            // file itself, never through a symlink.
-                            set_mode_nofollow(&full, mode).map_err(|err| io(path, err))?;
-                        }
-                    }
-                    Ok((n, bytes))
-                })
-            })
-            .collect();
-        writers
-            .into_iter()
-            .map(|h| h.join().expect("writer panicked"))
-            .try_fold((0, 0), |(a, b), r| r.map(|(n, x)| (a + n, b + x)))
-    })?;
-    stats.written += written.0;
-    stats.written_bytes += written.1;
-    // One `syncfs` for the whole materialisation, instead of an fsync per file.
-    crate::fsio::syncfs(root).map_err(|e| io("", e))?;
-    Ok(stats)
-}
-
-/// A name for the entry `path` through its parent held open (see
-/// [`crate::beneath::Parents`]); `None` when the parent does not exist.
-fn entry(
-    parents: &mut crate::beneath::Parents,
-    path: &str,
-) -> Result<Option<std::path::PathBuf>, Error> {
-    use crate::beneath::NoEntry;
-    match parents.entry(path) {
-        Ok(p) => Ok(Some(p)),
-        Err(NoEntry::Missing) => Ok(None),
-        Err(NoEntry::NotADirectory) => Err(rejected(
-            path,
-            "a directory above it on disk is not a directory, or is a symlink".to_string(),
-        )),
-        Err(NoEntry::Io(e)) => Err(io(path, e)),
-    }
-}
-
-/// [`entry`] for an entry whose parent must exist (made before it, in path order).
-fn entry_in_place(
-    parents: &mut crate::beneath::Parents,
-    path: &str,
-) -> Result<std::path::PathBuf, Error> {
-    entry(parents, path)?.ok_or_else(|| {
-        io(
-            path,
-            std::io::Error::new(std::io::ErrorKind::NotFound, "its directory is missing"),
-        )
-    })
-}
-
-/// Sets the permission bits of the regular file at `full`, refusing a symlink or anything
-/// else that is not a regular file.
-fn set_mode_nofollow(full: &Path, mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(full)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    f.set_permissions(std::fs::Permissions::from_mode(mode))
-}
-
-fn write_atomic(full: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
-    // A directory where the file goes (the manifest changed a directory into a file) is
-    // removed first; the whole materialisation is synced once at the end.
-    if std::fs::symlink_metadata(full).is_ok_and(|m| m.is_dir()) {
-        std::fs::remove_dir_all(full)?;
-    }
-    crate::fsio::write_atomic(full, data, mode, crate::fsio::Durability::Deferred)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use super::*;
 use crate::scan::Scanner;
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
 fn write(root: &Path, p: &str, s: &str) {
     let p = root.join(p);
@@ -40,7 +41,7 @@ fn a_scan_sees_the_tree_a_developer_sees_and_hashes_only_what_changed() {
     let d = project();
     let mut s = Scanner::new(d.path(), Rules::default());
     let m = s.scan().unwrap();
-    let paths: Vec<&str> = m.entries.keys().map(|s| s.as_str()).collect();
+    let paths: Vec<&str> = m.entries().keys().map(|s| s.as_str()).collect();
     assert_eq!(
         paths,
         [
@@ -52,9 +53,12 @@ fn a_scan_sees_the_tree_a_developer_sees_and_hashes_only_what_changed() {
             "src/main.rs"
         ]
     );
-    assert!(m.entries["run.sh"].exec);
-    assert_eq!(m.entries["link"].target, "src/main.rs");
-    assert_eq!(m.entries["src/dup.rs"].hash, m.entries["src/main.rs"].hash);
+    assert!(m.entries()["run.sh"].exec);
+    assert_eq!(m.entries()["link"].target, "src/main.rs");
+    assert_eq!(
+        m.entries()["src/dup.rs"].hash,
+        m.entries()["src/main.rs"].hash
+    );
     assert_eq!(m.blobs().count(), 3);
     m.validate(&Rules::default()).unwrap();
     // Old enough files are not hashed again; a changed one is.
@@ -91,7 +95,10 @@ fn a_same_size_rewrite_right_after_a_scan_is_still_seen() {
     let first = s.scan().unwrap();
     write(d.path(), "a.txt", "bbbb");
     let second = s.scan().unwrap();
-    assert_ne!(first.entries["a.txt"].hash, second.entries["a.txt"].hash);
+    assert_ne!(
+        first.entries()["a.txt"].hash,
+        second.entries()["a.txt"].hash
+    );
 }
 
 #[test]
@@ -104,7 +111,7 @@ fn materialise_reproduces_a_tree_and_fetches_only_what_is_new() {
     let current = Scanner::new(dst.path(), Rules::default()).scan().unwrap();
     let mut blob = |h: &str| {
         fetched.push(h.to_string());
-        let (p, _) = m.entries.iter().find(|(_, e)| e.hash == h).unwrap();
+        let (p, _) = m.entries().iter().find(|(_, e)| e.hash == h).unwrap();
         std::fs::read(src.path().join(p)).map_err(|e| e.to_string())
     };
     let stats = materialise(dst.path(), &current, &m, &Rules::default(), &mut blob).unwrap();
@@ -138,7 +145,7 @@ fn hostile(m: &Manifest) -> String {
 
 fn one(path: &str, e: Entry) -> Manifest {
     let mut m = Manifest::default();
-    m.entries.insert(path.into(), e);
+    m.insert(path.into(), e);
     m
 }
 
@@ -160,15 +167,15 @@ fn hostile_manifests_are_refused_naming_the_path_and_write_nothing() {
     }
     // A path through a symlink.
     let mut m = one("link", Entry::symlink("dir"));
-    m.entries.insert("dir".into(), Entry::dir());
-    m.entries.insert("link/x".into(), f.clone());
+    m.insert("dir".into(), Entry::dir());
+    m.insert("link/x".into(), f.clone());
     assert!(hostile(&m).contains("\"link/x\""));
     // A write through a symlink pointing out of the root, in one manifest.
     let mut m = one("out", Entry::symlink(".."));
-    m.entries.insert("out/sentinel".into(), f.clone());
+    m.insert("out/sentinel".into(), f.clone());
     assert!(hostile(&m).contains("\"out/sentinel\""));
     let mut m = one("etc", Entry::symlink("/etc"));
-    m.entries.insert("etc/passwd".into(), f.clone());
+    m.insert("etc/passwd".into(), f.clone());
     assert!(hostile(&m).contains("\"etc/passwd\""));
     // Symlinks that lie about their form.
     let mut lying = Entry::symlink("x");
@@ -180,11 +187,9 @@ fn hostile_manifests_are_refused_naming_the_path_and_write_nothing() {
     let mut big = f.clone();
     big.size = DEFAULT_MAX_FILE_BYTES + 1;
     assert!(hostile(&one("big", big)).contains("file limit"));
-    let many = Manifest {
-        entries: (0..DEFAULT_MAX_ENTRIES + 1)
-            .map(|i| (format!("f{i}"), f.clone()))
-            .collect(),
-    };
+    let many: Manifest = (0..DEFAULT_MAX_ENTRIES + 1)
+        .map(|i| (format!("f{i}"), f.clone()))
+        .collect();
     assert!(hostile(&many).contains("more than"));
     // Content that does not match its hash.
     let mut wrong = f.clone();
@@ -200,11 +205,10 @@ fn symlinks_pointing_anywhere_are_carried_as_links_and_never_followed() {
     let root = dst.path().join("ws");
     std::fs::create_dir(&root).unwrap();
     let mut m = one("pw", Entry::symlink("/etc/passwd"));
-    m.entries.insert("up".into(), Entry::symlink("../sentinel"));
-    m.entries.insert("venv".into(), Entry::dir());
-    m.entries.insert("venv/bin".into(), Entry::dir());
-    m.entries
-        .insert("venv/bin/python".into(), Entry::symlink("/usr/bin/python3"));
+    m.insert("up".into(), Entry::symlink("../sentinel"));
+    m.insert("venv".into(), Entry::dir());
+    m.insert("venv/bin".into(), Entry::dir());
+    m.insert("venv/bin/python".into(), Entry::symlink("/usr/bin/python3"));
     m.validate(&Rules::default()).unwrap();
     let mut none = |_: &str| -> Result<Vec<u8>, String> { Err("no blobs".into()) };
     materialise(
@@ -228,7 +232,7 @@ fn symlinks_pointing_anywhere_are_carried_as_links_and_never_followed() {
     // A manifest that turns the outward link into a file replaces the link: the file
     // outside is not written through it.
     let mut to = got.clone();
-    to.entries.insert("up".into(), Entry::file(b"evil", false));
+    to.insert("up".into(), Entry::file(b"evil", false));
     let mut blob = |_: &str| Ok(b"evil".to_vec());
     materialise(&root, &got, &to, &Rules::default(), &mut blob).unwrap();
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
@@ -237,7 +241,7 @@ fn symlinks_pointing_anywhere_are_carried_as_links_and_never_followed() {
     std::fs::remove_file(root.join("up")).unwrap();
     std::os::unix::fs::symlink(&outside, root.join("up")).unwrap();
     let mut exec = to.clone();
-    exec.entries.insert("up".into(), Entry::file(b"evil", true));
+    exec.insert("up".into(), Entry::file(b"evil", true));
     let err = materialise(&root, &to, &exec, &Rules::default(), &mut none);
     assert!(err.is_err());
     let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
@@ -272,13 +276,13 @@ fn a_bad_delta_leaves_the_manifest_as_it_was() {
     let mut d = Delta::default();
     d.deletes.push("/a".into());
     assert!(m.apply(&d, &Rules::default()).is_err());
-    assert_eq!(m.entries.len(), 1);
+    assert_eq!(m.entries().len(), 1);
 }
 
 #[test]
 fn a_delta_is_checked_as_a_whole_manifest_would_be() {
     let mut m = one("d", Entry::dir());
-    m.entries.insert("d/f".into(), Entry::file(b"f", false));
+    m.insert("d/f".into(), Entry::file(b"f", false));
     let r = Rules::default();
     let refused = |d: &Delta, why: &str| {
         let e = m.apply(d, &r).expect_err(why).to_string();
@@ -305,7 +309,7 @@ fn a_delta_is_checked_as_a_whole_manifest_would_be() {
         .insert("d".into(), Entry::file(b"now a file", false));
     let n = m.apply(&d, &r).unwrap();
     n.validate(&r).unwrap();
-    assert_eq!(n.entries.keys().collect::<Vec<_>>(), ["d"]);
+    assert_eq!(n.entries().keys().collect::<Vec<_>>(), ["d"]);
 }
 
 /// A process swaps a directory of the tree for a symlink to outside and back while a move's
@@ -316,12 +320,10 @@ fn a_racing_symlink_swap_never_makes_materialise_write_outside() {
     let outside = tempfile::tempdir().unwrap();
     let root = dst.path().join("ws");
     let mut base = Manifest::default();
-    base.entries.insert("d".into(), Entry::dir());
+    base.insert("d".into(), Entry::dir());
     let mut target = base.clone();
     for i in 0..100 {
-        target
-            .entries
-            .insert(format!("d/f{i:03}"), Entry::file(b"new", false));
+        target.insert(format!("d/f{i:03}"), Entry::file(b"new", false));
     }
     let (mut ok, mut refused) = (0, 0);
     for _ in 0..100 {
@@ -343,4 +345,157 @@ fn a_racing_symlink_swap_never_makes_materialise_write_outside() {
         );
     }
     assert_eq!(ok + refused, 100);
+}
+
+/// A small deterministic generator for the tests below.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// The delta as a walk over every entry finds it: the reference the hash tree's must equal.
+fn flat_diff(a: &Manifest, b: &Manifest) -> Delta {
+    let mut d = Delta::default();
+    for (p, e) in b.entries() {
+        if a.get(p) != Some(e) {
+            d.upserts.insert(p.clone(), e.clone());
+        }
+    }
+    d.deletes = a
+        .entries()
+        .keys()
+        .filter(|p| b.get(p).is_none())
+        .cloned()
+        .collect();
+    d
+}
+
+#[test]
+fn the_hash_tree_follows_every_change_and_diffs_as_a_full_comparison_would() {
+    // Names that sort around '/' ('-' and '.' before it, '0' after), so that a directory's
+    // children are not contiguous in path order.
+    let names = ["a", "a-b", "a.txt", "a0", "b", "c"];
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut m = Manifest::default();
+    let mut earlier: Vec<Manifest> = Vec::new();
+    for step in 0..600 {
+        // A random path of depth 1 to 4 whose parents are made directories.
+        let depth = 1 + (rng.next() % 4) as usize;
+        let parts: Vec<&str> = (0..depth)
+            .map(|_| names[(rng.next() % names.len() as u64) as usize])
+            .collect();
+        let path = parts.join("/");
+        match rng.next() % 5 {
+            0 => m.remove_tree(&path),
+            op => {
+                for i in 1..parts.len() {
+                    let dir = parts[..i].join("/");
+                    if m.get(&dir).map(|e| e.kind) != Some(Kind::Dir) {
+                        m.remove_tree(&dir);
+                        m.insert(dir, Entry::dir());
+                    }
+                }
+                let e = match op {
+                    1 => Entry::dir(),
+                    2 => Entry::symlink(&format!("../t{step}")),
+                    _ => Entry::file(format!("v{}", rng.next() % 7).as_bytes(), step % 3 == 0),
+                };
+                if e.kind != Kind::Dir {
+                    m.remove_tree(&path);
+                }
+                m.insert(path, e);
+            }
+        }
+        m.validate(&Rules::default()).unwrap();
+        // Kept up to date incrementally, it is what hashing from scratch gives.
+        let fresh = Manifest::from(m.entries().clone());
+        assert_eq!(m.root_hash(), fresh.root_hash(), "step {step}");
+        assert_eq!((m.files(), m.bytes()), (fresh.files(), fresh.bytes()));
+        if step % 10 == 0 {
+            earlier.push(m.clone());
+        }
+        // Against an earlier version, both ways: the tree's delta is the full comparison's,
+        // and applying it gives the other version.
+        let old = &earlier[(rng.next() % earlier.len() as u64) as usize];
+        for (from, to) in [(old, &m), (&m, old)] {
+            let d = from.diff(to);
+            assert_eq!(d, flat_diff(from, to), "step {step}");
+            let applied = from.apply(&d, &Rules::default()).unwrap();
+            assert_eq!(&applied, to);
+            assert_eq!(applied.root_hash(), to.root_hash());
+        }
+        assert_eq!(m.root_hash() == old.root_hash(), &m == old);
+    }
+    // The same entries in other directories, or a file where a directory was, hash apart.
+    let one = |path: &str| -> String {
+        let mut m = Manifest::default();
+        for (i, _) in path.match_indices('/') {
+            m.insert(path[..i].to_string(), Entry::dir());
+        }
+        m.insert(path.to_string(), Entry::file(b"x", false));
+        m.root_hash()
+    };
+    let roots = [one("a/b"), one("a/c"), one("b/b"), one("ab"), one("a/b/c")];
+    let distinct: std::collections::HashSet<&String> = roots.iter().collect();
+    assert_eq!(distinct.len(), roots.len());
+}
+
+#[test]
+fn a_change_rehashes_only_the_directories_above_it() {
+    let mut m = Manifest::default();
+    for d in 0..100 {
+        m.insert(format!("d{d:02}"), Entry::dir());
+        for s in 0..10 {
+            m.insert(format!("d{d:02}/s{s}"), Entry::dir());
+            for f in 0..10 {
+                let c = format!("{d} {s} {f}");
+                m.insert(
+                    format!("d{d:02}/s{s}/f{f}"),
+                    Entry::file(c.as_bytes(), false),
+                );
+            }
+        }
+    }
+    assert_eq!(m.len(), 100 + 1000 + 10_000);
+    let before = m.clone();
+    let root = m.root_hash();
+    let all = m.work();
+    assert_eq!(
+        all,
+        1 + 100 + 1000,
+        "the first hash covers every directory once"
+    );
+    m.insert("d42/s3/f7".into(), Entry::file(b"changed", false));
+    assert_ne!(m.root_hash(), root);
+    assert_eq!(
+        m.work() - all,
+        3,
+        "the file's directory, its parent and the root"
+    );
+    // Unchanged, nothing is hashed again.
+    m.root_hash();
+    assert_eq!(m.work() - all, 3);
+    // A new directory tree counts its own directories and those above it.
+    m.insert("d42/s3/new".into(), Entry::dir());
+    m.insert("d42/s3/new/f".into(), Entry::file(b"n", false));
+    m.root_hash();
+    assert_eq!(m.work() - all, 3 + 4);
+    let d = before.diff(&m);
+    assert_eq!(d.upserts.len(), 3);
+    assert!(d.deletes.is_empty());
+    // Removing it rehashes only the directories above it.
+    let w = m.work();
+    m.remove_tree("d42/s3/new");
+    m.root_hash();
+    assert_eq!(m.work() - w, 3);
+    assert_eq!(
+        before.diff(&m).upserts.keys().collect::<Vec<_>>(),
+        ["d42/s3/f7"]
+    );
 }

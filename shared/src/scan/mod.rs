@@ -318,7 +318,7 @@ impl Scanner {
         self.mark.as_ref()?;
         let mut d = crate::manifest::Delta::default();
         for p in touched {
-            match m.entries.get(p) {
+            match m.entries().get(p) {
                 Some(e) => {
                     d.upserts.insert(p.clone(), e.clone());
                 }
@@ -416,8 +416,8 @@ impl Scanner {
                 return Err(e);
             }
         }
-        if self.cache.len() > 2 * m.entries.len() + 1024 {
-            self.cache.retain(|k, _| m.entries.contains_key(k));
+        if self.cache.len() > 2 * m.entries().len() + 1024 {
+            self.cache.retain(|k, _| m.entries().contains_key(k));
         }
         self.finish(m, started)
     }
@@ -433,7 +433,7 @@ impl Scanner {
     fn finish(&mut self, m: Manifest, started: SystemTime) -> Result<&Manifest, Error> {
         self.generation += 1;
         self.recording = false;
-        if m.entries.len() > self.rules.max_entries {
+        if m.entries().len() > self.rules.max_entries {
             self.last = None;
             self.touched = None;
             return Err(Error::TooMany {
@@ -457,7 +457,7 @@ impl Scanner {
     fn remove(&mut self, m: &mut Manifest, rel: &str) {
         // What was left out under it goes with it (`rel` itself is its directory's business).
         self.forget_left_out(rel, true);
-        if self.recording && (m.entries.contains_key(rel) || m.under(rel).next().is_some()) {
+        if self.recording && (m.entries().contains_key(rel) || m.under(rel).next().is_some()) {
             let gone: Vec<String> = std::iter::once(rel)
                 .chain(m.under(rel))
                 .map(String::from)
@@ -740,7 +740,7 @@ impl Scanner {
             let Some(children) = self.list(&d)? else {
                 // Gone, or left out: not an (empty) directory of the workspace.
                 if !d.is_empty() {
-                    m.entries.remove(&d);
+                    m.remove(&d);
                     self.dirs.remove(&d);
                 }
                 continue;
@@ -749,14 +749,14 @@ impl Scanner {
                 let rel = join(&d, &name);
                 if ft.is_dir() {
                     self.touch(&rel);
-                    m.entries.insert(rel.clone(), Entry::dir());
+                    m.insert(rel.clone(), Entry::dir());
                     self.dirs.insert(rel.clone(), ino);
                     stack.push(rel);
                 } else if let Some(e) = self.leaf(&rel, ft, before)? {
                     self.touch(&rel);
-                    m.entries.insert(rel, e);
+                    m.insert(rel, e);
                 }
-                if m.entries.len() > self.rules.max_entries {
+                if m.entries().len() > self.rules.max_entries {
                     return Err(Error::TooMany {
                         max: self.rules.max_entries,
                     });
@@ -777,7 +777,7 @@ impl Scanner {
         before: &HashMap<String, (Stamp, String, bool)>,
         on_dir: &mut dyn FnMut(&Path),
     ) -> Result<(), Error> {
-        if !dir.is_empty() && m.entries.get(dir).map(|e| e.kind) != Some(Kind::Dir) {
+        if !dir.is_empty() && m.entries().get(dir).map(|e| e.kind) != Some(Kind::Dir) {
             return Ok(()); // not part of the workspace (gone, ignored, or under such)
         }
         self.forget_left_out(dir, false);
@@ -794,7 +794,7 @@ impl Scanner {
             format!("{dir}/")
         };
         let old: Vec<(String, Kind)> = m
-            .entries
+            .entries()
             .range::<str, _>((
                 std::ops::Bound::Included(prefix.as_str()),
                 std::ops::Bound::Unbounded,
@@ -824,15 +824,15 @@ impl Scanner {
                 }
                 self.remove(m, &rel);
                 self.touch(&rel);
-                m.entries.insert(rel.clone(), Entry::dir());
+                m.insert(rel.clone(), Entry::dir());
                 self.dirs.insert(rel.clone(), ino);
                 self.walk(&rel, m, before, on_dir)?;
             } else {
                 match self.leaf(&rel, ft, before)? {
                     Some(e) => {
-                        if m.entries.get(&rel) != Some(&e) {
+                        if m.entries().get(&rel) != Some(&e) {
                             self.touch(&rel);
-                            m.entries.insert(rel, e);
+                            m.insert(rel, e);
                         }
                     }
                     None => self.remove(m, &rel),

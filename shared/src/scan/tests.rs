@@ -149,7 +149,7 @@ fn a_partial_scan_lists_only_the_changed_directories() {
     assert!(!s.was_full);
     assert_eq!(s.listed, 3, "d7, d9 and the new d9/new");
     assert_eq!(s.hashed, 2);
-    assert_eq!(m.entries["d9/new/g"].hash, crate::manifest::hash(b"new"));
+    assert_eq!(m.entries()["d9/new/g"].hash, crate::manifest::hash(b"new"));
     assert_eq!(m, Scanner::new(d.path(), Rules::default()).scan().unwrap());
 }
 
@@ -195,16 +195,22 @@ fn a_same_size_rewrite_with_its_old_mtime_put_back_is_hashed_again() {
         s.hashed, 1,
         "only the rewritten file is hashed again (its ctime moved)"
     );
-    assert_eq!(m.entries["a.txt"].hash, crate::manifest::hash(b"version 2"));
-    assert_eq!(m.entries["b.txt"], first.entries["b.txt"]);
+    assert_eq!(
+        m.entries()["a.txt"].hash,
+        crate::manifest::hash(b"version 2")
+    );
+    assert_eq!(m.entries()["b.txt"], first.entries()["b.txt"]);
 
     // Rewritten right after a scan: inside that scan's racy window by its ctime.
     past_racy();
     s.scan().unwrap();
     rewrite("b.txt", "version 3");
     let m = s.scan().unwrap().clone();
-    assert_eq!(m.entries["b.txt"].hash, crate::manifest::hash(b"version 3"));
-    assert_eq!(m.entries["c.txt"], first.entries["c.txt"]);
+    assert_eq!(
+        m.entries()["b.txt"].hash,
+        crate::manifest::hash(b"version 3")
+    );
+    assert_eq!(m.entries()["c.txt"], first.entries()["c.txt"]);
     assert_eq!(m, Scanner::new(d.path(), Rules::default()).scan().unwrap());
 }
 
@@ -238,9 +244,9 @@ fn what_cannot_cross_the_wire_is_left_out_with_a_reason_and_the_rest_syncs() {
     let mut s = Scanner::new(root, rules.clone());
     let m = s.scan().unwrap();
     m.validate(&rules).unwrap();
-    let paths: Vec<&str> = m.entries.keys().map(|s| s.as_str()).collect();
+    let paths: Vec<&str> = m.entries().keys().map(|s| s.as_str()).collect();
     assert_eq!(paths, ["pw", "src", "src/main.rs"]);
-    assert_eq!(m.entries["pw"].target, "/etc/passwd");
+    assert_eq!(m.entries()["pw"].target, "/etc/passwd");
     let left: Vec<(&str, &str)> = s
         .left_out()
         .iter()
@@ -321,7 +327,7 @@ fn gitignore_precedence_follows_git() {
     write(root, "a/.ignore", "drop2\n");
     write(root, "a/drop2", "d");
     let m = Scanner::new(root, Rules::default()).scan().unwrap();
-    let paths: Vec<&str> = m.entries.keys().map(|s| s.as_str()).collect();
+    let paths: Vec<&str> = m.entries().keys().map(|s| s.as_str()).collect();
     assert_eq!(
         paths,
         [".gitignore", "a", "a/.gitignore", "a/.ignore", "a/keep.log"]
@@ -347,11 +353,11 @@ fn a_racing_symlink_swap_never_makes_a_scan_read_outside() {
         s.reset();
         let m = s.scan().unwrap().clone();
         assert!(
-            m.entries.values().all(|e| e.hash != secret),
+            m.entries().values().all(|e| e.hash != secret),
             "a scan read outside the root: {m:?}"
         );
-        match m.entries.get("d").map(|e| e.kind) {
-            Some(Kind::Dir) if m.entries.contains_key("d/f") => saw_file += 1,
+        match m.entries().get("d").map(|e| e.kind) {
+            Some(Kind::Dir) if m.entries().contains_key("d/f") => saw_file += 1,
             Some(Kind::Symlink) => saw_link += 1,
             _ => {}
         }

@@ -232,7 +232,7 @@ async fn run(
         // Its files can seed the task's workspace without crossing the wire again.
         if let Some(m) = ws.locked().scanner.last() {
             let mut known = state.known.locked();
-            for (p, e) in m.entries.iter().filter(|(_, e)| e.kind == Kind::File) {
+            for (p, e) in m.entries().iter().filter(|(_, e)| e.kind == Kind::File) {
                 known.insert(e.hash.clone(), dir.join(p));
             }
         }
@@ -354,7 +354,7 @@ fn scan_for_barrier(w: &mut Ws, full: bool, brain_base: &str) -> Result<Scanned,
     };
     let (root_hash, files, bytes, hashed, generation) = (
         m.root_hash(),
-        m.entries.values().filter(|e| e.kind == Kind::File).count() as u64,
+        m.files(),
         m.bytes(),
         s.hashed,
         s.generation(),
@@ -619,17 +619,32 @@ async fn materialise(
 ) -> Result<SyncReport, String> {
     let t0 = std::time::Instant::now();
     let rules = &ws.locked().scanner.rules().clone();
+    // What the disk holds now: from the changes the tracker saw since the last scan (a walk
+    // when it cannot say, as for a workspace this worker has not scanned yet). A warm target
+    // names it, and receives only the delta from it.
+    let (current, _) = scan(&ws, false).await?;
+    let have = if current.is_empty() {
+        String::new()
+    } else {
+        current.root_hash()
+    };
+    let t_scan = t0.elapsed();
     let mut stream = client
-        .get_manifest(proto::GetManifestRequest { request_id: id })
+        .get_manifest(proto::GetManifestRequest {
+            request_id: id,
+            have_root: have.clone(),
+        })
         .await
         .map_err(|s| format!("fetching the manifest: {}", s.message()))?
         .into_inner();
     let mut buf = Vec::new();
+    let mut delta_from: Option<String> = None;
     while let Some(c) = stream
         .message()
         .await
         .map_err(|s| format!("fetching the manifest: {}", s.message()))?
     {
+        delta_from.get_or_insert(c.delta_from);
         buf.extend_from_slice(&c.data);
         if buf.len() > MAX_MANIFEST_WIRE {
             return Err("the manifest is over 256 MiB compressed".into());
@@ -638,40 +653,66 @@ async fn materialise(
     let mut wire = buf.len() as u64;
     let json =
         manifest::decompress(&buf, MAX_MANIFEST_BYTES).map_err(|e| format!("the manifest: {e}"))?;
-    let target: Manifest =
-        serde_json::from_slice(&json).map_err(|e| format!("the manifest: {e}"))?;
-    target.validate(rules).map_err(|e| e.to_string())?;
-    if target.root_hash() != want {
+    let delta_from = delta_from.unwrap_or_default();
+    let (target, delta) = if delta_from.is_empty() {
+        let target: Manifest =
+            serde_json::from_slice(&json).map_err(|e| format!("the manifest: {e}"))?;
+        target.validate(rules).map_err(|e| e.to_string())?;
+        let delta = current.diff(&target);
+        (target, delta)
+    } else {
+        if delta_from != have {
+            return Err(format!(
+                "the brain sent a delta from {delta_from}, but this workspace holds {have}"
+            ));
+        }
+        let delta: manifest::Delta =
+            serde_json::from_slice(&json).map_err(|e| format!("the delta: {e}"))?;
+        // Checked as it is applied: the result is a valid manifest.
+        let target = current.apply(&delta, rules).map_err(|e| e.to_string())?;
+        (target, delta)
+    };
+    if !target.matches_root(want) {
         return Err(format!(
             "the manifest sent has root {} instead of {want}",
             target.root_hash()
         ));
     }
     let t_manifest = t0.elapsed();
-    let (current, _) = scan(&ws, true).await?;
-    let t_scan = t0.elapsed();
-    // Content this machine already has, under any path of the workspace.
-    let mut local: HashMap<String, PathBuf> = state.known.locked().clone();
-    local.extend(
-        current
-            .entries
-            .iter()
-            .filter(|(_, e)| e.kind == Kind::File)
-            .map(|(p, e)| (e.hash.clone(), root.join(p))),
-    );
-    let sizes: HashMap<&str, u64> = target
-        .entries
+    // Content this machine already has, under any path of the workspace or where an import
+    // saw it: looked up for the new content only.
+    let new: std::collections::HashSet<&str> = delta
+        .upserts
+        .values()
+        .filter(|e| e.kind == Kind::File)
+        .map(|e| e.hash.as_str())
+        .collect();
+    let mut local: HashMap<String, PathBuf> = HashMap::new();
+    if !new.is_empty() {
+        let known = state.known.locked();
+        for h in &new {
+            if let Some(p) = known.get(*h) {
+                local.insert(h.to_string(), p.clone());
+            }
+        }
+        drop(known);
+        for (p, e) in current.entries() {
+            if e.kind == Kind::File && new.contains(e.hash.as_str()) {
+                local.insert(e.hash.clone(), root.join(p));
+            }
+        }
+    }
+    let sizes: HashMap<&str, u64> = delta
+        .upserts
         .values()
         .filter(|e| e.kind == Kind::File)
         .map(|e| (e.hash.as_str(), e.size))
         .collect();
-    let mut need: Vec<&str> = target
-        .entries
+    let mut need: Vec<&str> = delta
+        .upserts
         .iter()
         .filter(|(p, e)| {
-            e.kind == Kind::File
-                && current.entries.get(*p) != Some(e)
-                && !local.contains_key(&e.hash)
+            e.kind == Kind::File && current.get(p) != Some(*e) && !local.contains_key(&e.hash)
         })
         .map(|(_, e)| e.hash.as_str())
         .collect();
@@ -742,71 +783,69 @@ async fn materialise(
         );
     }
     let t_fetch = t0.elapsed();
-    let (root2, rules2, target2, ws2) = (
-        root.to_path_buf(),
-        rules.clone(),
-        target.clone(),
-        ws.clone(),
-    );
-    let applied =
-        tokio::task::spawn_blocking(move || -> Result<(manifest::Applied, String), String> {
-            let mut blob = |h: &str| -> Result<Vec<u8>, String> {
-                if let Some(d) = fetched.get(h) {
-                    return Ok(d.clone());
-                }
-                let p = local
-                    .get(h)
-                    .ok_or("not sent by the brain and not on this machine")?;
-                // The materialiser checks the hash: a file changed since is refused.
-                std::fs::read(p).map_err(|e| e.to_string())
-            };
-            let applied = manifest::materialise(&root2, &current, &target2, &rules2, &mut blob)
-                .map_err(|e| e.to_string())?;
-            if let Some(o) = owner {
-                // What was there already was given when it was written.
-                for (path, e) in &target2.entries {
-                    if current.entries.get(path) != Some(e) {
-                        crate::files::give_path(&root2, path, o);
-                    }
+    let (root2, ws2, want2) = (root.to_path_buf(), ws.clone(), want.to_string());
+    let changes = (delta.upserts.len() + delta.deletes.len()) as u64;
+    let applied = tokio::task::spawn_blocking(move || -> Result<manifest::Applied, String> {
+        let mut blob = |h: &str| -> Result<Vec<u8>, String> {
+            if let Some(d) = fetched.get(h) {
+                return Ok(d.clone());
+            }
+            let p = local
+                .get(h)
+                .ok_or("not sent by the brain and not on this machine")?;
+            // The materialiser checks the hash: a file changed since is refused.
+            std::fs::read(p).map_err(|e| e.to_string())
+        };
+        let applied = manifest::materialise_delta(&root2, &current, &delta, &target, &mut blob)
+            .map_err(|e| e.to_string())?;
+        let written_now = |p: &str| target.get(p).filter(|e| current.get(p) != Some(*e));
+        if let Some(o) = owner {
+            // What was there already was given when it was written.
+            for path in delta.upserts.keys() {
+                if written_now(path).is_some() {
+                    crate::files::give_path(&root2, path, o);
                 }
             }
-            let mut w = ws2.locked();
-            // What was just written was checked against its hash: the walk that verifies
-            // the tree need not read it again.
-            for (p, e) in &target2.entries {
-                if e.kind == Kind::File && current.entries.get(p) != Some(e) {
-                    w.scanner.prime(p, &e.hash);
-                }
+        }
+        let mut w = ws2.locked();
+        // What was just written was checked against its hash: the scan that verifies the
+        // tree need not read it again.
+        for path in delta.upserts.keys() {
+            if let Some(e) = written_now(path).filter(|e| e.kind == Kind::File) {
+                w.scanner.prime(path, &e.hash);
             }
-            let written = t0.elapsed();
-            scan_now(&mut w, true)?;
-            tracing::info!(
-                manifest_ms = t_manifest.as_millis() as u64,
-                scan_ms = (t_scan - t_manifest).as_millis() as u64,
-                fetch_ms = (t_fetch - t_scan).as_millis() as u64,
-                write_ms = (written - t_fetch).as_millis() as u64,
-                verify_ms = (t0.elapsed() - written).as_millis() as u64,
-                "materialised"
-            );
-            let got = w.scanner.last().map(|m| m.root_hash()).unwrap_or_default();
-            if got == target2.root_hash() {
-                let g = w.scanner.generation();
-                w.scanner.mark(g, &got);
-            }
-            Ok((applied, got))
-        })
-        .await
-        .map_err(|e| e.to_string())??;
-    let (applied, got) = applied;
-    if got != want {
-        return Err(format!(
-            "after materialising, the workspace's root hash is {got}, not {want}"
-        ));
-    }
+        }
+        let written = t0.elapsed();
+        // The tracker saw every write: only the directories written to are listed again.
+        scan_now(&mut w, false)?;
+        tracing::info!(
+            warm = !delta_from.is_empty(),
+            changes,
+            full = w.scanner.was_full,
+            scan_ms = t_scan.as_millis() as u64,
+            manifest_ms = (t_manifest - t_scan).as_millis() as u64,
+            fetch_ms = (t_fetch - t_manifest).as_millis() as u64,
+            write_ms = (written - t_fetch).as_millis() as u64,
+            verify_ms = (t0.elapsed() - written).as_millis() as u64,
+            "materialised"
+        );
+        let got = w.scanner.last().ok_or("the scan left no manifest")?;
+        if !got.matches_root(&want2) {
+            return Err(format!(
+                "after materialising, the workspace's root hash is {}, not {want2}",
+                got.root_hash()
+            ));
+        }
+        let g = w.scanner.generation();
+        w.scanner.mark(g, &want2);
+        Ok(applied)
+    })
+    .await
+    .map_err(|e| e.to_string())??;
     Ok(SyncReport {
         id,
         error: String::new(),
-        root_hash: got,
+        root_hash: want.to_string(),
         files: applied.written,
         bytes: applied.written_bytes,
         blobs_sent: blobs_fetched,

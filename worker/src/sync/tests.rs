@@ -41,5 +41,5 @@ fn trackers_are_bounded_and_one_given_up_means_a_full_walk() {
     scan_now(&mut a.locked(), false).unwrap();
     let w = a.locked();
     assert!(w.scanner.was_full);
-    assert!(w.scanner.last().unwrap().entries.contains_key("new"));
+    assert!(w.scanner.last().unwrap().entries().contains_key("new"));
 }
