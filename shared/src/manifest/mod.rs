@@ -528,6 +528,12 @@ impl Manifest {
         Ok(self)
     }
 
+    /// The entries directly in `dir` ("" for the root): name and entry, in name order, at a
+    /// cost of one lookup per child (what lies deeper is skipped, not read).
+    pub fn children<'a>(&'a self, dir: &str) -> impl Iterator<Item = (&'a str, &'a Entry)> + 'a {
+        tree::children(&self.entries, dir).map(|c| (c.name, c.entry))
+    }
+
     /// The paths strictly under `dir`, in order.
     pub fn under<'a>(&'a self, dir: &str) -> impl Iterator<Item = &'a str> + 'a {
         under(&self.entries, dir).map(|(k, _)| k.as_str())

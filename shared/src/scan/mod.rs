@@ -788,20 +788,10 @@ impl Scanner {
             }
             return Ok(());
         };
-        let prefix = if dir.is_empty() {
-            String::new()
-        } else {
-            format!("{dir}/")
-        };
+        // Its entries as the last scan saw them, without reading what lies deeper.
         let old: Vec<(String, Kind)> = m
-            .entries()
-            .range::<str, _>((
-                std::ops::Bound::Included(prefix.as_str()),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|(k, _)| k.starts_with(&prefix))
-            .filter(|(k, _)| !k[prefix.len()..].contains('/'))
-            .map(|(k, e)| (k[prefix.len()..].to_string(), e.kind))
+            .children(dir)
+            .map(|(name, e)| (name.to_string(), e.kind))
             .collect();
         for (name, kind) in &old {
             let gone = match now.get(name) {
