@@ -16,9 +16,11 @@
 //! Whenever that cannot be relied on — the instance could not start or watch a directory
 //! (`fs.inotify.max_user_instances`, `max_user_watches`), the kernel's queue overflowed, too
 //! many paths changed, or the fence did not arrive in time — the barrier walks the whole tree
-//! instead, as it does for its first scan and for the final barrier of a move. Like git's
-//! fsmonitor, this does not see writes through a memory mapping or through a hard link from
-//! outside the workspace until the next full walk.
+//! instead, as it does for its first scan. Writes through a memory mapping make no event of
+//! their own, but closing a file opened for writing does (`CLOSE_WRITE`, when its last
+//! descriptor or mapping goes, at the latest when the call's processes are killed), so they
+//! are seen too. Like git's fsmonitor, this does not see writes through a hard link whose
+//! other name is outside the workspace until the next full walk.
 
 use shared::locks::Lock;
 use std::collections::{BTreeSet, HashMap};
@@ -38,6 +40,7 @@ fn dir_mask() -> WatchMask {
     WatchMask::CREATE
         | WatchMask::DELETE
         | WatchMask::MODIFY
+        | WatchMask::CLOSE_WRITE
         | WatchMask::ATTRIB
         | WatchMask::MOVED_FROM
         | WatchMask::MOVED_TO

@@ -105,8 +105,8 @@ pub async fn await_decision(cx: &Cx<'_>) {
 }
 
 /// Makes the brain's mirror equal to the worker's disk and logs the barrier (when anything
-/// changed). The worker lists only what its watcher saw change unless `full` (a move's final
-/// barrier walks the whole tree). A barrier that fails is logged as a warning and left to the
+/// changed). The worker lists only what its watcher saw change unless `full`, or when its
+/// watcher cannot say (then it walks the whole tree). A barrier that fails is logged as a warning and left to the
 /// next one; returns whether the mirror now matches the worker.
 pub async fn barrier(cx: &Cx<'_>, worker: &str, full: bool) -> Result<bool, Error> {
     let st = cx.task.state();
@@ -208,7 +208,10 @@ pub async fn move_task(cx: &Cx<'_>, to: &str) -> Result<(), Error> {
             )
             .await
     };
-    if workers.is_connected(&from) && !barrier(cx, &from, true).await? {
+    // As every barrier: what the source's tracker saw change (it sees writes through a
+    // memory mapping too, at their close), a whole walk only when it cannot say. A walk would
+    // cost the size of the tree, not of the change, on every move.
+    if workers.is_connected(&from) && !barrier(cx, &from, false).await? {
         return abort(format!("the final barrier from {from} failed")).await;
     }
     if !workers.wait_connected(to, MOVE_TARGET_WAIT).await {

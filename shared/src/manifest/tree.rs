@@ -22,8 +22,9 @@ pub(super) struct Hashes {
     /// Whether every directory not in `dirty` has its hash in `dirs`. False until the first
     /// computation: changes before it are not tracked, the first computation does them all.
     complete: bool,
-    /// Directory ("" is the root) → hash of its listing.
-    dirs: BTreeMap<String, Digest>,
+    /// Directory ("" is the root) → hash of its listing. May hold directories that are
+    /// gone: a directory made again is new, and hashed again.
+    dirs: HashMap<String, Digest>,
     /// Directories whose hash must be recomputed; with each, all its ancestors.
     dirty: BTreeSet<String>,
     /// Directories hashed so far (for tests of what a change costs).
@@ -55,30 +56,14 @@ impl Hashes {
         }
     }
 
-    /// Forgets the hashes of `dir` and of every directory under it (they are gone).
+    /// Forgets the hash of the directory `dir` (it is gone; what was under it is removed
+    /// entry by entry, each forgetting its own).
     pub(super) fn forget(&mut self, dir: &str) {
         if !self.complete {
             return;
         }
         self.dirs.remove(dir);
         self.dirty.remove(dir);
-        let (lo, hi) = (format!("{dir}/"), format!("{dir}0"));
-        let gone: Vec<String> = self
-            .dirs
-            .range::<String, _>((Bound::Included(&lo), Bound::Excluded(&hi)))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in gone {
-            self.dirs.remove(&k);
-        }
-        let gone: Vec<String> = self
-            .dirty
-            .range::<String, _>((Bound::Included(&lo), Bound::Excluded(&hi)))
-            .cloned()
-            .collect();
-        for k in gone {
-            self.dirty.remove(&k);
-        }
     }
 
     /// Brings every hash up to date and returns the root's.
@@ -88,7 +73,7 @@ impl Hashes {
         } else if !self.dirty.is_empty() {
             let mut dirty: Vec<String> = std::mem::take(&mut self.dirty).into_iter().collect();
             // Deepest first: a directory's children are hashed before it.
-            dirty.sort_by_key(|d| std::cmp::Reverse(depth(d)));
+            dirty.sort_by_cached_key(|d| std::cmp::Reverse(depth(d)));
             for d in dirty {
                 let h = hash_listing(children(entries, &d), &self.dirs);
                 self.dirs.insert(d, h);
@@ -113,29 +98,25 @@ impl Hashes {
     fn compute_all(&mut self, entries: &BTreeMap<String, Entry>) {
         // Each directory's children in name order: entries are in path order, and paths
         // with the same parent sort as their names do.
-        let mut listings: HashMap<&str, Vec<(&str, &Entry)>> = HashMap::new();
+        let mut listings: HashMap<&str, Vec<(&str, &str, &Entry)>> = HashMap::new();
         listings.insert("", Vec::new());
         for (path, e) in entries {
             let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
-            listings.entry(dir).or_default().push((name, e));
+            listings.entry(dir).or_default().push((name, path, e));
             if e.kind == Kind::Dir {
                 listings.entry(path).or_default();
             }
         }
-        let mut dirs: Vec<&str> = listings.keys().copied().collect();
-        dirs.sort_by_key(|d| std::cmp::Reverse(depth(d)));
+        let mut dirs: Vec<(usize, &str)> = listings.keys().map(|d| (depth(d), *d)).collect();
+        dirs.sort_unstable_by_key(|(depth, _)| std::cmp::Reverse(*depth));
         self.dirs.clear();
+        self.dirs.reserve(dirs.len());
         self.dirty.clear();
-        for d in dirs {
-            let prefix = if d.is_empty() {
-                String::new()
-            } else {
-                format!("{d}/")
-            };
-            let list = listings[d].iter().map(|(name, e)| Child {
+        for (_, d) in dirs {
+            let list = listings[d].iter().map(|(name, path, e)| Child {
                 name,
-                path: None,
-                prefix: &prefix,
+                path: Some(path),
+                prefix: "",
                 entry: e,
             });
             let h = hash_listing(list, &self.dirs);
@@ -175,7 +156,7 @@ impl Child<'_> {
 /// The hash of a listing, given in name order; child directories' hashes come from `dirs`.
 fn hash_listing<'a>(
     children: impl Iterator<Item = Child<'a>>,
-    dirs: &BTreeMap<String, Digest>,
+    dirs: &HashMap<String, Digest>,
 ) -> Digest {
     let mut buf: Vec<u8> = Vec::with_capacity(256);
     buf.extend_from_slice(b"tether-dir-v1\0");
@@ -189,7 +170,11 @@ fn hash_listing<'a>(
             Kind::Symlink => buf.extend_from_slice(e.target.as_bytes()),
             Kind::Dir => {
                 // Hashed before its parent: deeper directories come first.
-                let h = dirs.get(&c.path()).copied().unwrap_or_default();
+                let h = match c.path {
+                    Some(p) => dirs.get(p),
+                    None => dirs.get(&c.path()),
+                };
+                let h = h.copied().unwrap_or_default();
                 buf.extend_from_slice(&h);
             }
         }
