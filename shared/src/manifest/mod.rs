@@ -22,9 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::paths;
 
 mod tree;
-mod write;
-
-pub use write::{Applied, materialise, materialise_delta};
+pub mod write;
 
 /// Largest file a workspace may hold, by default.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
@@ -226,7 +224,7 @@ impl Default for Rules {
 }
 
 /// A workspace's manifest: sorted by path, so iteration order and the root hash are stable.
-/// Its root hash is that of a hash tree over its directories ([`tree`]), kept up to date as
+/// Its root hash is that of a hash tree over its directories (see `tree.rs`), kept up to date as
 /// entries change, so it costs what changed rather than the size of the tree; so do the
 /// counts of files and bytes.
 #[derive(Default)]

@@ -1,5 +1,6 @@
 //! Tests of `manifest`.
 
+use super::write::materialise;
 use super::*;
 use crate::scan::Scanner;
 use std::os::unix::fs::PermissionsExt;

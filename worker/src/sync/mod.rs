@@ -785,63 +785,65 @@ async fn materialise(
     let t_fetch = t0.elapsed();
     let (root2, ws2, want2) = (root.to_path_buf(), ws.clone(), want.to_string());
     let changes = (delta.upserts.len() + delta.deletes.len()) as u64;
-    let applied = tokio::task::spawn_blocking(move || -> Result<manifest::Applied, String> {
-        let mut blob = |h: &str| -> Result<Vec<u8>, String> {
-            if let Some(d) = fetched.get(h) {
-                return Ok(d.clone());
-            }
-            let p = local
-                .get(h)
-                .ok_or("not sent by the brain and not on this machine")?;
-            // The materialiser checks the hash: a file changed since is refused.
-            std::fs::read(p).map_err(|e| e.to_string())
-        };
-        let applied = manifest::materialise_delta(&root2, &current, &delta, &target, &mut blob)
-            .map_err(|e| e.to_string())?;
-        let written_now = |p: &str| target.get(p).filter(|e| current.get(p) != Some(*e));
-        if let Some(o) = owner {
-            // What was there already was given when it was written.
-            for path in delta.upserts.keys() {
-                if written_now(path).is_some() {
-                    crate::files::give_path(&root2, path, o);
+    let applied =
+        tokio::task::spawn_blocking(move || -> Result<manifest::write::Applied, String> {
+            let mut blob = |h: &str| -> Result<Vec<u8>, String> {
+                if let Some(d) = fetched.get(h) {
+                    return Ok(d.clone());
+                }
+                let p = local
+                    .get(h)
+                    .ok_or("not sent by the brain and not on this machine")?;
+                // The materialiser checks the hash: a file changed since is refused.
+                std::fs::read(p).map_err(|e| e.to_string())
+            };
+            let applied =
+                manifest::write::materialise_delta(&root2, &current, &delta, &target, &mut blob)
+                    .map_err(|e| e.to_string())?;
+            let written_now = |p: &str| target.get(p).filter(|e| current.get(p) != Some(*e));
+            if let Some(o) = owner {
+                // What was there already was given when it was written.
+                for path in delta.upserts.keys() {
+                    if written_now(path).is_some() {
+                        crate::files::give_path(&root2, path, o);
+                    }
                 }
             }
-        }
-        let mut w = ws2.locked();
-        // What was just written was checked against its hash: the scan that verifies the
-        // tree need not read it again.
-        for path in delta.upserts.keys() {
-            if let Some(e) = written_now(path).filter(|e| e.kind == Kind::File) {
-                w.scanner.prime(path, &e.hash);
+            let mut w = ws2.locked();
+            // What was just written was checked against its hash: the scan that verifies the
+            // tree need not read it again.
+            for path in delta.upserts.keys() {
+                if let Some(e) = written_now(path).filter(|e| e.kind == Kind::File) {
+                    w.scanner.prime(path, &e.hash);
+                }
             }
-        }
-        let written = t0.elapsed();
-        // The tracker saw every write: only the directories written to are listed again.
-        scan_now(&mut w, false)?;
-        tracing::info!(
-            warm = !delta_from.is_empty(),
-            changes,
-            full = w.scanner.was_full,
-            scan_ms = t_scan.as_millis() as u64,
-            manifest_ms = (t_manifest - t_scan).as_millis() as u64,
-            fetch_ms = (t_fetch - t_manifest).as_millis() as u64,
-            write_ms = (written - t_fetch).as_millis() as u64,
-            verify_ms = (t0.elapsed() - written).as_millis() as u64,
-            "materialised"
-        );
-        let got = w.scanner.last().ok_or("the scan left no manifest")?;
-        if !got.matches_root(&want2) {
-            return Err(format!(
-                "after materialising, the workspace's root hash is {}, not {want2}",
-                got.root_hash()
-            ));
-        }
-        let g = w.scanner.generation();
-        w.scanner.mark(g, &want2);
-        Ok(applied)
-    })
-    .await
-    .map_err(|e| e.to_string())??;
+            let written = t0.elapsed();
+            // The tracker saw every write: only the directories written to are listed again.
+            scan_now(&mut w, false)?;
+            tracing::info!(
+                warm = !delta_from.is_empty(),
+                changes,
+                full = w.scanner.was_full,
+                scan_ms = t_scan.as_millis() as u64,
+                manifest_ms = (t_manifest - t_scan).as_millis() as u64,
+                fetch_ms = (t_fetch - t_manifest).as_millis() as u64,
+                write_ms = (written - t_fetch).as_millis() as u64,
+                verify_ms = (t0.elapsed() - written).as_millis() as u64,
+                "materialised"
+            );
+            let got = w.scanner.last().ok_or("the scan left no manifest")?;
+            if !got.matches_root(&want2) {
+                return Err(format!(
+                    "after materialising, the workspace's root hash is {}, not {want2}",
+                    got.root_hash()
+                ));
+            }
+            let g = w.scanner.generation();
+            w.scanner.mark(g, &want2);
+            Ok(applied)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
     Ok(SyncReport {
         id,
         error: String::new(),
