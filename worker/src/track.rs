@@ -380,6 +380,57 @@ mod tests {
     }
 
     #[test]
+    fn a_write_through_a_memory_mapping_is_seen_when_the_mapping_goes() {
+        use std::os::fd::AsRawFd;
+        let state = tempfile::tempdir().unwrap();
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("db")).unwrap();
+        std::fs::write(d.path().join("db/pages"), [0u8; 4096]).unwrap();
+        let mut t = Tracker::new(d.path(), &state.path().join("fences"));
+        let mut s = Scanner::new(d.path(), Rules::default());
+        s.scan_full(&mut |p| t.watch_dir(p)).unwrap();
+        assert_eq!(t.take().as_ref().map(|c| c.len()), Some(0));
+        // Opened for reading and writing, mapped, the descriptor closed at once, then written
+        // through the mapping only: no write(2), so no MODIFY event.
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(d.path().join("db/pages"))
+            .unwrap();
+        // SAFETY: a shared mapping of a 4096-byte file we own, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        drop(f);
+        // SAFETY: `p` maps 4096 writable bytes.
+        unsafe { std::ptr::copy_nonoverlapping(b"written".as_ptr(), p as *mut u8, 7) };
+        assert_eq!(
+            t.take().map(|c| c.len()),
+            Some(0),
+            "nothing to see while the file is still mapped"
+        );
+        // SAFETY: unmaps what was mapped above.
+        assert_eq!(unsafe { libc::munmap(p, 4096) }, 0);
+        let c = t.take().expect("the watcher works");
+        assert_eq!(c.into_iter().collect::<Vec<_>>(), ["db/pages"]);
+        let m = s
+            .scan_changes(&["db/pages".to_string()].into(), &mut |_| {})
+            .unwrap();
+        assert_eq!(
+            m.get("db/pages").unwrap().hash,
+            shared::manifest::hash(&std::fs::read(d.path().join("db/pages")).unwrap())
+        );
+    }
+
+    #[test]
     fn a_flood_of_changes_is_answered_without_waiting_out_the_fence() {
         let state = tempfile::tempdir().unwrap();
         let d = tempfile::tempdir().unwrap();
