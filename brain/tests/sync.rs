@@ -567,18 +567,22 @@ fn failover_and_moves_go_only_to_workers_with_the_required_labels() {
 #[test]
 fn a_same_size_rewrite_with_its_old_mtime_put_back_reaches_the_mirror_and_survives_a_move() {
     let c = Cluster::start();
-    let a = c.join_worker("a");
+    let mut a = c.join_worker("a");
     let b = c.join_worker("b");
+    // The second step is settled by its check when its worker dies under it.
     let steps = json!({"steps": [
         {"run": ["sh", "-c", "printf 'version 1' > f.txt; touch -d @1000000000 f.txt"]},
-        {"run": ["sleep", "2"]},
+        {"run": ["sleep", "3"], "check": ["true"]},
+        {"run": ["sleep", "3"]},
         {"run": ["cat", "f.txt"]},
     ]});
     let plan = c.dir.join("rewrite-plan.json");
     std::fs::write(&plan, steps.to_string()).unwrap();
     let id = c.run_plan(&plan, "a");
-    c.wait_records(&id, "tool_call_completed", 1, Duration::from_secs(30));
-    // While the second step sleeps: rewritten in place, its mtime put back.
+    c.wait_records(&id, "barrier", 1, Duration::from_secs(30));
+    // While a is down (nothing watches the workspace, so only a whole walk can tell):
+    // rewritten in place, its mtime put back.
+    a.kill();
     let file = a.state.join(format!(
         "workspaces/task-{}/f.txt",
         id.trim_start_matches("t-")
@@ -596,6 +600,14 @@ fn a_same_size_rewrite_with_its_old_mtime_put_back_reaches_the_mirror_and_surviv
     assert_eq!(
         (new.len(), new.mtime(), new.mtime_nsec(), new.ino()),
         (old.len(), old.mtime(), old.mtime_nsec(), old.ino())
+    );
+    // Back, a walks the whole tree at its next barrier: the ctime gives the rewrite away.
+    c.restart_worker(&mut a);
+    c.wait_records(&id, "barrier", 2, Duration::from_secs(60));
+    assert!(
+        a.log_text().contains("barrier full=true"),
+        "the barrier after the restart did not walk: {}",
+        a.log_text()
     );
     let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
     assert!(out.status.success(), "{}", text(&out));
