@@ -189,6 +189,7 @@ impl SyncService for Services {
         };
         let (base_root, claimed) = (first.base_root, first.root_hash);
         let t = std::time::Instant::now();
+        let who = worker.clone();
         let root = tokio::task::spawn_blocking(move || -> Result<String, Status> {
             let json = manifest::decompress(&buf, MAX_DELTA_BYTES)
                 .map_err(|e| Status::invalid_argument(format!("the delta: {e}")))?;
@@ -199,6 +200,12 @@ impl SyncService for Services {
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
             let root = new.root_hash();
             if root != claimed {
+                if new.matches_root(&claimed) {
+                    // The flat hash earlier versions named manifests by.
+                    return Err(Status::failed_precondition(format!(
+                        "worker {who} runs an earlier version of Tether (it names workspace manifests by a flat hash, not by the hash tree this brain uses): upgrade it to the brain's version"
+                    )));
+                }
                 return Err(Status::invalid_argument(format!(
                     "the delta gives root {root}, the worker claimed {claimed}"
                 )));
