@@ -4,8 +4,7 @@
 //! fetch the manifest, fetch only the blobs it has nowhere locally, write, verify the root
 //! hash). Bulk data goes over the `Sync` service's own streams, never the session stream.
 //!
-//! Long file: barriers, materialisations and imports share the per-workspace scanner and
-//! tracker and the upload path; the tests are in `tests.rs`.
+//! Materialising is in `materialise.rs`; the tests are in `tests.rs`.
 
 use shared::locks::Lock;
 use std::collections::HashMap;
@@ -20,6 +19,8 @@ use shared::scan::Scanner;
 use tonic::transport::Channel;
 
 use crate::track::Tracker;
+
+mod materialise;
 
 /// Chunk size on the wire.
 const CHUNK: usize = 1 << 20;
@@ -254,7 +255,7 @@ async fn run(
             Ok(report)
         }
         Some(sync_request::Op::MaterialiseRoot(want)) => {
-            materialise(req.id, want, &root, ws, client, owner, state).await
+            materialise::materialise(req.id, want, &root, ws, client, owner, state).await
         }
         Some(sync_request::Op::ImportDir(_)) | None => Err("no sync operation given".into()),
     }
@@ -606,255 +607,6 @@ fn read_nofollow(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut data = Vec::new();
     f.read_to_end(&mut data)?;
     Ok(data)
-}
-
-async fn materialise(
-    id: u64,
-    want: &str,
-    root: &Path,
-    ws: Arc<Mutex<Ws>>,
-    client: &mut SyncClient<Channel>,
-    owner: Option<(u32, u32)>,
-    state: &Arc<SyncState>,
-) -> Result<SyncReport, String> {
-    let t0 = std::time::Instant::now();
-    let rules = &ws.locked().scanner.rules().clone();
-    // What the disk holds now: from the changes the tracker saw since the last scan (a walk
-    // when it cannot say, as for a workspace this worker has not scanned yet). A warm target
-    // names it, and receives only the delta from it.
-    let (current, _) = scan(&ws, false).await?;
-    let have = if current.is_empty() {
-        String::new()
-    } else {
-        current.root_hash()
-    };
-    let t_scan = t0.elapsed();
-    let mut stream = client
-        .get_manifest(proto::GetManifestRequest {
-            request_id: id,
-            have_root: have.clone(),
-        })
-        .await
-        .map_err(|s| format!("fetching the manifest: {}", s.message()))?
-        .into_inner();
-    let mut buf = Vec::new();
-    let mut delta_from: Option<String> = None;
-    while let Some(c) = stream
-        .message()
-        .await
-        .map_err(|s| format!("fetching the manifest: {}", s.message()))?
-    {
-        delta_from.get_or_insert(c.delta_from);
-        buf.extend_from_slice(&c.data);
-        if buf.len() > MAX_MANIFEST_WIRE {
-            return Err("the manifest is over 256 MiB compressed".into());
-        }
-    }
-    let mut wire = buf.len() as u64;
-    let json =
-        manifest::decompress(&buf, MAX_MANIFEST_BYTES).map_err(|e| format!("the manifest: {e}"))?;
-    let delta_from = delta_from.unwrap_or_default();
-    let (target, delta) = if delta_from.is_empty() {
-        let target: Manifest =
-            serde_json::from_slice(&json).map_err(|e| format!("the manifest: {e}"))?;
-        target.validate(rules).map_err(|e| e.to_string())?;
-        let delta = current.diff(&target);
-        (target, delta)
-    } else {
-        if delta_from != have {
-            return Err(format!(
-                "the brain sent a delta from {delta_from}, but this workspace holds {have}"
-            ));
-        }
-        let delta: manifest::Delta =
-            serde_json::from_slice(&json).map_err(|e| format!("the delta: {e}"))?;
-        // Checked as it is applied: the result is a valid manifest.
-        let target = current.apply(&delta, rules).map_err(|e| e.to_string())?;
-        (target, delta)
-    };
-    if !target.matches_root(want) {
-        return Err(format!(
-            "the manifest sent has root {} instead of {want}",
-            target.root_hash()
-        ));
-    }
-    let t_manifest = t0.elapsed();
-    // Content this machine already has, under any path of the workspace or where an import
-    // saw it: looked up for the new content only.
-    let new: std::collections::HashSet<&str> = delta
-        .upserts
-        .values()
-        .filter(|e| e.kind == Kind::File)
-        .map(|e| e.hash.as_str())
-        .collect();
-    let mut local: HashMap<String, PathBuf> = HashMap::new();
-    if !new.is_empty() {
-        let known = state.known.locked();
-        for h in &new {
-            if let Some(p) = known.get(*h) {
-                local.insert(h.to_string(), p.clone());
-            }
-        }
-        drop(known);
-        for (p, e) in current.entries() {
-            if e.kind == Kind::File && new.contains(e.hash.as_str()) {
-                local.insert(e.hash.clone(), root.join(p));
-            }
-        }
-    }
-    let sizes: HashMap<&str, u64> = delta
-        .upserts
-        .values()
-        .filter(|e| e.kind == Kind::File)
-        .map(|e| (e.hash.as_str(), e.size))
-        .collect();
-    let mut need: Vec<&str> = delta
-        .upserts
-        .iter()
-        .filter(|(p, e)| {
-            e.kind == Kind::File && current.get(p) != Some(*e) && !local.contains_key(&e.hash)
-        })
-        .map(|(_, e)| e.hash.as_str())
-        .collect();
-    need.sort();
-    need.dedup();
-    let mut fetched: HashMap<String, Vec<u8>> = HashMap::new();
-    let mut in_memory = 0u64;
-    // Beside the workspaces, in the worker's state: commands cannot write there.
-    let staging = Staging(
-        root.parent()
-            .and_then(Path::parent)
-            .unwrap_or(root)
-            .join("staging")
-            .join(id.to_string()),
-    );
-    let mut staged = 0u64;
-    for batch in need.chunks(HASH_BATCH) {
-        let mut s = client
-            .get_blobs(BlobList {
-                hashes: batch.iter().map(|h| raw(h)).collect(),
-            })
-            .await
-            .map_err(|e| format!("fetching blobs: {}", e.message()))?
-            .into_inner();
-        let mut cur: Option<(String, Vec<u8>)> = None;
-        while let Some(c) = s
-            .message()
-            .await
-            .map_err(|e| format!("fetching blobs: {}", e.message()))?
-        {
-            wire += c.data.len() as u64;
-            if !c.hash.is_empty() {
-                cur = Some((hex::encode(&c.hash), Vec::new()));
-            }
-            let Some((h, data)) = cur.as_mut() else {
-                return Err("the brain sent a blob chunk without a hash".into());
-            };
-            data.extend_from_slice(&c.data);
-            let max = sizes.get(h.as_str()).copied().unwrap_or(0);
-            if data.len() as u64 > max + 1024 + max / 8 {
-                return Err(format!("blob {h} is larger than its file"));
-            }
-            if c.last {
-                let (h, data) = cur.take().expect("set above");
-                let content =
-                    manifest::decompress(&data, max).map_err(|e| format!("blob {h}: {e}"))?;
-                if in_memory + content.len() as u64 <= state.memory_budget {
-                    in_memory += content.len() as u64;
-                    fetched.insert(h, content);
-                } else {
-                    // Over the budget: to disk; the materialiser checks it when it reads it.
-                    std::fs::create_dir_all(&staging.0)
-                        .map_err(|e| format!("creating {}: {e}", staging.0.display()))?;
-                    let p = staging.0.join(&h);
-                    std::fs::write(&p, &content).map_err(|e| format!("staging blob {h}: {e}"))?;
-                    staged += 1;
-                    local.insert(h, p);
-                }
-            }
-        }
-    }
-    let blobs_fetched = fetched.len() as u64 + staged;
-    if staged > 0 {
-        tracing::info!(
-            staged,
-            budget = state.memory_budget,
-            "blobs over the memory budget waited on disk"
-        );
-    }
-    let t_fetch = t0.elapsed();
-    let (root2, ws2, want2) = (root.to_path_buf(), ws.clone(), want.to_string());
-    let changes = (delta.upserts.len() + delta.deletes.len()) as u64;
-    let applied =
-        tokio::task::spawn_blocking(move || -> Result<manifest::write::Applied, String> {
-            let mut blob = |h: &str| -> Result<Vec<u8>, String> {
-                if let Some(d) = fetched.get(h) {
-                    return Ok(d.clone());
-                }
-                let p = local
-                    .get(h)
-                    .ok_or("not sent by the brain and not on this machine")?;
-                // The materialiser checks the hash: a file changed since is refused.
-                std::fs::read(p).map_err(|e| e.to_string())
-            };
-            let applied =
-                manifest::write::materialise_delta(&root2, &current, &delta, &target, &mut blob)
-                    .map_err(|e| e.to_string())?;
-            let written_now = |p: &str| target.get(p).filter(|e| current.get(p) != Some(*e));
-            if let Some(o) = owner {
-                // What was there already was given when it was written.
-                for path in delta.upserts.keys() {
-                    if written_now(path).is_some() {
-                        crate::files::give_path(&root2, path, o);
-                    }
-                }
-            }
-            let mut w = ws2.locked();
-            // What was just written was checked against its hash: the scan that verifies the
-            // tree need not read it again.
-            for path in delta.upserts.keys() {
-                if let Some(e) = written_now(path).filter(|e| e.kind == Kind::File) {
-                    w.scanner.prime(path, &e.hash);
-                }
-            }
-            let written = t0.elapsed();
-            // The tracker saw every write: only the directories written to are listed again.
-            scan_now(&mut w, false)?;
-            tracing::info!(
-                warm = !delta_from.is_empty(),
-                changes,
-                full = w.scanner.was_full,
-                scan_ms = t_scan.as_millis() as u64,
-                manifest_ms = (t_manifest - t_scan).as_millis() as u64,
-                fetch_ms = (t_fetch - t_manifest).as_millis() as u64,
-                write_ms = (written - t_fetch).as_millis() as u64,
-                verify_ms = (t0.elapsed() - written).as_millis() as u64,
-                "materialised"
-            );
-            let got = w.scanner.last().ok_or("the scan left no manifest")?;
-            if !got.matches_root(&want2) {
-                return Err(format!(
-                    "after materialising, the workspace's root hash is {}, not {want2}",
-                    got.root_hash()
-                ));
-            }
-            let g = w.scanner.generation();
-            w.scanner.mark(g, &want2);
-            Ok(applied)
-        })
-        .await
-        .map_err(|e| e.to_string())??;
-    Ok(SyncReport {
-        id,
-        error: String::new(),
-        root_hash: want.to_string(),
-        files: applied.written,
-        bytes: applied.written_bytes,
-        blobs_sent: blobs_fetched,
-        wire_bytes: wire,
-        hashed: 0,
-        ..Default::default()
-    })
 }
 
 #[cfg(test)]
