@@ -597,20 +597,20 @@ fn diff_dirs(
             match order {
                 std::cmp::Ordering::Less => {
                     let x = xs.next().expect("peeked");
-                    let p = x.path();
+                    let p = x.path.to_string();
                     d.deletes.extend(under(a, &p).map(|(k, _)| k.clone()));
                     d.deletes.push(p);
                 }
                 std::cmp::Ordering::Greater => {
                     let y = ys.next().expect("peeked");
-                    let p = y.path();
+                    let p = y.path.to_string();
                     d.upserts
                         .extend(under(b, &p).map(|(k, e)| (k.clone(), e.clone())));
                     d.upserts.insert(p, y.entry.clone());
                 }
                 std::cmp::Ordering::Equal => {
                     let (x, y) = (xs.next().expect("peeked"), ys.next().expect("peeked"));
-                    let p = x.path();
+                    let p = x.path.to_string();
                     match (x.entry.kind == Kind::Dir, y.entry.kind == Kind::Dir) {
                         (true, true) => todo.push(p),
                         (was_dir, is_dir) => {

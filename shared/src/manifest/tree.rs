@@ -115,8 +115,7 @@ impl Hashes {
         for (_, d) in dirs {
             let list = listings[d].iter().map(|(name, path, e)| Child {
                 name,
-                path: Some(path),
-                prefix: "",
+                path,
                 entry: e,
             });
             let h = hash_listing(list, &self.dirs);
@@ -138,19 +137,9 @@ fn depth(dir: &str) -> usize {
 /// A direct child of a directory.
 pub(super) struct Child<'a> {
     pub(super) name: &'a str,
-    /// Its whole path, when at hand (else `prefix` + `name`).
-    path: Option<&'a str>,
-    prefix: &'a str,
+    /// Its whole path.
+    pub(super) path: &'a str,
     pub(super) entry: &'a Entry,
-}
-
-impl Child<'_> {
-    pub(super) fn path(&self) -> String {
-        match self.path {
-            Some(p) => p.to_string(),
-            None => format!("{}{}", self.prefix, self.name),
-        }
-    }
 }
 
 /// The hash of a listing, given in name order; child directories' hashes come from `dirs`.
@@ -170,11 +159,7 @@ fn hash_listing<'a>(
             Kind::Symlink => buf.extend_from_slice(e.target.as_bytes()),
             Kind::Dir => {
                 // Hashed before its parent: deeper directories come first.
-                let h = match c.path {
-                    Some(p) => dirs.get(p),
-                    None => dirs.get(&c.path()),
-                };
-                let h = h.copied().unwrap_or_default();
+                let h = dirs.get(c.path).copied().unwrap_or_default();
                 buf.extend_from_slice(&h);
             }
         }
@@ -211,8 +196,7 @@ pub(super) fn children<'a>(
                     from = Bound::Excluded(path.clone());
                     return Some(Child {
                         name: &path[prefix.len()..],
-                        path: Some(path.as_str()),
-                        prefix: "",
+                        path: path.as_str(),
                         entry: e,
                     });
                 }
