@@ -23,6 +23,10 @@
 //! mode = "branch"                # none (default), branch or pr
 //! git_token_env = "GITHUB_TOKEN" # the variable holding the push token (never in this file)
 //!
+//! [egress]                     # tasks' commands behind the egress proxy (`brain run --secret`)
+//! preset = "registries"          # none (default), registries or all
+//! allow = ["api.example.com:443 GET,HEAD"]
+//!
 //! [provision]
 //! brain_url = "https://brain.example:7443"   # what provisioned workers dial
 //! join_timeout = "2m"
@@ -67,6 +71,56 @@ pub struct Config {
     pub agent: AgentConfig,
     pub deliver: DeliverConfig,
     pub provision: crate::provision::ProvisionConfig,
+    pub egress: EgressConfig,
+}
+
+/// The egress proxy's defaults: what a task behind it may reach besides its secrets' hosts,
+/// and how the brain connects upstream.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EgressConfig {
+    /// The allow-list preset of tasks that do not name one: none, registries or all.
+    pub preset: String,
+    /// Entries every task behind the proxy gets (`HOST[:PORTS] [METHODS]`, `pass:HOST`).
+    pub allow: Vec<String>,
+    /// PEM files of CAs the brain trusts upstream besides the public roots (a private
+    /// registry's, or a test's).
+    pub upstream_ca: Vec<std::path::PathBuf>,
+    /// Host names the brain resolves to these addresses instead of asking DNS (as curl's
+    /// `--resolve`), for split-horizon names and tests.
+    pub resolve: std::collections::BTreeMap<String, std::net::IpAddr>,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        Self {
+            preset: "none".into(),
+            allow: vec![],
+            upstream_ca: vec![],
+            resolve: Default::default(),
+        }
+    }
+}
+
+impl EgressConfig {
+    /// A task's allow-list: its preset (or this file's) and this file's entries, then the
+    /// task's own.
+    pub fn allow_list(
+        &self,
+        preset: &str,
+        extra: &[String],
+    ) -> Result<Vec<crate::model::egress::AllowRule>, String> {
+        use crate::model::egress::{AllowRule, preset as rules_of};
+        let mut rules = rules_of(if preset.is_empty() {
+            &self.preset
+        } else {
+            preset
+        })?;
+        for a in self.allow.iter().chain(extra) {
+            rules.push(AllowRule::parse(a).map_err(|e| format!("allow-list entry: {e}"))?);
+        }
+        Ok(rules)
+    }
 }
 
 /// How `--git` tasks' results are delivered. Tokens are read from the environment variables
@@ -208,6 +262,9 @@ impl Config {
         shared::parse_duration(&c.agent.check_timeout)
             .map_err(|e| format!("agent.check_timeout: {e}"))?;
         c.provision.policy()?;
+        c.egress
+            .allow_list("", &[])
+            .map_err(|e| format!("egress: {e}"))?;
         let prefix = &c.deliver.branch_prefix;
         if prefix.starts_with('-')
             || prefix.contains("..")
@@ -285,6 +342,7 @@ impl Config {
                 source: "config".into(),
                 protect: a.protect.clone(),
             }),
+            egress: None,
         })
     }
 }

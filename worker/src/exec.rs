@@ -454,6 +454,7 @@ mod tests {
             output_cap_bytes: cap,
             durable: false,
             limits: None,
+            ..Default::default()
         };
         run(start, dir.path(), tx, CancellationToken::new()).await;
         let mut stdout = Vec::new();

@@ -130,6 +130,10 @@ pub enum Cmd {
     /// Join tokens
     #[command(subcommand)]
     Token(TokenCmd),
+    /// Credentials tasks' commands may use without seeing them: stored sealed in the brain,
+    /// each bound to hosts, put into requests to those hosts by the egress proxy
+    #[command(subcommand)]
+    Secret(SecretCmd),
     /// List workers
     Workers {
         /// Print JSON for programs
@@ -246,6 +250,45 @@ pub enum ProvisionCmd {
         #[command(flatten)]
         opts: ProvisionOpts,
     },
+}
+
+#[derive(Subcommand)]
+pub enum SecretCmd {
+    /// Store a secret, or replace one: the value is read from standard input (or --file),
+    /// never from the command line
+    Set {
+        /// 1-64 characters of a-z, 0-9, '_', '-'
+        name: String,
+        /// A host it may be sent to: exact, or *.suffix for names under it (repeatable)
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// The port it may be sent to
+        #[arg(long, default_value_t = 443)]
+        port: u16,
+        /// How it goes into a request: bearer (Authorization: Bearer), basic:USER (Basic
+        /// auth with it as the password), header:NAME, query:NAME
+        #[arg(long, default_value = "bearer")]
+        inject: String,
+        /// The environment variable commands find its placeholder in (default: NAME in
+        /// capitals)
+        #[arg(long)]
+        env: Option<String>,
+        /// Read the value from this file instead of standard input
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// An LLM or cloud-provider key: held for the brain's own use, never resolved for
+        /// a command
+        #[arg(long)]
+        provider: bool,
+    },
+    /// The secrets: names, tiers, hosts, how each is injected (never values)
+    List {
+        /// Print JSON for programs
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a secret
+    Rm { name: String },
 }
 
 #[derive(Subcommand)]
@@ -397,6 +440,23 @@ pub struct RunArgs {
     /// every run of the check
     #[arg(long = "protect")]
     pub protect: Vec<String>,
+    /// A secret (by name, see `brain secret list`) the task's commands may use: they get
+    /// its placeholder in its environment variable, and requests to the hosts it is bound
+    /// to get the value put in by the brain on the way out (repeatable). Puts the commands
+    /// behind the egress proxy
+    #[arg(long = "secret", value_name = "NAME")]
+    pub secrets: Vec<String>,
+    /// Let the task's commands reach this host besides its secrets' hosts (repeatable):
+    /// `HOST[:PORT[,PORT]]` directly, `HOST[:PORTS] GET,HEAD` with only those methods (seen
+    /// through the brain), `pass:HOST` never intercepted (pinned certificates). `*.suffix`
+    /// matches names under it. Puts the commands behind the egress proxy
+    #[arg(long = "allow", value_name = "RULE")]
+    pub allow: Vec<String>,
+    /// The allow-list preset: `none`, `registries` (the common package registries) or
+    /// `all` (any host, still through the proxy). Default: `[egress] preset` in the config
+    /// (none). Puts the commands behind the egress proxy
+    #[arg(long, value_parser = ["none", "registries", "all"])]
+    pub egress: Option<String>,
     /// Start from this git repository: the brain clones it (shallow) with its own
     /// credentials and the worker gets the files, never the credentials
     #[arg(long)]

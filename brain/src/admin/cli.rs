@@ -112,6 +112,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     llm: std::sync::Arc::new(config.llm.clone()),
                     failover_after,
                     secrets: vec![],
+                    egress: None,
                 },
                 require_sandbox,
                 config,
@@ -125,6 +126,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             tracing::info!("brain stopped");
             Ok(0)
         }
+        Cmd::Secret(cmd) => super::secrets::run(&target, cmd).await,
         Cmd::Token(TokenCmd::Create { ttl, labels }) => {
             let mut c = target.connect().await?;
             let resp = c

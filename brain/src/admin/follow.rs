@@ -66,6 +66,9 @@ pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
                 check_timeout_ms: args.check_timeout.map_or(0, |d| d.as_millis() as u64),
                 protect: args.protect.clone(),
                 deliver: args.deliver.clone().unwrap_or_default(),
+                secrets: args.secrets.clone(),
+                allow: args.allow.clone(),
+                egress: args.egress.clone().unwrap_or_default(),
                 dir: match &args.dir {
                     Some(d) if d.is_relative() => std::env::current_dir()
                         .context("resolving --dir")?

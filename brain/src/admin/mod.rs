@@ -18,4 +18,5 @@ mod progress;
 mod remote;
 pub mod render;
 mod results;
+mod secrets;
 mod web;

@@ -374,6 +374,9 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             }
             s
         }
+        E::EgressRefused { host, port, reason } => {
+            format!("egress refused: {host}:{port}: {reason}")
+        }
         E::BudgetRaised { limits } => format!(
             "budget raised to ${:.4}, {} tokens, {} steps, {} ms wall (0 = no limit)",
             limits.usd, limits.tokens, limits.steps, limits.wall_ms

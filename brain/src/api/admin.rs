@@ -31,6 +31,56 @@ const MAX_GOAL_CHARS: usize = 64 * 1024;
 const MAX_TRANSCRIPT_BYTES: usize = 8 * 1024 * 1024;
 
 impl Services {
+    /// A new task's egress policy, when it names secrets, allow-list entries or a preset.
+    fn egress_spec(
+        &self,
+        secrets: &[String],
+        allow: &[String],
+        preset: &str,
+    ) -> Result<Option<crate::model::egress::EgressSpec>, Status> {
+        if secrets.is_empty() && allow.is_empty() && preset.is_empty() {
+            return Ok(None);
+        }
+        if secrets.len() > 32 || allow.len() > 256 {
+            return Err(Status::invalid_argument(
+                "at most 32 --secret and 256 --allow entries",
+            ));
+        }
+        let infos = self
+            .0
+            .egress
+            .secrets
+            .for_task(secrets)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let mut envs = std::collections::BTreeSet::new();
+        for i in &infos {
+            if !envs.insert(i.env.clone()) {
+                return Err(Status::invalid_argument(format!(
+                    "two secrets of the task put their placeholder in {}: give one another --env",
+                    i.env
+                )));
+            }
+        }
+        let allow = self
+            .0
+            .config
+            .egress
+            .allow_list(preset, allow)
+            .map_err(Status::invalid_argument)?;
+        Ok(Some(crate::model::egress::EgressSpec {
+            secrets: infos
+                .into_iter()
+                .map(|i| crate::model::egress::Binding {
+                    name: i.name,
+                    env: i.env,
+                    hosts: i.hosts,
+                    port: i.port,
+                })
+                .collect(),
+            allow,
+        }))
+    }
+
     fn connected(&self, m: &crate::provision::Machine) -> bool {
         m.worker
             .as_deref()
@@ -349,6 +399,7 @@ impl Admin for Services {
                 }
             }
         }
+        spec.egress = self.egress_spec(&req.secrets, &req.allow, &req.egress)?;
         let rules = convert::sync_rules(
             req.include_git,
             &req.extra_excludes,
@@ -687,5 +738,37 @@ impl Admin for Services {
         Ok(Response::new(proto::RevokeApiTokenResponse {
             revoked: revoked as u32,
         }))
+    }
+
+    async fn set_secret(
+        &self,
+        req: Request<proto::SetSecretRequest>,
+    ) -> Result<Response<proto::SetSecretResponse>, Status> {
+        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let req = req.into_inner();
+        let name = req.name.clone();
+        let resp = super::secrets::set(&self.0.egress.secrets, req).await?;
+        tracing::info!(secret = %name, replaced = resp.replaced, by = %admin, "secret set");
+        Ok(Response::new(resp))
+    }
+
+    async fn list_secrets(
+        &self,
+        req: Request<proto::ListSecretsRequest>,
+    ) -> Result<Response<proto::ListSecretsResponse>, Status> {
+        self.authorize_cert(&req, Role::Admin)?;
+        Ok(Response::new(super::secrets::list(&self.0.egress.secrets)?))
+    }
+
+    async fn remove_secret(
+        &self,
+        req: Request<proto::RemoveSecretRequest>,
+    ) -> Result<Response<proto::RemoveSecretResponse>, Status> {
+        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let req = req.into_inner();
+        let name = req.name.clone();
+        let resp = super::secrets::remove(&self.0.egress.secrets, req).await?;
+        tracing::info!(secret = %name, removed = resp.removed, by = %admin, "secret removed");
+        Ok(Response::new(resp))
     }
 }

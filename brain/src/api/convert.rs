@@ -86,6 +86,20 @@ impl From<Command> for proto::ExecStart {
             output_cap_bytes: c.output_cap_bytes,
             durable: true,
             limits: Some(c.limits.into()),
+            env: c.env.into_iter().collect(),
+            egress: c.egress.map(|e| proto::EgressPolicy {
+                task: e.task,
+                grant: e.grant,
+                direct: e
+                    .direct
+                    .iter()
+                    .map(|r| proto::EgressRule {
+                        host: r.host.to_string(),
+                        ports: r.ports.iter().map(|p| u32::from(*p)).collect(),
+                    })
+                    .collect(),
+                ca_pem: e.ca_pem,
+            }),
         }
     }
 }

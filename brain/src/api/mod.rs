@@ -7,9 +7,11 @@
 mod admin;
 pub mod convert;
 mod credentials;
+pub mod egress;
 mod enroll;
 mod error;
 pub mod results;
+mod secrets;
 mod session;
 pub mod sync;
 
@@ -60,6 +62,8 @@ pub struct Shared {
     pub web: crate::trust::web::WebAuth,
     /// Where the web page is (for `brain web login` links), if it is served.
     pub web_url: Option<String>,
+    /// The secrets, the egress CA and the upstream side of the egress proxy.
+    pub egress: egress::EgressParts,
 }
 
 /// The services, cheap to clone.

@@ -61,6 +61,8 @@ pub enum Error {
     Config(String),
     #[error(transparent)]
     Web(#[from] crate::web::Error),
+    #[error(transparent)]
+    Secrets(#[from] crate::trust::secrets::Error),
 }
 
 impl shared::exit::Classify for Error {
@@ -71,6 +73,7 @@ impl shared::exit::Classify for Error {
             // The server certificate and key do not make a TLS identity; a config section
             // the server cannot use.
             Error::Tls(_) | Error::Config(_) => Some(shared::exit::ExitCode::Config),
+            Error::Secrets(e) => e.exit_code(),
             Error::Web(crate::web::Error::NotLoopback(_)) => Some(shared::exit::ExitCode::Config),
             // A port in use, a store that cannot be opened or locked: not configuration.
             _ => None,
@@ -124,6 +127,13 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     let log = SledLog::open(db.clone(), opts.data.db())?;
     let mirror = Mirror::open(&db, &opts.data.path().join("blobs"))?;
     let call_ids = call_ids(&db).await?;
+    let secrets = crate::trust::secrets::Secrets::open(&db, &opts.data.path().join("secrets.key"))?;
+    let egress_ca = crate::trust::egress_ca::EgressCa::load_or_create(opts.data.path())?;
+    let upstream = crate::egress::Upstream::new(
+        &opts.config.egress.upstream_ca,
+        opts.config.egress.resolve.clone(),
+    )
+    .map_err(|e| Error::Config(e.to_string()))?;
 
     // The port, before anything that needs to know the address.
     let listener = tokio::net::TcpListener::bind(opts.listen)
@@ -165,6 +175,20 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     };
     let mut tasks = opts.tasks.clone();
     tasks.secrets.extend(settings.secrets());
+    // Values echoed back from upstream are masked by the proxy; these are masked in
+    // whatever else leaves the brain.
+    tasks.secrets.extend(
+        secrets
+            .values()
+            .into_iter()
+            .filter_map(|(_, v)| String::from_utf8(v.expose().to_vec()).ok()),
+    );
+    tasks.egress = Some(crate::engine::core::EgressHandle(Arc::new(
+        ports::EgressKeysPort {
+            secrets: secrets.clone(),
+            ca_pem: egress_ca.cert_pem.clone(),
+        },
+    )));
 
     // The engine, with every port it acts through.
     let engine = Engine::new(
@@ -220,6 +244,11 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         machines,
         web: web_auth,
         web_url: web_addr.map(|a| format!("http://{a}")),
+        egress: crate::api::egress::EgressParts {
+            secrets,
+            ca: egress_ca,
+            upstream: Arc::new(upstream),
+        },
     });
     Ok(Ready {
         addr,
@@ -413,6 +442,11 @@ impl Ready {
             )
             .add_service(
                 proto::sync_server::SyncServer::new(services.clone())
+                    .max_decoding_message_size(limits::MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(limits::MAX_MESSAGE_BYTES),
+            )
+            .add_service(
+                proto::egress_server::EgressServer::new(services.clone())
                     .max_decoding_message_size(limits::MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(limits::MAX_MESSAGE_BYTES),
             )

@@ -309,3 +309,22 @@ impl Workspaces for GitPort {
         .unwrap_or_default()
     }
 }
+
+/// The engine's [`crate::engine::core::EgressKeys`]: placeholders and grants keyed by the
+/// secrets store, the egress CA's certificate.
+pub struct EgressKeysPort {
+    pub secrets: crate::trust::secrets::Secrets,
+    pub ca_pem: String,
+}
+
+impl crate::engine::core::EgressKeys for EgressKeysPort {
+    fn placeholder(&self, task: &str, secret: &str) -> String {
+        self.secrets.placeholder(task, secret)
+    }
+    fn grant(&self, task: &str, call_id: u64) -> String {
+        self.secrets.tag(&["egress", task, &call_id.to_string()])
+    }
+    fn ca_pem(&self) -> String {
+        self.ca_pem.clone()
+    }
+}

@@ -26,6 +26,30 @@ pub struct Options {
     /// Secrets besides the LLM keys to mask wherever text leaves the brain (the delivery's
     /// tokens).
     pub secrets: Vec<String>,
+    /// What puts tasks' commands behind the egress proxy: placeholders and grants are
+    /// keyed from the secrets store.
+    pub egress: Option<EgressHandle>,
+}
+
+/// What the engine needs to send a call behind the egress proxy: placeholders and grants
+/// keyed by the brain's secrets key (which the engine never holds), and the egress CA.
+pub trait EgressKeys: Send + Sync {
+    /// The placeholder task `task`'s commands hold for secret `secret`.
+    fn placeholder(&self, task: &str, secret: &str) -> String;
+    /// The grant of call `call_id` of `task`: what its worker shows to open a tunnel.
+    fn grant(&self, task: &str, call_id: u64) -> String;
+    /// The egress CA's certificate (public).
+    fn ca_pem(&self) -> String;
+}
+
+/// A shared [`EgressKeys`].
+#[derive(Clone)]
+pub struct EgressHandle(pub Arc<dyn EgressKeys>);
+
+impl std::fmt::Debug for EgressHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EgressKeys")
+    }
 }
 
 impl Default for Options {
@@ -38,6 +62,7 @@ impl Default for Options {
             llm: Arc::default(),
             failover_after: Duration::from_secs(30),
             secrets: vec![],
+            egress: None,
         }
     }
 }

@@ -8,7 +8,7 @@ use super::error::Error;
 use super::ports::OutputSink;
 use super::store::LiveOutput;
 use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
-use crate::model::ops::{Command, CommandEnd, FileAnswer, FileOp, Stream, SyncOp};
+use crate::model::ops::{Command, CommandEnd, Egress, FileAnswer, FileOp, Stream, SyncOp};
 use crate::model::state::{PendingCall, Status};
 use shared::locks::Lock;
 
@@ -391,6 +391,38 @@ pub enum CommandOutcome {
     },
 }
 
+/// A call's placeholders and egress policy, when its task's commands run behind the egress
+/// proxy.
+fn egress_for(cx: &Cx<'_>, call_id: u64) -> (Vec<(String, String)>, Option<Egress>) {
+    let st = cx.task.state();
+    let Some(spec) = st.agent.as_ref().and_then(|a| a.spec.egress.clone()) else {
+        return (vec![], None);
+    };
+    let task = cx.task.id.to_string();
+    let (env, grant, ca_pem) = match &cx.opts().egress {
+        Some(keys) => (
+            spec.secrets
+                .iter()
+                .map(|b| (b.env.clone(), keys.0.placeholder(&task, &b.name)))
+                .collect(),
+            keys.0.grant(&task, call_id),
+            keys.0.ca_pem(),
+        ),
+        // No keys: the brain refuses every tunnel (fails closed).
+        None => (vec![], String::new(), String::new()),
+    };
+    let direct = spec.direct_rules().into_iter().cloned().collect();
+    (
+        env,
+        Some(Egress {
+            task,
+            grant,
+            direct,
+            ca_pem,
+        }),
+    )
+}
+
 /// Runs (or, after a restart, asks the worker's journal about) a pending command, showing
 /// its output to watchers as it comes.
 pub async fn run_command(
@@ -400,6 +432,7 @@ pub async fn run_command(
     timeout_ms: u64,
     cwd: &str,
 ) -> CommandOutcome {
+    let (env, egress) = egress_for(cx, p.call_id);
     let cmd = Command {
         call_id: p.call_id,
         workspace: cx.task.state().workspace,
@@ -408,6 +441,8 @@ pub async fn run_command(
         timeout_ms,
         output_cap_bytes: OUTPUT_CAP,
         limits: cx.opts().limits,
+        env,
+        egress,
     };
     let live = cx.task.live.clone();
     // One masker per stream, so a secret cut between two pieces is masked too.

@@ -33,6 +33,7 @@ use self::core::Core;
 pub use self::core::Options;
 use crate::model::agent::{AgentSpec, Budget, CHECK_FILE, Check, check_from_file};
 use crate::model::delivery::{Delivery, Mode};
+use crate::model::egress::EgressSpec;
 use crate::model::event::{Event, Plan, SyncRules, TaskId};
 use crate::model::ops::{FsChange, SyncOp};
 use crate::model::state::{Status, TaskState};
@@ -98,7 +99,14 @@ struct Inner {
     loaded: tokio::sync::watch::Sender<bool>,
     /// Results replayed before the tasks were loaded.
     early_orphans: Mutex<Vec<(String, u64)>>,
+    /// Refused egress connections logged per task since start (bounded: a command that
+    /// retries in a loop must not flood the log).
+    egress_refusals: Mutex<std::collections::HashMap<TaskId, u32>>,
 }
+
+/// Refused egress connections logged per task (per brain start); later ones are counted in
+/// the brain's log only.
+const EGRESS_REFUSALS_LOGGED: u32 = 64;
 
 impl Engine {
     /// An engine over `store` (loaded or not: [`Engine::resume_all`] loads it) acting
@@ -123,6 +131,7 @@ impl Engine {
                 shutdown,
                 loaded,
                 early_orphans: Mutex::default(),
+                egress_refusals: Mutex::default(),
             }),
         }
     }
@@ -496,6 +505,46 @@ impl Engine {
                     text: paths.join("\n"),
                 });
             }
+        }
+    }
+
+    /// The egress policy of task `task`'s calls, when the task exists, has not ended, runs
+    /// on `worker` and puts its commands behind the egress proxy.
+    pub fn egress_policy(&self, task: &str, worker: &str) -> Option<EgressSpec> {
+        let id: TaskId = task.parse().ok()?;
+        let st = self.inner.core.store.task(id)?.state();
+        if st.status.is_terminal() || st.worker.as_deref() != Some(worker) {
+            return None;
+        }
+        st.agent.and_then(|a| a.spec.egress)
+    }
+
+    /// Logs a connection of a task's command that the egress proxy refused.
+    pub async fn egress_refused(&self, task: &str, host: &str, port: u16, reason: &str) {
+        let Some(task) = task
+            .parse::<TaskId>()
+            .ok()
+            .and_then(|id| self.inner.core.store.task(id))
+        else {
+            return;
+        };
+        let n = {
+            let mut m = self.inner.egress_refusals.locked();
+            let n = m.entry(task.id).or_default();
+            *n += 1;
+            *n
+        };
+        if n > EGRESS_REFUSALS_LOGGED {
+            tracing::warn!(task = %task.id, host, port, reason, "egress refused (not logged in the task: too many)");
+            return;
+        }
+        let e = Event::EgressRefused {
+            host: host.to_string(),
+            port,
+            reason: self.redact(reason),
+        };
+        if let Err(err) = self.inner.core.store.append(&task, vec![e]).await {
+            tracing::warn!(task = %task.id, error = %err, "cannot log a refused egress connection");
         }
     }
 

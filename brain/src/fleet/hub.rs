@@ -367,6 +367,7 @@ impl Hub {
                 output_cap_bytes: spec.output_cap_bytes,
                 durable: false,
                 limits: Some(spec.limits),
+                ..Default::default()
             }))
             .await?;
         Ok(ExecCall {

@@ -90,6 +90,9 @@ pub struct AgentSpec {
     /// The acceptance check that decides whether a `finish` is done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check: Option<Check>,
+    /// Its commands run behind the egress proxy with these secrets and this allow-list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::model::egress::EgressSpec>,
 }
 
 /// What an agent task has used.
@@ -565,6 +568,7 @@ mod tests {
             repeat_limit: 2,
             transcript: String::new(),
             check: None,
+            egress: None,
         }
     }
 

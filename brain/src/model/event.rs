@@ -416,6 +416,13 @@ pub enum Event {
         #[serde(default)]
         more: u64,
     },
+    /// A connection a command opened through the egress proxy was refused (off the
+    /// allow-list, a method not allowed, a placeholder not valid there).
+    EgressRefused {
+        host: String,
+        port: u16,
+        reason: String,
+    },
     /// Labels a worker must have to take this task (placement, moves and failover).
     Placement {
         require_labels: std::collections::BTreeMap<String, String>,

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod check;
 pub mod delivery;
+pub mod egress;
 pub mod env;
 pub mod event;
 pub mod ids;

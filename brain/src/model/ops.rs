@@ -78,6 +78,22 @@ pub struct Command {
     pub timeout_ms: u64,
     pub output_cap_bytes: u64,
     pub limits: Limits,
+    /// Added to the command's environment: placeholders of the task's secrets, never values.
+    pub env: Vec<(String, String)>,
+    /// The command runs behind its worker's egress proxy.
+    pub egress: Option<Egress>,
+}
+
+/// What a worker needs to run a call behind its egress proxy (see [`crate::model::egress`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Egress {
+    pub task: String,
+    /// The call's grant, which the worker shows when it opens a tunnel for the call.
+    pub grant: String,
+    /// Where the worker connects by itself; everything else is asked of the brain.
+    pub direct: Vec<crate::model::egress::AllowRule>,
+    /// The egress CA's certificate, for the commands' CA bundle.
+    pub ca_pem: String,
 }
 
 /// How a durable command ended, as far as the brain can tell.

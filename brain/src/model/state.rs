@@ -490,7 +490,7 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                 a.restored_for = Some(tool_use_id.clone());
             }
         }
-        Event::BudgetUpdate { .. } | Event::LeftOut { .. } => {}
+        Event::BudgetUpdate { .. } | Event::LeftOut { .. } | Event::EgressRefused { .. } => {}
     }
 }
 

@@ -479,6 +479,7 @@ mod tests {
             repeat_limit: 3,
             transcript: String::new(),
             check: None,
+            egress: None,
         }
     }
 

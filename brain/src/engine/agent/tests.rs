@@ -19,6 +19,7 @@ fn spec(permission: Permission) -> AgentSpec {
         repeat_limit: 2,
         transcript: String::new(),
         check: None,
+        egress: None,
     }
 }
 

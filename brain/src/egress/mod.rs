@@ -1,0 +1,339 @@
+//! The brain's side of the egress proxy: one connection a task's command opened through its
+//! worker, arriving as a byte stream, whose TLS the brain terminates with a certificate from
+//! the egress CA. Each HTTP/1.1 request on it is checked (its method against the allow-list;
+//! every placeholder in its target and headers must be one of the task's, for a secret bound
+//! to this host — else it is refused and nothing goes upstream), the placeholders are swapped
+//! for the values (and a secret's credential added where the request lacks it), and the
+//! request goes upstream over the brain's own TLS connection, which verifies the host's real
+//! certificate. A value echoed back in the response (headers or body) is masked. Knows
+//! nothing of tasks: the caller decides what is injected where ([`Plan`]).
+
+mod mask;
+mod swap;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use http_body_util::combinators::BoxBody;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+use crate::trust::secrets::{Inject, Value};
+
+/// How long connecting upstream (TCP and TLS) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long upstream may take to answer a request's headers.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+/// Largest request head accepted from a command.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Errors setting the proxy up.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read the upstream CA {path}: {reason}")]
+    UpstreamCa { path: String, reason: String },
+}
+
+/// A secret to put into this connection's requests.
+#[derive(Clone)]
+pub struct Injection {
+    pub name: String,
+    /// The placeholder the task's commands hold for it.
+    pub placeholder: String,
+    pub value: Value,
+    pub inject: Inject,
+}
+
+/// What one intercepted connection may do.
+#[derive(Clone)]
+pub struct Plan {
+    pub host: String,
+    pub port: u16,
+    pub inject: Vec<Injection>,
+    /// Allowed methods; empty: any.
+    pub methods: Vec<String>,
+}
+
+/// How the brain connects upstream.
+pub struct Upstream {
+    tls: Arc<rustls::ClientConfig>,
+    resolve: BTreeMap<String, IpAddr>,
+}
+
+impl Upstream {
+    /// The public roots (webpki's) and the PEM files of `extra_cas`; names in `resolve` go to
+    /// those addresses instead of DNS.
+    pub fn new(
+        extra_cas: &[std::path::PathBuf],
+        resolve: BTreeMap<String, IpAddr>,
+    ) -> Result<Self, Error> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        for path in extra_cas {
+            let bad = |reason: String| Error::UpstreamCa {
+                path: path.display().to_string(),
+                reason,
+            };
+            let pem = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+            let certs = shared::pki::certs_from_pem(&pem, path).map_err(|e| bad(e.to_string()))?;
+            for c in certs {
+                roots.add(c).map_err(|e| bad(e.to_string()))?;
+            }
+        }
+        let mut tls = rustls::ClientConfig::builder_with_provider(shared::pki::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::UpstreamCa {
+                path: String::new(),
+                reason: e.to_string(),
+            })?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Self {
+            tls: Arc::new(tls),
+            resolve: resolve
+                .into_iter()
+                .map(|(k, v)| (k.to_ascii_lowercase(), v))
+                .collect(),
+        })
+    }
+
+    async fn connect(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<hyper::client::conn::http1::SendRequest<Body>, String> {
+        let addr = match self.resolve.get(&host.to_ascii_lowercase()) {
+            Some(ip) => std::net::SocketAddr::new(*ip, port).to_string(),
+            None => format!("{host}:{port}"),
+        };
+        let name = rustls::pki_types::ServerName::try_from(host.to_string())
+            .map_err(|_| format!("{host:?} is not a server name"))?;
+        let connector = tokio_rustls::TlsConnector::from(self.tls.clone());
+        let io = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let tcp = TcpStream::connect(&addr)
+                .await
+                .map_err(|e| format!("cannot connect: {e}"))?;
+            let _ = tcp.set_nodelay(true);
+            connector
+                .connect(name, tcp)
+                .await
+                .map_err(|e| format!("TLS with the real {host} failed: {e}"))
+        })
+        .await
+        .map_err(|_| format!("no connection within {}s", CONNECT_TIMEOUT.as_secs()))??;
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| format!("HTTP handshake: {e}"))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(send)
+    }
+}
+
+/// Serves one intercepted connection: TLS with `tls` (a certificate for the plan's host),
+/// then its requests, until either side closes. `refused` is told each request it refuses,
+/// and why.
+pub async fn intercept<IO>(
+    io: IO,
+    tls: Arc<rustls::ServerConfig>,
+    plan: Plan,
+    upstream: Arc<Upstream>,
+    refused: Arc<dyn Fn(String) + Send + Sync>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let stream = match tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(io)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(host = %plan.host, error = %e, "egress: the command's TLS handshake failed");
+            return;
+        }
+        Err(_) => return,
+    };
+    let conn = Arc::new(Conn {
+        plan,
+        upstream,
+        refused,
+        send: tokio::sync::Mutex::new(None),
+    });
+    let service = hyper::service::service_fn(move |req| {
+        let conn = conn.clone();
+        async move { Ok::<_, std::convert::Infallible>(conn.handle(req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .max_buf_size(MAX_HEAD_BYTES.max(8192))
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+}
+
+/// One intercepted connection's state: its plan and its upstream connection, made at the
+/// first request and reused while it stays open.
+struct Conn {
+    plan: Plan,
+    upstream: Arc<Upstream>,
+    refused: Arc<dyn Fn(String) + Send + Sync>,
+    send: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Body>>>,
+}
+
+fn answer(status: StatusCode, text: String) -> Response<Body> {
+    let mut r = Response::new(
+        http_body_util::Full::new(Bytes::from(format!("{text}\n")))
+            .map_err(|e| match e {})
+            .boxed(),
+    );
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// Headers that belong to one hop, never forwarded.
+const HOP: &[&str] = &[
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+impl Conn {
+    fn refuse(&self, why: String) -> Response<Body> {
+        (self.refused)(why.clone());
+        answer(
+            StatusCode::FORBIDDEN,
+            format!("tether egress refused: {why}"),
+        )
+    }
+
+    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let p = &self.plan;
+        let method = req.method().as_str().to_string();
+        if !p.methods.is_empty() && !p.methods.contains(&method) {
+            return self.refuse(format!(
+                "{method} to {}:{} is not allowed (this task's allow-list admits {})",
+                p.host,
+                p.port,
+                p.methods.join(", ")
+            ));
+        }
+        let (mut parts, body) = req.into_parts();
+        let target = parts
+            .uri
+            .path_and_query()
+            .map(|pq| pq.as_str().to_string())
+            .unwrap_or_else(|| "/".into());
+        let mut used = std::collections::BTreeSet::new();
+        let target = match swap::in_target(&target, p, &mut used) {
+            Ok(t) => t,
+            Err(why) => return self.refuse(why),
+        };
+        let mut headers = hyper::HeaderMap::new();
+        for (name, value) in parts.headers.iter() {
+            if HOP.contains(&name.as_str()) {
+                continue;
+            }
+            match swap::in_header(name.as_str(), value.as_bytes(), p, &mut used) {
+                Ok(v) => match hyper::header::HeaderValue::from_bytes(&v) {
+                    Ok(v) => {
+                        headers.append(name.clone(), v);
+                    }
+                    Err(_) => return self.refuse(format!("header {name} is not valid")),
+                },
+                Err(why) => return self.refuse(why),
+            }
+        }
+        let target = swap::add_credentials(&mut headers, target, p, &used);
+        if !p.inject.is_empty() {
+            // Masking needs the body as sent: no compression.
+            headers.insert(
+                hyper::header::ACCEPT_ENCODING,
+                hyper::header::HeaderValue::from_static("identity"),
+            );
+        }
+        if !headers.contains_key(hyper::header::HOST) {
+            let host = if p.port == 443 {
+                p.host.clone()
+            } else {
+                format!("{}:{}", p.host, p.port)
+            };
+            if let Ok(v) = hyper::header::HeaderValue::from_str(&host) {
+                headers.insert(hyper::header::HOST, v);
+            }
+        }
+        parts.headers = headers;
+        parts.uri = match target.parse() {
+            Ok(u) => u,
+            Err(_) => return answer(StatusCode::BAD_REQUEST, "bad request target".into()),
+        };
+        let out = Request::from_parts(parts, body.map_err(|e| Box::new(e) as _).boxed());
+        let resp = match self.forward(out).await {
+            Ok(r) => r,
+            Err(why) => {
+                return answer(
+                    StatusCode::BAD_GATEWAY,
+                    format!("tether egress: {}:{}: {why}", p.host, p.port),
+                );
+            }
+        };
+        let values: Vec<Vec<u8>> = p.inject.iter().map(|i| i.value.expose().to_vec()).collect();
+        let (mut parts, body) = resp.into_parts();
+        for (_, v) in parts.headers.iter_mut() {
+            let masked = mask::all(v.as_bytes(), &values);
+            if masked != v.as_bytes()
+                && let Ok(m) = hyper::header::HeaderValue::from_bytes(&masked)
+            {
+                *v = m;
+            }
+        }
+        Response::from_parts(parts, mask::Masked::new(body, values).boxed())
+    }
+
+    async fn forward(&self, req: Request<Body>) -> Result<Response<Incoming>, String> {
+        let mut slot = self.send.lock().await;
+        let reusable = slot.as_ref().is_some_and(|s| !s.is_closed());
+        if !reusable {
+            *slot = Some(
+                self.upstream
+                    .connect(&self.plan.host, self.plan.port)
+                    .await?,
+            );
+        }
+        let send = slot.as_mut().expect("set above");
+        if send.ready().await.is_err() {
+            *slot = Some(
+                self.upstream
+                    .connect(&self.plan.host, self.plan.port)
+                    .await?,
+            );
+        }
+        let send = slot.as_mut().expect("set above");
+        match tokio::time::timeout(ANSWER_TIMEOUT, send.send_request(req)).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => {
+                *slot = None;
+                Err(format!("upstream failed: {e}"))
+            }
+            Err(_) => {
+                *slot = None;
+                Err(format!("no answer within {}s", ANSWER_TIMEOUT.as_secs()))
+            }
+        }
+    }
+}

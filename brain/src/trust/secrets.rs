@@ -1,0 +1,715 @@
+//! Credentials the brain holds for tasks' commands: each sealed at rest in the sled tree
+//! `secrets` (ChaCha20-Poly1305 under a key that is not in the store: `secrets.key` in the
+//! data dir, 0600, made on first use, or `$TETHER_SECRET_KEY`), so a backup carries them
+//! only sealed. Each is bound to the hosts (exact, or `*.suffix`) and the port it may be sent
+//! to and says how it is injected there. A secret of the provider tier (an LLM or cloud key)
+//! is held the same way but never resolved for a command.
+//!
+//! Commands never see a value: a task's command gets a placeholder,
+//! `tether-secret:NAME:TOKEN`, whose token is a keyed hash of the task and the name under a
+//! key derived from the secrets key, so it is unguessable, the same after a restart, and
+//! worthless anywhere but on the way through this brain to a host the secret is bound to.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::{Deserialize, Serialize};
+
+pub use crate::model::egress::HostPattern;
+
+/// The environment variable that may hold the secrets key (64 hex digits) instead of the
+/// data dir's `secrets.key`.
+pub const KEY_ENV: &str = "TETHER_SECRET_KEY";
+/// What every placeholder starts with.
+pub const PLACEHOLDER_PREFIX: &str = "tether-secret:";
+/// Largest value accepted.
+pub const MAX_VALUE_BYTES: usize = 16 * 1024;
+/// Most hosts one secret is bound to.
+pub const MAX_HOSTS: usize = 32;
+const RECORD_VERSION: u32 = 1;
+
+/// Errors of the secrets store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid secret: {0}")]
+    Invalid(String),
+    #[error("no secret named {0:?} (see `brain secret list`)")]
+    Unknown(String),
+    #[error(
+        "the secrets key is missing ({path} does not exist) but the store holds sealed secrets: restore that file or set {KEY_ENV}"
+    )]
+    KeyMissing { path: PathBuf },
+    #[error("the secrets key {0}")]
+    BadKey(String),
+    #[error(
+        "cannot open secret {0:?}: it was sealed with another key than this brain's secrets key (restore the matching secrets.key or {KEY_ENV})"
+    )]
+    Unseal(String),
+    #[error("cannot write {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("secret record {0:?} is unreadable: {1}")]
+    Decode(String, String),
+    #[error("store: {0}")]
+    Sled(#[from] sled::Error),
+}
+
+impl shared::exit::Classify for Error {
+    fn exit_code(&self) -> Option<shared::exit::ExitCode> {
+        match self {
+            Error::KeyMissing { .. } | Error::BadKey(_) | Error::Unseal(_) => {
+                Some(shared::exit::ExitCode::Config)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// How a secret is put into a request to a host it is bound to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "name")]
+pub enum Inject {
+    /// `Authorization: Bearer VALUE`.
+    Bearer,
+    /// `Authorization: Basic base64(USER:VALUE)`.
+    Basic(String),
+    /// A header of this name holding the value.
+    Header(String),
+    /// A query parameter of this name holding the value.
+    Query(String),
+}
+
+impl Inject {
+    /// `bearer`, `basic:USER`, `header:NAME`, `query:NAME`.
+    pub fn parse(s: &str) -> Result<Self, Error> {
+        let (kind, arg) = s.split_once(':').unwrap_or((s, ""));
+        let need = |what: &str| {
+            if arg.is_empty() {
+                Err(Error::Invalid(format!(
+                    "injection {kind:?} needs {what}: {kind}:{}",
+                    what.to_uppercase()
+                )))
+            } else {
+                Ok(arg.to_string())
+            }
+        };
+        let token_chars = |v: &str, what: &str| {
+            if v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.~!#$&'*+^`|".contains(&b))
+            {
+                Ok(())
+            } else {
+                Err(Error::Invalid(format!(
+                    "{what} {v:?} has characters a {what} may not hold"
+                )))
+            }
+        };
+        match kind {
+            "bearer" if arg.is_empty() => Ok(Inject::Bearer),
+            "basic" => {
+                let user = need("a user name")?;
+                if user.contains(':') || user.chars().any(char::is_control) {
+                    return Err(Error::Invalid(format!(
+                        "Basic auth user {user:?} may not hold ':' or control characters"
+                    )));
+                }
+                Ok(Inject::Basic(user))
+            }
+            "header" => {
+                let h = need("a header name")?;
+                token_chars(&h, "header name")?;
+                let lower = h.to_ascii_lowercase();
+                if matches!(
+                    lower.as_str(),
+                    "host" | "content-length" | "transfer-encoding" | "connection"
+                ) {
+                    return Err(Error::Invalid(format!(
+                        "header {h:?} cannot carry a secret"
+                    )));
+                }
+                Ok(Inject::Header(h))
+            }
+            "query" => {
+                let q = need("a parameter name")?;
+                token_chars(&q, "query parameter")?;
+                Ok(Inject::Query(q))
+            }
+            _ => Err(Error::Invalid(format!(
+                "unknown injection {s:?}: use bearer, basic:USER, header:NAME or query:NAME"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for Inject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Inject::Bearer => f.write_str("bearer"),
+            Inject::Basic(u) => write!(f, "basic:{u}"),
+            Inject::Header(h) => write!(f, "header:{h}"),
+            Inject::Query(q) => write!(f, "query:{q}"),
+        }
+    }
+}
+
+/// Who may resolve a secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Tasks' commands, through the egress proxy, on the hosts it is bound to.
+    Command,
+    /// The brain's own calls (LLM and cloud-provider keys): never a command's.
+    Provider,
+}
+
+/// What is known of a secret besides its value: what `brain secret list` shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretInfo {
+    pub name: String,
+    pub hosts: Vec<HostPattern>,
+    pub port: u16,
+    pub inject: Inject,
+    /// The environment variable a task's commands find its placeholder in.
+    pub env: String,
+    pub tier: Tier,
+    pub updated_unix_ms: i64,
+}
+
+impl SecretInfo {
+    /// Whether this secret may be sent to `host:port`.
+    pub fn bound_to(&self, host: &str, port: u16) -> bool {
+        self.port == port && self.hosts.iter().any(|h| h.matches(host))
+    }
+}
+
+/// A secret's value. Its `Debug` says nothing of it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Value(Vec<u8>);
+
+impl Value {
+    pub fn new(bytes: Vec<u8>) -> Self {
+        Self(bytes)
+    }
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Value(<{} bytes>)", self.0.len())
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Record {
+    v: u32,
+    info: SecretInfo,
+    nonce: String,
+    sealed: String,
+}
+
+/// A secret's name: 1-64 characters of `[a-z0-9_-]`, starting with a letter.
+pub fn check_name(name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "secret name {name:?}: use 1-64 characters of a-z, 0-9, '_' and '-', starting with a letter"
+        )))
+    }
+}
+
+/// The default environment variable for a secret: its name in capitals, `-` as `_`.
+pub fn default_env(name: &str) -> String {
+    name.to_ascii_uppercase().replace('-', "_")
+}
+
+fn check_env(env: &str) -> Result<(), Error> {
+    let ok = !env.is_empty()
+        && env.len() <= 128
+        && env.starts_with(|c: char| c.is_ascii_uppercase() || c == '_')
+        && env
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+    let reserved = matches!(
+        env,
+        "PATH"
+            | "HOME"
+            | "TMPDIR"
+            | "USER"
+            | "LOGNAME"
+            | "LD_PRELOAD"
+            | "LD_LIBRARY_PATH"
+            | "HTTP_PROXY"
+            | "HTTPS_PROXY"
+            | "ALL_PROXY"
+            | "NO_PROXY"
+    ) || env.ends_with("_PROXY")
+        || env.starts_with("TETHER_");
+    if ok && !reserved {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "environment variable {env:?}: use A-Z, 0-9 and '_', and not one the sandbox sets (PATH, HOME, *_PROXY, TETHER_*, ...)"
+        )))
+    }
+}
+
+/// Checks a secret's description and value before it is stored.
+fn check(info: &SecretInfo, value: &[u8]) -> Result<(), Error> {
+    check_name(&info.name)?;
+    check_env(&info.env)?;
+    if value.is_empty() {
+        return Err(Error::Invalid("the value is empty".into()));
+    }
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(Error::Invalid(format!(
+            "the value is {} bytes; at most {MAX_VALUE_BYTES}",
+            value.len()
+        )));
+    }
+    if value.iter().any(|b| b.is_ascii_control()) {
+        return Err(Error::Invalid(
+            "the value holds a control character (a newline?): it could not travel in a header"
+                .into(),
+        ));
+    }
+    if info.tier == Tier::Command && info.hosts.is_empty() {
+        return Err(Error::Invalid(
+            "a command's secret must be bound to at least one host (--host)".into(),
+        ));
+    }
+    if info.hosts.len() > MAX_HOSTS {
+        return Err(Error::Invalid(format!("more than {MAX_HOSTS} hosts")));
+    }
+    if info.port == 0 {
+        return Err(Error::Invalid("port 0".into()));
+    }
+    Ok(())
+}
+
+/// The sealing key, from the environment or the data dir.
+fn load_key(path: &Path, store_empty: bool) -> Result<[u8; 32], Error> {
+    let parse = |text: &str, from: &str| -> Result<[u8; 32], Error> {
+        let bytes = hex::decode(text.trim())
+            .map_err(|e| Error::BadKey(format!("in {from} is not hex: {e}")))?;
+        bytes.try_into().map_err(|b: Vec<u8>| {
+            Error::BadKey(format!(
+                "in {from} is {} bytes; it must be 32 (64 hex digits)",
+                b.len()
+            ))
+        })
+    };
+    if let Ok(text) = std::env::var(KEY_ENV) {
+        return parse(&text, KEY_ENV);
+    }
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path)
+                .map(|m| m.permissions().mode() & 0o777)
+                .unwrap_or(0);
+            if mode & 0o077 != 0 {
+                return Err(Error::BadKey(format!(
+                    "file {} is readable by others (mode {mode:o}): `chmod 600` it",
+                    path.display()
+                )));
+            }
+            parse(&text, &path.display().to_string())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if !store_empty {
+                return Err(Error::KeyMissing {
+                    path: path.to_path_buf(),
+                });
+            }
+            let mut key = [0u8; 32];
+            SystemRandom::new()
+                .fill(&mut key)
+                .map_err(|_| Error::BadKey("cannot be made: no randomness".into()))?;
+            shared::fsio::write_atomic(
+                path,
+                format!("{}\n", hex::encode(key)).as_bytes(),
+                0o600,
+                shared::fsio::Durability::Full,
+            )
+            .map_err(|source| Error::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            Ok(key)
+        }
+        Err(source) => Err(Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// The secrets store. Cheap to clone.
+#[derive(Clone)]
+pub struct Secrets {
+    db: sled::Db,
+    tree: sled::Tree,
+    seal: std::sync::Arc<LessSafeKey>,
+    placeholder_key: std::sync::Arc<ring::hmac::Key>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secrets")
+    }
+}
+
+impl Secrets {
+    /// Opens the tree `secrets` with the key from `$TETHER_SECRET_KEY` or `key_file` (made
+    /// when neither exists and nothing is sealed yet).
+    pub fn open(db: &sled::Db, key_file: &Path) -> Result<Self, Error> {
+        let tree = db.open_tree("secrets")?;
+        let key = load_key(key_file, tree.is_empty())?;
+        let seal = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, &key).expect("32 bytes"));
+        // A separate key for placeholders, so that knowing one says nothing of the other.
+        let derived = ring::hmac::sign(
+            &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key),
+            b"tether placeholders v1",
+        );
+        let placeholder_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, derived.as_ref());
+        Ok(Self {
+            db: db.clone(),
+            tree,
+            seal: seal.into(),
+            placeholder_key: placeholder_key.into(),
+        })
+    }
+
+    /// Stores (or replaces) a secret, flushed before it returns. Says whether one was
+    /// replaced.
+    pub async fn set(&self, mut info: SecretInfo, value: Value) -> Result<bool, Error> {
+        check(&info, value.expose())?;
+        info.hosts.sort();
+        info.hosts.dedup();
+        info.updated_unix_ms = shared::now_unix_ms();
+        let mut nonce = [0u8; 12];
+        SystemRandom::new()
+            .fill(&mut nonce)
+            .map_err(|_| Error::Invalid("no randomness for a nonce".into()))?;
+        let mut sealed = value.expose().to_vec();
+        self.seal
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(info.name.as_bytes()),
+                &mut sealed,
+            )
+            .map_err(|_| Error::Invalid("cannot seal the value".into()))?;
+        let rec = Record {
+            v: RECORD_VERSION,
+            info: info.clone(),
+            nonce: hex::encode(nonce),
+            sealed: hex::encode(&sealed),
+        };
+        let old = self.tree.insert(
+            info.name.as_bytes(),
+            serde_json::to_vec(&rec).expect("records serialise"),
+        )?;
+        self.db.flush_async().await?;
+        Ok(old.is_some())
+    }
+
+    /// Removes a secret; says whether there was one.
+    pub async fn remove(&self, name: &str) -> Result<bool, Error> {
+        let old = self.tree.remove(name.as_bytes())?;
+        self.db.flush_async().await?;
+        Ok(old.is_some())
+    }
+
+    fn record(&self, name: &str) -> Result<Record, Error> {
+        let bytes = self
+            .tree
+            .get(name.as_bytes())?
+            .ok_or_else(|| Error::Unknown(name.to_string()))?;
+        let rec: Record = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Decode(name.to_string(), e.to_string()))?;
+        if rec.v != RECORD_VERSION {
+            return Err(Error::Decode(
+                name.to_string(),
+                format!(
+                    "record version {} (this brain reads {RECORD_VERSION})",
+                    rec.v
+                ),
+            ));
+        }
+        Ok(rec)
+    }
+
+    /// One secret's description, without its value.
+    pub fn info(&self, name: &str) -> Result<SecretInfo, Error> {
+        Ok(self.record(name)?.info)
+    }
+
+    /// Every secret's description, by name.
+    pub fn list(&self) -> Result<Vec<SecretInfo>, Error> {
+        let mut out = Vec::new();
+        for kv in self.tree.iter() {
+            let (k, _) = kv?;
+            out.push(self.info(&String::from_utf8_lossy(&k))?);
+        }
+        Ok(out)
+    }
+
+    /// A secret's value, for the brain's own use (the egress proxy, the redactor).
+    pub fn reveal(&self, name: &str) -> Result<(SecretInfo, Value), Error> {
+        let rec = self.record(name)?;
+        let bad = || Error::Decode(name.to_string(), "bad hex".into());
+        let nonce: [u8; 12] = hex::decode(&rec.nonce)
+            .map_err(|_| bad())?
+            .try_into()
+            .map_err(|_| bad())?;
+        let mut sealed = hex::decode(&rec.sealed).map_err(|_| bad())?;
+        let plain = self
+            .seal
+            .open_in_place(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(name.as_bytes()),
+                &mut sealed,
+            )
+            .map_err(|_| Error::Unseal(name.to_string()))?;
+        Ok((rec.info, Value::new(plain.to_vec())))
+    }
+
+    /// The placeholder a task's commands hold for secret `name`.
+    pub fn placeholder(&self, task: &str, name: &str) -> String {
+        let tag = ring::hmac::sign(
+            &self.placeholder_key,
+            format!("{task}\u{0}{name}").as_bytes(),
+        );
+        format!(
+            "{PLACEHOLDER_PREFIX}{name}:{}",
+            hex::encode(&tag.as_ref()[..16])
+        )
+    }
+
+    /// A keyed tag for `parts`, for grants the brain checks later without storing them.
+    pub fn tag(&self, parts: &[&str]) -> String {
+        let tag = ring::hmac::sign(&self.placeholder_key, parts.join("\u{0}").as_bytes());
+        hex::encode(&tag.as_ref()[..16])
+    }
+
+    /// Every command secret's value with its name, for masking.
+    pub fn values(&self) -> Vec<(String, Value)> {
+        self.list()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|i| self.reveal(&i.name).ok())
+            .map(|(i, v)| (i.name, v))
+            .collect()
+    }
+
+    /// Checks that `names` are command secrets, for a task that asks for them; refuses a
+    /// provider-tier one and an unknown one.
+    pub fn for_task(&self, names: &[String]) -> Result<Vec<SecretInfo>, Error> {
+        let mut seen = BTreeSet::new();
+        let mut out = Vec::new();
+        for n in names {
+            if !seen.insert(n.as_str()) {
+                continue;
+            }
+            let info = self.info(n)?;
+            if info.tier == Tier::Provider {
+                return Err(Error::Invalid(format!(
+                    "secret {n:?} is a provider key (LLM or cloud): the brain's own, never a command's"
+                )));
+            }
+            out.push(info);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: &str, hosts: &[&str]) -> SecretInfo {
+        SecretInfo {
+            name: name.into(),
+            hosts: hosts
+                .iter()
+                .map(|h| HostPattern::parse(h).unwrap())
+                .collect(),
+            port: 443,
+            inject: Inject::Bearer,
+            env: default_env(name),
+            tier: Tier::Command,
+            updated_unix_ms: 0,
+        }
+    }
+
+    fn store(dir: &Path) -> (sled::Db, Secrets) {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let s = Secrets::open(&db, &dir.join("secrets.key")).unwrap();
+        (db, s)
+    }
+
+    #[tokio::test]
+    async fn a_value_is_sealed_at_rest_and_opens_only_with_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, s) = store(dir.path());
+        let value = b"ghp_verysecretvalue123456".to_vec();
+        assert!(
+            !s.set(
+                info("github", &["api.github.com"]),
+                Value::new(value.clone())
+            )
+            .await
+            .unwrap()
+        );
+        // Nowhere in the store in clear.
+        for t in db.tree_names() {
+            for kv in db.open_tree(t).unwrap().iter() {
+                let (_, v) = kv.unwrap();
+                assert!(!v.windows(value.len()).any(|w| w == value.as_slice()));
+            }
+        }
+        assert_eq!(s.reveal("github").unwrap().1.expose(), value.as_slice());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("secrets.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // Another key cannot open it, and says so.
+        std::fs::write(dir.path().join("other.key"), hex::encode([7u8; 32])).unwrap();
+        std::fs::set_permissions(
+            dir.path().join("other.key"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        let other = Secrets::open(&db, &dir.path().join("other.key")).unwrap();
+        assert!(matches!(other.reveal("github"), Err(Error::Unseal(_))));
+        // A missing key with sealed secrets is an error, not a new key.
+        assert!(matches!(
+            Secrets::open(&db, &dir.path().join("gone.key")),
+            Err(Error::KeyMissing { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_sealed_value_moved_to_another_name_does_not_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_db, s) = store(dir.path());
+        s.set(info("a", &["a.example.com"]), Value::new(b"one".to_vec()))
+            .await
+            .unwrap();
+        s.set(info("b", &["b.example.com"]), Value::new(b"two".to_vec()))
+            .await
+            .unwrap();
+        let mut rec_a: Record = serde_json::from_slice(&s.tree.get("a").unwrap().unwrap()).unwrap();
+        rec_a.info.name = "b".into();
+        s.tree
+            .insert("b", serde_json::to_vec(&rec_a).unwrap())
+            .unwrap();
+        assert!(matches!(s.reveal("b"), Err(Error::Unseal(_))));
+    }
+
+    #[tokio::test]
+    async fn bad_secrets_are_refused_and_listing_never_shows_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_db, s) = store(dir.path());
+        for (i, v) in [
+            (info("x", &["h.example.com"]), b"".to_vec()),
+            (info("x", &["h.example.com"]), b"a\nb".to_vec()),
+            (info("x", &[]), b"v".to_vec()),
+            (info("Bad", &["h.example.com"]), b"v".to_vec()),
+        ] {
+            assert!(matches!(
+                s.set(i, Value::new(v)).await,
+                Err(Error::Invalid(_))
+            ));
+        }
+        let mut i = info("npm", &["registry.npmjs.org"]);
+        i.env = "PATH".into();
+        assert!(s.set(i, Value::new(b"v".to_vec())).await.is_err());
+        s.set(
+            info("npm", &["registry.npmjs.org"]),
+            Value::new(b"tok".to_vec()),
+        )
+        .await
+        .unwrap();
+        let list = s.list().unwrap();
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].env, "NPM");
+        assert!(!format!("{list:?}").contains("tok"));
+        assert!(s.remove("npm").await.unwrap());
+        assert!(!s.remove("npm").await.unwrap());
+        assert!(s.list().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn placeholders_differ_per_task_and_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, s) = store(dir.path());
+        let p1 = s.placeholder("t-1", "github");
+        assert!(p1.starts_with("tether-secret:github:"));
+        assert_ne!(p1, s.placeholder("t-2", "github"));
+        assert_ne!(p1, s.placeholder("t-1", "npm"));
+        let again = Secrets::open(&db, &dir.path().join("secrets.key")).unwrap();
+        assert_eq!(p1, again.placeholder("t-1", "github"));
+    }
+
+    #[tokio::test]
+    async fn a_provider_key_is_never_a_tasks() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_db, s) = store(dir.path());
+        let mut i = info("openai", &[]);
+        i.tier = Tier::Provider;
+        s.set(i, Value::new(b"sk-x".to_vec())).await.unwrap();
+        assert!(s.for_task(&["openai".into()]).is_err());
+        assert!(matches!(
+            s.for_task(&["nope".into()]),
+            Err(Error::Unknown(_))
+        ));
+    }
+
+    #[test]
+    fn host_patterns_and_injections_parse_as_written() {
+        let exact = HostPattern::parse("API.GitHub.com").unwrap();
+        assert!(exact.matches("api.github.com"));
+        assert!(exact.matches("api.github.com."));
+        assert!(!exact.matches("xapi.github.com"));
+        for bad in [
+            "",
+            "*.",
+            "*.com",
+            "a b",
+            "-a.com",
+            "a..b",
+            "http://x.com",
+            "*",
+        ] {
+            assert!(HostPattern::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            Inject::parse("basic:git").unwrap(),
+            Inject::Basic("git".into())
+        );
+        assert_eq!(
+            Inject::parse("header:X-Api-Key").unwrap(),
+            Inject::Header("X-Api-Key".into())
+        );
+        assert!(Inject::parse("header:").is_err());
+        assert!(Inject::parse("header:Host").is_err());
+        assert!(Inject::parse("cookie").is_err());
+    }
+}
