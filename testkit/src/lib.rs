@@ -8,6 +8,7 @@ pub mod fake_github;
 pub mod fake_kube;
 pub mod fake_llm;
 pub mod git_server;
+pub mod https;
 pub mod moto;
 pub mod netns;
 pub mod sshd;

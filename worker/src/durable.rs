@@ -46,7 +46,7 @@ pub fn start(
     out: CurrentOut,
     running: Arc<Mutex<HashMap<u64, CancellationToken>>>,
     cancel: CancellationToken,
-    sandbox: Arc<crate::sandbox::Sandbox>,
+    confinement: crate::exec::Confinement,
 ) {
     let call_id = start.call_id;
     let known = match journal.begin(call_id) {
@@ -86,7 +86,7 @@ pub fn start(
                     tx,
                     cancel,
                     Some(on_spawn),
-                    Some(&*sandbox).filter(|s| s.enabled()),
+                    Some(&confinement),
                 );
                 let collect = async {
                     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());

@@ -49,6 +49,13 @@ pub async fn run(
     run_with(start, workspaces_root, out, cancel, None, None).await
 }
 
+/// What confines a worker's commands, and the way their egress reaches the brain.
+#[derive(Clone)]
+pub struct Confinement {
+    pub sandbox: std::sync::Arc<crate::sandbox::Sandbox>,
+    pub link: crate::egress::Link,
+}
+
 /// Called with the command's process group id right after it starts.
 pub type OnSpawn = Box<dyn FnOnce(i32) + Send>;
 
@@ -59,16 +66,28 @@ pub async fn run_with(
     out: mpsc::Sender<WorkerMessage>,
     cancel: CancellationToken,
     on_spawn: Option<OnSpawn>,
-    sandbox: Option<&crate::sandbox::Sandbox>,
+    confinement: Option<&Confinement>,
 ) {
     let call_id = start.call_id;
-    let (exit, confined) = match prepare(&start, workspaces_root, sandbox, true) {
+    let sandbox = confinement.map(|c| &*c.sandbox).filter(|s| s.enabled());
+    let link = confinement.map(|c| &c.link);
+    // A call behind the egress proxy: its namespace and proxy live as long as the call.
+    let net = match egress_net(&start, sandbox, link, &out) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = out.send(exit_with_error(call_id, 125, e)).await;
+            return;
+        }
+    };
+    let ns = net.as_ref();
+    let (exit, confined) = match prepare(&start, workspaces_root, sandbox, true, ns) {
         Ok(launch) => {
-            let fallback = || prepare(&start, workspaces_root, sandbox, false);
+            let fallback = || prepare(&start, workspaces_root, sandbox, false, ns);
             execute(launch, fallback, &start, &out, cancel, on_spawn).await
         }
         Err(e) => (exit_with_error(call_id, 125, e), Confined::None),
     };
+    drop(net);
     // A spawner goes back before the answer, so the caller's next call finds it idle (its
     // leaves were emptied at the command's end: this only checks them and files it).
     let confined = match confined {
@@ -110,11 +129,44 @@ impl Confined {
     }
 }
 
+/// The network namespace and running proxy of a call behind the egress proxy.
+type EgressNet = (crate::egress::Net, tokio_util::sync::DropGuard);
+
+fn egress_net(
+    start: &ExecStart,
+    sandbox: Option<&crate::sandbox::Sandbox>,
+    link: Option<&crate::egress::Link>,
+    out: &mpsc::Sender<WorkerMessage>,
+) -> Result<Option<EgressNet>, String> {
+    let Some(policy) = start.egress.clone() else {
+        return Ok(None);
+    };
+    let (Some(_), Some(link)) = (sandbox.filter(|s| s.egress()), link) else {
+        return Err(crate::sandbox::EGRESS_UNAVAILABLE.into());
+    };
+    let net = crate::egress::Net::new()
+        .map_err(|e| format!("cannot make the call's network namespace: {e}"))?;
+    let serving = crate::egress::serve(&net, policy, start.call_id, link.clone(), out.clone())
+        .map_err(|e| format!("cannot start the call's egress proxy: {e}"))?;
+    Ok(Some((net, serving)))
+}
+
+/// Whether `name` may be set in a command's environment from the brain's `ExecStart.env`.
+fn env_name_ok(name: &str) -> bool {
+    let mut b = name.bytes();
+    b.next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
+        && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+        && !ENV_ALLOW.contains(&name)
+        && name.len() <= 128
+}
+
 fn prepare(
     start: &ExecStart,
     root: &Path,
     sandbox: Option<&crate::sandbox::Sandbox>,
     spawner: bool,
+    net: Option<&EgressNet>,
 ) -> Result<Launch, String> {
     let argv0 = start.argv.first().ok_or("no command given")?;
     let ws = crate::state::workspace(root, &start.workspace).map_err(|e| e.to_string())?;
@@ -135,8 +187,28 @@ fn prepare(
         .filter_map(|k| std::env::var_os(k).map(|v| ((*k).into(), v)))
         .collect();
     env.push(("PATH".into(), path_var.clone()));
+    for (k, v) in &start.env {
+        if !env_name_ok(k) || v.contains('\0') {
+            return Err(format!(
+                "the brain sent an environment variable this worker does not set: {k:?}"
+            ));
+        }
+        env.push((k.into(), v.into()));
+    }
+    if let (Some((n, _)), Some(sb), Some(policy)) = (net, sandbox, &start.egress) {
+        let bundle = sb.call_file(
+            &ws,
+            &cwd,
+            "tether-egress-ca.pem",
+            &crate::egress::ca_bundle(&policy.ca_pem),
+        )?;
+        for (k, v) in crate::egress::proxy_env(n.port(), &bundle) {
+            env.push((k.into(), v.into()));
+        }
+    }
     let limits = start.limits.unwrap_or_default();
-    if let Some(sb) = sandbox.filter(|_| spawner)
+    // A call behind the egress proxy is started on its own, in its namespace.
+    if let Some(sb) = sandbox.filter(|_| spawner && net.is_none())
         && let Some((lease, req)) = sb.lease(&ws, &cwd, &limits, &start.argv, &env)
     {
         return Ok(Launch::Spawner(lease, req));
@@ -160,7 +232,10 @@ fn prepare(
         .kill_on_drop(true);
     let guard = match sandbox {
         // The sandbox starts a new session (and so a process group) in the child.
-        Some(sb) => Some(sb.confine(&ws, &cwd, &limits, &mut cmd)?),
+        Some(sb) => {
+            let ns = net.map(|(n, _)| n.ns_fd());
+            Some(sb.confine(&ws, &cwd, &limits, ns, &mut cmd)?)
+        }
         None => {
             cmd.process_group(0);
             None

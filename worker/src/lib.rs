@@ -4,6 +4,7 @@
 pub mod caps;
 pub mod cli;
 pub mod durable;
+pub mod egress;
 pub mod exec;
 pub mod files;
 pub mod giveup;

@@ -198,6 +198,7 @@ pub async fn run(
         sandbox: Arc::new(sandbox),
         sync: Arc::default(),
         watches: Arc::default(),
+        link: Arc::default(),
     });
     tracing::info!(sandbox = ?ctx.sandbox.report.active(), "confinement active for commands");
     tracing::info!(worker = %ctx.membership.worker_id, brain = %addr.url(), "worker starting");
@@ -260,6 +261,17 @@ struct Ctx {
     sync: Arc<crate::sync::SyncState>,
     /// Live file watchers of the workspaces in use.
     watches: Arc<crate::watch::Watches>,
+    /// The brain's channel of the session open now, for egress tunnels.
+    link: crate::egress::Link,
+}
+
+impl Ctx {
+    fn confinement(&self) -> crate::exec::Confinement {
+        crate::exec::Confinement {
+            sandbox: self.sandbox.clone(),
+            link: self.link.clone(),
+        }
+    }
 }
 
 /// Outbound queue to the brain; bounded so a stalled connection pushes back on producers.
@@ -320,6 +332,7 @@ async fn session(
     let lost_after = Duration::from_millis(ack.lost_after_ms.clamp(300, 600_000));
     tracing::info!(worker = %ack.worker_id, "connected to the brain");
     *ctx.current_out.locked() = Some(out.clone());
+    *ctx.link.locked() = Some(sync_channel.clone());
     // Results of durable calls the brain has not acknowledged yet (it may have restarted).
     for r in ctx.journal.unacked() {
         let m = WorkerMessage {
@@ -401,7 +414,7 @@ fn dispatch(
                 ctx.current_out.clone(),
                 ctx.durable_running.clone(),
                 ctx.shutdown.child_token(),
-                ctx.sandbox.clone(),
+                ctx.confinement(),
             );
         }
         Some(brain_message::Msg::Ack(a)) => ctx.journal.forget(a.call_id),
@@ -418,7 +431,7 @@ fn dispatch(
                     out,
                     cancel,
                     None,
-                    Some(&*ctx.sandbox).filter(|s| s.enabled()),
+                    Some(&ctx.confinement()),
                 )
                 .await;
                 running.locked().remove(&call_id);

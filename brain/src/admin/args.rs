@@ -76,7 +76,7 @@ pub enum Cmd {
         #[arg(long)]
         disk_files: Option<u64>,
         /// Confinement a worker must have before a task is placed on it, comma-separated
-        /// (landlock, cgroup, mountns, proc, netns, rlimits, user); see `worker doctor`
+        /// (landlock, cgroup, mountns, proc, netns, egress, rlimits, user); see `worker doctor`
         #[arg(long, value_delimiter = ',')]
         require_sandbox: Vec<String>,
         /// The config file: LLM providers, models, prices and agent defaults (TOML; see

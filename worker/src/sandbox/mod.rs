@@ -23,6 +23,7 @@ mod cgroup_real_tests;
 mod cgroup_v2;
 mod guard;
 mod mount;
+mod net;
 mod proc;
 mod report;
 mod rlimits;
@@ -107,6 +108,9 @@ pub struct Sandbox {
     spawners: Option<std::sync::Arc<std::sync::Mutex<spawner::Pool>>>,
 }
 
+/// Why a call behind the egress proxy cannot run on this worker.
+pub const EGRESS_UNAVAILABLE: &str = "this call's task reaches the network only through the egress proxy, and this worker cannot enforce it: it needs root for network namespaces and its sandbox on (see `worker doctor`)";
+
 /// Whether commands are started by pre-confined spawners (`TETHER_WORKER_SPAWNER=off` starts
 /// each one with its own fork and confinement, as a baseline or a way out).
 fn spawners_wanted() -> bool {
@@ -180,6 +184,19 @@ impl Sandbox {
             });
             false
         };
+        report.mechanisms.push(if netns {
+            Mechanism {
+                name: "egress",
+                active: true,
+                detail: "tasks with secrets or an allow-list reach the network only through the worker's egress proxy, placed in each command's own network namespace".into(),
+            }
+        } else {
+            Mechanism {
+                name: "egress",
+                active: false,
+                detail: "the proxy cannot be enforced without network namespaces; commands of tasks with secrets or an allow-list are refused here".into(),
+            }
+        });
         let mountns = probe_mountns(root, &mut report);
         let run_as = if root {
             let (uid, gid) = (65534u32, 65534u32);
@@ -266,7 +283,7 @@ impl Sandbox {
     /// The hello then names no mechanism, so a brain that requires one refuses this worker.
     pub fn disabled(state_dir: &Path) -> Self {
         let names = [
-            "landlock", "rlimits", "cgroup", "mountns", "proc", "netns", "user",
+            "landlock", "rlimits", "cgroup", "mountns", "proc", "netns", "egress", "user",
         ];
         Self {
             report: Report {
@@ -504,14 +521,20 @@ impl Sandbox {
     }
 
     /// Sets a command up to run confined. The returned guard owns the call's cgroup and temp
-    /// dir; keep it until the command and everything it started are gone.
+    /// dir; keep it until the command and everything it started are gone. With `net` (a
+    /// network namespace, see `crate::egress::Net`) the command joins that namespace instead
+    /// of getting an empty one of its own.
     pub fn confine(
         &self,
         workspace: &Path,
         cwd: &Path,
         limits: &proto::Limits,
+        net: Option<std::os::fd::RawFd>,
         cmd: &mut tokio::process::Command,
     ) -> Result<Guard, String> {
+        if net.is_some() && !self.netns {
+            return Err(EGRESS_UNAVAILABLE.into());
+        }
         if limits.network_off && !self.netns {
             return Err("the brain's policy turns the network off for this call, but this worker cannot create network namespaces (see `worker doctor`)".into());
         }
@@ -567,7 +590,7 @@ impl Sandbox {
         let rl = self.rlimits(limits);
         guard.file_size = rl.file_size;
         guard.cpu_seconds = rl.cpu.unwrap_or(0);
-        let netns = limits.network_off;
+        let netns = limits.network_off && net.is_none();
         let unshare = if netns { libc::CLONE_NEWNET } else { 0 }
             | if plan.is_some() { libc::CLONE_NEWNS } else { 0 };
         let run_as = self.run_as;
@@ -587,6 +610,11 @@ impl Sandbox {
                 // the program reports) instead of killing the program silently, as Python
                 // does for itself; the ignored disposition is kept across exec.
                 libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                if let Some(fd) = net
+                    && libc::setns(fd, libc::CLONE_NEWNET) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
                 if unshare != 0 && libc::unshare(unshare) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -712,7 +740,7 @@ impl Sandbox {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true);
-        let guard = self.confine(workspace, workspace, limits, &mut cmd)?;
+        let guard = self.confine(workspace, workspace, limits, None, &mut cmd)?;
         // SAFETY: plain getter.
         let uid = self
             .run_as
