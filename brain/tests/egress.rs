@@ -370,3 +370,217 @@ fn a_command_uses_a_secret_it_never_sees() {
     // Not in the brain's store in clear either.
     assert_eq!(files_holding(&c.data, secret), Vec::<String>::new());
 }
+
+/// A TLS front (certificate for `name`, from `ca`) before a plain TCP server at `backend`.
+fn tls_front(ca: &TestCa, name: &str, backend: std::net::SocketAddr) -> u16 {
+    let cfg = Arc::new(ca.server_config(&[name]).unwrap());
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+            loop {
+                let Ok((conn, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(conn).await else {
+                        return;
+                    };
+                    let Ok(mut up) = tokio::net::TcpStream::connect(backend).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+                });
+            }
+        });
+    });
+    port
+}
+
+#[test]
+fn git_clones_and_pushes_over_https_with_an_injected_basic_credential() {
+    use testkit::git_server::{Auth, GitServer};
+    const HOST: &str = "git.upstream.test";
+    if !have_egress("git_clones_and_pushes_over_https_with_an_injected_basic_credential") {
+        return;
+    }
+    let ca = TestCa::new().unwrap();
+    let git = GitServer::start("alice", SECRET, Auth::All).unwrap();
+    git.create_repo("app", &[("README.md", "hello\n")]).unwrap();
+    let backend: std::net::SocketAddr = git
+        .base_url()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let port = tls_front(&ca, HOST, backend);
+    let ca_file =
+        std::env::temp_dir().join(format!("tether-egress-git-ca-{}.pem", std::process::id()));
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let c = Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[egress]\nupstream_ca = [{:?}]\n[egress.resolve]\n\"{HOST}\" = \"127.0.0.1\"\n",
+            ca_file.display().to_string()
+        )),
+        ..Default::default()
+    });
+    let w = c.join_worker("git-egress");
+    let p = port.to_string();
+    set_secret(
+        &c,
+        "gitpw",
+        SECRET,
+        &[
+            "--host",
+            HOST,
+            "--port",
+            &p,
+            "--inject",
+            "basic:alice",
+            "--env",
+            "GIT_PASSWORD",
+        ],
+    );
+    let url = format!("https://{HOST}:{port}/app.git");
+    let git_cmd = "git -c user.name=agent -c user.email=agent@example.test";
+    let commands = vec![
+        format!("{git_cmd} clone -q {url} app && cat app/README.md"),
+        format!(
+            "cd app && echo change > CHANGE.md && {git_cmd} add CHANGE.md && {git_cmd} commit -qm 'from the sandbox' && {git_cmd} push -q origin HEAD:refs/heads/agent 2>&1; echo pushed=$?"
+        ),
+    ];
+    let (_, ran) = run_task(&c, &w.id, &["--secret", "gitpw"], &commands);
+    assert_eq!(ran[0].exit, Some(0), "{ran:#?}\n{:#?}", git.requests());
+    assert_eq!(ran[0].stdout, "hello\n", "{ran:#?}");
+    assert!(
+        ran[1].stdout.contains("pushed=0"),
+        "{ran:#?}\n{:#?}",
+        git.requests()
+    );
+    assert_eq!(
+        git.file_at("app", "agent", "CHANGE.md").as_deref(),
+        Some("change\n")
+    );
+    let reqs = git.requests();
+    assert!(
+        reqs.iter().any(|r| r.is_push() && r.authenticated),
+        "{reqs:#?}"
+    );
+    assert!(reqs.iter().all(|r| r.status != 401), "{reqs:#?}");
+    assert_eq!(
+        files_holding(&w.state, SECRET.as_bytes()),
+        Vec::<String>::new()
+    );
+    assert!(!w.log_text().contains(SECRET));
+}
+
+#[test]
+fn a_brain_killed_mid_request_fails_that_request_and_the_next_one_works() {
+    if !have_egress("a_brain_killed_mid_request_fails_that_request_and_the_next_one_works") {
+        return;
+    }
+    let ca = TestCa::new().unwrap();
+    // `/slow` answers only once the test lets it (after the brain is gone).
+    let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let held = gate.clone();
+    let inner = api_handler();
+    let api = Upstream::start(
+        &ca,
+        &[API],
+        Arc::new(move |r: &Received| {
+            if r.path == "/slow" {
+                let (open, cv) = &*held;
+                let mut g = open.lock().unwrap();
+                while !*g {
+                    g = cv.wait(g).unwrap();
+                }
+                return (200, vec![b'x'; 1 << 20]);
+            }
+            inner(r)
+        }),
+    )
+    .unwrap();
+    let mut c = cluster(&ca, "kill");
+    let w = c.join_worker("egress-kill");
+    let port = api.port.to_string();
+    set_secret(
+        &c,
+        "api",
+        SECRET,
+        &["--host", API, "--port", &port, "--env", "API_TOKEN"],
+    );
+    let curl = "curl -sS --max-time 60 --fail-with-body";
+    let commands = [
+        format!("{curl} -o /dev/null https://{API}:{port}/slow; echo slow=$?"),
+        format!("{curl} https://{API}:{port}/ok"),
+    ];
+    let mut turns: Vec<String> = commands
+        .iter()
+        .enumerate()
+        .map(|(i, cmd)| replay_turn(i + 1, "run_command", serde_json::json!({"command": cmd})))
+        .collect();
+    turns.push(replay_turn(
+        3,
+        "finish",
+        serde_json::json!({"summary": "done"}),
+    ));
+    let file = c.dir.join("kill.jsonl");
+    std::fs::write(&file, turns.join("\n")).unwrap();
+    let model = format!("replay:{}", file.display());
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        &model,
+        "--permission",
+        "full",
+        "--worker",
+        &w.id,
+        "--secret",
+        "api",
+        "slow then fast",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        testkit::wait_until(Duration::from_secs(60), || api
+            .seen()
+            .iter()
+            .any(|r| r.path == "/slow")),
+        "the slow request never arrived: {}",
+        c.brain_log()
+    );
+    c.kill_brain();
+    {
+        let (open, cv) = &*gate;
+        *open.lock().unwrap() = true;
+        cv.notify_all();
+    }
+    c.start_brain().unwrap();
+    let end = c.wait_status(
+        &task,
+        &["finished", "failed", "stuck"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(end, "finished", "{}", c.brain_log());
+    let ran = results(&c, &task);
+    assert_eq!(ran.len(), 2, "{ran:#?}");
+    assert!(
+        ran[0].stdout.contains("slow=") && !ran[0].stdout.contains("slow=0"),
+        "the request cut by the brain's death fails: {ran:#?}"
+    );
+    assert_eq!(ran[1].stdout, "granted", "{ran:#?}");
+    assert!(!w.log_text().contains(SECRET));
+    assert_eq!(
+        files_holding(&w.state, SECRET.as_bytes()),
+        Vec::<String>::new()
+    );
+    assert!(!c.brain_log().contains(SECRET));
+}

@@ -64,7 +64,8 @@ impl TestCa {
         self.issuer.pem()
     }
 
-    fn server_config(&self, names: &[&str]) -> anyhow::Result<rustls::ServerConfig> {
+    /// A server config whose certificate names `names`, signed by this CA.
+    pub fn server_config(&self, names: &[&str]) -> anyhow::Result<rustls::ServerConfig> {
         let key = rcgen::KeyPair::generate()?;
         let params =
             rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())?;
