@@ -497,7 +497,7 @@ fn a_brain_killed_mid_request_fails_that_request_and_the_next_one_works() {
         Arc::new(move |r: &Received| {
             if r.path == "/slow" {
                 let (open, cv) = &*held;
-                let mut g = open.lock().unwrap();
+                let mut g = shared::locks::Lock::locked(open);
                 while !*g {
                     g = cv.wait(g).unwrap();
                 }
@@ -560,7 +560,7 @@ fn a_brain_killed_mid_request_fails_that_request_and_the_next_one_works() {
     c.kill_brain();
     {
         let (open, cv) = &*gate;
-        *open.lock().unwrap() = true;
+        *shared::locks::Lock::locked(open) = true;
         cv.notify_all();
     }
     c.start_brain().unwrap();
