@@ -6,7 +6,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use hyper::body::{Body, Frame, SizeHint};
 
 /// `data` with every occurrence of each of `values` masked.
@@ -18,14 +18,12 @@ pub fn all(data: &[u8], values: &[Vec<u8>]) -> Vec<u8> {
 
 fn in_place(data: &mut [u8], values: &[Vec<u8>]) {
     for v in values.iter().filter(|v| !v.is_empty()) {
+        let finder = memchr::memmem::Finder::new(v);
         let mut i = 0;
-        while i + v.len() <= data.len() {
-            if &data[i..i + v.len()] == v.as_slice() {
-                data[i..i + v.len()].fill(b'*');
-                i += v.len();
-            } else {
-                i += 1;
-            }
+        while let Some(at) = finder.find(&data[i..]) {
+            let start = i + at;
+            data[start..start + v.len()].fill(b'*');
+            i = start + v.len();
         }
     }
 }
@@ -34,7 +32,8 @@ fn in_place(data: &mut [u8], values: &[Vec<u8>]) {
 pub struct Masked<B> {
     inner: B,
     values: Vec<Vec<u8>>,
-    held: Vec<u8>,
+    /// What has come and not gone out: masked, its last `keep` bytes held back.
+    held: BytesMut,
     keep: usize,
     done: bool,
 }
@@ -45,7 +44,7 @@ impl<B> Masked<B> {
         Self {
             inner,
             values,
-            held: Vec::new(),
+            held: BytesMut::new(),
             keep,
             done: false,
         }
@@ -73,11 +72,11 @@ where
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => {
                     this.done = true;
-                    let rest = std::mem::take(&mut this.held);
+                    let rest = this.held.split().freeze();
                     if rest.is_empty() {
                         return Poll::Ready(None);
                     }
-                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(rest)))));
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
                 }
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(Box::new(e)))),
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
@@ -88,8 +87,8 @@ where
                         if emit == 0 {
                             continue;
                         }
-                        let out: Vec<u8> = this.held.drain(..emit).collect();
-                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                        let out = this.held.split_to(emit).freeze();
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
                     }
                     Err(other) => return Poll::Ready(Some(Ok(other))),
                 },
