@@ -7,13 +7,14 @@
 //!     cargo build --release --workspace && cargo bench -p brain --bench egress
 //!
 //! The upstream is an HTTPS server on loopback (rustls, a CA of the bench's own that the
-//! brain trusts through its config). Each request is one `curl` (a new connection and TLS
-//! handshake each time, as a build's fetches mostly are); its latency is curl's own
-//! `time_total`. The proxied cases run as one replayed task's commands on a real worker, the
+//! brain trusts through its config), which closes every connection, so each request is a
+//! new connection and TLS handshake (as a build's fetches mostly are); one `curl` per case
+//! makes them all, and a request's latency is curl's own `time_total` for it. The proxied cases run as one replayed task's commands on a real worker, the
 //! commands in their own network namespace, so the worker must run as root; the baseline is
-//! the same `curl` run by the bench on the host. Every case's curl reads a bundle of the
-//! system's roots besides the CA it needs (the commands' `SSL_CERT_FILE` is one), as curl
-//! does by default: loading it is most of a small request's time. `BENCH_SMALL` (200) and `BENCH_LARGE` (10)
+//! the same `curl` run by the bench on the host. Each case's curl trusts only the CA it needs:
+//! with a bundle of the system's roots (what the commands' `SSL_CERT_FILE` holds, and what
+//! curl reads by default) curl spends most of a small request loading it, in every case
+//! alike; the last row measures that apart. `BENCH_SMALL` (200) and `BENCH_LARGE` (10)
 //! set how many requests each case makes.
 
 use std::io::Write;
@@ -209,7 +210,7 @@ fn main() {
     assert!(out.status.success(), "secret set: {}", text(&out));
 
     println!(
-        "egress bench: {n_small} × 1 KiB and {n_large} × 10 MiB HTTPS requests per case, one curl (connection + TLS handshake) each"
+        "egress bench: {n_small} × 1 KiB and {n_large} × 10 MiB HTTPS requests per case, each a new connection and TLS handshake"
     );
     // The brain's own TLS to the upstream verifies it against the bench CA; the commands'
     // curl verifies the brain's certificate against the bundle in SSL_CERT_FILE.
