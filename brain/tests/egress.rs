@@ -367,8 +367,20 @@ fn a_command_uses_a_secret_it_never_sees() {
     assert!(!c.brain_log().contains(SECRET));
     let log_text = serde_json::to_string(&log).unwrap();
     assert!(!log_text.contains(SECRET));
-    // Not in the brain's store in clear either.
+    // Not in the brain's store in clear either, nor in a backup of it.
     assert_eq!(files_holding(&c.data, secret), Vec::<String>::new());
+    let backup = c.dir.join("backup.jsonl");
+    let out = c.brain_cli(&["backup", &backup.display().to_string()]);
+    assert!(out.status.success(), "backup: {}", text(&out));
+    let dump = std::fs::read_to_string(&backup).unwrap();
+    assert!(
+        dump.contains("secrets"),
+        "the backup holds the sealed secrets"
+    );
+    assert!(
+        !dump.contains(SECRET),
+        "a backup holds the value only sealed"
+    );
 }
 
 /// A TLS front (certificate for `name`, from `ca`) before a plain TCP server at `backend`.
