@@ -3,13 +3,11 @@
 //! (rustls, a CA of the test's own that the brain trusts through its config). The worker
 //! needs root for the commands' network namespaces; where it has none the tests say so.
 
-use std::io::Write;
-use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use testkit::https::{Handler, Received, TestCa, Upstream};
+use testkit::tasks::{environs_holding, files_holding, results, run_commands, set_secret};
 use testkit::{BrainOptions, Cluster, replay_turn, text};
 
 const SECRET: &str = "sk-live-7f3a9c2e51d84b06a1e2";
@@ -60,154 +58,6 @@ fn cluster(ca: &TestCa, dir_hint: &str) -> Cluster {
         )),
         ..Default::default()
     })
-}
-
-fn set_secret(c: &Cluster, name: &str, value: &str, args: &[&str]) {
-    let mut cmd = c.brain_cli_cmd(&[&["secret", "set", name][..], args].concat());
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(value.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "secret set: {}", text(&out));
-}
-
-/// One command's result as the task log holds it.
-#[derive(Debug)]
-struct Ran {
-    command: String,
-    stdout: String,
-    stderr: String,
-    exit: Option<i64>,
-}
-
-/// Runs a replayed task of `commands` (one per turn) on `worker` with `args`, waits for its
-/// end, and gives each command's result in order.
-fn run_task(c: &Cluster, worker: &str, args: &[&str], commands: &[String]) -> (String, Vec<Ran>) {
-    let mut turns: Vec<String> = commands
-        .iter()
-        .enumerate()
-        .map(|(i, cmd)| replay_turn(i + 1, "run_command", serde_json::json!({"command": cmd})))
-        .collect();
-    turns.push(replay_turn(
-        commands.len() + 1,
-        "finish",
-        serde_json::json!({"summary": "done"}),
-    ));
-    let file = c.dir.join(format!("t-{}.jsonl", testkit_rand()));
-    std::fs::write(&file, turns.join("\n")).unwrap();
-    let model = format!("replay:{}", file.display());
-    let mut run = vec![
-        "run",
-        "--detach",
-        "--model",
-        &model,
-        "--permission",
-        "full",
-        "--worker",
-        worker,
-    ];
-    run.extend_from_slice(args);
-    run.push("use the api");
-    let out = c.brain_cli(&run);
-    assert!(out.status.success(), "brain run: {}", text(&out));
-    let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let end = c.wait_status(
-        &task,
-        &["finished", "failed", "stuck", "cancelled"],
-        Duration::from_secs(120),
-    );
-    assert_eq!(end, "finished", "{}", c.brain_log());
-    (task.clone(), results(c, &task))
-}
-
-fn testkit_rand() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-}
-
-fn results(c: &Cluster, task: &str) -> Vec<Ran> {
-    let log = c.task_log_json(task);
-    let mut out: Vec<(u64, Ran)> = Vec::new();
-    for r in &log {
-        let e = r;
-        let id = e["call_id"].as_u64().unwrap_or(0);
-        match e["kind"].as_str() {
-            Some("tool_call_issued") if e["call"]["tool"] == "run_command" => out.push((
-                id,
-                Ran {
-                    command: e["call"]["argv"].to_string(),
-                    stdout: String::new(),
-                    stderr: String::new(),
-                    exit: None,
-                },
-            )),
-            Some("tool_output") => {
-                if let Some((_, ran)) = out.iter_mut().find(|(i, _)| *i == id) {
-                    ran.stdout = e["stdout"].as_str().unwrap_or_default().into();
-                    ran.stderr = e["stderr"].as_str().unwrap_or_default().into();
-                }
-            }
-            Some("tool_call_completed") => {
-                if let Some((_, ran)) = out.iter_mut().find(|(i, _)| *i == id) {
-                    ran.exit = e["result"]["exit_code"].as_i64();
-                }
-            }
-            _ => {}
-        }
-    }
-    out.into_iter().map(|(_, r)| r).collect()
-}
-
-/// Every file under `dir` holding `needle` (binary files too).
-fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
-    let mut hits = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            let Ok(ft) = e.file_type() else { continue };
-            if ft.is_dir() {
-                stack.push(p);
-            } else if ft.is_file()
-                && std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle))
-            {
-                hits.push(p.display().to_string());
-            }
-        }
-    }
-    hits
-}
-
-/// Every process whose environment holds `needle`.
-fn environs_holding(needle: &[u8]) -> Vec<String> {
-    let mut hits = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.parse::<u32>().is_err() {
-            continue;
-        }
-        if let Ok(env) = std::fs::read(e.path().join("environ"))
-            && env.windows(needle.len()).any(|w| w == needle)
-        {
-            let cmd = std::fs::read_to_string(e.path().join("cmdline")).unwrap_or_default();
-            hits.push(format!("{name}: {}", cmd.replace('\0', " ")));
-        }
-    }
-    hits
 }
 
 #[test]
@@ -269,7 +119,7 @@ fn a_command_uses_a_secret_it_never_sees() {
         "env | sort".to_string(),
     ];
     let allow = format!("{OTHER}:{pb} GET");
-    let (task, ran) = run_task(
+    let (task, ran) = run_commands(
         &c,
         &w.id,
         &["--secret", "api", "--allow", &allow],
@@ -468,7 +318,7 @@ fn git_clones_and_pushes_over_https_with_an_injected_basic_credential() {
             "cd app && echo change > CHANGE.md && {git_cmd} add CHANGE.md && {git_cmd} commit -qm 'from the sandbox' && {git_cmd} push -q origin HEAD:refs/heads/agent 2>&1; echo pushed=$?"
         ),
     ];
-    let (_, ran) = run_task(&c, &w.id, &["--secret", "gitpw"], &commands);
+    let (_, ran) = run_commands(&c, &w.id, &["--secret", "gitpw"], &commands);
     assert_eq!(ran[0].exit, Some(0), "{ran:#?}\n{:#?}", git.requests());
     assert_eq!(ran[0].stdout, "hello\n", "{ran:#?}");
     assert!(

@@ -42,6 +42,21 @@ impl Received {
 /// What a handler answers: status and body.
 pub type Handler = Arc<dyn Fn(&Received) -> (u16, Vec<u8>) + Send + Sync>;
 
+/// A handler that writes the whole response itself (status line, headers, body as sent:
+/// chunked, with trailers, compressed...), for servers that misbehave on purpose.
+pub type RawHandler = Arc<dyn Fn(&Received) -> Vec<u8> + Send + Sync>;
+
+/// A [`Handler`]'s answer as a whole HTTP/1.1 response.
+fn plain(code: u16, out: &[u8]) -> Vec<u8> {
+    let mut r = format!(
+        "HTTP/1.1 {code} X\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        out.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(out);
+    r
+}
+
 /// A CA that signs the test servers' certificates.
 pub struct TestCa {
     issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
@@ -90,6 +105,18 @@ pub struct Upstream {
 impl Upstream {
     /// Serves `handler` for a certificate naming `names`, signed by `ca`.
     pub fn start(ca: &TestCa, names: &[&str], handler: Handler) -> anyhow::Result<Self> {
+        Self::start_raw(
+            ca,
+            names,
+            Arc::new(move |r: &Received| {
+                let (code, out) = handler(r);
+                plain(code, &out)
+            }),
+        )
+    }
+
+    /// Serves `handler`, whose answers are written as they are.
+    pub fn start_raw(ca: &TestCa, names: &[&str], handler: RawHandler) -> anyhow::Result<Self> {
         let cfg = Arc::new(ca.server_config(names)?);
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
@@ -116,7 +143,7 @@ impl Upstream {
 fn serve(
     tcp: TcpStream,
     cfg: Arc<rustls::ServerConfig>,
-    handler: &Handler,
+    handler: &RawHandler,
     record: &Mutex<Vec<Received>>,
 ) -> anyhow::Result<()> {
     tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
@@ -160,13 +187,7 @@ fn serve(
         body,
     };
     record.locked().push(req.clone());
-    let (code, out) = handler(&req);
-    let head = format!(
-        "HTTP/1.1 {code} X\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        out.len()
-    );
-    tls.write_all(head.as_bytes())?;
-    tls.write_all(&out)?;
+    tls.write_all(&handler(&req))?;
     tls.flush()?;
     tls.conn.send_close_notify();
     let _ = tls.flush();

@@ -12,6 +12,7 @@ pub mod https;
 pub mod moto;
 pub mod netns;
 pub mod sshd;
+pub mod tasks;
 pub mod webdriver;
 
 use std::path::{Path, PathBuf};
