@@ -1,7 +1,10 @@
 //! Credentials the brain holds for tasks' commands: each sealed at rest in the sled tree
 //! `secrets` (ChaCha20-Poly1305 under a key that is not in the store: `secrets.key` in the
 //! data dir, 0600, made on first use, or `$TETHER_SECRET_KEY`), so a backup carries them
-//! only sealed. Each is bound to the hosts (exact, or `*.suffix`) and the port it may be sent
+//! only sealed. The seal covers the whole record — its version, name, hosts, port,
+//! injection, environment variable and tier, as the associated data — so whoever can write
+//! the store or hand over a backup cannot rebind a secret to another host or lower its tier:
+//! a record edited so opens nowhere, and says so. Each is bound to the hosts (exact, or `*.suffix`) and the port it may be sent
 //! to and says how it is injected there. A secret of the provider tier (an LLM or cloud key)
 //! is held the same way but never resolved for a command.
 //!
@@ -28,7 +31,8 @@ pub const PLACEHOLDER_PREFIX: &str = "tether-secret:";
 pub const MAX_VALUE_BYTES: usize = 16 * 1024;
 /// Most hosts one secret is bound to.
 pub const MAX_HOSTS: usize = 32;
-const RECORD_VERSION: u32 = 1;
+/// Version 2 seals the whole binding; version 1 sealed the name only and is refused.
+const RECORD_VERSION: u32 = 2;
 
 /// Errors of the secrets store.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +48,7 @@ pub enum Error {
     #[error("the secrets key {0}")]
     BadKey(String),
     #[error(
-        "cannot open secret {0:?}: it was sealed with another key than this brain's secrets key (restore the matching secrets.key or {KEY_ENV})"
+        "cannot open secret {0:?}: it was sealed with another key than this brain's secrets key, or its record was edited after sealing (the seal covers its binding: hosts, port, injection, tier); restore the matching secrets.key or {KEY_ENV}, or set it again with `brain secret set {0}`"
     )]
     Unseal(String),
     #[error("cannot write {path}: {source}")]
@@ -53,6 +57,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "secret {0:?} does not open: its seal does not match its binding (hosts, port, injection, tier) — the record was edited, or sealed by an earlier version that bound only its name; set it again with `brain secret set {0}` or remove it with `brain secret rm {0}`"
+    )]
+    Binding(String),
     #[error("secret record {0:?} is unreadable: {1}")]
     Decode(String, String),
     #[error("store: {0}")]
@@ -62,7 +70,7 @@ pub enum Error {
 impl shared::exit::Classify for Error {
     fn exit_code(&self) -> Option<shared::exit::ExitCode> {
         match self {
-            Error::KeyMissing { .. } | Error::BadKey(_) | Error::Unseal(_) => {
+            Error::KeyMissing { .. } | Error::BadKey(_) | Error::Unseal(_) | Error::Binding(_) => {
                 Some(shared::exit::ExitCode::Config)
             }
             _ => None,
@@ -212,6 +220,37 @@ struct Record {
     info: SecretInfo,
     nonce: String,
     sealed: String,
+}
+
+/// What the seal binds a value to: everything that says where it may go and who may use it.
+#[derive(Serialize)]
+struct Binding<'a> {
+    v: u32,
+    name: &'a str,
+    hosts: &'a [HostPattern],
+    port: u16,
+    inject: &'a Inject,
+    env: &'a str,
+    tier: Tier,
+}
+
+/// The associated data of a record's seal.
+fn aad(v: u32, info: &SecretInfo) -> Vec<u8> {
+    let mut out = b"tether secret\0".to_vec();
+    serde_json::to_writer(
+        &mut out,
+        &Binding {
+            v,
+            name: &info.name,
+            hosts: &info.hosts,
+            port: info.port,
+            inject: &info.inject,
+            env: &info.env,
+            tier: info.tier,
+        },
+    )
+    .expect("bindings serialise");
+    out
 }
 
 /// A secret's name: 1-64 characters of `[a-z0-9_-]`, starting with a letter.
@@ -409,7 +448,7 @@ impl Secrets {
         self.seal
             .seal_in_place_append_tag(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(info.name.as_bytes()),
+                Aad::from(aad(RECORD_VERSION, &info)),
                 &mut sealed,
             )
             .map_err(|_| Error::Invalid("cannot seal the value".into()))?;
@@ -434,13 +473,13 @@ impl Secrets {
         Ok(old.is_some())
     }
 
-    fn record(&self, name: &str) -> Result<Record, Error> {
-        let bytes = self
-            .tree
-            .get(name.as_bytes())?
-            .ok_or_else(|| Error::Unknown(name.to_string()))?;
-        let rec: Record = serde_json::from_slice(&bytes)
+    /// A record, opened: its seal checked against its whole binding.
+    fn open_record(&self, name: &str, bytes: &[u8]) -> Result<(SecretInfo, Value), Error> {
+        let rec: Record = serde_json::from_slice(bytes)
             .map_err(|e| Error::Decode(name.to_string(), e.to_string()))?;
+        if rec.v == 1 || rec.info.name != name {
+            return Err(Error::Binding(name.to_string()));
+        }
         if rec.v != RECORD_VERSION {
             return Err(Error::Decode(
                 name.to_string(),
@@ -450,27 +489,6 @@ impl Secrets {
                 ),
             ));
         }
-        Ok(rec)
-    }
-
-    /// One secret's description, without its value.
-    pub fn info(&self, name: &str) -> Result<SecretInfo, Error> {
-        Ok(self.record(name)?.info)
-    }
-
-    /// Every secret's description, by name.
-    pub fn list(&self) -> Result<Vec<SecretInfo>, Error> {
-        let mut out = Vec::new();
-        for kv in self.tree.iter() {
-            let (k, _) = kv?;
-            out.push(self.info(&String::from_utf8_lossy(&k))?);
-        }
-        Ok(out)
-    }
-
-    /// A secret's value, for the brain's own use (the egress proxy, the redactor).
-    pub fn reveal(&self, name: &str) -> Result<(SecretInfo, Value), Error> {
-        let rec = self.record(name)?;
         let bad = || Error::Decode(name.to_string(), "bad hex".into());
         let nonce: [u8; 12] = hex::decode(&rec.nonce)
             .map_err(|_| bad())?
@@ -481,11 +499,37 @@ impl Secrets {
             .seal
             .open_in_place(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(name.as_bytes()),
+                Aad::from(aad(rec.v, &rec.info)),
                 &mut sealed,
             )
             .map_err(|_| Error::Unseal(name.to_string()))?;
         Ok((rec.info, Value::new(plain.to_vec())))
+    }
+
+    /// One secret's description, without its value (checked as [`Secrets::reveal`] does).
+    pub fn info(&self, name: &str) -> Result<SecretInfo, Error> {
+        Ok(self.reveal(name)?.0)
+    }
+
+    /// Every secret's description, by name; the first record that does not open is an error
+    /// naming it.
+    pub fn list(&self) -> Result<Vec<SecretInfo>, Error> {
+        let mut out = Vec::new();
+        for kv in self.tree.iter() {
+            let (k, v) = kv?;
+            out.push(self.open_record(&String::from_utf8_lossy(&k), &v)?.0);
+        }
+        Ok(out)
+    }
+
+    /// A secret's value, for the brain's own use (the egress proxy, the redactor), once its
+    /// seal is checked against its whole binding.
+    pub fn reveal(&self, name: &str) -> Result<(SecretInfo, Value), Error> {
+        let bytes = self
+            .tree
+            .get(name.as_bytes())?
+            .ok_or_else(|| Error::Unknown(name.to_string()))?;
+        self.open_record(name, &bytes)
     }
 
     /// The placeholder a task's commands hold for secret `name`.
@@ -506,12 +550,13 @@ impl Secrets {
         hex::encode(&tag.as_ref()[..16])
     }
 
-    /// Every command secret's value with its name, for masking.
+    /// Every secret's value with its name, for masking (records that do not open are
+    /// skipped: they are never sent anywhere either).
     pub fn values(&self) -> Vec<(String, Value)> {
-        self.list()
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|i| self.reveal(&i.name).ok())
+        self.tree
+            .iter()
+            .filter_map(Result::ok)
+            .filter_map(|(k, v)| self.open_record(&String::from_utf8_lossy(&k), &v).ok())
             .map(|(i, v)| (i.name, v))
             .collect()
     }
@@ -620,7 +665,56 @@ mod tests {
         s.tree
             .insert("b", serde_json::to_vec(&rec_a).unwrap())
             .unwrap();
-        assert!(matches!(s.reveal("b"), Err(Error::Unseal(_))));
+        assert!(s.reveal("b").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_record_edited_to_rebind_or_lower_a_secret_does_not_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_db, s) = store(dir.path());
+        let mut provider = info("llm", &["api.example.com"]);
+        provider.tier = Tier::Provider;
+        s.set(provider, Value::new(b"sk-provider".to_vec()))
+            .await
+            .unwrap();
+        type Edit = fn(&mut SecretInfo);
+        let edits: [(&str, Edit); 5] = [
+            ("hosts", |i| {
+                i.hosts = vec![HostPattern::parse("evil.example").unwrap()]
+            }),
+            ("port", |i| i.port = 8443),
+            ("inject", |i| i.inject = Inject::Query("k".into())),
+            ("env", |i| i.env = "OTHER".into()),
+            ("tier", |i| i.tier = Tier::Command),
+        ];
+        let original = s.tree.get("llm").unwrap().unwrap();
+        for (what, edit) in edits {
+            let mut rec: Record = serde_json::from_slice(&original).unwrap();
+            edit(&mut rec.info);
+            s.tree
+                .insert("llm", serde_json::to_vec(&rec).unwrap())
+                .unwrap();
+            for err in [
+                s.reveal("llm").unwrap_err(),
+                s.info("llm").unwrap_err(),
+                s.list().unwrap_err(),
+                s.for_task(&["llm".into()]).unwrap_err(),
+            ] {
+                assert!(matches!(err, Error::Unseal(_)), "{what}: {err}");
+                assert!(err.to_string().contains("brain secret set llm"), "{err}");
+            }
+            assert!(s.values().is_empty(), "{what}");
+        }
+        // A version-1 record (its seal bound the name only) is refused the same way.
+        let mut rec: Record = serde_json::from_slice(&original).unwrap();
+        rec.v = 1;
+        s.tree
+            .insert("llm", serde_json::to_vec(&rec).unwrap())
+            .unwrap();
+        assert!(matches!(s.reveal("llm"), Err(Error::Binding(_))));
+        // Put back as it was, it opens.
+        s.tree.insert("llm", original).unwrap();
+        assert_eq!(s.reveal("llm").unwrap().1.expose(), b"sk-provider");
     }
 
     #[tokio::test]
