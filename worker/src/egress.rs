@@ -370,12 +370,18 @@ async fn via_brain(mut c: TcpStream, ask: Ask, rest: Vec<u8>, cx: &Cx) {
             }
         }
     };
+    let told = &ask;
     let back = async move {
         while let Ok(Some(m)) = down.message().await {
-            if let Some(tunnel_down::Kind::Data(d)) = m.kind
-                && to_cmd.write_all(&d).await.is_err()
-            {
-                break;
+            match m.kind {
+                Some(tunnel_down::Kind::Data(d)) => {
+                    if to_cmd.write_all(&d).await.is_err() {
+                        break;
+                    }
+                }
+                // One request on the connection was refused; the connection goes on.
+                Some(tunnel_down::Kind::Refused(why)) => cx.note(told, &why).await,
+                _ => {}
             }
         }
         let _ = to_cmd.shutdown().await;

@@ -192,9 +192,16 @@ impl proto::egress_server::Egress for Services {
         });
         let (engine, task) = (self.0.engine.clone(), open.task.clone());
         let refuse_host = host.clone();
+        // A refusal inside the connection is logged and told to the worker, which writes it
+        // on the command's stderr; the connection goes on.
+        let note = tx.clone();
         let on_refuse: Arc<dyn Fn(String) + Send + Sync> = Arc::new(move |reason: String| {
             let (engine, task, host) = (engine.clone(), task.clone(), refuse_host.clone());
-            tokio::spawn(async move { engine.egress_refused(&task, &host, port, &reason).await });
+            let note = note.clone();
+            tokio::spawn(async move {
+                let _ = note.send(Ok(refused(reason.clone()))).await;
+                engine.egress_refused(&task, &host, port, &reason).await
+            });
         });
         let upstream = parts.upstream.clone();
         tokio::spawn(async move {

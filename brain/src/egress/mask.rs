@@ -1,13 +1,86 @@
 //! Masking secret values in what upstream answers: each occurrence becomes as many `*`, so
-//! lengths (and a `Content-Length`) stay true. A body is masked as it streams: the end of
-//! each piece that could begin a value is held back until the next piece shows whether it
-//! does.
+//! lengths (and a `Content-Length`) stay true. Not only the bytes themselves: a server may
+//! echo a value percent-encoded, Base64-encoded (inside a longer encoding too, so at each of
+//! the three alignments) or JSON-escaped, so each of those forms is masked as well
+//! ([`needles`]). A body is masked as it streams: the end of each piece that could begin a
+//! form is held back until the next piece shows whether it does. Trailers are dropped: they
+//! come after the body, where nothing could be masked in time. A compressed body is
+//! inflated first ([`Inflated`]), since masking needs the bytes as they will be read.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body, Frame, SizeHint};
+
+/// Shortest encoded form masked: shorter ones would mask ordinary text.
+const MIN_FORM: usize = 6;
+
+/// Every form of each value to mask: the bytes, percent-encoded (`+` or `%20` for a space,
+/// upper- and lower-case hex), the middle of its Base64 encoding at each alignment (standard
+/// and URL-safe alphabets), and JSON-escaped (with `/` escaped and not).
+pub fn needles(values: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    use base64::Engine as _;
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    for v in values.iter().filter(|v| !v.is_empty()) {
+        out.push(v.clone());
+        let plus: String = form_urlencoded::byte_serialize(v).collect();
+        let mut forms = vec![
+            plus.replace('+', "%20"),
+            lower_escapes(&plus),
+            lower_escapes(&plus.replace('+', "%20")),
+            plus,
+        ];
+        for engine in [
+            &base64::engine::general_purpose::STANDARD_NO_PAD,
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        ] {
+            for k in 0..3usize {
+                let mut b = vec![0u8; k];
+                b.extend_from_slice(v);
+                let enc = engine.encode(&b);
+                // The characters that depend on the value alone.
+                let (skip, end) = ((8 * k).div_ceil(6), (8 * b.len()) / 6);
+                if end > skip {
+                    forms.push(enc[skip..end].to_string());
+                }
+            }
+        }
+        if let Ok(text) = std::str::from_utf8(v) {
+            let json = serde_json::to_string(text).expect("strings serialise");
+            let json = &json[1..json.len() - 1];
+            forms.push(json.replace('/', "\\/"));
+            forms.push(json.to_string());
+        }
+        out.extend(
+            forms
+                .into_iter()
+                .filter(|f| f.len() >= MIN_FORM.min(v.len()))
+                .map(String::into_bytes),
+        );
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `s` with the hex digits of its `%XX` escapes in lower case.
+fn lower_escapes(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut left = 0;
+    for c in s.chars() {
+        if c == '%' {
+            left = 2;
+            out.push(c);
+        } else if left > 0 {
+            left -= 1;
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
 
 /// `data` with every occurrence of each of `values` masked.
 pub fn all(data: &[u8], values: &[Vec<u8>]) -> Vec<u8> {
@@ -54,7 +127,7 @@ impl<B> Masked<B> {
 impl<B> Body for Masked<B>
 where
     B: Body<Data = Bytes> + Unpin,
-    B::Error: std::error::Error + Send + Sync + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     type Data = Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -78,7 +151,7 @@ where
                     }
                     return Poll::Ready(Some(Ok(Frame::data(rest))));
                 }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(Box::new(e)))),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
                         this.held.extend_from_slice(&data);
@@ -90,7 +163,8 @@ where
                         let out = this.held.split_to(emit).freeze();
                         return Poll::Ready(Some(Ok(Frame::data(out))));
                     }
-                    Err(other) => return Poll::Ready(Some(Ok(other))),
+                    // Trailers: dropped (see the module's doc).
+                    Err(_) => continue,
                 },
             }
         }
@@ -133,5 +207,33 @@ mod tests {
             "echo: ************** and ************** end"
         );
         assert_eq!(all(b"xx-ab-xx", &[b"ab".to_vec()]), b"xx-**-xx");
+    }
+
+    #[test]
+    fn every_encoded_form_is_masked() {
+        use base64::Engine as _;
+        let v = "Tok/en\"+ x=1&y".to_string();
+        let n = needles(&[v.clone().into_bytes()]);
+        let b64 = |s: String| base64::engine::general_purpose::STANDARD.encode(s);
+        let pct: String = form_urlencoded::byte_serialize(v.as_bytes()).collect();
+        for text in [
+            format!("a={pct}&"),
+            format!("a={}&", lower_escapes(&pct)),
+            format!("a={}&", pct.replace('+', "%20")),
+            b64(v.clone()),
+            b64(format!("u:{v}")),
+            b64(format!("us:{v}")),
+            serde_json::json!({ "t": v }).to_string(),
+            serde_json::json!({ "t": v })
+                .to_string()
+                .replace('/', "\\/"),
+        ] {
+            let masked = all(text.as_bytes(), &n);
+            assert_ne!(masked, text.as_bytes(), "{text}");
+            // What was masked is the value's form, not its surroundings.
+            assert!(masked.iter().filter(|b| **b == b'*').count() >= 6, "{text}");
+        }
+        // The letters of a value keep their case in its escaped form.
+        assert!(n.iter().any(|f| f.starts_with(b"Tok%2fen")));
     }
 }

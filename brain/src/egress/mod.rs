@@ -5,9 +5,15 @@
 //! to this host — else it is refused and nothing goes upstream), the placeholders are swapped
 //! for the values (and a secret's credential added where the request lacks it), and the
 //! request goes upstream over the brain's own TLS connection, which verifies the host's real
-//! certificate. A value echoed back in the response (headers or body) is masked. Knows
-//! nothing of tasks: the caller decides what is injected where ([`Plan`]).
+//! certificate. The request goes to the plan's host and no other: its `Host` is set to the
+//! plan's authority, and one that names another (or an absolute-form target that does) is
+//! refused, so behind a shared front the value cannot reach another tenant. A request that
+//! carries a secret asks for `identity` and loses its `Range`; what comes back compressed
+//! anyway is inflated, and a value echoed back in the response (headers or body, in any of
+//! the forms [`mask::needles`] lists) is masked; trailers are dropped. Knows nothing of
+//! tasks: the caller decides what is injected where ([`Plan`]).
 
+mod inflate;
 mod mask;
 mod swap;
 
@@ -201,6 +207,36 @@ fn answer(status: StatusCode, text: String) -> Response<Body> {
     r
 }
 
+/// Whether an authority (`host[:port]`, from a `Host` header or a request target) names
+/// the plan's host and port (443 when it names none).
+fn names_plan(authority: &str, plan: &Plan) -> bool {
+    let a = authority.trim();
+    let a = a.rsplit_once('@').map_or(a, |(_, h)| h);
+    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((h, "")) => (h, None),
+            Some((h, p)) => match p.strip_prefix(':') {
+                Some(p) => (h, Some(p)),
+                None => return false,
+            },
+            None => return false,
+        }
+    } else {
+        match a.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (a, None),
+        }
+    };
+    let port = match port {
+        None => 443,
+        Some(p) => match p.parse::<u16>() {
+            Ok(p) => p,
+            Err(_) => return false,
+        },
+    };
+    host.trim_end_matches('.').eq_ignore_ascii_case(&plan.host) && port == plan.port
+}
+
 /// Headers that belong to one hop, never forwarded.
 const HOP: &[&str] = &[
     "connection",
@@ -234,6 +270,26 @@ impl Conn {
             ));
         }
         let (mut parts, body) = req.into_parts();
+        let authority = if p.port == 443 {
+            p.host.clone()
+        } else {
+            format!("{}:{}", p.host, p.port)
+        };
+        if let Some(a) = parts.uri.authority()
+            && !names_plan(a.as_str(), p)
+        {
+            return self.refuse(format!(
+                "the request target names {a}, but this connection (and its credential) is for {authority}: the Host may not differ"
+            ));
+        }
+        for h in parts.headers.get_all(hyper::header::HOST) {
+            let named = String::from_utf8_lossy(h.as_bytes()).into_owned();
+            if !names_plan(&named, p) {
+                return self.refuse(format!(
+                    "the request's Host names {named:?}, but this connection (and its credential) is for {authority}"
+                ));
+            }
+        }
         let target = parts
             .uri
             .path_and_query()
@@ -261,21 +317,19 @@ impl Conn {
         }
         let target = swap::add_credentials(&mut headers, target, p, &used);
         if !p.inject.is_empty() {
-            // Masking needs the body as sent: no compression.
+            // Masking needs the body as sent, and all of it: no compression, no slices.
             headers.insert(
                 hyper::header::ACCEPT_ENCODING,
                 hyper::header::HeaderValue::from_static("identity"),
             );
+            headers.remove(hyper::header::RANGE);
+            headers.remove(hyper::header::IF_RANGE);
         }
-        if !headers.contains_key(hyper::header::HOST) {
-            let host = if p.port == 443 {
-                p.host.clone()
-            } else {
-                format!("{}:{}", p.host, p.port)
-            };
-            if let Ok(v) = hyper::header::HeaderValue::from_str(&host) {
+        match hyper::header::HeaderValue::from_str(&authority) {
+            Ok(v) => {
                 headers.insert(hyper::header::HOST, v);
             }
+            Err(_) => return answer(StatusCode::BAD_REQUEST, "bad host".into()),
         }
         parts.headers = headers;
         parts.uri = match target.parse() {
@@ -292,17 +346,43 @@ impl Conn {
                 );
             }
         };
+        if p.inject.is_empty() {
+            return resp.map(|b| b.map_err(|e| Box::new(e) as _).boxed());
+        }
         let values: Vec<Vec<u8>> = p.inject.iter().map(|i| i.value.expose().to_vec()).collect();
+        let needles = mask::needles(&values);
         let (mut parts, body) = resp.into_parts();
         for (_, v) in parts.headers.iter_mut() {
-            let masked = mask::all(v.as_bytes(), &values);
+            let masked = mask::all(v.as_bytes(), &needles);
             if masked != v.as_bytes()
                 && let Ok(m) = hyper::header::HeaderValue::from_bytes(&masked)
             {
                 *v = m;
             }
         }
-        Response::from_parts(parts, mask::Masked::new(body, values).boxed())
+        parts.headers.remove(hyper::header::TRAILER);
+        let coding = parts
+            .headers
+            .get_all(hyper::header::CONTENT_ENCODING)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect::<Vec<_>>()
+            .join(",");
+        let body: Body = match inflate::Coding::of(&coding) {
+            None => mask::Masked::new(body, needles).boxed(),
+            Some(Ok(c)) => {
+                parts.headers.remove(hyper::header::CONTENT_ENCODING);
+                parts.headers.remove(hyper::header::CONTENT_LENGTH);
+                mask::Masked::new(inflate::Inflated::new(body, c), needles).boxed()
+            }
+            Some(Err(())) => {
+                return self.refuse(format!(
+                    "{}:{} answered with Content-Encoding {coding:?} though the brain asked for identity; the brain can read only gzip and deflate, so it cannot mask the secret in it",
+                    p.host, p.port
+                ));
+            }
+        };
+        Response::from_parts(parts, body)
     }
 
     async fn forward(&self, req: Request<Body>) -> Result<Response<Incoming>, String> {

@@ -1,8 +1,12 @@
-//! Finding the placeholders in a request and putting the values in their place: in the
-//! request target (percent-encoded there), in header values, inside a Basic credential; and
-//! adding a secret's credential where the request carries none. Every placeholder must be
-//! one of the plan's: any other — unknown, another task's, a secret not bound to this host,
-//! or malformed — refuses the request (fails closed).
+//! Finding the placeholders in a request and putting the values in their place — only where
+//! each secret's injection says: a bearer secret in the `Authorization` header (`SCHEME
+//! PLACEHOLDER`), a Basic one as the password of a Basic credential, a header secret as the
+//! whole value of its header, a query secret as the whole value of its parameter. A
+//! placeholder anywhere else (the path, another parameter, a cookie, the user agent, any
+//! other header) would let a command make the server store or reflect the value where the
+//! command can read it back, so it refuses the request, and so does every placeholder that
+//! is not one of the plan's — unknown, another task's, a secret not bound to this host, or
+//! malformed (fails closed). Also adds a secret's credential where the request carries none.
 
 use std::collections::BTreeSet;
 
@@ -10,47 +14,82 @@ use base64::Engine as _;
 use hyper::HeaderMap;
 use hyper::header::{AUTHORIZATION, HeaderName, HeaderValue};
 
-use super::Plan;
+use super::{Injection, Plan};
 use crate::trust::secrets::{Inject, PLACEHOLDER_PREFIX};
 
 /// The prefix without its colon: in a request target the colon may be percent-encoded.
 const STEM: &str = "tether-secret";
 
-/// `text` with each placeholder swapped for `encode(value)`; the secrets used are added to
-/// `used`.
-fn swap(
-    text: &str,
-    plan: &Plan,
-    used: &mut BTreeSet<String>,
-    encode: impl Fn(&[u8]) -> String,
-) -> Result<String, String> {
-    if !text.contains(STEM) {
-        return Ok(text.to_string());
+/// Where a secret's injection lets its placeholder stand, in words.
+fn place(inject: &Inject) -> String {
+    match inject {
+        Inject::Bearer => "the Authorization header (`Authorization: Bearer PLACEHOLDER`)".into(),
+        Inject::Basic(_) => "the password of a Basic Authorization credential".into(),
+        Inject::Header(h) => format!("the whole value of header {h}"),
+        Inject::Query(q) => format!("the whole value of query parameter {q}"),
     }
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find(STEM) {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + STEM.len()..];
-        let (name, token, len) = parse(after).ok_or_else(|| {
+}
+
+/// The plan's secret whose placeholder starts `text` (after any whitespace), and the length
+/// of the placeholder; an error for a placeholder that is not the plan's.
+fn lookup<'p>(text: &str, plan: &'p Plan) -> Result<(&'p Injection, usize), String> {
+    let after = text.strip_prefix(STEM).ok_or_else(|| {
+        format!(
+            "a malformed {PLACEHOLDER_PREFIX} placeholder in the request to {}:{}",
+            plan.host, plan.port
+        )
+    })?;
+    let (name, token, len) = parse(after).ok_or_else(|| {
+        format!(
+            "a malformed {PLACEHOLDER_PREFIX} placeholder in the request to {}:{}",
+            plan.host, plan.port
+        )
+    })?;
+    let canonical = format!("{PLACEHOLDER_PREFIX}{name}:{token}");
+    plan.inject
+        .iter()
+        .find(|i| i.placeholder == canonical)
+        .map(|i| (i, STEM.len() + len))
+        .ok_or_else(|| {
             format!(
-                "a malformed {PLACEHOLDER_PREFIX} placeholder in the request to {}:{}",
-                plan.host, plan.port
-            )
-        })?;
-        let canonical = format!("{PLACEHOLDER_PREFIX}{name}:{token}");
-        let Some(inj) = plan.inject.iter().find(|i| i.placeholder == canonical) else {
-            return Err(format!(
                 "the placeholder for secret {name:?} is not valid for {}:{} (the secret is not bound there, or the placeholder is not this task's)",
                 plan.host, plan.port
-            ));
-        };
-        out.push_str(&encode(inj.value.expose()));
-        used.insert(inj.name.clone());
-        rest = &after[len..];
+            )
+        })
+}
+
+/// The refusal for a placeholder found at `where_`: what it is and where it may go.
+fn misplaced(text: &str, where_: &str, plan: &Plan) -> String {
+    let at = text.find(STEM).unwrap_or(0);
+    match lookup(&text[at..], plan) {
+        Ok((inj, _)) => format!(
+            "the placeholder for secret {:?} is in {where_}; it may stand only in {}",
+            inj.name,
+            place(&inj.inject)
+        ),
+        Err(why) => why,
     }
-    out.push_str(rest);
-    Ok(out)
+}
+
+/// `text` is exactly one placeholder of the plan's (surrounding whitespace aside) for a
+/// secret `fits` accepts: that secret.
+fn whole<'p>(
+    text: &str,
+    plan: &'p Plan,
+    fits: impl Fn(&Inject) -> bool,
+) -> Option<Result<&'p Injection, String>> {
+    let t = text.trim();
+    if !t.contains(STEM) {
+        return None;
+    }
+    if !t.starts_with(STEM) {
+        return Some(Err(String::new()));
+    }
+    Some(match lookup(t, plan) {
+        Ok((inj, len)) if len == t.len() && fits(&inj.inject) => Ok(inj),
+        Ok(_) => Err(String::new()),
+        Err(why) => Err(why),
+    })
 }
 
 /// After the stem: `:NAME:TOKEN` (each colon possibly `%3A`). Returns the name, the token and
@@ -87,16 +126,80 @@ fn percent(value: &[u8]) -> String {
     form_urlencoded::byte_serialize(value).collect()
 }
 
-fn raw(value: &[u8]) -> String {
-    String::from_utf8_lossy(value).into_owned()
+/// `s` with its `%XX` escapes decoded (for finding placeholders, not for forwarding).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(hex) = std::str::from_utf8(&b[i + 1..i + 3])
+            && let Ok(v) = u8::from_str_radix(hex, 16)
+        {
+            out.push(v);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The request target (path and query) with its placeholders swapped.
+/// Whether `s` holds a placeholder's stem, escaped or not, in any case.
+fn holds_stem(s: &str) -> bool {
+    unescape(s).to_ascii_lowercase().contains(STEM)
+}
+
+/// The request target (path and query) with the placeholders of query secrets swapped in
+/// their own parameters; a placeholder anywhere else refuses the request.
 pub fn in_target(target: &str, plan: &Plan, used: &mut BTreeSet<String>) -> Result<String, String> {
-    swap(target, plan, used, percent)
+    if !holds_stem(target) {
+        return Ok(target.to_string());
+    }
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (target, None),
+    };
+    if holds_stem(path) {
+        return Err(misplaced(&unescape(path), "the request path", plan));
+    }
+    let mut out = path.to_string();
+    if let Some(query) = query {
+        out.push('?');
+        for (i, pair) in query.split('&').enumerate() {
+            if i > 0 {
+                out.push('&');
+            }
+            if !holds_stem(pair) {
+                out.push_str(pair);
+                continue;
+            }
+            let (raw_key, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
+            let key = unescape(&raw_key.replace('+', " "));
+            let value = unescape(&raw_value.replace('+', " "));
+            let where_ = format!("query parameter {key:?}");
+            if holds_stem(raw_key) {
+                return Err(misplaced(&key, &where_, plan));
+            }
+            match whole(&value, plan, |i| matches!(i, Inject::Query(q) if *q == key)) {
+                Some(Ok(inj)) => {
+                    out.push_str(raw_key);
+                    out.push('=');
+                    out.push_str(&percent(inj.value.expose()));
+                    used.insert(inj.name.clone());
+                }
+                Some(Err(why)) if !why.is_empty() => return Err(why),
+                _ => return Err(misplaced(&value, &where_, plan)),
+            }
+        }
+    }
+    Ok(out)
 }
 
-/// A header's value with its placeholders swapped, inside a Basic credential too.
+/// A header's value with a placeholder swapped where its secret's injection puts it; a
+/// placeholder anywhere else refuses the request.
 pub fn in_header(
     name: &str,
     value: &[u8],
@@ -111,22 +214,76 @@ pub fn in_header(
         }
         return Ok(value.to_vec());
     };
-    if name.eq_ignore_ascii_case(AUTHORIZATION.as_str())
-        && let Some(b64) = text
-            .strip_prefix("Basic ")
-            .or_else(|| text.strip_prefix("basic "))
-        && let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(b64.trim())
-        && let Ok(decoded) = String::from_utf8(decoded)
-        && decoded.contains(STEM)
-    {
-        let swapped = swap(&decoded, plan, used, raw)?;
-        return Ok(format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(swapped)
-        )
-        .into_bytes());
+    if !text.contains(STEM) && !(name.eq_ignore_ascii_case(AUTHORIZATION.as_str())) {
+        return Ok(value.to_vec());
     }
-    Ok(swap(text, plan, used, raw)?.into_bytes())
+    let where_ = format!("header {name}");
+    if name.eq_ignore_ascii_case(AUTHORIZATION.as_str()) {
+        let (scheme, cred) = text.trim().split_once(' ').unwrap_or((text.trim(), ""));
+        if scheme.eq_ignore_ascii_case("basic") {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(cred.trim())
+                .ok()
+                .and_then(|d| String::from_utf8(d).ok());
+            let Some(decoded) = decoded.filter(|d| d.contains(STEM)) else {
+                if text.contains(STEM) {
+                    return Err(misplaced(
+                        text,
+                        "a Basic credential that is not Base64",
+                        plan,
+                    ));
+                }
+                return Ok(value.to_vec());
+            };
+            let (user, password) = decoded.split_once(':').unwrap_or(("", &decoded));
+            if user.contains(STEM) {
+                return Err(misplaced(user, "the user name of a Basic credential", plan));
+            }
+            return match whole(password, plan, |i| matches!(i, Inject::Basic(_))) {
+                Some(Ok(inj)) => {
+                    let Inject::Basic(own) = &inj.inject else {
+                        unreachable!("matched Basic above")
+                    };
+                    used.insert(inj.name.clone());
+                    let cred = base64::engine::general_purpose::STANDARD
+                        .encode([own.as_bytes(), b":", inj.value.expose()].concat());
+                    Ok(format!("Basic {cred}").into_bytes())
+                }
+                Some(Err(why)) if !why.is_empty() => Err(why),
+                _ => Err(misplaced(
+                    password,
+                    "the password of a Basic credential",
+                    plan,
+                )),
+            };
+        }
+        if !text.contains(STEM) {
+            return Ok(value.to_vec());
+        }
+        if scheme.contains(STEM) {
+            return Err(misplaced(text, &where_, plan));
+        }
+        return match whole(cred, plan, |i| matches!(i, Inject::Bearer)) {
+            Some(Ok(inj)) => {
+                used.insert(inj.name.clone());
+                Ok([scheme.as_bytes(), b" ", inj.value.expose()].concat())
+            }
+            Some(Err(why)) if !why.is_empty() => Err(why),
+            _ => Err(misplaced(cred, &where_, plan)),
+        };
+    }
+    match whole(
+        text,
+        plan,
+        |i| matches!(i, Inject::Header(h) if h.eq_ignore_ascii_case(name)),
+    ) {
+        Some(Ok(inj)) => {
+            used.insert(inj.name.clone());
+            Ok(inj.value.expose().to_vec())
+        }
+        Some(Err(why)) if !why.is_empty() => Err(why),
+        _ => Err(misplaced(text, &where_, plan)),
+    }
 }
 
 /// Adds the credential of each of the plan's secrets the request did not name by
@@ -212,17 +369,17 @@ mod tests {
         assert_eq!(h, b"Bearer s3cr3t value");
         assert!(used.contains("gh"));
         let t = in_target(
-            &format!("/x?token={}", P.replace(':', "%3A")),
-            &p,
+            &format!("/x?a=1&token={}", P.replace(':', "%3A")),
+            &plan(Inject::Query("token".into())),
             &mut BTreeSet::new(),
         )
         .unwrap();
-        assert_eq!(t, "/x?token=s3cr3t+value");
-        let basic = base64::engine::general_purpose::STANDARD.encode(format!("git:{P}"));
+        assert_eq!(t, "/x?a=1&token=s3cr3t+value");
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("anyone:{P}"));
         let h = in_header(
             "Authorization",
             format!("Basic {basic}").as_bytes(),
-            &p,
+            &plan(Inject::Basic("git".into())),
             &mut BTreeSet::new(),
         )
         .unwrap();
@@ -250,6 +407,73 @@ mod tests {
             );
             assert!(used.is_empty());
         }
+    }
+
+    #[test]
+    fn a_placeholder_goes_only_where_its_injection_says() {
+        let enc = P.replace(':', "%3A");
+        let bearer = plan(Inject::Bearer);
+        for (name, value) in [
+            ("x-token", P.to_string()),
+            ("cookie", format!("s={P}")),
+            ("user-agent", P.to_string()),
+            ("authorization", format!("Bearer {P} extra")),
+            (
+                "authorization",
+                format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(format!("u:{P}"))
+                ),
+            ),
+        ] {
+            let err = in_header(name, value.as_bytes(), &bearer, &mut BTreeSet::new())
+                .expect_err(&format!("{name}: {value}"));
+            assert!(err.contains("may stand only in"), "{err}");
+        }
+        for target in [
+            format!("/files/{P}"),
+            format!("/files/{enc}"),
+            format!("/x?name={enc}"),
+            format!("/x?{enc}=1"),
+            "/files/%74ether-secret%3Agh%3A0123456789abcdef0123456789abcdef".to_string(),
+        ] {
+            for p in [&bearer, &plan(Inject::Query("token".into()))] {
+                assert!(
+                    in_target(&target, p, &mut BTreeSet::new()).is_err(),
+                    "{target}"
+                );
+            }
+        }
+        let header = plan(Inject::Header("X-Api-Key".into()));
+        assert_eq!(
+            in_header("x-api-key", P.as_bytes(), &header, &mut BTreeSet::new()).unwrap(),
+            b"s3cr3t value"
+        );
+        assert!(
+            in_header(
+                "x-api-key",
+                format!("{P}{P}").as_bytes(),
+                &header,
+                &mut BTreeSet::new()
+            )
+            .is_err()
+        );
+        assert!(in_header("x-other", P.as_bytes(), &header, &mut BTreeSet::new()).is_err());
+        // Text without a placeholder passes untouched.
+        assert_eq!(
+            in_header(
+                "authorization",
+                b"Bearer mine",
+                &bearer,
+                &mut BTreeSet::new()
+            )
+            .unwrap(),
+            b"Bearer mine"
+        );
+        assert_eq!(
+            in_target("/a%zz?b=%41", &bearer, &mut BTreeSet::new()).unwrap(),
+            "/a%zz?b=%41"
+        );
     }
 
     #[test]
