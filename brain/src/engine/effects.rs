@@ -395,7 +395,7 @@ pub enum CommandOutcome {
 /// proxy.
 fn egress_for(cx: &Cx<'_>, call_id: u64) -> (Vec<(String, String)>, Option<Egress>) {
     let st = cx.task.state();
-    let Some(spec) = st.agent.as_ref().and_then(|a| a.spec.egress.clone()) else {
+    let Some(spec) = st.egress().cloned() else {
         return (vec![], None);
     };
     let task = cx.task.id.to_string();

@@ -89,6 +89,10 @@ pub struct TaskState {
     /// Agent tasks: the conversation, budgets and what waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<crate::model::agent::AgentState>>,
+    /// Scripted plans: the egress policy of their commands (an agent's is in its spec; read
+    /// both through [`TaskState::egress`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_egress: Option<crate::model::egress::EgressSpec>,
     /// A git import: where the task's repository stands, for its delivery.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<super::delivery::Origin>,
@@ -139,6 +143,7 @@ impl TaskState {
             require_labels: Default::default(),
             last_check: None,
             agent: None,
+            plan_egress: None,
             origin: None,
             moves: 0,
             deliver: Default::default(),
@@ -160,6 +165,15 @@ impl TaskState {
         self.agent.as_ref().and_then(|a| a.spec.check.as_ref())
     }
 
+    /// The egress policy the task's commands run under, whatever kind of task it is: `None`
+    /// puts them behind no proxy.
+    pub fn egress(&self) -> Option<&crate::model::egress::EgressSpec> {
+        match &self.agent {
+            Some(a) => a.spec.egress.as_ref(),
+            None => self.plan_egress.as_ref(),
+        }
+    }
+
     pub fn steps_total(&self) -> u32 {
         self.plan.as_ref().map_or(0, |p| p.steps.len() as u32)
     }
@@ -179,10 +193,12 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             workspace,
             plan,
             agent,
+            egress,
         } => {
             st.goal = goal.clone();
             st.workspace = workspace.clone();
             st.plan = plan.clone();
+            st.plan_egress = egress.clone();
             st.created_ms = rec.at_ms;
             st.agent = agent
                 .as_ref()
