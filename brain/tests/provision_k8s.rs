@@ -624,3 +624,49 @@ fn with_network_policy_namespace_the_namespace_must_have_one_that_limits_egress(
         fake.network_policies()
     );
 }
+
+#[test]
+fn a_kubeconfig_that_skips_tls_verification_is_refused_unless_the_config_allows_it() {
+    let insecure = |fake: &FakeKube| {
+        let p = fake
+            .kubeconfig("tether")
+            .with_file_name("kubeconfig-insecure");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: {}\n    insecure-skip-tls-verify: true\nusers:\n- name: brain\n  user:\n    token: {}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: brain\n    namespace: tether\n",
+            fake.server(),
+            fake.token()
+        );
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let (fake, c) = match setup_with("", "", Some(&insecure)) {
+        Ok(x) => x,
+        Err(why) => {
+            testkit::skip("user", &why);
+            return;
+        }
+    };
+    let (o, _) = provision(&c, &["--wait", "0s"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = text(&o);
+    assert!(
+        err.contains("insecure-skip-tls-verify")
+            && err.contains("allow_insecure_skip_tls_verify = true"),
+        "{err}"
+    );
+    assert!(
+        fake.requests().is_empty(),
+        "nothing may be sent to an unverified server: {:?}",
+        fake.requests()
+    );
+    drop(c);
+    drop(fake);
+
+    // Said explicitly in the config, it is used.
+    let (fake, c) =
+        setup_with("", "allow_insecure_skip_tls_verify = true", Some(&insecure)).unwrap();
+    let (o, m) = provision(&c, &[]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    assert_eq!(m["state"], "ready", "{m}");
+    assert!(pod_of(&fake, m["id"].as_str().unwrap()).is_some());
+}

@@ -16,7 +16,8 @@
 //! (`network_policy = "per-pod"`, the default): nothing connects in, and out it reaches only
 //! the brain and the cluster DNS. With `network_policy = "namespace"` the namespace's own
 //! policy does that (deploy/k8s/30-network-policy.yaml), and the brain checks before each
-//! pod that the namespace has a policy limiting egress.
+//! pod that the namespace has a policy limiting egress. A kubeconfig that turns TLS
+//! verification off is refused unless `allow_insecure_skip_tls_verify` says otherwise.
 
 pub mod auth;
 pub mod pod;
@@ -70,6 +71,9 @@ pub struct K8sConfig {
     /// The brain's addresses (`ADDRESS/BITS`), for a brain outside the cluster reached by a
     /// host name; they win over the pod labels.
     pub brain_cidrs: Vec<String>,
+    /// Use a kubeconfig whose cluster has `insecure-skip-tls-verify: true` (the API
+    /// server's certificate is not checked, so anyone on the path gets the credentials).
+    pub allow_insecure_skip_tls_verify: bool,
 }
 
 /// `[provision.k8s] network_policy`.
@@ -100,6 +104,7 @@ impl Default for K8sConfig {
             brain_pod_labels: [("tether.role".to_string(), "brain".to_string())].into(),
             brain_namespace: None,
             brain_cidrs: vec![],
+            allow_insecure_skip_tls_verify: false,
         }
     }
 }
@@ -149,6 +154,12 @@ impl K8sProvider {
             }
         }
         .map_err(|e| ProviderError::untouched(format!("k8s: {e}")))?;
+        if cluster.insecure && !self.cfg.allow_insecure_skip_tls_verify {
+            return Err(ProviderError::untouched(format!(
+                "k8s: {} says insecure-skip-tls-verify: true, so the API server's certificate would not be checked and anyone on the path could take the brain's credentials; give the cluster's CA (certificate-authority-data) instead, or, for a throw-away cluster, set allow_insecure_skip_tls_verify = true under [provision.k8s]",
+                cluster.source
+            )));
+        }
         let made = Arc::new(Api::new(cluster, self.cfg.namespace.clone())?);
         *a = Some(made.clone());
         Ok(made)
