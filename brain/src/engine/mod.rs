@@ -521,7 +521,7 @@ impl Engine {
         if st.status.is_terminal() || st.worker.as_deref() != Some(worker) {
             return None;
         }
-        st.egress().cloned()
+        effects::egress_spec(&st).cloned()
     }
 
     /// Logs a connection of a task's command that the egress proxy refused.

@@ -89,8 +89,8 @@ pub struct TaskState {
     /// Agent tasks: the conversation, budgets and what waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<crate::model::agent::AgentState>>,
-    /// Scripted plans: the egress policy of their commands (an agent's is in its spec; read
-    /// both through [`TaskState::egress`]).
+    /// Scripted plans: their commands' egress policy (an agent's is in its spec; the
+    /// engine's `effects::egress_spec` reads either).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan_egress: Option<crate::model::egress::EgressSpec>,
     /// A git import: where the task's repository stands, for its delivery.
@@ -163,15 +163,6 @@ impl TaskState {
     /// The acceptance check the task carries, if any.
     pub fn check(&self) -> Option<&crate::model::agent::Check> {
         self.agent.as_ref().and_then(|a| a.spec.check.as_ref())
-    }
-
-    /// The egress policy the task's commands run under, whatever kind of task it is: `None`
-    /// puts them behind no proxy.
-    pub fn egress(&self) -> Option<&crate::model::egress::EgressSpec> {
-        match &self.agent {
-            Some(a) => a.spec.egress.as_ref(),
-            None => self.plan_egress.as_ref(),
-        }
     }
 
     pub fn steps_total(&self) -> u32 {
