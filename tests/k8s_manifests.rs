@@ -2,7 +2,7 @@
 //! file against the API's schemas (skipped where the tool is not installed), and, read with a
 //! small YAML reader of our own, they keep their promises: every pod runs as non-root on a
 //! read-only root filesystem with every capability dropped, the brain's Role grants verbs on
-//! pods, pods/log and secrets only and nothing is cluster-wide, the worker gets its join token
+//! pods, pods/log, secrets and networkpolicies only and nothing is cluster-wide, the worker gets its join token
 //! as a file and no API credentials, worker pods reach only the brain and DNS, and every flag
 //! the pods pass to `brain` and `worker` is one those programs have.
 
@@ -244,27 +244,39 @@ fn the_brain_may_do_only_what_a_provisioner_of_worker_pods_needs_in_its_namespac
             "secrets",
             BTreeSet::from(["create", "get", "list", "delete"]),
         ),
+        (
+            "networkpolicies",
+            BTreeSet::from(["create", "list", "delete"]),
+        ),
     ]
     .into();
+    // Each resource in its own API group.
+    let group = |res: &str| {
+        if res == "networkpolicies" {
+            "networking.k8s.io"
+        } else {
+            ""
+        }
+    };
     let roles: Vec<&(String, Yaml)> = docs.iter().filter(|(_, d)| kind(d) == "Role").collect();
     assert_eq!(roles.len(), 1, "one Role");
     let (file, role) = roles[0];
     assert_eq!(role.str_at(&["metadata", "namespace"]), Some("tether"));
     let mut granted: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for rule in role.seq_at(&["rules"]) {
-        assert_eq!(
-            rule.strs_at(&["apiGroups"]),
-            [""],
-            "{file}: only the core API group: {rule:?}"
-        );
         for k in ["resourceNames", "nonResourceURLs"] {
             assert!(rule.get(k).is_none(), "{file}: {k} in {rule:?}");
         }
         let verbs = rule.strs_at(&["verbs"]);
         for res in rule.strs_at(&["resources"]) {
+            assert_eq!(
+                rule.strs_at(&["apiGroups"]),
+                [group(res)],
+                "{file}: {res} only in its own API group: {rule:?}"
+            );
             let Some(ok) = allowed.get(res) else {
                 panic!(
-                    "{file}: the Role grants {verbs:?} on {res:?}, which is none of pods, pods/log, secrets"
+                    "{file}: the Role grants {verbs:?} on {res:?}, which is none of pods, pods/log, secrets, networkpolicies"
                 );
             };
             for v in &verbs {

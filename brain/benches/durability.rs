@@ -134,6 +134,7 @@ fn main() {
                                     .unwrap(),
                             ),
                             agent: None,
+                            egress: None,
                         },
                         Event::WorkerAssigned {
                             worker: "nobody".into(),

@@ -156,6 +156,11 @@ fn an_instance_is_launched_as_aws_takes_it_and_terminated() {
         m.attribute(&instance, "instanceInitiatedShutdownBehavior"),
         "terminate"
     );
+    // The instance metadata service: on at launch (cloud-init reads the user data from it),
+    // IMDSv2 only.
+    let md = m.metadata_options(&instance);
+    assert_eq!(md["HttpEndpoint"], "enabled", "{md}");
+    assert_eq!(md["HttpTokens"], "required", "{md}");
     // The user data, as EC2 holds it: gzip, under the 16 KiB EC2 takes (moto does not check).
     let raw: Vec<u8> = m
         .attribute(&instance, "userData")
@@ -187,6 +192,28 @@ fn an_instance_is_launched_as_aws_takes_it_and_terminated() {
         Ok(o) => assert!(o.status.success(), "cloud-init schema: {}", text(&o)),
         Err(e) => testkit::skip("cloud-init", &format!("cannot run cloud-init: {e}")),
     }
+
+    // Its worker joins (a local worker with the machine's label stands in for the one on
+    // the instance): from then on nothing on the machine needs the metadata service, and
+    // the brain turns it off, so a command cannot read the instance's role credentials or
+    // its user data there.
+    let _w = c.join_worker_labeled("ec2-stand-in", &[&format!("tether.machine={id}")]);
+    assert!(
+        testkit::wait_until(Duration::from_secs(20), || c.machine(&id)["state"]
+            == "ready"),
+        "{}\n{}",
+        c.machine(&id),
+        c.brain_log()
+    );
+    assert!(
+        testkit::wait_until(Duration::from_secs(20), || {
+            m.metadata_options(&instance)["HttpEndpoint"] == "disabled"
+        }),
+        "the metadata service is still on after the join: {}\n{}",
+        m.metadata_options(&instance),
+        c.brain_log()
+    );
+    assert_eq!(m.metadata_options(&instance)["HttpTokens"], "required");
 
     // The quota counts it.
     let o = provision(&c, "1");

@@ -18,17 +18,29 @@ const IMAGE: &str = "tether-worker:test";
 
 /// The fake cluster and a brain configured for it, or why they cannot run here.
 fn setup(extra: &str) -> Result<(FakeKube, Cluster), String> {
+    setup_with(extra, "", None)
+}
+
+/// `setup`, with more of `[provision.k8s]` and, if given, another kubeconfig.
+fn setup_with(
+    extra: &str,
+    k8s_extra: &str,
+    kubeconfig: Option<&dyn Fn(&FakeKube) -> std::path::PathBuf>,
+) -> Result<(FakeKube, Cluster), String> {
     if unsafe { libc::geteuid() } != 0 {
         return Err("the fake kubelet gives each pod its own /etc/hosts in a mount namespace, which needs root".into());
     }
     let bins = testkit::Bins::locate();
     let fake = FakeKube::start(&bins.worker).map_err(|e| e.to_string())?;
     fake.add_dns(SERVICE, "127.0.0.1");
-    let kubeconfig = fake.kubeconfig("tether");
+    let kubeconfig = match kubeconfig {
+        Some(make) => make(&fake),
+        None => fake.kubeconfig("tether"),
+    };
     let c = Cluster::start_with(BrainOptions {
         init_args: vec!["--host".into(), SERVICE.into()],
         config: Some(format!(
-            "[provision]\nreaper_every = \"200ms\"\nreconcile_every = \"300ms\"\n{extra}\n[provision.k8s]\nkubeconfig = \"{}\"\nimage = \"{IMAGE}\"\n",
+            "[provision]\nreaper_every = \"200ms\"\nreconcile_every = \"300ms\"\n{extra}\n[provision.k8s]\nkubeconfig = \"{}\"\nimage = \"{IMAGE}\"\n{k8s_extra}\n",
             kubeconfig.display()
         )),
         ..BrainOptions::default()
@@ -210,6 +222,11 @@ fn pods_join_run_a_task_that_moves_between_them_and_are_released_without_a_trace
     }
     assert!(fake.pods().is_empty(), "{:?}", fake.pods());
     assert!(fake.secrets().is_empty(), "{:?}", fake.secrets());
+    assert!(
+        fake.network_policies().is_empty(),
+        "{:?}",
+        fake.network_policies()
+    );
     assert!(
         wait_until(Duration::from_secs(10), || !pids.iter().any(|p| alive(*p))),
         "a pod's process outlived its pod"
@@ -446,4 +463,210 @@ fn request_environment_moves_a_task_to_a_pod_from_a_k8s_offer() {
         text(&o)
     );
     validate(&fake);
+}
+
+fn policy_of(fake: &FakeKube, machine: &str) -> Option<Value> {
+    fake.network_policies()
+        .into_iter()
+        .find(|p| p["metadata"]["labels"]["tether.machine"] == machine)
+}
+
+/// What the policy must say besides the brain's peers: no ingress, DNS to the cluster's DNS.
+fn assert_confines(policy: &Value, pod: &Value, brain: Value) {
+    let spec = &policy["spec"];
+    // It selects exactly this pod: every label it matches is on the pod.
+    let sel = spec["podSelector"]["matchLabels"].as_object().unwrap();
+    assert!(sel.contains_key("tether.machine"), "{policy}");
+    for (k, v) in sel {
+        assert_eq!(&pod["metadata"]["labels"][k], v, "{policy}\n{pod}");
+    }
+    assert_eq!(
+        spec["policyTypes"],
+        json!(["Ingress", "Egress"]),
+        "{policy}"
+    );
+    assert!(
+        spec["ingress"].as_array().is_none_or(Vec::is_empty),
+        "{policy}"
+    );
+    let dns = json!({
+        "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+    });
+    assert_eq!(spec["egress"], json!([brain, dns]), "{policy}");
+}
+
+#[test]
+fn each_pod_gets_a_network_policy_that_lets_it_reach_only_the_brain_and_dns() {
+    let (fake, c) = match setup("") {
+        Ok(x) => x,
+        Err(why) => {
+            testkit::skip("user", &why);
+            return;
+        }
+    };
+    // The brain by the Service name: its pods, as deploy/k8s labels them.
+    let (o, m) = provision(&c, &[]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    assert_eq!(m["state"], "ready", "{m}");
+    let id = m["id"].as_str().unwrap().to_string();
+    let policy = policy_of(&fake, &id).expect("a NetworkPolicy for the pod");
+    assert_eq!(policy["metadata"]["namespace"], "tether");
+    assert_eq!(policy["apiVersion"], "networking.k8s.io/v1");
+    let pod = pod_of(&fake, &id).unwrap();
+    assert_confines(
+        &policy,
+        &pod,
+        json!({"to": [{"podSelector": {"matchLabels": {"tether.role": "brain"}}}],
+               "ports": [{"protocol": "TCP", "port": c.port}]}),
+    );
+    // The policy was there before the pod: the worker never ran unconfined.
+    let reqs = fake.requests();
+    let at = |what: &str| reqs.iter().position(|r| r.starts_with(what)).unwrap();
+    assert!(
+        at("POST /apis/networking.k8s.io/v1/namespaces/tether/networkpolicies")
+            < at("POST /api/v1/namespaces/tether/pods"),
+        "{reqs:?}"
+    );
+
+    // The brain by address: the address itself.
+    let url = format!("https://10.11.12.13:{}", c.port);
+    let o = c.brain_cli(&[
+        "provision",
+        "k8s",
+        "--brain-url",
+        &url,
+        "--wait",
+        "0s",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    let m2: Value = serde_json::from_slice::<Value>(&o.stdout).unwrap()[0].clone();
+    let id2 = m2["id"].as_str().unwrap().to_string();
+    assert_confines(
+        &policy_of(&fake, &id2).expect("a NetworkPolicy for the second pod"),
+        &pod_of(&fake, &id2).unwrap(),
+        json!({"to": [{"ipBlock": {"cidr": "10.11.12.13/32"}}],
+               "ports": [{"protocol": "TCP", "port": c.port}]}),
+    );
+
+    // Release deletes each pod's policy.
+    for id in [&id, &id2] {
+        let o = c.brain_cli(&["machines", "release", id]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    assert!(
+        fake.network_policies().is_empty(),
+        "{:?}",
+        fake.network_policies()
+    );
+
+    // A policy of this brain's that no record names (left by a brain that died) goes at
+    // the next reconcile.
+    let tag = pod["metadata"]["labels"]["tether.brain"].as_str().unwrap();
+    let stray = json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "tether-m-00000000beef",
+            "labels": {"tether.brain": tag, "tether.machine": "m-00000000beef"}},
+        "spec": {"podSelector": {"matchLabels": {"tether.machine": "m-00000000beef"}},
+            "policyTypes": ["Ingress", "Egress"]}});
+    assert_eq!(fake.create("tether", &stray), 201);
+    assert!(
+        wait_until(Duration::from_secs(10), || fake
+            .network_policies()
+            .is_empty()),
+        "reconcile left the stray policy: {:?}",
+        fake.network_policies()
+    );
+    validate(&fake);
+}
+
+#[test]
+fn with_network_policy_namespace_the_namespace_must_have_one_that_limits_egress() {
+    let (fake, c) = match setup_with("", "network_policy = \"namespace\"", None) {
+        Ok(x) => x,
+        Err(why) => {
+            testkit::skip("user", &why);
+            return;
+        }
+    };
+    let (o, _) = provision(&c, &["--wait", "0s"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = text(&o);
+    assert!(
+        err.contains("network_policy = \"namespace\"") && err.contains("tether"),
+        "{err}"
+    );
+    assert!(fake.pods().is_empty(), "{:?}", fake.pods());
+    // The namespace's own policy (as deploy/k8s/30-network-policy.yaml has it).
+    let ns_policy = json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "tether-provisioned-worker"},
+        "spec": {"podSelector": {"matchExpressions": [{"key": "tether.machine", "operator": "Exists"}]},
+            "policyTypes": ["Ingress", "Egress"]}});
+    assert_eq!(fake.create("tether", &ns_policy), 201);
+    let (o, m) = provision(&c, &[]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    assert_eq!(m["state"], "ready", "{m}");
+    // The brain made none of its own.
+    assert_eq!(
+        fake.network_policies().len(),
+        1,
+        "{:?}",
+        fake.network_policies()
+    );
+    let id = m["id"].as_str().unwrap();
+    let o = c.brain_cli(&["machines", "release", id]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        fake.network_policies().len(),
+        1,
+        "{:?}",
+        fake.network_policies()
+    );
+}
+
+#[test]
+fn a_kubeconfig_that_skips_tls_verification_is_refused_unless_the_config_allows_it() {
+    let insecure = |fake: &FakeKube| {
+        let p = fake
+            .kubeconfig("tether")
+            .with_file_name("kubeconfig-insecure");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\nclusters:\n- name: fake\n  cluster:\n    server: {}\n    insecure-skip-tls-verify: true\nusers:\n- name: brain\n  user:\n    token: {}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: brain\n    namespace: tether\n",
+            fake.server(),
+            fake.token()
+        );
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let (fake, c) = match setup_with("", "", Some(&insecure)) {
+        Ok(x) => x,
+        Err(why) => {
+            testkit::skip("user", &why);
+            return;
+        }
+    };
+    let (o, _) = provision(&c, &["--wait", "0s"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = text(&o);
+    assert!(
+        err.contains("insecure-skip-tls-verify")
+            && err.contains("allow_insecure_skip_tls_verify = true"),
+        "{err}"
+    );
+    assert!(
+        fake.requests().is_empty(),
+        "nothing may be sent to an unverified server: {:?}",
+        fake.requests()
+    );
+    drop(c);
+    drop(fake);
+
+    // Said explicitly in the config, it is used.
+    let (fake, c) =
+        setup_with("", "allow_insecure_skip_tls_verify = true", Some(&insecure)).unwrap();
+    let (o, m) = provision(&c, &[]);
+    assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
+    assert_eq!(m["state"], "ready", "{m}");
+    assert!(pod_of(&fake, m["id"].as_str().unwrap()).is_some());
 }

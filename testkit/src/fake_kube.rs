@@ -1,8 +1,9 @@
 //! A fake kube-apiserver with a fake kubelet, for the `k8s` provider's tests: no API server
 //! can run on these machines. It speaks the core/v1 REST wire format over real HTTPS (its
 //! own CA, which the test's kubeconfig carries) for what the provider uses: pods and secrets
-//! created, read, listed with equality label selectors and deleted, each answer a real
-//! object or a `Status`; bearer-token authentication. The kubelet half turns a created Pod
+//! (core/v1) and NetworkPolicies (networking.k8s.io/v1, stored, not enforced) created, read,
+//! listed with equality label selectors and deleted, each answer a real object or a
+//! `Status`; bearer-token authentication. The kubelet half turns a created Pod
 //! into a real local process: the container's command with the worker binary for the
 //! image's, its arguments and environment, its secret volumes as files and its `emptyDir`s
 //! as directories; it reports the pod's phase and container state as a kubelet does
@@ -40,7 +41,9 @@ struct State {
     namespaces: BTreeSet<String>,
     pods: BTreeMap<(String, String), Pod>,
     secrets: BTreeMap<(String, String), Value>,
-    /// Every Pod and Secret body a client sent, as sent.
+    /// NetworkPolicies: kept as sent (the fake kubelet's processes are not confined by them).
+    policies: BTreeMap<(String, String), Value>,
+    /// Every Pod, Secret and NetworkPolicy body a client sent, as sent.
     received: Vec<Value>,
     /// `METHOD path?query` of every request.
     requests: Vec<String>,
@@ -146,7 +149,12 @@ impl FakeKube {
         lock(&self.state).secrets.values().cloned().collect()
     }
 
-    /// Every Pod and Secret a client sent, as sent.
+    /// The NetworkPolicies there are now.
+    pub fn network_policies(&self) -> Vec<Value> {
+        lock(&self.state).policies.values().cloned().collect()
+    }
+
+    /// Every Pod, Secret and NetworkPolicy a client sent, as sent.
     pub fn received(&self) -> Vec<Value> {
         lock(&self.state).received.clone()
     }
@@ -186,20 +194,17 @@ impl FakeKube {
             .insert(name.to_string(), ip.to_string());
     }
 
-    /// Creates `obj` (a Pod or Secret) in `ns` as another client of the API would; the
-    /// answer's status code.
+    /// Creates `obj` (a Pod, Secret or NetworkPolicy) in `ns` as another client of the API
+    /// would; the answer's status code.
     pub fn create(&self, ns: &str, obj: &Value) -> u16 {
-        let kind = if obj["kind"] == "Pod" {
-            "pods"
-        } else {
-            "secrets"
+        let path = match obj["kind"].as_str() {
+            Some("Pod") => format!("/api/v1/namespaces/{ns}/pods"),
+            Some("NetworkPolicy") => {
+                format!("/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies")
+            }
+            _ => format!("/api/v1/namespaces/{ns}/secrets"),
         };
-        let (code, _) = route(
-            &self.state,
-            "POST",
-            &format!("/api/v1/namespaces/{ns}/{kind}"),
-            obj.to_string().as_bytes(),
-        );
+        let (code, _) = route(&self.state, "POST", &path, obj.to_string().as_bytes());
         // Not the provider's: kept out of what it sent.
         lock(&self.state).received.pop();
         code
@@ -351,9 +356,21 @@ fn route(state: &Mutex<State>, method: &str, target: &str, body: &[u8]) -> (u16,
         .map(|(k, v)| (decode(k), decode(v)))
         .collect();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (ns, kind, name) = match parts.as_slice() {
-        ["api", "v1", "namespaces", ns, kind] => (*ns, *kind, None),
-        ["api", "v1", "namespaces", ns, kind, name] => (*ns, *kind, Some(*name)),
+    let (group, ns, kind, name) = match parts.as_slice() {
+        ["api", "v1", "namespaces", ns, kind] => ("v1", *ns, *kind, None),
+        ["api", "v1", "namespaces", ns, kind, name] => ("v1", *ns, *kind, Some(*name)),
+        ["apis", "networking.k8s.io", "v1", "namespaces", ns, kind] => {
+            ("networking.k8s.io/v1", *ns, *kind, None)
+        }
+        [
+            "apis",
+            "networking.k8s.io",
+            "v1",
+            "namespaces",
+            ns,
+            kind,
+            name,
+        ] => ("networking.k8s.io/v1", *ns, *kind, Some(*name)),
         _ => {
             return status(
                 404,
@@ -364,9 +381,10 @@ fn route(state: &Mutex<State>, method: &str, target: &str, body: &[u8]) -> (u16,
             );
         }
     };
-    let (kind_name, api_kind) = match kind {
-        "pods" => ("pods", "Pod"),
-        "secrets" => ("secrets", "Secret"),
+    let (kind_name, api_kind) = match (group, kind) {
+        ("v1", "pods") => ("pods", "Pod"),
+        ("v1", "secrets") => ("secrets", "Secret"),
+        ("networking.k8s.io/v1", "networkpolicies") => ("networkpolicies", "NetworkPolicy"),
         _ => {
             return status(
                 404,
@@ -407,6 +425,12 @@ fn route(state: &Mutex<State>, method: &str, target: &str, body: &[u8]) -> (u16,
                     .filter(|((n, _), _)| n == ns)
                     .map(|(_, p)| p.obj.clone())
                     .collect(),
+                "networkpolicies" => s
+                    .policies
+                    .iter()
+                    .filter(|((n, _), _)| n == ns)
+                    .map(|(_, v)| v.clone())
+                    .collect(),
                 _ => s
                     .secrets
                     .iter()
@@ -417,13 +441,14 @@ fn route(state: &Mutex<State>, method: &str, target: &str, body: &[u8]) -> (u16,
             let items: Vec<Value> = items.into_iter().filter(|o| selects(&sel, o)).collect();
             (
                 200,
-                json!({"kind": format!("{api_kind}List"), "apiVersion": "v1",
+                json!({"kind": format!("{api_kind}List"), "apiVersion": group,
                 "metadata": {"resourceVersion": s.version.to_string()}, "items": items}),
             )
         }
         ("GET", Some(n)) => {
             let found = match kind {
                 "pods" => s.pods.get(&key(n)).map(|p| p.obj.clone()),
+                "networkpolicies" => s.policies.get(&key(n)).cloned(),
                 _ => s.secrets.get(&key(n)).cloned(),
             };
             match found {
@@ -448,12 +473,12 @@ fn route(state: &Mutex<State>, method: &str, target: &str, body: &[u8]) -> (u16,
                 );
             };
             s.received.push(obj.clone());
-            if obj["kind"] != api_kind || obj["apiVersion"] != "v1" {
+            if obj["kind"] != api_kind || obj["apiVersion"] != group {
                 return status(
                     400,
                     "BadRequest",
                     format!(
-                        "the body is not a v1 {api_kind}: kind {} apiVersion {}",
+                        "the body is not a {group} {api_kind}: kind {} apiVersion {}",
                         obj["kind"], obj["apiVersion"]
                     ),
                     kind_name,
@@ -477,6 +502,7 @@ fn route(state: &Mutex<State>, method: &str, target: &str, body: &[u8]) -> (u16,
             }
             let exists = match kind {
                 "pods" => s.pods.contains_key(&key(&n)),
+                "networkpolicies" => s.policies.contains_key(&key(&n)),
                 _ => s.secrets.contains_key(&key(&n)),
             };
             if exists {
@@ -505,6 +531,8 @@ fn route(state: &Mutex<State>, method: &str, target: &str, body: &[u8]) -> (u16,
                         oom: false,
                     },
                 );
+            } else if kind == "networkpolicies" {
+                s.policies.insert(key(&n), obj.clone());
             } else {
                 s.secrets.insert(key(&n), obj.clone());
             }
@@ -516,6 +544,7 @@ fn route(state: &Mutex<State>, method: &str, target: &str, body: &[u8]) -> (u16,
                     stop_process(&mut p);
                     p.obj
                 }),
+                "networkpolicies" => s.policies.remove(&key(n)),
                 _ => s.secrets.remove(&key(n)),
             };
             match gone {

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-/// The policy the README asks for: what the brain's ec2 provider calls.
-pub const BRAIN_POLICY: &str = r#"{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateTags", "ec2:DescribeInstances", "ec2:TerminateInstances"], "Resource": "*"}]}"#;
+/// The policy the README asks for: what the brain's ec2 provider calls (turning the
+/// metadata service off once a worker has joined among them).
+pub const BRAIN_POLICY: &str = r#"{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateTags", "ec2:DescribeInstances", "ec2:TerminateInstances", "ec2:ModifyInstanceMetadataOptions"], "Resource": "*"}]}"#;
 
 /// An AMI moto knows.
 pub const AMI: &str = "ami-1e749f67";
@@ -218,6 +219,15 @@ impl Moto {
             "r = ec2.describe_instances()\nprint(json.dumps([{'id': i['InstanceId'], 'state': i['State']['Name'], 'type': i['InstanceType'], 'tags': {t['Key']: t['Value'] for t in i.get('Tags', [])}} for res in r['Reservations'] for i in res['Instances']]))",
         );
         v.as_array().cloned().unwrap_or_default()
+    }
+
+    /// An instance's metadata options as DescribeInstances shows them (`HttpEndpoint`,
+    /// `HttpTokens`, ...).
+    pub fn metadata_options(&self, instance: &str) -> Value {
+        self.ec2(&format!(
+            "r = ec2.describe_instances(InstanceIds=[{instance:?}])\n\
+             print(json.dumps(r['Reservations'][0]['Instances'][0].get('MetadataOptions')))"
+        ))
     }
 
     /// An instance's attribute (`userData` base64-decoded to bytes as a JSON array of

@@ -489,12 +489,53 @@ pub struct RunArgs {
     /// repeatable
     #[arg(long = "require-label", value_name = "K=V", value_parser = shared::parse_label)]
     pub require_labels: Vec<(String, String)>,
-    /// Run a scripted plan from this JSON file instead of the agent
+    /// Run a scripted plan from this JSON file instead of the agent. Its commands run under
+    /// --secret, --allow and --egress as an agent's do; the agent's own flags (--model,
+    /// budgets, --check, --git, --dir, --deliver, ...) are refused with it
     #[arg(long)]
     pub plan: Option<PathBuf>,
     /// The goal (same as GOAL; for scripted plans, shown in `brain tasks`)
     #[arg(long = "goal", hide = true)]
     pub goal_flag: Option<String>,
+}
+
+/// Why the agent's flags do not apply to a scripted plan, and what to do instead.
+const NO_MODEL: &str = "a plan runs no model; drop it (the plan's steps are the whole task)";
+const NO_BUDGET: &str = "a plan spends no tokens or model steps; drop it and bound each step with its \"timeout\" in the plan (default 10m)";
+const NO_CHECK: &str = "a plan has no acceptance check; make the check the plan's last step (a \"run\" step that fails fails the task), or give a step its own \"check\"";
+const NO_SOURCE: &str = "a plan starts from an empty workspace; drop it and write the files the plan needs with \"write\" steps, or run an agent task with it";
+const NO_DELIVERY: &str = "a plan is not delivered (it takes no --git); drop it and get the result with `brain task patch` or `brain task export`";
+
+impl RunArgs {
+    /// The flags given that a scripted plan (`--plan`) cannot honour, each with why and
+    /// what to do instead. The egress flags (`--secret`, `--allow`, `--egress`), `--worker`,
+    /// `--require-label`, `--goal` and `--detach` apply to plans too.
+    pub fn not_for_plans(&self) -> Vec<(&'static str, &'static str)> {
+        let b = &self.budget;
+        [
+            ("--model", self.model.is_some(), NO_MODEL),
+            ("--permission", self.permission.is_some(), NO_MODEL),
+            ("--record", self.record.is_some(), NO_MODEL),
+            ("--budget-usd", b.budget_usd.is_some(), NO_BUDGET),
+            ("--max-tokens", b.max_tokens.is_some(), NO_BUDGET),
+            ("--max-steps", b.max_steps.is_some(), NO_BUDGET),
+            ("--max-wall", b.max_wall.is_some(), NO_BUDGET),
+            ("--check", self.check.is_some(), NO_CHECK),
+            ("--check-timeout", self.check_timeout.is_some(), NO_CHECK),
+            ("--protect", !self.protect.is_empty(), NO_CHECK),
+            ("--git", self.git.is_some(), NO_SOURCE),
+            ("--git-ref", self.git_ref.is_some(), NO_SOURCE),
+            ("--dir", self.dir.is_some(), NO_SOURCE),
+            ("--include-git", self.include_git, NO_SOURCE),
+            ("--exclude", !self.excludes.is_empty(), NO_SOURCE),
+            ("--no-default-excludes", self.no_default_excludes, NO_SOURCE),
+            ("--deliver", self.deliver.is_some(), NO_DELIVERY),
+        ]
+        .into_iter()
+        .filter(|(_, given, _)| *given)
+        .map(|(flag, _, why)| (flag, why))
+        .collect()
+    }
 }
 
 #[derive(Subcommand)]

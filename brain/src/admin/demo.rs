@@ -226,7 +226,7 @@ async fn scenario(
             plan_json: serde_json::json!({ "steps": steps }).to_string(),
             worker: w1.clone(),
             goal: "append six lines, one per step".into(),
-            require_labels: Default::default(),
+            ..Default::default()
         })
         .await?
         .into_inner()

@@ -12,6 +12,20 @@ use super::render::{describe_live, describe_record};
 
 /// `brain run`: starts an agent task (or a scripted plan) and follows it.
 pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
+    let refused = args.not_for_plans();
+    if args.plan.is_some() && !refused.is_empty() {
+        // A flag the plan would not honour is refused, never dropped: a plan run with
+        // `--check` must not look verified, one with `--git` must not run on an empty
+        // workspace unnoticed.
+        let mut text = String::from(
+            "error: brain run --plan does not take these flags (nothing was started):",
+        );
+        for (flag, why) in refused {
+            text.push_str(&format!("\n  {flag}: {why}"));
+        }
+        eprintln!("{text}");
+        return Ok(shared::exit::ExitCode::Usage.code());
+    }
     let goal = args.goal.or(args.goal_flag).unwrap_or_default();
     let mut c = target.connect().await?;
     let task_id = if let Some(plan) = &args.plan {
@@ -26,6 +40,9 @@ pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
                 worker,
                 goal,
                 require_labels: args.require_labels.iter().cloned().collect(),
+                secrets: args.secrets.clone(),
+                allow: args.allow.clone(),
+                egress: args.egress.clone().unwrap_or_default(),
             })
             .await
             .map_err(|s| status(s, &target.url))?

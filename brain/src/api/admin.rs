@@ -309,12 +309,13 @@ impl Admin for Services {
         } else {
             req.goal.chars().take(4096).collect()
         };
+        let egress = self.egress_spec(&req.secrets, &req.allow, &req.egress)?;
         let id = self
             .0
             .engine
             .create(NewTask {
                 goal,
-                kind: Kind::Plan(plan),
+                kind: Kind::Plan { plan, egress },
                 worker: req.worker,
                 labels: convert::labels(&req.require_labels)?,
                 rules: Default::default(),

@@ -9,7 +9,7 @@ use super::ports::OutputSink;
 use super::store::LiveOutput;
 use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
 use crate::model::ops::{Command, CommandEnd, Egress, FileAnswer, FileOp, Stream, SyncOp};
-use crate::model::state::{PendingCall, Status};
+use crate::model::state::{PendingCall, Status, TaskState};
 use shared::locks::Lock;
 
 /// Output kept per result in the log (the worker captures up to 64 KiB per stream).
@@ -391,11 +391,20 @@ pub enum CommandOutcome {
     },
 }
 
+/// The egress policy of a task's commands, whatever kind of task it is (`None`: behind no
+/// proxy): an agent's is in its spec, a plan's beside its plan.
+pub fn egress_spec(st: &TaskState) -> Option<&crate::model::egress::EgressSpec> {
+    match &st.agent {
+        Some(a) => a.spec.egress.as_ref(),
+        None => st.plan_egress.as_ref(),
+    }
+}
+
 /// A call's placeholders and egress policy, when its task's commands run behind the egress
 /// proxy.
 fn egress_for(cx: &Cx<'_>, call_id: u64) -> (Vec<(String, String)>, Option<Egress>) {
     let st = cx.task.state();
-    let Some(spec) = st.agent.as_ref().and_then(|a| a.spec.egress.clone()) else {
+    let Some(spec) = egress_spec(&st).cloned() else {
         return (vec![], None);
     };
     let task = cx.task.id.to_string();

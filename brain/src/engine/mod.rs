@@ -45,7 +45,11 @@ pub use store::{LiveOutput, Shown, Store, Task};
 /// What a new task runs.
 #[derive(Debug, Clone)]
 pub enum Kind {
-    Plan(Plan),
+    /// A scripted plan, and the egress policy its commands run under (`None`: no proxy).
+    Plan {
+        plan: Plan,
+        egress: Option<EgressSpec>,
+    },
     Agent(Box<AgentSpec>),
 }
 
@@ -274,8 +278,8 @@ impl Engine {
                 })
             }
         };
-        let (plan, agent) = match new.kind {
-            Kind::Plan(p) => (Some(p), None),
+        let (plan, agent, plan_egress) = match new.kind {
+            Kind::Plan { plan, egress } => (Some(plan), None, egress),
             Kind::Agent(mut a) => {
                 // The repository's own check wins over the config's default (a request's
                 // `--check` wins over both).
@@ -312,7 +316,7 @@ impl Engine {
                         "--protect needs an acceptance check: give --check CMD, or name one in the repository's .tether/check".into(),
                     ));
                 }
-                (None, Some(a))
+                (None, Some(a), None)
             }
         };
         let task = self
@@ -326,6 +330,7 @@ impl Engine {
                         workspace: id.workspace(),
                         plan,
                         agent,
+                        egress: plan_egress,
                     },
                     Event::WorkerAssigned {
                         worker: w.id.clone(),
@@ -516,7 +521,7 @@ impl Engine {
         if st.status.is_terminal() || st.worker.as_deref() != Some(worker) {
             return None;
         }
-        st.agent.and_then(|a| a.spec.egress)
+        effects::egress_spec(&st).cloned()
     }
 
     /// Logs a connection of a task's command that the egress proxy refused.

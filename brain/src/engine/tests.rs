@@ -262,7 +262,10 @@ fn plan_task(worker: &str, steps: usize) -> NewTask {
         .collect();
     NewTask {
         goal: "test".into(),
-        kind: Kind::Plan(Plan::parse(&format!(r#"{{"steps":[{}]}}"#, steps.join(","))).unwrap()),
+        kind: Kind::Plan {
+            plan: Plan::parse(&format!(r#"{{"steps":[{}]}}"#, steps.join(","))).unwrap(),
+            egress: None,
+        },
         worker: worker.into(),
         labels: Labels::new(),
         rules: SyncRules::default(),

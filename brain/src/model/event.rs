@@ -330,6 +330,9 @@ pub enum Event {
         /// An agent task: model, permission, budgets (fixed when the task is created).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent: Option<Box<crate::model::agent::AgentSpec>>,
+        /// A scripted plan's egress policy (an agent's is in its spec), fixed at creation.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        egress: Option<crate::model::egress::EgressSpec>,
     },
     /// Running, or waiting (for a worker, an approval, budget) with the reason. A status this
     /// code does not know is a record it cannot decode.

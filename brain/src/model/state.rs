@@ -89,6 +89,10 @@ pub struct TaskState {
     /// Agent tasks: the conversation, budgets and what waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<crate::model::agent::AgentState>>,
+    /// Scripted plans: their commands' egress policy (an agent's is in its spec; the
+    /// engine's `effects::egress_spec` reads either).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_egress: Option<crate::model::egress::EgressSpec>,
     /// A git import: where the task's repository stands, for its delivery.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<super::delivery::Origin>,
@@ -139,6 +143,7 @@ impl TaskState {
             require_labels: Default::default(),
             last_check: None,
             agent: None,
+            plan_egress: None,
             origin: None,
             moves: 0,
             deliver: Default::default(),
@@ -179,10 +184,12 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             workspace,
             plan,
             agent,
+            egress,
         } => {
             st.goal = goal.clone();
             st.workspace = workspace.clone();
             st.plan = plan.clone();
+            st.plan_egress = egress.clone();
             st.created_ms = rec.at_ms;
             st.agent = agent
                 .as_ref()

@@ -306,6 +306,21 @@ impl Provisioner for Ec2Provider {
         })
     }
 
+    async fn joined(&self, m: &Machine) -> Result<(), ProviderError> {
+        // The worker never asks the instance metadata service, and cloud-init, which read
+        // the user data from it, is done: off, so a command on the machine can read neither
+        // the instance's role credentials nor its user data there.
+        let c = self.client()?;
+        for id in self.instances_of(&c, &m.id).await? {
+            c.disable_metadata(&id).await.map_err(|e| {
+                ProviderError::new(format!(
+                    "instance {id}'s metadata service stays on: {e} (the brain's IAM policy needs ec2:ModifyInstanceMetadataOptions)"
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
     async fn destroy(&self, m: &Machine) -> Result<(), ProviderError> {
         let c = self.client()?;
         let ids = self.instances_of(&c, &m.id).await?;

@@ -249,8 +249,11 @@ impl Ec2 {
             ),
             // A worker that gives up on its brain powers off: that ends the instance.
             kv("InstanceInitiatedShutdownBehavior", "terminate"),
-            // IMDSv2 only: nothing on the instance reads its metadata without a session.
+            // IMDSv2 only: nothing on the instance reads its metadata without a session. The
+            // service stays on until the worker joins (cloud-init reads the user data from
+            // it); then `disable_metadata` turns it off.
             kv("MetadataOptions.HttpTokens", "required"),
+            kv("MetadataOptions.HttpPutResponseHopLimit", "1"),
         ];
         if !tags.is_empty() {
             p.push(kv("TagSpecification.1.ResourceType", "instance"));
@@ -302,6 +305,19 @@ impl Ec2 {
                 return Ok(out);
             }
         }
+    }
+
+    /// Turns instance `id`'s metadata service off (ModifyInstanceMetadataOptions), IMDSv2
+    /// only should it be turned on again.
+    pub async fn disable_metadata(&self, id: &str) -> Result<(), Error> {
+        let p = [
+            kv("InstanceId", id),
+            kv("HttpEndpoint", "disabled"),
+            kv("HttpTokens", "required"),
+        ];
+        self.call("ModifyInstanceMetadataOptions", &p)
+            .await
+            .map(drop)
     }
 
     pub async fn terminate(&self, ids: &[String]) -> Result<(), Error> {

@@ -11,6 +11,13 @@
 //! deleted once the worker has joined. A pod that failed (OOMKilled, evicted, an image that
 //! cannot be pulled, the worker gave up on its brain) is reported with Kubernetes' reason, and
 //! reconcile ends its machine `failed` with it.
+//!
+//! Each pod gets a NetworkPolicy of its own, made before the pod and deleted with it
+//! (`network_policy = "per-pod"`, the default): nothing connects in, and out it reaches only
+//! the brain and the cluster DNS. With `network_policy = "namespace"` the namespace's own
+//! policy does that (deploy/k8s/30-network-policy.yaml), and the brain checks before each
+//! pod that the namespace has a policy limiting egress. A kubeconfig that turns TLS
+//! verification off is refused unless `allow_insecure_skip_tls_verify` says otherwise.
 
 pub mod auth;
 pub mod pod;
@@ -52,6 +59,30 @@ pub struct K8sConfig {
     pub tmp_mb: u32,
     /// Node selector for worker pods.
     pub node_selector: std::collections::BTreeMap<String, String>,
+    /// What confines worker pods' network: a NetworkPolicy per pod made by the brain
+    /// (`per-pod`), or the namespace's own (`namespace`: the brain makes none, and refuses
+    /// to start a pod while no policy of the namespace limits egress).
+    pub network_policy: NetworkPolicyMode,
+    /// The brain, as a pod's policy lets it be reached when the brain URL names a host:
+    /// the labels of its pods (deploy/k8s's `tether.role: brain`) ...
+    pub brain_pod_labels: std::collections::BTreeMap<String, String>,
+    /// ... in this namespace (default: the worker pods').
+    pub brain_namespace: Option<String>,
+    /// The brain's addresses (`ADDRESS/BITS`), for a brain outside the cluster reached by a
+    /// host name; they win over the pod labels.
+    pub brain_cidrs: Vec<String>,
+    /// Use a kubeconfig whose cluster has `insecure-skip-tls-verify: true` (the API
+    /// server's certificate is not checked, so anyone on the path gets the credentials).
+    pub allow_insecure_skip_tls_verify: bool,
+}
+
+/// `[provision.k8s] network_policy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkPolicyMode {
+    #[default]
+    PerPod,
+    Namespace,
 }
 
 impl Default for K8sConfig {
@@ -69,6 +100,11 @@ impl Default for K8sConfig {
             gpu_resource: "nvidia.com/gpu".into(),
             tmp_mb: 256,
             node_selector: Default::default(),
+            network_policy: NetworkPolicyMode::PerPod,
+            brain_pod_labels: [("tether.role".to_string(), "brain".to_string())].into(),
+            brain_namespace: None,
+            brain_cidrs: vec![],
+            allow_insecure_skip_tls_verify: false,
         }
     }
 }
@@ -118,6 +154,12 @@ impl K8sProvider {
             }
         }
         .map_err(|e| ProviderError::untouched(format!("k8s: {e}")))?;
+        if cluster.insecure && !self.cfg.allow_insecure_skip_tls_verify {
+            return Err(ProviderError::untouched(format!(
+                "k8s: {} says insecure-skip-tls-verify: true, so the API server's certificate would not be checked and anyone on the path could take the brain's credentials; give the cluster's CA (certificate-authority-data) instead, or, for a throw-away cluster, set allow_insecure_skip_tls_verify = true under [provision.k8s]",
+                cluster.source
+            )));
+        }
         let made = Arc::new(Api::new(cluster, self.cfg.namespace.clone())?);
         *a = Some(made.clone());
         Ok(made)
@@ -147,14 +189,40 @@ impl Provisioner for K8sProvider {
         let api = self.api()?;
         let secret = pod::secret(m, &self.tag, &join.token);
         let p = pod::pod(m, &self.tag, &self.cfg, join).map_err(ProviderError::untouched)?;
+        let per_pod = self.cfg.network_policy == NetworkPolicyMode::PerPod;
+        if per_pod {
+            let policy = pod::network_policy(m, &self.tag, &self.cfg, &join.brain_url)
+                .map_err(|e| ProviderError::untouched(format!("k8s: {e}")))?;
+            // Made first, so the pod never runs unconfined; a retried create replaces what
+            // the first try left.
+            api.delete(POLICIES, &pod::policy_name(&m.id)).await?;
+            api.create(POLICIES, &policy)
+                .await
+                .map_err(|e| e.untouched_if_refused())?;
+        } else {
+            self.check_namespace_policy(&api).await?;
+        }
+        // What this create made, taken back when a later step fails.
+        let undo = async |secret: bool| {
+            if secret {
+                let _ = api.delete("secrets", &pod::secret_name(&m.id)).await;
+            }
+            if per_pod {
+                let _ = api.delete(POLICIES, &pod::policy_name(&m.id)).await;
+            }
+        };
         // A retried create of the same machine replaces what the first try left.
-        api.delete("secrets", &pod::secret_name(&m.id)).await?;
-        api.create("secrets", &secret)
-            .await
-            .map_err(|e| e.untouched_if_refused())?;
+        if let Err(e) = api.delete("secrets", &pod::secret_name(&m.id)).await {
+            undo(false).await;
+            return Err(e.into());
+        }
+        if let Err(e) = api.create("secrets", &secret).await {
+            undo(false).await;
+            return Err(e.untouched_if_refused());
+        }
         if let Err(e) = api.create("pods", &p).await {
             // Nothing runs: take the token back, and say what the cluster said.
-            let _ = api.delete("secrets", &pod::secret_name(&m.id)).await;
+            undo(true).await;
             return Err(e.untouched_if_refused());
         }
         Ok(Created {
@@ -175,6 +243,10 @@ impl Provisioner for K8sProvider {
         let api = self.api()?;
         api.delete("pods", &pod::pod_name(&m.id)).await?;
         api.delete("secrets", &pod::secret_name(&m.id)).await?;
+        // After the pod: a pod is never left without its policy.
+        if self.cfg.network_policy == NetworkPolicyMode::PerPod {
+            api.delete(POLICIES, &pod::policy_name(&m.id)).await?;
+        }
         Ok(())
     }
 
@@ -196,15 +268,31 @@ impl Provisioner for K8sProvider {
                 })
             })
             .collect();
-        // A join secret whose pod is gone and that no live record names is left over.
-        for s in api.list("secrets", &self.selector()).await? {
+        // A join secret or a pod's policy whose pod is gone and that no live record names is
+        // left over (a brain that died between making it and making the pod, or before
+        // deleting it): destroying its machine deletes it.
+        let mut leftovers: Vec<(&str, serde_json::Value)> = api
+            .list("secrets", &self.selector())
+            .await?
+            .into_iter()
+            .map(|s| ("secret", s))
+            .collect();
+        if self.cfg.network_policy == NetworkPolicyMode::PerPod {
+            leftovers.extend(
+                api.list(POLICIES, &self.selector())
+                    .await?
+                    .into_iter()
+                    .map(|p| ("networkpolicy", p)),
+            );
+        }
+        for (what, s) in leftovers {
             if let Some(machine) = s["metadata"]["labels"][pod::MACHINE].as_str()
                 && !seen.iter().any(|x| x.machine == machine)
                 && !records.iter().any(|r| r.id == machine)
             {
                 seen.push(Seen {
                     machine: machine.to_string(),
-                    handle: format!("secret {}", s["metadata"]["name"].as_str().unwrap_or("")),
+                    handle: format!("{what} {}", s["metadata"]["name"].as_str().unwrap_or("")),
                     failure: None,
                 });
             }
@@ -212,6 +300,32 @@ impl Provisioner for K8sProvider {
         Ok(seen)
     }
 }
+
+impl K8sProvider {
+    /// With `network_policy = "namespace"`: the namespace must have a NetworkPolicy that
+    /// limits egress, or no pod is started.
+    async fn check_namespace_policy(&self, api: &Api) -> Result<(), ProviderError> {
+        let policies = api
+            .list(POLICIES, "")
+            .await
+            .map_err(|e| e.untouched_if_refused())?;
+        let limits_egress = policies.iter().any(|p| {
+            p["spec"]["policyTypes"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t == "Egress"))
+        });
+        if limits_egress {
+            return Ok(());
+        }
+        Err(ProviderError::untouched(format!(
+            "k8s: provision.k8s.network_policy = \"namespace\" says namespace {} confines worker pods, but none of its NetworkPolicies limits egress: apply deploy/k8s/30-network-policy.yaml there, or set network_policy = \"per-pod\" for a policy per pod",
+            api.namespace
+        )))
+    }
+}
+
+/// The NetworkPolicies' resource (networking.k8s.io/v1).
+const POLICIES: &str = "networkpolicies";
 
 /// A failed API call.
 #[derive(Debug)]
@@ -237,7 +351,7 @@ impl From<ApiError> for ProviderError {
     }
 }
 
-/// The namespaced core/v1 API of one cluster.
+/// The namespaced API of one cluster: core/v1, and networking.k8s.io/v1 for policies.
 struct Api {
     cluster: Cluster,
     namespace: String,
@@ -288,8 +402,13 @@ impl Api {
     }
 
     fn url(&self, kind: &str, name: Option<&str>) -> String {
+        let group = if kind == POLICIES {
+            "apis/networking.k8s.io/v1"
+        } else {
+            "api/v1"
+        };
         let mut u = format!(
-            "{}/api/v1/namespaces/{}/{kind}",
+            "{}/{group}/namespaces/{}/{kind}",
             self.cluster.server, self.namespace
         );
         if let Some(n) = name {
@@ -395,14 +514,11 @@ impl Api {
 
     async fn list(&self, kind: &str, selector: &str) -> Result<Vec<serde_json::Value>, ApiError> {
         let doing = format!("listing {kind} with {selector}");
-        let (status, v) = self
-            .send(
-                &doing,
-                self.http
-                    .get(self.url(kind, None))
-                    .query(&[("labelSelector", selector)]),
-            )
-            .await?;
+        let mut req = self.http.get(self.url(kind, None));
+        if !selector.is_empty() {
+            req = req.query(&[("labelSelector", selector)]);
+        }
+        let (status, v) = self.send(&doing, req).await?;
         if status != 200 {
             return Err(self.refusal(&doing, status, &v));
         }

@@ -1,6 +1,6 @@
 //! What the `k8s` provider sends and reads: the worker Pod and its join Secret as the core/v1
-//! API takes them, the names and labels on both, and a pod's status in words (the reason a
-//! machine failed).
+//! API takes them, the pod's NetworkPolicy as networking.k8s.io/v1 takes it, the names and
+//! labels on all three, and a pod's status in words (the reason a machine failed).
 
 use std::collections::BTreeMap;
 
@@ -26,6 +26,11 @@ pub fn pod_name(machine: &str) -> String {
 
 pub fn secret_name(machine: &str) -> String {
     format!("tether-{machine}-join")
+}
+
+/// The pod's own NetworkPolicy (another kind of object: the pod's name is free for it).
+pub fn policy_name(machine: &str) -> String {
+    pod_name(machine)
 }
 
 /// A DNS-1123 label: what namespaces and pod names must be.
@@ -82,6 +87,82 @@ pub fn secret(m: &Machine, tag: &str, token: &str) -> Value {
         "immutable": true,
         "data": {"token": base64::engine::general_purpose::STANDARD.encode(format!("{token}\n"))},
     })
+}
+
+/// The NetworkPolicy that confines `m`'s pod: no connection in, and out only to the brain
+/// (TCP, the brain URL's port) and the cluster DNS (kube-dns, UDP and TCP 53). The brain is
+/// named by `cfg.brain_cidrs` when set, else by the brain URL's host when it is an address,
+/// else as the brain's pods (`brain_pod_labels`, in `brain_namespace` when set): a policy
+/// cannot name a host, and a Service's cluster IP is not what a policy sees.
+pub fn network_policy(
+    m: &Machine,
+    tag: &str,
+    cfg: &K8sConfig,
+    brain_url: &str,
+) -> Result<Value, String> {
+    let addr = shared::tls::BrainAddr::parse(brain_url)
+        .map_err(|e| format!("the brain URL for the pod's NetworkPolicy: {e}"))?;
+    let host = addr.host.trim_start_matches('[').trim_end_matches(']');
+    let brain: Vec<Value> = if !cfg.brain_cidrs.is_empty() {
+        for c in &cfg.brain_cidrs {
+            check_cidr(c)?;
+        }
+        cfg.brain_cidrs
+            .iter()
+            .map(|c| json!({"ipBlock": {"cidr": c}}))
+            .collect()
+    } else if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        let bits = if ip.is_ipv4() { 32 } else { 128 };
+        vec![json!({"ipBlock": {"cidr": format!("{ip}/{bits}")}})]
+    } else {
+        if cfg.brain_pod_labels.is_empty() {
+            return Err(format!(
+                "the brain URL names a host ({host}), which a NetworkPolicy cannot name: set provision.k8s.brain_pod_labels (the brain's pods) or provision.k8s.brain_cidrs (its addresses)"
+            ));
+        }
+        for (k, v) in &cfg.brain_pod_labels {
+            check_label_value(v).map_err(|e| format!("provision.k8s.brain_pod_labels.{k}: {e}"))?;
+        }
+        let mut peer = json!({"podSelector": {"matchLabels": cfg.brain_pod_labels}});
+        if let Some(ns) = &cfg.brain_namespace {
+            check_name(ns).map_err(|e| format!("provision.k8s.brain_namespace: {e}"))?;
+            peer["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+        }
+        vec![peer]
+    };
+    Ok(json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": policy_name(&m.id), "labels": labels(m, tag)},
+        "spec": {
+            // Exactly this pod: its machine's label, and this brain's.
+            "podSelector": {"matchLabels": {BRAIN: tag, MACHINE: m.id}},
+            // Ingress listed with no rule: nothing may connect to the pod.
+            "policyTypes": ["Ingress", "Egress"],
+            "egress": [
+                {"to": brain, "ports": [{"protocol": "TCP", "port": addr.port}]},
+                {
+                    "to": [{
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                    }],
+                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+                },
+            ],
+        },
+    }))
+}
+
+/// `ADDRESS/BITS`, as an `ipBlock` takes it.
+fn check_cidr(c: &str) -> Result<(), String> {
+    let bad = || format!("provision.k8s.brain_cidrs: {c:?} is not ADDRESS/BITS (e.g. 10.0.0.5/32)");
+    let (ip, bits) = c.split_once('/').ok_or_else(bad)?;
+    let ip: std::net::IpAddr = ip.parse().map_err(|_| bad())?;
+    let bits: u8 = bits.parse().map_err(|_| bad())?;
+    if bits > if ip.is_ipv4() { 32 } else { 128 } {
+        return Err(bad());
+    }
+    Ok(())
 }
 
 /// The worker Pod for `m`.
