@@ -22,6 +22,9 @@
 //! [deliver]                      # results of --git tasks as branches and pull requests
 //! mode = "branch"                # none (default), branch or pr
 //! git_token_env = "GITHUB_TOKEN" # the variable holding the push token (never in this file)
+//! hosts = ["github.com", "api.github.com"]  # where the tokens may go (default: github_api's)
+//! git_schemes = ["https", "ssh"] # transports --git URLs may use (add "http", "file")
+//! git_internal_hosts = false     # allow hosts resolving to loopback/private/link-local
 //!
 //! [egress]                     # tasks' commands behind the egress proxy (`brain run --secret`)
 //! preset = "registries"          # none (default), registries or all
@@ -146,6 +149,16 @@ pub struct DeliverConfig {
     pub github_token_env: String,
     /// Pull requests are opened as drafts.
     pub draft: bool,
+    /// The hosts the tokens are for (`host`, or `host:port` off 443). The git token is
+    /// given only to an `https` remote on one of them, and `github_api` must be one.
+    /// Empty: `github_api`'s host and, for `api.HOST`, `HOST`.
+    pub hosts: Vec<String>,
+    /// The transports `--git` URLs may use: `https` and `ssh` unless this names others
+    /// (`http`, `git`, `file` for local paths).
+    pub git_schemes: Vec<String>,
+    /// Whether `--git` hosts may resolve to internal addresses (loopback, private,
+    /// link-local: the brain's own host and network).
+    pub git_internal_hosts: bool,
 }
 
 impl Default for DeliverConfig {
@@ -160,6 +173,9 @@ impl Default for DeliverConfig {
             github_api: "https://api.github.com".into(),
             github_token_env: "GITHUB_TOKEN".into(),
             draft: true,
+            hosts: Vec::new(),
+            git_schemes: vec!["https".into(), "ssh".into()],
+            git_internal_hosts: false,
         }
     }
 }
@@ -181,11 +197,79 @@ impl DeliverConfig {
             creds: crate::git::Credentials {
                 username: self.git_username.clone(),
                 password: env(&self.git_token_env),
+                hosts: self.token_hosts(),
             },
             github_api: self.github_api.clone(),
             github_token: env(&self.github_token_env),
             draft: self.draft,
+            remotes: crate::git::remote::Policy {
+                transports: self.git_schemes.clone(),
+                internal_hosts: self.git_internal_hosts,
+                resolve: Default::default(),
+            },
         }
+    }
+
+    /// `github_api`'s authority: `host`, or `host:port` off its scheme's default port.
+    fn api_authority(&self) -> Option<String> {
+        let (scheme, rest) = self.github_api.split_once("://")?;
+        let authority = rest.split('/').next()?.to_ascii_lowercase();
+        let default = if scheme.eq_ignore_ascii_case("http") {
+            ":80"
+        } else {
+            ":443"
+        };
+        Some(
+            authority
+                .strip_suffix(default)
+                .unwrap_or(&authority)
+                .to_string(),
+        )
+    }
+
+    /// The hosts the tokens are for (see [`DeliverConfig::hosts`]).
+    pub fn token_hosts(&self) -> Vec<String> {
+        if !self.hosts.is_empty() {
+            return self
+                .hosts
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .collect();
+        }
+        let Some(api) = self.api_authority() else {
+            return Vec::new();
+        };
+        let mut out = vec![api.clone()];
+        if let Some(git) = api.strip_prefix("api.") {
+            out.push(git.to_string());
+        }
+        out
+    }
+
+    /// Checks the hosts and transports.
+    fn validate(&self) -> Result<(), String> {
+        self.settings().remotes.validate()?;
+        for h in &self.hosts {
+            let host = h.trim();
+            let ok = !host.is_empty()
+                && !host.contains("://")
+                && !host.contains('/')
+                && !host.contains('*');
+            if !ok {
+                return Err(format!(
+                    "deliver.hosts: {h:?} is not a host or host:port (no scheme, path or wildcard)"
+                ));
+            }
+        }
+        if !self.hosts.is_empty()
+            && let Some(api) = self.api_authority()
+            && !self.token_hosts().contains(&api)
+        {
+            return Err(format!(
+                "deliver.github_api's host {api} is not in deliver.hosts: the GitHub token would go to a host it is not for; add it or change github_api"
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -265,6 +349,7 @@ impl Config {
         c.egress
             .allow_list("", &[])
             .map_err(|e| format!("egress: {e}"))?;
+        c.deliver.validate()?;
         let prefix = &c.deliver.branch_prefix;
         if prefix.starts_with('-')
             || prefix.contains("..")

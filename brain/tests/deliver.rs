@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use testkit::fake_github::{FakeGithub, Fault};
 use testkit::fake_llm::{FakeLlm, FakeReply};
 use testkit::git_server::{Auth, GitServer, git};
+use testkit::https::TestCa;
 use testkit::{BrainOptions, Cluster, text};
 
 /// The token the brain pushes with, and the one it opens pull requests with: neither may
@@ -50,26 +51,58 @@ fn env() -> Vec<(String, String)> {
     vec![
         ("TETHER_GIT_TOKEN".into(), PUSH_TOKEN.into()),
         ("TETHER_GITHUB_TOKEN".into(), API_TOKEN.into()),
+        // The brain's git trusts the git servers' TLS fronts.
+        ("GIT_SSL_CAINFO".into(), git_ca().1.display().to_string()),
     ]
 }
 
-fn cluster(llm: &FakeLlm, mode: &str, github: &str) -> Cluster {
-    cluster_with(llm, mode, github, None)
+/// The CA of the git servers' TLS fronts, and the file the brain's git trusts it from.
+fn git_ca() -> &'static (TestCa, std::path::PathBuf) {
+    static CA: std::sync::OnceLock<(TestCa, std::path::PathBuf)> = std::sync::OnceLock::new();
+    CA.get_or_init(|| {
+        let ca = TestCa::new().unwrap();
+        let file =
+            std::env::temp_dir().join(format!("tether-deliver-ca-{}.pem", std::process::id()));
+        std::fs::write(&file, ca.pem()).unwrap();
+        (ca, file)
+    })
 }
 
-/// With `failpoint` set in the brain's environment.
-fn cluster_with(llm: &FakeLlm, mode: &str, github: &str, failpoint: Option<&str>) -> Cluster {
+/// A git server behind HTTPS: the brain gives its token only to an https remote.
+fn git_server(auth: Auth) -> GitServer {
+    let mut server = GitServer::start("bot", PUSH_TOKEN, auth).unwrap();
+    server.serve_tls(&git_ca().0).unwrap();
+    server
+}
+
+fn cluster(llm: &FakeLlm, mode: &str, github: &str, git: &GitServer) -> Cluster {
+    cluster_with(llm, mode, github, git, None)
+}
+
+/// With `failpoint` set in the brain's environment. The tokens are for `git`'s host and
+/// `github`'s; both are on loopback, which the config allows.
+fn cluster_with(
+    llm: &FakeLlm,
+    mode: &str,
+    github: &str,
+    git: &GitServer,
+    failpoint: Option<&str>,
+) -> Cluster {
     let mut env = env();
+    env.push(("GIT_SSL_CAINFO".into(), git_ca().1.display().to_string()));
     if let Some(f) = failpoint {
         env.push(("TETHER_FAILPOINT".into(), f.into()));
     }
+    let api_host = github.split_once("://").map_or(github, |(_, a)| a);
     Cluster::start_with(BrainOptions {
         config: Some(format!(
             "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"{KEY}\"\n\
              [deliver]\nmode = \"{mode}\"\ngit_username = \"bot\"\n\
              git_token_env = \"TETHER_GIT_TOKEN\"\ngithub_token_env = \"TETHER_GITHUB_TOKEN\"\n\
-             github_api = \"{github}\"\n",
-            llm.url()
+             github_api = \"{github}\"\ngit_internal_hosts = true\n\
+             hosts = [\"{}\", \"{api_host}\"]\n",
+            llm.url(),
+            git.authority()
         )),
         env,
         ..Default::default()
@@ -193,17 +226,17 @@ fn environments_under(pid: u32) -> Vec<(u32, String)> {
 
 #[test]
 fn a_finished_task_is_delivered_as_a_branch_with_the_brains_credentials_only() {
-    let server = GitServer::start("bot", PUSH_TOKEN, Auth::All).unwrap();
+    let server = git_server(Auth::All);
     server.create_repo("acme/app", FILES).unwrap();
     let main = server.branches("acme/app")[0].1.clone();
     let llm = fixer();
-    let c = cluster(&llm, "branch", "http://127.0.0.1:9");
+    let c = cluster(&llm, "branch", "http://127.0.0.1:9", &server);
     let w = c.join_worker("w");
     // A URL with a credential in it: used for the clone, kept nowhere.
     let with_token =
         server
             .url("acme/app")
-            .replacen("http://", &format!("http://bot:{PUSH_TOKEN}@"), 1);
+            .replacen("https://", &format!("https://bot:{PUSH_TOKEN}@"), 1);
     let id = start(&c, &w.id, &with_token, &[]);
     let t = delivered(&c, &id);
     assert_eq!(t["status"], "finished", "{t}");
@@ -347,7 +380,7 @@ fn a_finished_task_is_delivered_as_a_branch_with_the_brains_credentials_only() {
 
 #[test]
 fn a_pull_request_is_opened_once_though_the_brain_dies_after_the_push_and_after_opening_it() {
-    let server = GitServer::start("bot", PUSH_TOKEN, Auth::PushOnly).unwrap();
+    let server = git_server(Auth::PushOnly);
     let bare = server.create_repo("acme/app", FILES).unwrap();
     let gh = FakeGithub::start(API_TOKEN);
     gh.link_repo("acme", "app", bare);
@@ -356,7 +389,7 @@ fn a_pull_request_is_opened_once_though_the_brain_dies_after_the_push_and_after_
         retry_after_secs: 1,
     });
     let llm = fixer();
-    let mut c = cluster_with(&llm, "none", &gh.url(), Some("deliver-pushed"));
+    let mut c = cluster_with(&llm, "none", &gh.url(), &server, Some("deliver-pushed"));
     let w = c.join_worker("w");
     let id = start(&c, &w.id, &server.url("acme/app"), &["--deliver", "pr"]);
     // The brain kills itself right after the push, before the log says so.
@@ -461,12 +494,12 @@ fn a_pull_request_is_opened_once_though_the_brain_dies_after_the_push_and_after_
 
 #[test]
 fn github_refusals_end_the_delivery_with_the_reason_and_no_token() {
-    let server = GitServer::start("bot", PUSH_TOKEN, Auth::PushOnly).unwrap();
+    let server = git_server(Auth::PushOnly);
     server.create_repo("acme/app", FILES).unwrap();
     let gh = FakeGithub::start(API_TOKEN);
     gh.fail_next(Fault::Unauthorized);
     let llm = fixer();
-    let c = cluster(&llm, "pr", &gh.url());
+    let c = cluster(&llm, "pr", &gh.url(), &server);
     let w = c.join_worker("w");
     // Followed to its end, `brain run` waits for the delivery and says how it went.
     let url = server.url("acme/app");
@@ -517,7 +550,7 @@ fn github_refusals_end_the_delivery_with_the_reason_and_no_token() {
 
 #[test]
 fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
-    let server = GitServer::start("bot", PUSH_TOKEN, Auth::PushOnly).unwrap();
+    let server = git_server(Auth::PushOnly);
     server.create_repo("app", FILES).unwrap();
     // Fixes the value, then runs out of steps before finishing.
     let llm = FakeLlm::start(|req| match req.assistant_turns() {
@@ -530,7 +563,7 @@ fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
             json!({"path": "notes/todo.txt", "content": "more\n"}),
         ),
     });
-    let c = cluster(&llm, "branch", "http://127.0.0.1:9");
+    let c = cluster(&llm, "branch", "http://127.0.0.1:9", &server);
     let w = c.join_worker("w");
     let id = start(&c, &w.id, &server.url("app"), &["--max-steps", "2"]);
     assert_eq!(
@@ -584,7 +617,12 @@ fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
     let clone = c.dir.join("fresh");
     run_git(
         &c.dir,
-        &["clone", "-q", &server.url("app"), clone.to_str().unwrap()],
+        &[
+            "clone",
+            "-q",
+            &format!("{}/app.git", server.plain_url()),
+            clone.to_str().unwrap(),
+        ],
     );
     run_git(&clone, &["am", "-q", patch.to_str().unwrap()]);
     let check = std::process::Command::new("sh")

@@ -233,40 +233,6 @@ fn a_command_uses_a_secret_it_never_sees() {
     );
 }
 
-/// A TLS front (certificate for `name`, from `ca`) before a plain TCP server at `backend`.
-fn tls_front(ca: &TestCa, name: &str, backend: std::net::SocketAddr) -> u16 {
-    let cfg = Arc::new(ca.server_config(&[name]).unwrap());
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    listener.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-            loop {
-                let Ok((conn, _)) = listener.accept().await else {
-                    continue;
-                };
-                let acceptor = acceptor.clone();
-                tokio::spawn(async move {
-                    let Ok(mut tls) = acceptor.accept(conn).await else {
-                        return;
-                    };
-                    let Ok(mut up) = tokio::net::TcpStream::connect(backend).await else {
-                        return;
-                    };
-                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
-                });
-            }
-        });
-    });
-    port
-}
-
 #[test]
 fn git_clones_and_pushes_over_https_with_an_injected_basic_credential() {
     use testkit::git_server::{Auth, GitServer};
@@ -282,7 +248,7 @@ fn git_clones_and_pushes_over_https_with_an_injected_basic_credential() {
         .trim_start_matches("http://")
         .parse()
         .unwrap();
-    let port = tls_front(&ca, HOST, backend);
+    let port = testkit::https::tls_front(&ca, &[HOST], backend).unwrap();
     let ca_file =
         std::env::temp_dir().join(format!("tether-egress-git-ca-{}.pem", std::process::id()));
     std::fs::write(&ca_file, ca.pem()).unwrap();

@@ -28,11 +28,12 @@ fn tree_plan(c: &Cluster, pause: &str) -> PathBuf {
     path
 }
 
-/// A cluster whose brain talks to the fake model server.
+/// A cluster whose brain talks to the fake model server (and clones local repositories).
 fn with_model(llm: &FakeLlm) -> Cluster {
     Cluster::start_with(BrainOptions {
         config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test-key-123456\"\n",
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test-key-123456\"\n\
+             [deliver]\ngit_schemes = [\"https\", \"ssh\", \"file\"]\n",
             llm.url()
         )),
         ..Default::default()

@@ -18,7 +18,8 @@ fn cluster(llm: &FakeLlm) -> Cluster {
     Cluster::start_with(BrainOptions {
         config: Some(format!(
             "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"{KEY}\"\n\
-             [llm.providers.anthropic]\nbase_url = \"{}\"\napi_key = \"{KEY}\"\n",
+             [llm.providers.anthropic]\nbase_url = \"{}\"\napi_key = \"{KEY}\"\n\
+             [deliver]\ngit_schemes = [\"https\", \"ssh\", \"file\"]\n",
             llm.url(),
             llm.base()
         )),

@@ -18,6 +18,7 @@ pub mod workspace;
 
 /// Limits both sides enforce on what crosses the wire.
 pub mod manifest;
+pub mod net;
 
 pub mod limits {
     /// Largest gRPC message either side accepts.

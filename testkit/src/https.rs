@@ -193,3 +193,43 @@ fn serve(
     let _ = tls.flush();
     Ok(())
 }
+
+/// A TLS front (a certificate for `names`, from `ca`) before a plain TCP server at
+/// `backend`; gives its port on 127.0.0.1. It serves until the process ends.
+pub fn tls_front(
+    ca: &TestCa,
+    names: &[&str],
+    backend: std::net::SocketAddr,
+) -> anyhow::Result<u16> {
+    let cfg = Arc::new(ca.server_config(names)?);
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    listener.set_nonblocking(true)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::spawn(move || {
+        rt.block_on(async move {
+            let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                return;
+            };
+            let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+            loop {
+                let Ok((conn, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(conn).await else {
+                        return;
+                    };
+                    let Ok(mut up) = tokio::net::TcpStream::connect(backend).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+                });
+            }
+        });
+    });
+    Ok(port)
+}

@@ -374,11 +374,7 @@ async fn via_brain(mut c: TcpStream, ask: Ask, rest: Vec<u8>, cx: &Cx) {
     let back = async move {
         while let Ok(Some(m)) = down.message().await {
             match m.kind {
-                Some(tunnel_down::Kind::Data(d)) => {
-                    if to_cmd.write_all(&d).await.is_err() {
-                        break;
-                    }
-                }
+                Some(tunnel_down::Kind::Data(d)) if to_cmd.write_all(&d).await.is_err() => break,
                 // One request on the connection was refused; the connection goes on.
                 Some(tunnel_down::Kind::Refused(why)) => cx.note(told, &why).await,
                 _ => {}

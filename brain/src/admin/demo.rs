@@ -77,7 +77,12 @@ pub async fn run(launcher: WorkerProgram, keep: bool, model: Option<String>) -> 
         tasks: Default::default(),
         require_sandbox: vec![],
         web_listen: None,
-        config: Default::default(),
+        // The sample repository is a local path: the demo allows those.
+        config: {
+            let mut c = crate::config::Config::default();
+            c.deliver.git_schemes.push("file".into());
+            c.into()
+        },
     })
     .await?;
     let url = format!("https://127.0.0.1:{}", ready.addr.port());

@@ -412,10 +412,21 @@ impl Admin for Services {
             }
             (true, true) => Source::Empty,
             (true, false) => Source::Dir(req.dir),
-            (false, true) => Source::Git {
-                url: req.git_url,
-                git_ref: req.git_ref,
-            },
+            (false, true) => {
+                // Refused now, in words, rather than when the task first clones.
+                self.0
+                    .config
+                    .deliver
+                    .settings()
+                    .remotes
+                    .check(&req.git_url)
+                    .await
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                Source::Git {
+                    url: req.git_url,
+                    git_ref: req.git_ref,
+                }
+            }
         };
         let deliver = match req.deliver.as_str() {
             "" => None,

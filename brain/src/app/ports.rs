@@ -207,6 +207,12 @@ impl Delivery for GitPort {
     async fn push(&self, origin: &Origin, commit: &str, branch: &str) -> Result<(), String> {
         let git_dir = self.repos.path(&origin.commit).map_err(|e| e.to_string())?;
         let refspec = format!("+{commit}:refs/heads/{branch}");
+        let checked = self
+            .settings
+            .remotes
+            .check(&origin.url)
+            .await
+            .map_err(|e| e.to_string())?;
         git::Git::remote(
             &[
                 "push",
@@ -217,6 +223,7 @@ impl Delivery for GitPort {
                 &refspec,
             ],
             &self.settings.creds,
+            &checked,
         )
         .env("GIT_DIR", &git_dir)
         .run()
@@ -264,6 +271,7 @@ impl Workspaces for GitPort {
             git_ref,
             rules.to_rules(),
             &self.settings.creds,
+            &self.settings.remotes,
         )
         .await
         .map_err(|e| e.to_string())?;

@@ -11,7 +11,7 @@ use std::path::Path;
 use shared::manifest::{Kind, Rules};
 use shared::scan::Scanner;
 
-use super::{Credentials, Git, Repos};
+use super::{Credentials, Git, Repos, remote};
 use crate::mirror::Mirror;
 use crate::model::delivery::strip_userinfo;
 
@@ -45,6 +45,7 @@ pub async fn from_git(
     reference: &str,
     mut rules: Rules,
     creds: &Credentials,
+    policy: &remote::Policy,
 ) -> Result<Imported, Error> {
     let shown = strip_userinfo(url);
     let clone_err = |reason: String| Error::Clone {
@@ -54,6 +55,10 @@ pub async fn from_git(
     if url.starts_with('-') || reference.starts_with('-') {
         return Err(clone_err("a URL or ref may not start with '-'".into()));
     }
+    let checked = policy
+        .check(url)
+        .await
+        .map_err(|e| clone_err(e.to_string()))?;
     std::fs::create_dir_all(repos.root()).map_err(|e| clone_err(e.to_string()))?;
     let tmp = tempfile::Builder::new()
         .prefix(".import-")
@@ -66,7 +71,7 @@ pub async fn from_git(
     }
     let dest_s = dest.to_string_lossy().into_owned();
     args.extend(["--", url, &dest_s]);
-    Git::remote(&args, creds)
+    Git::remote(&args, creds, &checked)
         .run()
         .await
         .map_err(|e| clone_err(mask(&e.to_string(), url, &shown)))?;

@@ -7,6 +7,7 @@
 pub mod commit;
 pub mod github;
 pub mod import;
+pub mod remote;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -39,11 +40,14 @@ pub enum Error {
 
 /// Credentials for the brain's own clones and pushes (from its config or environment). Given
 /// to one git process at a time through a credential helper that reads them from that
-/// process's environment, never through a URL, a file or a worker. `Debug` hides them.
+/// process's environment, never through a URL, a file or a worker, and that answers only
+/// for `https` and the hosts they are for. `Debug` hides them.
 #[derive(Clone, Default)]
 pub struct Credentials {
     pub username: String,
     pub password: String,
+    /// The hosts (`host`, or `host:port` off 443), lower case, the credentials are for.
+    pub hosts: Vec<String>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -51,6 +55,7 @@ impl std::fmt::Debug for Credentials {
         f.debug_struct("Credentials")
             .field("username", &self.username)
             .field("password", &"[redacted]")
+            .field("hosts", &self.hosts)
             .finish()
     }
 }
@@ -71,6 +76,8 @@ pub struct Settings {
     pub github_api: String,
     pub github_token: String,
     pub draft: bool,
+    /// Which repositories the brain's git may reach.
+    pub remotes: remote::Policy,
 }
 
 impl std::fmt::Debug for Settings {
@@ -97,8 +104,10 @@ impl Settings {
 }
 
 /// The credential helper: answers `get` from its own environment (set for one git process),
-/// so the secret is in no argument list and no file.
-const HELPER: &str = "!f() { test \"$1\" = get || exit 0; echo \"username=$TETHER_GIT_USERNAME\"; echo \"password=$TETHER_GIT_PASSWORD\"; }; f";
+/// so the secret is in no argument list and no file; and only when git asks for `https` and
+/// one of the hosts in `$TETHER_GIT_HOSTS` (git names a port off 443 as `host:port`).
+/// Otherwise it says nothing, and git goes on without credentials.
+const HELPER: &str = "!f() { test \"$1\" = get || exit 0; p=; h=; while IFS= read -r l; do case \"$l\" in protocol=*) p=\"${l#protocol=}\";; host=*) h=\"${l#host=}\";; esac; done; test \"$p\" = https || exit 0; h=$(printf %s \"$h\" | tr A-Z a-z); for a in $TETHER_GIT_HOSTS; do if test \"$h\" = \"$a\"; then echo \"username=$TETHER_GIT_USERNAME\"; echo \"password=$TETHER_GIT_PASSWORD\"; exit 0; fi; done; }; f";
 
 /// One git command being put together.
 pub struct Git {
@@ -122,18 +131,32 @@ impl Git {
         g
     }
 
-    /// `git ARGS` that talks to a remote: the brain user's own git config applies (its ssh
-    /// setup, its credential helpers) unless `creds` are given, which then replace every
-    /// configured credential helper for this process.
-    pub fn remote(args: &[&str], creds: &Credentials) -> Self {
+    /// `git ARGS` that talks to a remote the policy let through (`checked`: git may use only
+    /// the transports allowed, and an HTTP(S) host is pinned to the address checked). The
+    /// brain user's own git config applies (its ssh setup, its credential helpers) unless
+    /// `creds` are given, which then replace every configured credential helper for this
+    /// process.
+    pub fn remote(args: &[&str], creds: &Credentials, checked: &remote::Checked) -> Self {
         let mut g = Self::new(args, REMOTE_TIMEOUT);
+        g.cmd.env("GIT_ALLOW_PROTOCOL", &checked.protocols);
+        let mut config: Vec<(&str, &str)> = checked
+            .pins
+            .iter()
+            .map(|p| ("http.curloptResolve", p.as_str()))
+            .collect();
+        if !creds.is_empty() {
+            config.push(("credential.helper", ""));
+            config.push(("credential.helper", HELPER));
+        }
+        g.cmd.env("GIT_CONFIG_COUNT", config.len().to_string());
+        for (i, (k, v)) in config.iter().enumerate() {
+            g.cmd
+                .env(format!("GIT_CONFIG_KEY_{i}"), k)
+                .env(format!("GIT_CONFIG_VALUE_{i}"), v);
+        }
         if !creds.is_empty() {
             g.cmd
-                .env("GIT_CONFIG_COUNT", "2")
-                .env("GIT_CONFIG_KEY_0", "credential.helper")
-                .env("GIT_CONFIG_VALUE_0", "")
-                .env("GIT_CONFIG_KEY_1", "credential.helper")
-                .env("GIT_CONFIG_VALUE_1", HELPER)
+                .env("TETHER_GIT_HOSTS", creds.hosts.join(" "))
                 .env(
                     "TETHER_GIT_USERNAME",
                     if creds.username.is_empty() {

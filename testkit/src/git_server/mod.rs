@@ -93,6 +93,8 @@ struct Shared {
 /// A running git server; its listener stops and its repositories are deleted when dropped.
 pub struct GitServer {
     listener: Listener,
+    /// The port of its TLS front, once [`GitServer::serve_tls`] made one.
+    tls_port: Option<u16>,
     shared: Arc<Shared>,
     _dir: tempfile::TempDir,
 }
@@ -117,6 +119,7 @@ impl GitServer {
             .context("bind the git server")?;
         Ok(GitServer {
             listener,
+            tls_port: None,
             shared,
             _dir: dir,
         })
@@ -170,9 +173,39 @@ impl GitServer {
         format!("{}/{name}.git", self.base_url())
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT`, or `https://127.0.0.1:TLS_PORT` once it serves TLS.
     pub fn base_url(&self) -> String {
+        match self.tls_port {
+            Some(p) => format!("https://127.0.0.1:{p}"),
+            None => self.plain_url(),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`: the server itself, without its TLS front.
+    pub fn plain_url(&self) -> String {
         format!("http://{}", self.listener.addr)
+    }
+
+    /// Serves it over HTTPS too, with a certificate for 127.0.0.1 from `ca`; [`url`] and
+    /// [`base_url`] name the HTTPS address from now on.
+    ///
+    /// [`url`]: GitServer::url
+    /// [`base_url`]: GitServer::base_url
+    pub fn serve_tls(&mut self, ca: &crate::https::TestCa) -> anyhow::Result<()> {
+        self.tls_port = Some(crate::https::tls_front(
+            ca,
+            &["127.0.0.1"],
+            self.listener.addr,
+        )?);
+        Ok(())
+    }
+
+    /// `127.0.0.1:PORT` of the URL [`GitServer::url`] gives (as git names a host with a port).
+    pub fn authority(&self) -> String {
+        self.base_url()
+            .split_once("://")
+            .map(|(_, a)| a.to_string())
+            .unwrap_or_default()
     }
 
     /// Where the bare repository `<name>.git` lives on disk.
@@ -761,33 +794,4 @@ fn relay(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn basic_credentials_are_decoded() {
-        // "alice:s3cret:with:colons"
-        assert_eq!(
-            parse_basic("Basic YWxpY2U6czNjcmV0OndpdGg6Y29sb25z"),
-            Some(("alice".into(), "s3cret:with:colons".into()))
-        );
-        assert_eq!(parse_basic("Bearer abc"), None);
-        assert_eq!(parse_basic("Basic !!!"), None);
-    }
-
-    #[test]
-    fn chunked_bodies_are_decoded_and_bounded() {
-        let head = Head {
-            method: "POST".into(),
-            target: "/x".into(),
-            headers: vec![("transfer-encoding".into(), "chunked".into())],
-        };
-        let raw = b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\n";
-        let body = read_body(&mut &raw[..], &head, 100).unwrap();
-        assert_eq!(body, b"hello world");
-        let err = read_body(&mut &raw[..], &head, 8).unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::FileTooLarge);
-        let bad = b"zz\r\nhello\r\n0\r\n\r\n";
-        assert!(read_body(&mut &bad[..], &head, 100).is_err());
-    }
-}
+mod tests;

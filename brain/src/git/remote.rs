@@ -1,0 +1,342 @@
+//! Which repositories the brain may clone and push to, decided before git runs: a task's
+//! `--git` URL is named by an operator, and the brain's own git acts with the brain's
+//! credentials on the brain's host, so a URL is an instruction to reach somewhere with them.
+//!
+//! - Transports: `https` and `ssh` by default; `http`, `git` and `file` (local paths too)
+//!   only when `[deliver] git_schemes` names them; git's remote helpers (`ext::`, `fd::`, any
+//!   other `NAME::`) never. Git enforces the same list itself (`GIT_ALLOW_PROTOCOL`), for
+//!   redirects and submodules too.
+//! - Addresses: a host that resolves to an internal address ([`shared::net::is_internal`]:
+//!   loopback, private, link-local, ...) is refused unless `[deliver] git_internal_hosts`
+//!   allows it, and an HTTP(S) clone dials the address that was checked
+//!   (`http.curloptResolve`), so a second lookup cannot answer otherwise (DNS rebinding).
+//!
+//! The credentials themselves are bound separately: the credential helper answers only for
+//! `https` and the hosts they are for ([`super::Credentials::hosts`]).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// How long resolving a repository's host may take.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The transports git may use.
+pub const TRANSPORTS: &[&str] = &["https", "ssh", "http", "git", "file"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("repository {url}: {why}")]
+    Refused { url: String, why: String },
+}
+
+/// A repository URL, as far as the policy cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    /// One of [`TRANSPORTS`].
+    pub transport: &'static str,
+    /// The host, lower case, without brackets (none for `file`).
+    pub host: Option<String>,
+    pub port: Option<u16>,
+}
+
+/// Reads what transport and host `url` names, as git would.
+pub fn parse(url: &str) -> Result<Remote, String> {
+    let url = url.trim();
+    if url.is_empty() {
+        return Err("an empty URL".into());
+    }
+    if url.starts_with('-') {
+        return Err("a URL may not start with '-'".into());
+    }
+    if url.chars().any(char::is_control) {
+        return Err("a URL may not hold control characters".into());
+    }
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let transport = match scheme.to_ascii_lowercase().as_str() {
+            "https" => "https",
+            "http" => "http",
+            "ssh" | "git+ssh" | "ssh+git" => "ssh",
+            "git" => "git",
+            "file" => "file",
+            other => {
+                return Err(format!(
+                    "{other}:// is not a transport the brain's git uses"
+                ));
+            }
+        };
+        if transport == "file" {
+            return Ok(Remote {
+                transport,
+                host: None,
+                port: None,
+            });
+        }
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let (host, port) = split_authority(authority)?;
+        return Ok(Remote {
+            transport,
+            host: Some(host),
+            port,
+        });
+    }
+    // `NAME::ADDRESS` calls git's remote helper NAME (`ext::` runs a command).
+    let before_slash = url.split('/').next().unwrap_or("");
+    if before_slash.contains("::") {
+        return Err("git remote helpers (NAME::ADDRESS) are never used".into());
+    }
+    // scp-like `[user@]host:path`: a colon before any slash.
+    if let Some((authority, _)) = before_slash.split_once(':')
+        && !authority.is_empty()
+    {
+        let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err("an ssh address without a host".into());
+        }
+        return Ok(Remote {
+            transport: "ssh",
+            host: Some(host.to_ascii_lowercase()),
+            port: None,
+        });
+    }
+    Ok(Remote {
+        transport: "file",
+        host: None,
+        port: None,
+    })
+}
+
+fn split_authority(a: &str) -> Result<(String, Option<u16>), String> {
+    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
+        let (h, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("{a:?} is not a host"))?;
+        (h, after.strip_prefix(':'))
+    } else {
+        match a.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (a, None),
+        }
+    };
+    if host.is_empty() {
+        return Err("a URL without a host".into());
+    }
+    let port = match port {
+        None | Some("") => None,
+        Some(p) => Some(
+            p.parse::<u16>()
+                .map_err(|_| format!("{p:?} is not a port"))?,
+        ),
+    };
+    Ok((host.to_ascii_lowercase(), port))
+}
+
+/// Where the brain's git may go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Transports allowed, from [`TRANSPORTS`].
+    pub transports: Vec<String>,
+    /// Whether hosts that resolve to internal addresses are allowed.
+    pub internal_hosts: bool,
+    /// Names resolved to these addresses instead of asking DNS (tests, split horizons).
+    pub resolve: std::collections::BTreeMap<String, IpAddr>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            transports: vec!["https".into(), "ssh".into()],
+            internal_hosts: false,
+            resolve: Default::default(),
+        }
+    }
+}
+
+/// A URL the policy let through, and how git must reach it.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    /// `GIT_ALLOW_PROTOCOL`: the transports git itself may use.
+    pub protocols: String,
+    /// `http.curloptResolve` entries: HTTP(S) hosts pinned to the address that was checked.
+    pub pins: Vec<String>,
+}
+
+impl Policy {
+    /// Checks the transports named in the config.
+    pub fn validate(&self) -> Result<(), String> {
+        for t in &self.transports {
+            if !TRANSPORTS.contains(&t.as_str()) {
+                return Err(format!(
+                    "deliver.git_schemes: {t:?} is not one of {}",
+                    TRANSPORTS.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn protocols(&self) -> String {
+        self.transports.join(":")
+    }
+
+    /// Whether the brain's git may reach `url`, resolving its host; how to reach it if so.
+    pub async fn check(&self, url: &str) -> Result<Checked, Error> {
+        let shown = crate::model::delivery::strip_userinfo(url);
+        let refuse = |why: String| Error::Refused {
+            url: shown.clone(),
+            why,
+        };
+        let remote = parse(url).map_err(&refuse)?;
+        if !self.transports.iter().any(|t| t == remote.transport) {
+            let what = if remote.transport == "file" {
+                "local paths and file:// URLs are".to_string()
+            } else {
+                format!("{}:// URLs are", remote.transport)
+            };
+            return Err(refuse(format!(
+                "{what} not allowed (the brain's git uses {}; add {:?} to `[deliver] git_schemes` in the brain's config to allow it)",
+                self.transports.join(" and "),
+                remote.transport
+            )));
+        }
+        let mut checked = Checked {
+            protocols: self.protocols(),
+            pins: Vec::new(),
+        };
+        let Some(host) = remote.host else {
+            return Ok(checked);
+        };
+        if self.internal_hosts {
+            return Ok(checked);
+        }
+        let port = remote.port.unwrap_or(match remote.transport {
+            "https" => 443,
+            "http" => 80,
+            "git" => 9418,
+            _ => 22,
+        });
+        let addrs: Vec<IpAddr> = if let Ok(ip) = host.parse::<IpAddr>() {
+            vec![ip]
+        } else if let Some(ip) = self.resolve.get(&host) {
+            vec![*ip]
+        } else {
+            tokio::time::timeout(
+                RESOLVE_TIMEOUT,
+                tokio::net::lookup_host((host.as_str(), port)),
+            )
+            .await
+            .map_err(|_| {
+                refuse(format!(
+                    "{host} did not resolve within {}s",
+                    RESOLVE_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(|e| refuse(format!("cannot resolve {host}: {e}")))?
+            .map(|a| a.ip())
+            .collect()
+        };
+        if let Some(bad) = addrs.iter().find(|a| shared::net::is_internal(**a)) {
+            return Err(refuse(format!(
+                "{host} resolves to {bad}, an internal address (loopback, private, link-local or reserved); set `[deliver] git_internal_hosts = true` in the brain's config to allow such hosts"
+            )));
+        }
+        let first = addrs
+            .first()
+            .ok_or_else(|| refuse(format!("{host} resolves to no address")))?;
+        if matches!(remote.transport, "https" | "http") {
+            let addr = match first {
+                IpAddr::V6(v6) => format!("[{v6}]"),
+                IpAddr::V4(v4) => v4.to_string(),
+            };
+            checked.pins.push(format!("{host}:{port}:{addr}"));
+        }
+        Ok(checked)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_read_as_git_reads_them() {
+        for (url, transport, host, port) in [
+            (
+                "https://github.com/o/r.git",
+                "https",
+                Some("github.com"),
+                None,
+            ),
+            (
+                "https://tok@GitHub.com:8443/o/r",
+                "https",
+                Some("github.com"),
+                Some(8443),
+            ),
+            ("http://[::1]:9/x.git", "http", Some("::1"), Some(9)),
+            (
+                "ssh://git@host.example/o/r",
+                "ssh",
+                Some("host.example"),
+                None,
+            ),
+            ("git@github.com:o/r.git", "ssh", Some("github.com"), None),
+            ("git://host.example/r", "git", Some("host.example"), None),
+            ("file:///srv/r.git", "file", None, None),
+            ("/srv/r.git", "file", None, None),
+            ("./r", "file", None, None),
+            ("dir/with:colon", "file", None, None),
+        ] {
+            let r = parse(url).unwrap();
+            assert_eq!(r.transport, transport, "{url}");
+            assert_eq!(r.host.as_deref(), host, "{url}");
+            assert_eq!(r.port, port, "{url}");
+        }
+        for bad in [
+            "ext::sh -c touch% /tmp/pwned",
+            "fd::3",
+            "-upload-pack=x",
+            "ftp://h/r",
+            "https://h:99999/r",
+            "",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_policy_refuses_other_transports_and_internal_hosts_in_words() {
+        let p = Policy::default();
+        for (url, says) in [
+            ("http://example.com/r.git", "git_schemes"),
+            ("file:///srv/r.git", "local paths"),
+            ("/srv/r.git", "local paths"),
+            ("https://127.0.0.1/r.git", "internal address"),
+            ("https://[::ffff:169.254.169.254]/r.git", "internal address"),
+            ("git@10.0.0.1:o/r.git", "internal address"),
+        ] {
+            let err = p.check(url).await.unwrap_err().to_string();
+            assert!(err.contains(says), "{url}: {err}");
+        }
+        let mut named = Policy::default();
+        named
+            .resolve
+            .insert("git.example".into(), "93.184.216.34".parse().unwrap());
+        let ok = named.check("https://git.example/r.git").await.unwrap();
+        assert_eq!(ok.protocols, "https:ssh");
+        assert_eq!(ok.pins, ["git.example:443:93.184.216.34"]);
+        named
+            .resolve
+            .insert("rebind.example".into(), "127.0.0.1".parse().unwrap());
+        assert!(named.check("https://rebind.example/r.git").await.is_err());
+        let open = Policy {
+            transports: vec!["https".into(), "http".into(), "file".into()],
+            internal_hosts: true,
+            resolve: Default::default(),
+        };
+        assert!(open.check("http://127.0.0.1:9/r.git").await.is_ok());
+        assert!(open.check("/srv/r.git").await.is_ok());
+        assert!(open.check("ext::sh -c x").await.is_err());
+    }
+}
