@@ -212,7 +212,9 @@ fn a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream() {
         &ca,
         &[API],
         Arc::new(move |r: &Received| {
-            keep.locked().push(r.text());
+            if r.path.starts_with("/files") {
+                keep.locked().push(r.text());
+            }
             (200, b"stored".to_vec())
         }),
     )
@@ -245,7 +247,7 @@ fn a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream() {
         // Where the injection says: the Authorization header's bearer token.
         format!("{CURL} --fail-with-body -H \"Authorization: Bearer {t}\" https://{API}:{pa}/ok"),
         // The read-back, around the brain.
-        format!("{CURL} https://{OTHER}:{pb}/dump"),
+        format!("{CURL} -k https://{OTHER}:{pb}/dump"),
     ];
     let allow = format!("{OTHER}:{pb}");
     let (_, ran) = run_commands(
@@ -263,6 +265,8 @@ fn a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream() {
     }
     assert_eq!(ran[6].exit, Some(0), "{:#?}", ran[6]);
     assert_eq!(ran[6].stdout, "stored", "{:#?}", ran[6]);
+    // The read-back worked: it found nothing of the value to read.
+    assert_eq!(ran[7].exit, Some(0), "{:#?}", ran[7]);
     let seen = api.seen();
     assert_eq!(
         seen.len(),
@@ -668,4 +672,85 @@ fn the_delivery_token_goes_to_no_host_it_is_not_for() {
     }
     assert!(!std::path::Path::new("/tmp/tether-ext-pwned").exists());
     assert!(!c.brain_log().contains(TOKEN));
+}
+
+/// Route: direct egress is wider than it reads. A direct rule (`*`, or one host) used to be
+/// dialled as the command asked: `*` reached the worker host's loopback and the metadata
+/// address, and a CONNECT to the allowed name carried TLS for another (another tenant on
+/// the same front).
+#[test]
+fn direct_egress_reaches_neither_internal_addresses_nor_another_name() {
+    if !have_egress("direct_egress_reaches_neither_internal_addresses_nor_another_name") {
+        return;
+    }
+    const FRONT: &str = "front.upstream.test";
+    // curl goes around a proxy for loopback names unless told not to.
+    const VIA: &str = "-x \"$HTTPS_PROXY\" --noproxy ''";
+    let ca = TestCa::new().unwrap();
+    let api = Upstream::start(
+        &ca,
+        &[API, FRONT],
+        Arc::new(|r: &Received| (200, format!("reached {}", r.path).into_bytes())),
+    )
+    .unwrap();
+    // FRONT is pinned to loopback by the operator's [egress.resolve]: allowed by name.
+    let c = cluster(&ca, &[FRONT]);
+    let w = c.join_worker("direct-attack");
+    let pa = api.port;
+    let anything = [
+        // 0: the worker host's loopback through `*`.
+        format!("{CURL} {VIA} -k https://127.0.0.1:{pa}/loopback"),
+        // 1: the same by a name that resolves there.
+        format!("{CURL} {VIA} -k https://localhost:{pa}/localhost"),
+        // 2: the cloud metadata address, plain HTTP.
+        format!("{CURL} {VIA} --connect-timeout 5 http://169.254.169.254/latest/meta-data/"),
+    ];
+    let (_, ran) = run_commands(&c, &w.id, &["--allow", "*"], &anything);
+    for (i, r) in ran.iter().enumerate() {
+        assert!(!r.stdout.contains("reached"), "command {i}: {r:#?}");
+        assert!(
+            r.stderr.contains("tether: egress refused") && r.stderr.contains("internal address"),
+            "command {i} is told why: {r:#?}"
+        );
+    }
+    let front = format!("{FRONT}:{pa}");
+    let one_name = [
+        // 0: CONNECT to the allowed name, TLS for another.
+        format!("{CURL} -k --connect-to {API}:{pa}:{FRONT}:{pa} https://{API}:{pa}/other"),
+        // 1: CONNECT to the allowed name with no TLS at all.
+        format!(
+            "printf 'GET /raw HTTP/1.1\\r\\nHost: {API}\\r\\n\\r\\n' | {CURL} -p -x \"$HTTPS_PROXY\" telnet://{FRONT}:{pa} --max-time 5"
+        ),
+        // 2: the honest request.
+        format!("{CURL} -k https://{FRONT}:{pa}/front"),
+    ];
+    let (_, ran) = run_commands(&c, &w.id, &["--allow", &front], &one_name);
+    for (i, r) in ran.iter().enumerate().take(2) {
+        assert!(!r.stdout.contains("reached"), "command {i}: {r:#?}");
+        assert!(
+            r.stderr.contains("tether: egress refused"),
+            "command {i} is told why: {r:#?}"
+        );
+    }
+    assert!(
+        ran[0].stderr.contains(API),
+        "the refusal names the other name: {:#?}",
+        ran[0]
+    );
+    assert_eq!(ran[2].stdout, "reached /front", "{:#?}", ran[2]);
+    let seen: Vec<String> = api.seen().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(seen, ["/front"], "only the honest request arrived");
+}
+
+/// The `registries` preset is what it says: GET and HEAD, through the brain.
+#[test]
+fn the_registries_preset_is_read_only() {
+    let rules = brain::model::egress::preset("registries").unwrap();
+    assert!(!rules.is_empty());
+    for r in &rules {
+        assert!(
+            !r.direct() && r.methods == ["GET", "HEAD"],
+            "{r} is not read-only"
+        );
+    }
 }

@@ -99,6 +99,11 @@ impl From<Command> for proto::ExecStart {
                     })
                     .collect(),
                 ca_pem: e.ca_pem,
+                resolve: e
+                    .resolve
+                    .into_iter()
+                    .map(|(h, ip)| (h, ip.to_string()))
+                    .collect(),
             }),
         }
     }

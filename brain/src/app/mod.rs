@@ -187,6 +187,13 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         ports::EgressKeysPort {
             secrets: secrets.clone(),
             ca_pem: egress_ca.cert_pem.clone(),
+            pinned: opts
+                .config
+                .egress
+                .resolve
+                .iter()
+                .map(|(h, ip)| (h.to_ascii_lowercase(), *ip))
+                .collect(),
         },
     )));
 

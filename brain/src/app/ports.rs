@@ -323,6 +323,7 @@ impl Workspaces for GitPort {
 pub struct EgressKeysPort {
     pub secrets: crate::trust::secrets::Secrets,
     pub ca_pem: String,
+    pub pinned: Vec<(String, std::net::IpAddr)>,
 }
 
 impl crate::engine::core::EgressKeys for EgressKeysPort {
@@ -334,5 +335,8 @@ impl crate::engine::core::EgressKeys for EgressKeysPort {
     }
     fn ca_pem(&self) -> String {
         self.ca_pem.clone()
+    }
+    fn pinned(&self) -> Vec<(String, std::net::IpAddr)> {
+        self.pinned.clone()
     }
 }

@@ -118,9 +118,32 @@ impl Upstream {
         host: &str,
         port: u16,
     ) -> Result<hyper::client::conn::http1::SendRequest<Body>, String> {
+        // A pinned name goes where the operator said; any other goes to an address that
+        // is not internal (the brain's own host and network are not a task's to reach), and
+        // to the address checked.
         let addr = match self.resolve.get(&host.to_ascii_lowercase()) {
-            Some(ip) => std::net::SocketAddr::new(*ip, port).to_string(),
-            None => format!("{host}:{port}"),
+            Some(ip) => std::net::SocketAddr::new(*ip, port),
+            None => {
+                let addrs: Vec<std::net::SocketAddr> = match host.parse::<IpAddr>() {
+                    Ok(ip) => vec![(ip, port).into()],
+                    Err(_) => {
+                        tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host((host, port)))
+                            .await
+                            .map_err(|_| format!("{host} did not resolve in time"))?
+                            .map_err(|e| format!("cannot resolve {host}: {e}"))?
+                            .collect()
+                    }
+                };
+                if let Some(bad) = addrs.iter().find(|a| shared::net::is_internal(a.ip())) {
+                    return Err(format!(
+                        "{host} is (or resolves to) {}, an internal address: the brain does not go there for a task (pin a name with [egress.resolve] to allow it)",
+                        bad.ip()
+                    ));
+                }
+                *addrs
+                    .first()
+                    .ok_or_else(|| format!("{host} resolves to no address"))?
+            }
         };
         let name = rustls::pki_types::ServerName::try_from(host.to_string())
             .map_err(|_| format!("{host:?} is not a server name"))?;

@@ -40,6 +40,8 @@ pub trait EgressKeys: Send + Sync {
     fn grant(&self, task: &str, call_id: u64) -> String;
     /// The egress CA's certificate (public).
     fn ca_pem(&self) -> String;
+    /// Names the operator pinned to addresses (`[egress.resolve]`).
+    fn pinned(&self) -> Vec<(String, std::net::IpAddr)>;
 }
 
 /// A shared [`EgressKeys`].

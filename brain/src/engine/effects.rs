@@ -408,7 +408,7 @@ fn egress_for(cx: &Cx<'_>, call_id: u64) -> (Vec<(String, String)>, Option<Egres
         return (vec![], None);
     };
     let task = cx.task.id.to_string();
-    let (env, grant, ca_pem) = match &cx.opts().egress {
+    let (env, grant, ca_pem, resolve) = match &cx.opts().egress {
         Some(keys) => (
             spec.secrets
                 .iter()
@@ -416,9 +416,10 @@ fn egress_for(cx: &Cx<'_>, call_id: u64) -> (Vec<(String, String)>, Option<Egres
                 .collect(),
             keys.0.grant(&task, call_id),
             keys.0.ca_pem(),
+            keys.0.pinned(),
         ),
         // No keys: the brain refuses every tunnel (fails closed).
-        None => (vec![], String::new(), String::new()),
+        None => (vec![], String::new(), String::new(), vec![]),
     };
     let direct = spec.direct_rules().into_iter().cloned().collect();
     (
@@ -428,6 +429,7 @@ fn egress_for(cx: &Cx<'_>, call_id: u64) -> (Vec<(String, String)>, Option<Egres
             grant,
             direct,
             ca_pem,
+            resolve,
         }),
     )
 }

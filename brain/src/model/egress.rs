@@ -186,30 +186,31 @@ impl std::fmt::Display for AllowRule {
 /// The allow-list presets.
 pub const PRESETS: &[&str] = &["none", "registries", "all"];
 
-/// The hosts of a preset: `none` nothing, `registries` the common package registries (read
-/// only: GET and HEAD, through the brain), `all` any host directly.
+/// The hosts of a preset: `none` nothing, `registries` the common package registries over
+/// HTTPS (read only: GET and HEAD, seen by the brain, so a push or an upload to them is
+/// refused; Debian's mirrors too, so apt needs `https://` sources), `all` any host directly.
 pub fn preset(name: &str) -> Result<Vec<AllowRule>, String> {
     let rules: &[&str] = match name {
         "none" => &[],
         "registries" => &[
-            "registry.npmjs.org:443",
-            "registry.yarnpkg.com:443",
-            "pypi.org:443",
-            "files.pythonhosted.org:443",
-            "crates.io:443",
-            "index.crates.io:443",
-            "static.crates.io:443",
-            "static.rust-lang.org:443",
-            "proxy.golang.org:443",
-            "sum.golang.org:443",
-            "repo.maven.apache.org:443",
-            "repo1.maven.org:443",
-            "rubygems.org:443",
-            "deb.debian.org:80,443",
-            "security.debian.org:80,443",
-            "github.com:443",
-            "codeload.github.com:443",
-            "objects.githubusercontent.com:443",
+            "registry.npmjs.org:443 GET,HEAD",
+            "registry.yarnpkg.com:443 GET,HEAD",
+            "pypi.org:443 GET,HEAD",
+            "files.pythonhosted.org:443 GET,HEAD",
+            "crates.io:443 GET,HEAD",
+            "index.crates.io:443 GET,HEAD",
+            "static.crates.io:443 GET,HEAD",
+            "static.rust-lang.org:443 GET,HEAD",
+            "proxy.golang.org:443 GET,HEAD",
+            "sum.golang.org:443 GET,HEAD",
+            "repo.maven.apache.org:443 GET,HEAD",
+            "repo1.maven.org:443 GET,HEAD",
+            "rubygems.org:443 GET,HEAD",
+            "deb.debian.org:443 GET,HEAD",
+            "security.debian.org:443 GET,HEAD",
+            "github.com:443 GET,HEAD",
+            "codeload.github.com:443 GET,HEAD",
+            "objects.githubusercontent.com:443 GET,HEAD",
         ],
         "all" => &["*"],
         other => {

@@ -94,6 +94,8 @@ pub struct Egress {
     pub direct: Vec<crate::model::egress::AllowRule>,
     /// The egress CA's certificate, for the commands' CA bundle.
     pub ca_pem: String,
+    /// Names the operator pinned to addresses (`[egress.resolve]`).
+    pub resolve: Vec<(String, std::net::IpAddr)>,
 }
 
 /// How a durable command ended, as far as the brain can tell.

@@ -8,6 +8,8 @@
 //! mutual-TLS session, where the brain injects the task's secrets or refuses. No secret ever
 //! reaches this process: only placeholders and the brain's grant for the call.
 
+mod hello;
+
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
@@ -238,15 +240,29 @@ async fn handle(mut c: TcpStream, cx: &Cx) {
         Err(_) => return respond(&mut c, 408, "no request head within 30s").await,
     };
     if direct(&cx.policy.direct, &ask.host, ask.port) {
-        let up = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            TcpStream::connect((ask.host.as_str(), ask.port)),
-        )
-        .await;
+        let addr = match direct_addr(&cx.policy, &ask.host, ask.port).await {
+            Ok(a) => a,
+            Err(why) => {
+                cx.note(&ask, &why).await;
+                return respond(&mut c, 403, &why).await;
+            }
+        };
+        let mut rest = rest;
+        if ask.connect {
+            // The tunnel must carry TLS naming the host it was opened to.
+            if c.write_all(ESTABLISHED).await.is_err() {
+                return;
+            }
+            if let Err(why) = check_hello(&mut c, &mut rest, &ask).await {
+                cx.note(&ask, &why).await;
+                return;
+            }
+        }
+        let up = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await;
         let mut up = match up {
             Ok(Ok(u)) => u,
             Ok(Err(e)) => {
-                let why = format!("cannot connect to {}:{}: {e}", ask.host, ask.port);
+                let why = format!("cannot connect to {}:{} ({addr}): {e}", ask.host, ask.port);
                 return respond(&mut c, 502, &why).await;
             }
             Err(_) => {
@@ -255,9 +271,6 @@ async fn handle(mut c: TcpStream, cx: &Cx) {
             }
         };
         let first = if ask.connect {
-            if c.write_all(ESTABLISHED).await.is_err() {
-                return;
-            }
             rest
         } else {
             [ask.origin_head.as_slice(), &rest].concat()
@@ -271,6 +284,84 @@ async fn handle(mut c: TcpStream, cx: &Cx) {
 }
 
 const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
+
+/// Where a direct connection to `host:port` goes: the address the operator pinned the name
+/// to, or the host's first address once none of its addresses is internal (and that
+/// address, not a second lookup that DNS rebinding could answer otherwise).
+async fn direct_addr(
+    policy: &EgressPolicy,
+    host: &str,
+    port: u16,
+) -> Result<std::net::SocketAddr, String> {
+    if let Some(ip) = policy.resolve.get(host) {
+        let ip: std::net::IpAddr = ip
+            .parse()
+            .map_err(|_| format!("the brain pinned {host} to {ip:?}, which is not an address"))?;
+        return Ok((ip, port).into());
+    }
+    let addrs: Vec<std::net::SocketAddr> = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => vec![(ip, port).into()],
+        Err(_) => tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host((host, port)))
+            .await
+            .map_err(|_| {
+                format!(
+                    "{host} did not resolve within {}s",
+                    CONNECT_TIMEOUT.as_secs()
+                )
+            })?
+            .map_err(|e| format!("cannot resolve {host}: {e}"))?
+            .collect(),
+    };
+    if let Some(bad) = addrs.iter().find(|a| shared::net::is_internal(a.ip())) {
+        return Err(format!(
+            "{host} is (or resolves to) {}, an internal address (loopback, private, link-local or reserved): direct egress never goes there; an operator can pin a name with [egress.resolve] in the brain's config",
+            bad.ip()
+        ));
+    }
+    addrs
+        .first()
+        .copied()
+        .ok_or_else(|| format!("{host} resolves to no address"))
+}
+
+/// Reads the command's ClientHello into `rest` and checks that it names `ask.host` (none
+/// for an address).
+async fn check_hello(c: &mut TcpStream, rest: &mut Vec<u8>, ask: &Ask) -> Result<(), String> {
+    let mut piece = [0u8; 4096];
+    let named = loop {
+        match hello::parse(rest) {
+            hello::Hello::Name(n) => break n,
+            hello::Hello::NotTls(why) => {
+                return Err(format!(
+                    "{why}: a tunnel to a directly allowed host must carry TLS naming that host"
+                ));
+            }
+            hello::Hello::More => {}
+        }
+        if rest.len() >= hello::MAX_HELLO {
+            return Err("no complete ClientHello in the first 64 KiB".into());
+        }
+        let n = match tokio::time::timeout(HEAD_TIMEOUT, c.read(&mut piece)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Err("the command closed before its TLS began".into()),
+            Ok(Ok(n)) => n,
+            Err(_) => return Err("no TLS ClientHello within 30s".into()),
+        };
+        rest.extend_from_slice(&piece[..n]);
+    };
+    let is_addr = ask.host.parse::<std::net::IpAddr>().is_ok();
+    match named {
+        Some(n) if n == ask.host => Ok(()),
+        None if is_addr => Ok(()),
+        Some(n) => Err(format!(
+            "the tunnel was opened to {} but its TLS asks for {n}: a direct rule admits only the host it names",
+            ask.host
+        )),
+        None => Err(format!(
+            "the tunnel to {} carries TLS that names no host (no SNI)",
+            ask.host
+        )),
+    }
+}
 
 /// Whether the worker may connect to `host:port` itself.
 fn direct(rules: &[EgressRule], host: &str, port: u16) -> bool {
@@ -502,9 +593,20 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Ask, usize)>, String> {
     let (host, port) = authority(auth, Some(80))?;
     // The head the origin gets: origin-form target, no proxy headers, one request.
     let mut head = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
+    // The Host is the one the request was allowed for, whatever the command wrote.
+    let shown = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.clone()
+    };
+    if port == 80 {
+        head.extend_from_slice(format!("Host: {shown}\r\n").as_bytes());
+    } else {
+        head.extend_from_slice(format!("Host: {shown}:{port}\r\n").as_bytes());
+    }
     for h in req.headers.iter() {
         let n = h.name.to_ascii_lowercase();
-        if n.starts_with("proxy-") || n == "connection" || n == "keep-alive" {
+        if n.starts_with("proxy-") || n == "connection" || n == "keep-alive" || n == "host" {
             continue;
         }
         head.extend_from_slice(h.name.as_bytes());
