@@ -168,8 +168,12 @@ fn flags_that_do_not_apply_to_a_plan_are_refused_by_name() {
 
 /// A brain that trusts the test's CA upstream and resolves the test's names to loopback.
 fn egress_cluster(ca: &TestCa) -> Cluster {
-    let ca_file =
-        std::env::temp_dir().join(format!("tether-plan-egress-ca-{}.pem", std::process::id()));
+    // One file per cluster: tests in this process run at once, each with its own CA.
+    let ca_file = std::env::temp_dir().join(format!(
+        "tether-plan-egress-ca-{}-{:x}.pem",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
     std::fs::write(&ca_file, ca.pem()).unwrap();
     Cluster::start_with(BrainOptions {
         config: Some(format!(
