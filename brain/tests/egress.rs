@@ -7,29 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use testkit::https::{Handler, Received, TestCa, Upstream};
-use testkit::tasks::{environs_holding, files_holding, results, run_commands, set_secret};
-use testkit::{BrainOptions, Cluster, replay_turn, text};
+use testkit::tasks::{
+    egress_cluster, environs_holding, files_holding, have_netns, results, run_commands, set_secret,
+};
+use testkit::text;
 
 const SECRET: &str = "sk-live-7f3a9c2e51d84b06a1e2";
 const API: &str = "api.upstream.test";
 const OTHER: &str = "other.upstream.test";
-
-fn root() -> bool {
-    // SAFETY: plain getter.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Whether commands can be put behind the proxy here; otherwise says why the test is skipped.
-fn have_egress(test: &str) -> bool {
-    if !root() {
-        testkit::skip(
-            "netns",
-            &format!("{test} needs a root worker to give commands their own network namespace"),
-        );
-        return false;
-    }
-    true
-}
 
 /// 200 "granted" only with the secret as a bearer token; `/echo` answers the request back.
 fn api_handler() -> Handler {
@@ -45,24 +30,9 @@ fn api_handler() -> Handler {
     })
 }
 
-fn cluster(ca: &TestCa, dir_hint: &str) -> Cluster {
-    let ca_file = std::env::temp_dir().join(format!(
-        "tether-egress-ca-{dir_hint}-{}.pem",
-        std::process::id()
-    ));
-    std::fs::write(&ca_file, ca.pem()).unwrap();
-    Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[egress]\nupstream_ca = [{:?}]\n[egress.resolve]\n\"{API}\" = \"127.0.0.1\"\n\"{OTHER}\" = \"127.0.0.1\"\n",
-            ca_file.display().to_string()
-        )),
-        ..Default::default()
-    })
-}
-
 #[test]
 fn a_command_uses_a_secret_it_never_sees() {
-    if !have_egress("a_command_uses_a_secret_it_never_sees") {
+    if !have_netns("a_command_uses_a_secret_it_never_sees") {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -73,7 +43,7 @@ fn a_command_uses_a_secret_it_never_sees() {
         Arc::new(|_: &Received| (200, b"other says hi".to_vec())),
     )
     .unwrap();
-    let c = cluster(&ca, "main");
+    let c = egress_cluster(&ca, &[API, OTHER], "");
     let w = c.join_worker("egress");
     let port = api.port.to_string();
     set_secret(
@@ -237,7 +207,7 @@ fn a_command_uses_a_secret_it_never_sees() {
 fn git_clones_and_pushes_over_https_with_an_injected_basic_credential() {
     use testkit::git_server::{Auth, GitServer};
     const HOST: &str = "git.upstream.test";
-    if !have_egress("git_clones_and_pushes_over_https_with_an_injected_basic_credential") {
+    if !have_netns("git_clones_and_pushes_over_https_with_an_injected_basic_credential") {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -249,16 +219,7 @@ fn git_clones_and_pushes_over_https_with_an_injected_basic_credential() {
         .parse()
         .unwrap();
     let port = testkit::https::tls_front(&ca, &[HOST], backend).unwrap();
-    let ca_file =
-        std::env::temp_dir().join(format!("tether-egress-git-ca-{}.pem", std::process::id()));
-    std::fs::write(&ca_file, ca.pem()).unwrap();
-    let c = Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[egress]\nupstream_ca = [{:?}]\n[egress.resolve]\n\"{HOST}\" = \"127.0.0.1\"\n",
-            ca_file.display().to_string()
-        )),
-        ..Default::default()
-    });
+    let c = egress_cluster(&ca, &[HOST], "");
     let w = c.join_worker("git-egress");
     let p = port.to_string();
     set_secret(
@@ -311,7 +272,7 @@ fn git_clones_and_pushes_over_https_with_an_injected_basic_credential() {
 
 #[test]
 fn a_brain_killed_mid_request_fails_that_request_and_the_next_one_works() {
-    if !have_egress("a_brain_killed_mid_request_fails_that_request_and_the_next_one_works") {
+    if !have_netns("a_brain_killed_mid_request_fails_that_request_and_the_next_one_works") {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -335,7 +296,7 @@ fn a_brain_killed_mid_request_fails_that_request_and_the_next_one_works() {
         }),
     )
     .unwrap();
-    let mut c = cluster(&ca, "kill");
+    let mut c = egress_cluster(&ca, &[API, OTHER], "");
     let w = c.join_worker("egress-kill");
     let port = api.port.to_string();
     set_secret(
@@ -349,34 +310,7 @@ fn a_brain_killed_mid_request_fails_that_request_and_the_next_one_works() {
         format!("{curl} -o /dev/null https://{API}:{port}/slow; echo slow=$?"),
         format!("{curl} https://{API}:{port}/ok"),
     ];
-    let mut turns: Vec<String> = commands
-        .iter()
-        .enumerate()
-        .map(|(i, cmd)| replay_turn(i + 1, "run_command", serde_json::json!({"command": cmd})))
-        .collect();
-    turns.push(replay_turn(
-        3,
-        "finish",
-        serde_json::json!({"summary": "done"}),
-    ));
-    let file = c.dir.join("kill.jsonl");
-    std::fs::write(&file, turns.join("\n")).unwrap();
-    let model = format!("replay:{}", file.display());
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        &model,
-        "--permission",
-        "full",
-        "--worker",
-        &w.id,
-        "--secret",
-        "api",
-        "slow then fast",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let task = testkit::tasks::start_commands(&c, &w.id, &["--secret", "api"], &commands);
     assert!(
         testkit::wait_until(Duration::from_secs(60), || api
             .seen()

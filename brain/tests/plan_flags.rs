@@ -9,28 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use testkit::https::{Received, TestCa, Upstream};
-use testkit::{BrainOptions, Cluster, text};
+use testkit::tasks::{egress_cluster, have_netns};
+use testkit::{Cluster, text};
 
 const SECRET: &str = "sk-plan-0c94d2e7a1b35f68";
 const API: &str = "api.plan.test";
 const OTHER: &str = "other.plan.test";
-
-fn root() -> bool {
-    // SAFETY: plain getter.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Whether commands can be put behind the proxy here; otherwise says why the test is skipped.
-fn have_egress(test: &str) -> bool {
-    if !root() {
-        testkit::skip(
-            "netns",
-            &format!("{test} needs a root worker to give commands their own network namespace"),
-        );
-        return false;
-    }
-    true
-}
 
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -166,24 +150,6 @@ fn flags_that_do_not_apply_to_a_plan_are_refused_by_name() {
     );
 }
 
-/// A brain that trusts the test's CA upstream and resolves the test's names to loopback.
-fn egress_cluster(ca: &TestCa) -> Cluster {
-    // One file per cluster: tests in this process run at once, each with its own CA.
-    let ca_file = std::env::temp_dir().join(format!(
-        "tether-plan-egress-ca-{}-{:x}.pem",
-        std::process::id(),
-        rand::random::<u64>()
-    ));
-    std::fs::write(&ca_file, ca.pem()).unwrap();
-    Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[egress]\nupstream_ca = [{:?}]\n[egress.resolve]\n\"{API}\" = \"127.0.0.1\"\n\"{OTHER}\" = \"127.0.0.1\"\n",
-            ca_file.display().to_string()
-        )),
-        ..Default::default()
-    })
-}
-
 /// One step's result as the task log holds it.
 #[derive(Debug, Default)]
 struct Ran {
@@ -235,7 +201,7 @@ fn run_plan(
 
 #[test]
 fn a_plan_with_egress_none_cannot_reach_the_network() {
-    if !have_egress("a_plan_with_egress_none_cannot_reach_the_network") {
+    if !have_netns("a_plan_with_egress_none_cannot_reach_the_network") {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -245,7 +211,7 @@ fn a_plan_with_egress_none_cannot_reach_the_network() {
         Arc::new(|_: &Received| (200, b"reached".to_vec())),
     )
     .unwrap();
-    let c = egress_cluster(&ca);
+    let c = egress_cluster(&ca, &[API, OTHER], "");
     let w = c.join_worker("plan-egress-none");
     let pa = api.port;
     let curl = "curl -sS --connect-timeout 5 --max-time 20";
@@ -272,7 +238,7 @@ fn a_plan_with_egress_none_cannot_reach_the_network() {
 
 #[test]
 fn a_plan_uses_its_secret_and_allow_list_through_the_proxy() {
-    if !have_egress("a_plan_uses_its_secret_and_allow_list_through_the_proxy") {
+    if !have_netns("a_plan_uses_its_secret_and_allow_list_through_the_proxy") {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -294,7 +260,7 @@ fn a_plan_uses_its_secret_and_allow_list_through_the_proxy() {
         Arc::new(|_: &Received| (200, b"other says hi".to_vec())),
     )
     .unwrap();
-    let c = egress_cluster(&ca);
+    let c = egress_cluster(&ca, &[API, OTHER], "");
     let w = c.join_worker("plan-egress");
     let port = api.port.to_string();
     let mut set = c.brain_cli_cmd(&[

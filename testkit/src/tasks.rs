@@ -8,7 +8,45 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::{Cluster, replay_turn, text};
+use crate::https::TestCa;
+use crate::{BrainOptions, Cluster, replay_turn, text};
+
+/// Whether a worker here can give commands their own network namespace (it needs root: the
+/// egress proxy's tests); otherwise says why `test` is skipped.
+pub fn have_netns(test: &str) -> bool {
+    // SAFETY: plain getter.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    crate::skip(
+        "netns",
+        &format!("{test} needs a root worker to give commands their own network namespace"),
+    );
+    false
+}
+
+/// A cluster whose brain trusts `ca` upstream (`[egress] upstream_ca`) and pins each of
+/// `names` to 127.0.0.1 (`[egress.resolve]`), plus `more` config.
+pub fn egress_cluster(ca: &TestCa, names: &[&str], more: &str) -> Cluster {
+    // One file per cluster: tests in one process run at once, each with its own CA.
+    let ca_file = std::env::temp_dir().join(format!(
+        "tether-egress-ca-{}-{}.pem",
+        std::process::id(),
+        unique()
+    ));
+    std::fs::write(&ca_file, ca.pem()).expect("write the CA");
+    let resolve: String = names
+        .iter()
+        .map(|n| format!("\"{n}\" = \"127.0.0.1\"\n"))
+        .collect();
+    Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "{more}\n[egress]\nupstream_ca = [{:?}]\n[egress.resolve]\n{resolve}",
+            ca_file.display().to_string()
+        )),
+        ..Default::default()
+    })
+}
 
 /// `brain secret set NAME ARGS` with `value` on stdin; panics unless it succeeds.
 pub fn set_secret(c: &Cluster, name: &str, value: &str, args: &[&str]) {
@@ -57,21 +95,39 @@ fn unique() -> u64 {
         .unwrap_or(0)
 }
 
-/// Starts a replayed task of `commands` (one `run_command` per turn, then `finish`) on
-/// `worker` with more `brain run` arguments `args`; gives its id.
-pub fn start_commands(c: &Cluster, worker: &str, args: &[&str], commands: &[String]) -> String {
+/// A replayed model transcript: one `run_command` of each of `commands` per turn (with
+/// `timeout_secs` when given), then `finish`.
+pub fn command_turns(commands: &[String], timeout_secs: Option<u64>) -> String {
     let mut turns: Vec<String> = commands
         .iter()
         .enumerate()
-        .map(|(i, cmd)| replay_turn(i + 1, "run_command", serde_json::json!({"command": cmd})))
+        .map(|(i, cmd)| {
+            let mut args = serde_json::json!({ "command": cmd });
+            if let Some(t) = timeout_secs {
+                args["timeout_secs"] = t.into();
+            }
+            replay_turn(i + 1, "run_command", args)
+        })
         .collect();
     turns.push(replay_turn(
         commands.len() + 1,
         "finish",
         serde_json::json!({"summary": "done"}),
     ));
+    turns.join("\n")
+}
+
+/// `brain run --detach` of a replayed task of `commands` (see [`command_turns`]) on
+/// `worker` with more arguments `args`, whatever it answers.
+pub fn try_start_commands(
+    c: &Cluster,
+    worker: &str,
+    args: &[&str],
+    commands: &[String],
+    timeout_secs: Option<u64>,
+) -> std::process::Output {
     let file = c.dir.join(format!("t-{}.jsonl", unique()));
-    std::fs::write(&file, turns.join("\n")).expect("write the transcript");
+    std::fs::write(&file, command_turns(commands, timeout_secs)).expect("write the transcript");
     let model = format!("replay:{}", file.display());
     let mut run = vec![
         "run",
@@ -85,7 +141,13 @@ pub fn start_commands(c: &Cluster, worker: &str, args: &[&str], commands: &[Stri
     ];
     run.extend_from_slice(args);
     run.push("run the commands");
-    let out = c.brain_cli(&run);
+    c.brain_cli(&run)
+}
+
+/// Starts a replayed task of `commands` (see [`command_turns`]) on `worker` with more
+/// `brain run` arguments `args`; gives its id.
+pub fn start_commands(c: &Cluster, worker: &str, args: &[&str], commands: &[String]) -> String {
+    let out = try_start_commands(c, worker, args, commands, None);
     assert!(out.status.success(), "brain run: {}", text(&out));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }

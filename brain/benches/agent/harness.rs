@@ -161,6 +161,9 @@ api_key = "sk-bench-local-server-needs-no-key-7f3a9c"
 tool_mode = "text"
 context_window = {ctx}
 max_tokens = {mt}
+[deliver]
+# Each attempt clones a local one-commit repository.
+git_schemes = ["https", "ssh", "file"]
 "#,
         m = s.model,
         url = s.url,
