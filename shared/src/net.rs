@@ -6,7 +6,36 @@
 //! operator allows it by name, and dial the address that was checked (not a second lookup
 //! that DNS rebinding could answer differently).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+/// The addresses of `host:port` (an address is its own), resolved within `timeout`; an
+/// error, in words, when it does not resolve or any of its addresses is internal. Callers
+/// dial the first address given, not the name again.
+pub async fn resolve_public(
+    host: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<Vec<SocketAddr>, String> {
+    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![(ip, port).into()],
+        Err(_) => tokio::time::timeout(timeout, tokio::net::lookup_host((host, port)))
+            .await
+            .map_err(|_| format!("{host} did not resolve within {}s", timeout.as_secs()))?
+            .map_err(|e| format!("cannot resolve {host}: {e}"))?
+            .collect(),
+    };
+    if let Some(bad) = addrs.iter().find(|a| is_internal(a.ip())) {
+        return Err(format!(
+            "{host} is (or resolves to) {}, an internal address (loopback, private, link-local or reserved)",
+            bad.ip()
+        ));
+    }
+    if addrs.is_empty() {
+        return Err(format!("{host} resolves to no address"));
+    }
+    Ok(addrs)
+}
 
 /// Whether `ip` is an internal address (see the module's doc).
 pub fn is_internal(ip: IpAddr) -> bool {

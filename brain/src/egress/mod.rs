@@ -124,25 +124,13 @@ impl Upstream {
         let addr = match self.resolve.get(&host.to_ascii_lowercase()) {
             Some(ip) => std::net::SocketAddr::new(*ip, port),
             None => {
-                let addrs: Vec<std::net::SocketAddr> = match host.parse::<IpAddr>() {
-                    Ok(ip) => vec![(ip, port).into()],
-                    Err(_) => {
-                        tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host((host, port)))
-                            .await
-                            .map_err(|_| format!("{host} did not resolve in time"))?
-                            .map_err(|e| format!("cannot resolve {host}: {e}"))?
-                            .collect()
-                    }
-                };
-                if let Some(bad) = addrs.iter().find(|a| shared::net::is_internal(a.ip())) {
-                    return Err(format!(
-                        "{host} is (or resolves to) {}, an internal address: the brain does not go there for a task (pin a name with [egress.resolve] to allow it)",
-                        bad.ip()
-                    ));
-                }
-                *addrs
-                    .first()
-                    .ok_or_else(|| format!("{host} resolves to no address"))?
+                shared::net::resolve_public(host, port, CONNECT_TIMEOUT)
+                    .await
+                    .map_err(|why| {
+                        format!(
+                            "{why}: the brain does not go there for a task (pin a name with [egress.resolve] to allow it)"
+                        )
+                    })?[0]
             }
         };
         let name = rustls::pki_types::ServerName::try_from(host.to_string())

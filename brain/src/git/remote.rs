@@ -216,36 +216,26 @@ impl Policy {
             "git" => 9418,
             _ => 22,
         });
-        let addrs: Vec<IpAddr> = if let Ok(ip) = host.parse::<IpAddr>() {
-            vec![ip]
-        } else if let Some(ip) = self.resolve.get(&host) {
-            vec![*ip]
-        } else {
-            tokio::time::timeout(
-                RESOLVE_TIMEOUT,
-                tokio::net::lookup_host((host.as_str(), port)),
-            )
-            .await
-            .map_err(|_| {
-                refuse(format!(
-                    "{host} did not resolve within {}s",
-                    RESOLVE_TIMEOUT.as_secs()
-                ))
-            })?
-            .map_err(|e| refuse(format!("cannot resolve {host}: {e}")))?
-            .map(|a| a.ip())
-            .collect()
+        let first = match self.resolve.get(&host) {
+            Some(ip) if !shared::net::is_internal(*ip) => *ip,
+            Some(ip) => {
+                return Err(refuse(format!(
+                    "{host} is pinned to {ip}, an internal address (loopback, private, link-local or reserved); set `[deliver] git_internal_hosts = true` in the brain's config to allow such hosts"
+                )));
+            }
+            None => {
+                shared::net::resolve_public(&host, port, RESOLVE_TIMEOUT)
+                    .await
+                    .map_err(|why| {
+                        refuse(format!(
+                            "{why}; set `[deliver] git_internal_hosts = true` in the brain's config to allow such hosts"
+                        ))
+                    })?[0]
+                    .ip()
+            }
         };
-        if let Some(bad) = addrs.iter().find(|a| shared::net::is_internal(**a)) {
-            return Err(refuse(format!(
-                "{host} resolves to {bad}, an internal address (loopback, private, link-local or reserved); set `[deliver] git_internal_hosts = true` in the brain's config to allow such hosts"
-            )));
-        }
-        let first = addrs
-            .first()
-            .ok_or_else(|| refuse(format!("{host} resolves to no address")))?;
         if matches!(remote.transport, "https" | "http") {
-            let addr = match first {
+            let addr = match &first {
                 IpAddr::V6(v6) => format!("[{v6}]"),
                 IpAddr::V4(v4) => v4.to_string(),
             };

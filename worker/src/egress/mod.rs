@@ -299,29 +299,14 @@ async fn direct_addr(
             .map_err(|_| format!("the brain pinned {host} to {ip:?}, which is not an address"))?;
         return Ok((ip, port).into());
     }
-    let addrs: Vec<std::net::SocketAddr> = match host.parse::<std::net::IpAddr>() {
-        Ok(ip) => vec![(ip, port).into()],
-        Err(_) => tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host((host, port)))
-            .await
-            .map_err(|_| {
-                format!(
-                    "{host} did not resolve within {}s",
-                    CONNECT_TIMEOUT.as_secs()
-                )
-            })?
-            .map_err(|e| format!("cannot resolve {host}: {e}"))?
-            .collect(),
-    };
-    if let Some(bad) = addrs.iter().find(|a| shared::net::is_internal(a.ip())) {
-        return Err(format!(
-            "{host} is (or resolves to) {}, an internal address (loopback, private, link-local or reserved): direct egress never goes there; an operator can pin a name with [egress.resolve] in the brain's config",
-            bad.ip()
-        ));
-    }
-    addrs
-        .first()
-        .copied()
-        .ok_or_else(|| format!("{host} resolves to no address"))
+    let addrs = shared::net::resolve_public(host, port, CONNECT_TIMEOUT)
+        .await
+        .map_err(|why| {
+            format!(
+                "{why}: direct egress never goes there; an operator can pin a name with [egress.resolve] in the brain's config"
+            )
+        })?;
+    Ok(addrs[0])
 }
 
 /// Reads the command's ClientHello into `rest` and checks that it names `ask.host` (none
