@@ -8,7 +8,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, Web};
-use crate::trust::web::{Caller, WebRole, csrf_for};
+use crate::trust::web::{Caller, WebRole, csrf_for, key_of};
 
 /// The browser session's cookie.
 pub const SESSION_COOKIE: &str = "tether_session";
@@ -22,6 +22,9 @@ pub struct Authed {
     /// The session's secret when the caller came by cookie (to derive its CSRF token, or to
     /// end it on logout).
     pub session: Option<String>,
+    /// The credential's key in the store ([`key_of`]), for what checks it again later (an
+    /// event stream).
+    pub key: String,
 }
 
 /// The credential a request carries: the bearer token first, else the session cookie.
@@ -131,6 +134,7 @@ pub async fn require(
     }
     req.extensions_mut().insert(Authed {
         caller,
+        key: key_of(&secret),
         session: by_cookie.then_some(secret),
     });
     next.run(req).await

@@ -13,9 +13,11 @@ mod events;
 mod extract;
 mod fleet;
 mod openapi;
+mod options;
 mod page;
 mod routes;
 mod session;
+mod streams;
 mod tasks;
 
 use std::net::SocketAddr;
@@ -32,6 +34,7 @@ use crate::api::{Services, Shared};
 use crate::trust::web::WebAuth;
 
 pub use auth::SESSION_COOKIE;
+pub use options::Options;
 
 /// Why the web API could not start.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +50,8 @@ pub enum Error {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("invalid web settings in the config file: {0}")]
+    Config(String),
 }
 
 /// What the handlers share.
@@ -54,13 +59,19 @@ pub enum Error {
 pub struct Web {
     pub(crate) services: Services,
     pub(crate) auth: WebAuth,
+    /// `[web]`: limits and trusted proxies.
+    pub(crate) opts: Arc<Options>,
+    /// The event streams each credential holds open.
+    pub(crate) streams: Arc<streams::Streams>,
 }
 
 impl Web {
-    pub fn new(shared: Arc<Shared>, auth: WebAuth) -> Self {
+    pub fn new(shared: Arc<Shared>, auth: WebAuth, opts: Options) -> Self {
         Self {
             services: Services(shared),
             auth,
+            opts: Arc::new(opts),
+            streams: Arc::default(),
         }
     }
 

@@ -1,0 +1,300 @@
+//! Attacks on the web API (route 8 of the threat model), each against a real brain
+//! (`--web-listen`) and, where a task is needed, a real worker. The threat model: a viewer
+//! reads tasks, events and diffs, never changes anything, and keeps no stream past its
+//! credential; nobody outside the brain's configured proxies can speak for another origin.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use testkit::fake_llm::{FakeLlm, FakeReply};
+use testkit::{BrainOptions, Cluster, text};
+
+fn cluster_with(llm: Option<&FakeLlm>, web: &str) -> Cluster {
+    let mut config = String::new();
+    if let Some(llm) = llm {
+        config.push_str(&format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-web-attack\"\n",
+            llm.url()
+        ));
+    }
+    if !web.is_empty() {
+        config.push_str("[web]\n");
+        config.push_str(web);
+        config.push('\n');
+    }
+    Cluster::start_with(BrainOptions {
+        config: (!config.is_empty()).then_some(config),
+        web: true,
+        ..Default::default()
+    })
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn token(c: &Cluster, name: &str, role: &str, ttl: &str) -> String {
+    let out = c.brain_cli(&[
+        "admin", "token", "create", "--name", name, "--role", role, "--ttl", ttl,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    stdout(&out)
+}
+
+fn bearer(t: &str) -> String {
+    format!("Bearer {t}")
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// A request's status and JSON (or its text as a JSON string).
+async fn call(c: &Cluster, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    call_with(c, method, path, headers, json!({})).await
+}
+
+/// [`call`] with a JSON body for a POST.
+async fn call_with(
+    c: &Cluster,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Value,
+) -> (u16, Value) {
+    let mut r = client().request(method.parse().unwrap(), format!("{}{path}", c.web_url()));
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    if method == "POST" {
+        r = r
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let resp = r.send().await.expect("the web API answers");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Opens an event stream; its status and the response.
+async fn open_stream(c: &Cluster, path: &str, auth: &str) -> reqwest::Response {
+    client()
+        .get(format!("{}{path}", c.web_url()))
+        .header("authorization", auth)
+        .header("accept", "text/event-stream")
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .expect("the web API answers")
+}
+
+/// What a stream said until `until`: its text, and whether it ended by then.
+async fn read_stream(resp: &mut reqwest::Response, until: Instant) -> (String, bool) {
+    let mut seen = String::new();
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return (seen, false);
+        }
+        match tokio::time::timeout(left, resp.chunk()).await {
+            Ok(Ok(Some(bytes))) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+            Ok(Ok(None)) | Ok(Err(_)) => return (seen, true),
+            Err(_) => return (seen, false),
+        }
+    }
+}
+
+/// Reads a stream until its text holds `needle` (or panics after `within`).
+async fn read_until(resp: &mut reqwest::Response, needle: &str, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    let mut seen = String::new();
+    while !seen.contains(needle) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no {needle:?} in time: {seen}");
+        match tokio::time::timeout(left, resp.chunk()).await {
+            Ok(Ok(Some(bytes))) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+            other => panic!("the stream ended before {needle:?} ({other:?}): {seen}"),
+        }
+    }
+    seen
+}
+
+async fn wait_status(c: &Cluster, id: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.task_status(id).unwrap_or_default() != want {
+        assert!(
+            Instant::now() < deadline,
+            "{id} never {want}: {}",
+            c.brain_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A task that runs one command once approved, waiting for that approval.
+async fn waiting_task(c: &Cluster) -> String {
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "ask",
+        "--worker",
+        "laptop",
+        "wait for approval",
+    ]);
+    assert!(out.status.success(), "brain run: {}", text(&out));
+    let id = stdout(&out);
+    wait_status(c, &id, "waiting").await;
+    id
+}
+
+fn approve_then_finish() -> FakeLlm {
+    FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call("run_command", json!({"command": "echo approved-and-ran"})),
+        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
+    })
+}
+
+/// Route 8, streams: a viewer whose token is revoked keeps no stream. Both event streams end
+/// within two seconds of the revocation, and what happens after it (an approval, the command
+/// it lets run) reaches neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_viewer_keeps_no_stream() {
+    let llm = approve_then_finish();
+    let c = cluster_with(Some(&llm), "");
+    let _w = c.join_worker("laptop");
+    let viewer = token(&c, "watcher", "viewer", "1h");
+    let operator = token(&c, "ci", "operator", "1h");
+    let id = waiting_task(&c).await;
+
+    let mut task_stream =
+        open_stream(&c, &format!("/api/tasks/{id}/events"), &bearer(&viewer)).await;
+    assert_eq!(task_stream.status(), 200);
+    let mut all_stream = open_stream(&c, "/api/events", &bearer(&viewer)).await;
+    assert_eq!(all_stream.status(), 200);
+    read_until(
+        &mut task_stream,
+        "approval_requested",
+        Duration::from_secs(20),
+    )
+    .await;
+    read_until(&mut all_stream, "event: tasks", Duration::from_secs(20)).await;
+
+    let out = c.brain_cli(&["admin", "token", "revoke", "watcher"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let revoked = Instant::now();
+    // Something worth seeing happens right after.
+    let (s, body) = call(
+        &c,
+        "POST",
+        &format!("/api/tasks/{id}/approve"),
+        &[("authorization", &bearer(&operator))],
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    wait_status(&c, &id, "finished").await;
+
+    let until = revoked + Duration::from_secs(2);
+    let (after_task, task_ended) = read_stream(&mut task_stream, until).await;
+    let (after_all, all_ended) = read_stream(&mut all_stream, until).await;
+    assert!(
+        !after_task.contains("approval_decided") && !after_task.contains("approved-and-ran"),
+        "a revoked viewer still received the task's events: {after_task}"
+    );
+    assert!(
+        !after_all.contains("\"finished\"") && !after_all.contains("event: task\n"),
+        "a revoked viewer still received task changes: {after_all}"
+    );
+    assert!(
+        task_ended && all_ended,
+        "streams still open 2 s after the revocation (task stream ended: {task_ended}, all-tasks stream ended: {all_ended})"
+    );
+    // It says why before it ends.
+    assert!(after_task.contains("revoked"), "{after_task}");
+    // And cannot come back.
+    let again = open_stream(&c, "/api/events", &bearer(&viewer)).await;
+    assert_eq!(again.status(), 401);
+}
+
+/// Route 8, streams: a viewer's stream ends when its credential expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_viewer_keeps_no_stream() {
+    let c = cluster_with(None, "");
+    let viewer = token(&c, "brief", "viewer", "3s");
+    let created = Instant::now();
+    let mut s = open_stream(&c, "/api/events", &bearer(&viewer)).await;
+    assert_eq!(s.status(), 200);
+    read_until(&mut s, "event: tasks", Duration::from_secs(10)).await;
+    let (said, ended) = read_stream(&mut s, created + Duration::from_secs(6)).await;
+    assert!(
+        ended,
+        "the stream of a 3 s token is still open 6 s after it was made: {said}"
+    );
+    assert!(said.contains("expired"), "{said}");
+}
+
+/// Route 8, streams: one credential holds at most eight streams (the default); the ninth is
+/// refused with 429 and says why, another credential is not affected, and a stream closed
+/// makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_credential_holds_at_most_eight_streams() {
+    let c = cluster_with(None, "");
+    let greedy = token(&c, "greedy", "viewer", "1h");
+    let other = token(&c, "other", "viewer", "1h");
+    let mut open = Vec::new();
+    for i in 0..8 {
+        let mut s = open_stream(&c, "/api/events", &bearer(&greedy)).await;
+        assert_eq!(s.status(), 200, "stream {i}");
+        read_until(&mut s, "event: tasks", Duration::from_secs(10)).await;
+        open.push(s);
+    }
+    let ninth = open_stream(&c, "/api/events", &bearer(&greedy)).await;
+    let status = ninth.status().as_u16();
+    let body = if status == 200 {
+        String::new()
+    } else {
+        ninth.text().await.unwrap()
+    };
+    assert_eq!(status, 429, "a ninth stream of one credential: {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "too_many_streams", "{body}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains('8'),
+        "{body}"
+    );
+    // The task stream counts too.
+    let (s, _) = call(
+        &c,
+        "GET",
+        "/api/tasks/nope/events",
+        &[("authorization", &bearer(&greedy))],
+    )
+    .await;
+    assert_eq!(s, 429);
+    let mut theirs = open_stream(&c, "/api/events", &bearer(&other)).await;
+    assert_eq!(theirs.status(), 200, "another credential is not affected");
+    read_until(&mut theirs, "event: tasks", Duration::from_secs(10)).await;
+
+    // One closed: room for one more (once the brain has seen it go).
+    drop(open.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = open_stream(&c, "/api/events", &bearer(&greedy)).await;
+        if s.status() == 200 {
+            break;
+        }
+        assert_eq!(s.status(), 429);
+        assert!(Instant::now() < deadline, "a closed stream never made room");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
