@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use testkit::fake_llm::{FakeLlm, FakeReply};
+use testkit::tasks::run_commands;
 use testkit::{BrainOptions, Cluster, text};
 
 fn cluster_with(llm: Option<&FakeLlm>, web: &str) -> Cluster {
@@ -297,4 +298,58 @@ async fn one_credential_holds_at_most_eight_streams() {
         assert!(Instant::now() < deadline, "a closed stream never made room");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Route 8, diffs: the diff a viewer asks for is cut at `[web] max_diff_bytes`, with a last
+/// line and a header that say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diff_is_cut_at_its_cap_and_says_so() {
+    let c = cluster_with(None, "max_diff_bytes = 65536");
+    let w = c.join_worker("laptop");
+    // About 1.3 MB of new lines.
+    let (id, ran) = run_commands(&c, &w.id, &[], &["seq 1 200000 > big.txt".to_string()]);
+    assert_eq!(ran[0].exit, Some(0), "{ran:?}");
+    let viewer = token(&c, "reader", "viewer", "1h");
+    let resp = client()
+        .get(format!("{}/api/tasks/{id}/diff", c.web_url()))
+        .header("authorization", bearer(&viewer))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let limit = resp
+        .headers()
+        .get("x-tether-diff-limit")
+        .map(|v| v.to_str().unwrap().to_string());
+    let body = resp.text().await.unwrap();
+    assert!(
+        body.len() <= 65536 + 300,
+        "a diff of {} bytes was answered whole, over the 65536-byte cap",
+        body.len()
+    );
+    assert_eq!(limit.as_deref(), Some("65536"));
+    let last = body.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("cut at 65536 bytes") && last.contains("brain task diff"),
+        "the last line says the diff was cut: {last:?}"
+    );
+    assert!(
+        body.starts_with("diff --git"),
+        "{}",
+        &body[..200.min(body.len())]
+    );
+    // A short one is whole.
+    let (s, stat) = call(
+        &c,
+        "GET",
+        &format!("/api/tasks/{id}/diff?form=stat"),
+        &[("authorization", &bearer(&viewer))],
+    )
+    .await;
+    assert_eq!(s, 200);
+    let stat = stat.as_str().unwrap();
+    assert!(
+        stat.contains("big.txt") && !stat.contains("cut at"),
+        "{stat}"
+    );
 }

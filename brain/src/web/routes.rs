@@ -41,7 +41,7 @@ pub fn table() -> Vec<Doc> {
         d("POST", "/tasks/{id}/move", Operator, "Moves the task to another worker at its next step", Some(of::<MoveTo>()), of::<proto::MoveTaskResponse>(), post(move_task)),
         d("POST", "/tasks/{id}/resume", Operator, "Resumes a task with more budget", Some(of::<MoreBudget>()), of::<proto::ResumeTaskResponse>(), post(resume)),
         d("POST", "/tasks/{id}/deliver", Operator, "Delivers the task's last barrier as a branch (and a pull request)", Some(of::<DeliverHow>()), of::<proto::DeliverTaskResponse>(), post(deliver)),
-        d("GET", "/tasks/{id}/diff", Viewer, "The workspace against its base, as text", None, Text, get(diff)).query::<DiffForm>(),
+        d("GET", "/tasks/{id}/diff", Viewer, "The workspace against its base, as text: at most [web] max_diff_bytes (the X-Tether-Diff-Limit header), a longer one cut with a last line that says so", None, Text, get(diff)).query::<DiffForm>(),
         d("GET", "/tasks/{id}/files", Viewer, "The workspace's file tree at a barrier", None, of::<Tree>(), get(files)).query::<At>(),
         d("GET", "/tasks/{id}/files/content", Viewer, "One file's bytes at a barrier", None, Bytes, get(file_content)).query::<At>(),
         d("GET", "/events", Viewer, "Every task's summary as it changes, as Server-Sent Events", None, Events, get(events::all_tasks)),
