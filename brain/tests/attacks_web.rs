@@ -3,6 +3,8 @@
 //! reads tasks, events and diffs, never changes anything, and keeps no stream past its
 //! credential; nobody outside the brain's configured proxies can speak for another origin.
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -352,4 +354,118 @@ async fn a_diff_is_cut_at_its_cap_and_says_so() {
         stat.contains("big.txt") && !stat.contains("cut at"),
         "{stat}"
     );
+}
+
+/// Whether the server closed `conn` by `until` (EOF or a reset); bytes it sent are kept.
+fn closed_by(conn: &mut TcpStream, until: Instant, got: &mut Vec<u8>) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        conn.set_read_timeout(Some(left.min(Duration::from_millis(200))))
+            .unwrap();
+        match conn.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+}
+
+fn web_addr(c: &Cluster) -> String {
+    c.web_url().trim_start_matches("http://").to_string()
+}
+
+/// Route 8, connections: a connection that never finishes its headers (silent, or sending a
+/// header line now and then: slowloris) is closed once `[web] header_read_timeout` (5 s by
+/// default) has passed, and an honest request still works meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_finishes_its_headers_is_closed() {
+    let c = cluster_with(None, "");
+    let addr = web_addr(&c);
+    let opened = Instant::now();
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    let mut slow = TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"GET /api/openapi.json HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let until = opened + Duration::from_secs(9);
+    let mut slow_closed = false;
+    let mut got = Vec::new();
+    // A header line every half second, for longer than the timeout.
+    while Instant::now() < until {
+        if slow.write_all(b"X-Slow: 1\r\n").is_err() {
+            slow_closed = true;
+            break;
+        }
+        if closed_by(
+            &mut slow,
+            Instant::now() + Duration::from_millis(500),
+            &mut got,
+        ) {
+            slow_closed = true;
+            break;
+        }
+    }
+    let slow_after = opened.elapsed();
+    let mut nothing = Vec::new();
+    let silent_closed = closed_by(&mut silent, until, &mut nothing);
+    assert!(
+        slow_closed,
+        "a connection trickling header lines is still open after {slow_after:?}"
+    );
+    assert!(
+        silent_closed,
+        "a connection that sent nothing is still open after {:?}",
+        opened.elapsed()
+    );
+    assert!(
+        slow_after >= Duration::from_secs(4),
+        "closed too early ({slow_after:?}): the timeout is 5 s"
+    );
+    let (s, _) = call(&c, "GET", "/api/openapi.json", &[]).await;
+    assert_eq!(s, 200);
+}
+
+/// Route 8, connections: past `[web] max_connections`, a connection is answered 503 with
+/// words and closed; when the others go, it is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_are_refused() {
+    let c = cluster_with(None, "max_connections = 4");
+    let addr = web_addr(&c);
+    let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    // Give the brain time to take them (a condition: the fifth is answered at all).
+    let mut fifth = TcpStream::connect(&addr).unwrap();
+    fifth
+        .write_all(b"GET /api/openapi.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let closed = closed_by(
+        &mut fifth,
+        Instant::now() + Duration::from_secs(3),
+        &mut got,
+    );
+    let answer = String::from_utf8_lossy(&got).to_string();
+    assert!(
+        answer.starts_with("HTTP/1.1 503"),
+        "a fifth connection past a limit of 4: {answer:.300}"
+    );
+    assert!(answer.contains("max_connections"), "{answer}");
+    assert!(closed, "the refused connection is closed");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (s, _) = call(&c, "GET", "/api/openapi.json", &[]).await;
+        if s == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still refused: {s}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

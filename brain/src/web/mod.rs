@@ -9,6 +9,7 @@
 //! from another origin. Plain HTTP only on loopback: put a TLS reverse proxy in front.
 
 mod auth;
+mod conn;
 mod events;
 mod extract;
 mod fleet;
@@ -117,6 +118,7 @@ pub async fn serve(
             let result = web_runtime().and_then(|rt| {
                 let result = rt.block_on(async move {
                     let listener = tokio::net::TcpListener::from_std(listener)?;
+                    let opts = web.opts.clone();
                     let app = routes::router(web).layer(axum::middleware::from_fn(
                         move |req: axum::extract::Request, next: axum::middleware::Next| {
                             let engine = engine.clone();
@@ -133,9 +135,8 @@ pub async fn serve(
                             }
                         },
                     ));
-                    axum::serve(listener, app)
-                        .with_graceful_shutdown(async move { stop.cancelled().await })
-                        .await
+                    conn::serve(listener, app, &opts, stop, WEB_STOP).await;
+                    Ok::<_, std::io::Error>(())
                 });
                 rt.shutdown_timeout(WEB_STOP);
                 result
