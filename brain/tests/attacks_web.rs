@@ -469,3 +469,93 @@ async fn connections_past_the_limit_are_refused() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Route 8, proxies: `X-Forwarded-Host` from a peer that is not a configured proxy cannot
+/// make another origin look like the brain's own: an operator's change from evil.test is
+/// refused and nothing is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_host_from_an_untrusted_peer_is_ignored() {
+    let c = cluster_with(None, "");
+    let operator = token(&c, "ci", "operator", "1h");
+    let ttl = json!({"ttl_seconds": 600});
+    let (s, body) = call_with(
+        &c,
+        "POST",
+        "/api/join-tokens",
+        &[
+            ("authorization", &bearer(&operator)),
+            ("origin", "http://evil.test"),
+            ("x-forwarded-host", "evil.test"),
+            ("x-forwarded-proto", "http"),
+            ("x-forwarded-for", "127.0.0.1"),
+        ],
+        ttl.clone(),
+    )
+    .await;
+    assert_eq!(
+        (s, body["error"]["code"].as_str()),
+        (403, Some("cross_origin")),
+        "a cross-origin change passed with X-Forwarded-Host from an untrusted peer: {body}"
+    );
+    assert!(
+        body.get("token").is_none(),
+        "no join token was made: {body}"
+    );
+    // The brain's own origin still passes.
+    let (s, body) = call_with(
+        &c,
+        "POST",
+        "/api/join-tokens",
+        &[
+            ("authorization", &bearer(&operator)),
+            ("origin", &c.web_url()),
+        ],
+        ttl,
+    )
+    .await;
+    assert_eq!(s, 201, "{body}");
+    assert!(
+        body["token"].as_str().is_some_and(|t| !t.is_empty()),
+        "{body}"
+    );
+}
+
+/// The same headers through a configured proxy (`[web] trusted_proxies`) are believed: the
+/// page served as `tether.example.com` by the proxy may change things.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_host_from_a_trusted_proxy_is_believed() {
+    let c = cluster_with(None, "trusted_proxies = [\"127.0.0.1\"]");
+    let operator = token(&c, "ci", "operator", "1h");
+    let forwarded = [
+        ("authorization", bearer(&operator)),
+        ("origin", "https://tether.example.com".to_string()),
+        ("x-forwarded-host", "tether.example.com".to_string()),
+    ];
+    let headers: Vec<(&str, &str)> = forwarded.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (s, body) = call_with(
+        &c,
+        "POST",
+        "/api/join-tokens",
+        &headers,
+        json!({"ttl_seconds": 600}),
+    )
+    .await;
+    assert_eq!(s, 201, "{body}");
+    // Another origin is still another origin.
+    let (s, body) = call_with(
+        &c,
+        "POST",
+        "/api/join-tokens",
+        &[
+            ("authorization", &bearer(&operator)),
+            ("origin", "http://evil.test"),
+            ("x-forwarded-host", "tether.example.com"),
+        ],
+        json!({"ttl_seconds": 600}),
+    )
+    .await;
+    assert_eq!(
+        (s, body["error"]["code"].as_str()),
+        (403, Some("cross_origin"))
+    );
+}

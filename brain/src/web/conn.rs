@@ -122,3 +122,10 @@ async fn refuse(mut stream: TcpStream, max: usize) {
         }
     }
 }
+
+/// The address a request came from (the peer of its connection).
+pub fn peer(req: &axum::extract::Request) -> Option<std::net::SocketAddr> {
+    req.extensions()
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0)
+}

@@ -6,7 +6,9 @@
 //! Who calls: a bearer token (`brain admin token create`) or a browser session (a cookie
 //! opened by a one-time `brain web login` link). Viewers read; operators also change. A
 //! change needs, from a browser, the session's CSRF token in `X-Tether-CSRF`, and is refused
-//! from another origin. Plain HTTP only on loopback: put a TLS reverse proxy in front.
+//! from another origin. Plain HTTP only on loopback: put a TLS reverse proxy in front, and
+//! list it in `[web] trusted_proxies` so that its `X-Forwarded-Host` is believed (from any
+//! other peer that header is ignored).
 
 mod auth;
 mod conn;
