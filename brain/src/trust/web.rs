@@ -162,6 +162,14 @@ pub fn csrf_for(session_secret: &str) -> String {
     hex::encode(&Sha256::digest(format!("tether-csrf:{session_secret}").as_bytes())[..16])
 }
 
+/// Whether `sent` is the CSRF token of the session `session_secret`, compared in constant
+/// time (the time depends on the lengths only, never on how much of `sent` is right), so a
+/// page cannot learn the token a byte at a time by timing refusals. Empty never matches.
+pub fn csrf_matches(session_secret: &str, sent: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    !sent.is_empty() && bool::from(sent.as_bytes().ct_eq(csrf_for(session_secret).as_bytes()))
+}
+
 /// Whether `text` looks like one of our secrets (for masking in logs).
 pub fn looks_secret(text: &str) -> bool {
     ["tw_", "tl_", "ts_"].iter().any(|p| text.starts_with(p))
@@ -451,6 +459,24 @@ mod tests {
         assert_ne!(csrf_for(&session), csrf_for("ts_other"));
         s.end_session(&session).await.unwrap();
         assert_eq!(s.check(&session).unwrap(), Err(Refused::Revoked));
+    }
+
+    #[test]
+    fn the_csrf_token_is_compared_whole_and_only_equal_matches() {
+        let session = "ts_session-secret";
+        let good = csrf_for(session);
+        assert!(csrf_matches(session, &good));
+        assert!(!csrf_matches(session, ""), "empty");
+        assert!(!csrf_matches(session, &good[..good.len() - 1]), "a prefix");
+        assert!(!csrf_matches(session, &format!("{good}0")), "longer");
+        assert!(!csrf_matches(session, &good.to_uppercase()), "another case");
+        let mut last_wrong = good.clone().into_bytes();
+        *last_wrong.last_mut().unwrap() ^= 1;
+        assert!(!csrf_matches(
+            session,
+            &String::from_utf8(last_wrong).unwrap()
+        ));
+        assert!(!csrf_matches("ts_other", &good), "another session's");
     }
 
     #[tokio::test]

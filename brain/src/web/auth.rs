@@ -8,7 +8,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, Web};
-use crate::trust::web::{Caller, WebRole, csrf_for, key_of};
+use crate::trust::web::{Caller, WebRole, csrf_matches, key_of};
 
 /// The browser session's cookie.
 pub const SESSION_COOKIE: &str = "tether_session";
@@ -127,7 +127,7 @@ pub async fn require(
                 .get(CSRF_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
-            if sent.is_empty() || sent != csrf_for(&secret) {
+            if !csrf_matches(&secret, sent) {
                 return refuse(
                     StatusCode::FORBIDDEN,
                     "csrf",
