@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use testkit::fake_llm::{FakeLlm, FakeReply};
-use testkit::tasks::run_commands;
+use testkit::tasks::{results, run_commands, set_secret, start_commands};
 use testkit::{BrainOptions, Cluster, text};
 
 fn cluster_with(llm: Option<&FakeLlm>, web: &str) -> Cluster {
@@ -558,4 +558,86 @@ async fn forwarded_host_from_a_trusted_proxy_is_believed() {
         (s, body["error"]["code"].as_str()),
         (403, Some("cross_origin"))
     );
+}
+
+/// `text` (JSON lines, or SSE whose `data:` lines are JSON) without the replayed model's
+/// transcript that the `created` record carries: that is this test's own input, stored as
+/// given, and it names the value; what the model answers is masked on arrival (the
+/// `llm_response` and `tool_call_issued` records, which stay in).
+fn without_transcript(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            let (prefix, json) = l.strip_prefix("data: ").map_or(("", l), |j| ("data: ", j));
+            match serde_json::from_str::<Value>(json) {
+                Ok(mut v) if v["kind"] == "created" => {
+                    if let Some(agent) = v.get_mut("agent").and_then(Value::as_object_mut) {
+                        agent.remove("transcript");
+                    }
+                    format!("{prefix}{v}")
+                }
+                _ => l.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Route 8, redaction: a secret set with `brain secret set` while the brain runs is masked
+/// at once in what leaves the brain: the task log (`brain task log`), the web API's events
+/// (history and live output) — whether the command names the value or builds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_set_while_the_brain_runs_is_masked_at_once() {
+    const VALUE: &str = "late-secret-7f3a9c21e5";
+    let c = cluster_with(None, "");
+    let w = c.join_worker("laptop");
+    let viewer = token(&c, "reader", "viewer", "1h");
+    set_secret(&c, "late", VALUE, &["--host", "api.example.com"]);
+    let commands = vec![
+        // Gives the event stream time to be open for the live output below.
+        "sleep 2".to_string(),
+        format!("printf '%s\\n' '{VALUE}'"),
+        // Built from two halves, so the command itself never names it.
+        format!("printf '%s%s\\n' '{}' '{}'", &VALUE[..8], &VALUE[8..]),
+    ];
+    let id = start_commands(&c, &w.id, &[], &commands);
+    let mut live = open_stream(&c, &format!("/api/tasks/{id}/events"), &bearer(&viewer)).await;
+    assert_eq!(live.status(), 200);
+    let streamed = read_until(&mut live, "event: end", Duration::from_secs(120)).await;
+    wait_status(&c, &id, "finished").await;
+    let ran = results(&c, &id);
+    assert_eq!(ran.len(), 3, "{ran:#?}");
+    assert!(
+        ran[2].stdout.contains("[redacted]"),
+        "the value built by the command is masked in its output: {:#?}",
+        ran[2]
+    );
+    let log = c.brain_cli(&["task", "log", &id]);
+    let log_json = c.brain_cli(&["task", "log", &id, "--json"]);
+    let history = client()
+        .get(format!(
+            "{}/api/tasks/{id}/events?follow=false",
+            c.web_url()
+        ))
+        .header("authorization", bearer(&viewer))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (what, text) in [
+        ("brain task log", stdout(&log)),
+        (
+            "brain task log --json",
+            without_transcript(&stdout(&log_json)),
+        ),
+        ("the web API's history", without_transcript(&history)),
+        ("the web API's live stream", without_transcript(&streamed)),
+    ] {
+        assert!(
+            !text.contains(VALUE),
+            "{what} shows a secret set after the brain started: {text}"
+        );
+    }
+    assert!(streamed.contains("[redacted]"), "{streamed}");
 }
