@@ -20,7 +20,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::Options;
+use super::options::Options;
 
 /// Refusals being written at once; past this, an excess connection is closed unanswered.
 const REFUSALS: usize = 64;
