@@ -390,6 +390,12 @@ fn web_addr(c: &Cluster) -> String {
 async fn a_connection_that_never_finishes_its_headers_is_closed() {
     let c = cluster_with(None, "");
     let addr = web_addr(&c);
+    // An answer that takes longer than the timeout (an event stream) is not cut by it.
+    let viewer = token(&c, "reader", "viewer", "1h");
+    let mut stream = open_stream(&c, "/api/events", &bearer(&viewer)).await;
+    assert_eq!(stream.status(), 200);
+    read_until(&mut stream, "event: tasks", Duration::from_secs(10)).await;
+    let stream_opened = Instant::now();
     let opened = Instant::now();
     let mut silent = TcpStream::connect(&addr).unwrap();
     let mut slow = TcpStream::connect(&addr).unwrap();
@@ -431,6 +437,13 @@ async fn a_connection_that_never_finishes_its_headers_is_closed() {
     );
     let (s, _) = call(&c, "GET", "/api/openapi.json", &[]).await;
     assert_eq!(s, 200);
+    // Open well past the 5 s timeout.
+    let (_, ended) = read_stream(&mut stream, stream_opened + Duration::from_secs(7)).await;
+    assert!(
+        !ended,
+        "an event stream open for {:?} was cut",
+        stream_opened.elapsed()
+    );
 }
 
 /// Route 8, connections: past `[web] max_connections`, a connection is answered 503 with
