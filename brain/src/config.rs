@@ -1,6 +1,7 @@
 //! The brain's config file (TOML, `<data>/config.toml` unless `--config` names another):
 //! LLM providers, models and prices (`[llm]`), the defaults for agent tasks (`[agent]`),
-//! how results are delivered (`[deliver]`) and machines (`[provision]`).
+//! how results are delivered (`[deliver]`), machines (`[provision]`) and the web API's limits
+//! and trusted proxies (`[web]`).
 //! A missing file means every default; a bad one is an error that says where.
 //!
 //! ```toml
@@ -29,6 +30,10 @@
 //! [egress]                     # tasks' commands behind the egress proxy (`brain run --secret`)
 //! preset = "registries"          # none (default), registries or all
 //! allow = ["api.example.com:443 GET,HEAD"]
+//!
+//! [web]                        # the HTTP API (`brain serve --web-listen`)
+//! trusted_proxies = ["127.0.0.1"]   # whose X-Forwarded-Host/-Proto/-For are believed
+//! max_streams_per_credential = 8
 //!
 //! [provision]
 //! brain_url = "https://brain.example:7443"   # what provisioned workers dial
@@ -75,6 +80,39 @@ pub struct Config {
     pub deliver: DeliverConfig,
     pub provision: crate::provision::ProvisionConfig,
     pub egress: EgressConfig,
+    pub web: WebConfig,
+}
+
+/// The web API's limits and the reverse proxies it believes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebConfig {
+    /// Addresses (`IP` or `IP/PREFIX`) of reverse proxies whose `X-Forwarded-Host`,
+    /// `X-Forwarded-Proto` and `X-Forwarded-For` are believed; from any other peer those
+    /// headers are ignored. None by default.
+    pub trusted_proxies: Vec<String>,
+    /// Event streams one credential may hold open at once; one more is answered 429.
+    pub max_streams_per_credential: usize,
+    /// Connections the web listener serves at once; one more is answered 503 and closed.
+    pub max_connections: usize,
+    /// How long a connection may take to send a request's headers (from when it opens, or
+    /// from the end of its previous answer) before it is closed.
+    pub header_read_timeout: String,
+    /// The most bytes of a diff the API answers; a longer one is cut, with a last line that
+    /// says so.
+    pub max_diff_bytes: u64,
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        Self {
+            trusted_proxies: vec![],
+            max_streams_per_credential: 8,
+            max_connections: 256,
+            header_read_timeout: "5s".into(),
+            max_diff_bytes: 8 * 1024 * 1024,
+        }
+    }
 }
 
 /// The egress proxy's defaults: what a task behind it may reach besides its secrets' hosts,

@@ -759,6 +759,10 @@ impl Admin for Services {
         let admin = self.authorize_cert(&req, Role::Admin)?;
         let req = req.into_inner();
         let name = req.name.clone();
+        // Masked before it is stored, so no output shown after this call can hold it.
+        if let Ok(value) = String::from_utf8(req.value.clone()) {
+            self.0.engine.learn_secret(value);
+        }
         let resp = super::secrets::set(&self.0.egress.secrets, req).await?;
         tracing::info!(secret = %name, replaced = resp.replaced, by = %admin, "secret set");
         Ok(Response::new(resp))

@@ -74,7 +74,9 @@ impl shared::exit::Classify for Error {
             // the server cannot use.
             Error::Tls(_) | Error::Config(_) => Some(shared::exit::ExitCode::Config),
             Error::Secrets(e) => e.exit_code(),
-            Error::Web(crate::web::Error::NotLoopback(_)) => Some(shared::exit::ExitCode::Config),
+            Error::Web(crate::web::Error::NotLoopback(_) | crate::web::Error::Config(_)) => {
+                Some(shared::exit::ExitCode::Config)
+            }
             // A port in use, a store that cannot be opened or locked: not configuration.
             _ => None,
         }
@@ -107,7 +109,7 @@ pub struct Ready {
     pub addr: SocketAddr,
     pub shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
-    web: Option<tokio::net::TcpListener>,
+    web: Option<(tokio::net::TcpListener, crate::web::Options)>,
     tls: ServerTlsConfig,
     root: CancellationToken,
     tracker: TaskTracker,
@@ -148,10 +150,14 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     })?;
     let tls = tls_config(&opts.data, &ca)?;
     let web = match opts.web_listen {
-        Some(a) => Some(crate::web::bind(a).await?),
+        Some(a) => {
+            let web_opts = crate::web::Options::from_config(&opts.config.web)
+                .map_err(crate::web::Error::Config)?;
+            Some((crate::web::bind(a).await?, web_opts))
+        }
         None => None,
     };
-    let web_addr = web.as_ref().and_then(|l| l.local_addr().ok());
+    let web_addr = web.as_ref().and_then(|(l, _)| l.local_addr().ok());
 
     // The fleet.
     let (hub, hub_events) = Hub::new(call_ids.clone());
@@ -422,8 +428,8 @@ impl Ready {
     /// task (waiting a bounded time) and flushes the store.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), Error> {
         let services = Services(self.shared.clone());
-        if let Some(l) = self.web {
-            let web = crate::web::Web::new(self.shared.clone(), self.shared.web.clone());
+        if let Some((l, web_opts)) = self.web {
+            let web = crate::web::Web::new(self.shared.clone(), self.shared.web.clone(), web_opts);
             let stop = self.root.clone();
             tracing::info!(addr = %l.local_addr().map(|a| a.to_string()).unwrap_or_default(), "web API and page listening");
             self.tracker.spawn(async move {

@@ -145,6 +145,11 @@ impl Engine {
         self.inner.core.redact.apply(text)
     }
 
+    /// Masks `value` too from now on, everywhere (a secret set while the brain runs).
+    pub fn learn_secret(&self, value: String) {
+        self.inner.core.redact.learn([value]);
+    }
+
     pub fn store(&self) -> &Store {
         &self.inner.core.store
     }

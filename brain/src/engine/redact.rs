@@ -1,10 +1,24 @@
-//! Masks secrets (LLM keys, delivery tokens) in text bound for the log, the model, a watcher or a worker.
+//! Masks secrets (LLM keys, delivery tokens, command secrets) in text bound for the log, the
+//! model, a watcher or a worker. It starts with what the brain knows when it starts and
+//! learns secrets set while it runs (`brain secret set`) the moment they are set; it never
+//! forgets one while it runs (a removed secret's value may still be in a command's output).
+
+use std::sync::{Arc, RwLock};
+
+use shared::locks::RwLockExt;
 
 use crate::llm;
 
-/// The secrets to mask: every LLM key the brain can see (environment and config) and the
-/// `extra` ones, eight characters or longer.
-pub struct Redactor(Vec<String>);
+/// Secrets this short are not masked (they would mask ordinary words).
+const SHORTEST: usize = 8;
+
+/// The secrets to mask: every LLM key the brain can see (environment and config), the
+/// `extra` ones and those learnt since, eight characters or longer.
+pub struct Redactor {
+    /// Why a lock: secrets are learnt while tasks mask their output; a reader takes the
+    /// current list (an `Arc`) and lets go at once, a writer replaces it whole.
+    secrets: RwLock<Arc<Vec<String>>>,
+}
 
 impl Redactor {
     pub fn new(cfg: &llm::LlmConfig, extra: &[String]) -> Self {
@@ -23,16 +37,35 @@ impl Redactor {
                     .filter_map(|v| std::env::var(v).ok()),
             )
             .chain(extra.iter().cloned())
-            .filter(|s| s.len() >= 8)
+            .filter(|s| s.len() >= SHORTEST)
             .collect();
         secrets.sort();
         secrets.dedup();
-        Self(secrets)
+        Self {
+            secrets: RwLock::new(Arc::new(secrets)),
+        }
+    }
+
+    /// Masks `values` too from now on: everything masked after this returns masks them.
+    pub fn learn(&self, values: impl IntoIterator<Item = String>) {
+        let mut secrets = self.secrets.write_locked();
+        let mut next: Vec<String> = secrets.iter().cloned().collect();
+        next.extend(values.into_iter().filter(|s| s.len() >= SHORTEST));
+        next.sort();
+        next.dedup();
+        if next.len() != secrets.len() {
+            *secrets = Arc::new(next);
+        }
+    }
+
+    /// The secrets masked now.
+    fn secrets(&self) -> Arc<Vec<String>> {
+        self.secrets.read_locked().clone()
     }
 
     pub fn apply(&self, text: &str) -> String {
         let mut t = text.to_string();
-        for s in &self.0 {
+        for s in self.secrets().iter() {
             if t.contains(s.as_str()) {
                 t = t.replace(s.as_str(), "[redacted]");
             }
@@ -75,7 +108,7 @@ impl Streaming {
         // The longest end of the text that is the start of a secret waits for more.
         let keep = self
             .redactor
-            .0
+            .secrets()
             .iter()
             .flat_map(|secret| {
                 (1..secret.len().min(masked.len() + 1)).rev().find(|&n| {
@@ -122,5 +155,27 @@ mod tests {
         let e = "é".as_bytes();
         assert_eq!(s.push(&e[..1]), "");
         assert_eq!(s.push(&e[1..]), "é");
+    }
+
+    #[test]
+    fn a_secret_learnt_later_is_masked_from_then_on_even_in_a_stream_already_open() {
+        let cfg = llm::LlmConfig::default();
+        let r = std::sync::Arc::new(Redactor::new(&cfg, &[]));
+        let mut s = r.stream();
+        assert_eq!(r.apply("key late-secret-42"), "key late-secret-42");
+        r.learn(["late-secret-42".to_string(), "short".to_string()]);
+        assert_eq!(r.apply("key late-secret-42"), "key [redacted]");
+        assert_eq!(
+            r.apply("short"),
+            "short",
+            "under eight characters: not masked"
+        );
+        let mut shown = s.push(b"out: late-sec");
+        shown.push_str(&s.push(b"ret-42 done"));
+        shown.push_str(&s.finish());
+        assert_eq!(shown, "out: [redacted] done");
+        // Learning one again changes nothing.
+        r.learn(["late-secret-42".to_string()]);
+        assert_eq!(r.secrets().len(), 1);
     }
 }

@@ -104,6 +104,8 @@ pub struct Caller {
     pub name: String,
     pub role: WebRole,
     pub kind: Kind,
+    /// When the credential ends, if it is not revoked first.
+    pub expires_ms: i64,
 }
 
 impl fmt::Display for Caller {
@@ -132,10 +134,19 @@ pub enum Refused {
 pub struct WebAuth {
     db: sled::Db,
     tree: sled::Tree,
+    /// Counts revocations (and logouts), so that what a credential holds open (an event
+    /// stream) can check it again the moment one happens instead of polling.
+    revocations: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 fn hash(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// The key a credential is stored under: the SHA-256 of its secret. What holds on to a
+/// credential (an event stream) keeps this, not the secret.
+pub fn key_of(secret: &str) -> String {
+    hash(secret)
 }
 
 fn secret(prefix: &str) -> String {
@@ -151,6 +162,14 @@ pub fn csrf_for(session_secret: &str) -> String {
     hex::encode(&Sha256::digest(format!("tether-csrf:{session_secret}").as_bytes())[..16])
 }
 
+/// Whether `sent` is the CSRF token of the session `session_secret`, compared in constant
+/// time (the time depends on the lengths only, never on how much of `sent` is right), so a
+/// page cannot learn the token a byte at a time by timing refusals. Empty never matches.
+pub fn csrf_matches(session_secret: &str, sent: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    !sent.is_empty() && bool::from(sent.as_bytes().ct_eq(csrf_for(session_secret).as_bytes()))
+}
+
 /// Whether `text` looks like one of our secrets (for masking in logs).
 pub fn looks_secret(text: &str) -> bool {
     ["tw_", "tl_", "ts_"].iter().any(|p| text.starts_with(p))
@@ -161,7 +180,17 @@ impl WebAuth {
         Ok(Self {
             db: db.clone(),
             tree: db.open_tree("web_auth")?,
+            revocations: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
         })
+    }
+
+    /// Changes after every revocation or logout, once it is stored.
+    pub fn revocations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.revocations.subscribe()
+    }
+
+    fn revoked_some(&self) {
+        self.revocations.send_modify(|n| *n += 1);
     }
 
     fn put(&self, key: &str, c: &Credential) -> Result<(), Error> {
@@ -305,7 +334,16 @@ impl WebAuth {
     }
 
     pub fn check_at(&self, secret: &str, now_ms: i64) -> Result<Result<Caller, Refused>, Error> {
-        let Some(c) = self.get(&hash(secret))? else {
+        self.check_key_at(&hash(secret), now_ms)
+    }
+
+    /// [`WebAuth::check`] by the credential's key ([`key_of`]) instead of its secret.
+    pub fn check_key(&self, key: &str) -> Result<Result<Caller, Refused>, Error> {
+        self.check_key_at(key, shared::now_unix_ms())
+    }
+
+    fn check_key_at(&self, key: &str, now_ms: i64) -> Result<Result<Caller, Refused>, Error> {
+        let Some(c) = self.get(key)? else {
             return Ok(Err(Refused::Unknown));
         };
         if c.kind == Kind::Login {
@@ -322,6 +360,7 @@ impl WebAuth {
             name: c.name,
             role: c.role,
             kind: c.kind,
+            expires_ms: c.expires_ms,
         }))
     }
 
@@ -349,6 +388,9 @@ impl WebAuth {
             }
         }
         self.db.flush_async().await?;
+        if n > 0 {
+            self.revoked_some();
+        }
         Ok(n)
     }
 
@@ -361,6 +403,7 @@ impl WebAuth {
             c.revoked = true;
             self.put(&key, &c)?;
             self.db.flush_async().await?;
+            self.revoked_some();
         }
         Ok(())
     }
@@ -416,6 +459,24 @@ mod tests {
         assert_ne!(csrf_for(&session), csrf_for("ts_other"));
         s.end_session(&session).await.unwrap();
         assert_eq!(s.check(&session).unwrap(), Err(Refused::Revoked));
+    }
+
+    #[test]
+    fn the_csrf_token_is_compared_whole_and_only_equal_matches() {
+        let session = "ts_session-secret";
+        let good = csrf_for(session);
+        assert!(csrf_matches(session, &good));
+        assert!(!csrf_matches(session, ""), "empty");
+        assert!(!csrf_matches(session, &good[..good.len() - 1]), "a prefix");
+        assert!(!csrf_matches(session, &format!("{good}0")), "longer");
+        assert!(!csrf_matches(session, &good.to_uppercase()), "another case");
+        let mut last_wrong = good.clone().into_bytes();
+        *last_wrong.last_mut().unwrap() ^= 1;
+        assert!(!csrf_matches(
+            session,
+            &String::from_utf8(last_wrong).unwrap()
+        ));
+        assert!(!csrf_matches("ts_other", &good), "another session's");
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, Web};
-use crate::trust::web::{Caller, WebRole, csrf_for};
+use crate::trust::web::{Caller, WebRole, csrf_matches, key_of};
 
 /// The browser session's cookie.
 pub const SESSION_COOKIE: &str = "tether_session";
@@ -22,6 +22,9 @@ pub struct Authed {
     /// The session's secret when the caller came by cookie (to derive its CSRF token, or to
     /// end it on logout).
     pub session: Option<String>,
+    /// The credential's key in the store ([`key_of`]), for what checks it again later (an
+    /// event stream).
+    pub key: String,
 }
 
 /// The credential a request carries: the bearer token first, else the session cookie.
@@ -49,8 +52,11 @@ pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
 }
 
 /// Whether a request comes from a page of another origin: its `Origin` names another host
-/// than the one it was sent to, or the browser says the fetch is cross-site.
-pub fn cross_origin(headers: &HeaderMap) -> bool {
+/// than the one it was sent to, or the browser says the fetch is cross-site. The host it was
+/// sent to is `Host`, or — only when `from_proxy`, the peer being one of `[web]
+/// trusted_proxies` — the last `X-Forwarded-Host` (the one that proxy set); from anyone else
+/// `X-Forwarded-Host` is ignored, so it cannot make another origin look like ours.
+pub fn cross_origin(headers: &HeaderMap, from_proxy: bool) -> bool {
     let get = |h: &str| headers.get(h).and_then(|v| v.to_str().ok());
     if let Some(site) = get("sec-fetch-site")
         && !matches!(site, "same-origin" | "none")
@@ -60,7 +66,17 @@ pub fn cross_origin(headers: &HeaderMap) -> bool {
     let Some(origin) = get("origin") else {
         return false;
     };
-    let host = get("x-forwarded-host").or(get("host")).unwrap_or("");
+    let forwarded = || {
+        get("x-forwarded-host")
+            .and_then(|v| v.rsplit(',').next())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    let host = from_proxy
+        .then(forwarded)
+        .flatten()
+        .or(get("host"))
+        .unwrap_or("");
     let authority = origin
         .split_once("://")
         .map(|(_, rest)| rest.trim_end_matches('/'))
@@ -96,7 +112,8 @@ pub async fn require(
     };
     let change = !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
     if change {
-        if cross_origin(req.headers()) {
+        let from_proxy = super::conn::peer(&req).is_some_and(|p| web.opts.trusts(p.ip()));
+        if cross_origin(req.headers(), from_proxy) {
             tracing::warn!(credential = %caller.id, path = %req.uri().path(), "cross-origin change refused");
             return refuse(
                 StatusCode::FORBIDDEN,
@@ -110,7 +127,7 @@ pub async fn require(
                 .get(CSRF_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("");
-            if sent.is_empty() || sent != csrf_for(&secret) {
+            if !csrf_matches(&secret, sent) {
                 return refuse(
                     StatusCode::FORBIDDEN,
                     "csrf",
@@ -131,6 +148,7 @@ pub async fn require(
     }
     req.extensions_mut().insert(Authed {
         caller,
+        key: key_of(&secret),
         session: by_cookie.then_some(secret),
     });
     next.run(req).await
@@ -166,20 +184,51 @@ mod tests {
             ("host", "127.0.0.1:8080"),
             ("origin", "http://127.0.0.1:8080"),
         ]);
-        assert!(!cross_origin(&same));
+        assert!(!cross_origin(&same, false));
         let other = headers(&[("host", "127.0.0.1:8080"), ("origin", "http://evil.test")]);
-        assert!(cross_origin(&other));
+        assert!(cross_origin(&other, false));
         let null = headers(&[("host", "127.0.0.1:8080"), ("origin", "null")]);
-        assert!(cross_origin(&null));
+        assert!(cross_origin(&null, false));
         let site = headers(&[("host", "127.0.0.1:8080"), ("sec-fetch-site", "cross-site")]);
-        assert!(cross_origin(&site));
+        assert!(cross_origin(&site, false));
         // A program sends neither.
-        assert!(!cross_origin(&headers(&[("host", "127.0.0.1:8080")])));
+        assert!(!cross_origin(
+            &headers(&[("host", "127.0.0.1:8080")]),
+            false
+        ));
+    }
+
+    #[test]
+    fn x_forwarded_host_counts_only_from_a_trusted_proxy() {
         let proxied = headers(&[
             ("host", "127.0.0.1:8080"),
             ("x-forwarded-host", "tether.example.com"),
             ("origin", "https://tether.example.com"),
         ]);
-        assert!(!cross_origin(&proxied));
+        assert!(!cross_origin(&proxied, true), "through a trusted proxy");
+        assert!(cross_origin(&proxied, false), "from anyone else: ignored");
+        // From anyone else it cannot make another origin look like ours.
+        let forged = headers(&[
+            ("host", "127.0.0.1:8080"),
+            ("x-forwarded-host", "evil.test"),
+            ("origin", "http://evil.test"),
+        ]);
+        assert!(cross_origin(&forged, false));
+        // Behind a trusted proxy, the value it set (the last) counts, not one a client sent.
+        let appended = headers(&[
+            ("host", "127.0.0.1:8080"),
+            ("x-forwarded-host", "evil.test, tether.example.com"),
+            ("origin", "http://evil.test"),
+        ]);
+        assert!(cross_origin(&appended, true));
+        let empty = headers(&[
+            ("host", "127.0.0.1:8080"),
+            ("x-forwarded-host", ""),
+            ("origin", "http://127.0.0.1:8080"),
+        ]);
+        assert!(
+            !cross_origin(&empty, true),
+            "an empty one falls back to Host"
+        );
     }
 }

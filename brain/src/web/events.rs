@@ -5,6 +5,10 @@
 //! output and file-change hints travel on the same stream as `live` events without an id:
 //! not durable, a slow client may miss some. `?follow=false` answers the history as NDJSON.
 //! The all-tasks stream sends the list, then each task's summary as it changes.
+//!
+//! Every stream is held by its credential (see [`super::streams`]): a credential holds a
+//! bounded number, and each ends when its credential does, with a last `closed` event (a
+//! last NDJSON line `{"error": ...}`) saying why.
 
 use std::collections::BTreeSet;
 use std::convert::Infallible;
@@ -23,6 +27,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::auth::Authed;
 use super::extract::Params;
+use super::streams::{Slot, credential_end, until_end};
 use super::{ApiError, Web};
 use crate::engine::{Followed, Follower};
 use futures_util::FutureExt;
@@ -58,10 +63,32 @@ fn item_json(f: &Followed) -> (Option<u64>, &'static str, String) {
     }
 }
 
+/// A slot for one more stream of `a`'s credential, and what ends the stream: its
+/// credential's end.
+fn held(
+    web: &Web,
+    a: &Authed,
+) -> Result<
+    (
+        Slot,
+        impl std::future::Future<Output = String> + Send + 'static,
+    ),
+    ApiError,
+> {
+    let slot = web.streams.take(a, web.opts.max_streams_per_credential)?;
+    let end = credential_end(web.auth.clone(), a.key.clone(), a.caller.expires_ms);
+    Ok((slot, end))
+}
+
+/// The JSON of why a stream ends before its task does (its credential ended).
+fn closed_json(why: &str) -> String {
+    serde_json::json!({"error": {"code": "unauthenticated", "message": why}}).to_string()
+}
+
 /// `GET /api/tasks/{id}/events`.
 pub async fn task_events(
     State(web): State<Web>,
-    Extension(_): Extension<Authed>,
+    Extension(a): Extension<Authed>,
     Path(id): Path<String>,
     headers: HeaderMap,
     Params(q): Params<EventsQuery>,
@@ -79,6 +106,7 @@ pub async fn task_events(
     };
     let after = last_event_id.or(q.since).unwrap_or(0);
     let follow = q.follow.unwrap_or(true);
+    let (slot, end) = held(&web, &a)?;
     let engine = web.services.0.engine.clone();
     let items = engine
         .follow(&id, after, follow)
@@ -91,6 +119,12 @@ pub async fn task_events(
                 out.push('\n');
             }
         });
+        let lines = until_end(
+            lines,
+            end,
+            |why| Ok(format!("{}\n", closed_json(why))),
+            slot,
+        );
         return Ok((
             [(header::CONTENT_TYPE, "application/x-ndjson")],
             Body::from_stream(lines),
@@ -113,6 +147,12 @@ pub async fn task_events(
         out.push_str(&json);
         out.push_str("\n\n");
     });
+    let events = until_end(
+        events,
+        end,
+        |why| Ok(format!("event: closed\ndata: {}\n\n", closed_json(why))),
+        slot,
+    );
     Ok((
         [
             (header::CONTENT_TYPE, "text/event-stream"),
@@ -160,7 +200,11 @@ fn batched(
 
 /// `GET /api/events`: `tasks` (every task's summary, at the start and whenever this client
 /// fell behind), then `task` (one task's summary) as tasks change.
-pub async fn all_tasks(State(web): State<Web>, Extension(_): Extension<Authed>) -> Response {
+pub async fn all_tasks(
+    State(web): State<Web>,
+    Extension(a): Extension<Authed>,
+) -> Result<Response, ApiError> {
+    let (slot, end) = held(&web, &a)?;
     let engine = web.services.0.engine.clone();
     // Subscribed before the first list, so no change falls between them.
     let mut changes = engine.store().changes();
@@ -212,8 +256,14 @@ pub async fn all_tasks(State(web): State<Web>, Extension(_): Extension<Authed>) 
             }
         }
     });
-    let stream = ReceiverStream::new(rx).map(Ok::<_, Infallible>);
-    Sse::new(stream)
+    let stream = until_end(
+        ReceiverStream::new(rx),
+        end,
+        |why| Event::default().event("closed").data(closed_json(why)),
+        slot,
+    )
+    .map(Ok::<_, Infallible>);
+    Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
-        .into_response()
+        .into_response())
 }

@@ -6,16 +6,21 @@
 //! Who calls: a bearer token (`brain admin token create`) or a browser session (a cookie
 //! opened by a one-time `brain web login` link). Viewers read; operators also change. A
 //! change needs, from a browser, the session's CSRF token in `X-Tether-CSRF`, and is refused
-//! from another origin. Plain HTTP only on loopback: put a TLS reverse proxy in front.
+//! from another origin. Plain HTTP only on loopback: put a TLS reverse proxy in front, and
+//! list it in `[web] trusted_proxies` so that its `X-Forwarded-Host` is believed (from any
+//! other peer that header is ignored).
 
 mod auth;
+mod conn;
 mod events;
 mod extract;
 mod fleet;
 mod openapi;
+mod options;
 mod page;
 mod routes;
 mod session;
+mod streams;
 mod tasks;
 
 use std::net::SocketAddr;
@@ -32,6 +37,7 @@ use crate::api::{Services, Shared};
 use crate::trust::web::WebAuth;
 
 pub use auth::SESSION_COOKIE;
+pub use options::Options;
 
 /// Why the web API could not start.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +53,8 @@ pub enum Error {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("invalid web settings in the config file: {0}")]
+    Config(String),
 }
 
 /// What the handlers share.
@@ -54,13 +62,19 @@ pub enum Error {
 pub struct Web {
     pub(crate) services: Services,
     pub(crate) auth: WebAuth,
+    /// `[web]`: limits and trusted proxies.
+    pub(crate) opts: Arc<Options>,
+    /// The event streams each credential holds open.
+    pub(crate) streams: Arc<streams::Streams>,
 }
 
 impl Web {
-    pub fn new(shared: Arc<Shared>, auth: WebAuth) -> Self {
+    pub fn new(shared: Arc<Shared>, auth: WebAuth, opts: Options) -> Self {
         Self {
             services: Services(shared),
             auth,
+            opts: Arc::new(opts),
+            streams: Arc::default(),
         }
     }
 
@@ -106,6 +120,7 @@ pub async fn serve(
             let result = web_runtime().and_then(|rt| {
                 let result = rt.block_on(async move {
                     let listener = tokio::net::TcpListener::from_std(listener)?;
+                    let opts = web.opts.clone();
                     let app = routes::router(web).layer(axum::middleware::from_fn(
                         move |req: axum::extract::Request, next: axum::middleware::Next| {
                             let engine = engine.clone();
@@ -122,9 +137,8 @@ pub async fn serve(
                             }
                         },
                     ));
-                    axum::serve(listener, app)
-                        .with_graceful_shutdown(async move { stop.cancelled().await })
-                        .await
+                    conn::serve(listener, app, &opts, stop, WEB_STOP).await;
+                    Ok::<_, std::io::Error>(())
                 });
                 rt.shutdown_timeout(WEB_STOP);
                 result

@@ -201,7 +201,11 @@ pub struct DiffForm {
     pub root: String,
 }
 
-/// The workspace against its base, as text.
+/// The header that says how many bytes of a diff the API answers at most.
+const DIFF_LIMIT_HEADER: &str = "x-tether-diff-limit";
+
+/// The workspace against its base, as text, streamed as it comes and cut at `[web]
+/// max_diff_bytes` (said in the `X-Tether-Diff-Limit` header; a cut diff's last line says so).
 pub(super) async fn diff(
     State(web): State<Web>,
     Extension(a): Extension<Authed>,
@@ -209,16 +213,122 @@ pub(super) async fn diff(
     Params(f): Params<DiffForm>,
 ) -> Result<Response, ApiError> {
     let req = proto::TaskDiffRequest {
-        task_id: id,
+        task_id: id.clone(),
         form: f.form,
         root: f.root,
     };
-    let mut pieces = within(web.services.task_diff(request(&a, req))).await?;
-    let mut text = Vec::new();
-    while let Some(p) = pieces.next().await {
-        text.extend_from_slice(&p?.data);
+    let pieces = within(web.services.task_diff(request(&a, req))).await?;
+    let cap = web.opts.max_diff_bytes;
+    let pieces = pieces.map(|p| p.map(|p| p.data));
+    let body = capped(pieces, cap, cut_line(cap, &id));
+    Ok((
+        [
+            (
+                header::CONTENT_TYPE,
+                "text/plain; charset=utf-8".to_string(),
+            ),
+            (
+                axum::http::HeaderName::from_static(DIFF_LIMIT_HEADER),
+                cap.to_string(),
+            ),
+        ],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response())
+}
+
+/// The last line of a diff cut at `cap` bytes.
+fn cut_line(cap: u64, id: &str) -> String {
+    format!(
+        "[tether: the diff is cut at {cap} bytes, the most the web API answers ([web] max_diff_bytes); `brain task diff {id}` shows all of it]\n"
+    )
+}
+
+/// `pieces` as they come, up to `cap` bytes; past it, what fits up to its last line break,
+/// then `cut` (on a line of its own), and the rest is not read. An error ends the answer
+/// (the client sees it cut short).
+fn capped(
+    pieces: impl futures_util::Stream<Item = Result<Vec<u8>, tonic::Status>> + Send + Unpin + 'static,
+    cap: u64,
+    cut: String,
+) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send + 'static {
+    // The state: the pieces, bytes sent, whether the last byte sent ends a line, done.
+    futures_util::stream::unfold(
+        (pieces, 0u64, true, false),
+        move |(mut pieces, sent, at_line, done)| {
+            let cut = cut.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                let piece = match pieces.next().await? {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let e = std::io::Error::other(format!("the diff failed: {}", e.message()));
+                        return Some((Err(e), (pieces, sent, at_line, true)));
+                    }
+                };
+                let room = cap - sent;
+                if (piece.len() as u64) <= room {
+                    let at_line = piece.last().map_or(at_line, |b| *b == b'\n');
+                    let sent = sent + piece.len() as u64;
+                    return Some((Ok(piece), (pieces, sent, at_line, false)));
+                }
+                let fits = &piece[..room as usize];
+                // Whole lines only, unless not even one line fits.
+                let mut last = match memchr::memrchr(b'\n', fits) {
+                    Some(i) => fits[..=i].to_vec(),
+                    None if sent == 0 => fits.to_vec(),
+                    None => Vec::new(),
+                };
+                let ends_line = last.last().map_or(at_line, |b| *b == b'\n');
+                if !ends_line {
+                    last.push(b'\n');
+                }
+                last.extend_from_slice(cut.as_bytes());
+                Some((Ok(last), (pieces, cap, true, true)))
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn cut(pieces: &[&str], cap: u64) -> String {
+        let pieces: Vec<Result<Vec<u8>, tonic::Status>> =
+            pieces.iter().map(|p| Ok(p.as_bytes().to_vec())).collect();
+        let out: Vec<_> = capped(futures_util::stream::iter(pieces), cap, "CUT\n".into())
+            .collect()
+            .await;
+        let out: Vec<u8> = out.into_iter().flat_map(|p| p.unwrap()).collect();
+        String::from_utf8(out).unwrap()
     }
-    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+
+    #[tokio::test]
+    async fn a_diff_past_its_cap_is_cut_at_a_line_and_says_so() {
+        assert_eq!(
+            cut(&["a\nb\n", "c\n"], 100).await,
+            "a\nb\nc\n",
+            "under the cap: whole"
+        );
+        assert_eq!(
+            cut(&["a\nb\n", "c\n"], 6).await,
+            "a\nb\nc\n",
+            "at the cap: whole"
+        );
+        assert_eq!(cut(&["a\nbb\n", "c\n"], 4).await, "a\nCUT\n");
+        assert_eq!(cut(&["a\n", "bbbb\n"], 4).await, "a\nCUT\n");
+        // One line longer than the cap: what fits, on a line of its own.
+        assert_eq!(cut(&["abcdef"], 3).await, "abc\nCUT\n");
+        // The cut line is on a line of its own whatever came before it.
+        assert_eq!(cut(&["abc", "def\n"], 3).await, "abc\nCUT\n");
+        assert_eq!(cut(&["ab", "cdef"], 4).await, "ab\nCUT\n");
+        // Nothing after the cut is read.
+        let out = cut(&["aaaa\n", "b\n", "c\n"], 5).await;
+        assert_eq!(out, "aaaa\nCUT\n");
+    }
 }
 
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]

@@ -84,6 +84,13 @@ function follow(url, handlers, lastSeq) {
   const src = new EventSource(lastSeq ? url + sep + "since=" + lastSeq() : url);
   for (const [name, f] of Object.entries(handlers)) src.addEventListener(name, f);
   src.addEventListener("end", () => { src.close(); });
+  // The credential ended (expired, revoked, logged out): no reconnecting, say why.
+  src.addEventListener("closed", (e) => {
+    src.close();
+    let why = "this session has ended: log in again";
+    try { why = JSON.parse(e.data).error.message; } catch (_) { /* keep the default */ }
+    banner(why);
+  });
   src.onopen = () => { if (document.getElementById("banner").textContent.startsWith("reconnecting")) banner(""); };
   src.onerror = () => {
     if (src.readyState === EventSource.CLOSED && state.stream === src) {

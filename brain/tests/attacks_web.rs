@@ -1,0 +1,656 @@
+//! Attacks on the web API (route 8 of the threat model), each against a real brain
+//! (`--web-listen`) and, where a task is needed, a real worker. The threat model: a viewer
+//! reads tasks, events and diffs, never changes anything, and keeps no stream past its
+//! credential; nobody outside the brain's configured proxies can speak for another origin.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use testkit::fake_llm::{FakeLlm, FakeReply};
+use testkit::tasks::{results, run_commands, set_secret, start_commands};
+use testkit::{BrainOptions, Cluster, text};
+
+fn cluster_with(llm: Option<&FakeLlm>, web: &str) -> Cluster {
+    let mut config = String::new();
+    if let Some(llm) = llm {
+        config.push_str(&format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-web-attack\"\n",
+            llm.url()
+        ));
+    }
+    if !web.is_empty() {
+        config.push_str("[web]\n");
+        config.push_str(web);
+        config.push('\n');
+    }
+    Cluster::start_with(BrainOptions {
+        config: (!config.is_empty()).then_some(config),
+        web: true,
+        ..Default::default()
+    })
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn token(c: &Cluster, name: &str, role: &str, ttl: &str) -> String {
+    let out = c.brain_cli(&[
+        "admin", "token", "create", "--name", name, "--role", role, "--ttl", ttl,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    stdout(&out)
+}
+
+fn bearer(t: &str) -> String {
+    format!("Bearer {t}")
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// A request's status and JSON (or its text as a JSON string).
+async fn call(c: &Cluster, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    call_with(c, method, path, headers, json!({})).await
+}
+
+/// [`call`] with a JSON body for a POST.
+async fn call_with(
+    c: &Cluster,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Value,
+) -> (u16, Value) {
+    let mut r = client().request(method.parse().unwrap(), format!("{}{path}", c.web_url()));
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    if method == "POST" {
+        r = r
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let resp = r.send().await.expect("the web API answers");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Opens an event stream; its status and the response.
+async fn open_stream(c: &Cluster, path: &str, auth: &str) -> reqwest::Response {
+    client()
+        .get(format!("{}{path}", c.web_url()))
+        .header("authorization", auth)
+        .header("accept", "text/event-stream")
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .expect("the web API answers")
+}
+
+/// What a stream said until `until`: its text, and whether it ended by then.
+async fn read_stream(resp: &mut reqwest::Response, until: Instant) -> (String, bool) {
+    let mut seen = String::new();
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return (seen, false);
+        }
+        match tokio::time::timeout(left, resp.chunk()).await {
+            Ok(Ok(Some(bytes))) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+            Ok(Ok(None)) | Ok(Err(_)) => return (seen, true),
+            Err(_) => return (seen, false),
+        }
+    }
+}
+
+/// Reads a stream until its text holds `needle` (or panics after `within`).
+async fn read_until(resp: &mut reqwest::Response, needle: &str, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    let mut seen = String::new();
+    while !seen.contains(needle) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no {needle:?} in time: {seen}");
+        match tokio::time::timeout(left, resp.chunk()).await {
+            Ok(Ok(Some(bytes))) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+            other => panic!("the stream ended before {needle:?} ({other:?}): {seen}"),
+        }
+    }
+    seen
+}
+
+async fn wait_status(c: &Cluster, id: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.task_status(id).unwrap_or_default() != want {
+        assert!(
+            Instant::now() < deadline,
+            "{id} never {want}: {}",
+            c.brain_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A task that runs one command once approved, waiting for that approval.
+async fn waiting_task(c: &Cluster) -> String {
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        "openai:gpt-4.1",
+        "--permission",
+        "ask",
+        "--worker",
+        "laptop",
+        "wait for approval",
+    ]);
+    assert!(out.status.success(), "brain run: {}", text(&out));
+    let id = stdout(&out);
+    wait_status(c, &id, "waiting").await;
+    id
+}
+
+fn approve_then_finish() -> FakeLlm {
+    FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::tool_call("run_command", json!({"command": "echo approved-and-ran"})),
+        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
+    })
+}
+
+/// Route 8, streams: a viewer whose token is revoked keeps no stream. Both event streams end
+/// within two seconds of the revocation, and what happens after it (an approval, the command
+/// it lets run) reaches neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_viewer_keeps_no_stream() {
+    let llm = approve_then_finish();
+    let c = cluster_with(Some(&llm), "");
+    let _w = c.join_worker("laptop");
+    let viewer = token(&c, "watcher", "viewer", "1h");
+    let operator = token(&c, "ci", "operator", "1h");
+    let id = waiting_task(&c).await;
+
+    let mut task_stream =
+        open_stream(&c, &format!("/api/tasks/{id}/events"), &bearer(&viewer)).await;
+    assert_eq!(task_stream.status(), 200);
+    let mut all_stream = open_stream(&c, "/api/events", &bearer(&viewer)).await;
+    assert_eq!(all_stream.status(), 200);
+    read_until(
+        &mut task_stream,
+        "approval_requested",
+        Duration::from_secs(20),
+    )
+    .await;
+    read_until(&mut all_stream, "event: tasks", Duration::from_secs(20)).await;
+
+    let out = c.brain_cli(&["admin", "token", "revoke", "watcher"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let revoked = Instant::now();
+    // Something worth seeing happens right after.
+    let (s, body) = call(
+        &c,
+        "POST",
+        &format!("/api/tasks/{id}/approve"),
+        &[("authorization", &bearer(&operator))],
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    wait_status(&c, &id, "finished").await;
+
+    let until = revoked + Duration::from_secs(2);
+    let (after_task, task_ended) = read_stream(&mut task_stream, until).await;
+    let (after_all, all_ended) = read_stream(&mut all_stream, until).await;
+    assert!(
+        !after_task.contains("approval_decided") && !after_task.contains("approved-and-ran"),
+        "a revoked viewer still received the task's events: {after_task}"
+    );
+    assert!(
+        !after_all.contains("\"finished\"") && !after_all.contains("event: task\n"),
+        "a revoked viewer still received task changes: {after_all}"
+    );
+    assert!(
+        task_ended && all_ended,
+        "streams still open 2 s after the revocation (task stream ended: {task_ended}, all-tasks stream ended: {all_ended})"
+    );
+    // It says why before it ends.
+    assert!(after_task.contains("revoked"), "{after_task}");
+    // And cannot come back.
+    let again = open_stream(&c, "/api/events", &bearer(&viewer)).await;
+    assert_eq!(again.status(), 401);
+}
+
+/// Route 8, streams: a viewer's stream ends when its credential expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_viewer_keeps_no_stream() {
+    let c = cluster_with(None, "");
+    let viewer = token(&c, "brief", "viewer", "3s");
+    let created = Instant::now();
+    let mut s = open_stream(&c, "/api/events", &bearer(&viewer)).await;
+    assert_eq!(s.status(), 200);
+    read_until(&mut s, "event: tasks", Duration::from_secs(10)).await;
+    let (said, ended) = read_stream(&mut s, created + Duration::from_secs(6)).await;
+    assert!(
+        ended,
+        "the stream of a 3 s token is still open 6 s after it was made: {said}"
+    );
+    assert!(said.contains("expired"), "{said}");
+}
+
+/// Route 8, streams: one credential holds at most eight streams (the default); the ninth is
+/// refused with 429 and says why, another credential is not affected, and a stream closed
+/// makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_credential_holds_at_most_eight_streams() {
+    let c = cluster_with(None, "");
+    let greedy = token(&c, "greedy", "viewer", "1h");
+    let other = token(&c, "other", "viewer", "1h");
+    let mut open = Vec::new();
+    for i in 0..8 {
+        let mut s = open_stream(&c, "/api/events", &bearer(&greedy)).await;
+        assert_eq!(s.status(), 200, "stream {i}");
+        read_until(&mut s, "event: tasks", Duration::from_secs(10)).await;
+        open.push(s);
+    }
+    let ninth = open_stream(&c, "/api/events", &bearer(&greedy)).await;
+    let status = ninth.status().as_u16();
+    let body = if status == 200 {
+        String::new()
+    } else {
+        ninth.text().await.unwrap()
+    };
+    assert_eq!(status, 429, "a ninth stream of one credential: {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "too_many_streams", "{body}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains('8'),
+        "{body}"
+    );
+    // The task stream counts too.
+    let (s, _) = call(
+        &c,
+        "GET",
+        "/api/tasks/nope/events",
+        &[("authorization", &bearer(&greedy))],
+    )
+    .await;
+    assert_eq!(s, 429);
+    let mut theirs = open_stream(&c, "/api/events", &bearer(&other)).await;
+    assert_eq!(theirs.status(), 200, "another credential is not affected");
+    read_until(&mut theirs, "event: tasks", Duration::from_secs(10)).await;
+
+    // One closed: room for one more (once the brain has seen it go).
+    drop(open.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = open_stream(&c, "/api/events", &bearer(&greedy)).await;
+        if s.status() == 200 {
+            break;
+        }
+        assert_eq!(s.status(), 429);
+        assert!(Instant::now() < deadline, "a closed stream never made room");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Route 8, diffs: the diff a viewer asks for is cut at `[web] max_diff_bytes`, with a last
+/// line and a header that say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diff_is_cut_at_its_cap_and_says_so() {
+    let c = cluster_with(None, "max_diff_bytes = 65536");
+    let w = c.join_worker("laptop");
+    // About 1.3 MB of new lines.
+    let (id, ran) = run_commands(&c, &w.id, &[], &["seq 1 200000 > big.txt".to_string()]);
+    assert_eq!(ran[0].exit, Some(0), "{ran:?}");
+    let viewer = token(&c, "reader", "viewer", "1h");
+    let resp = client()
+        .get(format!("{}/api/tasks/{id}/diff", c.web_url()))
+        .header("authorization", bearer(&viewer))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let limit = resp
+        .headers()
+        .get("x-tether-diff-limit")
+        .map(|v| v.to_str().unwrap().to_string());
+    let body = resp.text().await.unwrap();
+    assert!(
+        body.len() <= 65536 + 300,
+        "a diff of {} bytes was answered whole, over the 65536-byte cap",
+        body.len()
+    );
+    assert_eq!(limit.as_deref(), Some("65536"));
+    let last = body.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("cut at 65536 bytes") && last.contains("brain task diff"),
+        "the last line says the diff was cut: {last:?}"
+    );
+    assert!(
+        body.starts_with("diff --git"),
+        "{}",
+        &body[..200.min(body.len())]
+    );
+    // A short one is whole.
+    let (s, stat) = call(
+        &c,
+        "GET",
+        &format!("/api/tasks/{id}/diff?form=stat"),
+        &[("authorization", &bearer(&viewer))],
+    )
+    .await;
+    assert_eq!(s, 200);
+    let stat = stat.as_str().unwrap();
+    assert!(
+        stat.contains("big.txt") && !stat.contains("cut at"),
+        "{stat}"
+    );
+}
+
+/// Whether the server closed `conn` by `until` (EOF or a reset); bytes it sent are kept.
+fn closed_by(conn: &mut TcpStream, until: Instant, got: &mut Vec<u8>) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        conn.set_read_timeout(Some(left.min(Duration::from_millis(200))))
+            .unwrap();
+        match conn.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+}
+
+fn web_addr(c: &Cluster) -> String {
+    c.web_url().trim_start_matches("http://").to_string()
+}
+
+/// Route 8, connections: a connection that never finishes its headers (silent, or sending a
+/// header line now and then: slowloris) is closed once `[web] header_read_timeout` (5 s by
+/// default) has passed, and an honest request still works meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_finishes_its_headers_is_closed() {
+    let c = cluster_with(None, "");
+    let addr = web_addr(&c);
+    // An answer that takes longer than the timeout (an event stream) is not cut by it.
+    let viewer = token(&c, "reader", "viewer", "1h");
+    let mut stream = open_stream(&c, "/api/events", &bearer(&viewer)).await;
+    assert_eq!(stream.status(), 200);
+    read_until(&mut stream, "event: tasks", Duration::from_secs(10)).await;
+    let stream_opened = Instant::now();
+    let opened = Instant::now();
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    let mut slow = TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"GET /api/openapi.json HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let until = opened + Duration::from_secs(9);
+    let mut slow_closed = false;
+    let mut got = Vec::new();
+    // A header line every half second, for longer than the timeout.
+    while Instant::now() < until {
+        if slow.write_all(b"X-Slow: 1\r\n").is_err() {
+            slow_closed = true;
+            break;
+        }
+        if closed_by(
+            &mut slow,
+            Instant::now() + Duration::from_millis(500),
+            &mut got,
+        ) {
+            slow_closed = true;
+            break;
+        }
+    }
+    let slow_after = opened.elapsed();
+    let mut nothing = Vec::new();
+    let silent_closed = closed_by(&mut silent, until, &mut nothing);
+    assert!(
+        slow_closed,
+        "a connection trickling header lines is still open after {slow_after:?}"
+    );
+    assert!(
+        silent_closed,
+        "a connection that sent nothing is still open after {:?}",
+        opened.elapsed()
+    );
+    assert!(
+        slow_after >= Duration::from_secs(4),
+        "closed too early ({slow_after:?}): the timeout is 5 s"
+    );
+    let (s, _) = call(&c, "GET", "/api/openapi.json", &[]).await;
+    assert_eq!(s, 200);
+    // Open well past the 5 s timeout.
+    let (_, ended) = read_stream(&mut stream, stream_opened + Duration::from_secs(7)).await;
+    assert!(
+        !ended,
+        "an event stream open for {:?} was cut",
+        stream_opened.elapsed()
+    );
+}
+
+/// Route 8, connections: past `[web] max_connections`, a connection is answered 503 with
+/// words and closed; when the others go, it is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_are_refused() {
+    let c = cluster_with(None, "max_connections = 4");
+    let addr = web_addr(&c);
+    let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    // Give the brain time to take them (a condition: the fifth is answered at all).
+    let mut fifth = TcpStream::connect(&addr).unwrap();
+    fifth
+        .write_all(b"GET /api/openapi.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let closed = closed_by(
+        &mut fifth,
+        Instant::now() + Duration::from_secs(3),
+        &mut got,
+    );
+    let answer = String::from_utf8_lossy(&got).to_string();
+    assert!(
+        answer.starts_with("HTTP/1.1 503"),
+        "a fifth connection past a limit of 4: {answer:.300}"
+    );
+    assert!(answer.contains("max_connections"), "{answer}");
+    assert!(closed, "the refused connection is closed");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (s, _) = call(&c, "GET", "/api/openapi.json", &[]).await;
+        if s == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still refused: {s}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Route 8, proxies: `X-Forwarded-Host` from a peer that is not a configured proxy cannot
+/// make another origin look like the brain's own: an operator's change from evil.test is
+/// refused and nothing is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_host_from_an_untrusted_peer_is_ignored() {
+    let c = cluster_with(None, "");
+    let operator = token(&c, "ci", "operator", "1h");
+    let ttl = json!({"ttl_seconds": 600});
+    let (s, body) = call_with(
+        &c,
+        "POST",
+        "/api/join-tokens",
+        &[
+            ("authorization", &bearer(&operator)),
+            ("origin", "http://evil.test"),
+            ("x-forwarded-host", "evil.test"),
+            ("x-forwarded-proto", "http"),
+            ("x-forwarded-for", "127.0.0.1"),
+        ],
+        ttl.clone(),
+    )
+    .await;
+    assert_eq!(
+        (s, body["error"]["code"].as_str()),
+        (403, Some("cross_origin")),
+        "a cross-origin change passed with X-Forwarded-Host from an untrusted peer: {body}"
+    );
+    assert!(
+        body.get("token").is_none(),
+        "no join token was made: {body}"
+    );
+    // The brain's own origin still passes.
+    let (s, body) = call_with(
+        &c,
+        "POST",
+        "/api/join-tokens",
+        &[
+            ("authorization", &bearer(&operator)),
+            ("origin", &c.web_url()),
+        ],
+        ttl,
+    )
+    .await;
+    assert_eq!(s, 201, "{body}");
+    assert!(
+        body["token"].as_str().is_some_and(|t| !t.is_empty()),
+        "{body}"
+    );
+}
+
+/// The same headers through a configured proxy (`[web] trusted_proxies`) are believed: the
+/// page served as `tether.example.com` by the proxy may change things.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_host_from_a_trusted_proxy_is_believed() {
+    let c = cluster_with(None, "trusted_proxies = [\"127.0.0.1\"]");
+    let operator = token(&c, "ci", "operator", "1h");
+    let forwarded = [
+        ("authorization", bearer(&operator)),
+        ("origin", "https://tether.example.com".to_string()),
+        ("x-forwarded-host", "tether.example.com".to_string()),
+    ];
+    let headers: Vec<(&str, &str)> = forwarded.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (s, body) = call_with(
+        &c,
+        "POST",
+        "/api/join-tokens",
+        &headers,
+        json!({"ttl_seconds": 600}),
+    )
+    .await;
+    assert_eq!(s, 201, "{body}");
+    // Another origin is still another origin.
+    let (s, body) = call_with(
+        &c,
+        "POST",
+        "/api/join-tokens",
+        &[
+            ("authorization", &bearer(&operator)),
+            ("origin", "http://evil.test"),
+            ("x-forwarded-host", "tether.example.com"),
+        ],
+        json!({"ttl_seconds": 600}),
+    )
+    .await;
+    assert_eq!(
+        (s, body["error"]["code"].as_str()),
+        (403, Some("cross_origin"))
+    );
+}
+
+/// `text` (JSON lines, or SSE whose `data:` lines are JSON) without the replayed model's
+/// transcript that the `created` record carries: that is this test's own input, stored as
+/// given, and it names the value; what the model answers is masked on arrival (the
+/// `llm_response` and `tool_call_issued` records, which stay in).
+fn without_transcript(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            let (prefix, json) = l.strip_prefix("data: ").map_or(("", l), |j| ("data: ", j));
+            match serde_json::from_str::<Value>(json) {
+                Ok(mut v) if v["kind"] == "created" => {
+                    if let Some(agent) = v.get_mut("agent").and_then(Value::as_object_mut) {
+                        agent.remove("transcript");
+                    }
+                    format!("{prefix}{v}")
+                }
+                _ => l.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Route 8, redaction: a secret set with `brain secret set` while the brain runs is masked
+/// at once in what leaves the brain: the task log (`brain task log`), the web API's events
+/// (history and live output) — whether the command names the value or builds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_set_while_the_brain_runs_is_masked_at_once() {
+    const VALUE: &str = "late-secret-7f3a9c21e5";
+    let c = cluster_with(None, "");
+    let w = c.join_worker("laptop");
+    let viewer = token(&c, "reader", "viewer", "1h");
+    set_secret(&c, "late", VALUE, &["--host", "api.example.com"]);
+    let commands = vec![
+        // Gives the event stream time to be open for the live output below.
+        "sleep 2".to_string(),
+        format!("printf '%s\\n' '{VALUE}'"),
+        // Built from two halves, so the command itself never names it.
+        format!("printf '%s%s\\n' '{}' '{}'", &VALUE[..8], &VALUE[8..]),
+    ];
+    let id = start_commands(&c, &w.id, &[], &commands);
+    let mut live = open_stream(&c, &format!("/api/tasks/{id}/events"), &bearer(&viewer)).await;
+    assert_eq!(live.status(), 200);
+    let streamed = read_until(&mut live, "event: end", Duration::from_secs(120)).await;
+    wait_status(&c, &id, "finished").await;
+    let ran = results(&c, &id);
+    assert_eq!(ran.len(), 3, "{ran:#?}");
+    assert!(
+        ran[2].stdout.contains("[redacted]"),
+        "the value built by the command is masked in its output: {:#?}",
+        ran[2]
+    );
+    let log = c.brain_cli(&["task", "log", &id]);
+    let log_json = c.brain_cli(&["task", "log", &id, "--json"]);
+    let history = client()
+        .get(format!(
+            "{}/api/tasks/{id}/events?follow=false",
+            c.web_url()
+        ))
+        .header("authorization", bearer(&viewer))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (what, text) in [
+        ("brain task log", stdout(&log)),
+        (
+            "brain task log --json",
+            without_transcript(&stdout(&log_json)),
+        ),
+        ("the web API's history", without_transcript(&history)),
+        ("the web API's live stream", without_transcript(&streamed)),
+    ] {
+        assert!(
+            !text.contains(VALUE),
+            "{what} shows a secret set after the brain started: {text}"
+        );
+    }
+    assert!(streamed.contains("[redacted]"), "{streamed}");
+}
