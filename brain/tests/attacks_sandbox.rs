@@ -4,7 +4,165 @@
 //! write. Where the host lacks what a test needs, the test says why it is skipped.
 
 use testkit::tasks::try_set_secret;
-use testkit::{Cluster, text};
+use testkit::{Cluster, Worker, text};
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `worker doctor`'s line for a mechanism, and whether it is active.
+fn doctor(c: &Cluster, mechanism: &str) -> (bool, String) {
+    let out = std::process::Command::new(&c.bins.worker)
+        .args(["doctor", "--state"])
+        .arg(c.dir.join("doctor"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(mechanism))
+        .unwrap_or_else(|| panic!("doctor says nothing of {mechanism}: {}", text(&out)))
+        .to_string();
+    (line.contains(" active "), line)
+}
+
+fn exec_in(c: &Cluster, w: &Worker, workspace: &str, script: &str) -> std::process::Output {
+    c.brain_cli(&[
+        "exec",
+        w.id.as_str(),
+        "--workspace",
+        workspace,
+        "--",
+        "sh",
+        "-c",
+        script,
+    ])
+}
+
+/// Raw system calls through Python's ctypes, each printed as `name=OK` or `name=ERRNO`.
+/// Every one of them succeeds for an unprivileged process on a stock kernel (or would, but for
+/// sysctls some hosts set): user namespaces, the kernel keyring, ptrace of one's own child,
+/// file handles, a user-mode userfaultfd, and `setns`/`clone3`/`mount` for completeness.
+const SYSCALLS: &str = r#"
+import ctypes, errno, os, platform, time
+libc = ctypes.CDLL(None, use_errno=True)
+arch = platform.machine()
+NR = {
+    "x86_64": dict(add_key=248, keyctl=250, userfaultfd=323, name_to_handle_at=303, clone3=435, setns=308, bpf=321, perf_event_open=298),
+    "aarch64": dict(add_key=217, keyctl=219, userfaultfd=282, name_to_handle_at=264, clone3=435, setns=268, bpf=280, perf_event_open=241),
+}[arch]
+def show(name, r):
+    e = ctypes.get_errno()
+    print(f"{name}={'OK' if r >= 0 else errno.errorcode.get(e, e)}", flush=True)
+ctypes.set_errno(0)
+show("unshare_user", libc.unshare(0x10000000))
+ctypes.set_errno(0)
+show("unshare_ns", libc.unshare(0x00020000))
+ctypes.set_errno(0)
+show("add_key", libc.syscall(NR["add_key"], b"user", b"tether-probe", b"x", 1, ctypes.c_int(-2)))
+ctypes.set_errno(0)
+show("keyctl", libc.syscall(NR["keyctl"], 0, ctypes.c_int(-2), 1))
+child = os.fork()
+if child == 0:
+    time.sleep(5)
+    os._exit(0)
+ctypes.set_errno(0)
+r = libc.ptrace(16, child, 0, 0)
+show("ptrace", r)
+os.kill(child, 9)
+os.waitpid(child, 0)
+class Handle(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint), ("type", ctypes.c_int), ("f", ctypes.c_ubyte * 128)]
+h = Handle(128, 0)
+mount_id = ctypes.c_int()
+ctypes.set_errno(0)
+show("name_to_handle_at", libc.syscall(NR["name_to_handle_at"], -100, b".", ctypes.byref(h), ctypes.byref(mount_id), 0))
+ctypes.set_errno(0)
+show("userfaultfd", libc.syscall(NR["userfaultfd"], 1))
+ctypes.set_errno(0)
+show("setns", libc.syscall(NR["setns"], os.open("/proc/self/ns/mnt", os.O_RDONLY), 0))
+ctypes.set_errno(0)
+show("clone3", libc.syscall(NR["clone3"], None, 0))
+ctypes.set_errno(0)
+show("mount", libc.mount(b"none", b".", b"tmpfs", 0, None))
+"#;
+
+/// The calls every confined command is refused, with the errno it must see: EPERM (the
+/// filter answers, the program goes on), or ENOSYS for clone3, whose flags a filter cannot
+/// read (so the C library falls back to clone, whose flags it can).
+const REFUSED: &[(&str, &str)] = &[
+    ("unshare_user", "EPERM"),
+    ("unshare_ns", "EPERM"),
+    ("add_key", "EPERM"),
+    ("keyctl", "EPERM"),
+    ("ptrace", "EPERM"),
+    ("name_to_handle_at", "EPERM"),
+    ("userfaultfd", "EPERM"),
+    ("setns", "EPERM"),
+    ("clone3", "ENOSYS"),
+    ("mount", "EPERM"),
+];
+
+/// Runs [`SYSCALLS`] and the everyday tools on a worker started with `env`, and checks that
+/// every dangerous call was refused with its errno while the tools still work.
+fn syscalls_are_refused(env: &[(&str, &str)], name: &str) {
+    let c = Cluster::start();
+    let (active, line) = doctor(&c, "seccomp");
+    if !active {
+        assert!(line.contains("MISSING"), "{line}");
+        testkit::skip("seccomp", &format!("worker doctor says: {line}"));
+        return;
+    }
+    let w = c.join_worker_with(name, env);
+    std::fs::create_dir_all(w.workspace()).unwrap();
+    std::fs::write(w.workspace().join("probe.py"), SYSCALLS).unwrap();
+    // Twice: a spawner serves the second call where spawners are on.
+    for round in 0..2 {
+        let out = exec_in(&c, &w, "default", "python3 probe.py");
+        assert_eq!(out.status.code(), Some(0), "round {round}: {}", text(&out));
+        let said = stdout(&out);
+        for (call, errno) in REFUSED {
+            assert!(
+                said.lines().any(|l| l == format!("{call}={errno}")),
+                "round {round}: {call} was not refused with {errno}: {}",
+                text(&out)
+            );
+        }
+    }
+    // What commands need still works: threads (clone without namespace flags), a shell's
+    // pipes and children, git, a virtualenv.
+    let out = exec_in(
+        &c,
+        &w,
+        "default",
+        "set -e
+         python3 -c 'import threading; t = threading.Thread(target=print, args=(\"thread-ok\",)); t.start(); t.join()'
+         echo hi | tr h H
+         git init -q repo && cd repo && echo x > f && git add f
+         git -c user.name=t -c user.email=t@example.com commit -q -m one && git log --oneline | wc -l
+         cd .. && python3 -m venv venv --without-pip && venv/bin/python -c 'print(\"venv-ok\")'",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        stdout(&out),
+        "thread-ok\nHi\n1\nvenv-ok\n",
+        "{}",
+        text(&out)
+    );
+}
+
+/// A command cannot reach the kernel's riskier interfaces (user namespaces, keyrings, ptrace,
+/// file handles, userfaultfd, mounts) when its spawner started it.
+#[test]
+fn a_command_started_by_a_spawner_is_refused_dangerous_syscalls() {
+    syscalls_are_refused(&[], "seccomp-spawner");
+}
+
+/// The same when each command is forked and confined on its own.
+#[test]
+fn a_command_forked_and_confined_is_refused_dangerous_syscalls() {
+    syscalls_are_refused(&[("TETHER_WORKER_SPAWNER", "off")], "seccomp-fork");
+}
 
 /// A secret may not be bound to every name under a public suffix: anyone can register a name
 /// under `herokuapp.com`, `github.io` or `co.uk` and receive the credential there.

@@ -308,7 +308,7 @@ fn commands_run_unprivileged_with_a_scrubbed_environment() {
 #[test]
 fn policy_refuses_a_worker_without_the_required_confinement() {
     let c = Cluster::start_with(BrainOptions {
-        extra_args: vec!["--require-sandbox".into(), "landlock,seccomp".into()],
+        extra_args: vec!["--require-sandbox".into(), "landlock,selinux".into()],
         ..Default::default()
     });
     let w = c.join_worker("weak");
@@ -318,7 +318,7 @@ fn policy_refuses_a_worker_without_the_required_confinement() {
     assert!(!out.status.success(), "{}", text(&out));
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(
-        e.contains("lacks") && e.contains("seccomp") && e.contains("worker doctor"),
+        e.contains("lacks") && e.contains("selinux") && e.contains("worker doctor"),
         "{e}"
     );
 }

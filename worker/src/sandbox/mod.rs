@@ -3,8 +3,9 @@
 //! secrets), rlimits and `no_new_privs`, a new session, a cgroup with memory, pids and CPU
 //! limits, a mount namespace of its own in which the workspace is at [`WORKSPACE_PATH`] and
 //! its temp dir at `/tmp` while the worker's state is hidden, a fresh network namespace when
-//! the network is off, an unprivileged user when the worker runs as root, and a `/proc` that
-//! shows that user only its own processes.
+//! the network is off, an unprivileged user when the worker runs as root, a `/proc` that
+//! shows that user only its own processes, and a seccomp filter, installed last, that refuses
+//! the kernel interfaces commands have no use for (`seccomp`).
 //! [`Sandbox::probe`] finds out what this host can enforce and [`Report`] says so plainly
 //! (`worker doctor`, and the worker's hello); [`Sandbox::check_workspaces`] proves that the
 //! command user can reach its workspace, and the worker refuses to start when it cannot.
@@ -28,6 +29,7 @@ mod proc;
 mod report;
 mod rlimits;
 mod rules;
+mod seccomp;
 pub mod spawnd;
 mod spawner;
 mod sys;
@@ -96,6 +98,8 @@ pub struct Sandbox {
     mountns: bool,
     /// (uid, gid) to run commands as, when the worker is root.
     run_as: Option<(u32, u32)>,
+    /// The seccomp filters every command is started under, when the host can install them.
+    seccomp: Option<std::sync::Arc<seccomp::Filters>>,
     /// Paths commands may not read.
     denied: Vec<PathBuf>,
     state_dir: PathBuf,
@@ -215,6 +219,7 @@ impl Sandbox {
             None
         };
         probe_proc(run_as.is_some(), &mut report);
+        let seccomp = seccomp::probe(&mut report).map(std::sync::Arc::new);
         let mut denied: Vec<PathBuf> = vec![state_dir.to_path_buf()];
         if let Some(home) = std::env::var_os("HOME") {
             for s in HOME_SECRETS {
@@ -233,6 +238,7 @@ impl Sandbox {
             netns,
             mountns,
             run_as,
+            seccomp,
             denied,
             state_dir: state_dir.to_path_buf(),
             rules: Default::default(),
@@ -284,6 +290,7 @@ impl Sandbox {
     pub fn disabled(state_dir: &Path) -> Self {
         let names = [
             "landlock", "rlimits", "cgroup", "mountns", "proc", "netns", "egress", "user",
+            "seccomp",
         ];
         Self {
             report: Report {
@@ -301,6 +308,7 @@ impl Sandbox {
             netns: false,
             mountns: false,
             run_as: None,
+            seccomp: None,
             denied: Vec::new(),
             state_dir: state_dir.to_path_buf(),
             rules: Default::default(),
@@ -594,6 +602,7 @@ impl Sandbox {
         let unshare = if netns { libc::CLONE_NEWNET } else { 0 }
             | if plan.is_some() { libc::CLONE_NEWNS } else { 0 };
         let run_as = self.run_as;
+        let seccomp = self.seccomp.clone();
         // SAFETY: the closure runs in the child between fork and exec. It makes plain
         // syscalls on values prepared above (no locks held by other threads are taken: the
         // mutex is ours alone), and the Landlock call only issues prctl and a syscall.
@@ -636,6 +645,10 @@ impl Sandbox {
                         || libc::setuid(uid) != 0)
                 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // Last: the steps above need calls the filter refuses (setns, unshare, mount).
+                if let Some(f) = &seccomp {
+                    f.install()?;
                 }
                 Ok(())
             });
@@ -780,7 +793,7 @@ mod tests {
         let s = Sandbox::look(d.path(), &[]);
         let names: Vec<&str> = s.report.mechanisms.iter().map(|m| m.name).collect();
         for n in [
-            "landlock", "rlimits", "cgroup", "mountns", "proc", "netns", "user",
+            "landlock", "rlimits", "cgroup", "mountns", "proc", "netns", "user", "seccomp",
         ] {
             assert!(names.contains(&n), "{names:?}");
         }
