@@ -3,8 +3,17 @@
 //! send a credential. Real brain and worker processes; each attack is a command a model could
 //! write. Where the host lacks what a test needs, the test says why it is skipped.
 
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
 use testkit::tasks::try_set_secret;
-use testkit::{Cluster, Worker, text};
+use testkit::{Cluster, Worker, text, wait_until};
+
+fn root() -> bool {
+    // SAFETY: plain getter.
+    unsafe { libc::geteuid() == 0 }
+}
 
 fn stdout(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -162,6 +171,88 @@ fn a_command_started_by_a_spawner_is_refused_dangerous_syscalls() {
 #[test]
 fn a_command_forked_and_confined_is_refused_dangerous_syscalls() {
     syscalls_are_refused(&[("TETHER_WORKER_SPAWNER", "off")], "seccomp-fork");
+}
+
+/// Two tasks on one root worker: a command in one cannot see, read or signal the other's
+/// processes, nor read its workspace even by its path on the host.
+#[test]
+fn a_command_cannot_touch_another_tasks_processes_or_files() {
+    if !root() {
+        testkit::skip(
+            "user",
+            "a_command_cannot_touch_another_tasks_processes_or_files needs a root worker, which gives each task a user of its own",
+        );
+        return;
+    }
+    let c = Cluster::start();
+    let w = c.join_worker("two-tasks");
+    // Task B: a long call that says its pid and waits for the test to let it go.
+    let b_ws = w.state.join("workspaces/task-b");
+    let out = exec_in(&c, &w, "task-b", "echo B-SECRET > secret.txt");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let victim = c
+        .brain_cli_cmd(&[
+            "exec",
+            w.id.as_str(),
+            "--workspace",
+            "task-b",
+            "--timeout",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; exec env B_MARK=victim-environ sh -c \
+             'while [ ! -e stop ]; do sleep 0.1; done; echo survived'",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid_file = b_ws.join("pid");
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            std::fs::read_to_string(&pid_file).is_ok_and(|s| s.trim().parse::<u32>().is_ok())
+        }),
+        "task B's command did not start"
+    );
+    let pid = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    // Task A: look for B's process, read what it holds, kill it; read B's files by path.
+    let attack = format!(
+        "ls /proc | grep -qx {pid} && echo SEEN; \
+         cat /proc/{pid}/environ 2>/dev/null | tr '\\0' '\\n' | grep -q B_MARK && echo ENVIRON; \
+         kill -9 {pid} 2>/dev/null && echo KILLED; \
+         cat {}/secret.txt 2>/dev/null; cat /proc/{pid}/cwd/secret.txt 2>/dev/null; true",
+        b_ws.display()
+    );
+    let out = exec_in(&c, &w, "task-a", &attack);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let said = stdout(&out);
+    std::fs::write(b_ws.join("stop"), "").unwrap();
+    let b = victim.wait_with_output().unwrap();
+    assert!(
+        !said.contains("SEEN")
+            && !said.contains("ENVIRON")
+            && !said.contains("KILLED")
+            && !said.contains("B-SECRET"),
+        "task A reached task B: {}; B: {}",
+        text(&out),
+        text(&b)
+    );
+    assert_eq!(b.status.code(), Some(0), "task B's command: {}", text(&b));
+    assert_eq!(stdout(&b), "survived\n", "{}", text(&b));
+    // Each task's files are its own user's, and the two users differ.
+    let owner = |p: &Path| std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(p).unwrap());
+    let (a, bu) = (
+        owner(&w.state.join("workspaces/task-a")),
+        owner(&b_ws.join("secret.txt")),
+    );
+    assert_ne!(a, bu, "both tasks run as uid {a}");
+    assert!(a != 0 && bu != 0 && a != 65534 && bu != 65534, "{a} {bu}");
+    let (active, line) = doctor(&c, "user");
+    assert!(active && line.contains("a user of its own"), "{line}");
 }
 
 /// A secret may not be bound to every name under a public suffix: anyone can register a name
