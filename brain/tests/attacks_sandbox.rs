@@ -253,6 +253,18 @@ fn a_command_cannot_touch_another_tasks_processes_or_files() {
     assert!(a != 0 && bu != 0 && a != 65534 && bu != 65534, "{a} {bu}");
     let (active, line) = doctor(&c, "user");
     assert!(active && line.contains("a user of its own"), "{line}");
+    // A removed workspace frees its uid for the next task; one made again under the old
+    // name gets another uid, and a temp dir of its own it can write.
+    std::fs::remove_dir_all(w.state.join("workspaces/task-a")).unwrap();
+    let out = exec_in(&c, &w, "task-c", "id -u");
+    assert_eq!(stdout(&out).trim(), a.to_string(), "{}", text(&out));
+    let out = exec_in(&c, &w, "task-a", "id -u; echo ok > /tmp/t && cat /tmp/t");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let said = stdout(&out);
+    let mut lines = said.lines();
+    let again: u32 = lines.next().unwrap().parse().unwrap();
+    assert!(again != a && again != bu, "{said}");
+    assert_eq!(lines.next(), Some("ok"), "{}", text(&out));
 }
 
 /// A secret may not be bound to every name under a public suffix: anyone can register a name

@@ -489,6 +489,12 @@ impl Sandbox {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "default".into());
         let tmp = self.state_dir.join("tmp").join(&ws_name);
+        // One left by an earlier task of that name, under another user, is not this one's.
+        if let (Some((uid, _)), Ok(m)) = (owner, std::fs::symlink_metadata(&tmp))
+            && std::os::unix::fs::MetadataExt::uid(&m) != uid
+        {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
         if !tmp.is_dir() {
             std::fs::create_dir_all(&tmp).map_err(|e| {
                 format!(
@@ -496,13 +502,14 @@ impl Sandbox {
                     tmp.display()
                 )
             })?;
-            Self::give(&tmp, owner);
+            // The mode first, while the worker still owns it.
             if owner.is_some() {
                 use std::os::unix::fs::PermissionsExt;
                 std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700)).map_err(
                     |e| format!("cannot make the temp dir {} private: {e}", tmp.display()),
                 )?;
             }
+            Self::give(&tmp, owner);
         }
         Ok(tmp)
     }

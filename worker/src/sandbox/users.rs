@@ -141,11 +141,11 @@ impl TaskUids {
             )
         })?;
         // The directory itself last: it is the record of the allocation. Only its user
-        // may enter it.
-        // SAFETY: our own descriptor; plain fchown and fchmod.
+        // may enter it (the mode first, while the worker still owns it).
+        // SAFETY: our own descriptor; plain fchmod and fchown.
         unsafe {
-            if libc::fchown(dir.as_raw_fd(), uid, uid) != 0
-                || libc::fchmod(dir.as_raw_fd(), 0o700) != 0
+            if libc::fchmod(dir.as_raw_fd(), 0o700) != 0
+                || libc::fchown(dir.as_raw_fd(), uid, uid) != 0
             {
                 return Err(format!(
                     "cannot give the workspace {} to uid {uid}: {}",
