@@ -51,14 +51,15 @@ fn exec_in(c: &Cluster, w: &Worker, workspace: &str, script: &str) -> std::proce
 /// Raw system calls through Python's ctypes, each printed as `name=OK` or `name=ERRNO`.
 /// Every one of them succeeds for an unprivileged process on a stock kernel (or would, but for
 /// sysctls some hosts set): user namespaces, the kernel keyring, ptrace of one's own child,
-/// file handles, a user-mode userfaultfd, and `setns`/`clone3`/`mount` for completeness.
+/// file handles, a user-mode userfaultfd, io_uring, and `setns`/`clone3`/`mount` for
+/// completeness.
 const SYSCALLS: &str = r#"
 import ctypes, errno, os, platform, time
 libc = ctypes.CDLL(None, use_errno=True)
 arch = platform.machine()
 NR = {
-    "x86_64": dict(add_key=248, keyctl=250, userfaultfd=323, name_to_handle_at=303, clone3=435, setns=308, bpf=321, perf_event_open=298),
-    "aarch64": dict(add_key=217, keyctl=219, userfaultfd=282, name_to_handle_at=264, clone3=435, setns=268, bpf=280, perf_event_open=241),
+    "x86_64": dict(add_key=248, keyctl=250, userfaultfd=323, name_to_handle_at=303, clone3=435, setns=308, bpf=321, perf_event_open=298, io_uring_setup=425),
+    "aarch64": dict(add_key=217, keyctl=219, userfaultfd=282, name_to_handle_at=264, clone3=435, setns=268, bpf=280, perf_event_open=241, io_uring_setup=425),
 }[arch]
 def show(name, r):
     e = ctypes.get_errno()
@@ -94,6 +95,9 @@ ctypes.set_errno(0)
 show("clone3", libc.syscall(NR["clone3"], None, 0))
 ctypes.set_errno(0)
 show("mount", libc.mount(b"none", b".", b"tmpfs", 0, None))
+params = (ctypes.c_ubyte * 120)()
+ctypes.set_errno(0)
+show("io_uring_setup", libc.syscall(NR["io_uring_setup"], 1, ctypes.byref(params)))
 "#;
 
 /// The calls every confined command is refused, with the errno it must see: EPERM (the
@@ -110,6 +114,7 @@ const REFUSED: &[(&str, &str)] = &[
     ("setns", "EPERM"),
     ("clone3", "ENOSYS"),
     ("mount", "EPERM"),
+    ("io_uring_setup", "EPERM"),
 ];
 
 /// Runs [`SYSCALLS`] and the everyday tools on a worker started with `env`, and checks that

@@ -1,9 +1,10 @@
 //! The seccomp filter every confined command runs under, in the spirit of Docker's default
 //! profile: a deny-list of the kernel interfaces a build or a test has no use for and an
 //! escape would (other processes' memory, mounts, new namespaces, keyrings, BPF, perf, kernel
-//! modules, kexec, reboot, swap, file handles, userfaultfd). A refused call fails with EPERM
-//! and the program goes on; `clone3`, whose flags live in memory a filter cannot read, fails
-//! with ENOSYS so the C library falls back to `clone`, whose flags the filter checks.
+//! modules, kexec, reboot, swap, file handles, userfaultfd, io_uring). A refused call fails
+//! with EPERM and the program goes on; `clone3`, whose flags live in memory a filter cannot
+//! read, fails with ENOSYS so the C library falls back to `clone`, whose flags the filter
+//! checks.
 //!
 //! The filter is installed as the last step before exec, after the namespaces, mounts,
 //! Landlock and the change of user that need some of these calls: a spawner is confined the
@@ -63,6 +64,11 @@ const DENIED: &[(&str, i64)] = &[
     ("name_to_handle_at", libc::SYS_name_to_handle_at),
     // A page-fault handler in user space: the classic way to win a kernel race.
     ("userfaultfd", libc::SYS_userfaultfd),
+    // io_uring: a second system call interface the filter cannot see into, and a frequent
+    // source of kernel bugs (Docker's profile refuses it too); libuv and others fall back.
+    ("io_uring_setup", libc::SYS_io_uring_setup),
+    ("io_uring_enter", libc::SYS_io_uring_enter),
+    ("io_uring_register", libc::SYS_io_uring_register),
 ];
 
 /// `clone` flags that make a namespace: a `clone` with any of them is refused like `unshare`.
