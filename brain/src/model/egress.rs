@@ -66,7 +66,8 @@ impl HostPattern {
     /// register their own (`co.uk`, and private ones such as `herokuapp.com` or `github.io`),
     /// or a name inside one with no registrable domain of its own — that suffix, by the Public
     /// Suffix List compiled into the `psl` crate (an unknown top-level name counts as one).
-    /// A secret bound to such a pattern would go to strangers' hosts.
+    /// A secret bound to such a pattern would go to strangers' hosts, so secrets refuse it;
+    /// allow-lists may name it (they grant reach, not a credential, and admit `*` itself).
     pub fn spans_public_suffix(&self) -> Option<&str> {
         let suffix = self.0.strip_prefix("*.")?;
         psl::domain(suffix.as_bytes()).is_none().then_some(suffix)
