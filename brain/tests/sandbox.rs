@@ -56,6 +56,10 @@ fn outside_tmp() -> Cluster {
     })
 }
 
+/// The uid a root worker gives the first task (workspace) it sees: the first of its default
+/// `--task-uids`.
+const FIRST_TASK_UID: &str = "1800000";
+
 fn root() -> bool {
     // SAFETY: plain getter.
     unsafe { libc::geteuid() == 0 }
@@ -205,7 +209,7 @@ fn a_fork_bomb_is_contained_and_the_worker_keeps_answering() {
     assert!(
         wait_until(Duration::from_secs(5), || {
             let o = std::process::Command::new("pgrep")
-                .args(["-u", "65534", "-c", "sh"])
+                .args(["-u", FIRST_TASK_UID, "-c", "sh"])
                 .output()
                 .unwrap();
             String::from_utf8_lossy(&o.stdout).trim() == "0"
@@ -301,14 +305,14 @@ fn commands_run_unprivileged_with_a_scrubbed_environment() {
     assert!(user_active, "{line}");
     // SAFETY: plain getter.
     if unsafe { libc::geteuid() } == 0 {
-        assert_eq!(shown.lines().next(), Some("65534"), "{shown}");
+        assert_eq!(shown.lines().next(), Some(FIRST_TASK_UID), "{shown}");
     }
 }
 
 #[test]
 fn policy_refuses_a_worker_without_the_required_confinement() {
     let c = Cluster::start_with(BrainOptions {
-        extra_args: vec!["--require-sandbox".into(), "landlock,seccomp".into()],
+        extra_args: vec!["--require-sandbox".into(), "landlock,selinux".into()],
         ..Default::default()
     });
     let w = c.join_worker("weak");
@@ -318,7 +322,7 @@ fn policy_refuses_a_worker_without_the_required_confinement() {
     assert!(!out.status.success(), "{}", text(&out));
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(
-        e.contains("lacks") && e.contains("seccomp") && e.contains("worker doctor"),
+        e.contains("lacks") && e.contains("selinux") && e.contains("worker doctor"),
         "{e}"
     );
 }
@@ -432,7 +436,7 @@ fn a_command_cannot_read_other_processes_in_proc() {
     assert_eq!(lines.len(), 3, "{}", text(&out));
     assert_eq!(
         lines[0],
-        "65534",
+        FIRST_TASK_UID,
         "other users' processes are visible: {}",
         text(&out)
     );
@@ -542,7 +546,7 @@ fn without_a_mount_namespace_a_workspace_its_commands_cannot_reach_is_refused_at
     assert_eq!(
         stdout(&out),
         format!(
-            "{}\n65534\n",
+            "{}\n{FIRST_TASK_UID}\n",
             w.workspace().canonicalize().unwrap().display()
         ),
         "{}",

@@ -100,7 +100,10 @@ fn commands_are_started_by_a_pre_confined_spawner_with_every_guarantee() {
             "call {i}: not in a process group of its own"
         );
         if root() {
-            assert_eq!(r.uid, 65534, "call {i}: commands run as nobody");
+            assert_eq!(
+                r.uid, 1_800_000,
+                "call {i}: commands run as the first task's own user"
+            );
         }
         if cgroup {
             assert!(

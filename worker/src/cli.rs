@@ -57,6 +57,9 @@ enum Cmd {
         /// Only enrol; do not start running
         #[arg(long)]
         no_run: bool,
+        /// On a root worker, the uids tasks' commands run as, one per task: FIRST-LAST
+        #[arg(long, env = "TETHER_WORKER_TASK_UIDS", default_value_t = crate::sandbox::TaskUids::default())]
+        task_uids: crate::sandbox::TaskUids,
         /// A path commands may not read, besides the state dir and ~/.ssh, ~/.aws, … (repeatable)
         #[arg(long = "deny-read")]
         deny_read: Vec<PathBuf>,
@@ -84,6 +87,9 @@ enum Cmd {
         /// Override the brain URL stored at join time
         #[arg(long)]
         brain: Option<String>,
+        /// On a root worker, the uids tasks' commands run as, one per task: FIRST-LAST
+        #[arg(long, env = "TETHER_WORKER_TASK_UIDS", default_value_t = crate::sandbox::TaskUids::default())]
+        task_uids: crate::sandbox::TaskUids,
         /// A path commands may not read, besides the state dir and ~/.ssh, ~/.aws, … (repeatable)
         #[arg(long = "deny-read")]
         deny_read: Vec<PathBuf>,
@@ -108,6 +114,9 @@ enum Cmd {
     Doctor {
         #[arg(long, env = "TETHER_WORKER_STATE")]
         state: Option<PathBuf>,
+        /// On a root worker, the uids tasks' commands run as, one per task: FIRST-LAST
+        #[arg(long, env = "TETHER_WORKER_TASK_UIDS", default_value_t = crate::sandbox::TaskUids::default())]
+        task_uids: crate::sandbox::TaskUids,
     },
 }
 
@@ -204,6 +213,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             state,
             force,
             no_run,
+            task_uids,
             deny_read,
             no_sandbox,
             exit_after_unreachable,
@@ -239,7 +249,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             let sandbox = if no_run {
                 None
             } else {
-                Some(make_sandbox(&dir, &deny_read, no_sandbox)?)
+                Some(make_sandbox(&dir, &deny_read, task_uids, no_sandbox)?)
             };
             let m = match join_retrying(&dir, opts, exit_after_unreachable, &shutdown).await {
                 Ok(m) => m,
@@ -265,6 +275,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
         Cmd::Run {
             state,
             brain,
+            task_uids,
             deny_read,
             no_sandbox,
             exit_after_unreachable,
@@ -277,7 +288,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             };
             give_up.check().map_err(anyhow::Error::msg)?;
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
-            let sandbox = make_sandbox(&dir, &deny_read, no_sandbox)?;
+            let sandbox = make_sandbox(&dir, &deny_read, task_uids, no_sandbox)?;
             let backoff = Backoff {
                 give_up_after: exit_after_unreachable,
                 ..Backoff::default()
@@ -286,9 +297,9 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 return given_up(e.into(), &give_up).await;
             }
         }
-        Cmd::Doctor { state } => {
+        Cmd::Doctor { state, task_uids } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
-            let mut sandbox = crate::sandbox::Sandbox::look(&dir.0, &[]);
+            let mut sandbox = crate::sandbox::Sandbox::look(&dir.0, &[], task_uids);
             // The mount point is made here too (an empty directory), so the check below
             // says what a running worker would do.
             sandbox.prepare();
@@ -334,13 +345,14 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
 fn make_sandbox(
     dir: &StateDir,
     deny_read: &[PathBuf],
+    task_uids: crate::sandbox::TaskUids,
     off: bool,
 ) -> anyhow::Result<crate::sandbox::Sandbox> {
     if off {
         tracing::warn!("--no-sandbox: commands run unconfined, with this worker's user and access");
         return Ok(crate::sandbox::Sandbox::disabled(&dir.0));
     }
-    let mut s = crate::sandbox::Sandbox::probe(&dir.0, deny_read);
+    let mut s = crate::sandbox::Sandbox::probe(&dir.0, deny_read, task_uids);
     s.sweep();
     s.prepare();
     dir.create()?;

@@ -396,14 +396,20 @@ fn dispatch(
             if !matches!(req.op, Some(proto::sync_request::Op::ImportDir(_))) {
                 watch_workspace(ctx, &req.workspace);
             }
-            tokio::spawn(crate::sync::handle(
-                req,
-                ctx.workspaces.clone(),
-                sync_channel.clone(),
-                ctx.sync.clone(),
-                ctx.sandbox.run_as(),
-                ctx.sandbox.denied().to_vec(),
-            ));
+            let (sandbox, workspaces) = (ctx.sandbox.clone(), ctx.workspaces.clone());
+            let (sync_channel, sync) = (sync_channel.clone(), ctx.sync.clone());
+            tokio::spawn(async move {
+                // The workspace's task user (allocated on first use) owns what is written.
+                let name = req.workspace.clone();
+                let root = workspaces.clone();
+                let sb = sandbox.clone();
+                let owner = tokio::task::spawn_blocking(move || sb.owner(&root, &name))
+                    .await
+                    .ok()
+                    .flatten();
+                let denied = sandbox.denied().to_vec();
+                crate::sync::handle(req, workspaces, sync_channel, sync, owner, denied).await
+            });
         }
         Some(brain_message::Msg::Exec(start)) if start.durable => {
             watch_workspace(ctx, &start.workspace);
@@ -441,7 +447,8 @@ fn dispatch(
             let (ctx, out) = (ctx.clone(), out.clone());
             tokio::spawn(async move {
                 let resp = tokio::task::spawn_blocking(move || {
-                    crate::files::handle(call, &ctx.workspaces, ctx.sandbox.run_as())
+                    let owner = ctx.sandbox.owner(&ctx.workspaces, &call.workspace);
+                    crate::files::handle(call, &ctx.workspaces, owner)
                 })
                 .await;
                 if let Ok(resp) = resp {

@@ -61,6 +61,17 @@ impl HostPattern {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// For `*.suffix` where `suffix` is a public suffix — a name under which anyone can
+    /// register their own (`co.uk`, and private ones such as `herokuapp.com` or `github.io`),
+    /// or a name inside one with no registrable domain of its own — that suffix, by the Public
+    /// Suffix List compiled into the `psl` crate (an unknown top-level name counts as one).
+    /// A secret bound to such a pattern would go to strangers' hosts, so secrets refuse it;
+    /// allow-lists may name it (they grant reach, not a credential, and admit `*` itself).
+    pub fn spans_public_suffix(&self) -> Option<&str> {
+        let suffix = self.0.strip_prefix("*.")?;
+        psl::domain(suffix.as_bytes()).is_none().then_some(suffix)
+    }
 }
 
 impl TryFrom<String> for HostPattern {
@@ -461,5 +472,33 @@ mod tests {
         assert!(p.matches("a.b.example.com") && !p.matches("example.com"));
         assert!(!p.matches("badexample.com"));
         assert!(HostPattern::parse("*").is_err());
+    }
+
+    #[test]
+    fn wildcards_over_a_public_suffix_are_told_apart() {
+        for (pattern, suffix) in [
+            ("*.herokuapp.com", "herokuapp.com"),
+            ("*.github.io", "github.io"),
+            ("*.co.uk", "co.uk"),
+            ("*.s3.amazonaws.com", "s3.amazonaws.com"),
+            ("*.com.au", "com.au"),
+            ("*.appspot.com", "appspot.com"),
+        ] {
+            let p = HostPattern::parse_with(pattern, true).unwrap();
+            assert_eq!(p.spans_public_suffix(), Some(suffix), "{pattern}");
+        }
+        for pattern in [
+            "*.example.com",
+            "*.myapp.herokuapp.com",
+            "*.example.co.uk",
+            "*.a.b.example.com",
+            "github.io",
+            "co.uk",
+            "127.0.0.1",
+            "*",
+        ] {
+            let p = HostPattern::parse_with(pattern, true).unwrap();
+            assert_eq!(p.spans_public_suffix(), None, "{pattern}");
+        }
     }
 }

@@ -3,8 +3,10 @@
 //! secrets), rlimits and `no_new_privs`, a new session, a cgroup with memory, pids and CPU
 //! limits, a mount namespace of its own in which the workspace is at [`WORKSPACE_PATH`] and
 //! its temp dir at `/tmp` while the worker's state is hidden, a fresh network namespace when
-//! the network is off, an unprivileged user when the worker runs as root, and a `/proc` that
-//! shows that user only its own processes.
+//! the network is off, a user of its own per task when the worker runs as root (`users`), a
+//! `/proc` that
+//! shows that user only its own processes, and a seccomp filter, installed last, that refuses
+//! the kernel interfaces commands have no use for (`seccomp`).
 //! [`Sandbox::probe`] finds out what this host can enforce and [`Report`] says so plainly
 //! (`worker doctor`, and the worker's hello); [`Sandbox::check_workspaces`] proves that the
 //! command user can reach its workspace, and the worker refuses to start when it cannot.
@@ -28,9 +30,11 @@ mod proc;
 mod report;
 mod rlimits;
 mod rules;
+mod seccomp;
 pub mod spawnd;
 mod spawner;
 mod sys;
+mod users;
 
 use shared::locks::Lock;
 use std::ffi::CString;
@@ -48,6 +52,7 @@ use rlimits::Rlimits;
 use rules::{Rules, landlock_abi};
 pub use spawner::{Lease, StartError, Started};
 use sys::{kernel, write_pid};
+pub use users::TaskUids;
 
 /// Secrets under the home directory that commands may not read (besides `--deny-read`).
 const HOME_SECRETS: &[&str] = &[
@@ -94,8 +99,12 @@ pub struct Sandbox {
     netns: bool,
     /// Each command gets a mount namespace with its workspace at [`WORKSPACE_PATH`].
     mountns: bool,
-    /// (uid, gid) to run commands as, when the worker is root.
-    run_as: Option<(u32, u32)>,
+    /// The uids tasks' commands run as, one per workspace, when the worker is root.
+    users: Option<TaskUids>,
+    /// Serialises the allocation of task uids.
+    allocating: std::sync::Arc<std::sync::Mutex<()>>,
+    /// The seccomp filters every command is started under, when the host can install them.
+    seccomp: Option<std::sync::Arc<seccomp::Filters>>,
     /// Paths commands may not read.
     denied: Vec<PathBuf>,
     state_dir: PathBuf,
@@ -119,17 +128,23 @@ fn spawners_wanted() -> bool {
 
 impl Sandbox {
     /// Finds out what this host can enforce. `deny_read` adds paths commands may not read.
-    pub fn probe(state_dir: &Path, deny_read: &[PathBuf]) -> Self {
-        Self::probe_as(state_dir, deny_read, true)
+    /// A root worker runs each task's commands as a uid of its own from `task_uids`.
+    pub fn probe(state_dir: &Path, deny_read: &[PathBuf], task_uids: TaskUids) -> Self {
+        Self::probe_as(state_dir, deny_read, task_uids, true)
     }
 
     /// What [`Sandbox::probe`] would find, changing nothing on the host (for `worker
     /// doctor`: a cgroup v2 worker does not move itself into its leaf).
-    pub fn look(state_dir: &Path, deny_read: &[PathBuf]) -> Self {
-        Self::probe_as(state_dir, deny_read, false)
+    pub fn look(state_dir: &Path, deny_read: &[PathBuf], task_uids: TaskUids) -> Self {
+        Self::probe_as(state_dir, deny_read, task_uids, false)
     }
 
-    fn probe_as(state_dir: &Path, deny_read: &[PathBuf], commit: bool) -> Self {
+    fn probe_as(
+        state_dir: &Path,
+        deny_read: &[PathBuf],
+        task_uids: TaskUids,
+        commit: bool,
+    ) -> Self {
         let mut report = Report::default();
         let landlock = match landlock_abi() {
             Some(v) if v >= 3 => {
@@ -198,14 +213,13 @@ impl Sandbox {
             }
         });
         let mountns = probe_mountns(root, &mut report);
-        let run_as = if root {
-            let (uid, gid) = (65534u32, 65534u32);
+        let users = if root {
             report.mechanisms.push(Mechanism {
                 name: "user",
                 active: true,
-                detail: format!("the worker runs as root; commands run as uid {uid} (nobody)"),
+                detail: format!("the worker runs as root; each task's commands run as a user of its own, a uid from {task_uids} (--task-uids) kept as its workspace's owner: tasks cannot signal, trace or read each other's processes and files"),
             });
-            Some((uid, gid))
+            Some(task_uids)
         } else {
             report.mechanisms.push(Mechanism {
                 name: "user",
@@ -214,7 +228,8 @@ impl Sandbox {
             });
             None
         };
-        probe_proc(run_as.is_some(), &mut report);
+        probe_proc(users.is_some(), &mut report);
+        let seccomp = seccomp::probe(&mut report).map(std::sync::Arc::new);
         let mut denied: Vec<PathBuf> = vec![state_dir.to_path_buf()];
         if let Some(home) = std::env::var_os("HOME") {
             for s in HOME_SECRETS {
@@ -232,7 +247,9 @@ impl Sandbox {
             cgroup,
             netns,
             mountns,
-            run_as,
+            users,
+            allocating: Default::default(),
+            seccomp,
             denied,
             state_dir: state_dir.to_path_buf(),
             rules: Default::default(),
@@ -284,6 +301,7 @@ impl Sandbox {
     pub fn disabled(state_dir: &Path) -> Self {
         let names = [
             "landlock", "rlimits", "cgroup", "mountns", "proc", "netns", "egress", "user",
+            "seccomp",
         ];
         Self {
             report: Report {
@@ -300,7 +318,9 @@ impl Sandbox {
             cgroup: None,
             netns: false,
             mountns: false,
-            run_as: None,
+            users: None,
+            allocating: Default::default(),
+            seccomp: None,
             denied: Vec::new(),
             state_dir: state_dir.to_path_buf(),
             rules: Default::default(),
@@ -351,20 +371,45 @@ impl Sandbox {
         self.report.mechanisms.iter().any(|m| m.active)
     }
 
-    /// The uid/gid commands run as, if different from the worker's.
     /// Paths commands may not read (the worker's state, the home directory's secrets, and
     /// `--deny-read`).
     pub fn denied(&self) -> &[PathBuf] {
         &self.denied
     }
 
-    pub fn run_as(&self) -> Option<(u32, u32)> {
-        self.run_as
+    /// The uid/gid the commands of the workspace `ws` (an existing directory) run as, if
+    /// different from the worker's: its task's own, allocated now if it has none.
+    pub fn run_as_in(&self, ws: &Path) -> Result<Option<(u32, u32)>, String> {
+        match &self.users {
+            None => Ok(None),
+            Some(users) => users
+                .owner(ws, &self.allocating)
+                .map(|uid| Some((uid, uid))),
+        }
     }
 
-    /// Gives a path to the command user (workspaces and temp dirs).
-    pub fn hand_over(&self, path: &Path) {
-        if let Some((uid, gid)) = self.run_as
+    /// [`Sandbox::run_as_in`] for the workspace `name` under `workspaces` (made if missing),
+    /// for the worker's own writes there; `None` (files stay the worker's) when the name is
+    /// not a workspace's or no user can be had, which the call itself then reports.
+    pub fn owner(&self, workspaces: &Path, name: &str) -> Option<(u32, u32)> {
+        self.users.as_ref()?;
+        let ws = crate::state::workspace(workspaces, name).ok()?;
+        self.run_as_in(&ws)
+            .inspect_err(|e| tracing::warn!(error = %e, "no task user for a workspace"))
+            .ok()
+            .flatten()
+    }
+
+    /// Gives a workspace to its task's user (allocated on first use).
+    pub fn hand_over(&self, ws: &Path) {
+        if let Err(e) = self.run_as_in(ws) {
+            tracing::warn!(error = %e, "no task user for a workspace");
+        }
+    }
+
+    /// Gives `path` itself to `owner` (a symlink is not followed).
+    fn give(path: &Path, owner: Option<(u32, u32)>) {
+        if let Some((uid, gid)) = owner
             && let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes())
         {
             // SAFETY: valid NUL-terminated path; lchown does not follow symlinks.
@@ -415,10 +460,16 @@ impl Sandbox {
             std::fs::create_dir_all(d)
                 .map_err(|e| Error::Workspace(format!("cannot create {}: {e}", d.display())))
         });
+        // Any task uid reaches its workspace as any other does: the first one is tried.
+        let probe_as = self.users.map(|u| (u.first, u.first));
+        let who = match &self.users {
+            Some(u) => format!("a user of their own per task (uids {u}, tried with the first)"),
+            None => "the worker's own user".to_string(),
+        };
         let r = made.and_then(|()| {
-            self.hand_over(&ws);
-            self.hand_over(&tmp);
-            check_reach(&ws, &tmp, &self.state_dir, self.mountns, self.run_as)
+            Self::give(&ws, probe_as);
+            Self::give(&tmp, probe_as);
+            check_reach(&ws, &tmp, &self.state_dir, self.mountns, probe_as, &who)
                 .map_err(Error::Workspace)
         });
         let _ = std::fs::remove_dir(&ws);
@@ -428,12 +479,22 @@ impl Sandbox {
 
     /// The workspace's temp dir (one per workspace, cleared when the worker starts, so the
     /// Landlock ruleset and a spawner, which name it, can be reused from call to call).
-    fn workspace_tmp(&self, workspace: &Path) -> Result<PathBuf, String> {
+    fn workspace_tmp(
+        &self,
+        workspace: &Path,
+        owner: Option<(u32, u32)>,
+    ) -> Result<PathBuf, String> {
         let ws_name = workspace
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "default".into());
         let tmp = self.state_dir.join("tmp").join(&ws_name);
+        // One left by an earlier task of that name, under another user, is not this one's.
+        if let (Some((uid, _)), Ok(m)) = (owner, std::fs::symlink_metadata(&tmp))
+            && std::os::unix::fs::MetadataExt::uid(&m) != uid
+        {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
         if !tmp.is_dir() {
             std::fs::create_dir_all(&tmp).map_err(|e| {
                 format!(
@@ -441,7 +502,14 @@ impl Sandbox {
                     tmp.display()
                 )
             })?;
-            self.hand_over(&tmp);
+            // The mode first, while the worker still owns it.
+            if owner.is_some() {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700)).map_err(
+                    |e| format!("cannot make the temp dir {} private: {e}", tmp.display()),
+                )?;
+            }
+            Self::give(&tmp, owner);
         }
         Ok(tmp)
     }
@@ -487,7 +555,7 @@ impl Sandbox {
                 limits.file_size_bytes
             },
             // RLIMIT_NPROC counts every process of the user; only meaningful for a dedicated one.
-            nproc: if self.run_as.is_some() && self.cgroup.is_none() {
+            nproc: if self.users.is_some() && self.cgroup.is_none() {
                 Some(pids as u64)
             } else {
                 None
@@ -499,11 +567,13 @@ impl Sandbox {
     /// and a home and user name when it runs as a user of its own.
     fn command_env(&self, seen_tmp: &Path) -> Vec<(&'static str, std::ffi::OsString)> {
         let mut env = vec![("TMPDIR", seen_tmp.as_os_str().to_owned())];
-        if self.run_as.is_some() {
-            // The worker's home is not the command user's: give it one it can write.
+        if self.users.is_some() {
+            // The worker's home is not the command user's: give it one it can write. The
+            // task's user has no entry in /etc/passwd; programs that ask the environment
+            // (Python's getpass, pip) find this name.
             env.push(("HOME", seen_tmp.as_os_str().to_owned()));
-            env.push(("USER", "nobody".into()));
-            env.push(("LOGNAME", "nobody".into()));
+            env.push(("USER", "tether-task".into()));
+            env.push(("LOGNAME", "tether-task".into()));
         }
         env
     }
@@ -538,7 +608,8 @@ impl Sandbox {
         if limits.network_off && !self.netns {
             return Err("the brain's policy turns the network off for this call, but this worker cannot create network namespaces (see `worker doctor`)".into());
         }
-        let tmp = self.workspace_tmp(workspace)?;
+        let run_as = self.run_as_in(workspace)?;
+        let tmp = self.workspace_tmp(workspace, run_as)?;
         let plan = if self.mountns {
             let canon = workspace
                 .canonicalize()
@@ -593,7 +664,7 @@ impl Sandbox {
         let netns = limits.network_off && net.is_none();
         let unshare = if netns { libc::CLONE_NEWNET } else { 0 }
             | if plan.is_some() { libc::CLONE_NEWNS } else { 0 };
-        let run_as = self.run_as;
+        let seccomp = self.seccomp.clone();
         // SAFETY: the closure runs in the child between fork and exec. It makes plain
         // syscalls on values prepared above (no locks held by other threads are taken: the
         // mutex is ours alone), and the Landlock call only issues prctl and a syscall.
@@ -637,6 +708,10 @@ impl Sandbox {
                 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // Last: the steps above need calls the filter refuses (setns, unshare, mount).
+                if let Some(f) = &seccomp {
+                    f.install()?;
+                }
                 Ok(())
             });
         }
@@ -660,7 +735,8 @@ impl Sandbox {
         if limits.network_off && !self.netns {
             return None;
         }
-        let tmp = self.workspace_tmp(workspace).ok()?;
+        let run_as = self.run_as_in(workspace).ok()?;
+        let tmp = self.workspace_tmp(workspace, run_as).ok()?;
         let (seen_cwd, seen_tmp) = self.seen(workspace, cwd, &tmp);
         let mut env = env.to_vec();
         for (k, v) in self.command_env(&seen_tmp) {
@@ -743,7 +819,7 @@ impl Sandbox {
         let guard = self.confine(workspace, workspace, limits, None, &mut cmd)?;
         // SAFETY: plain getter.
         let uid = self
-            .run_as
+            .run_as_in(workspace)?
             .map_or_else(|| unsafe { libc::geteuid() }, |(u, _)| u);
         spawner::Spawner::start(cmd, guard, key, uid)
             .map_err(|e| format!("cannot start a spawner: {e}"))
@@ -777,10 +853,10 @@ mod tests {
     #[test]
     fn probe_reports_every_mechanism() {
         let d = tempfile::tempdir().unwrap();
-        let s = Sandbox::look(d.path(), &[]);
+        let s = Sandbox::look(d.path(), &[], TaskUids::default());
         let names: Vec<&str> = s.report.mechanisms.iter().map(|m| m.name).collect();
         for n in [
-            "landlock", "rlimits", "cgroup", "mountns", "proc", "netns", "user",
+            "landlock", "rlimits", "cgroup", "mountns", "proc", "netns", "user", "seccomp",
         ] {
             assert!(names.contains(&n), "{names:?}");
         }

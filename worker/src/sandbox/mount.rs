@@ -131,11 +131,8 @@ pub(super) fn check_reach(
     state_dir: &Path,
     mountns: bool,
     run_as: Option<(u32, u32)>,
+    who: &str,
 ) -> Result<String, String> {
-    let who = match run_as {
-        Some((uid, _)) => format!("uid {uid} (nobody)"),
-        None => "the worker's own user".to_string(),
-    };
     let plan = if mountns {
         Some(MountPlan::new(ws, tmp, state_dir, Path::new(""))?)
     } else {

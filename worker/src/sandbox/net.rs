@@ -21,7 +21,7 @@ impl Sandbox {
         name: &str,
         contents: &[u8],
     ) -> Result<PathBuf, String> {
-        let tmp = self.workspace_tmp(workspace)?;
+        let tmp = self.workspace_tmp(workspace, self.run_as_in(workspace)?)?;
         let path = tmp.join(name);
         let part = tmp.join(format!(".{name}.part"));
         std::fs::write(&part, contents)

@@ -44,6 +44,8 @@ pub(super) fn landlock_abi() -> Option<i64> {
     (v > 0).then_some(v)
 }
 
+type RulesetKey = (PathBuf, [(u64, u64); 2]);
+
 /// Built rulesets by workspace, and the carved read roots (shared by every clone of the
 /// sandbox).
 #[derive(Debug, Clone, Default)]
@@ -51,8 +53,10 @@ pub(super) struct Rules {
     /// The read-only Landlock roots, opened, and when: carving and opening them costs more
     /// than the rest of a spawn, so they are reused for a moment.
     roots: std::sync::Arc<std::sync::Mutex<Option<RootsCache>>>,
-    /// Landlock rulesets by workspace, and when they were built.
-    rulesets: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<PathBuf, RulesetCache>>>,
+    /// Landlock rulesets by workspace (its path, and the workspace's and temp dir's device
+    /// and inode: a ruleset holds the directories it was built from, so one made again gets
+    /// a new one), and when they were built.
+    rulesets: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<RulesetKey, RulesetCache>>>,
 }
 
 impl Rules {
@@ -87,8 +91,15 @@ impl Rules {
         workspace: &Path,
         tmp: &Path,
     ) -> Result<std::sync::Arc<OwnedFd>, String> {
+        let key = (
+            workspace.to_path_buf(),
+            [
+                super::spawner::dir_id(workspace),
+                super::spawner::dir_id(tmp),
+            ],
+        );
         let mut cache = self.rulesets.locked();
-        if let Some((at, fd)) = cache.get(workspace)
+        if let Some((at, fd)) = cache.get(&key)
             && at.elapsed() < ROOTS_TTL
         {
             return Ok(fd.clone());
@@ -103,10 +114,7 @@ impl Rules {
         if cache.len() > 256 {
             cache.clear();
         }
-        cache.insert(
-            workspace.to_path_buf(),
-            (std::time::Instant::now(), fd.clone()),
-        );
+        cache.insert(key, (std::time::Instant::now(), fd.clone()));
         Ok(fd)
     }
 

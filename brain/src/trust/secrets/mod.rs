@@ -333,6 +333,15 @@ fn check(info: &SecretInfo, value: &[u8]) -> Result<(), Error> {
     if info.hosts.len() > MAX_HOSTS {
         return Err(Error::Invalid(format!("more than {MAX_HOSTS} hosts")));
     }
+    if let Some((host, suffix)) = info
+        .hosts
+        .iter()
+        .find_map(|h| h.spans_public_suffix().map(|s| (h, s)))
+    {
+        return Err(Error::Invalid(format!(
+            "host {host} spans the public suffix {suffix}: anyone can register a name under it and would be sent this secret; name the hosts you use (e.g. api.{suffix} or *.yourname.{suffix})"
+        )));
+    }
     if info.port == 0 {
         return Err(Error::Invalid("port 0".into()));
     }
