@@ -27,6 +27,7 @@ use testkit::{BrainOptions, Cluster, text};
 
 const SECRET: &str = "sk-bench-0c5e7a91d2f34b68";
 const API: &str = "api.upstream.test";
+const DIRECT: &str = "direct.upstream.test";
 const SMALL: usize = 1024;
 /// Debian's bundle of the system's roots (what curl reads by default there).
 const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -129,7 +130,7 @@ fn main() {
     let large = Arc::new(vec![b'b'; LARGE]);
     let up = Upstream::start(
         &ca,
-        &[API, "127.0.0.1"],
+        &[API, DIRECT, "127.0.0.1"],
         Arc::new(move |r: &Received| match r.path.split('?').next() {
             Some("/1k") => (200, small.to_vec()),
             Some("/10m") => (200, large.to_vec()),
@@ -148,7 +149,7 @@ fn main() {
 
     let c = Cluster::start_with(BrainOptions {
         config: Some(format!(
-            "[egress]\nupstream_ca = [{:?}]\n[egress.resolve]\n\"{API}\" = \"127.0.0.1\"\n",
+            "[egress]\nupstream_ca = [{:?}]\n[egress.resolve]\n\"{API}\" = \"127.0.0.1\"\n\"{DIRECT}\" = \"127.0.0.1\"\n",
             ca_file.display().to_string()
         )),
         ..Default::default()
@@ -191,13 +192,13 @@ fn main() {
         )
     };
     // The allow-listed host is tunnelled untouched: curl sees the upstream's own certificate.
-    // The worker dials it by its own resolver (the brain's `[egress.resolve]` is the
-    // brain's), so by address; `--noproxy ''` sends even 127.0.0.1 through the proxy.
+    // The worker dials the address `[egress.resolve]` pins the name to (direct egress never
+    // goes to a loopback address otherwise).
     let direct = |path: &str, n: usize| {
         loop_cmd(
             n,
-            "--noproxy '' --cacert upstream-ca.pem",
-            &format!("https://127.0.0.1:{port}{path}"),
+            "--cacert upstream-ca.pem",
+            &format!("https://{DIRECT}:{port}{path}"),
         )
     };
     let commands = vec![
@@ -217,7 +218,7 @@ fn main() {
         inject("/10m", n_large),
         direct("/10m", n_large),
     ];
-    let allow = format!("127.0.0.1:{port}");
+    let allow = format!("{DIRECT}:{port}");
     let outs = run_task(
         &c,
         &w.id,

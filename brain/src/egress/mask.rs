@@ -82,29 +82,40 @@ fn lower_escapes(s: &str) -> String {
     out
 }
 
+/// One automaton for every form of every value: a piece is scanned once, however many
+/// forms there are.
+fn finder(values: &[Vec<u8>]) -> Option<aho_corasick::AhoCorasick> {
+    let values: Vec<&Vec<u8>> = values.iter().filter(|v| !v.is_empty()).collect();
+    if values.is_empty() {
+        return None;
+    }
+    Some(aho_corasick::AhoCorasick::new(values).expect("byte patterns always build"))
+}
+
 /// `data` with every occurrence of each of `values` masked.
 pub fn all(data: &[u8], values: &[Vec<u8>]) -> Vec<u8> {
     let mut out = data.to_vec();
-    in_place(&mut out, values);
+    if let Some(f) = finder(values) {
+        in_place(&mut out, &f);
+    }
     out
 }
 
-fn in_place(data: &mut [u8], values: &[Vec<u8>]) {
-    for v in values.iter().filter(|v| !v.is_empty()) {
-        let finder = memchr::memmem::Finder::new(v);
-        let mut i = 0;
-        while let Some(at) = finder.find(&data[i..]) {
-            let start = i + at;
-            data[start..start + v.len()].fill(b'*');
-            i = start + v.len();
-        }
+/// Masks every occurrence, overlapping ones too (two forms can share bytes).
+fn in_place(data: &mut [u8], finder: &aho_corasick::AhoCorasick) {
+    let found: Vec<std::ops::Range<usize>> = finder
+        .find_overlapping_iter(&*data)
+        .map(|m| m.range())
+        .collect();
+    for r in found {
+        data[r].fill(b'*');
     }
 }
 
 /// A response body with the values masked.
 pub struct Masked<B> {
     inner: B,
-    values: Vec<Vec<u8>>,
+    finder: Option<aho_corasick::AhoCorasick>,
     /// What has come and not gone out: masked, its last `keep` bytes held back.
     held: BytesMut,
     keep: usize,
@@ -116,7 +127,7 @@ impl<B> Masked<B> {
         let keep = values.iter().map(|v| v.len()).max().unwrap_or(1).max(1) - 1;
         Self {
             inner,
-            values,
+            finder: finder(&values),
             held: BytesMut::new(),
             keep,
             done: false,
@@ -155,7 +166,9 @@ where
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
                         this.held.extend_from_slice(&data);
-                        in_place(&mut this.held, &this.values);
+                        if let Some(f) = &this.finder {
+                            in_place(&mut this.held, f);
+                        }
                         let emit = this.held.len().saturating_sub(this.keep);
                         if emit == 0 {
                             continue;
