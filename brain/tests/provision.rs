@@ -171,6 +171,34 @@ fn a_machine_that_never_joins_is_destroyed_after_the_deadline() {
 }
 
 #[test]
+fn reconcile_running_during_creates_leaves_them_alone() {
+    // Reconcile every 10 ms, so passes overlap creates: a record still `creating` because its
+    // create is running must not be taken for one a crash interrupted.
+    let c = Cluster::start_with(BrainOptions {
+        config: Some(
+            "[provision]\nreaper_every = \"1ms\"\nreconcile_every = \"1ms\"\n[provision.providers.local]\nmax_machines = 12".into(),
+        ),
+        ..BrainOptions::default()
+    });
+    let ids: Vec<String> = std::thread::scope(|s| {
+        let creates: Vec<_> = (0..12)
+            .map(|_| s.spawn(|| provision(&c, &["--wait", "0s"])))
+            .collect();
+        creates.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for id in &ids {
+        wait_until(Duration::from_secs(30), || {
+            !matches!(
+                c.machine(id)["state"].as_str(),
+                Some("creating" | "joining")
+            )
+        });
+        let m = c.machine(id);
+        assert_eq!(m["state"], "ready", "{m}");
+    }
+}
+
+#[test]
 fn the_reaper_releases_an_idle_machine_and_one_past_its_time_to_live() {
     let c = cluster("idle_timeout = \"2s\"\nttl = \"1h\"");
     let idle = provision(&c, &[]);

@@ -281,6 +281,9 @@ impl Machines {
             check_url(url).map_err(Error::Invalid)?;
         }
         let id = format!("m-{}", hex::encode(rand::random::<[u8; 6]>()));
+        // Held from before the record is written: reconcile must never read a `creating`
+        // record of a create still running as interrupted.
+        let _busy = self.busy(&id);
         let mut m = {
             let _admit = self.inner.admit.lock().await;
             if let Some(why) = self.refusal(&req)? {
@@ -310,7 +313,6 @@ impl Machines {
             self.put(&m).await?;
             m
         };
-        let _busy = self.busy(&id);
         let policy = &self.inner.policy;
         let (token, _) = self
             .inner

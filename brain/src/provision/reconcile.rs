@@ -46,6 +46,12 @@ impl Machines {
                 let Some(_busy) = self.busy(&m.id) else {
                     continue;
                 };
+                // The listing is older than whatever happened before we took the guard: a
+                // record that moved on since the snapshot is settled on the next pass.
+                match self.get(&m.id) {
+                    Ok(now) if now.state == m.state && now.handle == m.handle => {}
+                    _ => continue,
+                }
                 let found = seen_ids.get(m.id.as_str());
                 let outcome = match (m.state, found) {
                     (State::Creating, Some(s)) => {
