@@ -81,6 +81,10 @@ pub struct Config {
     pub provision: crate::provision::ProvisionConfig,
     pub egress: EgressConfig,
     pub web: WebConfig,
+    /// The file this was read from, when there was one: a local worker's commands may not
+    /// read it (it may hold an LLM key).
+    #[serde(skip)]
+    pub file: Option<std::path::PathBuf>,
 }
 
 /// The web API's limits and the reverse proxies it believes.
@@ -372,10 +376,12 @@ impl Config {
                 });
             }
         };
-        Self::parse(&text).map_err(|message| Error::Invalid {
+        let mut c = Self::parse(&text).map_err(|message| Error::Invalid {
             path: shown,
             message,
-        })
+        })?;
+        c.file = Some(std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()));
+        Ok(c)
     }
 
     pub fn parse(text: &str) -> Result<Self, String> {

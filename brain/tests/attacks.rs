@@ -671,3 +671,75 @@ fn the_registries_preset_is_read_only() {
         );
     }
 }
+
+/// Route: a local worker's commands read the brain's keys. A brain that is not root starts
+/// `local` workers as its own user; their commands then run as that user too, and could
+/// read the data dir (the CA key, the store), the config file (an LLM key may be written
+/// there), and the environments and memory of the brain and the worker
+/// (`/proc/PID/environ`: `$TETHER_SECRET_KEY`, LLM and cloud keys). Run by root, the test
+/// runs the brain as `nobody` to be that brain.
+#[test]
+fn a_local_workers_commands_read_none_of_the_brains_keys() {
+    let sealing_key = "5ea1".repeat(16);
+    let llm_key = "sk-ant-attack-2c9f7e41b8d3a605";
+    let marker = "config-marker-7d1e93b2";
+    // SAFETY: plain getter.
+    let root = unsafe { libc::geteuid() } == 0;
+    let c = Cluster::start_with(BrainOptions {
+        config: Some(format!("# {marker}\n[provision]\nreaper_every = \"1s\"\n")),
+        env: vec![
+            ("TETHER_SECRET_KEY".into(), sealing_key.clone()),
+            ("ANTHROPIC_API_KEY".into(), llm_key.into()),
+        ],
+        run_as: root.then_some(65534),
+        ..BrainOptions::default()
+    });
+    let out = c.brain_cli(&["provision", "local", "--name", "attacked"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let data = c.data.display().to_string();
+    let script = format!(
+        "for f in /proc/[0-9]*/environ; do cat \"$f\"; echo; done 2>/dev/null; \
+         for f in config.toml secrets.key ca.key server.key egress-ca.key admin/key.pem; do \
+           cat {data}/$f 2>&1; done; ls -la {data} 2>&1; \
+         find {data} -name '*.key' -exec cat {{}} + 2>&1; echo attack-done"
+    );
+    let out = c.brain_cli(&[
+        "exec",
+        "--workspace",
+        "w",
+        "attacked",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let seen = text(&out);
+    assert!(
+        seen.contains("attack-done"),
+        "the command did not run: {seen}"
+    );
+    let read: Vec<&str> = [
+        ("$TETHER_SECRET_KEY", sealing_key.as_str()),
+        ("the LLM key", llm_key),
+        ("the config file", marker),
+        ("a private key", "PRIVATE KEY"),
+    ]
+    .into_iter()
+    .filter(|(_, value)| seen.contains(value))
+    .map(|(what, _)| what)
+    .collect();
+    assert!(read.is_empty(), "the command read {read:?}:\n{seen}");
+    // Nor does any process's environment hold the sealing key: the brain took it out of its
+    // own (read here as root, which may).
+    assert_eq!(
+        environs_holding(sealing_key.as_bytes()),
+        Vec::<String>::new()
+    );
+    // And the brain still has it: a secret set now is sealed and opens.
+    set_secret(
+        &c,
+        "after",
+        "value-after",
+        &["--host", "example.com", "--env", "AFTER"],
+    );
+}

@@ -37,6 +37,19 @@ pub mod limits {
     pub const MAX_LIST_ENTRIES: usize = 100_000;
 }
 
+/// Makes this process's memory closed to other processes of its user, as ssh-agent does
+/// (`PR_SET_DUMPABLE` 0): `/proc/PID/environ`, `mem`, `fd` and the rest become root's, and
+/// ptrace and `process_vm_readv` are refused, so a command running as the same user cannot
+/// read the keys this process holds. It also means no core dumps. Programs it starts are
+/// not affected (exec resets the flag).
+pub fn close_memory_to_same_user() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    match unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 /// Kills this process with SIGKILL when `TETHER_FAILPOINT` names `point`: how the crash
 /// tests stop the brain at an exact place in a flow (a provisioning, a delivery).
 pub fn failpoint(point: &str) {

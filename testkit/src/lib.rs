@@ -174,6 +174,9 @@ pub struct BrainOptions {
     /// Serve the web API on loopback (`--web-listen`; its port is chosen at the first start
     /// and kept across restarts, as the gRPC port is).
     pub web: bool,
+    /// Run `brain serve` as this uid (and gid), owning the cluster's directory: how a test
+    /// run by root sees what a brain that is not root does.
+    pub run_as: Option<u32>,
 }
 
 impl Default for BrainOptions {
@@ -187,6 +190,7 @@ impl Default for BrainOptions {
             init_args: Vec::new(),
             parent: None,
             web: false,
+            run_as: None,
         }
     }
 }
@@ -243,6 +247,9 @@ impl Cluster {
         if let Some(config) = &c.opts.config {
             std::fs::write(c.data.join("config.toml"), config).expect("write config");
         }
+        if let Some(uid) = c.opts.run_as {
+            chown_tree(&c.dir, uid);
+        }
         c.start_brain().expect("brain start");
         c
     }
@@ -286,6 +293,10 @@ impl Cluster {
             )
             .envs(std::mem::take(&mut self.opts.env))
             .env("RUST_LOG", test_log());
+        if let Some(uid) = self.opts.run_as {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid).env("HOME", &self.dir);
+        }
         let mut proc = Proc::spawn(cmd, &self.dir.join("brain.log"))?;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -579,6 +590,17 @@ impl Drop for Cluster {
         for pid in pids_mentioning(&self.dir) {
             // SAFETY: kill(2) has no memory-safety requirements.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+/// `chown -R uid:uid path` (symlinks themselves, not what they point at).
+pub fn chown_tree(path: &std::path::Path, uid: u32) {
+    std::os::unix::fs::lchown(path, Some(uid), Some(uid))
+        .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        for e in std::fs::read_dir(path).expect("read dir").flatten() {
+            chown_tree(&e.path(), uid);
         }
     }
 }

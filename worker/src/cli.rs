@@ -189,6 +189,13 @@ where
     if confined {
         crate::sandbox::isolate();
     }
+    if !matches!(cli.cmd, Cmd::Doctor { .. }) {
+        // The worker's key and the join token are in its memory: commands that run as its
+        // user must not read them through /proc/PID/mem or environ.
+        if let Err(e) = shared::close_memory_to_same_user() {
+            tracing::warn!(error = %e, "cannot close the worker's memory to its user's other processes");
+        }
+    }
     // One thread: the worker's work is I/O and child processes, and a single-threaded
     // runtime wakes on a child's exit or a message without a cross-thread hand-off (measured:
     // about 0.15 ms less per exec than two threads). Blocking file I/O goes to the blocking pool.

@@ -31,6 +31,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    hold_keys_close();
     shared::telemetry::init("info");
     let cli = Cli::parse_from(args);
     let Some(rt) = runtime() else {
@@ -42,6 +43,17 @@ where
             eprintln!("error: {e:#}");
             exit_code(&e)
         }
+    }
+}
+
+/// What the brain does first, while it has one thread: takes `$TETHER_SECRET_KEY` out of
+/// its environment and closes its memory (`/proc/PID/environ`, `mem`) to other processes of
+/// its user, such as the commands of a local worker.
+fn hold_keys_close() {
+    // SAFETY: called first thing in main, before any thread is started.
+    unsafe { crate::trust::secrets::take_key_from_env() };
+    if let Err(e) = shared::close_memory_to_same_user() {
+        eprintln!("warning: cannot close this process's memory to its user's other processes: {e}");
     }
 }
 
@@ -490,6 +502,7 @@ fn spawn_signal_handler(stop: CancellationToken) {
 
 /// `tether demo`: runs the demo with workers started as `<this program> worker ...`.
 pub fn run_demo(keep: bool, model: Option<String>) -> i32 {
+    hold_keys_close();
     // The demo narrates on stdout; the brain's own log would only interleave with it.
     shared::telemetry::init("error");
     let worker = match crate::provision::local::WorkerProgram::beside_this_program() {

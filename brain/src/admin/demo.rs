@@ -145,7 +145,9 @@ async fn scenario(
         cmd.args(["join", "--brain", url, "--token", &tok.token])
             .args(["--ca-hash", &tok.ca_hash, "--name", name])
             .arg("--state")
-            .arg(&state);
+            .arg(&state)
+            .arg("--deny-read")
+            .arg(data.path());
         let child = spawn_logged(cmd, &log)?;
         workers.push(DemoWorker {
             name: name.to_string(),
@@ -242,6 +244,7 @@ async fn scenario(
     out!("  SIGKILLed {w1} in the middle of the task");
     let mut cmd = launcher.command();
     cmd.arg("run").arg("--state").arg(&workers[0].state);
+    cmd.arg("--deny-read").arg(data.path());
     workers[0].child = Some(spawn_logged(cmd, &workers[0].log)?);
     let deadline = Instant::now() + Duration::from_secs(60);
     let summary = loop {
@@ -352,6 +355,7 @@ async fn scenario(
     out!("  {} marked lost after {:?}", w2.name, t.elapsed());
     let mut cmd = launcher.command();
     cmd.arg("run").arg("--state").arg(&w2.state);
+    cmd.arg("--deny-read").arg(data.path());
     w2.child = Some(spawn_logged(cmd, &w2.log)?);
     wait_state(
         &mut admin,

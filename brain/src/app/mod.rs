@@ -333,6 +333,12 @@ fn machines(
         Arc::new(provision::local::Local::new(
             opts.data.path().join("machines"),
             &cfg.local,
+            std::iter::once(
+                std::path::absolute(opts.data.path())
+                    .unwrap_or_else(|_| opts.data.path().to_path_buf()),
+            )
+            .chain(opts.config.file.clone())
+            .collect(),
         )),
         Arc::new(provision::ssh::Ssh::new(&cfg.ssh, &tag, opts.data.path())),
         Arc::new(provision::docker::DockerProvider::new(&cfg.docker, &tag)),

@@ -19,6 +19,44 @@ pub struct LocalConfig {
     pub worker: Option<PathBuf>,
     /// Extra arguments for `worker join`, e.g. `["--no-sandbox"]`.
     pub args: Vec<String>,
+    /// More names of the brain's environment variables its workers keep, besides
+    /// [`WORKER_ENV`] (e.g. `["HTTPS_PROXY"]`). The rest (LLM and cloud keys among them) they
+    /// never see.
+    pub env: Vec<String>,
+}
+
+/// What a worker this brain starts keeps of the brain's environment: the names, and the
+/// prefixes, of what a program and the worker's own settings need. Nothing else: the brain's
+/// environment holds LLM and cloud keys, and a worker's commands run as its user.
+pub const WORKER_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "TERM",
+    "NO_COLOR",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+    "TETHER_MATERIALISE_MEMORY",
+    "TETHER_REQUIRE_PEERS",
+];
+const WORKER_ENV_PREFIXES: &[&str] = &["LC_", "TETHER_WORKER_"];
+
+/// The brain's environment as a worker it starts gets it: [`WORKER_ENV`] and `extra`.
+pub fn worker_env(extra: &[String]) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    std::env::vars_os()
+        .filter(|(k, _)| {
+            k.to_str().is_some_and(|k| {
+                WORKER_ENV.contains(&k)
+                    || WORKER_ENV_PREFIXES.iter().any(|p| k.starts_with(p))
+                    || extra.iter().any(|e| e == k)
+            })
+        })
+        .collect()
 }
 
 /// How to start a worker: `program prefix... join ...`.
@@ -54,10 +92,11 @@ impl WorkerProgram {
         ))
     }
 
-    /// `program prefix...`, ready for the worker's own arguments.
+    /// `program prefix...` with the environment of [`worker_env`], ready for the worker's
+    /// own arguments.
     pub fn command(&self) -> std::process::Command {
         let mut c = std::process::Command::new(&self.program);
-        c.args(&self.prefix);
+        c.args(&self.prefix).env_clear().envs(worker_env(&[]));
         c
     }
 }
@@ -67,11 +106,14 @@ pub struct Local {
     dir: PathBuf,
     worker: Result<WorkerProgram, String>,
     args: Vec<String>,
+    env: Vec<String>,
+    deny_read: Vec<PathBuf>,
 }
 
 impl Local {
-    /// Machines live under `dir` (`<data>/machines`).
-    pub fn new(dir: PathBuf, cfg: &LocalConfig) -> Self {
+    /// Machines live under `dir` (`<data>/machines`); their commands may read nothing under
+    /// `deny_read` (the brain's data dir and config file: keys, the store, the CA).
+    pub fn new(dir: PathBuf, cfg: &LocalConfig, deny_read: Vec<PathBuf>) -> Self {
         let worker = match &cfg.worker {
             Some(p) => Ok(WorkerProgram {
                 program: p.clone(),
@@ -83,6 +125,8 @@ impl Local {
             dir,
             worker,
             args: cfg.args.clone(),
+            env: cfg.env.clone(),
+            deny_read,
         }
     }
 
@@ -160,9 +204,12 @@ impl Provisioner for Local {
             .try_clone()
             .map_err(|e| ProviderError::new(format!("cannot create the worker's log: {e}")))?;
         let mut cmd = tokio::process::Command::new(&worker.program);
-        cmd.args(&worker.prefix)
-            .args(join.args())
-            .args(&self.args)
+        cmd.args(&worker.prefix).args(join.args()).args(&self.args);
+        for p in &self.deny_read {
+            cmd.arg("--deny-read").arg(p);
+        }
+        cmd.env_clear()
+            .envs(worker_env(&self.env))
             .arg("--state")
             .arg(&dir)
             // Given up on the brain, it removes its own directory as it exits.

@@ -348,6 +348,40 @@ fn check(info: &SecretInfo, value: &[u8]) -> Result<(), Error> {
     Ok(())
 }
 
+/// `$TETHER_SECRET_KEY`, once [`take_key_from_env`] has taken it out of the environment.
+static TAKEN: std::sync::OnceLock<Option<zeroize::Zeroizing<String>>> = std::sync::OnceLock::new();
+
+/// Takes `$TETHER_SECRET_KEY` out of this process's environment and keeps it for
+/// [`Secrets::open`]: the value's bytes in the environment block (which `/proc/PID/environ`
+/// shows) are overwritten, and the variable is removed, so neither that file nor any program
+/// this process starts (git, ssh, a local worker) carries it.
+///
+/// # Safety
+/// Call it before this process starts any thread: it writes the environment.
+pub unsafe fn take_key_from_env() {
+    let value = std::env::var(KEY_ENV).ok().map(zeroize::Zeroizing::new);
+    if std::env::var_os(KEY_ENV).is_some() {
+        // SAFETY: single-threaded (the caller's promise); getenv points at the value's bytes
+        // inside the "NAME=value" string, which is ours to write, and strlen stays within it.
+        unsafe {
+            let p = libc::getenv(c"TETHER_SECRET_KEY".as_ptr());
+            if !p.is_null() {
+                std::ptr::write_bytes(p, 0, libc::strlen(p));
+            }
+            std::env::remove_var(KEY_ENV);
+        }
+    }
+    let _ = TAKEN.set(value);
+}
+
+/// The key's text from the environment, taken or (in a process that did not take it) read.
+fn key_from_env() -> Option<zeroize::Zeroizing<String>> {
+    match TAKEN.get() {
+        Some(taken) => taken.clone(),
+        None => std::env::var(KEY_ENV).ok().map(zeroize::Zeroizing::new),
+    }
+}
+
 /// The sealing key, from the environment or the data dir.
 fn load_key(path: &Path, store_empty: bool) -> Result<[u8; 32], Error> {
     let parse = |text: &str, from: &str| -> Result<[u8; 32], Error> {
@@ -360,7 +394,7 @@ fn load_key(path: &Path, store_empty: bool) -> Result<[u8; 32], Error> {
             ))
         })
     };
-    if let Ok(text) = std::env::var(KEY_ENV) {
+    if let Some(text) = key_from_env() {
         return parse(&text, KEY_ENV);
     }
     match std::fs::read_to_string(path) {
