@@ -16,6 +16,13 @@
 //! curl reads by default) curl spends most of a small request loading it, in every case
 //! alike; the last row measures that apart. `BENCH_SMALL` (200) and `BENCH_LARGE` (10)
 //! set how many requests each case makes.
+//!
+//! `BENCH_BASELINE=DIR` runs the proxied cases a second time with the `brain` and `worker`
+//! in DIR (another commit's `target/release`), in the same run against the same upstream,
+//! and prints this build's figures as ratios of that one's:
+//!
+//!     git worktree add /tmp/base OLD && (cd /tmp/base && cargo build --release -p brain -p worker)
+//!     BENCH_BASELINE=/tmp/base/target/release cargo bench -p brain --bench egress
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -147,104 +154,27 @@ fn main() {
     let host_bundle = tmp.path().join("all-ca.pem");
     std::fs::write(&host_bundle, format!("{system}\n{}", ca.pem())).unwrap();
 
-    let c = Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[egress]\nupstream_ca = [{:?}]\n[egress.resolve]\n\"{API}\" = \"127.0.0.1\"\n\"{DIRECT}\" = \"127.0.0.1\"\n",
-            ca_file.display().to_string()
-        )),
-        ..Default::default()
-    });
-    let w = c.join_worker("bench");
-    let egress_ca = std::fs::read_to_string(c.data.join("egress-ca.pem")).unwrap();
-    let mut set = c
-        .brain_cli_cmd(&[
-            "secret",
-            "set",
-            "api",
-            "--host",
-            API,
-            "--port",
-            &port.to_string(),
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    set.stdin
-        .take()
-        .unwrap()
-        .write_all(SECRET.as_bytes())
-        .unwrap();
-    let out = set.wait_with_output().unwrap();
-    assert!(out.status.success(), "secret set: {}", text(&out));
-
     println!(
         "egress bench: {n_small} × 1 KiB and {n_large} × 10 MiB HTTPS requests per case, each a new connection and TLS handshake"
     );
-    // The brain's own TLS to the upstream verifies it against the bench CA; the commands'
-    // curl verifies the brain's certificate against the bundle in SSL_CERT_FILE.
-    let inject = |path: &str, n: usize| {
-        loop_cmd(
-            n,
-            "--cacert egress-ca.pem",
-            &format!("https://{API}:{port}{path}"),
-        )
+    let runs = Runs {
+        up: &up,
+        ca: &ca,
+        ca_file: &ca_file,
+        n_small,
+        n_large,
     };
-    // The allow-listed host is tunnelled untouched: curl sees the upstream's own certificate.
-    // The worker dials the address `[egress.resolve]` pins the name to (direct egress never
-    // goes to a loopback address otherwise).
-    let direct = |path: &str, n: usize| {
-        loop_cmd(
-            n,
-            "--cacert upstream-ca.pem",
-            &format!("https://{DIRECT}:{port}{path}"),
-        )
-    };
-    let commands = vec![
-        // Each case's curl trusts only the CA it needs: the upstream's, or for the injected
-        // case the egress CA (the last certificate of the commands' bundle). How long
-        // loading the whole bundle takes is measured apart.
-        format!(
-            "printf '%s' '{}' > upstream-ca.pem && printf '%s' '{}' > egress-ca.pem",
-            ca.pem(),
-            egress_ca.trim()
-        ),
-        // One warm-up request each, not counted.
-        inject("/1k", 1),
-        direct("/1k", 1),
-        inject("/1k", n_small),
-        direct("/1k", n_small),
-        inject("/10m", n_large),
-        direct("/10m", n_large),
-    ];
-    let allow = format!("{DIRECT}:{port}");
-    let outs = run_task(
-        &c,
-        &w.id,
-        &["--secret", "api", "--allow", &allow],
-        &commands,
-    );
-    let injected = Case {
-        name: "injected via brain",
-        small: times(&outs[3], n_small, "injected 1 KiB"),
-        large: times(&outs[5], n_large, "injected 10 MiB"),
-    };
-    let allowed = Case {
-        name: "direct allow-listed",
-        small: times(&outs[4], n_small, "direct 1 KiB"),
-        large: times(&outs[6], n_large, "direct 10 MiB"),
-    };
-    let granted = up
-        .seen()
-        .iter()
-        .filter(|r| r.header("authorization") == Some(&format!("Bearer {SECRET}")))
-        .count();
-    assert_eq!(
-        granted,
-        1 + n_small + n_large,
-        "every injected request carries the credential"
-    );
+    let (injected, allowed) = runs.proxied(None, DIRECT);
+    // The same cases with the brain and worker of another build, side by side.
+    let baseline = std::env::var_os("BENCH_BASELINE").map(|dir| {
+        let dir = std::path::PathBuf::from(dir);
+        println!("baseline: the brain and worker in {}", dir.display());
+        // An older worker may not know pinned names for direct rules: it dials the address.
+        let (mut i, mut a) = runs.proxied(Some(dir), "127.0.0.1");
+        i.name = "injected (baseline)";
+        a.name = "direct (baseline)";
+        (i, a)
+    });
 
     // No proxy: the same curl from the host, straight to the upstream.
     let host = |path: &str, n: usize, cacert: &std::path::Path| {
@@ -279,7 +209,11 @@ fn main() {
         "{:<22} {:>11} {:>11} {:>9} {:>11} {:>9}",
         "case", "1K p50 ms", "1K p90 ms", "× none", "10M MB/s", "× none"
     );
-    for case in [&none, &allowed, &injected] {
+    let mut rows = vec![&none, &allowed, &injected];
+    if let Some((i, a)) = &baseline {
+        rows.extend([a, i]);
+    }
+    for case in rows {
         let p50 = median(&case.small);
         let mbs = LARGE as f64 / median(&case.large) / 1e6;
         println!(
@@ -305,4 +239,134 @@ fn main() {
         hop * 1e3,
         median(&allowed.large) / median(&injected.large)
     );
+    if let Some((i, a)) = &baseline {
+        let base_hop = median(&i.small) - median(&a.small);
+        println!(
+            "baseline brain hop: +{:.2} ms, 10 MiB at {:.2}× its direct tunnel; this build's hop is {:.2}× the baseline's, its injected 1 KiB p50 {:.2}× and 10 MiB throughput {:.2}×",
+            base_hop * 1e3,
+            median(&a.large) / median(&i.large),
+            hop / base_hop,
+            median(&injected.small) / median(&i.small),
+            median(&i.large) / median(&injected.large)
+        );
+    }
+}
+
+/// What the proxied cases share.
+struct Runs<'a> {
+    up: &'a Upstream,
+    ca: &'a TestCa,
+    ca_file: &'a std::path::Path,
+    n_small: usize,
+    n_large: usize,
+}
+
+impl Runs<'_> {
+    /// The injected and the direct cases on a brain and worker of their own (from `bin_dir`,
+    /// or this build's), the direct one to `direct_host`.
+    fn proxied(&self, bin_dir: Option<std::path::PathBuf>, direct_host: &str) -> (Case, Case) {
+        let (port, n_small, n_large) = (self.up.port, self.n_small, self.n_large);
+        let c = Cluster::start_with(BrainOptions {
+            config: Some(format!(
+                "[egress]\nupstream_ca = [{:?}]\n[egress.resolve]\n\"{API}\" = \"127.0.0.1\"\n\"{DIRECT}\" = \"127.0.0.1\"\n",
+                self.ca_file.display().to_string()
+            )),
+            bin_dir,
+            ..Default::default()
+        });
+        let w = c.join_worker("bench");
+        let egress_ca = std::fs::read_to_string(c.data.join("egress-ca.pem")).unwrap();
+        let mut set = c
+            .brain_cli_cmd(&[
+                "secret",
+                "set",
+                "api",
+                "--host",
+                API,
+                "--port",
+                &port.to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        set.stdin
+            .take()
+            .unwrap()
+            .write_all(SECRET.as_bytes())
+            .unwrap();
+        let out = set.wait_with_output().unwrap();
+        assert!(out.status.success(), "secret set: {}", text(&out));
+        // The brain's own TLS to the upstream verifies it against the bench CA; the
+        // commands' curl verifies the brain's certificate against the egress CA.
+        let inject = |path: &str, n: usize| {
+            loop_cmd(
+                n,
+                "--cacert egress-ca.pem",
+                &format!("https://{API}:{port}{path}"),
+            )
+        };
+        // The allow-listed host is tunnelled untouched: curl sees the upstream's own
+        // certificate. The worker dials the address `[egress.resolve]` pins the name to
+        // (direct egress never goes to a loopback address otherwise).
+        let direct = |path: &str, n: usize| {
+            loop_cmd(
+                n,
+                "--cacert upstream-ca.pem",
+                &format!("https://{direct_host}:{port}{path}"),
+            )
+        };
+        let commands = vec![
+            // Each case's curl trusts only the CA it needs: the upstream's, or for the
+            // injected case the egress CA (the last certificate of the commands' bundle).
+            // How long loading the whole bundle takes is measured apart.
+            format!(
+                "printf '%s' '{}' > upstream-ca.pem && printf '%s' '{}' > egress-ca.pem",
+                self.ca.pem(),
+                egress_ca.trim()
+            ),
+            // One warm-up request each, not counted.
+            inject("/1k", 1),
+            direct("/1k", 1),
+            inject("/1k", n_small),
+            direct("/1k", n_small),
+            inject("/10m", n_large),
+            direct("/10m", n_large),
+        ];
+        let before = self.granted();
+        let allow = format!("{direct_host}:{port}");
+        let outs = run_task(
+            &c,
+            &w.id,
+            &["--secret", "api", "--allow", &allow],
+            &commands,
+        );
+        assert_eq!(
+            self.granted() - before,
+            1 + n_small + n_large,
+            "every injected request carries the credential"
+        );
+        (
+            Case {
+                name: "injected via brain",
+                small: times(&outs[3], n_small, "injected 1 KiB"),
+                large: times(&outs[5], n_large, "injected 10 MiB"),
+            },
+            Case {
+                name: "direct allow-listed",
+                small: times(&outs[4], n_small, "direct 1 KiB"),
+                large: times(&outs[6], n_large, "direct 10 MiB"),
+            },
+        )
+    }
+
+    /// Requests the upstream received with the credential put in.
+    fn granted(&self) -> usize {
+        self.up
+            .seen()
+            .iter()
+            .filter(|r| r.header("authorization") == Some(&format!("Bearer {SECRET}")))
+            .count()
+    }
 }

@@ -39,6 +39,18 @@ pub struct Bins {
 
 impl Bins {
     /// `$TETHER_BIN_DIR`, else the cargo target dir of the running test (`target/<profile>`).
+    /// `brain` and `worker` in `dir` (which must hold both).
+    pub fn at(dir: &std::path::Path) -> Self {
+        let bins = Self {
+            brain: dir.join("brain"),
+            worker: dir.join("worker"),
+        };
+        for b in [&bins.brain, &bins.worker] {
+            assert!(b.exists(), "{} not found", b.display());
+        }
+        bins
+    }
+
     pub fn locate() -> Self {
         let dir = std::env::var_os("TETHER_BIN_DIR")
             .map(PathBuf::from)
@@ -177,6 +189,9 @@ pub struct BrainOptions {
     /// Run `brain serve` as this uid (and gid), owning the cluster's directory: how a test
     /// run by root sees what a brain that is not root does.
     pub run_as: Option<u32>,
+    /// Where `brain` and `worker` are (default: [`Bins::locate`]): a benchmark's baseline
+    /// built from another commit.
+    pub bin_dir: Option<PathBuf>,
 }
 
 impl Default for BrainOptions {
@@ -191,6 +206,7 @@ impl Default for BrainOptions {
             parent: None,
             web: false,
             run_as: None,
+            bin_dir: None,
         }
     }
 }
@@ -215,7 +231,11 @@ impl Cluster {
 
     /// `brain init` and `brain serve` on 127.0.0.1 with an ephemeral port.
     pub fn start_with(opts: BrainOptions) -> Self {
-        let bins = Bins::locate();
+        let bins = opts
+            .bin_dir
+            .as_deref()
+            .map(Bins::at)
+            .unwrap_or_else(Bins::locate);
         let tmp = tempfile::Builder::new()
             .prefix("tether-test-")
             .tempdir_in(opts.parent.clone().unwrap_or_else(std::env::temp_dir))
