@@ -127,6 +127,19 @@ fn a_docker_worker_joins_runs_confined_within_its_limits_and_leaves_nothing() {
     let id = m["id"].as_str().unwrap().to_string();
     let worker = m["worker_id"].as_str().unwrap().to_string();
     assert_eq!(m["connected"], true);
+    // It reports its container's limits, not the host's.
+    let w = c
+        .workers()
+        .into_iter()
+        .find(|w| w["id"] == worker.as_str())
+        .expect("the worker is listed");
+    assert!(
+        w["memory_bytes"]
+            .as_u64()
+            .is_some_and(|b| b > 0 && b <= 1 << 30),
+        "{w}"
+    );
+    assert_eq!(w["cpus"], 1, "{w}");
 
     // What the engine was asked for, read back through its API.
     let inspect = docker(&["inspect", &format!("tether-{id}")]);

@@ -9,7 +9,7 @@ pub fn probe(disk_path: &Path, sandbox: Vec<String>) -> proto::Capabilities {
         cpus: std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1),
-        memory_bytes: mem_total().unwrap_or(0),
+        memory_bytes: memory(),
         disk_free_bytes: disk_free(disk_path).unwrap_or(0),
         os: std::env::consts::OS.to_string(),
         arch: std::env::consts::ARCH.to_string(),
@@ -27,6 +27,67 @@ pub fn hostname() -> String {
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "worker".into())
+}
+
+/// The memory this worker may use: the host's, or less where its cgroup (a container's, a
+/// systemd unit's) sets a limit. (The CPU count needs nothing of the kind: Rust's
+/// `available_parallelism` already reads cgroup quotas and the affinity mask.)
+fn memory() -> u64 {
+    let host = mem_total().unwrap_or(0);
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    match cgroup_memory_limit(Path::new("/sys/fs/cgroup"), &own) {
+        Some(limit) if host == 0 || limit < host => limit,
+        _ => host,
+    }
+}
+
+/// The tightest memory limit on the cgroup named in `own` (`/proc/self/cgroup`'s text) and
+/// its ancestors, under the cgroup mount `root`: v2's `memory.max` (at `root`, or at
+/// `root/unified` on a hybrid host), else v1's `memory/…/memory.limit_in_bytes`. None when
+/// nothing limits it.
+fn cgroup_memory_limit(root: &Path, own: &str) -> Option<u64> {
+    // v1 writes "no limit" as the largest page-aligned i64.
+    const V1_UNLIMITED: u64 = 1 << 62;
+    let tightest = |base: &Path, rel: &str, file: &str| -> Option<u64> {
+        let mut dir = base.join(rel.trim_start_matches('/'));
+        let mut best: Option<u64> = None;
+        loop {
+            if let Some(v) = std::fs::read_to_string(dir.join(file))
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .filter(|v| *v < V1_UNLIMITED)
+            {
+                best = Some(best.map_or(v, |b| b.min(v)));
+            }
+            if dir == base || !dir.pop() || !dir.starts_with(base) {
+                return best;
+            }
+        }
+    };
+    let mut v1 = None;
+    let mut v2 = None;
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if controllers.is_empty() {
+            v2 = Some(path);
+        } else if controllers.split(',').any(|c| c == "memory") {
+            v1 = Some(path);
+        }
+    }
+    if let Some(path) = v1 {
+        return tightest(&root.join("memory"), path, "memory.limit_in_bytes");
+    }
+    let path = v2?;
+    let base = if root.join("cgroup.controllers").exists() {
+        root.to_path_buf()
+    } else {
+        root.join("unified")
+    };
+    tightest(&base, path, "memory.max")
 }
 
 fn mem_total() -> Option<u64> {
@@ -47,6 +108,55 @@ fn disk_free(path: &Path) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::cgroup_memory_limit;
+
+    fn write(root: &std::path::Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn a_v2_limit_is_the_tightest_on_the_way_up() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        write(r, "cgroup.controllers", "memory pids\n");
+        write(r, "system.slice/memory.max", "2147483648\n");
+        write(r, "system.slice/w.service/memory.max", "max\n");
+        assert_eq!(
+            cgroup_memory_limit(r, "0::/system.slice/w.service\n"),
+            Some(2 << 30)
+        );
+        write(r, "system.slice/w.service/memory.max", "536870912\n");
+        assert_eq!(
+            cgroup_memory_limit(r, "0::/system.slice/w.service\n"),
+            Some(512 << 20)
+        );
+        // A container with its own cgroup namespace sees itself at "/".
+        write(r, "memory.max", "1073741824\n");
+        assert_eq!(cgroup_memory_limit(r, "0::/\n"), Some(1 << 30));
+        assert_eq!(cgroup_memory_limit(r, ""), None);
+    }
+
+    #[test]
+    fn a_v1_limit_and_its_unlimited_value() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        let own = "12:pids:/docker/abc\n4:memory:/docker/abc\n1:name=systemd:/docker/abc\n";
+        write(
+            r,
+            "memory/docker/abc/memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        write(r, "memory/memory.limit_in_bytes", "9223372036854771712\n");
+        assert_eq!(cgroup_memory_limit(r, own), None);
+        write(r, "memory/docker/abc/memory.limit_in_bytes", "1073741824\n");
+        assert_eq!(cgroup_memory_limit(r, own), Some(1 << 30));
+        // Hybrid: v1 memory wins over the unified hierarchy's empty entry.
+        let hybrid = format!("{own}0::/docker/abc\n");
+        assert_eq!(cgroup_memory_limit(r, &hybrid), Some(1 << 30));
+    }
+
     #[test]
     fn probe_reports_this_host() {
         let c = super::probe(std::path::Path::new("/"), vec!["rlimits".into()]);
