@@ -313,7 +313,8 @@ impl Runs<'_> {
         let direct = |path: &str, n: usize| {
             loop_cmd(
                 n,
-                "--cacert upstream-ca.pem",
+                // `--noproxy ''`: even an address (the baseline's) goes through the proxy.
+                "--noproxy '' --cacert upstream-ca.pem",
                 &format!("https://{direct_host}:{port}{path}"),
             )
         };
