@@ -82,23 +82,37 @@ fn lower_escapes(s: &str) -> String {
     out
 }
 
-/// One automaton for every form of every value: a piece is scanned once, however many
-/// forms there are.
-fn finder(values: &[Vec<u8>]) -> Option<aho_corasick::AhoCorasick> {
-    let values: Vec<&Vec<u8>> = values.iter().filter(|v| !v.is_empty()).collect();
-    if values.is_empty() {
-        return None;
+/// One automaton for every form of every value, built once per answer: a piece is scanned
+/// once, however many forms there are, and the headers and the body share it.
+#[derive(Clone)]
+pub struct Finder {
+    automaton: Option<aho_corasick::AhoCorasick>,
+    /// The longest form's length less one: what a body must hold back across pieces.
+    keep: usize,
+}
+
+impl Finder {
+    pub fn new(values: &[Vec<u8>]) -> Self {
+        let keep = values.iter().map(|v| v.len()).max().unwrap_or(1).max(1) - 1;
+        let values: Vec<&Vec<u8>> = values.iter().filter(|v| !v.is_empty()).collect();
+        let automaton = (!values.is_empty())
+            .then(|| aho_corasick::AhoCorasick::new(values).expect("byte patterns always build"));
+        Self { automaton, keep }
     }
-    Some(aho_corasick::AhoCorasick::new(values).expect("byte patterns always build"))
+
+    /// `data` with every occurrence masked.
+    pub fn all(&self, data: &[u8]) -> Vec<u8> {
+        let mut out = data.to_vec();
+        if let Some(a) = &self.automaton {
+            in_place(&mut out, a);
+        }
+        out
+    }
 }
 
 /// `data` with every occurrence of each of `values` masked.
 pub fn all(data: &[u8], values: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = data.to_vec();
-    if let Some(f) = finder(values) {
-        in_place(&mut out, &f);
-    }
-    out
+    Finder::new(values).all(data)
 }
 
 /// Masks every occurrence, overlapping ones too (two forms can share bytes).
@@ -123,13 +137,12 @@ pub struct Masked<B> {
 }
 
 impl<B> Masked<B> {
-    pub fn new(inner: B, values: Vec<Vec<u8>>) -> Self {
-        let keep = values.iter().map(|v| v.len()).max().unwrap_or(1).max(1) - 1;
+    pub fn new(inner: B, finder: Finder) -> Self {
         Self {
             inner,
-            finder: finder(&values),
+            keep: finder.keep,
+            finder: finder.automaton,
             held: BytesMut::new(),
-            keep,
             done: false,
         }
     }
@@ -213,7 +226,7 @@ mod tests {
         .map(|p| Ok(Frame::data(Bytes::from_static(p.as_bytes()))))
         .collect();
         let body = http_body_util::StreamBody::new(futures_util::stream::iter(pieces));
-        let masked = Masked::new(body, vec![b"tok-SECRET-123".to_vec()]);
+        let masked = Masked::new(body, Finder::new(&[b"tok-SECRET-123".to_vec()]));
         let out = masked.collect().await.unwrap().to_bytes();
         assert_eq!(
             std::str::from_utf8(&out).unwrap(),

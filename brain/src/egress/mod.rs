@@ -361,10 +361,10 @@ impl Conn {
             return resp.map(|b| b.map_err(|e| Box::new(e) as _).boxed());
         }
         let values: Vec<Vec<u8>> = p.inject.iter().map(|i| i.value.expose().to_vec()).collect();
-        let needles = mask::needles(&values);
+        let needles = mask::Finder::new(&mask::needles(&values));
         let (mut parts, body) = resp.into_parts();
         for (_, v) in parts.headers.iter_mut() {
-            let masked = mask::all(v.as_bytes(), &needles);
+            let masked = needles.all(v.as_bytes());
             if masked != v.as_bytes()
                 && let Ok(m) = hyper::header::HeaderValue::from_bytes(&masked)
             {
