@@ -111,7 +111,8 @@ impl Finder {
 }
 
 /// `data` with every occurrence of each of `values` masked.
-pub fn all(data: &[u8], values: &[Vec<u8>]) -> Vec<u8> {
+#[cfg(test)]
+fn all(data: &[u8], values: &[Vec<u8>]) -> Vec<u8> {
     Finder::new(values).all(data)
 }
 
