@@ -24,12 +24,12 @@
 //!     git worktree add /tmp/base OLD && (cd /tmp/base && cargo build --release -p brain -p worker)
 //!     BENCH_BASELINE=/tmp/base/target/release cargo bench -p brain --bench egress
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use testkit::https::{Received, TestCa, Upstream};
+use testkit::tasks::set_secret;
 use testkit::{BrainOptions, Cluster, text};
 
 const SECRET: &str = "sk-bench-0c5e7a91d2f34b68";
@@ -276,28 +276,12 @@ impl Runs<'_> {
         });
         let w = c.join_worker("bench");
         let egress_ca = std::fs::read_to_string(c.data.join("egress-ca.pem")).unwrap();
-        let mut set = c
-            .brain_cli_cmd(&[
-                "secret",
-                "set",
-                "api",
-                "--host",
-                API,
-                "--port",
-                &port.to_string(),
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        set.stdin
-            .take()
-            .unwrap()
-            .write_all(SECRET.as_bytes())
-            .unwrap();
-        let out = set.wait_with_output().unwrap();
-        assert!(out.status.success(), "secret set: {}", text(&out));
+        set_secret(
+            &c,
+            "api",
+            SECRET,
+            &["--host", API, "--port", &port.to_string()],
+        );
         // The brain's own TLS to the upstream verifies it against the bench CA; the
         // commands' curl verifies the brain's certificate against the egress CA.
         let inject = |path: &str, n: usize| {

@@ -19,22 +19,6 @@ fn stdout(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// `worker doctor`'s line for a mechanism, and whether it is active.
-fn doctor(c: &Cluster, mechanism: &str) -> (bool, String) {
-    let out = std::process::Command::new(&c.bins.worker)
-        .args(["doctor", "--state"])
-        .arg(c.dir.join("doctor"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let line = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(mechanism))
-        .unwrap_or_else(|| panic!("doctor says nothing of {mechanism}: {}", text(&out)))
-        .to_string();
-    (line.contains(" active "), line)
-}
-
 fn exec_in(c: &Cluster, w: &Worker, workspace: &str, script: &str) -> std::process::Output {
     c.brain_cli(&[
         "exec",
@@ -121,7 +105,7 @@ const REFUSED: &[(&str, &str)] = &[
 /// every dangerous call was refused with its errno while the tools still work.
 fn syscalls_are_refused(env: &[(&str, &str)], name: &str) {
     let c = Cluster::start();
-    let (active, line) = doctor(&c, "seccomp");
+    let (active, line) = c.doctor("seccomp");
     if !active {
         assert!(line.contains("MISSING"), "{line}");
         testkit::skip("seccomp", &format!("worker doctor says: {line}"));
@@ -256,7 +240,7 @@ fn a_command_cannot_touch_another_tasks_processes_or_files() {
     );
     assert_ne!(a, bu, "both tasks run as uid {a}");
     assert!(a != 0 && bu != 0 && a != 65534 && bu != 65534, "{a} {bu}");
-    let (active, line) = doctor(&c, "user");
+    let (active, line) = c.doctor("user");
     assert!(active && line.contains("a user of its own"), "{line}");
     // A removed workspace frees its uid for the next task; one made again under the old
     // name gets another uid, and a temp dir of its own it can write.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use testkit::https::{Received, TestCa, Upstream};
-use testkit::tasks::{egress_cluster, have_netns};
+use testkit::tasks::{egress_cluster, have_netns, set_secret};
 use testkit::{Cluster, text};
 
 const SECRET: &str = "sk-plan-0c94d2e7a1b35f68";
@@ -263,26 +263,12 @@ fn a_plan_uses_its_secret_and_allow_list_through_the_proxy() {
     let c = egress_cluster(&ca, &[API, OTHER], "");
     let w = c.join_worker("plan-egress");
     let port = api.port.to_string();
-    let mut set = c.brain_cli_cmd(&[
-        "secret",
-        "set",
+    set_secret(
+        &c,
         "api",
-        "--host",
-        API,
-        "--port",
-        &port,
-        "--env",
-        "API_TOKEN",
-    ]);
-    let mut child = set
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), SECRET.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "secret set: {}", text(&out));
+        SECRET,
+        &["--host", API, "--port", &port, "--env", "API_TOKEN"],
+    );
 
     let (pa, pb) = (api.port, other.port);
     let curl = "curl -sS --connect-timeout 5 --max-time 20";

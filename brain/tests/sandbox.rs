@@ -13,25 +13,9 @@ use serde_json::json;
 use testkit::fake_llm::{FakeLlm, FakeReply};
 use testkit::{BrainOptions, Cluster, Worker, process_gone, text, wait_until};
 
-/// `worker doctor`'s line for a mechanism, and whether it is active.
-fn doctor(c: &Cluster, mechanism: &str) -> (bool, String) {
-    let out = std::process::Command::new(&c.bins.worker)
-        .args(["doctor", "--state"])
-        .arg(c.dir.join("doctor"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    let line = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(mechanism))
-        .unwrap_or_else(|| panic!("doctor says nothing of {mechanism}: {}", text(&out)))
-        .to_string();
-    (line.contains(" active "), line)
-}
-
 /// True if the mechanism works here; otherwise prints why the test is skipped.
 fn have(c: &Cluster, mechanism: &str, test: &str) -> bool {
-    let (active, line) = doctor(c, mechanism);
+    let (active, line) = c.doctor(mechanism);
     if !active {
         assert!(line.contains("MISSING"), "{line}");
         testkit::skip(
@@ -301,7 +285,7 @@ fn commands_run_unprivileged_with_a_scrubbed_environment() {
     let out = exec(&c, &w, &[], "id -u; env");
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(!shown.contains("hunter2"), "{shown}");
-    let (user_active, line) = doctor(&c, "user");
+    let (user_active, line) = c.doctor("user");
     assert!(user_active, "{line}");
     // SAFETY: plain getter.
     if unsafe { libc::geteuid() } == 0 {
@@ -486,7 +470,7 @@ fn a_worker_run_by_a_normal_user_gives_commands_a_workspace_they_can_use() {
     let want = format!("{a}/a\n1\n{a}/venv\n{a}\n{a}\ntmp-ok\n", a = ws.display());
     assert_eq!(stdout(&out), want, "{}", text(&out));
     // Landlock still keeps its own key from it.
-    if doctor(&c, "landlock").0 {
+    if c.doctor("landlock").0 {
         let out = exec(
             &c,
             &w,

@@ -91,6 +91,19 @@ fn v6_internal(ip: Ipv6Addr) -> bool {
         || (s[0] == 0x2001 && s[1] == 0x0db8)
 }
 
+/// `host[:port]` or `[v6][:port]` split into the host (brackets off) and the port text, if
+/// any; None when a `[` is not closed. Neither part is checked.
+pub fn split_host_port(a: &str) -> Option<(&str, Option<&str>)> {
+    if let Some(rest) = a.strip_prefix('[') {
+        let (h, after) = rest.split_once(']')?;
+        return Some((h, after.strip_prefix(':')));
+    }
+    Some(match a.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (a, None),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +140,14 @@ mod tests {
         ] {
             assert!(!is_internal(a.parse().unwrap()), "{a}");
         }
+    }
+
+    #[test]
+    fn host_and_port_are_split_with_and_without_brackets() {
+        assert_eq!(split_host_port("a.b:443"), Some(("a.b", Some("443"))));
+        assert_eq!(split_host_port("a.b"), Some(("a.b", None)));
+        assert_eq!(split_host_port("[::1]:22"), Some(("::1", Some("22"))));
+        assert_eq!(split_host_port("[::1]"), Some(("::1", None)));
+        assert_eq!(split_host_port("[::1"), None);
     }
 }

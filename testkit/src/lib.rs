@@ -274,6 +274,22 @@ impl Cluster {
         c
     }
 
+    /// `worker doctor`'s line for a mechanism on this host, and whether it is active.
+    pub fn doctor(&self, mechanism: &str) -> (bool, String) {
+        let out = Command::new(&self.bins.worker)
+            .args(["doctor", "--state"])
+            .arg(self.dir.join("doctor"))
+            .output()
+            .expect("worker doctor runs");
+        assert!(out.status.success(), "{}", text(&out));
+        let line = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(mechanism))
+            .unwrap_or_else(|| panic!("doctor says nothing of {mechanism}: {}", text(&out)))
+            .to_string();
+        (line.contains(" active "), line)
+    }
+
     /// The brain's URL.
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)

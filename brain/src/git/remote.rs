@@ -108,17 +108,8 @@ pub fn parse(url: &str) -> Result<Remote, String> {
 }
 
 fn split_authority(a: &str) -> Result<(String, Option<u16>), String> {
-    let (host, port) = if let Some(rest) = a.strip_prefix('[') {
-        let (h, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("{a:?} is not a host"))?;
-        (h, after.strip_prefix(':'))
-    } else {
-        match a.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (a, None),
-        }
-    };
+    let (host, port) =
+        shared::net::split_host_port(a).ok_or_else(|| format!("{a:?} is not a host"))?;
     if host.is_empty() {
         return Err("a URL without a host".into());
     }

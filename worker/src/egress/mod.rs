@@ -619,17 +619,8 @@ fn authority(s: &str, default: Option<u16>) -> Result<(String, u16), String> {
             "{s:?}: user information does not go in a proxy request"
         ));
     }
-    let (host, port) = if let Some(v6) = s.strip_prefix('[') {
-        let (h, after) = v6
-            .split_once(']')
-            .ok_or_else(|| format!("{s:?} is not host:port"))?;
-        (h, after.strip_prefix(':'))
-    } else {
-        match s.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (s, None),
-        }
-    };
+    let (host, port) =
+        shared::net::split_host_port(s).ok_or_else(|| format!("{s:?} is not host:port"))?;
     let port = match port {
         Some(p) => p
             .parse::<u16>()
