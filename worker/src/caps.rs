@@ -64,28 +64,14 @@ fn cgroup_memory_limit(root: &Path, own: &str) -> Option<u64> {
             }
         }
     };
-    let mut v1 = None;
-    let mut v2 = None;
-    for line in own.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        if controllers.is_empty() {
-            v2 = Some(path);
-        } else if controllers.split(',').any(|c| c == "memory") {
-            v1 = Some(path);
-        }
-    }
-    if let Some(path) = v1 {
+    use crate::sandbox::{CgroupHierarchy, cgroup_v1_path, cgroup_v2_path};
+    if let Some(path) = cgroup_v1_path(own, "memory") {
         return tightest(&root.join("memory"), path, "memory.limit_in_bytes");
     }
-    let path = v2?;
-    let base = if root.join("cgroup.controllers").exists() {
-        root.to_path_buf()
-    } else {
-        root.join("unified")
+    let path = cgroup_v2_path(own)?;
+    let base = match CgroupHierarchy::of(root) {
+        CgroupHierarchy::V2 => root.to_path_buf(),
+        _ => root.join("unified"),
     };
     tightest(&base, path, "memory.max")
 }

@@ -403,10 +403,16 @@ fn dispatch(
                 let name = req.workspace.clone();
                 let root = workspaces.clone();
                 let sb = sandbox.clone();
-                let owner = tokio::task::spawn_blocking(move || sb.owner(&root, &name))
-                    .await
-                    .ok()
-                    .flatten();
+                // Looked up off the runtime (its first use walks the workspace), and only
+                // where there are task users at all.
+                let owner = if sb.has_task_users() {
+                    tokio::task::spawn_blocking(move || sb.owner(&root, &name))
+                        .await
+                        .ok()
+                        .flatten()
+                } else {
+                    None
+                };
                 let denied = sandbox.denied().to_vec();
                 crate::sync::handle(req, workspaces, sync_channel, sync, owner, denied).await
             });

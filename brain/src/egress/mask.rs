@@ -100,20 +100,21 @@ impl Finder {
         Self { automaton, keep }
     }
 
-    /// `data` with every occurrence masked.
-    pub fn all(&self, data: &[u8]) -> Vec<u8> {
+    /// `data` masked, or None when nothing in it needs masking (and nothing is copied).
+    pub fn masked(&self, data: &[u8]) -> Option<Vec<u8>> {
+        let a = self.automaton.as_ref().filter(|a| a.is_match(data))?;
         let mut out = data.to_vec();
-        if let Some(a) = &self.automaton {
-            in_place(&mut out, a);
-        }
-        out
+        in_place(&mut out, a);
+        Some(out)
     }
 }
 
 /// `data` with every occurrence of each of `values` masked.
 #[cfg(test)]
 fn all(data: &[u8], values: &[Vec<u8>]) -> Vec<u8> {
-    Finder::new(values).all(data)
+    Finder::new(values)
+        .masked(data)
+        .unwrap_or_else(|| data.to_vec())
 }
 
 /// Masks every occurrence, overlapping ones too (two forms can share bytes).

@@ -364,8 +364,7 @@ impl Conn {
         let needles = mask::Finder::new(&mask::needles(&values));
         let (mut parts, body) = resp.into_parts();
         for (_, v) in parts.headers.iter_mut() {
-            let masked = needles.all(v.as_bytes());
-            if masked != v.as_bytes()
+            if let Some(masked) = needles.masked(v.as_bytes())
                 && let Ok(m) = hyper::header::HeaderValue::from_bytes(&masked)
             {
                 *v = m;

@@ -150,15 +150,18 @@ impl Leaves {
 /// Our cgroup v1 path for a controller, from /proc/self/cgroup.
 pub(super) fn own_cgroup(controller: &str) -> Option<PathBuf> {
     let text = read("/proc/self/cgroup")?;
-    for line in text.lines() {
+    let path = v1_path(&text, controller)?;
+    let base = Path::new("/sys/fs/cgroup").join(controller);
+    Some(base.join(path.trim_start_matches('/')))
+}
+
+/// The cgroup v1 path of `controller` in `/proc/self/cgroup`'s text, if it has one.
+pub(crate) fn v1_path<'a>(proc_self_cgroup: &'a str, controller: &str) -> Option<&'a str> {
+    proc_self_cgroup.lines().find_map(|line| {
         let mut parts = line.splitn(3, ':');
         let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
-        if ctrls.split(',').any(|c| c == controller) {
-            let base = Path::new("/sys/fs/cgroup").join(controller);
-            return Some(base.join(path.trim_start_matches('/')));
-        }
-    }
-    None
+        ctrls.split(',').any(|c| c == controller).then_some(path)
+    })
 }
 
 /// Finds the controllers on this host and says what is enforced. `commit` (a worker that

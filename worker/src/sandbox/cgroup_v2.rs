@@ -16,7 +16,7 @@ use super::sys::read;
 
 /// Which cgroup hierarchies a host has mounted at `/sys/fs/cgroup`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Hierarchy {
+pub(crate) enum Hierarchy {
     /// Only v1 controllers.
     V1,
     /// v1 controllers, and an (often empty) unified hierarchy beside them.
@@ -26,7 +26,7 @@ pub(super) enum Hierarchy {
 }
 
 impl Hierarchy {
-    pub(super) fn of(mount: &Path) -> Self {
+    pub(crate) fn of(mount: &Path) -> Self {
         if mount.join("cgroup.controllers").exists() {
             Hierarchy::V2
         } else if mount.join("unified/cgroup.controllers").exists() {
@@ -53,7 +53,7 @@ pub(super) struct Subtree {
 }
 
 /// The process's cgroup in the unified hierarchy (the `0::` line of `/proc/self/cgroup`).
-pub(super) fn own_path(proc_self_cgroup: &str) -> Option<&str> {
+pub(crate) fn own_path(proc_self_cgroup: &str) -> Option<&str> {
     proc_self_cgroup
         .lines()
         .find_map(|l| l.strip_prefix("0::"))

@@ -42,7 +42,9 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+pub(crate) use cgroup::v1_path as cgroup_v1_path;
 use cgroup::{Cgroups, Leaves, Version, empty_cgroup, probe_cgroup};
+pub(crate) use cgroup_v2::{Hierarchy as CgroupHierarchy, own_path as cgroup_v2_path};
 pub use guard::Guard;
 use mount::{MountPlan, check_reach, probe_mountns};
 pub use mount::{TMP_PATH, WORKSPACE_PATH};
@@ -279,6 +281,12 @@ impl Sandbox {
             .inspect_err(|e| tracing::warn!(error = %e, "no task user for a workspace"))
             .ok()
             .flatten()
+    }
+
+    /// Whether commands run as a user per task (a root worker), so that the worker's own
+    /// writes in a workspace must be given to that user.
+    pub fn has_task_users(&self) -> bool {
+        self.users.is_some()
     }
 
     /// Gives a workspace to its task's user (allocated on first use).
