@@ -11,6 +11,7 @@ pub mod git_server;
 pub mod https;
 pub mod moto;
 pub mod netns;
+mod procs;
 pub mod sshd;
 pub mod tasks;
 pub mod webdriver;
@@ -18,6 +19,8 @@ pub mod webdriver;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+pub use procs::{chown_tree, pids_mentioning, process_gone, processes_started_in};
 
 use anyhow::{Context, bail};
 use shared::locks::Lock;
@@ -630,58 +633,6 @@ impl Drop for Cluster {
     }
 }
 
-/// `chown -R uid:uid path` (symlinks themselves, not what they point at).
-pub fn chown_tree(path: &std::path::Path, uid: u32) {
-    std::os::unix::fs::lchown(path, Some(uid), Some(uid))
-        .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
-    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
-        for e in std::fs::read_dir(path).expect("read dir").flatten() {
-            chown_tree(&e.path(), uid);
-        }
-    }
-}
-
-/// Pids of processes whose command line mentions `path`.
-pub fn pids_mentioning(path: &std::path::Path) -> Vec<u32> {
-    let needle = path.to_string_lossy().into_owned();
-    let me = std::process::id();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return vec![];
-    };
-    procs
-        .flatten()
-        .filter_map(|p| p.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| *pid != me && !process_gone(*pid))
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| {
-                    String::from_utf8_lossy(&c)
-                        .replace('\0', " ")
-                        .contains(&needle)
-                })
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
-/// The processes started with `path` in their command line, not counting their own children
-/// that still carry it (a forked check between fork and exec has its parent's command line):
-/// how many programs were started, whatever they are doing this instant.
-pub fn processes_started_in(path: &std::path::Path) -> Vec<u32> {
-    let all = pids_mentioning(path);
-    all.iter()
-        .copied()
-        .filter(|pid| parent_of(*pid).is_none_or(|p| !all.contains(&p)))
-        .collect()
-}
-
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// One line of a replayed model transcript (`--model replay:FILE`): an answer calling `tool`
 /// with `args`.
 pub fn replay_turn(n: usize, tool: &str, args: serde_json::Value) -> String {
@@ -705,17 +656,6 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
-/// Whether a process is gone (or a zombie nobody reaped yet: it no longer runs).
-pub fn process_gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-            .unwrap_or(false),
     }
 }
 
