@@ -1,7 +1,7 @@
 //! The brain's config file (TOML, `<data>/config.toml` unless `--config` names another):
 //! LLM providers, models and prices (`[llm]`), the defaults for agent tasks (`[agent]`),
-//! how results are delivered (`[deliver]`), machines (`[provision]`) and the web API's limits
-//! and trusted proxies (`[web]`).
+//! how results are delivered (`[deliver]`), how tasks spread over workers (`[placement]`),
+//! machines (`[provision]`) and the web API's limits and trusted proxies (`[web]`).
 //! A missing file means every default; a bad one is an error that says where.
 //!
 //! ```toml
@@ -34,6 +34,12 @@
 //! [web]                        # the HTTP API (`brain serve --web-listen`)
 //! trusted_proxies = ["127.0.0.1"]   # whose X-Forwarded-Host/-Proto/-For are believed
 //! max_streams_per_credential = 8
+//!
+//! [placement]                  # how tasks spread over the workers
+//! max_tasks_per_worker = 8       # a cap on every worker's own (`worker run --max-tasks`)
+//! moves_per_worker = 4           # failovers and moves into one worker at once
+//! steady_after = "60s"           # a worker that dropped 3 times in 5 min waits this long
+//! failover_backoff = "60s"       # a task that failed over waits this long (doubling) to again
 //!
 //! [provision]
 //! brain_url = "https://brain.example:7443"   # what provisioned workers dial
@@ -81,10 +87,56 @@ pub struct Config {
     pub provision: crate::provision::ProvisionConfig,
     pub egress: EgressConfig,
     pub web: WebConfig,
+    pub placement: PlacementConfig,
     /// The file this was read from, when there was one: a local worker's commands may not
     /// read it (it may hold an LLM key).
     #[serde(skip)]
     pub file: Option<std::path::PathBuf>,
+}
+
+/// How tasks spread over the workers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlacementConfig {
+    /// A cap on every worker's capacity (0: each worker's own, `worker run --max-tasks`).
+    pub max_tasks_per_worker: u32,
+    /// Moves into one worker under way at once (failovers, moves without a target).
+    pub moves_per_worker: u32,
+    /// A worker whose session ended 3 times within 5 minutes gets no new tasks until it has
+    /// been connected this long.
+    pub steady_after: String,
+    /// A task that failed over waits at least this long before failing over again
+    /// (doubling each time, to 10 minutes).
+    pub failover_backoff: String,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        Self {
+            max_tasks_per_worker: 0,
+            moves_per_worker: 4,
+            steady_after: "60s".into(),
+            failover_backoff: "60s".into(),
+        }
+    }
+}
+
+impl PlacementConfig {
+    /// Checks the section; returns (steady_after, failover_backoff).
+    pub fn durations(&self) -> Result<(std::time::Duration, std::time::Duration), String> {
+        let duration = |key: &str, v: &str| {
+            humantime::parse_duration(v).map_err(|e| {
+                format!("[placement] {key} {v:?} is not a duration ({e}): write it as \"60s\"")
+            })
+        };
+        if self.moves_per_worker == 0 {
+            return Err("[placement] moves_per_worker must be at least 1".into());
+        }
+        Ok((
+            duration("steady_after", &self.steady_after)?,
+            duration("failover_backoff", &self.failover_backoff)?,
+        ))
+    }
 }
 
 /// The web API's limits and the reverse proxies it believes.
@@ -390,6 +442,7 @@ impl Config {
         shared::parse_duration(&c.agent.check_timeout)
             .map_err(|e| format!("agent.check_timeout: {e}"))?;
         c.provision.policy()?;
+        c.placement.durations()?;
         c.egress
             .allow_list("", &[])
             .map_err(|e| format!("egress: {e}"))?;

@@ -106,7 +106,9 @@ impl Admin for Services {
                     .as_ref()
                     .map(|s| s.last_seen_ms.load(Ordering::Relaxed))
                     .unwrap_or(w.last_seen_ms);
-                convert::worker_info(w, session.is_some(), last_seen)
+                let board = self.0.hub.board();
+                let (running, view) = (board.running_on(&w.id), board.view(&w.id));
+                convert::worker_info(w, session.is_some(), last_seen, running, view)
             })
             .collect();
         Ok(Response::new(ListWorkersResponse { workers }))

@@ -299,6 +299,7 @@ impl From<proto::Capabilities> for Caps {
                 .take(16)
                 .map(|m| m.chars().take(32).collect())
                 .collect(),
+            max_tasks: caps.max_tasks,
         }
     }
 }
@@ -314,12 +315,20 @@ impl From<Caps> for proto::Capabilities {
             version: caps.version,
             hostname: caps.hostname,
             sandbox: caps.sandbox,
+            max_tasks: caps.max_tasks,
         }
     }
 }
 
-/// A worker as the admin API shows it: its record and whether (and when) it was last seen.
-pub fn worker_info(w: WorkerRecord, connected: bool, last_seen_ms: i64) -> proto::WorkerInfo {
+/// A worker as the admin API shows it: its record, whether (and when) it was last seen, the
+/// tasks placed on it, and (connected) placement's view of it.
+pub fn worker_info(
+    w: WorkerRecord,
+    connected: bool,
+    last_seen_ms: i64,
+    running_tasks: u32,
+    view: Option<crate::fleet::board::MemberView>,
+) -> proto::WorkerInfo {
     use proto::WorkerState;
     let state = if w.revoked {
         WorkerState::Revoked
@@ -338,6 +347,10 @@ pub fn worker_info(w: WorkerRecord, connected: bool, last_seen_ms: i64) -> proto
         state: state as i32,
         last_seen_unix_ms: last_seen_ms,
         enrolled_unix_ms: w.enrolled_ms,
+        running_tasks,
+        max_tasks: view.as_ref().map_or(0, |v| v.capacity),
+        link: view.as_ref().map_or("", |v| v.link).to_string(),
+        load: view.and_then(|v| v.load),
     }
 }
 

@@ -13,6 +13,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{Services, SessionOptions, convert};
+use crate::fleet::board::Member;
 use crate::fleet::hub::{Hub, Session};
 use crate::trust::registry::Caps;
 
@@ -58,6 +59,29 @@ impl WorkerSession for Services {
             return Err(Status::permission_denied(reason));
         }
         let opts = self.0.session;
+        // Placement may choose it from now on, with the labels as the registry holds them
+        // (an enrolment's labels win over the hello's).
+        let record = self.0.registry.worker(&peer.id)?;
+        let labels = record.map(|w| w.labels).unwrap_or_default();
+        let max_tasks = match caps.max_tasks {
+            0 => crate::fleet::board::default_capacity(caps.cpus),
+            n => n,
+        };
+        self.0.hub.join(
+            &session,
+            Member {
+                id: Arc::from(peer.id.as_str()),
+                name: hello.name.chars().take(255).collect(),
+                labels: Arc::new(labels),
+                sandbox: Arc::new(caps.sandbox.clone()),
+                max_tasks,
+                load: None,
+                session_no: session.session_no,
+                since: std::time::Instant::now(),
+                last_pulse: None,
+                pulse_every: opts.heartbeat_interval(),
+            },
+        );
         session
             .send(brain_message::Msg::HelloAck(proto::HelloAck {
                 worker_id: peer.id.clone(),
@@ -81,6 +105,31 @@ impl WorkerSession for Services {
         });
         Ok(Response::new(stream))
     }
+
+    /// A worker's pulse, on its own connection: it keeps the session alive (a worker busy
+    /// with output is slow, never lost, while it pulses) and reports its load.
+    async fn pulse(
+        &self,
+        req: Request<proto::Heartbeat>,
+    ) -> Result<Response<proto::Heartbeat>, Status> {
+        let peer = self.authorize(&req, Role::Worker)?;
+        let beat = req.into_inner();
+        let Some(session) = self.0.hub.session(&peer.id) else {
+            return Err(Status::failed_precondition(
+                "no session: attach before pulsing",
+            ));
+        };
+        let now = shared::now_unix_ms();
+        session.last_seen_ms.store(now, Ordering::Relaxed);
+        session.last_pulse_ms.store(now, Ordering::Relaxed);
+        if let Some(load) = beat.load {
+            self.0.hub.board().pulse(&peer.id, load);
+        }
+        Ok(Response::new(proto::Heartbeat {
+            unix_ms: shared::now_unix_ms(),
+            load: None,
+        }))
+    }
 }
 
 /// Reads a worker's messages until the session ends; returns why it ended.
@@ -98,14 +147,10 @@ async fn run_session(
     tokio::pin!(lost);
     loop {
         tokio::select! {
+            // A message already here counts before the deadline does, however late this
+            // loop runs on a busy brain.
+            biased;
             _ = session.closed.cancelled() => return "closed by the brain".into(),
-            _ = &mut lost => return format!("lost: no message for {:?}", opts.lost_after),
-            _ = beat.tick() => {
-                // Never wait on a full queue here: heartbeats are best effort.
-                session.try_send(brain_message::Msg::Heartbeat(proto::Heartbeat {
-                    unix_ms: shared::now_unix_ms(),
-                }));
-            }
             msg = inbound.next() => {
                 let msg = match msg {
                     Some(Err(status)) => return format!("stream error: {}", status.message()),
@@ -138,6 +183,22 @@ async fn run_session(
                     }
                 }
             }
+            _ = &mut lost => {
+                // Pulses (on their own connection) keep the worker too.
+                let quiet_ms = shared::now_unix_ms() - session.last_pulse_ms.load(Ordering::Relaxed);
+                let quiet = Duration::from_millis(quiet_ms.max(0) as u64);
+                if quiet >= opts.lost_after {
+                    return format!("lost: no message for {:?}", opts.lost_after);
+                }
+                lost.as_mut().reset(tokio::time::Instant::now() + (opts.lost_after - quiet));
+            }
+            _ = beat.tick() => {
+                // Never wait on a full queue here: heartbeats are best effort.
+                session.try_send(brain_message::Msg::Heartbeat(proto::Heartbeat {
+                    unix_ms: shared::now_unix_ms(),
+                    load: None,
+                }));
+            }
         }
     }
 }
@@ -163,6 +224,7 @@ mod tests {
             Ok(WorkerMessage {
                 msg: Some(worker_message::Msg::Heartbeat(proto::Heartbeat {
                     unix_ms: 0,
+                    load: None,
                 })),
             })
         };

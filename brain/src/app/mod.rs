@@ -160,7 +160,8 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     let web_addr = web.as_ref().and_then(|(l, _)| l.local_addr().ok());
 
     // The fleet.
-    let (hub, hub_events) = Hub::new(call_ids.clone());
+    let board = crate::fleet::board::Board::new(placement_options(&opts.config.placement)?);
+    let (hub, hub_events) = Hub::with_board(call_ids.clone(), board);
     let policy = Policy {
         limits: opts.tasks.limits,
         require_sandbox: opts.require_sandbox.clone(),
@@ -511,4 +512,18 @@ async fn sync_init_admin(data: &DataDir, registry: &Registry, ca_hash: &str) -> 
             .add_admin(ca::INIT_ADMIN, &fp, ca_hash, true)
             .await?),
     }
+}
+
+/// Placement's settings from `[placement]`.
+fn placement_options(
+    c: &crate::config::PlacementConfig,
+) -> Result<crate::fleet::board::Options, Error> {
+    let (steady_after, backoff) = c.durations().map_err(Error::Config)?;
+    Ok(crate::fleet::board::Options {
+        max_tasks_per_worker: c.max_tasks_per_worker,
+        moves_per_worker: c.moves_per_worker,
+        steady_after,
+        backoff,
+        ..Default::default()
+    })
 }

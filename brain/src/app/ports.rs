@@ -110,15 +110,44 @@ impl Workers for Hub {
 }
 
 impl Placement for placement::Placement {
-    fn pick(&self, named: &str, labels: &placement::Labels) -> Result<Picked, String> {
-        placement::Placement::pick(self, named, labels).map(|w| Picked {
+    fn named(&self, named: &str, labels: &placement::Labels) -> Result<Picked, String> {
+        placement::Placement::named(self, named, labels).map(|w| Picked {
             id: w.id,
             name: w.name,
         })
     }
 
-    fn failover(&self, lost: &str, labels: &placement::Labels) -> Option<String> {
-        placement::Placement::failover(self, lost, labels)
+    fn check(&self, labels: &placement::Labels) -> Result<(), String> {
+        placement::Placement::check(self, labels)
+    }
+
+    fn place(&self, task: u64, labels: &placement::Labels) -> Result<String, String> {
+        placement::Placement::place(self, task, labels).map_err(|e| e.to_string())
+    }
+
+    fn enqueue(
+        &self,
+        task: u64,
+        labels: &placement::Labels,
+    ) -> tokio::sync::oneshot::Receiver<String> {
+        placement::Placement::enqueue(self, task, labels)
+    }
+
+    fn move_target(
+        &self,
+        task: u64,
+        current: &str,
+        labels: &placement::Labels,
+    ) -> Result<String, String> {
+        placement::Placement::move_target(self, task, current, labels)
+    }
+
+    fn failover(&self, task: u64, lost: &str, labels: &placement::Labels) -> Option<String> {
+        placement::Placement::failover(self, task, lost, labels)
+    }
+
+    fn occupy(&self, task: u64, now: Option<crate::model::ops::Occupancy>) {
+        placement::Placement::occupy(self, task, now)
     }
 }
 

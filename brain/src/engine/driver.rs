@@ -29,6 +29,8 @@ pub enum Action {
     Move(String),
     /// Put the task's starting workspace on its worker.
     Seed,
+    /// Find the task a worker: the least loaded with room, else wait in the queue.
+    Place,
     /// Log the call as issued (once the worker is there); it is sent when settled.
     Issue {
         call: ToolCall,
@@ -89,7 +91,7 @@ pub fn preamble(st: &TaskState, f: &Facts) -> Option<Action> {
         return Some(Action::finish(Outcome::Cancelled, "cancelled by an admin"));
     }
     if st.worker.is_none() {
-        return Some(Action::finish(Outcome::Failed, "the task has no worker"));
+        return Some(Action::Place);
     }
     if let Some(p) = &st.pending {
         return Some(Action::Settle(p.clone()));
@@ -236,10 +238,10 @@ mod tests {
                 Some(Action::Settle(pending())),
             ),
             (
-                "no worker",
+                "no worker yet: placed (or queued)",
                 &unplaced,
                 &none,
-                Some(Action::finish(Outcome::Failed, "the task has no worker")),
+                Some(Action::Place),
             ),
             (
                 "a move asked",

@@ -63,6 +63,38 @@ pub async fn set_status(cx: &Cx<'_>, status: Status, reason: &str) -> Result<(),
     Ok(())
 }
 
+/// Finds the task a worker: the least loaded with room now, else a turn in the queue, in
+/// order, with how the fleet stands as the task's `queued` reason. Logs the worker assigned.
+pub async fn place(cx: &Cx<'_>) -> Result<(), Error> {
+    let labels = cx.task.state().require_labels.clone();
+    let placement = &cx.ports().placement;
+    let id = cx.task.id.0;
+    let worker = match placement.place(id, &labels) {
+        Ok(w) => w,
+        Err(reason) => {
+            tracing::info!(task = %cx.task.id, %reason, "task queued");
+            set_status(cx, Status::Queued, &reason).await?;
+            let turn = placement.enqueue(id, &labels);
+            tokio::select! {
+                w = turn => match w {
+                    Ok(w) => w,
+                    Err(_) => return Ok(()),
+                },
+                _ = cx.task.cancel.cancelled() => return Ok(()),
+            }
+        }
+    };
+    tracing::info!(task = %cx.task.id, %worker, "task placed");
+    let mut events = vec![Event::WorkerAssigned { worker }];
+    if cx.task.state().status == Status::Queued {
+        events.push(Event::StatusChanged {
+            status: Status::Running,
+            reason: String::new(),
+        });
+    }
+    cx.store().append(cx.task, events).await
+}
+
 /// Whether the worker is connected (and the task marked running). If not, marks the task
 /// waiting and waits a while for it, for failover or a cancel; the caller looks again.
 pub async fn worker_ready(cx: &Cx<'_>, worker: &str) -> Result<bool, Error> {
@@ -334,10 +366,10 @@ pub async fn failover_target(cx: &Cx<'_>, worker: &str) -> String {
         }
         let since = *gone_since.get_or_insert_with(tokio::time::Instant::now);
         if since.elapsed() >= cx.opts().failover_after
-            && let Some(to) = cx
-                .ports()
-                .placement
-                .failover(worker, &cx.task.state().require_labels)
+            && let Some(to) =
+                cx.ports()
+                    .placement
+                    .failover(cx.task.id.0, worker, &cx.task.state().require_labels)
         {
             return to;
         }

@@ -237,13 +237,30 @@ impl Engine {
         };
         // A git task's workspace holds the repository's (cleaned) `.git/`.
         new.rules.include_git |= git;
-        let w = ports
-            .placement
-            .pick(&new.worker, &new.labels)
-            .map_err(Error::Unplaceable)?;
+        // A worker named is assigned now; otherwise the driver places the task (at once if
+        // a worker has room, else in the queue), once it is sure some worker could take it.
+        let named = if new.worker.is_empty() {
+            ports
+                .placement
+                .check(&new.labels)
+                .map_err(Error::Unplaceable)?;
+            None
+        } else {
+            Some(
+                ports
+                    .placement
+                    .named(&new.worker, &new.labels)
+                    .map_err(Error::Unplaceable)?,
+            )
+        };
         let seed = match &new.source {
             Source::Empty => None,
             Source::Dir(dir) => {
+                let w = named.clone().ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "a task that starts from a directory ({dir}) needs --worker: the worker whose directory it is"
+                    ))
+                })?;
                 let op = SyncOp::ImportDir { dir: dir.clone() };
                 let r = ports
                     .workers
@@ -329,18 +346,16 @@ impl Engine {
             .core
             .store
             .create(|id| {
-                let mut events = vec![
-                    Event::Created {
-                        goal: new.goal,
-                        workspace: id.workspace(),
-                        plan,
-                        agent,
-                        egress: plan_egress,
-                    },
-                    Event::WorkerAssigned {
-                        worker: w.id.clone(),
-                    },
-                ];
+                let mut events = vec![Event::Created {
+                    goal: new.goal,
+                    workspace: id.workspace(),
+                    plan,
+                    agent,
+                    egress: plan_egress,
+                }];
+                if let Some(w) = named {
+                    events.push(Event::WorkerAssigned { worker: w.id });
+                }
                 if !new.labels.is_empty() {
                     events.push(Event::Placement {
                         require_labels: new.labels,
@@ -413,21 +428,26 @@ impl Engine {
         if st.status.is_terminal() {
             return Err(Error::Ended(task.id));
         }
-        let w = self
-            .inner
-            .core
-            .ports
-            .placement
-            .pick(to, &st.require_labels)
-            .map_err(Error::Unplaceable)?;
-        if st.worker.as_deref() == Some(w.id.as_str()) {
-            return Err(refused(format!("it already runs on {}", w.id)));
-        }
-        if let Some(m) = &st.moving_to {
+        if let Some(m) = st.moving_to.clone().or_else(|| task.move_request()) {
             return Err(refused(format!("it is already moving to {m}")));
         }
-        task.set_move_request(&w.id);
-        Ok((task.id, w.id))
+        let placement = &self.inner.core.ports.placement;
+        let current = st.worker.clone().unwrap_or_default();
+        let to = if to.is_empty() {
+            placement
+                .move_target(task.id.0, &current, &st.require_labels)
+                .map_err(Error::Unplaceable)?
+        } else {
+            let w = placement
+                .named(to, &st.require_labels)
+                .map_err(Error::Unplaceable)?;
+            if current == w.id {
+                return Err(refused(format!("it already runs on {}", w.id)));
+            }
+            w.id
+        };
+        task.set_move_request(&to);
+        Ok((task.id, to))
     }
 
     /// Gives a task stopped for budget more (added to what it spent) and starts it again.

@@ -77,14 +77,27 @@ pub struct Picked {
     pub name: String,
 }
 
+pub use crate::model::ops::Occupancy;
+
 /// Where tasks may run: connected, not revoked, allowed by the brain's policy, with the
-/// labels the task requires.
+/// labels the task requires, with room; the least loaded of those.
 pub trait Placement: Send + Sync {
-    /// The worker named (id or name; it must qualify), or, with `named` empty, any one that
-    /// qualifies. The error says why none does.
-    fn pick(&self, named: &str, labels: &Labels) -> Result<Picked, String>;
-    /// A qualifying worker other than `lost` to fail over to.
-    fn failover(&self, lost: &str, labels: &Labels) -> Option<String>;
+    /// The worker named (id or name); it must qualify, but need not have room. The error
+    /// says why it does not.
+    fn named(&self, named: &str, labels: &Labels) -> Result<Picked, String>;
+    /// Whether a task with `labels` can be placed as the fleet stands (it may have to queue
+    /// for room); the error says why not.
+    fn check(&self, labels: &Labels) -> Result<(), String>;
+    /// The least loaded worker for `task`, its room reserved; else why none has room now.
+    fn place(&self, task: u64, labels: &Labels) -> Result<String, String>;
+    /// Waits, in order, for room for `task`; resolves with the worker reserved for it.
+    fn enqueue(&self, task: u64, labels: &Labels) -> tokio::sync::oneshot::Receiver<String>;
+    /// A worker other than `current` for a move asked without a target (reserved).
+    fn move_target(&self, task: u64, current: &str, labels: &Labels) -> Result<String, String>;
+    /// A worker other than `lost` to fail over to, within the bounds on moves (reserved).
+    fn failover(&self, task: u64, lost: &str, labels: &Labels) -> Option<String>;
+    /// Where `task` is now (`None`: ended or stopped).
+    fn occupy(&self, task: u64, now: Option<Occupancy>);
 }
 
 /// Where `request_environment` gets machines: idle workers that fit, or new ones.

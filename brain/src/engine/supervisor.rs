@@ -12,6 +12,7 @@ use super::driver::{Action, Driver, Facts, preamble};
 use super::effects;
 use super::error::Error;
 use super::plan::PlanDriver;
+use super::ports::Occupancy;
 use super::store::Task;
 
 /// Drives `task` until it ends or stops for budget.
@@ -27,7 +28,13 @@ pub async fn run(core: Arc<Core>, task: Arc<Task>) {
     };
     let mut delay = Duration::from_secs(1);
     loop {
-        match drive(&cx, driver.as_mut()).await {
+        let done = drive(&cx, driver.as_mut()).await;
+        // Stopped or ended: it holds no room on any worker.
+        let st = task.state();
+        if st.status.is_terminal() || st.status == crate::model::event::Status::BudgetExhausted {
+            core.ports.placement.occupy(task.id.0, None);
+        }
+        match done {
             Ok(()) => return,
             Err(e) => {
                 // Nothing was acted on that the log does not show; try again from its state.
@@ -52,10 +59,31 @@ fn facts(cx: &Cx<'_>) -> Facts {
     }
 }
 
+/// Where the task is, as placement counts it: the worker it is moving to (asked or under
+/// way), else the one it is on.
+fn occupancy(st: &crate::model::state::TaskState, f: &Facts) -> Option<Occupancy> {
+    if st.status.is_terminal() || st.status == crate::model::event::Status::BudgetExhausted {
+        return None;
+    }
+    match st.moving_to.clone().or_else(|| f.move_request.clone()) {
+        Some(to) => Some(Occupancy {
+            worker: to,
+            moving: true,
+        }),
+        None => st.worker.clone().map(|worker| Occupancy {
+            worker,
+            moving: false,
+        }),
+    }
+}
+
 async fn drive(cx: &Cx<'_>, driver: &mut dyn Driver) -> Result<(), Error> {
     loop {
         let st = cx.task.state();
         let f = facts(cx);
+        cx.ports()
+            .placement
+            .occupy(cx.task.id.0, occupancy(&st, &f));
         let action = preamble(&st, &f).unwrap_or_else(|| driver.next(&st, &f));
         tracing::trace!(task = %cx.task.id, ?action, "next");
         match action {
@@ -79,6 +107,7 @@ async fn drive(cx: &Cx<'_>, driver: &mut dyn Driver) -> Result<(), Error> {
             }
             Action::Move(to) => effects::move_task(cx, &to).await?,
             Action::Seed => effects::seed(cx).await?,
+            Action::Place => effects::place(cx).await?,
             Action::Issue {
                 call,
                 step,

@@ -162,18 +162,39 @@ impl Workers for FakeWorkers {
 struct FakePlacement(Arc<FakeWorkers>);
 
 impl Placement for FakePlacement {
-    fn pick(&self, named: &str, _labels: &Labels) -> Result<Picked, String> {
+    fn named(&self, named: &str, _labels: &Labels) -> Result<Picked, String> {
         Ok(Picked {
             id: named.into(),
             name: named.into(),
         })
     }
 
-    fn failover(&self, lost: &str, _labels: &Labels) -> Option<String> {
+    fn check(&self, _labels: &Labels) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn place(&self, _task: u64, _labels: &Labels) -> Result<String, String> {
+        let mut up: Vec<String> = self.0.connected.locked().iter().cloned().collect();
+        up.sort();
+        up.into_iter().next().ok_or_else(|| "no worker".into())
+    }
+
+    fn enqueue(&self, _task: u64, _labels: &Labels) -> tokio::sync::oneshot::Receiver<String> {
+        tokio::sync::oneshot::channel().1
+    }
+
+    fn move_target(&self, _task: u64, current: &str, _labels: &Labels) -> Result<String, String> {
+        self.failover(0, current, _labels)
+            .ok_or_else(|| "no worker".into())
+    }
+
+    fn failover(&self, _task: u64, lost: &str, _labels: &Labels) -> Option<String> {
         let mut up: Vec<String> = self.0.connected.locked().iter().cloned().collect();
         up.sort();
         up.into_iter().find(|w| w != lost)
     }
+
+    fn occupy(&self, _task: u64, _now: Option<crate::engine::ports::Occupancy>) {}
 }
 
 struct NoMachines;

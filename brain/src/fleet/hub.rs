@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
+use super::board::{Board, Member};
 use super::session::{CallGuard, EXEC_EVENT_QUEUE, EXEC_GRACE, OUTBOUND_QUEUE, Pending};
 pub use super::session::{Error, ExecCall, Session, SessionStream};
 use crate::model::ids::CallIds;
@@ -54,6 +55,8 @@ pub struct Hub {
     /// Where live file changes go (the engine), with the worker they came from. Best effort:
     /// a full queue drops hints, never blocks the session.
     fs: mpsc::Sender<(String, proto::FsChanged)>,
+    /// The connected workers and their load, for placement.
+    board: Board,
 }
 
 /// What the hub hears that belongs to someone else: read these, or they are dropped.
@@ -121,6 +124,11 @@ impl Hub {
     /// A hub whose calls take ids from `call_ids`, and the receivers of what it hears for
     /// others.
     pub fn new(call_ids: CallIds) -> (Self, HubEvents) {
+        Self::with_board(call_ids, Board::new(Default::default()))
+    }
+
+    /// A hub whose sessions are placement's members on `board`.
+    pub fn with_board(call_ids: CallIds, board: Board) -> (Self, HubEvents) {
         let (fs, fs_rx) = mpsc::channel(FS_QUEUE);
         let (orphans, orphans_rx) = mpsc::channel(STASH_MAX);
         let hub = Self {
@@ -134,6 +142,7 @@ impl Hub {
             live: Arc::default(),
             syncs: Arc::default(),
             fs,
+            board,
         };
         (
             hub,
@@ -284,6 +293,7 @@ impl Hub {
             closed: CancellationToken::new(),
             final_status: Mutex::new(None),
             last_seen_ms: std::sync::atomic::AtomicI64::new(shared::now_unix_ms()),
+            last_pulse_ms: std::sync::atomic::AtomicI64::new(0),
         });
         let old = self.lock().insert(worker_id.to_string(), session.clone());
         if let Some(old) = old {
@@ -310,6 +320,29 @@ impl Hub {
         {
             map.remove(&session.worker_id);
         }
+        drop(map);
+        self.board.leave(&session.worker_id, session.session_no);
+    }
+
+    /// What placement knows of the connected workers.
+    pub fn board(&self) -> &Board {
+        &self.board
+    }
+
+    /// Makes a registered session's worker a member placement may choose.
+    pub fn join(&self, session: &Session, member: Member) {
+        // Under the sessions lock, so an unregister cannot slip between the check and the
+        // join and leave a member behind with no session.
+        let map = self.lock();
+        if map
+            .get(&session.worker_id)
+            .is_some_and(|s| s.session_no == session.session_no)
+        {
+            self.board.join(Member {
+                session_no: session.session_no,
+                ..member
+            });
+        }
     }
 
     pub fn session(&self, worker_id: &str) -> Option<Arc<Session>> {
@@ -322,8 +355,10 @@ impl Hub {
 
     /// Closes a worker's session, if any, with the given status. Returns whether one was open.
     pub fn disconnect(&self, worker_id: &str, status: Status) -> bool {
-        match self.lock().remove(worker_id) {
+        let removed = self.lock().remove(worker_id);
+        match removed {
             Some(s) => {
+                self.board.leave(worker_id, s.session_no);
                 s.close(status);
                 true
             }

@@ -1,11 +1,15 @@
 //! Where tasks may run: the brain's policy for workers (required confinement, limits for
 //! every command) and the one placement rule — connected, not revoked, allowed by the
-//! policy, with the labels the task requires — used when a task is created, moved by a
-//! person, failed over, and when the agent asks for an environment.
+//! policy, with the labels the task requires, with room; the least loaded of those — used
+//! when a task is placed, moved by a person, failed over, and when the agent asks for an
+//! environment. What it chooses from is the hub's in-memory [`Board`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use tokio::sync::oneshot;
+
+use super::board::{Board, NoRoom, Occupancy, Want};
 use super::hub::Hub;
 use crate::model::ops::Limits;
 use crate::trust::registry::{Registry, WorkerRecord};
@@ -58,7 +62,8 @@ pub fn has_labels(w: &WorkerRecord, labels: &Labels) -> bool {
     labels.iter().all(|(k, v)| w.labels.get(k) == Some(v))
 }
 
-/// The placement rule over the registry and the live sessions. Cheap to clone.
+/// The placement rule over the live sessions (the hub's [`Board`], in memory) and, for a
+/// worker named by a person, the registry. Cheap to clone.
 #[derive(Clone)]
 pub struct Placement {
     registry: Registry,
@@ -79,8 +84,23 @@ impl Placement {
         &self.policy
     }
 
+    fn board(&self) -> &Board {
+        self.hub.board()
+    }
+
+    /// What a task with `labels` needs of a worker under the brain's policy.
+    pub fn want(&self, labels: &Labels) -> Want {
+        Want {
+            labels: labels.clone(),
+            require_sandbox: self.policy.require_sandbox.clone(),
+            memory_bytes: self.policy.limits.memory_bytes,
+            ..Default::default()
+        }
+    }
+
     /// Workers a task with `labels` may go to now, in enrolment order: connected, not
-    /// revoked, allowed by the policy, with the labels.
+    /// revoked, allowed by the policy, with the labels. (For provisioning, which looks at
+    /// what the workers are; tasks are placed through [`Placement::place`].)
     pub fn candidates(&self, labels: &Labels) -> Vec<WorkerRecord> {
         let Ok(workers) = self.registry.workers() else {
             return vec![];
@@ -92,57 +112,71 @@ impl Placement {
             .collect()
     }
 
-    /// The worker named (id or name: it need not be connected, the task waits for it), or
-    /// with `named` empty the first candidate. The error says why none will do.
-    pub fn pick(&self, named: &str, labels: &Labels) -> Result<WorkerRecord, String> {
-        if !named.is_empty() {
-            let w = self
-                .registry
-                .resolve_worker(named)
-                .map_err(|e| e.to_string())?;
-            if w.revoked {
-                return Err(format!("worker {} ({}) is revoked", w.id, w.name));
-            }
-            if !has_labels(&w, labels) {
-                let want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                return Err(format!(
-                    "worker {} ({}) does not have the labels the task requires: {}",
-                    w.id,
-                    w.name,
-                    want.join(", ")
-                ));
-            }
-            if let Some(why) = self.policy.refuse(&w) {
-                return Err(why);
-            }
-            return Ok(w);
-        }
-        if let Some(w) = self.candidates(labels).into_iter().next() {
-            return Ok(w);
-        }
-        // Say why: a connected worker the policy refuses, or none at all.
-        let connected: Vec<WorkerRecord> = self
+    /// The worker named (id or name: it need not be connected, the task waits for it; a
+    /// person's choice is not held to the worker's capacity). The error says why it will
+    /// not do.
+    pub fn named(&self, named: &str, labels: &Labels) -> Result<WorkerRecord, String> {
+        let w = self
             .registry
-            .workers()
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .filter(|w| !w.revoked && self.hub.is_connected(&w.id) && has_labels(w, labels))
-            .collect();
-        Err(match connected.first() {
-            Some(w) => self.policy.refuse(w).unwrap_or_default(),
-            None if labels.is_empty() => {
-                "no worker is connected: start one (`worker join ...`) or name one with --worker"
-                    .into()
-            }
-            None => "no connected worker has the labels the task requires".into(),
-        })
+            .resolve_worker(named)
+            .map_err(|e| e.to_string())?;
+        if w.revoked {
+            return Err(format!("worker {} ({}) is revoked", w.id, w.name));
+        }
+        if !has_labels(&w, labels) {
+            let want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            return Err(format!(
+                "worker {} ({}) does not have the labels the task requires: {}",
+                w.id,
+                w.name,
+                want.join(", ")
+            ));
+        }
+        if let Some(why) = self.policy.refuse(&w) {
+            return Err(why);
+        }
+        Ok(w)
     }
 
-    /// A candidate other than `lost`, for a task whose worker is gone.
-    pub fn failover(&self, lost: &str, labels: &Labels) -> Option<String> {
-        self.candidates(labels)
-            .into_iter()
-            .find(|w| w.id != lost)
-            .map(|w| w.id)
+    /// Whether a task with `labels` can ever be placed as the fleet stands: some connected
+    /// worker has the labels and what the policy requires (it may be busy now: the task
+    /// queues). The error says why not.
+    pub fn check(&self, labels: &Labels) -> Result<(), String> {
+        match self.board().why_not(&self.want(labels)) {
+            Some(no) if !no.transient() => Err(no.to_string()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The least loaded worker for `task` now, its room reserved; or why none has room.
+    pub fn place(&self, task: u64, labels: &Labels) -> Result<String, NoRoom> {
+        self.board().place(task, &self.want(labels))
+    }
+
+    /// Waits in the placement queue for room for `task`.
+    pub fn enqueue(&self, task: u64, labels: &Labels) -> oneshot::Receiver<String> {
+        self.board().enqueue(task, self.want(labels))
+    }
+
+    /// A worker other than `current` for a move a person asked for without naming one:
+    /// least loaded with room, within the bound on moves into one worker; reserved.
+    pub fn move_target(&self, task: u64, current: &str, labels: &Labels) -> Result<String, String> {
+        let mut want = self.want(labels);
+        want.exclude = Some(current.to_string());
+        want.moving = true;
+        want.moves_per_worker = self.board().options().moves_per_worker;
+        self.board().place(task, &want).map_err(|e| e.to_string())
+    }
+
+    /// A worker other than `lost`, for a task whose worker is gone: the same choice, at most
+    /// `moves_per_worker` moves into one target at once, and not again at once for a task
+    /// that failed over lately.
+    pub fn failover(&self, task: u64, lost: &str, labels: &Labels) -> Option<String> {
+        self.board().failover(task, lost, &self.want(labels))
+    }
+
+    /// Where `task` is now (`None`: it ended or stopped).
+    pub fn occupy(&self, task: u64, now: Option<Occupancy>) {
+        self.board().occupy(task, now)
     }
 }

@@ -60,6 +60,8 @@ pub struct Session {
     pub(super) final_status: Mutex<Option<Status>>,
     /// Unix ms of the last message from the worker; kept in memory, persisted on heartbeats.
     pub last_seen_ms: std::sync::atomic::AtomicI64,
+    /// Unix ms of the last pulse (0: none yet): pulses come on a connection of their own.
+    pub last_pulse_ms: std::sync::atomic::AtomicI64,
 }
 
 impl Session {

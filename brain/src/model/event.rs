@@ -59,6 +59,8 @@ impl std::str::FromStr for TaskId {
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Created,
+    /// Waiting for a worker with room (the reason says how the fleet stands).
+    Queued,
     Running,
     Waiting,
     /// Stopped until `brain task resume ID --budget-...` gives it more.
@@ -83,6 +85,7 @@ impl Status {
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Created => "created",
+            Status::Queued => "queued",
             Status::Running => "running",
             Status::Waiting => "waiting",
             Status::BudgetExhausted => "budget_exhausted",

@@ -232,3 +232,11 @@ pub struct FsChange {
     pub changed: Vec<String>,
     pub removed: Vec<String>,
 }
+
+/// Where a task is, for placement's count of what runs on each worker: the worker it runs
+/// on (or is moving to), and whether it is moving there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Occupancy {
+    pub worker: String,
+    pub moving: bool,
+}

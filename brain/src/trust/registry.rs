@@ -71,6 +71,9 @@ pub struct Caps {
     /// Confinement mechanisms active on the worker.
     #[serde(default)]
     pub sandbox: Vec<String>,
+    /// Tasks it takes at once, as it said (0: it did not say).
+    #[serde(default)]
+    pub max_tasks: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
