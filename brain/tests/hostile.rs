@@ -157,6 +157,7 @@ fn hostile_workspace_data_from_a_worker_is_refused_and_changes_nothing() {
                 let hb = WorkerMessage {
                     msg: Some(worker_message::Msg::Heartbeat(proto::Heartbeat {
                         unix_ms: 0,
+                        load: None,
                     })),
                 };
                 if beat.send(hb).await.is_err() {

@@ -4,11 +4,10 @@ use std::path::Path;
 
 /// Reads this host's capabilities. `disk_path` is where workspaces live; `sandbox` names the
 /// confinement mechanisms active here.
-pub fn probe(disk_path: &Path, sandbox: Vec<String>) -> proto::Capabilities {
+pub fn probe(disk_path: &Path, sandbox: Vec<String>, max_tasks: u32) -> proto::Capabilities {
     proto::Capabilities {
-        cpus: std::thread::available_parallelism()
-            .map(|n| n.get() as u32)
-            .unwrap_or(1),
+        cpus: cpus(),
+        max_tasks,
         memory_bytes: memory(),
         disk_free_bytes: disk_free(disk_path).unwrap_or(0),
         os: std::env::consts::OS.to_string(),
@@ -17,6 +16,75 @@ pub fn probe(disk_path: &Path, sandbox: Vec<String>) -> proto::Capabilities {
         hostname: hostname(),
         sandbox,
     }
+}
+
+/// The CPUs this worker may use: Rust's `available_parallelism` reads the affinity mask and
+/// cgroup CPU quotas (v2 `cpu.max`, v1 `cpu.cfs_quota_us`), so a container limited to one
+/// CPU says one.
+pub fn cpus() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1)
+}
+
+/// Tasks a worker takes at once unless told (`worker run --max-tasks`): two per CPU it may
+/// use (an agent's task waits on its model most of the time).
+pub fn default_max_tasks() -> u32 {
+    cpus().max(1) * 2
+}
+
+/// Memory this worker may still use: the host's available memory, or less where its cgroup's
+/// limit leaves less (the limit less what the cgroup uses).
+pub fn memory_free() -> u64 {
+    let host = meminfo("MemAvailable:").unwrap_or(0);
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let root = Path::new("/sys/fs/cgroup");
+    let in_cgroup = cgroup_memory_limit(root, &own)
+        .map(|limit| limit.saturating_sub(cgroup_memory_used(root, &own).unwrap_or(0)));
+    match in_cgroup {
+        Some(free) if host == 0 || free < host => free,
+        _ => host,
+    }
+}
+
+/// What the cgroup named in `own` uses now: v2's `memory.current`, v1's
+/// `memory.usage_in_bytes`.
+fn cgroup_memory_used(root: &Path, own: &str) -> Option<u64> {
+    use crate::sandbox::{CgroupHierarchy, cgroup_v1_path, cgroup_v2_path};
+    let read = |p: std::path::PathBuf| -> Option<u64> {
+        std::fs::read_to_string(p).ok()?.trim().parse().ok()
+    };
+    if let Some(path) = cgroup_v1_path(own, "memory") {
+        return read(
+            root.join("memory")
+                .join(path.trim_start_matches('/'))
+                .join("memory.usage_in_bytes"),
+        );
+    }
+    let path = cgroup_v2_path(own)?;
+    let base = match CgroupHierarchy::of(root) {
+        CgroupHierarchy::V2 => root.to_path_buf(),
+        _ => root.join("unified"),
+    };
+    read(
+        base.join(path.trim_start_matches('/'))
+            .join("memory.current"),
+    )
+}
+
+/// The host's CPU time so far, (busy, total), in clock ticks, from `/proc/stat`.
+pub fn cpu_times() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    // idle + iowait
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    Some((total.saturating_sub(idle), total))
 }
 
 /// The host name, or `worker` if it cannot be read.
@@ -77,8 +145,12 @@ fn cgroup_memory_limit(root: &Path, own: &str) -> Option<u64> {
 }
 
 fn mem_total() -> Option<u64> {
+    meminfo("MemTotal:")
+}
+
+fn meminfo(key: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
@@ -94,7 +166,7 @@ fn disk_free(path: &Path) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::cgroup_memory_limit;
+    use super::{cgroup_memory_limit, cgroup_memory_used};
 
     fn write(root: &std::path::Path, rel: &str, text: &str) {
         let p = root.join(rel);
@@ -125,6 +197,19 @@ mod tests {
     }
 
     #[test]
+    fn what_the_cgroup_uses_v2_and_v1() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        write(r, "cgroup.controllers", "memory pids\n");
+        write(r, "w.service/memory.current", "1048576\n");
+        assert_eq!(cgroup_memory_used(r, "0::/w.service\n"), Some(1 << 20));
+        let v1 = tempfile::tempdir().unwrap();
+        let r = v1.path();
+        write(r, "memory/docker/abc/memory.usage_in_bytes", "4096\n");
+        assert_eq!(cgroup_memory_used(r, "4:memory:/docker/abc\n"), Some(4096));
+    }
+
+    #[test]
     fn a_v1_limit_and_its_unlimited_value() {
         let d = tempfile::tempdir().unwrap();
         let r = d.path();
@@ -145,7 +230,7 @@ mod tests {
 
     #[test]
     fn probe_reports_this_host() {
-        let c = super::probe(std::path::Path::new("/"), vec!["rlimits".into()]);
+        let c = super::probe(std::path::Path::new("/"), vec!["rlimits".into()], 4);
         assert!(c.cpus >= 1);
         assert!(c.memory_bytes > 0);
         assert!(c.disk_free_bytes > 0);

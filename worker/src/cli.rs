@@ -57,6 +57,10 @@ enum Cmd {
         /// Only enrol; do not start running
         #[arg(long)]
         no_run: bool,
+        /// Tasks this worker takes at once (default: two per CPU it may use; the brain may cap
+        /// it with `[placement] max_tasks_per_worker`)
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000), conflicts_with = "no_run")]
+        max_tasks: Option<u32>,
         /// On a root worker, the uids tasks' commands run as, one per task: FIRST-LAST
         #[arg(long, env = "TETHER_WORKER_TASK_UIDS", default_value_t = crate::sandbox::TaskUids::default())]
         task_uids: crate::sandbox::TaskUids,
@@ -87,6 +91,10 @@ enum Cmd {
         /// Override the brain URL stored at join time
         #[arg(long)]
         brain: Option<String>,
+        /// Tasks this worker takes at once (default: two per CPU it may use; the brain may cap
+        /// it with `[placement] max_tasks_per_worker`)
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        max_tasks: Option<u32>,
         /// On a root worker, the uids tasks' commands run as, one per task: FIRST-LAST
         #[arg(long, env = "TETHER_WORKER_TASK_UIDS", default_value_t = crate::sandbox::TaskUids::default())]
         task_uids: crate::sandbox::TaskUids,
@@ -220,6 +228,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             state,
             force,
             no_run,
+            max_tasks,
             task_uids,
             deny_read,
             no_sandbox,
@@ -275,13 +284,14 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 give_up_after: exit_after_unreachable,
                 ..Backoff::default()
             };
-            if let Err(e) = session::run(dir, None, backoff, sandbox, shutdown).await {
+            if let Err(e) = session::run(dir, None, backoff, sandbox, max_tasks, shutdown).await {
                 return given_up(e.into(), &give_up).await;
             }
         }
         Cmd::Run {
             state,
             brain,
+            max_tasks,
             task_uids,
             deny_read,
             no_sandbox,
@@ -300,7 +310,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 give_up_after: exit_after_unreachable,
                 ..Backoff::default()
             };
-            if let Err(e) = session::run(dir, brain, backoff, sandbox, shutdown).await {
+            if let Err(e) = session::run(dir, brain, backoff, sandbox, max_tasks, shutdown).await {
                 return given_up(e.into(), &give_up).await;
             }
         }

@@ -9,6 +9,7 @@ pub mod exec;
 pub mod files;
 pub mod giveup;
 pub mod journal;
+pub mod pulse;
 pub mod sandbox;
 pub mod session;
 pub mod state;

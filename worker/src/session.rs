@@ -175,6 +175,7 @@ pub async fn run(
     brain_override: Option<String>,
     backoff: Backoff,
     sandbox: crate::sandbox::Sandbox,
+    max_tasks: Option<u32>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let (membership, ident) = state.load()?;
@@ -199,6 +200,7 @@ pub async fn run(
         sync: Arc::default(),
         watches: Arc::default(),
         link: Arc::default(),
+        max_tasks: max_tasks.unwrap_or_else(crate::caps::default_max_tasks),
     });
     tracing::info!(sandbox = ?ctx.sandbox.report.active(), "confinement active for commands");
     tracing::info!(worker = %ctx.membership.worker_id, brain = %addr.url(), "worker starting");
@@ -263,6 +265,8 @@ struct Ctx {
     watches: Arc<crate::watch::Watches>,
     /// The brain's channel of the session open now, for egress tunnels.
     link: crate::egress::Link,
+    /// Tasks this worker takes at once, said in its hello and pulses.
+    max_tasks: u32,
 }
 
 impl Ctx {
@@ -287,7 +291,7 @@ async fn session(
     ctx: &Arc<Ctx>,
     shutdown: &CancellationToken,
 ) -> Result<String, String> {
-    let channel = tls::dial(addr, config, DialOptions::default())
+    let channel = tls::dial(addr, config.clone(), DialOptions::default())
         .await
         .map_err(|e| e.to_string())?;
     let sync_channel = channel.clone();
@@ -301,6 +305,7 @@ async fn session(
         capabilities: Some(crate::caps::probe(
             &ctx.state_dir,
             ctx.sandbox.report.active(),
+            ctx.max_tasks,
         )),
     };
     out.send(WorkerMessage {
@@ -331,6 +336,22 @@ async fn session(
     let beat_every = Duration::from_millis(ack.heartbeat_interval_ms.clamp(100, 60_000));
     let lost_after = Duration::from_millis(ack.lost_after_ms.clamp(300, 600_000));
     tracing::info!(worker = %ack.worker_id, "connected to the brain");
+    // The pulse, on its own thread and connection, for as long as this session lasts.
+    let pulse_answered = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let pulse_stop = shutdown.child_token();
+    let _stop_pulse = pulse_stop.clone().drop_guard();
+    let running_now = ctx.durable_running.clone();
+    crate::pulse::start(
+        addr.clone(),
+        config,
+        beat_every,
+        crate::pulse::Source {
+            max_tasks: ctx.max_tasks,
+            running: Arc::new(move || running_now.locked().len() as u32),
+        },
+        pulse_answered.clone(),
+        pulse_stop,
+    );
     *ctx.current_out.locked() = Some(out.clone());
     *ctx.link.locked() = Some(sync_channel.clone());
     // Results of durable calls the brain has not acknowledged yet (it may have restarted).
@@ -355,9 +376,17 @@ async fn session(
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return Ok("shutting down".into()),
-            _ = &mut lost => return Ok(format!("the brain sent nothing for {lost_after:?}")),
+            _ = &mut lost => {
+                // The brain answering pulses is alive too (its session queue may be full).
+                let quiet_ms = shared::now_unix_ms() - pulse_answered.load(std::sync::atomic::Ordering::Relaxed);
+                let quiet = Duration::from_millis(quiet_ms.max(0) as u64);
+                if quiet >= lost_after {
+                    return Ok(format!("the brain sent nothing for {lost_after:?}"));
+                }
+                lost.as_mut().reset(tokio::time::Instant::now() + (lost_after - quiet));
+            }
             _ = beat.tick() => {
-                let hb = WorkerMessage { msg: Some(worker_message::Msg::Heartbeat(proto::Heartbeat { unix_ms: shared::now_unix_ms() })) };
+                let hb = WorkerMessage { msg: Some(worker_message::Msg::Heartbeat(proto::Heartbeat { unix_ms: shared::now_unix_ms(), load: None })) };
                 if out.try_send(hb).is_err() {
                     tracing::debug!("outbound queue full; heartbeat skipped");
                 }

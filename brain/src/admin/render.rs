@@ -122,6 +122,11 @@ pub fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
                     "version": c.version, "hostname": c.hostname,
                     "last_seen_unix_ms": w.last_seen_unix_ms,
                     "enrolled_unix_ms": w.enrolled_unix_ms,
+                    "running_tasks": w.running_tasks,
+                    "max_tasks": w.max_tasks,
+                    "link": w.link,
+                    "memory_free_bytes": w.load.map(|l| l.memory_free_bytes),
+                    "cpu_busy_permille": w.load.map(|l| l.cpu_busy_permille),
                 })
             })
             .collect();
@@ -129,10 +134,11 @@ pub fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
         return;
     }
     out!(
-        "{:<16} {:<20} {:<10} {:<14} {:>4} {:>8}  {:<16} LABELS",
+        "{:<16} {:<20} {:<10} {:>7} {:<14} {:>4} {:>8}  {:<16} LABELS",
         "ID",
         "NAME",
         "STATE",
+        "TASKS",
         "OS/ARCH",
         "CPUS",
         "MEMORY",
@@ -142,11 +148,23 @@ pub fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
         let c = w.capabilities.clone().unwrap_or_default();
         let mut labels: Vec<String> = w.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         labels.sort();
+        // Running/capacity; `full` when it has no room, the link when it is not steady.
+        let tasks = if w.max_tasks == 0 {
+            format!("{}", w.running_tasks)
+        } else {
+            format!("{}/{}", w.running_tasks, w.max_tasks)
+        };
+        let state = match w.link.as_str() {
+            "slow" | "held" => w.link.clone(),
+            _ if w.max_tasks > 0 && w.running_tasks >= w.max_tasks => "full".into(),
+            _ => state_name(w.state).to_string(),
+        };
         out!(
-            "{:<16} {:<20} {:<10} {:<14} {:>4} {:>7.1}G  {:<16} {}",
+            "{:<16} {:<20} {:<10} {:>7} {:<14} {:>4} {:>7.1}G  {:<16} {}",
             w.id,
             w.name,
-            state_name(w.state),
+            state,
+            tasks,
             if c.os.is_empty() {
                 "-".to_string()
             } else {
