@@ -306,7 +306,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     },
                     t.steps_done,
                     t.steps_total,
-                    t.worker,
+                    if t.worker.is_empty() { "-" } else { &t.worker },
                     t.goal.chars().take(30).collect::<String>(),
                     t.reason
                 );

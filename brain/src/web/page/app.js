@@ -328,11 +328,12 @@ function taskView(view, id) {
 
 function workersView(view) {
   const body = el("tbody", {});
-  view.append(el("h2", {}, "Workers"), el("table", {}, el("thead", {}, el("tr", {}, ["Id", "Name", "State", "Labels", "CPUs", "Memory", "Sandbox", "Last seen", ""].map(h => el("th", {}, h)))), body));
+  view.append(el("h2", {}, "Workers"), el("table", {}, el("thead", {}, el("tr", {}, ["Id", "Name", "State", "Tasks", "Labels", "CPUs", "Memory", "Sandbox", "Last seen", ""].map(h => el("th", {}, h)))), body));
   const load = () => api("GET", "/api/workers").then(r => {
     body.replaceChildren(...(r.workers || []).map(w => {
       const c = w.capabilities || {};
-      return el("tr", { "data-worker": w.id }, el("td", {}, w.id), el("td", {}, w.name), el("td", {}, workerState(w.state)),
+      return el("tr", { "data-worker": w.id }, el("td", {}, w.id), el("td", {}, w.name), el("td", {}, w.link && w.link !== "steady" ? w.link : workerState(w.state)),
+        el("td", { class: "tasks" }, w.max_tasks ? (w.running_tasks || 0) + "/" + w.max_tasks : String(w.running_tasks || 0)),
         el("td", {}, Object.entries(w.labels || {}).map(([k, v]) => k + "=" + v).join(" ")),
         el("td", {}, String(c.cpus || "")), el("td", {}, c.memory_bytes ? (c.memory_bytes / 2 ** 30).toFixed(1) + " GiB" : ""),
         el("td", {}, (c.sandbox || []).join(", ")), el("td", {}, age(w.last_seen_unix_ms)),
