@@ -90,7 +90,8 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn spawn(mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
+    /// Starts `cmd` with its stdout and stderr appended to `log`.
+    pub fn spawn(mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
         let f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -123,6 +123,7 @@ pub fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
                     "last_seen_unix_ms": w.last_seen_unix_ms,
                     "enrolled_unix_ms": w.enrolled_unix_ms,
                     "running_tasks": w.running_tasks,
+                    "peak_tasks": w.peak_tasks,
                     "max_tasks": w.max_tasks,
                     "link": w.link,
                     "memory_free_bytes": w.load.map(|l| l.memory_free_bytes),

@@ -107,8 +107,9 @@ impl Admin for Services {
                     .map(|s| s.last_seen_ms.load(Ordering::Relaxed))
                     .unwrap_or(w.last_seen_ms);
                 let board = self.0.hub.board();
-                let (running, view) = (board.running_on(&w.id), board.view(&w.id));
-                convert::worker_info(w, session.is_some(), last_seen, running, view)
+                let tasks = (board.running_on(&w.id), board.peak(&w.id));
+                let view = board.view(&w.id);
+                convert::worker_info(w, session.is_some(), last_seen, tasks, view)
             })
             .collect();
         Ok(Response::new(ListWorkersResponse { workers }))

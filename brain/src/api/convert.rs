@@ -326,7 +326,7 @@ pub fn worker_info(
     w: WorkerRecord,
     connected: bool,
     last_seen_ms: i64,
-    running_tasks: u32,
+    (running_tasks, peak_tasks): (u32, u32),
     view: Option<crate::fleet::board::MemberView>,
 ) -> proto::WorkerInfo {
     use proto::WorkerState;
@@ -348,6 +348,7 @@ pub fn worker_info(
         last_seen_unix_ms: last_seen_ms,
         enrolled_unix_ms: w.enrolled_ms,
         running_tasks,
+        peak_tasks,
         max_tasks: view.as_ref().map_or(0, |v| v.capacity),
         link: view.as_ref().map_or("", |v| v.link).to_string(),
         load: view.and_then(|v| v.load),

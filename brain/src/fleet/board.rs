@@ -272,7 +272,7 @@ struct State {
     /// When each task last failed over, and how many times it has.
     failovers: HashMap<u64, (Instant, u32)>,
     queue: VecDeque<Waiter>,
-    /// The most tasks ever running on each worker, for the load benchmark.
+    /// The most tasks placed on each worker at once.
     peak: HashMap<String, u32>,
 }
 
@@ -586,9 +586,9 @@ impl Board {
             .unwrap_or(0)
     }
 
-    /// The most tasks ever running at once on each worker.
-    pub fn peaks(&self) -> HashMap<String, u32> {
-        self.state.locked().peak.clone()
+    /// The most tasks placed on `worker` at once since the brain started.
+    pub fn peak(&self, worker: &str) -> u32 {
+        self.state.locked().peak.get(worker).copied().unwrap_or(0)
     }
 
     /// Whether `worker` is a member (its session is up).
