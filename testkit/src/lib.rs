@@ -331,8 +331,8 @@ impl Cluster {
                     .into_iter()
                     .flatten(),
             )
-            .envs(std::mem::take(&mut self.opts.env))
-            .env("RUST_LOG", test_log());
+            .env("RUST_LOG", test_log())
+            .envs(std::mem::take(&mut self.opts.env));
         if let Some(uid) = self.opts.run_as {
             use std::os::unix::process::CommandExt;
             cmd.uid(uid).gid(uid).env("HOME", &self.dir);

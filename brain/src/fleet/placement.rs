@@ -4,7 +4,6 @@
 //! when a task is placed, moved by a person, failed over, and when the agent asks for an
 //! environment. What it chooses from is the hub's in-memory [`Board`].
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
@@ -14,8 +13,7 @@ use super::hub::Hub;
 use crate::model::ops::Limits;
 use crate::trust::registry::{Registry, WorkerRecord};
 
-/// The labels a worker must have.
-pub type Labels = BTreeMap<String, String>;
+pub use super::choice::Labels;
 
 /// What the brain demands of where and how commands run.
 #[derive(Debug, Clone, Default)]
