@@ -143,7 +143,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("git", &["model", "mirror"]),
     ("egress", &["model", "trust"]),
     ("fleet", &["model", "trust"]),
-    ("provision", &["model", "trust", "fleet"]),
+    ("provision", &["storage", "model", "trust", "fleet"]),
     ("engine", &["storage", "llm", "model"]),
     ("config", &["llm", "model", "git", "provision"]),
     (

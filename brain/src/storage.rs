@@ -7,6 +7,19 @@
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
+/// Makes everything written to `db` durable, off the runtime. (sled 0.34's `flush_async`
+/// can wait for ever when several are awaited at once — sled issue #1308 — which a fleet
+/// of workers enrolling together did; its blocking `flush` is correct.)
+pub async fn flush(db: &sled::Db) -> sled::Result<usize> {
+    let db = db.clone();
+    match tokio::task::spawn_blocking(move || db.flush()).await {
+        Ok(r) => r,
+        Err(e) => Err(sled::Error::Io(std::io::Error::other(format!(
+            "the flush did not finish: {e}"
+        )))),
+    }
+}
+
 /// Errors of restore.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -293,7 +293,7 @@ impl Writer {
         }
         let synced = async {
             self.events.apply_batch(batch)?;
-            self.db.flush_async().await?;
+            crate::storage::flush(&self.db).await?;
             // sled syncs with sync_file_range, which does not flush the disk's cache or
             // metadata; fdatasync does.
             let f = std::fs::File::open(data_file).map_err(|source| Error::Sync {

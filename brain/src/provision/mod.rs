@@ -212,7 +212,7 @@ impl Machines {
             m.id.as_bytes(),
             serde_json::to_vec(m).expect("records serialise"),
         )?;
-        self.inner.db.flush_async().await?;
+        crate::storage::flush(&self.inner.db).await?;
         Ok(())
     }
 

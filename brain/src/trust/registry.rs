@@ -152,7 +152,7 @@ impl Registry {
     }
 
     async fn flush(&self) -> Result<(), Error> {
-        self.db.flush_async().await?;
+        crate::storage::flush(&self.db).await?;
         Ok(())
     }
 

@@ -279,7 +279,7 @@ impl WebAuth {
             session_ttl_ms,
         };
         self.put(&hash(&secret), &c)?;
-        self.db.flush_async().await?;
+        crate::storage::flush(&self.db).await?;
         Ok((secret, c))
     }
 
@@ -315,7 +315,7 @@ impl WebAuth {
             return Ok(Err(Refused::LinkUsed));
         }
         if !c.live_at(shared::now_unix_ms()) {
-            self.db.flush_async().await?;
+            crate::storage::flush(&self.db).await?;
             return Ok(Err(Refused::LinkUsed));
         }
         let ttl = if c.session_ttl_ms > 0 {
@@ -387,7 +387,7 @@ impl WebAuth {
                 n += 1;
             }
         }
-        self.db.flush_async().await?;
+        crate::storage::flush(&self.db).await?;
         if n > 0 {
             self.revoked_some();
         }
@@ -402,7 +402,7 @@ impl WebAuth {
         {
             c.revoked = true;
             self.put(&key, &c)?;
-            self.db.flush_async().await?;
+            crate::storage::flush(&self.db).await?;
             self.revoked_some();
         }
         Ok(())

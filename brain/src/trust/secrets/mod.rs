@@ -505,14 +505,14 @@ impl Secrets {
             info.name.as_bytes(),
             serde_json::to_vec(&rec).expect("records serialise"),
         )?;
-        self.db.flush_async().await?;
+        crate::storage::flush(&self.db).await?;
         Ok(old.is_some())
     }
 
     /// Removes a secret; says whether there was one.
     pub async fn remove(&self, name: &str) -> Result<bool, Error> {
         let old = self.tree.remove(name.as_bytes())?;
-        self.db.flush_async().await?;
+        crate::storage::flush(&self.db).await?;
         Ok(old.is_some())
     }
 
