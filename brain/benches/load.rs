@@ -19,7 +19,9 @@
 //! `BENCH_ROWS` picks rows (default `100x100,1000x1000,1000x5000,100x100/10,1000x1000/10`);
 //! `BENCH_ROW_TIMEOUT` (seconds, default 900) bounds each. `BENCH_BASELINE=DIR` runs the rows
 //! first with the `brain` and `worker` in DIR (another commit's `target/release`; a worker
-//! without `--max-tasks` runs without it) and prints them beside this build's.
+//! without `--max-tasks` runs without it) and prints them beside this build's;
+//! `BENCH_BASELINE_ROWS` gives it other rows (an old build that piles every task on one
+//! worker takes long at 1,000).
 //! Each worker is a process with two connections; 1,000 of them need about 10 GiB of memory
 //! and 4,000 file descriptors in the brain.
 
@@ -34,7 +36,7 @@ const STEPS: usize = 3;
 const CAPACITY: u32 = 2;
 const THREADS: usize = 6;
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Row {
     workers: usize,
     tasks: usize,
@@ -112,8 +114,14 @@ fn main() {
     }
     builds.push(("this build".into(), None));
     let mut results: Vec<(String, Row, Figures)> = vec![];
+    // The baseline may run fewer rows (`BENCH_BASELINE_ROWS`): one that piles every task on
+    // one worker takes long at 1,000.
+    let baseline_rows = std::env::var("BENCH_BASELINE_ROWS")
+        .map(|s| parse_rows(&s))
+        .unwrap_or_else(|_| rows.clone());
     for (name, dir) in &builds {
-        for row in &rows {
+        let rows = if dir.is_some() { &baseline_rows } else { &rows };
+        for row in rows {
             eprintln!("-- {name}: {row}");
             let f = run_row(*row, dir.clone(), timeout);
             print_row(name, row, &f);
