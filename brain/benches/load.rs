@@ -81,6 +81,9 @@ struct Figures {
     rss_mb: f64,
     cpu_secs: f64,
     placement_p99_us: Option<u64>,
+    placement_p50_us: Option<u64>,
+    /// Ids `brain run` printed that the brain does not list.
+    missing: usize,
     placement_decisions: usize,
     workers_used: usize,
     most_placed_on_one: usize,
@@ -200,7 +203,7 @@ fn main() {
 
 fn print_row(name: &str, row: &Row, f: &Figures) {
     println!(
-        "{name} {row}: {}/{} finished ({} failed), lines exactly once in {}, {:.1} s, {:.1} steps/s, brain RSS {:.0} MB, CPU {:.1} s, placement p99 {} over {} decisions, {} workers used, most placed on one {}, workers over capacity {}, moves {}{}{}",
+        "{name} {row}: {}/{} finished ({} failed), lines exactly once in {}, {:.1} s, {:.1} steps/s, brain RSS {:.0} MB, CPU {:.1} s, placement p50/p99 {}/{} over {} decisions, {} workers used, most placed on one {}, workers over capacity {}, moves {}{}{}",
         f.finished,
         row.tasks,
         f.failed,
@@ -209,6 +212,8 @@ fn print_row(name: &str, row: &Row, f: &Figures) {
         f.steps_per_sec,
         f.rss_mb,
         f.cpu_secs,
+        f.placement_p50_us
+            .map_or("n/a".to_string(), |v| v.to_string()),
         f.placement_p99_us
             .map_or("n/a".to_string(), |v| format!("{v} µs")),
         f.placement_decisions,
@@ -229,6 +234,12 @@ fn print_row(name: &str, row: &Row, f: &Figures) {
     // What must hold, said plainly (a benchmark does not fail on it, but it is no figure
     // when it does not hold).
     let mut broken = vec![];
+    if f.missing > 0 {
+        broken.push(format!(
+            "{} task ids that `brain run` printed are not in `brain tasks`",
+            f.missing
+        ));
+    }
     if f.finished != row.tasks {
         broken.push(format!("{} of {} tasks finished", f.finished, row.tasks));
     }
@@ -432,9 +443,12 @@ fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
                 killed_ids.len()
             );
         }
+        // Every task was created before this loop: when all it lists have ended, the row is
+        // done (a task it does not list would never end; it is counted as missing).
+        let listed = tasks.len();
         last = tasks;
-        if ended >= row.tasks || Instant::now() > deadline {
-            f.timed_out = ended < row.tasks;
+        if (listed > 0 && ended == listed) || Instant::now() > deadline {
+            f.timed_out = ended < listed;
             break;
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -445,6 +459,11 @@ fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
     f.finished = last.iter().filter(|t| t["status"] == "finished").count();
     f.failed = last.iter().filter(|t| t["status"] == "failed").count();
     f.steps_per_sec = (f.finished * STEPS) as f64 / f.secs;
+    let listed: HashSet<&str> = last.iter().filter_map(|t| t["id"].as_str()).collect();
+    f.missing = ids
+        .iter()
+        .filter(|id| !listed.contains(id.as_str()))
+        .count();
 
     // The brain: peak RSS and CPU time.
     if let Some(pid) = c.brain.as_ref().map(|p| p.pid()) {
@@ -526,6 +545,7 @@ fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
     f.placement_decisions = micros.len();
     if !micros.is_empty() {
         f.placement_p99_us = Some(micros[(micros.len() * 99 / 100).min(micros.len() - 1)]);
+        f.placement_p50_us = Some(micros[micros.len() / 2]);
     }
     drop(procs);
     f

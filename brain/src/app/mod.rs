@@ -287,7 +287,7 @@ async fn call_ids(db: &sled::Db) -> Result<CallIds, Error> {
     let ids = CallIds::starting_above(floor, shared::now_unix_ms());
     meta.insert("call_start", &ids.start().to_be_bytes())
         .map_err(registry::Error::from)?;
-    crate::storage::flush(&db)
+    crate::storage::flush(db)
         .await
         .map_err(registry::Error::from)?;
     Ok(ids)

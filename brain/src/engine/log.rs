@@ -379,11 +379,23 @@ impl EventLog for SledLog {
     }
 
     fn new_task_id(&self) -> Result<TaskId, Error> {
+        use std::sync::atomic::Ordering;
         let generated = self.db.generate_id()? + 1;
-        let floor = self
-            .id_floor
-            .fetch_max(generated + 1, std::sync::atomic::Ordering::Relaxed);
-        Ok(TaskId(generated.max(floor)))
+        // The id is at least the floor it was compared with, and the floor moves past it in
+        // the same step: two creations at once never get the same id.
+        let mut floor = self.id_floor.load(Ordering::Acquire);
+        loop {
+            let id = generated.max(floor);
+            match self.id_floor.compare_exchange_weak(
+                floor,
+                id + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(TaskId(id)),
+                Err(now) => floor = now,
+            }
+        }
     }
 
     async fn put_snapshot(&self, task: TaskId, upto: u64, state: Vec<u8>) -> Result<(), Error> {
@@ -527,5 +539,31 @@ mod tests {
             err.contains(&format!("events/{}", hex::encode(key(t, 2)))),
             "{err}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tasks_created_at_once_get_distinct_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let db = sled::open(&path).unwrap();
+        let log = Arc::new(SledLog::open(db, path).unwrap());
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    (0..2000)
+                        .map(|_| log.new_task_id().unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<TaskId> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n, "an id was handed out twice");
     }
 }

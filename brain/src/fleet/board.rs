@@ -414,14 +414,14 @@ impl Board {
         self.state.locked().peak.get(worker).copied().unwrap_or(0)
     }
 
+    /// Whether any member satisfies `f`.
+    pub fn any_member(&self, f: impl Fn(&Member) -> bool) -> bool {
+        self.state.locked().members.values().any(f)
+    }
+
     /// Whether `worker` is a member (its session is up).
     pub fn is_member(&self, worker: &str) -> bool {
         self.state.locked().members.contains_key(worker)
-    }
-
-    /// The ids of the members.
-    pub fn member_ids(&self) -> Vec<String> {
-        self.state.locked().members.keys().cloned().collect()
     }
 }
 

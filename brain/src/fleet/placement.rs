@@ -30,6 +30,15 @@ impl Policy {
         self.limits.tighten(req)
     }
 
+    /// The mechanisms the policy requires that `have` lacks.
+    pub fn lacks(&self, have: &[String]) -> Vec<&str> {
+        self.require_sandbox
+            .iter()
+            .filter(|m| !have.contains(m))
+            .map(String::as_str)
+            .collect()
+    }
+
     /// Why `worker` may not take a task, if it may not.
     pub fn refuse(&self, worker: &WorkerRecord) -> Option<String> {
         let have = worker
@@ -37,12 +46,7 @@ impl Policy {
             .as_ref()
             .map(|c| c.sandbox.clone())
             .unwrap_or_default();
-        let missing: Vec<&str> = self
-            .require_sandbox
-            .iter()
-            .filter(|m| !have.contains(m))
-            .map(String::as_str)
-            .collect();
+        let missing = self.lacks(&have);
         (!missing.is_empty()).then(|| {
             format!(
                 "the brain's policy requires {} on the task's worker, and worker {} ({}) lacks {}: see `worker doctor` on it",
@@ -108,6 +112,13 @@ impl Placement {
             .filter(|w| !w.revoked && self.hub.is_connected(&w.id) && has_labels(w, labels))
             .filter(|w| self.policy.refuse(w).is_none())
             .collect()
+    }
+
+    /// Whether a worker other than `current` that the policy allows is connected (from the
+    /// board: asked at every step of an agent task).
+    pub fn another_connected(&self, current: &str) -> bool {
+        self.board()
+            .any_member(|m| &*m.id != current && self.policy.lacks(&m.sandbox).is_empty())
     }
 
     /// The worker named (id or name: it need not be connected, the task waits for it; a

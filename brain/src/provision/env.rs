@@ -227,13 +227,7 @@ impl Machines {
     /// Whether anything could be obtained for a task on `current`: an offer is configured,
     /// or another worker the policy allows is connected.
     pub fn available(&self, current: &str) -> bool {
-        !self.inner.policy.offers.is_empty()
-            || self
-                .inner
-                .placement
-                .candidates(&Default::default())
-                .iter()
-                .any(|w| w.id != current)
+        !self.inner.policy.offers.is_empty() || self.inner.placement.another_connected(current)
     }
 
     /// What the machines created for `task` have cost so far (USD).
