@@ -65,15 +65,48 @@ impl std::ops::Deref for Shown {
     }
 }
 
+/// A task's broadcast to its watchers, made on the first watcher: a task nobody watches
+/// (most of thousands) holds no ring of its own. Cheap to clone; clones share the channel.
+pub struct Broadcast<T>(Arc<std::sync::OnceLock<broadcast::Sender<T>>>);
+
+impl<T> Clone for Broadcast<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T: Clone> Broadcast<T> {
+    fn new() -> Self {
+        Self(Arc::default())
+    }
+
+    /// Sends to the watchers, if there are any (nothing is kept for later ones).
+    pub fn send(&self, v: T) {
+        if let Some(tx) = self.0.get() {
+            let _ = tx.send(v);
+        }
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<T> {
+        self.0
+            .get_or_init(|| broadcast::channel(WATCH_QUEUE).0)
+            .subscribe()
+    }
+
+    pub fn receiver_count(&self) -> usize {
+        self.0.get().map_or(0, |tx| tx.receiver_count())
+    }
+}
+
 /// One task in memory.
 pub struct Task {
     pub id: TaskId,
     /// The state as of the last appended record. A std mutex: never held across an await.
     state: Mutex<TaskState>,
     /// Every appended record, for watchers.
-    pub events: broadcast::Sender<Arc<Shown>>,
+    pub events: Broadcast<Arc<Shown>>,
     /// Output of the running call as it is produced, and file-change hints.
-    pub live: broadcast::Sender<LiveOutput>,
+    pub live: Broadcast<LiveOutput>,
     /// Cancelled when a person cancels the task; the driver logs the end.
     pub cancel: CancellationToken,
     /// Woken when a person decides an approval the task waits for, or asks for a move.
@@ -263,13 +296,11 @@ impl Store {
     }
 
     pub(crate) fn insert(&self, state: TaskState) -> Arc<Task> {
-        let (events, _) = broadcast::channel(WATCH_QUEUE);
-        let (live, _) = broadcast::channel(WATCH_QUEUE);
         let task = Arc::new(Task {
             id: state.id,
             state: Mutex::new(state),
-            events,
-            live,
+            events: Broadcast::new(),
+            live: Broadcast::new(),
             cancel: CancellationToken::new(),
             wake: tokio::sync::Notify::new(),
             control: tokio::sync::Mutex::new(()),
