@@ -502,7 +502,7 @@ pub async fn run_command(
             (Stream::Stderr, m.1.finish()),
         ] {
             if !text.is_empty() {
-                let _ = held_live.send(LiveOutput {
+                held_live.send(LiveOutput {
                     kind: "live_output",
                     call_id,
                     stream: stream.as_str(),
@@ -523,7 +523,7 @@ pub async fn run_command(
         if text.is_empty() {
             return;
         }
-        let _ = live.send(LiveOutput {
+        live.send(LiveOutput {
             kind: "live_output",
             call_id: o.call_id,
             stream: o.stream.as_str(),

@@ -528,7 +528,7 @@ impl Engine {
         }
         for (stream, paths) in [("changed", f.changed), ("removed", f.removed)] {
             if !paths.is_empty() {
-                let _ = task.live.send(LiveOutput {
+                task.live.send(LiveOutput {
                     kind: "fs_change",
                     call_id: 0,
                     stream,

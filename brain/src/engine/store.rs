@@ -223,7 +223,7 @@ impl Store {
             !st.status.is_terminal() && st.last_seq - st.snapshot_seq >= self.snapshot_every
         };
         for r in recs {
-            let _ = task.events.send(Shown::new(r));
+            task.events.send(Shown::new(r));
         }
         let _ = self.changes.send(task.id);
         if snapshot_due {
@@ -247,7 +247,7 @@ impl Store {
             }
             // Watchers see the marker too: what they are shown is the log, record for record.
             for r in recs {
-                let _ = task.events.send(Shown::new(r));
+                task.events.send(Shown::new(r));
             }
         }
         Ok(())
