@@ -534,6 +534,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_placement_section_is_checked() {
+        let c = Config::parse(
+            "[placement]\nmax_tasks_per_worker = 3\nsteady_after = \"2m\"\nfailover_backoff = \"5s\"",
+        )
+        .unwrap();
+        assert_eq!(c.placement.max_tasks_per_worker, 3);
+        let (steady, backoff) = c.placement.durations().unwrap();
+        assert_eq!(
+            (steady, backoff),
+            (
+                std::time::Duration::from_secs(120),
+                std::time::Duration::from_secs(5)
+            )
+        );
+        let err = Config::parse("[placement]\nsteady_after = \"soon\"").unwrap_err();
+        assert!(
+            err.contains("steady_after") && err.contains("soon"),
+            "{err}"
+        );
+        let err = Config::parse("[placement]\nmoves_per_worker = 0").unwrap_err();
+        assert!(err.contains("moves_per_worker must be at least 1"), "{err}");
+        assert!(
+            Config::parse("[placement]\nmax_tasks = 3").is_err(),
+            "unknown key"
+        );
+    }
+
+    #[test]
     fn a_file_sets_defaults_and_requests_override_them() {
         let c = Config::parse(
             r#"
