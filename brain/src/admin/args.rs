@@ -470,9 +470,9 @@ pub struct RunArgs {
     /// config (none). Followed, `brain run` waits for the delivery and exits 1 if it failed
     #[arg(long, requires = "git", value_parser = ["branch", "pr", "none"])]
     pub deliver: Option<String>,
-    /// Start from a copy of this directory on the task's worker (the laptop case; a relative
-    /// path is taken from here, for a worker on this machine). Only what the brain lacks is
-    /// sent; the agent works on the copy
+    /// Start from a copy of this directory on the task's worker, named with --worker (the
+    /// laptop case; a relative path is taken from here, for a worker on this machine). Only
+    /// what the brain lacks is sent; the agent works on the copy
     #[arg(long, conflicts_with = "git")]
     pub dir: Option<PathBuf>,
     /// Sync the workspace's .git/ too (left out by default)
