@@ -43,7 +43,8 @@ fn tasks_spread_within_capacity_and_the_rest_queue_in_order() {
     let workers: Vec<Worker> = (0..3)
         .map(|i| worker_taking(&c, &format!("w{i}"), 2))
         .collect();
-    let p = plan(&c, "hold", 1, "sleep 3");
+    // Each task holds its place long enough for all eight to be created on a loaded machine.
+    let p = plan(&c, "hold", 1, "sleep 15");
     // Eight tasks, no worker named: six places, two queued.
     let mut ids = vec![];
     for _ in 0..8 {
@@ -53,7 +54,7 @@ fn tasks_spread_within_capacity_and_the_rest_queue_in_order() {
     }
     let mut most: HashMap<String, u64> = HashMap::new();
     let mut saw_queue = None;
-    let deadline = Instant::now() + Duration::from_secs(90);
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let all = tasks(&c);
         let queued: Vec<&serde_json::Value> =
