@@ -154,6 +154,9 @@ pub struct AgentState {
     /// The `finish` call for which the protected files were last put back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_for: Option<String>,
+    /// The workspace's root hash at the latest barrier (for the loop detector).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub root: String,
 }
 
 /// Where a person's approval of a call stands.
@@ -196,6 +199,7 @@ impl AgentState {
             recent: VecDeque::new(),
             surveyed: false,
             restored_for: None,
+            root: String::new(),
         }
     }
 
@@ -327,6 +331,15 @@ impl AgentState {
         }
     }
 
+    /// The mirror caught up with the workspace after the latest call: that is what the call
+    /// left.
+    pub fn on_barrier(&mut self, root: &str) {
+        self.root = root.to_string();
+        if let Some(t) = self.recent.back_mut() {
+            t.root = root.to_string();
+        }
+    }
+
     /// Whether the model has stopped calling tools: two replies in a row without a call (the
     /// nudge after the first did not help), or three when the last tried and could not be read
     /// (a model copying the call format wrong alternates between the two for ever otherwise).
@@ -334,6 +347,8 @@ impl AgentState {
         self.idle_replies >= 3 || (self.idle_replies >= 2 && !self.idle_malformed)
     }
 
+    /// The turn's root is the workspace's as the mirror last saw it, until the barrier after
+    /// the call says what the call left ([`Self::on_barrier`]).
     pub fn on_observation(&mut self, tool_use_id: &str, text: &str, failed: bool) {
         let Some(u) = self.queue.front().filter(|u| u.id == tool_use_id).cloned() else {
             return;
@@ -344,6 +359,7 @@ impl AgentState {
             sig: Self::signature(&u),
             obs: obs_hash(text),
             failed,
+            root: self.root.clone(),
         });
         while self.recent.len() > RECENT_TURNS {
             self.recent.pop_front();
@@ -436,6 +452,7 @@ impl AgentState {
             sig,
             obs: obs_hash(&text),
             failed,
+            root: self.root.clone(),
         });
         if let Some((l, stuck)) = next.looping() {
             text.push_str(&format!(
@@ -638,6 +655,118 @@ mod tests {
         // 1 goal + 7 × (assistant + tool)
         assert_eq!(a.conversation.len(), 15);
         assert_eq!(a.spent.tokens, 7 * 15);
+    }
+
+    /// Runs one call: the model's reply, what it was told, and the barrier after it.
+    fn turn(a: &mut AgentState, id: &str, name: &str, args: &str, told: &str, root: &str) {
+        a.on_response(&call(id, name, args), 0.0);
+        a.on_observation(id, told, name == "finish");
+        a.on_barrier(root);
+    }
+
+    #[test]
+    fn a_write_that_changes_nothing_and_a_refused_finish_are_a_cycle_whatever_the_bytes() {
+        let mut a = AgentState::new(spec(), "goal", 0);
+        a.spec.budget.steps = 0;
+        a.limits.steps = 0;
+        a.on_barrier("r0");
+        let refused = |secs: u32| {
+            format!("not done: the check failed.\nFAIL: test_mean\nRan 2 tests in 0.00{secs}s")
+        };
+        // The same wrong file each time, written with different spacing, then `finish`.
+        let mut rounds = 0;
+        for i in 0..6 {
+            let args = format!(
+                "{{\"path\": \"stats.py\",{} \"content\": \"x\"}}",
+                " ".repeat(i)
+            );
+            turn(
+                &mut a,
+                &format!("w{i}"),
+                "write_file",
+                &args,
+                "wrote stats.py (1 bytes)",
+                "r1",
+            );
+            turn(
+                &mut a,
+                &format!("f{i}"),
+                "finish",
+                "{}",
+                &refused(i as u32),
+                "r1",
+            );
+            rounds += 1;
+            if a.stuck().is_some() {
+                break;
+            }
+        }
+        let why = a.stuck().expect("a two-call cycle is stuck");
+        assert!(why.contains("2 calls"), "{why}");
+        assert_eq!(
+            rounds, 3,
+            "noted after two rounds (limit 2), stopped after the third"
+        );
+
+        // Three calls: read, a write that changes nothing, a refused finish.
+        let mut a = AgentState::new(spec(), "goal", 0);
+        a.limits.steps = 0;
+        a.on_barrier("r0");
+        let mut rounds = 0;
+        for i in 0..6 {
+            turn(
+                &mut a,
+                &format!("r{i}"),
+                "read_file",
+                "{\"path\":\"stats.py\"}",
+                "1 | x",
+                "r0",
+            );
+            let args = format!(
+                "{{\"path\":\"stats.py\",\"old_string\":\"x\",\"new_string\":\"x{}\"}}",
+                ""
+            );
+            turn(
+                &mut a,
+                &format!("e{i}"),
+                "edit_file",
+                &args,
+                "edited stats.py",
+                "r0",
+            );
+            turn(
+                &mut a,
+                &format!("f{i}"),
+                "finish",
+                "{}",
+                &refused(i as u32),
+                "r0",
+            );
+            rounds += 1;
+            if a.stuck().is_some() {
+                break;
+            }
+        }
+        let why = a.stuck().expect("a three-call cycle is stuck");
+        assert!(why.contains("3 calls"), "{why}");
+        assert_eq!(rounds, 3);
+
+        // Writes that do change the workspace are progress, not a cycle.
+        let mut a = AgentState::new(spec(), "goal", 0);
+        a.limits.steps = 0;
+        for i in 0..8 {
+            let root = format!("r{i}");
+            turn(
+                &mut a,
+                &format!("w{i}"),
+                "write_file",
+                "{}",
+                "wrote stats.py (1 bytes)",
+                &root,
+            );
+            turn(&mut a, &format!("f{i}"), "finish", "{}", &refused(1), &root);
+        }
+        assert_eq!(a.stuck(), None);
     }
 
     #[test]

@@ -378,6 +378,9 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
         } => {
             st.barrier_version = *version;
             st.barrier_root = root_hash.clone();
+            if let Some(a) = &mut st.agent {
+                a.on_barrier(root_hash);
+            }
             st.disk_bytes = bytes + tmp_bytes;
             st.disk_files = files + tmp_files;
             st.unsynced_calls = 0;
