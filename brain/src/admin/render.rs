@@ -443,6 +443,10 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             }
             s
         }
+        E::CodeInView { text } => format!(
+            "code in view for the model: {}",
+            crate::model::code_view::headers(text).join(", ")
+        ),
         E::ProtectedRestored { paths, .. } => format!(
             "restored the check's files before the check: {}",
             paths.join(", ")

@@ -21,8 +21,10 @@ pub use config::{
 };
 pub use openai::OpenAi;
 pub use replay::{Replay, to_transcript};
-pub use text_tools::TextTools;
-pub use types::{Error, Message, Provider, Request, Response, Role, ToolSpec, ToolUse, Usage};
+pub use text_tools::{EDIT_FORMAT, EDIT_ID, TextTools};
+pub use types::{
+    CodeBlock, Error, Message, Provider, Request, Response, Role, ToolSpec, ToolUse, Usage,
+};
 
 /// Builds the provider for `spec`: its HTTP client with the resolved URL, key, timeouts and
 /// retries, wrapped in [`TextTools`] when the model's `tool_mode` is `text`. A

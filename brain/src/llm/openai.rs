@@ -165,5 +165,6 @@ pub(crate) fn parse_response(v: &Value) -> Result<Response, String> {
         malformed_calls: Vec::new(),
         skipped_calls: Vec::new(),
         nudge: String::new(),
+        code_blocks: vec![],
     })
 }

@@ -98,6 +98,7 @@ mod tests {
             malformed_calls: vec![],
             skipped_calls: vec![],
             nudge: String::new(),
+            code_blocks: vec![],
         }
     }
 

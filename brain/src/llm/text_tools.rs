@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::types::{Error, Message, Provider, Request, Response, Role, ToolSpec, ToolUse};
+use super::types::{
+    CodeBlock, Error, Message, Provider, Request, Response, Role, ToolSpec, ToolUse,
+};
 
 /// Wraps a provider so tool calls travel as text: sends no `tools`, describes them in the
 /// system prompt, replays earlier calls and results as text, and parses calls out of the
@@ -40,7 +42,9 @@ impl Provider for TextTools {
             .count();
         let mut parsed = parse_reply(&resp.message.content, turn);
         // One call per reply: the model sees each result before its next move, so it does
-        // not run a plan blind (a `finish` after a test it has not seen fail).
+        // not run a plan blind (a `finish` after a test it has not seen fail). Edits written
+        // as SEARCH/REPLACE blocks all run, before it.
+        let edits = std::mem::take(&mut parsed.edits);
         if parsed.calls.len() > 1 {
             let extra: Vec<String> = parsed.calls.drain(1..).map(|c| c.name).collect();
             resp.skipped_calls.push(format!(
@@ -50,10 +54,12 @@ impl Provider for TextTools {
                 extra.join(", ")
             ));
         }
-        if parsed.calls.is_empty() && parsed.malformed.is_empty() {
+        if parsed.calls.is_empty() && edits.is_empty() && parsed.malformed.is_empty() {
             resp.nudge = nudge(&parsed.content);
+            resp.code_blocks = parsed.code_blocks;
         }
         resp.message.content = parsed.content;
+        resp.message.tool_calls.extend(edits);
         resp.message.tool_calls.extend(parsed.calls);
         resp.malformed_calls.extend(parsed.malformed);
         Ok(resp)
@@ -70,15 +76,37 @@ fn nudge(reply: &str) -> String {
     let mut n = String::from(
         "You did not call a tool, so nothing was done. To call one, write exactly one fenced json block with the tool's name and its arguments as a JSON object. For example, to read a file:\n\n```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\": \"README.md\"}}\n```",
     );
-    if reply.contains("```") {
+    if reply.contains("```") || describes_change(reply) {
         n.push_str(
-            "\n\nCode in your reply is not written to any file. To change a file, call `write_file` (its path and the whole new content) or `edit_file`.",
+            "\n\nYou described a change without making it: code in your reply is not written to any file. To change a file, write its path on a line, then the exact lines now in it and the lines to put there:\n\n",
         );
+        n.push_str(EDIT_FORMAT);
+        n.push_str("\n\nor call `write_file` (its path and the whole new content).");
     }
     n.push_str(
         "\n\nWhen the goal is met, call `finish` alone:\n\n```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"what you changed\"}}\n```",
     );
     n
+}
+
+/// The edit format a small model can write, shown once in the prompt and in a nudge.
+pub const EDIT_FORMAT: &str = "stats.py\n<<<<<<< SEARCH\n    return total / (len(xs) + 1)\n=======\n    return total / len(xs)\n>>>>>>> REPLACE";
+
+/// Whether a reply without calls says what to change ("change X to Y", "should be").
+fn describes_change(reply: &str) -> bool {
+    let r = reply.to_ascii_lowercase();
+    [
+        "should be",
+        "change ",
+        "replace ",
+        "instead of",
+        "fix ",
+        "fixed",
+        "update ",
+        "modify ",
+    ]
+    .iter()
+    .any(|w| r.contains(w))
 }
 
 /// The system prompt's tool section.
@@ -90,8 +118,12 @@ fn tools_prompt(tools: &[ToolSpec]) -> String {
     s.push_str(FORMAT);
     s.push_str(
         "\n\nMake exactly one call per reply: its result comes back in the next message, and \
-         only then decide the next step. Only the first block of a reply is run.\n",
+         only then decide the next step. Only the first block of a reply is run.\n\nTo change \
+         part of a file you may instead write its path on a line, then the exact lines now in \
+         it and the lines to put there (several such blocks in one reply all apply):\n\n",
     );
+    s.push_str(EDIT_FORMAT);
+    s.push('\n');
     for t in tools {
         s.push_str(&format!(
             "\n## {}\n\n{}\n\nArguments (JSON schema): {}\n",
@@ -130,7 +162,10 @@ pub(crate) fn to_text_request(req: &Request) -> Request {
                 }
                 for c in &m.tool_calls {
                     names.insert(&c.id, &c.name);
-                    parts.push(call_block(c));
+                    // An edit the model wrote as a block is in its text already.
+                    if !c.id.starts_with(EDIT_ID) {
+                        parts.push(call_block(c));
+                    }
                 }
                 messages.push(Message {
                     role: Role::Assistant,
@@ -173,12 +208,20 @@ pub(crate) struct Parsed {
     pub content: String,
     pub calls: Vec<ToolUse>,
     pub malformed: Vec<String>,
+    /// `edit_file` calls from SEARCH/REPLACE blocks (ids start with [`EDIT_ID`]).
+    pub edits: Vec<ToolUse>,
+    /// Fenced blocks of code that are not calls.
+    pub code_blocks: Vec<CodeBlock>,
 }
+
+/// The id prefix of calls the model wrote as blocks of code rather than as JSON.
+pub const EDIT_ID: &str = "edit_";
 
 /// Reads the tool calls out of an answer. `turn` (the number of earlier assistant messages)
 /// makes the ids `call_<turn>_<n>` unique within the conversation.
 pub(crate) fn parse_reply(text: &str, turn: usize) -> Parsed {
     let mut out = Parsed::default();
+    let text = search_replace(text, turn, &mut out);
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let mut i = 0;
     while i < lines.len() {
@@ -209,12 +252,18 @@ pub(crate) fn parse_reply(text: &str, turn: usize) -> Parsed {
             i = end;
             (rest.trim(), body, raw, closed)
         };
+        let info_raw = info.to_string();
         let info = info.to_ascii_lowercase();
         if !matches!(
             info.as_str(),
             "" | "json" | "tool" | "tool_call" | "tool_code"
         ) {
             out.content.push_str(&raw);
+            out.code_blocks.push(code_block(
+                &info_raw,
+                &out.content[..out.content.len() - raw.len()],
+                &body,
+            ));
             continue;
         }
         let tool_fence = info.starts_with("tool");
@@ -222,10 +271,149 @@ pub(crate) fn parse_reply(text: &str, turn: usize) -> Parsed {
         read_block(&body, tool_fence, closed, turn, &mut out);
         if out.malformed.len() > before.1 || out.calls.len() == before.0 {
             out.content.push_str(&raw); // not a call, or a malformed one: keep the text
+            if out.malformed.len() == before.1 && !body.trim_start().starts_with(['{', '[']) {
+                let above = &out.content[..out.content.len() - raw.len()];
+                out.code_blocks.push(code_block(&info_raw, above, &body));
+            }
         }
     }
     out.content = out.content.trim().to_string();
     out
+}
+
+/// A path as a model writes it around a block: `stats.py`, **src/a.rs**, "In `x.py`:",
+/// "File: x.py". The last word with a file extension, stripped of marks.
+fn path_in(line: &str) -> Option<String> {
+    line.split_whitespace()
+        .rev()
+        .map(|w| w.trim_matches(|c: char| "`*\"'():,;#".contains(c)))
+        .find(|w| {
+            let (stem, ext) = w.rsplit_once('.').unwrap_or(("", ""));
+            !stem.is_empty()
+                && !ext.is_empty()
+                && ext.len() <= 10
+                && ext.chars().all(|c| c.is_ascii_alphanumeric())
+                && !ext.chars().all(|c| c.is_ascii_digit())
+                && w.chars()
+                    .all(|c| c.is_alphanumeric() || "._-/@+".contains(c))
+                && !w.starts_with('/')
+                && !w.contains("..")
+        })
+        .map(|w| w.trim_start_matches("./").to_string())
+}
+
+/// A fenced block of code: the file its info string or the line above names.
+fn code_block(info: &str, above: &str, body: &str) -> CodeBlock {
+    let mut words = info.split_whitespace();
+    let first = words.next().unwrap_or("");
+    let (lang, named) = if path_in(first).is_some_and(|p| p == first) {
+        ("", Some(first.to_string()))
+    } else {
+        (first, words.find_map(path_in))
+    };
+    let path = named.or_else(|| {
+        above
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .filter(|l| l.len() <= 200)
+            .and_then(path_in)
+    });
+    CodeBlock {
+        path,
+        lang: lang.to_string(),
+        body: body.to_string(),
+    }
+}
+
+fn marker(line: &str, ch: char, word: &str) -> bool {
+    let t = line.trim();
+    let n = t.chars().take_while(|c| *c == ch).count();
+    (5..=9).contains(&n) && t[n..].trim().eq_ignore_ascii_case(word)
+}
+
+/// Takes the SEARCH/REPLACE blocks out of `text` as `edit_file` calls (or, with an empty
+/// SEARCH, as a block of code for a new file), and answers the rest of the text.
+fn search_replace(text: &str, turn: usize, out: &mut Parsed) -> String {
+    if !text.contains("<<<<<") {
+        return text.to_string();
+    }
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut rest = String::new();
+    let mut last_path: Option<String> = None;
+    let mut i = 0;
+    while i < lines.len() {
+        if !marker(lines[i], '<', "SEARCH") {
+            rest.push_str(lines[i]);
+            i += 1;
+            continue;
+        }
+        // The path: on the nearest line above that is not blank or a fence.
+        let mut path = None;
+        for l in lines[..i].iter().rev().take(4) {
+            let t = l.trim();
+            if t.is_empty() {
+                continue;
+            }
+            if let Some(info) = t.strip_prefix("```") {
+                match info.split_whitespace().find_map(path_in) {
+                    Some(p) => {
+                        path = Some(p);
+                        break;
+                    }
+                    None => continue,
+                }
+            }
+            if marker(t, '>', "REPLACE") {
+                path = last_path.clone();
+            } else {
+                path = path_in(t);
+            }
+            break;
+        }
+        let (mut old, mut new) = (String::new(), String::new());
+        let mut j = i + 1;
+        while j < lines.len() && !marker(lines[j], '=', "") {
+            old.push_str(lines[j]);
+            j += 1;
+        }
+        let mut k = j + 1;
+        while k < lines.len() && !marker(lines[k], '>', "REPLACE") {
+            new.push_str(lines[k]);
+            k += 1;
+        }
+        if k >= lines.len() {
+            out.malformed.push(
+                "A SEARCH/REPLACE block was not applied because it does not end with a `>>>>>>> REPLACE` line.".into(),
+            );
+            rest.push_str(&lines[i..].concat());
+            break;
+        }
+        let raw = lines[i..=k].concat();
+        i = k + 1;
+        let Some(path) = path.or_else(|| last_path.clone()) else {
+            out.malformed.push("A SEARCH/REPLACE block was not applied because no file is named: write the file's path on the line just above `<<<<<<< SEARCH`.".into());
+            rest.push_str(&raw);
+            continue;
+        };
+        last_path = Some(path.clone());
+        let (old, new) = (old.trim_end_matches('\n'), new.trim_end_matches('\n'));
+        if old.trim().is_empty() {
+            out.code_blocks.push(CodeBlock {
+                path: Some(path),
+                lang: String::new(),
+                body: format!("{new}\n"),
+            });
+        } else {
+            out.edits.push(ToolUse {
+                id: format!("{EDIT_ID}{turn}_{}", out.edits.len()),
+                name: "edit_file".into(),
+                arguments: json!({"path": path, "old_string": old, "new_string": new}).to_string(),
+            });
+        }
+        rest.push_str(&raw);
+    }
+    rest
 }
 
 /// Adds the calls (or the errors) in one fenced block's body to `out`.
@@ -325,11 +513,84 @@ mod tests {
             "no placeholder to copy: {plain}"
         );
         let with_code = nudge("Fixed:\n```python\ndef f():\n    return 1\n```");
-        assert!(with_code.contains("Code in your reply is not written to any file"));
+        assert!(with_code.contains("code in your reply is not written to any file"));
+        assert!(with_code.contains(EDIT_FORMAT), "{with_code}");
+        let described = nudge("The bug is the + 1: it should be len(xs).");
+        assert!(
+            described.contains("described a change without making it"),
+            "{described}"
+        );
         // The examples in it are calls the parser reads, the way the model should copy them.
         let p = parse_reply(&with_code, 0);
         let names: Vec<&str> = p.calls.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["read_file", "finish"], "{with_code}");
+    }
+
+    #[test]
+    fn search_replace_blocks_are_edits_of_the_file_named_above_them() {
+        let text = "The divisor is off by one.\n\nstats.py\n```python\n<<<<<<< SEARCH\n    return total / (len(xs) + 1)\n=======\n    return total / len(xs)\n>>>>>>> REPLACE\n```\n\n<<<<<<< SEARCH\ndef spread(xs):\n=======\ndef spread(xs):  # max - min\n>>>>>>> REPLACE\n\n**src/new.py**\n<<<<<<< SEARCH\n=======\nX = 1\n>>>>>>> REPLACE\n";
+        let p = parse_reply(text, 3);
+        assert!(p.calls.is_empty() && p.malformed.is_empty(), "{p:?}");
+        let edits: Vec<(String, Value)> = p
+            .edits
+            .iter()
+            .map(|e| (e.id.clone(), serde_json::from_str(&e.arguments).unwrap()))
+            .collect();
+        assert_eq!(edits.len(), 2, "{edits:?}");
+        assert_eq!(edits[0].0, "edit_3_0");
+        assert_eq!(
+            edits[0].1,
+            json!({"path": "stats.py", "old_string": "    return total / (len(xs) + 1)", "new_string": "    return total / len(xs)"})
+        );
+        assert_eq!(
+            edits[1].1["path"], "stats.py",
+            "the path carries over to the next block"
+        );
+        // An empty SEARCH is a new file's text: a block of code for the agent to place.
+        let new_file: Vec<&CodeBlock> = p
+            .code_blocks
+            .iter()
+            .filter(|b| b.path.as_deref() == Some("src/new.py"))
+            .collect();
+        assert_eq!(new_file.len(), 1, "{:?}", p.code_blocks);
+        assert_eq!(new_file[0].body, "X = 1\n");
+        // No path anywhere, or no end: not applied, and said why.
+        let p = parse_reply("<<<<<<< SEARCH\na\n=======\nb\n>>>>>>> REPLACE\n", 0);
+        assert!(
+            p.edits.is_empty() && p.malformed[0].contains("no file is named"),
+            "{p:?}"
+        );
+        let p = parse_reply("x.py\n<<<<<<< SEARCH\na\n=======\nb\n", 0);
+        assert!(
+            p.edits.is_empty() && p.malformed[0].contains(">>>>>>> REPLACE"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn code_blocks_name_their_file_in_the_info_string_or_the_line_above() {
+        let text = "In `stats.py`:\n```python\ndef mean(xs):\n    return 1\n```\nand\n```python util/helpers.py\nX = 1\n```\n```js\nlet a = 1;\n```\n```sh\npython3 test.py\n```";
+        let p = parse_reply(text, 0);
+        let got: Vec<(Option<&str>, &str)> = p
+            .code_blocks
+            .iter()
+            .map(|b| (b.path.as_deref(), b.lang.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Some("stats.py"), "python"),
+                (Some("util/helpers.py"), "python"),
+                (None, "js"),
+                (None, "sh")
+            ]
+        );
+        assert_eq!(p.code_blocks[0].body, "def mean(xs):\n    return 1\n");
+        // A call is a call, not a block of code; numbers and absolute paths are not files.
+        let p = parse_reply("```json\n{\"tool\": \"ls\", \"arguments\": {}}\n```", 0);
+        assert!(p.code_blocks.is_empty());
+        assert_eq!(path_in("version 1.5 of /etc/passwd"), None);
+        assert_eq!(path_in("**src/lib.rs**:"), Some("src/lib.rs".into()));
     }
 
     #[test]

@@ -96,6 +96,21 @@ pub struct Response {
     /// the agent's default.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub nudge: String,
+    /// Text mode: fenced code blocks of an answer without calls, which the agent may take as
+    /// edits (see `model::edits`). Resolved before the answer is logged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub code_blocks: Vec<CodeBlock>,
+}
+
+/// A fenced block of code in an answer: the file it names (in its info string or on the
+/// line above), its language, its text.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CodeBlock {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub lang: String,
+    pub body: String,
 }
 
 /// A model behind its wire format: one call, one answer. Implementations retry transient

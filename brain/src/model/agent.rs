@@ -268,6 +268,56 @@ impl AgentState {
         }
     }
 
+    /// Adds the code the check's first run points at to the first message (or, once the
+    /// model has answered, as a message of its own).
+    pub fn on_code_in_view(&mut self, text: &str) {
+        if text.trim().is_empty() {
+            return;
+        }
+        let answered = self.conversation.iter().any(|m| m.role == Role::Assistant);
+        match self.conversation.first_mut() {
+            Some(first) if !answered => {
+                first.content.push_str("\n\n");
+                first.content.push_str(text);
+            }
+            _ => self.conversation.push(Message::user(text)),
+        }
+    }
+
+    /// The files the model has seen the text of, newest first (at most eight): those shown
+    /// in a view of code, read, written or edited.
+    pub fn files_in_view(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        let mut add = |p: &str| {
+            let p = p.trim().trim_start_matches("./");
+            if !p.is_empty() && !out.iter().any(|q| q == p) && out.len() < 8 {
+                out.push(p.to_string());
+            }
+        };
+        for m in self.conversation.iter().rev() {
+            for c in &m.tool_calls {
+                if matches!(c.name.as_str(), "read_file" | "write_file" | "edit_file")
+                    && let Ok(v) = serde_json::from_str::<serde_json::Value>(&c.arguments)
+                    && let Some(p) = v["path"].as_str()
+                {
+                    add(p);
+                }
+            }
+            if m.role != Role::Assistant {
+                for h in super::code_view::headers(&m.content) {
+                    add(h
+                        .split(" (the whole file)")
+                        .next()
+                        .unwrap_or("")
+                        .split(" lines ")
+                        .next()
+                        .unwrap_or(""));
+                }
+            }
+        }
+        out
+    }
+
     /// The rounds of a loop after which the model is told, and after which the task stops:
     /// a single repeated call gets two more tries after the note, a longer cycle one more
     /// round.
@@ -608,6 +658,7 @@ mod tests {
             malformed_calls: vec![],
             skipped_calls: vec![],
             nudge: String::new(),
+            code_blocks: vec![],
         }
     }
 

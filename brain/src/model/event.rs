@@ -528,6 +528,11 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         readme: String,
     },
+    /// The code the check's first (failing) run points at, or a small workspace's files
+    /// whole: shown to the model with the goal.
+    CodeInView {
+        text: String,
+    },
     /// The files the acceptance check relies on were put back as the task started, before
     /// the check runs for the `finish` call `tool_use_id`.
     ProtectedRestored {

@@ -4,7 +4,9 @@
 
 pub mod agent;
 pub mod check;
+pub mod code_view;
 pub mod delivery;
+pub mod edits;
 pub mod egress;
 pub mod env;
 pub mod event;

@@ -495,6 +495,11 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                 a.on_surveyed(files, *truncated, readme_path, readme);
             }
         }
+        Event::CodeInView { text } => {
+            if let Some(a) = &mut st.agent {
+                a.on_code_in_view(text);
+            }
+        }
         Event::ProtectedRestored { tool_use_id, .. } => {
             if let Some(a) = &mut st.agent {
                 a.restored_for = Some(tool_use_id.clone());

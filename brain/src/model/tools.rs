@@ -448,7 +448,7 @@ pub fn numbered(text: &str, start: u32, end: u32) -> String {
 pub fn apply_edit(text: &str, old: &str, new: &str, path: &str) -> Result<String, String> {
     match text.matches(old).count() {
         1 => Ok(text.replacen(old, new, 1)),
-        0 => Err(format!(
+        0 => loose_edit(text, old, new).ok_or_else(|| format!(
             "error: old_string was not found in {path}; read the file and copy the exact text (whitespace included)"
         )),
         n => Err(format!(
@@ -457,9 +457,106 @@ pub fn apply_edit(text: &str, old: &str, new: &str, path: &str) -> Result<String
     }
 }
 
+fn lead(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+/// The edit when `old` is not in `text` exactly but its lines are, once, whole, with
+/// trailing spaces aside and all indented alike by the same amount (a model that copied a
+/// method's lines without their indent): those lines replaced by `new`'s, indented alike.
+fn loose_edit(text: &str, old: &str, new: &str) -> Option<String> {
+    let want: Vec<&str> = old.trim_matches('\n').lines().collect();
+    if want.iter().all(|l| l.trim().is_empty()) {
+        return None;
+    }
+    let have: Vec<&str> = text.split_inclusive('\n').collect();
+    let fits = |s: usize| -> Option<isize> {
+        let mut shift: Option<isize> = None;
+        for (i, w) in want.iter().enumerate() {
+            let h = have[s + i].trim_end_matches(['\n', '\r']);
+            if w.trim().is_empty() || h.trim().is_empty() {
+                if w.trim().is_empty() && h.trim().is_empty() {
+                    continue;
+                }
+                return None;
+            }
+            if h.trim() != w.trim() {
+                return None;
+            }
+            let d = lead(h) as isize - lead(w) as isize;
+            match shift {
+                None => shift = Some(d),
+                Some(x) if x == d => {}
+                Some(_) => return None,
+            }
+        }
+        shift
+    };
+    if have.len() < want.len() {
+        return None;
+    }
+    let found: Vec<(usize, isize)> = (0..=have.len() - want.len())
+        .filter_map(|s| fits(s).map(|d| (s, d)))
+        .collect();
+    let [(s, shift)] = found[..] else {
+        return None;
+    };
+    let pad = if shift > 0 {
+        let first = have[s..s + want.len()]
+            .iter()
+            .find(|l| !l.trim().is_empty())?;
+        first[..shift as usize].to_string()
+    } else {
+        String::new()
+    };
+    let mut out: String = have[..s].concat();
+    let ends_nl = have[s + want.len() - 1].ends_with('\n');
+    let new_lines: Vec<String> = new
+        .trim_matches('\n')
+        .lines()
+        .map(|l| {
+            if l.trim().is_empty() {
+                String::new()
+            } else if shift >= 0 {
+                format!("{pad}{l}")
+            } else {
+                l[(-shift as usize).min(lead(l))..].to_string()
+            }
+        })
+        .collect();
+    out.push_str(&new_lines.join("\n"));
+    if ends_nl && !new_lines.is_empty() {
+        out.push('\n');
+    }
+    out.push_str(&have[s + want.len()..].concat());
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_edit_whose_lines_match_but_for_indent_and_trailing_spaces_applies_once() {
+        let text = "class S:\n    def mean(self, xs):  \n        return 0\n\n    def n(self):\n        return 1\n";
+        let got = apply_edit(
+            text,
+            "def mean(self, xs):\n    return 0",
+            "def mean(self, xs):\n    return sum(xs) / len(xs)",
+            "s.py",
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            "class S:\n    def mean(self, xs):\n        return sum(xs) / len(xs)\n\n    def n(self):\n        return 1\n"
+        );
+        // Twice, or not at all: not applied.
+        let twice = "def f():\n    return 0\n\ndef g():\n    return 0\n";
+        assert!(apply_edit(twice, "  return 0", "  return 1", "t.py").is_err());
+        assert!(apply_edit(text, "return 2", "return 1", "s.py").is_err());
+        // Lines indented unevenly against the file's are not a match.
+        assert!(apply_edit(text, "def mean(self, xs):\nreturn 0", "x", "s.py").is_err());
+    }
 
     fn u(name: &str, args: &str) -> ToolUse {
         ToolUse {

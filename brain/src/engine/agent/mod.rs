@@ -13,6 +13,7 @@
 mod files;
 #[cfg(test)]
 mod tests;
+mod view;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -338,6 +339,10 @@ impl AgentDriver {
                 for m in &mut r.malformed_calls {
                     *m = self.redact.apply(m);
                 }
+                for b in &mut r.code_blocks {
+                    b.body = self.redact.apply(&b.body);
+                }
+                view::edits_from_blocks(cx, a, &mut r).await;
                 let cost_usd = info.price.map_or(0.0, |p| p.cost(&r.usage));
                 tracing::info!(
                     task = %cx.task.id,
@@ -605,16 +610,39 @@ async fn settle_first_check(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> R
             stderr,
         } => {
             let (stdout, stderr) = (redact.apply(&stdout), redact.apply(&stderr));
-            cx.store()
-                .append(
-                    cx.task,
-                    effects::completed(p.call_id, result, stdout, stderr),
-                )
-                .await?;
+            let view = if result.ok() {
+                String::new()
+            } else {
+                view::failing_code(cx, &p.worker, &format!("{stdout}\n{stderr}"), true, redact)
+                    .await
+            };
+            let mut events = effects::completed(p.call_id, result, stdout, stderr);
+            if !view.is_empty() {
+                events.push(Event::CodeInView { text: view });
+            }
+            cx.store().append(cx.task, events).await?;
             cx.ports().workers.ack(&p.worker, p.call_id);
             Ok(())
         }
     }
+}
+
+/// A failing run's description with the code its output points at: the output cut to leave
+/// room for the code, so the observation stays within its bound.
+async fn with_code(
+    cx: &Cx<'_>,
+    worker: &str,
+    described: String,
+    output: &str,
+    check: bool,
+    redact: &Redactor,
+) -> String {
+    let view = view::failing_code(cx, worker, output, check, redact).await;
+    if view.is_empty() {
+        return described;
+    }
+    let room = tools::MAX_OBSERVATION.saturating_sub(view.len() + 2);
+    format!("{}\n\n{view}", tools::head_tail(&described, room))
 }
 
 /// Settles the pending call and logs its outcome with the observation, in one append.
@@ -680,13 +708,19 @@ async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Result<(), Er
                     return Ok(());
                 }
                 ack = true;
-                (
-                    events,
-                    format!(
-                        "not done: the acceptance check `{check}` failed, so the task goes on. Its result:\n{output}\nFix what it shows, then call `finish` again."
-                    ),
+                let told = format!(
+                    "not done: the acceptance check `{check}` failed, so the task goes on. Its result:\n{output}\nFix what it shows, then call `finish` again."
+                );
+                let told = with_code(
+                    cx,
+                    &p.worker,
+                    told,
+                    &format!("{stdout}\n{stderr}"),
                     true,
+                    redact,
                 )
+                .await;
+                (events, told, true)
             }
             CommandOutcome::Done {
                 result,
@@ -695,8 +729,12 @@ async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Result<(), Er
             } => {
                 ack = true;
                 let (stdout, stderr) = (redact.apply(&stdout), redact.apply(&stderr));
-                let text = tools::describe_command(&result, &stdout, &stderr);
+                let mut text = tools::describe_command(&result, &stdout, &stderr);
                 let failed = !result.ok();
+                if failed {
+                    let output = format!("{stdout}\n{stderr}");
+                    text = with_code(cx, &p.worker, text, &output, false, redact).await;
+                }
                 (
                     effects::completed(p.call_id, result, stdout, stderr),
                     text,

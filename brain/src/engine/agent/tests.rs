@@ -57,6 +57,7 @@ fn answer(calls: &[(&str, &str)]) -> Response {
         malformed_calls: vec![],
         skipped_calls: vec![],
         nudge: String::new(),
+        code_blocks: vec![],
     }
 }
 

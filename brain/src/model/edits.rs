@@ -1,0 +1,528 @@
+//! Edits a small model can write: a fenced block of code becomes a `write_file` or
+//! `edit_file` call when it is clear what it replaces. Pure: given the block and the texts
+//! of the files in view, it answers the calls, or why the block was not applied.
+//!
+//! - A block that names a file (` ```python stats.py`, or "In `stats.py`:" just above it):
+//!   the whole file when it looks like one (the file does not exist yet, or the block holds
+//!   most of the file's top-level lines), else as below within that file.
+//! - A block whose first line is the first line of exactly one definition in the files in
+//!   view (`def mean(xs):`): that definition is replaced, from its first line to the line
+//!   before the next one at the same or a lower indent (with a closing `}` at that indent
+//!   when the block ends with one). Further definitions in the block replace theirs in the
+//!   same file.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::code_view::is_closer;
+use crate::llm::CodeBlock;
+
+/// What a code block comes to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolved {
+    /// Calls to make: (tool name, JSON arguments), and what they do in words.
+    Calls(Vec<(String, String)>, String),
+    /// It looked like an edit but was not applied: why, in one line.
+    NotApplied(String),
+    /// Not an edit (a shell snippet, an example, output).
+    NotAnEdit,
+}
+
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+fn norm(line: &str) -> String {
+    line.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn is_comment(line: &str) -> bool {
+    let t = line.trim_start();
+    t.starts_with('#') || t.starts_with("//") || t.starts_with("/*") || t.starts_with('*')
+}
+
+/// Languages whose blocks are commands or output, never a file's code.
+fn is_shell_or_output(lang: &str) -> bool {
+    matches!(
+        lang,
+        "sh" | "bash" | "shell" | "console" | "terminal" | "text" | "txt" | "output" | "diff"
+    )
+}
+
+/// The top-level lines of a text (indent 0, not blank, not a closer or a comment).
+fn tops(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && indent(l) == 0 && !is_closer(l) && !is_comment(l))
+        .map(norm)
+        .collect()
+}
+
+/// Whether `body` looks like the whole of `old`: it holds most of its top-level lines.
+fn looks_whole(body: &str, old: &str) -> bool {
+    let old_tops = tops(old);
+    if old_tops.is_empty() {
+        return body.lines().count() * 2 >= old.lines().count();
+    }
+    let body_lines: Vec<String> = body.lines().map(norm).collect();
+    let held = old_tops.iter().filter(|t| body_lines.contains(t)).count();
+    held * 10 >= old_tops.len() * 7
+}
+
+/// Where line `m` of `lines` opens a block: the next non-blank line is indented deeper, or
+/// the line ends with `{`.
+fn opens_block(lines: &[&str], m: usize) -> bool {
+    if lines[m].trim_end().ends_with('{') {
+        return true;
+    }
+    lines[m + 1..]
+        .iter()
+        .find(|l| !l.trim().is_empty())
+        .is_some_and(|l| indent(l) > indent(lines[m]))
+}
+
+/// The lines (start, end exclusive) of the definition that starts at line `m`; the closer at
+/// its indent is included when `with_closer`.
+fn region(lines: &[&str], m: usize, with_closer: bool) -> (usize, usize) {
+    let ind = indent(lines[m]);
+    let mut end = m + 1;
+    let mut j = m + 1;
+    while j < lines.len() {
+        let l = lines[j];
+        if !l.trim().is_empty() {
+            if indent(l) <= ind {
+                break;
+            }
+            end = j + 1;
+        }
+        j += 1;
+    }
+    if with_closer && j < lines.len() && indent(lines[j]) == ind && is_closer(lines[j]) {
+        end = j + 1;
+    }
+    // Decorators just above belong to it.
+    let mut start = m;
+    while start > 0 && indent(lines[start - 1]) == ind && lines[start - 1].trim().starts_with('@') {
+        start -= 1;
+    }
+    (start, end)
+}
+
+/// The block's lines shifted by `shift` columns (`lead`: what to add when deeper).
+fn reindent(lines: &[&str], base: usize, target_lead: &str) -> String {
+    lines
+        .iter()
+        .map(|l| {
+            if l.trim().is_empty() {
+                String::new()
+            } else {
+                let rest = &l[base.min(indent(l))..];
+                format!("{target_lead}{rest}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Where each definition of `block` lies in `text`: (chunk of block lines, file line).
+fn place_definitions(
+    blines: &[&str],
+    base: usize,
+    flines: &[&str],
+) -> Result<Vec<(usize, usize, usize)>, String> {
+    let matches = |b: &str| -> Vec<usize> {
+        let n = norm(b);
+        flines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| norm(l) == n)
+            .map(|(i, _)| i)
+            .collect()
+    };
+    // Chunk starts: lines at the block's base indent that begin something in the file.
+    let mut starts: Vec<(usize, usize)> = Vec::new();
+    for (k, l) in blines.iter().enumerate() {
+        if l.trim().is_empty()
+            || indent(l) != base
+            || is_closer(l)
+            || is_comment(l)
+            || l.trim().starts_with('@')
+        {
+            continue;
+        }
+        let m = matches(l);
+        if starts.is_empty() {
+            // The first definition decides; everything above it goes with it.
+            match m.len() {
+                0 => return Err(format!("no definition begins with `{}`", l.trim())),
+                1 if opens_block(flines, m[0]) => starts.push((k, m[0])),
+                1 => {
+                    return Err(format!(
+                        "`{}` is not the first line of a definition",
+                        l.trim()
+                    ));
+                }
+                n => {
+                    return Err(format!(
+                        "`{}` begins {n} definitions, so which one is meant is not clear",
+                        l.trim()
+                    ));
+                }
+            }
+        } else if m.len() == 1 && opens_block(flines, m[0]) {
+            starts.push((k, m[0]));
+        }
+    }
+    let mut out = Vec::new();
+    for (i, &(k, m)) in starts.iter().enumerate() {
+        let k_from = if i == 0 { 0 } else { k };
+        let k_end = starts.get(i + 1).map_or(blines.len(), |s| s.0);
+        out.push((k_from, k_end, m));
+    }
+    Ok(out)
+}
+
+/// Replaces the definitions of `body` in the file `path` of `text`: the `edit_file` calls.
+fn replace_definitions(
+    path: &str,
+    text: &str,
+    body: &str,
+) -> Result<Vec<(String, String)>, String> {
+    let blines: Vec<&str> = body.trim_end().lines().collect();
+    let base = blines
+        .iter()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| indent(l))
+        .min()
+        .unwrap_or(0);
+    let flines: Vec<&str> = text.lines().collect();
+    let chunks = place_definitions(&blines, base, &flines)?;
+    let mut calls = Vec::new();
+    let mut last_end = 0usize;
+    for (k_from, k_end, m) in chunks {
+        let mut chunk: Vec<&str> = blines[k_from..k_end].to_vec();
+        while chunk.last().is_some_and(|l| l.trim().is_empty()) {
+            chunk.pop();
+        }
+        while chunk.first().is_some_and(|l| l.trim().is_empty()) {
+            chunk.remove(0);
+        }
+        let ends_with_closer = chunk.last().is_some_and(|l| is_closer(l));
+        let (s, e) = region(&flines, m, ends_with_closer);
+        if s < last_end {
+            return Err("its definitions overlap in the file".into());
+        }
+        last_end = e;
+        let lead = &flines[m][..indent(flines[m])];
+        let old = flines[s..e].join("\n");
+        let new = reindent(&chunk, base, lead);
+        if old != new {
+            calls.push((
+                "edit_file".to_string(),
+                json!({"path": path, "old_string": old, "new_string": new}).to_string(),
+            ));
+        }
+    }
+    if calls.is_empty() {
+        return Err(format!("it is what {path} already holds"));
+    }
+    Ok(calls)
+}
+
+/// What `block` comes to, given the texts of the files in view (and of the file it names, if
+/// it exists). `protected` files are never candidates.
+pub fn resolve(
+    block: &CodeBlock,
+    texts: &BTreeMap<String, String>,
+    protected: &dyn Fn(&str) -> bool,
+) -> Resolved {
+    let lang = block.lang.to_ascii_lowercase();
+    if is_shell_or_output(&lang) || block.body.trim().is_empty() {
+        return Resolved::NotAnEdit;
+    }
+    let named = block.path.as_deref().filter(|p| !protected(p));
+    if let Some(p) = named {
+        match texts.get(p) {
+            None => {
+                let args = json!({"path": p, "content": with_newline(&block.body)});
+                return Resolved::Calls(
+                    vec![("write_file".into(), args.to_string())],
+                    format!("a new file {p}"),
+                );
+            }
+            Some(old) if looks_whole(&block.body, old) => {
+                let args = json!({"path": p, "content": with_newline(&block.body)});
+                return Resolved::Calls(
+                    vec![("write_file".into(), args.to_string())],
+                    format!("the whole of {p}"),
+                );
+            }
+            Some(old) => {
+                if let Ok(calls) = replace_definitions(p, old, &block.body) {
+                    return Resolved::Calls(calls, format!("definitions in {p}"));
+                }
+            }
+        }
+    }
+    // The one file in view whose definition the block's first line begins.
+    let mut found: Vec<(String, Vec<(String, String)>)> = Vec::new();
+    let mut why = String::new();
+    for (p, text) in texts.iter().filter(|(p, _)| !protected(p)) {
+        match replace_definitions(p, text, &block.body) {
+            Ok(calls) => found.push((p.clone(), calls)),
+            Err(e) if e.contains("begins") && e.contains("definitions") => why = e,
+            Err(e) if why.is_empty() || e.contains("already holds") => why = e,
+            Err(_) => {}
+        }
+    }
+    match found.len() {
+        1 => {
+            let (p, calls) = found.pop().expect("one");
+            Resolved::Calls(calls, format!("definitions in {p}"))
+        }
+        0 if texts.is_empty() => Resolved::NotApplied(
+            "no file is in view to find its definition in: name the file on the line above the block".into(),
+        ),
+        0 => Resolved::NotApplied(format!(
+            "{} in the files in view ({})",
+            if why.is_empty() { "it matches no definition".to_string() } else { why },
+            texts.keys().filter(|p| !protected(p)).cloned().collect::<Vec<_>>().join(", ")
+        )),
+        _ => Resolved::NotApplied(format!(
+            "its first line begins a definition in several files ({}): name the file on the line above the block",
+            found.iter().map(|(p, _)| p.as_str()).collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
+fn with_newline(s: &str) -> String {
+    if s.ends_with('\n') {
+        s.to_string()
+    } else {
+        format!("{s}\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATS: &str = "import math\n\n\ndef mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / (len(xs) + 1)\n\n\ndef spread(xs):\n    return max(xs) - min(xs)\n";
+
+    fn block(path: Option<&str>, lang: &str, body: &str) -> CodeBlock {
+        CodeBlock {
+            path: path.map(String::from),
+            lang: lang.into(),
+            body: body.into(),
+        }
+    }
+
+    fn files(list: &[(&str, &str)]) -> BTreeMap<String, String> {
+        list.iter()
+            .map(|(p, t)| (p.to_string(), t.to_string()))
+            .collect()
+    }
+
+    fn none(_: &str) -> bool {
+        false
+    }
+
+    /// Applies the calls to the files as the tools would.
+    fn apply(calls: &[(String, String)], texts: &mut BTreeMap<String, String>) {
+        for (name, args) in calls {
+            let a: serde_json::Value = serde_json::from_str(args).unwrap();
+            let p = a["path"].as_str().unwrap().to_string();
+            if name == "write_file" {
+                texts.insert(p, a["content"].as_str().unwrap().into());
+            } else {
+                let t = texts.get(&p).unwrap().clone();
+                let new = crate::model::tools::apply_edit(
+                    &t,
+                    a["old_string"].as_str().unwrap(),
+                    a["new_string"].as_str().unwrap(),
+                    &p,
+                )
+                .unwrap();
+                texts.insert(p, new);
+            }
+        }
+    }
+
+    #[test]
+    fn a_block_beginning_with_one_definitions_first_line_replaces_that_definition() {
+        let mut t = files(&[
+            ("stats.py", STATS),
+            ("test_stats.py", "def test_mean():\n    pass\n"),
+        ]);
+        let b = block(
+            None,
+            "python",
+            "def mean(xs):\n    if not xs:\n        return 0\n    return sum(xs) / len(xs)\n",
+        );
+        let Resolved::Calls(calls, what) = resolve(&b, &t, &|p| p.starts_with("test_")) else {
+            panic!("resolved")
+        };
+        assert_eq!(what, "definitions in stats.py");
+        apply(&calls, &mut t);
+        assert_eq!(
+            t["stats.py"],
+            "import math\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return sum(xs) / len(xs)\n\n\ndef spread(xs):\n    return max(xs) - min(xs)\n"
+        );
+    }
+
+    #[test]
+    fn a_method_written_at_column_zero_is_indented_to_its_place_and_braces_close() {
+        let class = "class Stats:\n    def mean(self, xs):\n        return 0\n\n    def n(self):\n        return 1\n";
+        let mut t = files(&[("s.py", class)]);
+        let b = block(
+            None,
+            "",
+            "def mean(self, xs):\n    return sum(xs) / len(xs)",
+        );
+        let Resolved::Calls(calls, _) = resolve(&b, &t, &none) else {
+            panic!()
+        };
+        apply(&calls, &mut t);
+        assert_eq!(
+            t["s.py"],
+            "class Stats:\n    def mean(self, xs):\n        return sum(xs) / len(xs)\n\n    def n(self):\n        return 1\n"
+        );
+
+        let js =
+            "function slug(s) {\n  return s.replace(/ /, '-');\n}\n\nmodule.exports = { slug };\n";
+        let mut t = files(&[("slug.js", js)]);
+        let b = block(
+            None,
+            "javascript",
+            "function slug(s) {\n  return s.toLowerCase().replace(/ /g, '-');\n}\n",
+        );
+        let Resolved::Calls(calls, _) = resolve(&b, &t, &none) else {
+            panic!()
+        };
+        apply(&calls, &mut t);
+        assert_eq!(
+            t["slug.js"],
+            "function slug(s) {\n  return s.toLowerCase().replace(/ /g, '-');\n}\n\nmodule.exports = { slug };\n"
+        );
+    }
+
+    #[test]
+    fn a_named_file_is_written_whole_when_the_block_is_the_whole_file() {
+        let t = files(&[("stats.py", STATS)]);
+        let whole = "import math\n\n\ndef mean(xs):\n    return sum(xs) / len(xs)\n\n\ndef spread(xs):\n    return max(xs) - min(xs)\n";
+        let Resolved::Calls(calls, what) =
+            resolve(&block(Some("stats.py"), "python", whole), &t, &none)
+        else {
+            panic!()
+        };
+        assert_eq!(what, "the whole of stats.py");
+        assert_eq!(calls[0].0, "write_file");
+        // A new file is written whole.
+        let Resolved::Calls(calls, _) =
+            resolve(&block(Some("util.py"), "python", "X = 1"), &t, &none)
+        else {
+            panic!()
+        };
+        assert_eq!(
+            calls,
+            vec![(
+                "write_file".into(),
+                json!({"path": "util.py", "content": "X = 1\n"}).to_string()
+            )]
+        );
+        // A named file with one definition in the block: that definition only.
+        let mut t2 = t.clone();
+        let Resolved::Calls(calls, _) = resolve(
+            &block(
+                Some("stats.py"),
+                "python",
+                "def spread(xs):\n    return max(xs) - min(xs) if xs else 0\n",
+            ),
+            &t2,
+            &none,
+        ) else {
+            panic!()
+        };
+        apply(&calls, &mut t2);
+        assert!(t2["stats.py"].starts_with("import math\n\n\ndef mean(xs):\n    total = 0"));
+        assert!(
+            t2["stats.py"]
+                .ends_with("def spread(xs):\n    return max(xs) - min(xs) if xs else 0\n")
+        );
+    }
+
+    #[test]
+    fn ambiguous_or_foreign_blocks_are_not_applied_and_say_why_in_one_line() {
+        let t = files(&[
+            ("a.py", "def f():\n    return 1\n"),
+            ("b.py", "def f():\n    return 2\n"),
+        ]);
+        let r = resolve(
+            &block(None, "python", "def f():\n    return 3\n"),
+            &t,
+            &none,
+        );
+        let Resolved::NotApplied(why) = r else {
+            panic!("{r:?}")
+        };
+        assert!(why.contains("several files (a.py, b.py)"), "{why}");
+        assert!(!why.contains('\n'));
+        let r = resolve(
+            &block(None, "python", "def g():\n    return 3\n"),
+            &t,
+            &none,
+        );
+        let Resolved::NotApplied(why) = r else {
+            panic!("{r:?}")
+        };
+        assert!(
+            why.contains("no definition begins with `def g():`"),
+            "{why}"
+        );
+        // A fragment that is not a definition's first line is not spliced in.
+        let t = files(&[("m.py", STATS)]);
+        let r = resolve(
+            &block(None, "python", "    total = 0\n    total = 1\n"),
+            &t,
+            &none,
+        );
+        assert!(
+            matches!(r, Resolved::NotApplied(ref w) if w.contains("not the first line of a definition")),
+            "{r:?}"
+        );
+        // Commands and output are not edits; the same code again changes nothing.
+        assert_eq!(
+            resolve(&block(None, "sh", "python3 test.py"), &t, &none),
+            Resolved::NotAnEdit
+        );
+        let same = "def spread(xs):\n    return max(xs) - min(xs)\n";
+        let r = resolve(&block(None, "python", same), &t, &none);
+        assert!(
+            matches!(r, Resolved::NotApplied(ref w) if w.contains("already holds")),
+            "{r:?}"
+        );
+        // A protected file is never written, even when named.
+        let t = files(&[("test_m.py", "def test():\n    assert False\n")]);
+        let r = resolve(
+            &block(Some("test_m.py"), "python", "def test():\n    pass\n"),
+            &t,
+            &|p| p.starts_with("test_"),
+        );
+        assert!(matches!(r, Resolved::NotApplied(_)), "{r:?}");
+    }
+
+    #[test]
+    fn two_definitions_in_one_block_replace_theirs() {
+        let mut t = files(&[("stats.py", STATS)]);
+        let b = "def mean(xs):\n    return sum(xs) / len(xs)\n\n\ndef spread(xs):\n    return 0\n";
+        let Resolved::Calls(calls, _) = resolve(&block(None, "python", b), &t, &none) else {
+            panic!()
+        };
+        assert_eq!(calls.len(), 2);
+        apply(&calls, &mut t);
+        assert_eq!(
+            t["stats.py"],
+            "import math\n\n\ndef mean(xs):\n    return sum(xs) / len(xs)\n\n\ndef spread(xs):\n    return 0\n"
+        );
+    }
+}
