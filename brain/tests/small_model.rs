@@ -1,0 +1,238 @@
+//! The loop a small model can finish, through the real brain and worker and a fake LLM in
+//! text tool mode: the failing code is in the first message, the edits small models write
+//! (SEARCH/REPLACE, a block that begins a definition) become ordinary logged calls, and a
+//! cycle whose calls differ only in their bytes ends the task as stuck.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
+use testkit::{BrainOptions, Cluster, text};
+
+const MODEL: &str = "openai:small-coder";
+
+fn cluster(llm: &FakeLlm) -> Cluster {
+    Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test\"\n\
+             [llm.models.\"{MODEL}\"]\ntool_mode = \"text\"\n\
+             [deliver]\ngit_schemes = [\"file\"]\n",
+            llm.url(),
+        )),
+        ..Default::default()
+    })
+}
+
+/// A repository whose test fails on a bug in a module the test does not name: `test_stats`
+/// imports `stats`, whose `mean` calls `helpers.total`... the bug is in `stats.py`.
+fn repo(c: &Cluster) -> String {
+    let dir = c.dir.join("repo");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("stats.py"),
+        "import helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / (len(xs) + 1)\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("helpers.py"),
+        "def total(xs):\n    s = 0\n    for x in xs:\n        s += x\n    return s\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("test_stats.py"),
+        "from stats import mean\n\nassert mean([]) == 0\nassert mean([2, 4]) == 3, mean([2, 4])\nprint('ok')\n",
+    )
+    .unwrap();
+    for args in [
+        &["init", "-q", "-b", "main"][..],
+        &["add", "."],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "start",
+        ],
+    ] {
+        let ok = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+    dir.display().to_string()
+}
+
+fn start(c: &Cluster, worker: &str, url: &str) -> String {
+    let out = c.brain_cli(&[
+        "run",
+        "--detach",
+        "--model",
+        MODEL,
+        "--permission",
+        "full",
+        "--worker",
+        worker,
+        "--git",
+        url,
+        "--check",
+        "python3 test_stats.py",
+        "--protect",
+        "test_stats.py",
+        "--max-steps",
+        "30",
+        "fix the failing test",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn ended(c: &Cluster, id: &str) -> String {
+    c.wait_status(
+        id,
+        &["finished", "failed", "stuck", "stalled", "budget_exhausted"],
+        Duration::from_secs(90),
+    )
+}
+
+fn show(c: &Cluster, id: &str) -> Value {
+    let out = c.brain_cli(&["task", "show", id, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The text of the `n`th user message of a request (text mode sends plain strings).
+fn user_text(r: &FakeRequest, n: usize) -> String {
+    r.messages()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .nth(n)
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn last_user_text(r: &FakeRequest) -> String {
+    r.messages()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn the_failing_code_is_in_view_and_a_search_replace_block_fixes_it() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        // The model describes the fix in prose first: told how to make it, not yet stalled.
+        0 => FakeReply::text("The bug is the + 1 in the divisor; it should be len(xs)."),
+        1 => FakeReply::text(
+            "stats.py\n```python\n<<<<<<< SEARCH\n    return helpers.total(xs) / (len(xs) + 1)\n=======\n    return helpers.total(xs) / len(xs)\n>>>>>>> REPLACE\n```",
+        ),
+        _ => FakeReply::text(
+            "```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"fixed the divisor\"}}\n```",
+        ),
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("small");
+    let url = repo(&c);
+    let id = start(&c, &w.id, &url);
+    assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
+    assert_eq!(show(&c, &id)["verification"], "verified");
+
+    let reqs = llm.requests();
+    // The first message: the check's failing output and every file of this small
+    // workspace whole, the one the test does not name among them.
+    let first = user_text(&reqs[0], 0);
+    assert!(first.contains("AssertionError"), "{first}");
+    assert!(
+        first.contains("`stats.py` (the whole file):")
+            && first.contains("return helpers.total(xs) / (len(xs) + 1)"),
+        "{first}"
+    );
+    assert!(first.contains("`helpers.py` (the whole file):"), "{first}");
+    // The prompt shows the edit format once.
+    let system = reqs[0].body["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(system.matches("<<<<<<< SEARCH").count(), 1, "{system}");
+    // Prose without an edit is told the format.
+    let told = last_user_text(&reqs[1]);
+    assert!(
+        told.contains("described a change without making it") && told.contains("<<<<<<< SEARCH"),
+        "{told}"
+    );
+    // The block became an ordinary logged edit_file call.
+    let log = c.task_log_json(&id);
+    let edits: Vec<&Value> = log
+        .iter()
+        .filter(|r| r["kind"] == "tool_call_issued" && r["call"]["tool"] == "edit_file")
+        .collect();
+    assert_eq!(edits.len(), 1, "{log:?}");
+    assert_eq!(edits[0]["call"]["path"], "stats.py");
+}
+
+#[test]
+fn a_block_that_begins_a_definition_in_view_replaces_it() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::text(
+            "Here is the corrected function:\n```python\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / len(xs)\n```",
+        ),
+        _ => FakeReply::text(
+            "```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"fixed mean\"}}\n```",
+        ),
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("small");
+    let url = repo(&c);
+    let id = start(&c, &w.id, &url);
+    assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
+    assert_eq!(show(&c, &id)["verification"], "verified");
+    let num = id.trim_start_matches("t-");
+    let file =
+        std::fs::read_to_string(w.state.join(format!("workspaces/task-{num}/stats.py"))).unwrap();
+    assert_eq!(
+        file,
+        "import helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / len(xs)\n",
+        "the definition was replaced, the import kept"
+    );
+}
+
+#[test]
+fn a_write_that_changes_nothing_and_a_refused_finish_end_the_task_as_stuck() {
+    // The same wrong file each time (the bytes of the call differ), then `finish`.
+    let llm = FakeLlm::start(|req| {
+        let n = req.assistant_turns();
+        if n % 2 == 0 {
+            let pad = " ".repeat(n);
+            FakeReply::text(format!(
+                "```json\n{{\"tool\": \"write_file\",{pad} \"arguments\": {{\"path\": \"stats.py\", \"content\": \"import helpers\\n\\ndef mean(xs):\\n    return 0\\n\"}}}}\n```"
+            ))
+        } else {
+            FakeReply::text(
+                "```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"done\"}}\n```",
+            )
+        }
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("small");
+    let url = repo(&c);
+    let id = start(&c, &w.id, &url);
+    assert_eq!(ended(&c, &id), "stuck", "{}", c.brain_log());
+    let reason = show(&c, &id)["reason"].as_str().unwrap().to_string();
+    assert!(
+        reason.contains("round in circles") && reason.contains("2 calls"),
+        "{reason}"
+    );
+    assert!(
+        llm.count() <= 12,
+        "stopped within a few rounds, not at the step budget: {} requests",
+        llm.count()
+    );
+}
