@@ -160,6 +160,18 @@ pub enum ToolMode {
     Text,
 }
 
+/// Whether the model's replies are constrained to one tool call by the tools' schemas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Constrain {
+    /// Free text (default).
+    #[default]
+    None,
+    /// `response_format: {"type": "json_schema", ...}` (OpenAI-compatible servers that take
+    /// it, llama.cpp's among them): every reply is one call. Text tool mode only.
+    JsonSchema,
+}
+
 /// `[llm.providers.<openai|anthropic|ollama>]`.
 #[derive(Deserialize, Default, Clone, Debug)]
 #[serde(default, deny_unknown_fields)]
@@ -186,6 +198,8 @@ pub struct ModelConfig {
     pub output_usd_per_mtok: Option<f64>,
     /// Upper bound on the answer's tokens (also the value used when a request sets 0).
     pub max_tokens: Option<u32>,
+    /// `none` (default) or `json_schema`: see [`Constrain`].
+    pub constrain: Option<Constrain>,
 }
 
 /// The brain config's `[llm]` table.
@@ -220,9 +234,10 @@ impl LlmConfig {
                 Some(_) => {}
             }
         }
-        for key in self.models.keys() {
-            ModelSpec::parse(key)
+        for (key, m) in &self.models {
+            let spec = ModelSpec::parse(key)
                 .map_err(|e| Error::Config(format!("[llm.models.\"{key}\"]: {e}")))?;
+            constrain_applies(&spec, m.tool_mode.unwrap_or_default(), m.constrain)?;
         }
         if let Some(m) = &self.default_model {
             ModelSpec::parse(m).map_err(|e| Error::Config(format!("[llm] default_model: {e}")))?;
@@ -372,6 +387,29 @@ pub(crate) struct Resolved {
     pub max_retries: u32,
     pub max_tokens_cap: Option<u32>,
     pub tool_mode: ToolMode,
+    pub constrain: Constrain,
+}
+
+/// Refuses a `constrain` that cannot apply to the model, rather than dropping it.
+fn constrain_applies(
+    spec: &ModelSpec,
+    tool_mode: ToolMode,
+    constrain: Option<Constrain>,
+) -> Result<(), Error> {
+    if constrain != Some(Constrain::JsonSchema) {
+        return Ok(());
+    }
+    if spec.provider == ProviderKind::Anthropic {
+        return Err(Error::Config(format!(
+            "[llm.models.\"{spec}\"] constrain = \"json_schema\" needs an OpenAI-compatible server that takes response_format (the Anthropic API does not): remove it"
+        )));
+    }
+    if tool_mode != ToolMode::Text {
+        return Err(Error::Config(format!(
+            "[llm.models.\"{spec}\"] constrain = \"json_schema\" works in text tool mode only: add tool_mode = \"text\" or remove it"
+        )));
+    }
+    Ok(())
 }
 
 /// Resolves URL, key and limits. `env` reads an environment variable (a parameter so tests
@@ -426,6 +464,9 @@ pub(crate) fn resolve(
         )));
     }
     let mc = cfg.model(spec, &spec.to_string());
+    let tool_mode = mc.and_then(|m| m.tool_mode).unwrap_or_default();
+    let constrain = mc.and_then(|m| m.constrain).unwrap_or_default();
+    constrain_applies(spec, tool_mode, Some(constrain))?;
     Ok(Resolved {
         base_url,
         key,
@@ -433,7 +474,8 @@ pub(crate) fn resolve(
         timeout: cfg.timeout()?,
         max_retries: cfg.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
         max_tokens_cap: mc.and_then(|m| m.max_tokens),
-        tool_mode: mc.and_then(|m| m.tool_mode).unwrap_or_default(),
+        tool_mode,
+        constrain,
     })
 }
 
@@ -511,6 +553,26 @@ mod tests {
         assert!(bad.is_err());
         let bad: LlmConfig = toml::from_str("[providers.gemini]\n").unwrap();
         assert!(bad.validate().is_err());
+        // A constraint that cannot apply is refused, not dropped.
+        for (toml, says) in [
+            (
+                "[models.\"anthropic:c\"]\ntool_mode = \"text\"\nconstrain = \"json_schema\"",
+                "Anthropic",
+            ),
+            (
+                "[models.\"openai:q\"]\nconstrain = \"json_schema\"",
+                "text tool mode only",
+            ),
+        ] {
+            let c: LlmConfig = toml::from_str(toml).unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
+        let ok: LlmConfig = toml::from_str(
+            "[models.\"openai:q\"]\ntool_mode = \"text\"\nconstrain = \"json_schema\"",
+        )
+        .unwrap();
+        ok.validate().unwrap();
     }
 
     #[test]

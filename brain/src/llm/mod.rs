@@ -16,8 +16,8 @@ mod types;
 
 pub use anthropic::Anthropic;
 pub use config::{
-    ApiKey, LlmConfig, ModelConfig, ModelInfo, ModelSpec, Price, ProviderConfig, ProviderKind,
-    ToolMode, model_info,
+    ApiKey, Constrain, LlmConfig, ModelConfig, ModelInfo, ModelSpec, Price, ProviderConfig,
+    ProviderKind, ToolMode, model_info,
 };
 pub use openai::OpenAi;
 pub use replay::{Replay, to_transcript};
@@ -34,13 +34,13 @@ pub fn connect(spec: &ModelSpec, cfg: &LlmConfig) -> Result<Arc<dyn Provider>, E
         return Ok(Arc::new(Replay::load(&spec.model)?));
     }
     let r = config::resolve(spec, cfg, &|v| std::env::var(v).ok())?;
-    let tool_mode = r.tool_mode;
+    let (tool_mode, constrain) = (r.tool_mode, r.constrain);
     let provider: Arc<dyn Provider> = match spec.provider {
         ProviderKind::Anthropic => Arc::new(Anthropic::new(&spec.model, r)?),
         _ => Arc::new(OpenAi::new(&spec.model, r)?),
     };
     Ok(match tool_mode {
         ToolMode::Native => provider,
-        ToolMode::Text => Arc::new(TextTools::new(provider)),
+        ToolMode::Text => Arc::new(TextTools::new(provider, constrain == Constrain::JsonSchema)),
     })
 }

@@ -84,6 +84,11 @@ pub(crate) fn build_body(
             })
             .collect();
     }
+    if let Some(schema) = &req.response_schema {
+        body["response_format"] = json!({"type": "json_schema", "json_schema": {
+            "name": "tool_call", "schema": schema,
+        }});
+    }
     body[max_tokens_field] = json!(max_tokens);
     body
 }

@@ -119,6 +119,7 @@ mod tests {
             messages: vec![Message::user("go")],
             tools: vec![],
             max_tokens: 100,
+            response_schema: None,
         };
         assert_eq!(replay.complete(&req).await.unwrap(), recorded[0]);
         req.messages.push(recorded[0].message.clone());

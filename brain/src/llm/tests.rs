@@ -42,6 +42,7 @@ pub(crate) fn fixed_request() -> Request {
                 parameters: json!({"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}),
             },
         ],
+        response_schema: None,
         max_tokens: 1024,
     }
 }
@@ -51,6 +52,7 @@ fn simple_request() -> Request {
         system: "sys".into(),
         messages: vec![Message::user("hi")],
         tools: fixed_request().tools,
+        response_schema: None,
         max_tokens: 256,
     }
 }
@@ -472,6 +474,7 @@ fn openai_field_for_api_openai_com() {
         max_retries: 0,
         max_tokens_cap: None,
         tool_mode: ToolMode::Native,
+        constrain: Default::default(),
     };
     let p = OpenAi::new("gpt-4.1", resolved("https://api.openai.com/v1")).unwrap();
     assert_eq!(p.max_tokens_field(), "max_completion_tokens");
@@ -491,4 +494,31 @@ fn openai_response_variants() {
     assert_eq!(r.message.tool_calls[0].arguments, r#"{"p":1}"#);
     assert_eq!(r.usage, Usage::default());
     assert!(openai::parse_response(&json!({"choices": []})).is_err());
+}
+
+#[tokio::test]
+async fn a_constrained_text_model_sends_the_schema_and_its_bare_json_reply_is_a_call() {
+    let llm = FakeLlm::start(|_| {
+        FakeReply::text(r#"{"tool": "read_file", "arguments": {"path": "a.py"}}"#)
+    });
+    let mut c = cfg("openai", &llm.url());
+    c.models.insert(
+        "openai:small".into(),
+        ModelConfig {
+            tool_mode: Some(ToolMode::Text),
+            constrain: Some(Constrain::JsonSchema),
+            ..Default::default()
+        },
+    );
+    let p = connect(&ModelSpec::parse("openai:small").unwrap(), &c).unwrap();
+    let r = p.complete(&simple_request()).await.unwrap();
+    assert_eq!(r.message.tool_calls.len(), 1, "{r:?}");
+    assert_eq!(r.message.tool_calls[0].name, "read_file");
+    let sent = &llm.requests()[0].body;
+    assert!(sent.get("tools").is_none(), "{sent}");
+    assert_eq!(sent["response_format"]["type"], "json_schema");
+    let branches = sent["response_format"]["json_schema"]["schema"]["anyOf"]
+        .as_array()
+        .unwrap();
+    assert_eq!(branches.len(), simple_request().tools.len());
 }

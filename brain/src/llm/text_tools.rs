@@ -22,19 +22,29 @@ use super::types::{
 /// [`Response::malformed_calls`]).
 pub struct TextTools {
     inner: Arc<dyn Provider>,
+    /// Replies are constrained to one call by the tools' schemas (`constrain =
+    /// "json_schema"`): the answer is that call's JSON object, unfenced.
+    constrained: bool,
 }
 
 impl TextTools {
-    /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn Provider>) -> Self {
-        Self { inner }
+    /// Wraps `inner`; `constrained` asks the server for replies that are one call.
+    pub fn new(inner: Arc<dyn Provider>, constrained: bool) -> Self {
+        Self { inner, constrained }
     }
 }
 
 #[async_trait::async_trait]
 impl Provider for TextTools {
     async fn complete(&self, req: &Request) -> Result<Response, Error> {
-        let mut resp = self.inner.complete(&to_text_request(req)).await?;
+        let mut resp = self
+            .inner
+            .complete(&to_text_request(req, self.constrained))
+            .await?;
+        if self.constrained && !resp.message.content.contains("```") {
+            // The reply is the call's JSON object itself.
+            resp.message.content = format!("```json\n{}\n```", resp.message.content.trim());
+        }
         let turn = req
             .messages
             .iter()
@@ -133,6 +143,23 @@ fn tools_prompt(tools: &[ToolSpec]) -> String {
     s
 }
 
+/// The system prompt's tool section when replies are constrained: each reply is one call.
+fn constrained_prompt(tools: &[ToolSpec]) -> String {
+    let mut s = String::from(
+        "# Tools\n\nEvery reply of yours is exactly one tool call, a JSON object \
+         {\"tool\": NAME, \"arguments\": {...}} with the arguments matching the tool's \
+         schema. Its result comes back in the next message; then decide the next call. To \
+         change a file, call `edit_file` or `write_file`; when the goal is met, call `finish`.\n",
+    );
+    for t in tools {
+        s.push_str(&format!(
+            "\n## {}\n\n{}\n\nArguments (JSON schema): {}\n",
+            t.name, t.description, t.parameters
+        ));
+    }
+    s
+}
+
 /// A call rendered the way the model is asked to write it.
 fn call_block(c: &ToolUse) -> String {
     let args = serde_json::from_str::<Value>(&c.arguments).unwrap_or_else(|_| json!(c.arguments));
@@ -142,14 +169,35 @@ fn call_block(c: &ToolUse) -> String {
     )
 }
 
+/// The schema of a reply that is one call of one of `tools`: `{"tool": NAME, "arguments":
+/// ...}` by that tool's own parameter schema.
+pub(crate) fn call_schema(tools: &[ToolSpec]) -> Value {
+    let branches: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            json!({
+                "type": "object",
+                "properties": {"tool": {"const": t.name}, "arguments": t.parameters},
+                "required": ["tool", "arguments"],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    json!({"anyOf": branches})
+}
+
 /// The request the inner provider sees.
-pub(crate) fn to_text_request(req: &Request) -> Request {
+pub(crate) fn to_text_request(req: &Request, constrained: bool) -> Request {
     let mut system = req.system.clone();
     if !req.tools.is_empty() {
         if !system.is_empty() {
             system.push_str("\n\n");
         }
-        system.push_str(&tools_prompt(&req.tools));
+        system.push_str(&if constrained {
+            constrained_prompt(&req.tools)
+        } else {
+            tools_prompt(&req.tools)
+        });
     }
     let mut names: HashMap<&str, &str> = HashMap::new();
     let mut messages: Vec<Message> = Vec::with_capacity(req.messages.len());
@@ -198,6 +246,7 @@ pub(crate) fn to_text_request(req: &Request) -> Request {
         messages,
         tools: vec![],
         max_tokens: req.max_tokens,
+        response_schema: constrained.then(|| call_schema(&req.tools)),
     }
 }
 
@@ -594,6 +643,28 @@ mod tests {
     }
 
     #[test]
+    fn a_constrained_request_asks_for_one_call_by_the_tools_schemas() {
+        let req = super::super::tests::fixed_request();
+        let t = to_text_request(&req, true);
+        let schema = t.response_schema.clone().expect("a schema");
+        let branches = schema["anyOf"].as_array().unwrap();
+        assert_eq!(branches.len(), req.tools.len());
+        assert_eq!(branches[0]["properties"]["tool"]["const"], "read_file");
+        assert_eq!(
+            branches[0]["properties"]["arguments"],
+            req.tools[0].parameters
+        );
+        assert!(
+            !t.system.contains("<<<<<<< SEARCH"),
+            "no text edits when constrained"
+        );
+        assert!(to_text_request(&req, false).response_schema.is_none());
+        let body = super::super::openai::build_body("m", &t, "max_tokens", 100);
+        assert_eq!(body["response_format"]["type"], "json_schema");
+        assert_eq!(body["response_format"]["json_schema"]["schema"], schema);
+    }
+
+    #[test]
     fn one_good_block() {
         let p = parse_reply(
             "I will list the files.\n```json\n{\"tool\": \"ls\", \"arguments\": {\"path\": \".\"}}\n```\n",
@@ -677,7 +748,7 @@ mod tests {
     #[test]
     fn request_conversion() {
         let req = super::super::tests::fixed_request();
-        let t = to_text_request(&req);
+        let t = to_text_request(&req, false);
         assert!(t.tools.is_empty());
         assert!(t.system.starts_with("You are a coding agent.\n\n# Tools"));
         assert!(t.system.contains("## read_file") && t.system.contains(FORMAT));

@@ -71,6 +71,9 @@ pub struct Request {
     pub messages: Vec<Message>,
     pub tools: Vec<ToolSpec>,
     pub max_tokens: u32,
+    /// Constrained replies: the answer must be JSON matching this schema (sent as
+    /// `response_format: {"type": "json_schema", ...}`); `None`: free text.
+    pub response_schema: Option<serde_json::Value>,
 }
 
 /// Token usage of one call.

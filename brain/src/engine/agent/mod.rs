@@ -308,6 +308,7 @@ impl AgentDriver {
             messages: a.conversation.clone(),
             tools: tool_specs,
             max_tokens: MAX_ANSWER_TOKENS,
+            response_schema: None,
         };
         // The wall-time budget holds during a call too: a slow answer does not carry the task
         // past it (the next decision logs the budget as spent; a resume asks again).
