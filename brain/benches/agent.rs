@@ -24,8 +24,16 @@
 //! again; exit 0 is solved. A claim of success whose files fail that check is a *false
 //! success*.
 //!
+//! Tasks with a `.bench-check` file (the check command, then `protect GLOB` lines) need not
+//! be Python: `jsslug` runs under Node, `rsclamp` under rustc.
+//!
+//! Rows: `tether-before` (another build's binaries, `AGENT_BENCH_BASELINE=DIR`: Tether as it
+//! was), `tether` (this build, free text), `tether-json` (this build, `constrain =
+//! "json_schema"`), `msa`, `oneshot`.
+//!
 //! Environment: `AGENT_BENCH_N` attempts per task (1), `AGENT_BENCH_TASKS` task names
-//! (comma-separated; all), `AGENT_BENCH_HARNESSES` (`tether,msa,oneshot`), `AGENT_BENCH_STEPS`
+//! (comma-separated; all), `AGENT_BENCH_HARNESSES`
+//! (`tether-before,tether,tether-json,msa,oneshot`), `AGENT_BENCH_STEPS`
 //! model calls per attempt (10), `AGENT_BENCH_WALL` seconds per attempt (600),
 //! `AGENT_BENCH_MAX_TOKENS` tokens per model answer (1024), `AGENT_BENCH_LLM_URL`
 //! (`http://127.0.0.1:8088/v1`), `AGENT_BENCH_MODEL` (`qwen2.5-coder-1.5b`),
@@ -96,11 +104,14 @@ impl Settings {
             ctx: env_num("AGENT_BENCH_CTX", 16384u32),
             msa_python: env_or("AGENT_BENCH_MSA_PYTHON", "/opt/msa-venv/bin/python"),
             out,
-            harnesses: env_or("AGENT_BENCH_HARNESSES", "tether,msa,oneshot")
-                .split(',')
-                .map(|s| s.trim().to_lowercase())
-                .filter(|s| !s.is_empty())
-                .collect(),
+            harnesses: env_or(
+                "AGENT_BENCH_HARNESSES",
+                "tether-before,tether,tether-json,msa,oneshot",
+            )
+            .split(',')
+            .map(|s| s.trim().to_lowercase())
+            .filter(|s| !s.is_empty())
+            .collect(),
         }
     }
 
@@ -113,22 +124,53 @@ impl Settings {
 struct Task {
     name: String,
     dir: PathBuf,
-    /// The module with the bug (the one `.py` file that is not a test).
-    module: String,
-    /// The test files (`test_*.py`), put back before every independent check.
+    /// The source files (text files that are not tests, nor the README nor `.bench-check`).
+    sources: Vec<String>,
+    /// The test files, put back before every independent check.
     tests: Vec<String>,
+    /// What `--protect` is given (globs).
+    protect: Vec<String>,
     /// The check command, e.g. `python3 test_stats.py`.
     check: String,
 }
 
 impl Task {
     fn goal(&self) -> String {
-        format!(
-            "The check `{}` fails. Find the bug in {} and fix it so that the check passes. \
-             Do not change the test file.",
-            self.check, self.module
-        )
+        match &self.sources[..] {
+            // The first tasks name their one module, as they always have.
+            [one] if one.ends_with(".py") && self.protect == ["test_*.py"] => format!(
+                "The check `{}` fails. Find the bug in {one} and fix it so that the check passes. \
+                 Do not change the test file.",
+                self.check
+            ),
+            _ => format!(
+                "The check `{}` fails. Find the bug and fix it so that the check passes. Do not \
+                 change the tests.",
+                self.check
+            ),
+        }
     }
+}
+
+/// The files under `dir`, relative, sorted (no `.git`, no `__pycache__`).
+fn files_of(dir: &Path, rel: &str, out: &mut Vec<String>) {
+    for e in std::fs::read_dir(dir.join(rel)).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == ".git" || name == "__pycache__" {
+            continue;
+        }
+        let path = if rel.is_empty() {
+            name
+        } else {
+            format!("{rel}/{name}")
+        };
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            files_of(dir, &path, out);
+        } else {
+            out.push(path);
+        }
+    }
+    out.sort();
 }
 
 fn load_tasks() -> Vec<Task> {
@@ -150,22 +192,54 @@ fn load_tasks() -> Vec<Task> {
         if !want.is_empty() && !want.contains(&name) {
             continue;
         }
-        let mut files: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|f| f.ends_with(".py"))
+        let mut files = Vec::new();
+        files_of(&dir, "", &mut files);
+        // `.bench-check`: the check command, then `protect GLOB` lines (as `.tether/check`);
+        // without it, a Python task: `python3 test_x.py`, the tests `test_*.py`.
+        let (check, protect) = match std::fs::read_to_string(dir.join(".bench-check")) {
+            Ok(text) => {
+                let mut check = String::new();
+                let mut protect = Vec::new();
+                for l in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                    match l.strip_prefix("protect ") {
+                        Some(g) => protect.push(g.trim().to_string()),
+                        None if check.is_empty() => check = l.to_string(),
+                        None => {}
+                    }
+                }
+                (check, protect)
+            }
+            Err(_) => {
+                let tests: Vec<&String> = files
+                    .iter()
+                    .filter(|f| f.starts_with("test_") && f.ends_with(".py"))
+                    .collect();
+                assert!(
+                    tests.len() == 1,
+                    "task {name}: want one test_*.py or a .bench-check"
+                );
+                (
+                    format!("python3 {}", tests[0]),
+                    vec!["test_*.py".to_string()],
+                )
+            }
+        };
+        let globs: Vec<globset::GlobMatcher> = protect
+            .iter()
+            .map(|g| globset::Glob::new(g).expect("a glob").compile_matcher())
             .collect();
-        files.sort();
-        let (tests, modules): (Vec<String>, Vec<String>) =
-            files.into_iter().partition(|f| f.starts_with("test_"));
+        let (tests, sources): (Vec<String>, Vec<String>) = files
+            .into_iter()
+            .filter(|f| f != ".bench-check" && !f.to_ascii_lowercase().starts_with("readme"))
+            .partition(|f| globs.iter().any(|g| g.is_match(f)));
         assert!(
-            tests.len() == 1 && modules.len() == 1,
-            "task {name}: want one module and one test_*.py, found {modules:?} and {tests:?}"
+            !check.is_empty() && !tests.is_empty() && !sources.is_empty(),
+            "task {name}: a check, tests and sources"
         );
         tasks.push(Task {
-            check: format!("python3 {}", tests[0]),
-            module: modules[0].clone(),
+            check,
+            protect,
+            sources,
             tests,
             name,
             dir,
@@ -270,7 +344,9 @@ fn verify(task: &Task, files: &Path) -> (bool, String) {
         copy_tree(files, tmp.path());
     }
     for t in &task.tests {
-        std::fs::copy(task.dir.join(t), tmp.path().join(t)).unwrap();
+        let to = tmp.path().join(t);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(task.dir.join(t), to).unwrap();
     }
     let (code, out) = run_timeout(
         Command::new("sh")
@@ -462,26 +538,52 @@ fn main() {
     }
     println!();
 
-    let cluster = s.wants("tether").then(|| {
+    let cluster = (s.wants("tether") || s.wants("tether-json")).then(|| {
         Cluster::start_with(BrainOptions {
-            config: Some(brain_config(&s)),
+            config: Some(brain_config(&s, true)),
             lost_after: Duration::from_secs(30),
             ..BrainOptions::default()
         })
     });
     let worker = cluster.as_ref().map(|c| c.join_worker("bench-worker"));
+    // Tether as it was: another build's binaries (`AGENT_BENCH_BASELINE=DIR`, e.g. the commit
+    // before this work built into its own target/release), on a brain of its own.
+    let baseline = std::env::var_os("AGENT_BENCH_BASELINE")
+        .filter(|_| s.wants("tether-before"))
+        .map(|dir| {
+            Cluster::start_with(BrainOptions {
+                config: Some(brain_config(&s, false)),
+                lost_after: Duration::from_secs(30),
+                bin_dir: Some(PathBuf::from(dir)),
+                ..BrainOptions::default()
+            })
+        });
+    let base_worker = baseline.as_ref().map(|c| c.join_worker("bench-before"));
     let work = tempfile::Builder::new()
         .prefix("agent-bench-")
         .tempdir()
         .expect("temp dir");
 
     let (mut t_rows, mut m_rows, mut o_rows) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut j_rows, mut b_rows) = (Vec::new(), Vec::new());
+    let plain = format!("openai:{}", s.model);
+    let json = format!("openai:{}-json", s.model);
     for task in &tasks {
         for i in 1..=s.n {
-            if let (Some(c), Some(w)) = (&cluster, &worker) {
-                let a = tether(&s, c, w, task, i, work.path());
+            if let (Some(c), Some(w)) = (&baseline, &base_worker) {
+                let a = tether(&s, c, w, &plain, task, i, work.path());
+                progress("before", i, &a);
+                b_rows.push(a);
+            }
+            if let (Some(c), Some(w), true) = (&cluster, &worker, s.wants("tether")) {
+                let a = tether(&s, c, w, &plain, task, i, work.path());
                 progress("tether", i, &a);
                 t_rows.push(a);
+            }
+            if let (Some(c), Some(w), true) = (&cluster, &worker, s.wants("tether-json")) {
+                let a = tether(&s, c, w, &json, task, i, work.path());
+                progress("t-json", i, &a);
+                j_rows.push(a);
             }
             if s.wants("msa") && msa_skip.is_none() {
                 let a = msa(&s, task, i, work.path());
@@ -497,8 +599,14 @@ fn main() {
     }
 
     let mut rows: Vec<(&str, &Vec<Attempt>)> = Vec::new();
-    if cluster.is_some() {
+    if baseline.is_some() {
+        rows.push(("tether (before)", &b_rows));
+    }
+    if cluster.is_some() && s.wants("tether") {
         rows.push(("tether", &t_rows));
+    }
+    if cluster.is_some() && s.wants("tether-json") {
+        rows.push(("tether json", &j_rows));
     }
     if s.wants("msa") && msa_skip.is_none() {
         rows.push(("mini-swe-agent", &m_rows));
@@ -514,7 +622,11 @@ fn main() {
             o_rows.len()
         );
     }
-    let fs: Vec<&Attempt> = t_rows.iter().filter(|a| a.false_success()).collect();
+    let fs: Vec<&Attempt> = t_rows
+        .iter()
+        .chain(&j_rows)
+        .filter(|a| a.false_success())
+        .collect();
     if !fs.is_empty() {
         println!(
             "\nTETHER FALSE SUCCESS ({}): {} — a harness bug; see the logs in {}",

@@ -96,26 +96,61 @@ pub(super) fn fenced(text: &str) -> Option<String> {
 // ---------------------------------------------------------------------------------------------
 // One-shot
 
+/// The fenced blocks of `text` that name a file after their language (```python a.py).
+fn named_blocks(text: &str) -> Vec<(String, String)> {
+    text.split("```")
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .filter_map(|(_, b)| {
+            let (info, body) = b.split_once('\n')?;
+            let path = info
+                .split_whitespace()
+                .nth(1)?
+                .trim_matches('`')
+                .to_string();
+            Some((path, body.to_string()))
+        })
+        .collect()
+}
+
 pub(super) fn oneshot(s: &Settings, task: &Task, i: usize, work: &Path) -> Attempt {
     let repo = work.join(format!("oneshot-{}-{i}", task.name));
     make_repo(task, &repo);
     let (_, failing) = verify(task, &repo);
-    let source = std::fs::read_to_string(repo.join(&task.module)).unwrap();
     let tail: String = {
         let lines: Vec<&str> = failing.lines().collect();
         lines[lines.len().saturating_sub(60)..].join("\n")
     };
-    let prompt = format!(
-        "This is {m}:\n\n```python\n{source}```\n\nIts check `{c}` fails:\n\n```\n{tail}\n```\n\n\
-         Fix the bug in {m}. Reply with the whole corrected {m} in one ```python fenced block.",
-        m = task.module,
-        c = task.check,
-    );
+    let lang = |p: &str| match p.rsplit_once('.').map(|x| x.1) {
+        Some("py") => "python",
+        Some("js") => "javascript",
+        Some("rs") => "rust",
+        _ => "",
+    };
+    let mut shown = String::new();
+    for f in task.sources.iter().chain(&task.tests) {
+        let text = std::fs::read_to_string(repo.join(f)).unwrap_or_default();
+        shown.push_str(&format!("{f}:\n```{} {f}\n{text}```\n\n", lang(f)));
+    }
+    let one = (task.sources.len() == 1).then(|| task.sources[0].clone());
+    let prompt = match &one {
+        Some(m) => format!(
+            "{shown}The check `{c}` fails:\n\n```\n{tail}\n```\n\nFix the bug in {m}. Reply \
+             with the whole corrected {m} in one fenced block.",
+            c = task.check,
+        ),
+        None => format!(
+            "{shown}The check `{c}` fails:\n\n```\n{tail}\n```\n\nFix the bug (not in the \
+             tests). Reply with each file you change, whole, in a fenced block whose first line \
+             names its language and path, like ```python path/to/file.py",
+            c = task.check,
+        ),
+    };
     let t = Instant::now();
     let r = chat(
         s,
         serde_json::json!([
-            {"role": "system", "content": "You are a careful Python programmer."},
+            {"role": "system", "content": "You are a careful programmer."},
             {"role": "user", "content": prompt},
         ]),
     );
@@ -125,14 +160,26 @@ pub(super) fn oneshot(s: &Settings, task: &Task, i: usize, work: &Path) -> Attem
     }
     let (claim, solved, tokens, note) = match r {
         Err(e) => ("error".to_string(), false, 0, e),
-        Ok((answer, tokens)) => match fenced(&answer) {
-            None => ("no code block".into(), false, tokens, String::new()),
-            Some(code) => {
-                std::fs::write(repo.join(&task.module), code).unwrap();
+        Ok((answer, tokens)) => {
+            let mut writes: Vec<(String, String)> = named_blocks(&answer)
+                .into_iter()
+                .filter(|(p, _)| task.sources.contains(p))
+                .collect();
+            if writes.is_empty()
+                && let (Some(m), Some(code)) = (&one, fenced(&answer))
+            {
+                writes.push((m.clone(), code));
+            }
+            if writes.is_empty() {
+                ("no code block".into(), false, tokens, String::new())
+            } else {
+                for (p, code) in writes {
+                    std::fs::write(repo.join(p), code).unwrap();
+                }
                 let (ok, _) = verify(task, &repo);
                 ("answered".into(), ok, tokens, String::new())
             }
-        },
+        }
     };
     Attempt {
         task: task.name.clone(),
@@ -149,8 +196,10 @@ pub(super) fn oneshot(s: &Settings, task: &Task, i: usize, work: &Path) -> Attem
 // ---------------------------------------------------------------------------------------------
 // Tether
 
-pub(super) fn brain_config(s: &Settings) -> String {
-    format!(
+/// The brain's config; `json`: with the constrained variant of the model (a build from
+/// before `constrain` refuses the key).
+pub(super) fn brain_config(s: &Settings, json: bool) -> String {
+    let mut c = format!(
         r#"[llm]
 default_model = "openai:{m}"
 timeout = "600s"
@@ -169,7 +218,18 @@ git_schemes = ["https", "ssh", "file"]
         url = s.url,
         ctx = s.ctx,
         mt = s.max_tokens
-    )
+    );
+    if json {
+        c.push_str(&format!(
+            "# The same model, its replies constrained to one call by the tools' schemas.\n\
+             [llm.models.\"openai:{m}-json\"]\ntool_mode = \"text\"\nconstrain = \"json_schema\"\n\
+             context_window = {ctx}\nmax_tokens = {mt}\n",
+            m = s.model,
+            ctx = s.ctx,
+            mt = s.max_tokens
+        ));
+    }
+    c
 }
 
 pub(super) fn task_show(c: &Cluster, id: &str) -> Option<serde_json::Value> {
@@ -180,22 +240,25 @@ pub(super) fn task_show(c: &Cluster, id: &str) -> Option<serde_json::Value> {
     serde_json::from_slice(&out.stdout).ok()
 }
 
+/// One attempt of Tether with `model` (`openai:NAME`) on `task`.
 pub(super) fn tether(
     s: &Settings,
     c: &Cluster,
     worker: &testkit::Worker,
+    model: &str,
     task: &Task,
     i: usize,
     work: &Path,
 ) -> Attempt {
-    let repo = work.join(format!("tether-{}-{i}", task.name));
+    let tag = model.rsplit(':').next().unwrap_or(model).replace('/', "_");
+    let repo = work.join(format!("tether-{tag}-{}-{i}", task.name));
     make_repo(task, &repo);
     let steps = s.steps.to_string();
     let wall = format!("{}s", s.wall.as_secs());
     let max_tokens = (u64::from(s.steps) * u64::from(s.ctx)).to_string();
     let goal = task.goal();
     let t = Instant::now();
-    let out = c.brain_cli(&[
+    let mut args: Vec<&str> = vec![
         "run",
         "--detach",
         "--worker",
@@ -206,10 +269,13 @@ pub(super) fn tether(
         &task.check,
         "--check-timeout",
         "60s",
-        "--protect",
-        "test_*.py",
+    ];
+    for g in &task.protect {
+        args.extend(["--protect", g.as_str()]);
+    }
+    args.extend([
         "--model",
-        &format!("openai:{}", s.model),
+        model,
         "--permission",
         "full",
         "--max-steps",
@@ -220,6 +286,7 @@ pub(super) fn tether(
         &max_tokens,
         &goal,
     ]);
+    let out = c.brain_cli(&args);
     assert!(
         out.status.success(),
         "brain run failed (broken setup): {}",
@@ -263,7 +330,7 @@ pub(super) fn tether(
         .unwrap_or("default")
         .to_string();
     let human = c.brain_cli(&["task", "log", &id]);
-    let logfile = s.out.join(format!("tether-{}-{i}.log", task.name));
+    let logfile = s.out.join(format!("tether-{tag}-{}-{i}.log", task.name));
     let _ = std::fs::write(
         &logfile,
         format!(
