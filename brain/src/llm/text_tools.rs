@@ -100,7 +100,8 @@ fn nudge(reply: &str) -> String {
 }
 
 /// The edit format a small model can write, shown once in the prompt and in a nudge.
-pub const EDIT_FORMAT: &str = "stats.py\n<<<<<<< SEARCH\n    return total / (len(xs) + 1)\n=======\n    return total / len(xs)\n>>>>>>> REPLACE";
+/// The example is a plain text file: nothing language-specific in what the model is told.
+pub const EDIT_FORMAT: &str = "notes.txt\n<<<<<<< SEARCH\ncolour = red\nsize = 2\n=======\ncolour = blue\nsize = 2\n>>>>>>> REPLACE";
 
 /// Whether a reply without calls says what to change ("change X to Y", "should be").
 fn describes_change(reply: &str) -> bool {
