@@ -1,3 +1,5 @@
+//! Limiting a number to a range.
+
 /// `x` limited to `lo..=hi`.
 pub fn clamp(x: i64, lo: i64, hi: i64) -> i64 {
     if x < lo {

@@ -1,3 +1,5 @@
+//! The tests of `clamp` (the check relies on them).
+
 use super::clamp;
 
 #[test]

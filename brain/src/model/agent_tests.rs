@@ -1,0 +1,282 @@
+//! The agent state's tests: the repeat guard, budgets, nudges, stalls and cycles.
+
+use super::*;
+use crate::llm::{Response, Usage};
+
+fn spec() -> AgentSpec {
+    AgentSpec {
+        model: "replay:t".into(),
+        permission: Permission::Full,
+        budget: Budget {
+            steps: 3,
+            ..Default::default()
+        },
+        allow_commands: vec![],
+        allow_paths: vec![],
+        repeat_limit: 2,
+        transcript: String::new(),
+        check: None,
+        egress: None,
+    }
+}
+
+fn call(id: &str, name: &str, args: &str) -> Response {
+    Response {
+        message: Message {
+            role: Role::Assistant,
+            content: String::new(),
+            tool_calls: vec![ToolUse {
+                id: id.into(),
+                name: name.into(),
+                arguments: args.into(),
+            }],
+            tool_call_id: String::new(),
+        },
+        usage: Usage {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+        },
+        malformed_calls: vec![],
+        skipped_calls: vec![],
+        nudge: String::new(),
+        code_blocks: vec![],
+    }
+}
+
+#[test]
+fn a_check_file_names_its_command_and_what_it_protects() {
+    let (cmd, protect) = check_from_file(
+        "# how this repository is checked\nprotect tests/**\n\npython3 -m pytest -q\nprotect conftest.py\nignored second command\n",
+    )
+    .unwrap();
+    assert_eq!(cmd, "python3 -m pytest -q");
+    assert_eq!(protect, ["tests/**", "conftest.py"]);
+    assert_eq!(check_from_file("# nothing\nprotect x\n"), None);
+    let c = Check {
+        command: cmd,
+        timeout_ms: 0,
+        source: CHECK_FILE.into(),
+        protect,
+    };
+    assert!(is_protected(&c, "tests/test_a.py"));
+    assert!(is_protected(&c, "./conftest.py"));
+    assert!(!is_protected(&c, "src/conftest.py"), "globs are anchored");
+    assert!(!is_protected(&c, "src/app.py"));
+}
+
+#[test]
+fn the_repeat_guard_counts_identical_failures_in_a_row() {
+    let mut a = AgentState::new(spec(), "goal", 0);
+    for (i, failed) in [(1, true), (2, true), (3, false), (4, true), (5, true)] {
+        a.on_response(
+            &call(&format!("c{i}"), "run_command", "{\"command\":\"x\"}"),
+            0.0,
+        );
+        a.on_observation(&format!("c{i}"), "out", failed);
+    }
+    assert_eq!(a.repeat.as_ref().map(|r| r.1), Some(2));
+    assert!(a.stuck().is_none());
+    for i in 6..8 {
+        a.on_response(
+            &call(&format!("c{i}"), "run_command", "{\"command\":\"x\"}"),
+            0.0,
+        );
+        a.on_observation(&format!("c{i}"), "out", true);
+    }
+    assert!(a.stuck().is_some(), "limit 2 + 2 more identical failures");
+    // 1 goal + 7 × (assistant + tool)
+    assert_eq!(a.conversation.len(), 15);
+    assert_eq!(a.spent.tokens, 7 * 15);
+}
+
+/// Runs one call: the model's reply, what it was told, and the barrier after it.
+fn turn(a: &mut AgentState, id: &str, name: &str, args: &str, told: &str, root: &str) {
+    a.on_response(&call(id, name, args), 0.0);
+    a.on_observation(id, told, name == "finish");
+    a.on_barrier(root);
+}
+
+#[test]
+fn a_write_that_changes_nothing_and_a_refused_finish_are_a_cycle_whatever_the_bytes() {
+    let mut a = AgentState::new(spec(), "goal", 0);
+    a.spec.budget.steps = 0;
+    a.limits.steps = 0;
+    a.on_barrier("r0");
+    let refused = |secs: u32| {
+        format!("not done: the check failed.\nFAIL: test_mean\nRan 2 tests in 0.00{secs}s")
+    };
+    // The same wrong file each time, written with different spacing, then `finish`.
+    let mut rounds = 0;
+    for i in 0..6 {
+        let args = format!(
+            "{{\"path\": \"stats.py\",{} \"content\": \"x\"}}",
+            " ".repeat(i)
+        );
+        turn(
+            &mut a,
+            &format!("w{i}"),
+            "write_file",
+            &args,
+            "wrote stats.py (1 bytes)",
+            "r1",
+        );
+        turn(
+            &mut a,
+            &format!("f{i}"),
+            "finish",
+            "{}",
+            &refused(i as u32),
+            "r1",
+        );
+        rounds += 1;
+        if a.stuck().is_some() {
+            break;
+        }
+    }
+    let why = a.stuck().expect("a two-call cycle is stuck");
+    assert!(why.contains("2 calls"), "{why}");
+    assert_eq!(
+        rounds, 3,
+        "noted after two rounds (limit 2), stopped after the third"
+    );
+
+    // Three calls: read, a write that changes nothing, a refused finish.
+    let mut a = AgentState::new(spec(), "goal", 0);
+    a.limits.steps = 0;
+    a.on_barrier("r0");
+    let mut rounds = 0;
+    for i in 0..6 {
+        turn(
+            &mut a,
+            &format!("r{i}"),
+            "read_file",
+            "{\"path\":\"stats.py\"}",
+            "1 | x",
+            "r0",
+        );
+        let args = format!(
+            "{{\"path\":\"stats.py\",\"old_string\":\"x\",\"new_string\":\"x{}\"}}",
+            ""
+        );
+        turn(
+            &mut a,
+            &format!("e{i}"),
+            "edit_file",
+            &args,
+            "edited stats.py",
+            "r0",
+        );
+        turn(
+            &mut a,
+            &format!("f{i}"),
+            "finish",
+            "{}",
+            &refused(i as u32),
+            "r0",
+        );
+        rounds += 1;
+        if a.stuck().is_some() {
+            break;
+        }
+    }
+    let why = a.stuck().expect("a three-call cycle is stuck");
+    assert!(why.contains("3 calls"), "{why}");
+    assert_eq!(rounds, 3);
+
+    // Writes that do change the workspace are progress, not a cycle.
+    let mut a = AgentState::new(spec(), "goal", 0);
+    a.limits.steps = 0;
+    for i in 0..8 {
+        let root = format!("r{i}");
+        turn(
+            &mut a,
+            &format!("w{i}"),
+            "write_file",
+            "{}",
+            "wrote stats.py (1 bytes)",
+            &root,
+        );
+        turn(&mut a, &format!("f{i}"), "finish", "{}", &refused(1), &root);
+    }
+    assert_eq!(a.stuck(), None);
+}
+
+#[test]
+fn budgets_stop_and_resume_raises_them() {
+    let mut a = AgentState::new(spec(), "goal", 0);
+    for i in 0..3 {
+        a.on_response(&call(&format!("c{i}"), "finish", "{}"), 0.0);
+    }
+    assert!(a.exhausted(1).unwrap().contains("step budget"));
+    assert!(a.raised(Budget::default()).is_err());
+    let new = a
+        .raised(Budget {
+            steps: 2,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(new.steps, 5);
+    a.limits = new;
+    assert_eq!(a.exhausted(1), None);
+}
+
+#[test]
+fn a_reply_without_a_tool_call_is_nudged_and_elision_keeps_recent_outputs() {
+    let mut a = AgentState::new(spec(), "goal", 0);
+    let mut r = call("c1", "read_file", "{}");
+    r.message.tool_calls.clear();
+    r.message.content = "thinking".into();
+    a.on_response(&r, 0.0);
+    assert_eq!(a.idle_replies, 1);
+    assert_eq!(a.conversation.last().unwrap().content, NUDGE);
+    a.on_response(&call("c2", "read_file", "{}"), 0.0);
+    a.on_observation("c2", &"x".repeat(500), false);
+    a.on_response(&call("c3", "read_file", "{}"), 0.0);
+    a.on_observation("c3", &"y".repeat(500), false);
+    a.elide(6);
+    assert_eq!(a.conversation[4].content, ELIDED);
+    assert_eq!(a.conversation[6].content.len(), 500);
+}
+
+#[test]
+fn a_model_alternating_unreadable_calls_and_no_calls_is_stalled_on_the_third_reply() {
+    let idle = || {
+        let mut r = call("x", "read_file", "{}");
+        r.message.tool_calls.clear();
+        r.message.content = "I fixed it.".into();
+        r
+    };
+    let unreadable = || {
+        let mut r = idle();
+        r.malformed_calls = vec!["not JSON: {\"tool\": \"NAME\", ...}".into()];
+        r
+    };
+    // No call twice: the nudge did not help.
+    let mut a = AgentState::new(spec(), "goal", 0);
+    a.on_response(&idle(), 0.0);
+    assert!(!a.stalled());
+    a.on_response(&idle(), 0.0);
+    assert!(a.stalled());
+    // No call, then a try that cannot be read, then no call: stalled at the third.
+    let mut a = AgentState::new(spec(), "goal", 0);
+    a.on_response(&idle(), 0.0);
+    a.on_response(&unreadable(), 0.0);
+    assert!(
+        !a.stalled(),
+        "its last reply tried to call: one more chance"
+    );
+    assert!(
+        a.conversation
+            .last()
+            .unwrap()
+            .content
+            .contains("could not be read")
+    );
+    a.on_response(&idle(), 0.0);
+    assert!(a.stalled());
+    // A call that runs starts the count again.
+    let mut a = AgentState::new(spec(), "goal", 0);
+    a.on_response(&unreadable(), 0.0);
+    a.on_response(&call("c1", "read_file", "{}"), 0.0);
+    assert_eq!(a.idle_replies, 0);
+}
