@@ -168,6 +168,13 @@ fn the_failing_code_is_in_view_and_a_search_replace_block_fixes_it() {
         told.contains("described a change without making it") && told.contains("<<<<<<< SEARCH"),
         "{told}"
     );
+    // Its example is the step worth copying: running the check.
+    assert!(
+        told.contains(
+            r#"{"tool": "run_command", "arguments": {"command":"python3 test_stats.py"}}"#
+        ),
+        "{told}"
+    );
     // The block became an ordinary logged edit_file call.
     let log = c.task_log_json(&id);
     let edits: Vec<&Value> = log

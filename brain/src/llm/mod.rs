@@ -21,7 +21,7 @@ pub use config::{
 };
 pub use openai::OpenAi;
 pub use replay::{Replay, to_transcript};
-pub use text_tools::{EDIT_FORMAT, EDIT_ID, TextTools};
+pub use text_tools::{EDIT_FORMAT, EDIT_ID, TextTools, nudge_with};
 pub use types::{
     CodeBlock, Error, Message, Provider, Request, Response, Role, ToolSpec, ToolUse, Usage,
 };

@@ -82,9 +82,22 @@ const FORMAT: &str = "```json\n{\"tool\": \"NAME\", \"arguments\": {...}}\n```";
 /// when the reply held code, that code in a reply is written nowhere (small models write the
 /// fix in a fenced block and believe it is done).
 fn nudge(reply: &str) -> String {
+    nudge_with(
+        reply,
+        "to read a file",
+        "read_file",
+        &json!({"path": "README.md"}),
+    )
+}
+
+/// The same with the example a task makes most useful (`what` it does, the call): small
+/// models copy the example they are shown, so it had better be a step worth taking (running
+/// the task's check, say).
+pub fn nudge_with(reply: &str, what: &str, tool: &str, args: &Value) -> String {
     // Real calls only: a model shown a placeholder (`NAME`, `{...}`) copies it.
-    let mut n = String::from(
-        "You did not call a tool, so nothing was done. To call one, write exactly one fenced json block with the tool's name and its arguments as a JSON object. For example, to read a file:\n\n```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\": \"README.md\"}}\n```",
+    let mut n = format!(
+        "You did not call a tool, so nothing was done. To call one, write exactly one fenced json block with the tool's name and its arguments as a JSON object. For example, {what}:\n\n```json\n{{\"tool\": {}, \"arguments\": {args}}}\n```",
+        json!(tool)
     );
     if reply.contains("```") || describes_change(reply) {
         n.push_str(
@@ -574,6 +587,20 @@ mod tests {
         let p = parse_reply(&with_code, 0);
         let names: Vec<&str> = p.calls.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["read_file", "finish"], "{with_code}");
+    }
+
+    #[test]
+    fn a_nudge_can_show_the_step_worth_copying() {
+        let n = nudge_with(
+            "I fixed it.",
+            "to run the check",
+            "run_command",
+            &json!({"command": "python3 test_x.py"}),
+        );
+        let p = parse_reply(&n, 0);
+        assert_eq!(p.calls[0].name, "run_command", "{n}");
+        assert_eq!(p.calls[0].arguments, r#"{"command":"python3 test_x.py"}"#);
+        assert!(n.contains("For example, to run the check:"), "{n}");
     }
 
     #[test]

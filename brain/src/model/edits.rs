@@ -264,6 +264,26 @@ pub fn resolve(
             }
         }
     }
+    // The whole of one file in view, rewritten (a model that names no file and rewrites
+    // the one it was shown).
+    let whole: Vec<&String> = texts
+        .iter()
+        .filter(|(p, old)| {
+            !protected(p)
+                && looks_whole(&block.body, old)
+                && block.body.lines().count() * 2 >= old.lines().count()
+        })
+        .map(|(p, _)| p)
+        .collect();
+    if let [p] = whole[..]
+        && replace_definitions(p, &texts[p], &block.body).is_err()
+    {
+        let args = json!({"path": p, "content": with_newline(&block.body)});
+        return Resolved::Calls(
+            vec![("write_file".into(), args.to_string())],
+            format!("the whole of {p}"),
+        );
+    }
     // The one file in view whose definition the block's first line begins.
     let mut found: Vec<(String, Vec<(String, String)>)> = Vec::new();
     let mut why = String::new();
@@ -509,6 +529,22 @@ mod tests {
             &|p| p.starts_with("test_"),
         );
         assert!(matches!(r, Resolved::NotApplied(_)), "{r:?}");
+    }
+
+    #[test]
+    fn an_unnamed_block_that_is_the_whole_of_one_file_in_view_rewrites_it() {
+        let cart = "\"\"\"A cart.\"\"\"\n\nfrom pricing import discount\n\n\ndef total(lines):\n    return 1\n";
+        let t = files(&[
+            ("cart.py", cart),
+            ("pricing.py", "def discount(s):\n    return 0\n"),
+        ]);
+        let body = "\"\"\"A cart.\"\"\"\n\nfrom pricing import discount\n\n\ndef total(lines):\n    return 2\n";
+        let r = resolve(&block(None, "python", body), &t, &none);
+        let Resolved::Calls(calls, what) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(what, "the whole of cart.py");
+        assert_eq!(calls[0].0, "write_file");
     }
 
     #[test]

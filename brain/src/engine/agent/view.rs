@@ -97,6 +97,19 @@ pub(super) async fn edits_from_blocks(
 ) {
     use crate::model::edits::{self, Resolved};
     let blocks = std::mem::take(&mut r.code_blocks);
+    // A text-mode answer without a call is nudged; with a check, the example is running it
+    // (small models copy the example: better a step that shows where things stand).
+    if !r.nudge.is_empty()
+        && r.message.tool_calls.is_empty()
+        && let Some(c) = &a.spec.check
+    {
+        r.nudge = crate::llm::nudge_with(
+            &r.message.content,
+            "to run the check",
+            "run_command",
+            &serde_json::json!({"command": c.command}),
+        );
+    }
     if blocks.is_empty() || !r.message.tool_calls.is_empty() {
         return;
     }
