@@ -243,3 +243,25 @@ fn a_write_that_changes_nothing_and_a_refused_finish_end_the_task_as_stuck() {
         llm.count()
     );
 }
+
+#[test]
+fn a_fix_written_as_a_block_beside_a_finish_is_applied_before_the_check() {
+    // What a 1.5B model really wrote: the fixed definition as a block, and `finish` in the
+    // same reply. The block is the part that matters: it runs first, then the check.
+    let llm = FakeLlm::start(|_| {
+        FakeReply::text(
+            "Here is the fix:\n```python\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / len(xs)\n```\n```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"fixed mean\"}}\n```",
+        )
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("small");
+    let url = repo(&c);
+    let id = start(&c, &w.id, &url);
+    assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
+    assert_eq!(show(&c, &id)["verification"], "verified");
+    assert_eq!(
+        llm.count(),
+        1,
+        "one reply: the edit, then the finish and its check"
+    );
+}

@@ -66,6 +66,10 @@ impl Provider for TextTools {
         }
         if parsed.calls.is_empty() && edits.is_empty() && parsed.malformed.is_empty() {
             resp.nudge = nudge(&parsed.content);
+        }
+        // Blocks of code go along even beside a call: small models write the fix as a block
+        // and `finish` in the same reply, and the fix is the part that matters.
+        if edits.is_empty() && parsed.malformed.is_empty() {
             resp.code_blocks = parsed.code_blocks;
         }
         resp.message.content = parsed.content;

@@ -349,7 +349,14 @@ impl AgentState {
         let mut msg = r.message.clone();
         msg.role = Role::Assistant;
         self.queue = msg.tool_calls.iter().cloned().collect();
-        self.reply_calls = self.queue.len() as u32;
+        // With a check to judge it, a `finish` after edits of the same reply is taken: the
+        // check runs on what they left. Any other call beside it is not.
+        let judged = self.spec.check.is_some();
+        self.reply_calls = self
+            .queue
+            .iter()
+            .filter(|c| !(judged && c.id.starts_with(crate::llm::EDIT_ID)))
+            .count() as u32;
         self.conversation.push(msg);
         let mut notes = Vec::new();
         if !r.malformed_calls.is_empty() {

@@ -110,9 +110,11 @@ pub(super) async fn edits_from_blocks(
             &serde_json::json!({"command": c.command}),
         );
     }
-    if blocks.is_empty() || !r.message.tool_calls.is_empty() {
+    if blocks.is_empty() {
         return;
     }
+    // Beside a call, a block is taken only when it places cleanly; it runs first.
+    let beside = std::mem::take(&mut r.message.tool_calls);
     let Some(worker) = cx.task.state().worker else {
         return;
     };
@@ -165,9 +167,13 @@ pub(super) async fn edits_from_blocks(
             Resolved::NotAnEdit => {}
         }
     }
-    if !r.message.tool_calls.is_empty() {
+    let edits = r.message.tool_calls.len();
+    r.message.tool_calls.extend(beside.iter().cloned());
+    if edits > 0 {
         r.nudge.clear();
-    } else if let Some(why) = refused.first() {
+    } else if beside.is_empty()
+        && let Some(why) = refused.first()
+    {
         r.malformed_calls.push(format!(
             "Your block of code was not applied: {why}. To change a file, write its path on a line, then:\n{}",
             crate::llm::EDIT_FORMAT
