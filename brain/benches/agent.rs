@@ -571,17 +571,17 @@ fn main() {
     for task in &tasks {
         for i in 1..=s.n {
             if let (Some(c), Some(w)) = (&baseline, &base_worker) {
-                let a = tether(&s, c, w, &plain, task, i, work.path());
+                let a = tether("tether-before", &s, c, w, &plain, task, i, work.path());
                 progress("before", i, &a);
                 b_rows.push(a);
             }
             if let (Some(c), Some(w), true) = (&cluster, &worker, s.wants("tether")) {
-                let a = tether(&s, c, w, &plain, task, i, work.path());
+                let a = tether("tether", &s, c, w, &plain, task, i, work.path());
                 progress("tether", i, &a);
                 t_rows.push(a);
             }
             if let (Some(c), Some(w), true) = (&cluster, &worker, s.wants("tether-json")) {
-                let a = tether(&s, c, w, &json, task, i, work.path());
+                let a = tether("tether-json", &s, c, w, &json, task, i, work.path());
                 progress("t-json", i, &a);
                 j_rows.push(a);
             }

@@ -1,7 +1,8 @@
 //! The loop a small model can finish, through the real brain and worker and a fake LLM in
 //! text tool mode: the failing code is in the first message, the edits small models write
 //! (SEARCH/REPLACE, a block that begins a definition) become ordinary logged calls, and a
-//! cycle whose calls differ only in their bytes ends the task as stuck.
+//! cycle whose calls differ only in their bytes ends the task as stuck; the check runs after
+//! every change and the model hears how it went.
 
 use std::time::Duration;
 
@@ -264,4 +265,71 @@ fn a_fix_written_as_a_block_beside_a_finish_is_applied_before_the_check() {
         1,
         "one reply: the edit, then the finish and its check"
     );
+}
+
+#[test]
+fn the_check_runs_after_a_change_and_a_reply_that_only_talks_after_it_passes_finishes() {
+    // What a 1.5B model did on its own: a "fix" that breaks the module (a name it dropped),
+    // then, told nothing, the same write again and again. Now it hears the check after each
+    // change; once the check passes, a reply with no call is its finish.
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::text(
+            "```python stats.py\ndef mean(xs):\n    if not xs:\n        return 0\n    return total(xs) / len(xs)\n```",
+        ),
+        1 => FakeReply::text(
+            "```python stats.py\nimport helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / len(xs)\n```",
+        ),
+        _ => FakeReply::text("The divisor is fixed; the test passes now."),
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("small");
+    let url = repo(&c);
+    let id = start(&c, &w.id, &url);
+    assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
+    assert_eq!(show(&c, &id)["verification"], "verified");
+    assert_eq!(
+        llm.count(),
+        3,
+        "two changes, then the reply that only talks"
+    );
+
+    let reqs = llm.requests();
+    // After the broken change: the check's failure and the code it points at.
+    let told = last_user_text(&reqs[1]);
+    assert!(
+        told.contains("after your changes: it still fails") && told.contains("NameError"),
+        "{told}"
+    );
+    assert!(told.contains("return total(xs) / len(xs)"), "{told}");
+    // After the right one: it passes, and the model is told what to do.
+    let told = last_user_text(&reqs[2]);
+    assert!(
+        told.contains("passes after your changes") && told.contains("`finish`"),
+        "{told}"
+    );
+    // Each change was followed by a run of the check, and the finish by the brain's own.
+    let log = c.task_log_json(&id);
+    let checks = log
+        .iter()
+        .filter(|r| r["kind"] == "check_after_changes")
+        .map(|r| r["passed"].as_bool().unwrap())
+        .collect::<Vec<_>>();
+    assert_eq!(checks, [false, true], "{log:?}");
+    let finishes = log
+        .iter()
+        .filter(|r| r["kind"] == "finished" && r["verified"] == true)
+        .count();
+    assert_eq!(finishes, 1, "{log:?}");
+}
+
+#[test]
+fn a_reply_that_only_talks_while_the_check_fails_is_not_a_finish() {
+    // Without a passing check, talk is nudged and then stalls, as before: never finished.
+    let llm = FakeLlm::start(|_| FakeReply::text("I think the code is fine."));
+    let c = cluster(&llm);
+    let w = c.join_worker("small");
+    let url = repo(&c);
+    let id = start(&c, &w.id, &url);
+    assert_eq!(ended(&c, &id), "stalled", "{}", c.brain_log());
+    assert_eq!(show(&c, &id)["verification"], "failing");
 }

@@ -240,8 +240,11 @@ pub(super) fn task_show(c: &Cluster, id: &str) -> Option<serde_json::Value> {
     serde_json::from_slice(&out.stdout).ok()
 }
 
-/// One attempt of Tether with `model` (`openai:NAME`) on `task`.
+/// One attempt of Tether with `model` (`openai:NAME`) on `task`, as the bench's row `row`
+/// (which names its files).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn tether(
+    row: &str,
     s: &Settings,
     c: &Cluster,
     worker: &testkit::Worker,
@@ -250,8 +253,7 @@ pub(super) fn tether(
     i: usize,
     work: &Path,
 ) -> Attempt {
-    let tag = model.rsplit(':').next().unwrap_or(model).replace('/', "_");
-    let repo = work.join(format!("tether-{tag}-{}-{i}", task.name));
+    let repo = work.join(format!("{row}-{}-{i}", task.name));
     make_repo(task, &repo);
     let steps = s.steps.to_string();
     let wall = format!("{}s", s.wall.as_secs());
@@ -330,7 +332,7 @@ pub(super) fn tether(
         .unwrap_or("default")
         .to_string();
     let human = c.brain_cli(&["task", "log", &id]);
-    let logfile = s.out.join(format!("tether-{tag}-{}-{i}.log", task.name));
+    let logfile = s.out.join(format!("{row}-{}-{i}.log", task.name));
     let _ = std::fs::write(
         &logfile,
         format!(

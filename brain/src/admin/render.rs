@@ -447,6 +447,14 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             "code in view for the model: {}",
             crate::model::code_view::headers(text).join(", ")
         ),
+        E::CheckAfterChanges { passed, text } => format!(
+            "check after the model's changes: {}{}",
+            if *passed { "passes" } else { "fails" },
+            match crate::model::code_view::headers(text) {
+                h if h.is_empty() => String::new(),
+                h => format!("; code in view: {}", h.join(", ")),
+            }
+        ),
         E::ProtectedRestored { paths, .. } => format!(
             "restored the check's files before the check: {}",
             paths.join(", ")

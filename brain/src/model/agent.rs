@@ -157,6 +157,13 @@ pub struct AgentState {
     /// The workspace's root hash at the latest barrier (for the loop detector).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub root: String,
+    /// The model changed files since the acceptance check last ran: the check runs before
+    /// its next turn, and it hears the result.
+    #[serde(default)]
+    pub changed_since_check: bool,
+    /// The acceptance check's latest run passed and the model has not acted since.
+    #[serde(default)]
+    pub check_passes: bool,
 }
 
 /// Where a person's approval of a call stands.
@@ -198,6 +205,8 @@ impl AgentState {
             reply_calls: 0,
             recent: VecDeque::new(),
             surveyed: false,
+            changed_since_check: false,
+            check_passes: false,
             restored_for: None,
             root: String::new(),
         }
@@ -266,6 +275,11 @@ impl AgentState {
         if let Some(first) = self.conversation.first_mut() {
             first.content.push_str(&text);
         }
+    }
+
+    /// The acceptance check ran on what the model's changes left: it hears how it went.
+    pub fn on_check_after_changes(&mut self, text: &str) {
+        self.conversation.push(Message::user(text));
     }
 
     /// Adds the code the check's first run points at to the first message (or, once the
@@ -348,6 +362,17 @@ impl AgentState {
         self.spent.usd += cost_usd;
         let mut msg = r.message.clone();
         msg.role = Role::Assistant;
+        let idle = msg.tool_calls.is_empty() && r.malformed_calls.is_empty();
+        if idle && self.spec.check.is_some() && self.check_passes {
+            // The check passed on what the model left, and it has nothing more to do: a
+            // reply that only talks is its `finish` (the check runs once more and decides).
+            let summary = crate::model::text::head_tail(msg.content.trim(), 500);
+            msg.tool_calls.push(ToolUse {
+                id: format!("finish_{}", self.spent.steps),
+                name: "finish".into(),
+                arguments: serde_json::json!({ "summary": summary }).to_string(),
+            });
+        }
         self.queue = msg.tool_calls.iter().cloned().collect();
         // With a check to judge it, a `finish` after edits of the same reply is taken: the
         // check runs on what they left. Any other call beside it is not.
@@ -412,6 +437,12 @@ impl AgentState {
         };
         self.queue.pop_front();
         self.conversation.push(Message::tool(tool_use_id, text));
+        if u.name != "finish" {
+            self.check_passes = false;
+        }
+        if !failed && matches!(u.name.as_str(), "write_file" | "edit_file") {
+            self.changed_since_check = true;
+        }
         self.recent.push_back(Turn {
             sig: Self::signature(&u),
             obs: obs_hash(text),

@@ -280,3 +280,69 @@ fn a_model_alternating_unreadable_calls_and_no_calls_is_stalled_on_the_third_rep
     a.on_response(&call("c1", "read_file", "{}"), 0.0);
     assert_eq!(a.idle_replies, 0);
 }
+
+#[test]
+fn a_change_asks_for_the_check_and_talk_after_a_passing_check_is_a_finish() {
+    let mut s = spec();
+    s.check = Some(Check {
+        command: "python3 test_x.py".into(),
+        timeout_ms: 0,
+        source: "--check".into(),
+        protect: vec![],
+    });
+    let talk = |text: &str| {
+        let mut r = call("x", "read_file", "{}");
+        r.message.tool_calls.clear();
+        r.message.content = text.into();
+        r
+    };
+    let mut a = AgentState::new(s.clone(), "goal", 0);
+    // A read changes nothing; a failed write changes nothing; a write does.
+    a.on_response(&call("r", "read_file", "{\"path\":\"x.py\"}"), 0.0);
+    a.on_observation("r", "text", false);
+    assert!(!a.changed_since_check);
+    a.on_response(&call("w", "write_file", "{\"path\":\"x.py\"}"), 0.0);
+    a.on_observation("w", "refused: outside the workspace", true);
+    assert!(!a.changed_since_check);
+    a.on_response(&call("e", "edit_file", "{\"path\":\"x.py\"}"), 0.0);
+    a.on_observation("e", "edited x.py", false);
+    assert!(a.changed_since_check);
+
+    // While the check fails, talk is nudged, never a finish.
+    a.changed_since_check = false;
+    a.check_passes = false;
+    a.on_response(&talk("It should work now."), 0.0);
+    assert!(a.queue.is_empty());
+    assert_eq!(a.idle_replies, 1);
+
+    // Once it passes, talk is the finish, with the talk as its summary, and the assistant
+    // message carries the call (its observation has a call to answer).
+    a.check_passes = true;
+    a.on_response(&talk("Fixed the divisor."), 0.0);
+    let u = a.queue.front().expect("a finish").clone();
+    assert_eq!(u.name, "finish");
+    assert!(
+        u.arguments.contains("Fixed the divisor."),
+        "{}",
+        u.arguments
+    );
+    assert_eq!(a.idle_replies, 0);
+    assert_eq!(a.reply_calls, 1);
+    let last = a.conversation.last().unwrap();
+    assert_eq!(last.tool_calls, std::slice::from_ref(&u));
+
+    // Any other call after the pass means the model went on: talk later is nudged again.
+    let mut a = AgentState::new(s, "goal", 0);
+    a.check_passes = true;
+    a.on_response(&call("r", "run_command", "{\"command\":\"ls\"}"), 0.0);
+    a.on_observation("r", "x.py", false);
+    assert!(!a.check_passes);
+    a.on_response(&talk("Done."), 0.0);
+    assert!(a.queue.is_empty());
+
+    // Without a check there is nothing to judge talk by.
+    let mut a = AgentState::new(spec(), "goal", 0);
+    a.check_passes = true;
+    a.on_response(&talk("Done."), 0.0);
+    assert!(a.queue.is_empty());
+}

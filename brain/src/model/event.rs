@@ -533,6 +533,12 @@ pub enum Event {
     CodeInView {
         text: String,
     },
+    /// The acceptance check ran after the model changed files (its run is the call before
+    /// this record): what the model is told, with the code a failure points at.
+    CheckAfterChanges {
+        passed: bool,
+        text: String,
+    },
     /// The files the acceptance check relies on were put back as the task started, before
     /// the check runs for the `finish` call `tool_use_id`.
     ProtectedRestored {

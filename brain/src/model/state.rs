@@ -238,12 +238,13 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                         run.call_id = *call_id;
                         run.passed = result.ok();
                         run.result = describe(result);
-                        // Run before the model's first turn: it learns where it starts.
-                        if let Some(a) = &mut st.agent
-                            && a.queue.is_empty()
-                            && a.spent.steps == 0
-                        {
-                            a.on_first_check(&run);
+                        if let Some(a) = &mut st.agent {
+                            // Run before the model's first turn: it learns where it starts.
+                            if a.queue.is_empty() && a.spent.steps == 0 {
+                                a.on_first_check(&run);
+                            }
+                            a.changed_since_check = false;
+                            a.check_passes = run.passed;
                         }
                         st.last_check = Some(run);
                     }
@@ -498,6 +499,11 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
         Event::CodeInView { text } => {
             if let Some(a) = &mut st.agent {
                 a.on_code_in_view(text);
+            }
+        }
+        Event::CheckAfterChanges { text, .. } => {
+            if let Some(a) = &mut st.agent {
+                a.on_check_after_changes(text);
             }
         }
         Event::ProtectedRestored { tool_use_id, .. } => {

@@ -11,6 +11,7 @@
 //! happened is reported as interrupted, and a call waiting for approval waits on.
 
 mod files;
+mod settle;
 #[cfg(test)]
 mod tests;
 mod view;
@@ -20,12 +21,12 @@ use std::time::Duration;
 
 use super::core::Cx;
 use super::driver::{Action, Driver, Facts};
-use super::effects::{self, CommandOutcome};
+use super::effects;
 use super::error::Error;
 use super::redact::Redactor;
 use crate::llm::{self, Provider, ToolUse};
 use crate::model::agent::{AgentState, Gate, Permission};
-use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
+use crate::model::event::{Event, Outcome, Purpose, ToolCall};
 use crate::model::prompt;
 use crate::model::state::{PendingCall, Status, TaskState};
 use crate::model::tools::{self, Prepared};
@@ -225,6 +226,18 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
             ),
         }]);
     }
+    // The model changed files: the check runs on them before its next turn, and it hears
+    // how it went (a small model cannot tell whether a change helped without it).
+    if let Some(check) = &a.spec.check
+        && a.changed_since_check
+        && a.spent.steps > 0
+    {
+        return Action::Issue {
+            call: check_call(check),
+            step: a.spent.steps,
+            purpose: Purpose::Acceptance,
+        };
+    }
     let info = llm::model_info(&a.spec.model, llm);
     let system = prompt::system_prompt(a);
     let estimate =
@@ -242,7 +255,7 @@ impl Driver for AgentDriver {
     }
 
     async fn settle(&mut self, cx: &Cx<'_>, p: PendingCall) -> Result<(), Error> {
-        settle(cx, p, &self.redact).await
+        settle::settle(cx, p, &self.redact).await
     }
 
     async fn act(&mut self, cx: &Cx<'_>, action: Action) -> Result<(), Error> {
@@ -582,214 +595,4 @@ async fn environment(
     cx.store()
         .append(cx.task, vec![observe(&a, u, text, failed)])
         .await
-}
-
-/// Settles the acceptance check run before the model's first turn (no call of the model
-/// waits for it): its result goes into the first message.
-async fn settle_first_check(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Result<(), Error> {
-    let ToolCall::RunCommand {
-        argv,
-        timeout_ms,
-        cwd,
-    } = &p.call
-    else {
-        return effects::interrupt(cx, p.call_id, "an acceptance check must be a command").await;
-    };
-    match effects::run_command(cx, &p, argv, *timeout_ms, cwd).await {
-        CommandOutcome::WorkerGone => effects::wait_for_report(cx, &p).await,
-        CommandOutcome::Cancelled => {
-            effects::interrupt(cx, p.call_id, "the task was cancelled while the check ran").await
-        }
-        CommandOutcome::Interrupted(reason) => {
-            effects::interrupt(cx, p.call_id, reason).await?;
-            cx.ports().workers.ack(&p.worker, p.call_id);
-            Ok(())
-        }
-        CommandOutcome::Done {
-            result,
-            stdout,
-            stderr,
-        } => {
-            let (stdout, stderr) = (redact.apply(&stdout), redact.apply(&stderr));
-            let view = if result.ok() {
-                String::new()
-            } else {
-                view::failing_code(cx, &p.worker, &format!("{stdout}\n{stderr}"), true, redact)
-                    .await
-            };
-            let mut events = effects::completed(p.call_id, result, stdout, stderr);
-            if !view.is_empty() {
-                events.push(Event::CodeInView { text: view });
-            }
-            cx.store().append(cx.task, events).await?;
-            cx.ports().workers.ack(&p.worker, p.call_id);
-            Ok(())
-        }
-    }
-}
-
-/// A failing run's description with the code its output points at: the output cut to leave
-/// room for the code, so the observation stays within its bound.
-async fn with_code(
-    cx: &Cx<'_>,
-    worker: &str,
-    described: String,
-    output: &str,
-    check: bool,
-    redact: &Redactor,
-) -> String {
-    let view = view::failing_code(cx, worker, output, check, redact).await;
-    if view.is_empty() {
-        return described;
-    }
-    let room = tools::MAX_OBSERVATION.saturating_sub(view.len() + 2);
-    format!("{}\n\n{view}", tools::head_tail(&described, room))
-}
-
-/// Settles the pending call and logs its outcome with the observation, in one append.
-async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Result<(), Error> {
-    let st = cx.task.state();
-    if p.purpose == Purpose::Acceptance && st.agent.as_ref().is_some_and(|a| a.queue.is_empty()) {
-        return settle_first_check(cx, p, redact).await;
-    }
-    let (Some(a), Some(u)) = (
-        st.agent.as_deref(),
-        st.agent.as_ref().and_then(|a| a.queue.front().cloned()),
-    ) else {
-        // Nothing asked for it (cannot happen with a log this code wrote): close it.
-        return effects::interrupt(cx, p.call_id, "no tool call of the model is waiting for it")
-            .await;
-    };
-    let mut ack = false;
-    let (mut events, text, failed) = match &p.call {
-        ToolCall::RunCommand {
-            argv,
-            timeout_ms,
-            cwd,
-        } => match effects::run_command(cx, &p, argv, *timeout_ms, cwd).await {
-            CommandOutcome::WorkerGone => return effects::wait_for_report(cx, &p).await,
-            CommandOutcome::Cancelled => {
-                interrupted(&p, "the task was cancelled while the command ran")
-            }
-            CommandOutcome::Interrupted(reason) => {
-                ack = true;
-                interrupted(&p, &reason)
-            }
-            CommandOutcome::Done {
-                result,
-                stdout,
-                stderr,
-            } if p.purpose == Purpose::Acceptance => {
-                let (stdout, stderr) = (redact.apply(&stdout), redact.apply(&stderr));
-                let check = st.check().map(|c| c.command.clone()).unwrap_or_default();
-                let passed = result.ok();
-                let mut events =
-                    effects::completed(p.call_id, result.clone(), stdout.clone(), stderr.clone());
-                let output = tools::describe_command(&result, &stdout, &stderr);
-                if passed {
-                    let summary = match tools::prepare(&u, &a.spec) {
-                        Prepared::Finish(s) => summary_or_default(s),
-                        _ => "finished".into(),
-                    };
-                    events.push(Event::Observation {
-                        tool_use_id: u.id.clone(),
-                        text: format!(
-                            "the task is finished: the acceptance check `{check}` passed"
-                        ),
-                        failed: false,
-                    });
-                    events.push(Event::Finished {
-                        outcome: Outcome::Finished,
-                        reason: summary,
-                        verified: Some(true),
-                    });
-                    cx.store().append(cx.task, events).await?;
-                    cx.ports().workers.ack(&p.worker, p.call_id);
-                    tracing::info!(task = %cx.task.id, "task ended: finished, verified");
-                    return Ok(());
-                }
-                ack = true;
-                let told = format!(
-                    "not done: the acceptance check `{check}` failed, so the task goes on. Its result:\n{output}\nFix what it shows, then call `finish` again."
-                );
-                let told = with_code(
-                    cx,
-                    &p.worker,
-                    told,
-                    &format!("{stdout}\n{stderr}"),
-                    true,
-                    redact,
-                )
-                .await;
-                (events, told, true)
-            }
-            CommandOutcome::Done {
-                result,
-                stdout,
-                stderr,
-            } => {
-                ack = true;
-                let (stdout, stderr) = (redact.apply(&stdout), redact.apply(&stderr));
-                let mut text = tools::describe_command(&result, &stdout, &stderr);
-                let failed = !result.ok();
-                if failed {
-                    let output = format!("{stdout}\n{stderr}");
-                    text = with_code(cx, &p.worker, text, &output, false, redact).await;
-                }
-                (
-                    effects::completed(p.call_id, result, stdout, stderr),
-                    text,
-                    failed,
-                )
-            }
-        },
-        // It may have happened before the brain went down, and doing it again is not safe.
-        ToolCall::EditFile { .. } if !cx.task.minted_here(p.call_id) => {
-            interrupted(&p, "the brain restarted while this edit ran")
-        }
-        other => match files::run(cx, &p.worker, other).await {
-            Err(reason) => interrupted(&p, &reason),
-            Ok((text, failed)) => {
-                let result = ToolResult {
-                    exit_code: Some(if failed { 1 } else { 0 }),
-                    error: if failed {
-                        tools::head_tail(&text, 500)
-                    } else {
-                        String::new()
-                    },
-                    ..Default::default()
-                };
-                (
-                    vec![Event::ToolCallCompleted {
-                        call_id: p.call_id,
-                        result,
-                    }],
-                    redact.apply(&text),
-                    failed,
-                )
-            }
-        },
-    };
-    events.push(observe(
-        a,
-        &u,
-        tools::head_tail(&text, tools::MAX_OBSERVATION),
-        failed,
-    ));
-    cx.store().append(cx.task, events).await?;
-    if ack {
-        cx.ports().workers.ack(&p.worker, p.call_id);
-    }
-    Ok(())
-}
-
-fn interrupted(p: &PendingCall, reason: &str) -> (Vec<Event>, String, bool) {
-    (
-        vec![Event::ToolCallInterrupted {
-            call_id: p.call_id,
-            reason: reason.to_string(),
-        }],
-        tools::describe_interrupted(reason),
-        true,
-    )
 }

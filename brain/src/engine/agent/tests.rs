@@ -444,3 +444,44 @@ fn loops_of_calls_and_of_errors_are_noted_then_stopped() {
         .expect("a loop of errors stops the task");
     assert!(why.contains("errors in turn"), "{why}");
 }
+
+#[test]
+fn after_the_model_changes_files_the_check_runs_before_its_next_turn() {
+    let mut st = answered(
+        task(Permission::Full),
+        &[("write_file", r#"{"path":"a.py","content":"x"}"#)],
+    );
+    st.agent.as_mut().unwrap().spec.check = Some(crate::model::agent::Check {
+        command: "python3 test.py".into(),
+        timeout_ms: 0,
+        source: "--check".into(),
+        protect: vec![],
+    });
+    st.last_check = Some(crate::model::state::CheckRun::default());
+    st.agent
+        .as_mut()
+        .unwrap()
+        .on_observation("u0", "wrote 1 bytes to a.py", false);
+    assert!(matches!(
+        decide(&st),
+        Action::Issue {
+            purpose: Purpose::Acceptance,
+            step: 1,
+            ..
+        }
+    ));
+    // Its run is in: the model is asked.
+    let a = st.agent.as_mut().unwrap();
+    a.changed_since_check = false;
+    assert_eq!(decide(&st), Action::Think);
+    // No check: nothing to run.
+    let mut st = answered(
+        task(Permission::Full),
+        &[("write_file", r#"{"path":"a.py","content":"x"}"#)],
+    );
+    st.agent
+        .as_mut()
+        .unwrap()
+        .on_observation("u0", "wrote 1 bytes to a.py", false);
+    assert_eq!(decide(&st), Action::Think);
+}
