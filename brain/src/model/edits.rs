@@ -275,6 +275,20 @@ pub fn resolve(
         })
         .map(|(p, _)| p)
         .collect();
+    // Several look whole (a module and the one it imports share names): the one whose
+    // first line the block begins with, if only one.
+    let first = |t: &str| t.lines().find(|l| !l.trim().is_empty()).map(norm);
+    let whole = match whole[..] {
+        [_, _, ..] => {
+            let same: Vec<&String> = whole
+                .iter()
+                .copied()
+                .filter(|p| first(&texts[*p]).is_some() && first(&texts[*p]) == first(&block.body))
+                .collect();
+            if same.len() == 1 { same } else { whole }
+        }
+        _ => whole,
+    };
     if let [p] = whole[..]
         && replace_definitions(p, &texts[p], &block.body).is_err()
     {
@@ -539,6 +553,22 @@ mod tests {
             ("pricing.py", "def discount(s):\n    return 0\n"),
         ]);
         let body = "\"\"\"A cart.\"\"\"\n\nfrom pricing import discount\n\n\ndef total(lines):\n    return 2\n";
+        let r = resolve(&block(None, "python", body), &t, &none);
+        let Resolved::Calls(calls, what) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(what, "the whole of cart.py");
+        assert_eq!(calls[0].0, "write_file");
+    }
+
+    #[test]
+    fn a_whole_file_that_also_looks_like_another_is_the_one_it_begins_like() {
+        // From a real 1.5B run: cart.py rewritten with pricing's constants moved in, so it
+        // holds most of pricing.py's top lines too; its first line says which it is.
+        let cart = "\"\"\"A cart of (price, quantity) lines.\"\"\"\n\nfrom pricing import discount\n\n\ndef subtotal(lines):\n    return sum(p * q for p, q in lines)\n\n\ndef total(lines):\n    s = subtotal(lines)\n    return round(s - discount(s), 2)\n\n\ndef discount(subtotal):\n    return 0\n";
+        let pricing = "\"\"\"Discount rules.\"\"\"\n\nTHRESHOLD = 100\nRATE = 0.10\n\n\ndef discount(subtotal):\n    if subtotal > THRESHOLD:\n        return round(subtotal * RATE, 2)\n    return 0\n";
+        let t = files(&[("cart.py", cart), ("pricing.py", pricing)]);
+        let body = "\"\"\"A cart of (price, quantity) lines.\"\"\"\n\nTHRESHOLD = 100\nRATE = 0.10\n\n\ndef subtotal(lines):\n    return sum(p * q for p, q in lines)\n\n\ndef total(lines):\n    s = subtotal(lines)\n    return round(s - discount(s), 2)\n\n\ndef discount(subtotal):\n    if subtotal > THRESHOLD:\n        return round(subtotal * RATE, 2)\n    return 0\n";
         let r = resolve(&block(None, "python", body), &t, &none);
         let Resolved::Calls(calls, what) = r else {
             panic!("{r:?}")

@@ -174,9 +174,19 @@ pub(super) async fn edits_from_blocks(
     } else if beside.is_empty()
         && let Some(why) = refused.first()
     {
+        // The files it may belong to, not an example: a model shown one applies it.
+        let mine: Vec<&str> = texts
+            .keys()
+            .map(String::as_str)
+            .filter(|p| !protected(p))
+            .collect();
+        let files = if mine.is_empty() {
+            String::new()
+        } else {
+            format!(" (the files in view: {})", mine.join(", "))
+        };
         r.malformed_calls.push(format!(
-            "Your block of code was not applied: {why}. To change a file, write its path on a line, then:\n{}",
-            crate::llm::EDIT_FORMAT
+            "Your block of code was not applied: {why}. Write the path of the file it belongs to on the line just before the block{files}, with the whole file in the block, or use a SEARCH/REPLACE block as the instructions show."
         ));
     }
 }
