@@ -94,6 +94,10 @@ pub(crate) fn build_body(model: &str, req: &Request, max_tokens: u32) -> Value {
             })
             .collect();
     }
+    if let Some(t) = req.temperature {
+        // Anthropic takes 0.0 to 1.0.
+        body["temperature"] = json!(t.clamp(0.0, 1.0));
+    }
     body
 }
 

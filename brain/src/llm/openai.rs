@@ -89,6 +89,9 @@ pub(crate) fn build_body(
             "name": "tool_call", "schema": schema,
         }});
     }
+    if let Some(t) = req.temperature {
+        body["temperature"] = json!(t);
+    }
     body[max_tokens_field] = json!(max_tokens);
     body
 }

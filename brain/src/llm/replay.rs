@@ -120,6 +120,7 @@ mod tests {
             tools: vec![],
             max_tokens: 100,
             response_schema: None,
+            temperature: None,
         };
         assert_eq!(replay.complete(&req).await.unwrap(), recorded[0]);
         req.messages.push(recorded[0].message.clone());

@@ -43,6 +43,7 @@ pub(crate) fn fixed_request() -> Request {
             },
         ],
         response_schema: None,
+        temperature: None,
         max_tokens: 1024,
     }
 }
@@ -53,6 +54,7 @@ fn simple_request() -> Request {
         messages: vec![Message::user("hi")],
         tools: fixed_request().tools,
         response_schema: None,
+        temperature: None,
         max_tokens: 256,
     }
 }

@@ -260,12 +260,27 @@ pub(crate) fn to_text_request(req: &Request, constrained: bool) -> Request {
         }
     }
     Request {
+        temperature: repeat_temperature(&messages),
         system,
         messages,
         tools: vec![],
         max_tokens: req.max_tokens,
         response_schema: constrained.then(|| call_schema(&req.tools)),
     }
+}
+
+/// The sampling temperature after the model gave a reply it had given before, word for word:
+/// at its usual temperature a small model gives the same wrong answer for ever, whatever it
+/// was told in between. 1.0 after one repeat, 0.2 more for each further one, at most 1.4;
+/// `None` (the server's default) otherwise.
+fn repeat_temperature(messages: &[Message]) -> Option<f32> {
+    let mut replies = messages
+        .iter()
+        .filter(|m| m.role == Role::Assistant)
+        .map(|m| m.content.trim());
+    let last = replies.next_back().filter(|c| !c.is_empty())?;
+    let earlier = replies.filter(|c| *c == last).count();
+    (earlier > 0).then(|| (0.8 + 0.2 * earlier as f32).min(1.4))
 }
 
 /// What a text answer holds.
@@ -694,6 +709,42 @@ mod tests {
         let body = super::super::openai::build_body("m", &t, "max_tokens", 100);
         assert_eq!(body["response_format"]["type"], "json_schema");
         assert_eq!(body["response_format"]["json_schema"]["schema"], schema);
+    }
+
+    #[test]
+    fn a_reply_given_before_word_for_word_is_asked_again_with_more_randomness() {
+        let reply = |t: &str| Message {
+            role: Role::Assistant,
+            content: t.into(),
+            tool_calls: vec![],
+            tool_call_id: String::new(),
+        };
+        let mut req = super::super::tests::fixed_request();
+        req.messages = vec![Message::user("fix it"), reply("the same fix")];
+        assert_eq!(to_text_request(&req, false).temperature, None, "said once");
+        let mut temps = Vec::new();
+        for told in ["still fails", "fails again", "and again", "once more"] {
+            req.messages.push(Message::user(told));
+            req.messages.push(reply("  the same fix\n"));
+            temps.push(to_text_request(&req, false).temperature);
+        }
+        assert_eq!(temps, [Some(1.0), Some(1.2), Some(1.4), Some(1.4)]);
+        // Something new: the server's default again.
+        req.messages.push(reply("another fix"));
+        let t = to_text_request(&req, false);
+        assert_eq!(t.temperature, None);
+        let body = super::super::openai::build_body("m", &t, "max_tokens", 100);
+        assert!(body.get("temperature").is_none(), "{body}");
+        req.messages.push(reply("another fix"));
+        let t = to_text_request(&req, false);
+        let body = super::super::openai::build_body("m", &t, "max_tokens", 100);
+        assert!((body["temperature"].as_f64().unwrap() - 1.0).abs() < 1e-6, "{body}");
+        let body = super::super::anthropic::build_body("m", &t, 100);
+        assert!((body["temperature"].as_f64().unwrap() - 1.0).abs() < 1e-6, "{body}");
+        let mut hot = t.clone();
+        hot.temperature = Some(1.4);
+        let body = super::super::anthropic::build_body("m", &hot, 100);
+        assert_eq!(body["temperature"], 1.0, "Anthropic takes at most 1.0");
     }
 
     #[test]

@@ -74,6 +74,9 @@ pub struct Request {
     /// Constrained replies: the answer must be JSON matching this schema (sent as
     /// `response_format: {"type": "json_schema", ...}`); `None`: free text.
     pub response_schema: Option<serde_json::Value>,
+    /// The sampling temperature; `None`: the provider's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
 }
 
 /// Token usage of one call.

@@ -322,6 +322,7 @@ impl AgentDriver {
             tools: tool_specs,
             max_tokens: MAX_ANSWER_TOKENS,
             response_schema: None,
+            temperature: None,
         };
         // The wall-time budget holds during a call too: a slow answer does not carry the task
         // past it (the next decision logs the budget as spent; a resume asks again).
