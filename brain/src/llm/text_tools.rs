@@ -738,9 +738,15 @@ mod tests {
         req.messages.push(reply("another fix"));
         let t = to_text_request(&req, false);
         let body = super::super::openai::build_body("m", &t, "max_tokens", 100);
-        assert!((body["temperature"].as_f64().unwrap() - 1.0).abs() < 1e-6, "{body}");
+        assert!(
+            (body["temperature"].as_f64().unwrap() - 1.0).abs() < 1e-6,
+            "{body}"
+        );
         let body = super::super::anthropic::build_body("m", &t, 100);
-        assert!((body["temperature"].as_f64().unwrap() - 1.0).abs() < 1e-6, "{body}");
+        assert!(
+            (body["temperature"].as_f64().unwrap() - 1.0).abs() < 1e-6,
+            "{body}"
+        );
         let mut hot = t.clone();
         hot.temperature = Some(1.4);
         let body = super::super::anthropic::build_body("m", &hot, 100);

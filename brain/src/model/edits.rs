@@ -240,7 +240,10 @@ pub fn resolve(
     if is_shell_or_output(&lang) || block.body.trim().is_empty() {
         return Resolved::NotAnEdit;
     }
-    let named = block.path.as_deref().filter(|p| !protected(p));
+    if let Some(p) = block.path.as_deref().filter(|p| protected(p)) {
+        return Resolved::NotApplied(guarded(p));
+    }
+    let named = block.path.as_deref();
     if let Some(p) = named {
         match texts.get(p) {
             None => {
@@ -309,11 +312,17 @@ pub fn resolve(
             Err(_) => {}
         }
     }
+    // A definition of the check's own files (a model that blames the test).
+    let guarded_match = texts
+        .iter()
+        .filter(|(p, _)| protected(p))
+        .find(|(p, text)| replace_definitions(p, text, &block.body).is_ok());
     match found.len() {
         1 => {
             let (p, calls) = found.pop().expect("one");
             Resolved::Calls(calls, format!("definitions in {p}"))
         }
+        0 if let Some((p, _)) = guarded_match => Resolved::NotApplied(guarded(p)),
         0 if texts.is_empty() => Resolved::NotApplied(
             "no file is in view to find its definition in: name the file on the line above the block".into(),
         ),
@@ -327,6 +336,13 @@ pub fn resolve(
             found.iter().map(|(p, _)| p.as_str()).collect::<Vec<_>>().join(", ")
         )),
     }
+}
+
+/// What a model that changes the check's own files is told.
+fn guarded(path: &str) -> String {
+    format!(
+        "it changes {path}, which the acceptance check relies on and which may not be changed: the bug is in the code it tests, so change that"
+    )
 }
 
 fn with_newline(s: &str) -> String {
@@ -535,14 +551,19 @@ mod tests {
             matches!(r, Resolved::NotApplied(ref w) if w.contains("already holds")),
             "{r:?}"
         );
-        // A protected file is never written, even when named.
+        // A protected file is never written, named or not, and the model is told why.
         let t = files(&[("test_m.py", "def test():\n    assert False\n")]);
-        let r = resolve(
-            &block(Some("test_m.py"), "python", "def test():\n    pass\n"),
-            &t,
-            &|p| p.starts_with("test_"),
-        );
-        assert!(matches!(r, Resolved::NotApplied(_)), "{r:?}");
+        for path in [Some("test_m.py"), None] {
+            let r = resolve(
+                &block(path, "python", "def test():\n    pass\n"),
+                &t,
+                &|p| p.starts_with("test_"),
+            );
+            assert!(
+                matches!(r, Resolved::NotApplied(ref w) if w.contains("test_m.py, which the acceptance check relies on")),
+                "{r:?}"
+            );
+        }
     }
 
     #[test]
