@@ -58,15 +58,28 @@ fn tops(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Whether `body` looks like the whole of `old`: it holds most of its top-level lines.
+/// Whether `body` looks like the whole of `old`: it holds most of its top-level lines, each
+/// by what it names (`def greet(name, greeting="Hi"):` is held by `def greet(name,
+/// greeting="Hello"):`, `RATE = 0.10` by `RATE = 0.2`).
 fn looks_whole(body: &str, old: &str) -> bool {
     let old_tops = tops(old);
     if old_tops.is_empty() {
         return body.lines().count() * 2 >= old.lines().count();
     }
-    let body_lines: Vec<String> = body.lines().map(norm).collect();
-    let held = old_tops.iter().filter(|t| body_lines.contains(t)).count();
+    let body_tops: Vec<&str> = body.lines().map(str::trim).map(head).collect();
+    let held = old_tops
+        .iter()
+        .filter(|t| body_tops.contains(&head(t)))
+        .count();
     held * 10 >= old_tops.len() * 7
+}
+
+/// What a top-level line names: the part before its parameters, value or body.
+fn head(line: &str) -> &str {
+    line.split(['(', '=', ':', '{', '<'])
+        .next()
+        .unwrap_or(line)
+        .trim_end()
 }
 
 /// Where line `m` of `lines` opens a block: the next non-blank line is indented deeper, or
@@ -188,7 +201,17 @@ fn replace_definitions(
     text: &str,
     body: &str,
 ) -> Result<Vec<(String, String)>, String> {
-    let blines: Vec<&str> = body.trim_end().lines().collect();
+    let all: Vec<&str> = body.trim_end().lines().collect();
+    // Lines before its first definition that the file holds already (imports, a docstring
+    // the model copied along) are not part of the change.
+    let held: std::collections::HashSet<String> = text.lines().map(norm).collect();
+    let skip = (0..all.len())
+        .find(|&k| {
+            let copied = indent(all[k]) == 0 && held.contains(&norm(all[k]));
+            !(all[k].trim().is_empty() || copied && !opens_block(&all, k))
+        })
+        .unwrap_or(all.len());
+    let blines: Vec<&str> = all[skip..].to_vec();
     let base = blines
         .iter()
         .filter(|l| !l.trim().is_empty())
@@ -578,6 +601,17 @@ mod tests {
         let Resolved::Calls(calls, what) = r else {
             panic!("{r:?}")
         };
+        // The lines it only copied are left as they are: the change is the definition's.
+        assert_eq!(what, "definitions in cart.py");
+        let mut t = t;
+        apply(&calls, &mut t);
+        assert_eq!(t["cart.py"], body);
+        // A rewrite that moves things about is written whole.
+        let moved = "\"\"\"A cart.\"\"\"\n\nfrom pricing import discount\n\nTAX = 0\n\n\ndef total(lines):\n    return 2 + TAX\n";
+        let r = resolve(&block(None, "python", moved), &t, &none);
+        let Resolved::Calls(calls, what) = r else {
+            panic!("{r:?}")
+        };
         assert_eq!(what, "the whole of cart.py");
         assert_eq!(calls[0].0, "write_file");
     }
@@ -596,6 +630,34 @@ mod tests {
         };
         assert_eq!(what, "the whole of cart.py");
         assert_eq!(calls[0].0, "write_file");
+    }
+
+    #[test]
+    fn a_block_that_begins_like_the_file_and_changes_a_definition_line_is_the_whole_file() {
+        // From a real 1.5B run: the fix changes the one definition's first line, so only
+        // half the file's top lines are in the block, but it begins with the file's docstring.
+        let greet = "\"\"\"Greetings.\"\"\"\n\n\ndef greet(name, greeting=\"Hi\"):\n    return f\"{greeting}, {name}!\"\n";
+        let fixed = "\"\"\"Greetings.\"\"\"\n\ndef greet(name, greeting=\"Hello\"):\n    return f\"{greeting}, {name}!\"\n";
+        let t = files(&[("greet.py", greet)]);
+        for path in [Some("greet.py"), None] {
+            let r = resolve(&block(path, "python", fixed), &t, &none);
+            let Resolved::Calls(calls, what) = r else {
+                panic!("{r:?}")
+            };
+            assert_eq!(what, "the whole of greet.py");
+            assert_eq!(calls[0].0, "write_file");
+        }
+        // The imports and one of two definitions are not the whole file (the other would be
+        // lost): that definition is replaced.
+        let t = files(&[("stats.py", STATS)]);
+        let part = "import math\n\n\ndef mean(xs):\n    return sum(xs) / len(xs)\n";
+        for path in [Some("stats.py"), None] {
+            let r = resolve(&block(path, "python", part), &t, &none);
+            assert!(
+                matches!(r, Resolved::Calls(ref c, _) if c.iter().all(|c| c.0 == "edit_file")),
+                "{r:?}"
+            );
+        }
     }
 
     #[test]

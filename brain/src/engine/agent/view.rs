@@ -114,10 +114,10 @@ pub(super) async fn edits_from_blocks(
         return;
     }
     // Beside a call, a block is taken only when it places cleanly; it runs first.
-    let beside = std::mem::take(&mut r.message.tool_calls);
     let Some(worker) = cx.task.state().worker else {
         return;
     };
+    let beside = std::mem::take(&mut r.message.tool_calls);
     let mut paths = a.files_in_view();
     for b in &blocks {
         if let Some(p) = &b.path
@@ -169,6 +169,14 @@ pub(super) async fn edits_from_blocks(
     }
     let edits = r.message.tool_calls.len();
     r.message.tool_calls.extend(beside.iter().cloned());
+    if !beside.is_empty() {
+        // The calls beside run; the model hears after them what became of its blocks.
+        for why in &refused {
+            r.skipped_calls.push(format!(
+                "A block of code in your reply was not applied: {why}. Name its file on the line just before the block, with the whole file in it, or use a SEARCH/REPLACE block."
+            ));
+        }
+    }
     if edits > 0 {
         r.nudge.clear();
     } else if beside.is_empty()
