@@ -255,8 +255,19 @@ impl AgentState {
         }
     }
 
+    /// A run of the acceptance check completed. Before the model's first turn it learns where
+    /// it starts; a pass once the model has acted lets a reply that only talks be its finish
+    /// (a pass before it acted does not: the goal may ask for more than the check).
+    pub fn on_check_run(&mut self, run: &CheckRun) {
+        if self.queue.is_empty() && self.spent.steps == 0 {
+            self.on_first_check(run);
+        }
+        self.changed_since_check = false;
+        self.check_passes = run.passed && self.spent.steps > 0;
+    }
+
     /// Adds the acceptance check's first result (before any change) to the first message.
-    pub fn on_first_check(&mut self, run: &CheckRun) {
+    fn on_first_check(&mut self, run: &CheckRun) {
         let Some(c) = &self.spec.check else {
             return;
         };

@@ -340,6 +340,33 @@ fn a_change_asks_for_the_check_and_talk_after_a_passing_check_is_a_finish() {
     a.on_response(&talk("Done."), 0.0);
     assert!(a.queue.is_empty());
 
+    // A check that passes before the model acted is not a finish for talk: the goal may
+    // ask for more than the check. One that passes after it acted is.
+    let mut s2 = spec();
+    s2.check = Some(Check {
+        command: "python3 test_x.py".into(),
+        timeout_ms: 0,
+        source: "--check".into(),
+        protect: vec![],
+    });
+    let mut a = AgentState::new(s2, "goal", 0);
+    let passed = CheckRun {
+        passed: true,
+        ..CheckRun::default()
+    };
+    a.on_check_run(&passed);
+    assert!(!a.check_passes);
+    assert!(a.conversation[0].content.contains("it passes already"));
+    a.on_response(&talk("Let me look first."), 0.0);
+    assert!(a.queue.is_empty(), "nudged, not finished");
+    a.on_response(&call("w", "write_file", "{\"path\":\"x.py\"}"), 0.0);
+    a.on_observation("w", "wrote", false);
+    assert!(a.changed_since_check);
+    a.on_check_run(&passed);
+    assert!(a.check_passes && !a.changed_since_check);
+    a.on_response(&talk("Done."), 0.0);
+    assert_eq!(a.queue.front().map(|u| u.name.as_str()), Some("finish"));
+
     // Without a check there is nothing to judge talk by.
     let mut a = AgentState::new(spec(), "goal", 0);
     a.check_passes = true;

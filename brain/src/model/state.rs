@@ -239,12 +239,7 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                         run.passed = result.ok();
                         run.result = describe(result);
                         if let Some(a) = &mut st.agent {
-                            // Run before the model's first turn: it learns where it starts.
-                            if a.queue.is_empty() && a.spent.steps == 0 {
-                                a.on_first_check(&run);
-                            }
-                            a.changed_since_check = false;
-                            a.check_passes = run.passed;
+                            a.on_check_run(&run);
                         }
                         st.last_check = Some(run);
                     }
