@@ -1,0 +1,271 @@
+//! The text tool-call mode's tests: parsing calls, SEARCH/REPLACE and code blocks, nudges, requests.
+
+use super::*;
+
+#[test]
+fn the_nudge_shows_real_calls_that_parse_and_says_code_in_a_reply_is_written_nowhere() {
+    let plain = nudge("The goal is met.");
+    assert!(!plain.contains("not written to any file"), "{plain}");
+    assert!(
+        !plain.contains("NAME") && !plain.contains("{...}"),
+        "no placeholder to copy: {plain}"
+    );
+    let with_code = nudge("Fixed:\n```python\ndef f():\n    return 1\n```");
+    assert!(with_code.contains("code in your reply is not written to any file"));
+    assert!(with_code.contains(EDIT_FORMAT), "{with_code}");
+    let described = nudge("The bug is the + 1: it should be len(xs).");
+    assert!(
+        described.contains("described a change without making it"),
+        "{described}"
+    );
+    // The examples in it are calls the parser reads, the way the model should copy them.
+    let p = parse_reply(&with_code, 0);
+    let names: Vec<&str> = p.calls.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["read_file", "finish"], "{with_code}");
+}
+
+#[test]
+fn a_nudge_can_show_the_step_worth_copying() {
+    let n = nudge_with(
+        "I fixed it.",
+        "to run the check",
+        "run_command",
+        &json!({"command": "python3 test_x.py"}),
+    );
+    let p = parse_reply(&n, 0);
+    assert_eq!(p.calls[0].name, "run_command", "{n}");
+    assert_eq!(p.calls[0].arguments, r#"{"command":"python3 test_x.py"}"#);
+    assert!(n.contains("For example, to run the check:"), "{n}");
+}
+
+#[test]
+fn search_replace_blocks_are_edits_of_the_file_named_above_them() {
+    let text = "The divisor is off by one.\n\nstats.py\n```python\n<<<<<<< SEARCH\n    return total / (len(xs) + 1)\n=======\n    return total / len(xs)\n>>>>>>> REPLACE\n```\n\n<<<<<<< SEARCH\ndef spread(xs):\n=======\ndef spread(xs):  # max - min\n>>>>>>> REPLACE\n\n**src/new.py**\n<<<<<<< SEARCH\n=======\nX = 1\n>>>>>>> REPLACE\n";
+    let p = parse_reply(text, 3);
+    assert!(p.calls.is_empty() && p.malformed.is_empty(), "{p:?}");
+    let edits: Vec<(String, Value)> = p
+        .edits
+        .iter()
+        .map(|e| (e.id.clone(), serde_json::from_str(&e.arguments).unwrap()))
+        .collect();
+    assert_eq!(edits.len(), 2, "{edits:?}");
+    assert_eq!(edits[0].0, "edit_3_0");
+    assert_eq!(
+        edits[0].1,
+        json!({"path": "stats.py", "old_string": "    return total / (len(xs) + 1)", "new_string": "    return total / len(xs)"})
+    );
+    assert_eq!(
+        edits[1].1["path"], "stats.py",
+        "the path carries over to the next block"
+    );
+    // An empty SEARCH is a new file's text: a block of code for the agent to place.
+    let new_file: Vec<&CodeBlock> = p
+        .code_blocks
+        .iter()
+        .filter(|b| b.path.as_deref() == Some("src/new.py"))
+        .collect();
+    assert_eq!(new_file.len(), 1, "{:?}", p.code_blocks);
+    assert_eq!(new_file[0].body, "X = 1\n");
+    // No path anywhere, or no end: not applied, and said why.
+    let p = parse_reply("<<<<<<< SEARCH\na\n=======\nb\n>>>>>>> REPLACE\n", 0);
+    assert!(
+        p.edits.is_empty() && p.malformed[0].contains("no file is named"),
+        "{p:?}"
+    );
+    let p = parse_reply("x.py\n<<<<<<< SEARCH\na\n=======\nb\n", 0);
+    assert!(
+        p.edits.is_empty() && p.malformed[0].contains(">>>>>>> REPLACE"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn code_blocks_name_their_file_in_the_info_string_or_the_line_above() {
+    let text = "In `stats.py`:\n```python\ndef mean(xs):\n    return 1\n```\nand\n```python util/helpers.py\nX = 1\n```\n```js\nlet a = 1;\n```\n```sh\npython3 test.py\n```";
+    let p = parse_reply(text, 0);
+    let got: Vec<(Option<&str>, &str)> = p
+        .code_blocks
+        .iter()
+        .map(|b| (b.path.as_deref(), b.lang.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Some("stats.py"), "python"),
+            (Some("util/helpers.py"), "python"),
+            (None, "js"),
+            (None, "sh")
+        ]
+    );
+    assert_eq!(p.code_blocks[0].body, "def mean(xs):\n    return 1\n");
+    // A call is a call, not a block of code; numbers and absolute paths are not files.
+    let p = parse_reply("```json\n{\"tool\": \"ls\", \"arguments\": {}}\n```", 0);
+    assert!(p.code_blocks.is_empty());
+    assert_eq!(path_in("version 1.5 of /etc/passwd"), None);
+    assert_eq!(path_in("**src/lib.rs**:"), Some("src/lib.rs".into()));
+}
+
+#[test]
+fn a_constrained_request_asks_for_one_call_by_the_tools_schemas() {
+    let req = super::super::tests::fixed_request();
+    let t = to_text_request(&req, true);
+    let schema = t.response_schema.clone().expect("a schema");
+    let branches = schema["anyOf"].as_array().unwrap();
+    assert_eq!(branches.len(), req.tools.len());
+    assert_eq!(branches[0]["properties"]["tool"]["const"], "read_file");
+    assert_eq!(
+        branches[0]["properties"]["arguments"],
+        req.tools[0].parameters
+    );
+    assert!(
+        !t.system.contains("<<<<<<< SEARCH"),
+        "no text edits when constrained"
+    );
+    assert!(to_text_request(&req, false).response_schema.is_none());
+    let body = super::super::openai::build_body("m", &t, "max_tokens", 100);
+    assert_eq!(body["response_format"]["type"], "json_schema");
+    assert_eq!(body["response_format"]["json_schema"]["schema"], schema);
+}
+
+#[test]
+fn a_reply_given_before_word_for_word_is_asked_again_with_more_randomness() {
+    let reply = |t: &str| Message {
+        role: Role::Assistant,
+        content: t.into(),
+        tool_calls: vec![],
+        tool_call_id: String::new(),
+    };
+    let mut req = super::super::tests::fixed_request();
+    req.messages = vec![Message::user("fix it"), reply("the same fix")];
+    assert_eq!(to_text_request(&req, false).temperature, None, "said once");
+    let mut temps = Vec::new();
+    for told in ["still fails", "fails again", "and again", "once more"] {
+        req.messages.push(Message::user(told));
+        req.messages.push(reply("  the same fix\n"));
+        temps.push(to_text_request(&req, false).temperature);
+    }
+    assert_eq!(temps, [Some(1.0), Some(1.2), Some(1.4), Some(1.4)]);
+    // Something new: the server's default again.
+    req.messages.push(reply("another fix"));
+    let t = to_text_request(&req, false);
+    assert_eq!(t.temperature, None);
+    let body = super::super::openai::build_body("m", &t, "max_tokens", 100);
+    assert!(body.get("temperature").is_none(), "{body}");
+    req.messages.push(reply("another fix"));
+    let t = to_text_request(&req, false);
+    let body = super::super::openai::build_body("m", &t, "max_tokens", 100);
+    assert!(
+        (body["temperature"].as_f64().unwrap() - 1.0).abs() < 1e-6,
+        "{body}"
+    );
+    let body = super::super::anthropic::build_body("m", &t, 100);
+    assert!(
+        (body["temperature"].as_f64().unwrap() - 1.0).abs() < 1e-6,
+        "{body}"
+    );
+    let mut hot = t.clone();
+    hot.temperature = Some(1.4);
+    let body = super::super::anthropic::build_body("m", &hot, 100);
+    assert_eq!(body["temperature"], 1.0, "Anthropic takes at most 1.0");
+}
+
+#[test]
+fn one_good_block() {
+    let p = parse_reply(
+        "I will list the files.\n```json\n{\"tool\": \"ls\", \"arguments\": {\"path\": \".\"}}\n```\n",
+        2,
+    );
+    assert_eq!(p.content, "I will list the files.");
+    assert_eq!(
+        p.calls,
+        vec![ToolUse {
+            id: "call_2_0".into(),
+            name: "ls".into(),
+            arguments: r#"{"path":"."}"#.into()
+        }]
+    );
+    assert!(p.malformed.is_empty());
+}
+
+#[test]
+fn two_blocks_and_variants() {
+    let text = "First:\n```tool\n{\"name\": \"read\", \"arguments\": {\"path\": \"a\"}}\n```\nthen\n```\n{\"tool\": \"read\", \"arguments\": \"{\\\"path\\\": \\\"b\\\"}\"}\n```\nand\n```json {\"tool\": \"ls\", \"arguments\": {}}```";
+    let p = parse_reply(text, 0);
+    let names: Vec<_> = p
+        .calls
+        .iter()
+        .map(|c| (c.id.as_str(), c.name.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("call_0_0", "read"),
+            ("call_0_1", "read"),
+            ("call_0_2", "ls")
+        ]
+    );
+    assert_eq!(p.calls[1].arguments, r#"{"path": "b"}"#);
+    assert_eq!(p.content, "First:\nthen\nand");
+    assert!(p.malformed.is_empty(), "{:?}", p.malformed);
+}
+
+#[test]
+fn malformed_block() {
+    let p = parse_reply(
+        "```json\n{\"tool\": \"ls\", \"arguments\": {\"path\": \".\"\n```\n",
+        0,
+    );
+    assert!(p.calls.is_empty());
+    assert_eq!(p.malformed.len(), 1);
+    assert!(
+        p.malformed[0].contains("not valid JSON"),
+        "{}",
+        p.malformed[0]
+    );
+    assert!(p.malformed[0].contains(FORMAT));
+    assert!(p.content.contains("\"tool\": \"ls\""));
+
+    let p = parse_reply("```json\n{\"tool\": \"ls\"}\n```", 0);
+    assert!(
+        p.malformed[0].contains("no \"arguments\""),
+        "{:?}",
+        p.malformed
+    );
+    let p = parse_reply("```json\n{\"tool\": \"ls\", \"arguments\": [1]}", 0);
+    assert!(
+        p.malformed[0].contains("not a JSON object"),
+        "{:?}",
+        p.malformed
+    );
+}
+
+#[test]
+fn prose_and_other_code() {
+    let text =
+        "Done. Here is the config:\n```json\n{\"port\": 8080}\n```\n```rust\nfn main() {}\n```";
+    let p = parse_reply(text, 1);
+    assert_eq!(p.content, text);
+    assert!(p.calls.is_empty() && p.malformed.is_empty());
+    let p = parse_reply("All done, no tools needed.", 0);
+    assert_eq!(p.content, "All done, no tools needed.");
+}
+
+#[test]
+fn request_conversion() {
+    let req = super::super::tests::fixed_request();
+    let t = to_text_request(&req, false);
+    assert!(t.tools.is_empty());
+    assert!(t.system.starts_with("You are a coding agent.\n\n# Tools"));
+    assert!(t.system.contains("## read_file") && t.system.contains(FORMAT));
+    let roles: Vec<_> = t.messages.iter().map(|m| m.role).collect();
+    assert_eq!(roles, [Role::User, Role::Assistant, Role::User]);
+    assert_eq!(
+        t.messages[1].content,
+        "Let me look.\n\n```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\":\"src/main.rs\"}}\n```"
+    );
+    assert!(t.messages[1].tool_calls.is_empty());
+    assert_eq!(
+        t.messages[2].content,
+        "Result of read_file call call_1:\nfn main() {}"
+    );
+}
