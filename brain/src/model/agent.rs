@@ -288,6 +288,20 @@ impl AgentState {
         }
     }
 
+    /// Whether `u` runs the task's acceptance check, word for word.
+    fn runs_the_check(&self, u: &ToolUse) -> bool {
+        let Some(c) = &self.spec.check else {
+            return false;
+        };
+        u.name == "run_command"
+            && serde_json::from_str::<serde_json::Value>(&u.arguments).is_ok_and(|v| {
+                v["command"].as_str().map(str::trim) == Some(c.command.trim())
+                    && v["cwd"]
+                        .as_str()
+                        .is_none_or(|d| matches!(d.trim(), "" | "." | "./"))
+            })
+    }
+
     /// The acceptance check ran on what the model's changes left: it hears how it went.
     pub fn on_check_after_changes(&mut self, text: &str) {
         self.conversation.push(Message::user(text));
@@ -453,6 +467,12 @@ impl AgentState {
         }
         if !failed && matches!(u.name.as_str(), "write_file" | "edit_file") {
             self.changed_since_check = true;
+        }
+        if self.runs_the_check(&u) && self.spent.steps > 0 {
+            // The model ran the check itself on what it changed and saw the result: the
+            // brain need not run it again (a pass lets talk be the finish, as the brain's).
+            self.changed_since_check = false;
+            self.check_passes = !failed;
         }
         self.recent.push_back(Turn {
             sig: Self::signature(&u),

@@ -367,6 +367,34 @@ fn a_change_asks_for_the_check_and_talk_after_a_passing_check_is_a_finish() {
     a.on_response(&talk("Done."), 0.0);
     assert_eq!(a.queue.front().map(|u| u.name.as_str()), Some("finish"));
 
+    // The model ran the check itself after its change: not run again; its pass counts.
+    let mut s3 = spec();
+    s3.check = Some(Check {
+        command: "python3 test_x.py".into(),
+        timeout_ms: 0,
+        source: "--check".into(),
+        protect: vec![],
+    });
+    let mut a = AgentState::new(s3, "goal", 0);
+    a.on_response(&call("w", "write_file", "{\"path\":\"x.py\"}"), 0.0);
+    a.on_observation("w", "wrote", false);
+    let run = "{\"command\":\" python3 test_x.py\",\"cwd\":\".\"}";
+    a.on_response(&call("c", "run_command", run), 0.0);
+    a.on_observation("c", "exit code 1", true);
+    assert!(!a.changed_since_check && !a.check_passes);
+    a.on_response(&call("w2", "write_file", "{\"path\":\"x.py\"}"), 0.0);
+    a.on_observation("w2", "wrote", false);
+    a.on_response(&call("c2", "run_command", run), 0.0);
+    a.on_observation("c2", "OK", false);
+    assert!(!a.changed_since_check && a.check_passes);
+    // Another command, or the check elsewhere, is not the check.
+    a.on_response(&call("w3", "write_file", "{\"path\":\"x.py\"}"), 0.0);
+    a.on_observation("w3", "wrote", false);
+    let elsewhere = "{\"command\":\"python3 test_x.py\",\"cwd\":\"sub\"}";
+    a.on_response(&call("c3", "run_command", elsewhere), 0.0);
+    a.on_observation("c3", "OK", false);
+    assert!(a.changed_since_check && !a.check_passes);
+
     // Without a check there is nothing to judge talk by.
     let mut a = AgentState::new(spec(), "goal", 0);
     a.check_passes = true;
