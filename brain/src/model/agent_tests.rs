@@ -281,8 +281,8 @@ fn a_model_alternating_unreadable_calls_and_no_calls_is_stalled_on_the_third_rep
     assert_eq!(a.idle_replies, 0);
 }
 
-#[test]
-fn a_change_asks_for_the_check_and_talk_after_a_passing_check_is_a_finish() {
+/// The spec with a check, `python3 test_x.py`.
+fn checked_spec() -> AgentSpec {
     let mut s = spec();
     s.check = Some(Check {
         command: "python3 test_x.py".into(),
@@ -290,6 +290,12 @@ fn a_change_asks_for_the_check_and_talk_after_a_passing_check_is_a_finish() {
         source: "--check".into(),
         protect: vec![],
     });
+    s
+}
+
+#[test]
+fn a_change_asks_for_the_check_and_talk_after_a_passing_check_is_a_finish() {
+    let s = checked_spec();
     let talk = |text: &str| {
         let mut r = call("x", "read_file", "{}");
         r.message.tool_calls.clear();
@@ -342,13 +348,7 @@ fn a_change_asks_for_the_check_and_talk_after_a_passing_check_is_a_finish() {
 
     // A check that passes before the model acted is not a finish for talk: the goal may
     // ask for more than the check. One that passes after it acted is.
-    let mut s2 = spec();
-    s2.check = Some(Check {
-        command: "python3 test_x.py".into(),
-        timeout_ms: 0,
-        source: "--check".into(),
-        protect: vec![],
-    });
+    let s2 = checked_spec();
     let mut a = AgentState::new(s2, "goal", 0);
     let passed = CheckRun {
         passed: true,
@@ -368,13 +368,7 @@ fn a_change_asks_for_the_check_and_talk_after_a_passing_check_is_a_finish() {
     assert_eq!(a.queue.front().map(|u| u.name.as_str()), Some("finish"));
 
     // The model ran the check itself after its change: not run again; its pass counts.
-    let mut s3 = spec();
-    s3.check = Some(Check {
-        command: "python3 test_x.py".into(),
-        timeout_ms: 0,
-        source: "--check".into(),
-        protect: vec![],
-    });
+    let s3 = checked_spec();
     let mut a = AgentState::new(s3, "goal", 0);
     a.on_response(&call("w", "write_file", "{\"path\":\"x.py\"}"), 0.0);
     a.on_observation("w", "wrote", false);
