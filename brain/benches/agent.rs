@@ -290,13 +290,13 @@ fn run_timeout(cmd: &mut Command, timeout: Duration) -> (Option<i32>, String) {
     (code, text)
 }
 
-/// Copies the regular files of `from` into `to`, recursively, leaving out `.git` and
-/// `__pycache__`.
+/// Copies the regular files of `from` into `to`, recursively, leaving out `.git`,
+/// `__pycache__` and the bench's own `.bench-check`.
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap().flatten() {
         let name = e.file_name();
-        if name == ".git" || name == "__pycache__" {
+        if name == ".git" || name == "__pycache__" || name == ".bench-check" {
             continue;
         }
         let (src, dst) = (e.path(), to.join(&name));
@@ -356,6 +356,46 @@ fn verify(task: &Task, files: &Path) -> (bool, String) {
         Duration::from_secs(60),
     );
     (code == Some(0), out)
+}
+
+/// Run as root, the worker runs a task's commands as an unprivileged user of its own: a
+/// check whose tools that user cannot reach (rustup's `rustc` under a `/root` of mode 700)
+/// fails under Tether for a reason that is not the agent's. Returns, per such task, the
+/// check's output run as `nobody` on the shipped files, so the run says so up front.
+fn unreachable_checks(tasks: &[Task]) -> Vec<(String, String)> {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        copy_tree(&t.dir, tmp.path());
+        let _ = run(Command::new("chmod").args(["-R", "a+rwX"]).arg(tmp.path()));
+        let _ = run(Command::new("chmod").arg("a+rx").arg(tmp.path()));
+        let (code, text) = run_timeout(
+            Command::new("setpriv")
+                .args([
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    "sh",
+                    "-c",
+                ])
+                .arg(&t.check)
+                .current_dir(tmp.path())
+                .env("TMPDIR", tmp.path())
+                .env("PYTHONDONTWRITEBYTECODE", "1"),
+            Duration::from_secs(60),
+        );
+        if matches!(code, Some(126 | 127))
+            || text.contains("Permission denied")
+            || text.contains("not found")
+        {
+            out.push((t.name.clone(), text.trim().to_string()));
+        }
+    }
+    out
 }
 
 /// One attempt of one harness on one task.
@@ -538,6 +578,17 @@ fn main() {
     }
     println!();
 
+    if s.wants("tether") || s.wants("tether-json") || s.wants("tether-before") {
+        for (name, text) in unreachable_checks(&tasks) {
+            println!(
+                "WARNING task {name}: its check cannot run as an unprivileged user here, and \
+                 the worker runs commands as one, so Tether rows fail it for a reason not the \
+                 agent's (install the tools where every user can run them, e.g. Debian's \
+                 `rustc` for rsclamp):\n  {}",
+                text.lines().take(3).collect::<Vec<_>>().join("\n  ")
+            );
+        }
+    }
     let cluster = (s.wants("tether") || s.wants("tether-json")).then(|| {
         Cluster::start_with(BrainOptions {
             config: Some(brain_config(&s, true)),

@@ -129,7 +129,7 @@ fn last_user_text(r: &FakeRequest) -> String {
 
 #[test]
 fn the_failing_code_is_in_view_and_a_search_replace_block_fixes_it() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+    let llm = FakeLlm::start(|req| match req.seq - 1 {
         // The model describes the fix in prose first: told how to make it, not yet stalled.
         0 => FakeReply::text("The bug is the + 1 in the divisor; it should be len(xs)."),
         1 => FakeReply::text(
@@ -188,7 +188,7 @@ fn the_failing_code_is_in_view_and_a_search_replace_block_fixes_it() {
 
 #[test]
 fn a_block_that_begins_a_definition_in_view_replaces_it() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+    let llm = FakeLlm::start(|req| match req.seq - 1 {
         0 => FakeReply::text(
             "Here is the corrected function:\n```python\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / len(xs)\n```",
         ),
@@ -216,7 +216,7 @@ fn a_block_that_begins_a_definition_in_view_replaces_it() {
 fn a_write_that_changes_nothing_and_a_refused_finish_end_the_task_as_stuck() {
     // The same wrong file each time (the bytes of the call differ), then `finish`.
     let llm = FakeLlm::start(|req| {
-        let n = req.assistant_turns();
+        let n = req.seq - 1;
         if n % 2 == 0 {
             let pad = " ".repeat(n);
             FakeReply::text(format!(
@@ -272,7 +272,7 @@ fn the_check_runs_after_a_change_and_a_reply_that_only_talks_after_it_passes_fin
     // What a 1.5B model did on its own: a "fix" that breaks the module (a name it dropped),
     // then, told nothing, the same write again and again. Now it hears the check after each
     // change; once the check passes, a reply with no call is its finish.
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+    let llm = FakeLlm::start(|req| match req.seq - 1 {
         0 => FakeReply::text(
             "```python stats.py\ndef mean(xs):\n    if not xs:\n        return 0\n    return total(xs) / len(xs)\n```",
         ),
@@ -332,4 +332,45 @@ fn a_reply_that_only_talks_while_the_check_fails_is_not_a_finish() {
     let id = start(&c, &w.id, &url);
     assert_eq!(ended(&c, &id), "stalled", "{}", c.brain_log());
     assert_eq!(show(&c, &id)["verification"], "failing");
+}
+
+#[test]
+fn a_failed_fix_is_told_as_what_was_done_and_writing_it_again_changes_nothing() {
+    let wrong = "```python stats.py\nimport helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / (len(xs) + 2)\n```";
+    let right = "```python stats.py\nimport helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / len(xs)\n```";
+    let llm = FakeLlm::start(move |req| match req.seq - 1 {
+        0 => FakeReply::text(format!("My fix, in words only here:\n{wrong}")),
+        1 => FakeReply::text(format!("Again:\n{wrong}")),
+        _ => FakeReply::text(format!("Now:\n{right}")),
+    });
+    let c = cluster(&llm);
+    let w = c.join_worker("small");
+    let url = repo(&c);
+    let id = start(&c, &w.id, &url);
+    assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
+    assert_eq!(show(&c, &id)["verification"], "verified");
+    let reqs = llm.requests();
+    // After the failed fix: what it did, in the user's voice; not its own words to copy.
+    let second = serde_json::to_string(&reqs[1].messages()).unwrap();
+    assert!(
+        second.contains("(You changed stats.py with blocks of code.)"),
+        "{second}"
+    );
+    assert!(!second.contains("in words only here"), "{second}");
+    assert!(
+        !reqs[1].messages().iter().any(|m| m["role"] == "assistant"),
+        "{second}"
+    );
+    // The same fix again is not written; the model hears that it changes nothing.
+    let third = last_user_text(&reqs[2]);
+    assert!(
+        third.contains("stats.py already holds exactly that code"),
+        "{third}"
+    );
+    let writes = c
+        .task_log_json(&id)
+        .iter()
+        .filter(|r| r["kind"] == "tool_call_issued" && r["call"]["tool"] == "write_file")
+        .count();
+    assert_eq!(writes, 2, "the wrong fix once, the right one once");
 }

@@ -221,26 +221,47 @@ pub(crate) fn to_text_request(req: &Request, constrained: bool) -> Request {
     let mut messages: Vec<Message> = Vec::with_capacity(req.messages.len());
     for m in &req.messages {
         let text = match m.role {
-            Role::Assistant => {
-                let mut parts: Vec<String> = Vec::new();
-                if !m.content.is_empty() {
-                    parts.push(m.content.clone());
-                }
+            // A reply that made calls is shown as its calls, its edits written as blocks told
+            // in the user's voice as what it did: a small model shown its own words (a failed
+            // fix, the reasoning around it) writes them again, word for word, at any
+            // temperature. What the calls did comes in their results, and the files as they
+            // are now with the check's next result.
+            Role::Assistant if !m.tool_calls.is_empty() => {
+                let mut changed: Vec<String> = Vec::new();
+                let mut calls: Vec<String> = Vec::new();
                 for c in &m.tool_calls {
                     names.insert(&c.id, &c.name);
-                    // An edit the model wrote as a block is in its text already.
                     if !c.id.starts_with(EDIT_ID) {
-                        parts.push(call_block(c));
+                        calls.push(call_block(c));
+                        continue;
+                    }
+                    let path = serde_json::from_str::<Value>(&c.arguments)
+                        .ok()
+                        .and_then(|v| v["path"].as_str().map(String::from))
+                        .unwrap_or_default();
+                    if !path.is_empty() && !changed.contains(&path) {
+                        changed.push(path);
                     }
                 }
-                messages.push(Message {
-                    role: Role::Assistant,
-                    content: parts.join("\n\n"),
-                    tool_calls: vec![],
-                    tool_call_id: String::new(),
-                });
+                if !changed.is_empty() {
+                    push_user(
+                        &mut messages,
+                        format!("(You changed {} with blocks of code.)", changed.join(", ")),
+                    );
+                }
+                if !calls.is_empty() {
+                    messages.push(Message {
+                        role: Role::Assistant,
+                        content: calls.join("\n\n"),
+                        tool_calls: vec![],
+                        tool_call_id: String::new(),
+                    });
+                }
                 continue;
             }
+            // A reply without calls is not shown either: what it is told next (why nothing
+            // was done, what a block it wrote came to) says what became of it.
+            Role::Assistant => continue,
             Role::Tool => {
                 let name = names
                     .get(m.tool_call_id.as_str())
@@ -250,22 +271,26 @@ pub(crate) fn to_text_request(req: &Request, constrained: bool) -> Request {
             }
             Role::User => m.content.clone(),
         };
-        // Consecutive user turns (tool results, then a note) become one message.
-        match messages.last_mut() {
-            Some(prev) if prev.role == Role::User => {
-                prev.content.push_str("\n\n");
-                prev.content.push_str(&text);
-            }
-            _ => messages.push(Message::user(text)),
-        }
+        push_user(&mut messages, text);
     }
     Request {
-        temperature: repeat_temperature(&messages),
+        temperature: repeat_temperature(&req.messages),
         system,
         messages,
         tools: vec![],
         max_tokens: req.max_tokens,
         response_schema: constrained.then(|| call_schema(&req.tools)),
+    }
+}
+
+/// Adds a user turn; consecutive user turns (tool results, then a note) become one message.
+fn push_user(messages: &mut Vec<Message>, text: String) {
+    match messages.last_mut() {
+        Some(prev) if prev.role == Role::User => {
+            prev.content.push_str("\n\n");
+            prev.content.push_str(&text);
+        }
+        _ => messages.push(Message::user(text)),
     }
 }
 

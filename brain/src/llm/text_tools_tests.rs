@@ -259,13 +259,90 @@ fn request_conversion() {
     assert!(t.system.contains("## read_file") && t.system.contains(FORMAT));
     let roles: Vec<_> = t.messages.iter().map(|m| m.role).collect();
     assert_eq!(roles, [Role::User, Role::Assistant, Role::User]);
+    // A reply that made a call is shown as the call: its words are not there to copy.
     assert_eq!(
         t.messages[1].content,
-        "Let me look.\n\n```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\":\"src/main.rs\"}}\n```"
+        "```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\":\"src/main.rs\"}}\n```"
     );
     assert!(t.messages[1].tool_calls.is_empty());
     assert_eq!(
         t.messages[2].content,
         "Result of read_file call call_1:\nfn main() {}"
     );
+}
+
+#[test]
+fn a_reply_that_made_calls_is_shown_as_its_calls_and_its_block_edits_as_what_they_did() {
+    let edit = |id: &str, path: &str| ToolUse {
+        id: id.into(),
+        name: "write_file".into(),
+        arguments: serde_json::json!({"path": path, "content": "x = 1\n"}).to_string(),
+    };
+    let reply = Message {
+        role: Role::Assistant,
+        content: "Here is the fix:\n```python\nx = 1\n```".into(),
+        tool_calls: vec![edit("edit_1_0", "a.py"), edit("edit_1_1", "b/c.py")],
+        tool_call_id: String::new(),
+    };
+    let result = |id: &str| Message {
+        role: Role::Tool,
+        content: "wrote 6 bytes".into(),
+        tool_calls: vec![],
+        tool_call_id: id.into(),
+    };
+    let mut req = super::super::tests::fixed_request();
+    req.messages = vec![
+        Message::user("fix it"),
+        reply.clone(),
+        result("edit_1_0"),
+        result("edit_1_1"),
+        Message::user("The check still fails."),
+    ];
+    let t = to_text_request(&req, false);
+    assert_eq!(t.messages.len(), 1, "{:?}", t.messages);
+    let text = &t.messages[0].content;
+    assert!(
+        text.starts_with("fix it\n\n(You changed a.py, b/c.py with blocks of code.)\n\nResult of write_file call edit_1_0:\nwrote 6 bytes"),
+        "{text}"
+    );
+    assert!(text.ends_with("The check still fails."), "{text}");
+    assert!(
+        !text.contains("Here is the fix"),
+        "its own words are not shown: {text}"
+    );
+    // The same reply again is still seen as a repeat (the temperature goes up).
+    req.messages.push(reply);
+    assert_eq!(to_text_request(&req, false).temperature, Some(1.0));
+    // Edits beside another call: what they did, then the call, without the words.
+    let mut mixed = req.messages[1].clone();
+    mixed.tool_calls.push(ToolUse {
+        id: "call_2_0".into(),
+        name: "finish".into(),
+        arguments: "{}".into(),
+    });
+    req.messages = vec![Message::user("fix it"), mixed];
+    let t = to_text_request(&req, false);
+    assert_eq!(
+        t.messages[0].content,
+        "fix it\n\n(You changed a.py, b/c.py with blocks of code.)"
+    );
+    assert_eq!(t.messages[1].role, Role::Assistant);
+    assert_eq!(
+        t.messages[1].content,
+        "```json\n{\"tool\": \"finish\", \"arguments\": {}}\n```"
+    );
+    // A reply without calls is not shown: what it is told next says what became of it.
+    req.messages = vec![
+        Message::user("fix it"),
+        Message {
+            role: Role::Assistant,
+            content: "I think the bug is in a.py.".into(),
+            tool_calls: vec![],
+            tool_call_id: String::new(),
+        },
+    ];
+    req.messages.push(Message::user("You did not call a tool."));
+    let t = to_text_request(&req, false);
+    assert_eq!(t.messages.len(), 1);
+    assert_eq!(t.messages[0].content, "fix it\n\nYou did not call a tool.");
 }

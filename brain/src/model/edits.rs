@@ -27,6 +27,9 @@ pub enum Resolved {
     NotApplied(String),
     /// Not an edit (a shell snippet, an example, output).
     NotAnEdit,
+    /// It is what this file already holds (blank lines and trailing spaces aside): applying
+    /// it would change nothing.
+    Unchanged(String),
 }
 
 fn indent(line: &str) -> usize {
@@ -255,6 +258,52 @@ fn replace_definitions(
 /// What `block` comes to, given the texts of the files in view (and of the file it names, if
 /// it exists). `protected` files are never candidates.
 pub fn resolve(
+    block: &CodeBlock,
+    texts: &BTreeMap<String, String>,
+    protected: &dyn Fn(&str) -> bool,
+) -> Resolved {
+    match place(block, texts, protected) {
+        Resolved::Calls(calls, _)
+            if let Some(p) = calls
+                .iter()
+                .map(|(n, a)| unchanged(n, a, texts))
+                .collect::<Option<Vec<String>>>()
+                .and_then(|ps| ps.into_iter().next()) =>
+        {
+            // A small model writes the file it was shown, or its own failed fix, again: it
+            // hears that this changes nothing instead of "wrote 233 bytes".
+            Resolved::Unchanged(p)
+        }
+        r => r,
+    }
+}
+
+/// The file a call leaves as it is, if it is one of `texts` and the call changes nothing
+/// in it but blank lines and trailing spaces.
+fn unchanged(name: &str, args: &str, texts: &BTreeMap<String, String>) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(args).ok()?;
+    let path = v["path"].as_str()?;
+    let same = |a: &str, b: &str| {
+        let lines = |t: &str| -> Vec<String> {
+            t.lines()
+                .map(|l| l.trim_end().to_string())
+                .filter(|l| !l.is_empty())
+                .collect()
+        };
+        lines(a) == lines(b)
+    };
+    let is_same = match name {
+        "write_file" => same(texts.get(path)?, v["content"].as_str()?),
+        "edit_file" => {
+            texts.contains_key(path) && same(v["old_string"].as_str()?, v["new_string"].as_str()?)
+        }
+        _ => false,
+    };
+    is_same.then(|| path.to_string())
+}
+
+/// Where a block goes, before asking whether it changes anything.
+fn place(
     block: &CodeBlock,
     texts: &BTreeMap<String, String>,
     protected: &dyn Fn(&str) -> bool,
@@ -673,5 +722,22 @@ mod tests {
             t["stats.py"],
             "import math\n\n\ndef mean(xs):\n    return sum(xs) / len(xs)\n\n\ndef spread(xs):\n    return 0\n"
         );
+    }
+
+    #[test]
+    fn a_block_that_changes_nothing_is_not_applied_and_says_so() {
+        let t = files(&[("stats.py", STATS)]);
+        // The file as it is, named or not, with blank lines and trailing spaces changed.
+        let same = STATS.replace("\n\n\n", "\n\n").replace("(xs):", "(xs):  ");
+        for named in [Some("stats.py"), None] {
+            let r = resolve(&block(named, "python", &same), &t, &none);
+            assert_eq!(r, Resolved::Unchanged("stats.py".into()), "{named:?}");
+        }
+        // One changed line is a change.
+        let changed = STATS.replace("(len(xs) + 1)", "len(xs)");
+        assert!(matches!(
+            resolve(&block(Some("stats.py"), "python", &changed), &t, &none),
+            Resolved::Calls(..)
+        ));
     }
 }

@@ -146,6 +146,7 @@ pub(super) async fn edits_from_blocks(
         .filter(|m| m.role == crate::llm::Role::Assistant)
         .count();
     let mut refused = Vec::new();
+    let mut unchanged: Vec<String> = Vec::new();
     for b in &blocks {
         match edits::resolve(b, &texts, &protected) {
             Resolved::Calls(calls, what) => {
@@ -164,6 +165,7 @@ pub(super) async fn edits_from_blocks(
                 }
             }
             Resolved::NotApplied(why) => refused.push(why),
+            Resolved::Unchanged(path) => unchanged.push(path),
             Resolved::NotAnEdit => {}
         }
     }
@@ -176,6 +178,14 @@ pub(super) async fn edits_from_blocks(
                 "A block of code in your reply was not applied: {why}. Name its file on the line just before the block, with the whole file in it, or use a SEARCH/REPLACE block."
             ));
         }
+    }
+    if !unchanged.is_empty() {
+        unchanged.dedup();
+        let told = format!(
+            "Your block of code was not applied: {} already holds exactly that code, so it would change nothing, and the check's last result is on that very code. Find what in it is wrong and write a different fix.",
+            unchanged.join(", ")
+        );
+        r.skipped_calls.push(told);
     }
     if edits > 0 {
         r.nudge.clear();
