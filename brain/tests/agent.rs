@@ -450,7 +450,7 @@ fn bad_tool_calls_are_answered_with_errors_and_text_mode_models_work() {
             json!({"tool": tool, "arguments": args})
         )
     };
-    let llm = FakeLlm::start(move |req| match req.assistant_turns() {
+    let llm = FakeLlm::start(move |req| match req.seq - 1 {
         0 => FakeReply::text(block(
             "write_file",
             json!({"path": "a.txt", "content": "hello\n"}),
