@@ -321,6 +321,25 @@ pub(crate) struct Parsed {
     pub code_blocks: Vec<CodeBlock>,
 }
 
+/// The reply up to where it starts writing the other side of the conversation: a line,
+/// outside a fenced block, that begins the way a tool's result is shown to it (`Result of
+/// `). A small model that has seen results go on in its own voice writes them itself, and
+/// what it makes up is neither a call nor an edit.
+fn own_part(text: &str) -> &str {
+    let mut fenced = false;
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        let t = line.trim_start();
+        if t.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && t.starts_with("Result of ") {
+            return &text[..at];
+        }
+        at += line.len();
+    }
+    text
+}
+
 /// The id prefix of calls the model wrote as blocks of code rather than as JSON.
 pub const EDIT_ID: &str = "edit_";
 
@@ -328,6 +347,7 @@ pub const EDIT_ID: &str = "edit_";
 /// makes the ids `call_<turn>_<n>` unique within the conversation.
 pub(crate) fn parse_reply(text: &str, turn: usize) -> Parsed {
     let mut out = Parsed::default();
+    let text = own_part(text);
     let text = search_replace(text, turn, &mut out);
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let mut i = 0;

@@ -346,3 +346,18 @@ fn a_reply_that_made_calls_is_shown_as_its_calls_and_its_block_edits_as_what_the
     assert_eq!(t.messages.len(), 1);
     assert_eq!(t.messages[0].content, "fix it\n\nYou did not call a tool.");
 }
+
+#[test]
+fn what_a_reply_makes_up_in_the_results_voice_is_cut_off() {
+    // What a 1.5B model wrote after its own edit: a result of its own, and a verdict.
+    let text = "The lines are not needed.\n```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\": \"a.py\"}}\n```\nResult of edit_file call edit_0_1:\nedited bounds.py\n```json\n{\"tool\": \"finish\", \"arguments\": {}}\n```";
+    let p = parse_reply(text, 2);
+    assert_eq!(p.calls.len(), 1, "{p:?}");
+    assert_eq!(p.calls[0].name, "read_file");
+    assert!(!p.content.contains("Result of"), "{}", p.content);
+    // Inside a block it is the block's text.
+    let text = "```python a.py\nprint(\"x\")\nResult of x\n```\n";
+    let p = parse_reply(text, 0);
+    assert_eq!(p.code_blocks.len(), 1);
+    assert!(p.code_blocks[0].body.contains("Result of x"));
+}
