@@ -214,7 +214,19 @@ fn replace_definitions(
             !(all[k].trim().is_empty() || copied && !opens_block(&all, k))
         })
         .unwrap_or(all.len());
-    let blines: Vec<&str> = all[skip..].to_vec();
+    // So are lines after its last definition that the file holds already (a JavaScript
+    // module's `module.exports = ...`, copied along): kept, they would be there twice.
+    let mut end = all.len();
+    while end > skip
+        && (all[end - 1].trim().is_empty()
+            || indent(all[end - 1]) == 0
+                && held.contains(&norm(all[end - 1]))
+                && !is_closer(all[end - 1])
+                && !opens_block(&all, end - 1))
+    {
+        end -= 1;
+    }
+    let blines: Vec<&str> = all[skip..end].to_vec();
     let base = blines
         .iter()
         .filter(|l| !l.trim().is_empty())
@@ -739,5 +751,22 @@ mod tests {
             resolve(&block(Some("stats.py"), "python", &changed), &t, &none),
             Resolved::Calls(..)
         ));
+    }
+
+    #[test]
+    fn lines_after_the_definition_that_the_file_holds_are_not_added_again() {
+        // What a 1.5B model wrote for a Node module: the function, fixed, and the export.
+        let slug = "\"use strict\";\n\nfunction slug(title) {\n  return title.toLowerCase().replace(/ +/, \"-\");\n}\n\nmodule.exports = { slug };\n";
+        let mut t = files(&[("slug.js", slug)]);
+        let fixed = "function slug(title) {\n  return title.trim().toLowerCase().replace(/ +/g, \"-\");\n}\n\nmodule.exports = { slug };\n";
+        let Resolved::Calls(calls, _) = resolve(&block(None, "javascript", fixed), &t, &none)
+        else {
+            panic!()
+        };
+        apply(&calls, &mut t);
+        assert_eq!(
+            t["slug.js"],
+            "\"use strict\";\n\nfunction slug(title) {\n  return title.trim().toLowerCase().replace(/ +/g, \"-\");\n}\n\nmodule.exports = { slug };\n"
+        );
     }
 }
