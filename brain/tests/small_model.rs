@@ -92,6 +92,15 @@ fn start(c: &Cluster, worker: &str, url: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// The cluster, its worker and the task on the repository of [`repo`], started.
+fn started(llm: &FakeLlm) -> (Cluster, testkit::Worker, String) {
+    let c = cluster(llm);
+    let w = c.join_worker("small");
+    let url = repo(&c);
+    let id = start(&c, &w.id, &url);
+    (c, w, id)
+}
+
 fn ended(c: &Cluster, id: &str) -> String {
     c.wait_status(
         id,
@@ -139,10 +148,7 @@ fn the_failing_code_is_in_view_and_a_search_replace_block_fixes_it() {
             "```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"fixed the divisor\"}}\n```",
         ),
     });
-    let c = cluster(&llm);
-    let w = c.join_worker("small");
-    let url = repo(&c);
-    let id = start(&c, &w.id, &url);
+    let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
     assert_eq!(show(&c, &id)["verification"], "verified");
 
@@ -196,10 +202,7 @@ fn a_block_that_begins_a_definition_in_view_replaces_it() {
             "```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"fixed mean\"}}\n```",
         ),
     });
-    let c = cluster(&llm);
-    let w = c.join_worker("small");
-    let url = repo(&c);
-    let id = start(&c, &w.id, &url);
+    let (c, w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
     assert_eq!(show(&c, &id)["verification"], "verified");
     let num = id.trim_start_matches("t-");
@@ -228,10 +231,7 @@ fn a_write_that_changes_nothing_and_a_refused_finish_end_the_task_as_stuck() {
             )
         }
     });
-    let c = cluster(&llm);
-    let w = c.join_worker("small");
-    let url = repo(&c);
-    let id = start(&c, &w.id, &url);
+    let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "stuck", "{}", c.brain_log());
     let reason = show(&c, &id)["reason"].as_str().unwrap().to_string();
     assert!(
@@ -254,10 +254,7 @@ fn a_fix_written_as_a_block_beside_a_finish_is_applied_before_the_check() {
             "Here is the fix:\n```python\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / len(xs)\n```\n```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"fixed mean\"}}\n```",
         )
     });
-    let c = cluster(&llm);
-    let w = c.join_worker("small");
-    let url = repo(&c);
-    let id = start(&c, &w.id, &url);
+    let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
     assert_eq!(show(&c, &id)["verification"], "verified");
     assert_eq!(
@@ -281,10 +278,7 @@ fn the_check_runs_after_a_change_and_a_reply_that_only_talks_after_it_passes_fin
         ),
         _ => FakeReply::text("The divisor is fixed; the test passes now."),
     });
-    let c = cluster(&llm);
-    let w = c.join_worker("small");
-    let url = repo(&c);
-    let id = start(&c, &w.id, &url);
+    let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
     assert_eq!(show(&c, &id)["verification"], "verified");
     assert_eq!(
@@ -326,10 +320,7 @@ fn the_check_runs_after_a_change_and_a_reply_that_only_talks_after_it_passes_fin
 fn a_reply_that_only_talks_while_the_check_fails_is_not_a_finish() {
     // Without a passing check, talk is nudged and then stalls, as before: never finished.
     let llm = FakeLlm::start(|_| FakeReply::text("I think the code is fine."));
-    let c = cluster(&llm);
-    let w = c.join_worker("small");
-    let url = repo(&c);
-    let id = start(&c, &w.id, &url);
+    let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "stalled", "{}", c.brain_log());
     assert_eq!(show(&c, &id)["verification"], "failing");
 }
@@ -343,10 +334,7 @@ fn a_failed_fix_is_told_as_what_was_done_and_writing_it_again_changes_nothing() 
         1 => FakeReply::text(format!("Again:\n{wrong}")),
         _ => FakeReply::text(format!("Now:\n{right}")),
     });
-    let c = cluster(&llm);
-    let w = c.join_worker("small");
-    let url = repo(&c);
-    let id = start(&c, &w.id, &url);
+    let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
     assert_eq!(show(&c, &id)["verification"], "verified");
     let reqs = llm.requests();

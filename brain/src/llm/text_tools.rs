@@ -267,7 +267,7 @@ pub(crate) fn to_text_request(req: &Request, constrained: bool) -> Request {
                     .get(m.tool_call_id.as_str())
                     .copied()
                     .unwrap_or("tool");
-                format!("Result of {name} call {}:\n{}", m.tool_call_id, m.content)
+                format!("{RESULT} {name} call {}:\n{}", m.tool_call_id, m.content)
             }
             Role::User => m.content.clone(),
         };
@@ -321,6 +321,9 @@ pub(crate) struct Parsed {
     pub code_blocks: Vec<CodeBlock>,
 }
 
+/// How a tool's result begins when it is shown to the model.
+const RESULT: &str = "Result of";
+
 /// The reply up to where it starts writing the other side of the conversation: a line,
 /// outside a fenced block, that begins the way a tool's result is shown to it (`Result of
 /// `). A small model that has seen results go on in its own voice writes them itself, and
@@ -332,7 +335,7 @@ fn own_part(text: &str) -> &str {
         let t = line.trim_start();
         if t.starts_with("```") {
             fenced = !fenced;
-        } else if !fenced && t.starts_with("Result of ") {
+        } else if !fenced && t.starts_with(RESULT) {
             return &text[..at];
         }
         at += line.len();

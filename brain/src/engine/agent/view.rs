@@ -180,6 +180,7 @@ pub(super) async fn edits_from_blocks(
         }
     }
     if !unchanged.is_empty() {
+        unchanged.sort();
         unchanged.dedup();
         let told = format!(
             "Your block of code was not applied: {} already holds exactly that code, so it would change nothing, and the check's last result is on that very code. Find what in it is wrong and write a different fix.",
