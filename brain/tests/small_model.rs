@@ -362,3 +362,60 @@ fn a_failed_fix_is_told_as_what_was_done_and_writing_it_again_changes_nothing() 
         .count();
     assert_eq!(writes, 2, "the wrong fix once, the right one once");
 }
+
+#[test]
+fn a_change_that_breaks_a_passing_fix_is_undone_and_a_model_that_stops_there_is_finished_for() {
+    // What a 1.5B model did on `head`: the check passed on its fix, then it wrote the bug
+    // back and failed. Now the version that passed is kept, and when the model stops on it
+    // the brain calls `finish` in its place.
+    let wrong = "```python stats.py\nimport helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / (len(xs) + 2)\n```";
+    let right = "```python stats.py\nimport helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / len(xs)\n```";
+    let llm = FakeLlm::start(move |req| match req.seq - 1 {
+        0 => FakeReply::text(right),
+        1 => FakeReply::text(format!("Better:\n{wrong}")),
+        2 => FakeReply::text(
+            "```json\n{\"tool\": \"run_command\", \"arguments\": {\"command\": \"ls\"}}\n```",
+        ),
+        _ => FakeReply::text("I am not sure what else to do."),
+    });
+    let (c, _w, id) = started(&llm);
+    assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
+    assert_eq!(show(&c, &id)["verification"], "verified");
+    let reqs = llm.requests();
+    assert_eq!(
+        reqs.len(),
+        5,
+        "fix, break, ls, then two replies without a call"
+    );
+    // After the break: what happened, and the file as the check passed on it.
+    let told = last_user_text(&reqs[2]);
+    assert!(
+        told.contains("so those changes were undone: stats.py is back"),
+        "{told}"
+    );
+    assert!(
+        told.contains("return helpers.total(xs) / len(xs)\n"),
+        "{told}"
+    );
+    assert!(!told.contains("(len(xs) + 2)"), "{told}");
+    let log = c.task_log_json(&id);
+    let kinds: Vec<&str> = log.iter().filter_map(|r| r["kind"].as_str()).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "changes_undone").count(),
+        1,
+        "{kinds:?}"
+    );
+    let concluded = log
+        .iter()
+        .find(|r| r["kind"] == "finished_for_model")
+        .expect("the brain finished for the model");
+    assert_eq!(concluded["why"], "stopped calling tools");
+    // The diff the task delivers is the fix, not the break.
+    let out = c.brain_cli(&["task", "diff", &id]);
+    let diff = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        diff.contains("+    return helpers.total(xs) / len(xs)"),
+        "{diff}"
+    );
+    assert!(!diff.contains("len(xs) + 2"), "{diff}");
+}

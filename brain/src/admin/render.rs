@@ -455,6 +455,18 @@ pub fn describe_record(r: &crate::model::Record) -> String {
                 h => format!("; code in view: {}", h.join(", ")),
             }
         ),
+        E::ChangesUndone { restored, left, .. } => format!(
+            "changes undone (the check failed on them after it had passed): {} back as they were{}",
+            restored.join(", "),
+            if left.is_empty() {
+                String::new()
+            } else {
+                format!("; made since, still there: {}", left.join(", "))
+            }
+        ),
+        E::FinishedForModel { why } => {
+            format!("the brain calls finish for the model, which {why}, on the version that passed")
+        }
         E::ProtectedRestored { paths, .. } => format!(
             "restored the check's files before the check: {}",
             paths.join(", ")

@@ -345,6 +345,28 @@ impl Workspaces for GitPort {
         .await
         .unwrap_or_default()
     }
+
+    async fn changed_files(&self, from: &str, to: &str) -> Vec<(String, Option<bool>)> {
+        use shared::manifest::{Entry, Kind};
+        let (m, from, to) = (self.mirror.clone(), from.to_string(), to.to_string());
+        tokio::task::spawn_blocking(move || {
+            let (Ok(a), Ok(b)) = (m.manifest_shared(&from), m.manifest_shared(&to)) else {
+                return vec![];
+            };
+            let file = |e: &Entry| (e.kind == Kind::File).then(|| (e.hash.clone(), e.exec));
+            let (a, b) = (a.entries(), b.entries());
+            let paths: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            paths
+                .into_iter()
+                .filter_map(|p| {
+                    let (x, y) = (a.get(p).and_then(file), b.get(p).and_then(file));
+                    (x != y).then(|| (p.clone(), x.map(|(_, exec)| exec)))
+                })
+                .collect()
+        })
+        .await
+        .unwrap_or_default()
+    }
 }
 
 /// The engine's [`crate::engine::core::EgressKeys`]: placeholders and grants keyed by the

@@ -43,6 +43,8 @@ pub enum Action {
     Survey,
     /// The agent: put back the files the check relies on, before the check of this `finish`.
     Restore { tool_use: ToolUse },
+    /// The agent: undo the changes on which the check failed after it had passed.
+    UndoChanges,
     /// The agent: ask the model.
     Think,
     /// The agent: obtain a machine that fits and move there.

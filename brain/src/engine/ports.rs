@@ -188,6 +188,10 @@ pub trait Workspaces: Send + Sync {
     async fn read_file(&self, root: &str, path: &str, max: u64) -> Option<Vec<u8>>;
     /// The regular files of a workspace in the mirror, each with its exec bit.
     async fn list_files(&self, root: &str) -> Vec<(String, bool)>;
+    /// The paths whose regular file differs between two versions of a workspace in the
+    /// mirror (changed, added or gone), each with its exec bit in `from` (`None`: no regular
+    /// file there). Empty when either version is not in the mirror.
+    async fn changed_files(&self, from: &str, to: &str) -> Vec<(String, Option<bool>)>;
 }
 
 /// Every port, as the engine holds them.

@@ -235,6 +235,9 @@ impl Workspaces for NoMachines {
     async fn list_files(&self, _: &str) -> Vec<(String, bool)> {
         vec![]
     }
+    async fn changed_files(&self, _: &str, _: &str) -> Vec<(String, Option<bool>)> {
+        vec![]
+    }
 }
 
 #[async_trait::async_trait]

@@ -164,6 +164,18 @@ pub struct AgentState {
     /// The acceptance check's latest run passed and the model has not acted since.
     #[serde(default)]
     pub check_passes: bool,
+    /// The workspace's root the last time the check passed on what the model changed (empty:
+    /// it has not). Changes that make it fail again are undone back to it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub passed_root: String,
+    /// The check failed on changes made after it passed: they are undone before the model's
+    /// next turn.
+    #[serde(default)]
+    pub undo_due: bool,
+    /// The root on which the brain called `finish` for the model, once per root: the model
+    /// stopped (stuck, stalled, out of steps) with the workspace as the check passed on it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub concluded_on: String,
 }
 
 /// Where a person's approval of a call stands.
@@ -209,6 +221,9 @@ impl AgentState {
             check_passes: false,
             restored_for: None,
             root: String::new(),
+            passed_root: String::new(),
+            undo_due: false,
+            concluded_on: String::new(),
         }
     }
 
@@ -264,6 +279,102 @@ impl AgentState {
         }
         self.changed_since_check = false;
         self.check_passes = run.passed && self.spent.steps > 0;
+        self.on_verdict(run.passed);
+    }
+
+    /// The check passed or failed on the workspace as the model's changes left it: a pass
+    /// is the version to keep; a failure after one means the changes since are undone.
+    fn on_verdict(&mut self, passed: bool) {
+        if self.spent.steps == 0 || self.root.is_empty() {
+            return;
+        }
+        if passed {
+            self.passed_root = self.root.clone();
+            self.undo_due = false;
+        } else {
+            self.undo_due = self.undoes_on_failure();
+        }
+    }
+
+    /// Whether a failing check on the workspace as it is now would undo changes (it passed
+    /// on another version since the model acted).
+    pub fn undoes_on_failure(&self) -> bool {
+        !self.passed_root.is_empty() && !self.root.is_empty() && self.root != self.passed_root
+    }
+
+    /// The changes that made the check fail after it had passed were undone: `restored`
+    /// hold what they held when it passed (`shown`: their text, for the model); `left` were
+    /// made since and are still there (no file is deleted), so the check runs again.
+    pub fn on_changes_undone(&mut self, restored: &[String], left: &[String], shown: &str) {
+        self.undo_due = false;
+        self.check_passes = left.is_empty();
+        // With files made since still there, the check runs again on what is there now (once:
+        // when nothing more can be written back, it does not).
+        self.changed_since_check = !left.is_empty() && !restored.is_empty();
+        if restored.is_empty() && left.is_empty() {
+            return;
+        }
+        let mut text = if restored.is_empty() {
+            "The acceptance check failed on your last changes; it had passed before them, on files that are as they were then.".to_string()
+        } else {
+            format!(
+                "The acceptance check failed on your last changes, and it had passed on the files as they were before them, so those changes were undone: {} {} back as {} when it passed.",
+                restored.join(", "),
+                if restored.len() == 1 { "is" } else { "are" },
+                if restored.len() == 1 {
+                    "it was"
+                } else {
+                    "they were"
+                }
+            )
+        };
+        if !left.is_empty() {
+            text.push_str(&format!(
+                " Files made since are still there: {}.",
+                left.join(", ")
+            ));
+        }
+        text.push_str(" If the goal is met, call `finish`. If it needs more than the check shows, make the whole change in one reply: the check runs after every reply that changes files, and changes on which it fails are undone.");
+        if !shown.trim().is_empty() {
+            text.push_str("\n\n");
+            text.push_str(shown.trim_end());
+        }
+        self.conversation.push(Message::user(text));
+    }
+
+    /// Whether the workspace is as the check last passed on it, and the brain has not yet
+    /// finished for the model there: a model that stops now has still done the work.
+    pub fn holds_a_pass(&self) -> bool {
+        !self.passed_root.is_empty()
+            && self.root == self.passed_root
+            && self.concluded_on != self.root
+            && self.queue.is_empty()
+    }
+
+    /// The model stopped (`why`) with the workspace as the check passed on it: the brain
+    /// calls `finish` in its place (the check runs once more on the final workspace, with
+    /// the files it relies on put back, and decides).
+    pub fn on_concluded(&mut self, why: &str) {
+        self.concluded_on = self.root.clone();
+        let id = format!("finish_brain_{}", self.spent.steps);
+        let summary = format!(
+            "The brain finished for the model, which {why}, with the workspace as the acceptance check last passed on it."
+        );
+        let msg = Message {
+            role: Role::Assistant,
+            content:
+                "(The brain calls `finish`: the acceptance check passed on the files as they are.)"
+                    .into(),
+            tool_calls: vec![ToolUse {
+                id,
+                name: "finish".into(),
+                arguments: serde_json::json!({ "summary": summary }).to_string(),
+            }],
+            tool_call_id: String::new(),
+        };
+        self.queue = msg.tool_calls.iter().cloned().collect();
+        self.reply_calls = 1;
+        self.conversation.push(msg);
     }
 
     /// Adds the acceptance check's first result (before any change) to the first message.
@@ -473,6 +584,7 @@ impl AgentState {
             // brain need not run it again (a pass lets talk be the finish, as the brain's).
             self.changed_since_check = false;
             self.check_passes = !failed;
+            self.on_verdict(!failed);
         }
         self.recent.push_back(Turn {
             sig: Self::signature(&u),

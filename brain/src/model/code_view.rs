@@ -232,32 +232,40 @@ pub fn render_windows(named: &[(String, Vec<u32>)], texts: &BTreeMap<String, Str
                 if out.is_empty() {
                     out.push_str(&super::text::head_tail(&part, MAX_VIEW));
                 }
-                return finish(out, true);
+                return finish(POINTED_AT, out, true);
             }
             out.push_str(&part);
         }
     }
-    finish(out, false)
+    finish(POINTED_AT, out, false)
 }
+
+/// The title of a view of the code an output points at.
+const POINTED_AT: &str = "The code it points at, as the files are now:";
 
 /// A small workspace's text files, whole (`texts` in the order to show them).
 pub fn render_whole(texts: &[(String, String)]) -> String {
+    render_files(POINTED_AT, texts)
+}
+
+/// Files whole under `title`, at most [`MAX_VIEW`] bytes in all.
+pub fn render_files(title: &str, texts: &[(String, String)]) -> String {
     let mut out = String::new();
     for (path, text) in texts {
         let part = block(path, "(the whole file)", text);
         if out.len() + part.len() > MAX_VIEW {
-            return finish(out, true);
+            return finish(title, out, true);
         }
         out.push_str(&part);
     }
-    finish(out, false)
+    finish(title, out, false)
 }
 
-fn finish(out: String, cut: bool) -> String {
+fn finish(title: &str, out: String, cut: bool) -> String {
     if out.is_empty() {
         return out;
     }
-    let mut s = format!("The code it points at, as the files are now:\n{out}");
+    let mut s = format!("{title}\n{out}");
     if cut {
         s.push_str("(more was named than fits here: read_file shows the rest)\n");
     }

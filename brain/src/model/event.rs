@@ -539,6 +539,23 @@ pub enum Event {
         passed: bool,
         text: String,
     },
+    /// The acceptance check failed on changes made after it had passed: they were undone.
+    /// `restored` were written back as they were at `root` (where it passed; their text,
+    /// as the model is shown it, in `shown`); `left` were made since and stay (no file is
+    /// deleted).
+    ChangesUndone {
+        root: String,
+        restored: Vec<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        left: Vec<String>,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        shown: String,
+    },
+    /// The model stopped (`why`: stuck, stalled, out of steps) with the workspace as the
+    /// acceptance check last passed on it: the brain calls `finish` in its place.
+    FinishedForModel {
+        why: String,
+    },
     /// The files the acceptance check relies on were put back as the task started, before
     /// the check runs for the `finish` call `tool_use_id`.
     ProtectedRestored {

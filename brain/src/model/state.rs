@@ -501,6 +501,21 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
                 a.on_check_after_changes(text);
             }
         }
+        Event::ChangesUndone {
+            restored,
+            left,
+            shown,
+            ..
+        } => {
+            if let Some(a) = &mut st.agent {
+                a.on_changes_undone(restored, left, shown);
+            }
+        }
+        Event::FinishedForModel { why } => {
+            if let Some(a) = &mut st.agent {
+                a.on_concluded(why);
+            }
+        }
         Event::ProtectedRestored { tool_use_id, .. } => {
             if let Some(a) = &mut st.agent {
                 a.restored_for = Some(tool_use_id.clone());

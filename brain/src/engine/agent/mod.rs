@@ -14,6 +14,7 @@ mod files;
 mod settle;
 #[cfg(test)]
 mod tests;
+mod undo;
 mod view;
 
 use std::sync::Arc;
@@ -111,12 +112,25 @@ fn ask(task: &TaskState, u: &ToolUse, id: u64, what: &str) -> Vec<Event> {
     ]
 }
 
+/// The model stopped (`why`) with the workspace as the acceptance check passed on it: the
+/// brain calls `finish` for it (once per version), and the check decides as for the model's.
+fn conclude(a: &AgentState, why: &str) -> Option<Action> {
+    (a.spec.check.is_some() && a.holds_a_pass()).then(|| {
+        Action::Log(vec![Event::FinishedForModel {
+            why: why.to_string(),
+        }])
+    })
+}
+
 /// The decision for the agent's next turn, given the task's state. Pure.
 pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
     let Some(a) = st.agent.as_deref() else {
         return Action::finish(Outcome::Failed, "not an agent task");
     };
     if let Some(why) = a.stuck() {
+        if let Some(conclude) = conclude(a, "went round in circles") {
+            return conclude;
+        }
         return Action::finish(Outcome::Stuck, why);
     }
     // 2. The next tool call of the model's last answer.
@@ -199,8 +213,15 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
             };
         }
     }
+    // Changes on which the check fails, after it had passed: back to the version it passed on.
+    if a.undo_due && a.spec.check.is_some() {
+        return Action::UndoChanges;
+    }
     // 3. Think.
     if a.stalled() {
+        if let Some(conclude) = conclude(a, "stopped calling tools") {
+            return conclude;
+        }
         let last = a
             .conversation
             .iter()
@@ -218,6 +239,9 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
         );
     }
     if let Some(why) = a.exhausted_with(f.now_ms, f.machines_usd) {
+        if let Some(conclude) = conclude(a, "ran out of its budget") {
+            return conclude;
+        }
         return Action::Log(vec![Event::StatusChanged {
             status: Status::BudgetExhausted,
             reason: format!(
@@ -263,6 +287,7 @@ impl Driver for AgentDriver {
             Action::Think => self.think(cx).await,
             Action::Survey => survey(cx, &self.redact).await,
             Action::Restore { tool_use } => restore(cx, &tool_use).await,
+            Action::UndoChanges => undo::undo_changes(cx, &self.redact).await,
             Action::Environment {
                 tool_use,
                 req,
@@ -469,7 +494,7 @@ async fn survey(cx: &Cx<'_>, redact: &Redactor) -> Result<(), Error> {
 }
 
 /// Largest protected file put back.
-const MAX_PROTECTED: u64 = 4 << 20;
+pub(super) const MAX_PROTECTED: u64 = 4 << 20;
 
 /// Puts the files the acceptance check relies on back as the task started (from the
 /// mirror), so the check cannot be passed by editing them.

@@ -63,10 +63,23 @@ async fn settle_own_check(
                         "The acceptance check `{check}` passes after your changes. If the goal is met, call `finish`; if not, go on."
                     )
                 } else {
-                    let told = format!(
-                        "The acceptance check `{check}` after your changes: it still fails.\n{described}"
-                    );
-                    with_code(cx, &p.worker, told, &output, true, redact).await
+                    let undone = cx
+                        .task
+                        .state()
+                        .agent
+                        .as_ref()
+                        .is_some_and(|a| a.undoes_on_failure());
+                    if undone {
+                        // The files go back to the version it passed on, shown with that.
+                        format!(
+                            "The acceptance check `{check}` after your changes: it fails.\n{described}"
+                        )
+                    } else {
+                        let told = format!(
+                            "The acceptance check `{check}` after your changes: it still fails.\n{described}"
+                        );
+                        with_code(cx, &p.worker, told, &output, true, redact).await
+                    }
                 };
                 events.push(Event::CheckAfterChanges { passed, text });
             }

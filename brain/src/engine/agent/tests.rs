@@ -485,3 +485,120 @@ fn after_the_model_changes_files_the_check_runs_before_its_next_turn() {
         .on_observation("u0", "wrote 1 bytes to a.py", false);
     assert_eq!(decide(&st), Action::Think);
 }
+
+#[test]
+fn a_failing_check_after_a_pass_undoes_and_a_model_that_stops_on_a_pass_is_finished_for() {
+    let mut st = answered(
+        task(Permission::Full),
+        &[("write_file", r#"{"path":"a.py","content":"x"}"#)],
+    );
+    st.agent.as_mut().unwrap().spec.check = Some(crate::model::agent::Check {
+        command: "python3 test.py".into(),
+        timeout_ms: 0,
+        source: "--check".into(),
+        protect: vec![],
+    });
+    st.last_check = Some(crate::model::state::CheckRun::default());
+    let run = |passed| crate::model::state::CheckRun {
+        passed,
+        ..Default::default()
+    };
+    let a = st.agent.as_mut().unwrap();
+    a.on_observation("u0", "wrote 1 bytes to a.py", false);
+    a.on_barrier("pass");
+    a.on_check_run(&run(true));
+    assert_eq!(a.passed_root, "pass");
+    // The model changes it again and the check fails: undone before its next turn.
+    a.on_response(&answer(&[("write_file", r#"{"path":"a.py"}"#)]), 0.0);
+    a.on_observation("u0", "wrote 1 bytes to a.py", false);
+    a.on_barrier("broken");
+    a.on_check_run(&run(false));
+    assert!(a.undo_due);
+    assert_eq!(decide(&st), Action::UndoChanges);
+    let a = st.agent.as_mut().unwrap();
+    a.on_changes_undone(
+        &["a.py".into()],
+        &[],
+        "`a.py` (the whole file):\n```\nx\n```",
+    );
+    a.on_barrier("pass");
+    assert!(!a.undo_due && a.check_passes && !a.changed_since_check);
+    let told = &a.conversation.last().unwrap().content;
+    assert!(
+        told.contains("a.py is back") && told.contains("```\nx\n```"),
+        "{told}"
+    );
+    assert_eq!(decide(&st), Action::Think);
+    // The model stops calling tools there: the brain calls `finish` for it, once.
+    let a = st.agent.as_mut().unwrap();
+    a.idle_replies = 2;
+    assert_eq!(
+        decide(&st),
+        Action::Log(vec![Event::FinishedForModel {
+            why: "stopped calling tools".into()
+        }])
+    );
+    let a = st.agent.as_mut().unwrap();
+    a.on_concluded("stopped calling tools");
+    assert_eq!(a.queue.front().map(|u| u.name.as_str()), Some("finish"));
+    assert!(matches!(
+        decide(&st),
+        Action::Issue {
+            purpose: Purpose::Acceptance,
+            ..
+        }
+    ));
+    // Its check failed (say the check is flaky): the task ends as the model left it.
+    let a = st.agent.as_mut().unwrap();
+    a.queue.clear();
+    assert!(!a.holds_a_pass());
+    assert!(matches!(
+        decide(&st),
+        Action::Finish {
+            outcome: Outcome::Stalled,
+            ..
+        }
+    ));
+    // Out of steps on a version that passed: finished for, too.
+    let mut st2 = st.clone();
+    let a = st2.agent.as_mut().unwrap();
+    a.idle_replies = 0;
+    a.concluded_on.clear();
+    a.spent.steps = a.limits.steps;
+    assert_eq!(
+        decide(&st2),
+        Action::Log(vec![Event::FinishedForModel {
+            why: "ran out of its budget".into()
+        }])
+    );
+    // On a version that did not pass, it stops as before.
+    st2.agent.as_mut().unwrap().on_barrier("other");
+    assert!(
+        matches!(decide(&st2), Action::Log(ref e) if matches!(e[0], Event::StatusChanged { .. }))
+    );
+}
+
+#[test]
+fn files_made_since_the_pass_stay_and_the_check_runs_again_only_once() {
+    let mut a = AgentState::new(spec(Permission::Full), "goal", 0);
+    a.spec.check = Some(crate::model::agent::Check {
+        command: "python3 test.py".into(),
+        timeout_ms: 0,
+        source: "--check".into(),
+        protect: vec![],
+    });
+    a.on_changes_undone(&["a.py".into()], &["new.py".into()], "");
+    assert!(a.changed_since_check && !a.check_passes);
+    assert!(
+        a.conversation
+            .last()
+            .unwrap()
+            .content
+            .contains("still there: new.py")
+    );
+    a.on_changes_undone(&[], &["new.py".into()], "");
+    assert!(
+        !a.changed_since_check,
+        "nothing more written back: no check again"
+    );
+}
