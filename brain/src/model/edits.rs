@@ -314,12 +314,51 @@ fn unchanged(name: &str, args: &str, texts: &BTreeMap<String, String>) -> Option
     is_same.then(|| path.to_string())
 }
 
+/// Whether `line` only names a file (`# stats.py`, `// slug.js (the whole file)`, or a
+/// view's own header copied): a line small models put atop a file's code, not the code.
+fn names_a_file(line: &str, paths: &[&str]) -> bool {
+    let t = line.trim();
+    let t = ["#", "//", "--", "/*", ";"]
+        .iter()
+        .find_map(|m| t.strip_prefix(m))
+        .unwrap_or(t);
+    let t = t.trim().trim_end_matches("*/").trim().trim_end_matches(':');
+    let t = t.trim_end().trim_end_matches("(the whole file)").trim();
+    let t = t.trim_matches('`').trim();
+    !t.is_empty()
+        && paths
+            .iter()
+            .any(|p| t == *p || p.rsplit('/').next() == Some(t))
+}
+
+/// The block without a first line that only names a file, unless a file in view begins with
+/// that very line.
+fn without_name_line(block: &CodeBlock, texts: &BTreeMap<String, String>) -> Option<CodeBlock> {
+    let first = block.body.lines().find(|l| !l.trim().is_empty())?;
+    let mut paths: Vec<&str> = texts.keys().map(String::as_str).collect();
+    paths.extend(block.path.as_deref());
+    let held = texts
+        .values()
+        .any(|t| t.lines().find(|l| !l.trim().is_empty()) == Some(first));
+    if held || !names_a_file(first, &paths) {
+        return None;
+    }
+    let at = block.body.find(first)? + first.len();
+    let rest = block.body[at..].trim_start_matches(['\r', '\n']);
+    Some(CodeBlock {
+        body: rest.to_string(),
+        ..block.clone()
+    })
+}
+
 /// Where a block goes, before asking whether it changes anything.
 fn place(
     block: &CodeBlock,
     texts: &BTreeMap<String, String>,
     protected: &dyn Fn(&str) -> bool,
 ) -> Resolved {
+    let cleaned = without_name_line(block, texts);
+    let block = cleaned.as_ref().unwrap_or(block);
     let lang = block.lang.to_ascii_lowercase();
     if is_shell_or_output(&lang) || block.body.trim().is_empty() {
         return Resolved::NotAnEdit;
@@ -768,5 +807,57 @@ mod tests {
             t["slug.js"],
             "\"use strict\";\n\nfunction slug(title) {\n  return title.trim().toLowerCase().replace(/ +/g, \"-\");\n}\n\nmodule.exports = { slug };\n"
         );
+    }
+
+    #[test]
+    fn a_first_line_that_only_names_the_file_is_not_written_into_it() {
+        let texts = files(&[
+            ("stats.py", STATS),
+            ("web/slug.js", "function slug(s) {\n  return s;\n}\n"),
+        ]);
+        for first in [
+            "# stats.py",
+            "# stats.py (the whole file)",
+            "`stats.py` (the whole file):",
+        ] {
+            let body = format!("{first}\n{}", STATS.replace("(len(xs) + 1)", "len(xs)"));
+            let Resolved::Calls(calls, _) =
+                resolve(&block(Some("stats.py"), "python", &body), &texts, &none)
+            else {
+                panic!("{first}: not applied");
+            };
+            let mut t = texts.clone();
+            apply(&calls, &mut t);
+            assert_eq!(
+                t["stats.py"],
+                STATS.replace("(len(xs) + 1)", "len(xs)"),
+                "{first}"
+            );
+        }
+        let js = "// slug.js\nfunction slug(s) {\n  return s.toLowerCase();\n}\n";
+        let Resolved::Calls(calls, _) = resolve(&block(None, "javascript", js), &texts, &none)
+        else {
+            panic!("not applied");
+        };
+        let mut t = texts.clone();
+        apply(&calls, &mut t);
+        assert!(
+            t["web/slug.js"].starts_with("function slug(s) {\n  return s.toLowerCase();"),
+            "{}",
+            t["web/slug.js"]
+        );
+        // A file that begins with such a line keeps it; other comments stay.
+        let headed = files(&[("a.py", "# a.py\nX = 1\n")]);
+        let Resolved::Calls(calls, _) = resolve(
+            &block(Some("a.py"), "python", "# a.py\nX = 2\n"),
+            &headed,
+            &none,
+        ) else {
+            panic!("not applied");
+        };
+        let mut t = headed.clone();
+        apply(&calls, &mut t);
+        assert_eq!(t["a.py"], "# a.py\nX = 2\n");
+        assert!(!names_a_file("# the mean of a list", &["stats.py"]));
     }
 }
