@@ -31,7 +31,9 @@
 //! was), `tether` (this build, free text), `tether-json` (this build, `constrain =
 //! "json_schema"`), `msa`, `oneshot`.
 //!
-//! Environment: `AGENT_BENCH_N` attempts per task (1), `AGENT_BENCH_TASKS` task names
+//! Environment: `AGENT_BENCH_N` attempts per task (1), `AGENT_BENCH_JOBS` tasks at once (1;
+//! each has a worker of its own, and the model server needs as many slots: wall times then
+//! include waiting for the shared model), `AGENT_BENCH_TASKS` task names
 //! (comma-separated; all), `AGENT_BENCH_HARNESSES`
 //! (`tether-before,tether,tether-json,msa,oneshot`), `AGENT_BENCH_STEPS`
 //! model calls per attempt (10), `AGENT_BENCH_WALL` seconds per attempt (600),
@@ -67,6 +69,8 @@ fn env_num<T: std::str::FromStr>(k: &str, d: T) -> T {
 
 /// The run's settings, from the environment.
 struct Settings {
+    /// (task, attempt) units run at once.
+    jobs: usize,
     n: usize,
     steps: u32,
     wall: Duration,
@@ -94,6 +98,7 @@ impl Settings {
             });
         Self {
             n: env_num("AGENT_BENCH_N", 1usize).max(1),
+            jobs: env_num("AGENT_BENCH_JOBS", 1usize).clamp(1, 16),
             steps: env_num("AGENT_BENCH_STEPS", 10u32).max(1),
             wall: Duration::from_secs(env_num("AGENT_BENCH_WALL", 600u64).max(30)),
             max_tokens: env_num("AGENT_BENCH_MAX_TOKENS", 1024u32).max(64),
@@ -560,10 +565,11 @@ fn main() {
         None
     };
     println!(
-        "agent benchmark: {} task(s) × {} attempt(s); model {} at {}; at most {} model calls, \
-         {} s and {} tokens an answer per attempt; logs in {}",
+        "agent benchmark: {} task(s) × {} attempt(s), {} at once; model {} at {}; at most {} \
+         model calls, {} s and {} tokens an answer per attempt; logs in {}",
         tasks.len(),
         s.n,
+        s.jobs,
         s.model,
         s.url,
         s.steps,
@@ -596,7 +602,6 @@ fn main() {
             ..BrainOptions::default()
         })
     });
-    let worker = cluster.as_ref().map(|c| c.join_worker("bench-worker"));
     // Tether as it was: another build's binaries (`AGENT_BENCH_BASELINE=DIR`, e.g. the commit
     // before this work built into its own target/release), on a brain of its own.
     let baseline = std::env::var_os("AGENT_BENCH_BASELINE")
@@ -609,45 +614,88 @@ fn main() {
                 ..BrainOptions::default()
             })
         });
-    let base_worker = baseline.as_ref().map(|c| c.join_worker("bench-before"));
+    // One worker per job on each brain, so attempts that run at once never share one.
+    let workers = |c: &Option<Cluster>, name: &str| -> Vec<testkit::Worker> {
+        c.as_ref()
+            .map(|c| {
+                (0..s.jobs)
+                    .map(|j| c.join_worker(&format!("{name}-{j}")))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (now_workers, base_workers) = (
+        workers(&cluster, "bench-worker"),
+        workers(&baseline, "bench-before"),
+    );
     let work = tempfile::Builder::new()
         .prefix("agent-bench-")
         .tempdir()
         .expect("temp dir");
 
-    let (mut t_rows, mut m_rows, mut o_rows) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut j_rows, mut b_rows) = (Vec::new(), Vec::new());
     let plain = format!("openai:{}", s.model);
     let json = format!("openai:{}-json", s.model);
-    for task in &tasks {
-        for i in 1..=s.n {
-            if let (Some(c), Some(w)) = (&baseline, &base_worker) {
-                let a = tether("tether-before", &s, c, w, &plain, task, i, work.path());
-                progress("before", i, &a);
-                b_rows.push(a);
-            }
-            if let (Some(c), Some(w), true) = (&cluster, &worker, s.wants("tether")) {
-                let a = tether("tether", &s, c, w, &plain, task, i, work.path());
-                progress("tether", i, &a);
-                t_rows.push(a);
-            }
-            if let (Some(c), Some(w), true) = (&cluster, &worker, s.wants("tether-json")) {
-                let a = tether("tether-json", &s, c, w, &json, task, i, work.path());
-                progress("t-json", i, &a);
-                j_rows.push(a);
-            }
-            if s.wants("msa") && msa_skip.is_none() {
-                let a = msa(&s, task, i, work.path());
-                progress("msa", i, &a);
-                m_rows.push(a);
-            }
-            if s.wants("oneshot") {
-                let a = oneshot(&s, task, i, work.path());
-                progress("oneshot", i, &a);
-                o_rows.push(a);
-            }
+    // Each (task, attempt) runs its rows in turn; `AGENT_BENCH_JOBS` of them at once (the
+    // model server needs as many slots, `LLM_SLOTS`).
+    let units: Vec<(&Task, usize)> = tasks
+        .iter()
+        .flat_map(|t| (1..=s.n).map(move |i| (t, i)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::Mutex::new(Vec::<(usize, &str, Attempt)>::new());
+    std::thread::scope(|scope| {
+        for j in 0..s.jobs {
+            let (s, units, next, done) = (&s, &units, &next, &done);
+            let (cluster, baseline, work) = (&cluster, &baseline, work.path());
+            let (w_now, w_base) = (now_workers.get(j), base_workers.get(j));
+            let (plain, json, msa_skip) = (&plain, &json, &msa_skip);
+            scope.spawn(move || {
+                loop {
+                    let u = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some(&(task, i)) = units.get(u) else {
+                        return;
+                    };
+                    let keep = |row: &'static str, shown: &str, a: Attempt| {
+                        progress(shown, i, &a);
+                        shared::locks::Lock::locked(done).push((u, row, a));
+                    };
+                    if let (Some(c), Some(w)) = (baseline, w_base) {
+                        let a = tether("tether-before", s, c, w, plain, task, i, work);
+                        keep("before", "before", a);
+                    }
+                    if let (Some(c), Some(w), true) = (cluster, w_now, s.wants("tether")) {
+                        let a = tether("tether", s, c, w, plain, task, i, work);
+                        keep("tether", "tether", a);
+                    }
+                    if let (Some(c), Some(w), true) = (cluster, w_now, s.wants("tether-json")) {
+                        let a = tether("tether-json", s, c, w, json, task, i, work);
+                        keep("json", "t-json", a);
+                    }
+                    if s.wants("msa") && msa_skip.is_none() {
+                        keep("msa", "msa", msa(s, task, i, work));
+                    }
+                    if s.wants("oneshot") {
+                        keep("oneshot", "oneshot", oneshot(s, task, i, work));
+                    }
+                }
+            });
         }
-    }
+    });
+    let mut done = done.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    done.sort_by_key(|(u, _, _)| *u);
+    let row = |name: &str| -> Vec<Attempt> {
+        done.iter()
+            .filter(|(_, r, _)| *r == name)
+            .map(|(_, _, a)| a.clone())
+            .collect()
+    };
+    let (b_rows, t_rows, j_rows, m_rows, o_rows) = (
+        row("before"),
+        row("tether"),
+        row("json"),
+        row("msa"),
+        row("oneshot"),
+    );
 
     let mut rows: Vec<(&str, &Vec<Attempt>)> = Vec::new();
     if baseline.is_some() {

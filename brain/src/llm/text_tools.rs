@@ -298,14 +298,37 @@ fn push_user(messages: &mut Vec<Message>, text: String) {
 /// at its usual temperature a small model gives the same wrong answer for ever, whatever it
 /// was told in between. 1.0 after one repeat, 0.2 more for each further one, at most 1.4;
 /// `None` (the server's default) otherwise.
+/// Two replies are the same when their code is (the same fenced blocks, whitespace aside,
+/// however the words around them differ) or, without code, when their words are.
 fn repeat_temperature(messages: &[Message]) -> Option<f32> {
     let mut replies = messages
         .iter()
         .filter(|m| m.role == Role::Assistant)
-        .map(|m| m.content.trim());
+        .map(|m| reply_key(&m.content));
     let last = replies.next_back().filter(|c| !c.is_empty())?;
     let earlier = replies.filter(|c| *c == last).count();
     (earlier > 0).then(|| (0.8 + 0.2 * earlier as f32).min(1.4))
+}
+
+/// What a reply comes to for [`repeat_temperature`]: its fenced blocks' lines, whitespace
+/// aside, or its trimmed text when it has none.
+fn reply_key(text: &str) -> String {
+    let mut code = String::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            code.push('\n');
+        } else if fenced && !line.trim().is_empty() {
+            code.push_str(&line.split_whitespace().collect::<Vec<_>>().join(" "));
+            code.push('\n');
+        }
+    }
+    if code.trim().is_empty() {
+        text.trim().to_string()
+    } else {
+        code
+    }
 }
 
 /// What a text answer holds.

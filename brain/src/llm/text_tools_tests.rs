@@ -163,6 +163,23 @@ fn a_reply_given_before_word_for_word_is_asked_again_with_more_randomness() {
         (body["temperature"].as_f64().unwrap() - 1.0).abs() < 1e-6,
         "{body}"
     );
+    // The same code in other words is the same reply; other code is not.
+    let code = |words: &str, fix: &str| {
+        reply(&format!(
+            "{words}\n```python stats.py\ndef mean(xs):\n    return {fix}\n```\nDone."
+        ))
+    };
+    req.messages
+        .push(code("The bug is the divisor.", "sum(xs) / (len(xs) - 1)"));
+    assert_eq!(to_text_request(&req, false).temperature, None);
+    req.messages.push(code(
+        "Now I handle the empty list.",
+        "sum(xs)  /  (len(xs) - 1)",
+    ));
+    assert_eq!(to_text_request(&req, false).temperature, Some(1.0));
+    req.messages
+        .push(code("The bug is the divisor.", "sum(xs) / len(xs)"));
+    assert_eq!(to_text_request(&req, false).temperature, None);
     let mut hot = t.clone();
     hot.temperature = Some(1.4);
     let body = super::super::anthropic::build_body("m", &hot, 100);
