@@ -681,7 +681,9 @@ fn main() {
             });
         }
     });
-    let mut done = done.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut done = done
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     done.sort_by_key(|(u, _, _)| *u);
     let row = |name: &str| -> Vec<Attempt> {
         done.iter()

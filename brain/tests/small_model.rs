@@ -238,9 +238,16 @@ fn a_write_that_changes_nothing_and_a_refused_finish_end_the_task_as_stuck() {
         reason.contains("round in circles") && reason.contains("2 calls"),
         "{reason}"
     );
+    // Once, it began again from the start; then the same cycle stopped it.
+    let restarts = c
+        .task_log_json(&id)
+        .iter()
+        .filter(|r| r["kind"] == "changes_undone" && r["to_start"] == true)
+        .count();
+    assert_eq!(restarts, 1);
     assert!(
-        llm.count() <= 12,
-        "stopped within a few rounds, not at the step budget: {} requests",
+        llm.count() <= 24,
+        "stopped within a few rounds each time, not at the step budget: {} requests",
         llm.count()
     );
 }
@@ -418,4 +425,45 @@ fn a_change_that_breaks_a_passing_fix_is_undone_and_a_model_that_stops_there_is_
         "{diff}"
     );
     assert!(!diff.contains("len(xs) + 2"), "{diff}");
+}
+
+#[test]
+fn a_model_that_writes_its_failed_fix_again_and_again_starts_again_from_the_start() {
+    // What a 1.5B model did on `passmark`: its first change broke the module (a name it
+    // made up), and it then wrote that same broken file again and again until it stalled.
+    // Its changes are undone back to the start once, and it tries again from there.
+    let broken = "```python stats.py\nimport helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / count\n```";
+    let right = "```python stats.py\nimport helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / len(xs)\n```";
+    let llm = FakeLlm::start(move |req| {
+        let restarted = req.messages().iter().any(|m| {
+            m["content"]
+                .as_str()
+                .is_some_and(|t| t.contains("back as at the start"))
+        });
+        if restarted {
+            FakeReply::text(right)
+        } else {
+            FakeReply::text(format!("The fix:\n{broken}"))
+        }
+    });
+    let (c, _w, id) = started(&llm);
+    assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
+    assert_eq!(show(&c, &id)["verification"], "verified");
+    let log = c.task_log_json(&id);
+    let undone: Vec<&Value> = log
+        .iter()
+        .filter(|r| r["kind"] == "changes_undone")
+        .collect();
+    assert_eq!(undone.len(), 1, "{log:?}");
+    assert_eq!(undone[0]["to_start"], true);
+    assert_eq!(undone[0]["restored"], serde_json::json!(["stats.py"]));
+    // The model was shown the file as it was at the start.
+    let reqs = llm.requests();
+    let told = reqs
+        .iter()
+        .map(last_user_text)
+        .find(|t| t.contains("back as at the start"))
+        .expect("told");
+    assert!(told.contains("(len(xs) + 1)"), "{told}");
+    assert!(!told.contains("/ count"), "{told}");
 }

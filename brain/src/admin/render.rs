@@ -455,8 +455,18 @@ pub fn describe_record(r: &crate::model::Record) -> String {
                 h => format!("; code in view: {}", h.join(", ")),
             }
         ),
-        E::ChangesUndone { restored, left, .. } => format!(
-            "changes undone (the check failed on them after it had passed): {} back as they were{}",
+        E::ChangesUndone {
+            restored,
+            left,
+            to_start,
+            ..
+        } => format!(
+            "changes undone ({}): {} back as they were{}",
+            if *to_start {
+                "the model made no progress on them: back to the start"
+            } else {
+                "the check failed on them after it had passed"
+            },
             restored.join(", "),
             if left.is_empty() {
                 String::new()

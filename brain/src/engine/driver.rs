@@ -43,8 +43,9 @@ pub enum Action {
     Survey,
     /// The agent: put back the files the check relies on, before the check of this `finish`.
     Restore { tool_use: ToolUse },
-    /// The agent: undo the changes on which the check failed after it had passed.
-    UndoChanges,
+    /// The agent: undo the model's changes, back to the version the check passed on, or
+    /// (`to_start`) to the task's start, for a model stuck on its own failed fix.
+    UndoChanges { to_start: bool },
     /// The agent: ask the model.
     Think,
     /// The agent: obtain a machine that fits and move there.

@@ -176,6 +176,9 @@ pub struct AgentState {
     /// stopped (stuck, stalled, out of steps) with the workspace as the check passed on it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub concluded_on: String,
+    /// The model's changes were undone back to the task's start once already.
+    #[serde(default)]
+    pub restarted: bool,
 }
 
 /// Where a person's approval of a call stands.
@@ -224,6 +227,7 @@ impl AgentState {
             passed_root: String::new(),
             undo_due: false,
             concluded_on: String::new(),
+            restarted: false,
         }
     }
 
@@ -335,6 +339,46 @@ impl AgentState {
             ));
         }
         text.push_str(" If the goal is met, call `finish`. If it needs more than the check shows, make the whole change in one reply: the check runs after every reply that changes files, and changes on which it fails are undone.");
+        if !shown.trim().is_empty() {
+            text.push_str("\n\n");
+            text.push_str(shown.trim_end());
+        }
+        self.conversation.push(Message::user(text));
+    }
+
+    /// The model stopped making progress and its changes were undone back to the task's
+    /// start: it begins again from the first message (the goal, the files, the check's first
+    /// result), its failed replies no longer in view, told what happened.
+    pub fn on_restarted(&mut self, restored: &[String], left: &[String], shown: &str) {
+        self.restarted = true;
+        self.conversation.truncate(1);
+        self.elided_upto = 0;
+        self.note_after = None;
+        self.idle_replies = 0;
+        self.idle_malformed = false;
+        self.repeat = None;
+        self.recent.clear();
+        self.check_passes = false;
+        self.changed_since_check = false;
+        let mut text = String::from(
+            "You have tried this task before: nothing you did made the acceptance check pass, and your last replies did not change that",
+        );
+        if restored.is_empty() {
+            text.push('.');
+        } else {
+            text.push_str(&format!(
+                ", so they were undone: {} {} back as at the start.",
+                restored.join(", "),
+                if restored.len() == 1 { "is" } else { "are" }
+            ));
+        }
+        if !left.is_empty() {
+            text.push_str(&format!(
+                " Files you made are still there: {}.",
+                left.join(", ")
+            ));
+        }
+        text.push_str(" Read the check's output above again and try a different fix: what you wrote before did not work.");
         if !shown.trim().is_empty() {
             text.push_str("\n\n");
             text.push_str(shown.trim_end());

@@ -539,12 +539,17 @@ pub enum Event {
         passed: bool,
         text: String,
     },
-    /// The acceptance check failed on changes made after it had passed: they were undone.
+    /// The acceptance check failed on changes made after it had passed (or, `to_start`, the
+    /// model stopped making progress on changes it never passed on): they were undone.
     /// `restored` were written back as they were at `root` (where it passed; their text,
     /// as the model is shown it, in `shown`); `left` were made since and stay (no file is
     /// deleted).
     ChangesUndone {
         root: String,
+        /// Back to the task's start (the model stopped making progress on its own failed
+        /// changes), not to a version the check passed on.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        to_start: bool,
         restored: Vec<String>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         left: Vec<String>,

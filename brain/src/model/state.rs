@@ -505,10 +505,15 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             restored,
             left,
             shown,
+            to_start,
             ..
         } => {
             if let Some(a) = &mut st.agent {
-                a.on_changes_undone(restored, left, shown);
+                if *to_start {
+                    a.on_restarted(restored, left, shown);
+                } else {
+                    a.on_changes_undone(restored, left, shown);
+                }
             }
         }
         Event::FinishedForModel { why } => {

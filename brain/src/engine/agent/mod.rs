@@ -122,6 +122,14 @@ fn conclude(a: &AgentState, why: &str) -> Option<Action> {
     })
 }
 
+/// The model stopped making progress and the check never passed on what it did: once per
+/// task, its changes are undone back to the task's start and it begins again from the first
+/// message (a small model anchors on its own failed fix and writes it again and again).
+fn restart(a: &AgentState) -> Option<Action> {
+    (a.spec.check.is_some() && !a.restarted && a.passed_root.is_empty() && a.queue.is_empty())
+        .then_some(Action::UndoChanges { to_start: true })
+}
+
 /// The decision for the agent's next turn, given the task's state. Pure.
 pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
     let Some(a) = st.agent.as_deref() else {
@@ -130,6 +138,9 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
     if let Some(why) = a.stuck() {
         if let Some(conclude) = conclude(a, "went round in circles") {
             return conclude;
+        }
+        if let Some(restart) = restart(a) {
+            return restart;
         }
         return Action::finish(Outcome::Stuck, why);
     }
@@ -215,12 +226,15 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
     }
     // Changes on which the check fails, after it had passed: back to the version it passed on.
     if a.undo_due && a.spec.check.is_some() {
-        return Action::UndoChanges;
+        return Action::UndoChanges { to_start: false };
     }
     // 3. Think.
     if a.stalled() {
         if let Some(conclude) = conclude(a, "stopped calling tools") {
             return conclude;
+        }
+        if let Some(restart) = restart(a) {
+            return restart;
         }
         let last = a
             .conversation
@@ -287,7 +301,9 @@ impl Driver for AgentDriver {
             Action::Think => self.think(cx).await,
             Action::Survey => survey(cx, &self.redact).await,
             Action::Restore { tool_use } => restore(cx, &tool_use).await,
-            Action::UndoChanges => undo::undo_changes(cx, &self.redact).await,
+            Action::UndoChanges { to_start } => {
+                undo::undo_changes(cx, to_start, &self.redact).await
+            }
             Action::Environment {
                 tool_use,
                 req,

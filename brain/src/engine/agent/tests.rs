@@ -514,7 +514,7 @@ fn a_failing_check_after_a_pass_undoes_and_a_model_that_stops_on_a_pass_is_finis
     a.on_barrier("broken");
     a.on_check_run(&run(false));
     assert!(a.undo_due);
-    assert_eq!(decide(&st), Action::UndoChanges);
+    assert_eq!(decide(&st), Action::UndoChanges { to_start: false });
     let a = st.agent.as_mut().unwrap();
     a.on_changes_undone(
         &["a.py".into()],
@@ -601,4 +601,60 @@ fn files_made_since_the_pass_stay_and_the_check_runs_again_only_once() {
         !a.changed_since_check,
         "nothing more written back: no check again"
     );
+}
+
+#[test]
+fn a_model_stuck_on_its_own_failed_changes_starts_again_from_the_start_once() {
+    let mut st = answered(
+        task(Permission::Full),
+        &[("write_file", r#"{"path":"a.py","content":"x"}"#)],
+    );
+    st.seed_root = "start".into();
+    st.agent.as_mut().unwrap().spec.check = Some(crate::model::agent::Check {
+        command: "python3 test.py".into(),
+        timeout_ms: 0,
+        source: "--check".into(),
+        protect: vec![],
+    });
+    st.last_check = Some(crate::model::state::CheckRun::default());
+    let a = st.agent.as_mut().unwrap();
+    a.on_observation("u0", "wrote 1 bytes to a.py", false);
+    a.on_barrier("mine");
+    a.changed_since_check = false;
+    a.idle_replies = 2;
+    assert_eq!(decide(&st), Action::UndoChanges { to_start: true });
+    let a = st.agent.as_mut().unwrap();
+    a.on_restarted(
+        &["a.py".into()],
+        &[],
+        "`a.py` (the whole file):\n```\nold\n```",
+    );
+    a.on_barrier("start");
+    assert!(a.restarted && a.idle_replies == 0 && a.recent.is_empty());
+    // It begins again from the first message: its failed replies are out of view.
+    assert_eq!(a.conversation.len(), 2, "{:?}", a.conversation);
+    assert_eq!(a.conversation[0].content, "fix it");
+    let told = &a.conversation.last().unwrap().content;
+    assert!(
+        told.contains("a.py is back as at the start") && told.contains("try a different fix"),
+        "{told}"
+    );
+    assert_eq!(decide(&st), Action::Think);
+    // Only once: stuck again on changed files, it stops.
+    let a = st.agent.as_mut().unwrap();
+    a.on_barrier("mine again");
+    a.idle_replies = 2;
+    assert!(matches!(
+        decide(&st),
+        Action::Finish {
+            outcome: Outcome::Stalled,
+            ..
+        }
+    ));
+    // Not when a version passed (that one is kept instead).
+    let mut fresh = st.clone();
+    let a = fresh.agent.as_mut().unwrap();
+    a.restarted = false;
+    a.passed_root = "passed".into();
+    assert!(matches!(decide(&fresh), Action::Finish { .. }));
 }

@@ -2,6 +2,8 @@
 //! check fail after it had passed, the files they changed are written back as they were then
 //! (from the mirror), and the model hears what happened with the files as they now are. A
 //! small model often breaks what it had just fixed; the check, not the model, is the judge.
+//! The same, back to the task's start, for a model that stopped making progress on its own
+//! failed changes (it anchors on them and writes them again and again).
 
 use super::super::core::Cx;
 use super::super::effects;
@@ -16,13 +18,22 @@ use crate::model::ops::{FileAnswer, FileOp};
 /// files the check relies on are left alone (they are put back from the task's start before
 /// each `finish`), and no file is deleted: those made since are named. A worker that goes
 /// away part way leaves it to the next try (each write is whole and repeatable).
-pub(super) async fn undo_changes(cx: &Cx<'_>, redact: &Redactor) -> Result<(), Error> {
+pub(super) async fn undo_changes(
+    cx: &Cx<'_>,
+    to_start: bool,
+    redact: &Redactor,
+) -> Result<(), Error> {
     let st = cx.task.state();
     let (Some(a), Some(check), Some(worker)) = (st.agent.as_deref(), st.check(), st.worker.clone())
     else {
         return Ok(());
     };
-    let (kept, now) = (a.passed_root.clone(), a.root.clone());
+    let kept = if to_start {
+        st.seed_root.clone()
+    } else {
+        a.passed_root.clone()
+    };
+    let now = a.root.clone();
     let ws = &cx.ports().workspaces;
     let (mut restored, mut left, mut texts) = (Vec::new(), Vec::new(), Vec::new());
     for (path, before) in ws.changed_files(&kept, &now).await {
@@ -60,12 +71,18 @@ pub(super) async fn undo_changes(cx: &Cx<'_>, redact: &Redactor) -> Result<(), E
         "The files written back, as they are now:",
         &texts,
     ));
-    tracing::info!(task = %cx.task.id, restored = restored.len(), left = left.len(), "changes on which the check failed were undone");
+    let why = if to_start {
+        "the model's changes were undone back to the task's start"
+    } else {
+        "changes on which the check failed were undone"
+    };
+    tracing::info!(task = %cx.task.id, restored = restored.len(), left = left.len(), "{why}");
     cx.store()
         .append(
             cx.task,
             vec![Event::ChangesUndone {
                 root: kept,
+                to_start,
                 restored,
                 left,
                 shown,
