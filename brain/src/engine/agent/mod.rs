@@ -300,7 +300,7 @@ impl Driver for AgentDriver {
         match action {
             Action::Think => self.think(cx).await,
             Action::Survey => survey(cx, &self.redact).await,
-            Action::Restore { tool_use } => restore(cx, &tool_use).await,
+            Action::Restore { tool_use } => undo::restore(cx, &tool_use).await,
             Action::UndoChanges { to_start } => {
                 undo::undo_changes(cx, to_start, &self.redact).await
             }
@@ -504,52 +504,6 @@ async fn survey(cx: &Cx<'_>, redact: &Redactor) -> Result<(), Error> {
                 truncated,
                 readme_path,
                 readme,
-            }],
-        )
-        .await
-}
-
-/// Largest protected file put back.
-pub(super) const MAX_PROTECTED: u64 = 4 << 20;
-
-/// Puts the files the acceptance check relies on back as the task started (from the
-/// mirror), so the check cannot be passed by editing them.
-async fn restore(cx: &Cx<'_>, u: &ToolUse) -> Result<(), Error> {
-    use crate::model::ops::{FileAnswer, FileOp};
-    let st = cx.task.state();
-    let (Some(check), worker) = (st.check().cloned(), st.worker.clone().unwrap_or_default()) else {
-        return Ok(());
-    };
-    let ws = &cx.ports().workspaces;
-    let mut paths = Vec::new();
-    for (path, exec) in ws.list_files(&st.seed_root).await {
-        if !crate::model::agent::is_protected(&check, &path) {
-            continue;
-        }
-        let Some(data) = ws.read_file(&st.seed_root, &path, MAX_PROTECTED).await else {
-            continue;
-        };
-        let op = FileOp::Write {
-            path: path.clone(),
-            data,
-            mode: if exec { 0o755 } else { 0o644 },
-            create_dirs: true,
-        };
-        match effects::file_call(cx, &worker, op).await {
-            Ok(FileAnswer::Done) => paths.push(path),
-            Ok(other) => {
-                tracing::warn!(task = %cx.task.id, %path, answer = ?other, "a protected file could not be put back");
-            }
-            // Cancelled, or the worker is away: try again.
-            Err(_) => return Ok(()),
-        }
-    }
-    cx.store()
-        .append(
-            cx.task,
-            vec![Event::ProtectedRestored {
-                tool_use_id: u.id.clone(),
-                paths,
             }],
         )
         .await

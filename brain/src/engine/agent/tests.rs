@@ -62,6 +62,16 @@ fn answer(calls: &[(&str, &str)]) -> Response {
 }
 
 /// `st` after the model answered with `calls`.
+/// The acceptance check the table's tasks have.
+fn check() -> crate::model::agent::Check {
+    crate::model::agent::Check {
+        command: "python3 test.py".into(),
+        timeout_ms: 0,
+        source: "--check".into(),
+        protect: vec![],
+    }
+}
+
 fn answered(mut st: TaskState, calls: &[(&str, &str)]) -> TaskState {
     st.agent.as_mut().unwrap().on_response(&answer(calls), 0.01);
     st
@@ -308,12 +318,7 @@ fn the_first_turn_waits_for_the_overview_and_the_checks_first_result() {
             .contains("a.py")
     );
     // With a check, its first result comes before the first question.
-    st.agent.as_mut().unwrap().spec.check = Some(crate::model::agent::Check {
-        command: "python3 test.py".into(),
-        timeout_ms: 0,
-        source: "--check".into(),
-        protect: vec![],
-    });
+    st.agent.as_mut().unwrap().spec.check = Some(check());
     assert!(matches!(
         decide(&st),
         Action::Issue {
@@ -451,12 +456,7 @@ fn after_the_model_changes_files_the_check_runs_before_its_next_turn() {
         task(Permission::Full),
         &[("write_file", r#"{"path":"a.py","content":"x"}"#)],
     );
-    st.agent.as_mut().unwrap().spec.check = Some(crate::model::agent::Check {
-        command: "python3 test.py".into(),
-        timeout_ms: 0,
-        source: "--check".into(),
-        protect: vec![],
-    });
+    st.agent.as_mut().unwrap().spec.check = Some(check());
     st.last_check = Some(crate::model::state::CheckRun::default());
     st.agent
         .as_mut()
@@ -492,12 +492,7 @@ fn a_failing_check_after_a_pass_undoes_and_a_model_that_stops_on_a_pass_is_finis
         task(Permission::Full),
         &[("write_file", r#"{"path":"a.py","content":"x"}"#)],
     );
-    st.agent.as_mut().unwrap().spec.check = Some(crate::model::agent::Check {
-        command: "python3 test.py".into(),
-        timeout_ms: 0,
-        source: "--check".into(),
-        protect: vec![],
-    });
+    st.agent.as_mut().unwrap().spec.check = Some(check());
     st.last_check = Some(crate::model::state::CheckRun::default());
     let run = |passed| crate::model::state::CheckRun {
         passed,
@@ -581,12 +576,7 @@ fn a_failing_check_after_a_pass_undoes_and_a_model_that_stops_on_a_pass_is_finis
 #[test]
 fn files_made_since_the_pass_stay_and_the_check_runs_again_only_once() {
     let mut a = AgentState::new(spec(Permission::Full), "goal", 0);
-    a.spec.check = Some(crate::model::agent::Check {
-        command: "python3 test.py".into(),
-        timeout_ms: 0,
-        source: "--check".into(),
-        protect: vec![],
-    });
+    a.spec.check = Some(check());
     a.on_changes_undone(&["a.py".into()], &["new.py".into()], "");
     assert!(a.changed_since_check && !a.check_passes);
     assert!(
@@ -610,12 +600,7 @@ fn a_model_stuck_on_its_own_failed_changes_starts_again_from_the_start_once() {
         &[("write_file", r#"{"path":"a.py","content":"x"}"#)],
     );
     st.seed_root = "start".into();
-    st.agent.as_mut().unwrap().spec.check = Some(crate::model::agent::Check {
-        command: "python3 test.py".into(),
-        timeout_ms: 0,
-        source: "--check".into(),
-        protect: vec![],
-    });
+    st.agent.as_mut().unwrap().spec.check = Some(check());
     st.last_check = Some(crate::model::state::CheckRun::default());
     let a = st.agent.as_mut().unwrap();
     a.on_observation("u0", "wrote 1 bytes to a.py", false);

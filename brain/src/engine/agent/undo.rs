@@ -1,4 +1,5 @@
-//! Keeping the version the check passed on: when the model's changes make the acceptance
+//! Files put back from the mirror: the ones the check relies on, before each `finish`; and
+//! the version the check passed on: when the model's changes make the acceptance
 //! check fail after it had passed, the files they changed are written back as they were then
 //! (from the mirror), and the model hears what happened with the files as they now are. A
 //! small model often breaks what it had just fixed; the check, not the model, is the judge.
@@ -9,10 +10,76 @@ use super::super::core::Cx;
 use super::super::effects;
 use super::super::error::Error;
 use super::super::redact::Redactor;
-use super::MAX_PROTECTED;
+use crate::llm::ToolUse;
 use crate::model::code_view;
 use crate::model::event::Event;
 use crate::model::ops::{FileAnswer, FileOp};
+
+/// Largest file put back.
+const MAX_PUT_BACK: u64 = 4 << 20;
+
+/// The worker could not be asked (the task was cancelled, or the worker is away): the
+/// action is tried again as a whole (each write is whole and repeatable).
+struct Away;
+
+/// Writes `path` on the worker as it is in the mirror's version `root`, returning what was
+/// written; `None` when the mirror does not hold it or the worker refused (logged).
+async fn put_back(
+    cx: &Cx<'_>,
+    worker: &str,
+    root: &str,
+    path: &str,
+    exec: bool,
+) -> Result<Option<Vec<u8>>, Away> {
+    let ws = &cx.ports().workspaces;
+    let Some(data) = ws.read_file(root, path, MAX_PUT_BACK).await else {
+        tracing::warn!(task = %cx.task.id, %path, "a file to put back is not in the mirror");
+        return Ok(None);
+    };
+    let op = FileOp::Write {
+        path: path.to_string(),
+        data: data.clone(),
+        mode: if exec { 0o755 } else { 0o644 },
+        create_dirs: true,
+    };
+    match effects::file_call(cx, worker, op).await {
+        Ok(FileAnswer::Done) => Ok(Some(data)),
+        Ok(other) => {
+            tracing::warn!(task = %cx.task.id, %path, answer = ?other, "a file could not be put back");
+            Ok(None)
+        }
+        Err(_) => Err(Away),
+    }
+}
+
+/// Puts the files the acceptance check relies on back as the task started, so the check
+/// cannot be passed by editing them.
+pub(super) async fn restore(cx: &Cx<'_>, u: &ToolUse) -> Result<(), Error> {
+    let st = cx.task.state();
+    let (Some(check), worker) = (st.check().cloned(), st.worker.clone().unwrap_or_default()) else {
+        return Ok(());
+    };
+    let mut paths = Vec::new();
+    for (path, exec) in cx.ports().workspaces.list_files(&st.seed_root).await {
+        if !crate::model::agent::is_protected(&check, &path) {
+            continue;
+        }
+        match put_back(cx, &worker, &st.seed_root, &path, exec).await {
+            Ok(Some(_)) => paths.push(path),
+            Ok(None) => {}
+            Err(Away) => return Ok(()),
+        }
+    }
+    cx.store()
+        .append(
+            cx.task,
+            vec![Event::ProtectedRestored {
+                tool_use_id: u.id.clone(),
+                paths,
+            }],
+        )
+        .await
+}
 
 /// Undoes the changes since the check last passed and logs [`Event::ChangesUndone`]. The
 /// files the check relies on are left alone (they are put back from the task's start before
@@ -44,25 +111,15 @@ pub(super) async fn undo_changes(
             left.push(path);
             continue;
         };
-        let Some(data) = ws.read_file(&kept, &path, MAX_PROTECTED).await else {
-            tracing::warn!(task = %cx.task.id, %path, "a file the check passed on is not in the mirror");
-            continue;
-        };
-        if !data.contains(&0) {
-            texts.push((path.clone(), String::from_utf8_lossy(&data).into_owned()));
-        }
-        let op = FileOp::Write {
-            path: path.clone(),
-            data,
-            mode: if exec { 0o755 } else { 0o644 },
-            create_dirs: true,
-        };
-        match effects::file_call(cx, &worker, op).await {
-            Ok(FileAnswer::Done) => restored.push(path),
-            Ok(other) => {
-                tracing::warn!(task = %cx.task.id, %path, answer = ?other, "a file could not be written back");
+        match put_back(cx, &worker, &kept, &path, exec).await {
+            Ok(Some(data)) => {
+                if !data.contains(&0) {
+                    texts.push((path.clone(), String::from_utf8_lossy(&data).into_owned()));
+                }
+                restored.push(path);
             }
-            Err(_) => return Ok(()),
+            Ok(None) => {}
+            Err(Away) => return Ok(()),
         }
     }
     // The mirror follows what was written, so the next round compares with it.
