@@ -552,11 +552,12 @@ fn github_refusals_end_the_delivery_with_the_reason_and_no_token() {
 fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
     let server = git_server(Auth::PushOnly);
     server.create_repo("app", FILES).unwrap();
-    // Fixes the value, then runs out of steps before finishing.
+    // Changes the value, not to what the check wants, then runs out of steps (a change the
+    // check passed on would be kept and finished for).
     let llm = FakeLlm::start(|req| match req.assistant_turns() {
         0 => FakeReply::tool_call(
             "write_file",
-            json!({"path": "value.txt", "content": "42\n"}),
+            json!({"path": "value.txt", "content": "43\n"}),
         ),
         _ => FakeReply::tool_call(
             "write_file",
@@ -582,7 +583,7 @@ fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
     assert!(stdout(&out).contains(&wip), "{}", text(&out));
     assert_eq!(
         server.file_at("app", &wip, "value.txt").as_deref(),
-        Some("42\n")
+        Some("43\n")
     );
     assert_eq!(
         server.file_at("app", &wip, "notes/todo.txt").as_deref(),
@@ -607,7 +608,7 @@ fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
     let out = c.brain_cli(&["task", "diff", &id]);
     let diff = stdout(&out);
     assert!(
-        diff.contains("-41\n+42\n") && !diff.contains(".git/"),
+        diff.contains("-41\n+43\n") && !diff.contains(".git/"),
         "{diff}"
     );
     let out = c.brain_cli(&["task", "patch", &id]);
@@ -630,9 +631,14 @@ fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
         .current_dir(&clone)
         .output()
         .unwrap();
+    // The clone holds what the task left, on which the check fails as it did there.
+    assert_eq!(
+        std::fs::read_to_string(clone.join("value.txt")).unwrap(),
+        "43\n"
+    );
     assert!(
-        check.status.success(),
-        "the check fails on the patched clone: {}",
+        !check.status.success(),
+        "the check passes on the patched clone: {}",
         text(&check)
     );
     let subject = run_git(&clone, &["log", "-1", "--format=%s"]);

@@ -252,6 +252,19 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
             ),
         );
     }
+    // The model changed files: the check runs on them before its next turn, and it hears
+    // how it went (a small model cannot tell whether a change helped without it). Also when
+    // the budget is spent: the last change may be the fix (or undo a passing version).
+    if let Some(check) = &a.spec.check
+        && a.changed_since_check
+        && a.spent.steps > 0
+    {
+        return Action::Issue {
+            call: check_call(check),
+            step: a.spent.steps,
+            purpose: Purpose::Acceptance,
+        };
+    }
     if let Some(why) = a.exhausted_with(f.now_ms, f.machines_usd) {
         if let Some(conclude) = conclude(a, "ran out of its budget") {
             return conclude;
@@ -263,18 +276,6 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
                 st.id
             ),
         }]);
-    }
-    // The model changed files: the check runs on them before its next turn, and it hears
-    // how it went (a small model cannot tell whether a change helped without it).
-    if let Some(check) = &a.spec.check
-        && a.changed_since_check
-        && a.spent.steps > 0
-    {
-        return Action::Issue {
-            call: check_call(check),
-            step: a.spent.steps,
-            purpose: Purpose::Acceptance,
-        };
     }
     let info = llm::model_info(&a.spec.model, llm);
     let system = prompt::system_prompt(a);

@@ -643,3 +643,38 @@ fn a_model_stuck_on_its_own_failed_changes_starts_again_from_the_start_once() {
     a.passed_root = "passed".into();
     assert!(matches!(decide(&fresh), Action::Finish { .. }));
 }
+
+#[test]
+fn the_last_change_is_checked_before_the_budget_stops_the_task() {
+    // The model's last step wrote the fix: the check runs on it, and a pass is finished for.
+    let mut st = answered(
+        task(Permission::Full),
+        &[("write_file", r#"{"path":"a.py","content":"x"}"#)],
+    );
+    st.agent.as_mut().unwrap().spec.check = Some(check());
+    st.last_check = Some(crate::model::state::CheckRun::default());
+    let a = st.agent.as_mut().unwrap();
+    a.on_observation("u0", "wrote 1 bytes to a.py", false);
+    a.on_barrier("fixed");
+    a.spent.steps = a.limits.steps;
+    assert!(matches!(
+        decide(&st),
+        Action::Issue {
+            purpose: Purpose::Acceptance,
+            ..
+        }
+    ));
+    st.agent
+        .as_mut()
+        .unwrap()
+        .on_check_run(&crate::model::state::CheckRun {
+            passed: true,
+            ..Default::default()
+        });
+    assert_eq!(
+        decide(&st),
+        Action::Log(vec![Event::FinishedForModel {
+            why: "ran out of its budget".into()
+        }])
+    );
+}
