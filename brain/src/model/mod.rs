@@ -11,6 +11,7 @@ pub mod egress;
 pub mod env;
 pub mod event;
 pub mod ids;
+mod keep;
 pub mod ops;
 pub mod prompt;
 pub mod state;
