@@ -38,7 +38,7 @@ impl AgentState {
         if restored.is_empty() && left.is_empty() {
             return;
         }
-        let mut text = if restored.is_empty() {
+        let text = if restored.is_empty() {
             "The acceptance check failed on your last changes; it had passed before them, on files that are as they were then.".to_string()
         } else {
             format!(
@@ -52,13 +52,24 @@ impl AgentState {
                 }
             )
         };
+        self.tell_undone(
+            text,
+            left,
+            " If the goal is met, call `finish`. If it needs more than the check shows, make the whole change in one reply: the check runs after every reply that changes files, and changes on which it fails are undone.",
+            shown,
+        );
+    }
+
+    /// Tells the model its changes were undone: `text`, the files made since that stay,
+    /// `advice`, and the files written back as they are now.
+    fn tell_undone(&mut self, mut text: String, left: &[String], advice: &str, shown: &str) {
         if !left.is_empty() {
             text.push_str(&format!(
                 " Files made since are still there: {}.",
                 left.join(", ")
             ));
         }
-        text.push_str(" If the goal is met, call `finish`. If it needs more than the check shows, make the whole change in one reply: the check runs after every reply that changes files, and changes on which it fails are undone.");
+        text.push_str(advice);
         if !shown.trim().is_empty() {
             text.push_str("\n\n");
             text.push_str(shown.trim_end());
@@ -92,18 +103,12 @@ impl AgentState {
                 if restored.len() == 1 { "is" } else { "are" }
             ));
         }
-        if !left.is_empty() {
-            text.push_str(&format!(
-                " Files you made are still there: {}.",
-                left.join(", ")
-            ));
-        }
-        text.push_str(" Read the check's output above again and try a different fix: what you wrote before did not work.");
-        if !shown.trim().is_empty() {
-            text.push_str("\n\n");
-            text.push_str(shown.trim_end());
-        }
-        self.conversation.push(Message::user(text));
+        self.tell_undone(
+            text,
+            left,
+            " Read the check's output above again and try a different fix: what you wrote before did not work.",
+            shown,
+        );
     }
 
     /// Whether the workspace is as the check last passed on it, and the brain has not yet
