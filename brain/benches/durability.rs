@@ -135,6 +135,8 @@ fn main() {
                             ),
                             agent: None,
                             egress: None,
+                            attempts: None,
+                            attempt_of: None,
                         },
                         Event::WorkerAssigned {
                             worker: "nobody".into(),

@@ -51,6 +51,7 @@
 //! usd_per_hour = 0.05
 //! ```
 
+use crate::model::attempts::AttemptsSpec;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -394,6 +395,11 @@ pub struct AgentConfig {
     /// Files the check relies on (globs, e.g. `tests/**`): the model's file tools may not
     /// change them, and they are put back before every run of the check.
     pub protect: Vec<String>,
+    /// Attempts per task (`brain run --attempts`): 1 runs the task once.
+    pub attempts: u32,
+    /// The sampling temperature of every attempt after the first (the first samples at the
+    /// model server's own).
+    pub attempt_temperature: f32,
 }
 
 impl Default for AgentConfig {
@@ -410,6 +416,8 @@ impl Default for AgentConfig {
             check: String::new(),
             check_timeout: "10m".into(),
             protect: vec![],
+            attempts: 1,
+            attempt_temperature: 0.9,
         }
     }
 }
@@ -525,8 +533,75 @@ impl Config {
                 protect: a.protect.clone(),
             }),
             egress: None,
+            sampling: None,
         })
     }
+
+    /// How a task runs as attempts, from a request's `--attempts` (0: the config's),
+    /// `--pick`, `--attempt-model`, `--attempt-temperature` and `--escalate-model`; `None`:
+    /// it runs once. Every model named must be one the brain can use.
+    pub fn attempts_spec(&self, req: AttemptsRequest<'_>) -> Result<Option<AttemptsSpec>, String> {
+        use crate::model::attempts::{MAX_ATTEMPTS, MAX_ESCALATIONS};
+        let count = if req.count > 0 {
+            req.count
+        } else {
+            self.agent.attempts.max(1)
+        };
+        if count > MAX_ATTEMPTS {
+            return Err(format!(
+                "at most {MAX_ATTEMPTS} attempts per task (asked for {count})"
+            ));
+        }
+        if req.escalate.len() > MAX_ESCALATIONS as usize {
+            return Err(format!("at most {MAX_ESCALATIONS} --escalate-model"));
+        }
+        if req.models.len() > MAX_ATTEMPTS as usize {
+            return Err(format!("at most {MAX_ATTEMPTS} --attempt-model"));
+        }
+        for m in req.models.iter().chain(req.escalate) {
+            m.parse::<crate::llm::ModelSpec>()
+                .map_err(|e| format!("model {m:?}: {e}"))?;
+        }
+        let pick = match req.pick {
+            "" => Default::default(),
+            p => p.parse()?,
+        };
+        let temperature = req.temperature.unwrap_or(self.agent.attempt_temperature);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(format!(
+                "the attempts' temperature must be from 0 to 2 (got {temperature})"
+            ));
+        }
+        if count == 1 {
+            // Flags that only mean something with several attempts are refused, not dropped.
+            if !req.models.is_empty() || !req.pick.is_empty() || req.temperature.is_some() {
+                return Err(
+                    "--pick, --attempt-model and --attempt-temperature need --attempts N (N of at least 2)".into(),
+                );
+            }
+            if req.escalate.is_empty() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(AttemptsSpec {
+            count,
+            pick,
+            temperature: Some(temperature),
+            models: req.models.to_vec(),
+            escalate: req.escalate.to_vec(),
+            worker: String::new(),
+        }))
+    }
+}
+
+/// What a request asks of attempts (see [`Config::attempts_spec`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AttemptsRequest<'a> {
+    pub count: u32,
+    pub pick: &'a str,
+    pub models: &'a [String],
+    pub temperature: Option<f32>,
+    pub escalate: &'a [String],
 }
 
 #[cfg(test)]

@@ -497,6 +497,26 @@ pub struct RunArgs {
     /// The goal (same as GOAL; for scripted plans, shown in `brain tasks`)
     #[arg(long = "goal", hide = true)]
     pub goal_flag: Option<String>,
+    /// Run N attempts from the same base, each a task of its own on a worker of its own
+    /// where there are enough, and let the check pick the winner; the task's result is the
+    /// winner's. Default: [agent] attempts in the config (1)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub attempts: Option<u32>,
+    /// Which verified attempt wins: `first` (the others are stopped) or `smallest` (all run
+    /// to their end; the fewest changed lines wins)
+    #[arg(long, value_parser = ["first", "smallest"])]
+    pub pick: Option<String>,
+    /// A model for the attempts after the first, in turn with --model; repeatable
+    #[arg(long = "attempt-model", value_name = "MODEL")]
+    pub attempt_models: Vec<String>,
+    /// The sampling temperature of the attempts after the first. Default: [agent]
+    /// attempt_temperature in the config (0.9)
+    #[arg(long, value_name = "T")]
+    pub attempt_temperature: Option<f32>,
+    /// When no attempt passes the check, one more attempt on this model, told how the check
+    /// ended on the others; repeatable, tried in order (cheap local models first)
+    #[arg(long = "escalate-model", value_name = "MODEL")]
+    pub escalate_models: Vec<String>,
 }
 
 /// Why the agent's flags do not apply to a scripted plan, and what to do instead.
@@ -504,6 +524,8 @@ const NO_MODEL: &str = "a plan runs no model; drop it (the plan's steps are the 
 const NO_BUDGET: &str = "a plan spends no tokens or model steps; drop it and bound each step with its \"timeout\" in the plan (default 10m)";
 const NO_CHECK: &str = "a plan has no acceptance check; make the check the plan's last step (a \"run\" step that fails fails the task), or give a step its own \"check\"";
 const NO_SOURCE: &str = "a plan starts from an empty workspace; drop it and write the files the plan needs with \"write\" steps, or run an agent task with it";
+const NO_ATTEMPTS: &str =
+    "a plan runs its steps once, the same each time; attempts are for the agent (drop it)";
 const NO_DELIVERY: &str = "a plan is not delivered (it takes no --git); drop it and get the result with `brain task patch` or `brain task export`";
 
 impl RunArgs {
@@ -530,6 +552,23 @@ impl RunArgs {
             ("--exclude", !self.excludes.is_empty(), NO_SOURCE),
             ("--no-default-excludes", self.no_default_excludes, NO_SOURCE),
             ("--deliver", self.deliver.is_some(), NO_DELIVERY),
+            ("--attempts", self.attempts.is_some(), NO_ATTEMPTS),
+            ("--pick", self.pick.is_some(), NO_ATTEMPTS),
+            (
+                "--attempt-model",
+                !self.attempt_models.is_empty(),
+                NO_ATTEMPTS,
+            ),
+            (
+                "--attempt-temperature",
+                self.attempt_temperature.is_some(),
+                NO_ATTEMPTS,
+            ),
+            (
+                "--escalate-model",
+                !self.escalate_models.is_empty(),
+                NO_ATTEMPTS,
+            ),
         ]
         .into_iter()
         .filter(|(_, given, _)| *given)

@@ -371,6 +371,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
                     }
                 }
             }
+            show_attempts(&t);
             if !t.origin.is_empty() {
                 out!("origin:  {}", t.origin);
                 out!(
@@ -538,5 +539,63 @@ fn task_json(t: &proto::TaskSummary) -> serde_json::Value {
         "check": t.check, "check_result": t.check_result, "check_output": t.check_output,
         "origin": t.origin, "deliver": t.deliver, "delivery": t.delivery,
         "delivery_url": t.delivery_url,
+        "attempts": t.attempts.iter().map(|a| serde_json::json!({
+            "number": a.number, "task": a.task_id, "model": a.model, "escalation": a.escalation,
+            "status": a.status, "worker": a.worker, "check": a.check, "verified": a.verified,
+            "steps": a.steps, "tokens": a.tokens, "spent_usd": a.spent_usd,
+            "files_changed": a.files_changed, "lines_changed": a.lines_changed,
+            "reason": a.reason,
+        })).collect::<Vec<_>>(),
+        "picked": t.picked, "pick": t.pick,
+        "attempt_of": t.attempt_of, "attempt_number": t.attempt_number,
     })
+}
+
+/// A task's attempts as `brain task show` lists them.
+fn show_attempts(t: &proto::TaskSummary) {
+    if !t.attempt_of.is_empty() {
+        out!("attempt: {} of {}", t.attempt_number, t.attempt_of);
+    }
+    if t.attempts.is_empty() {
+        return;
+    }
+    let winner = if t.picked.is_empty() {
+        String::new()
+    } else {
+        format!("; won by {}", t.picked)
+    };
+    out!("attempts: {} (pick {}{winner})", t.attempts.len(), t.pick);
+    out!(
+        "  {:>2}  {:<8} {:<12} {:<16} {:<24} {:>5} {:>8}  change",
+        "#",
+        "task",
+        "worker",
+        "status",
+        "check",
+        "steps",
+        "tokens"
+    );
+    for a in &t.attempts {
+        let change = if a.status.is_empty() || a.files_changed + a.lines_changed == 0 {
+            "-".to_string()
+        } else {
+            format!("{} files, {} lines", a.files_changed, a.lines_changed)
+        };
+        let mark = if a.task_id == t.picked { "*" } else { " " };
+        out!(
+            "{mark} {:>2}  {:<8} {:<12} {:<16} {:<24} {:>5} {:>8}  {change}{}",
+            a.number,
+            a.task_id,
+            a.worker,
+            a.status,
+            a.check,
+            a.steps,
+            a.tokens,
+            if a.escalation {
+                format!(" (escalated to {})", a.model)
+            } else {
+                String::new()
+            }
+        );
+    }
 }

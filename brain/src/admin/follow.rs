@@ -86,6 +86,11 @@ pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
                 secrets: args.secrets.clone(),
                 allow: args.allow.clone(),
                 egress: args.egress.clone().unwrap_or_default(),
+                attempts: args.attempts.unwrap_or(0),
+                pick: args.pick.clone().unwrap_or_default(),
+                attempt_models: args.attempt_models.clone(),
+                attempt_temperature: args.attempt_temperature,
+                escalate_models: args.escalate_models.clone(),
                 dir: match &args.dir {
                     Some(d) if d.is_relative() => std::env::current_dir()
                         .context("resolving --dir")?

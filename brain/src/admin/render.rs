@@ -474,6 +474,38 @@ pub fn describe_record(r: &crate::model::Record) -> String {
                 format!("; made since, still there: {}", left.join(", "))
             }
         ),
+        E::AttemptStarted {
+            index,
+            task,
+            model,
+            escalation,
+        } => format!(
+            "attempt {} started: {task} on {model}{}",
+            index + 1,
+            if *escalation {
+                " (the attempts before it all failed)"
+            } else {
+                ""
+            }
+        ),
+        E::AttemptEnded { index, end } => format!(
+            "attempt {} ended {}{}: {} files, {} lines changed, {} steps, {} tokens{}",
+            index + 1,
+            end.status,
+            if end.verified { ", verified" } else { "" },
+            end.files_changed,
+            end.lines_changed,
+            end.steps,
+            end.tokens,
+            if end.reason.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", end.reason)
+            }
+        ),
+        E::AttemptPicked {
+            index, task, why, ..
+        } => format!("attempt {} ({task}) won: {why}", index + 1),
         E::FinishedForModel { why } => {
             format!("the brain calls finish for the model, which {why}, on the version that passed")
         }

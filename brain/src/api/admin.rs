@@ -324,6 +324,7 @@ impl Admin for Services {
                 rules: Default::default(),
                 source: Source::Empty,
                 deliver: None,
+                attempts: None,
             })
             .await?;
         tracing::info!(task = %id, by = %admin, "plan task created");
@@ -435,6 +436,17 @@ impl Admin for Services {
             "" => None,
             d => Some(d.parse().map_err(Status::invalid_argument)?),
         };
+        let attempts = self
+            .0
+            .config
+            .attempts_spec(crate::config::AttemptsRequest {
+                count: req.attempts,
+                pick: &req.pick,
+                models: &req.attempt_models,
+                temperature: req.attempt_temperature,
+                escalate: &req.escalate_models,
+            })
+            .map_err(Status::invalid_argument)?;
         let model = spec.model.clone();
         let id = self
             .0
@@ -447,6 +459,7 @@ impl Admin for Services {
                 rules,
                 source,
                 deliver,
+                attempts,
             })
             .await?;
         tracing::info!(task = %id, %model, by = %admin, "agent task created");
@@ -585,7 +598,12 @@ impl Admin for Services {
         req: Request<proto::ListTasksRequest>,
     ) -> Result<Response<proto::ListTasksResponse>, Status> {
         self.authorize(&req, Role::Admin)?;
-        let tasks = self.0.engine.list().into_iter().map(Into::into).collect();
+        let engine = &self.0.engine;
+        let tasks = engine
+            .list()
+            .into_iter()
+            .map(|t| convert::summary_in(engine, t))
+            .collect();
         Ok(Response::new(proto::ListTasksResponse { tasks }))
     }
 

@@ -8,7 +8,7 @@ use tonic::Status;
 
 use crate::engine::{Followed, LiveOutput};
 use crate::model::agent::Budget;
-use crate::model::event::{SyncRules, ToolResult};
+use crate::model::event::{SyncRules, TaskId, ToolResult};
 use crate::model::ops::{
     Command, CommandEnd, FileAnswer, FileOp, FsChange, Limits, OutputChunk, SearchMatch, Stream,
     SyncOp, SyncReport,
@@ -384,7 +384,7 @@ pub fn machine_info(m: &Machine, connected: bool) -> proto::MachineInfo {
 /// Where a task's result stands: see `TaskSummary.verification`.
 pub fn verification(t: &TaskState) -> &'static str {
     use crate::model::state::Status;
-    if t.agent.is_none() {
+    if t.agent.is_none() && t.attempts.is_none() {
         return "";
     }
     match (t.status, t.check().is_some(), t.last_check.as_ref()) {
@@ -445,8 +445,82 @@ impl From<TaskState> for proto::TaskSummary {
                 .as_ref()
                 .map(|d| d.pr_url.clone())
                 .unwrap_or_default(),
+            ..Default::default()
         }
     }
+}
+
+/// A task's summary as [`summary`] makes it, its attempts looked up in `engine`.
+pub fn summary_in(engine: &crate::engine::Engine, t: TaskState) -> proto::TaskSummary {
+    summary(t, |id| engine.store().task(id).map(|c| c.state()))
+}
+
+/// A task's summary; a task run as attempts gets each attempt as it stands now (`find`
+/// gives an attempt's state), and its spending over all of them.
+pub fn summary(t: TaskState, find: impl Fn(TaskId) -> Option<TaskState>) -> proto::TaskSummary {
+    let attempts = t.attempts.clone();
+    let attempt_of = t.attempt_of;
+    let mut s = proto::TaskSummary::from(t);
+    if let Some(of) = attempt_of {
+        s.attempt_of = of.parent.to_string();
+        s.attempt_number = of.index + 1;
+    }
+    let Some(a) = attempts else {
+        return s;
+    };
+    s.model = a.template.model.clone();
+    s.permission = a.template.permission.to_string();
+    s.limits = Some(a.template.budget.into());
+    s.picked = a
+        .picked
+        .as_ref()
+        .map(|p| p.task.to_string())
+        .unwrap_or_default();
+    s.pick = a.spec.pick.to_string();
+    for x in &a.list {
+        let live = find(x.task);
+        let g = live.as_ref().and_then(|c| c.agent.as_deref());
+        let check = live
+            .as_ref()
+            .and_then(|c| c.last_check.as_ref())
+            .map(|k| {
+                if k.passed {
+                    "passes".to_string()
+                } else {
+                    format!("fails ({})", k.result)
+                }
+            })
+            .unwrap_or_default();
+        let e = x.end.as_ref();
+        let item = proto::AttemptSummary {
+            number: x.index + 1,
+            task_id: x.task.to_string(),
+            model: x.model.clone(),
+            escalation: x.escalation,
+            status: live
+                .as_ref()
+                .map(|c| c.status.as_str().to_string())
+                .or_else(|| e.map(|e| e.status.as_str().to_string()))
+                .unwrap_or_default(),
+            worker: live
+                .as_ref()
+                .and_then(|c| c.worker.clone())
+                .unwrap_or_default(),
+            check,
+            verified: e.is_some_and(|e| e.verified),
+            steps: g.map_or(e.map_or(0, |e| e.steps), |g| g.spent.steps),
+            tokens: g.map_or(e.map_or(0, |e| e.tokens), |g| g.spent.tokens),
+            spent_usd: g.map_or(e.map_or(0.0, |e| e.usd), |g| g.spent.usd),
+            files_changed: e.map_or(0, |e| e.files_changed),
+            lines_changed: e.map_or(0, |e| e.lines_changed),
+            reason: live.as_ref().map(|c| c.reason.clone()).unwrap_or_default(),
+        };
+        s.tokens += item.tokens;
+        s.spent_usd += item.spent_usd;
+        s.steps_done += item.steps;
+        s.attempts.push(item);
+    }
+    s
 }
 
 impl From<LiveOutput> for proto::LiveOutput {

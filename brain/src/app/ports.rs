@@ -125,6 +125,15 @@ impl Placement for placement::Placement {
         placement::Placement::place(self, task, labels).map_err(|e| e.to_string())
     }
 
+    fn place_apart(
+        &self,
+        task: u64,
+        labels: &placement::Labels,
+        apart: &[String],
+    ) -> Result<String, String> {
+        placement::Placement::place_apart(self, task, labels, apart).map_err(|e| e.to_string())
+    }
+
     fn enqueue(
         &self,
         task: u64,
@@ -366,6 +375,32 @@ impl Workspaces for GitPort {
         })
         .await
         .unwrap_or_default()
+    }
+
+    async fn diff_size(&self, from: &str, to: &str) -> Result<(u64, u64), String> {
+        if from == to {
+            return Ok((0, 0));
+        }
+        let (m, from, to) = (self.mirror.clone(), from.to_string(), to.to_string());
+        let (a, b) = tokio::task::spawn_blocking(move || {
+            let get = |root: &str| {
+                if root.is_empty() {
+                    Ok(shared::manifest::Manifest::default())
+                } else {
+                    m.manifest(root)
+                }
+            };
+            Ok::<_, crate::mirror::Error>((get(&from)?, get(&to)?))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        let out = crate::git::commit::show(&self.mirror, &a, &b, crate::git::commit::Form::NumStat)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(crate::git::commit::numstat_size(&String::from_utf8_lossy(
+            &out,
+        )))
     }
 }
 

@@ -66,10 +66,12 @@ pub async fn set_status(cx: &Cx<'_>, status: Status, reason: &str) -> Result<(),
 /// Finds the task a worker: the least loaded with room now, else a turn in the queue, in
 /// order, with how the fleet stands as the task's `queued` reason. Logs the worker assigned.
 pub async fn place(cx: &Cx<'_>) -> Result<(), Error> {
-    let labels = cx.task.state().require_labels.clone();
+    let st = cx.task.state();
+    let labels = st.require_labels.clone();
     let placement = &cx.ports().placement;
     let id = cx.task.id.0;
-    let worker = match placement.place(id, &labels) {
+    let apart = siblings_workers(cx, &st);
+    let worker = match placement.place_apart(id, &labels, &apart) {
         Ok(w) => w,
         Err(reason) => {
             tracing::info!(task = %cx.task.id, %reason, "task queued");
@@ -93,6 +95,27 @@ pub async fn place(cx: &Cx<'_>) -> Result<(), Error> {
         });
     }
     cx.store().append(cx.task, events).await
+}
+
+/// The workers an attempt's siblings hold (one entry per sibling), so attempts spread.
+fn siblings_workers(cx: &Cx<'_>, st: &crate::model::state::TaskState) -> Vec<String> {
+    let Some(of) = st.attempt_of else {
+        return vec![];
+    };
+    let store = cx.store();
+    let Some(parent) = store.task(of.parent).map(|p| p.state()) else {
+        return vec![];
+    };
+    parent
+        .attempts
+        .iter()
+        .flat_map(|a| a.list.iter())
+        .filter(|a| a.task != st.id)
+        .filter_map(|a| {
+            let s = store.task(a.task)?.state();
+            s.status.goes_on().then_some(s.worker).flatten()
+        })
+        .collect()
 }
 
 /// Whether the worker is connected (and the task marked running). If not, marks the task

@@ -7,6 +7,7 @@
 //! approval, move, resume, cancel, follow a task's log.
 
 pub mod agent;
+mod attempts;
 pub mod core;
 mod deliver;
 pub mod driver;
@@ -77,6 +78,8 @@ pub struct NewTask {
     pub source: Source,
     /// How a `--git` task's result is delivered; `None`: the config's default.
     pub deliver: Option<Mode>,
+    /// Run as attempts (an agent task only), each a task of its own.
+    pub attempts: Option<crate::model::attempts::AttemptsSpec>,
 }
 
 /// How long an import of a worker's directory may take.
@@ -180,8 +183,13 @@ impl Engine {
 
     fn spawn_driver(&self, task: Arc<Task>) {
         let core = self.inner.core.clone();
+        let engine = self.clone();
         self.spawn(async move {
-            supervisor::run(core.clone(), task.clone()).await;
+            if task.state().attempts.is_some() {
+                attempts::run(engine, task.clone()).await;
+            } else {
+                supervisor::run(core.clone(), task.clone()).await;
+            }
             deliver::owed_delivery(&core, &task).await;
         });
     }
@@ -301,6 +309,11 @@ impl Engine {
             }
         };
         let (plan, agent, plan_egress) = match new.kind {
+            Kind::Plan { .. } if new.attempts.is_some() => {
+                return Err(Error::Invalid(
+                    "--attempts runs an agent task several times: a scripted plan runs once (drop --attempts or --plan)".into(),
+                ));
+            }
             Kind::Plan { plan, egress } => (Some(plan), None, egress),
             Kind::Agent(mut a) => {
                 // The repository's own check wins over the config's default (a request's
@@ -341,6 +354,13 @@ impl Engine {
                 (None, Some(a), None)
             }
         };
+        // A task run as attempts holds no worker: each attempt is placed (on the one named,
+        // if one was).
+        let attempts = new.attempts.map(|mut spec| {
+            spec.worker = named.as_ref().map(|w| w.id.clone()).unwrap_or_default();
+            spec
+        });
+        let named = named.filter(|_| attempts.is_none());
         let task = self
             .inner
             .core
@@ -352,6 +372,8 @@ impl Engine {
                     plan,
                     agent,
                     egress: plan_egress,
+                    attempts,
+                    attempt_of: None,
                 }];
                 if let Some(w) = named {
                     events.push(Event::WorkerAssigned { worker: w.id });
@@ -427,6 +449,11 @@ impl Engine {
         };
         if st.status.is_terminal() {
             return Err(Error::Ended(task.id));
+        }
+        if st.attempts.is_some() {
+            return Err(refused(
+                "it runs as attempts, each on a worker of its own: move one of them (`brain task show` lists them)".into(),
+            ));
         }
         if let Some(m) = st.moving_to.clone().or_else(|| task.move_request()) {
             return Err(refused(format!("it is already moving to {m}")));

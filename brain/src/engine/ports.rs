@@ -90,6 +90,12 @@ pub trait Placement: Send + Sync {
     fn check(&self, labels: &Labels) -> Result<(), String>;
     /// The least loaded worker for `task`, its room reserved; else why none has room now.
     fn place(&self, task: u64, labels: &Labels) -> Result<String, String>;
+    /// [`Placement::place`], preferring workers that hold fewer of `apart` (workers, one
+    /// entry per sibling task there): attempts of one task spread over distinct workers.
+    fn place_apart(&self, task: u64, labels: &Labels, apart: &[String]) -> Result<String, String> {
+        let _ = apart;
+        self.place(task, labels)
+    }
     /// Waits, in order, for room for `task`; resolves with the worker reserved for it.
     fn enqueue(&self, task: u64, labels: &Labels) -> tokio::sync::oneshot::Receiver<String>;
     /// A worker other than `current` for a move asked without a target (reserved).
@@ -192,6 +198,9 @@ pub trait Workspaces: Send + Sync {
     /// mirror (changed, added or gone), each with its exec bit in `from` (`None`: no regular
     /// file there). Empty when either version is not in the mirror.
     async fn changed_files(&self, from: &str, to: &str) -> Vec<(String, Option<bool>)>;
+    /// How big the change from one version of a workspace to another is: files changed, and
+    /// lines added plus removed (as `git diff --numstat` counts them).
+    async fn diff_size(&self, from: &str, to: &str) -> Result<(u64, u64), String>;
 }
 
 /// Every port, as the engine holds them.

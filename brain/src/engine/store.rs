@@ -213,19 +213,26 @@ impl Store {
     pub async fn append(&self, task: &Task, events: Vec<Event>) -> Result<(), Error> {
         let _g = task.append_lock.lock().await;
         let recs = self.log.append(task.id, events).await?;
-        let snapshot_due = {
+        let (snapshot_due, parent) = {
             let mut st = task.state.locked();
             for r in &recs {
                 apply(&mut st, r);
             }
             // `Finished` stays a task's last record; an ended task's replay is bounded by
             // `snapshot_every` anyway.
-            !st.status.is_terminal() && st.last_seq - st.snapshot_seq >= self.snapshot_every
+            (
+                !st.status.is_terminal() && st.last_seq - st.snapshot_seq >= self.snapshot_every,
+                st.attempt_of.map(|a| a.parent),
+            )
         };
         for r in recs {
             task.events.send(Shown::new(r));
         }
         let _ = self.changes.send(task.id);
+        // An attempt's parent decides on what its attempts do.
+        if let Some(p) = parent.and_then(|p| self.task(p)) {
+            p.wake.notify_one();
+        }
         if snapshot_due {
             let (upto, bytes) = {
                 let st = task.state.locked();

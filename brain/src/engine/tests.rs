@@ -235,6 +235,9 @@ impl Workspaces for NoMachines {
     async fn list_files(&self, _: &str) -> Vec<(String, bool)> {
         vec![]
     }
+    async fn diff_size(&self, _: &str, _: &str) -> Result<(u64, u64), String> {
+        Ok((0, 0))
+    }
     async fn changed_files(&self, _: &str, _: &str) -> Vec<(String, Option<bool>)> {
         vec![]
     }
@@ -295,6 +298,7 @@ fn plan_task(worker: &str, steps: usize) -> NewTask {
         rules: SyncRules::default(),
         source: Source::Empty,
         deliver: None,
+        attempts: None,
     }
 }
 

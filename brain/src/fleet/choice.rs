@@ -39,6 +39,9 @@ pub struct Want {
     /// A move: bounded by `moves_per_worker` on the target.
     pub moving: bool,
     pub moves_per_worker: u32,
+    /// Workers holding the task's siblings (attempts of one task), one entry per sibling:
+    /// a worker with fewer comes first, whatever its load.
+    pub apart: Vec<String>,
 }
 
 /// Why no worker was chosen: how many workers were looked at and what ruled each out.
@@ -113,8 +116,9 @@ impl fmt::Display for NoRoom {
     }
 }
 
-/// The least loaded slot that may take `want`: tasks against capacity, then more free
-/// memory (in 256 MiB steps), then less CPU in use (in 10% steps); ties at random.
+/// The least loaded slot that may take `want`: fewer of its siblings (`want.apart`), then
+/// tasks against capacity, then more free memory (in 256 MiB steps), then less CPU in use
+/// (in 10% steps); ties at random.
 pub fn choose(slots: &[Slot], want: &Want, rng: &mut impl Rng) -> Result<usize, NoRoom> {
     const MEMORY_STEP: u64 = 256 << 20;
     let mut no = NoRoom {
@@ -164,7 +168,8 @@ pub fn choose(slots: &[Slot], want: &Want, rng: &mut impl Rng) -> Result<usize, 
         // Lower is better. Load as a fraction compared exactly: running/capacity scaled.
         let load = ((s.running as u64 * 1_000_000) / s.capacity.max(1) as u64) as u32;
         let mem_short = u64::MAX - s.memory_free.unwrap_or(0) / MEMORY_STEP;
-        let key = (load, 0, mem_short, s.cpu_busy_permille / 100);
+        let siblings = want.apart.iter().filter(|w| **w == *s.id).count() as u32;
+        let key = (siblings, load, mem_short, s.cpu_busy_permille / 100);
         match &best {
             Some((_, b)) if key > *b => {}
             Some((_, b)) if key == *b => {
@@ -248,6 +253,24 @@ mod tests {
                 slots: vec![slot("a", 4, 4), slot("b", 2, 2)],
                 want: Want::default(),
                 expect: Err("no worker with room: 2 workers, all at capacity"),
+            },
+            Case {
+                name: "a worker without the task's siblings first, whatever its load",
+                slots: vec![slot("a", 0, 4), slot("b", 3, 4)],
+                want: Want {
+                    apart: vec!["a".into()],
+                    ..Default::default()
+                },
+                expect: Ok("b"),
+            },
+            Case {
+                name: "with siblings everywhere, the fewest",
+                slots: vec![slot("a", 1, 4), slot("b", 0, 4)],
+                want: Want {
+                    apart: vec!["a".into(), "b".into(), "b".into()],
+                    ..Default::default()
+                },
+                expect: Ok("a"),
             },
             Case {
                 name: "labels filter before load",

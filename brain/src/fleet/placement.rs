@@ -162,6 +162,19 @@ impl Placement {
         self.board().place(task, &self.want(labels))
     }
 
+    /// [`Placement::place`], on a worker holding fewer of `apart` first (one entry per
+    /// sibling task there).
+    pub fn place_apart(
+        &self,
+        task: u64,
+        labels: &Labels,
+        apart: &[String],
+    ) -> Result<String, NoRoom> {
+        let mut want = self.want(labels);
+        want.apart = apart.to_vec();
+        self.board().place(task, &want)
+    }
+
     /// Waits in the placement queue for room for `task`.
     pub fn enqueue(&self, task: u64, labels: &Labels) -> oneshot::Receiver<String> {
         self.board().enqueue(task, self.want(labels))

@@ -229,6 +229,8 @@ pub enum Form<'a> {
     Diff,
     /// `git diff --stat`.
     Stat,
+    /// `git diff --numstat`: lines added and removed per file (`-` for binary files).
+    NumStat,
     /// A mail `git am` applies, with this author, date and message.
     Patch {
         author: &'a Author,
@@ -278,17 +280,15 @@ pub async fn show(
             .run()
             .await
         }
-        Form::Stat => {
+        Form::Stat | Form::NumStat => {
+            let stat = if matches!(form, Form::Stat) {
+                "--stat"
+            } else {
+                "--numstat"
+            };
             Git::local(
                 Some(&git_dir),
-                &[
-                    "diff-tree",
-                    "--stat",
-                    "--no-color",
-                    "--find-renames",
-                    &a,
-                    &b,
-                ],
+                &["diff-tree", stat, "--no-color", "--find-renames", &a, &b],
             )
             .run()
             .await
@@ -316,6 +316,25 @@ pub async fn show(
             .await
         }
     }
+}
+
+/// Files changed and lines added plus removed, from `git diff --numstat` output; a binary
+/// file counts as one line.
+pub fn numstat_size(out: &str) -> (u64, u64) {
+    let mut files = 0;
+    let mut lines = 0;
+    for l in out.lines() {
+        let mut f = l.split('\t');
+        let (Some(add), Some(del), Some(_)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        files += 1;
+        lines += match (add.parse::<u64>(), del.parse::<u64>()) {
+            (Ok(a), Ok(d)) => a + d,
+            _ => 1,
+        };
+    }
+    (files, lines)
 }
 
 #[cfg(test)]

@@ -92,6 +92,9 @@ pub(crate) fn build_body(
     if let Some(t) = req.temperature {
         body["temperature"] = json!(t);
     }
+    if let Some(seed) = req.seed {
+        body["seed"] = json!(seed);
+    }
     body[max_tokens_field] = json!(max_tokens);
     body
 }

@@ -121,6 +121,7 @@ mod tests {
             max_tokens: 100,
             response_schema: None,
             temperature: None,
+            seed: None,
         };
         assert_eq!(replay.complete(&req).await.unwrap(), recorded[0]);
         req.messages.push(recorded[0].message.clone());

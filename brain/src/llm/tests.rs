@@ -44,6 +44,7 @@ pub(crate) fn fixed_request() -> Request {
         ],
         response_schema: None,
         temperature: None,
+        seed: None,
         max_tokens: 1024,
     }
 }
@@ -55,6 +56,7 @@ fn simple_request() -> Request {
         tools: fixed_request().tools,
         response_schema: None,
         temperature: None,
+        seed: None,
         max_tokens: 256,
     }
 }

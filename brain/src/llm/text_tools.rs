@@ -273,8 +273,14 @@ pub(crate) fn to_text_request(req: &Request, constrained: bool) -> Request {
         };
         push_user(&mut messages, text);
     }
+    // A repeat raises the temperature; never below the one asked for.
+    let temperature = match (repeat_temperature(&req.messages), req.temperature) {
+        (Some(r), Some(t)) => Some(r.max(t)),
+        (r, t) => r.or(t),
+    };
     Request {
-        temperature: repeat_temperature(&req.messages),
+        temperature,
+        seed: req.seed,
         system,
         messages,
         tools: vec![],

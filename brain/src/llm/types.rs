@@ -77,6 +77,10 @@ pub struct Request {
     /// The sampling temperature; `None`: the provider's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
+    /// The sampling seed, where the provider takes one (OpenAI's API and llama.cpp's server
+    /// do; Anthropic's does not); `None`: the provider's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
 }
 
 /// Token usage of one call.

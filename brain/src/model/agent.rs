@@ -93,6 +93,9 @@ pub struct AgentSpec {
     /// Its commands run behind the egress proxy with these secrets and this allow-list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::model::egress::EgressSpec>,
+    /// An attempt's own sampling (seed, temperature); `None`: the provider's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<crate::model::attempts::Sampling>,
 }
 
 /// What an agent task has used.

@@ -17,6 +17,7 @@ fn spec() -> AgentSpec {
         transcript: String::new(),
         check: None,
         egress: None,
+        sampling: None,
     }
 }
 

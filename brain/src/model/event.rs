@@ -74,12 +74,23 @@ pub enum Status {
     Stalled,
 }
 
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl Status {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
             Status::Finished | Status::Failed | Status::Cancelled | Status::Stuck | Status::Stalled
         )
+    }
+
+    /// Whether a task in this status goes on by itself: not ended, not stopped for budget.
+    pub fn goes_on(self) -> bool {
+        !self.is_terminal() && self != Status::BudgetExhausted
     }
 
     pub fn as_str(self) -> &'static str {
@@ -336,6 +347,12 @@ pub enum Event {
         /// A scripted plan's egress policy (an agent's is in its spec), fixed at creation.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         egress: Option<crate::model::egress::EgressSpec>,
+        /// The task runs as attempts, each a task of its own (`agent` is what they run).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempts: Option<crate::model::attempts::AttemptsSpec>,
+        /// The task is an attempt of another.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempt_of: Option<crate::model::attempts::AttemptOf>,
     },
     /// Running, or waiting (for a worker, an approval, budget) with the reason. A status this
     /// code does not know is a record it cannot decode.
@@ -428,6 +445,28 @@ pub enum Event {
         host: String,
         port: u16,
         reason: String,
+    },
+    /// An attempt began: a task of its own, from this task's base.
+    AttemptStarted {
+        index: u32,
+        task: TaskId,
+        model: String,
+        /// Started because the attempts before it all failed.
+        #[serde(default)]
+        escalation: bool,
+    },
+    /// An attempt ended (or stopped for its budget).
+    AttemptEnded {
+        index: u32,
+        end: crate::model::attempts::AttemptEnd,
+    },
+    /// An attempt won: this task's result is its last workspace, and the check's run on it.
+    AttemptPicked {
+        index: u32,
+        task: TaskId,
+        why: String,
+        root_hash: String,
+        check: super::check::CheckRun,
     },
     /// Labels a worker must have to take this task (placement, moves and failover).
     Placement {

@@ -3,6 +3,7 @@
 //! worker. No I/O, no clock, no wire types.
 
 pub mod agent;
+pub mod attempts;
 pub mod check;
 pub mod code_view;
 pub mod delivery;

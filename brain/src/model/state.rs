@@ -89,6 +89,12 @@ pub struct TaskState {
     /// Agent tasks: the conversation, budgets and what waits for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<Box<crate::model::agent::AgentState>>,
+    /// A task run as attempts: each attempt and how it ended, and the winner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<Box<crate::model::attempts::Attempts>>,
+    /// An attempt: the task it is an attempt of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_of: Option<crate::model::attempts::AttemptOf>,
     /// Scripted plans: their commands' egress policy (an agent's is in its spec; the
     /// engine's `effects::egress_spec` reads either).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -143,6 +149,8 @@ impl TaskState {
             require_labels: Default::default(),
             last_check: None,
             agent: None,
+            attempts: None,
+            attempt_of: None,
             plan_egress: None,
             origin: None,
             moves: 0,
@@ -162,7 +170,10 @@ impl TaskState {
 
     /// The acceptance check the task carries, if any.
     pub fn check(&self) -> Option<&crate::model::agent::Check> {
-        self.agent.as_ref().and_then(|a| a.spec.check.as_ref())
+        match &self.attempts {
+            Some(a) => a.template.check.as_ref(),
+            None => self.agent.as_ref().and_then(|a| a.spec.check.as_ref()),
+        }
     }
 
     pub fn steps_total(&self) -> u32 {
@@ -185,15 +196,68 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             plan,
             agent,
             egress,
+            attempts,
+            attempt_of,
         } => {
             st.goal = goal.clone();
             st.workspace = workspace.clone();
             st.plan = plan.clone();
             st.plan_egress = egress.clone();
             st.created_ms = rec.at_ms;
-            st.agent = agent
-                .as_ref()
-                .map(|spec| Box::new(AgentState::new((**spec).clone(), goal, rec.at_ms)));
+            st.attempt_of = *attempt_of;
+            // A task run as attempts is no agent itself: its attempts run the spec.
+            match (attempts, agent) {
+                (Some(spec), Some(template)) => {
+                    st.attempts = Some(Box::new(crate::model::attempts::Attempts::new(
+                        spec.clone(),
+                        (**template).clone(),
+                    )));
+                }
+                _ => {
+                    st.agent = agent
+                        .as_ref()
+                        .map(|spec| Box::new(AgentState::new((**spec).clone(), goal, rec.at_ms)));
+                }
+            }
+        }
+        Event::AttemptStarted {
+            index,
+            task,
+            model,
+            escalation,
+        } => {
+            if let Some(a) = &mut st.attempts {
+                a.on_started(crate::model::attempts::Attempt {
+                    index: *index,
+                    task: *task,
+                    model: model.clone(),
+                    escalation: *escalation,
+                    end: None,
+                });
+            }
+        }
+        Event::AttemptEnded { index, end } => {
+            if let Some(a) = &mut st.attempts {
+                a.on_ended(*index, end.clone());
+            }
+        }
+        Event::AttemptPicked {
+            index,
+            task,
+            why,
+            root_hash,
+            check,
+        } => {
+            if let Some(a) = &mut st.attempts {
+                a.picked = Some(crate::model::attempts::Picked {
+                    index: *index,
+                    task: *task,
+                    why: why.clone(),
+                });
+            }
+            // The winner's result is this task's.
+            st.barrier_root = root_hash.clone();
+            st.last_check = Some(check.clone());
         }
         Event::StatusChanged { status, reason } => {
             // Only `Finished` ends a task; a status change names a live status.
@@ -285,9 +349,15 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             source,
             commit,
             branch,
-            ..
+            files,
+            bytes,
         } => {
             st.seed_root = root_hash.clone();
+            if let Some(a) = &mut st.attempts {
+                a.base_source = source.clone();
+                a.base_files = *files;
+                a.base_bytes = *bytes;
+            }
             if !commit.is_empty() {
                 st.origin = Some(super::delivery::Origin {
                     url: source.clone(),

@@ -577,6 +577,7 @@ mod tests {
             transcript: String::new(),
             check: None,
             egress: None,
+            sampling: None,
         }
     }
 

@@ -211,8 +211,11 @@ pub async fn all_tasks(
     let (tx, rx) = mpsc::channel::<Event>(CLIENT_QUEUE);
     tokio::spawn(async move {
         let list = |engine: &crate::engine::Engine| {
-            let tasks: Vec<proto::TaskSummary> =
-                engine.list().into_iter().map(Into::into).collect();
+            let tasks: Vec<proto::TaskSummary> = engine
+                .list()
+                .into_iter()
+                .map(|t| crate::api::convert::summary_in(engine, t))
+                .collect();
             Event::default()
                 .event("tasks")
                 .data(serde_json::json!({ "tasks": tasks }).to_string())
@@ -242,11 +245,18 @@ pub async fn all_tasks(
             while let Ok(id) = changes.try_recv() {
                 ids.insert(id);
             }
+            // An attempt's change is its parent's too.
+            let parents: Vec<_> = ids
+                .iter()
+                .filter_map(|id| engine.store().task(*id)?.state().attempt_of)
+                .map(|a| a.parent)
+                .collect();
+            ids.extend(parents);
             for id in ids {
                 let Some(t) = engine.store().task(id) else {
                     continue;
                 };
-                let summary: proto::TaskSummary = t.state().into();
+                let summary = crate::api::convert::summary_in(&engine, t.state());
                 let e = Event::default()
                     .event("task")
                     .data(serde_json::to_string(&summary).expect("serialises"));

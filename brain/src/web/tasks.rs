@@ -72,7 +72,10 @@ pub(super) async fn show_task(
     Path(id): Path<String>,
 ) -> Answer<proto::TaskSummary> {
     let task = web.shared().engine.find(&id).map_err(tonic::Status::from)?;
-    Ok(Json(task.state().into()))
+    Ok(Json(crate::api::convert::summary_in(
+        &web.shared().engine,
+        task.state(),
+    )))
 }
 
 pub(super) async fn create_task(

@@ -364,7 +364,8 @@ impl AgentDriver {
             tools: tool_specs,
             max_tokens: MAX_ANSWER_TOKENS,
             response_schema: None,
-            temperature: None,
+            temperature: a.spec.sampling.and_then(|s| s.temperature),
+            seed: a.spec.sampling.map(|s| s.seed),
         };
         // The wall-time budget holds during a call too: a slow answer does not carry the task
         // past it (the next decision logs the budget as spent; a resume asks again).

@@ -20,6 +20,7 @@ fn spec(permission: Permission) -> AgentSpec {
         transcript: String::new(),
         check: None,
         egress: None,
+        sampling: None,
     }
 }
 

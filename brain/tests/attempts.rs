@@ -1,0 +1,362 @@
+//! Attempts through the real brain and workers and a fake LLM: a task run as N attempts from
+//! one base, each a task of its own on a worker of its own, the brain's run of the check
+//! picking the winner; escalation to another model when none passes; and a brain killed
+//! while attempts run, which goes on without running an attempt twice or picking twice.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use shared::locks::Lock;
+use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
+use testkit::{BrainOptions, Cluster, text};
+
+const MODEL: &str = "openai:small";
+const BIG: &str = "openai:big";
+const CHECK: &str = "test \"$(cat answer.txt)\" = 42";
+
+fn cluster(llm: &FakeLlm) -> Cluster {
+    Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test\"\n\
+             [agent]\nattempt_temperature = 0.7\n",
+            llm.url(),
+        )),
+        ..Default::default()
+    })
+}
+
+/// `brain run --detach` with the check, full permission and `extra` flags; the task id.
+fn start(c: &Cluster, extra: &[&str]) -> String {
+    let mut args = vec![
+        "run",
+        "--detach",
+        "--model",
+        MODEL,
+        "--permission",
+        "full",
+        "--check",
+        CHECK,
+        "--max-steps",
+        "6",
+    ];
+    args.extend_from_slice(extra);
+    args.push("write the answer to answer.txt");
+    let out = c.brain_cli(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn ended(c: &Cluster, id: &str, within: Duration) -> String {
+    c.wait_status(
+        id,
+        &[
+            "finished",
+            "failed",
+            "stuck",
+            "stalled",
+            "cancelled",
+            "budget_exhausted",
+        ],
+        within,
+    )
+}
+
+fn show(c: &Cluster, id: &str) -> Value {
+    let out = c.brain_cli(&["task", "show", id, "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn write(content: &str) -> FakeReply {
+    FakeReply::tool_call(
+        "write_file",
+        json!({"path": "answer.txt", "content": content}),
+    )
+}
+
+fn finish() -> FakeReply {
+    FakeReply::tool_call("finish", json!({"summary": "wrote the answer"}))
+}
+
+/// Which attempt a request is from, by its seed: 0 for the first seed the server saw, 1 for
+/// the next, ...
+fn role(seen: &Mutex<Vec<u64>>, req: &FakeRequest) -> usize {
+    let seed = req.body["seed"]
+        .as_u64()
+        .expect("every attempt sends a seed");
+    let mut s = seen.locked();
+    if !s.contains(&seed) {
+        s.push(seed);
+    }
+    s.iter().position(|x| *x == seed).unwrap()
+}
+
+#[test]
+fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_stop() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let llm = FakeLlm::start(move |req| {
+        let turns = req.assistant_turns();
+        match role(&s, req) {
+            // A wrong answer, insisted on.
+            0 if turns == 0 => write("41\n"),
+            0 => finish(),
+            // The right one, once the wrong one has had its first go.
+            1 if turns == 0 => write("42\n").delay(Duration::from_millis(300)),
+            1 => finish(),
+            // Slow: still at it when another wins.
+            _ => FakeReply::tool_call("run_command", json!({"command": "true"}))
+                .delay(Duration::from_millis(1500)),
+        }
+    });
+    let c = cluster(&llm);
+    let workers: Vec<testkit::Worker> = (0..3).map(|i| c.join_worker(&format!("w{i}"))).collect();
+    let id = start(&c, &["--attempts", "3"]);
+    assert_eq!(
+        ended(&c, &id, Duration::from_secs(120)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let t = show(&c, &id);
+    assert_eq!(t["verification"], "verified", "{t}");
+    let attempts = t["attempts"].as_array().unwrap().clone();
+    assert_eq!(attempts.len(), 3, "{t}");
+    // Each attempt on a worker of its own.
+    let on: BTreeSet<&str> = attempts
+        .iter()
+        .map(|a| a["worker"].as_str().unwrap())
+        .collect();
+    let ids: BTreeSet<&str> = workers.iter().map(|w| w.id.as_str()).collect();
+    assert_eq!(on, ids, "{t}");
+    // The winner is the verified one; the parent's result is its workspace.
+    let won: Vec<&Value> = attempts.iter().filter(|a| a["verified"] == true).collect();
+    assert_eq!(won.len(), 1, "{t}");
+    assert_eq!(t["picked"], won[0]["task"], "{t}");
+    let diff = c.brain_cli(&["task", "diff", &id]);
+    assert!(diff.status.success(), "{}", text(&diff));
+    let diff = String::from_utf8_lossy(&diff.stdout);
+    assert!(diff.contains("+42") && !diff.contains("+41"), "{diff}");
+    // The others ended before the parent did: one on its wrong answer, one stopped.
+    let status: BTreeSet<&str> = attempts
+        .iter()
+        .map(|a| a["status"].as_str().unwrap())
+        .collect();
+    assert!(status.contains("cancelled"), "{t}");
+    for a in &attempts {
+        let st = show(&c, a["task"].as_str().unwrap());
+        assert_eq!(st["attempt_of"], id.as_str(), "{st}");
+        assert_ne!(st["status"], "running", "{st}");
+    }
+    // Each attempt sampled with a seed of its own; the first at the server's temperature,
+    // the others at the configured one.
+    let reqs = llm.requests();
+    let mut temps: HashMap<u64, Option<f64>> = HashMap::new();
+    for r in &reqs {
+        temps.insert(
+            r.body["seed"].as_u64().unwrap(),
+            r.body["temperature"].as_f64(),
+        );
+    }
+    assert_eq!(temps.len(), 3, "{temps:?}");
+    let mut t: Vec<Option<f64>> = temps.into_values().collect();
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    assert_eq!(t[0], None, "{t:?}");
+    assert!(
+        t[1..]
+            .iter()
+            .all(|x| x.is_some_and(|v| (v - 0.7).abs() < 1e-6)),
+        "{t:?}"
+    );
+    // The parent's log tells the story once.
+    let log = c.task_log_json(&id);
+    let count = |k: &str| log.iter().filter(|r| r["kind"] == k).count();
+    assert_eq!(count("attempt_started"), 3);
+    assert_eq!(count("attempt_ended"), 3);
+    assert_eq!(count("attempt_picked"), 1);
+    // `task show` lists the attempts in words.
+    let out = c.brain_cli(&["task", "show", &id]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("attempts: 3 (pick first; won by"), "{shown}");
+}
+
+#[test]
+fn when_no_attempt_passes_the_next_model_gets_a_go_told_how_the_check_failed() {
+    let llm = FakeLlm::start(|req| {
+        let turns = req.assistant_turns();
+        match (req.body["model"].as_str(), turns) {
+            (Some("big"), 0) => write("42\n"),
+            (Some("big"), _) => finish(),
+            (_, 0) => write("7\n"),
+            _ => finish(),
+        }
+    });
+    let c = cluster(&llm);
+    let _w = c.join_worker("w");
+    let id = start(&c, &["--attempts", "2", "--escalate-model", BIG]);
+    assert_eq!(
+        ended(&c, &id, Duration::from_secs(120)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let t = show(&c, &id);
+    let attempts = t["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 3, "{t}");
+    assert_eq!(attempts[2]["escalation"], true, "{t}");
+    assert_eq!(attempts[2]["model"], BIG, "{t}");
+    assert_eq!(t["picked"], attempts[2]["task"], "{t}");
+    assert!(attempts[..2].iter().all(|a| a["verified"] == false), "{t}");
+    // The big model's first message says how the check ended on the small one's answers.
+    let first = llm
+        .requests()
+        .into_iter()
+        .find(|r| r.body["model"] == "big")
+        .expect("the big model was asked");
+    let goal = first
+        .messages()
+        .iter()
+        .find(|m| m["role"] == "user")
+        .unwrap()["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        goal.contains("Earlier attempts at this task did not pass the acceptance check")
+            && goal.contains("Attempt 1 (openai:small)")
+            && goal.contains("Attempt 2 (openai:small)"),
+        "{goal}"
+    );
+}
+
+#[test]
+fn with_no_attempt_passing_the_task_fails_with_each_reason() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => write("7\n"),
+        _ => finish(),
+    });
+    let c = cluster(&llm);
+    let _w = c.join_worker("w");
+    let id = start(&c, &["--attempts", "2", "--pick", "smallest"]);
+    assert_eq!(
+        ended(&c, &id, Duration::from_secs(120)),
+        "failed",
+        "{}",
+        c.brain_log()
+    );
+    let t = show(&c, &id);
+    let reason = t["reason"].as_str().unwrap();
+    let attempts = t["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{t}");
+    for a in attempts {
+        assert!(reason.contains(a["task"].as_str().unwrap()), "{reason}");
+    }
+    assert!(reason.contains("brain task deliver"), "{reason}");
+    assert_eq!(t["picked"], "", "{t}");
+    // Nothing is the parent's result: its diff is empty.
+    let diff = c.brain_cli(&["task", "diff", &id]);
+    assert!(diff.status.success(), "{}", text(&diff));
+    assert!(diff.stdout.is_empty(), "{}", text(&diff));
+}
+
+#[test]
+fn a_brain_killed_while_attempts_run_goes_on_without_running_one_twice_or_picking_twice() {
+    // Both attempts pass; the smaller change wins. Every answer takes a while, so the brain
+    // is killed with both in flight.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let llm = FakeLlm::start(move |req| {
+        let slow = Duration::from_millis(700);
+        match (role(&s, req), req.assistant_turns()) {
+            (_, 0) => write("42\n").delay(slow),
+            (0, 1) => FakeReply::tool_call(
+                "write_file",
+                json!({"path": "notes.txt", "content": "one\ntwo\nthree\n"}),
+            )
+            .delay(slow),
+            _ => finish().delay(slow),
+        }
+    });
+    let mut c = cluster(&llm);
+    let _w: Vec<testkit::Worker> = (0..2).map(|i| c.join_worker(&format!("w{i}"))).collect();
+    let id = start(&c, &["--attempts", "2", "--pick", "smallest"]);
+    // Killed once both attempts started, and again once one has ended.
+    c.wait_records(&id, "attempt_started", 2, Duration::from_secs(60));
+    c.kill_brain();
+    c.start_brain().expect("brain restarts");
+    c.wait_records(&id, "attempt_ended", 1, Duration::from_secs(90));
+    c.kill_brain();
+    c.start_brain().expect("brain restarts");
+    assert_eq!(
+        ended(&c, &id, Duration::from_secs(120)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let t = show(&c, &id);
+    assert_eq!(t["verification"], "verified", "{t}");
+    // Two attempts, no more: none was made twice.
+    let out = c.brain_cli(&["tasks", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let all: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let children: Vec<&Value> = all
+        .iter()
+        .filter(|x| x["attempt_of"] == id.as_str())
+        .collect();
+    assert_eq!(children.len(), 2, "{all:?}");
+    let log = c.task_log_json(&id);
+    let count = |k: &str| log.iter().filter(|r| r["kind"] == k).count();
+    assert_eq!(count("attempt_started"), 2, "{log:?}");
+    assert_eq!(count("attempt_ended"), 2, "{log:?}");
+    assert_eq!(count("attempt_picked"), 1, "{log:?}");
+    // The smaller change won: the answer alone, not the answer and the notes.
+    let attempts = t["attempts"].as_array().unwrap();
+    let small = attempts
+        .iter()
+        .min_by_key(|a| a["lines_changed"].as_u64().unwrap())
+        .unwrap();
+    assert_eq!(t["picked"], small["task"], "{t}");
+    assert_eq!(small["files_changed"], 1, "{t}");
+    // No call of any attempt was sent twice: each issued call completed or was interrupted
+    // once, and no call id repeats.
+    for a in attempts {
+        let log = c.task_log_json(a["task"].as_str().unwrap());
+        let issued: Vec<u64> = log
+            .iter()
+            .filter(|r| r["kind"] == "tool_call_issued")
+            .map(|r| r["call_id"].as_u64().unwrap())
+            .collect();
+        let unique: BTreeSet<u64> = issued.iter().copied().collect();
+        assert_eq!(unique.len(), issued.len(), "{log:?}");
+    }
+}
+
+#[test]
+fn attempt_flags_that_cannot_apply_are_refused() {
+    let llm = FakeLlm::start(|_| finish());
+    let c = cluster(&llm);
+    let _w = c.join_worker("w");
+    for (args, says) in [
+        (&["--pick", "smallest"][..], "need --attempts"),
+        (&["--attempt-model", BIG][..], "need --attempts"),
+        (&["--attempts", "17"][..], "17"),
+        (
+            &["--attempts", "2", "--attempt-model", "nosuch"][..],
+            "nosuch",
+        ),
+    ] {
+        let mut a = vec!["run", "--detach", "--model", MODEL];
+        a.extend_from_slice(args);
+        a.push("goal");
+        let out = c.brain_cli(&a);
+        assert!(!out.status.success(), "{args:?} was taken");
+        assert!(text(&out).contains(says), "{args:?}: {}", text(&out));
+    }
+    let plan = c.dir.join("plan.json");
+    std::fs::write(&plan, r#"{"steps": [{"run": ["true"]}]}"#).unwrap();
+    let out = c.brain_cli(&["run", "--plan", plan.to_str().unwrap(), "--attempts", "2"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("--attempts"), "{}", text(&out));
+}
