@@ -29,13 +29,18 @@
 //!
 //! Rows: `tether-before` (another build's binaries, `AGENT_BENCH_BASELINE=DIR`: Tether as it
 //! was), `tether` (this build, free text), `tether-json` (this build, `constrain =
-//! "json_schema"`), `msa`, `oneshot`.
+//! "json_schema"`), `msa`, `oneshot`; and, when asked for, `tether-attempts` (this build,
+//! `--attempts N` over N workers of its own per job, solved judged on the task's result as
+//! `brain task export` gives it; the run prints its solved rate and its median wall time
+//! against the `tether` row's, on the same tasks).
 //!
 //! Environment: `AGENT_BENCH_N` attempts per task (1), `AGENT_BENCH_JOBS` tasks at once (1;
 //! each has a worker of its own, and the model server needs as many slots: wall times then
 //! include waiting for the shared model), `AGENT_BENCH_TASKS` task names
 //! (comma-separated; all), `AGENT_BENCH_HARNESSES`
-//! (`tether-before,tether,tether-json,msa,oneshot`), `AGENT_BENCH_STEPS`
+//! (`tether-before,tether,tether-json,msa,oneshot`; add `tether-attempts` for attempts),
+//! `AGENT_BENCH_ATTEMPTS` attempts in that row (4: the model server needs jobs × 4 slots for
+//! them to run at once, `LLM_SLOTS`), `AGENT_BENCH_STEPS`
 //! model calls per attempt (10), `AGENT_BENCH_WALL` seconds per attempt (600),
 //! `AGENT_BENCH_MAX_TOKENS` tokens per model answer (1024), `AGENT_BENCH_LLM_URL`
 //! (`http://127.0.0.1:8088/v1`), `AGENT_BENCH_MODEL` (`qwen2.5-coder-1.5b`),
@@ -81,6 +86,8 @@ struct Settings {
     msa_python: String,
     out: PathBuf,
     harnesses: Vec<String>,
+    /// Attempts per task in the `tether-attempts` row, each on a worker of its own.
+    attempts: u32,
 }
 
 impl Settings {
@@ -108,6 +115,7 @@ impl Settings {
             model: env_or("AGENT_BENCH_MODEL", "qwen2.5-coder-1.5b"),
             ctx: env_num("AGENT_BENCH_CTX", 16384u32),
             msa_python: env_or("AGENT_BENCH_MSA_PYTHON", "/opt/msa-venv/bin/python"),
+            attempts: env_num("AGENT_BENCH_ATTEMPTS", 4u32).clamp(2, 16),
             out,
             harnesses: env_or(
                 "AGENT_BENCH_HARNESSES",
@@ -595,13 +603,14 @@ fn main() {
             );
         }
     }
-    let cluster = (s.wants("tether") || s.wants("tether-json")).then(|| {
-        Cluster::start_with(BrainOptions {
-            config: Some(brain_config(&s, true)),
-            lost_after: Duration::from_secs(30),
-            ..BrainOptions::default()
-        })
-    });
+    let cluster =
+        (s.wants("tether") || s.wants("tether-json") || s.wants("tether-attempts")).then(|| {
+            Cluster::start_with(BrainOptions {
+                config: Some(brain_config(&s, true)),
+                lost_after: Duration::from_secs(30),
+                ..BrainOptions::default()
+            })
+        });
     // Tether as it was: another build's binaries (`AGENT_BENCH_BASELINE=DIR`, e.g. the commit
     // before this work built into its own target/release), on a brain of its own.
     let baseline = std::env::var_os("AGENT_BENCH_BASELINE")
@@ -628,6 +637,16 @@ fn main() {
         workers(&cluster, "bench-worker"),
         workers(&baseline, "bench-before"),
     );
+    // Attempts: per job a pool of workers of its own (label `pool=aJ`), one per attempt.
+    let pools: Vec<testkit::Worker> = match &cluster {
+        Some(c) if s.wants("tether-attempts") => (0..s.jobs)
+            .flat_map(|j| (0..s.attempts).map(move |k| (j, k)))
+            .map(|(j, k)| {
+                c.join_worker_labeled(&format!("bench-pool{j}-{k}"), &[&format!("pool=a{j}")])
+            })
+            .collect(),
+        _ => vec![],
+    };
     let work = tempfile::Builder::new()
         .prefix("agent-bench-")
         .tempdir()
@@ -660,16 +679,22 @@ fn main() {
                         shared::locks::Lock::locked(done).push((u, row, a));
                     };
                     if let (Some(c), Some(w)) = (baseline, w_base) {
-                        let a = tether("tether-before", s, c, w, plain, task, i, work);
+                        let a = tether("tether-before", s, c, On::Worker(w), plain, task, i, work);
                         keep("before", "before", a);
                     }
                     if let (Some(c), Some(w), true) = (cluster, w_now, s.wants("tether")) {
-                        let a = tether("tether", s, c, w, plain, task, i, work);
+                        let a = tether("tether", s, c, On::Worker(w), plain, task, i, work);
                         keep("tether", "tether", a);
                     }
                     if let (Some(c), Some(w), true) = (cluster, w_now, s.wants("tether-json")) {
-                        let a = tether("tether-json", s, c, w, json, task, i, work);
+                        let a = tether("tether-json", s, c, On::Worker(w), json, task, i, work);
                         keep("json", "t-json", a);
+                    }
+                    if let (Some(c), true) = (cluster, s.wants("tether-attempts")) {
+                        let pool = format!("a{j}");
+                        let on = On::Attempts(&pool, s.attempts);
+                        let a = tether("tether-attempts", s, c, on, plain, task, i, work);
+                        keep("attempts", "t-att", a);
                     }
                     if s.wants("msa") && msa_skip.is_none() {
                         keep("msa", "msa", msa(s, task, i, work));
@@ -698,6 +723,8 @@ fn main() {
         row("msa"),
         row("oneshot"),
     );
+    let a_rows = row("attempts");
+    drop(pools);
 
     let mut rows: Vec<(&str, &Vec<Attempt>)> = Vec::new();
     if baseline.is_some() {
@@ -708,6 +735,10 @@ fn main() {
     }
     if cluster.is_some() && s.wants("tether-json") {
         rows.push(("tether json", &j_rows));
+    }
+    let attempts_row = format!("tether ×{}", s.attempts);
+    if cluster.is_some() && s.wants("tether-attempts") {
+        rows.push((&attempts_row, &a_rows));
     }
     if s.wants("msa") && msa_skip.is_none() {
         rows.push(("mini-swe-agent", &m_rows));
@@ -723,9 +754,29 @@ fn main() {
             o_rows.len()
         );
     }
+    if !a_rows.is_empty() && !t_rows.is_empty() {
+        // The same tasks once and as attempts, in this run: what N attempts on N workers cost
+        // in wall time against one.
+        let (one, many) = (
+            median_dur(t_rows.iter().map(|a| a.wall).collect()),
+            median_dur(a_rows.iter().map(|a| a.wall).collect()),
+        );
+        println!(
+            "{attempts_row}: solved {} of {} ({:.0}%), against {} of {} once; median wall {:.1}s against {:.1}s once ({:.2}×)",
+            a_rows.iter().filter(|a| a.solved).count(),
+            a_rows.len(),
+            100.0 * a_rows.iter().filter(|a| a.solved).count() as f64 / a_rows.len() as f64,
+            t_rows.iter().filter(|a| a.solved).count(),
+            t_rows.len(),
+            many.as_secs_f64(),
+            one.as_secs_f64(),
+            many.as_secs_f64() / one.as_secs_f64().max(1e-9)
+        );
+    }
     let fs: Vec<&Attempt> = t_rows
         .iter()
         .chain(&j_rows)
+        .chain(&a_rows)
         .filter(|a| a.false_success())
         .collect();
     if !fs.is_empty() {

@@ -343,7 +343,7 @@ fn attempt_flags_that_cannot_apply_are_refused() {
         (&["--attempt-model", BIG][..], "need --attempts"),
         (&["--attempts", "17"][..], "17"),
         (
-            &["--attempts", "2", "--attempt-model", "nosuch"][..],
+            &["--attempts", "2", "--attempt-model", "nosuch:model"][..],
             "nosuch",
         ),
     ] {

@@ -192,3 +192,153 @@ fn a_person_steers_a_task_from_the_page() {
     std::fs::write(dir.join("task-page.png"), &png).unwrap();
     eprintln!("screenshot: {}", dir.join("task-page.png").display());
 }
+
+/// A task run as attempts, from the form: its page shows the attempts side by side (status,
+/// check, diff on demand), the winner marked, one lane per worker, and a timeline a person
+/// reads (a command with its exit code, a write as the lines it wrote, the check's verdict)
+/// with each raw record one click away. The screenshot is the README's.
+#[test]
+fn a_task_run_as_attempts_shows_them_side_by_side() {
+    let browser = match Browser::start() {
+        Ok(b) => b,
+        Err(why) => return skip("chromium", &why),
+    };
+    let seeds = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let s = seeds.clone();
+    let llm = FakeLlm::start(move |req| {
+        let seed = req.body["seed"].as_u64().unwrap_or(0);
+        let first = {
+            let mut v = shared::locks::Lock::locked(&*s);
+            if !v.contains(&seed) {
+                v.push(seed);
+            }
+            v[0] == seed
+        };
+        // The first attempt to ask writes the wrong answer; the other the right one.
+        let answer = if first { "41\n" } else { "42\n" };
+        match req.assistant_turns() {
+            0 => FakeReply::tool_call("run_command", json!({"command": "ls"})),
+            1 => FakeReply::tool_call(
+                "write_file",
+                json!({"path": "answer.txt", "content": answer}),
+            ),
+            _ => FakeReply::tool_call("finish", json!({"summary": "wrote the answer"})),
+        }
+    });
+    let c = Cluster::start_with(BrainOptions {
+        config: Some(format!(
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-web-test\"\n",
+            llm.url()
+        )),
+        web: true,
+        ..Default::default()
+    });
+    let one = c.join_worker("one");
+    let two = c.join_worker("two");
+    let out = c.brain_cli(&["web", "login", "--name", "ann", "--role", "operator"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let link = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let t = Duration::from_secs(60);
+    browser.goto(&link);
+    browser.wait("the login", t, |b| b.text("#who").contains("ann"));
+    browser.goto(&format!("{}/#/new", c.web_url()));
+    browser.wait("the form", t, |b| b.find("form.new #attempts").is_some());
+    browser
+        .type_into("#goal", "write the answer to answer.txt")
+        .unwrap();
+    browser.type_into("#model", "openai:gpt-4.1").unwrap();
+    browser.click("#permission option[value=full]").unwrap();
+    browser
+        .type_into("#check", "test \"$(cat answer.txt)\" = 42")
+        .unwrap();
+    browser.exec("document.querySelector('#attempts').value = '2'", json!([]));
+    browser.click("#pick option[value=smallest]").unwrap();
+    browser.click("form.new button[type=submit]").unwrap();
+    browser.wait("the task page", t, |b| {
+        b.exec("return location.hash", json!([])) == "#/task/t-1"
+    });
+    c.wait_status("t-1", &["finished"], t);
+
+    // Side by side: two attempts, the winner marked and its check passing.
+    browser.wait("both attempts, the winner marked", t, |b| {
+        b.exec(
+            "return document.querySelectorAll('#attempts .attempt').length",
+            json!([]),
+        ) == json!(2)
+            && b.find("#attempts .attempt.won").is_some()
+    });
+    let won = browser.text("#attempts .attempt.won");
+    assert!(
+        won.contains("check: passes") && won.contains("won"),
+        "{won}"
+    );
+    let all = browser.text("#attempts");
+    assert!(all.contains("2 attempts (pick smallest)"), "{all}");
+    assert!(all.contains("fails (exit code 1)"), "{all}");
+    // Each attempt's diff, on demand: the winner's is the right answer.
+    browser
+        .click("#attempts .attempt.won .attempt-show-diff")
+        .unwrap();
+    browser.wait("the winner's diff", t, |b| {
+        b.text("#attempts .attempt.won .attempt-diff")
+            .contains("+42")
+    });
+    // One lane per worker.
+    browser.wait("a lane per worker", t, |b| {
+        let l = b.exec(
+            "const s = document.querySelector('svg.lanes'); return s ? s.getAttribute('data-lanes') : ''",
+            json!([]),
+        );
+        let l = l.as_str().unwrap_or_default().to_string();
+        l.contains(&one.id) && l.contains(&two.id)
+    });
+
+    // An attempt's timeline in words: the command and its exit, the write as its lines, the
+    // check's verdict; no JSON inline, the raw record behind a click.
+    let winner = browser.exec(
+        "return document.querySelector('#attempts .attempt.won').dataset.attempt",
+        json!([]),
+    );
+    let winner = winner.as_str().unwrap().to_string();
+    browser.goto(&format!("{}/#/task/{winner}", c.web_url()));
+    browser.wait("the attempt's timeline", t, |b| {
+        b.text("#timeline").contains("the check passes")
+    });
+    let tl = browser.text("#timeline");
+    for want in [
+        "$ ls",
+        "→ exit 0",
+        "wrote answer.txt (1 lines)",
+        "+42",
+        "the acceptance check:",
+    ] {
+        assert!(tl.contains(want), "{want:?} in the timeline:\n{tl}");
+    }
+    assert!(
+        !tl.contains("{\"tool\""),
+        "JSON inline in the timeline:\n{tl}"
+    );
+    assert!(
+        browser.text("#summary").contains("attempt "),
+        "{}",
+        browser.text("#summary")
+    );
+    let raw = browser.exec(
+        "const d = document.querySelector('#timeline li[data-kind=tool_call_issued] details.raw'); d.open = true; return d.querySelector('pre').textContent",
+        json!([]),
+    );
+    let raw: serde_json::Value = serde_json::from_str(raw.as_str().unwrap()).unwrap();
+    assert_eq!(raw["kind"], "tool_call_issued", "{raw}");
+
+    // The parent's page again, for the picture.
+    browser.goto(&format!("{}/#/task/t-1", c.web_url()));
+    browser.wait("the attempts again", t, |b| {
+        b.find("#attempts .attempt.won").is_some()
+    });
+    let png = browser.screenshot();
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/web-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("attempts-page.png"), &png).unwrap();
+    eprintln!("screenshot: {}", dir.join("attempts-page.png").display());
+}

@@ -240,6 +240,14 @@ pub(super) fn task_show(c: &Cluster, id: &str) -> Option<serde_json::Value> {
     serde_json::from_slice(&out.stdout).ok()
 }
 
+/// Where a Tether row runs a task.
+pub(super) enum On<'a> {
+    /// On this worker, once.
+    Worker(&'a testkit::Worker),
+    /// As this many attempts over the workers labelled `pool=LABEL`.
+    Attempts(&'a str, u32),
+}
+
 /// One attempt of Tether with `model` (`openai:NAME`) on `task`, as the bench's row `row`
 /// (which names its files).
 #[allow(clippy::too_many_arguments)]
@@ -247,7 +255,7 @@ pub(super) fn tether(
     row: &str,
     s: &Settings,
     c: &Cluster,
-    worker: &testkit::Worker,
+    on: On<'_>,
     model: &str,
     task: &Task,
     i: usize,
@@ -260,18 +268,23 @@ pub(super) fn tether(
     let max_tokens = (u64::from(s.steps) * u64::from(s.ctx)).to_string();
     let goal = task.goal();
     let t = Instant::now();
-    let mut args: Vec<&str> = vec![
-        "run",
-        "--detach",
-        "--worker",
-        &worker.name,
+    let (pool, count) = match &on {
+        On::Worker(_) => (String::new(), String::new()),
+        On::Attempts(label, n) => (format!("pool={label}"), n.to_string()),
+    };
+    let mut args: Vec<&str> = vec!["run", "--detach"];
+    match &on {
+        On::Worker(w) => args.extend(["--worker", w.name.as_str()]),
+        On::Attempts(..) => args.extend(["--require-label", &pool, "--attempts", &count]),
+    }
+    args.extend([
         "--git",
         repo.to_str().unwrap(),
         "--check",
         &task.check,
         "--check-timeout",
         "60s",
-    ];
+    ]);
     for g in &task.protect {
         args.extend(["--protect", g.as_str()]);
     }
@@ -324,7 +337,18 @@ pub(super) fn tether(
     };
     let wall = t.elapsed();
     let log = c.task_log_json(&id);
-    let calls = log.iter().filter(|r| r["kind"] == "llm_response").count() as u64;
+    let responses = |log: &[serde_json::Value]| {
+        log.iter().filter(|r| r["kind"] == "llm_response").count() as u64
+    };
+    // A task run as attempts calls the model in its attempts.
+    let calls = responses(&log)
+        + show["attempts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["task"].as_str())
+            .map(|t| responses(&c.task_log_json(t)))
+            .sum::<u64>();
     let workspace = log
         .iter()
         .find(|r| r["kind"] == "created")
@@ -350,7 +374,20 @@ pub(super) fn tether(
     } else {
         status.clone()
     };
-    let files = worker.state.join("workspaces").join(&workspace);
+    // One run: the worker's workspace as it is. Attempts: the task's result (the winner's
+    // workspace, nothing without one), exported.
+    let exported = tempfile::tempdir().expect("temp dir");
+    let files = match &on {
+        On::Worker(w) => w.state.join("workspaces").join(&workspace),
+        On::Attempts(..) => {
+            let dir = exported.path().join("result");
+            let out = c.brain_cli(&["task", "export", &id, dir.to_str().unwrap()]);
+            if !out.status.success() {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            dir
+        }
+    };
     let (solved, _) = verify(task, &files);
     let mut note = String::new();
     if !files.is_dir() {

@@ -476,11 +476,11 @@ pub fn describe_record(r: &crate::model::Record) -> String {
         ),
         E::AttemptStarted {
             index,
-            task,
+            attempt,
             model,
             escalation,
         } => format!(
-            "attempt {} started: {task} on {model}{}",
+            "attempt {} started: {attempt} on {model}{}",
             index + 1,
             if *escalation {
                 " (the attempts before it all failed)"
@@ -504,8 +504,11 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             }
         ),
         E::AttemptPicked {
-            index, task, why, ..
-        } => format!("attempt {} ({task}) won: {why}", index + 1),
+            index,
+            attempt,
+            why,
+            ..
+        } => format!("attempt {} ({attempt}) won: {why}", index + 1),
         E::FinishedForModel { why } => {
             format!("the brain calls finish for the model, which {why}, on the version that passed")
         }

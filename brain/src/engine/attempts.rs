@@ -63,7 +63,7 @@ async fn drive(engine: &Engine, task: &Arc<Task>) -> Result<(), Error> {
                         vec![
                             Event::AttemptStarted {
                                 index,
-                                task: child,
+                                attempt: child,
                                 model,
                                 escalation,
                             },
@@ -99,7 +99,7 @@ async fn drive(engine: &Engine, task: &Arc<Task>) -> Result<(), Error> {
                         task,
                         vec![Event::AttemptPicked {
                             index,
-                            task: at.task,
+                            attempt: at.task,
                             why,
                             root_hash: root,
                             check,

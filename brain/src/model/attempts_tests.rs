@@ -302,3 +302,34 @@ fn attempts_differ_in_seed_and_later_ones_in_temperature_and_model() {
         }
     );
 }
+
+#[test]
+fn the_parents_records_round_trip_beside_the_records_own_fields() {
+    use crate::model::event::{Event, Record};
+    for event in [
+        Event::AttemptStarted {
+            index: 1,
+            attempt: TaskId(9),
+            model: "openai:small".into(),
+            escalation: false,
+        },
+        Event::AttemptPicked {
+            index: 1,
+            attempt: TaskId(9),
+            why: "first".into(),
+            root_hash: "r".into(),
+            check: Default::default(),
+        },
+    ] {
+        let r = Record {
+            v: 1,
+            task: TaskId(3),
+            seq: 4,
+            at_ms: 5,
+            event,
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        let back: Record = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r, "{json}");
+    }
+}

@@ -449,7 +449,8 @@ pub enum Event {
     /// An attempt began: a task of its own, from this task's base.
     AttemptStarted {
         index: u32,
-        task: TaskId,
+        /// The attempt's own task (`task` names the record's).
+        attempt: TaskId,
         model: String,
         /// Started because the attempts before it all failed.
         #[serde(default)]
@@ -463,7 +464,7 @@ pub enum Event {
     /// An attempt won: this task's result is its last workspace, and the check's run on it.
     AttemptPicked {
         index: u32,
-        task: TaskId,
+        attempt: TaskId,
         why: String,
         root_hash: String,
         check: super::check::CheckRun,

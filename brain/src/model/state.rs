@@ -222,14 +222,14 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
         }
         Event::AttemptStarted {
             index,
-            task,
+            attempt,
             model,
             escalation,
         } => {
             if let Some(a) = &mut st.attempts {
                 a.on_started(crate::model::attempts::Attempt {
                     index: *index,
-                    task: *task,
+                    task: *attempt,
                     model: model.clone(),
                     escalation: *escalation,
                     end: None,
@@ -243,7 +243,7 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
         }
         Event::AttemptPicked {
             index,
-            task,
+            attempt,
             why,
             root_hash,
             check,
@@ -251,7 +251,7 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             if let Some(a) = &mut st.attempts {
                 a.picked = Some(crate::model::attempts::Picked {
                     index: *index,
-                    task: *task,
+                    task: *attempt,
                     why: why.clone(),
                 });
             }

@@ -146,39 +146,86 @@ function tasksView(view) {
   render();
 }
 
-// What one record says, in words; the class says what kind of line it is.
-function describe(r) {
+// What one record says, as a person reads it: [class, text, detail]. The class says what
+// kind of line it is; the detail (a command's output, an edit as a diff, the model's text) is
+// shown under it. The raw record is one click away on every line.
+function callText(c) {
+  switch (c.tool) {
+    case "run_command": {
+      const argv = c.argv || [];
+      const cmd = argv.length === 3 && argv[0] === "sh" && argv[1] === "-c" ? argv[2] : argv.join(" ");
+      return ["$ " + cmd + (c.cwd ? "   (in " + c.cwd + ")" : ""), ""];
+    }
+    case "write_file": {
+      const lines = (c.content || "").split("\n");
+      if (lines.length && lines[lines.length - 1] === "") lines.pop();
+      return ["wrote " + c.path + " (" + lines.length + " lines)", lines.map(l => "+" + l).join("\n")];
+    }
+    case "edit_file": {
+      const minus = (c.old || "").split("\n").map(l => "-" + l);
+      const plus = (c.new || "").split("\n").map(l => "+" + l);
+      return ["edited " + c.path, minus.concat(plus).join("\n")];
+    }
+    case "read_file": return ["read " + c.path + (c.start_line || c.end_line ? " lines " + (c.start_line || 1) + "–" + (c.end_line || "end") : ""), ""];
+    case "list_files": return ["listed " + (c.glob || "the files"), ""];
+    case "search": return ["searched for " + c.pattern + (c.glob ? " in " + c.glob : ""), ""];
+    default: return [c.tool || "call", JSON.stringify(c)];
+  }
+}
+
+function exitText(res) {
+  if (!res) return "";
+  if (res.error) return "error: " + res.error;
+  if (res.timed_out) return "timed out";
+  if (res.signal) return "killed by signal " + res.signal;
+  return "exit " + (res.exit_code === undefined || res.exit_code === null ? "?" : res.exit_code) + (res.limit ? " (" + res.limit + ")" : "");
+}
+
+function describe(r, calls) {
   const k = r.kind;
   switch (k) {
-    case "created": return ["", "created: " + r.goal];
-    case "status_changed": return [r.status === "waiting" ? "approval" : "", "status " + r.status + (r.reason ? ": " + r.reason : "")];
-    case "llm_request": return ["turn", "asked " + r.model + " (" + r.messages + " messages)"];
+    case "created": return ["", "created: " + r.goal + (r.attempts ? " — as " + r.attempts.count + " attempts, pick " + r.attempts.pick : "") + (r.attempt_of ? " — attempt " + (r.attempt_of.index + 1) + " of " + r.attempt_of.parent : ""), ""];
+    case "status_changed": return [r.status === "waiting" ? "approval" : "", "status " + r.status + (r.reason ? ": " + r.reason : ""), ""];
+    case "llm_request": return ["turn", "asked " + r.model + " (" + r.messages + " messages)", ""];
     case "llm_response": {
       const m = (r.response && r.response.message) || {};
-      const calls = (m.tool_calls || []).map(c => c.name + " " + c.arguments).join("\n");
-      return ["turn", "model: " + (m.content || "") + (calls ? "\ncalls: " + calls : "") + "\n(" + (r.prompt_tokens + r.completion_tokens) + " tokens, " + money(r.cost_usd) + ")"];
+      const calls = (m.tool_calls || []).map(c => "→ " + c.name + " " + c.arguments).join("\n");
+      return ["turn", "the model answered (" + (r.prompt_tokens + r.completion_tokens) + " tokens, " + money(r.cost_usd) + ")", (m.content || "") + (calls ? (m.content ? "\n" : "") + calls : "")];
     }
-    case "tool_call_issued": return ["call", "call " + r.call_id + " on " + r.worker + ": " + JSON.stringify(r.call)];
-    case "tool_call_completed": return ["call", "call " + r.call_id + " done: " + JSON.stringify(r.result)];
-    case "tool_call_interrupted": return ["bad", "call " + r.call_id + " interrupted: " + r.reason];
-    case "observation": return [r.failed ? "bad" : "", "observation: " + r.text];
-    case "barrier": return ["", "barrier v" + r.version + ": " + r.files + " files, " + (r.wire_bytes || 0) + " bytes sent"];
-    case "approval_requested": return ["approval", "approval " + r.approval_id + " asked: " + r.what];
-    case "approval_decided": return ["approval", "approval " + r.approval_id + (r.approved ? " approved" : " denied") + " by " + r.by + (r.reason ? ": " + r.reason : "")];
-    case "worker_assigned": return ["move", "on worker " + r.worker];
-    case "move_started": return ["move", "moving " + r.from + " → " + r.to];
-    case "move_completed": return ["move", "moved to " + r.to + " (" + r.files + " files, " + r.wire_bytes + " bytes)"];
-    case "move_aborted": return ["bad", "move to " + r.to + " aborted: " + r.reason];
-    case "delivery_pushed": return ["check", "pushed " + r.branch + " at " + r.commit];
-    case "pull_request_opened": return ["check", "pull request " + r.url];
-    case "delivered": return ["check", "delivered " + r.branch];
-    case "delivery_failed": return ["bad", "delivery failed: " + r.reason];
-    case "finished": return [r.outcome === "success" ? "check" : "bad", "finished (" + r.outcome + (r.verified === true ? ", verified" : r.verified === false ? ", unverified" : "") + "): " + r.reason];
-    default: {
-      const rest = Object.assign({}, r);
-      for (const f of ["v", "task", "seq", "at_ms", "kind"]) delete rest[f];
-      return ["", k + " " + JSON.stringify(rest)];
+    case "tool_call_issued": {
+      const [head, detail] = callText(r.call || {});
+      const check = r.purpose === "acceptance";
+      return [check ? "check" : "call", (check ? "the acceptance check: " : "") + head + "   (on " + r.worker + ")", detail];
     }
+    case "tool_output": return ["", "", ""];
+    case "tool_call_completed": {
+      const issued = calls.get(r.call_id);
+      const check = issued && issued.purpose === "acceptance";
+      const ok = r.result && r.result.exit_code === 0 && !r.result.timed_out && !r.result.error;
+      if (check) return [ok ? "check" : "bad", "the check " + (ok ? "passes" : "fails") + " (" + exitText(r.result) + ")", ""];
+      return [ok ? "" : "bad", "→ " + exitText(r.result), ""];
+    }
+    case "tool_call_interrupted": return ["bad", "call " + r.call_id + " interrupted: " + r.reason, ""];
+    case "observation": return [r.failed ? "bad" : "", "told the model", r.text];
+    case "barrier": return ["", "workspace synced (v" + r.version + "): " + r.files + " files, " + (r.wire_bytes || 0) + " bytes sent", ""];
+    case "approval_requested": return ["approval", "approval " + r.approval_id + " asked: " + r.what, ""];
+    case "approval_decided": return ["approval", "approval " + r.approval_id + (r.approved ? " approved" : " denied") + " by " + r.by + (r.reason ? ": " + r.reason : ""), ""];
+    case "worker_assigned": return ["move", "on worker " + r.worker, ""];
+    case "move_started": return ["move", "moving " + r.from + " → " + r.to, ""];
+    case "move_completed": return ["move", "moved to " + r.to + " (" + r.files + " files, " + r.wire_bytes + " bytes)", ""];
+    case "move_aborted": return ["bad", "move to " + r.to + " aborted: " + r.reason, ""];
+    case "attempt_started": return ["move", "attempt " + (r.index + 1) + " started: " + r.attempt + " on " + r.model + (r.escalation ? " (the attempts before it all failed)" : ""), ""];
+    case "attempt_ended": {
+      const e = r.end || {};
+      return [e.verified ? "check" : "bad", "attempt " + (r.index + 1) + " ended " + e.status + (e.verified ? ", verified" : "") + ": " + (e.files_changed || 0) + " files, " + (e.lines_changed || 0) + " lines changed" + (e.reason ? " (" + e.reason + ")" : ""), ""];
+    }
+    case "attempt_picked": return ["check", "attempt " + (r.index + 1) + " (" + r.attempt + ") won: " + r.why, ""];
+    case "delivery_pushed": return ["check", "pushed " + r.branch + " at " + r.commit, ""];
+    case "pull_request_opened": return ["check", "pull request " + r.url, ""];
+    case "delivered": return ["check", "delivered " + r.branch, ""];
+    case "delivery_failed": return ["bad", "delivery failed: " + r.reason, ""];
+    case "finished": return [r.outcome === "finished" ? "check" : "bad", "ended " + r.outcome + (r.verified === true ? ", verified" : r.verified === false ? ", unverified" : "") + (r.reason ? ": " + r.reason : ""), ""];
+    default: return ["", k.replace(/_/g, " "), ""];
   }
 }
 
@@ -205,8 +252,27 @@ function lanes(records, now, names) {
   }
   if (cur) spans.push([cur, since, end]);
   if (wait) waits.push([wait.from, end, wait.approval]);
+  return drawLanes(spans, moves, waits, records.length ? records[0].at_ms : now, end, names);
+}
+
+// A task run as attempts: one lane per worker, a bar per attempt from its start to its end
+// (green: the winner).
+function attemptLanes(records, attempts, now, names) {
+  const started = {}, ended = {};
+  let end = now;
+  for (const r of records) {
+    if (r.kind === "attempt_started") started[r.attempt] = r.at_ms;
+    if (r.kind === "attempt_ended") ended[r.index] = r.at_ms;
+    if (r.kind === "finished") end = r.at_ms;
+  }
+  const spans = attempts.filter(a => a.worker && started[a.task_id] !== undefined)
+    .map(a => [a.worker, started[a.task_id], ended[a.number - 1] || end, a.verified ? "#86efac" : "#93c5fd"]);
+  return drawLanes(spans, [], [], records.length ? records[0].at_ms : now, end, names);
+}
+
+function drawLanes(spans, moves, waits, t0, end, names) {
   const workers = [...new Set(spans.map(s => s[0]))];
-  const t0 = records.length ? records[0].at_ms : now, t1 = Math.max(end, t0 + 1);
+  const t1 = Math.max(end, t0 + 1);
   const W = 640, H = 28 * Math.max(1, workers.length) + 10, L = 120;
   const x = t => L + (W - L - 10) * (t - t0) / (t1 - t0);
   const y = w => 10 + 28 * workers.indexOf(w);
@@ -223,7 +289,7 @@ function lanes(records, now, names) {
   };
   for (const [a, b, approval] of waits) add("rect", { x: x(a), y: 0, width: Math.max(1, x(b) - x(a)), height: H, fill: approval ? "#fef3c7" : "#e5e7eb", "data-wait": approval ? "approval" : "other" });
   for (const w of workers) add("text", { x: 4, y: y(w) + 12, "font-size": 12 }, (names && names[w]) || w);
-  for (const [w, a, b] of spans) add("rect", { x: x(a), y: y(w), width: Math.max(2, x(b) - x(a)), height: 16, fill: "#93c5fd", "data-worker": w });
+  for (const [w, a, b, fill] of spans) add("rect", { x: x(a), y: y(w), width: Math.max(2, x(b) - x(a)), height: 16, fill: fill || "#93c5fd", "data-worker": w });
   for (const [from, to, t, failover] of moves) {
     add("line", { x1: x(t), y1: y(from) + 8, x2: x(t), y2: y(to) + 8, stroke: failover ? "#b91c1c" : "#0891b2", "stroke-width": 2, "data-move": from + "→" + to, "data-failover": failover ? "yes" : "no" });
     add("circle", { cx: x(t), cy: y(to) + 8, r: 3, fill: failover ? "#b91c1c" : "#0891b2" });
@@ -237,13 +303,16 @@ function taskView(view, id) {
   const actions = el("div", { class: "actions" });
   const timeline = el("ol", { class: "timeline", id: "timeline" });
   const lanesBox = el("div", { id: "lanes" });
+  const attemptsBox = el("div", { id: "attempts" });
+  let attempts = [];
   const diffBox = el("pre", { id: "diff", hidden: true });
-  view.append(el("h2", {}, "Task " + id), summary, approvals, actions, lanesBox,
+  view.append(el("h2", {}, "Task " + id), summary, approvals, actions, attemptsBox, lanesBox,
     el("div", { class: "grid" }, el("div", {}, el("h3", {}, "Timeline"), timeline),
       el("div", {}, el("h3", {}, "Workspace"), el("button", { id: "show-diff", type: "button", onclick: showDiff }, "Show diff against the base"), diffBox)));
   const records = [];
   const names = {};
   const outputs = new Map();
+  const calls = new Map();
   const pending = new Map();
   let last = 0, refresh = null;
 
@@ -264,8 +333,32 @@ function taskView(view, id) {
         el("p", { class: "muted" }, "worker " + (t.worker || "-") + " · model " + (t.model || "-") + " · " + (t.tokens || 0) + " tokens · " + money(t.spent_usd) +
           (t.limits && t.limits.usd ? " of " + money(t.limits.usd) : "") + (t.check ? " · check: " + t.check + " → " + (t.check_result || "not run") : "") +
           (t.delivery ? " · delivery: " + t.delivery : "")),
-        t.delivery_url ? el("p", {}, el("a", { href: t.delivery_url, rel: "noopener noreferrer", target: "_blank" }, t.delivery_url)) : "");
+        t.delivery_url ? el("p", {}, el("a", { href: t.delivery_url, rel: "noopener noreferrer", target: "_blank" }, t.delivery_url)) : "",
+        t.attempt_of ? el("p", {}, "attempt " + t.attempt_number + " of ", el("a", { href: "#/task/" + t.attempt_of }, t.attempt_of)) : "");
+      renderAttempts(t);
     } catch (e) { banner(e.message); }
+  }
+
+  // Attempts side by side: status, check, change, and each one's diff on demand.
+  function renderAttempts(t) {
+    attempts = t.attempts || [];
+    if (!attempts.length) { attemptsBox.replaceChildren(); return; }
+    attemptsBox.replaceChildren(el("h3", {}, attempts.length + " attempts (pick " + t.pick + ")"),
+      el("div", { class: "attempts" }, ...attempts.map(a => {
+        const diff = el("pre", { class: "attempt-diff", hidden: true });
+        const show = async () => act("diff", async () => {
+          diff.textContent = (await api("GET", "/api/tasks/" + a.task_id + "/diff")) || "(no change)";
+          diff.hidden = false;
+        });
+        return el("div", { class: "attempt" + (a.task_id === t.picked ? " won" : ""), "data-attempt": a.task_id },
+          el("p", {}, el("strong", {}, "#" + a.number + " "), el("a", { href: "#/task/" + a.task_id }, a.task_id), " ", badge(a.status), a.task_id === t.picked ? " won" : ""),
+          el("p", { class: "muted" }, (a.model || "") + (a.escalation ? " (escalated)" : "") + " · " + ((names[a.worker]) || a.worker || "not placed")),
+          el("p", { class: "check-verdict" }, "check: " + (a.check || "not run")),
+          el("p", { class: "muted" }, a.steps + " steps · " + a.tokens + " tokens" + (a.files_changed || a.lines_changed ? " · " + a.files_changed + " files, " + a.lines_changed + " lines" : "")),
+          a.reason ? el("p", { class: "muted" }, a.reason) : "",
+          el("button", { type: "button", class: "attempt-show-diff", onclick: show }, "Diff"), diff);
+      })));
+    lanesBox.replaceChildren(attemptLanes(records, attempts, Date.now(), names));
   }
 
   function renderApprovals() {
@@ -283,22 +376,33 @@ function taskView(view, id) {
     if (r.seq <= last) return; // never twice, whatever the network did
     last = r.seq;
     records.push(r);
-    const [cls, text] = describe(r);
-    const li = el("li", { class: cls, "data-seq": r.seq, "data-kind": r.kind }, el("span", { class: "kind" }, "#" + r.seq), text);
-    if (r.kind === "tool_call_issued") {
-      const out = el("pre", { class: "output", "data-call": r.call_id });
-      outputs.set(r.call_id, out);
-      li.append(out);
-    }
+    if (r.kind === "tool_call_issued") calls.set(r.call_id, r);
     if (r.kind === "tool_output" && outputs.has(r.call_id)) {
+      // A call's output goes under the call; its own line stays, folded, so every record
+      // has its line.
       outputs.get(r.call_id).textContent = (r.stdout || "") + (r.stderr || "");
+      timeline.append(el("li", { class: "folded", "data-seq": r.seq, "data-kind": r.kind }, "output of call " + r.call_id));
+    } else {
+      const [cls, text, detail] = describe(r, calls);
+      const raw = el("details", { class: "raw" }, el("summary", {}, "record"), el("pre", {}, JSON.stringify(r, null, 2)));
+      const li = el("li", { class: cls, "data-seq": r.seq, "data-kind": r.kind }, el("span", { class: "kind" }, "#" + r.seq), el("span", { class: "what" }, text));
+      if (detail) li.append(el("pre", { class: r.kind === "tool_call_issued" && r.call && /_file$/.test(r.call.tool) ? "detail diff" : "detail" }, detail));
+      if (r.kind === "tool_call_issued") {
+        const out = el("pre", { class: "output", "data-call": r.call_id });
+        outputs.set(r.call_id, out);
+        li.append(out);
+      }
+      li.append(raw);
+      timeline.append(li);
     }
-    timeline.append(li);
     if (r.kind === "approval_requested") pending.set(r.approval_id, r);
     if (r.kind === "approval_decided") pending.delete(r.approval_id);
     if (["approval_requested", "approval_decided"].includes(r.kind)) renderApprovals();
     clearTimeout(refresh);
-    refresh = setTimeout(() => { loadSummary(); lanesBox.replaceChildren(lanes(records, Date.now(), names)); }, 150);
+    refresh = setTimeout(() => {
+      loadSummary();
+      if (!attempts.length) lanesBox.replaceChildren(lanes(records, Date.now(), names));
+    }, 150);
   }
 
   const workerPick = el("select", { id: "move-to" });
@@ -365,6 +469,8 @@ function newView(view) {
     f("labels", "Required worker labels (k=v, comma-separated)"),
     f("steps", "Step budget (0: default)", el("input", { id: "steps", type: "number", min: 0, value: 0 })),
     f("usd", "Cost budget in USD (0: default)", el("input", { id: "usd", type: "number", min: 0, step: "0.01", value: 0 })),
+    f("attempts", "Attempts (each on a worker of its own; the check picks the winner; 0: default)", el("input", { id: "attempts", type: "number", min: 0, max: 16, value: 0 })),
+    f("pick", "Pick", el("select", { id: "pick", name: "pick" }, ["", "first", "smallest"].map(p => el("option", { value: p }, p || "default (first)")))),
     el("p", {}, el("button", { type: "submit" }, "Start")));
   form.addEventListener("submit", ev => {
     ev.preventDefault();
@@ -376,6 +482,7 @@ function newView(view) {
         goal: v("goal"), git_url: v("git_url"), dir: v("dir"), worker: v("worker"), model: v("model"),
         permission: v("permission"), check: v("check"), require_labels: labels,
         budget: { steps: Number(v("steps")) || 0, usd: Number(v("usd")) || 0 },
+        attempts: Number(v("attempts")) || 0, pick: v("pick"),
       });
       location.hash = "#/task/" + r.task_id;
     });
