@@ -332,8 +332,15 @@ fn a_task_run_as_attempts_shows_them_side_by_side() {
 
     // The parent's page again, for the picture.
     browser.goto(&format!("{}/#/task/t-1", c.web_url()));
-    browser.wait("the attempts again", t, |b| {
+    browser.wait("the attempts, their lanes and the timeline again", t, |b| {
+        let l = b.exec(
+            "const s = document.querySelector('svg.lanes'); return s ? s.textContent : ''",
+            json!([]),
+        );
         b.find("#attempts .attempt.won").is_some()
+            && l.as_str()
+                .is_some_and(|l| l.contains("one") && l.contains("two"))
+            && b.text("#timeline").contains("won:")
     });
     let png = browser.screenshot();
     assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");

@@ -368,42 +368,7 @@ impl Admin for Services {
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
             spec.transcript = req.transcript;
         }
-        if !req.check.trim().is_empty() {
-            let command = req.check.trim();
-            if command.len() > 4096 || command.contains('\0') {
-                return Err(Status::invalid_argument(
-                    "the check must be one shell command of at most 4096 bytes",
-                ));
-            }
-            spec.check = Some(crate::model::agent::Check {
-                command: command.to_string(),
-                timeout_ms: req.check_timeout_ms,
-                source: "--check".into(),
-                protect: vec![],
-            });
-        }
-        if req.protect.len() > 64 {
-            return Err(Status::invalid_argument("at most 64 --protect globs"));
-        }
-        for g in &req.protect {
-            globset::Glob::new(g).map_err(|e| {
-                Status::invalid_argument(format!("invalid --protect glob {g:?}: {e}"))
-            })?;
-        }
-        if !req.protect.is_empty() {
-            match &mut spec.check {
-                Some(c) => c.protect.extend(req.protect.iter().cloned()),
-                // The repository's .tether/check may still name the command.
-                None => {
-                    spec.check = Some(crate::model::agent::Check {
-                        command: String::new(),
-                        timeout_ms: req.check_timeout_ms,
-                        source: String::new(),
-                        protect: req.protect.clone(),
-                    })
-                }
-            }
-        }
+        convert::request_check(&mut spec, &req.check, req.check_timeout_ms, &req.protect)?;
         spec.egress = self.egress_spec(&req.secrets, &req.allow, &req.egress)?;
         let rules = convert::sync_rules(
             req.include_git,

@@ -450,6 +450,53 @@ impl From<TaskState> for proto::TaskSummary {
     }
 }
 
+/// A request's `--check` and `--protect` on `spec` (a request's check wins over the
+/// config's; protected globs alone wait for the repository's `.tether/check` to name one).
+pub fn request_check(
+    spec: &mut crate::model::agent::AgentSpec,
+    check: &str,
+    timeout_ms: u64,
+    protect: &[String],
+) -> Result<(), Status> {
+    use crate::model::agent::Check;
+    if !check.trim().is_empty() {
+        let command = check.trim();
+        if command.len() > 4096 || command.contains('\0') {
+            return Err(Status::invalid_argument(
+                "the check must be one shell command of at most 4096 bytes",
+            ));
+        }
+        spec.check = Some(Check {
+            command: command.to_string(),
+            timeout_ms,
+            source: "--check".into(),
+            protect: vec![],
+        });
+    }
+    if protect.len() > 64 {
+        return Err(Status::invalid_argument("at most 64 --protect globs"));
+    }
+    for g in protect {
+        globset::Glob::new(g)
+            .map_err(|e| Status::invalid_argument(format!("invalid --protect glob {g:?}: {e}")))?;
+    }
+    if !protect.is_empty() {
+        match &mut spec.check {
+            Some(c) => c.protect.extend(protect.iter().cloned()),
+            // The repository's .tether/check may still name the command.
+            None => {
+                spec.check = Some(Check {
+                    command: String::new(),
+                    timeout_ms,
+                    source: String::new(),
+                    protect: protect.to_vec(),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A task's summary as [`summary`] makes it, its attempts looked up in `engine`.
 pub fn summary_in(engine: &crate::engine::Engine, t: TaskState) -> proto::TaskSummary {
     summary(t, |id| engine.store().task(id).map(|c| c.state()))
