@@ -95,7 +95,7 @@ pub struct AgentSpec {
     pub egress: Option<crate::model::egress::EgressSpec>,
     /// An attempt's own sampling (seed, temperature); `None`: the provider's defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sampling: Option<crate::model::attempts::Sampling>,
+    pub sampling: Option<crate::model::attempt::Sampling>,
 }
 
 /// What an agent task has used.

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::model::agent::{AgentSpec, Budget, Permission};
+use crate::model::task::Status;
 
 fn spec(count: u32, pick: Pick) -> Attempts {
     Attempts::new(

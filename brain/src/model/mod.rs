@@ -3,6 +3,7 @@
 //! worker. No I/O, no clock, no wire types.
 
 pub mod agent;
+pub mod attempt;
 pub mod attempts;
 pub mod check;
 pub mod code_view;
@@ -17,6 +18,7 @@ pub mod ops;
 pub mod prompt;
 pub mod state;
 pub mod stuck;
+pub mod task;
 pub mod text;
 pub mod tools;
 
