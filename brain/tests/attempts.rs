@@ -19,7 +19,7 @@ const CHECK: &str = "test \"$(cat answer.txt)\" = 42";
 fn cluster(llm: &FakeLlm) -> Cluster {
     Cluster::start_with(BrainOptions {
         config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test\"\n\
+            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-attempts-key-1\"\n\
              [agent]\nattempt_temperature = 0.7\n",
             llm.url(),
         )),
@@ -29,6 +29,11 @@ fn cluster(llm: &FakeLlm) -> Cluster {
 
 /// `brain run --detach` with the check, full permission and `extra` flags; the task id.
 fn start(c: &Cluster, extra: &[&str]) -> String {
+    start_checked(c, CHECK, extra)
+}
+
+/// [`start`] with another check.
+fn start_checked(c: &Cluster, check: &str, extra: &[&str]) -> String {
     let mut args = vec![
         "run",
         "--detach",
@@ -37,7 +42,7 @@ fn start(c: &Cluster, extra: &[&str]) -> String {
         "--permission",
         "full",
         "--check",
-        CHECK,
+        check,
         "--max-steps",
         "6",
     ];
@@ -195,7 +200,10 @@ fn when_no_attempt_passes_the_next_model_gets_a_go_told_how_the_check_failed() {
     });
     let c = cluster(&llm);
     let _w = c.join_worker("w");
-    let id = start(&c, &["--attempts", "2", "--escalate-model", BIG]);
+    // The check prints the brain's API key when it fails (as a server echoing a secret
+    // might): the next model is told how the check ended, never the key.
+    let leaky = format!("{CHECK} || {{ printf 'sk-attempts'; printf -- '-key-1\\n'; exit 1; }}");
+    let id = start_checked(&c, &leaky, &["--attempts", "2", "--escalate-model", BIG]);
     assert_eq!(
         ended(&c, &id, Duration::from_secs(120)),
         "finished",
@@ -228,6 +236,10 @@ fn when_no_attempt_passes_the_next_model_gets_a_go_told_how_the_check_failed() {
             && goal.contains("Attempt 1 (openai:small)")
             && goal.contains("Attempt 2 (openai:small)"),
         "{goal}"
+    );
+    assert!(
+        !goal.contains("sk-attempts-key-1"),
+        "a secret reached the next model: {goal}"
     );
 }
 
