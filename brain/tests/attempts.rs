@@ -154,6 +154,12 @@ fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_st
         let st = show(&c, a["task"].as_str().unwrap());
         assert_eq!(st["attempt_of"], id.as_str(), "{st}");
         assert_ne!(st["status"], "running", "{st}");
+        // The one stopped says why: another won, not that a person cancelled it.
+        if st["status"] == "cancelled" {
+            let why = st["reason"].as_str().unwrap();
+            let winner = format!("({}) won", won[0]["task"].as_str().unwrap());
+            assert!(why.contains(&winner) && !why.contains("admin"), "{why}");
+        }
     }
     // Each attempt sampled with a seed of its own; the first at the server's temperature,
     // the others at the configured one.

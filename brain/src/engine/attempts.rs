@@ -11,7 +11,9 @@ use std::time::Duration;
 use super::Engine;
 use super::error::Error;
 use super::store::Task;
-use crate::model::attempts::{AttemptEnd, AttemptOf, Attempts, Child, Next, Spend, decide};
+use crate::model::attempts::{
+    AttemptEnd, AttemptOf, Attempts, Child, Next, Spend, WALL_GRACE_MS, decide,
+};
 use crate::model::event::{Event, TaskId};
 use crate::model::state::{Status, TaskState};
 
@@ -53,7 +55,10 @@ async fn drive(engine: &Engine, task: &Arc<Task>) -> Result<(), Error> {
             } => {
                 let child = match adopt(engine, task.id, index) {
                     Some(id) => id,
-                    None => create(engine, &st, a, index, &model, escalation).await?,
+                    None => {
+                        let left = left(spent, budget);
+                        create(engine, &st, a, index, &model, escalation, left).await?
+                    }
                 };
                 tracing::info!(task = %task.id, attempt = index + 1, child = %child, %model, escalation, "attempt started");
                 let running = a.list.iter().filter(|x| x.end.is_none()).count() + 1;
@@ -113,7 +118,7 @@ async fn drive(engine: &Engine, task: &Arc<Task>) -> Result<(), Error> {
                         && !c.cancel.is_cancelled()
                     {
                         tracing::info!(task = %task.id, child = %id, %why, "stopping an attempt");
-                        c.cancel.cancel();
+                        c.cancel_for(&format!("stopped by {}: {why}", task.id));
                     }
                 }
                 wait(task, &st, budget).await;
@@ -141,7 +146,7 @@ async fn drive(engine: &Engine, task: &Arc<Task>) -> Result<(), Error> {
 fn status(running: usize, started: usize) -> Event {
     Event::StatusChanged {
         status: Status::Running,
-        reason: format!("{running} of {started} attempts running"),
+        reason: format!("{running} of {started} attempts"),
     }
 }
 
@@ -191,6 +196,28 @@ fn spend(engine: &Engine, st: &TaskState, a: &Attempts, children: &[Child]) -> (
     (spent, budget)
 }
 
+/// What is left of the budget over all attempts: an attempt starts with no more than that
+/// (each limit at least 1, so 0 still means "no limit"), so one that runs to its own wall
+/// budget stops, and checks its last change, by the time the parent's runs out.
+fn left(spent: Spend, budget: Spend) -> Spend {
+    let cut = |b: u64, s: u64| {
+        if b == 0 {
+            0
+        } else {
+            b.saturating_sub(s).max(1)
+        }
+    };
+    Spend {
+        tokens: cut(budget.tokens, spent.tokens),
+        usd: if budget.usd > 0.0 {
+            (budget.usd - spent.usd).max(1e-6)
+        } else {
+            0.0
+        },
+        wall_ms: cut(budget.wall_ms, spent.wall_ms),
+    }
+}
+
 /// Waits for an attempt to change, the parent to be cancelled, or its wall budget to run
 /// out. An attempt's append wakes the parent (the store does), so no change is missed.
 async fn wait(task: &Task, st: &TaskState, budget: Spend) {
@@ -198,7 +225,7 @@ async fn wait(task: &Task, st: &TaskState, budget: Spend) {
         if budget.wall_ms == 0 {
             return std::future::pending().await;
         }
-        let end = st.created_ms + budget.wall_ms as i64;
+        let end = st.created_ms + (budget.wall_ms + WALL_GRACE_MS) as i64;
         let left = (end - shared::now_unix_ms()).max(0) as u64;
         tokio::time::sleep(Duration::from_millis(left + 1)).await;
     };
@@ -237,9 +264,13 @@ async fn create(
     index: u32,
     model: &str,
     escalation: bool,
+    left: Spend,
 ) -> Result<TaskId, Error> {
     let mut spec = a.template.clone();
     spec.model = model.to_string();
+    spec.budget.tokens = left.tokens;
+    spec.budget.usd = left.usd;
+    spec.budget.wall_ms = left.wall_ms;
     spec.sampling = Some(a.spec.sampling_of(st.id, index));
     let goal = if escalation {
         a.escalation_goal(&st.goal)

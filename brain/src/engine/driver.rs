@@ -70,8 +70,8 @@ impl Action {
 /// What a decision needs that is not in the task's log.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Facts {
-    /// A person cancelled the task.
-    pub cancelled: bool,
+    /// The task was cancelled (by a person, or by its parent when another attempt won), and why.
+    pub cancelled: Option<String>,
     /// A move asked for by a person (or chosen by failover), not yet started.
     pub move_request: Option<String>,
     /// The wall clock, for the wall-time budget.
@@ -90,8 +90,10 @@ pub fn preamble(st: &TaskState, f: &Facts) -> Option<Action> {
     if st.status.is_terminal() || st.status == Status::BudgetExhausted {
         return Some(Action::Stop);
     }
-    if f.cancelled && st.pending.is_none() {
-        return Some(Action::finish(Outcome::Cancelled, "cancelled by an admin"));
+    if let Some(why) = &f.cancelled
+        && st.pending.is_none()
+    {
+        return Some(Action::finish(Outcome::Cancelled, why.clone()));
     }
     if st.worker.is_none() {
         return Some(Action::Place);
@@ -161,7 +163,7 @@ mod tests {
     fn the_preamble_in_order() {
         let none = Facts::default();
         let cancel = Facts {
-            cancelled: true,
+            cancelled: Some("cancelled by an admin".into()),
             ..Facts::default()
         };
         let moving = Facts {

@@ -109,6 +109,8 @@ pub struct Task {
     pub live: Broadcast<LiveOutput>,
     /// Cancelled when a person cancels the task; the driver logs the end.
     pub cancel: CancellationToken,
+    /// Why, when the brain itself stopped the task (a parent whose other attempt won).
+    cancel_reason: Mutex<Option<String>>,
     /// Woken when a person decides an approval the task waits for, or asks for a move.
     pub wake: tokio::sync::Notify,
     /// Held by a person's command (decide, resume, move) from its check to its append, so
@@ -127,6 +129,24 @@ pub struct Task {
 impl Task {
     pub fn state(&self) -> TaskState {
         self.state.locked().clone()
+    }
+
+    /// Stops the task for `why` (the first reason given stands).
+    pub(crate) fn cancel_for(&self, why: &str) {
+        self.cancel_reason
+            .locked()
+            .get_or_insert_with(|| why.to_string());
+        self.cancel.cancel();
+    }
+
+    /// Why the task was cancelled, when it was.
+    pub(crate) fn cancelled_why(&self) -> Option<String> {
+        self.cancel.is_cancelled().then(|| {
+            self.cancel_reason
+                .locked()
+                .clone()
+                .unwrap_or_else(|| "cancelled by an admin".to_string())
+        })
     }
 
     /// Asks for a move to `to` at the next boundary (replacing any earlier request).
@@ -309,6 +329,7 @@ impl Store {
             events: Broadcast::new(),
             live: Broadcast::new(),
             cancel: CancellationToken::new(),
+            cancel_reason: Mutex::new(None),
             wake: tokio::sync::Notify::new(),
             control: tokio::sync::Mutex::new(()),
             delivering: tokio::sync::Mutex::new(()),

@@ -50,7 +50,7 @@ pub async fn run(core: Arc<Core>, task: Arc<Task>) {
 fn facts(cx: &Cx<'_>) -> Facts {
     let agent = cx.task.state().agent.is_some();
     Facts {
-        cancelled: cx.task.cancel.is_cancelled(),
+        cancelled: cx.task.cancelled_why(),
         move_request: cx.task.move_request(),
         now_ms: shared::now_unix_ms(),
         machines_usd: if agent { cx.machines_cost() } else { 0.0 },

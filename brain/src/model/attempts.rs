@@ -15,6 +15,12 @@ use super::task::TaskId;
 /// How much of a failed attempt's last check output the next model is shown.
 const BRIEF_OUTPUT: usize = 2048;
 
+/// How long past the wall budget the parent waits for its attempts to stop by themselves
+/// before it stops them. Each attempt's own wall budget ends with the parent's, and an
+/// attempt stopping on its budget still checks its last change (and finishes on a passing
+/// version it kept), which the parent would otherwise cut short.
+pub const WALL_GRACE_MS: u64 = 60_000;
+
 /// A parent's state: its attempts and their outcome, rebuilt from its log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Attempts {
@@ -251,7 +257,7 @@ pub fn decide(
         };
     }
     if cancelled {
-        return stop_all("cancelled".into(), Outcome::Cancelled);
+        return stop_all("cancelled by an admin".into(), Outcome::Cancelled);
     }
     if let Some(why) = over(spent, budget) {
         // What passed already still wins; otherwise the task ends with what it has.
@@ -311,11 +317,11 @@ fn over(spent: Spend, budget: Spend) -> Option<String> {
     if budget.usd > 0.0 && spent.usd >= budget.usd {
         return Some(format!("${:.4} of ${:.4}", spent.usd, budget.usd));
     }
-    if budget.wall_ms > 0 && spent.wall_ms >= budget.wall_ms {
+    if budget.wall_ms > 0 && spent.wall_ms >= budget.wall_ms + WALL_GRACE_MS {
         return Some(format!(
-            "{}s of {}s wall time",
-            spent.wall_ms / 1000,
-            budget.wall_ms / 1000
+            "{}s of wall time, and {}s more for attempts to stop by themselves",
+            budget.wall_ms / 1000,
+            WALL_GRACE_MS / 1000
         ));
     }
     None

@@ -268,6 +268,44 @@ fn one_budget_covers_all_attempts() {
 }
 
 #[test]
+fn on_wall_time_the_parent_gives_its_attempts_a_grace_to_stop_by_themselves() {
+    let mut a = spec(2, Pick::First);
+    (0..2).for_each(|i| start(&mut a, i));
+    let kids = [child(0, false), child(1, false)];
+    let budget = Spend {
+        wall_ms: 600_000,
+        ..Spend::default()
+    };
+    let at = |wall_ms| Spend {
+        wall_ms,
+        ..Spend::default()
+    };
+    // Each attempt's own wall budget ends with the parent's: it stops, checks its last
+    // change and ends by itself, so the parent waits rather than cutting that short.
+    assert_eq!(decide(&a, &kids, false, at(600_000), budget), Next::Wait);
+    assert_eq!(
+        decide(&a, &kids, false, at(600_000 + WALL_GRACE_MS - 1), budget),
+        Next::Wait
+    );
+    // One ended verified in the grace: it wins.
+    let mut won = a.clone();
+    end(&mut won, 1, true, 3);
+    let ended = [child(0, false), child(1, true)];
+    assert!(matches!(
+        decide(&won, &ended, false, at(600_000 + 1), budget),
+        Next::Pick { index: 1, .. }
+    ));
+    // Past the grace the parent stops what still runs, and says why.
+    match decide(&a, &kids, false, at(600_000 + WALL_GRACE_MS), budget) {
+        Next::Cancel { tasks, why } => {
+            assert_eq!(tasks.len(), 2);
+            assert!(why.contains("600s of wall time"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn attempts_differ_in_seed_and_later_ones_in_temperature_and_model() {
     let mut a = spec(4, Pick::First);
     a.spec.models = vec!["openai:other".into()];
