@@ -672,3 +672,126 @@ fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
         "keep\n"
     );
 }
+
+#[test]
+fn attempts_deliver_the_winners_result_and_with_no_winner_the_attempt_the_caller_names() {
+    let server = git_server(Auth::PushOnly);
+    server.create_repo("app", FILES).unwrap();
+    // Attempts tell themselves apart by their seeds: the first seen writes a wrong value,
+    // the second the right one (while the first has had its go); with `lost` in the goal
+    // both write wrong values and run out of steps.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let s = seen.clone();
+    let llm = FakeLlm::start(move |req| {
+        let seed = req.body["seed"].as_u64().expect("attempts send a seed");
+        let role = {
+            let mut s = shared::locks::Lock::locked(&*s);
+            if !s.contains(&seed) {
+                s.push(seed);
+            }
+            s.iter().position(|x| *x == seed).unwrap()
+        };
+        let lost = req.body.to_string().contains("lost");
+        match (role % 2, req.assistant_turns()) {
+            (r, 0) => FakeReply::tool_call(
+                "write_file",
+                json!({"path": "value.txt", "content": match (r, lost) {
+                    (1, false) => "42\n",
+                    (0, _) => "40\n",
+                    _ => "44\n",
+                }}),
+            )
+            .delay(Duration::from_millis(if r == 1 { 300 } else { 0 })),
+            (_, _) if lost => FakeReply::tool_call(
+                "write_file",
+                json!({"path": "notes.txt", "content": "still lost\n"}),
+            ),
+            _ => FakeReply::tool_call("finish", json!({"summary": "Set the value"})),
+        }
+    });
+    let c = cluster(&llm, "branch", "http://127.0.0.1:9", &server);
+    let _workers: Vec<testkit::Worker> = (0..2).map(|i| c.join_worker(&format!("w{i}"))).collect();
+    let run = |goal: &str, extra: &[&str]| -> String {
+        let mut args = vec![
+            "run",
+            "--detach",
+            "--model",
+            "openai:gpt-4.1",
+            "--permission",
+            "full",
+            "--attempts",
+            "2",
+            "--git",
+        ];
+        let url = server.url("app");
+        args.push(&url);
+        args.extend_from_slice(&["--check", CHECK]);
+        args.extend_from_slice(extra);
+        args.push(goal);
+        let out = c.brain_cli(&args);
+        assert!(out.status.success(), "{}", text(&out));
+        stdout(&out).trim().to_string()
+    };
+
+    // `--deliver branch` on the parent delivers the winner's workspace under the parent's id.
+    let id = run("make the check pass", &["--deliver", "branch"]);
+    let t = delivered(&c, &id);
+    assert_eq!(t["status"], "finished", "{t}");
+    assert_eq!(t["verification"], "verified", "{t}");
+    let branch = format!("tether/{id}");
+    assert!(t["delivery"].as_str().unwrap().starts_with(&branch), "{t}");
+    assert_eq!(
+        server.file_at("app", &branch, "value.txt").as_deref(),
+        Some("42\n"),
+        "{}",
+        c.brain_log()
+    );
+    // No attempt delivered itself: the parent's is the one result.
+    for a in t["attempts"].as_array().unwrap() {
+        let at = a["task"].as_str().unwrap();
+        assert!(
+            !server.branches("app").iter().any(|(b, _)| b.contains(at)),
+            "{at} delivered itself"
+        );
+        assert_eq!(show(&c, at)["delivery"], "", "{at}");
+    }
+
+    // No winner: the parent has no result of its own and says which to name instead.
+    let id = run("make the check pass, lost", &["--max-steps", "2"]);
+    assert_eq!(
+        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
+        "failed"
+    );
+    let t = show(&c, &id);
+    let attempts: Vec<String> = t["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["task"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(attempts.len(), 2, "{t}");
+    for verb in [vec!["task", "deliver", &id], vec!["task", "diff", &id]] {
+        let out = c.brain_cli(&verb);
+        assert!(!out.status.success(), "{verb:?}: {}", text(&out));
+        let said = text(&out);
+        assert!(
+            said.contains("no attempt has won") && said.contains(&attempts[1]),
+            "{said}"
+        );
+    }
+    // The caller salvages the attempt of their choice, as it stands, as a -wip branch.
+    let pick = &attempts[1];
+    let value = show(&c, pick)["attempt_number"].as_u64().unwrap();
+    let out = c.brain_cli(&["task", "deliver", pick]);
+    assert!(out.status.success(), "{}", text(&out));
+    let wip = format!("tether/{pick}-wip");
+    assert!(stdout(&out).contains(&wip), "{}", text(&out));
+    let got = server.file_at("app", &wip, "value.txt").unwrap();
+    assert!(got == "40\n" || got == "44\n", "attempt {value}: {got}");
+    assert_eq!(
+        server.file_at("app", &wip, "notes.txt").as_deref(),
+        Some("still lost\n")
+    );
+    let diff = stdout(&c.brain_cli(&["task", "diff", pick]));
+    assert!(diff.contains(&format!("+{got}")), "{diff}");
+}

@@ -22,6 +22,9 @@ const PIECE: usize = 1 << 20;
 pub async fn root_at(s: &Shared, task: &str, root: &str) -> Result<(TaskState, String), Status> {
     let t = s.engine.find(task)?;
     let st = t.state();
+    if let Some(why) = st.attempts.as_ref().and_then(|a| a.no_result(st.id)) {
+        return Err(Status::failed_precondition(why));
+    }
     let last = match st.barrier_root.as_str() {
         "" => st.seed_root.clone(),
         r => r.to_string(),

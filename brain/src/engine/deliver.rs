@@ -42,6 +42,9 @@ pub(super) async fn run(core: &Core, task: &Arc<Task>, mode: Mode) -> Result<Del
     let _one = task.delivering.lock().await;
     let port = &core.ports.delivery;
     let st = task.state();
+    if let Some(why) = st.attempts.as_ref().and_then(|a| a.no_result(st.id)) {
+        return Err(Error::Invalid(why));
+    }
     let origin = st.origin.clone().ok_or_else(|| {
         Error::Invalid(format!(
             "task {} did not start from a git repository (--git), so there is no branch to deliver to: `brain task patch {0}` or `brain task export {0} DIR` give its result",

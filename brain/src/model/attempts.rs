@@ -107,6 +107,23 @@ impl Attempts {
         text
     }
 
+    /// Why a parent has no result of its own to show or deliver (no attempt won yet, or
+    /// none did), and what to ask for instead; `None` once one won.
+    pub fn no_result(&self, parent: TaskId) -> Option<String> {
+        if self.picked.is_some() {
+            return None;
+        }
+        let ids: Vec<String> = self.list.iter().map(|a| a.task.to_string()).collect();
+        Some(format!(
+            "task {parent} runs as attempts and no attempt has won, so it has no result of its own: name one of its attempts instead ({})",
+            if ids.is_empty() {
+                "none started yet".to_string()
+            } else {
+                ids.join(", ")
+            }
+        ))
+    }
+
     /// Why no attempt won, one line per attempt.
     pub fn failures(&self) -> String {
         let lines: Vec<String> = self
