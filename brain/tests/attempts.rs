@@ -1,7 +1,9 @@
 //! Attempts through the real brain and workers and a fake LLM: a task run as N attempts from
 //! one base, each a task of its own on a worker of its own, the brain's run of the check
 //! picking the winner; escalation to another model when none passes; and a brain killed
-//! while attempts run, which goes on without running an attempt twice or picking twice.
+//! while attempts run, which goes on without running an attempt twice or picking twice; with
+//! fewer workers than attempts, machines provisioned through the offers (within the quota)
+//! and released when their attempts end.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -17,10 +19,15 @@ const BIG: &str = "openai:big";
 const CHECK: &str = "test \"$(cat answer.txt)\" = 42";
 
 fn cluster(llm: &FakeLlm) -> Cluster {
+    cluster_with(llm, "")
+}
+
+/// With `extra` config at the end.
+fn cluster_with(llm: &FakeLlm, extra: &str) -> Cluster {
     Cluster::start_with(BrainOptions {
         config: Some(format!(
             "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-attempts-key-1\"\n\
-             [agent]\nattempt_temperature = 0.7\n",
+             [agent]\nattempt_temperature = 0.7\n{extra}",
             llm.url(),
         )),
         ..Default::default()
@@ -273,10 +280,10 @@ fn with_no_attempt_passing_the_task_fails_with_each_reason() {
     }
     assert!(reason.contains("brain task deliver"), "{reason}");
     assert_eq!(t["picked"], "", "{t}");
-    // Nothing is the parent's result: its diff is empty.
+    // Nothing is the parent's result: asked for its diff, it names its attempts instead.
     let diff = c.brain_cli(&["task", "diff", &id]);
-    assert!(diff.status.success(), "{}", text(&diff));
-    assert!(diff.stdout.is_empty(), "{}", text(&diff));
+    assert!(!diff.status.success(), "{}", text(&diff));
+    assert!(text(&diff).contains("no attempt has won"), "{}", text(&diff));
 }
 
 #[test]
@@ -377,4 +384,68 @@ fn attempt_flags_that_cannot_apply_are_refused() {
     let out = c.brain_cli(&["run", "--plan", plan.to_str().unwrap(), "--attempts", "2"]);
     assert!(!out.status.success());
     assert!(text(&out).contains("--attempts"), "{}", text(&out));
+}
+
+#[test]
+fn with_fewer_workers_than_attempts_an_offer_makes_machines_within_the_quota_and_they_go() {
+    // Every attempt writes the answer after a while: the first to end wins.
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => write("42\n").delay(Duration::from_millis(800)),
+        _ => finish(),
+    });
+    let c = cluster_with(
+        &llm,
+        "[provision]\nreaper_every = \"200ms\"\napproval_above_usd_per_hour = 1.0\n\
+         [provision.providers.local]\nmax_machines = 1\nusd_per_hour = 0.25\n\
+         [[provision.offers]]\nprovider = \"local\"\ncpu = 1\nmemory_gb = 1\n",
+    );
+    let home = c.join_worker("home");
+    let id = start(&c, &["--attempts", "3"]);
+    assert_eq!(
+        ended(&c, &id, Duration::from_secs(120)),
+        "finished",
+        "{}",
+        c.brain_log()
+    );
+    let t = show(&c, &id);
+    assert_eq!(t["verification"], "verified", "{t}");
+    let attempts = t["attempts"].as_array().unwrap().clone();
+    assert_eq!(attempts.len(), 3, "{t}");
+    let ids: BTreeSet<&str> = attempts
+        .iter()
+        .map(|a| a["task"].as_str().unwrap())
+        .collect();
+    // The quota allows one machine: one attempt on it, the other two on the worker there was.
+    let made: Vec<Value> = c
+        .machines(true)
+        .into_iter()
+        .filter(|m| ids.contains(m["task_id"].as_str().unwrap_or_default()))
+        .collect();
+    assert_eq!(made.len(), 1, "{made:?}\n{}", c.brain_log());
+    let machine_worker = made[0]["worker_id"].as_str().unwrap().to_string();
+    let on: Vec<&str> = attempts
+        .iter()
+        .map(|a| a["worker"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        on.iter().filter(|w| **w == machine_worker).count(),
+        1,
+        "{on:?}"
+    );
+    assert_eq!(on.iter().filter(|w| **w == home.id).count(), 2, "{on:?}");
+    // Its attempt ended (won, or stopped for the winner): the machine is released.
+    let m = made[0]["id"].as_str().unwrap().to_string();
+    assert!(
+        testkit::wait_until(Duration::from_secs(30), || c.machine(&m)["state"]
+            == "released"),
+        "{}\n{}",
+        c.machine(&m),
+        c.brain_log()
+    );
+    assert!(
+        c.brain_log()
+            .contains("released the machine of an attempt that ended"),
+        "{}",
+        c.brain_log()
+    );
 }

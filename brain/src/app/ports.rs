@@ -180,6 +180,10 @@ impl Environments for Machines {
         Machines::release_if_ours(self, worker, task).await
     }
 
+    async fn release_for_task(&self, task: &str) -> Vec<String> {
+        Machines::release_for_task(self, task).await
+    }
+
     fn task_cost(&self, task: &str) -> f64 {
         Machines::task_cost(self, task)
     }

@@ -87,7 +87,15 @@ async fn drive(engine: &Engine, task: &Arc<Task>) -> Result<(), Error> {
                 }
                 let running = a.list.iter().filter(|x| x.end.is_none()).count() - events.len();
                 events.push(status(running, a.list.len()));
+                let ended: Vec<TaskId> = events
+                    .iter()
+                    .filter_map(|e| match e {
+                        Event::AttemptEnded { index, .. } => a.get(*index).map(|x| x.task),
+                        _ => None,
+                    })
+                    .collect();
                 store.append(task, events).await?;
+                release(engine, task.id, &ended).await;
             }
             Next::Pick { index, why } => {
                 let Some(at) = a.get(index) else {
@@ -124,6 +132,10 @@ async fn drive(engine: &Engine, task: &Arc<Task>) -> Result<(), Error> {
                 wait(task, &st, budget).await;
             }
             Next::Finish { outcome, reason } => {
+                // Again for all: a crash may have come between an attempt's end and its
+                // release (what a crash after this leaves, the reaper takes).
+                let all: Vec<TaskId> = a.list.iter().map(|x| x.task).collect();
+                release(engine, task.id, &all).await;
                 tracing::info!(task = %task.id, ?outcome, %reason, "task ended");
                 store
                     .append(
@@ -138,6 +150,16 @@ async fn drive(engine: &Engine, task: &Arc<Task>) -> Result<(), Error> {
                 return Ok(());
             }
             Next::Wait => wait(task, &st, budget).await,
+        }
+    }
+}
+
+/// Releases the machines provisioned for `ended` attempts.
+async fn release(engine: &Engine, parent: TaskId, ended: &[TaskId]) {
+    let envs = &engine.inner.core.ports.environments;
+    for child in ended {
+        for m in envs.release_for_task(&child.to_string()).await {
+            tracing::info!(task = %parent, %child, machine = %m, "released the machine of an attempt that ended");
         }
     }
 }

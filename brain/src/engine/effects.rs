@@ -71,7 +71,18 @@ pub async fn place(cx: &Cx<'_>) -> Result<(), Error> {
     let placement = &cx.ports().placement;
     let id = cx.task.id.0;
     let apart = siblings_workers(cx, &st);
-    let worker = match placement.place_apart(id, &labels, &apart) {
+    let placed = placement.place_apart(id, &labels, &apart);
+    // An attempt that would share a worker (or wait for one) gets a machine of its own when
+    // the task may have one without asking a person.
+    let placed = match placed {
+        Ok(w) if !apart.contains(&w) => Ok(w),
+        other if st.attempt_of.is_some() => match own_machine(cx, &st).await? {
+            Some(w) => Ok(w),
+            None => other,
+        },
+        other => other,
+    };
+    let worker = match placed {
         Ok(w) => w,
         Err(reason) => {
             tracing::info!(task = %cx.task.id, %reason, "task queued");
@@ -95,6 +106,50 @@ pub async fn place(cx: &Cx<'_>) -> Result<(), Error> {
         });
     }
     cx.store().append(cx.task, events).await
+}
+
+/// A machine provisioned for the attempt through the configured offers, when its
+/// permission and the offer's price need no person's approval and its budget covers it;
+/// `None` (and the reason logged) otherwise, and it shares a worker. The machine is released
+/// when the attempt ends; one made before a crash is found again (`obtain` prefers an idle
+/// machine made for the task).
+async fn own_machine(cx: &Cx<'_>, st: &TaskState) -> Result<Option<String>, Error> {
+    let Some(a) = st.agent.as_deref() else {
+        return Ok(None);
+    };
+    let envs = &cx.ports().environments;
+    let tid = cx.task.id.to_string();
+    let req = crate::model::env::EnvRequest {
+        labels: st.require_labels.clone(),
+        reason: "an attempt of its own".into(),
+        ..Default::default()
+    };
+    let quote = envs.quote(&tid, "", &req);
+    if a.spec.permission == crate::model::agent::Permission::Ask || quote.needs_approval {
+        tracing::info!(task = %cx.task.id, "an attempt shares a worker: a machine of its own would need a person's approval");
+        return Ok(None);
+    }
+    if !quote.offer {
+        return Ok(None);
+    }
+    set_status(
+        cx,
+        Status::Queued,
+        "provisioning a machine for this attempt",
+    )
+    .await?;
+    let budget_left =
+        (a.limits.usd > 0.0).then(|| a.limits.usd - a.spent.usd - envs.task_cost(&tid));
+    match envs.obtain(&tid, "", &req, budget_left).await {
+        Ok(g) => {
+            tracing::info!(task = %cx.task.id, worker = %g.worker, machine = ?g.machine, "an attempt got a machine of its own");
+            Ok(Some(g.worker))
+        }
+        Err(why) => {
+            tracing::info!(task = %cx.task.id, %why, "an attempt shares a worker: no machine of its own");
+            Ok(None)
+        }
+    }
 }
 
 /// The workers an attempt's siblings hold (one entry per sibling), so attempts spread.

@@ -123,6 +123,8 @@ pub trait Environments: Send + Sync {
     /// Releases the machine `worker` runs on if the brain created it and no other task uses
     /// it; says what it did.
     async fn release_if_ours(&self, worker: &str, task: &str) -> Option<String>;
+    /// Releases the machines created for `task` that no task uses any more; says which.
+    async fn release_for_task(&self, task: &str) -> Vec<String>;
     /// What the machines created for `task` have cost so far (USD).
     fn task_cost(&self, task: &str) -> f64;
     /// Whether anything could be obtained for a task on `current`: an offer is configured,

@@ -216,6 +216,9 @@ impl Environments for NoMachines {
     async fn release_if_ours(&self, _: &str, _: &str) -> Option<String> {
         None
     }
+    async fn release_for_task(&self, _: &str) -> Vec<String> {
+        vec![]
+    }
     fn task_cost(&self, _: &str) -> f64 {
         0.0
     }

@@ -18,6 +18,8 @@ pub struct EnvRequest {
 pub struct Quote {
     /// An existing worker fits: nothing new is bought.
     pub reuse: bool,
+    /// A configured offer fits (a new machine could be made).
+    pub offer: bool,
     pub usd_per_hour: f64,
     pub needs_approval: bool,
 }

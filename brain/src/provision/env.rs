@@ -92,6 +92,7 @@ impl Machines {
                 let usd = self.offer_price(o);
                 Quote {
                     reuse: false,
+                    offer: true,
                     usd_per_hour: usd,
                     needs_approval: usd > self.inner.policy.approval_above_usd_per_hour,
                 }
@@ -222,6 +223,30 @@ impl Machines {
                 None
             }
         }
+    }
+
+    /// Releases every machine created for `task` that no task uses any more (an attempt
+    /// that ended); says what it released.
+    pub async fn release_for_task(&self, task: &str) -> Vec<String> {
+        let mine: Vec<_> = self
+            .list()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| m.task.as_deref() == Some(task) && !m.state.is_ended())
+            .collect();
+        let mut done = Vec::new();
+        for m in mine {
+            if m.worker.as_deref().is_some_and(|w| (self.inner.in_use)(w)) {
+                continue;
+            }
+            match self.release(&m.id, &format!("task {task} ended")).await {
+                Ok(m) => done.push(format!("machine {} ({})", m.id, m.provider)),
+                Err(e) => {
+                    tracing::warn!(machine = %m.id, error = %e, "releasing an ended task's machine failed; the reaper will");
+                }
+            }
+        }
+        done
     }
 
     /// Whether anything could be obtained for a task on `current`: an offer is configured,
