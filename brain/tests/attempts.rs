@@ -283,7 +283,11 @@ fn with_no_attempt_passing_the_task_fails_with_each_reason() {
     // Nothing is the parent's result: asked for its diff, it names its attempts instead.
     let diff = c.brain_cli(&["task", "diff", &id]);
     assert!(!diff.status.success(), "{}", text(&diff));
-    assert!(text(&diff).contains("no attempt has won"), "{}", text(&diff));
+    assert!(
+        text(&diff).contains("no attempt has won"),
+        "{}",
+        text(&diff)
+    );
 }
 
 #[test]

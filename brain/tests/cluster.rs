@@ -433,3 +433,60 @@ fn cli_output_into_a_closed_pipe_ends_quietly() {
         assert_eq!(out.status.code(), Some(141), "{what}: {err}");
     }
 }
+
+#[test]
+fn task_wait_follows_a_task_to_the_status_asked_for_and_says_when_it_cannot() {
+    let c = Cluster::start();
+    let w = c.join_worker("wait");
+    let plan = c.dir.join("slow.json");
+    std::fs::write(
+        &plan,
+        serde_json::json!({"steps": [{"run": ["sleep", "60"], "timeout": "2m"}]}).to_string(),
+    )
+    .unwrap();
+    let id = c.run_plan(&plan, &w.id);
+    let wait = |args: &[&str]| {
+        let mut all = vec!["task", "wait", id.as_str()];
+        all.extend_from_slice(args);
+        c.brain_cli(&all)
+    };
+    // Running: reached (as it is now, not a status it passed through).
+    let out = wait(&["--until", "running", "--timeout", "30s"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "running");
+    // Not finished in time: 124, and says what it waited for.
+    let out = wait(&["--until", "finished", "--timeout", "300ms"]);
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out));
+    assert!(
+        text(&out).contains("did not reach finished"),
+        "{}",
+        text(&out)
+    );
+    // A waiter started before the end hears of it: by default it waits for any end.
+    let waiter = c
+        .brain_cli_cmd(&["task", "wait", &id, "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = c.brain_cli(&["task", "cancel", &id]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = waiter.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(said["status"], "cancelled", "{said}");
+    assert_eq!(said["reached"], true, "{said}");
+    // Ended otherwise: 1 at once, with the status it ended in.
+    let out = wait(&["--until", "finished,failed"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "cancelled");
+    assert!(
+        text(&out).contains("ended cancelled") && text(&out).contains("not finished or failed"),
+        "{}",
+        text(&out)
+    );
+    // A status that does not exist is a usage error that lists those that do.
+    let out = wait(&["--until", "done"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("budget_exhausted"), "{}", text(&out));
+}

@@ -384,21 +384,44 @@ impl Cluster {
     }
 
     /// Waits until a task's status is one of `want`, and returns it; panics (with the
-    /// brain's log) after `timeout`.
+    /// brain's log) after `timeout`, or as soon as the task ends in another status. `brain
+    /// task wait` follows the task's log, so nothing is polled while the brain answers; a
+    /// brain that is down (being restarted by the test) is asked again.
     pub fn wait_status(&self, id: &str, want: &[&str], timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
+        let until = want.join(",");
         loop {
-            if let Some(s) = self.task_status(id)
-                && want.contains(&s.as_str())
-            {
-                return s;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let secs = format!("{}ms", left.as_millis().max(1));
+            let out = self.brain_cli(&[
+                "task",
+                "wait",
+                id,
+                "--until",
+                &until,
+                "--timeout",
+                &secs,
+                "--json",
+            ]);
+            let answer: Option<serde_json::Value> = serde_json::from_slice(&out.stdout).ok();
+            match (out.status.code(), answer) {
+                (Some(0), Some(a)) => return a["status"].as_str().unwrap_or_default().into(),
+                (Some(1), Some(a)) => panic!(
+                    "task {id} ended {} ({}), not {want:?}; brain log:\n{}",
+                    a["status"],
+                    a["reason"],
+                    self.brain_log()
+                ),
+                _ => {}
             }
             assert!(
                 Instant::now() < deadline,
-                "task {id} did not reach {want:?} within {timeout:?} (it is {:?}); brain log:\n{}",
+                "task {id} did not reach {want:?} within {timeout:?} (it is {:?}; {}); brain log:\n{}",
                 self.task_status(id),
+                text(&out),
                 self.brain_log()
             );
+            // The brain did not answer (a test restarting it): ask again shortly.
             std::thread::sleep(Duration::from_millis(100));
         }
     }

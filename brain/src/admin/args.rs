@@ -319,6 +319,22 @@ pub enum TaskCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Wait until a task reaches a status, following its log (no polling), and print it.
+    /// Exits 0 when it does, 1 when the task ended in another status, 124 on --timeout
+    Wait {
+        task: String,
+        /// The statuses to wait for, comma-separated (created, queued, running, waiting,
+        /// budget_exhausted, finished, failed, cancelled, stuck, stalled). Default: the task
+        /// has ended or stopped for its budget
+        #[arg(long, value_delimiter = ',', value_parser = parse_status)]
+        until: Vec<crate::model::Status>,
+        /// Give up after this long (e.g. 10m). Default: wait as long as it takes
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<Duration>,
+        /// One JSON object: {"id", "status", "reason", "reached"}
+        #[arg(long)]
+        json: bool,
+    },
     /// Cancel a task
     Cancel { task: String },
     /// Move a running task to another worker at its next tool-call boundary: the workspace
@@ -517,6 +533,13 @@ pub struct RunArgs {
     /// ended on the others; repeatable, tried in order (cheap local models first)
     #[arg(long = "escalate-model", value_name = "MODEL")]
     pub escalate_models: Vec<String>,
+}
+
+/// A task status by its name, as `brain tasks` shows it.
+fn parse_status(s: &str) -> Result<crate::model::Status, String> {
+    serde_json::from_value(serde_json::Value::String(s.trim().to_string())).map_err(|_| {
+        "not a task status: use created, queued, running, waiting, budget_exhausted, finished, failed, cancelled, stuck or stalled".to_string()
+    })
 }
 
 /// Why the agent's flags do not apply to a scripted plan, and what to do instead.

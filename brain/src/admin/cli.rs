@@ -398,6 +398,12 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Task(TaskCmd::Deliver { task, pr, json }) => {
             super::results::deliver(&target, &task, pr, json).await
         }
+        Cmd::Task(TaskCmd::Wait {
+            task,
+            until,
+            timeout,
+            json,
+        }) => super::follow::wait(&target, &task, &until, timeout, json).await,
         Cmd::Task(TaskCmd::Log { task, json }) => {
             follow(&target, &task, false, json, 0).await?;
             Ok(0)

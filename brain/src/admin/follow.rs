@@ -385,3 +385,95 @@ pub async fn move_and_wait(
         }
     }
 }
+
+/// `brain task wait`: folds the task's log into its state as it comes (history, then what
+/// is appended) until its status is one of `until` (empty: it ended or stopped for its
+/// budget). The state changes only when a record is appended, so nothing is missed and
+/// nothing is polled. 0: reached; 1: ended in another status; 124: `timeout` passed.
+pub async fn wait(
+    target: &Target,
+    task: &str,
+    until: &[crate::model::Status],
+    timeout: Option<std::time::Duration>,
+    json: bool,
+) -> anyhow::Result<i32> {
+    use crate::model::{Status, TaskState, state};
+    let reached = |s: Status| {
+        if until.is_empty() {
+            !s.goes_on()
+        } else {
+            until.contains(&s)
+        }
+    };
+    let fold = async {
+        let mut st: Option<TaskState> = None;
+        let mut after = 0;
+        let done = |st: &Option<TaskState>| {
+            st.as_ref()
+                .filter(|s| reached(s.status) || s.status.is_terminal())
+                .cloned()
+        };
+        // The history first, so a status the task passed through long ago is not taken
+        // for the one it has now; then each record as it is appended.
+        let mut live = false;
+        loop {
+            // A follow ends when the task ends; one stopped for its budget may be resumed.
+            let mut stream = task_log(target, task, live, after).await?;
+            while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
+                let Item::Record(rec) = item(r) else { continue };
+                after = after.max(rec.seq);
+                state::apply(st.get_or_insert_with(|| TaskState::new(rec.task)), &rec);
+                if live && let Some(s) = done(&st) {
+                    return anyhow::Ok(s);
+                }
+            }
+            if let Some(s) = done(&st) {
+                return Ok(s);
+            }
+            live = true;
+        }
+    };
+    let st = match timeout {
+        Some(t) => match tokio::time::timeout(t, fold).await {
+            Ok(st) => st?,
+            Err(_) => {
+                eprintln!(
+                    "error: {task} did not reach {} within {}",
+                    wanted(until),
+                    humantime::format_duration(t)
+                );
+                return Ok(shared::exit::ExitCode::TimedOut.code());
+            }
+        },
+        None => fold.await?,
+    };
+    let ok = reached(st.status);
+    if json {
+        out!(
+            "{}",
+            serde_json::json!({"id": st.id.to_string(), "status": st.status.as_str(), "reason": st.reason, "reached": ok})
+        );
+    } else {
+        out!("{}", st.status.as_str());
+    }
+    if !ok {
+        eprintln!(
+            "error: {} ended {} ({}), not {}",
+            st.id,
+            st.status.as_str(),
+            st.reason,
+            wanted(until)
+        );
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+/// What `brain task wait` waits for, in words.
+fn wanted(until: &[crate::model::Status]) -> String {
+    if until.is_empty() {
+        return "an end (or a stop for its budget)".into();
+    }
+    let names: Vec<&str> = until.iter().map(|s| s.as_str()).collect();
+    names.join(" or ")
+}
