@@ -136,6 +136,8 @@ fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_st
     assert_eq!(t["verification"], "verified", "{t}");
     let attempts = t["attempts"].as_array().unwrap().clone();
     assert_eq!(attempts.len(), 3, "{t}");
+    // Its steps are out of all the attempts may take (6 each).
+    assert_eq!(t["steps_total"], 18, "{t}");
     // Each attempt on a worker of its own.
     let on: BTreeSet<&str> = attempts
         .iter()

@@ -565,6 +565,8 @@ pub fn summary(t: TaskState, find: impl Fn(TaskId) -> Option<TaskState>) -> prot
         s.tokens += item.tokens;
         s.spent_usd += item.spent_usd;
         s.steps_done += item.steps;
+        // Out of the steps all of them may take (each attempt's own limit).
+        s.steps_total += g.map_or(a.template.budget.steps, |g| g.limits.steps);
         s.attempts.push(item);
     }
     s
