@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::core::Cx;
 use super::error::Error;
-use super::ports::OutputSink;
+use super::ports::{CallError, OutputSink};
 use super::store::LiveOutput;
 use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
 use crate::model::ops::{Command, CommandEnd, Egress, FileAnswer, FileOp, Stream, SyncOp};
@@ -18,6 +18,9 @@ const LOGGED_OUTPUT: usize = 16 * 1024;
 const OUTPUT_CAP: u64 = 1 << 20;
 /// How long one file call may take.
 const FILE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Tries of a file operation on a connected worker that keeps failing (a timeout, an
+/// error of the session) before the failure is the call's answer.
+const FILE_TRIES: u32 = 3;
 /// How long a barrier or a materialisation may take.
 const BARRIER_TIMEOUT: Duration = Duration::from_secs(300);
 const MATERIALISE_TIMEOUT: Duration = Duration::from_secs(1800);
@@ -658,6 +661,7 @@ pub async fn file_call(cx: &Cx<'_>, worker: &str, op: FileOp) -> Result<FileAnsw
     let workspace = cx.task.state().workspace;
     let workers = &cx.ports().workers;
     let wait = cx.opts().worker_wait;
+    let mut failures = 0;
     loop {
         if cx.task.cancel.is_cancelled() {
             return Err("the task was cancelled while the call ran".into());
@@ -676,7 +680,16 @@ pub async fn file_call(cx: &Cx<'_>, worker: &str, op: FileOp) -> Result<FileAnsw
             .await
         {
             Ok(a) => return Ok(a),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            // Away: wait for it (or failover) again.
+            Err(CallError::NotConnected(_) | CallError::Lost(_)) => {}
+            // There and failing: a few more tries, then the error is the answer.
+            Err(e) => {
+                failures += 1;
+                if failures >= FILE_TRIES {
+                    return Err(format!("{e} ({failures} tries)"));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
     }
 }

@@ -506,11 +506,18 @@ mod tests {
             task = log.new_task_id().unwrap();
             log.append(task, vec![ev(1), ev(2), ev(3)]).await.unwrap();
         }
-        // Give the writer task a moment to drop its handle on the db.
+        // The writer task drops its handle on the db as it ends: a bounded wait for that.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let db = loop {
             match sled::open(&path) {
                 Ok(db) => break db,
-                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+                Err(e) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the log's writer still holds the db after 10 s: {e}"
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
             }
         };
         let log = SledLog::open(db, path).unwrap();

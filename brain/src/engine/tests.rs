@@ -36,6 +36,9 @@ struct FakeWorkers {
     /// to go).
     hold: std::sync::atomic::AtomicBool,
     barriers: AtomicU64,
+    /// While set, file operations on a connected worker time out; each try is counted.
+    files_fail: std::sync::atomic::AtomicBool,
+    file_tries: AtomicU64,
 }
 
 impl FakeWorkers {
@@ -128,7 +131,13 @@ impl Workers for FakeWorkers {
         _op: FileOp,
         _timeout: Duration,
     ) -> Result<FileAnswer, CallError> {
-        if self.up(worker) {
+        self.file_tries.fetch_add(1, Ordering::SeqCst);
+        if self.up(worker) && self.files_fail.load(Ordering::SeqCst) {
+            Err(CallError::Timeout {
+                worker: worker.into(),
+                timeout: _timeout,
+            })
+        } else if self.up(worker) {
             Ok(FileAnswer::Done)
         } else {
             Err(CallError::NotConnected(worker.into()))
@@ -543,4 +552,38 @@ async fn a_follower_that_falls_behind_gets_every_record_once_from_the_log() {
     }
     assert!(ended, "the follower says the task ended");
     assert_eq!(seqs, (1..=all).collect::<Vec<_>>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_file_operation_that_keeps_failing_on_a_connected_worker_ends_with_the_error() {
+    let workers = Arc::new(FakeWorkers::default());
+    workers.set("w1", true);
+    workers.hold(true);
+    workers.files_fail.store(true, Ordering::SeqCst);
+    let e = engine(workers.clone(), Options::default());
+    let id = e.create(plan_task("w1", 1)).await.unwrap();
+    let task = e.store().task(id).unwrap();
+    let cx = super::core::Cx {
+        core: &e.inner.core,
+        task: &task,
+    };
+    let op = FileOp::Read {
+        path: "a".into(),
+        offset: 0,
+        length: 10,
+    };
+    // Before, it asked again every 100 ms for as long as the worker stayed connected.
+    let got = tokio::time::timeout(
+        Duration::from_secs(3600),
+        super::effects::file_call(&cx, "w1", op),
+    )
+    .await
+    .expect("a failing file operation ends");
+    let err = got.unwrap_err();
+    assert!(
+        err.contains("did not answer") && err.contains("3 tries"),
+        "{err}"
+    );
+    assert_eq!(workers.file_tries.load(Ordering::SeqCst), 3);
+    workers.hold(false);
 }
