@@ -92,9 +92,8 @@ impl Services {
 impl Admin for Services {
     async fn list_workers(
         &self,
-        req: Request<ListWorkersRequest>,
+        _req: Request<ListWorkersRequest>,
     ) -> Result<Response<ListWorkersResponse>, Status> {
-        self.authorize(&req, Role::Admin)?;
         let workers = self
             .0
             .registry
@@ -119,7 +118,7 @@ impl Admin for Services {
         &self,
         req: Request<RevokeWorkerRequest>,
     ) -> Result<Response<RevokeWorkerResponse>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.caller(&req)?;
         let w = self.resolve(&req.get_ref().worker)?;
         self.0.registry.revoke_worker(&w.id).await?;
         let closed = self.0.hub.disconnect(
@@ -140,7 +139,6 @@ impl Admin for Services {
         &self,
         req: Request<CreateTokenRequest>,
     ) -> Result<Response<CreateTokenResponse>, Status> {
-        self.authorize(&req, Role::Admin)?;
         let req = req.into_inner();
         let labels = convert::labels(&req.labels)?;
         let ttl = req.ttl_seconds;
@@ -165,7 +163,7 @@ impl Admin for Services {
         &self,
         req: Request<IssueAdminRequest>,
     ) -> Result<Response<IssueAdminResponse>, Status> {
-        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let admin = self.cert_caller(&req)?;
         let req = req.into_inner();
         check_name(&req.name)?;
         if let Some(old) = self.0.registry.admin(&req.name)?
@@ -196,7 +194,7 @@ impl Admin for Services {
         &self,
         req: Request<RevokeAdminRequest>,
     ) -> Result<Response<RevokeAdminResponse>, Status> {
-        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let admin = self.cert_caller(&req)?;
         let name = &req.get_ref().name;
         if *name == admin.id {
             return Err(Status::failed_precondition(
@@ -214,7 +212,7 @@ impl Admin for Services {
         &self,
         req: Request<AdminExecRequest>,
     ) -> Result<Response<Self::ExecStream>, Status> {
-        self.authorize_cert(&req, Role::Admin)?;
+        self.cert_caller(&req)?;
         let req = req.into_inner();
         let w = self.resolve(&req.worker)?;
         if req.argv.is_empty() {
@@ -269,7 +267,7 @@ impl Admin for Services {
     }
 
     async fn file(&self, req: Request<AdminFileRequest>) -> Result<Response<FileResponse>, Status> {
-        self.authorize_cert(&req, Role::Admin)?;
+        self.cert_caller(&req)?;
         let req = req.into_inner();
         let w = self.resolve(&req.worker)?;
         let mut call = req
@@ -286,7 +284,7 @@ impl Admin for Services {
         &self,
         req: Request<AdminEchoRequest>,
     ) -> Result<Response<AdminEchoResponse>, Status> {
-        self.authorize_cert(&req, Role::Admin)?;
+        self.cert_caller(&req)?;
         let req = req.into_inner();
         let w = self.resolve(&req.worker)?;
         let payload = self
@@ -301,7 +299,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::RunPlanRequest>,
     ) -> Result<Response<proto::RunPlanResponse>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.caller(&req)?;
         let req = req.into_inner();
         if req.plan_json.len() > MAX_PLAN_BYTES {
             return Err(Status::invalid_argument("plan larger than 16 MiB"));
@@ -337,7 +335,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::RunAgentRequest>,
     ) -> Result<Response<proto::RunPlanResponse>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.caller(&req)?;
         let req = req.into_inner();
         let goal: String = req.goal.trim().chars().take(MAX_GOAL_CHARS).collect();
         if goal.is_empty() {
@@ -437,7 +435,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::DecideRequest>,
     ) -> Result<Response<proto::DecideResponse>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.caller(&req)?;
         let req = req.into_inner();
         let what = self
             .0
@@ -452,7 +450,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::ResumeTaskRequest>,
     ) -> Result<Response<proto::ResumeTaskResponse>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.caller(&req)?;
         let req = req.into_inner();
         let extra = req.budget.unwrap_or_default().try_into()?;
         let id = self.0.engine.resume(&req.task_id, extra).await?;
@@ -464,7 +462,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::ProvisionRequest>,
     ) -> Result<Response<proto::MachineResponse>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.caller(&req)?;
         let req = req.into_inner();
         let labels = convert::labels(&req.labels)?;
         if !req.name.is_empty() {
@@ -519,7 +517,6 @@ impl Admin for Services {
         &self,
         req: Request<proto::ListMachinesRequest>,
     ) -> Result<Response<proto::ListMachinesResponse>, Status> {
-        self.authorize(&req, Role::Admin)?;
         let all = req.get_ref().all;
         let machines = self
             .0
@@ -536,7 +533,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::ReleaseMachineRequest>,
     ) -> Result<Response<proto::MachineResponse>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.caller(&req)?;
         let m = self
             .0
             .machines
@@ -551,7 +548,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::MoveTaskRequest>,
     ) -> Result<Response<proto::MoveTaskResponse>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.caller(&req)?;
         let req = req.into_inner();
         let (id, to) = self.0.engine.request_move(&req.task_id, &req.to).await?;
         tracing::info!(task = %id, %to, by = %admin, "move requested");
@@ -560,9 +557,8 @@ impl Admin for Services {
 
     async fn list_tasks(
         &self,
-        req: Request<proto::ListTasksRequest>,
+        _req: Request<proto::ListTasksRequest>,
     ) -> Result<Response<proto::ListTasksResponse>, Status> {
-        self.authorize(&req, Role::Admin)?;
         let engine = &self.0.engine;
         let tasks = engine
             .list()
@@ -580,7 +576,6 @@ impl Admin for Services {
         &self,
         req: Request<proto::TaskLogRequest>,
     ) -> Result<Response<Self::TaskLogStream>, Status> {
-        self.authorize(&req, Role::Admin)?;
         let req = req.into_inner();
         let items = self
             .0
@@ -596,7 +591,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::CancelTaskRequest>,
     ) -> Result<Response<proto::CancelTaskResponse>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.caller(&req)?;
         let id = self.0.engine.cancel(&req.get_ref().task_id).await?;
         tracing::info!(task = %id, by = %admin, "task cancel requested");
         Ok(Response::new(proto::CancelTaskResponse {}))
@@ -608,7 +603,6 @@ impl Admin for Services {
         &self,
         req: Request<proto::TaskDiffRequest>,
     ) -> Result<Response<Self::TaskDiffStream>, Status> {
-        self.authorize(&req, Role::Admin)?;
         let req = req.into_inner();
         Ok(Response::new(
             super::results::diff(&self.0, &req.task_id, &req.form, &req.root).await?,
@@ -621,7 +615,6 @@ impl Admin for Services {
         &self,
         req: Request<proto::ExportTaskRequest>,
     ) -> Result<Response<Self::ExportTaskStream>, Status> {
-        self.authorize(&req, Role::Admin)?;
         let req = req.into_inner();
         Ok(Response::new(
             super::results::export(&self.0, &req.task_id).await?,
@@ -632,7 +625,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::DeliverTaskRequest>,
     ) -> Result<Response<proto::DeliverTaskResponse>, Status> {
-        let admin = self.authorize(&req, Role::Admin)?;
+        let admin = self.caller(&req)?;
         let req = req.into_inner();
         let r = super::results::deliver(&self.0, &req.task_id, req.pull_request).await?;
         tracing::info!(task = %req.task_id, branch = %r.branch, commit = %r.commit, by = %admin, "task delivered");
@@ -645,7 +638,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::BackupRequest>,
     ) -> Result<Response<Self::BackupStream>, Status> {
-        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let admin = self.cert_caller(&req)?;
         tracing::info!(by = %admin, "backup started");
         let db = self.0.db.clone();
         let (tx, rx) = mpsc::channel(16);
@@ -693,7 +686,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::CreateApiTokenRequest>,
     ) -> Result<Response<proto::CreateApiTokenResponse>, Status> {
-        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let admin = self.cert_caller(&req)?;
         let r = super::credentials::create_token(&self.0, req.into_inner()).await?;
         tracing::info!(credential = %r.id, by = %admin, "web API token created");
         Ok(Response::new(r))
@@ -703,7 +696,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::CreateWebLoginRequest>,
     ) -> Result<Response<proto::CreateWebLoginResponse>, Status> {
-        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let admin = self.cert_caller(&req)?;
         let r = super::credentials::create_login(&self.0, req.into_inner()).await?;
         tracing::info!(by = %admin, "web login link created");
         Ok(Response::new(r))
@@ -713,7 +706,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::ListApiTokensRequest>,
     ) -> Result<Response<proto::ListApiTokensResponse>, Status> {
-        self.authorize_cert(&req, Role::Admin)?;
+        self.cert_caller(&req)?;
         Ok(Response::new(super::credentials::list(
             &self.0,
             req.get_ref().all,
@@ -724,7 +717,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::RevokeApiTokenRequest>,
     ) -> Result<Response<proto::RevokeApiTokenResponse>, Status> {
-        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let admin = self.cert_caller(&req)?;
         let id = &req.get_ref().id;
         let revoked = self.0.web.revoke(id).await?;
         if revoked == 0 {
@@ -742,7 +735,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::SetSecretRequest>,
     ) -> Result<Response<proto::SetSecretResponse>, Status> {
-        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let admin = self.cert_caller(&req)?;
         let req = req.into_inner();
         let name = req.name.clone();
         // Masked before it is stored, so no output shown after this call can hold it.
@@ -758,7 +751,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::ListSecretsRequest>,
     ) -> Result<Response<proto::ListSecretsResponse>, Status> {
-        self.authorize_cert(&req, Role::Admin)?;
+        self.cert_caller(&req)?;
         Ok(Response::new(super::secrets::list(&self.0.egress.secrets)?))
     }
 
@@ -766,7 +759,7 @@ impl Admin for Services {
         &self,
         req: Request<proto::RemoveSecretRequest>,
     ) -> Result<Response<proto::RemoveSecretResponse>, Status> {
-        let admin = self.authorize_cert(&req, Role::Admin)?;
+        let admin = self.cert_caller(&req)?;
         let req = req.into_inner();
         let name = req.name.clone();
         let resp = super::secrets::remove(&self.0.egress.secrets, req).await?;

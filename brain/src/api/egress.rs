@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proto::{TunnelDown, TunnelUp, tunnel_down};
-use shared::pki::Role;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -57,7 +56,7 @@ impl proto::egress_server::Egress for Services {
         &self,
         req: Request<Streaming<TunnelUp>>,
     ) -> Result<Response<Self::TunnelStream>, Status> {
-        let peer = self.authorize_cert(&req, Role::Worker)?;
+        let peer = self.worker_caller(&req)?;
         let mut up = req.into_inner();
         let first = tokio::time::timeout(OPEN_TIMEOUT, up.message())
             .await

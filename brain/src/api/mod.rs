@@ -11,6 +11,7 @@ pub mod egress;
 mod enroll;
 mod error;
 pub mod results;
+pub mod roles;
 mod secrets;
 mod session;
 pub mod sync;
@@ -18,7 +19,7 @@ pub mod sync;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shared::pki::{self, PeerIdentity, Role};
+use shared::pki::{PeerIdentity, Role};
 use tonic::{Request, Status};
 
 use crate::engine::Engine;
@@ -75,57 +76,37 @@ const NO_CERT: &str = "no client certificate: this call needs a certificate issu
 const FILE_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Services {
-    /// Checks the caller: a certificate issued by our CA (rustls did that), naming `role`,
-    /// current and not revoked; or, for an admin call made in process by the web API, the
-    /// web caller it checked (whose role the web API's route table enforced).
-    pub(crate) fn authorize<T>(
-        &self,
-        req: &Request<T>,
-        role: Role,
-    ) -> Result<PeerIdentity, Status> {
+    /// The admin calling: the identity the role layer ([`roles`]) established from its
+    /// certificate, or the web API's caller for an in-process call (whose web role its route
+    /// table, and [`roles::web_may`], checked). Fails closed when neither is there.
+    pub(crate) fn caller<T>(&self, req: &Request<T>) -> Result<PeerIdentity, Status> {
         if let Some(c) = req.extensions().get::<crate::trust::web::Caller>() {
-            if role != Role::Admin {
-                return Err(Status::permission_denied(
-                    "web callers make admin calls only",
-                ));
-            }
             return Ok(PeerIdentity {
                 role: Role::Admin,
                 id: c.to_string(),
                 fingerprint: String::new(),
             });
         }
-        self.authorize_cert(req, role)
+        self.cert_caller(req)
     }
 
-    /// [`Services::authorize`] by certificate only: for calls the web API never makes
-    /// (identities, credentials, backups, commands on workers).
-    pub(crate) fn authorize_cert<T>(
-        &self,
-        req: &Request<T>,
-        role: Role,
-    ) -> Result<PeerIdentity, Status> {
-        let certs = req
-            .peer_certs()
-            .ok_or_else(|| Status::unauthenticated(NO_CERT))?;
-        let leaf = certs
-            .first()
-            .ok_or_else(|| Status::unauthenticated(NO_CERT))?;
-        let peer = pki::peer_identity(leaf).map_err(|e| {
-            Status::unauthenticated(format!("client certificate not usable here: {e}"))
-        })?;
-        if peer.role != role {
-            return Err(Status::permission_denied(format!(
-                "{peer} may not make this call: it needs a {} certificate",
-                match role {
-                    Role::Admin => "admin",
-                    Role::Worker => "worker",
-                }
-            )));
-        }
-        match self.0.registry.check_peer(&peer)? {
-            Ok(()) => Ok(peer),
-            Err(reason) => Err(Status::permission_denied(reason)),
+    /// [`Services::caller`] by certificate only: for the calls the web API never makes.
+    pub(crate) fn cert_caller<T>(&self, req: &Request<T>) -> Result<PeerIdentity, Status> {
+        Self::by_cert(req, Role::Admin)
+    }
+
+    /// The worker calling, by the identity the role layer established.
+    pub(crate) fn worker_caller<T>(&self, req: &Request<T>) -> Result<PeerIdentity, Status> {
+        Self::by_cert(req, Role::Worker)
+    }
+
+    fn by_cert<T>(req: &Request<T>, role: Role) -> Result<PeerIdentity, Status> {
+        match req.extensions().get::<PeerIdentity>() {
+            Some(p) if p.role == role => Ok(p.clone()),
+            Some(p) => Err(Status::permission_denied(format!(
+                "{p} may not make this call"
+            ))),
+            None => Err(Status::unauthenticated(NO_CERT)),
         }
     }
 

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use proto::worker_session_server::WorkerSession;
 use proto::{ExecEvent, WorkerMessage, brain_message, worker_message};
-use shared::pki::Role;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -28,7 +27,7 @@ impl WorkerSession for Services {
         &self,
         req: Request<Streaming<WorkerMessage>>,
     ) -> Result<Response<Self::AttachStream>, Status> {
-        let peer = self.authorize(&req, Role::Worker)?;
+        let peer = self.worker_caller(&req)?;
         let mut inbound = req.into_inner();
         let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
             Ok(Ok(Some(WorkerMessage {
@@ -52,7 +51,7 @@ impl WorkerSession for Services {
             w.caps = Some(caps.clone());
         })?;
         let (session, stream) = self.0.hub.register(&peer.id);
-        // A revocation that landed between `authorize` and `register` found no session to
+        // A revocation that landed between `the role layer and `register` found no session to
         // close; check again now that this one is visible to it.
         if let Ok(Err(reason)) = self.0.registry.check_peer(&peer) {
             self.0.hub.unregister(&session);
@@ -112,7 +111,7 @@ impl WorkerSession for Services {
         &self,
         req: Request<proto::Heartbeat>,
     ) -> Result<Response<proto::Heartbeat>, Status> {
-        let peer = self.authorize(&req, Role::Worker)?;
+        let peer = self.worker_caller(&req)?;
         let beat = req.into_inner();
         let Some(session) = self.0.hub.session(&peer.id) else {
             return Err(Status::failed_precondition(

@@ -11,7 +11,6 @@ use proto::{
     PutDeltaResponse, SyncReport, SyncReportAck,
 };
 use shared::manifest::{self, Delta, Rules};
-use shared::pki::Role;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -76,7 +75,6 @@ fn chunks<T: Send + 'static>(items: Vec<T>) -> ChunkStream<T> {
 #[tonic::async_trait]
 impl SyncService for Services {
     async fn missing_blobs(&self, req: Request<BlobList>) -> Result<Response<BlobList>, Status> {
-        self.authorize_worker(&req)?;
         let hashes = hex_hashes(req.get_ref())?;
         let missing = hashes
             .iter()
@@ -90,7 +88,6 @@ impl SyncService for Services {
         &self,
         req: Request<Streaming<BlobChunk>>,
     ) -> Result<Response<PutBlobsResponse>, Status> {
-        self.authorize_worker(&req)?;
         let max = Rules::default().max_file_bytes;
         let mut stream = req.into_inner();
         let mut cur: Option<(String, Vec<u8>)> = None;
@@ -155,7 +152,7 @@ impl SyncService for Services {
         &self,
         req: Request<Streaming<DeltaChunk>>,
     ) -> Result<Response<PutDeltaResponse>, Status> {
-        let worker = self.authorize_worker(&req)?;
+        let worker = self.worker_caller(&req)?.id;
         let mut stream = req.into_inner();
         let first = stream
             .message()
@@ -226,7 +223,7 @@ impl SyncService for Services {
         &self,
         req: Request<GetManifestRequest>,
     ) -> Result<Response<Self::GetManifestStream>, Status> {
-        let worker = self.authorize_worker(&req)?;
+        let worker = self.worker_caller(&req)?.id;
         let pending = self
             .0
             .hub
@@ -279,7 +276,6 @@ impl SyncService for Services {
         &self,
         req: Request<BlobList>,
     ) -> Result<Response<Self::GetBlobsStream>, Status> {
-        self.authorize_worker(&req)?;
         let hashes = hex_hashes(req.get_ref())?;
         let mirror = self.0.mirror.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -317,15 +313,8 @@ impl SyncService for Services {
     }
 
     async fn report(&self, req: Request<SyncReport>) -> Result<Response<SyncReportAck>, Status> {
-        let worker = self.authorize_worker(&req)?;
+        let worker = self.worker_caller(&req)?.id;
         self.0.hub.deliver_sync(&worker, req.into_inner());
         Ok(Response::new(SyncReportAck {}))
-    }
-}
-
-impl Services {
-    /// The calling worker's id; only workers may use the Sync service.
-    fn authorize_worker<T>(&self, req: &Request<T>) -> Result<String, Status> {
-        Ok(self.authorize(req, Role::Worker)?.id)
     }
 }

@@ -449,11 +449,18 @@ impl Ready {
         }
         let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
         let hub = self.shared.hub.clone();
+        let registry = self.shared.registry.clone();
+        let check: crate::api::roles::PeerCheck =
+            Arc::new(move |peer| match registry.check_peer(peer)? {
+                Ok(()) => Ok(()),
+                Err(reason) => Err(tonic::Status::permission_denied(reason)),
+            });
         let result = Server::builder()
             .tls_config(self.tls)
             .map_err(|e| Error::Tls(e.to_string()))?
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .layer(crate::api::roles::RoleLayer(check))
             .add_service(proto::enrollment_server::EnrollmentServer::new(
                 services.clone(),
             ))

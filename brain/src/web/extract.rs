@@ -69,11 +69,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Params<T> {
     }
 }
 
-/// An admin request carrying the web caller.
-pub fn request<T>(a: &Authed, msg: T) -> tonic::Request<T> {
+/// An admin request for `method` (`Admin/ListTasks`) carrying the web caller; refused unless
+/// the gRPC role table lets the web API make it.
+pub fn request<T>(a: &Authed, method: &str, msg: T) -> Result<tonic::Request<T>, ApiError> {
+    crate::api::roles::web_may(method)?;
     let mut r = tonic::Request::new(msg);
     r.extensions_mut().insert(a.caller.clone());
-    r
+    Ok(r)
 }
 
 /// Runs an admin call with the API's timeout.

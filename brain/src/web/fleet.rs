@@ -17,7 +17,11 @@ pub(super) async fn list_workers(
 ) -> Answer<proto::ListWorkersResponse> {
     let req = proto::ListWorkersRequest {};
     Ok(Json(
-        within(web.services.list_workers(request(&a, req))).await?,
+        within(
+            web.services
+                .list_workers(request(&a, "Admin/ListWorkers", req)?),
+        )
+        .await?,
     ))
 }
 
@@ -28,7 +32,11 @@ pub(super) async fn revoke_worker(
 ) -> Answer<proto::RevokeWorkerResponse> {
     let req = proto::RevokeWorkerRequest { worker: id };
     Ok(Json(
-        within(web.services.revoke_worker(request(&a, req))).await?,
+        within(
+            web.services
+                .revoke_worker(request(&a, "Admin/RevokeWorker", req)?),
+        )
+        .await?,
     ))
 }
 
@@ -46,7 +54,11 @@ pub(super) async fn list_machines(
 ) -> Answer<proto::ListMachinesResponse> {
     let req = proto::ListMachinesRequest { all: q.all };
     Ok(Json(
-        within(web.services.list_machines(request(&a, req))).await?,
+        within(
+            web.services
+                .list_machines(request(&a, "Admin/ListMachines", req)?),
+        )
+        .await?,
     ))
 }
 
@@ -57,7 +69,7 @@ pub(super) async fn provision(
 ) -> Result<(StatusCode, Json<proto::MachineResponse>), ApiError> {
     // Within the API's timeout; the machine's state follows on /api/machines.
     req.wait_seconds = req.wait_seconds.min(50);
-    let r = within(web.services.provision(request(&a, req))).await?;
+    let r = within(web.services.provision(request(&a, "Admin/Provision", req)?)).await?;
     Ok((StatusCode::CREATED, Json(r)))
 }
 
@@ -68,7 +80,11 @@ pub(super) async fn release_machine(
 ) -> Answer<proto::MachineResponse> {
     let req = proto::ReleaseMachineRequest { id };
     Ok(Json(
-        within(web.services.release_machine(request(&a, req))).await?,
+        within(
+            web.services
+                .release_machine(request(&a, "Admin/ReleaseMachine", req)?),
+        )
+        .await?,
     ))
 }
 
@@ -80,7 +96,11 @@ pub(super) async fn create_join_token(
     if req.ttl_seconds == 0 {
         req.ttl_seconds = 3600;
     }
-    let r = within(web.services.create_token(request(&a, req))).await?;
+    let r = within(
+        web.services
+            .create_token(request(&a, "Admin/CreateToken", req)?),
+    )
+    .await?;
     tracing::info!(by = %a.caller, "join token created over the web API");
     Ok((StatusCode::CREATED, Json(r)))
 }

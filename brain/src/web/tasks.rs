@@ -53,10 +53,11 @@ pub(super) async fn list_tasks(
     Extension(a): Extension<Authed>,
     Params(f): Params<TaskFilter>,
 ) -> Answer<proto::ListTasksResponse> {
-    let mut r = within(
-        web.services
-            .list_tasks(request(&a, proto::ListTasksRequest {})),
-    )
+    let mut r = within(web.services.list_tasks(request(
+        &a,
+        "Admin/ListTasks",
+        proto::ListTasksRequest {},
+    )?))
     .await?;
     r.tasks.retain(|t| matches(&f, t));
     r.tasks.reverse();
@@ -83,7 +84,7 @@ pub(super) async fn create_task(
     Extension(a): Extension<Authed>,
     Body(req): Body<proto::RunAgentRequest>,
 ) -> Result<(StatusCode, Json<proto::RunPlanResponse>), ApiError> {
-    let r = within(web.services.run_agent(request(&a, req))).await?;
+    let r = within(web.services.run_agent(request(&a, "Admin/RunAgent", req)?)).await?;
     Ok((StatusCode::CREATED, Json(r)))
 }
 
@@ -103,7 +104,9 @@ pub(super) async fn approve(
         approve: true,
         reason: String::new(),
     };
-    Ok(Json(within(web.services.decide(request(&a, req))).await?))
+    Ok(Json(
+        within(web.services.decide(request(&a, "Admin/Decide", req)?)).await?,
+    ))
 }
 
 pub(super) async fn deny(
@@ -117,7 +120,9 @@ pub(super) async fn deny(
         approve: false,
         reason: b.reason.chars().take(4096).collect(),
     };
-    Ok(Json(within(web.services.decide(request(&a, req))).await?))
+    Ok(Json(
+        within(web.services.decide(request(&a, "Admin/Decide", req)?)).await?,
+    ))
 }
 
 pub(super) async fn cancel(
@@ -127,7 +132,11 @@ pub(super) async fn cancel(
 ) -> Answer<proto::CancelTaskResponse> {
     let req = proto::CancelTaskRequest { task_id: id };
     Ok(Json(
-        within(web.services.cancel_task(request(&a, req))).await?,
+        within(
+            web.services
+                .cancel_task(request(&a, "Admin/CancelTask", req)?),
+        )
+        .await?,
     ))
 }
 
@@ -149,7 +158,7 @@ pub(super) async fn move_task(
         to: b.to,
     };
     Ok(Json(
-        within(web.services.move_task(request(&a, req))).await?,
+        within(web.services.move_task(request(&a, "Admin/MoveTask", req)?)).await?,
     ))
 }
 
@@ -170,7 +179,11 @@ pub(super) async fn resume(
         budget: Some(b.budget),
     };
     Ok(Json(
-        within(web.services.resume_task(request(&a, req))).await?,
+        within(
+            web.services
+                .resume_task(request(&a, "Admin/ResumeTask", req)?),
+        )
+        .await?,
     ))
 }
 
@@ -191,7 +204,11 @@ pub(super) async fn deliver(
         pull_request: b.pull_request,
     };
     Ok(Json(
-        within(web.services.deliver_task(request(&a, req))).await?,
+        within(
+            web.services
+                .deliver_task(request(&a, "Admin/DeliverTask", req)?),
+        )
+        .await?,
     ))
 }
 
@@ -220,7 +237,7 @@ pub(super) async fn diff(
         form: f.form,
         root: f.root,
     };
-    let pieces = within(web.services.task_diff(request(&a, req))).await?;
+    let pieces = within(web.services.task_diff(request(&a, "Admin/TaskDiff", req)?)).await?;
     let cap = web.opts.max_diff_bytes;
     let pieces = pieces.map(|p| p.map(|p| p.data));
     let body = capped(pieces, cap, cut_line(cap, &id));
