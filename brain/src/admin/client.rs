@@ -69,6 +69,19 @@ impl Target {
         }
     }
 
+    /// Makes one admin call on a fresh connection; a status from the brain comes back in
+    /// words (what failed and what to do), ready for the terminal and the exit code.
+    pub async fn rpc<T>(
+        &self,
+        call: impl AsyncFnOnce(AdminClient<Channel>) -> Result<tonic::Response<T>, tonic::Status>,
+    ) -> anyhow::Result<T> {
+        let c = self.connect().await?;
+        Ok(call(c)
+            .await
+            .map_err(|s| status(s, &self.url))?
+            .into_inner())
+    }
+
     /// Dials the brain with this admin identity.
     pub async fn connect(&self) -> Result<AdminClient<Channel>, Error> {
         let channel = connect_channel(&self.url, &self.identity_dir).await?;

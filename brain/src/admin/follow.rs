@@ -134,16 +134,16 @@ pub async fn decide(
     approve: bool,
     reason: String,
 ) -> anyhow::Result<i32> {
-    let mut c = target.connect().await?;
-    let r = c
-        .decide(proto::DecideRequest {
-            task_id: task.to_string(),
-            approve,
-            reason,
+    let r = target
+        .rpc(async |mut c| {
+            c.decide(proto::DecideRequest {
+                task_id: task.to_string(),
+                approve,
+                reason,
+            })
+            .await
         })
-        .await
-        .map_err(|s| status(s, &target.url))?
-        .into_inner();
+        .await?;
     out!(
         "{} {task}: {}",
         if approve { "approved" } else { "denied" },

@@ -18,5 +18,7 @@ mod progress;
 mod remote;
 pub mod render;
 mod results;
+mod run_args;
 mod secrets;
+mod tasks;
 mod web;

@@ -224,19 +224,19 @@ pub async fn file(target: &Target, cmd: FileCmd) -> anyhow::Result<i32> {
             file_call::Op::Remove(proto::RemovePath { path, recursive }),
         ),
     };
-    let mut c = target.connect().await?;
-    let resp = c
-        .file(proto::AdminFileRequest {
-            worker,
-            call: Some(FileCall {
-                call_id: 0,
-                workspace,
-                op: Some(op),
-            }),
+    let resp = target
+        .rpc(async |mut c| {
+            c.file(proto::AdminFileRequest {
+                worker,
+                call: Some(FileCall {
+                    call_id: 0,
+                    workspace,
+                    op: Some(op),
+                }),
+            })
+            .await
         })
-        .await
-        .map_err(|s| status(s, &target.url))?
-        .into_inner();
+        .await?;
     match resp.result {
         Some(file_response::Result::Data(d)) => {
             shared::stdout::write_or_exit(&d.data);

@@ -12,16 +12,16 @@ use super::client::{Target, status};
 /// Writes the diff (`form`: diff, stat or patch) of the workspace at `root` (empty: the last
 /// barrier) to stdout as it arrives.
 pub async fn diff(target: &Target, task: &str, form: &str, root: &str) -> anyhow::Result<i32> {
-    let mut c = target.connect().await?;
-    let mut stream = c
-        .task_diff(proto::TaskDiffRequest {
-            task_id: task.into(),
-            form: form.into(),
-            root: root.into(),
+    let mut stream = target
+        .rpc(async |mut c| {
+            c.task_diff(proto::TaskDiffRequest {
+                task_id: task.into(),
+                form: form.into(),
+                root: root.into(),
+            })
+            .await
         })
-        .await
-        .map_err(|s| status(s, &target.url))?
-        .into_inner();
+        .await?;
     let mut out = std::io::stdout().lock();
     while let Some(piece) = stream.message().await.map_err(|s| status(s, &target.url))? {
         if out.write_all(&piece.data).is_err() {
@@ -51,14 +51,14 @@ pub async fn export(target: &Target, task: &str, dir: &Path) -> anyhow::Result<i
     let root = dir
         .canonicalize()
         .with_context(|| format!("resolving {}", dir.display()))?;
-    let mut c = target.connect().await?;
-    let mut stream = c
-        .export_task(proto::ExportTaskRequest {
-            task_id: task.into(),
+    let mut stream = target
+        .rpc(async |mut c| {
+            c.export_task(proto::ExportTaskRequest {
+                task_id: task.into(),
+            })
+            .await
         })
-        .await
-        .map_err(|s| status(s, &target.url))?
-        .into_inner();
+        .await?;
     let (mut files, mut bytes) = (0u64, 0u64);
     // The file being received: its path, exec bit and content so far.
     let mut open: Option<(String, bool, Vec<u8>)> = None;

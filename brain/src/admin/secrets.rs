@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 
 use super::args::SecretCmd;
-use super::client::{Target, status};
+use super::client::Target;
 
 /// Largest value read (the brain refuses more).
 const MAX_VALUE: usize = 16 * 1024;
@@ -94,20 +94,16 @@ pub async fn run(target: &Target, cmd: SecretCmd) -> anyhow::Result<i32> {
                 );
             }
             let value = read_value(&name, file.as_deref())?;
-            let mut c = target.connect().await?;
-            let r = c
-                .set_secret(proto::SetSecretRequest {
-                    name: name.clone(),
-                    value,
-                    hosts: hosts.clone(),
-                    port: u32::from(port),
-                    inject: inject.clone(),
-                    env: env.clone().unwrap_or_default(),
-                    provider,
-                })
-                .await
-                .map_err(|s| status(s, &target.url))?
-                .into_inner();
+            let req = proto::SetSecretRequest {
+                name: name.clone(),
+                value,
+                hosts: hosts.clone(),
+                port: u32::from(port),
+                inject: inject.clone(),
+                env: env.clone().unwrap_or_default(),
+                provider,
+            };
+            let r = target.rpc(async |mut c| c.set_secret(req).await).await?;
             let verb = if r.replaced { "replaced" } else { "stored" };
             if provider {
                 out!("{verb} secret {name} (provider tier: the brain's own, never a command's)");
@@ -121,12 +117,10 @@ pub async fn run(target: &Target, cmd: SecretCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         SecretCmd::List { json } => {
-            let mut c = target.connect().await?;
-            let list = c
-                .list_secrets(proto::ListSecretsRequest {})
-                .await
-                .map_err(|s| status(s, &target.url))?
-                .into_inner()
+            let req = proto::ListSecretsRequest {};
+            let list = target
+                .rpc(async |mut c| c.list_secrets(req).await)
+                .await?
                 .secrets;
             if json {
                 out!(
@@ -161,12 +155,8 @@ pub async fn run(target: &Target, cmd: SecretCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         SecretCmd::Rm { name } => {
-            let mut c = target.connect().await?;
-            let r = c
-                .remove_secret(proto::RemoveSecretRequest { name: name.clone() })
-                .await
-                .map_err(|s| status(s, &target.url))?
-                .into_inner();
+            let req = proto::RemoveSecretRequest { name: name.clone() };
+            let r = target.rpc(async |mut c| c.remove_secret(req).await).await?;
             if !r.removed {
                 bail!("no secret named {name} (see `brain secret list`)");
             }

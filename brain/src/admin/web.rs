@@ -104,16 +104,16 @@ pub async fn login(
     ttl: Duration,
     json: bool,
 ) -> anyhow::Result<i32> {
-    let mut c = target.connect().await?;
-    let r = c
-        .create_web_login(proto::CreateWebLoginRequest {
-            name: name.into(),
-            role: role.into(),
-            ttl_seconds: ttl.as_secs().max(1),
+    let r = target
+        .rpc(async |mut c| {
+            c.create_web_login(proto::CreateWebLoginRequest {
+                name: name.into(),
+                role: role.into(),
+                ttl_seconds: ttl.as_secs().max(1),
+            })
+            .await
         })
-        .await
-        .map_err(|s| status(s, &target.url))?
-        .into_inner();
+        .await?;
     if json {
         out!(
             "{}",
