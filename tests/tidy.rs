@@ -3,7 +3,8 @@
 //! `brain/src`: each layer uses only the layers below it, `model` and `engine` never see
 //! wire types, `llm` and `fleet` know nothing of the engine, and no two files import each
 //! other in a circle. Every source file opens with a `//!` line saying what it is for, and a
-//! file over 800 lines says at its top why it is that long.
+//! file over 800 lines says at its top why it is that long. Every path ARCHITECTURE.md names
+//! (a file, a module, a `crate::module::item`) is in the tree.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -570,4 +571,117 @@ fn circles<'a>(
         .iter()
         .map(|s| s.iter().map(|i| modules[*i].file.as_str()).collect())
         .collect()
+}
+
+/// Every file under the repository's root that git tracks, as `a/b/c.rs`.
+fn tracked() -> Vec<String> {
+    let out = Command::new("git")
+        .args(["ls-files"])
+        .current_dir(root())
+        .output()
+        .expect("git ls-files");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether `name` (a file or directory path, a module path like `aws/credentials`, or a
+/// Rust path like `engine::attempts::decide`) names something in `files`.
+fn names_something(name: &str, files: &[String]) -> bool {
+    if name.contains("::") {
+        // The longest prefix that is a module file; what follows it must appear in that file.
+        let mut parts: Vec<&str> = name.split("::").collect();
+        // A crate's name stands for its `src/`.
+        let krate = ["brain", "worker", "shared", "testkit", "proto"]
+            .contains(&parts[0])
+            .then(|| format!("{}/src", parts[0]));
+        if krate.is_some() && parts.len() > 1 {
+            parts.remove(0);
+        }
+        for n in (1..=parts.len()).rev() {
+            let module = match &krate {
+                Some(k) => format!("{k}/{}", parts[..n].join("/")),
+                None => parts[..n].join("/"),
+            };
+            let hits: Vec<&String> = files
+                .iter()
+                .filter(|f| {
+                    let f = format!("/{f}");
+                    f.ends_with(&format!("/{module}.rs"))
+                        || f.ends_with(&format!("/{module}/mod.rs"))
+                        || (n == 1 && f.ends_with(&format!("/{module}/src/lib.rs")))
+                })
+                .collect();
+            if hits.is_empty() {
+                continue;
+            }
+            let rest = &parts[n..];
+            return rest.is_empty()
+                || hits.iter().any(|f| {
+                    let text = std::fs::read_to_string(root().join(f)).unwrap_or_default();
+                    rest.iter().all(|r| text.contains(r))
+                });
+        }
+        // An item at a crate's root.
+        return krate.is_some_and(|k| {
+            let text = std::fs::read_to_string(root().join(k).join("lib.rs")).unwrap_or_default();
+            parts.iter().all(|p| text.contains(p))
+        });
+    }
+    let t = name.trim_end_matches('/');
+    files.iter().any(|f| {
+        let f = format!("/{f}");
+        f.ends_with(&format!("/{t}"))
+            || f.ends_with(&format!("/{t}.rs"))
+            || f.contains(&format!("/{t}/"))
+    })
+}
+
+/// The names in backticks in `text` that look like paths in the tree: `a/b`, `a/b.rs`,
+/// `crate::module::item`. Paths on a running machine (`/proc/...`, `target/`, the data dir's
+/// `repos/`) are not the tree's.
+fn named_paths(text: &str) -> BTreeSet<String> {
+    const NOT_THE_TREE: &[&str] = &[".git/", ".tether/", "target/", "repos/", "../"];
+    let mut out = BTreeSet::new();
+    for (i, chunk) in text.split('`').enumerate() {
+        if i % 2 == 0 || chunk.is_empty() || chunk.contains(char::is_whitespace) {
+            continue;
+        }
+        let path_like = chunk.contains('/')
+            && !chunk.starts_with('/')
+            && chunk
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-./".contains(c));
+        let rust_like = chunk.contains("::")
+            && chunk.split("::").all(|p| {
+                !p.is_empty()
+                    && p.chars()
+                        .all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit())
+            });
+        if (path_like && !NOT_THE_TREE.iter().any(|p| chunk.starts_with(p))) || rust_like {
+            out.insert(chunk.to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn every_path_the_architecture_names_exists() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let files = tracked();
+    let named = named_paths(&text);
+    assert!(named.len() > 20, "{named:?}");
+    let missing: Vec<&String> = named
+        .iter()
+        .filter(|n| !names_something(n, &files))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names what is not in the tree (fix the map): {missing:?}"
+    );
+    // The check can fail: a planted name that is nowhere.
+    assert!(!names_something("engine/no_such_module.rs", &files));
+    assert!(!names_something("engine::no_such_module", &files));
+    assert!(!names_something("engine::attempts::no_such_item", &files));
 }
