@@ -529,7 +529,7 @@ impl Config {
                 timeout_ms: shared::parse_duration(&a.check_timeout)
                     .map(|d| d.as_millis() as u64)
                     .unwrap_or(0),
-                source: "config".into(),
+                source: crate::model::check::CheckSource::Config,
                 protect: a.protect.clone(),
             }),
             egress: None,

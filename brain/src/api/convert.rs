@@ -469,7 +469,7 @@ pub fn request_check(
         spec.check = Some(Check {
             command: command.to_string(),
             timeout_ms,
-            source: "--check".into(),
+            source: crate::model::check::CheckSource::Request,
             protect: vec![],
         });
     }
@@ -488,7 +488,7 @@ pub fn request_check(
                 spec.check = Some(Check {
                     command: String::new(),
                     timeout_ms,
-                    source: String::new(),
+                    source: Default::default(),
                     protect: protect.to_vec(),
                 })
             }

@@ -318,7 +318,10 @@ impl Engine {
             Kind::Agent(mut a) => {
                 // The repository's own check wins over the config's default (a request's
                 // `--check` wins over both).
-                let from_request = a.check.as_ref().is_some_and(|c| c.source == "--check");
+                let from_request = a
+                    .check
+                    .as_ref()
+                    .is_some_and(|c| c.source == crate::model::check::CheckSource::Request);
                 if !from_request
                     && let Some(Event::WorkspaceSeeded { root_hash, .. }) = &seed
                     && let Some(text) = ports
@@ -331,7 +334,7 @@ impl Engine {
                     let old = a.check.take().unwrap_or_else(|| Check {
                         command: String::new(),
                         timeout_ms: 0,
-                        source: String::new(),
+                        source: Default::default(),
                         protect: vec![],
                     });
                     let mut all = old.protect;
@@ -339,7 +342,7 @@ impl Engine {
                     a.check = Some(Check {
                         command,
                         timeout_ms: old.timeout_ms,
-                        source: CHECK_FILE.into(),
+                        source: crate::model::check::CheckSource::Repository,
                         protect: all,
                     });
                 }

@@ -56,7 +56,7 @@ fn a_check_file_names_its_command_and_what_it_protects() {
     let c = Check {
         command: cmd,
         timeout_ms: 0,
-        source: CHECK_FILE.into(),
+        source: crate::model::check::CheckSource::Repository,
         protect,
     };
     assert!(is_protected(&c, "tests/test_a.py"));
@@ -288,7 +288,7 @@ fn checked_spec() -> AgentSpec {
     s.check = Some(Check {
         command: "python3 test_x.py".into(),
         timeout_ms: 0,
-        source: "--check".into(),
+        source: crate::model::check::CheckSource::Request,
         protect: vec![],
     });
     s

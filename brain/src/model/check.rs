@@ -12,14 +12,39 @@ pub struct Check {
     /// 0: the default (10 minutes).
     #[serde(default)]
     pub timeout_ms: u64,
-    /// Where it came from: `--check`, the repository's `.tether/check`, or the config.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub source: String,
+    /// Where it came from.
+    #[serde(default, skip_serializing_if = "CheckSource::is_unsaid")]
+    pub source: CheckSource,
     /// Files the check relies on (globs over workspace paths, e.g. `test_*.py`): the model's
     /// file tools may not change them, and they are put back as the task started before
     /// every run of the check, so a check cannot be passed by editing it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub protect: Vec<String>,
+}
+
+/// Where a task's check came from; the precedence is the request's, then the repository's,
+/// then the config's. (The names on the wire and in logs stay as they were first written.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CheckSource {
+    /// Not recorded (logs written before the source was).
+    #[default]
+    #[serde(rename = "")]
+    Unsaid,
+    /// The task's request (`brain run --check`, the API's `check`).
+    #[serde(rename = "--check")]
+    Request,
+    /// The repository's own `.tether/check`.
+    #[serde(rename = ".tether/check")]
+    Repository,
+    /// The brain's config (`[agent] check`).
+    #[serde(rename = "config")]
+    Config,
+}
+
+impl CheckSource {
+    pub fn is_unsaid(&self) -> bool {
+        *self == CheckSource::Unsaid
+    }
 }
 
 impl Check {
@@ -76,4 +101,30 @@ pub fn is_protected(check: &Check, path: &str) -> bool {
             .build()
             .is_ok_and(|g| g.compile_matcher().is_match(path))
     })
+}
+
+#[cfg(test)]
+mod source_tests {
+    use super::*;
+
+    #[test]
+    fn a_checks_source_reads_as_logs_wrote_it_and_writes_it_the_same() {
+        for (text, source) in [
+            (
+                r#"{"command":"t","source":"--check"}"#,
+                CheckSource::Request,
+            ),
+            (
+                r#"{"command":"t","source":".tether/check"}"#,
+                CheckSource::Repository,
+            ),
+            (r#"{"command":"t","source":"config"}"#, CheckSource::Config),
+            (r#"{"command":"t"}"#, CheckSource::Unsaid),
+        ] {
+            let c: Check = serde_json::from_str(text).unwrap();
+            assert_eq!(c.source, source, "{text}");
+            let back = serde_json::to_string(&c).unwrap();
+            assert_eq!(back.replace(",\"timeout_ms\":0", ""), text, "{text}");
+        }
+    }
 }

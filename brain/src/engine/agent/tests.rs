@@ -68,7 +68,7 @@ fn check() -> crate::model::agent::Check {
     crate::model::agent::Check {
         command: "python3 test.py".into(),
         timeout_ms: 0,
-        source: "--check".into(),
+        source: crate::model::check::CheckSource::Request,
         protect: vec![],
     }
 }
@@ -342,7 +342,7 @@ fn a_finish_is_checked_taken_only_alone_and_unverified_without_a_check() {
         st.agent.as_mut().unwrap().spec.check = Some(crate::model::agent::Check {
             command: "make test".into(),
             timeout_ms: 5000,
-            source: "--check".into(),
+            source: crate::model::check::CheckSource::Request,
             protect: vec![],
         });
         st.last_check = Some(crate::model::state::CheckRun::default());
