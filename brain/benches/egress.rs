@@ -94,8 +94,7 @@ fn loop_cmd(n: usize, curl_args: &str, url: &str) -> String {
 }
 
 fn root() -> bool {
-    // SAFETY: plain getter.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 /// The proxied cases as one task: its commands' stdout, in order.

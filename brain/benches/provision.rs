@@ -290,7 +290,7 @@ fn docker_rows(n: usize) {
 /// `provision local`, which is that spawn and join alone.
 fn k8s_rows(n: usize, local_up: Duration) {
     const SERVICE: &str = "tether-brain.tether.svc";
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         println!("\nk8s rows skipped: the fake kubelet needs root (a mount namespace per pod)");
         return;
     }

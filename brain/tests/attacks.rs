@@ -683,8 +683,7 @@ fn a_local_workers_commands_read_none_of_the_brains_keys() {
     let sealing_key = "5ea1".repeat(16);
     let llm_key = "sk-ant-attack-2c9f7e41b8d3a605";
     let marker = "config-marker-7d1e93b2";
-    // SAFETY: plain getter.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     let c = Cluster::start_with(BrainOptions {
         config: Some(format!("# {marker}\n[provision]\nreaper_every = \"1s\"\n")),
         env: vec![

@@ -11,8 +11,7 @@ use testkit::tasks::try_set_secret;
 use testkit::{Cluster, Worker, text, wait_until};
 
 fn root() -> bool {
-    // SAFETY: plain getter.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 fn stdout(out: &std::process::Output) -> String {

@@ -251,8 +251,7 @@ fn a_frozen_worker_is_marked_lost_by_heartbeat_timeout_and_recovers() {
     });
     let mut w = c.join_worker("frozen");
     let pid = w.proc.as_ref().unwrap().pid() as i32;
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    testkit::signal(pid as u32, rustix::process::Signal::STOP);
     let stopped = Instant::now();
     c.wait_for_state(&w.id, "lost", lost_after + Duration::from_secs(3))
         .unwrap();
@@ -261,8 +260,7 @@ fn a_frozen_worker_is_marked_lost_by_heartbeat_timeout_and_recovers() {
         took >= lost_after - Duration::from_millis(200),
         "lost too early: {took:?}"
     );
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    testkit::signal(pid as u32, rustix::process::Signal::CONT);
     c.wait_for_state(&w.id, "connected", Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("{e}\nworker log:\n{}", w.log_text()));
     let out = c.brain_cli(&["exec", &w.id, "--", "echo", "thawed"]);

@@ -372,8 +372,7 @@ fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
     )
     .unwrap();
     assert!(first.contains("created"), "{first}");
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(watcher.id() as i32, libc::SIGINT) };
+    testkit::signal(watcher.id(), rustix::process::Signal::INT);
     let _ = watcher.wait_with_output().unwrap();
     assert_eq!(c.task_status(&id).as_deref(), Some("running"));
 

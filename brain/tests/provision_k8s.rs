@@ -27,7 +27,7 @@ fn setup_with(
     k8s_extra: &str,
     kubeconfig: Option<&dyn Fn(&FakeKube) -> std::path::PathBuf>,
 ) -> Result<(FakeKube, Cluster), String> {
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         return Err("the fake kubelet gives each pod its own /etc/hosts in a mount namespace, which needs root".into());
     }
     let bins = testkit::Bins::locate();

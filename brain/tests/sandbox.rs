@@ -45,8 +45,7 @@ fn outside_tmp() -> Cluster {
 const FIRST_TASK_UID: &str = "1800000";
 
 fn root() -> bool {
-    // SAFETY: plain getter.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 fn stdout(out: &std::process::Output) -> String {
@@ -287,8 +286,7 @@ fn commands_run_unprivileged_with_a_scrubbed_environment() {
     assert!(!shown.contains("hunter2"), "{shown}");
     let (user_active, line) = c.doctor("user");
     assert!(user_active, "{line}");
-    // SAFETY: plain getter.
-    if unsafe { libc::geteuid() } == 0 {
+    if rustix::process::geteuid().is_root() {
         assert_eq!(shown.lines().next(), Some(FIRST_TASK_UID), "{shown}");
     }
 }

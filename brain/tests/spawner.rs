@@ -15,8 +15,7 @@ fn exec(c: &Cluster, w: &Worker, extra: &[&str], script: &str) -> std::process::
 }
 
 fn root() -> bool {
-    // SAFETY: plain getter.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 /// `worker doctor`'s verdict on a mechanism.

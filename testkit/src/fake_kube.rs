@@ -571,9 +571,7 @@ fn route(state: &Mutex<State>, method: &str, target: &str, body: &[u8]) -> (u16,
 /// SIGTERM, a grace period, then SIGKILL, as a kubelet stops a container.
 fn stop_process(p: &mut Pod) {
     if let Some(mut c) = p.child.take() {
-        unsafe {
-            libc::kill(c.id() as i32, libc::SIGTERM);
-        }
+        crate::signal(c.id(), rustix::process::Signal::TERM);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while std::time::Instant::now() < deadline {
             if matches!(c.try_wait(), Ok(Some(_))) {

@@ -117,10 +117,7 @@ impl Proc {
 
     /// SIGTERM, then wait up to `timeout` for a clean exit. Returns the exit status.
     pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        // SAFETY: plain syscall on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
+        signal(self.child.id(), rustix::process::Signal::TERM);
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Ok(Some(st)) = self.child.try_wait() {
@@ -651,8 +648,7 @@ impl Drop for Cluster {
         // Processes the brain started on its own (provisioned workers) name the test dir in
         // their command line; none may outlive the test.
         for pid in pids_mentioning(&self.dir) {
-            // SAFETY: kill(2) has no memory-safety requirements.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            signal(pid, rustix::process::Signal::KILL);
         }
     }
 }
@@ -670,6 +666,16 @@ pub fn replay_turn(n: usize, tool: &str, args: serde_json::Value) -> String {
 }
 
 /// Waits until `f` is true or `timeout` passes; returns whether it became true.
+/// Sends `sig` to process `pid`; a process already gone is no error.
+pub fn signal(pid: u32, sig: rustix::process::Signal) {
+    if let Some(p) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(p, sig);
+    }
+}
+
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {

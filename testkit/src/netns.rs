@@ -32,8 +32,7 @@ fn ip(args: &[&str]) -> Result<(), String> {
 
 impl Netns {
     pub fn create() -> Result<Self, String> {
-        // SAFETY: plain getter.
-        if unsafe { libc::geteuid() } != 0 {
+        if !rustix::process::geteuid().is_root() {
             return Err("network namespaces need root".into());
         }
         let n = crate::rand_u32() & 0xffffff;

@@ -33,8 +33,7 @@ impl Sshd {
             .map(PathBuf::from)
             .find(|p| p.exists())
             .ok_or("openssh-server is not installed (apt-get install openssh-server)")?;
-        // SAFETY: plain getter.
-        if unsafe { libc::geteuid() } != 0 {
+        if !rustix::process::geteuid().is_root() {
             return Err("needs root to create a throw-away user for sshd".into());
         }
         let user = format!("tb{:06x}", crate::rand_u32() & 0xffffff);
@@ -262,8 +261,7 @@ impl SshHost {
 impl Drop for SshHost {
     fn drop(&mut self) {
         for pid in crate::pids_mentioning(&self.sshd.home) {
-            // SAFETY: kill(2) has no memory-safety requirements.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            crate::signal(pid, rustix::process::Signal::KILL);
         }
         let _ = std::fs::remove_dir_all(&self.tmp);
     }

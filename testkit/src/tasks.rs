@@ -14,8 +14,7 @@ use crate::{BrainOptions, Cluster, replay_turn, text};
 /// Whether a worker here can give commands their own network namespace (it needs root: the
 /// egress proxy's tests); otherwise says why `test` is skipped.
 pub fn have_netns(test: &str) -> bool {
-    // SAFETY: plain getter.
-    if unsafe { libc::geteuid() } == 0 {
+    if rustix::process::geteuid().is_root() {
         return true;
     }
     crate::skip(

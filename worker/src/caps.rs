@@ -156,12 +156,8 @@ fn meminfo(key: &str) -> Option<u64> {
 }
 
 fn disk_free(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+    let st = rustix::fs::statvfs(path).ok()?;
+    Some(st.f_bavail * st.f_frsize)
 }
 
 #[cfg(test)]

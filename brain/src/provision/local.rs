@@ -173,9 +173,16 @@ fn processes_under(root: &Path) -> Vec<(String, i32)> {
     found
 }
 
+/// Sends `sig` to `pid`; one already gone is no error.
+fn signal(pid: i32, sig: rustix::process::Signal) {
+    if let Some(p) = rustix::process::Pid::from_raw(pid) {
+        let _ = rustix::process::kill_process(p, sig);
+    }
+}
+
 fn alive(pid: i32) -> bool {
-    // SAFETY: kill(2) with signal 0 only checks for existence.
-    unsafe { libc::kill(pid, 0) == 0 }
+    rustix::process::Pid::from_raw(pid)
+        .is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
 }
 
 #[async_trait::async_trait]
@@ -254,8 +261,7 @@ impl Provisioner for Local {
         };
         // Ask first (the worker stops its commands), then insist.
         for pid in pids() {
-            // SAFETY: kill(2) has no memory-safety requirements.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+            signal(pid, rustix::process::Signal::TERM);
         }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         // A worker usually stops within milliseconds: look soon, then less often.
@@ -267,8 +273,7 @@ impl Provisioner for Local {
             }
             if tokio::time::Instant::now() >= deadline {
                 for pid in left {
-                    // SAFETY: as above.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    signal(pid, rustix::process::Signal::KILL);
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 break;

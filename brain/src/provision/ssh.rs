@@ -123,8 +123,7 @@ impl Ssh {
         } else {
             std::env::temp_dir().join(format!(
                 "tether-ssh-{}-{}",
-                // SAFETY: plain getter.
-                unsafe { libc::geteuid() },
+                rustix::process::geteuid().as_raw(),
                 &tag[..tag.len().min(12)]
             ))
         };

@@ -709,7 +709,7 @@ impl Sandbox {
         // SAFETY: plain getter.
         let uid = self
             .run_as_in(workspace)?
-            .map_or_else(|| unsafe { libc::geteuid() }, |(u, _)| u);
+            .map_or_else(|| rustix::process::geteuid().as_raw(), |(u, _)| u);
         spawner::Spawner::start(cmd, guard, key, uid)
             .map_err(|e| format!("cannot start a spawner: {e}"))
     }

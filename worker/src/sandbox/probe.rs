@@ -46,8 +46,7 @@ impl Sandbox {
             detail: "file size always; CPU time and address space when the policy sets them (address space also when there is no cgroup); processes when commands run as a dedicated user without a cgroup; no_new_privs; own session".into(),
         });
         let cgroup = probe_cgroup(&mut report, commit);
-        // SAFETY: plain getter.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = rustix::process::geteuid().is_root();
         let netns = if root {
             report.mechanisms.push(Mechanism {
                 name: "netns",

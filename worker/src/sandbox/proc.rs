@@ -29,8 +29,7 @@ static DONE: OnceLock<Result<&'static str, String>> = OnceLock::new();
 /// see the host's `/proc`, and the report says so.
 pub fn isolate() {
     DONE.get_or_init(|| {
-        // SAFETY: plain getter.
-        if unsafe { libc::geteuid() } != 0 {
+        if !rustix::process::geteuid().is_root() {
             return Err("the worker is not root, so it cannot mount a /proc for its commands: they see every process of this host's user in /proc".into());
         }
         let err = |what: &str| {

@@ -171,47 +171,21 @@ fn hand_over_tree(dir: &OwnedFd, from: &[u32], uid: u32, depth: u32) -> std::io:
         let e = e?;
         let name = CString::new(e.file_name().as_encoded_bytes())
             .map_err(|_| std::io::Error::other("a name holds a NUL"))?;
-        // SAFETY: `st` is written by the kernel; `name` is NUL-terminated; `dir` is open.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        if unsafe {
-            libc::fstatat(
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                &mut st,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        } != 0
-        {
+        use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+        let Ok(st) = rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW) else {
             continue;
+        };
+        if from.contains(&st.st_uid) {
+            // SYMLINK_NOFOLLOW: a symlink is changed itself.
+            let owner = Some(rustix::process::Uid::from_raw(uid));
+            let group = Some(rustix::process::Gid::from_raw(uid));
+            rustix::fs::chownat(dir, &name, owner, group, AtFlags::SYMLINK_NOFOLLOW)?;
         }
-        if from.contains(&st.st_uid)
-            // SAFETY: as above; AT_SYMLINK_NOFOLLOW changes a symlink itself.
-            && unsafe {
-                libc::fchownat(
-                    dir.as_raw_fd(),
-                    name.as_ptr(),
-                    uid,
-                    uid,
-                    libc::AT_SYMLINK_NOFOLLOW,
-                )
-            } != 0
-        {
-            return Err(std::io::Error::last_os_error());
-        }
-        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            // SAFETY: opening a directory entry relative to our own descriptor.
-            let fd = unsafe {
-                libc::openat(
-                    dir.as_raw_fd(),
-                    name.as_ptr(),
-                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                )
-            };
-            if fd < 0 {
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let Ok(sub) = rustix::fs::openat(dir, &name, flags, Mode::empty()) else {
                 continue;
-            }
-            // SAFETY: a descriptor we just opened and own.
-            let sub = unsafe { OwnedFd::from_raw_fd(fd) };
+            };
             hand_over_tree(&sub, from, uid, depth + 1)?;
         }
     }
@@ -246,8 +220,7 @@ mod tests {
     /// symlink to the outside is not followed.
     #[test]
     fn workspaces_get_uids_of_their_own() {
-        // SAFETY: plain getter.
-        if unsafe { libc::geteuid() } != 0 {
+        if !rustix::process::geteuid().is_root() {
             eprintln!("skipped workspaces_get_uids_of_their_own: chown needs root");
             return;
         }
