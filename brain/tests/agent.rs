@@ -42,9 +42,7 @@ fn cluster(llm: &FakeLlm, extra: &str) -> Cluster {
     })
 }
 
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use testkit::stdout;
 
 /// Starts an agent task without following it; returns its id.
 fn start(c: &Cluster, args: &[&str]) -> String {
@@ -84,22 +82,19 @@ fn assert_no_secret(c: &Cluster, id: &str, worker_log: &str) {
 #[test]
 fn an_agent_fixes_a_failing_test_on_a_real_worker() {
     let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call(
-            "write_file",
-            json!({"path": "calc.sh", "content": "add() { echo $(($1 - $2)); }\n"}),
+        0 => FakeReply::write("calc.sh", "add() { echo $(($1 - $2)); }\n"),
+        1 => FakeReply::write(
+            "test.sh",
+            ". ./calc.sh\nif [ \"$(add 2 3)\" = 5 ]; then echo PASS; else echo \"FAIL: add 2 3 = $(add 2 3)\"; exit 1; fi\n",
         ),
-        1 => FakeReply::tool_call(
-            "write_file",
-            json!({"path": "test.sh", "content": ". ./calc.sh\nif [ \"$(add 2 3)\" = 5 ]; then echo PASS; else echo \"FAIL: add 2 3 = $(add 2 3)\"; exit 1; fi\n"}),
-        ),
-        2 | 4 => FakeReply::tool_call("run_command", json!({"command": "sh test.sh"})),
+        2 | 4 => FakeReply::run("sh test.sh"),
         3 => FakeReply::tool_call(
             "edit_file",
             json!({"path": "calc.sh", "old_string": "$1 - $2", "new_string": "$1 + $2"}),
         ),
         5 => FakeReply::tool_call("read_file", json!({"path": "calc.sh"})),
         6 => FakeReply::tool_call("search", json!({"pattern": "add\\(\\)"})),
-        _ => FakeReply::tool_call("finish", json!({"summary": "add() fixed; test.sh passes"})),
+        _ => FakeReply::finish("add() fixed; test.sh passes"),
     });
     let c = cluster(&llm, "");
     let w = c.join_worker("dev");
@@ -194,14 +189,11 @@ fn an_agent_fixes_a_failing_test_on_a_real_worker() {
 
 #[test]
 fn approvals_survive_a_brain_kill_and_a_denial_reaches_the_model() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call("run_command", json!({"command": "echo ran > proof.txt"})),
-        1 => FakeReply::tool_call(
-            "write_file",
-            json!({"path": "../escape.txt", "content": "x"}),
-        ),
-        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
-    });
+    let llm = FakeLlm::script(vec![
+        FakeReply::run("echo ran > proof.txt"),
+        FakeReply::write("../escape.txt", "x"),
+        FakeReply::finish("done"),
+    ]);
     let mut c = cluster(&llm, "");
     let w = c.join_worker("laptop");
     let id = start(
@@ -274,13 +266,10 @@ fn approvals_survive_a_brain_kill_and_a_denial_reaches_the_model() {
 
 #[test]
 fn a_brain_kill_during_a_command_sends_no_request_twice_and_runs_nothing_twice() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call(
-            "run_command",
-            json!({"command": "sleep 2; echo once >> once.txt; echo slow-done"}),
-        ),
-        _ => FakeReply::tool_call("finish", json!({"summary": "ok"})),
-    });
+    let llm = FakeLlm::script(vec![
+        FakeReply::run("sleep 2; echo once >> once.txt; echo slow-done"),
+        FakeReply::finish("ok"),
+    ]);
     let mut c = cluster(&llm, "");
     let w = c.join_worker("box");
     let id = start(
@@ -329,7 +318,7 @@ fn a_brain_kill_during_a_command_sends_no_request_twice_and_runs_nothing_twice()
 fn a_spent_budget_stops_the_task_and_resume_continues_it() {
     let llm = FakeLlm::start(|req| match req.assistant_turns() {
         0..=2 => FakeReply::tool_call("list_files", json!({})),
-        _ => FakeReply::tool_call("finish", json!({"summary": "listed"})),
+        _ => FakeReply::finish("listed"),
     });
     let mut c = cluster(&llm, "");
     let _w = c.join_worker("w");
@@ -396,9 +385,7 @@ fn a_spent_budget_stops_the_task_and_resume_continues_it() {
 
 #[test]
 fn the_same_failing_call_earns_a_note_then_stops_the_task_as_stuck() {
-    let llm = FakeLlm::start(|_| {
-        FakeReply::tool_call("run_command", json!({"command": "echo nope >&2; exit 3"}))
-    });
+    let llm = FakeLlm::start(|_| FakeReply::run("echo nope >&2; exit 3"));
     let c = cluster(&llm, "[agent]\nrepeat_limit = 3\n");
     let _w = c.join_worker("w");
     let id = start(
@@ -518,11 +505,8 @@ fn model_errors_fail_the_task_clearly_and_a_recorded_run_replays_without_a_serve
             );
         }
         match req.assistant_turns() {
-            0 => FakeReply::tool_call(
-                "write_file",
-                json!({"path": "r.txt", "content": "replayed\n"}),
-            ),
-            _ => FakeReply::tool_call("finish", json!({"summary": "wrote r.txt"})),
+            0 => FakeReply::write("r.txt", "replayed\n"),
+            _ => FakeReply::finish("wrote r.txt"),
         }
     });
     let c = cluster(&llm, "");
@@ -596,7 +580,7 @@ fn old_tool_outputs_are_elided_near_the_context_window_and_that_is_logged() {
     let llm = FakeLlm::start(move |req| match req.assistant_turns() {
         0 => FakeReply::tool_call("write_file", json!({"path": "big.txt", "content": content})),
         1..=4 => FakeReply::tool_call("read_file", json!({"path": "big.txt"})),
-        _ => FakeReply::tool_call("finish", json!({"summary": "read it"})),
+        _ => FakeReply::finish("read it"),
     });
     let c = cluster(
         &llm,

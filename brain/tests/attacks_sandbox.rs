@@ -14,9 +14,7 @@ fn root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use testkit::stdout;
 
 fn exec_in(c: &Cluster, w: &Worker, workspace: &str, script: &str) -> std::process::Output {
     c.brain_cli(&[

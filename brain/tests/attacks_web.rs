@@ -162,10 +162,10 @@ async fn waiting_task(c: &Cluster) -> String {
 }
 
 fn approve_then_finish() -> FakeLlm {
-    FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call("run_command", json!({"command": "echo approved-and-ran"})),
-        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
-    })
+    FakeLlm::script(vec![
+        FakeReply::run("echo approved-and-ran"),
+        FakeReply::finish("done"),
+    ])
 }
 
 /// Route 8, streams: a viewer whose token is revoked keeps no stream. Both event streams end

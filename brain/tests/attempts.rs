@@ -41,23 +41,12 @@ fn start(c: &Cluster, extra: &[&str]) -> String {
 
 /// [`start`] with another check.
 fn start_checked(c: &Cluster, check: &str, extra: &[&str]) -> String {
-    let mut args = vec![
-        "run",
-        "--detach",
-        "--model",
-        MODEL,
-        "--permission",
-        "full",
-        "--check",
-        check,
-        "--max-steps",
-        "6",
-    ];
-    args.extend_from_slice(extra);
-    args.push("write the answer to answer.txt");
-    let out = c.brain_cli(&args);
-    assert!(out.status.success(), "{}", text(&out));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    c.agent()
+        .model(MODEL)
+        .check(check)
+        .args(&["--max-steps", "6"])
+        .args(extra)
+        .start("write the answer to answer.txt")
 }
 
 fn ended(c: &Cluster, id: &str, within: Duration) -> String {
@@ -89,7 +78,7 @@ fn write(content: &str) -> FakeReply {
 }
 
 fn finish() -> FakeReply {
-    FakeReply::tool_call("finish", json!({"summary": "wrote the answer"}))
+    FakeReply::finish("wrote the answer")
 }
 
 /// Which attempt a request is from, by its seed: 0 for the first seed the server saw, 1 for
@@ -119,8 +108,7 @@ fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_st
             1 if turns == 0 => write("42\n").delay(Duration::from_millis(300)),
             1 => finish(),
             // Slow: still at it when another wins.
-            _ => FakeReply::tool_call("run_command", json!({"command": "true"}))
-                .delay(Duration::from_millis(1500)),
+            _ => FakeReply::run("true").delay(Duration::from_millis(1500)),
         }
     });
     let c = cluster(&llm);
@@ -260,10 +248,7 @@ fn when_no_attempt_passes_the_next_model_gets_a_go_told_how_the_check_failed() {
 
 #[test]
 fn with_no_attempt_passing_the_task_fails_with_each_reason() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => write("7\n"),
-        _ => finish(),
-    });
+    let llm = FakeLlm::script(vec![write("7\n"), finish()]);
     let c = cluster(&llm);
     let _w = c.join_worker("w");
     let id = start(&c, &["--attempts", "2", "--pick", "smallest"]);
@@ -302,11 +287,7 @@ fn a_brain_killed_while_attempts_run_goes_on_without_running_one_twice_or_pickin
         let slow = Duration::from_millis(700);
         match (role(&s, req), req.assistant_turns()) {
             (_, 0) => write("42\n").delay(slow),
-            (0, 1) => FakeReply::tool_call(
-                "write_file",
-                json!({"path": "notes.txt", "content": "one\ntwo\nthree\n"}),
-            )
-            .delay(slow),
+            (0, 1) => FakeReply::write("notes.txt", "one\ntwo\nthree\n").delay(slow),
             _ => finish().delay(slow),
         }
     });
@@ -395,10 +376,10 @@ fn attempt_flags_that_cannot_apply_are_refused() {
 #[test]
 fn with_fewer_workers_than_attempts_an_offer_makes_machines_within_the_quota_and_they_go() {
     // Every attempt writes the answer after a while: the first to end wins.
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => write("42\n").delay(Duration::from_millis(800)),
-        _ => finish(),
-    });
+    let llm = FakeLlm::script(vec![
+        write("42\n").delay(Duration::from_millis(800)),
+        finish(),
+    ]);
     let c = cluster_with(
         &llm,
         "[provision]\nreaper_every = \"200ms\"\napproval_above_usd_per_hour = 1.0\n\

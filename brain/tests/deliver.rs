@@ -31,20 +31,11 @@ const CHECK: &str = "sh check.sh";
 
 /// A model that fixes the value, looks at git, and finishes.
 fn fixer() -> FakeLlm {
-    FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call(
-            "write_file",
-            json!({"path": "value.txt", "content": "42\n"}),
-        ),
-        1 => FakeReply::tool_call(
-            "run_command",
-            json!({"command": "git status --porcelain; git diff --stat; cat .git/config; env"}),
-        ),
-        _ => FakeReply::tool_call(
-            "finish",
-            json!({"summary": "Fix the value\n\nIt was 41; the check wants 42."}),
-        ),
-    })
+    FakeLlm::script(vec![
+        FakeReply::write("value.txt", "42\n"),
+        FakeReply::run("git status --porcelain; git diff --stat; cat .git/config; env"),
+        FakeReply::finish("Fix the value\n\nIt was 41; the check wants 42."),
+    ])
 }
 
 fn env() -> Vec<(String, String)> {
@@ -109,30 +100,15 @@ fn cluster_with(
     })
 }
 
-fn stdout(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use testkit::stdout;
 
 fn start(c: &Cluster, worker: &str, url: &str, extra: &[&str]) -> String {
-    let mut args = vec![
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        worker,
-        "--git",
-        url,
-        "--check",
-        CHECK,
-    ];
-    args.extend_from_slice(extra);
-    args.push("make the check pass");
-    let out = c.brain_cli(&args);
-    assert!(out.status.success(), "{}", text(&out));
-    stdout(&out).trim().to_string()
+    c.agent()
+        .worker(worker)
+        .args(&["--git", url])
+        .check(CHECK)
+        .args(extra)
+        .start("make the check pass")
 }
 
 fn show(c: &Cluster, id: &str) -> Value {
@@ -554,16 +530,10 @@ fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
     server.create_repo("app", FILES).unwrap();
     // Changes the value, not to what the check wants, then runs out of steps (a change the
     // check passed on would be kept and finished for).
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call(
-            "write_file",
-            json!({"path": "value.txt", "content": "43\n"}),
-        ),
-        _ => FakeReply::tool_call(
-            "write_file",
-            json!({"path": "notes/todo.txt", "content": "more\n"}),
-        ),
-    });
+    let llm = FakeLlm::script(vec![
+        FakeReply::write("value.txt", "43\n"),
+        FakeReply::write("notes/todo.txt", "more\n"),
+    ]);
     let c = cluster(&llm, "branch", "http://127.0.0.1:9", &server);
     let w = c.join_worker("w");
     let id = start(&c, &w.id, &server.url("app"), &["--max-steps", "2"]);
@@ -645,19 +615,11 @@ fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
     assert!(subject.starts_with("Work in progress"), "{subject}");
 
     // A task that did not start from git: no branch, but a clear word and its diff.
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        &w.id,
-        "--deliver",
-        "branch",
-        "x",
-    ]);
+    let out = c
+        .agent()
+        .worker(&w.id)
+        .args(&["--deliver", "branch"])
+        .try_start("x");
     assert!(!out.status.success());
     assert!(text(&out).contains("--git"), "{}", text(&out));
     // An export never writes over a directory that holds something.
@@ -702,35 +664,19 @@ fn attempts_deliver_the_winners_result_and_with_no_winner_the_attempt_the_caller
                 }}),
             )
             .delay(Duration::from_millis(if r == 1 { 300 } else { 0 })),
-            (_, _) if lost => FakeReply::tool_call(
-                "write_file",
-                json!({"path": "notes.txt", "content": "still lost\n"}),
-            ),
-            _ => FakeReply::tool_call("finish", json!({"summary": "Set the value"})),
+            (_, _) if lost => FakeReply::write("notes.txt", "still lost\n"),
+            _ => FakeReply::finish("Set the value"),
         }
     });
     let c = cluster(&llm, "branch", "http://127.0.0.1:9", &server);
     let _workers: Vec<testkit::Worker> = (0..2).map(|i| c.join_worker(&format!("w{i}"))).collect();
+    let url = server.url("app");
     let run = |goal: &str, extra: &[&str]| -> String {
-        let mut args = vec![
-            "run",
-            "--detach",
-            "--model",
-            "openai:gpt-4.1",
-            "--permission",
-            "full",
-            "--attempts",
-            "2",
-            "--git",
-        ];
-        let url = server.url("app");
-        args.push(&url);
-        args.extend_from_slice(&["--check", CHECK]);
-        args.extend_from_slice(extra);
-        args.push(goal);
-        let out = c.brain_cli(&args);
-        assert!(out.status.success(), "{}", text(&out));
-        stdout(&out).trim().to_string()
+        c.agent()
+            .args(&["--attempts", "2", "--git", &url])
+            .check(CHECK)
+            .args(extra)
+            .start(goal)
     };
 
     // `--deliver branch` on the parent delivers the winner's workspace under the parent's id.

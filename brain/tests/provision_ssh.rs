@@ -184,9 +184,7 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     assert!(!home.join(".tether").exists());
 }
 
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use testkit::stdout;
 
 /// The agent asks for a bigger machine: it needs approval (the offer costs more than the
 /// threshold), gets an ssh-provisioned worker, moves there with its workspace, finishes

@@ -48,9 +48,7 @@ fn root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use testkit::stdout;
 
 fn exec(c: &Cluster, w: &Worker, extra: &[&str], script: &str) -> std::process::Output {
     let mut args = vec!["exec", w.id.as_str()];
@@ -538,10 +536,10 @@ fn without_a_mount_namespace_a_workspace_its_commands_cannot_reach_is_refused_at
 
 #[test]
 fn commands_ended_by_a_limit_say_which_limit() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call("run_command", json!({"command": "truncate -s 10G big.bin"})),
-        _ => FakeReply::tool_call("finish", json!({"summary": "tried"})),
-    });
+    let llm = FakeLlm::script(vec![
+        FakeReply::run("truncate -s 10G big.bin"),
+        FakeReply::finish("tried"),
+    ]);
     let c = Cluster::start_with(BrainOptions {
         extra_args: vec!["--file-size".into(), "1GiB".into()],
         config: Some(format!(

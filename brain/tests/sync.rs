@@ -138,14 +138,11 @@ fn a_task_moved_mid_run_ends_with_the_workspace_of_an_unmoved_run() {
 
 #[test]
 fn an_agent_moved_between_calls_is_told_and_carries_on_with_its_files() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call(
-            "run_command",
-            json!({"command": "echo made-on-a > a.txt; sleep 1"}),
-        ),
-        1 => FakeReply::tool_call("read_file", json!({"path": "a.txt"})),
-        _ => FakeReply::tool_call("finish", json!({"summary": "read it back"})),
-    });
+    let llm = FakeLlm::script(vec![
+        FakeReply::run("echo made-on-a > a.txt; sleep 1"),
+        FakeReply::tool_call("read_file", json!({"path": "a.txt"})),
+        FakeReply::finish("read it back"),
+    ]);
     let c = with_model(&llm);
     let a = c.join_worker("a");
     let b = c.join_worker("b");
@@ -278,11 +275,11 @@ fn a_sigkilled_worker_fails_over_to_another_and_the_task_ends_with_the_same_work
 
 #[test]
 fn a_task_starts_from_a_git_repository_the_brain_clones() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call("list_files", json!({})),
-        1 => FakeReply::tool_call("read_file", json!({"path": "src/lib.txt"})),
-        _ => FakeReply::tool_call("finish", json!({"summary": "read"})),
-    });
+    let llm = FakeLlm::script(vec![
+        FakeReply::tool_call("list_files", json!({})),
+        FakeReply::tool_call("read_file", json!({"path": "src/lib.txt"})),
+        FakeReply::finish("read"),
+    ]);
     let c = with_model(&llm);
     let w = c.join_worker("w");
     let repo = c.dir.join("repo");
@@ -421,14 +418,11 @@ fn watchers_see_file_changes_as_they_happen() {
 
 #[test]
 fn a_task_starts_from_a_directory_on_its_worker_without_resending_it() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call("read_file", json!({"path": "app/main.txt"})),
-        1 => FakeReply::tool_call(
-            "write_file",
-            json!({"path": "app/main.txt", "content": "changed by the agent\n"}),
-        ),
-        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
-    });
+    let llm = FakeLlm::script(vec![
+        FakeReply::tool_call("read_file", json!({"path": "app/main.txt"})),
+        FakeReply::write("app/main.txt", "changed by the agent\n"),
+        FakeReply::finish("done"),
+    ]);
     let c = with_model(&llm);
     let w = c.join_worker("laptop");
     let project = c.dir.join("project");

@@ -33,21 +33,10 @@ fn stdout(o: &std::process::Output) -> String {
 
 /// Starts an agent task (full permission) on `worker` and returns its id.
 fn start(c: &Cluster, worker: &str, extra: &[&str]) -> String {
-    let mut args = vec![
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        worker,
-    ];
-    args.extend_from_slice(extra);
-    args.push("make done.txt exist");
-    let out = c.brain_cli(&args);
-    assert!(out.status.success(), "{}", text(&out));
-    stdout(&out).trim().to_string()
+    c.agent()
+        .worker(worker)
+        .args(extra)
+        .start("make done.txt exist")
 }
 
 fn ended(c: &Cluster, id: &str) -> String {
@@ -79,15 +68,12 @@ fn first_message(r: &FakeRequest) -> String {
 
 #[test]
 fn a_finish_is_checked_and_a_failing_check_keeps_the_task_going_until_it_passes() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+    let llm = FakeLlm::script(vec![
         // Claims done before doing anything.
-        0 => FakeReply::tool_call("finish", json!({"summary": "All Done already"})),
-        1 => FakeReply::tool_call(
-            "write_file",
-            json!({"path": "done.txt", "content": "yes\n"}),
-        ),
-        _ => FakeReply::tool_call("finish", json!({"summary": "Created done.txt"})),
-    });
+        FakeReply::finish("All Done already"),
+        FakeReply::write("done.txt", "yes\n"),
+        FakeReply::finish("Created done.txt"),
+    ]);
     let c = cluster(&llm);
     let w = c.join_worker("checked");
     let id = start(&c, &w.id, &["--check", "test -f done.txt && echo found it"]);
@@ -131,13 +117,13 @@ fn a_finish_is_checked_and_a_failing_check_keeps_the_task_going_until_it_passes(
 
 #[test]
 fn a_finish_written_with_other_calls_is_not_taken_and_no_check_means_unverified() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_calls(vec![
+    let llm = FakeLlm::script(vec![
+        FakeReply::tool_calls(vec![
             ("run_command", json!({"command": "echo tests fail; exit 1"})),
             ("finish", json!({"summary": "fixed"})),
         ]),
-        _ => FakeReply::tool_call("finish", json!({"summary": "Looked again: fine"})),
-    });
+        FakeReply::finish("Looked again: fine"),
+    ]);
     let c = cluster(&llm);
     let w = c.join_worker("eager");
     let id = start(&c, &w.id, &[]);
@@ -201,7 +187,7 @@ fn a_cycle_of_four_calls_earns_a_note_then_stops_the_task_as_stuck() {
 
 #[test]
 fn out_of_budget_after_a_failing_check_is_not_finished() {
-    let llm = FakeLlm::start(|_| FakeReply::tool_call("finish", json!({"summary": "done"})));
+    let llm = FakeLlm::start(|_| FakeReply::finish("done"));
     let c = cluster(&llm);
     let w = c.join_worker("stubborn");
     let id = start(&c, &w.id, &["--check", "false", "--max-steps", "2"]);
@@ -214,9 +200,7 @@ fn out_of_budget_after_a_failing_check_is_not_finished() {
 #[test]
 fn a_slow_answer_does_not_carry_the_task_past_its_wall_time_budget() {
     // The answer would come long after the budget: the budget ends the task first.
-    let llm = FakeLlm::start(|_| {
-        FakeReply::tool_call("finish", json!({"summary": "late"})).delay(Duration::from_secs(20))
-    });
+    let llm = FakeLlm::start(|_| FakeReply::finish("late").delay(Duration::from_secs(20)));
     let c = cluster(&llm);
     let w = c.join_worker("slow");
     let id = start(&c, &w.id, &["--max-wall", "2s"]);
@@ -267,23 +251,15 @@ fn an_empty_answer_from_claude_is_never_sent_back_as_empty_content() {
     // By request number: the empty answer is left out of the next request.
     let llm = FakeLlm::start(|req| match req.seq {
         1 => FakeReply::text(""),
-        _ => FakeReply::tool_call("finish", json!({"summary": "ok"})),
+        _ => FakeReply::finish("ok"),
     });
     let c = cluster(&llm);
     let w = c.join_worker("claude");
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "anthropic:claude-sonnet-4-5",
-        "--permission",
-        "full",
-        "--worker",
-        &w.id,
-        "say something",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let id = stdout(&out).trim().to_string();
+    let id = c
+        .agent()
+        .model("anthropic:claude-sonnet-4-5")
+        .worker(&w.id)
+        .start("say something");
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
     let reqs = llm.requests();
     assert_eq!(reqs.len(), 2);
@@ -312,16 +288,13 @@ fn an_empty_answer_from_claude_is_never_sent_back_as_empty_content() {
 
 #[test]
 fn a_key_the_model_writes_is_masked_in_calls_summaries_records_output_and_listings() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call("run_command", json!({"command": format!("echo {KEY}")})),
+    let llm = FakeLlm::script(vec![
+        FakeReply::run(format!("echo {KEY}")),
         // Assembled by the shell, so the key is in the output (in one write), not in the
         // arguments.
-        1 => FakeReply::tool_call(
-            "run_command",
-            json!({"command": "k=sk-test-SECRET-; echo \"${k}4b7e1d9c2a\""}),
-        ),
-        _ => FakeReply::tool_call("finish", json!({"summary": format!("used {KEY}")})),
-    });
+        FakeReply::run("k=sk-test-SECRET-; echo \"${k}4b7e1d9c2a\""),
+        FakeReply::finish(format!("used {KEY}")),
+    ]);
     let c = cluster(&llm);
     let w = c.join_worker("leaky");
     let out = c.brain_cli(&[
@@ -402,22 +375,16 @@ fn repo(c: &Cluster) -> String {
 
 #[test]
 fn the_checks_own_files_are_protected_and_put_back_before_each_check() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+    let llm = FakeLlm::script(vec![
         // Tries to pass by rewriting the test: refused outright by the file tool…
-        0 => FakeReply::tool_call(
-            "write_file",
-            json!({"path": "test.sh", "content": "exit 0\n"}),
-        ),
+        FakeReply::write("test.sh", "exit 0\n"),
         // …then through a command, and claims done.
-        1 => FakeReply::tool_call("run_command", json!({"command": "echo 'exit 0' > test.sh"})),
-        2 => FakeReply::tool_call("finish", json!({"summary": "tests pass"})),
+        FakeReply::run("echo 'exit 0' > test.sh"),
+        FakeReply::finish("tests pass"),
         // The test was put back and failed: now it fixes the code.
-        3 => FakeReply::tool_call(
-            "write_file",
-            json!({"path": "calc.sh", "content": "add() { echo $(($1 + $2)); }\n"}),
-        ),
-        _ => FakeReply::tool_call("finish", json!({"summary": "fixed add"})),
-    });
+        FakeReply::write("calc.sh", "add() { echo $(($1 + $2)); }\n"),
+        FakeReply::finish("fixed add"),
+    ]);
     let c = cluster(&llm);
     let w = c.join_worker("honest");
     let url = repo(&c);

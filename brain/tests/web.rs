@@ -190,10 +190,10 @@ async fn wait_status(c: &Cluster, id: &str, want: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn who_may_do_what_and_nothing_changes_when_refused() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call("run_command", json!({"command": "echo ran > proof.txt"})),
-        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
-    });
+    let llm = FakeLlm::script(vec![
+        FakeReply::run("echo ran > proof.txt"),
+        FakeReply::finish("done"),
+    ]);
     let c = cluster(&llm);
     let _w = c.join_worker("laptop");
     let viewer = token(&c, "watcher", "viewer", "1h");
@@ -419,7 +419,7 @@ async fn who_may_do_what_and_nothing_changes_when_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_route_exists_and_asks_for_its_role() {
-    let llm = FakeLlm::start(|_| FakeReply::tool_call("finish", json!({"summary": "done"})));
+    let llm = FakeLlm::start(|_| FakeReply::finish("done"));
     let mut c = cluster(&llm);
     let viewer = token(&c, "v", "viewer", "1h");
     let (s, doc) = call(&c, "GET", "/api/openapi.json", &[], None).await;
@@ -523,15 +523,12 @@ async fn every_documented_route_exists_and_asks_for_its_role() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call("run_command", json!({"command": "echo one > a.txt"})),
-        1 => FakeReply::tool_call(
-            "run_command",
-            json!({"command": "echo two >> a.txt; echo '<script>x()</script>'"}),
-        ),
-        2 => FakeReply::tool_call("run_command", json!({"command": "cat a.txt"})),
-        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
-    });
+    let llm = FakeLlm::script(vec![
+        FakeReply::run("echo one > a.txt"),
+        FakeReply::run("echo two >> a.txt; echo '<script>x()</script>'"),
+        FakeReply::run("cat a.txt"),
+        FakeReply::finish("done"),
+    ]);
     let mut c = cluster(&llm);
     let _w = c.join_worker("laptop");
     let t = token(&c, "reader", "viewer", "1h");

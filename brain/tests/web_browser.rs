@@ -20,15 +20,14 @@ fn a_person_steers_a_task_from_the_page() {
         Ok(b) => b,
         Err(why) => return skip("chromium", &why),
     };
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::tool_call(
-            "run_command",
-            json!({"command": "echo first > a.txt; printf '%s\\n' '<img src=x onerror=\"window.__pwned=1\">' '<script>window.__pwned=2</script>'"}),
+    let llm = FakeLlm::script(vec![
+        FakeReply::run(
+            "echo first > a.txt; printf '%s\\n' '<img src=x onerror=\"window.__pwned=1\">' '<script>window.__pwned=2</script>'",
         ),
-        1 => FakeReply::tool_call("write_file", json!({"path": "notes.txt", "content": "x"})),
-        2 => FakeReply::tool_call("run_command", json!({"command": "echo second >> a.txt"})),
-        _ => FakeReply::tool_call("finish", json!({"summary": "done"})),
-    });
+        FakeReply::write("notes.txt", "x"),
+        FakeReply::run("echo second >> a.txt"),
+        FakeReply::finish("done"),
+    ]);
     let mut c = Cluster::start_with(BrainOptions {
         config: Some(format!(
             "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-web-test\"\n",
@@ -217,12 +216,12 @@ fn a_task_run_as_attempts_shows_them_side_by_side() {
         // The first attempt to ask writes the wrong answer; the other the right one.
         let answer = if first { "41\n" } else { "42\n" };
         match req.assistant_turns() {
-            0 => FakeReply::tool_call("run_command", json!({"command": "ls"})),
+            0 => FakeReply::run("ls"),
             1 => FakeReply::tool_call(
                 "write_file",
                 json!({"path": "answer.txt", "content": answer}),
             ),
-            _ => FakeReply::tool_call("finish", json!({"summary": "wrote the answer"})),
+            _ => FakeReply::finish("wrote the answer"),
         }
     });
     let c = Cluster::start_with(BrainOptions {

@@ -137,6 +137,27 @@ impl FakeReply {
         }
     }
 
+    /// A `run_command` call.
+    pub fn run(command: impl Into<String>) -> Self {
+        Self::tool_call(
+            "run_command",
+            serde_json::json!({"command": command.into()}),
+        )
+    }
+
+    /// A `write_file` call.
+    pub fn write(path: &str, content: impl AsRef<str>) -> Self {
+        Self::tool_call(
+            "write_file",
+            serde_json::json!({"path": path, "content": content.as_ref()}),
+        )
+    }
+
+    /// A `finish` call with its summary.
+    pub fn finish(summary: impl Into<String>) -> Self {
+        Self::tool_call("finish", serde_json::json!({"summary": summary.into()}))
+    }
+
     /// A plain text answer.
     pub fn text(s: impl Into<String>) -> Self {
         Self::new(200, Body::Text(s.into()))
@@ -290,6 +311,16 @@ impl FakeLlm {
             shared,
             thread: Some(thread),
         }
+    }
+
+    /// A server that answers the model's turns in order: turn `n` (the assistant turns the
+    /// request already holds) gets `turns[n]`, and every turn past the end the last one.
+    pub fn script(turns: Vec<FakeReply>) -> Self {
+        assert!(!turns.is_empty(), "a script needs at least one reply");
+        Self::start(move |req| {
+            let n = req.assistant_turns().min(turns.len() - 1);
+            turns[n].clone()
+        })
     }
 
     /// OpenAI-style base URL: `http://127.0.0.1:PORT/v1`.

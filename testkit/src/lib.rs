@@ -4,6 +4,8 @@
 //! Set `TETHER_KEEP_TEST_DIR=1` to keep a test's temp dir (logs, data, workspaces) after it,
 //! and `TETHER_TEST_LOG` to a `RUST_LOG` filter for the processes (default `info`).
 
+pub mod agent_run;
+pub use agent_run::AgentRun;
 pub mod fake_github;
 pub mod fake_kube;
 pub mod fake_llm;
@@ -690,6 +692,11 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 /// stdout and stderr of a finished command, for assertion messages.
+/// A command's standard output, as text.
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub fn text(out: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",

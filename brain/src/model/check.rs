@@ -105,7 +105,7 @@ pub fn is_protected(check: &Check, path: &str) -> bool {
 
 #[cfg(test)]
 mod source_tests {
-    use super::*;
+    use crate::model::check::{Check, CheckSource};
 
     #[test]
     fn a_checks_source_reads_as_logs_wrote_it_and_writes_it_the_same() {

@@ -1,0 +1,75 @@
+//! Starting an agent task the way tests do: `brain run --detach` built a flag at a time
+//! ([`Cluster::agent`]), with the task's id back.
+
+use std::process::Output;
+
+use crate::{Cluster, stdout, text};
+
+impl Cluster {
+    /// An agent task to start with `brain run --detach`: the model `openai:gpt-4.1` with
+    /// full permission unless the builder says otherwise.
+    pub fn agent(&self) -> AgentRun<'_> {
+        AgentRun {
+            cluster: self,
+            model: "openai:gpt-4.1".into(),
+            permission: "full".into(),
+            args: vec![],
+        }
+    }
+}
+
+/// `brain run --detach` of an agent task, a flag at a time ([`Cluster::agent`]).
+pub struct AgentRun<'a> {
+    cluster: &'a Cluster,
+    model: String,
+    permission: String,
+    args: Vec<String>,
+}
+
+impl AgentRun<'_> {
+    pub fn model(mut self, model: &str) -> Self {
+        self.model = model.into();
+        self
+    }
+
+    pub fn permission(mut self, permission: &str) -> Self {
+        self.permission = permission.into();
+        self
+    }
+
+    pub fn worker(self, worker: &str) -> Self {
+        self.args(&["--worker", worker])
+    }
+
+    pub fn check(self, check: &str) -> Self {
+        self.args(&["--check", check])
+    }
+
+    /// More flags, as `brain run` takes them.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// Runs `brain run --detach ... GOAL` and gives its output, whatever it is.
+    pub fn try_start(self, goal: &str) -> Output {
+        let mut all = vec![
+            "run",
+            "--detach",
+            "--model",
+            &self.model,
+            "--permission",
+            &self.permission,
+        ];
+        all.extend(self.args.iter().map(String::as_str));
+        all.push(goal);
+        self.cluster.brain_cli(&all)
+    }
+
+    /// Starts the task and gives its id; panics with the CLI's words if it was refused.
+    pub fn start(self, goal: &str) -> String {
+        let out = self.try_start(goal);
+        assert!(out.status.success(), "brain run: {}", text(&out));
+        stdout(&out).trim().to_string()
+    }
+}
