@@ -1,9 +1,28 @@
-//! Starting an agent task the way tests do: `brain run --detach` built a flag at a time
+//! Starting an agent task the way tests do: a brain whose model providers are the fake
+//! ([`BrainOptions::with_llm`]), and `brain run --detach` built a flag at a time
 //! ([`Cluster::agent`]), with the task's id back.
 
 use std::process::Output;
 
-use crate::{Cluster, stdout, text};
+use crate::fake_llm::FakeLlm;
+use crate::{BrainOptions, Cluster, stdout, text};
+
+impl BrainOptions {
+    /// A brain whose `openai` and `anthropic` providers are `llm` (the fake), with `key` as
+    /// their API key (tests that look for a key leaking choose their own), and `extra` config
+    /// after them (TOML that starts with a table of its own: `[deliver]`, `[agent]`, ...).
+    pub fn with_llm(llm: &FakeLlm, key: &str, extra: &str) -> Self {
+        Self {
+            config: Some(format!(
+                "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"{key}\"\n\
+                 [llm.providers.anthropic]\nbase_url = \"{}\"\napi_key = \"{key}\"\n{extra}",
+                llm.url(),
+                llm.base()
+            )),
+            ..Self::default()
+        }
+    }
+}
 
 impl Cluster {
     /// An agent task to start with `brain run --detach`: the model `openai:gpt-4.1` with

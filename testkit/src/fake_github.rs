@@ -19,23 +19,19 @@
 //! ```
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::BufReader;
-use std::net::TcpStream;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::{Value, json};
 use shared::locks::Lock;
 
-use crate::git_server::{Listener, git, read_body, read_head, respond};
+use crate::git_server::git;
+use crate::http::{Options, Response, Server};
 
 /// The login of the token's user: the author of every pull request.
 pub const LOGIN: &str = "tether-bot";
 /// Largest request body accepted.
 const MAX_BODY: usize = 1 << 20;
-/// How long a socket read or write may stall.
-const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// The REST API versions GitHub offers (`X-GitHub-Api-Version`).
 const API_VERSIONS: &[&str] = &["2022-11-28", "2026-03-10"];
 const DOCS: &str = "https://docs.github.com/rest";
@@ -145,38 +141,48 @@ struct State {
 
 struct Shared {
     token: String,
-    base: String,
+    /// `http://127.0.0.1:PORT`, set once the server listens (before any request can come).
+    base: OnceLock<String>,
     state: Mutex<State>,
+}
+
+impl Shared {
+    fn base(&self) -> &str {
+        self.base.get().map_or("", String::as_str)
+    }
 }
 
 /// A running fake GitHub API; stops when dropped.
 pub struct FakeGithub {
-    _listener: Listener,
+    _server: Server,
     shared: Arc<Shared>,
 }
 
 impl FakeGithub {
     /// Starts the fake on an ephemeral loopback port; `token` is the one valid token.
     pub fn start(token: &str) -> FakeGithub {
-        let listener = Listener::bind().expect("bind the fake GitHub");
-        let addr = listener.local_addr().expect("fake GitHub address");
         let shared = Arc::new(Shared {
             token: token.to_string(),
-            base: format!("http://{addr}"),
+            base: OnceLock::new(),
             state: Mutex::new(State::default()),
         });
         let s = shared.clone();
-        let listener = Listener::start(listener, "fake GitHub", move |conn| serve(conn, &s))
-            .expect("start the fake GitHub");
+        let opts = Options {
+            max_body: MAX_BODY,
+            ..Options::plain("fake GitHub")
+        };
+        let server =
+            Server::start(opts, move |req| serve(&req, &s)).expect("start the fake GitHub");
+        let _ = shared.base.set(format!("http://{}", server.addr()));
         FakeGithub {
             shared,
-            _listener: listener,
+            _server: server,
         }
     }
 
     /// The API base, like `https://api.github.com`: `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
-        self.shared.base.clone()
+        self.shared.base().to_string()
     }
 
     /// Queues a fault: the next request not yet given one is answered with it (FIFO).
@@ -284,64 +290,50 @@ struct Req<'a> {
     raw: &'a [u8],
 }
 
-/// Reads one request, answers it, records it, closes the connection.
-fn serve(conn: TcpStream, s: &Shared) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(IO_TIMEOUT))?;
-    conn.set_write_timeout(Some(IO_TIMEOUT))?;
-    let mut reader = BufReader::new(conn.try_clone()?);
-    let fail = |e: std::io::Error| {
-        let too_large = e.kind() == std::io::ErrorKind::FileTooLarge;
-        let status = if too_large { 413 } else { 400 };
-        let body = error(status, &format!("{e}"), DOCS).body.to_string();
-        let _ = respond(&conn, status, &[], body.as_bytes());
-        e
-    };
-    let head = match read_head(&mut reader).map_err(fail)? {
-        Some(h) => h,
-        None => return Ok(()), // the wake-up connection from Drop, or a probe
-    };
-    let raw = read_body(&mut reader, &head, MAX_BODY).map_err(fail)?;
-    let (path, query) = head.target.split_once('?').unwrap_or((&head.target, ""));
-    let headers: BTreeMap<String, String> = head.headers.iter().cloned().collect();
+/// Answers one request and records it.
+fn serve(http: &crate::http::Request, s: &Shared) -> Response {
+    let headers: BTreeMap<String, String> = http.headers.iter().cloned().collect();
     let req = Req {
-        method: &head.method,
-        path,
-        query,
+        method: &http.method,
+        path: http.path(),
+        query: http.query(),
         headers: &headers,
-        raw: &raw,
+        raw: &http.body,
     };
     let mut violations = Vec::new();
     let answer = answer(s, &req, &mut violations);
     let mut st = s.state.locked();
-    let (method, target) = (&head.method, &head.target);
+    let (method, target) = (&http.method, &http.target);
     let said = violations
         .into_iter()
         .map(|v| format!("{method} {target}: {v}"));
     st.violations.extend(said);
     st.requests.push(GithubRequest {
         method: method.clone(),
-        path: path.to_string(),
-        query: query.to_string(),
-        body: serde_json::from_slice(&raw).unwrap_or(Value::Null),
-        headers,
+        path: req.path.to_string(),
+        query: req.query.to_string(),
+        body: serde_json::from_slice(&http.body).unwrap_or(Value::Null),
+        headers: headers.clone(),
         status: answer.status,
     });
     drop(st);
-    let mut out = vec![
-        ("Content-Type", JSON.to_string()),
-        ("X-GitHub-Media-Type", "github.v3; format=json".into()),
-        ("X-GitHub-Request-Id", format!("FAKE:{}", now_secs())),
-    ];
+    let mut out = Response::new(answer.status, answer.body.to_string())
+        .header("Content-Type", JSON)
+        .header("X-GitHub-Media-Type", "github.v3; format=json")
+        .header("X-GitHub-Request-Id", format!("FAKE:{}", now_secs()));
     let limited = answer
         .headers
         .iter()
         .any(|(k, _)| k.starts_with("x-ratelimit"));
     if !limited {
-        out.extend(rate_headers(4999, 3600));
+        for (k, v) in rate_headers(4999, 3600) {
+            out = out.header(k, v);
+        }
     }
-    out.extend(answer.headers);
-    let body = answer.body.to_string();
-    respond(&conn, answer.status, &out, body.as_bytes())
+    for (k, v) in answer.headers {
+        out = out.header(k, v);
+    }
+    out
 }
 
 /// Decides the answer to a request; pushes what it broke onto `v`.
@@ -594,14 +586,14 @@ fn create(s: &Shared, owner: &str, repo: &str, req: &Req, v: &mut Vec<String>) -
             .and_then(Value::as_bool)
             .unwrap_or(false),
         state: "open".into(),
-        html_url: format!("{}/{owner}/{repo}/pull/{number}", s.base),
+        html_url: format!("{}/{owner}/{repo}/pull/{number}", s.base()),
         created_at: iso_time(now_secs()),
     };
     st.pulls.push(pull.clone());
-    let mut a = Answer::json(201, pull_json(&s.base, &pull));
+    let mut a = Answer::json(201, pull_json(s.base(), &pull));
     a.headers.push((
         "Location",
-        format!("{}/repos/{owner}/{repo}/pulls/{number}", s.base),
+        format!("{}/repos/{owner}/{repo}/pulls/{number}", s.base()),
     ));
     a
 }
@@ -674,7 +666,7 @@ fn list(s: &Shared, owner: &str, repo: &str, query: &str, v: &mut Vec<String>) -
         .into_iter()
         .skip((page - 1) * per_page)
         .take(per_page)
-        .map(|p| pull_json(&s.base, p))
+        .map(|p| pull_json(s.base(), p))
         .collect();
     Answer::json(200, Value::Array(items))
 }

@@ -13,8 +13,6 @@
 //! does not use them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufReader, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +22,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::git_server::{Listener, read_body, read_head};
+use crate::http::{Options, Response, Server};
 
 /// The most of a request body read.
 const MAX_BODY: usize = 4 << 20;
@@ -55,7 +53,7 @@ struct State {
 
 /// A running fake API server and kubelet.
 pub struct FakeKube {
-    listener: Option<Listener>,
+    listener: Option<Server>,
     state: Arc<Mutex<State>>,
     stop: Arc<AtomicBool>,
     kubelet: Option<std::thread::JoinHandle<()>>,
@@ -81,9 +79,12 @@ impl FakeKube {
             ..State::default()
         }));
         let (st, want, cfg) = (state.clone(), token.clone(), Arc::new(server_config));
-        let listener = Listener::start(Listener::bind()?, "fake kube-apiserver", move |tcp| {
-            serve(tcp, &cfg, &st, &want)
-        })?;
+        let opts = Options {
+            max_body: MAX_BODY,
+            tls: Some(cfg),
+            ..Options::plain("fake kube-apiserver")
+        };
+        let listener = Server::start(opts, move |req| serve(&req, &st, &want))?;
         let stop = Arc::new(AtomicBool::new(false));
         let (st, halt, worker, root) = (
             state.clone(),
@@ -112,7 +113,7 @@ impl FakeKube {
     pub fn server(&self) -> String {
         format!(
             "https://127.0.0.1:{}",
-            self.listener.as_ref().map(|l| l.addr.port()).unwrap_or(0)
+            self.listener.as_ref().map(|l| l.addr().port()).unwrap_or(0)
         )
     }
 
@@ -278,46 +279,20 @@ fn status(code: u16, reason: &str, message: String, kind: &str, name: &str) -> (
     )
 }
 
-fn serve(
-    tcp: TcpStream,
-    cfg: &Arc<rustls::ServerConfig>,
-    state: &Mutex<State>,
-    token: &str,
-) -> std::io::Result<()> {
-    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let conn = rustls::ServerConnection::new(cfg.clone()).map_err(std::io::Error::other)?;
-    let mut tls = rustls::StreamOwned::new(conn, tcp);
-    let (head, body) = {
-        let mut r = BufReader::new(&mut tls);
-        let Some(head) = read_head(&mut r)? else {
-            return Ok(());
-        };
-        let body = read_body(&mut r, &head, MAX_BODY)?;
-        (head, body)
-    };
+fn serve(req: &crate::http::Request, state: &Mutex<State>, token: &str) -> Response {
     lock(state)
         .requests
-        .push(format!("{} {}", head.method, head.target));
-    let authed = head
+        .push(format!("{} {}", req.method, req.target));
+    let authed = req
         .header("authorization")
         .and_then(|a| a.strip_prefix("Bearer "))
         .is_some_and(|t| t == token);
     let (code, answer) = if authed {
-        route(state, &head.method, &head.target, &body)
+        route(state, &req.method, &req.target, &req.body)
     } else {
         status(401, "Unauthorized", "Unauthorized".into(), "", "")
     };
-    let body = answer.to_string();
-    let text = format!(
-        "HTTP/1.1 {code} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        if code < 300 { "OK" } else { "Error" },
-        body.len()
-    );
-    tls.write_all(text.as_bytes())?;
-    tls.flush()?;
-    tls.conn.send_close_notify();
-    let _ = tls.flush();
-    Ok(())
+    Response::json(code, &answer)
 }
 
 /// `k=v,k2=v2` against an object's labels.

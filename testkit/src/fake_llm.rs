@@ -1,5 +1,5 @@
-//! A fake LLM server for tests: plain HTTP/1.1 on 127.0.0.1, speaking the OpenAI Chat
-//! Completions and Anthropic Messages wire formats. A script decides each answer.
+//! A fake LLM server for tests: plain HTTP/1.1 on 127.0.0.1 ([`crate::http`]), speaking the
+//! OpenAI Chat Completions and Anthropic Messages wire formats. A script decides each answer.
 //!
 //! ```no_run
 //! use testkit::fake_llm::{FakeLlm, FakeReply};
@@ -15,12 +15,10 @@
 
 use shared::locks::Lock;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
+
+use crate::http::{Options, Response, Server};
 
 use serde_json::{Value, json};
 
@@ -265,52 +263,28 @@ type Script = dyn Fn(&FakeRequest) -> FakeReply + Send + Sync;
 struct Shared {
     script: Box<Script>,
     requests: Mutex<Vec<FakeRequest>>,
-    stop: AtomicBool,
 }
 
 /// A running fake LLM server; stops when dropped.
 pub struct FakeLlm {
-    addr: SocketAddr,
+    server: Server,
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl FakeLlm {
     /// Starts the server on an ephemeral loopback port; `script` answers every request.
     pub fn start(script: impl Fn(&FakeRequest) -> FakeReply + Send + Sync + 'static) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fake LLM");
-        let addr = listener.local_addr().expect("fake LLM address");
         let shared = Arc::new(Shared {
             script: Box::new(script),
             requests: Mutex::new(Vec::new()),
-            stop: AtomicBool::new(false),
         });
         let s = shared.clone();
-        let thread = std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if s.stop.load(Ordering::SeqCst) {
-                    break;
-                }
-                let Ok(conn) = conn else { continue };
-                let s = s.clone();
-                std::thread::spawn(move || {
-                    // A client that gave up (timeout test) closes first: not worth a line.
-                    if let Err(e) = serve(conn, &s)
-                        && !matches!(
-                            e.kind(),
-                            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
-                        )
-                    {
-                        eprintln!("fake LLM: {e}");
-                    }
-                });
-            }
-        });
-        Self {
-            addr,
-            shared,
-            thread: Some(thread),
-        }
+        let opts = Options {
+            max_body: MAX_BODY,
+            ..Options::plain("fake LLM")
+        };
+        let server = Server::start(opts, move |req| serve(req, &s)).expect("start the fake LLM");
+        Self { server, shared }
     }
 
     /// A server that answers the model's turns in order: turn `n` (the assistant turns the
@@ -330,7 +304,7 @@ impl FakeLlm {
 
     /// Anthropic-style base URL: `http://127.0.0.1:PORT`.
     pub fn base(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.server.addr())
     }
 
     /// Every request received so far, in order.
@@ -344,62 +318,15 @@ impl FakeLlm {
     }
 }
 
-impl Drop for FakeLlm {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Reads one request, answers it, closes the connection.
-fn serve(conn: TcpStream, shared: &Shared) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut reader = BufReader::new(conn.try_clone()?);
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Ok(()); // the wake-up connection from Drop, or a probe
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or_default().to_string();
-    let path = parts.next().unwrap_or_default().to_string();
-    let mut headers = BTreeMap::new();
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            break;
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-        }
-    }
-    let len: usize = headers
-        .get("content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    if len > MAX_BODY {
-        return respond(
-            &conn,
-            413,
-            &json!({"error": {"message": "body too large"}}),
-            None,
-        );
-    }
-    let mut body = vec![0; len];
-    reader.read_exact(&mut body)?;
+/// Records a request, asks the script, answers in the request's wire format.
+fn serve(req: crate::http::Request, shared: &Shared) -> Response {
     let req = {
         let mut reqs = shared.requests.locked();
         let req = FakeRequest {
-            method,
-            path,
-            headers,
-            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            method: req.method,
+            path: req.target,
+            headers: req.headers.into_iter().collect(),
+            body: serde_json::from_slice(&req.body).unwrap_or(Value::Null),
             seq: reqs.len() + 1,
         };
         reqs.push(req.clone());
@@ -409,46 +336,9 @@ fn serve(conn: TcpStream, shared: &Shared) -> std::io::Result<()> {
     if let Some(d) = reply.delay {
         std::thread::sleep(d);
     }
-    respond(&conn, reply.status, &reply.render(&req), reply.retry_after)
-}
-
-fn respond(
-    mut conn: &TcpStream,
-    status: u16,
-    body: &Value,
-    retry_after: Option<u64>,
-) -> std::io::Result<()> {
-    let body = body.to_string();
-    let mut head = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-         Connection: close\r\n",
-        reason(status),
-        body.len()
-    );
-    if let Some(s) = retry_after {
-        head.push_str(&format!("Retry-After: {s}\r\n"));
-    }
-    head.push_str("\r\n");
-    conn.write_all(head.as_bytes())?;
-    conn.write_all(body.as_bytes())?;
-    conn.flush()?;
-    let _ = conn.shutdown(std::net::Shutdown::Both);
-    Ok(())
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        413 => "Payload Too Large",
-        429 => "Too Many Requests",
-        500 => "Internal Server Error",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        529 => "Overloaded",
-        _ => "Status",
+    let out = Response::json(reply.status, &reply.render(&req));
+    match reply.retry_after {
+        Some(s) => out.header("retry-after", s.to_string()),
+        None => out,
     }
 }

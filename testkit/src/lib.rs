@@ -9,11 +9,14 @@ pub use agent_run::AgentRun;
 pub mod fake_github;
 pub mod fake_kube;
 pub mod fake_llm;
+mod follow;
 pub mod git_server;
+pub mod http;
 pub mod https;
 pub mod moto;
 pub mod netns;
 mod procs;
+pub mod random;
 pub mod sshd;
 pub mod tasks;
 pub mod webdriver;
@@ -586,18 +589,6 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
-    /// Waits (at most `timeout`) until task `id`'s log holds `n` records of kind `kind`.
-    pub fn wait_records(&self, id: &str, kind: &str, n: usize, timeout: Duration) {
-        let done = wait_until(timeout, || {
-            self.task_log_json(id)
-                .iter()
-                .filter(|r| r["kind"] == kind)
-                .count()
-                >= n
-        });
-        assert!(done, "no {n} × {kind} in {id}'s log:\n{}", self.brain_log());
-    }
-
     /// `brain workers --json`.
     pub fn workers(&self) -> Vec<serde_json::Value> {
         let out = self.brain_cli(&["workers", "--json"]);
@@ -691,12 +682,18 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// stdout and stderr of a finished command, for assertion messages.
 /// A command's standard output, as text.
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A 64-bit integer of the API's JSON: a decimal string (proto3's JSON mapping, which the
+/// API and `brain task log --json` follow), or a number where the CLI writes one.
+pub fn json_u64(v: &serde_json::Value) -> Option<u64> {
+    v.as_u64().or_else(|| v.as_str()?.parse().ok())
+}
+
+/// stdout and stderr of a finished command, for assertion messages.
 pub fn text(out: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",

@@ -195,21 +195,26 @@ impl Moto {
     /// From now on every call must be signed with a key IAM knows and be allowed by its
     /// policies.
     pub fn enforce(&self) {
-        let port = self.url.rsplit(':').next().unwrap_or_default();
-        let body = "0";
-        let req = format!(
-            "POST /moto-api/reset-auth HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        use std::io::{Read, Write};
-        let mut s =
-            std::net::TcpStream::connect(format!("127.0.0.1:{port}")).expect("moto listens");
-        s.write_all(req.as_bytes()).unwrap();
-        let mut answer = String::new();
-        let _ = s.read_to_string(&mut answer);
-        assert!(
-            answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200"),
-            "moto refused to enforce authentication: {answer}"
+        let port: u16 = self
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.trim_end_matches('/').parse().ok())
+            .expect("moto's URL names its port");
+        let (status, answer) = crate::http::request(
+            port,
+            "POST",
+            "/moto-api/reset-auth",
+            "text/plain",
+            b"0".to_vec(),
+            std::time::Duration::from_secs(30),
+        )
+        .expect("moto listens");
+        assert_eq!(
+            status,
+            200,
+            "moto refused to enforce authentication: {}",
+            String::from_utf8_lossy(&answer)
         );
     }
 

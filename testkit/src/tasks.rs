@@ -176,7 +176,7 @@ pub fn results(c: &Cluster, task: &str) -> Vec<Ran> {
     let log = c.task_log_json(task);
     let mut out: Vec<(u64, Ran)> = Vec::new();
     for e in &log {
-        let id = e["call_id"].as_u64().unwrap_or(0);
+        let id = crate::json_u64(&e["call_id"]).unwrap_or(0);
         match e["kind"].as_str() {
             Some("tool_call_issued") if e["call"]["tool"] == "run_command" => out.push((
                 id,

@@ -1,10 +1,8 @@
 //! A headless Chromium driven through W3C WebDriver (Debian's `chromium` and
 //! `chromium-driver`): `chromedriver` on a loopback port, one browser session, and the few
 //! commands the web tests use (navigate, find, click, type, run a script, screenshot). The
-//! protocol is JSON over HTTP/1.1; this speaks it over a plain TCP stream.
+//! protocol is JSON over HTTP/1.1 ([`crate::http::request`]).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,77 +11,19 @@ use serde_json::{Value, json};
 /// The key of an element reference in WebDriver answers.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
-/// One HTTP/1.1 request to `127.0.0.1:port`: the status and the JSON answer.
+/// One request to chromedriver on `127.0.0.1:port`: the status and the JSON answer.
 fn http(port: u16, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value), String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok();
     let body = body.map(Value::to_string).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
+    let (status, out) = crate::http::request(
+        port,
+        method,
+        path,
+        "application/json",
+        body.into_bytes(),
+        Duration::from_secs(60),
     )
     .map_err(|e| e.to_string())?;
-    // Read the head, then exactly the body it announces (the driver may keep the
-    // connection open whatever we asked).
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 16384];
-    let head_end = loop {
-        if let Some(i) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
-        if n == 0 {
-            return Err("the connection closed before an answer".into());
-        }
-        raw.extend_from_slice(&buf[..n]);
-    };
-    let head = String::from_utf8_lossy(&raw[..head_end]).to_string();
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or("no status")?;
-    let header = |name: &str| {
-        head.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
-        })
-    };
-    let chunked = header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
-    let length: Option<usize> = header("content-length").and_then(|v| v.parse().ok());
-    loop {
-        let body = &raw[head_end..];
-        let done = match (chunked, length) {
-            (true, _) => body.windows(5).any(|w| w == b"0\r\n\r\n"),
-            (false, Some(n)) => body.len() >= n,
-            (false, None) => false,
-        };
-        if done {
-            break;
-        }
-        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
-        if n == 0 {
-            break;
-        }
-        raw.extend_from_slice(&buf[..n]);
-    }
-    let rest = String::from_utf8_lossy(&raw[head_end..]).to_string();
-    let body = if chunked { dechunk(&rest) } else { rest };
-    Ok((status, serde_json::from_str(&body).unwrap_or(Value::Null)))
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
+    Ok((status, serde_json::from_slice(&out).unwrap_or(Value::Null)))
 }
 
 /// A browser session on its own chromedriver; both end when this is dropped.

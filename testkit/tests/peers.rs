@@ -247,15 +247,7 @@ fn a_large_push_goes_through_with_a_chunked_body() {
     );
     // 4 MiB that do not compress: larger than git's 1 MiB http.postBuffer, so the pack goes
     // out chunked.
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let blob: Vec<u8> = (0..4 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let blob = testkit::random::noise(4 << 20);
     let sha = commit_on_branch(&clone, "big-change", &[("blob.bin", &blob)]);
     ok(
         git_with(

@@ -266,25 +266,16 @@ impl Drop for Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
     use shared::manifest::Rules;
     use shared::scan::Scanner;
 
-    /// A small deterministic generator, so a failing sequence can be replayed by its seed.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-    }
-
-    fn mess_with(root: &Path, r: &mut Rng, step: usize) {
+    fn mess_with(root: &Path, r: &mut StdRng, step: usize) {
         let dirs = ["", "a", "a/b", "a/b/c", "d", "target", "n"];
-        let d = root.join(dirs[r.next(dirs.len() as u64) as usize]);
-        let f = d.join(format!("f{}", r.next(5)));
-        match r.next(8) {
+        let d = root.join(dirs[r.random_range(0..dirs.len() as u64) as usize]);
+        let f = d.join(format!("f{}", r.random_range(0..5)));
+        match r.random_range(0..8) {
             0..=2 => {
                 std::fs::create_dir_all(&d).unwrap();
                 if !f.is_dir() {
@@ -296,16 +287,16 @@ mod tests {
             }
             4 => {
                 // A whole new tree at once, as `tar x` or `git checkout` makes one.
-                let t = d.join(format!("t{}", r.next(3)));
-                for i in 0..r.next(20) {
+                let t = d.join(format!("t{}", r.random_range(0..3)));
+                for i in 0..r.random_range(0..20) {
                     let p = t.join(format!("x{}/y{i}", i % 3));
                     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
                     std::fs::write(p, format!("{step}/{i}")).unwrap();
                 }
             }
             5 => {
-                let from = d.join(format!("t{}", r.next(3)));
-                let to = root.join(format!("m{}", r.next(3)));
+                let from = d.join(format!("t{}", r.random_range(0..3)));
+                let to = root.join(format!("m{}", r.random_range(0..3)));
                 if from.is_dir() {
                     let _ = std::fs::remove_dir_all(&to);
                     std::fs::rename(&from, &to).unwrap();
@@ -314,12 +305,13 @@ mod tests {
                 }
             }
             6 => {
-                let _ = std::fs::remove_dir_all(d.join(format!("t{}", r.next(3))));
+                let _ = std::fs::remove_dir_all(d.join(format!("t{}", r.random_range(0..3))));
             }
             _ => {
                 std::fs::create_dir_all(&d).unwrap();
                 let _ = std::fs::remove_file(d.join("link"));
-                std::os::unix::fs::symlink(format!("f{}", r.next(5)), d.join("link")).unwrap();
+                std::os::unix::fs::symlink(format!("f{}", r.random_range(0..5)), d.join("link"))
+                    .unwrap();
             }
         }
     }
@@ -333,7 +325,7 @@ mod tests {
             std::fs::write(root.join(".gitignore"), "n/\n").unwrap();
             let mut t = Tracker::new(root, &state.path().join("fences"));
             let mut s = Scanner::new(root, Rules::default());
-            let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut r = StdRng::seed_from_u64(seed);
             let mut partial = 0;
             for step in 0..25 {
                 let changed = t.take();
@@ -350,7 +342,7 @@ mod tests {
                     "seed {seed} step {step}: the tracked scan disagrees with a full walk: {:?}",
                     got.diff(&want)
                 );
-                for _ in 0..=r.next(4) {
+                for _ in 0..=r.random_range(0..4) {
                     mess_with(root, &mut r, step);
                 }
             }

@@ -3,6 +3,8 @@
 use super::write::materialise;
 use super::*;
 use crate::scan::Scanner;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -348,18 +350,6 @@ fn a_racing_symlink_swap_never_makes_materialise_write_outside() {
     assert_eq!(ok + refused, 100);
 }
 
-/// A small deterministic generator for the tests below.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// The delta as a walk over every entry finds it: the reference the hash tree's must equal.
 fn flat_diff(a: &Manifest, b: &Manifest) -> Delta {
     let mut d = Delta::default();
@@ -382,17 +372,17 @@ fn the_hash_tree_follows_every_change_and_diffs_as_a_full_comparison_would() {
     // Names that sort around '/' ('-' and '.' before it, '0' after), so that a directory's
     // children are not contiguous in path order.
     let names = ["a", "a-b", "a.txt", "a0", "b", "c"];
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
     let mut m = Manifest::default();
     let mut earlier: Vec<Manifest> = Vec::new();
     for step in 0..600 {
         // A random path of depth 1 to 4 whose parents are made directories.
-        let depth = 1 + (rng.next() % 4) as usize;
+        let depth = rng.random_range(1..=4usize);
         let parts: Vec<&str> = (0..depth)
-            .map(|_| names[(rng.next() % names.len() as u64) as usize])
+            .map(|_| names[rng.random_range(0..names.len())])
             .collect();
         let path = parts.join("/");
-        match rng.next() % 5 {
+        match rng.random_range(0..5) {
             0 => m.remove_tree(&path),
             op => {
                 for i in 1..parts.len() {
@@ -405,7 +395,10 @@ fn the_hash_tree_follows_every_change_and_diffs_as_a_full_comparison_would() {
                 let e = match op {
                     1 => Entry::dir(),
                     2 => Entry::symlink(&format!("../t{step}")),
-                    _ => Entry::file(format!("v{}", rng.next() % 7).as_bytes(), step % 3 == 0),
+                    _ => Entry::file(
+                        format!("v{}", rng.random_range(0..7)).as_bytes(),
+                        step % 3 == 0,
+                    ),
                 };
                 if e.kind != Kind::Dir {
                     m.remove_tree(&path);
@@ -423,7 +416,7 @@ fn the_hash_tree_follows_every_change_and_diffs_as_a_full_comparison_would() {
         }
         // Against an earlier version, both ways: the tree's delta is the full comparison's,
         // and applying it gives the other version.
-        let old = &earlier[(rng.next() % earlier.len() as u64) as usize];
+        let old = &earlier[rng.random_range(0..earlier.len())];
         for (from, to) in [(old, &m), (&m, old)] {
             let d = from.diff(to);
             assert_eq!(d, flat_diff(from, to), "step {step}");

@@ -1,6 +1,8 @@
 //! Tests of `scan`.
 
 use super::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 fn write(root: &Path, p: &str, s: &str) {
     let p = root.join(p);
@@ -8,29 +10,18 @@ fn write(root: &Path, p: &str, s: &str) {
     std::fs::write(p, s).unwrap();
 }
 
-/// A small deterministic generator, so a failing sequence can be replayed by its seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// What an ideal watcher would report for one operation: every path it touched.
-fn op(root: &Path, r: &mut Rng, step: usize) -> Vec<String> {
+fn op(root: &Path, r: &mut StdRng, step: usize) -> Vec<String> {
     let dirs = ["", "a", "a/b", "c", "target", "ign", "a/b/deep"];
-    let d = dirs[r.next(dirs.len() as u64) as usize];
-    let f = join(d, &format!("f{}", r.next(6)));
+    let d = dirs[r.random_range(0..dirs.len() as u64) as usize];
+    let f = join(d, &format!("f{}", r.random_range(0..6)));
     let abs = root.join(&f);
     // A watcher also reports the directories an operation creates.
     let mut out: Vec<String> =
         std::iter::successors(Some(d), |p| (!p.is_empty()).then(|| parent(p)))
             .map(String::from)
             .collect();
-    out.extend(match r.next(10) {
+    out.extend(match r.random_range(0..10) {
         0..=3 => {
             std::fs::create_dir_all(abs.parent().unwrap()).unwrap();
             if abs.is_dir() {
@@ -55,7 +46,7 @@ fn op(root: &Path, r: &mut Rng, step: usize) -> Vec<String> {
         }
         6 => {
             let src = root.join(d).join("sub");
-            let dst = root.join(format!("moved{}", r.next(3)));
+            let dst = root.join(format!("moved{}", r.random_range(0..3)));
             if src.is_dir() && !dst.exists() {
                 std::fs::rename(&src, &dst).unwrap();
             }
@@ -72,7 +63,7 @@ fn op(root: &Path, r: &mut Rng, step: usize) -> Vec<String> {
             let rules = ["*.log\n", "f1\n", "!f1\n", "sub/\n"];
             let p = join(d, ".gitignore");
             std::fs::create_dir_all(root.join(d)).unwrap();
-            std::fs::write(root.join(&p), rules[r.next(4) as usize]).unwrap();
+            std::fs::write(root.join(&p), rules[r.random_range(0..4) as usize]).unwrap();
             vec![p]
         }
         _ => {
@@ -94,13 +85,13 @@ fn scans_of_only_the_changed_paths_agree_with_full_walks() {
         write(root, ".gitignore", "ign/\n*.tmp\n");
         write(root, "a/b/keep.rs", "x");
         write(root, "target/out", "built");
-        let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut r = StdRng::seed_from_u64(seed);
         let mut inc = Scanner::new(root, Rules::default());
         let mut marked = inc.scan().unwrap();
         inc.mark(inc.generation(), &marked.root_hash());
         for step in 0..30 {
             let mut changed = BTreeSet::new();
-            for _ in 0..=r.next(3) {
+            for _ in 0..=r.random_range(0..3) {
                 changed.extend(op(root, &mut r, step));
             }
             let got = inc.scan_changes(&changed, &mut |_| {}).unwrap().clone();

@@ -1,6 +1,6 @@
-//! A real git server for tests: `git http-backend` (it ships with git) run as CGI behind a
-//! small HTTP/1.1 server on 127.0.0.1, with HTTP Basic auth, over a temp dir of bare
-//! repositories. Clone, fetch and push through it with a stock git client; every request
+//! A real git server for tests: `git http-backend` (it ships with git) run as CGI behind
+//! testkit's HTTP server ([`crate::http`]) on 127.0.0.1, with HTTP Basic auth, over a temp dir
+//! of bare repositories. Clone, fetch and push through it with a stock git client; every request
 //! it answered is recorded (method, path, the credentials it carried, the status).
 //!
 //! ```no_run
@@ -11,29 +11,25 @@
 //! assert!(server.branches("app").iter().any(|(b, _)| b == "main"));
 //! ```
 //!
-//! Every response says `Connection: close`; git's libcurl opens a new connection for the
-//! next request, which keeps this server one request per connection and simple.
+//! Credentials are checked from a request's head, before its body is read: a push without
+//! them is refused before git sends its pack (git's `Expect: 100-continue` is never
+//! answered), as real servers do.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use shared::locks::Lock;
 
+use crate::http::{Options, Request, Response, Server};
+
 /// Largest request body accepted (after chunked decoding).
 const MAX_BODY: usize = 256 << 20;
-/// Longest request line or header line.
-const MAX_LINE: usize = 16 << 10;
-/// Most header lines in one request (or one CGI answer).
+/// Most header lines in one CGI answer.
 const MAX_HEADERS: usize = 100;
-/// How long a socket read or write may stall.
-const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long one `git http-backend` may run before it is killed.
 const BACKEND_TIMEOUT: Duration = Duration::from_secs(120);
 /// How much of `git http-backend`'s stderr is kept per request.
@@ -92,7 +88,7 @@ struct Shared {
 
 /// A running git server; its listener stops and its repositories are deleted when dropped.
 pub struct GitServer {
-    listener: Listener,
+    listener: Server,
     /// The port of its TLS front, once [`GitServer::serve_tls`] made one.
     tls_port: Option<u16>,
     shared: Arc<Shared>,
@@ -113,10 +109,18 @@ impl GitServer {
             auth,
             requests: Mutex::new(Vec::new()),
         });
-        let s = shared.clone();
-        let listener = Listener::bind()
-            .and_then(|l| Listener::start(l, "git server", move |conn| serve(conn, &s)))
-            .context("bind the git server")?;
+        let (s, first) = (shared.clone(), shared.clone());
+        let opts = Options {
+            max_body: MAX_BODY,
+            early: Some(Arc::new(move |head: &Request| {
+                waits_for_go_ahead(head)
+                    .then(|| refuse(head, &first))
+                    .flatten()
+            })),
+            ..Options::plain("git server")
+        };
+        let listener =
+            Server::start(opts, move |req| serve(&req, &s)).context("bind the git server")?;
         Ok(GitServer {
             listener,
             tls_port: None,
@@ -183,7 +187,7 @@ impl GitServer {
 
     /// `http://127.0.0.1:PORT`: the server itself, without its TLS front.
     pub fn plain_url(&self) -> String {
-        format!("http://{}", self.listener.addr)
+        format!("http://{}", self.listener.addr())
     }
 
     /// Serves it over HTTPS too, with a certificate for 127.0.0.1 from `ca`; [`url`] and
@@ -195,7 +199,7 @@ impl GitServer {
         self.tls_port = Some(crate::https::tls_front(
             ca,
             &["127.0.0.1"],
-            self.listener.addr,
+            self.listener.addr(),
         )?);
         Ok(())
     }
@@ -325,373 +329,110 @@ fn check_name(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An accept loop on an ephemeral loopback port answering each connection in a thread of
-/// its own; it stops when dropped.
-pub(crate) struct Listener {
-    pub(crate) addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Listener {
-    /// Binds 127.0.0.1 on an ephemeral port.
-    pub(crate) fn bind() -> std::io::Result<TcpListener> {
-        TcpListener::bind("127.0.0.1:0")
-    }
-
-    pub(crate) fn start(
-        listener: TcpListener,
-        name: &'static str,
-        serve: impl Fn(TcpStream) -> std::io::Result<()> + Send + Sync + 'static,
-    ) -> std::io::Result<Self> {
-        let addr = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let (serve, halt) = (Arc::new(serve), stop.clone());
-        let thread = std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if halt.load(Ordering::SeqCst) {
-                    break;
-                }
-                let Ok(conn) = conn else { continue };
-                let serve = serve.clone();
-                std::thread::spawn(move || {
-                    // A client that gave up closes first: not worth a line.
-                    if let Err(e) = serve(conn)
-                        && !matches!(
-                            e.kind(),
-                            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
-                        )
-                    {
-                        eprintln!("{name}: {e}");
-                    }
-                });
-            }
-        });
-        Ok(Self {
-            addr,
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// A request line and headers (names lowercased, in order).
-pub(crate) struct Head {
-    pub(crate) method: String,
-    pub(crate) target: String,
-    pub(crate) headers: Vec<(String, String)>,
-}
-
-impl Head {
-    /// The first value of a header, by lowercase name.
-    pub(crate) fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-fn invalid(msg: impl Into<String>) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, msg.into())
-}
-
-/// One CRLF- (or LF-) terminated line without its terminator, at most [`MAX_LINE`] long;
-/// None at a clean end of input.
-fn read_line(r: &mut impl BufRead) -> std::io::Result<Option<String>> {
-    let mut buf = Vec::new();
-    let n = r
-        .by_ref()
-        .take(MAX_LINE as u64 + 1)
-        .read_until(b'\n', &mut buf)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    if buf.last() != Some(&b'\n') {
-        if n > MAX_LINE {
-            return Err(invalid(format!("a line longer than {MAX_LINE} bytes")));
-        }
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    buf.pop();
-    if buf.last() == Some(&b'\r') {
-        buf.pop();
-    }
-    String::from_utf8(buf)
-        .map(Some)
-        .map_err(|_| invalid("a line that is not UTF-8"))
-}
-
-/// Header lines up to the blank line (names lowercased).
-fn read_headers(r: &mut impl BufRead) -> std::io::Result<Vec<(String, String)>> {
-    let mut headers = Vec::new();
-    loop {
-        let line = read_line(r)?.ok_or(std::io::ErrorKind::UnexpectedEof)?;
-        if line.is_empty() {
-            return Ok(headers);
-        }
-        if headers.len() >= MAX_HEADERS {
-            return Err(invalid(format!("more than {MAX_HEADERS} header lines")));
-        }
-        let (k, v) = line
-            .split_once(':')
-            .ok_or_else(|| invalid(format!("a header line without a colon: {line:?}")))?;
-        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-    }
-}
-
-/// Reads a request line and its headers; None if the peer closed without sending one.
-pub(crate) fn read_head(r: &mut impl BufRead) -> std::io::Result<Option<Head>> {
-    let Some(line) = read_line(r)? else {
-        return Ok(None);
-    };
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(invalid(format!("a malformed request line: {line:?}")));
-    };
-    if !version.starts_with("HTTP/1.") {
-        return Err(invalid(format!("not HTTP/1.x: {line:?}")));
-    }
-    Ok(Some(Head {
-        method: method.to_string(),
-        target: target.to_string(),
-        headers: read_headers(r)?,
-    }))
-}
-
-/// Reads a request body: `Content-Length` bytes, or a chunked body decoded; at most `max`
-/// bytes (else an error of kind `FileTooLarge`).
-pub(crate) fn read_body(r: &mut impl BufRead, head: &Head, max: usize) -> std::io::Result<Vec<u8>> {
-    let too_large = || {
-        std::io::Error::new(
-            std::io::ErrorKind::FileTooLarge,
-            format!("a request body larger than {max} bytes"),
-        )
-    };
-    if let Some(te) = head.header("transfer-encoding") {
-        if !te.eq_ignore_ascii_case("chunked") {
-            return Err(invalid(format!("unsupported Transfer-Encoding: {te}")));
-        }
-        let mut body = Vec::new();
-        loop {
-            let line = read_line(r)?.ok_or(std::io::ErrorKind::UnexpectedEof)?;
-            let size = line.split(';').next().unwrap_or_default().trim();
-            let size = usize::from_str_radix(size, 16)
-                .map_err(|_| invalid(format!("a bad chunk size line: {line:?}")))?;
-            if size == 0 {
-                // Trailers, if any, up to the blank line.
-                read_headers(r)?;
-                return Ok(body);
-            }
-            let start = body.len();
-            if start.saturating_add(size) > max {
-                return Err(too_large());
-            }
-            body.resize(start + size, 0);
-            r.read_exact(&mut body[start..])?;
-            if read_line(r)?.as_deref() != Some("") {
-                return Err(invalid("a chunk not followed by CRLF"));
-            }
-        }
-    }
-    let len = match head.header("content-length") {
-        None => 0,
-        Some(v) => v
-            .parse::<usize>()
-            .map_err(|_| invalid(format!("a bad Content-Length: {v:?}")))?,
-    };
-    if len > max {
-        return Err(too_large());
-    }
-    let mut body = vec![0; len];
-    r.read_exact(&mut body)?;
-    Ok(body)
-}
-
-/// Writes a complete response with a small body and closes the connection.
-pub(crate) fn respond(
-    mut conn: &TcpStream,
-    status: u16,
-    headers: &[(&str, String)],
-    body: &[u8],
-) -> std::io::Result<()> {
-    let mut head = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        reason(status),
-        body.len()
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    conn.write_all(head.as_bytes())?;
-    conn.write_all(body)?;
-    conn.flush()?;
-    let _ = conn.shutdown(std::net::Shutdown::Write);
-    Ok(())
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        201 => "Created",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        413 => "Payload Too Large",
-        422 => "Unprocessable Entity",
-        500 => "Internal Server Error",
-        502 => "Bad Gateway",
-        _ => "Status",
-    }
-}
-
 /// `Basic base64(user:password)` → (user, password).
 fn parse_basic(value: &str) -> Option<(String, String)> {
     let (scheme, rest) = value.trim().split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;
     }
-    let decoded = String::from_utf8(base64_decode(rest.trim())?).ok()?;
+    use base64::Engine as _;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .ok()?;
+    let decoded = String::from_utf8(raw).ok()?;
     let (u, p) = decoded.split_once(':')?;
     Some((u.to_string(), p.to_string()))
 }
 
-fn base64_decode(s: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for c in s.trim_end_matches('=').bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        };
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    Some(out)
-}
-
-/// Answers one request and closes the connection; records it.
-fn serve(conn: TcpStream, s: &Shared) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(IO_TIMEOUT))?;
-    conn.set_write_timeout(Some(IO_TIMEOUT))?;
-    let peer = conn.peer_addr()?;
-    let mut reader = BufReader::new(conn.try_clone()?);
-    let head = match read_head(&mut reader) {
-        Ok(Some(h)) => h,
-        Ok(None) => return Ok(()), // the wake-up connection from Drop, or a probe
-        Err(e) => {
-            let _ = respond(&conn, 400, &[], format!("{e}\n").as_bytes());
-            return Err(e);
-        }
-    };
-    let authorization = head.header("authorization").map(str::to_string);
+/// What a request carries of credentials, as it will be recorded (status still 0).
+fn record_of(req: &Request, s: &Shared) -> GitRequest {
+    let authorization = req.header("authorization").map(str::to_string);
     let creds = authorization.as_deref().and_then(parse_basic);
     let authenticated = matches!(&creds, Some((u, p)) if *u == s.user && *p == s.password);
-    let needs_auth = match s.auth {
-        Auth::All => true,
-        Auth::PushOnly => is_push_path(&head.target),
-    };
-    let mut record = GitRequest {
-        method: head.method.clone(),
-        path: head.target.clone(),
+    GitRequest {
+        method: req.method.clone(),
+        path: req.target.clone(),
         user: creds.map(|(u, _)| u),
         authorization,
         authenticated,
-        chunked: head
+        chunked: req
             .header("transfer-encoding")
             .is_some_and(|v| v.eq_ignore_ascii_case("chunked")),
         status: 0,
         backend_stderr: String::new(),
-    };
-    let expects_continue = head
-        .header("expect")
-        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
-    // Wrong credentials are refused even where none are needed, as real servers do.
-    let result = if (needs_auth || record.authorization.is_some()) && !authenticated {
-        if !expects_continue {
-            // Read what the client sends anyway, so closing does not reset the connection
-            // before it reads the 401.
-            let _ = read_body(&mut reader, &head, MAX_BODY);
-        }
-        record.status = 401;
-        respond(
-            &conn,
-            401,
-            &[("WWW-Authenticate", "Basic realm=\"git\"".into())],
-            b"authentication required\n",
-        )
-    } else {
-        if expects_continue {
-            (&conn).write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
-        }
-        match read_body(&mut reader, &head, MAX_BODY) {
-            Err(e) => {
-                record.status = if e.kind() == std::io::ErrorKind::FileTooLarge {
-                    413
-                } else {
-                    400
-                };
-                let _ = respond(&conn, record.status, &[], format!("{e}\n").as_bytes());
-                Err(e)
-            }
-            Ok(body) => {
-                let user = authenticated.then_some(s.user.as_str());
-                run_backend(&conn, s, &head, body, user, peer, &mut record)
-            }
-        }
-    };
-    s.requests.locked().push(record);
-    result
+    }
 }
 
-/// Runs `git http-backend` for one request and streams its answer to the client.
+/// Whether a request's body has not been sent yet: it asked `Expect: 100-continue`, or has
+/// none. A refusal from its head then reaches the client before any body; one whose body is
+/// on its way is read first, so closing does not reset the connection before the client
+/// reads the answer.
+fn waits_for_go_ahead(head: &Request) -> bool {
+    let expects = head
+        .header("expect")
+        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+    let bodiless = head.header("transfer-encoding").is_none()
+        && head
+            .header("content-length")
+            .is_none_or(|l| l.trim() == "0");
+    expects || bodiless
+}
+
+/// A 401 (recorded) for a request that needs credentials and lacks the right ones; wrong
+/// credentials are refused even where none are needed, as real servers do.
+fn refuse(head: &Request, s: &Shared) -> Option<Response> {
+    let mut record = record_of(head, s);
+    let needs_auth = match s.auth {
+        Auth::All => true,
+        Auth::PushOnly => is_push_path(&head.target),
+    };
+    if !((needs_auth || record.authorization.is_some()) && !record.authenticated) {
+        return None;
+    }
+    record.status = 401;
+    s.requests.locked().push(record);
+    Some(
+        Response::new(401, "authentication required\n")
+            .header("WWW-Authenticate", "Basic realm=\"git\""),
+    )
+}
+
+/// Answers one request through `git http-backend`, and records it.
+fn serve(req: &Request, s: &Shared) -> Response {
+    if let Some(refused) = refuse(req, s) {
+        return refused;
+    }
+    let mut record = record_of(req, s);
+    let user = record.authenticated.then_some(s.user.as_str());
+    let out = match run_backend(s, req, user, &mut record) {
+        Ok(out) => out,
+        Err(e) => Response::new(
+            502,
+            format!("git http-backend: {e}\n{}", record.backend_stderr),
+        ),
+    };
+    record.status = out.status;
+    s.requests.locked().push(record);
+    out
+}
+
+/// Runs `git http-backend` for one request; its answer as an HTTP response.
 fn run_backend(
-    conn: &TcpStream,
     s: &Shared,
-    head: &Head,
-    body: Vec<u8>,
+    req: &Request,
     user: Option<&str>,
-    peer: SocketAddr,
     record: &mut GitRequest,
-) -> std::io::Result<()> {
-    let (path, query) = head
-        .target
-        .split_once('?')
-        .unwrap_or((head.target.as_str(), ""));
+) -> std::io::Result<Response> {
     let mut cmd = git();
     cmd.arg("http-backend")
         .env("GIT_PROJECT_ROOT", &s.root)
         .env("GIT_HTTP_EXPORT_ALL", "1")
         .env("GIT_HTTP_MAX_REQUEST_BUFFER", MAX_BODY.to_string())
-        .env("PATH_INFO", path)
-        .env("QUERY_STRING", query)
-        .env("REQUEST_METHOD", &head.method)
-        .env("CONTENT_LENGTH", body.len().to_string())
-        .env("REMOTE_ADDR", peer.ip().to_string())
+        .env("PATH_INFO", req.path())
+        .env("QUERY_STRING", req.query())
+        .env("REQUEST_METHOD", &req.method)
+        .env("CONTENT_LENGTH", req.body.len().to_string())
+        .env("REMOTE_ADDR", "127.0.0.1")
         .env("SERVER_PROTOCOL", "HTTP/1.1")
         .env("GATEWAY_INTERFACE", "CGI/1.1")
         .stdin(Stdio::piped())
@@ -702,7 +443,7 @@ fn run_backend(
         ("HTTP_CONTENT_ENCODING", "content-encoding"),
         ("GIT_PROTOCOL", "git-protocol"),
     ] {
-        match head.header(header) {
+        match req.header(header) {
             Some(v) => cmd.env(var, v),
             None => cmd.env_remove(var),
         };
@@ -712,7 +453,7 @@ fn run_backend(
         None => cmd.env_remove("REMOTE_USER"),
     };
     let mut child = cmd.spawn()?;
-    let (Some(mut stdin), Some(stdout), Some(stderr)) =
+    let (Some(mut stdin), Some(mut stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
         return Err(invalid("git http-backend without pipes"));
@@ -728,6 +469,7 @@ fn run_backend(
             }
         })
     };
+    let body = req.body.clone();
     let writer = std::thread::spawn(move || {
         // The backend may stop reading early (it refused the request): not an error here.
         let _ = stdin.write_all(&body);
@@ -739,58 +481,58 @@ fn run_backend(
         let _ = std::io::copy(&mut stderr, &mut std::io::sink());
         String::from_utf8_lossy(&kept).into_owned()
     });
-    let result = relay(conn, BufReader::new(stdout), record);
-    if result.is_err() {
-        let _ = child.locked().kill();
-    }
+    let mut cgi = Vec::new();
+    let read = stdout.read_to_end(&mut cgi);
     let _ = done_tx.send(());
     let _ = watchdog.join();
     let _ = child.locked().wait();
     let _ = writer.join();
     record.backend_stderr = errors.join().unwrap_or_default();
-    if let Err(e) = &result
-        && record.status == 0
-    {
-        record.status = 502;
-        let msg = format!("git http-backend: {e}\n{}", record.backend_stderr);
-        let _ = respond(conn, 502, &[], msg.as_bytes());
-    }
-    result
+    read?;
+    cgi_answer(&cgi)
 }
 
-/// Turns a CGI answer into an HTTP response: its `Status:` (default 200) and headers, then
-/// the body as it comes, delimited by closing the connection.
-fn relay(
-    mut conn: &TcpStream,
-    mut cgi: BufReader<std::process::ChildStdout>,
-    record: &mut GitRequest,
-) -> std::io::Result<()> {
-    let headers = read_headers(&mut cgi)?;
-    let mut status = 200;
-    let mut head = String::new();
-    for (k, v) in &headers {
+fn invalid(msg: impl Into<String>) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, msg.into())
+}
+
+/// A CGI answer as an HTTP response: its `Status:` (default 200), its headers (but those
+/// about the connection, which the server decides), then the body.
+fn cgi_answer(cgi: &[u8]) -> std::io::Result<Response> {
+    let ends = [&b"\r\n\r\n"[..], &b"\n\n"[..]];
+    let (at, sep) = ends
+        .iter()
+        .filter_map(|sep| {
+            cgi.windows(sep.len())
+                .position(|w| w == *sep)
+                .map(|at| (at, sep.len()))
+        })
+        .min()
+        .ok_or_else(|| invalid("a CGI answer without the blank line after its headers"))?;
+    let head =
+        std::str::from_utf8(&cgi[..at]).map_err(|_| invalid("CGI headers that are not UTF-8"))?;
+    let mut out = Response::new(200, cgi[at + sep..].to_vec());
+    for (n, line) in head.lines().enumerate() {
+        if n >= MAX_HEADERS {
+            return Err(invalid(format!("more than {MAX_HEADERS} CGI header lines")));
+        }
+        let (k, v) = line
+            .split_once(':')
+            .ok_or_else(|| invalid(format!("a CGI header line without a colon: {line:?}")))?;
+        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
         match k.as_str() {
             "status" => {
-                status = v
+                out.status = v
                     .split_whitespace()
                     .next()
                     .and_then(|c| c.parse().ok())
                     .ok_or_else(|| invalid(format!("a bad CGI Status line: {v:?}")))?;
             }
-            "connection" | "transfer-encoding" => {}
-            _ => head.push_str(&format!("{k}: {v}\r\n")),
+            "connection" | "transfer-encoding" | "content-length" => {}
+            _ => out = out.header(k, v),
         }
     }
-    record.status = status;
-    let head = format!(
-        "HTTP/1.1 {status} {}\r\n{head}Connection: close\r\n\r\n",
-        reason(status)
-    );
-    conn.write_all(head.as_bytes())?;
-    std::io::copy(&mut cgi, &mut conn)?;
-    conn.flush()?;
-    let _ = conn.shutdown(std::net::Shutdown::Write);
-    Ok(())
+    Ok(out)
 }
 
 #[cfg(test)]

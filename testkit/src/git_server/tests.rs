@@ -1,4 +1,4 @@
-//! The git server's request parsing and answers.
+//! The git server's credentials and how it reads a CGI answer.
 
 use super::*;
 
@@ -14,17 +14,21 @@ fn basic_credentials_are_decoded() {
 }
 
 #[test]
-fn chunked_bodies_are_decoded_and_bounded() {
-    let head = Head {
-        method: "POST".into(),
-        target: "/x".into(),
-        headers: vec![("transfer-encoding".into(), "chunked".into())],
-    };
-    let raw = b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\n";
-    let body = read_body(&mut &raw[..], &head, 100).unwrap();
-    assert_eq!(body, b"hello world");
-    let err = read_body(&mut &raw[..], &head, 8).unwrap_err();
-    assert_eq!(err.kind(), std::io::ErrorKind::FileTooLarge);
-    let bad = b"zz\r\nhello\r\n0\r\n\r\n";
-    assert!(read_body(&mut &bad[..], &head, 100).is_err());
+fn a_cgi_answer_becomes_a_response() {
+    let ok =
+        cgi_answer(b"Content-Type: application/x-git\r\nExpires: never\r\n\r\nPACK\r\n\r\nmore")
+            .unwrap();
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.body, b"PACK\r\n\r\nmore");
+    assert!(
+        ok.headers
+            .contains(&("content-type".into(), "application/x-git".into()))
+    );
+    let refused = cgi_answer(b"Status: 403 Forbidden\nConnection: keep-alive\n\nno").unwrap();
+    assert_eq!(refused.status, 403);
+    assert_eq!(refused.body, b"no");
+    assert!(refused.headers.iter().all(|(k, _)| k != "connection"));
+    assert!(cgi_answer(b"Status: lots\r\n\r\n").is_err());
+    assert!(cgi_answer(b"no blank line").is_err());
+    assert!(cgi_answer(b"no colon here\r\n\r\n").is_err());
 }
