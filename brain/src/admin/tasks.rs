@@ -190,7 +190,15 @@ async fn resume(t: &Target, task: String, budget: super::args::BudgetArgs) -> an
         task_id: task.clone(),
         budget: Some(budget),
     };
-    t.rpc(async |mut c| c.resume_task(req).await).await?;
+    t.rpc(async |mut c| c.resume_task(req).await)
+        .await
+        .map_err(|e| {
+            if e.to_string().contains("would stop again") {
+                e.context("not resumed: give more of what ran out (--budget-usd, --max-tokens, --max-steps or --max-wall)")
+            } else {
+                e
+            }
+        })?;
     eprintln!("{task} resumed; following it (Ctrl-C detaches)");
     follow(t, &task, true, false, 0).await?;
     Ok(0)

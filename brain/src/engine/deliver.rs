@@ -47,7 +47,7 @@ pub(super) async fn run(core: &Core, task: &Arc<Task>, mode: Mode) -> Result<Del
     }
     let origin = st.origin.clone().ok_or_else(|| {
         Error::Invalid(format!(
-            "task {} did not start from a git repository (--git), so there is no branch to deliver to: `brain task patch {0}` or `brain task export {0} DIR` give its result",
+            "task {} did not start from a git repository, so there is no branch to deliver to: its patch or an export of its workspace gives its result",
             st.id
         ))
     })?;

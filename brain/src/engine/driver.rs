@@ -2,16 +2,17 @@
 //! state (the log's truth) and a few facts from outside it (a cancel asked, a move asked, the
 //! clock, what machines have cost); the supervisor performs the action it returns, and asks
 //! again. The part every task shares — ended, cancelled, no worker, a call to settle, a move
-//! to make, a workspace to seed — is [`preamble`], decided once for all drivers.
+//! to make, a workspace to seed — is [`preamble`], decided once for all drivers. What only one
+//! kind of task does is that driver's own type ([`Driver::Own`], in [`Action::Driver`]), so
+//! a driver is never handed another's action.
 
-use crate::llm::ToolUse;
-use crate::model::env::EnvRequest;
 use crate::model::event::{Event, Outcome, Purpose, ToolCall};
 use crate::model::state::{PendingCall, Status, TaskState};
 
-/// What a driver decides needs doing next.
+/// What a driver decides needs doing next: the actions every task shares, or one of the
+/// driver's own (`D`; a plan has none).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Action {
+pub enum Action<D = std::convert::Infallible> {
     /// Nothing more for now: the task ended, or stopped until a person gives it more budget.
     Stop,
     /// Log `before`, then the end of the task.
@@ -39,24 +40,11 @@ pub enum Action {
     },
     /// Wait for a person to decide the approval asked.
     AwaitDecision,
-    /// The agent: look at the workspace before the model's first turn.
-    Survey,
-    /// The agent: put back the files the check relies on, before the check of this `finish`.
-    Restore { tool_use: ToolUse },
-    /// The agent: undo the model's changes, back to the version the check passed on, or
-    /// (`to_start`) to the task's start, for a model stuck on its own failed fix.
-    UndoChanges { to_start: bool },
-    /// The agent: ask the model.
-    Think,
-    /// The agent: obtain a machine that fits and move there.
-    Environment {
-        tool_use: ToolUse,
-        req: EnvRequest,
-        what: String,
-    },
+    /// What only this task's driver does ([`Driver::act`]).
+    Driver(D),
 }
 
-impl Action {
+impl<D> Action<D> {
     /// Ends the task with `outcome`.
     pub fn finish(outcome: Outcome, reason: impl Into<String>) -> Self {
         Action::Finish {
@@ -86,7 +74,7 @@ pub struct Facts {
 }
 
 /// What every task does before its driver is asked: `None` when the driver decides.
-pub fn preamble(st: &TaskState, f: &Facts) -> Option<Action> {
+pub fn preamble<D>(st: &TaskState, f: &Facts) -> Option<Action<D>> {
     if st.status.is_terminal() || st.status == Status::BudgetExhausted {
         return Some(Action::Stop);
     }
@@ -117,20 +105,21 @@ pub fn preamble(st: &TaskState, f: &Facts) -> Option<Action> {
 /// A kind of task's decisions and the effects only it knows.
 #[async_trait::async_trait]
 pub trait Driver: Send {
+    /// The actions only this driver performs.
+    type Own: std::fmt::Debug + Send;
     /// What to do next, once [`preamble`] has nothing to do. Pure.
-    fn next(&self, st: &TaskState, f: &Facts) -> Action;
+    fn next(&self, st: &TaskState, f: &Facts) -> Action<Self::Own>;
     /// Gets the outcome of the call in flight and logs it.
     async fn settle(
         &mut self,
         cx: &super::core::Cx<'_>,
         p: PendingCall,
     ) -> Result<(), super::error::Error>;
-    /// Performs an action only this driver returns ([`Action::Think`],
-    /// [`Action::Environment`]).
+    /// Performs one of its own actions.
     async fn act(
         &mut self,
         cx: &super::core::Cx<'_>,
-        action: Action,
+        action: Self::Own,
     ) -> Result<(), super::error::Error>;
 }
 
@@ -274,6 +263,6 @@ mod tests {
         }
         let mut seeded_done = seeded.clone();
         seeded_done.barrier_version = 1;
-        assert_eq!(preamble(&seeded_done, &none), None, "seeded once");
+        assert_eq!(preamble(&seeded_done, &none), None::<Action>, "seeded once");
     }
 }

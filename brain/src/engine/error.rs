@@ -8,7 +8,7 @@ use crate::model::event::TaskId;
 pub enum Error {
     #[error(transparent)]
     Log(#[from] log::Error),
-    #[error("no task {0}: see `brain tasks`")]
+    #[error("no task {0}")]
     NoSuchTask(String),
     #[error("task {0} has already ended")]
     Ended(TaskId),

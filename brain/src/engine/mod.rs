@@ -236,7 +236,7 @@ impl Engine {
             Some(Mode::None) => Mode::None,
             Some(m) if !git => {
                 return Err(Error::Invalid(format!(
-                    "--deliver {m} needs a task that starts from a git repository (--git URL); `brain task patch` and `brain task export` give any task's result"
+                    "delivery as a {m} needs a task that starts from a git repository; a patch or an export of the workspace gives any task's result"
                 )));
             }
             Some(m) => m,
@@ -266,7 +266,7 @@ impl Engine {
             Source::Dir(dir) => {
                 let w = named.clone().ok_or_else(|| {
                     Error::Invalid(format!(
-                        "a task that starts from a directory ({dir}) needs --worker: the worker whose directory it is"
+                        "a task that starts from a directory ({dir}) needs a worker named: the worker whose directory it is"
                     ))
                 })?;
                 let op = SyncOp::ImportDir { dir: dir.clone() };
@@ -311,7 +311,7 @@ impl Engine {
         let (plan, agent, plan_egress) = match new.kind {
             Kind::Plan { .. } if new.attempts.is_some() => {
                 return Err(Error::Invalid(
-                    "--attempts runs an agent task several times: a scripted plan runs once (drop --attempts or --plan)".into(),
+                    "attempts run an agent task several times: a scripted plan runs once".into(),
                 ));
             }
             Kind::Plan { plan, egress } => (Some(plan), None, egress),
@@ -351,7 +351,7 @@ impl Engine {
                     .is_some_and(|c| c.command.trim().is_empty())
                 {
                     return Err(Error::Invalid(
-                        "--protect needs an acceptance check: give --check CMD, or name one in the repository's .tether/check".into(),
+                        "protected files need an acceptance check: give the task one, or name one in the repository's .tether/check".into(),
                     ));
                 }
                 (None, Some(a), None)
@@ -455,7 +455,7 @@ impl Engine {
         }
         if st.attempts.is_some() {
             return Err(refused(
-                "it runs as attempts, each on a worker of its own: move one of them (`brain task show` lists them)".into(),
+                "it runs as attempts, each on a worker of its own: move one of them (the task lists them)".into(),
             ));
         }
         if let Some(m) = st.moving_to.clone().or_else(|| task.move_request()) {

@@ -31,6 +31,9 @@ fn run_call(argv: &[String], timeout: Option<&str>) -> ToolCall {
 
 #[async_trait::async_trait]
 impl Driver for PlanDriver {
+    /// A plan's steps are calls: it has no action of its own.
+    type Own = std::convert::Infallible;
+
     fn next(&self, st: &TaskState, _f: &Facts) -> Action {
         let Some(plan) = &st.plan else {
             return Action::finish(Outcome::Failed, "the task has no plan");
@@ -168,10 +171,8 @@ impl Driver for PlanDriver {
         Ok(())
     }
 
-    async fn act(&mut self, cx: &Cx<'_>, action: Action) -> Result<(), Error> {
-        // `next` never returns these for a plan; end the task rather than loop on it.
-        let reason = format!("internal error: a plan cannot perform {action:?}");
-        effects::finish(cx, Outcome::Failed, reason, vec![]).await
+    async fn act(&mut self, _cx: &Cx<'_>, own: Self::Own) -> Result<(), Error> {
+        match own {}
     }
 }
 

@@ -17,18 +17,20 @@ use super::store::Task;
 
 /// Drives `task` until it ends or stops for budget.
 pub async fn run(core: Arc<Core>, task: Arc<Task>) {
-    let mut driver: Box<dyn Driver> = if task.state().agent.is_some() {
-        Box::new(AgentDriver::new(core.opts.llm.clone(), core.redact.clone()))
+    if task.state().agent.is_some() {
+        let mut driver = AgentDriver::new(core.opts.llm.clone(), core.redact.clone());
+        keep_driving(&core, &task, &mut driver).await;
     } else {
-        Box::new(PlanDriver)
-    };
-    let cx = Cx {
-        core: &core,
-        task: &task,
-    };
+        keep_driving(&core, &task, &mut PlanDriver).await;
+    }
+}
+
+/// Drives `task` with `driver`; an error writing the log is retried from the log's state.
+async fn keep_driving<D: Driver>(core: &Core, task: &Arc<Task>, driver: &mut D) {
+    let cx = Cx { core, task };
     let mut delay = Duration::from_secs(1);
     loop {
-        let done = drive(&cx, driver.as_mut()).await;
+        let done = drive(&cx, &mut *driver).await;
         // Stopped or ended: it holds no room on any worker.
         let st = task.state();
         if st.status.is_terminal() || st.status == crate::model::event::Status::BudgetExhausted {
@@ -77,7 +79,7 @@ fn occupancy(st: &crate::model::state::TaskState, f: &Facts) -> Option<Occupancy
     }
 }
 
-async fn drive(cx: &Cx<'_>, driver: &mut dyn Driver) -> Result<(), Error> {
+async fn drive<D: Driver>(cx: &Cx<'_>, driver: &mut D) -> Result<(), Error> {
     loop {
         let st = cx.task.state();
         let f = facts(cx);
@@ -114,7 +116,7 @@ async fn drive(cx: &Cx<'_>, driver: &mut dyn Driver) -> Result<(), Error> {
                 purpose,
             } => effects::issue(cx, call, step, purpose).await?,
             Action::AwaitDecision => effects::await_decision(cx).await,
-            other => driver.act(cx, other).await?,
+            Action::Driver(own) => driver.act(cx, own).await?,
         }
     }
 }

@@ -703,7 +703,7 @@ impl AgentState {
         probe.wall_start_ms = i64::MAX / 2;
         match probe.exhausted(i64::MAX / 2) {
             Some(why) => Err(format!(
-                "the task would stop again at once: {why}; give more with --budget-usd, --max-tokens or --max-steps"
+                "the task would stop again at once: {why}; raise the budget that ran out"
             )),
             None => Ok(new),
         }

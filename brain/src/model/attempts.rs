@@ -320,7 +320,7 @@ pub fn decide(
     Next::Finish {
         outcome: Outcome::Failed,
         reason: format!(
-            "no attempt passed the check ({}); `brain task deliver ATTEMPT` delivers one of them as it stands",
+            "no attempt passed the check ({}); one of them can be delivered as it stands",
             a.failures()
         ),
     }

@@ -18,14 +18,14 @@ impl DiskQuota {
     pub fn exceeded(&self, bytes: u64, files: u64) -> Option<String> {
         if self.bytes > 0 && bytes > self.bytes {
             return Some(format!(
-                "over its disk quota: the workspace and its temp dir hold {} (the quota is {}); delete what the task does not need, or raise `brain serve --disk-quota`",
+                "over its disk quota: the workspace and its temp dir hold {} (the quota is {}); delete what the task does not need, or raise the brain's disk quota",
                 shared::human_bytes(bytes),
                 shared::human_bytes(self.bytes)
             ));
         }
         if self.files > 0 && files > self.files {
             return Some(format!(
-                "over its disk quota: the workspace and its temp dir hold {files} files and directories (the quota is {}); delete what the task does not need, or raise `brain serve --disk-files`",
+                "over its disk quota: the workspace and its temp dir hold {files} files and directories (the quota is {}); delete what the task does not need, or raise the brain's quota of files",
                 self.files
             ));
         }

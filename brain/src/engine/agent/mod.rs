@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::core::Cx;
-use super::driver::{Action, Driver, Facts};
+use super::driver::{self, Driver, Facts};
 use super::effects;
 use super::error::Error;
 use super::redact::Redactor;
@@ -46,6 +46,29 @@ pub fn provider(a: &AgentState, cfg: &llm::LlmConfig) -> Result<Arc<dyn Provider
     }
     llm::connect(&spec, cfg)
 }
+
+/// What only the agent does (the rest are [`driver::Action`]'s own).
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentAction {
+    /// Look at the workspace before the model's first turn.
+    Survey,
+    /// Put back the files the check relies on, before the check of this `finish`.
+    Restore { tool_use: ToolUse },
+    /// Undo the model's changes, back to the version the check passed on, or (`to_start`)
+    /// to the task's start, for a model stuck on its own failed fix.
+    UndoChanges { to_start: bool },
+    /// Ask the model.
+    Think,
+    /// Obtain a machine that fits and move there.
+    Environment {
+        tool_use: ToolUse,
+        req: crate::model::env::EnvRequest,
+        what: String,
+    },
+}
+
+/// The agent's decisions.
+pub type Action = driver::Action<AgentAction>;
 
 /// Drives agent tasks.
 pub struct AgentDriver {
@@ -95,7 +118,7 @@ fn observe(a: &AgentState, u: &ToolUse, text: String, failed: bool) -> Event {
 }
 
 /// Asks a person about `u`: the request and the waiting status, in one append.
-fn ask(task: &TaskState, u: &ToolUse, id: u64, what: &str) -> Vec<Event> {
+fn ask(u: &ToolUse, id: u64, what: &str) -> Vec<Event> {
     vec![
         Event::ApprovalRequested {
             approval_id: id,
@@ -104,10 +127,7 @@ fn ask(task: &TaskState, u: &ToolUse, id: u64, what: &str) -> Vec<Event> {
         },
         Event::StatusChanged {
             status: Status::Waiting,
-            reason: format!(
-                "waiting for approval #{id}: {what} (brain approve {t} / brain deny {t} --reason TEXT)",
-                t = task.id
-            ),
+            reason: format!("waiting for approval #{id}: {what} (a person approves or denies it)"),
         },
     ]
 }
@@ -127,7 +147,7 @@ fn conclude(a: &AgentState, why: &str) -> Option<Action> {
 /// message (a small model anchors on its own failed fix and writes it again and again).
 fn restart(a: &AgentState) -> Option<Action> {
     (a.spec.check.is_some() && !a.restarted && a.passed_root.is_empty() && a.queue.is_empty())
-        .then_some(Action::UndoChanges { to_start: true })
+        .then_some(Action::Driver(AgentAction::UndoChanges { to_start: true }))
 }
 
 /// The decision for the agent's next turn, given the task's state. Pure.
@@ -148,11 +168,11 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
     if let Some(u) = a.queue.front() {
         return match tools::prepare(u, &a.spec) {
             Prepared::Refused(e) => Action::Log(vec![observe(a, u, e, true)]),
-            Prepared::Environment { req, what } => Action::Environment {
+            Prepared::Environment { req, what } => Action::Driver(AgentAction::Environment {
                 tool_use: u.clone(),
                 req,
                 what,
-            },
+            }),
             Prepared::Finish(summary) => {
                 if a.reply_calls > 1 {
                     // Written with other calls, before their results were seen: not taken.
@@ -164,9 +184,9 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
                             && !st.seed_root.is_empty()
                             && a.restored_for.as_deref() != Some(u.id.as_str()) =>
                     {
-                        Action::Restore {
+                        Action::Driver(AgentAction::Restore {
                             tool_use: u.clone(),
-                        }
+                        })
                     }
                     // The brain decides: the check runs on the final workspace.
                     Some(check) => Action::Issue {
@@ -197,7 +217,7 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
                     Gate::Go
                 };
                 match gate {
-                    Gate::Ask(id) => Action::Log(ask(st, u, id, &what)),
+                    Gate::Ask(id) => Action::Log(ask(u, id, &what)),
                     Gate::Waiting => Action::AwaitDecision,
                     Gate::Denied(text) => Action::Log(vec![observe(a, u, text, true)]),
                     Gate::Go => Action::Issue {
@@ -212,7 +232,7 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
     // Before the model's first turn: what the workspace holds, and where the check stands.
     if a.spent.steps == 0 && !a.awaiting_llm {
         if !a.surveyed {
-            return Action::Survey;
+            return Action::Driver(AgentAction::Survey);
         }
         if let Some(check) = &a.spec.check
             && st.last_check.is_none()
@@ -226,7 +246,7 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
     }
     // Changes on which the check fails, after it had passed: back to the version it passed on.
     if a.undo_due && a.spec.check.is_some() {
-        return Action::UndoChanges { to_start: false };
+        return Action::Driver(AgentAction::UndoChanges { to_start: false });
     }
     // 3. Think.
     if a.stalled() {
@@ -271,10 +291,7 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
         }
         return Action::Log(vec![Event::StatusChanged {
             status: Status::BudgetExhausted,
-            reason: format!(
-                "{why}; continue with `brain task resume {} --budget-usd X` (or --max-steps, --max-tokens, --max-wall)",
-                st.id
-            ),
+            reason: format!("{why}; resuming it with a larger budget lets it go on"),
         }]);
     }
     let info = llm::model_info(&a.spec.model, llm);
@@ -284,11 +301,13 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
     if let Some((upto, bytes_saved)) = prompt::elision(a, info.context_window, estimate, false) {
         return Action::Log(vec![Event::ContextElided { upto, bytes_saved }]);
     }
-    Action::Think
+    Action::Driver(AgentAction::Think)
 }
 
 #[async_trait::async_trait]
 impl Driver for AgentDriver {
+    type Own = AgentAction;
+
     fn next(&self, st: &TaskState, f: &Facts) -> Action {
         next(st, f, &self.llm)
     }
@@ -297,23 +316,19 @@ impl Driver for AgentDriver {
         settle::settle(cx, p, &self.redact).await
     }
 
-    async fn act(&mut self, cx: &Cx<'_>, action: Action) -> Result<(), Error> {
+    async fn act(&mut self, cx: &Cx<'_>, action: AgentAction) -> Result<(), Error> {
         match action {
-            Action::Think => self.think(cx).await,
-            Action::Survey => survey(cx, &self.redact).await,
-            Action::Restore { tool_use } => undo::restore(cx, &tool_use).await,
-            Action::UndoChanges { to_start } => {
+            AgentAction::Think => self.think(cx).await,
+            AgentAction::Survey => survey(cx, &self.redact).await,
+            AgentAction::Restore { tool_use } => undo::restore(cx, &tool_use).await,
+            AgentAction::UndoChanges { to_start } => {
                 undo::undo_changes(cx, to_start, &self.redact).await
             }
-            Action::Environment {
+            AgentAction::Environment {
                 tool_use,
                 req,
                 what,
             } => environment(cx, &tool_use, req, what).await,
-            other => {
-                let reason = format!("internal error: the agent cannot perform {other:?}");
-                effects::finish(cx, Outcome::Failed, reason, vec![]).await
-            }
         }
     }
 }
@@ -534,7 +549,7 @@ async fn environment(
             format!("{what}; a new machine at ${:.2}/h", quote.usd_per_hour)
         };
         match a.gate(u) {
-            Gate::Ask(id) => return cx.store().append(cx.task, ask(&st, u, id, &asked)).await,
+            Gate::Ask(id) => return cx.store().append(cx.task, ask(u, id, &asked)).await,
             Gate::Waiting => {
                 effects::await_decision(cx).await;
                 return Ok(());
