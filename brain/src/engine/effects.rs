@@ -28,7 +28,11 @@ const MATERIALISE_TIMEOUT: Duration = Duration::from_secs(1800);
 const MOVE_TARGET_WAIT: Duration = Duration::from_secs(60);
 /// How long a task waits for its worker before looking again.
 const WORKER_WAIT: Duration = Duration::from_secs(3600);
-/// How often a waiting task looks whether its worker is back.
+/// How often a task whose worker is gone looks again whether it is back, or where else it
+/// may go. A look, not an event: where it may go changes with time as much as with events
+/// (its back-off since the last failover, workers held for dropping until they are steady,
+/// the load each reports every pulse), and the worker's own return is settled by the call
+/// in flight, which waits on the session itself.
 const FAILOVER_POLL: Duration = Duration::from_millis(250);
 /// A starting workspace that could not be put on the worker is tried again after this.
 const SEED_RETRY: Duration = Duration::from_secs(2);

@@ -262,6 +262,12 @@ impl Hub {
         }
     }
 
+    /// Resolves when the next session registers (made before a look at the sessions, it
+    /// misses none registered after the look).
+    pub fn registered(&self) -> tokio::sync::futures::Notified<'_> {
+        self.registered.notified()
+    }
+
     /// The worker's session, waiting up to `wait` for it to (re)connect.
     pub async fn wait_connected(&self, worker: &str, wait: Duration) -> Option<Arc<Session>> {
         let deadline = tokio::time::Instant::now() + wait;

@@ -94,6 +94,8 @@ struct Inner {
     placement: Placement,
     /// Whether a worker has a task now.
     in_use: InUse,
+    /// Woken on every change of a machine's record.
+    changed: tokio::sync::Notify,
 }
 
 /// Whether a worker has a task now (the engine knows).
@@ -155,6 +157,7 @@ impl Machines {
                 used: Mutex::default(),
                 placement,
                 in_use,
+                changed: tokio::sync::Notify::new(),
             }),
         })
     }
@@ -213,6 +216,7 @@ impl Machines {
             serde_json::to_vec(m).expect("records serialise"),
         )?;
         crate::storage::flush(&self.inner.db).await?;
+        self.inner.changed.notify_waiters();
         Ok(())
     }
 
@@ -374,21 +378,27 @@ impl Machines {
 
     /// Waits until `id` is ready (its worker joined and connected), ended, or `timeout` passed.
     pub async fn wait_ready(&self, id: &str, timeout: Duration) -> Result<Machine, Error> {
-        let deadline = Instant::now() + timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
         loop {
+            // Made before looking, so what changes between the look and the wait wakes it:
+            // a worker's session registered (it enrolled just before), or the record changed
+            // (released, failed).
+            let session = self.inner.hub.registered();
+            let record = self.inner.changed.notified();
             self.check_joined(id).await?;
             let m = self.get(id)?;
             let connected = m
                 .worker
                 .as_deref()
                 .is_some_and(|w| self.inner.hub.session(w).is_some());
-            if (m.state == State::Ready && connected)
-                || m.state.is_ended()
-                || Instant::now() >= deadline
-            {
+            if (m.state == State::Ready && connected) || m.state.is_ended() {
                 return Ok(m);
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            tokio::select! {
+                _ = session => {}
+                _ = record => {}
+                _ = tokio::time::sleep_until(deadline) => return self.get(id),
+            }
         }
     }
 
