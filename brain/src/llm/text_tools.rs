@@ -580,6 +580,20 @@ fn read_block(body: &str, tool_fence: bool, closed: bool, turn: usize, out: &mut
     let looks_like_call = tool_fence
         || body.contains("\"tool\"")
         || (body.contains("\"name\"") && body.contains("\"arguments\""));
+    // A small model writes regexes and Windows paths into JSON strings unescaped
+    // (`"def greet\("`): a backslash before a character JSON does not escape is taken as
+    // the character it meant, not as a malformed call.
+    let repaired;
+    let body = if looks_like_call
+        && serde_json::Deserializer::from_str(body)
+            .into_iter::<Value>()
+            .any(|v| v.is_err())
+    {
+        repaired = repair_escapes(body);
+        repaired.as_str()
+    } else {
+        body
+    };
     let mut values = Vec::new();
     for v in serde_json::Deserializer::from_str(body).into_iter::<Value>() {
         match v {
@@ -649,6 +663,41 @@ fn read_block(body: &str, tool_fence: bool, closed: bool, turn: usize, out: &mut
             arguments,
         });
     }
+}
+
+/// `text` with every backslash inside a JSON string that does not start a valid escape
+/// (`\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`, `\uXXXX`) doubled, so it stands for
+/// itself; everything else as it was.
+fn repair_escapes(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut chars = text.chars().peekable();
+    let mut in_string = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                in_string = !in_string;
+                out.push(c);
+            }
+            '\\' if in_string => match chars.peek() {
+                Some(&n) if "\"\\/bfnrt".contains(n) => {
+                    out.push(c);
+                    out.push(n);
+                    chars.next();
+                }
+                Some('u') => {
+                    let hex: String = chars.clone().skip(1).take(4).collect();
+                    if hex.len() == 4 && hex.chars().all(|h| h.is_ascii_hexdigit()) {
+                        out.push(c);
+                    } else {
+                        out.push_str("\\\\");
+                    }
+                }
+                _ => out.push_str("\\\\"),
+            },
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 fn malformed(body: &str, what: &str) -> String {

@@ -378,3 +378,27 @@ fn what_a_reply_makes_up_in_the_results_voice_is_cut_off() {
     assert_eq!(p.code_blocks.len(), 1);
     assert!(p.code_blocks[0].body.contains("Result of x"));
 }
+
+#[test]
+fn a_backslash_json_does_not_escape_is_taken_as_itself() {
+    // The regex a small model wrote, with `\(` left as it is in the regex: JSON has no such
+    // escape, and the call means `def greet\(`.
+    let text = "```json\n{\"tool\": \"search\", \"arguments\": {\"glob\":\"greet.py\",\"pattern\":\"def greet\\(\"}}\n```";
+    let p = parse_reply(text, 0);
+    assert!(p.malformed.is_empty(), "{p:?}");
+    assert_eq!(p.calls.len(), 1, "{p:?}");
+    let args: Value = serde_json::from_str(&p.calls[0].arguments).unwrap();
+    assert_eq!(args["pattern"], "def greet\\(");
+    // Valid escapes keep their meaning; a backslash outside strings is not touched.
+    assert_eq!(
+        repair_escapes(r#"{"a": "x\"y\\z\n\u00e9 C:\dir \d+", "b": 1}"#),
+        r#"{"a": "x\"y\\z\n\u00e9 C:\\dir \\d+", "b": 1}"#
+    );
+    assert_eq!(repair_escapes(r#"{"u": "\uZZ"}"#), r#"{"u": "\\uZZ"}"#);
+    // Still not JSON after that: malformed, and said so.
+    let p = parse_reply(
+        "```json\n{\"tool\": \"search\", \"arguments\": {\"pattern\": }}\n```",
+        0,
+    );
+    assert_eq!(p.malformed.len(), 1, "{p:?}");
+}
