@@ -350,9 +350,12 @@ fn run_once(
     let completed: Vec<f64> = recs
         .iter()
         .filter(|r| r["kind"] == "tool_call_completed")
-        .filter_map(|r| r["at_ms"].as_f64())
+        .filter_map(|r| testkit::json_u64(&r["at_ms"]).map(|ms| ms as f64))
         .collect();
-    let end = recs.last().and_then(|r| r["at_ms"].as_f64()).unwrap_or(0.0);
+    let end = recs
+        .last()
+        .and_then(|r| testkit::json_u64(&r["at_ms"]))
+        .map_or(0.0, |ms| ms as f64);
     let task_ms = end - completed.first().copied().unwrap_or(end);
     let cpu = cpu_ms(pid) - cpu_before;
     let watchers_cpu_ms = own_cpu_ms() - own_before;

@@ -15,25 +15,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use testkit::{BrainOptions, Cluster};
-
-/// A small deterministic PRNG (xorshift).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 /// Writes `files` files under `root` totalling about `total` bytes: mostly small text-like
 /// files, some large, one in twenty a duplicate of an earlier one.
 fn generate(root: &Path, files: usize, total: u64, seed: u64) -> u64 {
-    let mut rng = Rng(seed | 1);
+    let mut rng = StdRng::seed_from_u64(seed);
     let mut written = 0u64;
     let mut samples: Vec<Vec<u8>> = Vec::new();
     // The size mix below averages 1.8 × `avg`.
@@ -42,25 +32,26 @@ fn generate(root: &Path, files: usize, total: u64, seed: u64) -> u64 {
         let dir = root.join(format!("d{:03}/s{:02}", i % 250, (i / 250) % 40));
         std::fs::create_dir_all(&dir).unwrap();
         let data = if i % 20 == 19 && !samples.is_empty() {
-            samples[(rng.next() % samples.len() as u64) as usize].clone()
+            samples[rng.random_range(0..samples.len())].clone()
         } else {
             // Sizes spread around the average: many small, a few up to 16x.
-            let size = match rng.next() % 10 {
-                0 => avg * 8 + rng.next() % (avg * 8),
-                1..=3 => avg + rng.next() % avg,
-                _ => rng.next() % (avg / 2 + 1),
+            let size = match rng.random_range(0..10) {
+                0 => avg * 8 + rng.random_range(0..avg * 8),
+                1..=3 => avg + rng.random_range(0..avg),
+                _ => rng.random_range(0..=avg / 2),
             } as usize;
             let mut v = Vec::with_capacity(size);
             // Half text-like (compressible), half noise.
             if i % 2 == 0 {
                 while v.len() < size {
                     v.extend_from_slice(
-                        format!("line {} value {}\n", v.len(), rng.next() % 1000).as_bytes(),
+                        format!("line {} value {}\n", v.len(), rng.random_range(0..1000))
+                            .as_bytes(),
                     );
                 }
             } else {
                 while v.len() < size {
-                    v.extend_from_slice(&rng.next().to_le_bytes());
+                    v.extend_from_slice(&rng.random::<u64>().to_le_bytes());
                 }
             }
             v.truncate(size);
@@ -176,13 +167,13 @@ fn wait_kind(c: &Cluster, id: &str, kind: &str, n: usize) -> Vec<Value> {
 /// (at_ms of the nth `a`, at_ms of the first `b` after it) in ms.
 fn span(l: &[Value], a: &str, nth: usize, b: &str) -> (u64, Value) {
     let start = l.iter().filter(|r| r["kind"] == a).nth(nth).expect(a);
-    let t0 = start["at_ms"].as_u64().unwrap();
-    let seq = start["seq"].as_u64().unwrap();
+    let t0 = testkit::json_u64(&start["at_ms"]).unwrap();
+    let seq = testkit::json_u64(&start["seq"]).unwrap();
     let end = l
         .iter()
-        .find(|r| r["kind"] == b && r["seq"].as_u64().unwrap() > seq)
+        .find(|r| r["kind"] == b && testkit::json_u64(&r["seq"]).unwrap() > seq)
         .expect(b);
-    (end["at_ms"].as_u64().unwrap() - t0, end.clone())
+    (testkit::json_u64(&end["at_ms"]).unwrap() - t0, end.clone())
 }
 
 /// A replayed model: `n` commands that each append to one file, then finish.
@@ -313,7 +304,7 @@ fn main() {
         "{:<58} {} {}",
         "(b) one file changed → mirror holds it (barrier, 10k files)",
         ms(barrier),
-        mb(ev["wire_bytes"].as_u64().unwrap_or(0))
+        mb(testkit::json_u64(&ev["wire_bytes"]).unwrap_or(0))
     );
     if rsync_ok {
         std::fs::write(tree.join("d000/s00/f000000.dat"), b"changed for rsync\n").unwrap();
@@ -338,7 +329,7 @@ fn main() {
     let l = wait_kind(&c, &id, "move_completed", 1);
     let (cold_ms, ev) = span(&l, "move_started", 0, "move_completed");
     let cold = Duration::from_millis(cold_ms);
-    let cold_wire = ev["wire_bytes"].as_u64().unwrap_or(0);
+    let cold_wire = testkit::json_u64(&ev["wire_bytes"]).unwrap_or(0);
     println!(
         "{:<58} {} {}",
         "(c) move to a cold worker (final barrier + materialise)",
@@ -368,7 +359,7 @@ fn main() {
             "{:<58} {} {}",
             "    move back to the warm worker (older version there)",
             ms(Duration::from_millis(warm_ms)),
-            mb(ev["wire_bytes"].as_u64().unwrap_or(0))
+            mb(testkit::json_u64(&ev["wire_bytes"]).unwrap_or(0))
         );
         println!(
             "    bytes changed since that version: one appended line in one file (target ≤ 100 ms, a few kB)"
@@ -376,7 +367,7 @@ fn main() {
         println!(
             "    ratio cold move / warm move: {:.1}× in time, {:.0}× on the wire",
             cold_ms as f64 / (warm_ms as f64).max(1.0),
-            cold_wire as f64 / (ev["wire_bytes"].as_u64().unwrap_or(0) as f64).max(1.0)
+            cold_wire as f64 / (testkit::json_u64(&ev["wire_bytes"]).unwrap_or(0) as f64).max(1.0)
         );
         approve(&c, &id, 4);
     } else {
@@ -434,7 +425,7 @@ fn main() {
         "{:<58} {} {}",
         "(b) one file changed → mirror holds it (barrier, 100k files)",
         ms(barrier),
-        mb(ev["wire_bytes"].as_u64().unwrap_or(0))
+        mb(testkit::json_u64(&ev["wire_bytes"]).unwrap_or(0))
     );
     println!(
         "    ratio barrier 100k / barrier 10k: {:.2}× (target ≤ 1.2×)",

@@ -12,16 +12,9 @@ use testkit::{BrainOptions, Cluster, text};
 /// A key that must never show up anywhere but in the fake server's request headers.
 const KEY: &str = "sk-test-SECRET-7c1f9a2e5d";
 
-fn config(llm: &FakeLlm, extra: &str) -> String {
-    format!(
-        r#"
-[llm.providers.openai]
-base_url = "{url}"
-api_key = "{KEY}"
-[llm.providers.anthropic]
-base_url = "{base}"
-api_key = "{KEY}"
-[llm.providers.ollama]
+fn cluster(llm: &FakeLlm, extra: &str) -> Cluster {
+    let more = format!(
+        r#"[llm.providers.ollama]
 base_url = "{url}"
 [llm.models."openai:gpt-4.1"]
 input_usd_per_mtok = 2.0
@@ -31,27 +24,11 @@ tool_mode = "text"
 {extra}
 "#,
         url = llm.url(),
-        base = llm.base(),
-    )
-}
-
-fn cluster(llm: &FakeLlm, extra: &str) -> Cluster {
-    Cluster::start_with(BrainOptions {
-        config: Some(config(llm, extra)),
-        ..Default::default()
-    })
+    );
+    Cluster::start_with(BrainOptions::with_llm(llm, KEY, &more))
 }
 
 use testkit::stdout;
-
-/// Starts an agent task without following it; returns its id.
-fn start(c: &Cluster, args: &[&str]) -> String {
-    let mut all = vec!["run", "--detach"];
-    all.extend_from_slice(args);
-    let out = c.brain_cli(&all);
-    assert!(out.status.success(), "brain run: {}", text(&out));
-    stdout(&out).trim().to_string()
-}
 
 fn read_file(c: &Cluster, worker: &str, task: &str, path: &str) -> Option<String> {
     let ws = format!("task-{}", task.trim_start_matches("t-"));
@@ -81,21 +58,22 @@ fn assert_no_secret(c: &Cluster, id: &str, worker_log: &str) {
 
 #[test]
 fn an_agent_fixes_a_failing_test_on_a_real_worker() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0 => FakeReply::write("calc.sh", "add() { echo $(($1 - $2)); }\n"),
-        1 => FakeReply::write(
+    let llm = FakeLlm::script(vec![
+        FakeReply::write("calc.sh", "add() { echo $(($1 - $2)); }\n"),
+        FakeReply::write(
             "test.sh",
             ". ./calc.sh\nif [ \"$(add 2 3)\" = 5 ]; then echo PASS; else echo \"FAIL: add 2 3 = $(add 2 3)\"; exit 1; fi\n",
         ),
-        2 | 4 => FakeReply::run("sh test.sh"),
-        3 => FakeReply::tool_call(
+        FakeReply::run("sh test.sh"),
+        FakeReply::tool_call(
             "edit_file",
             json!({"path": "calc.sh", "old_string": "$1 - $2", "new_string": "$1 + $2"}),
         ),
-        5 => FakeReply::tool_call("read_file", json!({"path": "calc.sh"})),
-        6 => FakeReply::tool_call("search", json!({"pattern": "add\\(\\)"})),
-        _ => FakeReply::finish("add() fixed; test.sh passes"),
-    });
+        FakeReply::run("sh test.sh"),
+        FakeReply::tool_call("read_file", json!({"path": "calc.sh"})),
+        FakeReply::tool_call("search", json!({"pattern": "add\\(\\)"})),
+        FakeReply::finish("add() fixed; test.sh passes"),
+    ]);
     let c = cluster(&llm, "");
     let w = c.join_worker("dev");
     // Followed to the end, as a person would run it.
@@ -196,18 +174,12 @@ fn approvals_survive_a_brain_kill_and_a_denial_reaches_the_model() {
     ]);
     let mut c = cluster(&llm, "");
     let w = c.join_worker("laptop");
-    let id = start(
-        &c,
-        &[
-            "--model",
-            "anthropic:claude-sonnet-4-5",
-            "--permission",
-            "ask",
-            "--worker",
-            "laptop",
-            "approve me",
-        ],
-    );
+    let id = c
+        .agent()
+        .model("anthropic:claude-sonnet-4-5")
+        .permission("ask")
+        .worker("laptop")
+        .start("approve me");
     c.wait_status(&id, &["waiting"], Duration::from_secs(20));
     assert_eq!(llm.count(), 1);
     assert_eq!(
@@ -272,18 +244,7 @@ fn a_brain_kill_during_a_command_sends_no_request_twice_and_runs_nothing_twice()
     ]);
     let mut c = cluster(&llm, "");
     let w = c.join_worker("box");
-    let id = start(
-        &c,
-        &[
-            "--model",
-            "openai:gpt-4.1",
-            "--permission",
-            "full",
-            "--worker",
-            "box",
-            "slow one",
-        ],
-    );
+    let id = c.agent().worker("box").start("slow one");
     // Killed after the answer is logged and the command is running.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !c
@@ -316,10 +277,13 @@ fn a_brain_kill_during_a_command_sends_no_request_twice_and_runs_nothing_twice()
 
 #[test]
 fn a_spent_budget_stops_the_task_and_resume_continues_it() {
-    let llm = FakeLlm::start(|req| match req.assistant_turns() {
-        0..=2 => FakeReply::tool_call("list_files", json!({})),
-        _ => FakeReply::finish("listed"),
-    });
+    let list = FakeReply::tool_call("list_files", json!({}));
+    let llm = FakeLlm::script(vec![
+        list.clone(),
+        list.clone(),
+        list,
+        FakeReply::finish("listed"),
+    ]);
     let mut c = cluster(&llm, "");
     let _w = c.join_worker("w");
     let out = c.brain_cli(&[
@@ -388,18 +352,7 @@ fn the_same_failing_call_earns_a_note_then_stops_the_task_as_stuck() {
     let llm = FakeLlm::start(|_| FakeReply::run("echo nope >&2; exit 3"));
     let c = cluster(&llm, "[agent]\nrepeat_limit = 3\n");
     let _w = c.join_worker("w");
-    let id = start(
-        &c,
-        &[
-            "--model",
-            "openai:gpt-4.1",
-            "--permission",
-            "full",
-            "--worker",
-            "w",
-            "loop",
-        ],
-    );
+    let id = c.agent().worker("w").start("loop");
     assert_eq!(
         c.wait_status(
             &id,
@@ -449,18 +402,11 @@ fn bad_tool_calls_are_answered_with_errors_and_text_mode_models_work() {
     });
     let c = cluster(&llm, "");
     let w = c.join_worker("w");
-    let id = start(
-        &c,
-        &[
-            "--model",
-            "ollama:qwen-local",
-            "--permission",
-            "full",
-            "--worker",
-            "w",
-            "text mode",
-        ],
-    );
+    let id = c
+        .agent()
+        .model("ollama:qwen-local")
+        .worker("w")
+        .start("text mode");
     assert_eq!(
         c.wait_status(
             &id,
@@ -511,18 +457,11 @@ fn model_errors_fail_the_task_clearly_and_a_recorded_run_replays_without_a_serve
     });
     let c = cluster(&llm, "");
     let w = c.join_worker("w");
-    let id = start(
-        &c,
-        &[
-            "--model",
-            "openai:gpt-4.1-mini",
-            "--permission",
-            "full",
-            "--worker",
-            "w",
-            "doomed",
-        ],
-    );
+    let id = c
+        .agent()
+        .model("openai:gpt-4.1-mini")
+        .worker("w")
+        .start("doomed");
     assert_eq!(
         c.wait_status(&id, &["failed", "finished"], Duration::from_secs(20)),
         "failed"
@@ -577,28 +516,21 @@ fn old_tool_outputs_are_elided_near_the_context_window_and_that_is_logged() {
         .map(|i| format!("line {i:04} of a long file\n"))
         .collect();
     let content = big.clone();
-    let llm = FakeLlm::start(move |req| match req.assistant_turns() {
-        0 => FakeReply::tool_call("write_file", json!({"path": "big.txt", "content": content})),
-        1..=4 => FakeReply::tool_call("read_file", json!({"path": "big.txt"})),
-        _ => FakeReply::finish("read it"),
-    });
+    let read = FakeReply::tool_call("read_file", json!({"path": "big.txt"}));
+    let llm = FakeLlm::script(vec![
+        FakeReply::tool_call("write_file", json!({"path": "big.txt", "content": content})),
+        read.clone(),
+        read.clone(),
+        read.clone(),
+        read,
+        FakeReply::finish("read it"),
+    ]);
     let c = cluster(
         &llm,
         "[llm.models.\"openai:small\"]\ncontext_window = 8000\n",
     );
     let _w = c.join_worker("w");
-    let id = start(
-        &c,
-        &[
-            "--model",
-            "openai:small",
-            "--permission",
-            "full",
-            "--worker",
-            "w",
-            "read",
-        ],
-    );
+    let id = c.agent().model("openai:small").worker("w").start("read");
     assert_eq!(
         c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
         "finished",
@@ -611,7 +543,7 @@ fn old_tool_outputs_are_elided_near_the_context_window_and_that_is_logged() {
         .filter(|r| r["kind"] == "context_elided")
         .collect();
     assert!(!elided.is_empty(), "no elision logged");
-    assert!(elided[0]["bytes_saved"].as_u64().unwrap() > 10_000);
+    assert!(testkit::json_u64(&elided[0]["bytes_saved"]).unwrap() > 10_000);
     let reqs = llm.requests();
     let last = reqs.last().unwrap().body["messages"].to_string();
     assert!(last.contains("elided to fit the context window"), "{last}");

@@ -144,17 +144,11 @@ async fn wait_status(c: &Cluster, id: &str, want: &str) {
 
 /// A task that runs one command once approved, waiting for that approval.
 async fn waiting_task(c: &Cluster) -> String {
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "ask",
-        "--worker",
-        "laptop",
-        "wait for approval",
-    ]);
+    let out = c
+        .agent()
+        .permission("ask")
+        .worker("laptop")
+        .try_start("wait for approval");
     assert!(out.status.success(), "brain run: {}", text(&out));
     let id = stdout(&out);
     wait_status(c, &id, "waiting").await;

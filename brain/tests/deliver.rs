@@ -85,18 +85,16 @@ fn cluster_with(
         env.push(("TETHER_FAILPOINT".into(), f.into()));
     }
     let api_host = github.split_once("://").map_or(github, |(_, a)| a);
+    let deliver = format!(
+        "[deliver]\nmode = \"{mode}\"\ngit_username = \"bot\"\n\
+         git_token_env = \"TETHER_GIT_TOKEN\"\ngithub_token_env = \"TETHER_GITHUB_TOKEN\"\n\
+         github_api = \"{github}\"\ngit_internal_hosts = true\n\
+         hosts = [\"{}\", \"{api_host}\"]\n",
+        git.authority()
+    );
     Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"{KEY}\"\n\
-             [deliver]\nmode = \"{mode}\"\ngit_username = \"bot\"\n\
-             git_token_env = \"TETHER_GIT_TOKEN\"\ngithub_token_env = \"TETHER_GITHUB_TOKEN\"\n\
-             github_api = \"{github}\"\ngit_internal_hosts = true\n\
-             hosts = [\"{}\", \"{api_host}\"]\n",
-            llm.url(),
-            git.authority()
-        )),
         env,
-        ..Default::default()
+        ..BrainOptions::with_llm(llm, KEY, &deliver)
     })
 }
 

@@ -6,34 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use rand::Rng;
 use testkit::{BrainOptions, Cluster, Worker, text};
-
-/// A small deterministic PRNG (xorshift), seeded from the clock and printed, so a failing
-/// run can be replayed with TETHER_TEST_SEED.
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Self {
-        let seed = std::env::var("TETHER_TEST_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64
-                    | 1
-            });
-        eprintln!("seed {seed} (set TETHER_TEST_SEED to replay)");
-        Rng(seed)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
 
 /// A plan of `n` steps, each appending its own line (with a check that the line is there).
 fn line_plan(c: &Cluster, n: usize, pause: &str) -> PathBuf {
@@ -71,12 +45,13 @@ fn assert_exactly_once(c: &Cluster, w: &Worker, id: &str, n: usize) -> usize {
     assert_eq!(lines, want, "every line exactly once and in order");
 
     let log = c.task_log_json(id);
-    let mut seqs = log.iter().map(|r| r["seq"].as_u64().unwrap());
+    let mut seqs = log.iter().map(|r| testkit::json_u64(&r["seq"]).unwrap());
     let first = seqs.next().unwrap();
     assert_eq!(first, 1);
     assert!(
         log.windows(2)
-            .all(|p| p[1]["seq"].as_u64() == p[0]["seq"].as_u64().map(|s| s + 1)),
+            .all(|p| testkit::json_u64(&p[1]["seq"])
+                == testkit::json_u64(&p[0]["seq"]).map(|s| s + 1)),
         "sequence numbers have no gaps"
     );
     // Each call: issued once, then exactly one outcome, and nothing about it before it was issued.
@@ -85,7 +60,7 @@ fn assert_exactly_once(c: &Cluster, w: &Worker, id: &str, n: usize) -> usize {
     let mut interrupted = 0;
     for r in &log {
         let kind = r["kind"].as_str().unwrap();
-        let call = r["call_id"].as_u64();
+        let call = testkit::json_u64(&r["call_id"]);
         match kind {
             "tool_call_issued" => {
                 let id = call.unwrap();
@@ -139,10 +114,10 @@ fn a_task_survives_fifty_brain_kills_with_every_effect_exactly_once() {
     let n = 100;
     let plan = line_plan(&c, n, "0.15");
     let id = start_plan(&c, &plan, &w.id);
-    let mut rng = Rng::new();
+    let mut rng = testkit::random::seeded();
     let mut kills = 0;
     while kills < 50 {
-        std::thread::sleep(Duration::from_millis(30 + rng.below(250)));
+        std::thread::sleep(Duration::from_millis(30 + rng.random_range(0..250)));
         c.kill_brain();
         kills += 1;
         c.start_brain().unwrap();
@@ -171,12 +146,12 @@ fn a_task_survives_worker_kills_and_kills_of_both() {
     let n = 40;
     let plan = line_plan(&c, n, "0.05");
     let id = start_plan(&c, &plan, &w.id);
-    let mut rng = Rng::new();
+    let mut rng = testkit::random::seeded();
     let (mut worker_kills, mut brain_kills) = (0, 0);
     for round in 0..30 {
-        std::thread::sleep(Duration::from_millis(50 + rng.below(300)));
+        std::thread::sleep(Duration::from_millis(50 + rng.random_range(0..300)));
         let both = round >= 15;
-        if both && rng.below(2) == 0 {
+        if both && rng.random_bool(0.5) {
             c.kill_brain();
             brain_kills += 1;
         }
@@ -303,16 +278,7 @@ fn cancel_backup_restore_and_a_second_brain() {
     let plan = line_plan(&c, 200, "0.05");
     let id = start_plan(&c, &plan, &w.id);
     // Under way: a few steps done.
-    assert!(
-        testkit::wait_until(Duration::from_secs(30), || c
-            .task_log_json(&id)
-            .iter()
-            .filter(|r| r["kind"] == "tool_call_completed")
-            .count()
-            >= 3),
-        "{}",
-        c.brain_log()
-    );
+    c.wait_records(&id, "tool_call_completed", 3, Duration::from_secs(30));
 
     // A second brain on the same data dir refuses to start, clearly.
     let out = c.brain_cli(&["serve", "--listen", "127.0.0.1:0"]);

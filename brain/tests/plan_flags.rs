@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use testkit::https::{Received, TestCa, Upstream};
-use testkit::tasks::{egress_cluster, have_netns, set_secret};
+use testkit::tasks::{Ran, egress_cluster, have_netns, results, set_secret};
 use testkit::{Cluster, text};
 
 const SECRET: &str = "sk-plan-0c94d2e7a1b35f68";
@@ -150,13 +150,6 @@ fn flags_that_do_not_apply_to_a_plan_are_refused_by_name() {
     );
 }
 
-/// One step's result as the task log holds it.
-#[derive(Debug, Default)]
-struct Ran {
-    stdout: String,
-    exit: Option<i64>,
-}
-
 /// Runs a plan with `flags` on `worker`, waits for it to end, and gives its end status, each
 /// command's result in order and its whole log.
 fn run_plan(
@@ -178,25 +171,7 @@ fn run_plan(
         Duration::from_secs(120),
     );
     let log = c.task_log_json(&task);
-    let mut ran: Vec<(u64, Ran)> = Vec::new();
-    for e in &log {
-        let id = e["call_id"].as_u64().unwrap_or(0);
-        match e["kind"].as_str() {
-            Some("tool_call_issued") => ran.push((id, Ran::default())),
-            Some("tool_output") => {
-                if let Some((_, r)) = ran.iter_mut().find(|(i, _)| *i == id) {
-                    r.stdout = e["stdout"].as_str().unwrap_or_default().into();
-                }
-            }
-            Some("tool_call_completed") => {
-                if let Some((_, r)) = ran.iter_mut().find(|(i, _)| *i == id) {
-                    r.exit = e["result"]["exit_code"].as_i64();
-                }
-            }
-            _ => {}
-        }
-    }
-    (end, ran.into_iter().map(|(_, r)| r).collect(), log)
+    (end, results(c, &task), log)
 }
 
 #[test]

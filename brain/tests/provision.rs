@@ -374,19 +374,11 @@ fn request_environment_refusals_come_back_to_the_model() {
         .join("\n"),
     )
     .unwrap();
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        &format!("replay:{}", transcript.display()),
-        "--permission",
-        "full",
-        "--worker",
-        &worker,
-        "try to grow",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let task = c
+        .agent()
+        .model(&format!("replay:{}", transcript.display()))
+        .worker(&worker)
+        .start("try to grow");
     let waiting = |c: &Cluster| {
         c.wait_status(
             &task,
@@ -398,16 +390,7 @@ fn request_environment_refusals_come_back_to_the_model() {
     let out = c.brain_cli(&["deny", &task, "--reason", "too dear"]);
     assert!(out.status.success(), "{}", text(&out));
     // The second ask: approved, but the quota (one local machine, in use) refuses.
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            let log =
-                String::from_utf8_lossy(&c.brain_cli(&["task", "log", &task, "--json"]).stdout)
-                    .into_owned();
-            log.matches("approval_requested").count() + log.matches("ApprovalRequested").count()
-                >= 2
-        }),
-        "no second approval request"
-    );
+    c.wait_records(&task, "approval_requested", 2, Duration::from_secs(30));
     let out = c.brain_cli(&["approve", &task]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
@@ -460,19 +443,11 @@ fn a_task_resumed_with_a_pending_request_environment_gets_its_machine() {
         .join("\n"),
     )
     .unwrap();
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        &format!("replay:{}", transcript.display()),
-        "--permission",
-        "full",
-        "--worker",
-        &home.id,
-        "grow",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let task = c
+        .agent()
+        .model(&format!("replay:{}", transcript.display()))
+        .worker(&home.id)
+        .start("grow");
     assert_eq!(
         c.wait_status(
             &task,

@@ -413,19 +413,11 @@ fn request_environment_moves_a_task_to_a_pod_from_a_k8s_offer() {
         .join("\n"),
     )
     .unwrap();
-    let o = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        &format!("replay:{}", transcript.display()),
-        "--permission",
-        "full",
-        "--worker",
-        &small.id,
-        "build it",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    let task = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let task = c
+        .agent()
+        .model(&format!("replay:{}", transcript.display()))
+        .worker(&small.id)
+        .start("build it");
     assert_eq!(
         c.wait_status(
             &task,

@@ -262,19 +262,11 @@ fn request_environment_moves_a_task_to_an_ssh_machine_and_releases_the_old_one()
         .join("\n"),
     )
     .unwrap();
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        &format!("replay:{}", transcript.display()),
-        "--permission",
-        "full",
-        "--worker",
-        &small_worker,
-        "build it",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let task = stdout(&out).trim().to_string();
+    let task = c
+        .agent()
+        .model(&format!("replay:{}", transcript.display()))
+        .worker(&small_worker)
+        .start("build it");
 
     // $1.50/h is over the $1.00/h threshold: a person approves.
     let status = c.wait_status(

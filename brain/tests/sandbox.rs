@@ -542,27 +542,11 @@ fn commands_ended_by_a_limit_say_which_limit() {
     ]);
     let c = Cluster::start_with(BrainOptions {
         extra_args: vec!["--file-size".into(), "1GiB".into()],
-        config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test-key-123456\"\n",
-            llm.url()
-        )),
-        ..Default::default()
+        ..BrainOptions::with_llm(&llm, "sk-test-key-123456", "")
     });
     let w = c.join_worker("limited");
     // The file size limit, told to the model and kept in the log.
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        "limited",
-        "make a big file",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let id = stdout(&out).trim().to_string();
+    let id = c.agent().worker("limited").start("make a big file");
     c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30));
     let told = llm.requests()[1].body["messages"].to_string();
     assert!(told.contains("file size limit of 1 GiB exceeded"), "{told}");

@@ -13,15 +13,10 @@ use testkit::{BrainOptions, Cluster, text};
 const MODEL: &str = "openai:small-coder";
 
 fn cluster(llm: &FakeLlm) -> Cluster {
-    Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test\"\n\
-             [llm.models.\"{MODEL}\"]\ntool_mode = \"text\"\n\
-             [deliver]\ngit_schemes = [\"file\"]\n",
-            llm.url(),
-        )),
-        ..Default::default()
-    })
+    let extra = format!(
+        "[llm.models.\"{MODEL}\"]\ntool_mode = \"text\"\n[deliver]\ngit_schemes = [\"file\"]\n"
+    );
+    Cluster::start_with(BrainOptions::with_llm(llm, "sk-test", &extra))
 }
 
 /// A repository whose test fails on a bug in a module the test does not name: `test_stats`
@@ -69,25 +64,21 @@ fn repo(c: &Cluster) -> String {
 }
 
 fn start(c: &Cluster, worker: &str, url: &str) -> String {
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        MODEL,
-        "--permission",
-        "full",
-        "--worker",
-        worker,
-        "--git",
-        url,
-        "--check",
-        "python3 test_stats.py",
-        "--protect",
-        "test_stats.py",
-        "--max-steps",
-        "30",
-        "fix the failing test",
-    ]);
+    let out = c
+        .agent()
+        .model(MODEL)
+        .worker(worker)
+        .args(&[
+            "--git",
+            url,
+            "--check",
+            "python3 test_stats.py",
+            "--protect",
+            "test_stats.py",
+            "--max-steps",
+            "30",
+        ])
+        .try_start("fix the failing test");
     assert!(out.status.success(), "{}", text(&out));
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }

@@ -30,14 +30,11 @@ fn tree_plan(c: &Cluster, pause: &str) -> PathBuf {
 
 /// A cluster whose brain talks to the fake model server (and clones local repositories).
 fn with_model(llm: &FakeLlm) -> Cluster {
-    Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-test-key-123456\"\n\
-             [deliver]\ngit_schemes = [\"https\", \"ssh\", \"file\"]\n",
-            llm.url()
-        )),
-        ..Default::default()
-    })
+    Cluster::start_with(BrainOptions::with_llm(
+        llm,
+        "sk-test-key-123456",
+        "[deliver]\ngit_schemes = [\"https\", \"ssh\", \"file\"]\n",
+    ))
 }
 
 fn last_root(log: &[Value]) -> String {
@@ -146,19 +143,7 @@ fn an_agent_moved_between_calls_is_told_and_carries_on_with_its_files() {
     let c = with_model(&llm);
     let a = c.join_worker("a");
     let b = c.join_worker("b");
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        "a",
-        "move me",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let id = c.agent().worker("a").start("move me");
     c.wait_records(&id, "tool_call_issued", 1, Duration::from_secs(30));
     // `--wait` follows the move to its end and says what it sent.
     let out = c.brain_cli(&["task", "move", &id, "--to", "b", "--wait", "30s"]);
@@ -299,21 +284,11 @@ fn a_task_starts_from_a_git_repository_the_brain_clones() {
     git(&["init", "-q", "-b", "main"]);
     git(&["add", "."]);
     git(&["commit", "-q", "-m", "init"]);
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        "w",
-        "--git",
-        repo.to_str().unwrap(),
-        "read the code",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let id = c
+        .agent()
+        .worker("w")
+        .args(&["--git", repo.to_str().unwrap()])
+        .start("read the code");
     assert_eq!(
         c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
         "finished",
@@ -341,36 +316,29 @@ fn a_task_starts_from_a_git_repository_the_brain_clones() {
         .iter()
         .find(|r| r["kind"] == "workspace_seeded")
         .unwrap();
-    assert!(seeded["files"].as_u64().unwrap() > 2, "{seeded}");
+    assert!(testkit::json_u64(&seeded["files"]).unwrap() > 2, "{seeded}");
     assert_eq!(seeded["commit"].as_str().unwrap().len(), 40, "{seeded}");
     assert_eq!(seeded["branch"], "main", "{seeded}");
     assert!(read(&c, &w.id, &id, ".git/HEAD").is_some());
     // Per task: .git/ included, src/ left out.
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        "w",
-        "--git",
-        repo.to_str().unwrap(),
-        "--include-git",
-        "--exclude",
-        "src",
-        "read the code",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let id2 = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let id2 = c
+        .agent()
+        .worker("w")
+        .args(&[
+            "--git",
+            repo.to_str().unwrap(),
+            "--include-git",
+            "--exclude",
+            "src",
+        ])
+        .start("read the code");
     c.wait_status(&id2, &["finished", "failed"], Duration::from_secs(30));
     let log = c.task_log_json(&id2);
     let seeded = log
         .iter()
         .find(|r| r["kind"] == "workspace_seeded")
         .unwrap();
-    assert!(seeded["files"].as_u64().unwrap() > 3, "{seeded}");
+    assert!(testkit::json_u64(&seeded["files"]).unwrap() > 3, "{seeded}");
     assert!(
         log.iter()
             .any(|r| r["kind"] == "workspace_rules" && r["rules"]["include_git"] == true)
@@ -378,17 +346,11 @@ fn a_task_starts_from_a_git_repository_the_brain_clones() {
     assert_eq!(read(&c, &w.id, &id2, "src/lib.txt"), None);
     assert!(read(&c, &w.id, &id2, ".git/HEAD").is_some());
     // A repository that is not there: a clear error, no task.
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--worker",
-        "w",
-        "--git",
-        c.dir.join("nope").to_str().unwrap(),
-        "x",
-    ]);
+    let out = c
+        .agent()
+        .worker("w")
+        .args(&["--git", c.dir.join("nope").to_str().unwrap()])
+        .try_start("x");
     assert!(!out.status.success());
     assert!(text(&out).contains("git clone of"), "{}", text(&out));
 }
@@ -429,30 +391,12 @@ fn a_task_starts_from_a_directory_on_its_worker_without_resending_it() {
     std::fs::create_dir_all(project.join("app")).unwrap();
     std::fs::write(project.join("app/main.txt"), "original\n").unwrap();
     // 200 KB that does not compress: sending it would show.
-    let mut noise = Vec::with_capacity(200_000);
-    let mut x: u64 = 0x9e3779b97f4a7c15;
-    while noise.len() < 200_000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        noise.extend_from_slice(&x.to_le_bytes());
-    }
-    std::fs::write(project.join("data.bin"), &noise).unwrap();
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        "laptop",
-        "--dir",
-        project.to_str().unwrap(),
-        "change main",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    std::fs::write(project.join("data.bin"), testkit::random::noise(200_000)).unwrap();
+    let id = c
+        .agent()
+        .worker("laptop")
+        .args(&["--dir", project.to_str().unwrap()])
+        .start("change main");
     assert_eq!(
         c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
         "finished",
@@ -476,21 +420,15 @@ fn a_task_starts_from_a_directory_on_its_worker_without_resending_it() {
     let log = c.task_log_json(&id);
     let seeded = log.iter().find(|r| r["kind"] == "barrier").unwrap();
     assert!(
-        seeded["wire_bytes"].as_u64().unwrap() < 20_000,
+        testkit::json_u64(&seeded["wire_bytes"]).unwrap() < 20_000,
         "the copy on the same machine re-sent the files: {seeded}"
     );
     // The worker's own state (its key) cannot be imported.
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--worker",
-        "laptop",
-        "--dir",
-        c.dir.join("laptop").to_str().unwrap(),
-        "steal",
-    ]);
+    let out = c
+        .agent()
+        .worker("laptop")
+        .args(&["--dir", c.dir.join("laptop").to_str().unwrap()])
+        .try_start("steal");
     assert!(!out.status.success());
     assert!(text(&out).contains("refusing to import"), "{}", text(&out));
 }
@@ -663,8 +601,8 @@ fn a_move_back_to_a_warm_worker_sends_only_what_changed_there() {
         .collect();
     assert_eq!(moves.len(), 2, "{log:?}");
     let (cold, warm) = (
-        moves[0]["wire_bytes"].as_u64().unwrap(),
-        moves[1]["wire_bytes"].as_u64().unwrap(),
+        testkit::json_u64(&moves[0]["wire_bytes"]).unwrap(),
+        testkit::json_u64(&moves[1]["wire_bytes"]).unwrap(),
     );
     assert!(cold > 500_000, "the cold move sent the tree: {cold} bytes");
     assert!(

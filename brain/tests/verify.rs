@@ -15,16 +15,11 @@ use testkit::{BrainOptions, Cluster, text};
 const KEY: &str = "sk-test-SECRET-4b7e1d9c2a";
 
 fn cluster(llm: &FakeLlm) -> Cluster {
-    Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"{KEY}\"\n\
-             [llm.providers.anthropic]\nbase_url = \"{}\"\napi_key = \"{KEY}\"\n\
-             [deliver]\ngit_schemes = [\"https\", \"ssh\", \"file\"]\n",
-            llm.url(),
-            llm.base()
-        )),
-        ..Default::default()
-    })
+    Cluster::start_with(BrainOptions::with_llm(
+        llm,
+        KEY,
+        "[deliver]\ngit_schemes = [\"https\", \"ssh\", \"file\"]\n",
+    ))
 }
 
 fn stdout(o: &std::process::Output) -> String {
@@ -432,20 +427,14 @@ fn protect_without_a_check_is_refused_clearly() {
     let llm = FakeLlm::start(|_| FakeReply::text("unused"));
     let c = cluster(&llm);
     let w = c.join_worker("nocheck");
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--worker",
-        &w.id,
-        "--protect",
-        "tests/**",
-        "do it",
-    ]);
+    let out = c
+        .agent()
+        .worker(&w.id)
+        .args(&["--protect", "tests/**"])
+        .try_start("do it");
     assert!(!out.status.success());
     assert!(
-        text(&out).contains("--protect needs an acceptance check"),
+        text(&out).contains("protected files need an acceptance check"),
         "{}",
         text(&out)
     );

@@ -12,12 +12,8 @@ use testkit::{BrainOptions, Cluster, text};
 
 fn cluster(llm: &FakeLlm) -> Cluster {
     Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-web-test\"\n",
-            llm.url()
-        )),
         web: true,
-        ..Default::default()
+        ..BrainOptions::with_llm(llm, "sk-web-test", "")
     })
 }
 
@@ -30,14 +26,6 @@ fn token(c: &Cluster, name: &str, role: &str, ttl: &str) -> String {
         "admin", "token", "create", "--name", name, "--role", role, "--ttl", ttl,
     ]);
     assert!(out.status.success(), "{}", text(&out));
-    stdout(&out)
-}
-
-fn start(c: &Cluster, args: &[&str]) -> String {
-    let mut all = vec!["run", "--detach", "--model", "openai:gpt-4.1"];
-    all.extend_from_slice(args);
-    let out = c.brain_cli(&all);
-    assert!(out.status.success(), "brain run: {}", text(&out));
     stdout(&out)
 }
 
@@ -93,7 +81,7 @@ fn log_seqs(c: &Cluster, id: &str) -> Vec<(u64, String)> {
         .filter(|v| v.get("seq").is_some())
         .map(|v| {
             (
-                v["seq"].as_u64().unwrap(),
+                testkit::json_u64(&v["seq"]).unwrap(),
                 v["kind"].as_str().unwrap().to_string(),
             )
         })
@@ -198,10 +186,11 @@ async fn who_may_do_what_and_nothing_changes_when_refused() {
     let _w = c.join_worker("laptop");
     let viewer = token(&c, "watcher", "viewer", "1h");
     let operator = token(&c, "ci", "operator", "1h");
-    let id = start(
-        &c,
-        &["--permission", "ask", "--worker", "laptop", "approve me"],
-    );
+    let id = c
+        .agent()
+        .permission("ask")
+        .worker("laptop")
+        .start("approve me");
     wait_status(&c, &id, "waiting").await;
     let approve = format!("/api/tasks/{id}/approve");
 
@@ -533,10 +522,11 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
     let _w = c.join_worker("laptop");
     let t = token(&c, "reader", "viewer", "1h");
     let auth = bearer(&t);
-    let id = start(
-        &c,
-        &["--permission", "ask", "--worker", "laptop", "write a"],
-    );
+    let id = c
+        .agent()
+        .permission("ask")
+        .worker("laptop")
+        .start("write a");
     wait_status(&c, &id, "waiting").await;
     let path = format!("/api/tasks/{id}/events");
 
@@ -557,7 +547,7 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
         assert_eq!(e.event, "record", "{e:?}");
         assert_eq!(
             e.id,
-            e.data["seq"].as_u64(),
+            testkit::json_u64(&e.data["seq"]),
             "the id is the sequence number"
         );
     }
@@ -626,7 +616,7 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
     assert!(out.status.success(), "{}", text(&out));
     let watched: Vec<u64> = stdout(&out)
         .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok()?["seq"].as_u64())
+        .filter_map(|l| testkit::json_u64(&serde_json::from_str::<Value>(l).ok()?["seq"]))
         .collect();
     assert_eq!(
         watched,
@@ -644,11 +634,7 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
     let body = resp.text().await.unwrap();
     let lines: Vec<u64> = body
         .lines()
-        .map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["seq"]
-                .as_u64()
-                .unwrap()
-        })
+        .map(|l| testkit::json_u64(&serde_json::from_str::<Value>(l).unwrap()["seq"]).unwrap())
         .collect();
     assert_eq!(lines, log);
     assert!(
@@ -716,7 +702,7 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
     let first_root = stdout(&out)
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .find(|r| r["kind"] == "barrier" && r["files"].as_u64() > Some(0))
+        .find(|r| r["kind"] == "barrier" && testkit::json_u64(&r["files"]) > Some(0))
         .map(|r| r["root_hash"].as_str().unwrap().to_string())
         .expect("a barrier with a.txt");
     let (s, content) = call(

@@ -29,12 +29,8 @@ fn a_person_steers_a_task_from_the_page() {
         FakeReply::finish("done"),
     ]);
     let mut c = Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-web-test\"\n",
-            llm.url()
-        )),
         web: true,
-        ..Default::default()
+        ..BrainOptions::with_llm(&llm, "sk-web-test", "")
     });
     let laptop = c.join_worker("laptop");
     let bigbox = c.join_worker("bigbox");
@@ -149,6 +145,38 @@ fn a_person_steers_a_task_from_the_page() {
     browser.click(".approval-box .approve").unwrap();
     c.wait_status("t-1", &["finished"], t);
 
+    // Each call's output sits under its own id, to the digit the log has: ids are above 2^53
+    // (JavaScript's numbers would round neighbours to one value), so the API writes them as
+    // strings.
+    let logged: Vec<String> = c
+        .task_log_json("t-1")
+        .iter()
+        .filter(|r| r["kind"] == "tool_call_issued")
+        .map(|r| {
+            r["call_id"]
+                .as_str()
+                .expect("a call id is a string")
+                .to_string()
+        })
+        .collect();
+    assert!(logged.len() >= 2, "{logged:?}");
+    assert!(
+        logged.iter().all(|id| id.parse::<u64>().unwrap() > 1 << 53),
+        "{logged:?}"
+    );
+    let shown = browser.exec(
+        "return [...document.querySelectorAll('#timeline pre.output')].map(p => p.dataset.call)",
+        json!([]),
+    );
+    let shown: Vec<String> = serde_json::from_value(shown).unwrap();
+    assert_eq!(shown, logged, "the page's call ids are the log's");
+    let distinct: std::collections::HashSet<&String> = shown.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        shown.len(),
+        "two calls share an id: {shown:?}"
+    );
+
     // The lane picture shows both workers and the move between them.
     browser.wait("both lanes", t, |b| {
         let lanes = b.exec(
@@ -225,12 +253,8 @@ fn a_task_run_as_attempts_shows_them_side_by_side() {
         }
     });
     let c = Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[llm.providers.openai]\nbase_url = \"{}\"\napi_key = \"sk-web-test\"\n",
-            llm.url()
-        )),
         web: true,
-        ..Default::default()
+        ..BrainOptions::with_llm(&llm, "sk-web-test", "")
     });
     let one = c.join_worker("one");
     let two = c.join_worker("two");

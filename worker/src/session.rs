@@ -307,6 +307,7 @@ async fn session(
             ctx.sandbox.report.active(),
             ctx.max_tasks,
         )),
+        protocol: proto::PROTOCOL_VERSION,
     };
     out.send(WorkerMessage {
         msg: Some(worker_message::Msg::Hello(hello)),
@@ -326,6 +327,7 @@ async fn session(
         Ok(Err(s)) => return Err(tls::explain_status(&s, &addr.url())),
         Err(_) => return Err("no hello acknowledgement from the brain within 10s".into()),
     };
+    proto::compatible("brain", ack.protocol, proto::OLDEST_PROTOCOL)?;
     let skew_ms = ack.brain_time_unix_ms - shared::now_unix_ms();
     if skew_ms.unsigned_abs() > SKEW_WARN.as_millis() as u64 {
         tracing::warn!(

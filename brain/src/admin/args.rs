@@ -391,7 +391,7 @@ pub enum TaskCmd {
 }
 
 /// A task status by its name, as `brain tasks` shows it.
-fn parse_status(s: &str) -> Result<crate::model::Status, String> {
+pub(super) fn parse_status(s: &str) -> Result<crate::model::Status, String> {
     serde_json::from_value(serde_json::Value::String(s.trim().to_string())).map_err(|_| {
         "not a task status: use created, queued, running, waiting, budget_exhausted, finished, failed, cancelled, stuck or stalled".to_string()
     })

@@ -272,7 +272,7 @@ async fn scenario(
         .into_inner();
     while let Some(r) = log.message().await? {
         if let Some(rec) = crate::admin::render::logged(&r)
-            && !matches!(rec.event, crate::model::Event::ToolOutput { .. })
+            && !matches!(rec.event, proto::log::Event::ToolOutput { .. })
         {
             out!("  {}", crate::admin::render::describe_record(&rec));
         }
@@ -623,7 +623,7 @@ async fn agent_chapter(
             let Some(rec) = crate::admin::render::logged(&r) else {
                 continue; // live output: the observation shows it
             };
-            use crate::model::Event as E;
+            use proto::log::Event as E;
             match &rec.event {
                 E::ToolOutput { .. }
                 | E::ToolCallCompleted { .. }
@@ -639,7 +639,7 @@ async fn agent_chapter(
                 }
                 E::Finished {
                     outcome: o, reason, ..
-                } => outcome = format!("{}: {reason}", format!("{o:?}").to_lowercase()),
+                } => outcome = format!("{o}: {reason}"),
                 _ => {}
             }
             if in_move && let E::Barrier { wire_bytes, .. } = &rec.event {

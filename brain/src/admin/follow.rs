@@ -172,7 +172,7 @@ async fn task_log(
 
 /// One item of a followed log.
 enum Item {
-    Record(Box<crate::model::Record>),
+    Record(Box<proto::log::Record>),
     Live(proto::LiveOutput),
     /// A record the brain could not decode, or this CLI cannot (a newer brain).
     Broken(String),
@@ -181,7 +181,7 @@ enum Item {
 fn item(r: proto::TaskRecord) -> Item {
     use proto::task_record::Item as I;
     match r.item {
-        Some(I::Record(json)) => match serde_json::from_str::<crate::model::Record>(&json) {
+        Some(I::Record(json)) => match serde_json::from_str::<proto::log::Record>(&json) {
             Ok(rec) => Item::Record(Box::new(rec)),
             Err(e) => Item::Broken(format!("a record this program cannot read ({e}): {json}")),
         },
@@ -209,7 +209,7 @@ async fn follow_agent(
             Item::Record(rec) => {
                 let mut text = describe_record(&rec);
                 match &rec.event {
-                    crate::model::Event::LlmResponse {
+                    proto::log::Event::LlmResponse {
                         prompt_tokens,
                         completion_tokens,
                         cost_usd,
@@ -220,20 +220,14 @@ async fn follow_agent(
                         usd += cost_usd;
                         text.push_str(&format!("\n    (so far: {tokens} tokens, ${usd:.4})"));
                         if let Some(r) = response {
-                            answers.push((**r).clone());
+                            answers.push(crate::api::convert::log::response_from_wire(r));
                         }
                     }
-                    crate::model::Event::Finished { outcome, .. } => {
-                        end = serde_json::to_value(outcome)
-                            .ok()
-                            .and_then(|v| v.as_str().map(String::from))
-                            .unwrap_or_default();
-                    }
-                    crate::model::Event::StatusChanged {
-                        status: crate::model::Status::BudgetExhausted,
-                        ..
-                    } => {
-                        end = crate::model::Status::BudgetExhausted.as_str().into();
+                    proto::log::Event::Finished { outcome, .. } => end = outcome.clone(),
+                    proto::log::Event::StatusChanged { status, .. }
+                        if status == crate::model::Status::BudgetExhausted.as_str() =>
+                    {
+                        end = status.clone();
                     }
                     _ => {}
                 }
@@ -264,6 +258,11 @@ async fn follow_agent(
         );
     }
     eprintln!("{task}: {end}");
+    if end == crate::model::Status::BudgetExhausted.as_str() {
+        eprintln!(
+            "continue with `brain task resume {task} --budget-usd X` (or --max-steps, --max-tokens, --max-wall)"
+        );
+    }
     Ok(end)
 }
 
@@ -281,10 +280,8 @@ pub async fn follow(
         let text = match (item(r), json) {
             (Item::Record(rec), true) => format!("{}\n", serde_json::to_string(&rec)?),
             (Item::Record(rec), false) => format!("{}\n", describe_record(&rec)),
-            (Item::Live(o), true) => format!(
-                "{}\n",
-                serde_json::json!({"kind": o.kind, "call_id": o.call_id, "stream": o.stream, "text": o.text})
-            ),
+            // As the API writes it: the call id a string, like the records'.
+            (Item::Live(o), true) => format!("{}\n", serde_json::to_string(&o)?),
             // Live output of the running call and file changes, as they come.
             (Item::Live(o), false) => describe_live(&o),
             (Item::Broken(e), true) => format!("{}\n", serde_json::json!({ "error": e })),
@@ -305,7 +302,7 @@ pub async fn move_and_wait(
     to: &str,
     wait: std::time::Duration,
 ) -> anyhow::Result<i32> {
-    use crate::model::Event;
+    use proto::log::Event;
     // Where the log stands before the move is asked for, so an earlier move is not taken
     // for this one.
     let mut history = task_log(target, task, false, 0).await?;
@@ -397,7 +394,7 @@ pub async fn wait(
     timeout: Option<std::time::Duration>,
     json: bool,
 ) -> anyhow::Result<i32> {
-    use crate::model::{Status, TaskState, state};
+    use crate::model::Status;
     let reached = |s: Status| {
         if until.is_empty() {
             !s.goes_on()
@@ -406,9 +403,9 @@ pub async fn wait(
         }
     };
     let fold = async {
-        let mut st: Option<TaskState> = None;
+        let mut st: Option<Seen> = None;
         let mut after = 0;
-        let done = |st: &Option<TaskState>| {
+        let done = |st: &Option<Seen>| {
             st.as_ref()
                 .filter(|s| reached(s.status) || s.status.is_terminal())
                 .cloned()
@@ -422,7 +419,8 @@ pub async fn wait(
             while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
                 let Item::Record(rec) = item(r) else { continue };
                 after = after.max(rec.seq);
-                state::apply(st.get_or_insert_with(|| TaskState::new(rec.task)), &rec);
+                st.get_or_insert_with(|| Seen::new(&rec.task))
+                    .see(&rec.event);
                 if live && let Some(s) = done(&st) {
                     return anyhow::Ok(s);
                 }
@@ -467,6 +465,43 @@ pub async fn wait(
         return Ok(1);
     }
     Ok(0)
+}
+
+/// A task's status as its log tells it, record by record.
+#[derive(Clone)]
+struct Seen {
+    id: String,
+    status: crate::model::Status,
+    reason: String,
+}
+
+impl Seen {
+    fn new(id: &str) -> Self {
+        Self {
+            id: id.to_string(),
+            status: crate::model::Status::Created,
+            reason: String::new(),
+        }
+    }
+
+    /// A status change, or the end (whose outcome is the status it ends in). A status this
+    /// program does not know (a newer brain's) leaves the last one it knew.
+    fn see(&mut self, e: &proto::log::Event) {
+        use proto::log::Event as E;
+        let (E::StatusChanged { status, reason }
+        | E::Finished {
+            outcome: status,
+            reason,
+            ..
+        }) = e
+        else {
+            return;
+        };
+        if let Ok(s) = super::args::parse_status(status) {
+            self.status = s;
+            self.reason = reason.clone();
+        }
+    }
 }
 
 /// What `brain task wait` waits for, in words.

@@ -194,11 +194,11 @@ pub fn describe_live(o: &proto::LiveOutput) -> String {
 }
 
 /// One log record in words, for people.
-pub fn describe_record(r: &crate::model::Record) -> String {
-    use crate::model::Event as E;
+pub fn describe_record(r: &proto::log::Record) -> String {
+    use proto::log::Event as E;
     let what = match &r.event {
         E::Created { goal, .. } => format!("created: {goal}"),
-        E::StatusChanged { status, reason } => format!("{} {reason}", status.as_str()),
+        E::StatusChanged { status, reason } => format!("{status} {reason}"),
         E::ToolCallIssued {
             call_id,
             step,
@@ -207,17 +207,17 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             call,
         } => {
             let c = match call {
-                crate::model::ToolCall::RunCommand { argv, .. } => match argv.as_slice() {
+                proto::log::ToolCall::RunCommand { argv, .. } => match argv.as_slice() {
                     [sh, c, cmd] if sh == "sh" && c == "-c" => cmd.clone(),
                     _ => argv.join(" "),
                 },
-                crate::model::ToolCall::WriteFile { path, .. } => format!("write {path}"),
-                crate::model::ToolCall::ReadFile { path, .. } => format!("read {path}"),
-                crate::model::ToolCall::EditFile { path, .. } => format!("edit {path}"),
-                crate::model::ToolCall::ListFiles { glob } => format!("list files {glob}"),
-                crate::model::ToolCall::Search { pattern, .. } => format!("search {pattern:?}"),
+                proto::log::ToolCall::WriteFile { path, .. } => format!("write {path}"),
+                proto::log::ToolCall::ReadFile { path, .. } => format!("read {path}"),
+                proto::log::ToolCall::EditFile { path, .. } => format!("edit {path}"),
+                proto::log::ToolCall::ListFiles { glob } => format!("list files {glob}"),
+                proto::log::ToolCall::Search { pattern, .. } => format!("search {pattern:?}"),
             };
-            format!("issued   #{call_id} step {step} ({purpose:?}) on {worker}: {c}")
+            format!("issued   #{call_id} step {step} ({purpose}) on {worker}: {c}")
         }
         E::ToolOutput {
             call_id,
@@ -234,9 +234,16 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             s
         }
         E::ToolCallCompleted { call_id, result } => {
+            let result = crate::model::ToolResult {
+                exit_code: result.exit_code,
+                signal: result.signal,
+                timed_out: result.timed_out,
+                error: result.error.clone(),
+                limit: result.limit.clone(),
+            };
             format!(
                 "done     #{call_id}: {}",
-                crate::model::state::describe(result)
+                crate::model::state::describe(&result)
             )
         }
         E::ToolCallInterrupted { call_id, reason } => format!("interrupted #{call_id}: {reason}"),
@@ -245,10 +252,7 @@ pub fn describe_record(r: &crate::model::Record) -> String {
             reason,
             verified,
         } => {
-            let name = serde_json::to_value(outcome)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default();
+            let name = outcome;
             match verified {
                 Some(true) => format!("{name} (verified: the acceptance check passed): {reason}"),
                 Some(false) => format!("{name} (unverified: no acceptance check): {reason}"),
@@ -523,7 +527,7 @@ pub fn describe_record(r: &crate::model::Record) -> String {
 
 /// The logged record an item of a followed log carries, if it carries one this program
 /// can read.
-pub fn logged(r: &proto::TaskRecord) -> Option<crate::model::Record> {
+pub fn logged(r: &proto::TaskRecord) -> Option<proto::log::Record> {
     match &r.item {
         Some(proto::task_record::Item::Record(json)) => serde_json::from_str(json).ok(),
         _ => None,

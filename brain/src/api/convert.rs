@@ -2,6 +2,8 @@
 //! wire check what they take: a bad value is rejected here, with a message that says what to
 //! send instead, and never reaches the engine.
 
+pub mod log;
+
 use std::collections::{BTreeMap, HashMap};
 
 use tonic::Status;
@@ -588,7 +590,7 @@ impl From<LiveOutput> for proto::LiveOutput {
 pub fn task_record(f: Followed) -> Option<proto::TaskRecord> {
     use proto::task_record::Item;
     let item = match f {
-        Followed::Record(r) => Item::Record(r.json().to_string()),
+        Followed::Record(r) => Item::Record(r.json_with(log::json).to_string()),
         Followed::Live(o) => Item::Live(o.into()),
         Followed::Broken(e) => Item::Error(e),
         Followed::End => return None,

@@ -41,6 +41,10 @@ impl WorkerSession for Services {
             Ok(Err(s)) => return Err(s),
             Err(_) => return Err(Status::deadline_exceeded("no hello within 10s")),
         };
+        if let Err(why) = proto::compatible("worker", hello.protocol, proto::OLDEST_PROTOCOL) {
+            tracing::warn!(worker = %peer.id, name = %hello.name, "{why}");
+            return Err(Status::failed_precondition(why));
+        }
         convert::labels(&hello.labels)?;
         let caps = Caps::from(hello.capabilities.unwrap_or_default());
         self.0.registry.update_worker(&peer.id, |w| {
@@ -87,6 +91,7 @@ impl WorkerSession for Services {
                 brain_time_unix_ms: shared::now_unix_ms(),
                 heartbeat_interval_ms: opts.heartbeat_interval().as_millis() as u64,
                 lost_after_ms: opts.lost_after.as_millis() as u64,
+                protocol: proto::PROTOCOL_VERSION,
             }))
             .await?;
         tracing::info!(worker = %peer.id, name = %hello.name, session = session.session_no, "worker connected");

@@ -25,7 +25,7 @@ const MINTED_KEPT: usize = 64;
 
 /// What watchers see that is not in the log: a running call's output, and file changes the
 /// worker's watcher saw. A watcher that falls behind may miss some.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LiveOutput {
     /// `live_output` or `fs_change`.
     pub kind: &'static str,
@@ -51,10 +51,10 @@ impl Shown {
         })
     }
 
-    /// The record's JSON, with the stable field names of `brain task log --json`.
-    pub fn json(&self) -> &str {
-        self.json
-            .get_or_init(|| serde_json::to_string(&self.record).expect("records serialise"))
+    /// The record's JSON as `show` writes it (the wire's form, which the API layer knows),
+    /// made once for all its watchers.
+    pub fn json_with(&self, show: impl FnOnce(&Record) -> String) -> &str {
+        self.json.get_or_init(|| show(&self.record))
     }
 }
 

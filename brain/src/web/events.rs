@@ -53,9 +53,15 @@ pub struct EventsQuery {
 fn item_json(f: &Followed) -> (Option<u64>, &'static str, String) {
     match f {
         Followed::End => (None, "end", "{}".into()),
-        Followed::Record(r) => (Some(r.seq), "record", r.json().to_string()),
+        Followed::Record(r) => (
+            Some(r.seq),
+            "record",
+            r.json_with(crate::api::convert::log::json).to_string(),
+        ),
         Followed::Live(o) => {
-            let mut v = serde_json::to_value(o).expect("serialises");
+            // As the wire has it (the call id a string), not the engine's own form.
+            let wire = proto::LiveOutput::from(o.clone());
+            let mut v = serde_json::to_value(wire).expect("serialises");
             v["durable"] = false.into();
             (None, "live", v.to_string())
         }

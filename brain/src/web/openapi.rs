@@ -187,6 +187,18 @@ mod tests {
         }
         let create = &doc["components"]["schemas"]["RunAgentRequest"];
         assert_eq!(create["properties"]["goal"]["type"], "string", "{create}");
+        // 64-bit integers are strings, as the API writes them (proto3's JSON mapping);
+        // 32-bit ones stay numbers.
+        let summary = &doc["components"]["schemas"]["TaskSummary"]["properties"];
+        for wide in ["tokens", "created_unix_ms", "updated_unix_ms"] {
+            assert_eq!(summary[wide]["type"], "string", "{wide}: {summary}");
+            assert_eq!(summary[wide]["pattern"], "^-?[0-9]+$", "{wide}: {summary}");
+        }
+        assert_eq!(summary["steps_done"]["type"], "integer", "{summary}");
+        assert_eq!(
+            create["properties"]["check_timeout_ms"]["type"], "string",
+            "{create}"
+        );
         let list = &doc["paths"]["/api/tasks"]["get"]["parameters"];
         assert!(
             list.as_array()

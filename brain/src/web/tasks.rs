@@ -366,6 +366,9 @@ pub struct TreeEntry {
     pub path: String,
     /// file, dir or symlink.
     pub kind: &'static str,
+    /// A 64-bit integer: a decimal string, as every one in the API.
+    #[serde(with = "proto::json64")]
+    #[schemars(with = "proto::json64::Int64")]
     pub size: u64,
     pub exec: bool,
     pub target: String,

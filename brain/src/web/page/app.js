@@ -55,6 +55,7 @@ async function act(what, f) {
 }
 
 function age(ms) {
+  ms = Number(ms); // a 64-bit field: a string on the wire
   if (!ms) return "";
   const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
   if (s < 60) return s + "s";
@@ -66,6 +67,15 @@ function age(ms) {
 // tether.v1.WorkerState, by number.
 const WORKER_STATES = ["unknown", "enrolled", "connected", "lost", "revoked"];
 function workerState(n) { return WORKER_STATES[n] || String(n); }
+
+// The API writes 64-bit integers as strings (proto3's JSON mapping), so ids above 2^53 keep
+// their last digits: call and approval ids stay strings (compared, never added). A record's
+// sequence number and time fit a number exactly and are compared and subtracted: numbers.
+function timed(r) {
+  r.seq = Number(r.seq);
+  r.at_ms = Number(r.at_ms);
+  return r;
+}
 
 function money(x) { return "$" + (x || 0).toFixed(4); }
 
@@ -190,7 +200,7 @@ function describe(r, calls) {
     case "llm_response": {
       const m = (r.response && r.response.message) || {};
       const calls = (m.tool_calls || []).map(c => "→ " + c.name + " " + c.arguments).join("\n");
-      return ["turn", "the model answered (" + (r.prompt_tokens + r.completion_tokens) + " tokens, " + money(r.cost_usd) + ")", (m.content || "") + (calls ? (m.content ? "\n" : "") + calls : "")];
+      return ["turn", "the model answered (" + (Number(r.prompt_tokens) + Number(r.completion_tokens)) + " tokens, " + money(r.cost_usd) + ")", (m.content || "") + (calls ? (m.content ? "\n" : "") + calls : "")];
     }
     case "tool_call_issued": {
       const [head, detail] = callText(r.call || {});
@@ -354,7 +364,7 @@ function taskView(view, id) {
           el("p", {}, el("strong", {}, "#" + a.number + " "), el("a", { href: "#/task/" + a.task_id }, a.task_id), " ", badge(a.status), a.task_id === t.picked ? " won" : ""),
           el("p", { class: "muted" }, (a.model || "") + (a.escalation ? " (escalated)" : "") + " · " + ((names[a.worker]) || a.worker || "not placed")),
           el("p", { class: "check-verdict" }, "check: " + (a.check || "not run")),
-          el("p", { class: "muted" }, a.steps + " steps · " + a.tokens + " tokens" + (a.files_changed || a.lines_changed ? " · " + a.files_changed + " files, " + a.lines_changed + " lines" : "")),
+          el("p", { class: "muted" }, a.steps + " steps · " + a.tokens + " tokens" + (Number(a.files_changed) || Number(a.lines_changed) ? " · " + a.files_changed + " files, " + a.lines_changed + " lines" : "")),
           a.reason ? el("p", { class: "muted" }, a.reason) : "",
           el("button", { type: "button", class: "attempt-show-diff", onclick: show }, "Diff"), diff);
       })));
@@ -421,7 +431,7 @@ function taskView(view, id) {
 
   loadSummary();
   follow("/api/tasks/" + id + "/events", {
-    record: e => add(JSON.parse(e.data)),
+    record: e => add(timed(JSON.parse(e.data))),
     live: e => {
       const o = JSON.parse(e.data);
       if (o.kind === "live_output" && outputs.has(o.call_id)) outputs.get(o.call_id).append(document.createTextNode(o.text));
@@ -439,7 +449,7 @@ function workersView(view) {
       return el("tr", { "data-worker": w.id }, el("td", {}, w.id), el("td", {}, w.name), el("td", {}, w.link && w.link !== "steady" ? w.link : workerState(w.state)),
         el("td", { class: "tasks" }, w.max_tasks ? (w.running_tasks || 0) + "/" + w.max_tasks : String(w.running_tasks || 0)),
         el("td", {}, Object.entries(w.labels || {}).map(([k, v]) => k + "=" + v).join(" ")),
-        el("td", {}, String(c.cpus || "")), el("td", {}, c.memory_bytes ? (c.memory_bytes / 2 ** 30).toFixed(1) + " GiB" : ""),
+        el("td", {}, String(c.cpus || "")), el("td", {}, Number(c.memory_bytes) ? (c.memory_bytes / 2 ** 30).toFixed(1) + " GiB" : ""),
         el("td", {}, (c.sandbox || []).join(", ")), el("td", {}, age(w.last_seen_unix_ms)),
         el("td", {}, el("button", { type: "button", class: "revoke", onclick: () => { if (confirm("Revoke " + w.id + "?")) act("revoke", async () => { await api("POST", "/api/workers/" + w.id + "/revoke"); load(); }); } }, "Revoke")));
     }));
