@@ -341,11 +341,10 @@ fn a_task_run_as_attempts_shows_them_side_by_side() {
         !tl.contains("{\"tool\""),
         "JSON inline in the timeline:\n{tl}"
     );
-    assert!(
-        browser.text("#summary").contains("attempt "),
-        "{}",
-        browser.text("#summary")
-    );
+    // The summary loads beside the timeline: wait for it, not for a moment.
+    browser.wait("the summary to name the attempts", t, |b| {
+        b.text("#summary").contains("attempt ")
+    });
     let raw = browser.exec(
         "const d = document.querySelector('#timeline li[data-kind=tool_call_issued] details.raw'); d.open = true; return d.querySelector('pre').textContent",
         json!([]),
