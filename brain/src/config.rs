@@ -449,7 +449,7 @@ impl Config {
         shared::parse_duration(&c.agent.max_wall).map_err(|e| format!("agent.max_wall: {e}"))?;
         shared::parse_duration(&c.agent.check_timeout)
             .map_err(|e| format!("agent.check_timeout: {e}"))?;
-        c.provision.policy()?;
+        c.provision.policy().map_err(|e| e.to_string())?;
         c.placement.durations()?;
         c.egress
             .allow_list("", &[])

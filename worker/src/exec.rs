@@ -26,6 +26,25 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 const DRAIN_GRACE: Duration = Duration::from_millis(250);
 const CHUNK: usize = 32 * 1024;
 
+/// Why a call's command was not started.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no command given")]
+    NoCommand,
+    #[error(transparent)]
+    Path(#[from] shared::paths::Error),
+    #[error("working directory {0:?} does not exist in the workspace")]
+    NoCwd(String),
+    #[error("the brain sent an environment variable this worker does not set: {0:?}")]
+    Env(String),
+    #[error("cannot make the call's network namespace: {0}")]
+    Netns(#[source] std::io::Error),
+    #[error("cannot start the call's egress proxy: {0}")]
+    Proxy(#[source] std::io::Error),
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::ConfineError),
+}
+
 fn msg(m: worker_message::Msg) -> WorkerMessage {
     WorkerMessage { msg: Some(m) }
 }
@@ -75,7 +94,7 @@ pub async fn run_with(
     let net = match egress_net(&start, sandbox, link, &out) {
         Ok(n) => n,
         Err(e) => {
-            let _ = out.send(exit_with_error(call_id, 125, e)).await;
+            let _ = out.send(exit_with_error(call_id, 125, e.to_string())).await;
             return;
         }
     };
@@ -85,7 +104,7 @@ pub async fn run_with(
             let fallback = || prepare(&start, workspaces_root, sandbox, false, ns);
             execute(launch, fallback, &start, &out, cancel, on_spawn).await
         }
-        Err(e) => (exit_with_error(call_id, 125, e), Confined::None),
+        Err(e) => (exit_with_error(call_id, 125, e.to_string()), Confined::None),
     };
     drop(net);
     // A spawner goes back before the answer, so the caller's next call finds it idle (its
@@ -137,17 +156,16 @@ fn egress_net(
     sandbox: Option<&crate::sandbox::Sandbox>,
     link: Option<&crate::egress::Link>,
     out: &mpsc::Sender<WorkerMessage>,
-) -> Result<Option<EgressNet>, String> {
+) -> Result<Option<EgressNet>, Error> {
     let Some(policy) = start.egress.clone() else {
         return Ok(None);
     };
     let (Some(_), Some(link)) = (sandbox.filter(|s| s.egress()), link) else {
-        return Err(crate::sandbox::EGRESS_UNAVAILABLE.into());
+        return Err(crate::sandbox::ConfineError::EgressUnavailable.into());
     };
-    let net = crate::egress::Net::new()
-        .map_err(|e| format!("cannot make the call's network namespace: {e}"))?;
+    let net = crate::egress::Net::new().map_err(Error::Netns)?;
     let serving = crate::egress::serve(&net, policy, start.call_id, link.clone(), out.clone())
-        .map_err(|e| format!("cannot start the call's egress proxy: {e}"))?;
+        .map_err(Error::Proxy)?;
     Ok(Some((net, serving)))
 }
 
@@ -167,18 +185,15 @@ fn prepare(
     sandbox: Option<&crate::sandbox::Sandbox>,
     spawner: bool,
     net: Option<&EgressNet>,
-) -> Result<Launch, String> {
-    let argv0 = start.argv.first().ok_or("no command given")?;
-    let ws = crate::state::workspace(root, &start.workspace).map_err(|e| e.to_string())?;
+) -> Result<Launch, Error> {
+    let argv0 = start.argv.first().ok_or(Error::NoCommand)?;
+    let ws = crate::state::workspace(root, &start.workspace)?;
     if let Some(sb) = sandbox {
         sb.hand_over(&ws);
     }
-    let cwd = shared::paths::confine(&ws, &start.cwd).map_err(|e| e.to_string())?;
+    let cwd = shared::paths::confine(&ws, &start.cwd)?;
     if !cwd.is_dir() {
-        return Err(format!(
-            "working directory {:?} does not exist in the workspace",
-            start.cwd
-        ));
+        return Err(Error::NoCwd(start.cwd.clone()));
     }
     let path_var = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
     let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> = ENV_ALLOW
@@ -189,9 +204,7 @@ fn prepare(
     env.push(("PATH".into(), path_var.clone()));
     for (k, v) in &start.env {
         if !env_name_ok(k) || v.contains('\0') {
-            return Err(format!(
-                "the brain sent an environment variable this worker does not set: {k:?}"
-            ));
+            return Err(Error::Env(k.clone()));
         }
         env.push((k.into(), v.into()));
     }
@@ -333,7 +346,7 @@ async fn wait(
 
 async fn execute(
     launch: Launch,
-    fallback: impl FnOnce() -> Result<Launch, String>,
+    fallback: impl FnOnce() -> Result<Launch, Error>,
     start: &ExecStart,
     out: &mpsc::Sender<WorkerMessage>,
     cancel: CancellationToken,
@@ -367,7 +380,9 @@ async fn execute(
                 tokio::task::spawn_blocking(move || drop(lease));
                 match fallback() {
                     Ok(l) => Err(l),
-                    Err(e) => return (exit_with_error(call_id, 125, e), Confined::None),
+                    Err(e) => {
+                        return (exit_with_error(call_id, 125, e.to_string()), Confined::None);
+                    }
                 }
             }
         },

@@ -11,6 +11,15 @@ use std::time::Duration;
 /// How long the power-off command may take to return.
 const POWEROFF_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Why the give-up steps cannot be taken as given.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "--remove-on-give-up {0}: give an absolute path at least two levels deep (the machine's own directory)"
+    )]
+    Shallow(PathBuf),
+}
+
 /// The steps, from the command line.
 #[derive(Debug, Clone, Default)]
 pub struct GiveUp {
@@ -20,13 +29,10 @@ pub struct GiveUp {
 
 impl GiveUp {
     /// Checks the paths before the worker starts: absolute, not `/` nor a top-level directory.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Error> {
         for p in &self.remove {
             if !p.is_absolute() || p.components().count() < 3 {
-                return Err(format!(
-                    "--remove-on-give-up {}: give an absolute path at least two levels deep (the machine's own directory)",
-                    p.display()
-                ));
+                return Err(Error::Shallow(p.clone()));
             }
         }
         Ok(())

@@ -61,6 +61,25 @@ impl shared::exit::Classify for Error {
     }
 }
 
+/// Why a session could not start, or broke before it ran.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Dial(#[from] tls::Error),
+    #[error("internal: outbound queue closed")]
+    QueueClosed,
+    /// The brain's or the transport's status, in `tls::explain_status`'s words.
+    #[error("{0}")]
+    Status(String),
+    #[error("the brain did not acknowledge our hello")]
+    NoAck,
+    #[error("no hello acknowledgement from the brain within 10s")]
+    AckTimeout,
+    /// The brain speaks no protocol this worker does (`proto::compatible` says which).
+    #[error("{0}")]
+    Protocol(String),
+}
+
 /// What `worker join` needs.
 #[derive(Clone)]
 pub struct JoinOptions {
@@ -290,10 +309,8 @@ async fn session(
     config: rustls::ClientConfig,
     ctx: &Arc<Ctx>,
     shutdown: &CancellationToken,
-) -> Result<String, String> {
-    let channel = tls::dial(addr, config.clone(), DialOptions::default())
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<String, StartError> {
+    let channel = tls::dial(addr, config.clone(), DialOptions::default()).await?;
     let sync_channel = channel.clone();
     let mut client = WorkerSessionClient::new(channel)
         .max_decoding_message_size(shared::limits::MAX_MESSAGE_BYTES)
@@ -313,21 +330,23 @@ async fn session(
         msg: Some(worker_message::Msg::Hello(hello)),
     })
     .await
-    .map_err(|_| "internal: outbound queue closed".to_string())?;
+    .map_err(|_| StartError::QueueClosed)?;
+    let explain = |s: tonic::Status| StartError::Status(tls::explain_status(&s, &addr.url()));
     let mut inbound = client
         .attach(ReceiverStream::new(out_rx))
         .await
-        .map_err(|s| tls::explain_status(&s, &addr.url()))?
+        .map_err(explain)?
         .into_inner();
     let ack = match tokio::time::timeout(HELLO_ACK_TIMEOUT, inbound.message()).await {
         Ok(Ok(Some(BrainMessage {
             msg: Some(brain_message::Msg::HelloAck(a)),
         }))) => a,
-        Ok(Ok(_)) => return Err("the brain did not acknowledge our hello".into()),
-        Ok(Err(s)) => return Err(tls::explain_status(&s, &addr.url())),
-        Err(_) => return Err("no hello acknowledgement from the brain within 10s".into()),
+        Ok(Ok(_)) => return Err(StartError::NoAck),
+        Ok(Err(s)) => return Err(explain(s)),
+        Err(_) => return Err(StartError::AckTimeout),
     };
-    proto::compatible("brain", ack.protocol, proto::OLDEST_PROTOCOL)?;
+    proto::compatible("brain", ack.protocol, proto::OLDEST_PROTOCOL)
+        .map_err(StartError::Protocol)?;
     let skew_ms = ack.brain_time_unix_ms - shared::now_unix_ms();
     if skew_ms.unsigned_abs() > SKEW_WARN.as_millis() as u64 {
         tracing::warn!(
@@ -362,7 +381,7 @@ async fn session(
             msg: Some(worker_message::Msg::CallResult(r)),
         };
         if out.send(m).await.is_err() {
-            return Err("internal: outbound queue closed".into());
+            return Err(StartError::QueueClosed);
         }
     }
 

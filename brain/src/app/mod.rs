@@ -316,7 +316,7 @@ fn machines(
     addr: SocketAddr,
 ) -> Result<Machines, Error> {
     let cfg = &opts.config.provision;
-    let policy = cfg.policy().map_err(Error::Config)?;
+    let policy = cfg.policy().map_err(|e| Error::Config(e.to_string()))?;
     let url = cfg.brain_url.clone().unwrap_or_else(|| {
         let ip = if addr.ip().is_unspecified() {
             std::net::IpAddr::from([127, 0, 0, 1])

@@ -173,7 +173,9 @@ impl Environments for Machines {
         req: &EnvRequest,
         budget_left: Option<f64>,
     ) -> Result<Grant, String> {
-        Machines::obtain(self, task, current, req, budget_left).await
+        Machines::obtain(self, task, current, req, budget_left)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     async fn release_if_ours(&self, worker: &str, task: &str) -> Option<String> {

@@ -9,6 +9,29 @@ use serde::Deserialize;
 use super::{docker, ec2, k8s, local, ssh};
 use crate::model::env::EnvRequest;
 
+/// What is wrong with `[provision]`, or with a brain URL machines would be given.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `why`: `shared::parse_duration`'s words.
+    #[error("provision.{setting}: {why}")]
+    Duration { setting: &'static str, why: String },
+    #[error("provision.join_timeout, call_timeout and reaper_every must be more than 0s")]
+    ZeroDuration,
+    #[error("provision.worker_exit_after must be at least 1s")]
+    ShortExitAfter,
+    /// A brain URL set in the config (`setting`: where) that [`check_url`] refuses.
+    #[error("{setting}: {source}")]
+    BrainUrl {
+        setting: &'static str,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error(transparent)]
+    Url(#[from] shared::tls::Error),
+    #[error("{0:?} has characters a brain URL does not need: use https://HOST:PORT")]
+    UrlCharacters(String),
+}
+
 /// Per-provider limits.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -103,9 +126,15 @@ pub struct Policy {
 
 impl ProvisionConfig {
     /// Parses the durations; the error names the setting.
-    pub fn policy(&self) -> Result<Policy, String> {
-        let d = |name: &str, v: &str| {
-            shared::parse_duration(v).map_err(|e| format!("provision.{name}: {e}"))
+    pub fn policy(&self) -> Result<Policy, Error> {
+        let d = |setting: &'static str, v: &str| {
+            shared::parse_duration(v).map_err(|why| Error::Duration { setting, why })
+        };
+        let brain_url = |setting: &'static str, url: &str| {
+            check_url(url).map_err(|e| Error::BrainUrl {
+                setting,
+                source: Box::new(e),
+            })
         };
         let nonzero = |x: Duration| (!x.is_zero()).then_some(x);
         let p = Policy {
@@ -122,29 +151,27 @@ impl ProvisionConfig {
         };
         for o in &p.offers {
             if let Some(url) = &o.brain_url {
-                check_url(url).map_err(|e| format!("provision.offers brain_url: {e}"))?;
+                brain_url("provision.offers brain_url", url)?;
             }
         }
         if p.join_timeout.is_zero() || p.call_timeout.is_zero() || p.reaper_every.is_zero() {
-            return Err(
-                "provision.join_timeout, call_timeout and reaper_every must be more than 0s".into(),
-            );
+            return Err(Error::ZeroDuration);
         }
         if p.worker_exit_after < Duration::from_secs(1) {
-            return Err("provision.worker_exit_after must be at least 1s".into());
+            return Err(Error::ShortExitAfter);
         }
         if let Some(url) = &self.brain_url {
-            check_url(url).map_err(|e| format!("provision.brain_url: {e}"))?;
+            brain_url("provision.brain_url", url)?;
         }
         Ok(p)
     }
 }
 
 /// A brain URL machines can be given: `https://HOST[:PORT]`.
-pub fn check_url(url: &str) -> Result<(), String> {
+pub fn check_url(url: &str) -> Result<(), Error> {
     // The same parse the worker does, and only characters that go into a command line or
     // user data unquoted.
-    shared::tls::BrainAddr::parse(url).map_err(|e| e.to_string())?;
+    shared::tls::BrainAddr::parse(url)?;
     let plain = url.len() <= 255
         && url
             .chars()
@@ -152,9 +179,7 @@ pub fn check_url(url: &str) -> Result<(), String> {
     if plain {
         Ok(())
     } else {
-        Err(format!(
-            "{url:?} has characters a brain URL does not need: use https://HOST:PORT"
-        ))
+        Err(Error::UrlCharacters(url.to_string()))
     }
 }
 

@@ -59,6 +59,61 @@ impl Default for Ec2Config {
     }
 }
 
+/// Why no instance can be launched as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "the size of instance type {0} is not known: list it with its cpu and memory_gb in [[provision.ec2.instance_types]]"
+    )]
+    UnknownSize(String),
+    #[error(
+        "no configured instance type has {} CPUs, {} GB of memory{}: the brain may launch {}; add a bigger type to [[provision.ec2.instance_types]] or ask for less",
+        .spec.cpu,
+        .spec.memory_gb,
+        and_gpus(.spec.gpu),
+        describe(.have)
+    )]
+    NoFit { spec: Spec, have: Vec<InstanceType> },
+    #[error("compressing the user data: {0}")]
+    Compress(#[source] std::io::Error),
+    #[error(
+        "the user data is {0} bytes gzipped and EC2 takes at most {max}: shorten the labels or the worker URL",
+        max = MAX_USER_DATA
+    )]
+    TooLarge(usize),
+    #[error("{what} {value:?} cannot go into user data: use letters, digits and ._/:=@+%-,")]
+    Unsafe { what: &'static str, value: String },
+    #[error("worker URL {0:?} must be http(s)://")]
+    WorkerUrl(String),
+    #[error("worker SHA-256 {0:?} must be 64 hex digits")]
+    WorkerSha256(String),
+}
+
+/// " and N GPUs" when GPUs are asked for.
+fn and_gpus(n: u32) -> String {
+    if n > 0 {
+        format!(" and {n} GPUs")
+    } else {
+        String::new()
+    }
+}
+
+/// The types, as a person reads them: `t3.small (2 CPUs, 2 GB)`, ….
+fn describe(types: &[InstanceType]) -> String {
+    types
+        .iter()
+        .map(|t| {
+            let gpus = if t.gpu > 0 {
+                format!(", {} GPUs", t.gpu)
+            } else {
+                String::new()
+            };
+            format!("{} ({} CPUs, {} GB{gpus})", t.name, t.cpu, t.memory_gb)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// An instance type and what it offers.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -155,12 +210,11 @@ impl Ec2Provider {
     }
 
     /// What may be launched: the configured types with their sizes.
-    fn types(&self) -> Result<Vec<InstanceType>, String> {
+    fn types(&self) -> Result<Vec<InstanceType>, Error> {
         let listed = if self.cfg.instance_types.is_empty() {
             let name = &self.cfg.instance_type;
-            let (cpu, memory_gb) = known_size(name).ok_or_else(|| {
-                format!("the size of instance type {name} is not known: list it with its cpu and memory_gb in [[provision.ec2.instance_types]]")
-            })?;
+            let (cpu, memory_gb) =
+                known_size(name).ok_or_else(|| Error::UnknownSize(name.clone()))?;
             vec![InstanceType {
                 name: name.clone(),
                 cpu,
@@ -176,7 +230,7 @@ impl Ec2Provider {
 
     /// The cheapest configured type that fits (by price where every fitting type has one,
     /// else the smallest), or why none does.
-    pub fn instance_type(&self, spec: &Spec) -> Result<InstanceType, String> {
+    pub fn instance_type(&self, spec: &Spec) -> Result<InstanceType, Error> {
         let types = self.types()?;
         let mut fits: Vec<&InstanceType> = types
             .iter()
@@ -192,19 +246,13 @@ impl Ec2Provider {
             })
             .then((a.cpu, a.memory_gb, a.gpu).cmp(&(b.cpu, b.memory_gb, b.gpu)))
         });
-        fits.first().map(|t| (*t).clone()).ok_or_else(|| {
-            let have = types
-                .iter()
-                .map(|t| format!("{} ({} CPUs, {} GB{})", t.name, t.cpu, t.memory_gb, if t.gpu > 0 { format!(", {} GPUs", t.gpu) } else { String::new() }))
-                .collect::<Vec<_>>()
-                .join(", ");
-            format!(
-                "no configured instance type has {} CPUs, {} GB of memory{}: the brain may launch {have}; add a bigger type to [[provision.ec2.instance_types]] or ask for less",
-                spec.cpu,
-                spec.memory_gb,
-                if spec.gpu > 0 { format!(" and {} GPUs", spec.gpu) } else { String::new() }
-            )
-        })
+        match fits.first() {
+            Some(t) => Ok((*t).clone()),
+            None => Err(Error::NoFit {
+                spec: spec.clone(),
+                have: types,
+            }),
+        }
     }
 
     /// This brain's live instances for machine `id`.
@@ -253,14 +301,14 @@ impl Provisioner for Ec2Provider {
         }
         self.instance_type(spec)
             .map(drop)
-            .map_err(ProviderError::new)
+            .map_err(|e| ProviderError::new(e.to_string()))
     }
 
     async fn create(&self, m: &Machine, join: &Join) -> Result<Created, ProviderError> {
         let c = self.client()?;
         let itype = self
             .instance_type(&m.spec)
-            .map_err(ProviderError::untouched)?;
+            .map_err(|e| ProviderError::untouched(e.to_string()))?;
         let user_data = render(&UserData {
             machine: &m.id,
             brain_url: &join.brain_url,
@@ -273,7 +321,7 @@ impl Provisioner for Ec2Provider {
             exit_after_unreachable: join.exit_after_unreachable,
         })
         .and_then(|text| compress(&text))
-        .map_err(ProviderError::untouched)?;
+        .map_err(|e| ProviderError::untouched(e.to_string()))?;
         let mut tags = vec![
             (BRAIN.to_string(), self.tag.clone()),
             (MACHINE.to_string(), m.id.clone()),
@@ -346,20 +394,17 @@ impl Provisioner for Ec2Provider {
 
 /// The user data as EC2 gets it: the cloud-config gzipped (cloud-init unpacks it), checked
 /// against EC2's 16 KiB limit here rather than by a refused launch.
-pub fn compress(text: &str) -> Result<Vec<u8>, String> {
+pub fn compress(text: &str) -> Result<Vec<u8>, Error> {
     use std::io::Write;
     let mut gz = flate2::GzBuilder::new()
         .mtime(0)
         .write(Vec::new(), flate2::Compression::best());
     gz.write_all(text.as_bytes())
         .and_then(|()| gz.finish())
-        .map_err(|e| format!("compressing the user data: {e}"))
+        .map_err(Error::Compress)
         .and_then(|bytes| {
             if bytes.len() > MAX_USER_DATA {
-                Err(format!(
-                    "the user data is {} bytes gzipped and EC2 takes at most {MAX_USER_DATA}: shorten the labels or the worker URL",
-                    bytes.len()
-                ))
+                Err(Error::TooLarge(bytes.len()))
             } else {
                 Ok(bytes)
             }
@@ -402,7 +447,7 @@ pub struct UserData<'a> {
 }
 
 /// Characters a value may have to go into the document unquoted.
-fn safe(what: &str, v: &str) -> Result<(), String> {
+fn safe(what: &'static str, v: &str) -> Result<(), Error> {
     let ok = !v.is_empty()
         && v.len() <= 2048
         && v.chars()
@@ -410,14 +455,15 @@ fn safe(what: &str, v: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{what} {v:?} cannot go into user data: use letters, digits and ._/:=@+%-,"
-        ))
+        Err(Error::Unsafe {
+            what,
+            value: v.to_string(),
+        })
     }
 }
 
 /// Renders the cloud-init document.
-pub fn render(u: &UserData<'_>) -> Result<String, String> {
+pub fn render(u: &UserData<'_>) -> Result<String, Error> {
     safe("machine id", u.machine)?;
     safe("brain URL", u.brain_url)?;
     safe("CA hash", u.ca_hash)?;
@@ -425,13 +471,10 @@ pub fn render(u: &UserData<'_>) -> Result<String, String> {
     safe("worker name", u.name)?;
     safe("worker URL", u.worker_url)?;
     if !(u.worker_url.starts_with("https://") || u.worker_url.starts_with("http://")) {
-        return Err(format!("worker URL {:?} must be http(s)://", u.worker_url));
+        return Err(Error::WorkerUrl(u.worker_url.to_string()));
     }
     if u.worker_sha256.len() != 64 || !u.worker_sha256.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(format!(
-            "worker SHA-256 {:?} must be 64 hex digits",
-            u.worker_sha256
-        ));
+        return Err(Error::WorkerSha256(u.worker_sha256.to_string()));
     }
     let mut labels = String::new();
     for (k, v) in u.labels {
@@ -573,7 +616,7 @@ mod tests {
         assert_eq!(p.instance_type(&spec(2, 4)).unwrap().name, "m6i.large");
         assert_eq!(p.instance_type(&spec(4, 8)).unwrap().name, "c6i.2xlarge");
         assert_eq!(p.instance_type(&spec(8, 20)).unwrap().name, "m6i.2xlarge");
-        let e = p.instance_type(&spec(64, 1)).unwrap_err();
+        let e = p.instance_type(&spec(64, 1)).unwrap_err().to_string();
         assert!(
             e.contains("64 CPUs") && e.contains("m6i.2xlarge (8 CPUs, 32 GB)"),
             "{e}"
@@ -582,7 +625,12 @@ mod tests {
             gpu: 1,
             ..Spec::default()
         };
-        assert!(p.instance_type(&gpu).unwrap_err().contains("1 GPUs"));
+        assert!(
+            p.instance_type(&gpu)
+                .unwrap_err()
+                .to_string()
+                .contains("1 GPUs")
+        );
         // Without prices, the smallest that fits.
         let p = provider(
             vec![t("m6i.xlarge", 4, 16, None), t("c6i.xlarge", 4, 8, None)],
@@ -595,7 +643,7 @@ mod tests {
     fn the_default_type_is_known_by_its_family_sizes() {
         let p = provider(vec![], "t3.small");
         assert_eq!(p.instance_type(&spec(2, 2)).unwrap().name, "t3.small");
-        let e = p.instance_type(&spec(64, 0)).unwrap_err();
+        let e = p.instance_type(&spec(64, 0)).unwrap_err().to_string();
         assert!(e.contains("t3.small (2 CPUs, 2 GB)"), "{e}");
         assert_eq!(known_size("m7i.4xlarge"), Some((16, 64)));
         assert_eq!(known_size("c6i.large"), Some((2, 4)));
@@ -606,6 +654,7 @@ mod tests {
             unknown
                 .instance_type(&spec(1, 1))
                 .unwrap_err()
+                .to_string()
                 .contains("list it with its cpu and memory_gb")
         );
     }
@@ -637,7 +686,7 @@ mod tests {
         let noise: String = (0..40_000)
             .map(|_| char::from(b'a' + rand::random_range(0..26u8)))
             .collect();
-        let e = compress(&noise).unwrap_err();
+        let e = compress(&noise).unwrap_err().to_string();
         assert!(e.contains("EC2 takes at most 16384"), "{e}");
     }
 }

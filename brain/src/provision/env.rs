@@ -9,6 +9,39 @@ use super::{Machines, Request, Spec, State};
 use crate::model::env::{EnvRequest, Grant, Quote};
 use crate::trust::registry::WorkerRecord;
 
+/// Why no machine can be had for a request, or why every offer that fits was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Registry(#[from] crate::trust::registry::Error),
+    #[error(
+        "no connected idle worker and no configured machine offer has {} cpu, {} GB memory, {} GB disk, {} gpu and labels {:?}; ask for less, or finish with what you have",
+        .0.cpu, .0.memory_gb, .0.disk_gb, .0.gpu, .0.labels
+    )]
+    NoOffer(EnvRequest),
+    #[error("a {provider} machine costs ${usd:.2}/h and the task's budget has ${left:.2} left")]
+    OverBudget {
+        provider: String,
+        usd: f64,
+        left: f64,
+    },
+    #[error(transparent)]
+    Provision(#[from] super::Error),
+    #[error("machine {0} did not join in time")]
+    NotJoined(String),
+    /// Why each fitting offer was refused, in order.
+    #[error("{}", refusals(.0))]
+    Refused(Vec<Error>),
+}
+
+/// The refusals, one after another.
+fn refusals(each: &[Error]) -> String {
+    each.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// A budget must cover a new machine for this long.
 const MIN_AFFORDABLE: f64 = 0.25;
 const GIB: f64 = (1u64 << 30) as f64;
@@ -109,8 +142,8 @@ impl Machines {
         current: &str,
         req: &EnvRequest,
         budget_left: Option<f64>,
-    ) -> Result<Grant, String> {
-        let workers = self.inner.registry.workers().map_err(|e| e.to_string())?;
+    ) -> Result<Grant, Error> {
+        let workers = self.inner.registry.workers()?;
         if let Some(w) = workers.iter().find(|w| w.id == current)
             && worker_fits(w, req)
         {
@@ -136,22 +169,19 @@ impl Machines {
             .filter(|o| o.fits(req))
             .collect();
         if offers.is_empty() {
-            return Err(format!(
-                "no connected idle worker and no configured machine offer has {} cpu, {} GB memory, {} GB disk, {} gpu and labels {:?}; ask for less, or finish with what you have",
-                req.cpu, req.memory_gb, req.disk_gb, req.gpu, req.labels
-            ));
+            return Err(Error::NoOffer(req.clone()));
         }
-        let mut refusals = Vec::new();
+        let mut refusals: Vec<Error> = Vec::new();
         for o in offers {
             let usd = self.offer_price(o);
             if let Some(left) = budget_left
                 && usd * MIN_AFFORDABLE > left
             {
-                refusals.push(format!(
-                    "a {} machine costs ${usd:.2}/h and the task's budget has ${:.2} left",
-                    o.provider,
-                    left.max(0.0)
-                ));
+                refusals.push(Error::OverBudget {
+                    provider: o.provider.clone(),
+                    usd,
+                    left: left.max(0.0),
+                });
                 continue;
             }
             let mut labels = o.labels.clone();
@@ -173,21 +203,20 @@ impl Machines {
             let m = match self.provision(request).await {
                 Ok(m) => m,
                 Err(e) => {
-                    refusals.push(e.to_string());
+                    refusals.push(e.into());
                     continue;
                 }
             };
             let m = self
                 .wait_ready(&m.id, self.inner.policy.join_timeout)
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             let connected = m
                 .worker
                 .as_deref()
                 .is_some_and(|w| self.inner.hub.session(w).is_some());
             if m.state != State::Ready || !connected {
                 let _ = self.release(&m.id, "its worker did not join in time").await;
-                refusals.push(format!("machine {} did not join in time", m.id));
+                refusals.push(Error::NotJoined(m.id));
                 continue;
             }
             let worker = m.worker.clone().unwrap_or_default();
@@ -200,7 +229,7 @@ impl Machines {
                 machine: Some(m.id),
             });
         }
-        Err(refusals.join("; "))
+        Err(Error::Refused(refusals))
     }
 
     /// Releases the machine `worker` runs on if the brain created it and no task uses it

@@ -59,6 +59,17 @@ pub fn worker_env(extra: &[String]) -> Vec<(std::ffi::OsString, std::ffi::OsStri
         .collect()
 }
 
+/// Why no worker program came with this one.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot locate this program: {0}")]
+    Locate(#[source] std::io::Error),
+    #[error(
+        "no `worker` program beside {0}: build the workspace (`cargo build --release`), install it there, or set provision.local.worker"
+    )]
+    NotBeside(PathBuf),
+}
+
 /// How to start a worker: `program prefix... join ...`.
 #[derive(Debug, Clone)]
 pub struct WorkerProgram {
@@ -70,9 +81,8 @@ impl WorkerProgram {
     /// The worker that came with this program, the one place that finds it: the `tether`
     /// launcher's own `worker` subcommand (same build), or the `worker` binary beside
     /// `brain`.
-    pub fn beside_this_program() -> Result<Self, String> {
-        let exe =
-            std::env::current_exe().map_err(|e| format!("cannot locate this program: {e}"))?;
+    pub fn beside_this_program() -> Result<Self, Error> {
+        let exe = std::env::current_exe().map_err(Error::Locate)?;
         if exe.file_stem().is_some_and(|n| n == "tether") {
             return Ok(Self {
                 program: exe,
@@ -86,10 +96,7 @@ impl WorkerProgram {
                 prefix: vec![],
             });
         }
-        Err(format!(
-            "no `worker` program beside {}: build the workspace (`cargo build --release`), install it there, or set provision.local.worker",
-            exe.display()
-        ))
+        Err(Error::NotBeside(exe))
     }
 
     /// `program prefix...` with the environment of [`worker_env`], ready for the worker's
@@ -104,7 +111,7 @@ impl WorkerProgram {
 /// Worker processes on this machine.
 pub struct Local {
     dir: PathBuf,
-    worker: Result<WorkerProgram, String>,
+    worker: Result<WorkerProgram, Error>,
     args: Vec<String>,
     env: Vec<String>,
     deny_read: Vec<PathBuf>,
@@ -197,11 +204,18 @@ impl Provisioner for Local {
 
     fn check(&self, params: &serde_json::Value, _spec: &Spec) -> Result<(), ProviderError> {
         no_params("local", params, "")?;
-        self.worker.as_ref().map(drop).map_err(ProviderError::new)
+        self.worker
+            .as_ref()
+            .map(drop)
+            .map_err(|e| ProviderError::new(e.to_string()))
     }
 
     async fn create(&self, m: &Machine, join: &Join) -> Result<Created, ProviderError> {
-        let worker = self.worker.clone().map_err(ProviderError::new)?;
+        let worker = self
+            .worker
+            .as_ref()
+            .cloned()
+            .map_err(|e| ProviderError::new(e.to_string()))?;
         let dir = self.state_dir(&m.id)?;
         std::fs::create_dir_all(&dir)
             .map_err(|e| ProviderError::new(format!("cannot create {}: {e}", dir.display())))?;

@@ -282,7 +282,7 @@ impl Machines {
             shared::parse_label(&format!("name={name}")).map_err(Error::Invalid)?;
         }
         if let Some(url) = &req.brain_url {
-            check_url(url).map_err(Error::Invalid)?;
+            check_url(url).map_err(|e| Error::Invalid(e.to_string()))?;
         }
         let id = format!("m-{}", hex::encode(rand::random::<[u8; 6]>()));
         // Held from before the record is written: reconcile must never read a `creating`

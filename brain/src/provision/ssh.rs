@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
 use super::error::ProviderError;
-use super::local::WorkerProgram;
+use super::local::{self, WorkerProgram};
 use super::provider::{Created, Join, Provisioner, Seen};
 use super::records::{Machine, Spec};
 
@@ -100,7 +100,7 @@ impl Target {
 
 /// Workers on ssh hosts.
 pub struct Ssh {
-    worker: Result<WorkerProgram, String>,
+    worker: Result<WorkerProgram, local::Error>,
     cfg: SshConfig,
     /// Names this brain on hosts: `~/.tether/<tag>/`.
     tag: String,
@@ -273,7 +273,11 @@ impl Ssh {
             });
         }
         if arch == std::env::consts::ARCH {
-            return self.worker.clone().map_err(ProviderError::new);
+            return self
+                .worker
+                .as_ref()
+                .cloned()
+                .map_err(|e| ProviderError::new(e.to_string()));
         }
         Err(ProviderError::new(format!(
             "the host is {arch} and this brain has no worker for it: set provision.ssh.workers.{arch} to a worker binary built for it"
@@ -453,7 +457,11 @@ impl Ssh {
         m: &Machine,
         join: &Join,
     ) -> Result<Created, ProviderError> {
-        let local = self.worker.clone().map_err(ProviderError::new)?;
+        let local = self
+            .worker
+            .as_ref()
+            .cloned()
+            .map_err(|e| ProviderError::new(e.to_string()))?;
         let local_sum = {
             let p = local.program.clone();
             tokio::task::spawn_blocking(move || sha256_file(&p))

@@ -8,6 +8,7 @@
 //! mutual-TLS session, where the brain injects the task's secrets or refuses. No secret ever
 //! reaches this process: only placeholders and the brain's grant for the call.
 
+mod error;
 mod hello;
 
 use std::io;
@@ -24,6 +25,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
+
+use error::Error;
 
 /// The brain's channel of the session open now (`None` between sessions).
 pub type Link = Arc<Mutex<Option<tonic::transport::Channel>>>;
@@ -236,13 +239,14 @@ async fn handle(mut c: TcpStream, cx: &Cx) {
     let (ask, rest) = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut c)).await {
         Ok(Ok(Some(h))) => h,
         Ok(Ok(None)) => return,
-        Ok(Err(why)) => return respond(&mut c, 400, &why).await,
+        Ok(Err(why)) => return respond(&mut c, 400, &why.to_string()).await,
         Err(_) => return respond(&mut c, 408, "no request head within 30s").await,
     };
     if direct(&cx.policy.direct, &ask.host, ask.port) {
         let addr = match direct_addr(&cx.policy, &ask.host, ask.port).await {
             Ok(a) => a,
             Err(why) => {
+                let why = why.to_string();
                 cx.note(&ask, &why).await;
                 return respond(&mut c, 403, &why).await;
             }
@@ -254,7 +258,7 @@ async fn handle(mut c: TcpStream, cx: &Cx) {
                 return;
             }
             if let Err(why) = check_hello(&mut c, &mut rest, &ask).await {
-                cx.note(&ask, &why).await;
+                cx.note(&ask, &why.to_string()).await;
                 return;
             }
         }
@@ -292,44 +296,37 @@ async fn direct_addr(
     policy: &EgressPolicy,
     host: &str,
     port: u16,
-) -> Result<std::net::SocketAddr, String> {
+) -> Result<std::net::SocketAddr, Error> {
     if let Some(ip) = policy.resolve.get(host) {
-        let ip: std::net::IpAddr = ip
-            .parse()
-            .map_err(|_| format!("the brain pinned {host} to {ip:?}, which is not an address"))?;
+        let ip: std::net::IpAddr = ip.parse().map_err(|_| Error::BadPin {
+            host: host.to_string(),
+            ip: ip.clone(),
+        })?;
         return Ok((ip, port).into());
     }
     let addrs = shared::net::resolve_public(host, port, CONNECT_TIMEOUT)
         .await
-        .map_err(|why| {
-            format!(
-                "{why}: direct egress never goes there; an operator can pin a name with [egress.resolve] in the brain's config"
-            )
-        })?;
+        .map_err(|why| Error::NotPublic { why })?;
     Ok(addrs[0])
 }
 
 /// Reads the command's ClientHello into `rest` and checks that it names `ask.host` (none
 /// for an address).
-async fn check_hello(c: &mut TcpStream, rest: &mut Vec<u8>, ask: &Ask) -> Result<(), String> {
+async fn check_hello(c: &mut TcpStream, rest: &mut Vec<u8>, ask: &Ask) -> Result<(), Error> {
     let mut piece = [0u8; 4096];
     let named = loop {
         match hello::parse(rest) {
             hello::Hello::Name(n) => break n,
-            hello::Hello::NotTls(why) => {
-                return Err(format!(
-                    "{why}: a tunnel to a directly allowed host must carry TLS naming that host"
-                ));
-            }
+            hello::Hello::NotTls(why) => return Err(Error::NotTls(why)),
             hello::Hello::More => {}
         }
         if rest.len() >= hello::MAX_HELLO {
-            return Err("no complete ClientHello in the first 64 KiB".into());
+            return Err(Error::LongHello);
         }
         let n = match tokio::time::timeout(HEAD_TIMEOUT, c.read(&mut piece)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return Err("the command closed before its TLS began".into()),
+            Ok(Ok(0)) | Ok(Err(_)) => return Err(Error::ClosedBeforeTls),
             Ok(Ok(n)) => n,
-            Err(_) => return Err("no TLS ClientHello within 30s".into()),
+            Err(_) => return Err(Error::NoHello),
         };
         rest.extend_from_slice(&piece[..n]);
     };
@@ -337,14 +334,13 @@ async fn check_hello(c: &mut TcpStream, rest: &mut Vec<u8>, ask: &Ask) -> Result
     match named {
         Some(n) if n == ask.host => Ok(()),
         None if is_addr => Ok(()),
-        Some(n) => Err(format!(
-            "the tunnel was opened to {} but its TLS asks for {n}: a direct rule admits only the host it names",
-            ask.host
-        )),
-        None => Err(format!(
-            "the tunnel to {} carries TLS that names no host (no SNI)",
-            ask.host
-        )),
+        Some(named) => Err(Error::OtherName {
+            host: ask.host.clone(),
+            named,
+        }),
+        None => Err(Error::NoName {
+            host: ask.host.clone(),
+        }),
     }
 }
 
@@ -513,19 +509,16 @@ async fn respond(c: &mut (impl AsyncWrite + Unpin), code: u16, why: &str) {
 
 /// Reads one request head: the request and whatever came after its head. `None` when the
 /// command closed the connection without a byte.
-async fn read_head(c: &mut (impl AsyncRead + Unpin)) -> Result<Option<(Ask, Vec<u8>)>, String> {
+async fn read_head(c: &mut (impl AsyncRead + Unpin)) -> Result<Option<(Ask, Vec<u8>)>, Error> {
     let mut buf = Vec::with_capacity(1024);
     let mut piece = [0u8; 4096];
     loop {
-        let n = c
-            .read(&mut piece)
-            .await
-            .map_err(|e| format!("reading the request: {e}"))?;
+        let n = c.read(&mut piece).await.map_err(Error::Read)?;
         if n == 0 {
             return if buf.is_empty() {
                 Ok(None)
             } else {
-                Err("the connection closed inside the request head".into())
+                Err(Error::CutHead)
             };
         }
         buf.extend_from_slice(&piece[..n]);
@@ -533,19 +526,19 @@ async fn read_head(c: &mut (impl AsyncRead + Unpin)) -> Result<Option<(Ask, Vec<
             return Ok(Some((ask, buf.split_off(used))));
         }
         if buf.len() > HEAD_MAX {
-            return Err(format!("the request head is longer than {HEAD_MAX} bytes"));
+            return Err(Error::LongHead { max: HEAD_MAX });
         }
     }
 }
 
 /// Parses a complete request head (`None`: more bytes are needed).
-fn parse_head(buf: &[u8]) -> Result<Option<(Ask, usize)>, String> {
+fn parse_head(buf: &[u8]) -> Result<Option<(Ask, usize)>, Error> {
     let mut headers = [httparse::EMPTY_HEADER; 96];
     let mut req = httparse::Request::new(&mut headers);
     let used = match req.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(format!("not an HTTP request: {e}")),
+        Err(e) => return Err(Error::NotHttp(e)),
     };
     let method = req.method.unwrap_or_default().to_string();
     let target = req.path.unwrap_or_default();
@@ -565,9 +558,11 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Ask, usize)>, String> {
     let lower = target.to_ascii_lowercase();
     let Some(rest) = lower.strip_prefix("http://").map(|_| &target[7..]) else {
         return Err(if lower.starts_with("https://") {
-            "an https:// URL is asked for with CONNECT, not sent to the proxy in the clear".into()
+            Error::HttpsInClear
         } else {
-            format!("{target:?} is not an absolute http:// URL, which a proxy needs")
+            Error::NotAbsolute {
+                target: target.to_string(),
+            }
         });
     };
     let (auth, path) = match rest.find(['/', '?']) {
@@ -613,21 +608,28 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Ask, usize)>, String> {
 }
 
 /// `host:port` (or `[v6]:port`), with `default` when the port is left out.
-fn authority(s: &str, default: Option<u16>) -> Result<(String, u16), String> {
+fn authority(s: &str, default: Option<u16>) -> Result<(String, u16), Error> {
+    let authority = || s.to_string();
     if s.contains('@') {
-        return Err(format!(
-            "{s:?}: user information does not go in a proxy request"
-        ));
+        return Err(Error::UserInfo {
+            authority: authority(),
+        });
     }
-    let (host, port) =
-        shared::net::split_host_port(s).ok_or_else(|| format!("{s:?} is not host:port"))?;
+    let (host, port) = shared::net::split_host_port(s).ok_or_else(|| Error::NotHostPort {
+        authority: authority(),
+    })?;
     let port = match port {
         Some(p) => p
             .parse::<u16>()
             .ok()
             .filter(|p| *p > 0)
-            .ok_or_else(|| format!("{s:?}: {p:?} is not a port"))?,
-        None => default.ok_or_else(|| format!("{s:?} has no port"))?,
+            .ok_or_else(|| Error::BadPort {
+                authority: authority(),
+                port: p.to_string(),
+            })?,
+        None => default.ok_or_else(|| Error::NoPort {
+            authority: authority(),
+        })?,
     };
     let host = host.trim_end_matches('.').to_ascii_lowercase();
     let ok = !host.is_empty()
@@ -636,7 +638,9 @@ fn authority(s: &str, default: Option<u16>) -> Result<(String, u16), String> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-.:_".contains(&b));
     if !ok {
-        return Err(format!("{s:?} does not name a host"));
+        return Err(Error::NoHost {
+            authority: authority(),
+        });
     }
     Ok((host, port))
 }
@@ -755,11 +759,12 @@ mod tests {
         while long.len() <= HEAD_MAX + 10 {
             long.extend_from_slice(format!("X-Filler: {}\r\n", "y".repeat(1000)).as_bytes());
         }
-        let e = read_head(&mut &long[..]).await.unwrap_err();
+        let e = read_head(&mut &long[..]).await.unwrap_err().to_string();
         assert!(e.contains("longer than"), "{e}");
         let e = read_head(&mut &b"CONNECT a:1 HTTP/1.1\r\n"[..])
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("closed inside"), "{e}");
         assert!(read_head(&mut &b""[..]).await.unwrap().is_none());
     }

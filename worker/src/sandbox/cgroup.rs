@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::cgroup_v2::{self, Hierarchy};
 use super::report::{Mechanism, Report};
-use super::sys::{read, write};
+use super::sys::{self, read, write};
 
 /// Which cgroup version the leaves are made in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +83,7 @@ impl Leaves {
         memory: u64,
         pids: u32,
         cpu_quota: i64,
-    ) -> Result<(), String> {
+    ) -> Result<(), sys::Error> {
         let (m0, p0, c0) = self.written;
         match self.version {
             Version::V1 => {
@@ -174,7 +174,7 @@ pub(super) fn probe_cgroup(report: &mut Report, commit: bool) -> Option<Cgroups>
         let prepared = own
             .as_deref()
             .and_then(cgroup_v2::own_path)
-            .ok_or_else(|| "cannot read this process's cgroup from /proc/self/cgroup".to_string())
+            .ok_or(cgroup_v2::Error::OwnUnknown)
             .and_then(|own| cgroup_v2::prepare(mount, own, std::process::id(), commit));
         return match prepared {
             Ok(sub) => {

@@ -14,6 +14,36 @@ use std::path::{Path, PathBuf};
 
 use super::sys::read;
 
+/// Why no cgroup v2 subtree can hold per-call leaves.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read this process's cgroup from /proc/self/cgroup")]
+    OwnUnknown,
+    #[error("cannot read {cgroup}/cgroup.controllers")]
+    NoControllersFile { cgroup: PathBuf },
+    #[error(
+        "cgroup v2: {cgroup} has no memory and pids controllers to hand out (it has: {has:?}); run the worker as the systemd unit in deploy/ (Delegate=yes) or as root"
+    )]
+    NoControllers { cgroup: PathBuf, has: String },
+    #[error(
+        "cgroup v2: {others} other process(es) share the worker's cgroup {cgroup}, so it cannot hand controllers to per-call leaves; run the worker as the systemd unit in deploy/ (Delegate=yes gives it a cgroup of its own)"
+    )]
+    Shared { cgroup: PathBuf, others: usize },
+    #[error("cannot write {value:?} to {path}: {source}")]
+    Write {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot create {path}: {source}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Which cgroup hierarchies a host has mounted at `/sys/fs/cgroup`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Hierarchy {
@@ -63,17 +93,18 @@ pub(crate) fn own_path(proc_self_cgroup: &str) -> Option<&str> {
 /// Prepares the subtree under `mount` (the unified hierarchy) for a process whose cgroup is
 /// `own` (as `/proc/self/cgroup` names it) and whose pid is `pid`. With `commit` false
 /// (`worker doctor`) nothing is moved or written: only whether it would work is said.
-pub(super) fn prepare(mount: &Path, own: &str, pid: u32, commit: bool) -> Result<Subtree, String> {
+pub(super) fn prepare(mount: &Path, own: &str, pid: u32, commit: bool) -> Result<Subtree, Error> {
     let here = mount.join(own.trim_start_matches('/'));
-    let controllers = read(here.join("cgroup.controllers"))
-        .ok_or_else(|| format!("cannot read {}/cgroup.controllers", here.display()))?;
+    let controllers =
+        read(here.join("cgroup.controllers")).ok_or_else(|| Error::NoControllersFile {
+            cgroup: here.clone(),
+        })?;
     let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
     if !has("memory") || !has("pids") {
-        return Err(format!(
-            "cgroup v2: {} has no memory and pids controllers to hand out (it has: {:?}); run the worker as the systemd unit in deploy/ (Delegate=yes) or as root",
-            here.display(),
-            controllers.trim()
-        ));
+        return Err(Error::NoControllers {
+            cgroup: here,
+            has: controllers.trim().to_string(),
+        });
     }
     let cpu = has("cpu");
     let enable = if cpu {
@@ -98,22 +129,34 @@ pub(super) fn prepare(mount: &Path, own: &str, pid: u32, commit: bool) -> Result
                 .filter(|p| *p != pid)
                 .collect();
             if !others.is_empty() {
-                return Err(shared_cgroup(&here, others.len()));
+                return Err(Error::Shared {
+                    cgroup: here,
+                    others: others.len(),
+                });
             }
         }
         return Ok(Subtree { base, cpu });
     }
-    let write = |p: PathBuf, v: &str| {
-        std::fs::write(&p, v).map_err(|e| format!("cannot write {v:?} to {}: {e}", p.display()))
+    let write = |path: PathBuf, v: &str| {
+        std::fs::write(&path, v).map_err(|source| Error::Write {
+            path,
+            value: v.to_string(),
+            source,
+        })
+    };
+    let create = |path: &Path| {
+        std::fs::create_dir_all(path).map_err(|source| Error::Create {
+            path: path.to_path_buf(),
+            source,
+        })
     };
     if at_root {
         // The root may hold processes and still hand controllers down.
         write(here.join("cgroup.subtree_control"), enable)?;
-        std::fs::create_dir_all(&base)
-            .map_err(|e| format!("cannot create {}: {e}", base.display()))?;
+        create(&base)?;
     } else {
         let me = here.join("worker");
-        std::fs::create_dir_all(&me).map_err(|e| format!("cannot create {}: {e}", me.display()))?;
+        create(&me)?;
         write(me.join("cgroup.procs"), &pid.to_string())?;
         let others = read(here.join("cgroup.procs"))
             .unwrap_or_default()
@@ -121,18 +164,14 @@ pub(super) fn prepare(mount: &Path, own: &str, pid: u32, commit: bool) -> Result
             .filter(|l| !l.trim().is_empty())
             .count();
         if others > 0 {
-            return Err(shared_cgroup(&here, others));
+            return Err(Error::Shared {
+                cgroup: here,
+                others,
+            });
         }
     }
     write(base.join("cgroup.subtree_control"), enable)?;
     Ok(Subtree { base, cpu })
-}
-
-fn shared_cgroup(here: &Path, n: usize) -> String {
-    format!(
-        "cgroup v2: {n} other process(es) share the worker's cgroup {}, so it cannot hand controllers to per-call leaves; run the worker as the systemd unit in deploy/ (Delegate=yes gives it a cgroup of its own)",
-        here.display()
-    )
 }
 
 /// The limits of one call, as the files of a v2 leaf hold them: `memory.max`,
@@ -246,13 +285,13 @@ mod tests {
     fn missing_controllers_and_a_shared_cgroup_are_said_and_nothing_is_written() {
         let d = fake("cpu io\n", "");
         let own = "/system.slice/tether-worker.service";
-        let e = prepare(d.path(), own, 1, true).unwrap_err();
+        let e = prepare(d.path(), own, 1, true).unwrap_err().to_string();
         assert!(
             e.contains("no memory and pids") && e.contains("Delegate=yes"),
             "{e}"
         );
         let d = fake("memory pids\n", "1\n77\n");
-        let e = prepare(d.path(), own, 1, false).unwrap_err();
+        let e = prepare(d.path(), own, 1, false).unwrap_err().to_string();
         assert!(e.contains("1 other process(es)"), "{e}");
         assert!(
             !d.path()

@@ -77,8 +77,13 @@ const HOME_SECRETS: &[&str] = &[
 /// Why the worker cannot hand out workspaces.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The state dir cannot be made (its caller words why).
     #[error("{0}")]
     Workspace(String),
+    #[error("cannot create {0}: {1}")]
+    Create(PathBuf, #[source] std::io::Error),
+    #[error(transparent)]
+    Reach(#[from] mount::Error),
 }
 
 impl shared::exit::Classify for Error {
@@ -86,6 +91,38 @@ impl shared::exit::Classify for Error {
     fn exit_code(&self) -> Option<shared::exit::ExitCode> {
         Some(shared::exit::ExitCode::Config)
     }
+}
+
+/// Why a command cannot be confined (and so is not started).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    #[error("{}", EGRESS_UNAVAILABLE)]
+    EgressUnavailable,
+    #[error(
+        "the brain's policy turns the network off for this call, but this worker cannot create network namespaces (see `worker doctor`)"
+    )]
+    NetworkOff,
+    #[error(transparent)]
+    User(#[from] users::Error),
+    #[error(transparent)]
+    Mount(#[from] mount::Error),
+    #[error("cannot create the workspace's temp dir {0}: {1}")]
+    TempDir(PathBuf, #[source] std::io::Error),
+    #[error("cannot make the temp dir {0} private: {1}")]
+    TempPrivate(PathBuf, #[source] std::io::Error),
+    #[error("cannot create cgroup {0}: {1}")]
+    Cgroup(PathBuf, #[source] std::io::Error),
+    #[error(transparent)]
+    Limits(#[from] sys::Error),
+    #[error("cannot open {0}/cgroup.procs: {1}")]
+    Join(PathBuf, #[source] std::io::Error),
+    /// The Landlock ruleset, as `rules` words why it cannot be had.
+    #[error("{0}")]
+    Landlock(String),
+    #[error("cannot start a spawner: {0}")]
+    Spawner(#[source] std::io::Error),
+    #[error("cannot write {0}: {1}")]
+    CallFile(PathBuf, #[source] std::io::Error),
 }
 
 /// Defaults when the brain's policy gives none.
@@ -143,7 +180,7 @@ impl Sandbox {
     }
 
     /// A set of cgroup leaves for a call: an idle one, or new ones.
-    fn leaves(&self, cg: &Cgroups) -> Result<Leaves, String> {
+    fn leaves(&self, cg: &Cgroups) -> Result<Leaves, ConfineError> {
         if let Some(l) = self.pool.locked().pop() {
             return Ok(l);
         }
@@ -151,11 +188,12 @@ impl Sandbox {
             .next_leaf
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("tether-{}-{n}", std::process::id());
-        let mk = |base: &Path| -> Result<PathBuf, String> {
-            let leaf = base.join(&name);
-            std::fs::create_dir_all(&leaf)
-                .map_err(|e| format!("cannot create cgroup {}: {e}", leaf.display()))?;
-            Ok(leaf)
+        let mk = |base: &Path| -> Result<PathBuf, ConfineError> {
+            let path = base.join(&name);
+            match std::fs::create_dir_all(&path) {
+                Ok(()) => Ok(path),
+                Err(e) => Err(ConfineError::Cgroup(path, e)),
+            }
         };
         Ok(match cg.version {
             Version::V1 => Leaves {
@@ -262,12 +300,13 @@ impl Sandbox {
 
     /// The uid/gid the commands of the workspace `ws` (an existing directory) run as, if
     /// different from the worker's: its task's own, allocated now if it has none.
-    pub fn run_as_in(&self, ws: &Path) -> Result<Option<(u32, u32)>, String> {
+    pub fn run_as_in(&self, ws: &Path) -> Result<Option<(u32, u32)>, ConfineError> {
         match &self.users {
             None => Ok(None),
             Some(users) => users
                 .owner(ws, &self.allocating)
-                .map(|uid| Some((uid, uid))),
+                .map(|uid| Some((uid, uid)))
+                .map_err(ConfineError::User),
         }
     }
 
@@ -346,8 +385,7 @@ impl Sandbox {
         let ws = workspaces.join(&name);
         let tmp = self.state_dir.join("tmp").join(&name);
         let made = [&ws, &tmp].iter().try_for_each(|d| {
-            std::fs::create_dir_all(d)
-                .map_err(|e| Error::Workspace(format!("cannot create {}: {e}", d.display())))
+            std::fs::create_dir_all(d).map_err(|e| Error::Create(d.to_path_buf(), e))
         });
         // Any task uid reaches its workspace as any other does: the first one is tried.
         let probe_as = self.users.map(|u| (u.first, u.first));
@@ -359,7 +397,7 @@ impl Sandbox {
             Self::give(&ws, probe_as);
             Self::give(&tmp, probe_as);
             check_reach(&ws, &tmp, &self.state_dir, self.mountns, probe_as, &who)
-                .map_err(Error::Workspace)
+                .map_err(Error::Reach)
         });
         let _ = std::fs::remove_dir(&ws);
         let _ = std::fs::remove_dir(&tmp);
@@ -372,7 +410,7 @@ impl Sandbox {
         &self,
         workspace: &Path,
         owner: Option<(u32, u32)>,
-    ) -> Result<PathBuf, String> {
+    ) -> Result<PathBuf, ConfineError> {
         let ws_name = workspace
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -385,18 +423,12 @@ impl Sandbox {
             let _ = std::fs::remove_dir_all(&tmp);
         }
         if !tmp.is_dir() {
-            std::fs::create_dir_all(&tmp).map_err(|e| {
-                format!(
-                    "cannot create the workspace's temp dir {}: {e}",
-                    tmp.display()
-                )
-            })?;
+            std::fs::create_dir_all(&tmp).map_err(|e| ConfineError::TempDir(tmp.clone(), e))?;
             // The mode first, while the worker still owns it.
             if owner.is_some() {
                 use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700)).map_err(
-                    |e| format!("cannot make the temp dir {} private: {e}", tmp.display()),
-                )?;
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))
+                    .map_err(|e| ConfineError::TempPrivate(tmp.clone(), e))?;
             }
             Self::give(&tmp, owner);
         }
@@ -490,12 +522,12 @@ impl Sandbox {
         limits: &proto::Limits,
         net: Option<std::os::fd::RawFd>,
         cmd: &mut tokio::process::Command,
-    ) -> Result<Guard, String> {
+    ) -> Result<Guard, ConfineError> {
         if net.is_some() && !self.netns {
-            return Err(EGRESS_UNAVAILABLE.into());
+            return Err(ConfineError::EgressUnavailable);
         }
         if limits.network_off && !self.netns {
-            return Err("the brain's policy turns the network off for this call, but this worker cannot create network namespaces (see `worker doctor`)".into());
+            return Err(ConfineError::NetworkOff);
         }
         let run_as = self.run_as_in(workspace)?;
         let tmp = self.workspace_tmp(workspace, run_as)?;
@@ -533,7 +565,7 @@ impl Sandbox {
                 let f = std::fs::OpenOptions::new()
                     .write(true)
                     .open(d.join("cgroup.procs"))
-                    .map_err(|e| format!("cannot open {}/cgroup.procs: {e}", d.display()))?;
+                    .map_err(|e| ConfineError::Join(d.to_path_buf(), e))?;
                 procs.push(f.into());
             }
             guard.oom_before = leaves.oom_kills();
@@ -543,7 +575,11 @@ impl Sandbox {
             guard.leaves = Some(leaves);
         }
         let ruleset = if self.landlock {
-            Some(self.rules.ruleset_fd(&self.denied, workspace, &tmp)?)
+            Some(
+                self.rules
+                    .ruleset_fd(&self.denied, workspace, &tmp)
+                    .map_err(ConfineError::Landlock)?,
+            )
         } else {
             None
         };
@@ -695,7 +731,7 @@ impl Sandbox {
         key: spawner::Key,
         workspace: &Path,
         limits: &proto::Limits,
-    ) -> Result<spawner::Spawner, String> {
+    ) -> Result<spawner::Spawner, ConfineError> {
         let mut cmd = tokio::process::Command::new("/proc/self/exe");
         // Named for `ps`, where "/proc/self/exe" would say nothing.
         cmd.arg0("tether-spawner")
@@ -710,8 +746,7 @@ impl Sandbox {
         let uid = self
             .run_as_in(workspace)?
             .map_or_else(|| rustix::process::geteuid().as_raw(), |(u, _)| u);
-        spawner::Spawner::start(cmd, guard, key, uid)
-            .map_err(|e| format!("cannot start a spawner: {e}"))
+        spawner::Spawner::start(cmd, guard, key, uid).map_err(ConfineError::Spawner)
     }
 }
 

@@ -16,6 +16,56 @@ pub const WORKSPACE_PATH: &str = "/workspace";
 /// Where they see the workspace's temp dir then (a private `/tmp`).
 pub const TMP_PATH: &str = "/tmp";
 
+/// What keeps commands out of their workspace, and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0} has a NUL byte")]
+    Nul(PathBuf),
+    #[error(
+        "cannot set up a command's mount namespace for a workspace under {under} ({}); see `worker doctor`",
+        describe_errno(*.errno)
+    )]
+    Namespace { under: PathBuf, errno: i32 },
+    #[error("cannot switch to {who} to run commands ({})", describe_errno(*.errno))]
+    SwitchUser { who: String, errno: i32 },
+    #[error(
+        "commands run as {who} cannot reach {} under {under}: {}, and {}. Start the worker with a state dir whose every parent others may traverse (for example --state /var/lib/tether-worker, or TETHER_WORKER_STATE), move {state} there, or make the parents traversable (chmod o+x)",
+        if *.temp_dir { "their temp dir" } else { "their workspace" },
+        blocked_by(.blocker),
+        namespace_note(*.mountns)
+    )]
+    Unreachable {
+        who: String,
+        /// Their temp dir, not their workspace.
+        temp_dir: bool,
+        under: PathBuf,
+        /// The first directory the command user cannot traverse, with its mode.
+        blocker: Option<(PathBuf, u32)>,
+        state: PathBuf,
+        mountns: bool,
+    },
+}
+
+/// Why the command user is kept out: the directory that does it, if one was found.
+fn blocked_by(blocker: &Option<(PathBuf, u32)>) -> String {
+    match blocker {
+        Some((dir, mode)) => format!(
+            "{} (mode {mode:04o}) is not traversable by them",
+            dir.display()
+        ),
+        None => "access is denied".to_string(),
+    }
+}
+
+/// What a mount namespace did, or could not do, about it.
+fn namespace_note(mountns: bool) -> String {
+    if mountns {
+        "the mount namespace did not help".to_string()
+    } else {
+        format!("no mount namespace can show it at {WORKSPACE_PATH} here (see `worker doctor`)")
+    }
+}
+
 /// Whether each command can get a mount namespace with its workspace at [`WORKSPACE_PATH`]:
 /// the worker is root, the mount point is (or can be made) an empty directory, and a mount
 /// namespace can be made here (tried in a child).
@@ -132,7 +182,7 @@ pub(super) fn check_reach(
     mountns: bool,
     run_as: Option<(u32, u32)>,
     who: &str,
-) -> Result<String, String> {
+) -> Result<String, Error> {
     let plan = if mountns {
         Some(MountPlan::new(ws, tmp, state_dir, Path::new(""))?)
     } else {
@@ -186,41 +236,29 @@ pub(super) fn check_reach(
             "commands run as {who} and reach their workspace at {}",
             seen.display()
         )),
-        Err((1, e)) => Err(format!(
-            "cannot set up a command's mount namespace for a workspace under {} ({}); see `worker doctor`",
-            ws.parent().unwrap_or(ws).display(),
-            describe_errno(e)
-        )),
-        Err((2, e)) => Err(format!(
-            "cannot switch to {who} to run commands ({})",
-            describe_errno(e)
-        )),
+        Err((1, errno)) => Err(Error::Namespace {
+            under: ws.parent().unwrap_or(ws).to_path_buf(),
+            errno,
+        }),
+        Err((2, errno)) => Err(Error::SwitchUser {
+            who: who.to_string(),
+            errno,
+        }),
         Err((step, _)) => {
-            let (blocked, what) = match (plan.is_some(), step) {
-                (true, 3) => (PathBuf::from(WORKSPACE_PATH), "their workspace"),
-                (true, _) => (PathBuf::from(TMP_PATH), "their temp dir"),
-                (false, 3) => (ws.to_path_buf(), "their workspace"),
-                (false, _) => (tmp.to_path_buf(), "their temp dir"),
+            let blocked = match (plan.is_some(), step) {
+                (true, 3) => PathBuf::from(WORKSPACE_PATH),
+                (true, _) => PathBuf::from(TMP_PATH),
+                (false, 3) => ws.to_path_buf(),
+                (false, _) => tmp.to_path_buf(),
             };
-            let why = match run_as.and_then(|u| untraversable_ancestor(&blocked, u)) {
-                Some((dir, mode)) => format!(
-                    "{} (mode {mode:04o}) is not traversable by them",
-                    dir.display()
-                ),
-                None => "access is denied".to_string(),
-            };
-            let state = state_dir.display();
-            Err(format!(
-                "commands run as {who} cannot reach {what} under {}: {why}, and {}. Start the worker with a state dir whose every parent others may traverse (for example --state /var/lib/tether-worker, or TETHER_WORKER_STATE), move {state} there, or make the parents traversable (chmod o+x)",
-                blocked.parent().unwrap_or(&blocked).display(),
-                if mountns {
-                    "the mount namespace did not help".to_string()
-                } else {
-                    format!(
-                        "no mount namespace can show it at {WORKSPACE_PATH} here (see `worker doctor`)"
-                    )
-                }
-            ))
+            Err(Error::Unreachable {
+                who: who.to_string(),
+                temp_dir: step != 3,
+                under: blocked.parent().unwrap_or(&blocked).to_path_buf(),
+                blocker: run_as.and_then(|u| untraversable_ancestor(&blocked, u)),
+                state: state_dir.to_path_buf(),
+                mountns,
+            })
         }
     }
 }
@@ -241,10 +279,9 @@ impl MountPlan {
         tmp: &Path,
         state: &Path,
         cwd_rel: &Path,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, Error> {
         let c = |p: &Path| {
-            CString::new(p.as_os_str().as_encoded_bytes())
-                .map_err(|_| format!("{} has a NUL byte", p.display()))
+            CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| Error::Nul(p.to_path_buf()))
         };
         Ok(Self {
             workspace: c(workspace)?,

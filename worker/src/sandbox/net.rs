@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::Sandbox;
+use super::{ConfineError, Sandbox};
 
 impl Sandbox {
     /// Whether commands can be confined to an egress proxy (their own network namespace).
@@ -20,7 +20,7 @@ impl Sandbox {
         cwd: &Path,
         name: &str,
         contents: &[u8],
-    ) -> Result<PathBuf, String> {
+    ) -> Result<PathBuf, ConfineError> {
         let tmp = self.workspace_tmp(workspace, self.run_as_in(workspace)?)?;
         let path = tmp.join(name);
         let part = tmp.join(format!(".{name}.part"));
@@ -29,7 +29,7 @@ impl Sandbox {
                 std::fs::set_permissions(&part, std::os::unix::fs::PermissionsExt::from_mode(0o644))
             })
             .and_then(|()| std::fs::rename(&part, &path))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            .map_err(|e| ConfineError::CallFile(path.clone(), e))?;
         let (_, seen_tmp) = self.seen(workspace, cwd, &tmp);
         Ok(seen_tmp.join(name))
     }

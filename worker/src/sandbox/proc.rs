@@ -20,8 +20,22 @@ use super::sys::{describe_errno, errno};
 /// The options tried, newest first.
 const HIDEPID: [&CStr; 2] = [c"hidepid=invisible", c"hidepid=2"];
 
+/// Why commands see the host's `/proc`: what [`isolate`] could not do.
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error(
+        "the worker is not root, so it cannot mount a /proc for its commands: they see every process of this host's user in /proc"
+    )]
+    NotRoot,
+    #[error(
+        "{what} failed ({}): commands see every process of the host in /proc, command lines included",
+        describe_errno(*.errno)
+    )]
+    Failed { what: &'static str, errno: i32 },
+}
+
 /// What [`isolate`] did: the options `/proc` was mounted with, or why it was not.
-static DONE: OnceLock<Result<&'static str, String>> = OnceLock::new();
+static DONE: OnceLock<Result<&'static str, Error>> = OnceLock::new();
 
 /// Gives this process the `/proc` described above; call it once, early, before threads that
 /// spawn commands exist (a namespace is per thread, and threads inherit their creator's).
@@ -30,13 +44,11 @@ static DONE: OnceLock<Result<&'static str, String>> = OnceLock::new();
 pub fn isolate() {
     DONE.get_or_init(|| {
         if !rustix::process::geteuid().is_root() {
-            return Err("the worker is not root, so it cannot mount a /proc for its commands: they see every process of this host's user in /proc".into());
+            return Err(Error::NotRoot);
         }
-        let err = |what: &str| {
-            format!(
-                "{what} failed ({}): commands see every process of the host in /proc, command lines included",
-                describe_errno(errno())
-            )
+        let err = |what: &'static str| Error::Failed {
+            what,
+            errno: errno(),
         };
         // SAFETY: plain syscalls on static NUL-terminated strings.
         unsafe {
@@ -78,7 +90,7 @@ pub(super) fn probe_proc(run_as: bool, report: &mut Report) -> bool {
             false,
             "the worker did not set up a /proc for its commands (not `worker run` or `join`): they see every process of the host".to_string(),
         ),
-        Some(Err(why)) => (false, why.clone()),
+        Some(Err(why)) => (false, why.to_string()),
         Some(Ok(_)) if !run_as => (
             false,
             "commands run as the worker's own user, whose processes they see in /proc".into(),

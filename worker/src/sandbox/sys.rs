@@ -1,7 +1,19 @@
 //! Small system helpers the sandbox shares: reading a file, running a check in a forked child,
 //! errno in words, and writes safe between fork and exec (no allocation).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Why a value could not be written to a system file (a cgroup's limit).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot write {value} to {path}: {source}")]
+    Write {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 pub(super) fn read(p: impl AsRef<Path>) -> Option<String> {
     std::fs::read_to_string(p).ok()
@@ -62,9 +74,12 @@ pub(super) fn kernel() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-pub(super) fn write(path: &Path, value: &str) -> Result<(), String> {
-    std::fs::write(path, value)
-        .map_err(|e| format!("cannot write {value} to {}: {e}", path.display()))
+pub(super) fn write(path: &Path, value: &str) -> Result<(), Error> {
+    std::fs::write(path, value).map_err(|source| Error::Write {
+        path: path.to_path_buf(),
+        value: value.to_string(),
+        source,
+    })
 }
 
 /// Writes the calling process's pid to `fd` without allocating (child side of fork).

@@ -13,9 +13,47 @@
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use shared::locks::Lock;
+
+/// Why a range of task uids is refused, or a workspace cannot have a task user of its own.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0:?} is not a uid range: write FIRST-LAST, e.g. 1800000-1865535")]
+    NotRange(String),
+    #[error(
+        "task uids {0} would include login, system or special ids (nobody is 65534, -1 means none): start at 100000 or above and end below 4294967295"
+    )]
+    SpecialIds(String),
+    #[error("cannot read the workspace {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the workspace {0} is not a directory")]
+    NotDir(PathBuf),
+    #[error(
+        "every task uid ({uids}) is taken by a workspace under {under}: remove finished workspaces or widen --task-uids"
+    )]
+    AllTaken { uids: TaskUids, under: PathBuf },
+    #[error("the workspace path {0} holds a NUL")]
+    Nul(PathBuf),
+    #[error("cannot open the workspace {workspace}: {source}")]
+    Open {
+        workspace: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot give the workspace {workspace} to uid {uid}: {source}")]
+    HandOver {
+        workspace: PathBuf,
+        uid: u32,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// The uids tasks run as: `first` and the `count` after it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,10 +81,10 @@ impl std::fmt::Display for TaskUids {
 }
 
 impl std::str::FromStr for TaskUids {
-    type Err = String;
+    type Err = Error;
     /// `FIRST-LAST`, both included.
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?} is not a uid range: write FIRST-LAST, e.g. 1800000-1865535");
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = || Error::NotRange(s.to_string());
         let (a, b) = s.split_once('-').ok_or_else(bad)?;
         let (first, last): (u32, u32) = (
             a.trim().parse().map_err(|_| bad())?,
@@ -56,9 +94,7 @@ impl std::str::FromStr for TaskUids {
             return Err(bad());
         }
         if first < 100_000 || last == u32::MAX {
-            return Err(format!(
-                "task uids {s} would include login, system or special ids (nobody is 65534, -1 means none): start at 100000 or above and end below 4294967295"
-            ));
+            return Err(Error::SpecialIds(s.to_string()));
         }
         Ok(Self {
             first,
@@ -78,10 +114,12 @@ impl TaskUids {
 
     /// The uid of the workspace `ws` (an existing directory), allocated and handed over now
     /// if it has none. `lock` serialises allocations among the worker's threads.
-    pub(super) fn owner(&self, ws: &Path, lock: &std::sync::Mutex<()>) -> Result<u32, String> {
+    pub(super) fn owner(&self, ws: &Path, lock: &std::sync::Mutex<()>) -> Result<u32, Error> {
         let meta = |p: &Path| {
-            std::fs::symlink_metadata(p)
-                .map_err(|e| format!("cannot read the workspace {}: {e}", p.display()))
+            std::fs::symlink_metadata(p).map_err(|source| Error::Read {
+                path: p.to_path_buf(),
+                source,
+            })
         };
         let uid = meta(ws)?.uid();
         if self.contains(uid) {
@@ -90,7 +128,7 @@ impl TaskUids {
         let _held = lock.locked();
         let m = meta(ws)?;
         if !m.is_dir() {
-            return Err(format!("the workspace {} is not a directory", ws.display()));
+            return Err(Error::NotDir(ws.to_path_buf()));
         }
         if self.contains(m.uid()) {
             return Ok(m.uid());
@@ -109,15 +147,13 @@ impl TaskUids {
         }
         let uid = (self.first..=self.last())
             .find(|u| !used.contains(u))
-            .ok_or_else(|| {
-                format!(
-                    "every task uid ({self}) is taken by a workspace under {}: remove finished workspaces or widen --task-uids",
-                    ws.parent().unwrap_or(ws).display()
-                )
+            .ok_or_else(|| Error::AllTaken {
+                uids: *self,
+                under: ws.parent().unwrap_or(ws).to_path_buf(),
             })?;
         let old = m.uid();
         let c = CString::new(ws.as_os_str().as_encoded_bytes())
-            .map_err(|_| format!("the workspace path {} holds a NUL", ws.display()))?;
+            .map_err(|_| Error::Nul(ws.to_path_buf()))?;
         // SAFETY: a valid NUL-terminated path; the result is checked.
         let fd = unsafe {
             libc::open(
@@ -126,20 +162,19 @@ impl TaskUids {
             )
         };
         if fd < 0 {
-            return Err(format!(
-                "cannot open the workspace {}: {}",
-                ws.display(),
-                std::io::Error::last_os_error()
-            ));
+            return Err(Error::Open {
+                workspace: ws.to_path_buf(),
+                source: std::io::Error::last_os_error(),
+            });
         }
+        let hand_over = |source| Error::HandOver {
+            workspace: ws.to_path_buf(),
+            uid,
+            source,
+        };
         // SAFETY: a descriptor we just opened and own.
         let dir = unsafe { OwnedFd::from_raw_fd(fd) };
-        hand_over_tree(&dir, &[0, old], uid, 0).map_err(|e| {
-            format!(
-                "cannot give the workspace {} to uid {uid}: {e}",
-                ws.display()
-            )
-        })?;
+        hand_over_tree(&dir, &[0, old], uid, 0).map_err(hand_over)?;
         // The directory itself last: it is the record of the allocation. Only its user
         // may enter it (the mode first, while the worker still owns it).
         // SAFETY: our own descriptor; plain fchmod and fchown.
@@ -147,11 +182,7 @@ impl TaskUids {
             if libc::fchmod(dir.as_raw_fd(), 0o700) != 0
                 || libc::fchown(dir.as_raw_fd(), uid, uid) != 0
             {
-                return Err(format!(
-                    "cannot give the workspace {} to uid {uid}: {}",
-                    ws.display(),
-                    std::io::Error::last_os_error()
-                ));
+                return Err(hand_over(std::io::Error::last_os_error()));
             }
         }
         tracing::info!(workspace = %ws.display(), uid, "workspace given a task user of its own");
@@ -263,7 +294,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&a).unwrap().mode() & 0o777, 0o700);
         let c = root.join("c");
         std::fs::create_dir_all(&c).unwrap();
-        let e = uids.owner(&c, &lock).unwrap_err();
+        let e = uids.owner(&c, &lock).unwrap_err().to_string();
         assert!(
             e.contains("every task uid") && e.contains("--task-uids"),
             "{e}"

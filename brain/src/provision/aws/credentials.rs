@@ -83,14 +83,39 @@ pub enum Error {
     None { tried: String },
     #[error("AWS profile {profile}: {reason}")]
     Profile { profile: String, reason: String },
-    #[error("AWS credential_process of profile {profile}: {reason}")]
-    Process { profile: String, reason: String },
+    #[error("AWS credential_process of profile {profile}: {source}")]
+    Process {
+        profile: String,
+        #[source]
+        source: process::Error,
+    },
     #[error("AWS SSO credentials of profile {profile}: {reason}")]
     Sso { profile: String, reason: String },
     #[error("AWS instance metadata (IMDSv2) at {endpoint}: {reason}")]
     Imds { endpoint: String, reason: String },
     #[error("assuming AWS role {role}: {reason}")]
     AssumeRole { role: String, reason: String },
+    #[error("HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+}
+
+/// Why an answer (of IMDS, the SSO portal, STS) could not be had or read.
+#[derive(Debug, thiserror::Error)]
+enum AnswerError {
+    #[error("no answer ({0})")]
+    NoAnswer(#[source] reqwest::Error),
+    #[error("reading the answer: {0}")]
+    Read(#[source] reqwest::Error),
+    #[error("the answer is over {max} bytes", max = MAX_ANSWER)]
+    TooLong,
+    #[error("this instance has no instance profile (IAM role) attached")]
+    NoRole,
+    /// `said`: the answer, clipped.
+    #[error("HTTP {status}: {said}")]
+    Status {
+        status: reqwest::StatusCode,
+        said: String,
+    },
 }
 
 /// Credentials this close to their expiry are fetched again.
@@ -228,11 +253,11 @@ pub struct Chain {
 }
 
 impl Chain {
-    pub fn new(opts: Options, env: Env) -> Result<Self, String> {
+    pub fn new(opts: Options, env: Env) -> Result<Self, Error> {
         let http = reqwest::Client::builder()
             .timeout(CALL_TIMEOUT)
             .build()
-            .map_err(|e| format!("HTTP client: {e}"))?;
+            .map_err(Error::Client)?;
         Ok(Self {
             opts,
             env,
@@ -496,7 +521,7 @@ impl Chain {
             .await
             .map_err(|e| serr(format!("cannot reach {base}: {e}")))?;
         let status = resp.status();
-        let body = read_capped(resp).await.map_err(serr)?;
+        let body = read_capped(resp).await.map_err(|e| serr(e.to_string()))?;
         if status.as_u16() == 401 || status.as_u16() == 403 {
             return Err(serr(format!(
                 "the SSO portal refused the cached token (HTTP {status}): {login}"
@@ -557,7 +582,7 @@ impl Chain {
                 token.status()
             )));
         }
-        let token = read_capped(token).await.map_err(&ierr)?;
+        let token = read_capped(token).await.map_err(|e| ierr(e.to_string()))?;
         let get = |path: String| {
             let (http, token) = (self.http.clone(), token.clone());
             async move {
@@ -567,21 +592,22 @@ impl Chain {
                     .timeout(IMDS_TIMEOUT)
                     .send()
                     .await
-                    .map_err(|e| format!("no answer ({e})"))?;
+                    .map_err(AnswerError::NoAnswer)?;
                 let status = r.status();
                 let body = read_capped(r).await?;
                 if status.as_u16() == 404 {
-                    return Err("this instance has no instance profile (IAM role) attached".into());
+                    return Err(AnswerError::NoRole);
                 }
                 if !status.is_success() {
-                    return Err(format!("HTTP {status}: {}", clip(&body)));
+                    let said = clip(&body);
+                    return Err(AnswerError::Status { status, said });
                 }
                 Ok(body)
             }
         };
         let list = get(format!("{base}/latest/meta-data/iam/security-credentials/"))
             .await
-            .map_err(&ierr)?;
+            .map_err(|e| ierr(e.to_string()))?;
         let role = list
             .lines()
             .map(str::trim)
@@ -592,7 +618,7 @@ impl Chain {
             "{base}/latest/meta-data/iam/security-credentials/{role}"
         ))
         .await
-        .map_err(&ierr)?;
+        .map_err(|e| ierr(e.to_string()))?;
         #[derive(Deserialize)]
         #[serde(rename_all = "PascalCase")]
         struct Answer {
@@ -683,7 +709,7 @@ impl Chain {
             .await
             .map_err(|e| rerr(format!("cannot reach STS at {url}: {e}")))?;
         let status = resp.status();
-        let text = read_capped(resp).await.map_err(&rerr)?;
+        let text = read_capped(resp).await.map_err(|e| rerr(e.to_string()))?;
         if !status.is_success() {
             return Err(rerr(query::api_error(status.as_u16(), &text).to_string()));
         }
@@ -722,19 +748,18 @@ fn from_env(env: &Env) -> Option<Credentials> {
 
 /// Runs a profile's `credential_process` and takes its answer as credentials.
 async fn credential_process(profile: &str, line: &str) -> Result<Credentials, Error> {
-    let perr = |reason: String| Error::Process {
+    let perr = |source| Error::Process {
         profile: profile.to_string(),
-        reason,
+        source,
     };
     let a = process::run(line, CALL_TIMEOUT, MAX_ANSWER)
         .await
         .map_err(perr)?;
     let expires = match a.expiration.as_deref() {
         None => None,
-        Some(t) => Some(
-            parse_time(t)
-                .ok_or_else(|| perr(format!("Expiration {t:?} is not an RFC 3339 time")))?,
-        ),
+        Some(t) => {
+            Some(parse_time(t).ok_or_else(|| perr(process::Error::Expiration(t.to_string())))?)
+        }
     };
     Ok(Credentials {
         access_key_id: a.access_key_id,
@@ -753,13 +778,10 @@ pub(super) fn parse_time(t: &str) -> Option<SystemTime> {
     (nanos >= 0).then(|| SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos as u64))
 }
 
-async fn read_capped(r: reqwest::Response) -> Result<String, String> {
-    let bytes = r
-        .bytes()
-        .await
-        .map_err(|e| format!("reading the answer: {e}"))?;
+async fn read_capped(r: reqwest::Response) -> Result<String, AnswerError> {
+    let bytes = r.bytes().await.map_err(AnswerError::Read)?;
     if bytes.len() > MAX_ANSWER {
-        return Err(format!("the answer is over {MAX_ANSWER} bytes"));
+        return Err(AnswerError::TooLong);
     }
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }

@@ -3,6 +3,33 @@
 //! (a request signed for one region and sent to another's endpoint is refused by AWS with a
 //! message that does not say so).
 
+/// Why a region, or a configured endpoint with it, cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "{0:?} is not an AWS region name (like us-east-1, cn-north-1 or us-gov-west-1): check provision.ec2.region or AWS_REGION"
+    )]
+    Region(String),
+    #[error(
+        "the endpoint {endpoint} is in {} but the region {region} is in partition {partition}: set provision.ec2.region to the endpoint's region, or drop provision.ec2.endpoint",
+        if *.endpoint_in_cn { "aws-cn" } else { "the aws or aws-us-gov partition" }
+    )]
+    OtherPartition {
+        endpoint: String,
+        endpoint_in_cn: bool,
+        region: String,
+        partition: &'static str,
+    },
+    #[error(
+        "the endpoint {endpoint} is for region {named} but requests would be signed for {region}: set provision.ec2.region = \"{named}\", or drop provision.ec2.endpoint"
+    )]
+    OtherRegion {
+        endpoint: String,
+        named: String,
+        region: String,
+    },
+}
+
 /// An AWS partition: a set of regions sharing a DNS suffix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Partition {
@@ -42,7 +69,7 @@ fn region_shape(region: &str, prefix: &str) -> bool {
 }
 
 /// The partition a region is in (the patterns of the SDKs' partition table).
-pub fn partition(region: &str) -> Result<Partition, String> {
+pub fn partition(region: &str) -> Result<Partition, Error> {
     if region_shape(region, "us-gov") {
         return Ok(AWS_US_GOV);
     }
@@ -53,13 +80,11 @@ pub fn partition(region: &str) -> Result<Partition, String> {
     if COMMERCIAL.iter().any(|p| region_shape(region, p)) {
         return Ok(AWS);
     }
-    Err(format!(
-        "{region:?} is not an AWS region name (like us-east-1, cn-north-1 or us-gov-west-1): check provision.ec2.region or AWS_REGION"
-    ))
+    Err(Error::Region(region.to_string()))
 }
 
 /// `https://SERVICE.REGION.SUFFIX/`.
-pub fn service_url(service: &str, region: &str) -> Result<String, String> {
+pub fn service_url(service: &str, region: &str) -> Result<String, Error> {
     let p = partition(region)?;
     Ok(format!("https://{service}.{region}.{}/", p.dns_suffix))
 }
@@ -76,7 +101,7 @@ fn region_in_host(host: &str) -> Option<&str> {
 /// Checks that `endpoint` (a configured URL) and `region` (what requests are signed for)
 /// agree where the endpoint is AWS's own; other endpoints (an emulator, a proxy) are taken
 /// as they are.
-pub fn check_agree(endpoint: &str, region: &str) -> Result<(), String> {
+pub fn check_agree(endpoint: &str, region: &str) -> Result<(), Error> {
     let partition = partition(region)?;
     let host = endpoint
         .split_once("://")
@@ -92,20 +117,19 @@ pub fn check_agree(endpoint: &str, region: &str) -> Result<(), String> {
         return Ok(());
     }
     if aws_cn != (partition == AWS_CN) {
-        return Err(format!(
-            "the endpoint {endpoint} is in {} but the region {region} is in partition {}: set provision.ec2.region to the endpoint's region, or drop provision.ec2.endpoint",
-            if aws_cn {
-                "aws-cn"
-            } else {
-                "the aws or aws-us-gov partition"
-            },
-            partition.id
-        ));
+        return Err(Error::OtherPartition {
+            endpoint: endpoint.to_string(),
+            endpoint_in_cn: aws_cn,
+            region: region.to_string(),
+            partition: partition.id,
+        });
     }
     match region_in_host(&host) {
-        Some(r) if r != region => Err(format!(
-            "the endpoint {endpoint} is for region {r} but requests would be signed for {region}: set provision.ec2.region = \"{r}\", or drop provision.ec2.endpoint"
-        )),
+        Some(r) if r != region => Err(Error::OtherRegion {
+            endpoint: endpoint.to_string(),
+            named: r.to_string(),
+            region: region.to_string(),
+        }),
         _ => Ok(()),
     }
 }
@@ -159,7 +183,7 @@ mod tests {
             "us-east-1a",
             "US-EAST-1",
         ] {
-            let e = partition(bad).unwrap_err();
+            let e = partition(bad).unwrap_err().to_string();
             assert!(e.contains("not an AWS region"), "{bad}: {e}");
         }
     }
@@ -173,17 +197,25 @@ mod tests {
             "eu-west-1",
         )
         .unwrap();
-        let e = check_agree("https://ec2.eu-west-1.amazonaws.com", "us-east-1").unwrap_err();
+        let e = check_agree("https://ec2.eu-west-1.amazonaws.com", "us-east-1")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("for region eu-west-1") && e.contains("signed for us-east-1"),
             "{e}"
         );
-        let e = check_agree("https://ec2.cn-north-1.amazonaws.com.cn", "us-east-1").unwrap_err();
+        let e = check_agree("https://ec2.cn-north-1.amazonaws.com.cn", "us-east-1")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("aws-cn"), "{e}");
-        let e = check_agree("https://ec2.us-east-1.amazonaws.com", "cn-north-1").unwrap_err();
+        let e = check_agree("https://ec2.us-east-1.amazonaws.com", "cn-north-1")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("partition aws-cn"), "{e}");
         // GovCloud and commercial share a suffix; the region in the host still tells.
-        let e = check_agree("https://ec2.us-gov-west-1.amazonaws.com", "us-east-1").unwrap_err();
+        let e = check_agree("https://ec2.us-gov-west-1.amazonaws.com", "us-east-1")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("us-gov-west-1"), "{e}");
     }
 }

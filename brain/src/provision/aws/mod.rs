@@ -112,17 +112,19 @@ impl Ec2 {
             Some(r) => r.to_string(),
             None => self::region(&env)?,
         };
-        endpoint::partition(&region).map_err(Error::Config)?;
+        endpoint::partition(&region).map_err(|e| Error::Config(e.to_string()))?;
         let endpoint = match endpoint
             .map(str::to_string)
             .or_else(|| env.var("AWS_ENDPOINT_URL_EC2"))
             .or_else(|| env.var("AWS_ENDPOINT_URL"))
         {
             Some(e) => {
-                endpoint::check_agree(&e, &region).map_err(Error::Config)?;
+                endpoint::check_agree(&e, &region).map_err(|e| Error::Config(e.to_string()))?;
                 e
             }
-            None => endpoint::service_url("ec2", &region).map_err(Error::Config)?,
+            None => {
+                endpoint::service_url("ec2", &region).map_err(|e| Error::Config(e.to_string()))?
+            }
         };
         let endpoint = if endpoint.ends_with('/') {
             endpoint
@@ -140,7 +142,7 @@ impl Ec2 {
             },
             env,
         )
-        .map_err(Error::Config)?;
+        .map_err(|e| Error::Config(e.to_string()))?;
         Ok(Self {
             http,
             endpoint,

@@ -10,6 +10,57 @@ use std::path::{Path, PathBuf};
 use base64::Engine as _;
 use serde::Deserialize;
 
+/// Why the cluster or the proof of who we are cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `what`: "the kubeconfig", "the token file", "client-key", …
+    #[error("reading {what} {path}: {source}")]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the kubeconfig {path} is not valid: {source}")]
+    Invalid {
+        path: PathBuf,
+        #[source]
+        source: serde_norway::Error,
+    },
+    #[error("the kubeconfig {0} has no current-context: set provision.k8s.context")]
+    NoCurrentContext(PathBuf),
+    #[error("the kubeconfig {path} has no context {context:?}")]
+    NoContext { path: PathBuf, context: String },
+    #[error("context {context:?} names cluster {cluster:?}, which the kubeconfig does not have")]
+    NoCluster { context: String, cluster: String },
+    #[error("{what} in the kubeconfig is not base64: {source}")]
+    Base64 {
+        what: &'static str,
+        #[source]
+        source: base64::DecodeError,
+    },
+    #[error(
+        "user {0:?} in the kubeconfig authenticates through an exec plugin or auth provider, which the brain does not run: give it a token (a service account's) or a client certificate"
+    )]
+    Plugin(String),
+    #[error("user {0:?} in the kubeconfig has a client certificate or key without the other")]
+    HalfCertificate(String),
+    #[error("cluster {0:?} has no server")]
+    NoServer(String),
+    #[error("not inside a pod (no KUBERNETES_SERVICE_HOST): set provision.k8s.kubeconfig")]
+    NotInPod,
+    #[error(
+        "no service-account token at {0}: is automountServiceAccountToken off for the brain's pod?"
+    )]
+    NoToken(PathBuf),
+    #[error("reading {path}: {source}")]
+    ReadMounted {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// The mounted service account of a pod.
 pub const IN_CLUSTER_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
@@ -57,12 +108,16 @@ impl std::fmt::Debug for Cluster {
 
 impl Cluster {
     /// The bearer token for the next call, if the credential is one.
-    pub fn bearer(&self) -> Result<Option<String>, String> {
+    pub fn bearer(&self) -> Result<Option<String>, Error> {
         match &self.credential {
             Credential::Token(t) => Ok(Some(t.clone())),
             Credential::TokenFile(p) => std::fs::read_to_string(p)
                 .map(|t| Some(t.trim().to_string()))
-                .map_err(|e| format!("reading the token file {}: {e}", p.display())),
+                .map_err(|source| Error::Read {
+                    what: "the token file",
+                    path: p.clone(),
+                    source,
+                }),
             _ => Ok(None),
         }
     }
@@ -140,11 +195,16 @@ pub fn default_path(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
 }
 
 /// Reads the kubeconfig at `path` for `context` (else its current context).
-pub fn from_kubeconfig(path: &Path, context: Option<&str>) -> Result<Cluster, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("reading the kubeconfig {}: {e}", path.display()))?;
-    let cfg: KubeConfig = serde_norway::from_str(&text)
-        .map_err(|e| format!("the kubeconfig {} is not valid: {e}", path.display()))?;
+pub fn from_kubeconfig(path: &Path, context: Option<&str>) -> Result<Cluster, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        what: "the kubeconfig",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let cfg: KubeConfig = serde_norway::from_str(&text).map_err(|source| Error::Invalid {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let base = path.parent().unwrap_or(Path::new("."));
     let relative = |p: &PathBuf| {
         if p.is_absolute() {
@@ -155,41 +215,39 @@ pub fn from_kubeconfig(path: &Path, context: Option<&str>) -> Result<Cluster, St
     };
     let want = context.unwrap_or(&cfg.current_context);
     if want.is_empty() {
-        return Err(format!(
-            "the kubeconfig {} has no current-context: set provision.k8s.context",
-            path.display()
-        ));
+        return Err(Error::NoCurrentContext(path.to_path_buf()));
     }
     let ctx = cfg
         .contexts
         .iter()
         .find(|c| c.name == want)
         .map(|c| &c.context)
-        .ok_or_else(|| format!("the kubeconfig {} has no context {want:?}", path.display()))?;
+        .ok_or_else(|| Error::NoContext {
+            path: path.to_path_buf(),
+            context: want.to_string(),
+        })?;
     let cl = cfg
         .clusters
         .iter()
         .find(|c| c.name == ctx.cluster)
         .map(|c| &c.cluster)
-        .ok_or_else(|| {
-            format!(
-                "context {want:?} names cluster {:?}, which the kubeconfig does not have",
-                ctx.cluster
-            )
+        .ok_or_else(|| Error::NoCluster {
+            context: want.to_string(),
+            cluster: ctx.cluster.clone(),
         })?;
     let user = cfg
         .users
         .iter()
         .find(|u| u.name == ctx.user)
         .map(|u| &u.user);
-    let b64 = |what: &str, s: &str| {
+    let b64 = |what: &'static str, s: &str| {
         base64::engine::general_purpose::STANDARD
             .decode(s.trim())
-            .map_err(|e| format!("{what} in the kubeconfig is not base64: {e}"))
+            .map_err(|source| Error::Base64 { what, source })
     };
-    let read = |what: &str, p: &PathBuf| {
-        std::fs::read(relative(p))
-            .map_err(|e| format!("reading {what} {}: {e}", relative(p).display()))
+    let read = |what: &'static str, p: &PathBuf| {
+        let path = relative(p);
+        std::fs::read(&path).map_err(|source| Error::Read { what, path, source })
     };
     let ca_pem = match (&cl.certificate_authority_data, &cl.certificate_authority) {
         (Some(d), _) => Some(b64("certificate-authority-data", d)?),
@@ -200,10 +258,7 @@ pub fn from_kubeconfig(path: &Path, context: Option<&str>) -> Result<Cluster, St
         None => Credential::None,
         Some(u) => {
             if u.exec.is_some() || u.auth_provider.is_some() {
-                return Err(format!(
-                    "user {:?} in the kubeconfig authenticates through an exec plugin or auth provider, which the brain does not run: give it a token (a service account's) or a client certificate",
-                    ctx.user
-                ));
+                return Err(Error::Plugin(ctx.user.clone()));
             }
             let cert = match (&u.client_certificate_data, &u.client_certificate) {
                 (Some(d), _) => Some(b64("client-certificate-data", d)?),
@@ -224,17 +279,14 @@ pub fn from_kubeconfig(path: &Path, context: Option<&str>) -> Result<Cluster, St
                     Credential::ClientCert(c)
                 }
                 (None, None, Some(_), None) | (None, None, None, Some(_)) => {
-                    return Err(format!(
-                        "user {:?} in the kubeconfig has a client certificate or key without the other",
-                        ctx.user
-                    ));
+                    return Err(Error::HalfCertificate(ctx.user.clone()));
                 }
                 _ => Credential::None,
             }
         }
     };
     if cl.server.is_empty() {
-        return Err(format!("cluster {:?} has no server", ctx.cluster));
+        return Err(Error::NoServer(ctx.cluster.clone()));
     }
     Ok(Cluster {
         server: cl.server.trim_end_matches('/').to_string(),
@@ -247,10 +299,8 @@ pub fn from_kubeconfig(path: &Path, context: Option<&str>) -> Result<Cluster, St
 }
 
 /// The service account Kubernetes mounts in a pod, and the API server it names.
-pub fn in_cluster(env: &dyn Fn(&str) -> Option<String>, dir: &Path) -> Result<Cluster, String> {
-    let host = env("KUBERNETES_SERVICE_HOST").ok_or_else(|| {
-        "not inside a pod (no KUBERNETES_SERVICE_HOST): set provision.k8s.kubeconfig".to_string()
-    })?;
+pub fn in_cluster(env: &dyn Fn(&str) -> Option<String>, dir: &Path) -> Result<Cluster, Error> {
+    let host = env("KUBERNETES_SERVICE_HOST").ok_or(Error::NotInPod)?;
     let port = env("KUBERNETES_SERVICE_PORT").unwrap_or_else(|| "443".into());
     let host = if host.contains(':') {
         format!("[{host}]")
@@ -259,13 +309,12 @@ pub fn in_cluster(env: &dyn Fn(&str) -> Option<String>, dir: &Path) -> Result<Cl
     };
     let token = dir.join("token");
     if !token.exists() {
-        return Err(format!(
-            "no service-account token at {}: is automountServiceAccountToken off for the brain's pod?",
-            token.display()
-        ));
+        return Err(Error::NoToken(token));
     }
-    let ca = std::fs::read(dir.join("ca.crt"))
-        .map_err(|e| format!("reading {}: {e}", dir.join("ca.crt").display()))?;
+    let ca = std::fs::read(dir.join("ca.crt")).map_err(|source| Error::ReadMounted {
+        path: dir.join("ca.crt"),
+        source,
+    })?;
     let namespace = std::fs::read_to_string(dir.join("namespace"))
         .ok()
         .map(|n| n.trim().to_string());
@@ -329,9 +378,9 @@ users:
             Credential::ClientCert(pem) => assert_eq!(pem, b"CERT\nKEY"),
             _ => panic!("not a client certificate"),
         }
-        let e = from_kubeconfig(&p, Some("plugin")).unwrap_err();
+        let e = from_kubeconfig(&p, Some("plugin")).unwrap_err().to_string();
         assert!(e.contains("exec plugin"), "{e}");
-        let e = from_kubeconfig(&p, Some("nope")).unwrap_err();
+        let e = from_kubeconfig(&p, Some("nope")).unwrap_err().to_string();
         assert!(e.contains("no context \"nope\""), "{e}");
     }
 
@@ -357,6 +406,7 @@ users:
         assert!(
             in_cluster(&none, d.path())
                 .unwrap_err()
+                .to_string()
                 .contains("kubeconfig")
         );
     }

@@ -182,13 +182,14 @@ impl Provisioner for K8sProvider {
 
     fn check(&self, params: &serde_json::Value, _spec: &Spec) -> Result<(), ProviderError> {
         no_params("k8s", params, "they are in [provision.k8s]")?;
-        pod::check_label_value(&self.tag).map_err(ProviderError::new)
+        pod::check_label_value(&self.tag).map_err(|e| ProviderError::new(e.to_string()))
     }
 
     async fn create(&self, m: &Machine, join: &Join) -> Result<Created, ProviderError> {
         let api = self.api()?;
         let secret = pod::secret(m, &self.tag, &join.token);
-        let p = pod::pod(m, &self.tag, &self.cfg, join).map_err(ProviderError::untouched)?;
+        let p = pod::pod(m, &self.tag, &self.cfg, join)
+            .map_err(|e| ProviderError::untouched(e.to_string()))?;
         let per_pod = self.cfg.network_policy == NetworkPolicyMode::PerPod;
         if per_pod {
             let policy = pod::network_policy(m, &self.tag, &self.cfg, &join.brain_url)

@@ -11,6 +11,30 @@ use super::K8sConfig;
 use crate::provision::provider::Join;
 use crate::provision::records::Machine;
 
+/// Why a pod or its NetworkPolicy cannot be written as configured.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0:?} is not a DNS-1123 label (at most 63 of a-z, 0-9 and -, not at either end)")]
+    Name(String),
+    #[error("{0:?} cannot be a Kubernetes label value")]
+    LabelValue(String),
+    #[error("the brain URL for the pod's NetworkPolicy: {0}")]
+    BrainUrl(#[source] shared::tls::Error),
+    #[error(
+        "the brain URL names a host ({0}), which a NetworkPolicy cannot name: set provision.k8s.brain_pod_labels (the brain's pods) or provision.k8s.brain_cidrs (its addresses)"
+    )]
+    BrainHost(String),
+    #[error("provision.k8s.brain_cidrs: {0:?} is not ADDRESS/BITS (e.g. 10.0.0.5/32)")]
+    Cidr(String),
+    /// A setting of `[provision.k8s]` (named in full) holds a bad name or label value.
+    #[error("{setting}: {source}")]
+    Setting {
+        setting: String,
+        #[source]
+        source: Box<Error>,
+    },
+}
+
 /// Label keys on pods and secrets.
 pub const BRAIN: &str = "tether.brain";
 pub const MACHINE: &str = "tether.machine";
@@ -34,7 +58,7 @@ pub fn policy_name(machine: &str) -> String {
 }
 
 /// A DNS-1123 label: what namespaces and pod names must be.
-pub fn check_name(n: &str) -> Result<(), String> {
+pub fn check_name(n: &str) -> Result<(), Error> {
     let ok = !n.is_empty()
         && n.len() <= 63
         && n.chars()
@@ -44,14 +68,12 @@ pub fn check_name(n: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{n:?} is not a DNS-1123 label (at most 63 of a-z, 0-9 and -, not at either end)"
-        ))
+        Err(Error::Name(n.to_string()))
     }
 }
 
 /// What a label value may be: at most 63 of `[A-Za-z0-9._-]`, alphanumeric at the ends.
-pub fn check_label_value(v: &str) -> Result<(), String> {
+pub fn check_label_value(v: &str) -> Result<(), Error> {
     let ok = v.len() <= 63
         && v.chars()
             .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
@@ -60,7 +82,7 @@ pub fn check_label_value(v: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{v:?} cannot be a Kubernetes label value"))
+        Err(Error::LabelValue(v.to_string()))
     }
 }
 
@@ -99,9 +121,8 @@ pub fn network_policy(
     tag: &str,
     cfg: &K8sConfig,
     brain_url: &str,
-) -> Result<Value, String> {
-    let addr = shared::tls::BrainAddr::parse(brain_url)
-        .map_err(|e| format!("the brain URL for the pod's NetworkPolicy: {e}"))?;
+) -> Result<Value, Error> {
+    let addr = shared::tls::BrainAddr::parse(brain_url).map_err(Error::BrainUrl)?;
     let host = addr.host.trim_start_matches('[').trim_end_matches(']');
     let brain: Vec<Value> = if !cfg.brain_cidrs.is_empty() {
         for c in &cfg.brain_cidrs {
@@ -116,16 +137,20 @@ pub fn network_policy(
         vec![json!({"ipBlock": {"cidr": format!("{ip}/{bits}")}})]
     } else {
         if cfg.brain_pod_labels.is_empty() {
-            return Err(format!(
-                "the brain URL names a host ({host}), which a NetworkPolicy cannot name: set provision.k8s.brain_pod_labels (the brain's pods) or provision.k8s.brain_cidrs (its addresses)"
-            ));
+            return Err(Error::BrainHost(host.to_string()));
         }
+        let setting = |setting: String| {
+            move |e| Error::Setting {
+                setting,
+                source: Box::new(e),
+            }
+        };
         for (k, v) in &cfg.brain_pod_labels {
-            check_label_value(v).map_err(|e| format!("provision.k8s.brain_pod_labels.{k}: {e}"))?;
+            check_label_value(v).map_err(setting(format!("provision.k8s.brain_pod_labels.{k}")))?;
         }
         let mut peer = json!({"podSelector": {"matchLabels": cfg.brain_pod_labels}});
         if let Some(ns) = &cfg.brain_namespace {
-            check_name(ns).map_err(|e| format!("provision.k8s.brain_namespace: {e}"))?;
+            check_name(ns).map_err(setting("provision.k8s.brain_namespace".into()))?;
             peer["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
         }
         vec![peer]
@@ -154,8 +179,8 @@ pub fn network_policy(
 }
 
 /// `ADDRESS/BITS`, as an `ipBlock` takes it.
-fn check_cidr(c: &str) -> Result<(), String> {
-    let bad = || format!("provision.k8s.brain_cidrs: {c:?} is not ADDRESS/BITS (e.g. 10.0.0.5/32)");
+fn check_cidr(c: &str) -> Result<(), Error> {
+    let bad = || Error::Cidr(c.to_string());
     let (ip, bits) = c.split_once('/').ok_or_else(bad)?;
     let ip: std::net::IpAddr = ip.parse().map_err(|_| bad())?;
     let bits: u8 = bits.parse().map_err(|_| bad())?;
@@ -166,7 +191,7 @@ fn check_cidr(c: &str) -> Result<(), String> {
 }
 
 /// The worker Pod for `m`.
-pub fn pod(m: &Machine, tag: &str, cfg: &K8sConfig, join: &Join) -> Result<Value, String> {
+pub fn pod(m: &Machine, tag: &str, cfg: &K8sConfig, join: &Join) -> Result<Value, Error> {
     check_name(&pod_name(&m.id))?;
     check_label_value(tag)?;
     let or = |asked: u32, default: u32| if asked > 0 { asked } else { default };
