@@ -20,6 +20,8 @@ use crate::durable::CurrentOut;
 
 /// Quiet time before a batch of changes is sent.
 const DEBOUNCE: Duration = Duration::from_millis(300);
+/// Longest a change waits for quiet: a file written without pause (a log) is still shown.
+const MAX_WAIT: Duration = Duration::from_secs(2);
 /// Raw events queued per workspace; more means overflow (a rescan).
 const QUEUE: usize = 8192;
 /// Most paths per message.
@@ -131,6 +133,8 @@ fn watch(name: &str, root: &Path, out: CurrentOut, used: Arc<Mutex<std::time::In
     let mut last: Option<shared::manifest::Manifest> = None;
     let mut pending: BTreeSet<String> = BTreeSet::new();
     let mut need_rescan = false;
+    // When the oldest change not yet sent came in.
+    let mut waiting_since: Option<std::time::Instant> = None;
     loop {
         if used.locked().elapsed() > IDLE {
             return;
@@ -154,14 +158,23 @@ fn watch(name: &str, root: &Path, out: CurrentOut, used: Arc<Mutex<std::time::In
                         }
                     }
                 }
-                continue;
+                if pending.is_empty() && !need_rescan {
+                    continue;
+                }
+                let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() < MAX_WAIT {
+                    continue;
+                }
             }
             Ok(Raw::Rescan(why)) => {
                 if !need_rescan {
                     tracing::info!(workspace = name, reason = %why, "file watcher fell behind; rescanning");
                 }
                 need_rescan = true;
-                continue;
+                let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() < MAX_WAIT {
+                    continue;
+                }
             }
             Err(RecvTimeoutError::Disconnected) if rescan_mode.is_none() => {
                 tracing::warn!(
@@ -176,33 +189,36 @@ fn watch(name: &str, root: &Path, out: CurrentOut, used: Arc<Mutex<std::time::In
         }
         // Quiet now: send what changed.
         let rescan = need_rescan || rescan_mode.is_some();
-        if rescan {
-            let scanner = rescan_mode.get_or_insert_with(|| Scanner::new(root, Rules::default()));
-            if let Ok(now) = scanner.scan() {
-                if let Some(before) = &last {
-                    let d = before.diff(&now);
-                    pending.extend(d.upserts.into_keys());
-                    pending.extend(d.deletes);
-                }
-                last = Some(now);
+        need_rescan = false;
+        waiting_since = None;
+        // Without a watcher, scans say what changed. With one that fell behind, the message
+        // says "rescan" and the viewer reads the tree again: scanning here too would hash the
+        // whole workspace with nothing to compare it to (after a big materialisation, a
+        // second core busy for seconds beside the next sync).
+        if let Some(scanner) = rescan_mode.as_mut()
+            && let Ok(now) = scanner.scan()
+        {
+            if let Some(before) = &last {
+                let d = before.diff(&now);
+                pending.extend(d.upserts.into_keys());
+                pending.extend(d.deletes);
             }
-            if need_rescan && watcher.is_ok() {
-                // The watcher works again; keep it, drop the scanner.
-                rescan_mode = None;
-                last = None;
-            }
-            need_rescan = false;
+            last = Some(now);
         }
         if pending.is_empty() {
             continue;
         }
-        // A new directory's files may have been created before inotify watched it: list them.
+        // A new directory's files may have been created before inotify watched it: list them,
+        // until there are more than one message holds (the rest is `truncated` either way).
         let dirs: Vec<String> = pending
             .iter()
             .filter(|rel| root.join(rel).symlink_metadata().is_ok_and(|m| m.is_dir()))
             .cloned()
             .collect();
         for d in dirs {
+            if pending.len() > MAX_PATHS {
+                break;
+            }
             for f in shared::workspace::walk(&root.join(&d)).take(MAX_PATHS + 1) {
                 pending.insert(format!("{d}/{f}"));
             }
@@ -228,5 +244,72 @@ fn watch(name: &str, root: &Path, out: CurrentOut, used: Arc<Mutex<std::time::In
                 })),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The paths of the `FsChanged` messages that arrive within `timeout`, until `done`
+    /// holds for what arrived so far; and whether any said `rescan` or `truncated`.
+    fn collect(
+        rx: &mut tokio::sync::mpsc::Receiver<WorkerMessage>,
+        timeout: Duration,
+        done: impl Fn(&BTreeSet<String>) -> bool,
+    ) -> (BTreeSet<String>, bool, bool) {
+        let deadline = std::time::Instant::now() + timeout;
+        let (mut seen, mut rescan, mut truncated) = (BTreeSet::new(), false, false);
+        while !done(&seen) && std::time::Instant::now() < deadline {
+            match rx.try_recv() {
+                Ok(WorkerMessage {
+                    msg: Some(worker_message::Msg::FsChanged(f)),
+                }) => {
+                    seen.extend(f.changed);
+                    rescan |= f.rescan;
+                    truncated |= f.truncated;
+                }
+                Ok(_) => {}
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        (seen, rescan, truncated)
+    }
+
+    #[test]
+    fn a_watched_workspace_reports_what_changed_and_says_so_when_it_fell_behind() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("ws");
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+        let out: CurrentOut = Arc::new(Mutex::new(Some(tx)));
+        let watches = Arc::new(Watches::default());
+        watches.ensure("task-1", &root, out.clone());
+        // The watch is set up on its own thread: write until it is seen.
+        let (seen, ..) = collect(&mut rx, Duration::from_secs(20), |seen| {
+            std::fs::write(root.join("src/a.rs"), "fn a() {}").unwrap();
+            seen.contains("src/a.rs")
+        });
+        assert!(seen.contains("src/a.rs"), "{seen:?}");
+
+        // A directory moved in whole: inotify names only the directory, so its files are
+        // listed, up to what one message holds, and the message says it was cut.
+        let outside = d.path().join("gen");
+        for i in 0..(MAX_PATHS + 300) {
+            let dir = outside.join(format!("d{:03}", i / 20));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(format!("f{i}")), "x").unwrap();
+        }
+        std::fs::rename(&outside, root.join("gen")).unwrap();
+        let (seen, _, truncated) = collect(&mut rx, Duration::from_secs(30), |seen| {
+            seen.iter().any(|p| p.starts_with("gen/"))
+        });
+        assert!(truncated, "more paths than a message holds");
+        let files: Vec<&String> = seen.iter().filter(|p| p.starts_with("gen/")).collect();
+        assert!(files.len() >= MAX_PATHS - 1, "{}", files.len());
+        assert!(
+            files.iter().all(|p| p.matches('/').count() == 2),
+            "{files:?}"
+        );
     }
 }
