@@ -91,7 +91,13 @@ impl SyncService for Services {
         let max = Rules::default().max_file_bytes;
         let mut stream = req.into_inner();
         let mut cur: Option<(String, Vec<u8>)> = None;
-        let mut stored = 0u32;
+        // Whole blobs are stored a batch at a time on a blocking thread, one batch in
+        // flight while the stream goes on (a thread hand-off per blob cost as much as
+        // storing a small one).
+        let mut batch = StoreBatch::default();
+        let mut storing: Option<
+            tokio::task::JoinHandle<Result<Vec<String>, crate::mirror::Error>>,
+        > = None;
         let mut fresh: Vec<String> = Vec::new();
         while let Some(c) = stream.message().await? {
             if !c.hash.is_empty() {
@@ -112,18 +118,17 @@ impl SyncService for Services {
                 )));
             }
             if c.last {
-                let (hash, data) = cur.take().expect("set above");
-                let mirror = self.0.mirror.clone();
-                let h = hash.clone();
-                let new =
-                    tokio::task::spawn_blocking(move || mirror.put_compressed(&h, &data, max))
-                        .await
-                        .map_err(|e| Status::internal(e.to_string()))?
-                        .map_err(Status::from)?;
-                if new {
-                    fresh.push(hash);
+                batch.push(cur.take().expect("set above"));
+                if batch.full() {
+                    if let Some(prev) = storing.take() {
+                        fresh.extend(joined(prev.await)?);
+                    }
+                    let mirror = self.0.mirror.clone();
+                    let blobs = std::mem::take(&mut batch).blobs;
+                    storing = Some(tokio::task::spawn_blocking(move || {
+                        store(&mirror, blobs, max)
+                    }));
                 }
-                stored += new as u32;
             }
         }
         if let Some((hash, _)) = cur {
@@ -131,6 +136,17 @@ impl SyncService for Services {
                 "blob {hash} was cut short"
             )));
         }
+        if let Some(prev) = storing.take() {
+            fresh.extend(joined(prev.await)?);
+        }
+        if !batch.blobs.is_empty() {
+            let mirror = self.0.mirror.clone();
+            let blobs = batch.blobs;
+            fresh.extend(joined(
+                tokio::task::spawn_blocking(move || store(&mirror, blobs, max)).await,
+            )?);
+        }
+        let stored = fresh.len() as u32;
         if stored > 0 {
             // Durable before any manifest names them.
             let mirror = self.0.mirror.clone();
@@ -317,4 +333,48 @@ impl SyncService for Services {
         self.0.hub.deliver_sync(&worker, req.into_inner());
         Ok(Response::new(SyncReportAck {}))
     }
+}
+
+/// Whole blobs waiting to be stored: at most [`StoreBatch::BLOBS`] of them or about
+/// [`StoreBatch::BYTES`].
+#[derive(Default)]
+struct StoreBatch {
+    blobs: Vec<(String, Vec<u8>)>,
+    bytes: usize,
+}
+
+impl StoreBatch {
+    const BLOBS: usize = 64;
+    const BYTES: usize = 4 << 20;
+
+    fn push(&mut self, blob: (String, Vec<u8>)) {
+        self.bytes += blob.1.len();
+        self.blobs.push(blob);
+    }
+
+    fn full(&self) -> bool {
+        self.blobs.len() >= Self::BLOBS || self.bytes >= Self::BYTES
+    }
+}
+
+/// Stores compressed blobs, each checked against its hash; the hashes that were new.
+fn store(
+    mirror: &crate::mirror::Mirror,
+    blobs: Vec<(String, Vec<u8>)>,
+    max: u64,
+) -> Result<Vec<String>, crate::mirror::Error> {
+    let mut fresh = Vec::new();
+    for (hash, data) in blobs {
+        if mirror.put_compressed(&hash, &data, max)? {
+            fresh.push(hash);
+        }
+    }
+    Ok(fresh)
+}
+
+fn joined<T>(
+    r: Result<Result<T, crate::mirror::Error>, tokio::task::JoinError>,
+) -> Result<T, Status> {
+    r.map_err(|e| Status::internal(e.to_string()))?
+        .map_err(Status::from)
 }

@@ -493,3 +493,48 @@ fn a_change_rehashes_only_the_directories_above_it() {
         ["d42/s3/f7"]
     );
 }
+
+#[test]
+fn decompress_gives_back_what_was_compressed_and_refuses_more_than_max() {
+    let mut z = Compressor::new();
+    let text = b"fn main() { println!(\"hi\"); }\n".repeat(1000);
+    for data in [Vec::new(), b"x".to_vec(), text.clone()] {
+        // The one-call path (the frame states its size) and the stream (it does not).
+        assert_eq!(decompress(&z.compress(&data), u64::MAX).unwrap(), data);
+        let mut streamed = Vec::new();
+        let mut e = zstd::stream::write::Encoder::new(&mut streamed, ZSTD_LEVEL).unwrap();
+        std::io::Write::write_all(&mut e, &data).unwrap();
+        e.finish().unwrap();
+        assert_eq!(decompress(&streamed, u64::MAX).unwrap(), data);
+    }
+    let max = text.len() as u64 - 1;
+    assert!(decompress(&compress(&text), max).is_err());
+    // Over the one-call size: streamed, and still held to max.
+    let big = vec![7u8; ONE_CALL_MAX + 1];
+    assert_eq!(decompress(&compress(&big), u64::MAX).unwrap(), big);
+    assert!(decompress(&compress(&big), ONE_CALL_MAX as u64).is_err());
+}
+
+#[test]
+fn decompress_refuses_a_frame_whose_stated_size_is_a_lie() {
+    let data = vec![b'a'; 4096];
+    let good = compress(&data);
+    assert_eq!(zstd::bulk::Decompressor::upper_bound(&good), Some(4096));
+    // The frame header: magic (4 bytes), descriptor, window byte unless single-segment, no
+    // dictionary; a 2-byte content size holds the size less 256.
+    let fhd = good[4];
+    assert_eq!((fhd >> 6, fhd & 3), (1, 0), "a 2-byte size, no dictionary");
+    let at = 5 + usize::from(fhd & 0x20 == 0);
+    for stated in [1000u16, 4000, 4095, 4097, 8000] {
+        let mut bad = good.clone();
+        bad[at..at + 2].copy_from_slice(&(stated - 256).to_le_bytes());
+        assert_eq!(
+            zstd::bulk::Decompressor::upper_bound(&bad),
+            Some(stated as usize)
+        );
+        assert!(
+            decompress(&bad, u64::MAX).is_err(),
+            "a frame stating {stated} bytes for 4096 was taken"
+        );
+    }
+}

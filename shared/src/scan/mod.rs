@@ -153,7 +153,13 @@ fn hash_stable(
         return Ok(None);
     };
     let mut h = blake3::Hasher::new();
-    let mut buf = vec![0u8; 256 * 1024];
+    // Sized to the file (most are small: a 256 KiB buffer zeroed per file cost more than
+    // hashing them), one byte over so a file that grew is still read to its end.
+    let cap = usize::try_from(before.len())
+        .unwrap_or(usize::MAX)
+        .saturating_add(1)
+        .min(256 * 1024);
+    let mut buf = vec![0u8; cap];
     loop {
         let n = f.read(&mut buf)?;
         if n == 0 {

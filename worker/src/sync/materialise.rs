@@ -15,7 +15,8 @@ use shared::manifest::{self, Kind, Manifest};
 use tonic::transport::Channel;
 
 use super::{
-    HASH_BATCH, MAX_MANIFEST_BYTES, MAX_MANIFEST_WIRE, Staging, SyncState, Ws, raw, scan, scan_now,
+    Error, HASH_BATCH, MAX_MANIFEST_BYTES, MAX_MANIFEST_WIRE, Staging, SyncState, Ws, raw, scan,
+    scan_now,
 };
 
 pub(super) async fn materialise(
@@ -26,7 +27,7 @@ pub(super) async fn materialise(
     client: &mut SyncClient<Channel>,
     owner: Option<(u32, u32)>,
     state: &Arc<SyncState>,
-) -> Result<SyncReport, String> {
+) -> Result<SyncReport, Error> {
     let t0 = std::time::Instant::now();
     let rules = &ws.locked().scanner.rules().clone();
     // What the disk holds now: from the changes the tracker saw since the last scan (a walk
@@ -45,48 +46,46 @@ pub(super) async fn materialise(
             have_root: have.clone(),
         })
         .await
-        .map_err(|s| format!("fetching the manifest: {}", s.message()))?
+        .map_err(Error::rpc("fetching the manifest"))?
         .into_inner();
     let mut buf = Vec::new();
     let mut delta_from: Option<String> = None;
     while let Some(c) = stream
         .message()
         .await
-        .map_err(|s| format!("fetching the manifest: {}", s.message()))?
+        .map_err(Error::rpc("fetching the manifest"))?
     {
         delta_from.get_or_insert(c.delta_from);
         buf.extend_from_slice(&c.data);
         if buf.len() > MAX_MANIFEST_WIRE {
-            return Err("the manifest is over 256 MiB compressed".into());
+            return Err(Error::ManifestTooLarge);
         }
     }
     let mut wire = buf.len() as u64;
-    let json =
-        manifest::decompress(&buf, MAX_MANIFEST_BYTES).map_err(|e| format!("the manifest: {e}"))?;
+    let json = manifest::decompress(&buf, MAX_MANIFEST_BYTES).map_err(Error::ManifestUnreadable)?;
     let delta_from = delta_from.unwrap_or_default();
     let (target, delta) = if delta_from.is_empty() {
-        let target: Manifest =
-            serde_json::from_slice(&json).map_err(|e| format!("the manifest: {e}"))?;
-        target.validate(rules).map_err(|e| e.to_string())?;
+        let target: Manifest = serde_json::from_slice(&json).map_err(Error::ManifestJson)?;
+        target.validate(rules)?;
         let delta = current.diff(&target);
         (target, delta)
     } else {
         if delta_from != have {
-            return Err(format!(
-                "the brain sent a delta from {delta_from}, but this workspace holds {have}"
-            ));
+            return Err(Error::DeltaFromElsewhere {
+                from: delta_from,
+                have,
+            });
         }
-        let delta: manifest::Delta =
-            serde_json::from_slice(&json).map_err(|e| format!("the delta: {e}"))?;
+        let delta: manifest::Delta = serde_json::from_slice(&json).map_err(Error::DeltaJson)?;
         // Checked as it is applied: the result is a valid manifest.
-        let target = current.apply(&delta, rules).map_err(|e| e.to_string())?;
+        let target = current.apply(&delta, rules)?;
         (target, delta)
     };
     if !target.matches_root(want) {
-        return Err(format!(
-            "the manifest sent has root {} instead of {want}",
-            target.root_hash()
-        ));
+        return Err(Error::WrongRoot {
+            got: target.root_hash(),
+            want: want.into(),
+        });
     }
     let t_manifest = t0.elapsed();
     // Content this machine already has, under any path of the workspace or where an import
@@ -145,39 +144,41 @@ pub(super) async fn materialise(
                 hashes: batch.iter().map(|h| raw(h)).collect(),
             })
             .await
-            .map_err(|e| format!("fetching blobs: {}", e.message()))?
+            .map_err(Error::rpc("fetching blobs"))?
             .into_inner();
         let mut cur: Option<(String, Vec<u8>)> = None;
-        while let Some(c) = s
-            .message()
-            .await
-            .map_err(|e| format!("fetching blobs: {}", e.message()))?
-        {
+        while let Some(c) = s.message().await.map_err(Error::rpc("fetching blobs"))? {
             wire += c.data.len() as u64;
             if !c.hash.is_empty() {
                 cur = Some((hex::encode(&c.hash), Vec::new()));
             }
             let Some((h, data)) = cur.as_mut() else {
-                return Err("the brain sent a blob chunk without a hash".into());
+                return Err(Error::ChunkWithoutHash);
             };
             data.extend_from_slice(&c.data);
             let max = sizes.get(h.as_str()).copied().unwrap_or(0);
             if data.len() as u64 > max + 1024 + max / 8 {
-                return Err(format!("blob {h} is larger than its file"));
+                return Err(Error::BlobTooLarge(h.clone()));
             }
             if c.last {
                 let (h, data) = cur.take().expect("set above");
-                let content =
-                    manifest::decompress(&data, max).map_err(|e| format!("blob {h}: {e}"))?;
+                let content = manifest::decompress(&data, max).map_err(|source| Error::Blob {
+                    hash: h.clone(),
+                    source,
+                })?;
                 if in_memory + content.len() as u64 <= state.memory_budget {
                     in_memory += content.len() as u64;
                     fetched.insert(h, content);
                 } else {
                     // Over the budget: to disk; the materialiser checks it when it reads it.
-                    std::fs::create_dir_all(&staging.0)
-                        .map_err(|e| format!("creating {}: {e}", staging.0.display()))?;
+                    std::fs::create_dir_all(&staging.0).map_err(|source| Error::Staging {
+                        dir: staging.0.clone(),
+                        source,
+                    })?;
                     let p = staging.0.join(&h);
-                    std::fs::write(&p, &content).map_err(|e| format!("staging blob {h}: {e}"))?;
+                    if let Err(source) = std::fs::write(&p, &content) {
+                        return Err(Error::Stage { hash: h, source });
+                    }
                     staged += 1;
                     local.insert(h, p);
                 }
@@ -196,7 +197,7 @@ pub(super) async fn materialise(
     let (root2, ws2, want2) = (root.to_path_buf(), ws.clone(), want.to_string());
     let changes = (delta.upserts.len() + delta.deletes.len()) as u64;
     let applied =
-        tokio::task::spawn_blocking(move || -> Result<manifest::write::Applied, String> {
+        tokio::task::spawn_blocking(move || -> Result<manifest::write::Applied, Error> {
             let mut blob = |h: &str| -> Result<Vec<u8>, String> {
                 if let Some(d) = fetched.get(h) {
                     return Ok(d.clone());
@@ -208,8 +209,7 @@ pub(super) async fn materialise(
                 std::fs::read(p).map_err(|e| e.to_string())
             };
             let applied =
-                manifest::write::materialise_delta(&root2, &current, &delta, &target, &mut blob)
-                    .map_err(|e| e.to_string())?;
+                manifest::write::materialise_delta(&root2, &current, &delta, &target, &mut blob)?;
             let written_now = |p: &str| target.get(p).filter(|e| current.get(p) != Some(*e));
             if let Some(o) = owner {
                 // What was there already was given when it was written.
@@ -241,19 +241,18 @@ pub(super) async fn materialise(
                 verify_ms = (t0.elapsed() - written).as_millis() as u64,
                 "materialised"
             );
-            let got = w.scanner.last().ok_or("the scan left no manifest")?;
+            let got = w.scanner.last().ok_or(Error::NoManifest)?;
             if !got.matches_root(&want2) {
-                return Err(format!(
-                    "after materialising, the workspace's root hash is {}, not {want2}",
-                    got.root_hash()
-                ));
+                return Err(Error::Unverified {
+                    got: got.root_hash(),
+                    want: want2,
+                });
             }
             let g = w.scanner.generation();
             w.scanner.mark(g, &want2);
             Ok(applied)
         })
-        .await
-        .map_err(|e| e.to_string())??;
+        .await??;
     Ok(SyncReport {
         id,
         error: String::new(),

@@ -20,7 +20,10 @@ use tonic::transport::Channel;
 
 use crate::track::Tracker;
 
+mod error;
 mod materialise;
+
+pub use error::Error;
 
 /// Chunk size on the wire.
 const CHUNK: usize = 1 << 20;
@@ -80,25 +83,26 @@ impl Drop for Staging {
 
 /// An import directory: absolute, an existing directory, and neither inside nor holding a
 /// path the sandbox hides from commands (the worker's state, the home directory's secrets).
-fn check_import(dir: &str, denied: &[PathBuf]) -> Result<PathBuf, String> {
+fn check_import(dir: &str, denied: &[PathBuf]) -> Result<PathBuf, Error> {
     let p = Path::new(dir);
     if !p.is_absolute() {
-        return Err(format!("import directory {dir:?} must be an absolute path"));
+        return Err(Error::ImportNotAbsolute(dir.into()));
     }
-    let real = p
-        .canonicalize()
-        .map_err(|e| format!("import directory {dir:?}: {e}"))?;
+    let real = p.canonicalize().map_err(|source| Error::ImportUnreadable {
+        dir: dir.into(),
+        source,
+    })?;
     if !real.is_dir() {
-        return Err(format!("import directory {dir:?} is not a directory"));
+        return Err(Error::ImportNotDir(dir.into()));
     }
     if let Some(d) = denied
         .iter()
         .find(|d| real.starts_with(d) || d.starts_with(&real))
     {
-        return Err(format!(
-            "refusing to import {dir:?}: it holds or is inside {}, which commands may not read (the worker's state or secrets); import the project directory itself",
-            d.display()
-        ));
+        return Err(Error::ImportHidden {
+            dir: dir.into(),
+            hidden: d.clone(),
+        });
     }
     Ok(real)
 }
@@ -185,16 +189,16 @@ pub async fn handle(
     .await
     {
         Ok(r) => r,
-        Err(_) => Err(format!(
-            "sync of {} did not finish within {RPC_TIMEOUT:?}",
-            req.workspace
-        )),
+        Err(_) => Err(Error::TimedOut {
+            workspace: req.workspace.clone(),
+            after: RPC_TIMEOUT,
+        }),
     };
     let report = r.unwrap_or_else(|error| {
         tracing::warn!(workspace = %req.workspace, %error, "sync failed");
         SyncReport {
             id,
-            error,
+            error: error.to_string(),
             ..Default::default()
         }
     });
@@ -210,7 +214,7 @@ async fn run(
     state: &Arc<SyncState>,
     owner: Option<(u32, u32)>,
     denied: &[PathBuf],
-) -> Result<SyncReport, String> {
+) -> Result<SyncReport, Error> {
     let mut rules = Rules {
         include_git: req.include_git,
         ..Rules::default()
@@ -239,7 +243,7 @@ async fn run(
         }
         return Ok(report);
     }
-    let root = crate::state::workspace(workspaces, &req.workspace).map_err(|e| e.to_string())?;
+    let root = crate::state::workspace(workspaces, &req.workspace)?;
     // Fences live beside the workspaces, in the worker's state, where commands cannot write.
     let fences = workspaces.parent().unwrap_or(workspaces).join("fences");
     let ws = state.ws(&req.workspace, &root, &rules, &fences);
@@ -257,7 +261,7 @@ async fn run(
         Some(sync_request::Op::MaterialiseRoot(want)) => {
             materialise::materialise(req.id, want, &root, ws, client, owner, state).await
         }
-        Some(sync_request::Op::ImportDir(_)) | None => Err("no sync operation given".into()),
+        Some(sync_request::Op::ImportDir(_)) | None => Err(Error::NoOperation),
     }
 }
 
@@ -267,7 +271,7 @@ fn raw(hash: &str) -> Vec<u8> {
 
 /// Brings the scanner's manifest up to date: from the paths its tracker saw change, or a
 /// walk of the whole tree when `full` or when the tracker cannot say.
-fn scan_now(w: &mut Ws, full: bool) -> Result<(), String> {
+fn scan_now(w: &mut Ws, full: bool) -> Result<(), Error> {
     let full = full || w.needs_full;
     let Ws {
         scanner,
@@ -285,7 +289,7 @@ fn scan_now(w: &mut Ws, full: bool) -> Result<(), String> {
         },
         None => scanner.scan_full(&mut |_| {}),
     };
-    r.map(|_| ()).map_err(|e| e.to_string())?;
+    r?;
     *needs_full = false;
     tracing::debug!(
         full = scanner.was_full,
@@ -342,10 +346,10 @@ fn new_left_out(w: &mut Ws) -> (Vec<proto::LeftOut>, u64) {
 
 /// Scans, and makes the delta from `brain_base` when the scanner knows the changes since
 /// that manifest (it was the last one the brain confirmed), else from nothing.
-fn scan_for_barrier(w: &mut Ws, full: bool, brain_base: &str) -> Result<Scanned, String> {
+fn scan_for_barrier(w: &mut Ws, full: bool, brain_base: &str) -> Result<Scanned, Error> {
     scan_now(w, full)?;
     let s = &w.scanner;
-    let m = s.last().ok_or("the scan left no manifest")?;
+    let m = s.last().ok_or(Error::NoManifest)?;
     let since = s
         .changes_since_mark()
         .filter(|_| !brain_base.is_empty() && s.marked_root() == Some(brain_base));
@@ -375,32 +379,20 @@ fn scan_for_barrier(w: &mut Ws, full: bool, brain_base: &str) -> Result<Scanned,
 }
 
 /// The workspace's manifest now (a copy), and the files hashed to make it.
-async fn scan(ws: &Arc<Mutex<Ws>>, full: bool) -> Result<(Manifest, u64), String> {
+async fn scan(ws: &Arc<Mutex<Ws>>, full: bool) -> Result<(Manifest, u64), Error> {
     let ws = ws.clone();
     tokio::task::spawn_blocking(move || {
         let mut w = ws.locked();
         scan_now(&mut w, full)?;
-        let m = w
-            .scanner
-            .last()
-            .cloned()
-            .ok_or("the scan left no manifest")?;
+        let m = w.scanner.last().cloned().ok_or(Error::NoManifest)?;
         Ok((m, w.scanner.hashed))
     })
-    .await
-    .map_err(|e| e.to_string())?
+    .await?
 }
 
 /// How many times a barrier is taken again when a file changes between its scan and its
 /// upload.
 const BARRIER_TRIES: usize = 3;
-
-/// Why sending a barrier's blobs failed.
-enum Upload {
-    /// A file changed since the scan: scan again.
-    Changed(String),
-    Failed(String),
-}
 
 async fn barrier(
     id: u64,
@@ -409,7 +401,7 @@ async fn barrier(
     ws: Arc<Mutex<Ws>>,
     client: &mut SyncClient<Channel>,
     full: bool,
-) -> Result<SyncReport, String> {
+) -> Result<SyncReport, Error> {
     let t0 = std::time::Instant::now();
     let mut tries = 0;
     // Left-out entries a try named before it had to scan again.
@@ -423,19 +415,18 @@ async fn barrier(
         let scanned = tokio::task::spawn_blocking(move || {
             scan_for_barrier(&mut ws2.locked(), walk, &brain_base)
         })
-        .await
-        .map_err(|e| e.to_string())??;
+        .await??;
         let t_scan = t0.elapsed();
         match upload(&scanned.delta, root, client).await {
             Ok((missing, wire)) => break (scanned, t_scan, missing, wire),
-            Err(Upload::Changed(why)) if tries < BARRIER_TRIES => {
+            Err(why) if why.changed_under_us() && tries < BARRIER_TRIES => {
                 tracing::info!(reason = %why, "a file changed during the barrier; scanning again");
                 // Marked reported by this try: the report of the try that succeeds names them.
                 named.0.extend(scanned.left_out);
                 named.1 += scanned.left_out_more;
                 continue;
             }
-            Err(Upload::Changed(why) | Upload::Failed(why)) => return Err(why),
+            Err(why) => return Err(why),
         }
     };
     let Scanned {
@@ -455,7 +446,7 @@ async fn barrier(
     all.truncate(manifest::MAX_LEFT_OUT);
     let left_out = all;
     let mut wire = wire;
-    let json = serde_json::to_vec(&delta).map_err(|e| e.to_string())?;
+    let json = serde_json::to_vec(&delta).map_err(Error::Encode)?;
     let compressed = manifest::compress(&json);
     wire += compressed.len() as u64;
     let mut parts: Vec<DeltaChunk> = compressed
@@ -474,7 +465,7 @@ async fn barrier(
     client
         .put_delta(tokio_stream::iter(parts))
         .await
-        .map_err(|s| format!("sending the delta: {}", s.message()))?;
+        .map_err(Error::rpc("sending the delta"))?;
     let mut w = ws.locked();
     w.scanner.mark(generation, &root_hash);
     tracing::info!(
@@ -505,13 +496,23 @@ async fn barrier(
     })
 }
 
+/// Blob chunks read and compressed ahead of the upload stream (each at most [`CHUNK`]): the
+/// most a barrier holds in memory for its blobs, however large the tree.
+const UPLOAD_AHEAD: usize = 16;
+
 /// Sends the blobs of a delta's new content that the brain lacks; returns how many and the
 /// compressed bytes sent.
+///
+/// One thread reads, checks and compresses the files while the stream carries what it has
+/// made so far, so the brain decompresses, verifies and stores blob N while this side works
+/// on blob N+1 (before, every blob was compressed before the first byte left, and the brain
+/// sat idle until then). A file that changed since the scan ends the stream between two
+/// blobs: the brain keeps the whole blobs it got, and the barrier scans again.
 async fn upload(
     delta: &manifest::Delta,
     root: &Path,
     client: &mut SyncClient<Channel>,
-) -> Result<(u64, u64), Upload> {
+) -> Result<(u64, u64), Error> {
     // Only blobs of new content, and of those only what the brain lacks.
     let mut want: Vec<&str> = delta
         .upserts
@@ -528,13 +529,11 @@ async fn upload(
                 hashes: batch.iter().map(|h| raw(h)).collect(),
             })
             .await
-            .map_err(|s| {
-                Upload::Failed(format!(
-                    "asking which blobs the brain lacks: {}",
-                    s.message()
-                ))
-            })?;
+            .map_err(Error::rpc("asking which blobs the brain lacks"))?;
         missing.extend(r.into_inner().hashes.into_iter().map(hex::encode));
+    }
+    if missing.is_empty() {
+        return Ok((0, 0));
     }
     let by_hash: HashMap<&str, &str> = delta
         .upserts
@@ -542,35 +541,63 @@ async fn upload(
         .filter(|(_, e)| e.kind == Kind::File)
         .map(|(p, e)| (e.hash.as_str(), p.as_str()))
         .collect();
-    let mut wire = 0u64;
-    if missing.is_empty() {
-        return Ok((0, 0));
-    }
-    let mut chunks = Vec::new();
-    for h in &missing {
+    let mut jobs = Vec::with_capacity(missing.len());
+    for h in missing {
         let Some(path) = by_hash.get(h.as_str()) else {
-            return Err(Upload::Failed(format!(
-                "the brain asked for blob {h}, which is not in this workspace"
-            )));
+            return Err(Error::NotHere(h));
         };
-        let full = root.join(path);
-        let (h2, p2) = (h.clone(), path.to_string());
-        let compressed = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, Upload> {
-            let data = read_nofollow(&full).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ELOOP)
-                {
-                    Upload::Changed(format!("{p2} is gone since the scan"))
-                } else {
-                    Upload::Failed(format!("{p2}: {e}"))
-                }
-            })?;
-            if manifest::hash(&data) != h2 {
-                return Err(Upload::Changed(format!("{p2} changed since the scan")));
+        jobs.push((h, path.to_string()));
+    }
+    let count = jobs.len() as u64;
+    let (tx, rx) = tokio::sync::mpsc::channel(UPLOAD_AHEAD);
+    let root = root.to_path_buf();
+    let producer = tokio::task::spawn_blocking(move || produce(&root, jobs, &tx));
+    let sent = client
+        .put_blobs(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await;
+    match (producer.await?, sent) {
+        // The file's own reason, not the short stream it made.
+        (Produced::Stopped(why), _) => Err(why),
+        (_, Err(s)) => Err(Error::rpc("uploading blobs")(s)),
+        (Produced::Closed, Ok(_)) => Err(Error::StreamClosed),
+        (Produced::All { wire }, Ok(_)) => Ok((count, wire)),
+    }
+}
+
+/// How the reading side of an upload ended.
+enum Produced {
+    /// Every blob went into the stream: the compressed bytes.
+    All { wire: u64 },
+    /// A file could not be sent as scanned.
+    Stopped(Error),
+    /// The stream went away (the call failed: its status says why).
+    Closed,
+}
+
+/// Reads, checks against its hash, compresses and queues each blob, a whole blob at a time.
+fn produce(
+    root: &Path,
+    jobs: Vec<(String, String)>,
+    tx: &tokio::sync::mpsc::Sender<BlobChunk>,
+) -> Produced {
+    let mut z = manifest::Compressor::new();
+    let mut wire = 0u64;
+    for (h, path) in jobs {
+        let data = match read_nofollow(&root.join(&path)) {
+            Ok(d) => d,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    || e.raw_os_error() == Some(libc::ELOOP) =>
+            {
+                return Produced::Stopped(Error::Gone(path));
             }
-            Ok(manifest::compress(&data))
-        })
-        .await
-        .map_err(|e| Upload::Failed(e.to_string()))??;
+            Err(source) => return Produced::Stopped(Error::Read { path, source }),
+        };
+        if manifest::hash(&data) != h {
+            return Produced::Stopped(Error::Changed(path));
+        }
+        let compressed = z.compress(&data);
+        drop(data);
         wire += compressed.len() as u64;
         let n = compressed.len().div_ceil(CHUNK).max(1);
         for (i, part) in compressed
@@ -579,18 +606,17 @@ async fn upload(
             .take(n)
             .enumerate()
         {
-            chunks.push(BlobChunk {
-                hash: if i == 0 { raw(h) } else { vec![] },
+            let chunk = BlobChunk {
+                hash: if i == 0 { raw(&h) } else { vec![] },
                 data: part.to_vec(),
                 last: i + 1 == n,
-            });
+            };
+            if tx.blocking_send(chunk).is_err() {
+                return Produced::Closed;
+            }
         }
     }
-    client
-        .put_blobs(tokio_stream::iter(chunks))
-        .await
-        .map_err(|s| Upload::Failed(format!("uploading blobs: {}", s.message())))?;
-    Ok((missing.len() as u64, wire))
+    Produced::All { wire }
 }
 
 /// A regular file's content, never through a symlink.
