@@ -379,6 +379,30 @@ fn watchers_see_file_changes_as_they_happen() {
 }
 
 #[test]
+fn watchers_are_told_when_more_changed_than_is_listed() {
+    let c = Cluster::start();
+    let _w = c.join_worker("w");
+    let plan = c.dir.join("many-plan.json");
+    // A directory of 700 files moved in at once: inotify names the directory, the worker
+    // lists its files up to what one message holds and says the list is cut.
+    std::fs::write(
+        &plan,
+        json!({"steps": [{"run": ["sh", "-c",
+            "sleep 1.5; t=$(mktemp -d); mkdir \"$t/gen\"; for i in $(seq 700); do echo x > \"$t/gen/f$i\"; done; mv \"$t/gen\" gen; rmdir \"$t\"; sleep 2"]}]})
+        .to_string(),
+    )
+    .unwrap();
+    let id = c.run_plan(&plan, "w");
+    let out = c.brain_cli(&["watch", &id]);
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(shown.contains("    ~ gen/f"), "{shown}");
+    assert!(
+        shown.contains("    … more files changed than are listed here"),
+        "{shown}"
+    );
+}
+
+#[test]
 fn a_task_starts_from_a_directory_on_its_worker_without_resending_it() {
     let llm = FakeLlm::script(vec![
         FakeReply::tool_call("read_file", json!({"path": "app/main.txt"})),

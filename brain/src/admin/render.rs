@@ -183,6 +183,7 @@ pub fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
 pub fn describe_live(o: &proto::LiveOutput) -> String {
     let mark = match (o.kind.as_str(), o.stream.as_str()) {
         ("fs_change", "removed") => '-',
+        ("fs_change", "more") => '…',
         ("fs_change", _) => '~',
         ("live_output", "stderr") => '!',
         _ => '|',

@@ -254,6 +254,7 @@ impl From<proto::FsChanged> for FsChange {
             workspace: f.workspace,
             changed: f.changed,
             removed: f.removed,
+            incomplete: f.truncated || f.rescan,
         }
     }
 }

@@ -566,6 +566,15 @@ impl Engine {
                 });
             }
         }
+        if f.incomplete {
+            task.live.send(LiveOutput {
+                kind: "fs_change",
+                call_id: 0,
+                stream: "more",
+                text: "more files changed than are listed here; the next barrier has them all"
+                    .into(),
+            });
+        }
     }
 
     /// The egress policy of task `task`'s calls, when the task exists, has not ended, runs

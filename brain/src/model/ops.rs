@@ -231,6 +231,8 @@ pub struct FsChange {
     pub workspace: String,
     pub changed: Vec<String>,
     pub removed: Vec<String>,
+    /// More changed than these lists name (the watcher fell behind, or cut the list).
+    pub incomplete: bool,
 }
 
 /// Where a task is, for placement's count of what runs on each worker: the worker it runs
