@@ -37,12 +37,14 @@ pub fn pids_mentioning(path: &std::path::Path) -> Vec<u32> {
 
 /// The processes started with `path` in their command line, not counting their own children
 /// that still carry it (a forked check between fork and exec has its parent's command line):
-/// how many programs were started, whatever they are doing this instant.
+/// how many programs were started, whatever they are doing this instant. A process gone by
+/// the time its parent is looked up (such a forked check, exiting) is not counted: it was
+/// listed, but it no longer runs, and whose child it was cannot be told any more.
 pub fn processes_started_in(path: &std::path::Path) -> Vec<u32> {
     let all = pids_mentioning(path);
     all.iter()
         .copied()
-        .filter(|pid| parent_of(*pid).is_none_or(|p| !all.contains(&p)))
+        .filter(|pid| parent_of(*pid).is_some_and(|p| !all.contains(&p)))
         .collect()
 }
 
