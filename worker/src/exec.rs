@@ -344,14 +344,23 @@ async fn wait(
     }
 }
 
-async fn execute(
+/// A command started: our child or the spawner's, its pipes and process group.
+struct Running {
+    child: Option<tokio::process::Child>,
+    stdout: Option<Pipe>,
+    stderr: Option<Pipe>,
+    pgid: i32,
+    confined: Confined,
+}
+
+/// Starts the command: by the workspace's spawner when there is one; when that spawner is
+/// gone, the command (not started) is started the ordinary way. A command that cannot start
+/// is its exit message.
+async fn spawn(
     launch: Launch,
     fallback: impl FnOnce() -> Result<Launch, Error>,
     start: &ExecStart,
-    out: &mpsc::Sender<WorkerMessage>,
-    cancel: CancellationToken,
-    on_spawn: Option<OnSpawn>,
-) -> (WorkerMessage, Confined) {
+) -> Result<Running, (WorkerMessage, Confined)> {
     let call_id = start.call_id;
     let cannot_start = |e: std::io::Error| {
         let code = match e.kind() {
@@ -365,15 +374,13 @@ async fn execute(
             format!("cannot start {:?}: {e}", start.argv[0]),
         )
     };
-    // The workspace's spawner starts it when there is one; when that spawner is gone, the
-    // command (not started) is started the ordinary way.
     let launch = match launch {
         Launch::Spawner(mut lease, req) => match lease.start(&req).await {
             Ok(s) => Ok((lease, s)),
-            Err(StartError::Refused(e)) => return (cannot_start(e), Confined::Lease(lease)),
+            Err(StartError::Refused(e)) => return Err((cannot_start(e), Confined::Lease(lease))),
             Err(StartError::Unsure(why)) => {
                 tracing::warn!(call_id, %why, "a spawner failed during a start");
-                return (exit_with_error(call_id, 125, why), Confined::Lease(lease));
+                return Err((exit_with_error(call_id, 125, why), Confined::Lease(lease)));
             }
             Err(StartError::Lost(why)) => {
                 tracing::warn!(call_id, %why, "the workspace's spawner is gone; starting the command the ordinary way");
@@ -381,35 +388,56 @@ async fn execute(
                 match fallback() {
                     Ok(l) => Err(l),
                     Err(e) => {
-                        return (exit_with_error(call_id, 125, e.to_string()), Confined::None);
+                        return Err((exit_with_error(call_id, 125, e.to_string()), Confined::None));
                     }
                 }
             }
         },
         other => Err(other),
     };
-    let (mut child, stdout, stderr, pgid, mut confined): (_, Option<Pipe>, Option<Pipe>, _, _) =
-        match launch {
-            Ok((lease, s)) => (
-                None,
-                Some(Box::new(s.stdout)),
-                Some(Box::new(s.stderr)),
-                s.pid,
-                Confined::Lease(lease),
-            ),
-            Err(Launch::Fork(mut cmd, guard)) => {
-                let confined = guard.map_or(Confined::None, Confined::Guard);
-                let mut c = match cmd.spawn() {
-                    Ok(c) => c,
-                    Err(e) => return (cannot_start(e), confined),
-                };
-                let stdout = c.stdout.take().map(|p| Box::new(p) as Pipe);
-                let stderr = c.stderr.take().map(|p| Box::new(p) as Pipe);
-                let pgid = c.id().map(|p| p as i32).unwrap_or(0);
-                (Some(c), stdout, stderr, pgid, confined)
+    Ok(match launch {
+        Ok((lease, s)) => Running {
+            child: None,
+            stdout: Some(Box::new(s.stdout)),
+            stderr: Some(Box::new(s.stderr)),
+            pgid: s.pid,
+            confined: Confined::Lease(lease),
+        },
+        Err(Launch::Fork(mut cmd, guard)) => {
+            let confined = guard.map_or(Confined::None, Confined::Guard);
+            let mut c = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => return Err((cannot_start(e), confined)),
+            };
+            let stdout = c.stdout.take().map(|p| Box::new(p) as Pipe);
+            let stderr = c.stderr.take().map(|p| Box::new(p) as Pipe);
+            let pgid = c.id().map(|p| p as i32).unwrap_or(0);
+            Running {
+                child: Some(c),
+                stdout,
+                stderr,
+                pgid,
+                confined,
             }
-            Err(Launch::Spawner(..)) => unreachable!("a spawner launch was started above"),
-        };
+        }
+        Err(Launch::Spawner(..)) => unreachable!("a spawner launch was started above"),
+    })
+}
+
+async fn execute(
+    launch: Launch,
+    fallback: impl FnOnce() -> Result<Launch, Error>,
+    start: &ExecStart,
+    out: &mpsc::Sender<WorkerMessage>,
+    cancel: CancellationToken,
+    on_spawn: Option<OnSpawn>,
+) -> (WorkerMessage, Confined) {
+    let call_id = start.call_id;
+    let (mut child, stdout, stderr, pgid, mut confined) = match spawn(launch, fallback, start).await
+    {
+        Ok(r) => (r.child, r.stdout, r.stderr, r.pgid, r.confined),
+        Err(refused) => return refused,
+    };
     let kill_all = |pgid: i32, confined: &Confined| {
         kill_group(pgid);
         if let Some(g) = confined.guard() {

@@ -124,7 +124,26 @@ async fn scenario(
         identity_dir: data.admin_identity(),
     };
     let mut admin = target.connect().await?;
+    let mut workers = enroll(&mut admin, launcher, tmp, data, url).await?;
+    first_calls(&mut admin, &workers).await?;
+    durable_plan(&mut admin, launcher, data, &mut workers[0]).await?;
+    agent_chapter(admin.clone(), tmp, &workers, model).await?;
+    concurrency(&mut admin, &workers[0].name).await?;
+    kill_and_return(&mut admin, launcher, data, &mut workers[1]).await?;
+    for w in &mut workers {
+        w.kill();
+    }
+    Ok(())
+}
 
+/// Two local workers enrolled with one-time join tokens, connected.
+async fn enroll(
+    admin: &mut AdminClient<Channel>,
+    launcher: &WorkerProgram,
+    tmp: &std::path::Path,
+    data: &DataDir,
+    url: &str,
+) -> anyhow::Result<Vec<DemoWorker>> {
     step("enrolling two local workers with one-time join tokens");
     let mut workers = Vec::new();
     for name in ["demo-1", "demo-2"] {
@@ -157,7 +176,7 @@ async fn scenario(
         });
     }
     for w in &workers {
-        wait_state(&mut admin, &w.name, proto::WorkerState::Connected, w).await?;
+        wait_state(admin, &w.name, proto::WorkerState::Connected, w).await?;
     }
     let list = admin
         .list_workers(proto::ListWorkersRequest {})
@@ -165,10 +184,18 @@ async fn scenario(
         .into_inner();
     crate::admin::render::print_workers(&list.workers, false);
 
+    Ok(workers)
+}
+
+/// Commands and file operations on the workers, and a path that tries to leave.
+async fn first_calls(
+    admin: &mut AdminClient<Channel>,
+    workers: &[DemoWorker],
+) -> anyhow::Result<()> {
     step("running commands on each worker, output streamed back live");
-    for w in &workers {
+    for w in workers {
         exec(
-            &mut admin,
+            admin,
             &w.name,
             &["sh", "-c", "echo \"hello from $(uname -sm), pid $$, in $(pwd)\"; for i in 1 2 3; do echo \"tick $i\"; sleep 0.2; done"],
         )
@@ -176,9 +203,9 @@ async fn scenario(
     }
 
     step("file operations inside the workspace (atomic write, ranged read, list)");
-    let w1 = &workers[0].name.clone();
+    let w1 = &workers[0].name;
     file(
-        &mut admin,
+        admin,
         w1,
         file_call::Op::Write(proto::WriteFile {
             path: "notes/hello.txt".into(),
@@ -189,7 +216,7 @@ async fn scenario(
     )
     .await?;
     let r = file(
-        &mut admin,
+        admin,
         w1,
         file_call::Op::Read(proto::ReadFile {
             path: "notes/hello.txt".into(),
@@ -201,11 +228,11 @@ async fn scenario(
     if let Some(file_response::Result::Data(d)) = r {
         shared::outp!("  notes/hello.txt: {}", String::from_utf8_lossy(&d.data));
     }
-    exec(&mut admin, w1, &["ls", "-l", "notes"]).await?;
+    exec(admin, w1, &["ls", "-l", "notes"]).await?;
 
     step("a path that tries to leave the workspace is refused");
     let r = file(
-        &mut admin,
+        admin,
         w1,
         file_call::Op::Read(proto::ReadFile {
             path: "../../../etc/passwd".into(),
@@ -219,6 +246,17 @@ async fn scenario(
         other => bail!("the escape was not refused: {other:?}"),
     }
 
+    Ok(())
+}
+
+/// A scripted plan on the first worker, which is killed and started again midway.
+async fn durable_plan(
+    admin: &mut AdminClient<Channel>,
+    launcher: &WorkerProgram,
+    data: &DataDir,
+    worker: &mut DemoWorker,
+) -> anyhow::Result<()> {
+    let w1 = &worker.name.clone();
     step("a durable task: a scripted plan keeps going when its worker is killed mid-run");
     let steps: Vec<serde_json::Value> = (0..6)
         .map(|i| {
@@ -240,12 +278,12 @@ async fn scenario(
         .task_id;
     out!("  started {task_id} on {w1}");
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    workers[0].kill();
+    worker.kill();
     out!("  SIGKILLed {w1} in the middle of the task");
     let mut cmd = launcher.command();
-    cmd.arg("run").arg("--state").arg(&workers[0].state);
+    cmd.arg("run").arg("--state").arg(&worker.state);
     cmd.arg("--deny-read").arg(data.path());
-    workers[0].child = Some(spawn_logged(cmd, &workers[0].log)?);
+    worker.child = Some(spawn_logged(cmd, &worker.log)?);
     let deadline = Instant::now() + Duration::from_secs(60);
     let summary = loop {
         let list = admin
@@ -305,14 +343,17 @@ async fn scenario(
         );
     }
 
-    agent_chapter(admin.clone(), tmp, &workers, model).await?;
+    Ok(())
+}
 
+/// Twenty commands at once on one session, and its round trip.
+async fn concurrency(admin: &mut AdminClient<Channel>, w1: &str) -> anyhow::Result<()> {
     step("twenty commands at once on one session, and the session's round trip");
     let started = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for i in 0..20 {
         let mut a = admin.clone();
-        let name = w1.clone();
+        let name = w1.to_string();
         set.spawn(async move {
             quiet_exec(&mut a, &name, &["sh", "-c", &format!("exit {}", i % 3)]).await
         });
@@ -335,7 +376,7 @@ async fn scenario(
         let t = Instant::now();
         admin
             .echo(proto::AdminEchoRequest {
-                worker: w1.clone(),
+                worker: w1.to_string(),
                 payload: vec![1],
             })
             .await?;
@@ -347,32 +388,32 @@ async fn scenario(
         rtts[100]
     );
 
+    Ok(())
+}
+
+/// The second worker killed, marked lost, started again and back with its identity.
+async fn kill_and_return(
+    admin: &mut AdminClient<Channel>,
+    launcher: &WorkerProgram,
+    data: &DataDir,
+    w2: &mut DemoWorker,
+) -> anyhow::Result<()> {
     step("SIGKILL one worker: the brain notices, then the worker comes back with its identity");
-    let w2 = &mut workers[1];
     w2.kill();
     let t = Instant::now();
-    wait_state(&mut admin, &w2.name.clone(), proto::WorkerState::Lost, w2).await?;
+    wait_state(admin, &w2.name.clone(), proto::WorkerState::Lost, w2).await?;
     out!("  {} marked lost after {:?}", w2.name, t.elapsed());
     let mut cmd = launcher.command();
     cmd.arg("run").arg("--state").arg(&w2.state);
     cmd.arg("--deny-read").arg(data.path());
     w2.child = Some(spawn_logged(cmd, &w2.log)?);
-    wait_state(
-        &mut admin,
-        &w2.name.clone(),
-        proto::WorkerState::Connected,
-        w2,
-    )
-    .await?;
+    wait_state(admin, &w2.name.clone(), proto::WorkerState::Connected, w2).await?;
     out!("  {} reconnected", w2.name);
     let list = admin
         .list_workers(proto::ListWorkersRequest {})
         .await?
         .into_inner();
     crate::admin::render::print_workers(&list.workers, false);
-    for w in &mut workers {
-        w.kill();
-    }
     Ok(())
 }
 
@@ -538,26 +579,7 @@ async fn agent_chapter(
     step(
         "the agent: a sample project with a failing test, a recorded model (replay: no API key), moved between workers midway",
     );
-    let sample = tmp.join("sample");
-    std::fs::create_dir_all(&sample)?;
-    for (path, text) in SAMPLE {
-        std::fs::write(sample.join(path), text)?;
-    }
-    git(&sample, &["init", "-q", "-b", "main"])?;
-    git(&sample, &["add", "."])?;
-    git(&sample, &["commit", "-q", "-m", "calc: add and mul"])?;
-    // The repository the task comes from and its result goes back to (a throw-away one).
-    let origin = tmp.join("sample.git");
-    git(
-        tmp,
-        &[
-            "clone",
-            "-q",
-            "--bare",
-            &sample.display().to_string(),
-            &origin.display().to_string(),
-        ],
-    )?;
+    let origin = sample_origin(tmp)?;
     let (w1, w2) = (workers[0].name.clone(), workers[1].name.clone());
     let goal = "make the tests in test.sh pass";
     let (model, transcript, shown) = match model {
@@ -592,6 +614,49 @@ async fn agent_chapter(
         .await?
         .into_inner()
         .task_id;
+    let (outcome, synced, move_bytes) = follow_agent(&mut admin, &task, &w2).await?;
+    if !outcome.starts_with("finished") {
+        bail!("the agent task did not finish: {outcome}");
+    }
+    out!(
+        "  sync: {synced} bytes (compressed) crossed the wire for the brain's mirror; the move sent {move_bytes} bytes"
+    );
+    show_result(&mut admin, &task, &origin).await
+}
+
+/// A sample repository with a failing test, cloned bare as the task's origin.
+fn sample_origin(tmp: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let sample = tmp.join("sample");
+    std::fs::create_dir_all(&sample)?;
+    for (path, text) in SAMPLE {
+        std::fs::write(sample.join(path), text)?;
+    }
+    git(&sample, &["init", "-q", "-b", "main"])?;
+    git(&sample, &["add", "."])?;
+    git(&sample, &["commit", "-q", "-m", "calc: add and mul"])?;
+    // The repository the task comes from and its result goes back to (a throw-away one).
+    let origin = tmp.join("sample.git");
+    git(
+        tmp,
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            &sample.display().to_string(),
+            &origin.display().to_string(),
+        ],
+    )?;
+    Ok(origin)
+}
+
+/// Follows the agent's log, printing it with workers by name: moves the task to `w2` at the
+/// second approval it asks for and approves each. The outcome, the bytes the mirror's syncs
+/// sent and the bytes the move sent.
+async fn follow_agent(
+    admin: &mut AdminClient<Channel>,
+    task: &str,
+    w2: &str,
+) -> anyhow::Result<(String, u64, u64)> {
     let list = admin
         .list_workers(proto::ListWorkersRequest {})
         .await?
@@ -608,7 +673,7 @@ async fn agent_chapter(
     };
     let mut log = admin
         .task_log(proto::TaskLogRequest {
-            task_id: task.clone(),
+            task_id: task.to_string(),
             follow: true,
             after_seq: 0,
         })
@@ -656,13 +721,13 @@ async fn agent_chapter(
                     moved = true;
                     out!("  ▸ brain task move {task} --to {w2}   (while it waits for approval)");
                     a.move_task(proto::MoveTaskRequest {
-                        task_id: task.clone(),
-                        to: w2.clone(),
+                        task_id: task.to_string(),
+                        to: w2.to_string(),
                     })
                     .await?;
                 }
                 // Approve once the task is where it should be (the move is logged first).
-                let t = task.clone();
+                let t = task.to_string();
                 tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(300)).await;
                     let _ = a
@@ -681,12 +746,15 @@ async fn agent_chapter(
     tokio::time::timeout(Duration::from_secs(900), follow)
         .await
         .context("the agent task did not end within 15 minutes")??;
-    if !outcome.starts_with("finished") {
-        bail!("the agent task did not finish: {outcome}");
-    }
-    out!(
-        "  sync: {synced} bytes (compressed) crossed the wire for the brain's mirror; the move sent {move_bytes} bytes"
-    );
+    Ok((outcome, synced, move_bytes))
+}
+
+/// The task's result, delivered as a branch of its origin: shown, and verified.
+async fn show_result(
+    admin: &mut AdminClient<Channel>,
+    task: &str,
+    origin: &std::path::Path,
+) -> anyhow::Result<()> {
     // The result: verified by the check, delivered as a branch of the repository.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let t = loop {
@@ -720,7 +788,7 @@ async fn agent_chapter(
     let branch = format!("tether/{task}");
     out!("  git -C {} show {branch}:", origin.display());
     for l in git(
-        &origin,
+        origin,
         &["show", "--no-color", "--format=%h %s%n%n%b", &branch],
     )?
     .lines()

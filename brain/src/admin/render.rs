@@ -196,10 +196,52 @@ pub fn describe_live(o: &proto::LiveOutput) -> String {
 
 /// One log record in words, for people.
 pub fn describe_record(r: &proto::log::Record) -> String {
+    let what = describe_lifecycle(&r.event)
+        .or_else(|| describe_call(&r.event))
+        .or_else(|| describe_model(r))
+        .or_else(|| describe_code(&r.event))
+        .or_else(|| describe_workspace(&r.event))
+        .or_else(|| describe_delivery(&r.event))
+        .or_else(|| describe_attempt(&r.event))
+        .unwrap_or_else(|| serde_json::to_string(&r.event).unwrap_or_default());
+    format!("{:>5}  {what}", r.seq)
+}
+
+/// A task's life: created, its status, its end, its worker, its budget.
+fn describe_lifecycle(event: &proto::log::Event) -> Option<String> {
     use proto::log::Event as E;
-    let what = match &r.event {
+    Some(match event {
         E::Created { goal, .. } => format!("created: {goal}"),
         E::StatusChanged { status, reason } => format!("{status} {reason}"),
+        E::Finished {
+            outcome,
+            reason,
+            verified,
+        } => {
+            let name = outcome;
+            match verified {
+                Some(true) => format!("{name} (verified: the acceptance check passed): {reason}"),
+                Some(false) => format!("{name} (unverified: no acceptance check): {reason}"),
+                None => format!("{name}: {reason}"),
+            }
+        }
+        E::WorkerAssigned { worker } => format!("assigned to worker {worker}"),
+        E::Snapshot { upto } => format!("snapshot of the state up to {upto}"),
+        E::EgressRefused { host, port, reason } => {
+            format!("egress refused: {host}:{port}: {reason}")
+        }
+        E::BudgetRaised { limits } => format!(
+            "budget raised to ${:.4}, {} tokens, {} steps, {} ms wall (0 = no limit)",
+            limits.usd, limits.tokens, limits.steps, limits.wall_ms
+        ),
+        _ => return None,
+    })
+}
+
+/// A tool call: issued, its output, its end.
+fn describe_call(event: &proto::log::Event) -> Option<String> {
+    use proto::log::Event as E;
+    Some(match event {
         E::ToolCallIssued {
             call_id,
             step,
@@ -248,20 +290,14 @@ pub fn describe_record(r: &proto::log::Record) -> String {
             )
         }
         E::ToolCallInterrupted { call_id, reason } => format!("interrupted #{call_id}: {reason}"),
-        E::Finished {
-            outcome,
-            reason,
-            verified,
-        } => {
-            let name = outcome;
-            match verified {
-                Some(true) => format!("{name} (verified: the acceptance check passed): {reason}"),
-                Some(false) => format!("{name} (unverified: no acceptance check): {reason}"),
-                None => format!("{name}: {reason}"),
-            }
-        }
-        E::WorkerAssigned { worker } => format!("assigned to worker {worker}"),
-        E::Snapshot { upto } => format!("snapshot of the state up to {upto}"),
+        _ => return None,
+    })
+}
+
+/// The model's turns and what a person decides for it.
+fn describe_model(r: &proto::log::Record) -> Option<String> {
+    use proto::log::Event as E;
+    Some(match &r.event {
         E::LlmRequest { model, messages } => format!("thinking ({model}, {messages} messages)"),
         E::LlmResponse {
             prompt_tokens,
@@ -327,101 +363,14 @@ pub fn describe_record(r: &proto::log::Record) -> String {
                 "elided old tool outputs in the first {upto} messages ({bytes_saved} bytes) to fit the context window"
             )
         }
-        E::Barrier {
-            version,
-            root_hash,
-            files,
-            bytes,
-            wire_bytes,
-            tmp_bytes,
-            tmp_files,
-        } => format!(
-            "barrier  v{version}: {files} files, {bytes} bytes, root {}…; {wire_bytes} bytes sent{}",
-            &root_hash[..root_hash.len().min(12)],
-            if tmp_files > &0 {
-                format!("; temp dir {tmp_files} entries, {tmp_bytes} bytes")
-            } else {
-                String::new()
-            }
-        ),
-        E::MoveStarted { from, to } => format!("MOVE     from {from} to {to}"),
-        E::WorkspaceSeeded {
-            source,
-            files,
-            bytes,
-            commit,
-            ..
-        } if !commit.is_empty() => format!(
-            "workspace from {source} at {}: {files} files, {bytes} bytes",
-            &commit[..commit.len().min(12)]
-        ),
-        E::WorkspaceSeeded {
-            source,
-            files,
-            bytes,
-            ..
-        } => format!("workspace from {source}: {files} files, {bytes} bytes"),
-        E::MoveCompleted {
-            to,
-            files,
-            wire_bytes,
-        } => format!("moved    now on {to} ({files} files written there, {wire_bytes} bytes sent)"),
-        E::MoveAborted { to, reason } => format!("move to {to} aborted: {reason}"),
-        E::DeliveryPlanned { mode } => format!("to be delivered as a {mode} when it finishes"),
-        E::DeliveryStarted {
-            branch,
-            commit,
-            wip,
-            ..
-        } => format!(
-            "delivering {} as {branch}{}",
-            &commit[..commit.len().min(12)],
-            if *wip { " (work in progress)" } else { "" }
-        ),
-        E::DeliveryPushed { branch, commit } => {
-            format!("pushed   {branch} at {}", &commit[..commit.len().min(12)])
-        }
-        E::PullRequestOpened { url, number } => format!("pull request #{number}: {url}"),
-        E::Delivered { branch } => format!("delivered as {branch}"),
-        E::DeliveryFailed { reason } => format!("delivery failed: {reason}"),
-        E::LeftOut {
-            worker,
-            entries,
-            more,
-        } => {
-            let mut s = format!("left out of the mirror on {worker} (not synced, not moved):");
-            for e in entries {
-                s.push_str(&format!("\n    ! {}: {}", e.path, e.reason));
-            }
-            if *more > 0 {
-                s.push_str(&format!("\n    ! … and {more} more"));
-            }
-            s
-        }
-        E::EgressRefused { host, port, reason } => {
-            format!("egress refused: {host}:{port}: {reason}")
-        }
-        E::BudgetRaised { limits } => format!(
-            "budget raised to ${:.4}, {} tokens, {} steps, {} ms wall (0 = no limit)",
-            limits.usd, limits.tokens, limits.steps, limits.wall_ms
-        ),
-        E::WorkspaceRules { rules } => {
-            let mut parts = vec![if rules.include_git {
-                ".git/ included".to_string()
-            } else {
-                ".git/ left out".to_string()
-            }];
-            if rules.no_default_excludes {
-                parts.push("default excludes off".into());
-            }
-            if !rules.extra_excludes.is_empty() {
-                parts.push(format!(
-                    "also left out: {}",
-                    rules.extra_excludes.join(", ")
-                ));
-            }
-            format!("workspace rules: {}", parts.join("; "))
-        }
+        _ => return None,
+    })
+}
+
+/// What the brain shows the model of the code, and what it undoes or restores.
+fn describe_code(event: &proto::log::Event) -> Option<String> {
+    use proto::log::Event as E;
+    Some(match event {
         E::Surveyed {
             files,
             truncated,
@@ -479,6 +428,125 @@ pub fn describe_record(r: &proto::log::Record) -> String {
                 format!("; made since, still there: {}", left.join(", "))
             }
         ),
+        E::FinishedForModel { why } => {
+            format!("the brain calls finish for the model, which {why}, on the version that passed")
+        }
+        E::ProtectedRestored { paths, .. } => format!(
+            "restored the check's files before the check: {}",
+            paths.join(", ")
+        ),
+        _ => return None,
+    })
+}
+
+/// The workspace: seeded, synced at a barrier, moved, its rules.
+fn describe_workspace(event: &proto::log::Event) -> Option<String> {
+    use proto::log::Event as E;
+    Some(match event {
+        E::Barrier {
+            version,
+            root_hash,
+            files,
+            bytes,
+            wire_bytes,
+            tmp_bytes,
+            tmp_files,
+        } => format!(
+            "barrier  v{version}: {files} files, {bytes} bytes, root {}…; {wire_bytes} bytes sent{}",
+            &root_hash[..root_hash.len().min(12)],
+            if tmp_files > &0 {
+                format!("; temp dir {tmp_files} entries, {tmp_bytes} bytes")
+            } else {
+                String::new()
+            }
+        ),
+        E::MoveStarted { from, to } => format!("MOVE     from {from} to {to}"),
+        E::WorkspaceSeeded {
+            source,
+            files,
+            bytes,
+            commit,
+            ..
+        } if !commit.is_empty() => format!(
+            "workspace from {source} at {}: {files} files, {bytes} bytes",
+            &commit[..commit.len().min(12)]
+        ),
+        E::WorkspaceSeeded {
+            source,
+            files,
+            bytes,
+            ..
+        } => format!("workspace from {source}: {files} files, {bytes} bytes"),
+        E::MoveCompleted {
+            to,
+            files,
+            wire_bytes,
+        } => format!("moved    now on {to} ({files} files written there, {wire_bytes} bytes sent)"),
+        E::MoveAborted { to, reason } => format!("move to {to} aborted: {reason}"),
+        E::LeftOut {
+            worker,
+            entries,
+            more,
+        } => {
+            let mut s = format!("left out of the mirror on {worker} (not synced, not moved):");
+            for e in entries {
+                s.push_str(&format!("\n    ! {}: {}", e.path, e.reason));
+            }
+            if *more > 0 {
+                s.push_str(&format!("\n    ! … and {more} more"));
+            }
+            s
+        }
+        E::WorkspaceRules { rules } => {
+            let mut parts = vec![if rules.include_git {
+                ".git/ included".to_string()
+            } else {
+                ".git/ left out".to_string()
+            }];
+            if rules.no_default_excludes {
+                parts.push("default excludes off".into());
+            }
+            if !rules.extra_excludes.is_empty() {
+                parts.push(format!(
+                    "also left out: {}",
+                    rules.extra_excludes.join(", ")
+                ));
+            }
+            format!("workspace rules: {}", parts.join("; "))
+        }
+        _ => return None,
+    })
+}
+
+/// A delivery as git commits: planned, pushed, opened as a pull request, done.
+fn describe_delivery(event: &proto::log::Event) -> Option<String> {
+    use proto::log::Event as E;
+    Some(match event {
+        E::DeliveryPlanned { mode } => format!("to be delivered as a {mode} when it finishes"),
+        E::DeliveryStarted {
+            branch,
+            commit,
+            wip,
+            ..
+        } => format!(
+            "delivering {} as {branch}{}",
+            &commit[..commit.len().min(12)],
+            if *wip { " (work in progress)" } else { "" }
+        ),
+        E::DeliveryPushed { branch, commit } => {
+            format!("pushed   {branch} at {}", &commit[..commit.len().min(12)])
+        }
+        E::PullRequestOpened { url, number } => format!("pull request #{number}: {url}"),
+        E::Delivered { branch } => format!("delivered as {branch}"),
+        E::DeliveryFailed { reason } => format!("delivery failed: {reason}"),
+        _ => return None,
+    })
+}
+
+/// A task run as attempts: each started and ended, the winner picked.
+fn describe_attempt(event: &proto::log::Event) -> Option<String> {
+    use proto::log::Event as E;
+    Some(match event {
         E::AttemptStarted {
             index,
             attempt,
@@ -514,16 +582,8 @@ pub fn describe_record(r: &proto::log::Record) -> String {
             why,
             ..
         } => format!("attempt {} ({attempt}) won: {why}", index + 1),
-        E::FinishedForModel { why } => {
-            format!("the brain calls finish for the model, which {why}, on the version that passed")
-        }
-        E::ProtectedRestored { paths, .. } => format!(
-            "restored the check's files before the check: {}",
-            paths.join(", ")
-        ),
-        other => serde_json::to_string(other).unwrap_or_default(),
-    };
-    format!("{:>5}  {what}", r.seq)
+        _ => return None,
+    })
 }
 
 /// The logged record an item of a followed log carries, if it carries one this program

@@ -40,7 +40,7 @@ use crate::model::ops::{FsChange, SyncOp};
 use crate::model::state::{Status, TaskState};
 pub use error::Error;
 pub use follow::{Followed, Follower};
-use ports::{Labels, Ports};
+use ports::{Labels, Picked, Ports};
 pub use store::{LiveOutput, Shown, Store, Task};
 
 /// What a new task runs.
@@ -261,53 +261,7 @@ impl Engine {
                     .map_err(Error::Unplaceable)?,
             )
         };
-        let seed = match &new.source {
-            Source::Empty => None,
-            Source::Dir(dir) => {
-                let w = named.clone().ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "a task that starts from a directory ({dir}) needs a worker named: the worker whose directory it is"
-                    ))
-                })?;
-                let op = SyncOp::ImportDir { dir: dir.clone() };
-                let r = ports
-                    .workers
-                    .sync(&w.id, "import", op, &new.rules, false, IMPORT_TIMEOUT)
-                    .await
-                    .map_err(|e| Error::Import(format!("importing {dir} from {}: {e}", w.name)))?;
-                if !r.error.is_empty() {
-                    return Err(Error::Import(format!(
-                        "importing {dir} from {}: {}",
-                        w.name, r.error
-                    )));
-                }
-                tracing::info!(%dir, worker = %w.id, files = r.files, bytes = r.bytes, wire_bytes = r.wire_bytes, "workspace imported");
-                Some(Event::WorkspaceSeeded {
-                    root_hash: r.root_hash,
-                    source: format!("{}:{dir}", w.name),
-                    files: r.files,
-                    bytes: r.bytes,
-                    commit: String::new(),
-                    branch: String::new(),
-                })
-            }
-            Source::Git { url, git_ref } => {
-                let i = ports
-                    .workspaces
-                    .import_git(url, git_ref, &new.rules)
-                    .await
-                    .map_err(Error::Import)?;
-                tracing::info!(url = %i.url, commit = %i.commit, files = i.files, bytes = i.bytes, "workspace imported");
-                Some(Event::WorkspaceSeeded {
-                    root_hash: i.root_hash,
-                    source: i.url,
-                    files: i.files,
-                    bytes: i.bytes,
-                    commit: i.commit,
-                    branch: i.branch,
-                })
-            }
-        };
+        let seed = self.seed(&new, named.as_ref()).await?;
         let (plan, agent, plan_egress) = match new.kind {
             Kind::Plan { .. } if new.attempts.is_some() => {
                 return Err(Error::Invalid(
@@ -316,44 +270,7 @@ impl Engine {
             }
             Kind::Plan { plan, egress } => (Some(plan), None, egress),
             Kind::Agent(mut a) => {
-                // The repository's own check wins over the config's default (a request's
-                // `--check` wins over both).
-                let from_request = a
-                    .check
-                    .as_ref()
-                    .is_some_and(|c| c.source == crate::model::check::CheckSource::Request);
-                if !from_request
-                    && let Some(Event::WorkspaceSeeded { root_hash, .. }) = &seed
-                    && let Some(text) = ports
-                        .workspaces
-                        .read_file(root_hash, CHECK_FILE, 16 * 1024)
-                        .await
-                    && let Some((command, protect)) =
-                        check_from_file(&String::from_utf8_lossy(&text))
-                {
-                    let old = a.check.take().unwrap_or_else(|| Check {
-                        command: String::new(),
-                        timeout_ms: 0,
-                        source: Default::default(),
-                        protect: vec![],
-                    });
-                    let mut all = old.protect;
-                    all.extend(protect);
-                    a.check = Some(Check {
-                        command,
-                        timeout_ms: old.timeout_ms,
-                        source: crate::model::check::CheckSource::Repository,
-                        protect: all,
-                    });
-                }
-                if a.check
-                    .as_ref()
-                    .is_some_and(|c| c.command.trim().is_empty())
-                {
-                    return Err(Error::Invalid(
-                        "protected files need an acceptance check: give the task one, or name one in the repository's .tether/check".into(),
-                    ));
-                }
+                self.repository_check(&mut a, seed.as_ref()).await?;
                 (None, Some(a), None)
             }
         };
@@ -398,6 +315,101 @@ impl Engine {
             .await?;
         self.spawn_driver(task.clone());
         Ok(task.id)
+    }
+
+    /// The task's starting workspace: a worker's directory or a git repository brought
+    /// into the mirror, as the record that says so; none for an empty one.
+    async fn seed(&self, new: &NewTask, named: Option<&Picked>) -> Result<Option<Event>, Error> {
+        let ports = &self.inner.core.ports;
+        match &new.source {
+            Source::Empty => Ok(None),
+            Source::Dir(dir) => {
+                let w = named.ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "a task that starts from a directory ({dir}) needs a worker named: the worker whose directory it is"
+                    ))
+                })?;
+                let op = SyncOp::ImportDir { dir: dir.clone() };
+                let r = ports
+                    .workers
+                    .sync(&w.id, "import", op, &new.rules, false, IMPORT_TIMEOUT)
+                    .await
+                    .map_err(|e| Error::Import(format!("importing {dir} from {}: {e}", w.name)))?;
+                if !r.error.is_empty() {
+                    return Err(Error::Import(format!(
+                        "importing {dir} from {}: {}",
+                        w.name, r.error
+                    )));
+                }
+                tracing::info!(%dir, worker = %w.id, files = r.files, bytes = r.bytes, wire_bytes = r.wire_bytes, "workspace imported");
+                Ok(Some(Event::WorkspaceSeeded {
+                    root_hash: r.root_hash,
+                    source: format!("{}:{dir}", w.name),
+                    files: r.files,
+                    bytes: r.bytes,
+                    commit: String::new(),
+                    branch: String::new(),
+                }))
+            }
+            Source::Git { url, git_ref } => {
+                let i = ports
+                    .workspaces
+                    .import_git(url, git_ref, &new.rules)
+                    .await
+                    .map_err(Error::Import)?;
+                tracing::info!(url = %i.url, commit = %i.commit, files = i.files, bytes = i.bytes, "workspace imported");
+                Ok(Some(Event::WorkspaceSeeded {
+                    root_hash: i.root_hash,
+                    source: i.url,
+                    files: i.files,
+                    bytes: i.bytes,
+                    commit: i.commit,
+                    branch: i.branch,
+                }))
+            }
+        }
+    }
+
+    /// The repository's own check (`.tether/check`) wins over the config's default; a
+    /// request's own check wins over both. Protected files need some check.
+    async fn repository_check(&self, a: &mut AgentSpec, seed: Option<&Event>) -> Result<(), Error> {
+        let ports = &self.inner.core.ports;
+        let from_request = a
+            .check
+            .as_ref()
+            .is_some_and(|c| c.source == crate::model::check::CheckSource::Request);
+        if !from_request
+            && let Some(Event::WorkspaceSeeded { root_hash, .. }) = seed
+            && let Some(text) = ports
+                .workspaces
+                .read_file(root_hash, CHECK_FILE, 16 * 1024)
+                .await
+            && let Some((command, protect)) = check_from_file(&String::from_utf8_lossy(&text))
+        {
+            let old = a.check.take().unwrap_or_else(|| Check {
+                command: String::new(),
+                timeout_ms: 0,
+                source: Default::default(),
+                protect: vec![],
+            });
+            let mut all = old.protect;
+            all.extend(protect);
+            a.check = Some(Check {
+                command,
+                timeout_ms: old.timeout_ms,
+                source: crate::model::check::CheckSource::Repository,
+                protect: all,
+            });
+        }
+        if a.check
+            .as_ref()
+            .is_some_and(|c| c.command.trim().is_empty())
+        {
+            return Err(Error::Invalid(
+                "protected files need an acceptance check: give the task one, or name one in the repository's .tether/check".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Approves or denies the call a task waits on; returns what it was.

@@ -217,6 +217,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "a table of cases, one row each: its length is the rows'"
+    )]
     fn the_choice_table() {
         let gpu = labels(&[("gpu", "yes")]);
         let with = |mut s: Slot, f: &dyn Fn(&mut Slot)| {

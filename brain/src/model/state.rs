@@ -190,36 +190,154 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
     st.last_seq = rec.seq;
     st.updated_ms = rec.at_ms;
     match &rec.event {
-        Event::Created {
-            goal,
-            workspace,
-            plan,
-            agent,
-            egress,
-            attempts,
-            attempt_of,
-        } => {
-            st.goal = goal.clone();
-            st.workspace = workspace.clone();
-            st.plan = plan.clone();
-            st.plan_egress = egress.clone();
-            st.created_ms = rec.at_ms;
-            st.attempt_of = *attempt_of;
-            // A task run as attempts is no agent itself: its attempts run the spec.
-            match (attempts, agent) {
-                (Some(spec), Some(template)) => {
-                    st.attempts = Some(Box::new(crate::model::attempts::Attempts::new(
-                        spec.clone(),
-                        (**template).clone(),
-                    )));
-                }
-                _ => {
-                    st.agent = agent
-                        .as_ref()
-                        .map(|spec| Box::new(AgentState::new((**spec).clone(), goal, rec.at_ms)));
-                }
+        Event::Created { .. } => created(st, rec),
+        Event::AttemptStarted { .. } | Event::AttemptEnded { .. } | Event::AttemptPicked { .. } => {
+            attempt_event(st, &rec.event)
+        }
+        Event::StatusChanged { status, reason } => {
+            // Only `Finished` ends a task; a status change names a live status.
+            if !st.status.is_terminal() && !status.is_terminal() {
+                st.status = *status;
+                st.reason = reason.clone();
             }
         }
+        Event::ToolCallIssued {
+            call_id,
+            step,
+            purpose,
+            worker,
+            call,
+        } => {
+            st.pending = Some(PendingCall {
+                call_id: *call_id,
+                step: *step,
+                purpose: *purpose,
+                worker: worker.clone(),
+                call: call.clone(),
+            });
+        }
+        Event::ToolCallCompleted { call_id, result } => call_completed(st, *call_id, result),
+        Event::ToolCallInterrupted { call_id, .. } => {
+            if let Some(p) = st.pending.take_if(|p| p.call_id == *call_id) {
+                st.calls_interrupted += 1;
+                remember(st, *call_id);
+                st.unsure_step = Some(p.step);
+                st.unsure_unsynced = true;
+            }
+        }
+        Event::ToolOutput {
+            call_id,
+            stdout,
+            stderr,
+        } => check_output(st, *call_id, stdout, stderr),
+        Event::WorkerAssigned { worker } => {
+            st.worker = Some(worker.clone());
+        }
+        Event::MoveStarted { to, .. } => st.moving_to = Some(to.clone()),
+        Event::MoveAborted { .. } => st.moving_to = None,
+        Event::MoveCompleted { to, .. } => move_completed(st, to),
+        Event::WorkspaceSeeded { .. } => seeded(st, &rec.event),
+        Event::WorkspaceRules { rules } => st.sync_rules = rules.clone(),
+        Event::Placement { require_labels } => st.require_labels = require_labels.clone(),
+        Event::Barrier {
+            version,
+            root_hash,
+            files,
+            bytes,
+            tmp_bytes,
+            tmp_files,
+            ..
+        } => {
+            st.barrier_version = *version;
+            st.barrier_root = root_hash.clone();
+            if let Some(a) = &mut st.agent {
+                a.on_barrier(root_hash);
+            }
+            st.disk_bytes = bytes + tmp_bytes;
+            st.disk_files = files + tmp_files;
+            st.unsynced_calls = 0;
+            st.first_unsynced_step = None;
+            st.unsure_unsynced = false;
+        }
+        Event::DeliveryPlanned { mode } => st.deliver = *mode,
+        Event::DeliveryStarted { .. }
+        | Event::DeliveryPushed { .. }
+        | Event::PullRequestOpened { .. }
+        | Event::Delivered { .. }
+        | Event::DeliveryFailed { .. } => delivery_event(st, &rec.event),
+        Event::Finished {
+            outcome, reason, ..
+        } => {
+            st.status = match outcome {
+                Outcome::Finished => Status::Finished,
+                Outcome::Failed => Status::Failed,
+                Outcome::Cancelled => Status::Cancelled,
+                Outcome::Stuck => Status::Stuck,
+                Outcome::Stalled => Status::Stalled,
+            };
+            st.reason = reason.clone();
+            st.pending = None;
+        }
+        Event::Snapshot { upto } => st.snapshot_seq = *upto,
+        Event::LlmRequest { .. }
+        | Event::LlmResponse { .. }
+        | Event::Observation { .. }
+        | Event::ContextElided { .. }
+        | Event::BudgetRaised { .. }
+        | Event::ApprovalRequested { .. }
+        | Event::ApprovalDecided { .. }
+        | Event::Surveyed { .. }
+        | Event::CodeInView { .. }
+        | Event::CheckAfterChanges { .. }
+        | Event::ChangesUndone { .. }
+        | Event::FinishedForModel { .. }
+        | Event::ProtectedRestored { .. } => {
+            if let Some(a) = &mut st.agent {
+                agent_event(a, rec);
+            }
+        }
+        Event::BudgetUpdate { .. } | Event::LeftOut { .. } | Event::EgressRefused { .. } => {}
+    }
+}
+
+fn created(st: &mut TaskState, rec: &Record) {
+    let Event::Created {
+        goal,
+        workspace,
+        plan,
+        agent,
+        egress,
+        attempts,
+        attempt_of,
+    } = &rec.event
+    else {
+        return;
+    };
+    st.goal = goal.clone();
+    st.workspace = workspace.clone();
+    st.plan = plan.clone();
+    st.plan_egress = egress.clone();
+    st.created_ms = rec.at_ms;
+    st.attempt_of = *attempt_of;
+    // A task run as attempts is no agent itself: its attempts run the spec.
+    match (attempts, agent) {
+        (Some(spec), Some(template)) => {
+            st.attempts = Some(Box::new(crate::model::attempts::Attempts::new(
+                spec.clone(),
+                (**template).clone(),
+            )));
+        }
+        _ => {
+            st.agent = agent
+                .as_ref()
+                .map(|spec| Box::new(AgentState::new((**spec).clone(), goal, rec.at_ms)));
+        }
+    }
+}
+
+/// The records of a task run as attempts: one started, one ended, the winner picked.
+fn attempt_event(st: &mut TaskState, event: &Event) {
+    match event {
         Event::AttemptStarted {
             index,
             attempt,
@@ -259,114 +377,137 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             st.barrier_root = root_hash.clone();
             st.last_check = Some(check.clone());
         }
-        Event::StatusChanged { status, reason } => {
-            // Only `Finished` ends a task; a status change names a live status.
-            if !st.status.is_terminal() && !status.is_terminal() {
-                st.status = *status;
-                st.reason = reason.clone();
+        _ => {}
+    }
+}
+
+fn call_completed(st: &mut TaskState, call_id: u64, result: &super::event::ToolResult) {
+    let Some(p) = st.pending.take_if(|p| p.call_id == call_id) else {
+        return;
+    };
+    st.calls_completed += 1;
+    remember(st, call_id);
+    if !p.call.is_read_only() {
+        // Its effect is on the worker's disk only until the next barrier.
+        st.unsynced_calls += 1;
+        if p.purpose == Purpose::Step {
+            st.first_unsynced_step.get_or_insert(p.step);
+        }
+    }
+    match p.purpose {
+        Purpose::Acceptance => {
+            let mut run = st
+                .last_check
+                .take()
+                .filter(|c| c.call_id == call_id)
+                .unwrap_or_default();
+            run.call_id = call_id;
+            run.passed = result.ok();
+            run.result = describe(result);
+            if let Some(a) = &mut st.agent {
+                a.on_check_run(&run);
+            }
+            st.last_check = Some(run);
+        }
+        Purpose::Step if result.ok() => st.next_step = p.step + 1,
+        Purpose::Step => {
+            st.step_failed = Some(format!("step {} failed: {}", p.step, describe(result)));
+        }
+        Purpose::Check => {
+            if result.ok() {
+                st.unsure_step = None;
+                st.check_errors = 0;
+                st.next_step = p.step + 1;
+            } else if result.exit_code.is_some_and(|c| c != 0)
+                && !result.timed_out
+                && result.error.is_empty()
+            {
+                // A clean "no": the effect is not there; run the step again.
+                st.unsure_step = None;
+                st.check_errors = 0;
+            } else {
+                // The check itself failed (timeout, signal, refusal): still unsure.
+                st.check_errors += 1;
             }
         }
-        Event::ToolCallIssued {
-            call_id,
-            step,
-            purpose,
-            worker,
-            call,
-        } => {
-            st.pending = Some(PendingCall {
-                call_id: *call_id,
-                step: *step,
-                purpose: *purpose,
-                worker: worker.clone(),
-                call: call.clone(),
-            });
-        }
-        Event::ToolCallCompleted { call_id, result } => {
-            if let Some(p) = st.pending.take_if(|p| p.call_id == *call_id) {
-                st.calls_completed += 1;
-                remember(st, *call_id);
-                if !p.call.is_read_only() {
-                    // Its effect is on the worker's disk only until the next barrier.
-                    st.unsynced_calls += 1;
-                    if p.purpose == Purpose::Step {
-                        st.first_unsynced_step.get_or_insert(p.step);
-                    }
-                }
-                match p.purpose {
-                    Purpose::Acceptance => {
-                        let mut run = st
-                            .last_check
-                            .take()
-                            .filter(|c| c.call_id == *call_id)
-                            .unwrap_or_default();
-                        run.call_id = *call_id;
-                        run.passed = result.ok();
-                        run.result = describe(result);
-                        if let Some(a) = &mut st.agent {
-                            a.on_check_run(&run);
-                        }
-                        st.last_check = Some(run);
-                    }
-                    Purpose::Step if result.ok() => st.next_step = p.step + 1,
-                    Purpose::Step => {
-                        st.step_failed =
-                            Some(format!("step {} failed: {}", p.step, describe(result)));
-                    }
-                    Purpose::Check => {
-                        if result.ok() {
-                            st.unsure_step = None;
-                            st.check_errors = 0;
-                            st.next_step = p.step + 1;
-                        } else if result.exit_code.is_some_and(|c| c != 0)
-                            && !result.timed_out
-                            && result.error.is_empty()
-                        {
-                            // A clean "no": the effect is not there; run the step again.
-                            st.unsure_step = None;
-                            st.check_errors = 0;
-                        } else {
-                            // The check itself failed (timeout, signal, refusal): still unsure.
-                            st.check_errors += 1;
-                        }
-                    }
-                }
-            }
-        }
-        Event::ToolCallInterrupted { call_id, .. } => {
-            if let Some(p) = st.pending.take_if(|p| p.call_id == *call_id) {
-                st.calls_interrupted += 1;
-                remember(st, *call_id);
-                st.unsure_step = Some(p.step);
-                st.unsure_unsynced = true;
-            }
-        }
-        Event::WorkerAssigned { worker } => {
-            st.worker = Some(worker.clone());
-        }
-        Event::MoveStarted { to, .. } => st.moving_to = Some(to.clone()),
-        Event::WorkspaceSeeded {
-            root_hash,
-            source,
-            commit,
-            branch,
-            files,
-            bytes,
-        } => {
-            st.seed_root = root_hash.clone();
-            if let Some(a) = &mut st.attempts {
-                a.base_source = source.clone();
-                a.base_files = *files;
-                a.base_bytes = *bytes;
-            }
-            if !commit.is_empty() {
-                st.origin = Some(super::delivery::Origin {
-                    url: source.clone(),
-                    commit: commit.clone(),
-                    branch: branch.clone(),
-                });
-            }
-        }
-        Event::DeliveryPlanned { mode } => st.deliver = *mode,
+    }
+}
+
+/// The acceptance check's output, kept while it runs (its result comes with the completion).
+fn check_output(st: &mut TaskState, call_id: u64, stdout: &str, stderr: &str) {
+    if !st
+        .pending
+        .as_ref()
+        .is_some_and(|p| p.call_id == call_id && p.purpose == Purpose::Acceptance)
+    {
+        return;
+    }
+    let both = match (stdout.is_empty(), stderr.is_empty()) {
+        (_, true) => stdout.to_string(),
+        (true, false) => stderr.to_string(),
+        (false, false) => format!("{stdout}\n{stderr}"),
+    };
+    st.last_check = Some(CheckRun {
+        call_id,
+        output: super::text::head_tail(&both, CHECK_OUTPUT),
+        ..CheckRun::default()
+    });
+}
+
+fn move_completed(st: &mut TaskState, to: &str) {
+    st.moving_to = None;
+    st.moves += 1;
+    let from = st.worker.replace(to.to_string()).unwrap_or_default();
+    // The target holds the last barrier: what ran after it (the source died before
+    // it could be synced) is not there. Plans run those steps again from the first;
+    // the agent is told.
+    let lost = std::mem::take(&mut st.unsynced_calls);
+    if let Some(k) = st.first_unsynced_step.take() {
+        st.next_step = st.next_step.min(k);
+    }
+    // An interrupted step that ran after the last barrier left nothing on the
+    // target: it simply runs again there.
+    if std::mem::take(&mut st.unsure_unsynced)
+        && let Some(u) = st.unsure_step.take()
+    {
+        st.next_step = st.next_step.min(u);
+        st.check_errors = 0;
+    }
+    if let Some(a) = &mut st.agent {
+        a.on_moved(&from, to, lost);
+    }
+}
+
+fn seeded(st: &mut TaskState, event: &Event) {
+    let Event::WorkspaceSeeded {
+        root_hash,
+        source,
+        commit,
+        branch,
+        files,
+        bytes,
+    } = event
+    else {
+        return;
+    };
+    st.seed_root = root_hash.clone();
+    if let Some(a) = &mut st.attempts {
+        a.base_source = source.clone();
+        a.base_files = *files;
+        a.base_bytes = *bytes;
+    }
+    if !commit.is_empty() {
+        st.origin = Some(super::delivery::Origin {
+            url: source.clone(),
+            commit: commit.clone(),
+            branch: branch.clone(),
+        });
+    }
+}
+
+/// The records of a delivery: started, pushed, a pull request opened, done or failed.
+fn delivery_event(st: &mut TaskState, event: &Event) {
+    match event {
         Event::DeliveryStarted {
             mode,
             wip,
@@ -407,112 +548,41 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             d.done = true;
             d.error = reason.clone();
         }
-        Event::WorkspaceRules { rules } => st.sync_rules = rules.clone(),
-        Event::Placement { require_labels } => st.require_labels = require_labels.clone(),
-        Event::MoveAborted { .. } => st.moving_to = None,
-        Event::MoveCompleted { to, .. } => {
-            st.moving_to = None;
-            st.moves += 1;
-            let from = st.worker.replace(to.clone()).unwrap_or_default();
-            // The target holds the last barrier: what ran after it (the source died before
-            // it could be synced) is not there. Plans run those steps again from the first;
-            // the agent is told.
-            let lost = std::mem::take(&mut st.unsynced_calls);
-            if let Some(k) = st.first_unsynced_step.take() {
-                st.next_step = st.next_step.min(k);
-            }
-            // An interrupted step that ran after the last barrier left nothing on the
-            // target: it simply runs again there.
-            if std::mem::take(&mut st.unsure_unsynced)
-                && let Some(u) = st.unsure_step.take()
-            {
-                st.next_step = st.next_step.min(u);
-                st.check_errors = 0;
-            }
-            if let Some(a) = &mut st.agent {
-                a.on_moved(&from, to, lost);
-            }
-        }
-        Event::Barrier {
-            version,
-            root_hash,
-            files,
-            bytes,
-            tmp_bytes,
-            tmp_files,
-            ..
-        } => {
-            st.barrier_version = *version;
-            st.barrier_root = root_hash.clone();
-            if let Some(a) = &mut st.agent {
-                a.on_barrier(root_hash);
-            }
-            st.disk_bytes = bytes + tmp_bytes;
-            st.disk_files = files + tmp_files;
-            st.unsynced_calls = 0;
-            st.first_unsynced_step = None;
-            st.unsure_unsynced = false;
-        }
-        Event::Finished {
-            outcome, reason, ..
-        } => {
-            st.status = match outcome {
-                Outcome::Finished => Status::Finished,
-                Outcome::Failed => Status::Failed,
-                Outcome::Cancelled => Status::Cancelled,
-                Outcome::Stuck => Status::Stuck,
-                Outcome::Stalled => Status::Stalled,
-            };
-            st.reason = reason.clone();
-            st.pending = None;
-        }
-        Event::Snapshot { upto } => st.snapshot_seq = *upto,
-        Event::LlmRequest { .. } => {
-            if let Some(a) = &mut st.agent {
-                a.awaiting_llm = true;
-            }
-        }
+        _ => {}
+    }
+}
+
+/// The records only an agent task's reasoning state follows.
+fn agent_event(a: &mut AgentState, rec: &Record) {
+    match &rec.event {
+        Event::LlmRequest { .. } => a.awaiting_llm = true,
         Event::LlmResponse {
-            response, cost_usd, ..
-        } => {
-            if let (Some(a), Some(r)) = (&mut st.agent, response) {
-                a.on_response(r, *cost_usd);
-            }
-        }
+            response: Some(r),
+            cost_usd,
+            ..
+        } => a.on_response(r, *cost_usd),
         Event::Observation {
             tool_use_id,
             text,
             failed,
-        } => {
-            if let Some(a) = &mut st.agent {
-                a.on_observation(tool_use_id, text, *failed);
-            }
-        }
-        Event::ContextElided { upto, .. } => {
-            if let Some(a) = &mut st.agent {
-                a.elide(*upto);
-            }
-        }
+        } => a.on_observation(tool_use_id, text, *failed),
+        Event::ContextElided { upto, .. } => a.elide(*upto),
         Event::BudgetRaised { limits } => {
-            if let Some(a) = &mut st.agent {
-                a.limits = *limits;
-                a.wall_start_ms = rec.at_ms;
-            }
+            a.limits = *limits;
+            a.wall_start_ms = rec.at_ms;
         }
         Event::ApprovalRequested {
             approval_id,
             what,
             tool_use_id,
         } => {
-            if let Some(a) = &mut st.agent {
-                a.approvals_asked = *approval_id;
-                a.approval = Some(Approval {
-                    id: *approval_id,
-                    tool_use_id: tool_use_id.clone(),
-                    what: what.clone(),
-                    decision: None,
-                });
-            }
+            a.approvals_asked = *approval_id;
+            a.approval = Some(Approval {
+                id: *approval_id,
+                tool_use_id: tool_use_id.clone(),
+                what: what.clone(),
+                decision: None,
+            });
         }
         Event::ApprovalDecided {
             approval_id,
@@ -520,35 +590,12 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             by,
             reason,
         } => {
-            if let Some(p) = st
-                .agent
+            if let Some(p) = a
+                .approval
                 .as_mut()
-                .and_then(|a| a.approval.as_mut())
                 .filter(|p| p.id == *approval_id && p.decision.is_none())
             {
                 p.decision = Some((*approved, by.clone(), reason.clone()));
-            }
-        }
-        Event::ToolOutput {
-            call_id,
-            stdout,
-            stderr,
-        } => {
-            if st
-                .pending
-                .as_ref()
-                .is_some_and(|p| p.call_id == *call_id && p.purpose == Purpose::Acceptance)
-            {
-                let both = match (stdout.is_empty(), stderr.is_empty()) {
-                    (_, true) => stdout.clone(),
-                    (true, false) => stderr.clone(),
-                    (false, false) => format!("{stdout}\n{stderr}"),
-                };
-                st.last_check = Some(CheckRun {
-                    call_id: *call_id,
-                    output: super::text::head_tail(&both, CHECK_OUTPUT),
-                    ..CheckRun::default()
-                });
             }
         }
         Event::Surveyed {
@@ -556,21 +603,9 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             truncated,
             readme_path,
             readme,
-        } => {
-            if let Some(a) = &mut st.agent {
-                a.on_surveyed(files, *truncated, readme_path, readme);
-            }
-        }
-        Event::CodeInView { text } => {
-            if let Some(a) = &mut st.agent {
-                a.on_code_in_view(text);
-            }
-        }
-        Event::CheckAfterChanges { text, .. } => {
-            if let Some(a) = &mut st.agent {
-                a.on_check_after_changes(text);
-            }
-        }
+        } => a.on_surveyed(files, *truncated, readme_path, readme),
+        Event::CodeInView { text } => a.on_code_in_view(text),
+        Event::CheckAfterChanges { text, .. } => a.on_check_after_changes(text),
         Event::ChangesUndone {
             restored,
             left,
@@ -578,25 +613,17 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
             to_start,
             ..
         } => {
-            if let Some(a) = &mut st.agent {
-                if *to_start {
-                    a.on_restarted(restored, left, shown);
-                } else {
-                    a.on_changes_undone(restored, left, shown);
-                }
+            if *to_start {
+                a.on_restarted(restored, left, shown);
+            } else {
+                a.on_changes_undone(restored, left, shown);
             }
         }
-        Event::FinishedForModel { why } => {
-            if let Some(a) = &mut st.agent {
-                a.on_concluded(why);
-            }
-        }
+        Event::FinishedForModel { why } => a.on_concluded(why),
         Event::ProtectedRestored { tool_use_id, .. } => {
-            if let Some(a) = &mut st.agent {
-                a.restored_for = Some(tool_use_id.clone());
-            }
+            a.restored_for = Some(tool_use_id.clone());
         }
-        Event::BudgetUpdate { .. } | Event::LeftOut { .. } | Event::EgressRefused { .. } => {}
+        _ => {}
     }
 }
 

@@ -40,95 +40,10 @@ pub(super) async fn materialise(
         current.root_hash()
     };
     let t_scan = t0.elapsed();
-    let mut stream = client
-        .get_manifest(proto::GetManifestRequest {
-            request_id: id,
-            have_root: have.clone(),
-        })
-        .await
-        .map_err(Error::rpc("fetching the manifest"))?
-        .into_inner();
-    let mut buf = Vec::new();
-    let mut delta_from: Option<String> = None;
-    while let Some(c) = stream
-        .message()
-        .await
-        .map_err(Error::rpc("fetching the manifest"))?
-    {
-        delta_from.get_or_insert(c.delta_from);
-        buf.extend_from_slice(&c.data);
-        if buf.len() > MAX_MANIFEST_WIRE {
-            return Err(Error::ManifestTooLarge);
-        }
-    }
-    let mut wire = buf.len() as u64;
-    let json = manifest::decompress(&buf, MAX_MANIFEST_BYTES).map_err(Error::ManifestUnreadable)?;
-    let delta_from = delta_from.unwrap_or_default();
-    let (target, delta) = if delta_from.is_empty() {
-        let target: Manifest = serde_json::from_slice(&json).map_err(Error::ManifestJson)?;
-        target.validate(rules)?;
-        let delta = current.diff(&target);
-        (target, delta)
-    } else {
-        if delta_from != have {
-            return Err(Error::DeltaFromElsewhere {
-                from: delta_from,
-                have,
-            });
-        }
-        let delta: manifest::Delta = serde_json::from_slice(&json).map_err(Error::DeltaJson)?;
-        // Checked as it is applied: the result is a valid manifest.
-        let target = current.apply(&delta, rules)?;
-        (target, delta)
-    };
-    if !target.matches_root(want) {
-        return Err(Error::WrongRoot {
-            got: target.root_hash(),
-            want: want.into(),
-        });
-    }
+    let (target, delta, delta_from, mut wire) =
+        fetch_target(client, id, &have, &current, rules, want).await?;
     let t_manifest = t0.elapsed();
-    // Content this machine already has, under any path of the workspace or where an import
-    // saw it: looked up for the new content only.
-    let new: std::collections::HashSet<&str> = delta
-        .upserts
-        .values()
-        .filter(|e| e.kind == Kind::File)
-        .map(|e| e.hash.as_str())
-        .collect();
-    let mut local: HashMap<String, PathBuf> = HashMap::new();
-    if !new.is_empty() {
-        let known = state.known.locked();
-        for h in &new {
-            if let Some(p) = known.get(*h) {
-                local.insert(h.to_string(), p.clone());
-            }
-        }
-        drop(known);
-        for (p, e) in current.entries() {
-            if e.kind == Kind::File && new.contains(e.hash.as_str()) {
-                local.insert(e.hash.clone(), root.join(p));
-            }
-        }
-    }
-    let sizes: HashMap<&str, u64> = delta
-        .upserts
-        .values()
-        .filter(|e| e.kind == Kind::File)
-        .map(|e| (e.hash.as_str(), e.size))
-        .collect();
-    let mut need: Vec<&str> = delta
-        .upserts
-        .iter()
-        .filter(|(p, e)| {
-            e.kind == Kind::File && current.get(p) != Some(*e) && !local.contains_key(&e.hash)
-        })
-        .map(|(_, e)| e.hash.as_str())
-        .collect();
-    need.sort();
-    need.dedup();
-    let mut fetched: HashMap<String, Vec<u8>> = HashMap::new();
-    let mut in_memory = 0u64;
+    let mut local = local_copies(state, &current, &delta, root);
     // Beside the workspaces, in the worker's state: commands cannot write there.
     let staging = Staging(
         root.parent()
@@ -137,54 +52,9 @@ pub(super) async fn materialise(
             .join("staging")
             .join(id.to_string()),
     );
-    let mut staged = 0u64;
-    for batch in need.chunks(HASH_BATCH) {
-        let mut s = client
-            .get_blobs(BlobList {
-                hashes: batch.iter().map(|h| raw(h)).collect(),
-            })
-            .await
-            .map_err(Error::rpc("fetching blobs"))?
-            .into_inner();
-        let mut cur: Option<(String, Vec<u8>)> = None;
-        while let Some(c) = s.message().await.map_err(Error::rpc("fetching blobs"))? {
-            wire += c.data.len() as u64;
-            if !c.hash.is_empty() {
-                cur = Some((hex::encode(&c.hash), Vec::new()));
-            }
-            let Some((h, data)) = cur.as_mut() else {
-                return Err(Error::ChunkWithoutHash);
-            };
-            data.extend_from_slice(&c.data);
-            let max = sizes.get(h.as_str()).copied().unwrap_or(0);
-            if data.len() as u64 > max + 1024 + max / 8 {
-                return Err(Error::BlobTooLarge(h.clone()));
-            }
-            if c.last {
-                let (h, data) = cur.take().expect("set above");
-                let content = manifest::decompress(&data, max).map_err(|source| Error::Blob {
-                    hash: h.clone(),
-                    source,
-                })?;
-                if in_memory + content.len() as u64 <= state.memory_budget {
-                    in_memory += content.len() as u64;
-                    fetched.insert(h, content);
-                } else {
-                    // Over the budget: to disk; the materialiser checks it when it reads it.
-                    std::fs::create_dir_all(&staging.0).map_err(|source| Error::Staging {
-                        dir: staging.0.clone(),
-                        source,
-                    })?;
-                    let p = staging.0.join(&h);
-                    if let Err(source) = std::fs::write(&p, &content) {
-                        return Err(Error::Stage { hash: h, source });
-                    }
-                    staged += 1;
-                    local.insert(h, p);
-                }
-            }
-        }
-    }
+    let (fetched, staged, blob_wire) =
+        fetch_blobs(client, state, &current, &delta, &mut local, &staging).await?;
+    wire += blob_wire;
     let blobs_fetched = fetched.len() as u64 + staged;
     if staged > 0 {
         tracing::info!(
@@ -264,4 +134,178 @@ pub(super) async fn materialise(
         hashed: 0,
         ..Default::default()
     })
+}
+
+/// The manifest to materialise, from the brain: the delta from what the disk holds (`have`)
+/// or the whole manifest, checked against `want`. Also the delta's base and the bytes that
+/// crossed the wire.
+async fn fetch_target(
+    client: &mut SyncClient<Channel>,
+    id: u64,
+    have: &str,
+    current: &Manifest,
+    rules: &shared::manifest::Rules,
+    want: &str,
+) -> Result<(Manifest, manifest::Delta, String, u64), Error> {
+    let mut stream = client
+        .get_manifest(proto::GetManifestRequest {
+            request_id: id,
+            have_root: have.to_string(),
+        })
+        .await
+        .map_err(Error::rpc("fetching the manifest"))?
+        .into_inner();
+    let mut buf = Vec::new();
+    let mut delta_from: Option<String> = None;
+    while let Some(c) = stream
+        .message()
+        .await
+        .map_err(Error::rpc("fetching the manifest"))?
+    {
+        delta_from.get_or_insert(c.delta_from);
+        buf.extend_from_slice(&c.data);
+        if buf.len() > MAX_MANIFEST_WIRE {
+            return Err(Error::ManifestTooLarge);
+        }
+    }
+    let wire = buf.len() as u64;
+    let json = manifest::decompress(&buf, MAX_MANIFEST_BYTES).map_err(Error::ManifestUnreadable)?;
+    let delta_from = delta_from.unwrap_or_default();
+    let (target, delta) = if delta_from.is_empty() {
+        let target: Manifest = serde_json::from_slice(&json).map_err(Error::ManifestJson)?;
+        target.validate(rules)?;
+        let delta = current.diff(&target);
+        (target, delta)
+    } else {
+        if delta_from != have {
+            return Err(Error::DeltaFromElsewhere {
+                from: delta_from,
+                have: have.to_string(),
+            });
+        }
+        let delta: manifest::Delta = serde_json::from_slice(&json).map_err(Error::DeltaJson)?;
+        // Checked as it is applied: the result is a valid manifest.
+        let target = current.apply(&delta, rules)?;
+        (target, delta)
+    };
+    if !target.matches_root(want) {
+        return Err(Error::WrongRoot {
+            got: target.root_hash(),
+            want: want.into(),
+        });
+    }
+    Ok((target, delta, delta_from, wire))
+}
+
+/// Content this machine already has, under any path of the workspace or where an import
+/// saw it: looked up for the delta's new content only.
+fn local_copies(
+    state: &SyncState,
+    current: &Manifest,
+    delta: &manifest::Delta,
+    root: &Path,
+) -> HashMap<String, PathBuf> {
+    let new: std::collections::HashSet<&str> = delta
+        .upserts
+        .values()
+        .filter(|e| e.kind == Kind::File)
+        .map(|e| e.hash.as_str())
+        .collect();
+    let mut local: HashMap<String, PathBuf> = HashMap::new();
+    if !new.is_empty() {
+        let known = state.known.locked();
+        for h in &new {
+            if let Some(p) = known.get(*h) {
+                local.insert(h.to_string(), p.clone());
+            }
+        }
+        drop(known);
+        for (p, e) in current.entries() {
+            if e.kind == Kind::File && new.contains(e.hash.as_str()) {
+                local.insert(e.hash.clone(), root.join(p));
+            }
+        }
+    }
+    local
+}
+
+/// Fetches the blobs the delta needs that are nowhere on this machine: kept in memory up to
+/// the memory budget, staged on disk past it (and added to `local`). The blobs in memory,
+/// how many were staged, and the bytes that crossed the wire.
+async fn fetch_blobs(
+    client: &mut SyncClient<Channel>,
+    state: &SyncState,
+    current: &Manifest,
+    delta: &manifest::Delta,
+    local: &mut HashMap<String, PathBuf>,
+    staging: &Staging,
+) -> Result<(HashMap<String, Vec<u8>>, u64, u64), Error> {
+    let sizes: HashMap<&str, u64> = delta
+        .upserts
+        .values()
+        .filter(|e| e.kind == Kind::File)
+        .map(|e| (e.hash.as_str(), e.size))
+        .collect();
+    let mut need: Vec<&str> = delta
+        .upserts
+        .iter()
+        .filter(|(p, e)| {
+            e.kind == Kind::File && current.get(p) != Some(*e) && !local.contains_key(&e.hash)
+        })
+        .map(|(_, e)| e.hash.as_str())
+        .collect();
+    need.sort();
+    need.dedup();
+    let mut fetched: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut in_memory = 0u64;
+    let mut staged = 0u64;
+    let mut wire = 0u64;
+    for batch in need.chunks(HASH_BATCH) {
+        let mut s = client
+            .get_blobs(BlobList {
+                hashes: batch.iter().map(|h| raw(h)).collect(),
+            })
+            .await
+            .map_err(Error::rpc("fetching blobs"))?
+            .into_inner();
+        let mut cur: Option<(String, Vec<u8>)> = None;
+        while let Some(c) = s.message().await.map_err(Error::rpc("fetching blobs"))? {
+            wire += c.data.len() as u64;
+            if !c.hash.is_empty() {
+                cur = Some((hex::encode(&c.hash), Vec::new()));
+            }
+            let Some((h, data)) = cur.as_mut() else {
+                return Err(Error::ChunkWithoutHash);
+            };
+            data.extend_from_slice(&c.data);
+            let max = sizes.get(h.as_str()).copied().unwrap_or(0);
+            if data.len() as u64 > max + 1024 + max / 8 {
+                return Err(Error::BlobTooLarge(h.clone()));
+            }
+            if c.last {
+                let (h, data) = cur.take().expect("set above");
+                let content = manifest::decompress(&data, max).map_err(|source| Error::Blob {
+                    hash: h.clone(),
+                    source,
+                })?;
+                if in_memory + content.len() as u64 <= state.memory_budget {
+                    in_memory += content.len() as u64;
+                    fetched.insert(h, content);
+                } else {
+                    // Over the budget: to disk; the materialiser checks it when it reads it.
+                    std::fs::create_dir_all(&staging.0).map_err(|source| Error::Staging {
+                        dir: staging.0.clone(),
+                        source,
+                    })?;
+                    let p = staging.0.join(&h);
+                    if let Err(source) = std::fs::write(&p, &content) {
+                        return Err(Error::Stage { hash: h, source });
+                    }
+                    staged += 1;
+                    local.insert(h, p);
+                }
+            }
+        }
+    }
+    Ok((fetched, staged, wire))
 }

@@ -56,6 +56,10 @@ fn wide_ids_are_strings_and_the_names_are_the_logs() {
 }
 
 /// One of every kind of record, with every optional part filled in.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one of every kind of record: its length is the kinds'"
+)]
 fn one_of_each() -> Vec<Event> {
     use crate::llm::{CodeBlock, Message, Response, Role, ToolUse, Usage};
     use crate::model::Outcome;
