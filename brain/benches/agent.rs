@@ -57,6 +57,9 @@ use testkit::{BrainOptions, Cluster};
 #[path = "agent/harness.rs"]
 mod harness;
 use harness::*;
+#[path = "agent/report.rs"]
+mod report;
+use report::*;
 
 fn env_or(k: &str, d: &str) -> String {
     std::env::var(k)
@@ -457,97 +460,168 @@ fn progress(h: &str, i: usize, a: &Attempt) {
     );
 }
 
-// ---------------------------------------------------------------------------------------------
-// The model server
-
-fn median_u64(mut v: Vec<u64>) -> u64 {
-    if v.is_empty() {
-        return 0;
-    }
-    v.sort_unstable();
-    v[v.len() / 2]
+/// The brains and workers of the Tether rows. (Fields drop in this order: workers before
+/// their brains.)
+struct Fleet {
+    /// Per job, a pool of workers of its own for the attempts row (label `pool=aJ`), one per
+    /// attempt.
+    pools: Vec<testkit::Worker>,
+    /// One worker per job on each brain, so attempts that run at once never share one.
+    base_workers: Vec<testkit::Worker>,
+    now_workers: Vec<testkit::Worker>,
+    /// Tether as it was: another build's binaries (`AGENT_BENCH_BASELINE=DIR`, e.g. the commit
+    /// before this work built into its own target/release), on a brain of its own.
+    baseline: Option<Cluster>,
+    /// This build's brain.
+    cluster: Option<Cluster>,
 }
 
-fn median_dur(mut v: Vec<Duration>) -> Duration {
-    if v.is_empty() {
-        return Duration::ZERO;
-    }
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn summary_row(name: &str, a: &[Attempt]) -> String {
-    if a.is_empty() {
-        return format!("{name:<16} (not run)");
-    }
-    let solved = a.iter().filter(|x| x.solved).count();
-    let claimed = a.iter().filter(|x| x.claimed).count();
-    let fs = a.iter().filter(|x| x.false_success()).count();
-    format!(
-        "{name:<16} {:>8} {:>9} {:>8} {:>13} {:>10} {:>11} {:>11.1}s",
-        a.len(),
-        format!("{solved}/{}", a.len()),
-        claimed,
-        fs,
-        median_u64(a.iter().map(|x| x.calls).collect()),
-        median_u64(a.iter().map(|x| x.tokens).collect()),
-        median_dur(a.iter().map(|x| x.wall).collect()).as_secs_f64(),
-    )
-}
-
-fn report(tasks: &[Task], n: usize, rows: &[(&str, &Vec<Attempt>)]) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "\nper task ({n} attempt(s) each): claim → solved by the independent check (+ yes, - no, ! false success)"
-    );
-    let mut head = format!("{:<10}", "task");
-    for (h, _) in rows {
-        let _ = write!(head, " | {h:<40}");
-    }
-    let _ = writeln!(s, "{head}");
-    for t in tasks {
-        let mut line = format!("{:<10}", t.name);
-        for (_, atts) in rows {
-            let cell: Vec<String> = atts
-                .iter()
-                .filter(|a| a.task == t.name)
-                .map(|a| {
-                    let mark = if a.false_success() {
-                        '!'
-                    } else if a.solved {
-                        '+'
-                    } else {
-                        '-'
-                    };
-                    format!("{}{mark}", a.claim)
+impl Fleet {
+    fn start(s: &Settings) -> Self {
+        let cluster = (s.wants("tether") || s.wants("tether-json") || s.wants("tether-attempts"))
+            .then(|| {
+                Cluster::start_with(BrainOptions {
+                    config: Some(brain_config(s, true)),
+                    lost_after: Duration::from_secs(30),
+                    ..BrainOptions::default()
                 })
-                .collect();
-            let _ = write!(line, " | {:<40}", cell.join(" "));
+            });
+        let baseline = std::env::var_os("AGENT_BENCH_BASELINE")
+            .filter(|_| s.wants("tether-before"))
+            .map(|dir| {
+                Cluster::start_with(BrainOptions {
+                    config: Some(brain_config(s, false)),
+                    lost_after: Duration::from_secs(30),
+                    bin_dir: Some(PathBuf::from(dir)),
+                    ..BrainOptions::default()
+                })
+            });
+        let workers = |c: &Option<Cluster>, name: &str| -> Vec<testkit::Worker> {
+            c.as_ref()
+                .map(|c| {
+                    (0..s.jobs)
+                        .map(|j| c.join_worker(&format!("{name}-{j}")))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let (now_workers, base_workers) = (
+            workers(&cluster, "bench-worker"),
+            workers(&baseline, "bench-before"),
+        );
+        let pools: Vec<testkit::Worker> = match &cluster {
+            Some(c) if s.wants("tether-attempts") => (0..s.jobs)
+                .flat_map(|j| (0..s.attempts).map(move |k| (j, k)))
+                .map(|(j, k)| {
+                    c.join_worker_labeled(&format!("bench-pool{j}-{k}"), &[&format!("pool=a{j}")])
+                })
+                .collect(),
+            _ => vec![],
+        };
+        Self {
+            pools,
+            base_workers,
+            now_workers,
+            baseline,
+            cluster,
         }
-        let _ = writeln!(s, "{line}");
     }
-    let _ = writeln!(
-        s,
-        "\n{:<16} {:>8} {:>9} {:>8} {:>13} {:>10} {:>11} {:>12}",
-        "harness",
-        "attempts",
-        "solved",
-        "claimed",
-        "false success",
-        "med calls",
-        "med tokens",
-        "med wall"
-    );
-    for (h, atts) in rows {
-        let _ = writeln!(s, "{}", summary_row(h, atts));
-    }
-    s
 }
 
-fn main() {
-    let s = Settings::from_env();
-    let tasks = load_tasks();
+/// What every job runs its units with.
+struct Job<'a> {
+    s: &'a Settings,
+    fleet: &'a Fleet,
+    work: &'a Path,
+    /// The model as free text, and constrained to the JSON schema.
+    plain: String,
+    json: String,
+    /// Whether the mini-swe-agent row runs.
+    msa: bool,
+}
+
+impl Job<'_> {
+    /// Attempt `i` at `task` by each row in turn, on job `j`'s workers; each attempt is given
+    /// to `keep` with its row's name and the name its progress line shows.
+    fn run_unit(
+        &self,
+        j: usize,
+        task: &Task,
+        i: usize,
+        keep: impl Fn(&'static str, &str, Attempt),
+    ) {
+        let (s, work) = (self.s, self.work);
+        let (cluster, baseline) = (&self.fleet.cluster, &self.fleet.baseline);
+        let (w_now, w_base) = (
+            self.fleet.now_workers.get(j),
+            self.fleet.base_workers.get(j),
+        );
+        let (plain, json) = (&self.plain, &self.json);
+        if let (Some(c), Some(w)) = (baseline, w_base) {
+            let a = tether("tether-before", s, c, On::Worker(w), plain, task, i, work);
+            keep("before", "before", a);
+        }
+        if let (Some(c), Some(w), true) = (cluster, w_now, s.wants("tether")) {
+            let a = tether("tether", s, c, On::Worker(w), plain, task, i, work);
+            keep("tether", "tether", a);
+        }
+        if let (Some(c), Some(w), true) = (cluster, w_now, s.wants("tether-json")) {
+            let a = tether("tether-json", s, c, On::Worker(w), json, task, i, work);
+            keep("json", "t-json", a);
+        }
+        if let (Some(c), true) = (cluster, s.wants("tether-attempts")) {
+            let pool = format!("a{j}");
+            let on = On::Attempts(&pool, s.attempts);
+            let a = tether("tether-attempts", s, c, on, plain, task, i, work);
+            keep("attempts", "t-att", a);
+        }
+        if self.msa {
+            keep("msa", "msa", msa(s, task, i, work));
+        }
+        if s.wants("oneshot") {
+            keep("oneshot", "oneshot", oneshot(s, task, i, work));
+        }
+    }
+
+    /// Each (task, attempt) runs its rows in turn; `AGENT_BENCH_JOBS` of them at once (the
+    /// model server needs as many slots, `LLM_SLOTS`). Returns (unit, row, attempt), sorted by
+    /// unit.
+    fn run_all(&self, tasks: &[Task]) -> Vec<(usize, &'static str, Attempt)> {
+        let units: Vec<(&Task, usize)> = tasks
+            .iter()
+            .flat_map(|t| (1..=self.s.n).map(move |i| (t, i)))
+            .collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let done = std::sync::Mutex::new(Vec::<(usize, &str, Attempt)>::new());
+        std::thread::scope(|scope| {
+            for j in 0..self.s.jobs {
+                let (units, next, done) = (&units, &next, &done);
+                scope.spawn(move || {
+                    loop {
+                        let u = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let Some(&(task, i)) = units.get(u) else {
+                            return;
+                        };
+                        self.run_unit(j, task, i, |row, shown, a| {
+                            progress(shown, i, &a);
+                            shared::locks::Lock::locked(done).push((u, row, a));
+                        });
+                    }
+                });
+            }
+        });
+        let mut done = done
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        done.sort_by_key(|(u, _, _)| *u);
+        done
+    }
+}
+
+/// Panics (broken setup) unless git and python3 run, every task's check fails on its shipped
+/// files, and the model server serves the model. Returns why the mini-swe-agent row is
+/// skipped, if it is.
+fn check_setup(s: &Settings, tasks: &[Task]) -> Option<String> {
     std::fs::create_dir_all(&s.out).expect("output dir");
     for tool in ["git", "python3"] {
         assert!(
@@ -558,7 +632,7 @@ fn main() {
             "{tool} is needed on this machine"
         );
     }
-    for t in &tasks {
+    for t in tasks {
         let (ok, out) = verify(t, &t.dir);
         assert!(
             !ok,
@@ -566,12 +640,12 @@ fn main() {
             t.name
         );
     }
-    check_server(&s);
-    let msa_skip = if s.wants("msa") {
-        msa_missing(&s)
-    } else {
-        None
-    };
+    check_server(s);
+    if s.wants("msa") { msa_missing(s) } else { None }
+}
+
+/// What the run is, and what may keep a row from its figures.
+fn print_header(s: &Settings, tasks: &[Task], msa_skip: &Option<String>) {
     println!(
         "agent benchmark: {} task(s) × {} attempt(s), {} at once; model {} at {}; at most {} \
          model calls, {} s and {} tokens an answer per attempt; logs in {}",
@@ -585,15 +659,15 @@ fn main() {
         s.max_tokens,
         s.out.display()
     );
-    if let Some(why) = &msa_skip {
+    if let Some(why) = msa_skip {
         println!("{why}");
     } else if s.wants("msa") {
-        println!("mini-swe-agent {} ({})", msa_version(&s), s.msa_python);
+        println!("mini-swe-agent {} ({})", msa_version(s), s.msa_python);
     }
     println!();
 
     if s.wants("tether") || s.wants("tether-json") || s.wants("tether-before") {
-        for (name, text) in unreachable_checks(&tasks) {
+        for (name, text) in unreachable_checks(tasks) {
             println!(
                 "WARNING task {name}: its check cannot run as an unprivileged user here, and \
                  the worker runs commands as one, so Tether rows fail it for a reason not the \
@@ -603,193 +677,33 @@ fn main() {
             );
         }
     }
-    let cluster =
-        (s.wants("tether") || s.wants("tether-json") || s.wants("tether-attempts")).then(|| {
-            Cluster::start_with(BrainOptions {
-                config: Some(brain_config(&s, true)),
-                lost_after: Duration::from_secs(30),
-                ..BrainOptions::default()
-            })
-        });
-    // Tether as it was: another build's binaries (`AGENT_BENCH_BASELINE=DIR`, e.g. the commit
-    // before this work built into its own target/release), on a brain of its own.
-    let baseline = std::env::var_os("AGENT_BENCH_BASELINE")
-        .filter(|_| s.wants("tether-before"))
-        .map(|dir| {
-            Cluster::start_with(BrainOptions {
-                config: Some(brain_config(&s, false)),
-                lost_after: Duration::from_secs(30),
-                bin_dir: Some(PathBuf::from(dir)),
-                ..BrainOptions::default()
-            })
-        });
-    // One worker per job on each brain, so attempts that run at once never share one.
-    let workers = |c: &Option<Cluster>, name: &str| -> Vec<testkit::Worker> {
-        c.as_ref()
-            .map(|c| {
-                (0..s.jobs)
-                    .map(|j| c.join_worker(&format!("{name}-{j}")))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let (now_workers, base_workers) = (
-        workers(&cluster, "bench-worker"),
-        workers(&baseline, "bench-before"),
-    );
-    // Attempts: per job a pool of workers of its own (label `pool=aJ`), one per attempt.
-    let pools: Vec<testkit::Worker> = match &cluster {
-        Some(c) if s.wants("tether-attempts") => (0..s.jobs)
-            .flat_map(|j| (0..s.attempts).map(move |k| (j, k)))
-            .map(|(j, k)| {
-                c.join_worker_labeled(&format!("bench-pool{j}-{k}"), &[&format!("pool=a{j}")])
-            })
-            .collect(),
-        _ => vec![],
-    };
+}
+
+fn main() {
+    let s = Settings::from_env();
+    let tasks = load_tasks();
+    let msa_skip = check_setup(&s, &tasks);
+    print_header(&s, &tasks, &msa_skip);
+    let mut fleet = Fleet::start(&s);
     let work = tempfile::Builder::new()
         .prefix("agent-bench-")
         .tempdir()
         .expect("temp dir");
-
-    let plain = format!("openai:{}", s.model);
-    let json = format!("openai:{}-json", s.model);
-    // Each (task, attempt) runs its rows in turn; `AGENT_BENCH_JOBS` of them at once (the
-    // model server needs as many slots, `LLM_SLOTS`).
-    let units: Vec<(&Task, usize)> = tasks
-        .iter()
-        .flat_map(|t| (1..=s.n).map(move |i| (t, i)))
-        .collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let done = std::sync::Mutex::new(Vec::<(usize, &str, Attempt)>::new());
-    std::thread::scope(|scope| {
-        for j in 0..s.jobs {
-            let (s, units, next, done) = (&s, &units, &next, &done);
-            let (cluster, baseline, work) = (&cluster, &baseline, work.path());
-            let (w_now, w_base) = (now_workers.get(j), base_workers.get(j));
-            let (plain, json, msa_skip) = (&plain, &json, &msa_skip);
-            scope.spawn(move || {
-                loop {
-                    let u = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let Some(&(task, i)) = units.get(u) else {
-                        return;
-                    };
-                    let keep = |row: &'static str, shown: &str, a: Attempt| {
-                        progress(shown, i, &a);
-                        shared::locks::Lock::locked(done).push((u, row, a));
-                    };
-                    if let (Some(c), Some(w)) = (baseline, w_base) {
-                        let a = tether("tether-before", s, c, On::Worker(w), plain, task, i, work);
-                        keep("before", "before", a);
-                    }
-                    if let (Some(c), Some(w), true) = (cluster, w_now, s.wants("tether")) {
-                        let a = tether("tether", s, c, On::Worker(w), plain, task, i, work);
-                        keep("tether", "tether", a);
-                    }
-                    if let (Some(c), Some(w), true) = (cluster, w_now, s.wants("tether-json")) {
-                        let a = tether("tether-json", s, c, On::Worker(w), json, task, i, work);
-                        keep("json", "t-json", a);
-                    }
-                    if let (Some(c), true) = (cluster, s.wants("tether-attempts")) {
-                        let pool = format!("a{j}");
-                        let on = On::Attempts(&pool, s.attempts);
-                        let a = tether("tether-attempts", s, c, on, plain, task, i, work);
-                        keep("attempts", "t-att", a);
-                    }
-                    if s.wants("msa") && msa_skip.is_none() {
-                        keep("msa", "msa", msa(s, task, i, work));
-                    }
-                    if s.wants("oneshot") {
-                        keep("oneshot", "oneshot", oneshot(s, task, i, work));
-                    }
-                }
-            });
-        }
-    });
-    let mut done = done
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    done.sort_by_key(|(u, _, _)| *u);
-    let row = |name: &str| -> Vec<Attempt> {
-        done.iter()
-            .filter(|(_, r, _)| *r == name)
-            .map(|(_, _, a)| a.clone())
-            .collect()
+    let job = Job {
+        s: &s,
+        fleet: &fleet,
+        work: work.path(),
+        plain: format!("openai:{}", s.model),
+        json: format!("openai:{}-json", s.model),
+        msa: s.wants("msa") && msa_skip.is_none(),
     };
-    let (b_rows, t_rows, j_rows, m_rows, o_rows) = (
-        row("before"),
-        row("tether"),
-        row("json"),
-        row("msa"),
-        row("oneshot"),
-    );
-    let a_rows = row("attempts");
-    drop(pools);
+    let results = Results::of(&job.run_all(&tasks));
+    let msa_ran = job.msa;
+    drop(std::mem::take(&mut fleet.pools));
 
-    let mut rows: Vec<(&str, &Vec<Attempt>)> = Vec::new();
-    if baseline.is_some() {
-        rows.push(("tether (before)", &b_rows));
-    }
-    if cluster.is_some() && s.wants("tether") {
-        rows.push(("tether", &t_rows));
-    }
-    if cluster.is_some() && s.wants("tether-json") {
-        rows.push(("tether json", &j_rows));
-    }
-    let attempts_row = format!("tether ×{}", s.attempts);
-    if cluster.is_some() && s.wants("tether-attempts") {
-        rows.push((&attempts_row, &a_rows));
-    }
-    if s.wants("msa") && msa_skip.is_none() {
-        rows.push(("mini-swe-agent", &m_rows));
-    }
-    if s.wants("oneshot") {
-        rows.push(("one-shot", &o_rows));
-    }
-    print!("{}", report(&tasks, s.n, &rows));
-    if s.wants("oneshot") {
-        println!(
-            "one-shot: fixed {} of {}",
-            o_rows.iter().filter(|a| a.solved).count(),
-            o_rows.len()
-        );
-    }
-    if !a_rows.is_empty() && !t_rows.is_empty() {
-        // The same tasks once and as attempts, in this run: what N attempts on N workers cost
-        // in wall time against one.
-        let (one, many) = (
-            median_dur(t_rows.iter().map(|a| a.wall).collect()),
-            median_dur(a_rows.iter().map(|a| a.wall).collect()),
-        );
-        println!(
-            "{attempts_row}: solved {} of {} ({:.0}%), against {} of {} once; median wall {:.1}s against {:.1}s once ({:.2}×)",
-            a_rows.iter().filter(|a| a.solved).count(),
-            a_rows.len(),
-            100.0 * a_rows.iter().filter(|a| a.solved).count() as f64 / a_rows.len() as f64,
-            t_rows.iter().filter(|a| a.solved).count(),
-            t_rows.len(),
-            many.as_secs_f64(),
-            one.as_secs_f64(),
-            many.as_secs_f64() / one.as_secs_f64().max(1e-9)
-        );
-    }
-    let fs: Vec<&Attempt> = t_rows
-        .iter()
-        .chain(&j_rows)
-        .chain(&a_rows)
-        .filter(|a| a.false_success())
-        .collect();
-    if !fs.is_empty() {
-        println!(
-            "\nTETHER FALSE SUCCESS ({}): {} — a harness bug; see the logs in {}",
-            fs.len(),
-            fs.iter()
-                .map(|a| a.task.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            s.out.display()
-        );
-    }
+    print_report(&s, &tasks, &fleet, msa_ran, &results);
+    print_attempts_against_once(&s, &results);
+    print_false_successes(&s, &results);
     if let Some(why) = &msa_skip {
         println!("\n{why}");
     }

@@ -6,11 +6,13 @@
 //!     cargo bench -p brain --bench durability
 
 use std::io::Write;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brain::engine::Store;
 use brain::engine::log::{EventLog, SledLog};
+use brain::engine::{Store, Task};
+use brain::model::TaskId;
 use brain::model::event::{Event, Purpose, ToolCall, ToolResult};
 use brain::model::ids::CallIds;
 
@@ -56,49 +58,72 @@ fn main() {
         event: completed(1 << 40),
     })
     .unwrap();
-
-    // Baseline: write + fdatasync per record.
-    let mut f = std::fs::File::create(tmp.path().join("baseline.log")).unwrap();
-    let t = Instant::now();
-    for _ in 0..n {
-        f.write_all(&sample).unwrap();
-        f.sync_data().unwrap();
-    }
-    let base = per_sec(n, t.elapsed());
+    let base = fdatasync_baseline(&tmp.path().join("baseline.log"), &sample, n);
 
     let db_dir = tmp.path().join("db");
     let db = sled::open(&db_dir).unwrap();
     let (one, hundred) = rt.block_on(async {
         let log = Arc::new(SledLog::open(db.clone(), db_dir.clone()).unwrap());
-        let task = log.new_task_id().unwrap();
-        let t = Instant::now();
-        for i in 0..n as u64 {
-            log.append(task, vec![completed(i)]).await.unwrap();
-        }
-        let one = per_sec(n, t.elapsed());
-
-        let tasks = 100;
-        let each = (n / 10).max(20);
-        let t = Instant::now();
-        let mut hs = Vec::new();
-        for _ in 0..tasks {
-            let log = log.clone();
-            let id = log.new_task_id().unwrap();
-            hs.push(tokio::spawn(async move {
-                for i in 0..each as u64 {
-                    log.append(id, vec![completed(i)]).await.unwrap();
-                }
-            }));
-        }
-        for h in hs {
-            h.await.unwrap();
-        }
-        (one, per_sec(tasks * each, t.elapsed()))
+        let one = appends_one_task(&log, n).await;
+        (one, appends_hundred_tasks(&log, n).await)
     });
+    print_appends(sample.len(), base, one, hundred);
+
+    let times = rt.block_on(recovery_rows(SledLog::open(db.clone(), db_dir).unwrap()));
+    println!(
+        "  ratio 100k / 1k (snapshot+tail): {:.2}×   (target ≤ 2)",
+        times[2].as_secs_f64() / times[0].as_secs_f64()
+    );
+}
+
+/// The baseline: `n` records of `sample` written to `path`, each followed by an `fdatasync`;
+/// records per second.
+fn fdatasync_baseline(path: &Path, sample: &[u8], n: usize) -> f64 {
+    let mut f = std::fs::File::create(path).unwrap();
+    let t = Instant::now();
+    for _ in 0..n {
+        f.write_all(sample).unwrap();
+        f.sync_data().unwrap();
+    }
+    per_sec(n, t.elapsed())
+}
+
+/// `n` durable appends to one task, one after the other; appends per second.
+async fn appends_one_task(log: &SledLog, n: usize) -> f64 {
+    let task = log.new_task_id().unwrap();
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        log.append(task, vec![completed(i)]).await.unwrap();
+    }
+    per_sec(n, t.elapsed())
+}
+
+/// Durable appends by 100 tasks at once (the log commits them in groups); appends per second.
+async fn appends_hundred_tasks(log: &Arc<SledLog>, n: usize) -> f64 {
+    let tasks = 100;
+    let each = (n / 10).max(20);
+    let t = Instant::now();
+    let mut hs = Vec::new();
+    for _ in 0..tasks {
+        let log = log.clone();
+        let id = log.new_task_id().unwrap();
+        hs.push(tokio::spawn(async move {
+            for i in 0..each as u64 {
+                log.append(id, vec![completed(i)]).await.unwrap();
+            }
+        }));
+    }
+    for h in hs {
+        h.await.unwrap();
+    }
+    per_sec(tasks * each, t.elapsed())
+}
+
+fn print_appends(record_bytes: usize, base: f64, one: f64, hundred: f64) {
     println!("{:<58} {:>12}", "what", "per second");
     println!(
         "{:<58} {:>12.0}",
-        format!("write + fdatasync, {} B records (baseline)", sample.len()),
+        format!("write + fdatasync, {record_bytes} B records (baseline)"),
         base
     );
     println!("{:<58} {:>12.0}", "durable appends, 1 task", one);
@@ -112,94 +137,103 @@ fn main() {
         one / base,
         hundred / base
     );
+}
 
-    // Recovery.
+/// The recovery rows: a task with 1k, 10k and 100k events loaded from its snapshot and tail,
+/// beside a full replay of its log. Returns the snapshot+tail times.
+async fn recovery_rows(log: SledLog) -> Vec<Duration> {
     println!(
         "\n{:<40} {:>14} {:>14}",
         "recovery of one task", "snapshot+tail", "full replay"
     );
+    let log: Arc<dyn EventLog> = Arc::new(log);
+    let m = Store::new(log.clone(), 100, CallIds::starting_above(0, 1));
     let mut times = Vec::new();
-    rt.block_on(async {
-        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(db.clone(), db_dir.clone()).unwrap());
-        let m = Store::new(log.clone(), 100, CallIds::starting_above(0, 1));
-        for events in [1_000u64, 10_000, 100_000] {
-            let task = m
-                .create(|id| {
-                    vec![
-                        Event::Created {
-                            goal: "bench".into(),
-                            workspace: id.workspace(),
-                            plan: Some(
-                                brain::model::Plan::parse(r#"{"steps":[{"run":["true"]}]}"#)
-                                    .unwrap(),
-                            ),
-                            agent: None,
-                            egress: None,
-                            attempts: None,
-                            attempt_of: None,
+    for events in [1_000u64, 10_000, 100_000] {
+        let task = task_with_history(&m, events).await;
+        let (with_snapshot, replay) = time_recovery(&m, log.as_ref(), task.id, events);
+        println!(
+            "{:<40} {:>11.3} ms {:>11.3} ms",
+            format!("{events} events"),
+            with_snapshot.as_secs_f64() * 1e3,
+            replay.as_secs_f64() * 1e3
+        );
+        times.push(with_snapshot);
+    }
+    times
+}
+
+/// A new task with `events` events of history (in batches of 99), as a long task would have;
+/// no driver runs it.
+async fn task_with_history(m: &Store, events: u64) -> Arc<Task> {
+    let task = m
+        .create(|id| {
+            vec![
+                Event::Created {
+                    goal: "bench".into(),
+                    workspace: id.workspace(),
+                    plan: Some(
+                        brain::model::Plan::parse(r#"{"steps":[{"run":["true"]}]}"#).unwrap(),
+                    ),
+                    agent: None,
+                    egress: None,
+                    attempts: None,
+                    attempt_of: None,
+                },
+                Event::WorkerAssigned {
+                    worker: "nobody".into(),
+                },
+            ]
+        })
+        .await
+        .unwrap();
+    let mut i = 0u64;
+    while i < events {
+        let batch: Vec<Event> = (0..99)
+            .map(|k| {
+                let c = i + k;
+                match c % 3 {
+                    0 => Event::ToolCallIssued {
+                        call_id: c,
+                        step: 0,
+                        purpose: Purpose::Step,
+                        worker: "nobody".into(),
+                        call: ToolCall::RunCommand {
+                            argv: vec!["true".into()],
+                            timeout_ms: 1000,
+                            cwd: String::new(),
                         },
-                        Event::WorkerAssigned {
-                            worker: "nobody".into(),
-                        },
-                    ]
-                })
-                .await
-                .unwrap();
-            let id = task.id;
-            // No driver runs it; add history as a long task would have.
-            let mut i = 0u64;
-            while i < events {
-                let batch: Vec<Event> = (0..99)
-                    .map(|k| {
-                        let c = i + k;
-                        match c % 3 {
-                            0 => Event::ToolCallIssued {
-                                call_id: c,
-                                step: 0,
-                                purpose: Purpose::Step,
-                                worker: "nobody".into(),
-                                call: ToolCall::RunCommand {
-                                    argv: vec!["true".into()],
-                                    timeout_ms: 1000,
-                                    cwd: String::new(),
-                                },
-                            },
-                            1 => Event::ToolOutput {
-                                call_id: c - 1,
-                                stdout: "ok\n".into(),
-                                stderr: String::new(),
-                            },
-                            _ => completed(c - 2),
-                        }
-                    })
-                    .collect();
-                i += batch.len() as u64;
-                m.append(&task, batch).await.unwrap();
-            }
-            let t = Instant::now();
-            let (st, broken) = m.load(id).unwrap();
-            let with_snapshot = t.elapsed();
-            assert!(broken.is_none());
-            assert!(st.last_seq >= events);
-            let t = Instant::now();
-            let recs = log.read(id, 0).unwrap();
-            let mut full = brain::model::TaskState::new(id);
-            for r in &recs {
-                brain::model::apply(&mut full, r.as_ref().unwrap());
-            }
-            let replay = t.elapsed();
-            assert_eq!(full.last_seq, st.last_seq);
-            println!(
-                "{:<40} {:>11.3} ms {:>11.3} ms",
-                format!("{events} events"),
-                with_snapshot.as_secs_f64() * 1e3,
-                replay.as_secs_f64() * 1e3
-            );
-            times.push(with_snapshot);
-        }
-    });
-    println!(
-        "  ratio 100k / 1k (snapshot+tail): {:.2}×   (target ≤ 2)",
-        times[2].as_secs_f64() / times[0].as_secs_f64()
-    );
+                    },
+                    1 => Event::ToolOutput {
+                        call_id: c - 1,
+                        stdout: "ok\n".into(),
+                        stderr: String::new(),
+                    },
+                    _ => completed(c - 2),
+                }
+            })
+            .collect();
+        i += batch.len() as u64;
+        m.append(&task, batch).await.unwrap();
+    }
+    task
+}
+
+/// (load from the snapshot and the tail, full replay of the log) of task `id`, checked to
+/// reach the same state.
+fn time_recovery(m: &Store, log: &dyn EventLog, id: TaskId, events: u64) -> (Duration, Duration) {
+    let t = Instant::now();
+    let (st, broken) = m.load(id).unwrap();
+    let with_snapshot = t.elapsed();
+    assert!(broken.is_none());
+    assert!(st.last_seq >= events);
+    let t = Instant::now();
+    let recs = log.read(id, 0).unwrap();
+    let mut full = brain::model::TaskState::new(id);
+    for r in &recs {
+        brain::model::apply(&mut full, r.as_ref().unwrap());
+    }
+    let replay = t.elapsed();
+    assert_eq!(full.last_seq, st.last_seq);
+    (with_snapshot, replay)
 }

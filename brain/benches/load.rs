@@ -31,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
 use testkit::{BrainOptions, Cluster, Proc, text};
 
 const STEPS: usize = 3;
@@ -289,8 +290,29 @@ fn worker_has_max_tasks(worker: &Path) -> bool {
         .unwrap_or(false)
 }
 
-fn json(out: &std::process::Output) -> Vec<serde_json::Value> {
+fn json(out: &std::process::Output) -> Vec<Value> {
     serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+/// Whether a task, as `brain tasks --json` lists it, has ended.
+fn has_ended(t: &Value) -> bool {
+    matches!(
+        t["status"].as_str(),
+        Some("finished" | "failed" | "cancelled")
+    )
+}
+
+/// Worker names by id, from `brain workers --json`.
+fn names_by_id(workers: &[Value]) -> HashMap<String, String> {
+    workers
+        .iter()
+        .map(|w| {
+            (
+                w["id"].as_str().unwrap_or_default().to_string(),
+                w["name"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
 }
 
 fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
@@ -302,9 +324,41 @@ fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
         bin_dir,
         ..Default::default()
     });
-    let max_tasks = worker_has_max_tasks(&c.bins.worker);
+    let mut procs = join_fleet(&c, row);
 
-    // The fleet: tokens minted in parallel, workers started at once, then wait for all.
+    let plan = write_plan(&c, row);
+    let t0 = Instant::now();
+    let ids = create_tasks(&c, &plan, row);
+    eprintln!(
+        "   {} tasks created in {:.1} s",
+        ids.len(),
+        t0.elapsed().as_secs_f64()
+    );
+
+    let (last, killed, killed_ids) = wait_for_tasks(&c, row, &mut procs, t0 + timeout, &mut f);
+    f.secs = t0.elapsed().as_secs_f64();
+    f.killed = killed.len();
+    f.tasks_on_killed = killed_ids.len();
+    f.finished = last.iter().filter(|t| t["status"] == "finished").count();
+    f.failed = last.iter().filter(|t| t["status"] == "failed").count();
+    f.steps_per_sec = (f.finished * STEPS) as f64 / f.secs;
+    let listed: HashSet<&str> = last.iter().filter_map(|t| t["id"].as_str()).collect();
+    f.missing = ids
+        .iter()
+        .filter(|id| !listed.contains(id.as_str()))
+        .count();
+
+    brain_usage(&c, &mut f);
+    placements(&c, &last, &mut f);
+    from_brain_log(&c, &killed_ids, &mut f);
+    drop(procs);
+    f
+}
+
+/// The fleet: tokens minted in parallel, workers started at once, then wait for all. A
+/// worker that knows `--max-tasks` is given the capacity.
+fn join_fleet(c: &Cluster, row: Row) -> HashMap<String, Proc> {
+    let max_tasks = worker_has_max_tasks(&c.bins.worker);
     let started = Instant::now();
     let names: Vec<String> = (0..row.workers).map(|i| format!("w{i:04}")).collect();
     let tokens: Vec<(String, String)> = std::thread::scope(|s| {
@@ -337,8 +391,12 @@ fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
         row.workers,
         started.elapsed().as_secs_f64()
     );
+    procs
+}
 
-    // The tasks.
+/// The plan every task runs: `STEPS` steps, each appending its line to `out.txt` and checking
+/// it is there.
+fn write_plan(c: &Cluster, row: Row) -> PathBuf {
     let plan = c.dir.join("plan.json");
     // Rows that kill workers hold each step a second, so the kill lands mid-run; rows with
     // more tasks than the fleet has room for hold each step 10 s, so tasks are created faster
@@ -350,7 +408,7 @@ fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
     } else {
         ""
     };
-    let steps: Vec<serde_json::Value> = (0..STEPS)
+    let steps: Vec<Value> = (0..STEPS)
         .map(|i| {
             serde_json::json!({
                 "run": ["sh", "-c", format!("{pause}echo line-{i} >> out.txt")],
@@ -359,12 +417,15 @@ fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
         })
         .collect();
     std::fs::write(&plan, serde_json::json!({ "steps": steps }).to_string()).unwrap();
-    let t0 = Instant::now();
-    let ids: Vec<String> = std::thread::scope(|s| {
+    plan
+}
+
+/// The row's tasks, each started by `brain run --plan` (`THREADS` at once); the ids printed.
+fn create_tasks(c: &Cluster, plan: &Path, row: Row) -> Vec<String> {
+    std::thread::scope(|s| {
         let per = row.tasks.div_ceil(THREADS);
         let handles: Vec<_> = (0..THREADS)
             .map(|k| {
-                let (c, plan) = (&c, &plan);
                 s.spawn(move || {
                     let n = per.min(row.tasks.saturating_sub(k * per));
                     (0..n)
@@ -381,29 +442,24 @@ fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
             .into_iter()
             .flat_map(|h| h.join().unwrap())
             .collect()
-    });
-    eprintln!(
-        "   {} tasks created in {:.1} s",
-        ids.len(),
-        t0.elapsed().as_secs_f64()
-    );
+    })
+}
 
-    // Until every task has ended (or the row's time is up); kill workers mid-run.
+/// Until every task has ended (or `deadline`); kills workers mid-run in a row that does.
+/// Returns the tasks as last listed, the killed workers' names, and the tasks unfinished on
+/// them just after the kill.
+fn wait_for_tasks(
+    c: &Cluster,
+    row: Row,
+    procs: &mut HashMap<String, Proc>,
+    deadline: Instant,
+    f: &mut Figures,
+) -> (Vec<Value>, HashSet<String>, HashSet<String>) {
     let mut killed: HashSet<String> = HashSet::new();
-    let deadline = t0 + timeout;
-    let mut last = vec![];
     let mut killed_ids: HashSet<String> = HashSet::new();
     loop {
         let tasks = json(&c.brain_cli(&["tasks", "--json"]));
-        let ended = tasks
-            .iter()
-            .filter(|t| {
-                matches!(
-                    t["status"].as_str(),
-                    Some("finished" | "failed" | "cancelled")
-                )
-            })
-            .count();
+        let ended = tasks.iter().filter(|t| has_ended(t)).count();
         f.most_queued = f
             .most_queued
             .max(tasks.iter().filter(|t| t["status"] == "queued").count());
@@ -412,116 +468,100 @@ fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
             .map(|t| t["steps_done"].as_u64().unwrap_or(0))
             .sum();
         if row.kill_pct > 0 && killed.is_empty() && steps_done as usize >= row.tasks * STEPS / 3 {
-            // The workers holding tasks now, 10% of the fleet of them.
-            let workers = json(&c.brain_cli(&["workers", "--json"]));
-            let name_of: HashMap<String, String> = workers
-                .iter()
-                .map(|w| {
-                    (
-                        w["id"].as_str().unwrap_or_default().to_string(),
-                        w["name"].as_str().unwrap_or_default().to_string(),
-                    )
-                })
-                .collect();
-            let mut busy: Vec<String> = tasks
-                .iter()
-                .filter(|t| matches!(t["status"].as_str(), Some("running" | "created")))
-                .filter_map(|t| t["worker"].as_str())
-                .filter_map(|w| name_of.get(w).cloned())
-                .collect::<HashSet<_>>()
-                .into_iter()
-                .collect();
-            busy.sort();
-            let n = (row.workers * row.kill_pct / 100).max(1).min(busy.len());
-            for name in busy.into_iter().take(n) {
-                if let Some(mut p) = procs.remove(&name) {
-                    p.kill();
-                }
-                killed.insert(name);
-            }
-            // Which tasks the kill caught, as the brain lists them just after it.
-            let tasks = json(&c.brain_cli(&["tasks", "--json"]));
-            let ids_of_killed: HashSet<String> = name_of
-                .iter()
-                .filter(|(_, n)| killed.contains(*n))
-                .map(|(id, _)| id.clone())
-                .collect();
-            killed_ids = tasks
-                .iter()
-                .filter(|t| {
-                    !matches!(
-                        t["status"].as_str(),
-                        Some("finished" | "failed" | "cancelled")
-                    )
-                })
-                .filter(|t| {
-                    t["worker"]
-                        .as_str()
-                        .is_some_and(|w| ids_of_killed.contains(w))
-                })
-                .filter_map(|t| t["id"].as_str().map(String::from))
-                .collect();
-            eprintln!(
-                "   killed {} workers holding {} unfinished tasks",
-                killed.len(),
-                killed_ids.len()
-            );
+            (killed, killed_ids) = kill_busy_workers(c, row, &tasks, procs);
         }
         // Every task was created before this loop: when all it lists have ended, the row is
         // done (a task it does not list would never end; it is counted as missing).
         let listed = tasks.len();
-        last = tasks;
         if (listed > 0 && ended == listed) || Instant::now() > deadline {
             f.timed_out = ended < listed;
-            break;
+            return (tasks, killed, killed_ids);
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    f.secs = t0.elapsed().as_secs_f64();
-    f.killed = killed.len();
-    f.tasks_on_killed = killed_ids.len();
-    f.finished = last.iter().filter(|t| t["status"] == "finished").count();
-    f.failed = last.iter().filter(|t| t["status"] == "failed").count();
-    f.steps_per_sec = (f.finished * STEPS) as f64 / f.secs;
-    let listed: HashSet<&str> = last.iter().filter_map(|t| t["id"].as_str()).collect();
-    f.missing = ids
-        .iter()
-        .filter(|id| !listed.contains(id.as_str()))
-        .count();
+}
 
-    // The brain: peak RSS and CPU time.
-    if let Some(pid) = c.brain.as_ref().map(|p| p.pid()) {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        f.rss_mb = status
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map_or(0.0, |kb| kb / 1024.0);
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let after = stat.rsplit(')').next().unwrap_or_default();
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
-        f.cpu_secs = (ticks(11) + ticks(12)) / 100.0;
-    }
-
-    // Where the tasks ran, and what each workspace holds.
-    let workers = json(&c.brain_cli(&["workers", "--json"]));
-    let name_of: HashMap<String, String> = workers
+/// Kills `row.kill_pct`% of the fleet among the workers holding `tasks` now; returns their
+/// names and the tasks unfinished on them, as the brain lists them just after the kill.
+fn kill_busy_workers(
+    c: &Cluster,
+    row: Row,
+    tasks: &[Value],
+    procs: &mut HashMap<String, Proc>,
+) -> (HashSet<String>, HashSet<String>) {
+    let name_of = names_by_id(&json(&c.brain_cli(&["workers", "--json"])));
+    let mut busy: Vec<String> = tasks
         .iter()
-        .map(|w| {
-            (
-                w["id"].as_str().unwrap_or_default().to_string(),
-                w["name"].as_str().unwrap_or_default().to_string(),
-            )
-        })
+        .filter(|t| matches!(t["status"].as_str(), Some("running" | "created")))
+        .filter_map(|t| t["worker"].as_str())
+        .filter_map(|w| name_of.get(w).cloned())
+        .collect::<HashSet<_>>()
+        .into_iter()
         .collect();
+    busy.sort();
+    let n = (row.workers * row.kill_pct / 100).max(1).min(busy.len());
+    let mut killed: HashSet<String> = HashSet::new();
+    for name in busy.into_iter().take(n) {
+        if let Some(mut p) = procs.remove(&name) {
+            p.kill();
+        }
+        killed.insert(name);
+    }
+    // Which tasks the kill caught, as the brain lists them just after it.
+    let tasks = json(&c.brain_cli(&["tasks", "--json"]));
+    let ids_of_killed: HashSet<String> = name_of
+        .iter()
+        .filter(|(_, n)| killed.contains(*n))
+        .map(|(id, _)| id.clone())
+        .collect();
+    let killed_ids: HashSet<String> = tasks
+        .iter()
+        .filter(|t| !has_ended(t))
+        .filter(|t| {
+            t["worker"]
+                .as_str()
+                .is_some_and(|w| ids_of_killed.contains(w))
+        })
+        .filter_map(|t| t["id"].as_str().map(String::from))
+        .collect();
+    eprintln!(
+        "   killed {} workers holding {} unfinished tasks",
+        killed.len(),
+        killed_ids.len()
+    );
+    (killed, killed_ids)
+}
+
+/// The brain's peak RSS and CPU time, from /proc.
+fn brain_usage(c: &Cluster, f: &mut Figures) {
+    let Some(pid) = c.brain.as_ref().map(|p| p.pid()) else {
+        return;
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    f.rss_mb = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
+    f.cpu_secs = (ticks(11) + ticks(12)) / 100.0;
+}
+
+/// Where the tasks ran (workers used, the most on one, workers over capacity), and what each
+/// workspace holds.
+fn placements(c: &Cluster, last: &[Value], f: &mut Figures) {
+    let workers = json(&c.brain_cli(&["workers", "--json"]));
+    let name_of = names_by_id(&workers);
     f.peak_over_capacity = workers
         .iter()
         .filter(|w| {
@@ -531,7 +571,7 @@ fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
         .count();
     let mut placed: HashMap<String, usize> = HashMap::new();
     let want: String = (0..STEPS).map(|i| format!("line-{i}\n")).collect();
-    for t in &last {
+    for t in last {
         let worker = t["worker"].as_str().unwrap_or_default();
         *placed.entry(worker.to_string()).or_default() += 1;
         let (Some(id), Some(name)) = (t["id"].as_str(), name_of.get(worker)) else {
@@ -552,8 +592,10 @@ fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
     }
     f.workers_used = placed.len();
     f.most_placed_on_one = placed.values().copied().max().unwrap_or(0);
+}
 
-    // From the brain's log: moves and placement decisions.
+/// From the brain's log: moves (and of `killed_ids`, how many moved) and placement decisions.
+fn from_brain_log(c: &Cluster, killed_ids: &HashSet<String>, f: &mut Figures) {
     let log = c.brain_log();
     let mut moved: HashMap<&str, usize> = HashMap::new();
     for l in log.lines().filter(|l| l.contains("move started")) {
@@ -582,6 +624,4 @@ fn run_row(row: Row, bin_dir: Option<PathBuf>, timeout: Duration) -> Figures {
         f.placement_p99_us = Some(micros[(micros.len() * 99 / 100).min(micros.len() - 1)]);
         f.placement_p50_us = Some(micros[micros.len() / 2]);
     }
-    drop(procs);
-    f
 }

@@ -11,14 +11,20 @@
 //! throw-away sshd, fresh and multiplexed (skipped, with the reason, when sshd is absent or we
 //! are not root); the worker's idle RSS and the release binaries' sizes.
 
+use std::future::Future;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use brain::admin::client::Target;
-use brain::fleet::hub::ExecSpec;
+use brain::api::Shared;
+use brain::fleet::hub::{ExecSpec, Hub};
 use brain::trust::ca::{self, DataDir};
+use proto::admin_client::AdminClient;
 use testkit::Bins;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 
 struct Stats {
     p50: Duration,
@@ -54,6 +60,15 @@ fn time_n(n: usize, mut f: impl FnMut()) -> Vec<Duration> {
         .collect()
 }
 
+/// What the ratios compare: the p50s of the rows through brain and worker, and the local spawn.
+struct Rows {
+    local: Stats,
+    tether: Stats,
+    fork_exec: Stats,
+    bare_exec: Stats,
+    admin_exec: Stats,
+}
+
 fn main() {
     let n: usize = std::env::var("BENCH_N")
         .ok()
@@ -74,7 +89,63 @@ fn main() {
     );
     println!("{:<56} {:>12} {:>12} {:>7}", "what", "p50", "p99", "n");
 
-    // Baseline: a local spawn of `true`.
+    let local = local_row(n);
+
+    // Brain in this process, worker as a real process.
+    let b = Bench::start(&rt, &bins, tmp.path(), n);
+    let (mut worker, worker_id) =
+        b.join_worker("bench", &tmp.path().join("worker"), &[], "warn", &[]);
+    let tether = b.in_brain_row(&worker_id);
+    // The same confined, but each command forked and confined on its own (no spawner): the
+    // path every command took before the spawners.
+    let fork_exec = b.other_worker_row(
+        "tether `true` brain → worker, confined, no spawner (fork)",
+        "bench-fork",
+        &[],
+        &[("TETHER_WORKER_SPAWNER", "off")],
+    );
+    // And through a worker started with --no-sandbox, to show what confinement costs.
+    let bare_exec = b.other_worker_row(
+        "tether `true` brain → worker, unconfined (--no-sandbox)",
+        "bench-bare",
+        &["--no-sandbox"],
+        &[],
+    );
+    let target = Target {
+        url: b.url.clone(),
+        identity_dir: b.data.admin_identity(),
+    };
+    let admin_exec = b.admin_row(&target, &worker_id);
+    b.echo_row(&worker_id);
+    b.cold_connect_row(&target);
+
+    let ssh = ssh_rows(tmp.path(), n);
+
+    // Footprint.
+    std::thread::sleep(Duration::from_secs(1));
+    let rss_kib = resident_kib(worker.id());
+    let _ = worker.kill();
+    let _ = worker.wait();
+    b.stop.cancel();
+
+    println!();
+    print_footprint(rss_kib, &bins);
+    let rows = Rows {
+        local,
+        tether,
+        fork_exec,
+        bare_exec,
+        admin_exec,
+    };
+    print_ratios(&rows, ssh);
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    println!("\nnote: this is a debug build; run with `cargo bench` for release figures");
+}
+
+/// The baseline: a local spawn of `true`, n times after 50 to warm up.
+fn local_row(n: usize) -> Stats {
     for _ in 0..50 {
         Command::new("true").status().unwrap();
     }
@@ -82,124 +153,152 @@ fn main() {
         Command::new("true").status().unwrap();
     }));
     row("local std::process::Command `true`", &local);
+    local
+}
 
-    // Brain in this process, worker as a real process.
-    let data = DataDir(tmp.path().join("brain"));
-    ca::init(&data, &[], false).unwrap();
-    let (ready_shared, url, stop) = rt.block_on(async {
-        let ready = brain::app::prepare(brain::app::Options {
-            data: data.clone(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            lost_after: Duration::from_secs(15),
-            tasks: Default::default(),
-            require_sandbox: vec![],
-            web_listen: None,
-            config: Default::default(),
-        })
-        .await
-        .unwrap();
-        let url = format!("https://127.0.0.1:{}", ready.addr.port());
-        let shared = ready.shared.clone();
-        let stop = tokio_util::sync::CancellationToken::new();
-        tokio::spawn(ready.run(stop.clone().cancelled_owned()));
-        (shared, url, stop)
-    });
-    let (token, _) = rt
-        .block_on(
-            ready_shared
-                .registry
-                .create_token(600_000, Default::default()),
-        )
-        .unwrap();
-    let mut worker = Command::new(&bins.worker)
-        .args(["join", "--brain", &url, "--token", &token, "--ca-hash"])
-        .arg(ready_shared.ca.hash())
-        .args(["--name", "bench", "--state"])
-        .arg(tmp.path().join("worker"))
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let hub = ready_shared.hub.clone();
-    let worker_id = rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ws = ready_shared.registry.workers().unwrap();
-            if let Some(w) = ws
-                .iter()
-                .find(|w| w.name == "bench" && hub.is_connected(&w.id))
-            {
-                break w.id.clone();
-            }
-            assert!(Instant::now() < deadline, "worker did not connect");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
-    let spec = ExecSpec {
-        workspace: "default".into(),
-        argv: vec!["true".into()],
-        cwd: String::new(),
-        timeout: Duration::from_secs(30),
-        output_cap_bytes: 1 << 20,
-        limits: Default::default(),
-    };
-    let hub_exec = || {
-        let hub = hub.clone();
-        let spec = spec.clone();
-        let id = worker_id.clone();
-        async move {
-            let mut call = hub.exec(&id, spec).await.unwrap();
-            while let Some(ev) = call.next().await {
-                if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
-                    break;
-                }
-            }
-        }
-    };
-    rt.block_on(async {
-        for _ in 0..50 {
-            hub_exec().await;
-        }
-    });
-    let tether = stats(rt.block_on(async {
-        let mut v = Vec::with_capacity(n);
-        for _ in 0..n {
-            let t = Instant::now();
-            hub_exec().await;
+/// `n` calls of `f` after 50 to warm up, each timed.
+async fn time_after_warm_up<F: Future<Output = ()>>(
+    n: usize,
+    mut f: impl FnMut() -> F,
+) -> Vec<Duration> {
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n + 50 {
+        let t = Instant::now();
+        f().await;
+        if i >= 50 {
             v.push(t.elapsed());
         }
-        v
-    }));
-    row("tether `true` brain → worker (in-brain API)", &tether);
+    }
+    v
+}
 
-    // `true` through another worker joined with `flags` and `env`: n calls after 50 to warm up.
-    let other_worker = |name: &str, flags: &[&str], env: &[(&str, &str)]| -> Stats {
-        let (token, _) = rt
+/// `spec` run on worker `id` through the hub, to its exit.
+async fn exec_true(hub: &Hub, id: &str, spec: ExecSpec) {
+    let mut call = hub.exec(id, spec).await.unwrap();
+    while let Some(ev) = call.next().await {
+        if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
+            break;
+        }
+    }
+}
+
+/// `true` run on worker `worker` through the admin API, to its exit.
+async fn admin_exec_true(mut admin: AdminClient<Channel>, worker: &str) {
+    let mut s = admin
+        .exec(proto::AdminExecRequest {
+            worker: worker.to_string(),
+            workspace: "default".into(),
+            argv: vec!["true".into()],
+            cwd: String::new(),
+            timeout_ms: 30_000,
+            output_cap_bytes: 0,
+            limits: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    while let Some(ev) = s.message().await.unwrap() {
+        if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
+            break;
+        }
+    }
+}
+
+/// The brain, in this process, and what the rows through it share.
+struct Bench<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    bins: &'a Bins,
+    tmp: &'a Path,
+    n: usize,
+    data: DataDir,
+    shared: Arc<Shared>,
+    url: String,
+    stop: CancellationToken,
+    /// `true` in the default workspace.
+    spec: ExecSpec,
+}
+
+impl<'a> Bench<'a> {
+    /// A brain with its data under `tmp`, listening on a loopback port.
+    fn start(rt: &'a tokio::runtime::Runtime, bins: &'a Bins, tmp: &'a Path, n: usize) -> Self {
+        let data = DataDir(tmp.join("brain"));
+        ca::init(&data, &[], false).unwrap();
+        let (shared, url, stop) = rt.block_on(async {
+            let ready = brain::app::prepare(brain::app::Options {
+                data: data.clone(),
+                listen: "127.0.0.1:0".parse().unwrap(),
+                lost_after: Duration::from_secs(15),
+                tasks: Default::default(),
+                require_sandbox: vec![],
+                web_listen: None,
+                config: Default::default(),
+            })
+            .await
+            .unwrap();
+            let url = format!("https://127.0.0.1:{}", ready.addr.port());
+            let shared = ready.shared.clone();
+            let stop = CancellationToken::new();
+            tokio::spawn(ready.run(stop.clone().cancelled_owned()));
+            (shared, url, stop)
+        });
+        let spec = ExecSpec {
+            workspace: "default".into(),
+            argv: vec!["true".into()],
+            cwd: String::new(),
+            timeout: Duration::from_secs(30),
+            output_cap_bytes: 1 << 20,
+            limits: Default::default(),
+        };
+        Self {
+            rt,
+            bins,
+            tmp,
+            n,
+            data,
+            shared,
+            url,
+            stop,
+            spec,
+        }
+    }
+
+    /// A worker process named `name` joined with `flags`, its state in `state`, logging at
+    /// `log`, with `env`; returns it and its id once the hub has it connected.
+    fn join_worker(
+        &self,
+        name: &str,
+        state: &Path,
+        flags: &[&str],
+        log: &str,
+        env: &[(&str, &str)],
+    ) -> (Child, String) {
+        let (token, _) = self
+            .rt
             .block_on(
-                ready_shared
+                self.shared
                     .registry
                     .create_token(600_000, Default::default()),
             )
             .unwrap();
-        let mut child = Command::new(&bins.worker)
+        let child = Command::new(&self.bins.worker)
             .arg("join")
             .args(flags)
-            .args(["--brain", &url, "--token", &token, "--ca-hash"])
-            .arg(ready_shared.ca.hash())
+            .args(["--brain", &self.url, "--token", &token, "--ca-hash"])
+            .arg(self.shared.ca.hash())
             .args(["--name", name, "--state"])
-            .arg(tmp.path().join(name))
-            .env("RUST_LOG", "error")
+            .arg(state)
+            .env("RUST_LOG", log)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        let id = rt.block_on(async {
+        let id = self.rt.block_on(async {
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {
-                let ws = ready_shared.registry.workers().unwrap();
+                let ws = self.shared.registry.workers().unwrap();
                 if let Some(w) = ws
                     .iter()
-                    .find(|w| w.name == name && hub.is_connected(&w.id))
+                    .find(|w| w.name == name && self.shared.hub.is_connected(&w.id))
                 {
                     break w.id.clone();
                 }
@@ -207,107 +306,77 @@ fn main() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         });
-        let s = stats(rt.block_on(async {
-            let mut v = Vec::with_capacity(n);
-            for i in 0..n + 50 {
+        (child, id)
+    }
+
+    /// `true` through the in-brain API the agent uses, on the worker `id`.
+    fn in_brain_row(&self, id: &str) -> Stats {
+        let hub = &self.shared.hub;
+        let tether = stats(self.rt.block_on(time_after_warm_up(self.n, || {
+            exec_true(hub, id, self.spec.clone())
+        })));
+        row("tether `true` brain → worker (in-brain API)", &tether);
+        tether
+    }
+
+    /// The row `label`: `true` through another worker joined with `flags` and `env`; the
+    /// worker is stopped after.
+    fn other_worker_row(
+        &self,
+        label: &str,
+        name: &str,
+        flags: &[&str],
+        env: &[(&str, &str)],
+    ) -> Stats {
+        let (mut child, id) = self.join_worker(name, &self.tmp.join(name), flags, "error", env);
+        let hub = &self.shared.hub;
+        let s = stats(self.rt.block_on(time_after_warm_up(self.n, || {
+            exec_true(hub, &id, self.spec.clone())
+        })));
+        let _ = child.kill();
+        let _ = child.wait();
+        row(label, &s);
+        s
+    }
+
+    /// `true` on the worker `id` through the admin path a person uses, on one connection.
+    fn admin_row(&self, target: &Target, id: &str) -> Stats {
+        let admin_exec = stats(self.rt.block_on(async {
+            let admin = target.connect().await.unwrap();
+            time_after_warm_up(self.n, || admin_exec_true(admin.clone(), id)).await
+        }));
+        row("tether `true` admin → brain → worker", &admin_exec);
+        admin_exec
+    }
+
+    /// A 1-byte echo to the worker `id` and back on its open session.
+    fn echo_row(&self, id: &str) {
+        let hub = &self.shared.hub;
+        let echo = stats(self.rt.block_on(time_after_warm_up(self.n, || async move {
+            hub.echo(id, vec![7], Duration::from_secs(5)).await.unwrap();
+        })));
+        row("tether 1-byte round trip on the open session", &echo);
+    }
+
+    /// 100 fresh admin connections, each dropped after it is timed.
+    fn cold_connect_row(&self, target: &Target) {
+        let cold = stats(self.rt.block_on(async {
+            let mut v = Vec::new();
+            for _ in 0..100 {
                 let t = Instant::now();
-                let mut call = hub.exec(&id, spec.clone()).await.unwrap();
-                while let Some(ev) = call.next().await {
-                    if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
-                        break;
-                    }
-                }
-                if i >= 50 {
-                    v.push(t.elapsed());
-                }
+                let c = target.connect().await.unwrap();
+                v.push(t.elapsed());
+                drop(c);
             }
             v
         }));
-        let _ = child.kill();
-        let _ = child.wait();
-        s
-    };
-    // The same confined, but each command forked and confined on its own (no spawner): the
-    // path every command took before the spawners.
-    let fork_exec = other_worker("bench-fork", &[], &[("TETHER_WORKER_SPAWNER", "off")]);
-    row(
-        "tether `true` brain → worker, confined, no spawner (fork)",
-        &fork_exec,
-    );
-    // And through a worker started with --no-sandbox, to show what confinement costs.
-    let bare_exec = other_worker("bench-bare", &["--no-sandbox"], &[]);
-    row(
-        "tether `true` brain → worker, unconfined (--no-sandbox)",
-        &bare_exec,
-    );
+        row("tether cold connect (TCP + mTLS + HTTP/2)", &cold);
+    }
+}
 
-    let target = Target {
-        url: url.clone(),
-        identity_dir: data.admin_identity(),
-    };
-    let admin_exec = stats(rt.block_on(async {
-        let mut admin = target.connect().await.unwrap();
-        let mut v = Vec::with_capacity(n);
-        for i in 0..n + 50 {
-            let t = Instant::now();
-            let mut s = admin
-                .exec(proto::AdminExecRequest {
-                    worker: worker_id.clone(),
-                    workspace: "default".into(),
-                    argv: vec!["true".into()],
-                    cwd: String::new(),
-                    timeout_ms: 30_000,
-                    output_cap_bytes: 0,
-                    limits: None,
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            while let Some(ev) = s.message().await.unwrap() {
-                if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
-                    break;
-                }
-            }
-            if i >= 50 {
-                v.push(t.elapsed());
-            }
-        }
-        v
-    }));
-    row("tether `true` admin → brain → worker", &admin_exec);
-
-    let echo = stats(rt.block_on(async {
-        let mut v = Vec::with_capacity(n);
-        for i in 0..n + 50 {
-            let t = Instant::now();
-            hub.echo(&worker_id, vec![7], Duration::from_secs(5))
-                .await
-                .unwrap();
-            if i >= 50 {
-                v.push(t.elapsed());
-            }
-        }
-        v
-    }));
-    row("tether 1-byte round trip on the open session", &echo);
-
-    let cold = stats(rt.block_on(async {
-        let mut v = Vec::new();
-        for _ in 0..100 {
-            let t = Instant::now();
-            let c = target.connect().await.unwrap();
-            v.push(t.elapsed());
-            drop(c);
-        }
-        v
-    }));
-    row("tether cold connect (TCP + mTLS + HTTP/2)", &cold);
-
-    let ssh = ssh_rows(tmp.path(), n);
-
-    // Footprint.
-    std::thread::sleep(Duration::from_secs(1));
-    let rss_kib = std::fs::read_to_string(format!("/proc/{}/status", worker.id()))
+/// The resident set of process `pid` in KiB (0 when it cannot be read).
+fn resident_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| {
@@ -316,12 +385,10 @@ fn main() {
                     .and_then(|v| v.parse::<u64>().ok())
             })
         })
-        .unwrap_or(0);
-    let _ = worker.kill();
-    let _ = worker.wait();
-    stop.cancel();
+        .unwrap_or(0)
+}
 
-    println!();
+fn print_footprint(rss_kib: u64, bins: &Bins) {
     let size =
         |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0) as f64 / (1 << 20) as f64;
     println!(
@@ -337,7 +404,16 @@ fn main() {
         "brain binary (release, stripped)               {:>9.1} MiB",
         size(&bins.brain)
     );
+}
 
+fn print_ratios(rows: &Rows, ssh: Option<(Stats, Stats)>) {
+    let Rows {
+        local,
+        tether,
+        fork_exec,
+        bare_exec,
+        admin_exec,
+    } = rows;
     println!("\nratios (p50)");
     let r = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!(
@@ -376,10 +452,6 @@ fn main() {
         }
         None => println!("  ssh ratios skipped (see above)"),
     }
-    if !cfg!(debug_assertions) {
-        return;
-    }
-    println!("\nnote: this is a debug build; run with `cargo bench` for release figures");
 }
 
 /// Starts a throw-away sshd on a loopback port with a throw-away user and key; returns the

@@ -202,11 +202,38 @@ fn approve(c: &Cluster, id: &str, n: usize) {
     assert!(out.status.success(), "{}", testkit::text(&out));
 }
 
+/// Where the run's trees are, and whether rsync rows run.
+struct Setup {
+    base: PathBuf,
+    on_tmpfs: bool,
+    /// The 10,000-file tree.
+    tree: PathBuf,
+    rsync_ok: bool,
+    /// The replayed model's transcript, and the model that replays it.
+    transcript: PathBuf,
+    model: String,
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("sync: bench");
         return;
     }
+    let s = setup();
+    let barrier_10k = tree_10k_rows(&s);
+    // (b) again on 100,000 small files: the barrier's cost with the tree's size.
+    barrier_100k_row(&s, barrier_10k);
+    // Stops the sshd and removes its user.
+    drop(SSHD.locked().take());
+    if s.on_tmpfs {
+        let _ = Command::new("umount").arg("-l").arg(&s.base).status();
+    }
+    let _ = std::fs::remove_dir_all(&s.base);
+}
+
+/// The 10,000-file tree (on a tmpfs when one can be mounted) and the rsync baseline: over ssh
+/// to a throw-away sshd when one can be started, else local; none without rsync.
+fn setup() -> Setup {
     let base = std::env::temp_dir().join(format!("tether-sync-bench-{}", std::process::id()));
     let on_tmpfs = tmpfs(&base);
     println!(
@@ -240,101 +267,157 @@ fn main() {
         .arg(&tree)
         .status();
     println!("baseline: {}", baseline());
+    let transcript = base.join("run.jsonl");
+    let model = format!("replay:{}", transcript.display());
+    Setup {
+        base,
+        on_tmpfs,
+        tree,
+        rsync_ok,
+        transcript,
+        model,
+    }
+}
 
-    let c = Cluster::start_with(BrainOptions {
-        // The brain's store and the workers' workspaces on the same tmpfs as rsync's copy.
-        parent: Some(base.clone()),
+/// A brain whose store, and its workers' workspaces, are on the same tmpfs as rsync's copy.
+fn cluster(s: &Setup) -> Cluster {
+    Cluster::start_with(BrainOptions {
+        parent: Some(s.base.clone()),
         ..BrainOptions::default()
-    });
-    let _a = c.join_worker("a");
-    let _b = c.join_worker("b");
-    let file = base.join("run.jsonl");
-    std::fs::write(&file, transcript(4)).unwrap();
-    let model = format!("replay:{}", file.display());
+    })
+}
 
-    // (a) Initial import of the tree vs a full rsync to an empty directory. The baseline runs
-    // first, while the cluster is idle: after the import, the worker copies the tree into the
-    // task's workspace and starts watching it, which would slow rsync down beside it.
-    let rs_full = rsync_ok.then(|| rsync(&tree, &base.join("rsync-copy")));
-    let t = Instant::now();
+/// `brain run --detach` of `dir` on worker a with the replayed model; the task's id.
+fn run_detached(c: &Cluster, s: &Setup, permission: &str, dir: &Path) -> String {
     let out = c.brain_cli(&[
         "run",
         "--detach",
         "--worker",
         "a",
         "--model",
-        &model,
+        &s.model,
         "--permission",
-        "ask",
+        permission,
         "--dir",
-        tree.to_str().unwrap(),
+        dir.to_str().unwrap(),
         "bench",
     ]);
-    let import = t.elapsed();
     assert!(out.status.success(), "{}", testkit::text(&out));
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// One row: what, how long, how many bytes.
+fn print_row(what: &str, d: Duration, bytes: u64) {
+    println!("{what:<58} {} {}", ms(d), mb(bytes));
+}
+
+/// The first command's barrier: from the call that wrote a file to the mirror holding it;
+/// (time, bytes on the wire).
+fn first_barrier(c: &Cluster, id: &str) -> (Duration, u64) {
+    let l = wait_kind(c, id, "barrier", 2);
+    let (barrier_ms, ev) = span(&l, "tool_call_completed", 0, "barrier");
+    (
+        Duration::from_millis(barrier_ms),
+        testkit::json_u64(&ev["wire_bytes"]).unwrap_or(0),
+    )
+}
+
+/// The baseline of a barrier: `rsync` of `tree` to `copy` after one file changed in it, its
+/// row printed as `what`; its time.
+fn rsync_after_one_change(tree: &Path, copy: &Path, what: &str) -> Duration {
+    std::fs::write(tree.join("d000/s00/f000000.dat"), b"changed for rsync\n").unwrap();
+    let (d, sent) = rsync(tree, copy);
+    print_row(what, d, sent);
+    d
+}
+
+/// Rows (a), (b) and (c) on the 10,000-file tree, with two workers; returns the barrier's
+/// time, for the 100,000-file row's ratio.
+fn tree_10k_rows(s: &Setup) -> Duration {
+    let c = cluster(s);
+    let _a = c.join_worker("a");
+    let _b = c.join_worker("b");
+    std::fs::write(&s.transcript, transcript(4)).unwrap();
+    let (id, rs_full) = import_row(&c, s);
+    let barrier_10k = barrier_10k_row(&c, &id, s);
+    move_rows(&c, &id, rs_full);
+    c.wait_status(&id, &["finished", "failed"], Duration::from_secs(120));
+    // The processes' logs (each barrier's and materialisation's phase timings), if asked for.
+    if let Some(dir) = std::env::var_os("TETHER_BENCH_LOGS") {
+        let dir = std::path::PathBuf::from(dir);
+        let _ = std::fs::create_dir_all(&dir);
+        for f in ["brain.log", "a.log", "b.log"] {
+            let _ = std::fs::copy(c.dir.join(f), dir.join(f));
+        }
+    }
+    barrier_10k
+}
+
+/// (a) Initial import of the tree vs a full rsync to an empty directory. The baseline runs
+/// first, while the cluster is idle: after the import, the worker copies the tree into the
+/// task's workspace and starts watching it, which would slow rsync down beside it. Returns
+/// the task's id and the baseline's (time, bytes sent).
+fn import_row(c: &Cluster, s: &Setup) -> (String, Option<(Duration, u64)>) {
+    let rs_full = s
+        .rsync_ok
+        .then(|| rsync(&s.tree, &s.base.join("rsync-copy")));
+    let t = Instant::now();
+    let id = run_detached(c, s, "ask", &s.tree);
+    let import = t.elapsed();
     println!("\n{:<58} {:>12} {:>11}", "", "time", "on the wire");
     let brain_blobs = du(&c.data.join("blobs"));
-    println!(
-        "{:<58} {} {}",
+    print_row(
         "(a) import of the tree into the brain (brain run --dir)",
-        ms(import),
-        mb(brain_blobs)
+        import,
+        brain_blobs,
     );
     if let Some((d, sent)) = rs_full {
-        println!(
-            "{:<58} {} {}",
-            "    baseline: the tree to an empty directory",
-            ms(d),
-            mb(sent)
-        );
+        print_row("    baseline: the tree to an empty directory", d, sent);
         println!(
             "    ratio import / rsync: {:.2}×",
             import.as_secs_f64() / d.as_secs_f64()
         );
     }
+    (id, rs_full)
+}
 
-    // (b) One changed file: from the call that wrote it to the mirror holding it.
-    approve(&c, &id, 1);
-    let l = wait_kind(&c, &id, "barrier", 2);
-    let (barrier_ms, ev) = span(&l, "tool_call_completed", 0, "barrier");
-    let barrier = Duration::from_millis(barrier_ms);
-    let barrier_10k = barrier;
-    println!(
-        "{:<58} {} {}",
+/// (b) One changed file: from the call that wrote it to the mirror holding it.
+fn barrier_10k_row(c: &Cluster, id: &str, s: &Setup) -> Duration {
+    approve(c, id, 1);
+    let (barrier, wire) = first_barrier(c, id);
+    print_row(
         "(b) one file changed → mirror holds it (barrier, 10k files)",
-        ms(barrier),
-        mb(testkit::json_u64(&ev["wire_bytes"]).unwrap_or(0))
+        barrier,
+        wire,
     );
-    if rsync_ok {
-        std::fs::write(tree.join("d000/s00/f000000.dat"), b"changed for rsync\n").unwrap();
-        let (d, sent) = rsync(&tree, &base.join("rsync-copy"));
-        println!(
-            "{:<58} {} {}",
+    if s.rsync_ok {
+        let d = rsync_after_one_change(
+            &s.tree,
+            &s.base.join("rsync-copy"),
             "    baseline: incremental, after one change (10k files)",
-            ms(d),
-            mb(sent)
         );
         println!(
             "    ratio rsync / barrier: {:.1}× (target ≥ 10×)",
             d.as_secs_f64() / barrier.as_secs_f64().max(1e-4)
         );
     }
+    barrier
+}
 
-    // (c) Move to a cold worker, then back to the warm one holding an older version.
-    approve(&c, &id, 2);
-    wait_kind(&c, &id, "approval_requested", 3);
-    let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
+/// (c) Move to a cold worker, then back to the warm one holding an older version.
+fn move_rows(c: &Cluster, id: &str, rs_full: Option<(Duration, u64)>) {
+    approve(c, id, 2);
+    wait_kind(c, id, "approval_requested", 3);
+    let out = c.brain_cli(&["task", "move", id, "--to", "b"]);
     assert!(out.status.success(), "{}", testkit::text(&out));
-    let l = wait_kind(&c, &id, "move_completed", 1);
+    let l = wait_kind(c, id, "move_completed", 1);
     let (cold_ms, ev) = span(&l, "move_started", 0, "move_completed");
     let cold = Duration::from_millis(cold_ms);
     let cold_wire = testkit::json_u64(&ev["wire_bytes"]).unwrap_or(0);
-    println!(
-        "{:<58} {} {}",
+    print_row(
         "(c) move to a cold worker (final barrier + materialise)",
-        ms(cold),
-        mb(cold_wire)
+        cold,
+        cold_wire,
     );
     if let Some((d, sent)) = rs_full {
         println!(
@@ -347,48 +430,39 @@ fn main() {
             cold.as_secs_f64() / d.as_secs_f64()
         );
     }
-    approve(&c, &id, 3);
+    approve(c, id, 3);
     // Back to a, which holds the version from before the last change made on b.
-    wait_kind(&c, &id, "approval_requested", 4);
-    let out = c.brain_cli(&["task", "move", &id, "--to", "a"]);
-    let moved_back = out.status.success();
-    if moved_back {
-        let l = wait_kind(&c, &id, "move_completed", 2);
-        let (warm_ms, ev) = span(&l, "move_started", 1, "move_completed");
-        println!(
-            "{:<58} {} {}",
-            "    move back to the warm worker (older version there)",
-            ms(Duration::from_millis(warm_ms)),
-            mb(testkit::json_u64(&ev["wire_bytes"]).unwrap_or(0))
-        );
-        println!(
-            "    bytes changed since that version: one appended line in one file (target ≤ 100 ms, a few kB)"
-        );
-        println!(
-            "    ratio cold move / warm move: {:.1}× in time, {:.0}× on the wire",
-            cold_ms as f64 / (warm_ms as f64).max(1.0),
-            cold_wire as f64 / (testkit::json_u64(&ev["wire_bytes"]).unwrap_or(0) as f64).max(1.0)
-        );
-        approve(&c, &id, 4);
-    } else {
+    wait_kind(c, id, "approval_requested", 4);
+    let out = c.brain_cli(&["task", "move", id, "--to", "a"]);
+    if !out.status.success() {
         println!(
             "    (the task ended before the move back: {})",
             testkit::text(&out).trim()
         );
+        return;
     }
-    c.wait_status(&id, &["finished", "failed"], Duration::from_secs(120));
-    // The processes' logs (each barrier's and materialisation's phase timings), if asked for.
-    if let Some(dir) = std::env::var_os("TETHER_BENCH_LOGS") {
-        let dir = std::path::PathBuf::from(dir);
-        let _ = std::fs::create_dir_all(&dir);
-        for f in ["brain.log", "a.log", "b.log"] {
-            let _ = std::fs::copy(c.dir.join(f), dir.join(f));
-        }
-    }
-    drop(c);
+    let l = wait_kind(c, id, "move_completed", 2);
+    let (warm_ms, ev) = span(&l, "move_started", 1, "move_completed");
+    let warm_wire = testkit::json_u64(&ev["wire_bytes"]).unwrap_or(0);
+    print_row(
+        "    move back to the warm worker (older version there)",
+        Duration::from_millis(warm_ms),
+        warm_wire,
+    );
+    println!(
+        "    bytes changed since that version: one appended line in one file (target ≤ 100 ms, a few kB)"
+    );
+    println!(
+        "    ratio cold move / warm move: {:.1}× in time, {:.0}× on the wire",
+        cold_ms as f64 / (warm_ms as f64).max(1.0),
+        cold_wire as f64 / (warm_wire as f64).max(1.0)
+    );
+    approve(c, id, 4);
+}
 
-    // (b) again on 100,000 small files: the barrier's cost with the tree's size.
-    let big = base.join("tree100k");
+/// (b) on a tree of 100,000 small files, beside the 10,000-file barrier and rsync.
+fn barrier_100k_row(s: &Setup, barrier_10k: Duration) {
+    let big = s.base.join("tree100k");
     let t = Instant::now();
     let bytes = generate(&big, 100_000, 200_000_000, 7);
     println!(
@@ -396,63 +470,33 @@ fn main() {
         mb(bytes).trim(),
         t.elapsed()
     );
-    let c = Cluster::start_with(BrainOptions {
-        // The brain's store and the workers' workspaces on the same tmpfs as rsync's copy.
-        parent: Some(base.clone()),
-        ..BrainOptions::default()
-    });
+    let c = cluster(s);
     let _a = c.join_worker("a");
-    std::fs::write(&file, transcript(1)).unwrap();
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--worker",
-        "a",
-        "--model",
-        &model,
-        "--permission",
-        "full",
-        "--dir",
-        big.to_str().unwrap(),
-        "bench",
-    ]);
-    assert!(out.status.success(), "{}", testkit::text(&out));
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let l = wait_kind(&c, &id, "barrier", 2);
-    let (barrier_ms, ev) = span(&l, "tool_call_completed", 0, "barrier");
-    let barrier = Duration::from_millis(barrier_ms);
-    println!(
-        "{:<58} {} {}",
+    std::fs::write(&s.transcript, transcript(1)).unwrap();
+    let id = run_detached(&c, s, "full", &big);
+    let (barrier, wire) = first_barrier(&c, &id);
+    print_row(
         "(b) one file changed → mirror holds it (barrier, 100k files)",
-        ms(barrier),
-        mb(testkit::json_u64(&ev["wire_bytes"]).unwrap_or(0))
+        barrier,
+        wire,
     );
     println!(
         "    ratio barrier 100k / barrier 10k: {:.2}× (target ≤ 1.2×)",
         barrier.as_secs_f64() / barrier_10k.as_secs_f64().max(1e-4)
     );
-    if rsync_ok {
-        rsync(&big, &base.join("rsync-copy100k"));
-        std::fs::write(big.join("d000/s00/f000000.dat"), b"changed for rsync\n").unwrap();
-        let (d, sent) = rsync(&big, &base.join("rsync-copy100k"));
-        println!(
-            "{:<58} {} {}",
+    if s.rsync_ok {
+        let copy = s.base.join("rsync-copy100k");
+        rsync(&big, &copy);
+        let d = rsync_after_one_change(
+            &big,
+            &copy,
             "    baseline: incremental, after one change (100k files)",
-            ms(d),
-            mb(sent)
         );
         println!(
             "    ratio rsync / barrier: {:.1}×",
             d.as_secs_f64() / barrier.as_secs_f64().max(1e-4)
         );
     }
-    drop(c);
-    // Stops the sshd and removes its user.
-    drop(SSHD.locked().take());
-    if on_tmpfs {
-        let _ = Command::new("umount").arg("-l").arg(&base).status();
-    }
-    let _ = std::fs::remove_dir_all(&base);
 }
 
 fn du(dir: &Path) -> u64 {
