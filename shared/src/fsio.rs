@@ -94,13 +94,8 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
 
 /// Syncs the whole filesystem `dir` is on (`syncfs(2)`): one call for many deferred writes.
 pub fn syncfs(dir: &Path) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
     let f = std::fs::File::open(dir)?;
-    // SAFETY: a valid open descriptor.
-    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(rustix::fs::syncfs(&f)?)
 }
 
 #[cfg(test)]

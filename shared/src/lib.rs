@@ -43,11 +43,8 @@ pub mod limits {
 /// read the keys this process holds. It also means no core dumps. Programs it starts are
 /// not affected (exec resets the flag).
 pub fn close_memory_to_same_user() -> std::io::Result<()> {
-    // SAFETY: prctl with integer arguments only.
-    match unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } {
-        0 => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
-    }
+    use rustix::process::{DumpableBehavior, set_dumpable_behavior};
+    Ok(set_dumpable_behavior(DumpableBehavior::NotDumpable)?)
 }
 
 /// Kills this process with SIGKILL when `TETHER_FAILPOINT` names `point`: how the crash
@@ -55,10 +52,8 @@ pub fn close_memory_to_same_user() -> std::io::Result<()> {
 pub fn failpoint(point: &str) {
     if std::env::var("TETHER_FAILPOINT").is_ok_and(|v| v == point) {
         tracing::warn!(point, "failpoint reached: killing this process");
-        // SAFETY: kill(2) on our own pid has no memory-safety requirements.
-        unsafe {
-            libc::kill(libc::getpid(), libc::SIGKILL);
-        }
+        use rustix::process::{Signal, getpid, kill_process};
+        let _ = kill_process(getpid(), Signal::KILL);
     }
 }
 

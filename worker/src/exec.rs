@@ -321,11 +321,8 @@ impl Drop for GroupGuard {
 }
 
 fn kill_group(pgid: i32) {
-    if pgid > 0 {
-        // SAFETY: plain syscall; a negative pid addresses the process group.
-        unsafe {
-            libc::kill(-pgid, libc::SIGKILL);
-        }
+    if let Some(group) = rustix::process::Pid::from_raw(pgid) {
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
     }
 }
 

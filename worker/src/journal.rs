@@ -108,11 +108,9 @@ impl Journal {
                     (pgid > 1 && process_stamp(pgid).as_deref() == Some(stamp.as_str()))
                         .then_some(pgid)
                 })
+                && let Some(group) = rustix::process::Pid::from_raw(pgid)
             {
-                // SAFETY: plain syscall; a negative pid addresses the process group.
-                unsafe {
-                    libc::kill(-pgid, libc::SIGKILL);
-                }
+                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
             }
             let r = CallResult {
                 call_id: id,

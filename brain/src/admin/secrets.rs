@@ -54,24 +54,16 @@ fn read_value(name: &str, file: Option<&Path>) -> anyhow::Result<Vec<u8>> {
 /// Asks for the value on the terminal with echo off.
 fn prompt(name: &str) -> anyhow::Result<Vec<u8>> {
     eprint!("value of secret {name} (not shown; Enter ends it): ");
-    let fd = libc::STDIN_FILENO;
-    // SAFETY: termios calls on our own standard input with a zeroed struct they fill in.
-    let old = unsafe {
-        let mut t: libc::termios = std::mem::zeroed();
-        if libc::tcgetattr(fd, &mut t) != 0 {
-            bail!("cannot read the terminal's settings");
-        }
-        let old = t;
-        t.c_lflag &= !libc::ECHO;
-        libc::tcsetattr(fd, libc::TCSANOW, &t);
-        old
-    };
+    use rustix::termios::{LocalModes, OptionalActions, tcgetattr, tcsetattr};
+    let stdin = std::io::stdin();
+    let old =
+        tcgetattr(&stdin).map_err(|_| anyhow::anyhow!("cannot read the terminal's settings"))?;
+    let mut quiet = old.clone();
+    quiet.local_modes.remove(LocalModes::ECHO);
+    let _ = tcsetattr(&stdin, OptionalActions::Now, &quiet);
     let mut line = String::new();
-    let r = std::io::stdin().read_line(&mut line);
-    // SAFETY: puts back the settings read above.
-    unsafe {
-        libc::tcsetattr(fd, libc::TCSANOW, &old);
-    }
+    let r = stdin.read_line(&mut line);
+    let _ = tcsetattr(&stdin, OptionalActions::Now, &old);
     eprintln!();
     r.context("reading the value")?;
     Ok(line.into_bytes())

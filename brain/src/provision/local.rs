@@ -246,7 +246,7 @@ impl Provisioner for Local {
         // terminal's signals to the brain do not reach it.
         unsafe {
             cmd.pre_exec(|| {
-                libc::setsid();
+                let _ = rustix::process::setsid();
                 Ok(())
             });
         }

@@ -168,14 +168,12 @@ fn web_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 fn lower_priority() {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
-        let rc = unsafe {
-            let tid = libc::gettid();
-            let now = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
-            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, now + WEB_NICE)
-        };
-        if rc != 0 {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the web threads' priority");
+        use rustix::process::{getpriority_process, setpriority_process};
+        let tid = Some(rustix::thread::gettid());
+        let lowered =
+            getpriority_process(tid).and_then(|now| setpriority_process(tid, now + WEB_NICE));
+        if let Err(error) = lowered {
+            tracing::debug!(%error, "cannot lower the web threads' priority");
         }
     }
 }

@@ -17,7 +17,7 @@
 //! [`Scanner::left_out`] with the reason. An entry that vanishes during the scan is simply
 //! gone. Symlinks are read, never followed.
 //!
-//! Long file: the full walk and the partial scan apply the same rules (ignores, left-out
+//! The full walk and the partial scan apply the same rules (ignores, left-out
 //! entries, git-index hashing) through private helpers they share; the tests are in `tests.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

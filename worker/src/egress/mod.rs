@@ -67,10 +67,9 @@ impl Net {
         std::thread::Builder::new()
             .name("tether-netns".into())
             .spawn(|| -> io::Result<Net> {
-                // SAFETY: plain syscall; it moves only this short-lived thread.
-                if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                // SAFETY: only CLONE_FILES can close descriptors this process holds; a new
+                // network namespace moves only this short-lived thread.
+                unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }?;
                 loopback_up()?;
                 let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
                 let port = listener.local_addr()?.port();
