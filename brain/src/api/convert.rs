@@ -280,7 +280,8 @@ pub fn labels(labels: &HashMap<String, String>) -> Result<BTreeMap<String, Strin
         return Err(Status::invalid_argument("at most 64 labels"));
     }
     for (k, v) in labels {
-        shared::parse_label(&format!("{k}={v}")).map_err(Status::invalid_argument)?;
+        shared::parse_label(&format!("{k}={v}"))
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
     }
     Ok(labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
 }

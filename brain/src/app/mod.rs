@@ -527,7 +527,7 @@ async fn sync_init_admin(data: &DataDir, registry: &Registry, ca_hash: &str) -> 
 fn placement_options(
     c: &crate::config::PlacementConfig,
 ) -> Result<crate::fleet::board::Options, Error> {
-    let (steady_after, backoff) = c.durations().map_err(Error::Config)?;
+    let (steady_after, backoff) = c.durations().map_err(|e| Error::Config(e.to_string()))?;
     Ok(crate::fleet::board::Options {
         max_tasks_per_worker: c.max_tasks_per_worker,
         moves_per_worker: c.moves_per_worker,

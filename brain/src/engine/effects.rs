@@ -93,7 +93,7 @@ pub async fn place(cx: &Cx<'_>) -> Result<(), Error> {
         Ok(w) => w,
         Err(reason) => {
             tracing::info!(task = %cx.task.id, %reason, "task queued");
-            set_status(cx, Status::Queued, &reason).await?;
+            set_status(cx, Status::Queued, &reason.to_string()).await?;
             let turn = placement.enqueue(id, &labels);
             tokio::select! {
                 w = turn => match w {

@@ -296,7 +296,7 @@ impl Engine {
                     .workspaces
                     .import_git(url, git_ref, &new.rules)
                     .await
-                    .map_err(Error::Import)?;
+                    .map_err(|e| Error::Import(e.to_string()))?;
                 tracing::info!(url = %i.url, commit = %i.commit, files = i.files, bytes = i.bytes, "workspace imported");
                 Some(Event::WorkspaceSeeded {
                     root_hash: i.root_hash,

@@ -29,15 +29,17 @@ pub enum Permission {
 }
 
 impl std::str::FromStr for Permission {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = super::word::UnknownWord;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "read-only" | "readonly" => Ok(Permission::ReadOnly),
             "ask" => Ok(Permission::Ask),
             "auto" => Ok(Permission::Auto),
             "full" => Ok(Permission::Full),
-            _ => Err(format!(
-                "unknown permission {s:?}: use read-only, ask, auto or full"
+            _ => Err(Self::Err::new(
+                "permission",
+                s,
+                "read-only, ask, auto or full",
             )),
         }
     }

@@ -88,7 +88,7 @@ pub(super) async fn run(
                 other => return Ok((file_error(other), true)),
             };
             match tools::apply_edit(&text, old, new, path) {
-                Err(e) => (e, true),
+                Err(e) => (e.to_string(), true),
                 Ok(edited) => {
                     match file_call(cx, worker, write(path, edited.into_bytes(), 0o644)).await? {
                         FileAnswer::Done => {
