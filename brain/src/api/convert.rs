@@ -270,7 +270,9 @@ pub fn sync_rules(
         extra_excludes: excludes.to_vec(),
         no_default_excludes: no_defaults,
     };
-    rules.check().map_err(Status::invalid_argument)?;
+    rules
+        .check()
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(rules)
 }
 

@@ -453,7 +453,7 @@ impl Ready {
         let check: crate::api::roles::PeerCheck =
             Arc::new(move |peer| match registry.check_peer(peer)? {
                 Ok(()) => Ok(()),
-                Err(reason) => Err(tonic::Status::permission_denied(reason)),
+                Err(reason) => Err(tonic::Status::permission_denied(reason.to_string())),
             });
         let result = Server::builder()
             .tls_config(self.tls)

@@ -498,9 +498,9 @@ impl Engine {
             task: task.id,
             reason: "not an agent task".into(),
         })?;
-        let limits = a.raised(extra).map_err(|reason| Error::Refused {
+        let limits = a.raised(extra).map_err(|e| Error::Refused {
             task: task.id,
-            reason,
+            reason: e.to_string(),
         })?;
         self.inner
             .core
