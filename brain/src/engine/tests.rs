@@ -586,7 +586,7 @@ async fn a_file_operation_that_keeps_failing_on_a_connected_worker_ends_with_the
     )
     .await
     .expect("a failing file operation ends");
-    let err = got.unwrap_err();
+    let err = got.unwrap_err().to_string();
     assert!(
         err.contains("did not answer") && err.contains("3 tries"),
         "{err}"
