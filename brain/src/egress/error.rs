@@ -1,7 +1,7 @@
 //! Why the brain's egress proxy could not reach a task's upstream host or get its answer (the
 //! text goes to the command in a 502 answer).
 
-use super::{ANSWER_TIMEOUT, CONNECT_TIMEOUT};
+use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -20,12 +20,12 @@ pub enum UpstreamError {
         #[source]
         source: std::io::Error,
     },
-    #[error("no connection within {}s", CONNECT_TIMEOUT.as_secs())]
-    ConnectTimeout,
+    #[error("no connection within {}s", .0.as_secs())]
+    ConnectTimeout(Duration),
     #[error("HTTP handshake: {0}")]
     Handshake(#[source] hyper::Error),
     #[error("upstream failed: {0}")]
     Failed(#[source] hyper::Error),
-    #[error("no answer within {}s", ANSWER_TIMEOUT.as_secs())]
-    AnswerTimeout,
+    #[error("no answer within {}s", .0.as_secs())]
+    AnswerTimeout(Duration),
 }

@@ -147,7 +147,7 @@ impl Upstream {
                 })
         })
         .await
-        .map_err(|_| UpstreamError::ConnectTimeout)??;
+        .map_err(|_| UpstreamError::ConnectTimeout(CONNECT_TIMEOUT))??;
         let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
             .map_err(UpstreamError::Handshake)?;
@@ -422,7 +422,7 @@ impl Conn {
             }
             Err(_) => {
                 *slot = None;
-                Err(UpstreamError::AnswerTimeout)
+                Err(UpstreamError::AnswerTimeout(ANSWER_TIMEOUT))
             }
         }
     }
