@@ -59,6 +59,8 @@ use serde::Deserialize;
 use crate::model::agent::{AgentSpec, Budget, Permission};
 use crate::model::delivery::Mode;
 
+/// What is wrong with the config file: unreadable, or a setting that does not hold (each
+/// message names the setting and says what would do).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot read the config file {path}: {source}")]
@@ -67,8 +69,88 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("invalid config file {path}: {message}")]
-    Invalid { path: String, message: String },
+    #[error("invalid config file {path}: {source}")]
+    Invalid {
+        path: String,
+        #[source]
+        source: Box<Error>,
+    },
+    /// Not TOML, or a key unknown or of the wrong type.
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+    /// `agent.max_wall` or `agent.check_timeout`.
+    #[error("{setting}: {source}")]
+    Duration {
+        setting: &'static str,
+        #[source]
+        source: shared::ParseError,
+    },
+    #[error("[placement] {key} {value:?} is not a duration ({source}): write it as \"60s\"")]
+    PlacementDuration {
+        key: &'static str,
+        value: String,
+        #[source]
+        source: humantime::DurationError,
+    },
+    #[error("[placement] moves_per_worker must be at least 1")]
+    NoMoves,
+    #[error(transparent)]
+    Provision(#[from] crate::provision::ConfigError),
+    /// `[egress]`'s preset or allow-list, as the file or a task names them.
+    #[error(transparent)]
+    Preset(crate::model::egress::Error),
+    #[error("allow-list entry: {0}")]
+    AllowEntry(#[source] crate::model::egress::Error),
+    /// An error of `[egress]` (a [`Error::Preset`] or [`Error::AllowEntry`]).
+    #[error("egress: {0}")]
+    Egress(#[source] Box<Error>),
+    #[error(transparent)]
+    Transport(#[from] crate::git::remote::Error),
+    #[error("deliver.hosts: {0:?} is not a host or host:port (no scheme, path or wildcard)")]
+    DeliverHost(String),
+    #[error(
+        "deliver.github_api's host {0} is not in deliver.hosts: the GitHub token would go to a host it is not for; add it or change github_api"
+    )]
+    ApiHost(String),
+    #[error("deliver.branch_prefix {0:?} cannot start a git branch name")]
+    BranchPrefix(String),
+    #[error("agent allow-list pattern {pattern:?}: {source}")]
+    Pattern {
+        pattern: String,
+        #[source]
+        source: globset::Error,
+    },
+}
+
+/// Why a request's choices for a new task (its model, its attempts) cannot be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error(
+        "no model given and no default: pass --model (e.g. openai:gpt-4.1, anthropic:claude-sonnet-4-5, ollama:qwen2.5-coder) or set llm.default_model in the config"
+    )]
+    NoModel,
+    #[error(transparent)]
+    Model(#[from] crate::llm::Error),
+    #[error("at most {max} attempts per task (asked for {count})", max = crate::model::attempts::MAX_ATTEMPTS)]
+    TooManyAttempts { count: u32 },
+    #[error("at most {max} --escalate-model", max = crate::model::attempts::MAX_ESCALATIONS)]
+    TooManyEscalations,
+    #[error("at most {max} --attempt-model", max = crate::model::attempts::MAX_ATTEMPTS)]
+    TooManyModels,
+    #[error("model {model:?}: {source}")]
+    AttemptModel {
+        model: String,
+        #[source]
+        source: crate::llm::Error,
+    },
+    #[error(transparent)]
+    Pick(#[from] crate::model::word::UnknownWord),
+    #[error("the attempts' temperature must be from 0 to 2 (got {0})")]
+    Temperature(f32),
+    #[error(
+        "--pick, --attempt-model and --attempt-temperature need --attempts N (N of at least 2)"
+    )]
+    NeedsAttempts,
 }
 
 impl shared::exit::Classify for Error {
@@ -124,14 +206,16 @@ impl Default for PlacementConfig {
 
 impl PlacementConfig {
     /// Checks the section; returns (steady_after, failover_backoff).
-    pub fn durations(&self) -> Result<(std::time::Duration, std::time::Duration), String> {
-        let duration = |key: &str, v: &str| {
-            humantime::parse_duration(v).map_err(|e| {
-                format!("[placement] {key} {v:?} is not a duration ({e}): write it as \"60s\"")
+    pub fn durations(&self) -> Result<(std::time::Duration, std::time::Duration), Error> {
+        let duration = |key: &'static str, v: &str| {
+            humantime::parse_duration(v).map_err(|source| Error::PlacementDuration {
+                key,
+                value: v.to_string(),
+                source,
             })
         };
         if self.moves_per_worker == 0 {
-            return Err("[placement] moves_per_worker must be at least 1".into());
+            return Err(Error::NoMoves);
         }
         Ok((
             duration("steady_after", &self.steady_after)?,
@@ -207,15 +291,16 @@ impl EgressConfig {
         &self,
         preset: &str,
         extra: &[String],
-    ) -> Result<Vec<crate::model::egress::AllowRule>, String> {
+    ) -> Result<Vec<crate::model::egress::AllowRule>, Error> {
         use crate::model::egress::{AllowRule, preset as rules_of};
         let mut rules = rules_of(if preset.is_empty() {
             &self.preset
         } else {
             preset
-        })?;
+        })
+        .map_err(Error::Preset)?;
         for a in self.allow.iter().chain(extra) {
-            rules.push(AllowRule::parse(a).map_err(|e| format!("allow-list entry: {e}"))?);
+            rules.push(AllowRule::parse(a).map_err(Error::AllowEntry)?);
         }
         Ok(rules)
     }
@@ -342,7 +427,7 @@ impl DeliverConfig {
     }
 
     /// Checks the hosts and transports.
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), Error> {
         self.settings().remotes.validate()?;
         for h in &self.hosts {
             let host = h.trim();
@@ -351,18 +436,14 @@ impl DeliverConfig {
                 && !host.contains('/')
                 && !host.contains('*');
             if !ok {
-                return Err(format!(
-                    "deliver.hosts: {h:?} is not a host or host:port (no scheme, path or wildcard)"
-                ));
+                return Err(Error::DeliverHost(h.clone()));
             }
         }
         if !self.hosts.is_empty()
             && let Some(api) = self.api_authority()
             && !self.token_hosts().contains(&api)
         {
-            return Err(format!(
-                "deliver.github_api's host {api} is not in deliver.hosts: the GitHub token would go to a host it is not for; add it or change github_api"
-            ));
+            return Err(Error::ApiHost(api));
         }
         Ok(())
     }
@@ -436,24 +517,26 @@ impl Config {
                 });
             }
         };
-        let mut c = Self::parse(&text).map_err(|message| Error::Invalid {
+        let mut c = Self::parse(&text).map_err(|e| Error::Invalid {
             path: shown,
-            message,
+            source: Box::new(e),
         })?;
         c.file = Some(std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()));
         Ok(c)
     }
 
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let c: Config = toml::from_str(text).map_err(|e| e.to_string())?;
-        shared::parse_duration(&c.agent.max_wall).map_err(|e| format!("agent.max_wall: {e}"))?;
-        shared::parse_duration(&c.agent.check_timeout)
-            .map_err(|e| format!("agent.check_timeout: {e}"))?;
-        c.provision.policy().map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Self, Error> {
+        let c: Config = toml::from_str(text)?;
+        let duration = |setting: &'static str, v: &str| {
+            shared::parse_duration(v).map_err(|source| Error::Duration { setting, source })
+        };
+        duration("agent.max_wall", &c.agent.max_wall)?;
+        duration("agent.check_timeout", &c.agent.check_timeout)?;
+        c.provision.policy()?;
         c.placement.durations()?;
         c.egress
             .allow_list("", &[])
-            .map_err(|e| format!("egress: {e}"))?;
+            .map_err(|e| Error::Egress(Box::new(e)))?;
         c.deliver.validate()?;
         let prefix = &c.deliver.branch_prefix;
         if prefix.starts_with('-')
@@ -462,9 +545,7 @@ impl Config {
                 .chars()
                 .any(|ch| ch.is_control() || " ~^:?*[\\".contains(ch))
         {
-            return Err(format!(
-                "deliver.branch_prefix {prefix:?} cannot start a git branch name"
-            ));
+            return Err(Error::BranchPrefix(prefix.clone()));
         }
         for p in c
             .agent
@@ -473,7 +554,10 @@ impl Config {
             .chain(&c.agent.allow_paths)
             .chain(&c.agent.protect)
         {
-            globset::Glob::new(p).map_err(|e| format!("agent allow-list pattern {p:?}: {e}"))?;
+            globset::Glob::new(p).map_err(|source| Error::Pattern {
+                pattern: p.clone(),
+                source,
+            })?;
         }
         Ok(c)
     }
@@ -484,18 +568,17 @@ impl Config {
         model: &str,
         permission: Option<Permission>,
         budget: Budget,
-    ) -> Result<AgentSpec, String> {
+    ) -> Result<AgentSpec, RequestError> {
         let a = &self.agent;
         let model = if !model.is_empty() {
             model.to_string()
         } else {
-            self.llm.default_model.clone().ok_or(
-                "no model given and no default: pass --model (e.g. openai:gpt-4.1, anthropic:claude-sonnet-4-5, ollama:qwen2.5-coder) or set llm.default_model in the config",
-            )?
+            self.llm
+                .default_model
+                .clone()
+                .ok_or(RequestError::NoModel)?
         };
-        model
-            .parse::<crate::llm::ModelSpec>()
-            .map_err(|e| e.to_string())?;
+        model.parse::<crate::llm::ModelSpec>()?;
         let wall = shared::parse_duration(&a.max_wall).unwrap_or_default();
         let pick = |x: f64, d: f64| if x > 0.0 { x } else { d };
         Ok(AgentSpec {
@@ -540,7 +623,10 @@ impl Config {
     /// How a task runs as attempts, from a request's `--attempts` (0: the config's),
     /// `--pick`, `--attempt-model`, `--attempt-temperature` and `--escalate-model`; `None`:
     /// it runs once. Every model named must be one the brain can use.
-    pub fn attempts_spec(&self, req: AttemptsRequest<'_>) -> Result<Option<AttemptsSpec>, String> {
+    pub fn attempts_spec(
+        &self,
+        req: AttemptsRequest<'_>,
+    ) -> Result<Option<AttemptsSpec>, RequestError> {
         use crate::model::attempts::{MAX_ATTEMPTS, MAX_ESCALATIONS};
         let count = if req.count > 0 {
             req.count
@@ -548,19 +634,20 @@ impl Config {
             self.agent.attempts.max(1)
         };
         if count > MAX_ATTEMPTS {
-            return Err(format!(
-                "at most {MAX_ATTEMPTS} attempts per task (asked for {count})"
-            ));
+            return Err(RequestError::TooManyAttempts { count });
         }
         if req.escalate.len() > MAX_ESCALATIONS as usize {
-            return Err(format!("at most {MAX_ESCALATIONS} --escalate-model"));
+            return Err(RequestError::TooManyEscalations);
         }
         if req.models.len() > MAX_ATTEMPTS as usize {
-            return Err(format!("at most {MAX_ATTEMPTS} --attempt-model"));
+            return Err(RequestError::TooManyModels);
         }
         for m in req.models.iter().chain(req.escalate) {
             m.parse::<crate::llm::ModelSpec>()
-                .map_err(|e| format!("model {m:?}: {e}"))?;
+                .map_err(|source| RequestError::AttemptModel {
+                    model: m.clone(),
+                    source,
+                })?;
         }
         let pick = match req.pick {
             "" => Default::default(),
@@ -568,16 +655,12 @@ impl Config {
         };
         let temperature = req.temperature.unwrap_or(self.agent.attempt_temperature);
         if !(0.0..=2.0).contains(&temperature) {
-            return Err(format!(
-                "the attempts' temperature must be from 0 to 2 (got {temperature})"
-            ));
+            return Err(RequestError::Temperature(temperature));
         }
         if count == 1 {
             // Flags that only mean something with several attempts are refused, not dropped.
             if !req.models.is_empty() || !req.pick.is_empty() || req.temperature.is_some() {
-                return Err(
-                    "--pick, --attempt-model and --attempt-temperature need --attempts N (N of at least 2)".into(),
-                );
+                return Err(RequestError::NeedsAttempts);
             }
             if req.escalate.is_empty() {
                 return Ok(None);
@@ -623,12 +706,16 @@ mod tests {
                 std::time::Duration::from_secs(5)
             )
         );
-        let err = Config::parse("[placement]\nsteady_after = \"soon\"").unwrap_err();
+        let err = Config::parse("[placement]\nsteady_after = \"soon\"")
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("steady_after") && err.contains("soon"),
             "{err}"
         );
-        let err = Config::parse("[placement]\nmoves_per_worker = 0").unwrap_err();
+        let err = Config::parse("[placement]\nmoves_per_worker = 0")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("moves_per_worker must be at least 1"), "{err}");
         assert!(
             Config::parse("[placement]\nmax_tasks = 3").is_err(),
@@ -677,11 +764,13 @@ allow_commands = ["cargo test*"]
         assert!(
             Config::parse("[agent]\npermision = \"ask\"")
                 .unwrap_err()
+                .to_string()
                 .contains("permision")
         );
         assert!(
             Config::parse("[agent]\nmax_wall = \"soon\"")
                 .unwrap_err()
+                .to_string()
                 .contains("max_wall")
         );
         assert!(Config::parse("[agent]\npermission = \"yolo\"").is_err());
@@ -689,6 +778,7 @@ allow_commands = ["cargo test*"]
             Config::default()
                 .agent_spec("", None, Budget::default())
                 .unwrap_err()
+                .to_string()
                 .contains("--model")
         );
     }

@@ -65,30 +65,59 @@ pub fn now_unix_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Why a duration, a size or a label given as text does not parse (each message shows the
+/// text and what would do). Also the error of the command-line parsers built on these.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ParseError {
+    #[error("invalid duration {text:?}: {source} (examples: 30s, 15m, 1h)")]
+    Duration {
+        text: String,
+        #[source]
+        source: humantime::DurationError,
+    },
+    #[error("invalid size {0:?} (examples: 512MiB, 2G, 65536)")]
+    SizeNumber(String),
+    #[error("invalid size {text:?}: unknown unit {unit:?}")]
+    SizeUnit { text: String, unit: String },
+    #[error("size {0:?} is too large")]
+    SizeTooLarge(String),
+    #[error("invalid label {0:?}: expected key=value")]
+    LabelForm(String),
+    #[error("invalid label {0:?}: keys are 1-63 and values 0-255 characters of [A-Za-z0-9._/-]")]
+    LabelChars(String),
+}
+
 /// Parses a human duration such as `30s`, `15m` or `1h 30m`.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("invalid duration {s:?}: {e} (examples: 30s, 15m, 1h)"))
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, ParseError> {
+    humantime::parse_duration(s.trim()).map_err(|source| ParseError::Duration {
+        text: s.to_string(),
+        source,
+    })
 }
 
 /// Parses a size such as `512MiB`, `2G`, `64k` or `1048576` (binary units).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+pub fn parse_bytes(s: &str) -> Result<u64, ParseError> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: u64 = num
         .parse()
-        .map_err(|_| format!("invalid size {s:?} (examples: 512MiB, 2G, 65536)"))?;
+        .map_err(|_| ParseError::SizeNumber(s.to_string()))?;
     let mul: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(format!("invalid size {s:?}: unknown unit {unit:?}")),
+        _ => {
+            return Err(ParseError::SizeUnit {
+                text: s.to_string(),
+                unit: unit.to_string(),
+            });
+        }
     };
     n.checked_mul(mul)
-        .ok_or_else(|| format!("size {s:?} is too large"))
+        .ok_or_else(|| ParseError::SizeTooLarge(s.to_string()))
 }
 
 /// A size for people, in binary units: `1 GiB`, `64 MiB`, `1.5 GiB`, `512 bytes`.
@@ -112,18 +141,16 @@ pub fn human_bytes(n: u64) -> String {
 }
 
 /// Parses a `key=value` label.
-pub fn parse_label(s: &str) -> Result<(String, String), String> {
+pub fn parse_label(s: &str) -> Result<(String, String), ParseError> {
     let (k, v) = s
         .split_once('=')
-        .ok_or_else(|| format!("invalid label {s:?}: expected key=value"))?;
+        .ok_or_else(|| ParseError::LabelForm(s.to_string()))?;
     let valid = |x: &str| {
         x.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
     };
     if k.is_empty() || k.len() > 63 || !valid(k) || v.len() > 255 || !valid(v) {
-        return Err(format!(
-            "invalid label {s:?}: keys are 1-63 and values 0-255 characters of [A-Za-z0-9._/-]"
-        ));
+        return Err(ParseError::LabelChars(s.to_string()));
     }
     Ok((k.to_string(), v.to_string()))
 }

@@ -9,6 +9,25 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
+/// Why a host may not be dialled as a public one (callers add what to do about it).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{host} did not resolve within {}s", .timeout.as_secs())]
+    Timeout { host: String, timeout: Duration },
+    #[error("cannot resolve {host}: {source}")]
+    Resolve {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{host} is (or resolves to) {ip}, an internal address (loopback, private, link-local or reserved)"
+    )]
+    Internal { host: String, ip: IpAddr },
+    #[error("{0} resolves to no address")]
+    NoAddress(String),
+}
+
 /// The addresses of `host:port` (an address is its own), resolved within `timeout`; an
 /// error, in words, when it does not resolve or any of its addresses is internal. Callers
 /// dial the first address given, not the name again.
@@ -16,23 +35,29 @@ pub async fn resolve_public(
     host: &str,
     port: u16,
     timeout: Duration,
-) -> Result<Vec<SocketAddr>, String> {
+) -> Result<Vec<SocketAddr>, Error> {
     let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
         Ok(ip) => vec![(ip, port).into()],
         Err(_) => tokio::time::timeout(timeout, tokio::net::lookup_host((host, port)))
             .await
-            .map_err(|_| format!("{host} did not resolve within {}s", timeout.as_secs()))?
-            .map_err(|e| format!("cannot resolve {host}: {e}"))?
+            .map_err(|_| Error::Timeout {
+                host: host.to_string(),
+                timeout,
+            })?
+            .map_err(|source| Error::Resolve {
+                host: host.to_string(),
+                source,
+            })?
             .collect(),
     };
     if let Some(bad) = addrs.iter().find(|a| is_internal(a.ip())) {
-        return Err(format!(
-            "{host} is (or resolves to) {}, an internal address (loopback, private, link-local or reserved)",
-            bad.ip()
-        ));
+        return Err(Error::Internal {
+            host: host.to_string(),
+            ip: bad.ip(),
+        });
     }
     if addrs.is_empty() {
-        return Err(format!("{host} resolves to no address"));
+        return Err(Error::NoAddress(host.to_string()));
     }
     Ok(addrs)
 }

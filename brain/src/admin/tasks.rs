@@ -90,7 +90,7 @@ pub async fn list(t: &Target, json: bool) -> anyhow::Result<i32> {
 
 /// `brain task show`.
 async fn show(target: &Target, task: &str, json: bool) -> anyhow::Result<i32> {
-    let id: crate::model::TaskId = task.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    let id: crate::model::TaskId = task.parse()?;
     let t = all(target)
         .await?
         .into_iter()

@@ -66,7 +66,7 @@ impl Services {
             .config
             .egress
             .allow_list(preset, allow)
-            .map_err(Status::invalid_argument)?;
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         Ok(Some(crate::model::egress::EgressSpec {
             secrets: infos
                 .into_iter()
@@ -304,7 +304,8 @@ impl Admin for Services {
         if req.plan_json.len() > MAX_PLAN_BYTES {
             return Err(Status::invalid_argument("plan larger than 16 MiB"));
         }
-        let plan = crate::model::Plan::parse(&req.plan_json).map_err(Status::invalid_argument)?;
+        let plan = crate::model::Plan::parse(&req.plan_json)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let goal = if req.goal.is_empty() {
             format!("scripted plan of {} steps", plan.steps.len())
         } else {
@@ -348,14 +349,17 @@ impl Admin for Services {
         }
         let permission = match req.permission.as_str() {
             "" => None,
-            p => Some(p.parse().map_err(Status::invalid_argument)?),
+            p => Some(
+                p.parse::<crate::model::agent::Permission>()
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?,
+            ),
         };
         let budget = req.budget.unwrap_or_default().try_into()?;
         let mut spec = self
             .0
             .config
             .agent_spec(&req.model, permission, budget)
-            .map_err(Status::invalid_argument)?;
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         if spec.model.starts_with("replay:") {
             if req.transcript.is_empty() {
                 return Err(Status::invalid_argument(
@@ -397,7 +401,10 @@ impl Admin for Services {
         };
         let deliver = match req.deliver.as_str() {
             "" => None,
-            d => Some(d.parse().map_err(Status::invalid_argument)?),
+            d => Some(
+                d.parse::<crate::model::delivery::Mode>()
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?,
+            ),
         };
         let attempts = self
             .0
@@ -409,7 +416,7 @@ impl Admin for Services {
                 temperature: req.attempt_temperature,
                 escalate: &req.escalate_models,
             })
-            .map_err(Status::invalid_argument)?;
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let model = spec.model.clone();
         let id = self
             .0

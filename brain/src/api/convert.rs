@@ -270,7 +270,9 @@ pub fn sync_rules(
         extra_excludes: excludes.to_vec(),
         no_default_excludes: no_defaults,
     };
-    rules.check().map_err(Status::invalid_argument)?;
+    rules
+        .check()
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(rules)
 }
 
@@ -280,7 +282,8 @@ pub fn labels(labels: &HashMap<String, String>) -> Result<BTreeMap<String, Strin
         return Err(Status::invalid_argument("at most 64 labels"));
     }
     for (k, v) in labels {
-        shared::parse_label(&format!("{k}={v}")).map_err(Status::invalid_argument)?;
+        shared::parse_label(&format!("{k}={v}"))
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
     }
     Ok(labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
 }

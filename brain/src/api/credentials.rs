@@ -10,7 +10,9 @@ use crate::trust::web::{self, Credential, WebRole};
 fn role(text: &str) -> Result<WebRole, Status> {
     match text {
         "" => Ok(WebRole::Viewer),
-        r => r.parse().map_err(Status::invalid_argument),
+        r => r
+            .parse()
+            .map_err(|e: crate::model::word::UnknownWord| Status::invalid_argument(e.to_string())),
     }
 }
 

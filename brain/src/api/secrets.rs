@@ -40,7 +40,7 @@ pub async fn set(store: &Secrets, req: SetSecretRequest) -> Result<SetSecretResp
     let hosts = req
         .hosts
         .iter()
-        .map(|h| HostPattern::parse(h).map_err(Status::invalid_argument))
+        .map(|h| HostPattern::parse(h).map_err(|e| Status::invalid_argument(e.to_string())))
         .collect::<Result<Vec<_>, _>>()?;
     let inject = match req.inject.as_str() {
         "" => Inject::Bearer,

@@ -59,7 +59,7 @@ impl WorkerSession for Services {
         // close; check again now that this one is visible to it.
         if let Ok(Err(reason)) = self.0.registry.check_peer(&peer) {
             self.0.hub.unregister(&session);
-            return Err(Status::permission_denied(reason));
+            return Err(Status::permission_denied(reason.to_string()));
         }
         let opts = self.0.session;
         // Placement may choose it from now on, with the labels as the registry holds them

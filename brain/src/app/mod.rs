@@ -453,7 +453,7 @@ impl Ready {
         let check: crate::api::roles::PeerCheck =
             Arc::new(move |peer| match registry.check_peer(peer)? {
                 Ok(()) => Ok(()),
-                Err(reason) => Err(tonic::Status::permission_denied(reason)),
+                Err(reason) => Err(tonic::Status::permission_denied(reason.to_string())),
             });
         let result = Server::builder()
             .tls_config(self.tls)
@@ -527,7 +527,7 @@ async fn sync_init_admin(data: &DataDir, registry: &Registry, ca_hash: &str) -> 
 fn placement_options(
     c: &crate::config::PlacementConfig,
 ) -> Result<crate::fleet::board::Options, Error> {
-    let (steady_after, backoff) = c.durations().map_err(Error::Config)?;
+    let (steady_after, backoff) = c.durations().map_err(|e| Error::Config(e.to_string()))?;
     Ok(crate::fleet::board::Options {
         max_tasks_per_worker: c.max_tasks_per_worker,
         moves_per_worker: c.moves_per_worker,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::engine::ports::{
     CallError, CommitRequest, Delivery, Environments, Imported, OutputSink, Picked, Placement,
-    PullRequestSpec, Workers, Workspaces,
+    PortError, PullRequestSpec, Workers, Workspaces,
 };
 use crate::fleet::hub::{self, Durable, Hub};
 use crate::fleet::placement;
@@ -29,6 +29,21 @@ impl From<hub::Error> for CallError {
             e @ hub::Error::Malformed { .. } => CallError::Other(e.to_string()),
         }
     }
+}
+
+/// A placement refusal as the engine's port passes it on.
+fn unplaceable(e: impl std::fmt::Display) -> PortError {
+    PortError::Unplaceable(e.to_string())
+}
+
+/// A failure of the brain's git or mirror as the engine's port passes it on.
+fn git_failed(e: impl std::fmt::Display) -> PortError {
+    PortError::Git(e.to_string())
+}
+
+/// A failure of the forge's API as the engine's port passes it on.
+fn forge_failed(e: impl std::fmt::Display) -> PortError {
+    PortError::Forge(e.to_string())
 }
 
 #[async_trait::async_trait]
@@ -110,19 +125,21 @@ impl Workers for Hub {
 }
 
 impl Placement for placement::Placement {
-    fn named(&self, named: &str, labels: &placement::Labels) -> Result<Picked, String> {
-        placement::Placement::named(self, named, labels).map(|w| Picked {
-            id: w.id,
-            name: w.name,
-        })
+    fn named(&self, named: &str, labels: &placement::Labels) -> Result<Picked, PortError> {
+        placement::Placement::named(self, named, labels)
+            .map(|w| Picked {
+                id: w.id,
+                name: w.name,
+            })
+            .map_err(unplaceable)
     }
 
-    fn check(&self, labels: &placement::Labels) -> Result<(), String> {
-        placement::Placement::check(self, labels)
+    fn check(&self, labels: &placement::Labels) -> Result<(), PortError> {
+        placement::Placement::check(self, labels).map_err(unplaceable)
     }
 
-    fn place(&self, task: u64, labels: &placement::Labels) -> Result<String, String> {
-        placement::Placement::place(self, task, labels).map_err(|e| e.to_string())
+    fn place(&self, task: u64, labels: &placement::Labels) -> Result<String, PortError> {
+        placement::Placement::place(self, task, labels).map_err(unplaceable)
     }
 
     fn place_apart(
@@ -130,8 +147,8 @@ impl Placement for placement::Placement {
         task: u64,
         labels: &placement::Labels,
         apart: &[String],
-    ) -> Result<String, String> {
-        placement::Placement::place_apart(self, task, labels, apart).map_err(|e| e.to_string())
+    ) -> Result<String, PortError> {
+        placement::Placement::place_apart(self, task, labels, apart).map_err(unplaceable)
     }
 
     fn enqueue(
@@ -147,8 +164,8 @@ impl Placement for placement::Placement {
         task: u64,
         current: &str,
         labels: &placement::Labels,
-    ) -> Result<String, String> {
-        placement::Placement::move_target(self, task, current, labels)
+    ) -> Result<String, PortError> {
+        placement::Placement::move_target(self, task, current, labels).map_err(unplaceable)
     }
 
     fn failover(&self, task: u64, lost: &str, labels: &placement::Labels) -> Option<String> {
@@ -172,10 +189,10 @@ impl Environments for Machines {
         current: &str,
         req: &EnvRequest,
         budget_left: Option<f64>,
-    ) -> Result<Grant, String> {
+    ) -> Result<Grant, PortError> {
         Machines::obtain(self, task, current, req, budget_left)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| PortError::NoMachine(e.to_string()))
     }
 
     async fn release_if_ours(&self, worker: &str, task: &str) -> Option<String> {
@@ -213,25 +230,21 @@ impl Delivery for GitPort {
         self.settings.branch_prefix.clone()
     }
 
-    async fn commit(&self, req: &CommitRequest) -> Result<String, String> {
-        let git_dir = self
-            .repos
-            .path(&req.origin.commit)
-            .map_err(|e| e.to_string())?;
+    async fn commit(&self, req: &CommitRequest) -> Result<String, PortError> {
+        let git_dir = self.repos.path(&req.origin.commit).map_err(git_failed)?;
         if !git_dir.is_dir() {
-            return Err(format!(
-                "the brain no longer has the git objects of the imported commit {} (expected at {})",
-                req.origin.commit,
-                git_dir.display()
-            ));
+            return Err(PortError::ObjectsGone {
+                commit: req.origin.commit.clone(),
+                at: git_dir,
+            });
         }
         let (m, base, root) = (self.mirror.clone(), req.base_root.clone(), req.root.clone());
         let (base, head) = tokio::task::spawn_blocking(move || {
             Ok::<_, crate::mirror::Error>((m.manifest(&base)?, m.manifest(&root)?))
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(git_failed)?
+        .map_err(git_failed)?;
         git::commit::commit(
             &self.mirror,
             &git::commit::Spec {
@@ -245,18 +258,18 @@ impl Delivery for GitPort {
             },
         )
         .await
-        .map_err(|e| e.to_string())
+        .map_err(git_failed)
     }
 
-    async fn push(&self, origin: &Origin, commit: &str, branch: &str) -> Result<(), String> {
-        let git_dir = self.repos.path(&origin.commit).map_err(|e| e.to_string())?;
+    async fn push(&self, origin: &Origin, commit: &str, branch: &str) -> Result<(), PortError> {
+        let git_dir = self.repos.path(&origin.commit).map_err(git_failed)?;
         let refspec = format!("+{commit}:refs/heads/{branch}");
         let checked = self
             .settings
             .remotes
             .check(&origin.url)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(git_failed)?;
         git::Git::remote(
             &[
                 "push",
@@ -273,18 +286,14 @@ impl Delivery for GitPort {
         .run()
         .await
         .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(git_failed)
     }
 
-    async fn open_pull_request(&self, pr: &PullRequestSpec) -> Result<(String, u64), String> {
-        let (owner, repo) = git::github::repo_of(&pr.origin_url).ok_or_else(|| {
-            format!(
-                "cannot tell the GitHub owner and repository from {}",
-                pr.origin_url
-            )
-        })?;
+    async fn open_pull_request(&self, pr: &PullRequestSpec) -> Result<(String, u64), PortError> {
+        let (owner, repo) = git::github::repo_of(&pr.origin_url)
+            .ok_or_else(|| PortError::NotGithub(pr.origin_url.clone()))?;
         let gh = git::github::Github::new(&self.settings.github_api, &self.settings.github_token)
-            .map_err(|e| e.to_string())?;
+            .map_err(forge_failed)?;
         gh.open(&git::github::Open {
             owner: &owner,
             repo: &repo,
@@ -296,7 +305,7 @@ impl Delivery for GitPort {
         })
         .await
         .map(|p| (p.url, p.number))
-        .map_err(|e| e.to_string())
+        .map_err(forge_failed)
     }
 }
 
@@ -307,7 +316,7 @@ impl Workspaces for GitPort {
         url: &str,
         git_ref: &str,
         rules: &SyncRules,
-    ) -> Result<Imported, String> {
+    ) -> Result<Imported, PortError> {
         let i = git::import::from_git(
             &self.mirror,
             &self.repos,
@@ -318,7 +327,7 @@ impl Workspaces for GitPort {
             &self.settings.remotes,
         )
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(git_failed)?;
         Ok(Imported {
             root_hash: i.root_hash,
             files: i.files,
@@ -383,7 +392,7 @@ impl Workspaces for GitPort {
         .unwrap_or_default()
     }
 
-    async fn diff_size(&self, from: &str, to: &str) -> Result<(u64, u64), String> {
+    async fn diff_size(&self, from: &str, to: &str) -> Result<(u64, u64), PortError> {
         if from == to {
             return Ok((0, 0));
         }
@@ -399,11 +408,11 @@ impl Workspaces for GitPort {
             Ok::<_, crate::mirror::Error>((get(&from)?, get(&to)?))
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(git_failed)?
+        .map_err(git_failed)?;
         let out = crate::git::commit::show(&self.mirror, &a, &b, crate::git::commit::Form::NumStat)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(git_failed)?;
         Ok(crate::git::commit::numstat_size(&String::from_utf8_lossy(
             &out,
         )))

@@ -13,6 +13,7 @@
 //! the forms [`mask::needles`] lists) is masked; trailers are dropped. Knows nothing of
 //! tasks: the caller decides what is injected where ([`Plan`]).
 
+mod error;
 mod inflate;
 mod mask;
 mod swap;
@@ -28,6 +29,8 @@ use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+
+use error::UpstreamError;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
@@ -117,40 +120,37 @@ impl Upstream {
         &self,
         host: &str,
         port: u16,
-    ) -> Result<hyper::client::conn::http1::SendRequest<Body>, String> {
+    ) -> Result<hyper::client::conn::http1::SendRequest<Body>, UpstreamError> {
         // A pinned name goes where the operator said; any other goes to an address that
         // is not internal (the brain's own host and network are not a task's to reach), and
         // to the address checked.
         let addr = match self.resolve.get(&host.to_ascii_lowercase()) {
             Some(ip) => std::net::SocketAddr::new(*ip, port),
-            None => {
-                shared::net::resolve_public(host, port, CONNECT_TIMEOUT)
-                    .await
-                    .map_err(|why| {
-                        format!(
-                            "{why}: the brain does not go there for a task (pin a name with [egress.resolve] to allow it)"
-                        )
-                    })?[0]
-            }
+            None => shared::net::resolve_public(host, port, CONNECT_TIMEOUT)
+                .await
+                .map_err(UpstreamError::NotPublic)?[0],
         };
         let name = rustls::pki_types::ServerName::try_from(host.to_string())
-            .map_err(|_| format!("{host:?} is not a server name"))?;
+            .map_err(|_| UpstreamError::ServerName(host.to_string()))?;
         let connector = tokio_rustls::TlsConnector::from(self.tls.clone());
         let io = tokio::time::timeout(CONNECT_TIMEOUT, async {
             let tcp = TcpStream::connect(&addr)
                 .await
-                .map_err(|e| format!("cannot connect: {e}"))?;
+                .map_err(UpstreamError::Connect)?;
             let _ = tcp.set_nodelay(true);
             connector
                 .connect(name, tcp)
                 .await
-                .map_err(|e| format!("TLS with the real {host} failed: {e}"))
+                .map_err(|source| UpstreamError::Tls {
+                    host: host.to_string(),
+                    source,
+                })
         })
         .await
-        .map_err(|_| format!("no connection within {}s", CONNECT_TIMEOUT.as_secs()))??;
+        .map_err(|_| UpstreamError::ConnectTimeout(CONNECT_TIMEOUT))??;
         let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
-            .map_err(|e| format!("HTTP handshake: {e}"))?;
+            .map_err(UpstreamError::Handshake)?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -309,7 +309,7 @@ impl Conn {
         let mut used = std::collections::BTreeSet::new();
         let target = match swap::in_target(&target, p, &mut used) {
             Ok(t) => t,
-            Err(why) => return self.refuse(why),
+            Err(why) => return self.refuse(why.to_string()),
         };
         let mut headers = hyper::HeaderMap::new();
         for (name, value) in parts.headers.iter() {
@@ -323,7 +323,7 @@ impl Conn {
                     }
                     Err(_) => return self.refuse(format!("header {name} is not valid")),
                 },
-                Err(why) => return self.refuse(why),
+                Err(why) => return self.refuse(why.to_string()),
             }
         }
         let target = swap::add_credentials(&mut headers, target, p, &used);
@@ -395,7 +395,7 @@ impl Conn {
         Response::from_parts(parts, body)
     }
 
-    async fn forward(&self, req: Request<Body>) -> Result<Response<Incoming>, String> {
+    async fn forward(&self, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
         let mut slot = self.send.lock().await;
         let reusable = slot.as_ref().is_some_and(|s| !s.is_closed());
         if !reusable {
@@ -418,11 +418,11 @@ impl Conn {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(e)) => {
                 *slot = None;
-                Err(format!("upstream failed: {e}"))
+                Err(UpstreamError::Failed(e))
             }
             Err(_) => {
                 *slot = None;
-                Err(format!("no answer within {}s", ANSWER_TIMEOUT.as_secs()))
+                Err(UpstreamError::AnswerTimeout(ANSWER_TIMEOUT))
             }
         }
     }

@@ -20,6 +20,31 @@ use crate::trust::secrets::{Inject, PLACEHOLDER_PREFIX};
 /// The prefix without its colon: in a request target the colon may be percent-encoded.
 const STEM: &str = "tether-secret";
 
+/// Why a request is refused: a placeholder where its secret may not stand, or one that is not
+/// the plan's (what the command is told, and the task's log).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("a malformed {PLACEHOLDER_PREFIX} placeholder in the request to {host}:{port}")]
+    Malformed { host: String, port: u16 },
+    #[error(
+        "the placeholder for secret {name:?} is not valid for {host}:{port} (the secret is not bound there, or the placeholder is not this task's)"
+    )]
+    NotHere {
+        name: String,
+        host: String,
+        port: u16,
+    },
+    /// `place`: where the secret's injection lets it stand ([`place`]).
+    #[error("the placeholder for secret {name:?} is in {found}; it may stand only in {place}")]
+    Misplaced {
+        name: String,
+        found: String,
+        place: String,
+    },
+    #[error("header {0} holds a placeholder in bytes that are not text")]
+    NotText(String),
+}
+
 /// Where a secret's injection lets its placeholder stand, in words.
 fn place(inject: &Inject) -> String {
     match inject {
@@ -32,63 +57,57 @@ fn place(inject: &Inject) -> String {
 
 /// The plan's secret whose placeholder starts `text` (after any whitespace), and the length
 /// of the placeholder; an error for a placeholder that is not the plan's.
-fn lookup<'p>(text: &str, plan: &'p Plan) -> Result<(&'p Injection, usize), String> {
-    let after = text.strip_prefix(STEM).ok_or_else(|| {
-        format!(
-            "a malformed {PLACEHOLDER_PREFIX} placeholder in the request to {}:{}",
-            plan.host, plan.port
-        )
-    })?;
-    let (name, token, len) = parse(after).ok_or_else(|| {
-        format!(
-            "a malformed {PLACEHOLDER_PREFIX} placeholder in the request to {}:{}",
-            plan.host, plan.port
-        )
-    })?;
+fn lookup<'p>(text: &str, plan: &'p Plan) -> Result<(&'p Injection, usize), Refusal> {
+    let malformed = || Refusal::Malformed {
+        host: plan.host.clone(),
+        port: plan.port,
+    };
+    let after = text.strip_prefix(STEM).ok_or_else(malformed)?;
+    let (name, token, len) = parse(after).ok_or_else(malformed)?;
     let canonical = format!("{PLACEHOLDER_PREFIX}{name}:{token}");
     plan.inject
         .iter()
         .find(|i| i.placeholder == canonical)
         .map(|i| (i, STEM.len() + len))
-        .ok_or_else(|| {
-            format!(
-                "the placeholder for secret {name:?} is not valid for {}:{} (the secret is not bound there, or the placeholder is not this task's)",
-                plan.host, plan.port
-            )
+        .ok_or_else(|| Refusal::NotHere {
+            name,
+            host: plan.host.clone(),
+            port: plan.port,
         })
 }
 
 /// The refusal for a placeholder found at `where_`: what it is and where it may go.
-fn misplaced(text: &str, where_: &str, plan: &Plan) -> String {
+fn misplaced(text: &str, where_: &str, plan: &Plan) -> Refusal {
     let at = text.find(STEM).unwrap_or(0);
     match lookup(&text[at..], plan) {
-        Ok((inj, _)) => format!(
-            "the placeholder for secret {:?} is in {where_}; it may stand only in {}",
-            inj.name,
-            place(&inj.inject)
-        ),
+        Ok((inj, _)) => Refusal::Misplaced {
+            name: inj.name.clone(),
+            found: where_.to_string(),
+            place: place(&inj.inject),
+        },
         Err(why) => why,
     }
 }
 
 /// `text` is exactly one placeholder of the plan's (surrounding whitespace aside) for a
-/// secret `fits` accepts: that secret.
+/// secret `fits` accepts: that secret. `Err(None)`: a placeholder of the plan's, but not
+/// alone or not one that may stand here (the caller says where it was).
 fn whole<'p>(
     text: &str,
     plan: &'p Plan,
     fits: impl Fn(&Inject) -> bool,
-) -> Option<Result<&'p Injection, String>> {
+) -> Option<Result<&'p Injection, Option<Refusal>>> {
     let t = text.trim();
     if !t.contains(STEM) {
         return None;
     }
     if !t.starts_with(STEM) {
-        return Some(Err(String::new()));
+        return Some(Err(None));
     }
     Some(match lookup(t, plan) {
         Ok((inj, len)) if len == t.len() && fits(&inj.inject) => Ok(inj),
-        Ok(_) => Err(String::new()),
-        Err(why) => Err(why),
+        Ok(_) => Err(None),
+        Err(why) => Err(Some(why)),
     })
 }
 
@@ -154,7 +173,11 @@ fn holds_stem(s: &str) -> bool {
 
 /// The request target (path and query) with the placeholders of query secrets swapped in
 /// their own parameters; a placeholder anywhere else refuses the request.
-pub fn in_target(target: &str, plan: &Plan, used: &mut BTreeSet<String>) -> Result<String, String> {
+pub fn in_target(
+    target: &str,
+    plan: &Plan,
+    used: &mut BTreeSet<String>,
+) -> Result<String, Refusal> {
     if !holds_stem(target) {
         return Ok(target.to_string());
     }
@@ -190,7 +213,7 @@ pub fn in_target(target: &str, plan: &Plan, used: &mut BTreeSet<String>) -> Resu
                     out.push_str(&percent(inj.value.expose()));
                     used.insert(inj.name.clone());
                 }
-                Some(Err(why)) if !why.is_empty() => return Err(why),
+                Some(Err(Some(why))) => return Err(why),
                 _ => return Err(misplaced(&value, &where_, plan)),
             }
         }
@@ -205,12 +228,10 @@ pub fn in_header(
     value: &[u8],
     plan: &Plan,
     used: &mut BTreeSet<String>,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, Refusal> {
     let Ok(text) = std::str::from_utf8(value) else {
         if value.windows(STEM.len()).any(|w| w == STEM.as_bytes()) {
-            return Err(format!(
-                "header {name} holds a placeholder in bytes that are not text"
-            ));
+            return Err(Refusal::NotText(name.to_string()));
         }
         return Ok(value.to_vec());
     };
@@ -249,7 +270,7 @@ pub fn in_header(
                         .encode([own.as_bytes(), b":", inj.value.expose()].concat());
                     Ok(format!("Basic {cred}").into_bytes())
                 }
-                Some(Err(why)) if !why.is_empty() => Err(why),
+                Some(Err(Some(why))) => Err(why),
                 _ => Err(misplaced(
                     password,
                     "the password of a Basic credential",
@@ -268,7 +289,7 @@ pub fn in_header(
                 used.insert(inj.name.clone());
                 Ok([scheme.as_bytes(), b" ", inj.value.expose()].concat())
             }
-            Some(Err(why)) if !why.is_empty() => Err(why),
+            Some(Err(Some(why))) => Err(why),
             _ => Err(misplaced(cred, &where_, plan)),
         };
     }
@@ -281,7 +302,7 @@ pub fn in_header(
             used.insert(inj.name.clone());
             Ok(inj.value.expose().to_vec())
         }
-        Some(Err(why)) if !why.is_empty() => Err(why),
+        Some(Err(Some(why))) => Err(why),
         _ => Err(misplaced(text, &where_, plan)),
     }
 }
@@ -428,7 +449,7 @@ mod tests {
         ] {
             let err = in_header(name, value.as_bytes(), &bearer, &mut BTreeSet::new())
                 .expect_err(&format!("{name}: {value}"));
-            assert!(err.contains("may stand only in"), "{err}");
+            assert!(err.to_string().contains("may stand only in"), "{err}");
         }
         for target in [
             format!("/files/{P}"),

@@ -93,7 +93,7 @@ pub async fn place(cx: &Cx<'_>) -> Result<(), Error> {
         Ok(w) => w,
         Err(reason) => {
             tracing::info!(task = %cx.task.id, %reason, "task queued");
-            set_status(cx, Status::Queued, &reason).await?;
+            set_status(cx, Status::Queued, &reason.to_string()).await?;
             let turn = placement.enqueue(id, &labels);
             tokio::select! {
                 w = turn => match w {
@@ -659,24 +659,45 @@ pub fn completed(call_id: u64, result: ToolResult, stdout: String, stderr: Strin
     ]
 }
 
+/// Why a file operation on the task's worker has no answer (what the call's record says).
+#[derive(Debug, thiserror::Error)]
+pub enum NoAnswer {
+    #[error("the task was cancelled while the call ran")]
+    Cancelled,
+    #[error("worker {worker} did not come back within {wait:?}")]
+    Away { worker: String, wait: Duration },
+    #[error("worker {worker} was lost; the task moves to {to}")]
+    Moving { worker: String, to: String },
+    /// The worker is there, and the call failed every time it was tried.
+    #[error("{source} ({tries} tries)")]
+    Failing {
+        #[source]
+        source: CallError,
+        tries: u32,
+    },
+    /// A call that is no file operation, given to the file tools (a bug of the brain's).
+    #[error("a command is not a file tool")]
+    NotFileTool,
+}
+
 /// One file operation on the task's worker, waiting for the worker (or failover) if it is
 /// away. Err: why it has no answer (the task was cancelled, or the worker did not come back).
-pub async fn file_call(cx: &Cx<'_>, worker: &str, op: FileOp) -> Result<FileAnswer, String> {
+pub async fn file_call(cx: &Cx<'_>, worker: &str, op: FileOp) -> Result<FileAnswer, NoAnswer> {
     let workspace = cx.task.state().workspace;
     let workers = &cx.ports().workers;
     let wait = cx.opts().worker_wait;
     let mut failures = 0;
     loop {
         if cx.task.cancel.is_cancelled() {
-            return Err("the task was cancelled while the call ran".into());
+            return Err(NoAnswer::Cancelled);
         }
         tokio::select! {
             back = workers.wait_connected(worker, wait) => if !back {
-                return Err(format!("worker {worker} did not come back within {wait:?}"));
+                return Err(NoAnswer::Away { worker: worker.to_string(), wait });
             },
             to = failover_target(cx, worker) => {
                 cx.task.set_move_request(&to);
-                return Err(format!("worker {worker} was lost; the task moves to {to}"));
+                return Err(NoAnswer::Moving { worker: worker.to_string(), to });
             }
         }
         match workers
@@ -690,7 +711,10 @@ pub async fn file_call(cx: &Cx<'_>, worker: &str, op: FileOp) -> Result<FileAnsw
             Err(e) => {
                 failures += 1;
                 if failures >= FILE_TRIES {
-                    return Err(format!("{e} ({failures} tries)"));
+                    return Err(NoAnswer::Failing {
+                        source: e,
+                        tries: failures,
+                    });
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }

@@ -1,6 +1,7 @@
 //! The engine's errors: the log failing, and the commands' refusals (each says what to do).
 
 use super::log;
+use super::ports::PortError;
 use crate::model::event::TaskId;
 
 /// Errors of the engine's commands.
@@ -15,8 +16,8 @@ pub enum Error {
     #[error("task {task}: {reason}")]
     Refused { task: TaskId, reason: String },
     /// No worker can take the task (the reason says why and what to do).
-    #[error("{0}")]
-    Unplaceable(String),
+    #[error(transparent)]
+    Unplaceable(PortError),
     /// The starting workspace could not be fetched.
     #[error("{0}")]
     Import(String),

@@ -8,7 +8,7 @@
 use shared::locks::Lock;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -27,6 +27,10 @@ pub enum Error {
     },
     #[error("the event log writer has stopped")]
     Closed,
+    /// The writer's error for an append (one group's error goes to every append in it). The
+    /// words are those the log has always given.
+    #[error("event log store: Unsupported: {0}")]
+    Commit(Arc<Error>),
     #[error("event {key} of task {task} cannot be decoded: {reason}")]
     Decode {
         task: TaskId,
@@ -152,7 +156,7 @@ const MAX_BATCH: usize = 1024;
 struct Append {
     task: TaskId,
     events: Vec<Event>,
-    done: oneshot::Sender<Result<Vec<Record>, String>>,
+    done: oneshot::Sender<Result<Vec<Record>, Arc<Error>>>,
 }
 
 /// The sled log: tree `events` keyed by task id ‖ seq (both big-endian), tree `snapshots`
@@ -266,16 +270,16 @@ impl Writer {
         &mut self,
         appends: &mut [Append],
         data_file: &std::path::Path,
-    ) -> Vec<Result<Vec<Record>, String>> {
+    ) -> Vec<Result<Vec<Record>, Arc<Error>>> {
         let mut batch = sled::Batch::default();
         let mut keys: Vec<[u8; 16]> = Vec::new();
-        let mut out: Vec<Result<Vec<Record>, String>> = Vec::with_capacity(appends.len());
+        let mut out: Vec<Result<Vec<Record>, Arc<Error>>> = Vec::with_capacity(appends.len());
         let before = self.last_seq.clone();
         for a in appends.iter_mut() {
             let mut seq = match self.last(a.task) {
                 Ok(s) => s,
                 Err(e) => {
-                    out.push(Err(e.to_string()));
+                    out.push(Err(Arc::new(e)));
                     continue;
                 }
             };
@@ -315,8 +319,8 @@ impl Writer {
             }
             self.last_seq = before;
             tracing::error!(error = %e, "event log commit failed");
-            let msg = e.to_string();
-            return out.into_iter().map(|_| Err(msg.clone())).collect();
+            let e = Arc::new(e);
+            return out.into_iter().map(|_| Err(e.clone())).collect();
         }
         out
     }
@@ -330,9 +334,7 @@ impl EventLog for SledLog {
             .send(Append { task, events, done })
             .await
             .map_err(|_| Error::Closed)?;
-        rx.await
-            .map_err(|_| Error::Closed)?
-            .map_err(|e| Error::Store(sled::Error::Unsupported(e)))
+        rx.await.map_err(|_| Error::Closed)?.map_err(Error::Commit)
     }
 
     fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error> {

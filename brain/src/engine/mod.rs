@@ -356,7 +356,7 @@ impl Engine {
                     .workspaces
                     .import_git(url, git_ref, &new.rules)
                     .await
-                    .map_err(Error::Import)?;
+                    .map_err(|e| Error::Import(e.to_string()))?;
                 tracing::info!(url = %i.url, commit = %i.commit, files = i.files, bytes = i.bytes, "workspace imported");
                 Ok(Some(Event::WorkspaceSeeded {
                     root_hash: i.root_hash,
@@ -510,9 +510,9 @@ impl Engine {
             task: task.id,
             reason: "not an agent task".into(),
         })?;
-        let limits = a.raised(extra).map_err(|reason| Error::Refused {
+        let limits = a.raised(extra).map_err(|e| Error::Refused {
             task: task.id,
-            reason,
+            reason: e.to_string(),
         })?;
         self.inner
             .core

@@ -135,7 +135,9 @@ impl Driver for PlanDriver {
                     create_dirs: true,
                 };
                 let result = match effects::file_call(cx, &p.worker, op).await {
-                    Err(reason) => return effects::interrupt(cx, p.call_id, reason).await,
+                    Err(reason) => {
+                        return effects::interrupt(cx, p.call_id, reason.to_string()).await;
+                    }
                     Ok(FileAnswer::Done) => ToolResult {
                         exit_code: Some(0),
                         ..Default::default()

@@ -4,6 +4,7 @@
 //! implement them in memory. All in domain types: no wire types cross a port.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,35 @@ pub enum CallError {
     Timeout { worker: String, timeout: Duration },
     #[error("{0}")]
     Other(String),
+}
+
+/// Why a placement, an environment, an import or a delivery port could not do what the
+/// engine asked. The implementations keep their own typed errors; a port passes their
+/// message on (what failed and what to do), sorted by what failed, and the engine adds what
+/// it was doing for the task's log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    /// No worker will do: the one named is refused, or none qualifies or has room.
+    #[error("{0}")]
+    Unplaceable(String),
+    /// No machine could be had for an environment request.
+    #[error("{0}")]
+    NoMachine(String),
+    /// The brain's git or its mirror failed: a clone, a commit, a diff or a push.
+    #[error("{0}")]
+    Git(String),
+    /// The brain no longer has the git objects of the commit a delivery builds on.
+    #[error(
+        "the brain no longer has the git objects of the imported commit {commit} (expected at {})",
+        .at.display()
+    )]
+    ObjectsGone { commit: String, at: PathBuf },
+    /// The origin's URL names no GitHub repository, so no pull request can be opened there.
+    #[error("cannot tell the GitHub owner and repository from {0}")]
+    NotGithub(String),
+    /// The forge refused or failed to open a pull request.
+    #[error("{0}")]
+    Forge(String),
 }
 
 /// The workers, by id.
@@ -84,22 +114,27 @@ pub use crate::model::ops::Occupancy;
 pub trait Placement: Send + Sync {
     /// The worker named (id or name); it must qualify, but need not have room. The error
     /// says why it does not.
-    fn named(&self, named: &str, labels: &Labels) -> Result<Picked, String>;
+    fn named(&self, named: &str, labels: &Labels) -> Result<Picked, PortError>;
     /// Whether a task with `labels` can be placed as the fleet stands (it may have to queue
     /// for room); the error says why not.
-    fn check(&self, labels: &Labels) -> Result<(), String>;
+    fn check(&self, labels: &Labels) -> Result<(), PortError>;
     /// The least loaded worker for `task`, its room reserved; else why none has room now.
-    fn place(&self, task: u64, labels: &Labels) -> Result<String, String>;
+    fn place(&self, task: u64, labels: &Labels) -> Result<String, PortError>;
     /// [`Placement::place`], preferring workers that hold fewer of `apart` (workers, one
     /// entry per sibling task there): attempts of one task spread over distinct workers.
-    fn place_apart(&self, task: u64, labels: &Labels, apart: &[String]) -> Result<String, String> {
+    fn place_apart(
+        &self,
+        task: u64,
+        labels: &Labels,
+        apart: &[String],
+    ) -> Result<String, PortError> {
         let _ = apart;
         self.place(task, labels)
     }
     /// Waits, in order, for room for `task`; resolves with the worker reserved for it.
     fn enqueue(&self, task: u64, labels: &Labels) -> tokio::sync::oneshot::Receiver<String>;
     /// A worker other than `current` for a move asked without a target (reserved).
-    fn move_target(&self, task: u64, current: &str, labels: &Labels) -> Result<String, String>;
+    fn move_target(&self, task: u64, current: &str, labels: &Labels) -> Result<String, PortError>;
     /// A worker other than `lost` to fail over to, within the bounds on moves (reserved).
     fn failover(&self, task: u64, lost: &str, labels: &Labels) -> Option<String>;
     /// Where `task` is now (`None`: ended or stopped).
@@ -119,7 +154,7 @@ pub trait Environments: Send + Sync {
         current: &str,
         req: &EnvRequest,
         budget_left: Option<f64>,
-    ) -> Result<Grant, String>;
+    ) -> Result<Grant, PortError>;
     /// Releases the machine `worker` runs on if the brain created it and no other task uses
     /// it; says what it did.
     async fn release_if_ours(&self, worker: &str, task: &str) -> Option<String>;
@@ -173,12 +208,12 @@ pub trait Delivery: Send + Sync {
     /// The prefix of delivered branches (`tether/`).
     fn branch_prefix(&self) -> String;
     /// Makes the commit (the same request always makes the same id); its id.
-    async fn commit(&self, req: &CommitRequest) -> Result<String, String>;
+    async fn commit(&self, req: &CommitRequest) -> Result<String, PortError>;
     /// Pushes `commit` (made on `origin`'s commit) to `branch` of the origin repository,
     /// replacing what the branch held.
-    async fn push(&self, origin: &Origin, commit: &str, branch: &str) -> Result<(), String>;
+    async fn push(&self, origin: &Origin, commit: &str, branch: &str) -> Result<(), PortError>;
     /// Opens the pull request, or finds the one open already: (URL, number).
-    async fn open_pull_request(&self, pr: &PullRequestSpec) -> Result<(String, u64), String>;
+    async fn open_pull_request(&self, pr: &PullRequestSpec) -> Result<(String, u64), PortError>;
 }
 
 /// Workspaces the brain fetches itself.
@@ -190,7 +225,7 @@ pub trait Workspaces: Send + Sync {
         url: &str,
         git_ref: &str,
         rules: &SyncRules,
-    ) -> Result<Imported, String>;
+    ) -> Result<Imported, PortError>;
     /// A file of a workspace in the mirror (`root`: its manifest), if it is there, is a
     /// regular file and has at most `max` bytes.
     async fn read_file(&self, root: &str, path: &str, max: u64) -> Option<Vec<u8>>;
@@ -202,7 +237,7 @@ pub trait Workspaces: Send + Sync {
     async fn changed_files(&self, from: &str, to: &str) -> Vec<(String, Option<bool>)>;
     /// How big the change from one version of a workspace to another is: files changed, and
     /// lines added plus removed (as `git diff --numstat` counts them).
-    async fn diff_size(&self, from: &str, to: &str) -> Result<(u64, u64), String>;
+    async fn diff_size(&self, from: &str, to: &str) -> Result<(u64, u64), PortError>;
 }
 
 /// Every port, as the engine holds them.

@@ -171,30 +171,37 @@ impl Workers for FakeWorkers {
 struct FakePlacement(Arc<FakeWorkers>);
 
 impl Placement for FakePlacement {
-    fn named(&self, named: &str, _labels: &Labels) -> Result<Picked, String> {
+    fn named(&self, named: &str, _labels: &Labels) -> Result<Picked, PortError> {
         Ok(Picked {
             id: named.into(),
             name: named.into(),
         })
     }
 
-    fn check(&self, _labels: &Labels) -> Result<(), String> {
+    fn check(&self, _labels: &Labels) -> Result<(), PortError> {
         Ok(())
     }
 
-    fn place(&self, _task: u64, _labels: &Labels) -> Result<String, String> {
+    fn place(&self, _task: u64, _labels: &Labels) -> Result<String, PortError> {
         let mut up: Vec<String> = self.0.connected.locked().iter().cloned().collect();
         up.sort();
-        up.into_iter().next().ok_or_else(|| "no worker".into())
+        up.into_iter()
+            .next()
+            .ok_or_else(|| PortError::Unplaceable("no worker".into()))
     }
 
     fn enqueue(&self, _task: u64, _labels: &Labels) -> tokio::sync::oneshot::Receiver<String> {
         tokio::sync::oneshot::channel().1
     }
 
-    fn move_target(&self, _task: u64, current: &str, _labels: &Labels) -> Result<String, String> {
+    fn move_target(
+        &self,
+        _task: u64,
+        current: &str,
+        _labels: &Labels,
+    ) -> Result<String, PortError> {
         self.failover(0, current, _labels)
-            .ok_or_else(|| "no worker".into())
+            .ok_or_else(|| PortError::Unplaceable("no worker".into()))
     }
 
     fn failover(&self, _task: u64, lost: &str, _labels: &Labels) -> Option<String> {
@@ -219,8 +226,8 @@ impl Environments for NoMachines {
         _: &str,
         _: &EnvRequest,
         _: Option<f64>,
-    ) -> Result<Grant, String> {
-        Err("no machines here".into())
+    ) -> Result<Grant, PortError> {
+        Err(PortError::NoMachine("no machines here".into()))
     }
     async fn release_if_ours(&self, _: &str, _: &str) -> Option<String> {
         None
@@ -238,8 +245,8 @@ impl Environments for NoMachines {
 
 #[async_trait::async_trait]
 impl Workspaces for NoMachines {
-    async fn import_git(&self, _: &str, _: &str, _: &SyncRules) -> Result<Imported, String> {
-        Err("no git here".into())
+    async fn import_git(&self, _: &str, _: &str, _: &SyncRules) -> Result<Imported, PortError> {
+        Err(PortError::Git("no git here".into()))
     }
     async fn read_file(&self, _: &str, _: &str, _: u64) -> Option<Vec<u8>> {
         None
@@ -247,7 +254,7 @@ impl Workspaces for NoMachines {
     async fn list_files(&self, _: &str) -> Vec<(String, bool)> {
         vec![]
     }
-    async fn diff_size(&self, _: &str, _: &str) -> Result<(u64, u64), String> {
+    async fn diff_size(&self, _: &str, _: &str) -> Result<(u64, u64), PortError> {
         Ok((0, 0))
     }
     async fn changed_files(&self, _: &str, _: &str) -> Vec<(String, Option<bool>)> {
@@ -263,14 +270,14 @@ impl Delivery for NoMachines {
     fn branch_prefix(&self) -> String {
         "tether/".into()
     }
-    async fn commit(&self, _: &CommitRequest) -> Result<String, String> {
-        Err("no git here".into())
+    async fn commit(&self, _: &CommitRequest) -> Result<String, PortError> {
+        Err(PortError::Git("no git here".into()))
     }
-    async fn push(&self, _: &Origin, _: &str, _: &str) -> Result<(), String> {
-        Err("no git here".into())
+    async fn push(&self, _: &Origin, _: &str, _: &str) -> Result<(), PortError> {
+        Err(PortError::Git("no git here".into()))
     }
-    async fn open_pull_request(&self, _: &PullRequestSpec) -> Result<(String, u64), String> {
-        Err("no git here".into())
+    async fn open_pull_request(&self, _: &PullRequestSpec) -> Result<(String, u64), PortError> {
+        Err(PortError::Git("no git here".into()))
     }
 }
 
@@ -579,7 +586,7 @@ async fn a_file_operation_that_keeps_failing_on_a_connected_worker_ends_with_the
     )
     .await
     .expect("a failing file operation ends");
-    let err = got.unwrap_err();
+    let err = got.unwrap_err().to_string();
     assert!(
         err.contains("did not answer") && err.contains("3 tries"),
         "{err}"

@@ -11,9 +11,31 @@ use tokio::sync::oneshot;
 use super::board::{Board, NoRoom, Occupancy, Want};
 use super::hub::Hub;
 use crate::model::ops::Limits;
-use crate::trust::registry::{Registry, WorkerRecord};
+use crate::trust::registry::{self, Registry, WorkerRecord};
 
 pub use super::choice::Labels;
+
+/// Why a task cannot go to the worker named, or to any worker as the fleet stands (each
+/// message says what to do).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The worker named is not enrolled, or the registry could not be read.
+    #[error(transparent)]
+    Registry(#[from] registry::Error),
+    #[error("worker {id} ({name}) is revoked")]
+    Revoked { id: String, name: String },
+    #[error("worker {id} ({name}) does not have the labels the task requires: {}", .want.join(", "))]
+    LacksLabels {
+        id: String,
+        name: String,
+        want: Vec<String>,
+    },
+    /// The worker lacks a confinement the brain's policy requires ([`Policy::refuse`]).
+    #[error("{0}")]
+    Policy(String),
+    #[error("{0}")]
+    NoRoom(NoRoom),
+}
 
 /// What the brain demands of where and how commands run.
 #[derive(Debug, Clone, Default)]
@@ -124,25 +146,23 @@ impl Placement {
     /// The worker named (id or name: it need not be connected, the task waits for it; a
     /// person's choice is not held to the worker's capacity). The error says why it will
     /// not do.
-    pub fn named(&self, named: &str, labels: &Labels) -> Result<WorkerRecord, String> {
-        let w = self
-            .registry
-            .resolve_worker(named)
-            .map_err(|e| e.to_string())?;
+    pub fn named(&self, named: &str, labels: &Labels) -> Result<WorkerRecord, Error> {
+        let w = self.registry.resolve_worker(named)?;
         if w.revoked {
-            return Err(format!("worker {} ({}) is revoked", w.id, w.name));
+            return Err(Error::Revoked {
+                id: w.id,
+                name: w.name,
+            });
         }
         if !has_labels(&w, labels) {
-            let want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            return Err(format!(
-                "worker {} ({}) does not have the labels the task requires: {}",
-                w.id,
-                w.name,
-                want.join(", ")
-            ));
+            return Err(Error::LacksLabels {
+                id: w.id,
+                name: w.name,
+                want: labels.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            });
         }
         if let Some(why) = self.policy.refuse(&w) {
-            return Err(why);
+            return Err(Error::Policy(why));
         }
         Ok(w)
     }
@@ -150,9 +170,9 @@ impl Placement {
     /// Whether a task with `labels` can ever be placed as the fleet stands: some connected
     /// worker has the labels and what the policy requires (it may be busy now: the task
     /// queues). The error says why not.
-    pub fn check(&self, labels: &Labels) -> Result<(), String> {
+    pub fn check(&self, labels: &Labels) -> Result<(), Error> {
         match self.board().why_not(&self.want(labels)) {
-            Some(no) if !no.transient() => Err(no.to_string()),
+            Some(no) if !no.transient() => Err(Error::NoRoom(no)),
             _ => Ok(()),
         }
     }
@@ -182,12 +202,12 @@ impl Placement {
 
     /// A worker other than `current` for a move a person asked for without naming one:
     /// least loaded with room, within the bound on moves into one worker; reserved.
-    pub fn move_target(&self, task: u64, current: &str, labels: &Labels) -> Result<String, String> {
+    pub fn move_target(&self, task: u64, current: &str, labels: &Labels) -> Result<String, NoRoom> {
         let mut want = self.want(labels);
         want.exclude = Some(current.to_string());
         want.moving = true;
         want.moves_per_worker = self.board().options().moves_per_worker;
-        self.board().place(task, &want).map_err(|e| e.to_string())
+        self.board().place(task, &want)
     }
 
     /// A worker other than `lost`, for a task whose worker is gone: the same choice, at most

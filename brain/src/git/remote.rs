@@ -23,10 +23,69 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The transports git may use.
 pub const TRANSPORTS: &[&str] = &["https", "ssh", "http", "git", "file"];
 
+/// Why a repository URL is refused, or a transport in the config is unknown.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("repository {url}: {why}")]
-    Refused { url: String, why: String },
+    /// The URL cannot be read as git reads it, or names a transport git may not use.
+    #[error("repository {url}: {source}")]
+    Unreadable {
+        url: String,
+        #[source]
+        source: UrlError,
+    },
+    /// The transport is one git could use, but the config does not allow it; `what` names
+    /// it (`local paths and file:// URLs are`).
+    #[error(
+        "repository {url}: {what} not allowed (the brain's git uses {allowed}; add {transport:?} to `[deliver] git_schemes` in the brain's config to allow it)"
+    )]
+    Transport {
+        url: String,
+        what: String,
+        allowed: String,
+        transport: &'static str,
+    },
+    #[error(
+        "repository {url}: {host} is pinned to {ip}, an internal address (loopback, private, link-local or reserved); set `[deliver] git_internal_hosts = true` in the brain's config to allow such hosts"
+    )]
+    PinnedInternal {
+        url: String,
+        host: String,
+        ip: IpAddr,
+    },
+    /// The host does not resolve, or resolves to an internal address.
+    #[error(
+        "repository {url}: {source}; set `[deliver] git_internal_hosts = true` in the brain's config to allow such hosts"
+    )]
+    NotPublic {
+        url: String,
+        #[source]
+        source: shared::net::Error,
+    },
+    #[error("deliver.git_schemes: {0:?} is not one of {transports}", transports = TRANSPORTS.join(", "))]
+    UnknownTransport(String),
+}
+
+/// Why a URL cannot be read as git reads it, or may never be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    #[error("an empty URL")]
+    Empty,
+    #[error("a URL may not start with '-'")]
+    Dash,
+    #[error("a URL may not hold control characters")]
+    Control,
+    #[error("{0}:// is not a transport the brain's git uses")]
+    Scheme(String),
+    #[error("git remote helpers (NAME::ADDRESS) are never used")]
+    Helper,
+    #[error("an ssh address without a host")]
+    SshWithoutHost,
+    #[error("{0:?} is not a host")]
+    NotHost(String),
+    #[error("a URL without a host")]
+    NoHost,
+    #[error("{0:?} is not a port")]
+    NotPort(String),
 }
 
 /// A repository URL, as far as the policy cares.
@@ -40,16 +99,16 @@ pub struct Remote {
 }
 
 /// Reads what transport and host `url` names, as git would.
-pub fn parse(url: &str) -> Result<Remote, String> {
+pub fn parse(url: &str) -> Result<Remote, UrlError> {
     let url = url.trim();
     if url.is_empty() {
-        return Err("an empty URL".into());
+        return Err(UrlError::Empty);
     }
     if url.starts_with('-') {
-        return Err("a URL may not start with '-'".into());
+        return Err(UrlError::Dash);
     }
     if url.chars().any(char::is_control) {
-        return Err("a URL may not hold control characters".into());
+        return Err(UrlError::Control);
     }
     if let Some((scheme, rest)) = url.split_once("://") {
         let transport = match scheme.to_ascii_lowercase().as_str() {
@@ -58,11 +117,7 @@ pub fn parse(url: &str) -> Result<Remote, String> {
             "ssh" | "git+ssh" | "ssh+git" => "ssh",
             "git" => "git",
             "file" => "file",
-            other => {
-                return Err(format!(
-                    "{other}:// is not a transport the brain's git uses"
-                ));
-            }
+            other => return Err(UrlError::Scheme(other.to_string())),
         };
         if transport == "file" {
             return Ok(Remote {
@@ -83,7 +138,7 @@ pub fn parse(url: &str) -> Result<Remote, String> {
     // `NAME::ADDRESS` calls git's remote helper NAME (`ext::` runs a command).
     let before_slash = url.split('/').next().unwrap_or("");
     if before_slash.contains("::") {
-        return Err("git remote helpers (NAME::ADDRESS) are never used".into());
+        return Err(UrlError::Helper);
     }
     // scp-like `[user@]host:path`: a colon before any slash.
     if let Some((authority, _)) = before_slash.split_once(':')
@@ -92,7 +147,7 @@ pub fn parse(url: &str) -> Result<Remote, String> {
         let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
         let host = host.trim_start_matches('[').trim_end_matches(']');
         if host.is_empty() {
-            return Err("an ssh address without a host".into());
+            return Err(UrlError::SshWithoutHost);
         }
         return Ok(Remote {
             transport: "ssh",
@@ -107,17 +162,17 @@ pub fn parse(url: &str) -> Result<Remote, String> {
     })
 }
 
-fn split_authority(a: &str) -> Result<(String, Option<u16>), String> {
+fn split_authority(a: &str) -> Result<(String, Option<u16>), UrlError> {
     let (host, port) =
-        shared::net::split_host_port(a).ok_or_else(|| format!("{a:?} is not a host"))?;
+        shared::net::split_host_port(a).ok_or_else(|| UrlError::NotHost(a.to_string()))?;
     if host.is_empty() {
-        return Err("a URL without a host".into());
+        return Err(UrlError::NoHost);
     }
     let port = match port {
         None | Some("") => None,
         Some(p) => Some(
             p.parse::<u16>()
-                .map_err(|_| format!("{p:?} is not a port"))?,
+                .map_err(|_| UrlError::NotPort(p.to_string()))?,
         ),
     };
     Ok((host.to_ascii_lowercase(), port))
@@ -155,13 +210,10 @@ pub struct Checked {
 
 impl Policy {
     /// Checks the transports named in the config.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Error> {
         for t in &self.transports {
             if !TRANSPORTS.contains(&t.as_str()) {
-                return Err(format!(
-                    "deliver.git_schemes: {t:?} is not one of {}",
-                    TRANSPORTS.join(", ")
-                ));
+                return Err(Error::UnknownTransport(t.clone()));
             }
         }
         Ok(())
@@ -174,22 +226,22 @@ impl Policy {
     /// Whether the brain's git may reach `url`, resolving its host; how to reach it if so.
     pub async fn check(&self, url: &str) -> Result<Checked, Error> {
         let shown = crate::model::delivery::strip_userinfo(url);
-        let refuse = |why: String| Error::Refused {
+        let remote = parse(url).map_err(|source| Error::Unreadable {
             url: shown.clone(),
-            why,
-        };
-        let remote = parse(url).map_err(&refuse)?;
+            source,
+        })?;
         if !self.transports.iter().any(|t| t == remote.transport) {
             let what = if remote.transport == "file" {
                 "local paths and file:// URLs are".to_string()
             } else {
                 format!("{}:// URLs are", remote.transport)
             };
-            return Err(refuse(format!(
-                "{what} not allowed (the brain's git uses {}; add {:?} to `[deliver] git_schemes` in the brain's config to allow it)",
-                self.transports.join(" and "),
-                remote.transport
-            )));
+            return Err(Error::Transport {
+                url: shown,
+                what,
+                allowed: self.transports.join(" and "),
+                transport: remote.transport,
+            });
         }
         let mut checked = Checked {
             protocols: self.protocols(),
@@ -210,20 +262,16 @@ impl Policy {
         let first = match self.resolve.get(&host) {
             Some(ip) if !shared::net::is_internal(*ip) => *ip,
             Some(ip) => {
-                return Err(refuse(format!(
-                    "{host} is pinned to {ip}, an internal address (loopback, private, link-local or reserved); set `[deliver] git_internal_hosts = true` in the brain's config to allow such hosts"
-                )));
+                return Err(Error::PinnedInternal {
+                    url: shown,
+                    host,
+                    ip: *ip,
+                });
             }
-            None => {
-                shared::net::resolve_public(&host, port, RESOLVE_TIMEOUT)
-                    .await
-                    .map_err(|why| {
-                        refuse(format!(
-                            "{why}; set `[deliver] git_internal_hosts = true` in the brain's config to allow such hosts"
-                        ))
-                    })?[0]
-                    .ip()
-            }
+            None => shared::net::resolve_public(&host, port, RESOLVE_TIMEOUT)
+                .await
+                .map_err(|source| Error::NotPublic { url: shown, source })?[0]
+                .ip(),
         };
         if matches!(remote.transport, "https" | "http") {
             let addr = match &first {

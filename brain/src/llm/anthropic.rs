@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use super::config::{Resolved, max_tokens};
 use super::http::Http;
-use super::types::{Error, Message, Provider, Request, Response, Role, ToolUse, Usage};
+use super::types::{Error, Malformed, Message, Provider, Request, Response, Role, ToolUse, Usage};
 
 const VERSION: &str = "2023-06-01";
 
@@ -139,10 +139,10 @@ fn blocks(m: &Message) -> (&'static str, Vec<Value>) {
 
 /// Reads the `text` and `tool_use` content blocks (others, e.g. thinking, are skipped) and
 /// `usage` (cache reads and writes count as prompt tokens).
-pub(crate) fn parse_response(v: &Value) -> Result<Response, String> {
+pub(crate) fn parse_response(v: &Value) -> Result<Response, Malformed> {
     let blocks = v["content"]
         .as_array()
-        .ok_or("the answer has no content array")?;
+        .ok_or(Malformed::Missing("content array"))?;
     let mut texts = Vec::new();
     let mut tool_calls = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
@@ -152,7 +152,10 @@ pub(crate) fn parse_response(v: &Value) -> Result<Response, String> {
                 let field = |k: &str| {
                     b[k].as_str()
                         .map(str::to_string)
-                        .ok_or_else(|| format!("content[{i}] (tool_use) has no {k}"))
+                        .ok_or_else(|| Malformed::CallField {
+                            call: format!("content[{i}] (tool_use)"),
+                            field: k.to_string(),
+                        })
                 };
                 tool_calls.push(ToolUse {
                     id: field("id")?,

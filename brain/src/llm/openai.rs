@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::config::{Resolved, max_tokens};
 use super::http::Http;
-use super::types::{Error, Message, Provider, Request, Response, Role, ToolUse, Usage};
+use super::types::{Error, Malformed, Message, Provider, Request, Response, Role, ToolUse, Usage};
 
 /// A Chat Completions client for one model.
 ///
@@ -126,24 +126,25 @@ fn message(m: &Message) -> Value {
 }
 
 /// Reads `choices[0].message` and `usage`.
-pub(crate) fn parse_response(v: &Value) -> Result<Response, String> {
+pub(crate) fn parse_response(v: &Value) -> Result<Response, Malformed> {
     let msg = v["choices"]
         .get(0)
         .map(|c| &c["message"])
         .filter(|m| m.is_object())
-        .ok_or("the answer has no choices[0].message")?;
+        .ok_or(Malformed::Missing("choices[0].message"))?;
     let content = match &msg["content"] {
         Value::Null => String::new(),
         Value::String(s) => s.clone(),
-        other => return Err(format!("message content is not text: {other}")),
+        other => return Err(Malformed::NotText(other.clone())),
     };
     let mut tool_calls = Vec::new();
     if let Some(calls) = msg["tool_calls"].as_array() {
         for (i, c) in calls.iter().enumerate() {
             let f = &c["function"];
-            let name = f["name"]
-                .as_str()
-                .ok_or_else(|| format!("tool_calls[{i}] has no function.name"))?;
+            let name = f["name"].as_str().ok_or_else(|| Malformed::CallField {
+                call: format!("tool_calls[{i}]"),
+                field: "function.name".into(),
+            })?;
             let arguments = match &f["arguments"] {
                 Value::String(s) => s.clone(),
                 Value::Null => "{}".to_string(),

@@ -160,6 +160,20 @@ pub enum Error {
     Config(String),
 }
 
+/// What a provider's answer lacks, in the provider's own field names (the caller adds the
+/// URL, as [`Error::Decode`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Malformed {
+    /// A part every answer has (`content array`, `choices[0].message`).
+    #[error("the answer has no {0}")]
+    Missing(&'static str),
+    /// A field of a tool call: where the call is (`content[0] (tool_use)`), and the field.
+    #[error("{call} has no {field}")]
+    CallField { call: String, field: String },
+    #[error("message content is not text: {0}")]
+    NotText(serde_json::Value),
+}
+
 impl Error {
     /// Whether trying again later may succeed: 429, 5xx, transport errors and timeouts.
     pub fn retryable(&self) -> bool {

@@ -29,15 +29,17 @@ pub enum Permission {
 }
 
 impl std::str::FromStr for Permission {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = super::word::UnknownWord;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "read-only" | "readonly" => Ok(Permission::ReadOnly),
             "ask" => Ok(Permission::Ask),
             "auto" => Ok(Permission::Auto),
             "full" => Ok(Permission::Full),
-            _ => Err(format!(
-                "unknown permission {s:?}: use read-only, ask, auto or full"
+            _ => Err(Self::Err::new(
+                "permission",
+                s,
+                "read-only, ask, auto or full",
             )),
         }
     }
@@ -674,7 +676,7 @@ impl AgentState {
 
     /// The limits after a resume that adds `extra` (0: keep that limit as it is).
     /// Errors when the task would stop again at once.
-    pub fn raised(&self, extra: Budget) -> Result<Budget, String> {
+    pub fn raised(&self, extra: Budget) -> Result<Budget, StopsAtOnce> {
         let (l, s) = (self.limits, self.spent);
         let new = Budget {
             usd: if extra.usd > 0.0 {
@@ -702,13 +704,17 @@ impl AgentState {
         probe.limits = new;
         probe.wall_start_ms = i64::MAX / 2;
         match probe.exhausted(i64::MAX / 2) {
-            Some(why) => Err(format!(
-                "the task would stop again at once: {why}; raise the budget that ran out"
-            )),
+            Some(why) => Err(StopsAtOnce(why)),
             None => Ok(new),
         }
     }
 }
+
+/// Why a resume is refused: with the budget it adds, the task would stop again at once (`.0`:
+/// which limit it would hit, as [`AgentState::exhausted`] words it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the task would stop again at once: {0}; raise the budget that ran out")]
+pub struct StopsAtOnce(pub String);
 
 #[cfg(test)]
 #[path = "agent_tests.rs"]

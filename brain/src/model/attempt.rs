@@ -23,12 +23,12 @@ pub enum Pick {
 }
 
 impl std::str::FromStr for Pick {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = super::word::UnknownWord;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "first" => Ok(Pick::First),
             "smallest" => Ok(Pick::Smallest),
-            _ => Err(format!("unknown pick {s:?}: use first or smallest")),
+            _ => Err(Self::Err::new("pick", s, "first or smallest")),
         }
     }
 }

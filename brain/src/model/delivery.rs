@@ -17,15 +17,13 @@ pub enum Mode {
 }
 
 impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = super::word::UnknownWord;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "none" => Ok(Self::None),
             "branch" => Ok(Self::Branch),
             "pr" => Ok(Self::Pr),
-            other => Err(format!(
-                "unknown delivery {other:?}: use branch, pr or none"
-            )),
+            other => Err(Self::Err::new("delivery", other, "branch, pr or none")),
         }
     }
 }
@@ -144,6 +142,7 @@ mod tests {
             "push"
                 .parse::<Mode>()
                 .unwrap_err()
+                .to_string()
                 .contains("branch, pr or none")
         );
     }

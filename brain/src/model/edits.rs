@@ -18,6 +18,22 @@ use serde_json::json;
 use super::code_view::is_closer;
 use crate::llm::CodeBlock;
 
+/// Why a block does not replace definitions in a file (the model is told, after what the
+/// block was matched against).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum NotPlaced {
+    #[error("no definition begins with `{0}`")]
+    NoDefinition(String),
+    #[error("`{0}` is not the first line of a definition")]
+    NotFirstLine(String),
+    #[error("`{line}` begins {n} definitions, so which one is meant is not clear")]
+    Ambiguous { line: String, n: usize },
+    #[error("its definitions overlap in the file")]
+    Overlap,
+    #[error("it is what {0} already holds")]
+    AlreadyHeld(String),
+}
+
 /// What a code block comes to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Resolved {
@@ -145,7 +161,7 @@ fn place_definitions(
     blines: &[&str],
     base: usize,
     flines: &[&str],
-) -> Result<Vec<(usize, usize, usize)>, String> {
+) -> Result<Vec<(usize, usize, usize)>, NotPlaced> {
     let matches = |b: &str| -> Vec<usize> {
         let n = norm(b);
         flines
@@ -170,19 +186,14 @@ fn place_definitions(
         if starts.is_empty() {
             // The first definition decides; everything above it goes with it.
             match m.len() {
-                0 => return Err(format!("no definition begins with `{}`", l.trim())),
+                0 => return Err(NotPlaced::NoDefinition(l.trim().to_string())),
                 1 if opens_block(flines, m[0]) => starts.push((k, m[0])),
-                1 => {
-                    return Err(format!(
-                        "`{}` is not the first line of a definition",
-                        l.trim()
-                    ));
-                }
+                1 => return Err(NotPlaced::NotFirstLine(l.trim().to_string())),
                 n => {
-                    return Err(format!(
-                        "`{}` begins {n} definitions, so which one is meant is not clear",
-                        l.trim()
-                    ));
+                    return Err(NotPlaced::Ambiguous {
+                        line: l.trim().to_string(),
+                        n,
+                    });
                 }
             }
         } else if m.len() == 1 && opens_block(flines, m[0]) {
@@ -203,7 +214,7 @@ fn replace_definitions(
     path: &str,
     text: &str,
     body: &str,
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, NotPlaced> {
     let all: Vec<&str> = body.trim_end().lines().collect();
     // Lines before its first definition that the file holds already (imports, a docstring
     // the model copied along) are not part of the change.
@@ -248,7 +259,7 @@ fn replace_definitions(
         let ends_with_closer = chunk.last().is_some_and(|l| is_closer(l));
         let (s, e) = region(&flines, m, ends_with_closer);
         if s < last_end {
-            return Err("its definitions overlap in the file".into());
+            return Err(NotPlaced::Overlap);
         }
         last_end = e;
         let lead = &flines[m][..indent(flines[m])];
@@ -262,7 +273,7 @@ fn replace_definitions(
         }
     }
     if calls.is_empty() {
-        return Err(format!("it is what {path} already holds"));
+        return Err(NotPlaced::AlreadyHeld(path.to_string()));
     }
     Ok(calls)
 }
@@ -430,8 +441,10 @@ fn place(
     for (p, text) in texts.iter().filter(|(p, _)| !protected(p)) {
         match replace_definitions(p, text, &block.body) {
             Ok(calls) => found.push((p.clone(), calls)),
-            Err(e) if e.contains("begins") && e.contains("definitions") => why = e,
-            Err(e) if why.is_empty() || e.contains("already holds") => why = e,
+            Err(e @ NotPlaced::Ambiguous { .. }) => why = e.to_string(),
+            Err(e) if why.is_empty() || matches!(e, NotPlaced::AlreadyHeld(_)) => {
+                why = e.to_string()
+            }
             Err(_) => {}
         }
     }

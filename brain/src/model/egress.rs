@@ -4,6 +4,30 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Why a host pattern, an allow-list entry or a preset name is refused (each message quotes
+/// it and says what would do).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("{0:?} is not a host name or *.suffix pattern")]
+    NotHost(String),
+    #[error("{0:?} would match every name under a top-level domain; name a longer suffix")]
+    TopLevel(String),
+    #[error("an empty allow-list entry")]
+    EmptyEntry,
+    #[error("{0:?} is not an HTTP method")]
+    NotMethod(String),
+    #[error("{0:?}: write HOST[:PORT[,PORT]] [METHOD,METHOD] (one space)")]
+    EntryForm(String),
+    #[error(
+        "{0:?}: a pass-through host's requests cannot be seen, so its methods cannot be limited"
+    )]
+    PassThroughMethods(String),
+    #[error("{0:?} is not a port")]
+    NotPort(String),
+    #[error("unknown egress preset {0:?}: use {presets}", presets = PRESETS.join(", "))]
+    UnknownPreset(String),
+}
+
 /// A host pattern: exactly `name`, any name under `.suffix` for `*.suffix` (not `suffix`
 /// itself), or `*` for any host.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -12,7 +36,7 @@ pub struct HostPattern(String);
 
 impl HostPattern {
     /// A host name or `*.suffix`; `any` also admits `*` (allow-lists do, secrets do not).
-    pub fn parse_with(s: &str, any: bool) -> Result<Self, String> {
+    pub fn parse_with(s: &str, any: bool) -> Result<Self, Error> {
         let lower = s.trim().to_ascii_lowercase();
         if lower == "*" && any {
             return Ok(Self(lower));
@@ -30,17 +54,15 @@ impl HostPattern {
                         && !l.ends_with('-')
                 }));
         if !ok {
-            return Err(format!("{s:?} is not a host name or *.suffix pattern"));
+            return Err(Error::NotHost(s.to_string()));
         }
         if lower.starts_with("*.") && !name.contains('.') {
-            return Err(format!(
-                "{s:?} would match every name under a top-level domain; name a longer suffix"
-            ));
+            return Err(Error::TopLevel(s.to_string()));
         }
         Ok(Self(lower))
     }
 
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, Error> {
         Self::parse_with(s, false)
     }
 
@@ -75,8 +97,8 @@ impl HostPattern {
 }
 
 impl TryFrom<String> for HostPattern {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self, Error> {
         Self::parse_with(&s, true)
     }
 }
@@ -111,23 +133,21 @@ pub struct AllowRule {
 }
 
 impl AllowRule {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, Error> {
         let s = s.trim();
         let (pass_through, s) = match s.strip_prefix("pass:") {
             Some(rest) => (true, rest),
             None => (false, s),
         };
         let mut parts = s.split_whitespace();
-        let target = parts
-            .next()
-            .ok_or_else(|| "an empty allow-list entry".to_string())?;
+        let target = parts.next().ok_or(Error::EmptyEntry)?;
         let methods: Vec<String> = match parts.next() {
             Some(m) => m
                 .split(',')
                 .map(|m| {
                     let up = m.trim().to_ascii_uppercase();
                     if up.is_empty() || !up.bytes().all(|b| b.is_ascii_uppercase()) {
-                        Err(format!("{m:?} is not an HTTP method"))
+                        Err(Error::NotMethod(m.to_string()))
                     } else {
                         Ok(up)
                     }
@@ -136,14 +156,10 @@ impl AllowRule {
             None => vec![],
         };
         if parts.next().is_some() {
-            return Err(format!(
-                "{s:?}: write HOST[:PORT[,PORT]] [METHOD,METHOD] (one space)"
-            ));
+            return Err(Error::EntryForm(s.to_string()));
         }
         if pass_through && !methods.is_empty() {
-            return Err(format!(
-                "{s:?}: a pass-through host's requests cannot be seen, so its methods cannot be limited"
-            ));
+            return Err(Error::PassThroughMethods(s.to_string()));
         }
         let (host, ports) = match target.rsplit_once(':') {
             Some((h, p)) if !h.contains(':') => (
@@ -153,7 +169,7 @@ impl AllowRule {
                         p.parse::<u16>()
                             .ok()
                             .filter(|p| *p > 0)
-                            .ok_or_else(|| format!("{p:?} is not a port"))
+                            .ok_or_else(|| Error::NotPort(p.to_string()))
                     })
                     .collect::<Result<Vec<_>, _>>()?,
             ),
@@ -200,7 +216,7 @@ pub const PRESETS: &[&str] = &["none", "registries", "all"];
 /// The hosts of a preset: `none` nothing, `registries` the common package registries over
 /// HTTPS (read only: GET and HEAD, seen by the brain, so a push or an upload to them is
 /// refused; Debian's mirrors too, so apt needs `https://` sources), `all` any host directly.
-pub fn preset(name: &str) -> Result<Vec<AllowRule>, String> {
+pub fn preset(name: &str) -> Result<Vec<AllowRule>, Error> {
     let rules: &[&str] = match name {
         "none" => &[],
         "registries" => &[
@@ -224,12 +240,7 @@ pub fn preset(name: &str) -> Result<Vec<AllowRule>, String> {
             "objects.githubusercontent.com:443 GET,HEAD",
         ],
         "all" => &["*"],
-        other => {
-            return Err(format!(
-                "unknown egress preset {other:?}: use {}",
-                PRESETS.join(", ")
-            ));
-        }
+        other => return Err(Error::UnknownPreset(other.to_string())),
     };
     Ok(rules
         .iter()

@@ -71,28 +71,45 @@ pub struct Plan {
 /// Most steps a plan may have.
 pub const MAX_PLAN_STEPS: usize = 10_000;
 
+/// Why a request's plan or sync rules are refused (the message says which step or name).
+#[derive(Debug, thiserror::Error)]
+pub enum Invalid {
+    #[error("invalid plan: {0}")]
+    PlanJson(#[source] serde_json::Error),
+    #[error("invalid plan: it must have 1 to {MAX_PLAN_STEPS} steps, it has {0}")]
+    PlanLength(usize),
+    #[error(
+        "invalid plan: step {0} must have exactly one of a non-empty \"run\" or a \"write\" (and \"check\" only with \"run\")"
+    )]
+    PlanStep(usize),
+    #[error("invalid plan: step {step}: {source}")]
+    PlanTimeout {
+        step: usize,
+        #[source]
+        source: shared::ParseError,
+    },
+    #[error("at most 64 excludes")]
+    TooManyExcludes,
+    #[error("invalid exclude {0:?}: give a file or directory name, like target")]
+    Exclude(String),
+}
+
 impl Plan {
     /// Parses and checks a plan from JSON, saying which step is wrong.
-    pub fn parse(json: &str) -> Result<Self, String> {
-        let plan: Plan = serde_json::from_str(json).map_err(|e| format!("invalid plan: {e}"))?;
+    pub fn parse(json: &str) -> Result<Self, Invalid> {
+        let plan: Plan = serde_json::from_str(json).map_err(Invalid::PlanJson)?;
         if plan.steps.is_empty() || plan.steps.len() > MAX_PLAN_STEPS {
-            return Err(format!(
-                "invalid plan: it must have 1 to {MAX_PLAN_STEPS} steps, it has {}",
-                plan.steps.len()
-            ));
+            return Err(Invalid::PlanLength(plan.steps.len()));
         }
         for (i, s) in plan.steps.iter().enumerate() {
             match (&s.run, &s.write) {
                 (Some(argv), None) if !argv.is_empty() => {}
                 (None, Some(_)) if s.check.is_none() => {}
-                _ => {
-                    return Err(format!(
-                        "invalid plan: step {i} must have exactly one of a non-empty \"run\" or a \"write\" (and \"check\" only with \"run\")"
-                    ));
-                }
+                _ => return Err(Invalid::PlanStep(i)),
             }
             if let Some(t) = &s.timeout {
-                shared::parse_duration(t).map_err(|e| format!("invalid plan: step {i}: {e}"))?;
+                shared::parse_duration(t)
+                    .map_err(|source| Invalid::PlanTimeout { step: i, source })?;
             }
         }
         Ok(plan)
@@ -131,15 +148,13 @@ impl SyncRules {
     }
 
     /// Checks rules from a request: plain names only, a bounded number.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Invalid> {
         if self.extra_excludes.len() > 64 {
-            return Err("at most 64 excludes".into());
+            return Err(Invalid::TooManyExcludes);
         }
         for e in &self.extra_excludes {
             if e.is_empty() || e.len() > 255 || e.contains(['/', '\0']) || e == "." || e == ".." {
-                return Err(format!(
-                    "invalid exclude {e:?}: give a file or directory name, like target"
-                ));
+                return Err(Invalid::Exclude(e.clone()));
             }
         }
         Ok(())
@@ -581,7 +596,7 @@ mod tests {
                 .is_ok()
         );
         let e = Plan::parse(r#"{"steps":[{"run":["true"]},{"run":[]}]}"#).unwrap_err();
-        assert!(e.contains("step 1"), "{e}");
+        assert!(e.to_string().contains("step 1"), "{e}");
         assert!(Plan::parse(r#"{"steps":[]}"#).is_err());
         assert!(Plan::parse(r#"{"steps":[{"run":["x"],"bogus":1}]}"#).is_err());
         assert!(Plan::parse(r#"{"steps":[{"run":["x"],"timeout":"soon"}]}"#).is_err());

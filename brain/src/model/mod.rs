@@ -21,6 +21,7 @@ pub mod stuck;
 pub mod task;
 pub mod text;
 pub mod tools;
+pub mod word;
 
 pub use event::{Event, Outcome, Plan, Record, Step, TaskId, ToolCall, ToolResult};
 pub use state::{Status, TaskState, apply};

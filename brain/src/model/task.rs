@@ -36,21 +36,26 @@ impl From<TaskId> for String {
     }
 }
 
+/// Text that is not a task id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid task id {0:?}: expected t-<number>")]
+pub struct InvalidTaskId(pub String);
+
 impl TryFrom<String> for TaskId {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = InvalidTaskId;
+    fn try_from(s: String) -> Result<Self, InvalidTaskId> {
         s.parse()
     }
 }
 
 impl std::str::FromStr for TaskId {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = InvalidTaskId;
+    fn from_str(s: &str) -> Result<Self, InvalidTaskId> {
         s.strip_prefix("t-")
             .unwrap_or(s)
             .parse()
             .map(TaskId)
-            .map_err(|_| format!("invalid task id {s:?}: expected t-<number>"))
+            .map_err(|_| InvalidTaskId(s.to_string()))
     }
 }
 

@@ -129,30 +129,100 @@ pub enum Prepared {
 
 use super::env::EnvRequest;
 
-fn args(u: &ToolUse) -> Result<serde_json::Map<String, Value>, String> {
+/// Why a call of the model's is not run, or an edit not made: what the model is told, so it
+/// can send the call again as it should be.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("unknown tool {name:?}; the tools are: {tools}")]
+    Unknown { name: String, tools: String },
+    /// A tool offered that [`prepare`] does not know how to run (a bug of the brain's).
+    #[error("unknown tool {0:?}")]
+    Unhandled(String),
+    #[error("the arguments of {0} must be a JSON object")]
+    NotObject(String),
+    #[error("the arguments of {tool} are not valid JSON ({source}); send a JSON object")]
+    NotJson {
+        tool: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{tool}: missing required argument {key:?}")]
+    Missing { tool: String, key: String },
+    /// An argument of the wrong type: `want` says which (`a string`, `a non-negative integer`).
+    #[error("{tool}: argument {key:?} must be {want}")]
+    WrongType {
+        tool: String,
+        key: String,
+        want: &'static str,
+    },
+    #[error("{tool}: {key} = {value} is not a sensible size")]
+    NotSensible {
+        tool: String,
+        key: String,
+        value: u64,
+    },
+    #[error("{tool}: label {key:?} must be a string")]
+    LabelNotString { tool: String, key: String },
+    #[error("{0}: labels must be an object of strings")]
+    LabelsNotObject(String),
+    #[error(transparent)]
+    Label(#[from] shared::ParseError),
+    /// `search`'s pattern is not a regular expression the worker takes.
+    #[error(transparent)]
+    Pattern(#[from] shared::workspace::Error),
+    #[error("run_command: the command is empty")]
+    EmptyCommand,
+    #[error("write_file: the content is over {MAX_EDIT_BYTES} bytes; write smaller files")]
+    TooLarge,
+    #[error("edit_file: old_string is empty; use write_file to create a file")]
+    EmptyOld,
+    #[error("{0} is not permitted: this task is read-only")]
+    ReadOnly(String),
+    #[error(
+        "error: old_string was not found in {0}; read the file and copy the exact text (whitespace included)"
+    )]
+    OldNotFound(String),
+    #[error(
+        "error: old_string occurs {n} times in {path}; include more surrounding lines so it occurs once"
+    )]
+    OldNotUnique { path: String, n: usize },
+}
+
+fn args(u: &ToolUse) -> Result<serde_json::Map<String, Value>, ToolError> {
     let text = u.arguments.trim();
     if text.is_empty() {
         return Ok(Default::default());
     }
     match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(format!("the arguments of {} must be a JSON object", u.name)),
-        Err(e) => Err(format!(
-            "the arguments of {} are not valid JSON ({e}); send a JSON object",
-            u.name
-        )),
+        Ok(_) => Err(ToolError::NotObject(u.name.clone())),
+        Err(source) => Err(ToolError::NotJson {
+            tool: u.name.clone(),
+            source,
+        }),
     }
 }
 
-fn string(m: &serde_json::Map<String, Value>, tool: &str, key: &str) -> Result<String, String> {
+fn string(m: &serde_json::Map<String, Value>, tool: &str, key: &str) -> Result<String, ToolError> {
     match m.get(key) {
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(_) => Err(format!("{tool}: argument {key:?} must be a string")),
-        None => Err(format!("{tool}: missing required argument {key:?}")),
+        Some(_) => Err(ToolError::WrongType {
+            tool: tool.into(),
+            key: key.into(),
+            want: "a string",
+        }),
+        None => Err(ToolError::Missing {
+            tool: tool.into(),
+            key: key.into(),
+        }),
     }
 }
 
-fn opt_string(m: &serde_json::Map<String, Value>, tool: &str, key: &str) -> Result<String, String> {
+fn opt_string(
+    m: &serde_json::Map<String, Value>,
+    tool: &str,
+    key: &str,
+) -> Result<String, ToolError> {
     match m.get(key) {
         None | Some(Value::Null) => Ok(String::new()),
         _ => string(m, tool, key),
@@ -163,14 +233,18 @@ fn opt_u64(
     m: &serde_json::Map<String, Value>,
     tool: &str,
     key: &str,
-) -> Result<Option<u64>, String> {
+) -> Result<Option<u64>, ToolError> {
     match m.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
             .as_u64()
             .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
             .map(Some)
-            .ok_or_else(|| format!("{tool}: argument {key:?} must be a non-negative integer")),
+            .ok_or_else(|| ToolError::WrongType {
+                tool: tool.into(),
+                key: key.into(),
+                want: "a non-negative integer",
+            }),
     }
 }
 
@@ -194,18 +268,17 @@ pub fn prepare(u: &ToolUse, spec: &AgentSpec) -> Prepared {
     }
 }
 
-fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, String> {
+fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, ToolError> {
     let known = specs(Permission::Full, true);
     if !known.iter().any(|s| s.name == u.name) {
         let names: Vec<String> = specs(permission, false)
             .into_iter()
             .map(|s| s.name)
             .collect();
-        return Err(format!(
-            "unknown tool {:?}; the tools are: {}",
-            u.name,
-            names.join(", ")
-        ));
+        return Err(ToolError::Unknown {
+            name: u.name.clone(),
+            tools: names.join(", "),
+        });
     }
     let m = args(u)?;
     let t = u.name.as_str();
@@ -213,28 +286,33 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, String
         "finish" => return Ok(Prepared::Finish(opt_string(&m, t, "summary")?)),
         "request_environment" => {
             if permission == Permission::ReadOnly {
-                return Err(format!("{t} is not permitted: this task is read-only"));
+                return Err(ToolError::ReadOnly(t.into()));
             }
-            let n = |key: &str| -> Result<u32, String> {
+            let n = |key: &str| -> Result<u32, ToolError> {
                 let v = opt_u64(&m, t, key)?.unwrap_or(0);
                 u32::try_from(v)
                     .ok()
                     .filter(|v| *v <= 100_000)
-                    .ok_or_else(|| format!("{t}: {key} = {v} is not a sensible size"))
+                    .ok_or_else(|| ToolError::NotSensible {
+                        tool: t.into(),
+                        key: key.into(),
+                        value: v,
+                    })
             };
             let mut labels = std::collections::BTreeMap::new();
             match m.get("labels") {
                 None | Some(Value::Null) => {}
                 Some(Value::Object(o)) => {
                     for (k, v) in o {
-                        let v = v
-                            .as_str()
-                            .ok_or_else(|| format!("{t}: label {k:?} must be a string"))?;
+                        let v = v.as_str().ok_or_else(|| ToolError::LabelNotString {
+                            tool: t.into(),
+                            key: k.clone(),
+                        })?;
                         let (k, v) = shared::parse_label(&format!("{k}={v}"))?;
                         labels.insert(k, v);
                     }
                 }
-                Some(_) => return Err(format!("{t}: labels must be an object of strings")),
+                Some(_) => return Err(ToolError::LabelsNotObject(t.into())),
             }
             let req = EnvRequest {
                 cpu: n("cpu")?,
@@ -279,7 +357,7 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, String
         }
         "search" => {
             let pattern = string(&m, t, "pattern")?;
-            shared::workspace::pattern(&pattern).map_err(|e| e.to_string())?;
+            shared::workspace::pattern(&pattern)?;
             let glob = opt_string(&m, t, "glob")?;
             let what = format!("search {pattern:?}");
             (ToolCall::Search { pattern, glob }, false, what)
@@ -287,7 +365,7 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, String
         "run_command" => {
             let command = string(&m, t, "command")?;
             if command.trim().is_empty() {
-                return Err("run_command: the command is empty".into());
+                return Err(ToolError::EmptyCommand);
             }
             let cwd = opt_string(&m, t, "cwd")?;
             let secs = opt_u64(&m, t, "timeout_secs")?
@@ -308,9 +386,7 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, String
             let path = string(&m, t, "path")?;
             let content = string(&m, t, "content")?;
             if content.len() > MAX_EDIT_BYTES {
-                return Err(format!(
-                    "write_file: the content is over {MAX_EDIT_BYTES} bytes; write smaller files"
-                ));
+                return Err(ToolError::TooLarge);
             }
             let what = format!("write {path} ({} bytes)", content.len());
             (
@@ -328,17 +404,15 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, String
             let old = string(&m, t, "old_string")?;
             let new = string(&m, t, "new_string")?;
             if old.is_empty() {
-                return Err(
-                    "edit_file: old_string is empty; use write_file to create a file".into(),
-                );
+                return Err(ToolError::EmptyOld);
             }
             let what = format!("edit {path}");
             (ToolCall::EditFile { path, old, new }, true, what)
         }
-        _ => return Err(format!("unknown tool {:?}", u.name)),
+        _ => return Err(ToolError::Unhandled(u.name.clone())),
     };
     if mutating && permission == Permission::ReadOnly {
-        return Err(format!("{t} is not permitted: this task is read-only"));
+        return Err(ToolError::ReadOnly(t.into()));
     }
     Ok(Prepared::Call {
         call,
@@ -445,15 +519,14 @@ pub fn numbered(text: &str, start: u32, end: u32) -> String {
 }
 
 /// Applies an exact-match edit, or says what the model should do instead.
-pub fn apply_edit(text: &str, old: &str, new: &str, path: &str) -> Result<String, String> {
+pub fn apply_edit(text: &str, old: &str, new: &str, path: &str) -> Result<String, ToolError> {
     match text.matches(old).count() {
         1 => Ok(text.replacen(old, new, 1)),
-        0 => loose_edit(text, old, new).ok_or_else(|| format!(
-            "error: old_string was not found in {path}; read the file and copy the exact text (whitespace included)"
-        )),
-        n => Err(format!(
-            "error: old_string occurs {n} times in {path}; include more surrounding lines so it occurs once"
-        )),
+        0 => loose_edit(text, old, new).ok_or_else(|| ToolError::OldNotFound(path.into())),
+        n => Err(ToolError::OldNotUnique {
+            path: path.into(),
+            n,
+        }),
     }
 }
 
@@ -661,11 +734,13 @@ mod tests {
         assert!(
             apply_edit("1 1", "1", "2", "f")
                 .unwrap_err()
+                .to_string()
                 .contains("occurs 2 times")
         );
         assert!(
             apply_edit("x", "y", "z", "f")
                 .unwrap_err()
+                .to_string()
                 .contains("not found")
         );
     }

@@ -12,9 +12,12 @@ use crate::model::env::EnvRequest;
 /// What is wrong with `[provision]`, or with a brain URL machines would be given.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// `why`: `shared::parse_duration`'s words.
     #[error("provision.{setting}: {why}")]
-    Duration { setting: &'static str, why: String },
+    Duration {
+        setting: &'static str,
+        #[source]
+        why: shared::ParseError,
+    },
     #[error("provision.join_timeout, call_timeout and reaper_every must be more than 0s")]
     ZeroDuration,
     #[error("provision.worker_exit_after must be at least 1s")]

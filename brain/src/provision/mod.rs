@@ -31,7 +31,7 @@ mod reconcile;
 mod records;
 pub mod ssh;
 
-pub use config::{Offer, Policy, ProviderPolicy, ProvisionConfig, check_url};
+pub use config::{Error as ConfigError, Offer, Policy, ProviderPolicy, ProvisionConfig, check_url};
 pub use error::{Error, ProviderError};
 pub use provider::{Created, Join, Provisioner, Seen};
 pub use records::{Machine, Spec, State};
@@ -279,7 +279,8 @@ impl Machines {
             )));
         }
         if let Some(name) = &req.name {
-            shared::parse_label(&format!("name={name}")).map_err(Error::Invalid)?;
+            shared::parse_label(&format!("name={name}"))
+                .map_err(|e| Error::Invalid(e.to_string()))?;
         }
         if let Some(url) = &req.brain_url {
             check_url(url).map_err(|e| Error::Invalid(e.to_string()))?;

@@ -365,29 +365,39 @@ impl Registry {
 
     /// Checks that a peer's certificate is the current, unrevoked one for its identity.
     /// Returns a reason suitable for the peer when it is not.
-    pub fn check_peer(&self, peer: &PeerIdentity) -> Result<Result<(), String>, Error> {
+    pub fn check_peer(&self, peer: &PeerIdentity) -> Result<Result<(), PeerRefused>, Error> {
         let (fingerprint, revoked) = match peer.role {
             Role::Worker => match self.worker(&peer.id)? {
                 Some(w) => (w.cert_fingerprint, w.revoked),
-                None => return Ok(Err(format!("worker {} is not enrolled here", peer.id))),
+                None => return Ok(Err(PeerRefused::UnknownWorker(peer.id.clone()))),
             },
             Role::Admin => match self.admin(&peer.id)? {
                 Some(a) => (a.fingerprint, a.revoked),
-                None => return Ok(Err(format!("admin {} is not known here", peer.id))),
+                None => return Ok(Err(PeerRefused::UnknownAdmin(peer.id.clone()))),
             },
         };
         if revoked {
-            return Ok(Err(format!(
-                "certificate revoked: {peer} was revoked on this brain"
-            )));
+            return Ok(Err(PeerRefused::Revoked(peer.to_string())));
         }
         if fingerprint != peer.fingerprint {
-            return Ok(Err(format!(
-                "certificate revoked: {peer} has been issued a newer certificate"
-            )));
+            return Ok(Err(PeerRefused::Superseded(peer.to_string())));
         }
         Ok(Ok(()))
     }
+}
+
+/// Why a peer's certificate is not accepted: the reason it is told.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerRefused {
+    #[error("worker {0} is not enrolled here")]
+    UnknownWorker(String),
+    #[error("admin {0} is not known here")]
+    UnknownAdmin(String),
+    /// `{0}`: the peer, as [`PeerIdentity`] shows itself.
+    #[error("certificate revoked: {0} was revoked on this brain")]
+    Revoked(String),
+    #[error("certificate revoked: {0} has been issued a newer certificate")]
+    Superseded(String),
 }
 
 #[cfg(test)]

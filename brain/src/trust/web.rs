@@ -35,12 +35,12 @@ pub enum WebRole {
 }
 
 impl std::str::FromStr for WebRole {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::model::word::UnknownWord;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "viewer" => Ok(Self::Viewer),
             "operator" => Ok(Self::Operator),
-            _ => Err(format!("unknown role {s:?}: use viewer or operator")),
+            _ => Err(Self::Err::new("role", s, "viewer or operator")),
         }
     }
 }

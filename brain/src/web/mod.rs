@@ -54,7 +54,7 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("invalid web settings in the config file: {0}")]
-    Config(String),
+    Config(#[from] options::OptionsError),
 }
 
 /// What the handlers share.

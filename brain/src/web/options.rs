@@ -6,6 +6,27 @@ use std::time::Duration;
 
 use crate::config::WebConfig;
 
+/// What is wrong with `[web]` (each message names the setting and says what would do).
+#[derive(Debug, thiserror::Error)]
+pub enum OptionsError {
+    /// `why`: what is wrong with the entry (`is not an IP address`).
+    #[error(
+        "[web] trusted_proxies entry {entry:?} {why}: write an address (\"127.0.0.1\", \"::1\") or a network (\"10.0.0.0/8\")"
+    )]
+    Proxy { entry: String, why: &'static str },
+    /// A limit that must be at least 1 (`max_connections`).
+    #[error("[web] {0} must be at least 1")]
+    Zero(&'static str),
+    #[error("[web] header_read_timeout {value:?} is not a duration ({source}): write it as \"5s\"")]
+    Timeout {
+        value: String,
+        #[source]
+        source: humantime::DurationError,
+    },
+    #[error("[web] header_read_timeout must be longer than 0s")]
+    ZeroTimeout,
+}
+
 /// What `[web]` says, checked.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -30,30 +51,30 @@ impl Default for Options {
 impl Options {
     /// Checks `[web]`: every proxy an address or network, the limits above zero, the timeout
     /// a duration.
-    pub fn from_config(c: &WebConfig) -> Result<Self, String> {
+    pub fn from_config(c: &WebConfig) -> Result<Self, OptionsError> {
         let trusted_proxies = c
             .trusted_proxies
             .iter()
             .map(|s| Network::parse(s))
             .collect::<Result<Vec<_>, _>>()?;
         if c.max_streams_per_credential == 0 {
-            return Err("[web] max_streams_per_credential must be at least 1".into());
+            return Err(OptionsError::Zero("max_streams_per_credential"));
         }
         if c.max_connections == 0 {
-            return Err("[web] max_connections must be at least 1".into());
+            return Err(OptionsError::Zero("max_connections"));
         }
         let header_read_timeout =
-            humantime::parse_duration(&c.header_read_timeout).map_err(|e| {
-                format!(
-                    "[web] header_read_timeout {:?} is not a duration ({e}): write it as \"5s\"",
-                    c.header_read_timeout
-                )
+            humantime::parse_duration(&c.header_read_timeout).map_err(|source| {
+                OptionsError::Timeout {
+                    value: c.header_read_timeout.clone(),
+                    source,
+                }
             })?;
         if header_read_timeout.is_zero() {
-            return Err("[web] header_read_timeout must be longer than 0s".into());
+            return Err(OptionsError::ZeroTimeout);
         }
         if c.max_diff_bytes == 0 {
-            return Err("[web] max_diff_bytes must be at least 1".into());
+            return Err(OptionsError::Zero("max_diff_bytes"));
         }
         Ok(Self {
             trusted_proxies,
@@ -79,11 +100,10 @@ pub struct Network {
 }
 
 impl Network {
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let bad = |why: &str| {
-            format!(
-                "[web] trusted_proxies entry {s:?} {why}: write an address (\"127.0.0.1\", \"::1\") or a network (\"10.0.0.0/8\")"
-            )
+    pub fn parse(s: &str) -> Result<Self, OptionsError> {
+        let bad = |why: &'static str| OptionsError::Proxy {
+            entry: s.to_string(),
+            why,
         };
         let (addr, prefix) = match s.trim().split_once('/') {
             Some((a, p)) => (a, Some(p)),
@@ -168,13 +188,13 @@ mod tests {
         );
         for bad in ["localhost", "10.0.0.0/33", "::1/129", "1.2.3.4/x", ""] {
             let e = Network::parse(bad).unwrap_err();
-            assert!(e.contains("trusted_proxies"), "{e}");
+            assert!(e.to_string().contains("trusted_proxies"), "{e}");
         }
     }
 
     #[test]
     fn limits_must_be_usable() {
-        let bad = |c: WebConfig| Options::from_config(&c).unwrap_err();
+        let bad = |c: WebConfig| Options::from_config(&c).unwrap_err().to_string();
         assert!(
             bad(WebConfig {
                 max_streams_per_credential: 0,

@@ -156,11 +156,13 @@ pub enum Error {
         expected: String,
         actual: String,
     },
-    #[error("blob {hash} for {path:?} is missing: {reason}")]
+    /// The caller could not give the blob: not sent, not on this machine, unreadable.
+    #[error("blob {hash} for {path:?} is missing: {source}")]
     MissingBlob {
         path: String,
         hash: String,
-        reason: String,
+        #[source]
+        source: std::io::Error,
     },
     #[error("{path:?}: {source}")]
     Io {

@@ -115,7 +115,7 @@ fn materialise_reproduces_a_tree_and_fetches_only_what_is_new() {
     let mut blob = |h: &str| {
         fetched.push(h.to_string());
         let (p, _) = m.entries().iter().find(|(_, e)| e.hash == h).unwrap();
-        std::fs::read(src.path().join(p)).map_err(|e| e.to_string())
+        std::fs::read(src.path().join(p))
     };
     let stats = materialise(dst.path(), &current, &m, &Rules::default(), &mut blob).unwrap();
     assert_eq!(fetched.len(), 3, "duplicates are fetched once");
@@ -123,7 +123,9 @@ fn materialise_reproduces_a_tree_and_fetches_only_what_is_new() {
     let got = Scanner::new(dst.path(), Rules::default()).scan().unwrap();
     assert_eq!(got.root_hash(), m.root_hash());
     // A second run has nothing to fetch.
-    let mut none = |_: &str| -> Result<Vec<u8>, String> { Err("nothing should be fetched".into()) };
+    let mut none = |_: &str| -> std::io::Result<Vec<u8>> {
+        Err(std::io::Error::other("nothing should be fetched"))
+    };
     materialise(dst.path(), &got, &m, &Rules::default(), &mut none).unwrap();
 }
 
@@ -213,7 +215,7 @@ fn symlinks_pointing_anywhere_are_carried_as_links_and_never_followed() {
     m.insert("venv/bin".into(), Entry::dir());
     m.insert("venv/bin/python".into(), Entry::symlink("/usr/bin/python3"));
     m.validate(&Rules::default()).unwrap();
-    let mut none = |_: &str| -> Result<Vec<u8>, String> { Err("no blobs".into()) };
+    let mut none = |_: &str| -> std::io::Result<Vec<u8>> { Err(std::io::Error::other("no blobs")) };
     materialise(
         &root,
         &Manifest::default(),

@@ -26,7 +26,7 @@ pub fn materialise(
     current: &Manifest,
     target: &Manifest,
     rules: &Rules,
-    blob: &mut dyn FnMut(&str) -> Result<Vec<u8>, String>,
+    blob: &mut dyn FnMut(&str) -> std::io::Result<Vec<u8>>,
 ) -> Result<Applied, Error> {
     target.validate(rules)?;
     let delta = current.diff(target);
@@ -41,7 +41,7 @@ pub fn materialise_delta(
     current: &Manifest,
     delta: &Delta,
     target: &Manifest,
-    blob: &mut dyn FnMut(&str) -> Result<Vec<u8>, String>,
+    blob: &mut dyn FnMut(&str) -> std::io::Result<Vec<u8>>,
 ) -> Result<Applied, Error> {
     let mut stats = Applied::default();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
@@ -58,10 +58,10 @@ pub fn materialise_delta(
         if !seen.insert(e.hash.as_str()) {
             continue;
         }
-        let data = blob(&e.hash).map_err(|reason| Error::MissingBlob {
+        let data = blob(&e.hash).map_err(|source| Error::MissingBlob {
             path: path.clone(),
             hash: e.hash.clone(),
-            reason,
+            source,
         })?;
         fetched.push((path.as_str(), e.hash.as_str(), data));
     }

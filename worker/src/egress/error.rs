@@ -33,7 +33,10 @@ pub enum Error {
     #[error(
         "{why}: direct egress never goes there; an operator can pin a name with [egress.resolve] in the brain's config"
     )]
-    NotPublic { why: String },
+    NotPublic {
+        #[source]
+        why: shared::net::Error,
+    },
     #[error("{0}: a tunnel to a directly allowed host must carry TLS naming that host")]
     NotTls(&'static str),
     #[error("no complete ClientHello in the first 64 KiB")]

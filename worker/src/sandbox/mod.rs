@@ -116,9 +116,9 @@ pub enum ConfineError {
     Limits(#[from] sys::Error),
     #[error("cannot open {0}/cgroup.procs: {1}")]
     Join(PathBuf, #[source] std::io::Error),
-    /// The Landlock ruleset, as `rules` words why it cannot be had.
-    #[error("{0}")]
-    Landlock(String),
+    /// The Landlock ruleset cannot be had.
+    #[error(transparent)]
+    Landlock(#[from] rules::Error),
     #[error("cannot start a spawner: {0}")]
     Spawner(#[source] std::io::Error),
     #[error("cannot write {0}: {1}")]

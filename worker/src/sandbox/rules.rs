@@ -12,6 +12,15 @@ use landlock::{
     RulesetCreatedAttr, path_beneath_rules,
 };
 
+/// Why a workspace's Landlock ruleset cannot be had (the command is not started).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot build the Landlock ruleset: {0}")]
+    Build(#[from] landlock::RulesetError),
+    #[error("the kernel refused to create a Landlock ruleset; see `worker doctor`")]
+    Refused,
+}
+
 /// The Landlock ABI we require: 3 adds control of truncation, without which a command could
 /// still empty a file it may only read.
 const LANDLOCK_ABI: ABI = ABI::V3;
@@ -90,7 +99,7 @@ impl Rules {
         denied: &[PathBuf],
         workspace: &Path,
         tmp: &Path,
-    ) -> Result<std::sync::Arc<OwnedFd>, String> {
+    ) -> Result<std::sync::Arc<OwnedFd>, Error> {
         let key = (
             workspace.to_path_buf(),
             [
@@ -104,13 +113,9 @@ impl Rules {
         {
             return Ok(fd.clone());
         }
-        let created = self
-            .ruleset(denied, workspace, tmp)
-            .map_err(|e| format!("cannot build the Landlock ruleset: {e}"))?;
+        let created = self.ruleset(denied, workspace, tmp)?;
         let fd: Option<OwnedFd> = created.into();
-        let fd = std::sync::Arc::new(
-            fd.ok_or("the kernel refused to create a Landlock ruleset; see `worker doctor`")?,
-        );
+        let fd = std::sync::Arc::new(fd.ok_or(Error::Refused)?);
         if cache.len() > 256 {
             cache.clear();
         }

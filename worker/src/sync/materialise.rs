@@ -68,15 +68,18 @@ pub(super) async fn materialise(
     let changes = (delta.upserts.len() + delta.deletes.len()) as u64;
     let applied =
         tokio::task::spawn_blocking(move || -> Result<manifest::write::Applied, Error> {
-            let mut blob = |h: &str| -> Result<Vec<u8>, String> {
+            let mut blob = |h: &str| -> std::io::Result<Vec<u8>> {
                 if let Some(d) = fetched.get(h) {
                     return Ok(d.clone());
                 }
-                let p = local
-                    .get(h)
-                    .ok_or("not sent by the brain and not on this machine")?;
+                let p = local.get(h).ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "not sent by the brain and not on this machine",
+                    )
+                })?;
                 // The materialiser checks the hash: a file changed since is refused.
-                std::fs::read(p).map_err(|e| e.to_string())
+                std::fs::read(p)
             };
             let applied =
                 manifest::write::materialise_delta(&root2, &current, &delta, &target, &mut blob)?;

@@ -3,7 +3,7 @@
 //! whether the call failed; `Err` means it has no answer (cancelled, worker gone).
 
 use super::super::core::Cx;
-use super::super::effects::file_call;
+use super::super::effects::{NoAnswer, file_call};
 use crate::model::event::ToolCall;
 use crate::model::ops::{FileAnswer, FileOp};
 use crate::model::tools;
@@ -37,7 +37,7 @@ pub(super) async fn run(
     cx: &Cx<'_>,
     worker: &str,
     call: &ToolCall,
-) -> Result<(String, bool), String> {
+) -> Result<(String, bool), NoAnswer> {
     Ok(match call {
         ToolCall::ReadFile {
             path,
@@ -88,7 +88,7 @@ pub(super) async fn run(
                 other => return Ok((file_error(other), true)),
             };
             match tools::apply_edit(&text, old, new, path) {
-                Err(e) => (e, true),
+                Err(e) => (e.to_string(), true),
                 Ok(edited) => {
                     match file_call(cx, worker, write(path, edited.into_bytes(), 0o644)).await? {
                         FileAnswer::Done => {
@@ -149,7 +149,7 @@ pub(super) async fn run(
             }
         }
         ToolCall::RunCommand { .. } => {
-            return Err("a command is not a file tool".into());
+            return Err(NoAnswer::NotFileTool);
         }
     })
 }

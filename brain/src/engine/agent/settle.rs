@@ -212,7 +212,7 @@ pub(super) async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Re
             interrupted(&p, "the brain restarted while this edit ran")
         }
         other => match files::run(cx, &p.worker, other).await {
-            Err(reason) => interrupted(&p, &reason),
+            Err(reason) => interrupted(&p, &reason.to_string()),
             Ok((text, failed)) => {
                 let result = ToolResult {
                     exit_code: Some(if failed { 1 } else { 0 }),

@@ -47,7 +47,7 @@ impl Credentials {
         url: &str,
         body: &[u8],
         now: SystemTime,
-    ) -> Result<Vec<(String, String)>, String> {
+    ) -> Result<Vec<(String, String)>, query::SignError> {
         query::sign(
             (
                 &self.access_key_id,
@@ -695,7 +695,7 @@ impl Chain {
         };
         let headers = source
             .sign(region, "sts", &url, body.as_bytes(), SystemTime::now())
-            .map_err(rerr)?;
+            .map_err(|e| rerr(e.to_string()))?;
         let mut req = self
             .http
             .post(&url)

@@ -26,6 +26,9 @@ pub enum Error {
     /// Nothing was sent: the region or endpoint is wrong.
     #[error("{0}")]
     Config(String),
+    /// Nothing was sent: the request cannot be signed.
+    #[error(transparent)]
+    Sign(#[from] query::SignError),
     /// AWS answered with an error: a 4xx refused the call, so it changed nothing.
     #[error("EC2 {action}: {code}: {message} (HTTP {status})")]
     Api {
@@ -43,7 +46,7 @@ impl Error {
     /// The call certainly changed nothing.
     pub fn refused(&self) -> bool {
         match self {
-            Error::Credentials(_) | Error::Config(_) => true,
+            Error::Credentials(_) | Error::Config(_) | Error::Sign(_) => true,
             Error::Api { status, .. } => (400..500).contains(status),
             Error::Transport { .. } => false,
         }
@@ -180,15 +183,13 @@ impl Ec2 {
             .append_pair("Version", "2016-11-15")
             .extend_pairs(params)
             .finish();
-        let headers = creds
-            .sign(
-                &self.region,
-                "ec2",
-                &self.endpoint,
-                body.as_bytes(),
-                SystemTime::now(),
-            )
-            .map_err(Error::Config)?;
+        let headers = creds.sign(
+            &self.region,
+            "ec2",
+            &self.endpoint,
+            body.as_bytes(),
+            SystemTime::now(),
+        )?;
         let mut req = self
             .http
             .post(&self.endpoint)
@@ -271,7 +272,7 @@ impl Ec2 {
             reason,
         };
         parse_instances(&xml)
-            .map_err(unreadable)?
+            .map_err(|e| unreadable(e.to_string()))?
             .into_iter()
             .next()
             .ok_or_else(|| unreadable("the answer names no instance".into()))
@@ -300,7 +301,7 @@ impl Ec2 {
                 action: "DescribeInstances".into(),
                 reason,
             };
-            out.extend(parse_instances(&xml).map_err(unreadable)?);
+            out.extend(parse_instances(&xml).map_err(|e| unreadable(e.to_string()))?);
             let doc = Document::parse(&xml).map_err(|e| unreadable(format!("EC2 answer: {e}")))?;
             token = text(doc.root_element(), "nextToken").filter(|t| !t.is_empty());
             if token.is_none() {
@@ -343,9 +344,14 @@ fn items<'a, 'i>(n: Node<'a, 'i>) -> impl Iterator<Item = Node<'a, 'i>> {
     n.children().filter(|c| c.has_tag_name("item"))
 }
 
+/// An EC2 answer that is not XML.
+#[derive(Debug, thiserror::Error)]
+#[error("EC2 answer: {0}")]
+pub struct NotXml(#[from] roxmltree::Error);
+
 /// The instances in any `instancesSet` of an answer.
-pub fn parse_instances(xml: &str) -> Result<Vec<Instance>, String> {
-    let doc = Document::parse(xml).map_err(|e| format!("EC2 answer: {e}"))?;
+pub fn parse_instances(xml: &str) -> Result<Vec<Instance>, NotXml> {
+    let doc = Document::parse(xml)?;
     Ok(doc
         .descendants()
         .filter(|n| n.has_tag_name("instancesSet"))

@@ -8,6 +8,17 @@ use roxmltree::{Document, Node};
 
 pub const CONTENT_TYPE: &str = "application/x-www-form-urlencoded; charset=utf-8";
 
+/// A request SigV4 cannot sign (nothing was sent).
+#[derive(Debug, thiserror::Error)]
+#[error("signing: {0}")]
+pub struct SignError(#[source] Box<dyn std::error::Error + Send + Sync>);
+
+impl SignError {
+    fn new(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self(e.into())
+    }
+}
+
 /// SigV4 headers for a form POST of `body` to `url`, signed with `key` (access key id,
 /// secret, session token).
 pub fn sign(
@@ -17,7 +28,7 @@ pub fn sign(
     url: &str,
     body: &[u8],
     now: SystemTime,
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, SignError> {
     use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
     let (access_key_id, secret_access_key, session_token) = key;
     let identity = aws_credential_types::Credentials::new(
@@ -35,7 +46,7 @@ pub fn sign(
         .time(now)
         .settings(SigningSettings::default())
         .build()
-        .map_err(|e| format!("signing: {e}"))?
+        .map_err(SignError::new)?
         .into();
     let req = SignableRequest::new(
         "POST",
@@ -43,10 +54,8 @@ pub fn sign(
         [("content-type", CONTENT_TYPE)].into_iter(),
         SignableBody::Bytes(body),
     )
-    .map_err(|e| format!("signing: {e}"))?;
-    let (instructions, _) = sign(req, &params)
-        .map_err(|e| format!("signing: {e}"))?
-        .into_parts();
+    .map_err(SignError::new)?;
+    let (instructions, _) = sign(req, &params).map_err(SignError::new)?.into_parts();
     Ok(instructions
         .headers()
         .map(|(k, v)| (k.to_string(), v.to_string()))
