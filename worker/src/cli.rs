@@ -61,28 +61,8 @@ enum Cmd {
         /// it with `[placement] max_tasks_per_worker`)
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000), conflicts_with = "no_run")]
         max_tasks: Option<u32>,
-        /// On a root worker, the uids tasks' commands run as, one per task: FIRST-LAST
-        #[arg(long, env = "TETHER_WORKER_TASK_UIDS", default_value_t = crate::sandbox::TaskUids::default())]
-        task_uids: crate::sandbox::TaskUids,
-        /// A path commands may not read, besides the state dir and ~/.ssh, ~/.aws, … (repeatable)
-        #[arg(long = "deny-read")]
-        deny_read: Vec<PathBuf>,
-        /// Run commands unconfined (benchmarks, trusted code). The brain sees no sandbox and
-        /// refuses this worker where its policy requires one
-        #[arg(long)]
-        no_sandbox: bool,
-        /// Exit (with an error) once the brain has been unreachable this long, e.g. "10m"; for
-        /// workers a provisioner started, so an orphaned machine does not run for ever
-        #[arg(long, value_parser = shared::parse_duration)]
-        exit_after_unreachable: Option<std::time::Duration>,
-        /// On giving up (--exit-after-unreachable), delete this directory (repeatable): what
-        /// was installed for a provisioned machine
-        #[arg(long = "remove-on-give-up", requires = "exit_after_unreachable")]
-        remove_on_give_up: Vec<PathBuf>,
-        /// On giving up (--exit-after-unreachable), power the machine off (an EC2 instance
-        /// launched with shutdown-means-terminate is then terminated)
-        #[arg(long, requires = "exit_after_unreachable")]
-        poweroff_on_give_up: bool,
+        #[command(flatten)]
+        serve: Serve,
     },
     /// Connect to the brain with the stored identity and serve its calls until stopped
     Run {
@@ -95,28 +75,8 @@ enum Cmd {
         /// it with `[placement] max_tasks_per_worker`)
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         max_tasks: Option<u32>,
-        /// On a root worker, the uids tasks' commands run as, one per task: FIRST-LAST
-        #[arg(long, env = "TETHER_WORKER_TASK_UIDS", default_value_t = crate::sandbox::TaskUids::default())]
-        task_uids: crate::sandbox::TaskUids,
-        /// A path commands may not read, besides the state dir and ~/.ssh, ~/.aws, … (repeatable)
-        #[arg(long = "deny-read")]
-        deny_read: Vec<PathBuf>,
-        /// Run commands unconfined (benchmarks, trusted code). The brain sees no sandbox and
-        /// refuses this worker where its policy requires one
-        #[arg(long)]
-        no_sandbox: bool,
-        /// Exit (with an error) once the brain has been unreachable this long, e.g. "10m"; for
-        /// workers a provisioner started, so an orphaned machine does not run for ever
-        #[arg(long, value_parser = shared::parse_duration)]
-        exit_after_unreachable: Option<std::time::Duration>,
-        /// On giving up (--exit-after-unreachable), delete this directory (repeatable): what
-        /// was installed for a provisioned machine
-        #[arg(long = "remove-on-give-up", requires = "exit_after_unreachable")]
-        remove_on_give_up: Vec<PathBuf>,
-        /// On giving up (--exit-after-unreachable), power the machine off (an EC2 instance
-        /// launched with shutdown-means-terminate is then terminated)
-        #[arg(long, requires = "exit_after_unreachable")]
-        poweroff_on_give_up: bool,
+        #[command(flatten)]
+        serve: Serve,
     },
     /// Show which confinement mechanisms work on this host, and why any does not
     Doctor {
@@ -126,6 +86,55 @@ enum Cmd {
         #[arg(long, env = "TETHER_WORKER_TASK_UIDS", default_value_t = crate::sandbox::TaskUids::default())]
         task_uids: crate::sandbox::TaskUids,
     },
+}
+
+/// How `join` and `run` serve the brain: the confinement and when to give up.
+#[derive(clap::Args)]
+struct Serve {
+    /// On a root worker, the uids tasks' commands run as, one per task: FIRST-LAST
+    #[arg(long, env = "TETHER_WORKER_TASK_UIDS", default_value_t = crate::sandbox::TaskUids::default())]
+    task_uids: crate::sandbox::TaskUids,
+    /// A path commands may not read, besides the state dir and ~/.ssh, ~/.aws, … (repeatable)
+    #[arg(long = "deny-read")]
+    deny_read: Vec<PathBuf>,
+    /// Run commands unconfined (benchmarks, trusted code). The brain sees no sandbox and
+    /// refuses this worker where its policy requires one
+    #[arg(long)]
+    no_sandbox: bool,
+    /// Exit (with an error) once the brain has been unreachable this long, e.g. "10m"; for
+    /// workers a provisioner started, so an orphaned machine does not run for ever
+    #[arg(long, value_parser = shared::parse_duration)]
+    exit_after_unreachable: Option<std::time::Duration>,
+    /// On giving up (--exit-after-unreachable), delete this directory (repeatable): what
+    /// was installed for a provisioned machine
+    #[arg(long = "remove-on-give-up", requires = "exit_after_unreachable")]
+    remove_on_give_up: Vec<PathBuf>,
+    /// On giving up (--exit-after-unreachable), power the machine off (an EC2 instance
+    /// launched with shutdown-means-terminate is then terminated)
+    #[arg(long, requires = "exit_after_unreachable")]
+    poweroff_on_give_up: bool,
+}
+
+impl Serve {
+    fn give_up(&self) -> anyhow::Result<GiveUp> {
+        let give_up = GiveUp {
+            remove: self.remove_on_give_up.clone(),
+            poweroff: self.poweroff_on_give_up,
+        };
+        give_up.check().map_err(anyhow::Error::msg)?;
+        Ok(give_up)
+    }
+
+    fn sandbox(&self, dir: &StateDir) -> anyhow::Result<crate::sandbox::Sandbox> {
+        make_sandbox(dir, &self.deny_read, self.task_uids, self.no_sandbox)
+    }
+
+    fn backoff(&self) -> Backoff {
+        Backoff {
+            give_up_after: self.exit_after_unreachable,
+            ..Backoff::default()
+        }
+    }
 }
 
 /// Joins; with `retry_for`, a brain that cannot be reached yet is tried again (with backoff)
@@ -188,10 +197,8 @@ where
     let cli = Cli::parse_from(args);
     // Before the runtime and its threads: a mount namespace is per thread.
     let confined = match &cli.cmd {
-        Cmd::Join {
-            no_run, no_sandbox, ..
-        } => !no_run && !no_sandbox,
-        Cmd::Run { no_sandbox, .. } => !no_sandbox,
+        Cmd::Join { no_run, serve, .. } => !no_run && !serve.no_sandbox,
+        Cmd::Run { serve, .. } => !serve.no_sandbox,
         Cmd::Doctor { .. } => true,
     };
     if confined {
@@ -229,18 +236,9 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             force,
             no_run,
             max_tasks,
-            task_uids,
-            deny_read,
-            no_sandbox,
-            exit_after_unreachable,
-            remove_on_give_up,
-            poweroff_on_give_up,
+            serve,
         } => {
-            let give_up = GiveUp {
-                remove: remove_on_give_up,
-                poweroff: poweroff_on_give_up,
-            };
-            give_up.check().map_err(anyhow::Error::msg)?;
+            let give_up = serve.give_up()?;
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
             let token = match (token, token_file) {
                 (Some(t), _) => t,
@@ -265,9 +263,9 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             let sandbox = if no_run {
                 None
             } else {
-                Some(make_sandbox(&dir, &deny_read, task_uids, no_sandbox)?)
+                Some(serve.sandbox(&dir)?)
             };
-            let m = match join_retrying(&dir, opts, exit_after_unreachable, &shutdown).await {
+            let m = match join_retrying(&dir, opts, serve.exit_after_unreachable, &shutdown).await {
                 Ok(m) => m,
                 Err(e) => return given_up(e, &give_up).await,
             };
@@ -280,10 +278,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             let Some(sandbox) = sandbox else {
                 return Ok(());
             };
-            let backoff = Backoff {
-                give_up_after: exit_after_unreachable,
-                ..Backoff::default()
-            };
+            let backoff = serve.backoff();
             if let Err(e) = session::run(dir, None, backoff, sandbox, max_tasks, shutdown).await {
                 return given_up(e.into(), &give_up).await;
             }
@@ -292,24 +287,12 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             state,
             brain,
             max_tasks,
-            task_uids,
-            deny_read,
-            no_sandbox,
-            exit_after_unreachable,
-            remove_on_give_up,
-            poweroff_on_give_up,
+            serve,
         } => {
-            let give_up = GiveUp {
-                remove: remove_on_give_up,
-                poweroff: poweroff_on_give_up,
-            };
-            give_up.check().map_err(anyhow::Error::msg)?;
+            let give_up = serve.give_up()?;
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
-            let sandbox = make_sandbox(&dir, &deny_read, task_uids, no_sandbox)?;
-            let backoff = Backoff {
-                give_up_after: exit_after_unreachable,
-                ..Backoff::default()
-            };
+            let sandbox = serve.sandbox(&dir)?;
+            let backoff = serve.backoff();
             if let Err(e) = session::run(dir, brain, backoff, sandbox, max_tasks, shutdown).await {
                 return given_up(e.into(), &give_up).await;
             }
