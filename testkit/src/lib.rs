@@ -17,8 +17,10 @@ pub mod moto;
 pub mod netns;
 mod procs;
 pub mod random;
+mod said;
 pub mod sshd;
 pub mod tasks;
+mod web_login;
 pub mod webdriver;
 
 use std::path::{Path, PathBuf};
@@ -26,6 +28,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub use procs::{chown_tree, pids_mentioning, process_gone, processes_started_in};
+pub use said::{assert_said, assert_stderr_says, assert_stdout_says};
 
 use anyhow::{Context, bail};
 use shared::locks::Lock;
