@@ -13,7 +13,7 @@ use testkit::fake_github::{FakeGithub, Fault};
 use testkit::fake_llm::{FakeLlm, FakeReply};
 use testkit::git_server::{Auth, GitServer, git};
 use testkit::https::TestCa;
-use testkit::{BrainOptions, Cluster, text};
+use testkit::{BrainOptions, Cluster, assert_said, text};
 
 /// The token the brain pushes with, and the one it opens pull requests with: neither may
 /// appear anywhere but the brain's own environment and the servers' requests.
@@ -477,20 +477,12 @@ fn github_refusals_end_the_delivery_with_the_reason_and_no_token() {
     let w = c.join_worker("w");
     // Followed to its end, `brain run` waits for the delivery and says how it went.
     let url = server.url("acme/app");
-    let out = c.brain_cli(&[
-        "run",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        &w.id,
-        "--git",
-        &url,
-        "--check",
-        CHECK,
-        "make the check pass",
-    ]);
+    let out = c
+        .agent()
+        .worker(&w.id)
+        .check(CHECK)
+        .args(&["--git", &url])
+        .follow("make the check pass");
     let shown = stdout(&out);
     assert_eq!(
         out.status.code(),
@@ -619,14 +611,14 @@ fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
         .args(&["--deliver", "branch"])
         .try_start("x");
     assert!(!out.status.success());
-    assert!(text(&out).contains("--git"), "{}", text(&out));
+    assert_said(&out, "--git");
     // An export never writes over a directory that holds something.
     let full = c.dir.join("full");
     std::fs::create_dir_all(&full).unwrap();
     std::fs::write(full.join("mine"), "keep\n").unwrap();
     let out = c.brain_cli(&["task", "export", &id, full.to_str().unwrap()]);
     assert!(!out.status.success());
-    assert!(text(&out).contains("not empty"), "{}", text(&out));
+    assert_said(&out, "not empty");
     assert_eq!(
         std::fs::read_to_string(full.join("mine")).unwrap(),
         "keep\n"

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
+use testkit::git_server::init_repo;
 use testkit::{BrainOptions, Cluster, text};
 
 const MODEL: &str = "openai:small-coder";
@@ -23,43 +24,24 @@ fn cluster(llm: &FakeLlm) -> Cluster {
 /// imports `stats`, whose `mean` calls `helpers.total`... the bug is in `stats.py`.
 fn repo(c: &Cluster) -> String {
     let dir = c.dir.join("repo");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("stats.py"),
-        "import helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / (len(xs) + 1)\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("helpers.py"),
-        "def total(xs):\n    s = 0\n    for x in xs:\n        s += x\n    return s\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("test_stats.py"),
-        "from stats import mean\n\nassert mean([]) == 0\nassert mean([2, 4]) == 3, mean([2, 4])\nprint('ok')\n",
-    )
-    .unwrap();
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "."],
+    init_repo(
+        &dir,
         &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-qm",
-            "start",
+            (
+                "stats.py",
+                "import helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / (len(xs) + 1)\n",
+            ),
+            (
+                "helpers.py",
+                "def total(xs):\n    s = 0\n    for x in xs:\n        s += x\n    return s\n",
+            ),
+            (
+                "test_stats.py",
+                "from stats import mean\n\nassert mean([]) == 0\nassert mean([2, 4]) == 3, mean([2, 4])\nprint('ok')\n",
+            ),
         ],
-    ] {
-        let ok = std::process::Command::new("git")
-            .args(args)
-            .current_dir(&dir)
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "git {args:?}");
-    }
+    )
+    .unwrap();
     dir.display().to_string()
 }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
-use testkit::{BrainOptions, Cluster, text};
+use testkit::git_server::init_repo;
+use testkit::{BrainOptions, Cluster, assert_said, text};
 
 /// The key the brain knows (from its config): it must never appear outside the fake's
 /// request headers.
@@ -292,16 +293,7 @@ fn a_key_the_model_writes_is_masked_in_calls_summaries_records_output_and_listin
     ]);
     let c = cluster(&llm);
     let w = c.join_worker("leaky");
-    let out = c.brain_cli(&[
-        "run",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        &w.id,
-        "show the key",
-    ]);
+    let out = c.agent().worker(&w.id).follow("show the key");
     let followed = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
     assert_eq!(
         c.task_status("t-1").as_deref(),
@@ -337,34 +329,17 @@ fn a_key_the_model_writes_is_masked_in_calls_summaries_records_output_and_listin
 /// A small repository with a failing test, as a git URL the brain can clone.
 fn repo(c: &Cluster) -> String {
     let dir = c.dir.join("repo");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("calc.sh"), "add() { echo $(($1 - $2)); }\n").unwrap();
-    std::fs::write(
-        dir.join("test.sh"),
-        ". ./calc.sh\n[ \"$(add 2 3)\" = 5 ] || { echo 'FAIL add 2 3'; exit 1; }\necho ok\n",
+    init_repo(
+        &dir,
+        &[
+            ("calc.sh", "add() { echo $(($1 - $2)); }\n"),
+            (
+                "test.sh",
+                ". ./calc.sh\n[ \"$(add 2 3)\" = 5 ] || { echo 'FAIL add 2 3'; exit 1; }\necho ok\n",
+            ),
+        ],
     )
     .unwrap();
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "."],
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-qm",
-            "start",
-        ],
-    ] {
-        let ok = std::process::Command::new("git")
-            .args(args)
-            .current_dir(&dir)
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "git {args:?}");
-    }
     dir.display().to_string()
 }
 
@@ -433,9 +408,5 @@ fn protect_without_a_check_is_refused_clearly() {
         .args(&["--protect", "tests/**"])
         .try_start("do it");
     assert!(!out.status.success());
-    assert!(
-        text(&out).contains("protected files need an acceptance check"),
-        "{}",
-        text(&out)
-    );
+    assert_said(&out, "protected files need an acceptance check");
 }
