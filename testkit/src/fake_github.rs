@@ -453,12 +453,11 @@ fn create_body(req: &Req, v: &mut Vec<String>) -> Result<serde_json::Map<String,
     }
     let obj = match serde_json::from_slice::<Value>(req.raw) {
         Ok(Value::Object(o)) => o,
-        Ok(other) => {
-            v.push(format!("the body is not a JSON object: {other}"));
-            return Err(error(400, "Problems parsing JSON", CREATE_DOCS));
-        }
-        Err(e) => {
-            v.push(format!("the body is not JSON ({e})"));
+        wrong => {
+            v.push(match wrong {
+                Ok(other) => format!("the body is not a JSON object: {other}"),
+                Err(e) => format!("the body is not JSON ({e})"),
+            });
             return Err(error(400, "Problems parsing JSON", CREATE_DOCS));
         }
     };
