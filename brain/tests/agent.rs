@@ -307,10 +307,7 @@ fn a_spent_budget_stops_the_task_and_resume_continues_it() {
     assert_said(&out, "--budget-usd");
     let out = c.brain_cli(&["task", "resume", &id, "--max-steps", "5"]);
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        c.wait_status(&id, &["finished"], Duration::from_secs(20)),
-        "finished"
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(20));
     assert_eq!(llm.count(), 4);
     // Read-only tasks are offered read tools only.
     let tools = llm.requests()[0].body["tools"].to_string();
@@ -328,14 +325,7 @@ fn the_same_failing_call_earns_a_note_then_stops_the_task_as_stuck() {
     let c = cluster(&llm, "[agent]\nrepeat_limit = 3\n");
     let _w = c.join_worker("w");
     let id = c.agent().worker("w").start("loop");
-    assert_eq!(
-        c.wait_status(
-            &id,
-            &["stuck", "finished", "failed"],
-            Duration::from_secs(30)
-        ),
-        "stuck"
-    );
+    c.wait_status(&id, &["stuck"], Duration::from_secs(30));
     let obs = observations(&llm);
     assert_eq!(llm.count(), 5, "{obs:#?}");
     assert!(
@@ -382,14 +372,7 @@ fn bad_tool_calls_are_answered_with_errors_and_text_mode_models_work() {
         .model("ollama:qwen-local")
         .worker("w")
         .start("text mode");
-    assert_eq!(
-        c.wait_status(
-            &id,
-            &["finished", "failed", "stuck"],
-            Duration::from_secs(30)
-        ),
-        "finished"
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
     assert_eq!(
         read_file(&c, &w.id, &id, "a.txt").as_deref(),
         Some("hello\n")
@@ -437,10 +420,7 @@ fn model_errors_fail_the_task_clearly_and_a_recorded_run_replays_without_a_serve
         .model("openai:gpt-4.1-mini")
         .worker("w")
         .start("doomed");
-    assert_eq!(
-        c.wait_status(&id, &["failed", "finished"], Duration::from_secs(20)),
-        "failed"
-    );
+    c.wait_status(&id, &["failed"], Duration::from_secs(20));
     assert_eq!(llm.count(), 1, "a 401 is not retried");
     let out = c.brain_cli(&["tasks"]);
     assert!(stdout(&out).contains("refused"), "{}", stdout(&out));

@@ -527,14 +527,7 @@ fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
     let c = cluster(&llm, "branch", "http://127.0.0.1:9", &server);
     let w = c.join_worker("w");
     let id = start(&c, &w.id, &server.url("app"), &["--max-steps", "2"]);
-    assert_eq!(
-        c.wait_status(
-            &id,
-            &["budget_exhausted", "finished", "failed"],
-            Duration::from_secs(60)
-        ),
-        "budget_exhausted"
-    );
+    c.wait_status(&id, &["budget_exhausted"], Duration::from_secs(60));
     // Not finished: nothing delivered by itself.
     assert_eq!(show(&c, &id)["delivery"], "");
     let out = c.brain_cli(&["task", "deliver", &id]);
@@ -694,10 +687,7 @@ fn attempts_deliver_the_winners_result_and_with_no_winner_the_attempt_the_caller
 
     // No winner: the parent has no result of its own and says which to name instead.
     let id = run("make the check pass, lost", &["--max-steps", "2"]);
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
-        "failed"
-    );
+    c.wait_status(&id, &["failed"], Duration::from_secs(60));
     let t = show(&c, &id);
     let attempts: Vec<String> = t["attempts"]
         .as_array()

@@ -373,14 +373,7 @@ fn request_environment_refusals_come_back_to_the_model() {
     c.wait_records(&task, "approval_requested", 2, Duration::from_secs(30));
     let out = c.brain_cli(&["approve", &task]);
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        c.wait_status(
-            &task,
-            &["finished", "failed", "stuck"],
-            Duration::from_secs(30)
-        ),
-        "finished"
-    );
+    c.wait_status(&task, &["finished"], Duration::from_secs(30));
     let log = String::from_utf8_lossy(&c.brain_cli(&["task", "log", &task, "--json"]).stdout)
         .into_owned();
     assert!(log.contains("denied this call (too dear)"), "{log}");
@@ -419,35 +412,16 @@ fn a_task_resumed_with_a_pending_request_environment_gets_its_machine() {
         ])
         .worker(&home.id)
         .start("grow");
-    assert_eq!(
-        c.wait_status(
-            &task,
-            &["waiting", "finished", "failed"],
-            Duration::from_secs(30)
-        ),
-        "waiting"
-    );
+    c.wait_status(&task, &["waiting"], Duration::from_secs(30));
     let reason = c.brain_cli(&["task", "show", &task]);
     assert_said(&reason, "approval");
     c.kill_brain();
     c.start_brain().unwrap();
     // The request is still waiting after the restart; approving it gets the machine.
-    assert_eq!(
-        c.wait_status(&task, &["waiting"], Duration::from_secs(30)),
-        "waiting"
-    );
+    c.wait_status(&task, &["waiting"], Duration::from_secs(30));
     let out = c.brain_cli(&["approve", &task]);
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        c.wait_status(
-            &task,
-            &["finished", "failed", "stuck"],
-            Duration::from_secs(60)
-        ),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&task, &["finished"], Duration::from_secs(60));
     let log = String::from_utf8_lossy(&c.brain_cli(&["task", "log", &task, "--json"]).stdout)
         .into_owned();
     assert!(log.contains("now running on machine"), "{log}");

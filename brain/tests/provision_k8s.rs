@@ -395,16 +395,7 @@ fn request_environment_moves_a_task_to_a_pod_from_a_k8s_offer() {
         ])
         .worker(&small.id)
         .start("build it");
-    assert_eq!(
-        c.wait_status(
-            &task,
-            &["finished", "failed", "stuck", "waiting"],
-            Duration::from_secs(90)
-        ),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&task, &["finished"], Duration::from_secs(90));
     let m = c
         .machines(true)
         .into_iter()

@@ -200,16 +200,7 @@ fn a_slow_answer_does_not_carry_the_task_past_its_wall_time_budget() {
     let c = cluster(&llm);
     let w = c.join_worker("slow");
     let id = start(&c, &w.id, &["--max-wall", "2s"]);
-    assert_eq!(
-        c.wait_status(
-            &id,
-            &["budget_exhausted", "finished"],
-            Duration::from_secs(15)
-        ),
-        "budget_exhausted",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&id, &["budget_exhausted"], Duration::from_secs(15));
     let t = show(&c, &id);
     assert!(
         t["reason"].as_str().unwrap().contains("wall-time budget"),
