@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
-use testkit::{BrainOptions, Cluster, assert_said, text};
+use testkit::{BrainOptions, Cluster, assert_failed_saying, assert_said, text};
 
 /// A key that must never show up anywhere but in the fake server's request headers.
 const KEY: &str = "sk-test-SECRET-7c1f9a2e5d";
@@ -303,8 +303,7 @@ fn a_spent_budget_stops_the_task_and_resume_continues_it() {
     assert_eq!(c.task_status(&id).as_deref(), Some("budget_exhausted"));
     assert_eq!(llm.count(), 2);
     let out = c.brain_cli(&["task", "resume", &id]);
-    assert!(!out.status.success());
-    assert_said(&out, "--budget-usd");
+    assert_failed_saying(&out, "--budget-usd");
     let out = c.brain_cli(&["task", "resume", &id, "--max-steps", "5"]);
     assert!(out.status.success(), "{}", text(&out));
     c.wait_status(&id, &["finished"], Duration::from_secs(20));

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use shared::locks::Lock;
 use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
-use testkit::{BrainOptions, Cluster, assert_said, text};
+use testkit::{BrainOptions, Cluster, assert_failed_saying, text};
 
 const MODEL: &str = "openai:small";
 const BIG: &str = "openai:big";
@@ -59,7 +59,7 @@ fn ended_as(c: &Cluster, id: &str, want: &str) -> Value {
         Duration::from_secs(120),
     );
     assert_eq!(ended, want, "{}", c.brain_log());
-    show(c, id)
+    c.task_show(id)
 }
 
 /// The parent's log tells the story once: `n` attempts started and ended, one picked.
@@ -69,12 +69,6 @@ fn told_once(c: &Cluster, id: &str, n: usize) {
     assert_eq!(count("attempt_started"), n, "{log:?}");
     assert_eq!(count("attempt_ended"), n, "{log:?}");
     assert_eq!(count("attempt_picked"), 1, "{log:?}");
-}
-
-fn show(c: &Cluster, id: &str) -> Value {
-    let out = c.brain_cli(&["task", "show", id, "--json"]);
-    assert!(out.status.success(), "{}", text(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn write(content: &str) -> FakeReply {
@@ -149,7 +143,7 @@ fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_st
         .collect();
     assert!(status.contains("cancelled"), "{t}");
     for a in &attempts {
-        let st = show(&c, a["task"].as_str().unwrap());
+        let st = c.task_show(a["task"].as_str().unwrap());
         assert_eq!(st["attempt_of"], id.as_str(), "{st}");
         assert_ne!(st["status"], "running", "{st}");
         // The one stopped says why: another won, not that a person cancelled it.
@@ -256,8 +250,7 @@ fn with_no_attempt_passing_the_task_fails_with_each_reason() {
     assert_eq!(t["picked"], "", "{t}");
     // Nothing is the parent's result: asked for its diff, it names its attempts instead.
     let diff = c.brain_cli(&["task", "diff", &id]);
-    assert!(!diff.status.success(), "{}", text(&diff));
-    assert_said(&diff, "no attempt has won");
+    assert_failed_saying(&diff, "no attempt has won");
 }
 
 #[test]
@@ -342,8 +335,7 @@ fn attempt_flags_that_cannot_apply_are_refused() {
     let plan = c.dir.join("plan.json");
     std::fs::write(&plan, r#"{"steps": [{"run": ["true"]}]}"#).unwrap();
     let out = c.brain_cli(&["run", "--plan", plan.to_str().unwrap(), "--attempts", "2"]);
-    assert!(!out.status.success());
-    assert_said(&out, "--attempts");
+    assert_failed_saying(&out, "--attempts");
 }
 
 #[test]

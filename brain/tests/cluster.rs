@@ -6,8 +6,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use testkit::{
-    BrainOptions, Cluster, assert_said, assert_stderr_says, assert_stdout_says, process_gone, text,
-    wait_until,
+    BrainOptions, Cluster, assert_failed_stderr_says, assert_said, assert_stderr_says,
+    assert_stdout_says, process_gone, text, wait_until,
 };
 
 /// `brain exec ARGS -- sh -c SCRIPT` (ARGS: the worker and flags), to run or spawn.
@@ -16,6 +16,17 @@ fn sh_cmd(c: &Cluster, args: &[&str], script: &str) -> Command {
     all.extend_from_slice(args);
     all.extend(["--", "sh", "-c", script]);
     c.brain_cli_cmd(&all)
+}
+
+/// `brain exec WORKER -- echo WORD` prints WORD: the worker answers.
+fn assert_echoes(c: &Cluster, worker: &str, word: &str) {
+    let out = c.brain_cli(&["exec", worker, "--", "echo", word]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{word}\n"),
+        "{}",
+        text(&out)
+    );
 }
 
 /// A cluster whose brain marks a worker lost after `lost_after` without a heartbeat.
@@ -193,13 +204,7 @@ fn worker_sigkill_is_seen_as_lost_and_it_comes_back_with_its_identity() {
         id, w.id,
         "the worker must come back with its stored identity"
     );
-    let out = c.brain_cli(&["exec", &w.id, "--", "echo", "back"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "back\n",
-        "{}",
-        text(&out)
-    );
+    assert_echoes(&c, &w.id, "back");
 }
 
 #[test]
@@ -221,13 +226,7 @@ fn a_frozen_worker_is_marked_lost_by_heartbeat_timeout_and_recovers() {
     testkit::signal(pid as u32, rustix::process::Signal::CONT);
     c.wait_for_state(&w.id, "connected", Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("{e}\nworker log:\n{}", w.log_text()));
-    let out = c.brain_cli(&["exec", &w.id, "--", "echo", "thawed"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "thawed\n",
-        "{}",
-        text(&out)
-    );
+    assert_echoes(&c, &w.id, "thawed");
     w.kill();
 }
 
@@ -247,13 +246,7 @@ fn brain_restart_and_the_worker_reconnects_by_itself() {
     c.start_brain().unwrap();
     c.wait_for_state(&w.id, "connected", Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("{e}\nworker log:\n{}", w.log_text()));
-    let out = c.brain_cli(&["exec", &w.id, "--", "echo", "again"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "again\n",
-        "{}",
-        text(&out)
-    );
+    assert_echoes(&c, &w.id, "again");
     assert_eq!(c.workers().len(), 1, "no duplicate enrolment after restart");
 }
 
@@ -317,8 +310,7 @@ fn file_operations_round_trip() {
     assert!(!w.workspace().join("dir").exists());
 
     let out = c.brain_cli(&["file", "read", &w.id, "dir/sub/p.bin"]);
-    assert!(!out.status.success());
-    assert_stderr_says(&out, "dir/sub/p.bin");
+    assert_failed_stderr_says(&out, "dir/sub/p.bin");
 }
 
 /// `brain workers | head -0`: every command whose output pipe closes ends quietly (141, as a

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use rand::Rng;
-use testkit::{BrainOptions, Cluster, Worker, assert_stderr_says, assert_stdout_says, text};
+use testkit::{BrainOptions, Cluster, Worker, assert_failed_stderr_says, assert_stdout_says, text};
 
 /// A plan of `n` steps, each appending its own line (with a check that the line is there).
 fn line_plan(c: &Cluster, n: usize, pause: &str) -> PathBuf {
@@ -264,8 +264,7 @@ fn cancel_backup_restore_and_a_second_brain() {
 
     // A second brain on the same data dir refuses to start, clearly.
     let out = c.brain_cli(&["serve", "--listen", "127.0.0.1:0"]);
-    assert!(!out.status.success());
-    assert_stderr_says(&out, "another `brain serve`");
+    assert_failed_stderr_says(&out, "another `brain serve`");
 
     let out = c.brain_cli(&["task", "cancel", &id]);
     assert!(out.status.success(), "{}", text(&out));

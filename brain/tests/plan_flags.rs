@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use testkit::https::{Received, TestCa, Upstream};
 use testkit::tasks::{Ran, egress_cluster, have_netns, results, set_api_secret};
-use testkit::{Cluster, assert_stderr_says, text};
+use testkit::{Cluster, assert_failed_stderr_says, text};
 
 const SECRET: &str = "sk-plan-0c94d2e7a1b35f68";
 const API: &str = "api.plan.test";
@@ -137,8 +137,7 @@ fn flags_that_do_not_apply_to_a_plan_are_refused_by_name() {
         "k=v",
     ]);
     // The worker has no label k=v: the brain refuses to place it (the label applied).
-    assert!(!ok.status.success(), "{}", text(&ok));
-    assert_stderr_says(&ok, "k=v");
+    assert_failed_stderr_says(&ok, "k=v");
     let ok = c.brain_cli(&["run", "--plan", &plan, "--worker", &w.id, "--detach"]);
     assert!(ok.status.success(), "{}", text(&ok));
     let task = String::from_utf8_lossy(&ok.stdout).trim().to_string();

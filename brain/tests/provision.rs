@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use testkit::{
-    BrainOptions, Cluster, assert_said, pids_mentioning, processes_started_in, text, wait_until,
+    BrainOptions, Cluster, assert_failed_saying, assert_said, pids_mentioning,
+    processes_started_in, text, wait_until,
 };
 
 fn config(extra: &str) -> String {
@@ -101,11 +102,9 @@ fn a_local_machine_joins_runs_a_command_and_is_released_without_a_trace() {
 
     // Released twice: a clear refusal.
     let out = c.brain_cli(&["machines", "release", &id]);
-    assert!(!out.status.success());
-    assert_said(&out, "already released");
+    assert_failed_saying(&out, "already released");
     let out = c.brain_cli(&["machines", "release", "m-nope"]);
-    assert!(!out.status.success());
-    assert_said(&out, "no machine");
+    assert_failed_saying(&out, "no machine");
 }
 
 #[test]
@@ -138,8 +137,7 @@ fn cost_quota_refuses_what_would_cost_too_much() {
     );
     provision(&c, &[]);
     let out = c.brain_cli(&["provision", "local"]);
-    assert!(!out.status.success());
-    assert_said(&out, "$2.00/h");
+    assert_failed_saying(&out, "$2.00/h");
 }
 
 #[test]

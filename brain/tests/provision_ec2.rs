@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use shared::locks::Lock;
 use testkit::moto::{AMI, BRAIN_POLICY, Key, Moto};
-use testkit::{BrainOptions, Cluster, assert_said, text, wait_until};
+use testkit::{BrainOptions, Cluster, assert_failed_saying, text, wait_until};
 
 /// An address no loopback: machines dial it (none boots here, so none dials).
 const BRAIN_URL: &str = "https://10.11.12.13:7443";
@@ -225,8 +225,7 @@ fn an_instance_is_launched_as_aws_takes_it_and_terminated() {
 
     // The quota counts it.
     let o = provision(&c, "1");
-    assert!(!o.status.success());
-    assert_said(&o, "at most 1 machine");
+    assert_failed_saying(&o, "at most 1 machine");
 
     // Release terminates it.
     let o = c.brain_cli(&["machines", "release", &id]);
@@ -289,8 +288,7 @@ fn failures_end_the_record_with_the_reason_and_free_the_quota() {
     opts.env = env(home.path(), &keys(&brain_key));
     let c = Cluster::start_with(opts);
     let o = provision(&c, "1");
-    assert!(!o.status.success());
-    assert_said(&o, "set provision.brain_url");
+    assert_failed_saying(&o, "set provision.brain_url");
     assert!(c.machines(true).is_empty());
     assert!(m.instances().is_empty());
 }

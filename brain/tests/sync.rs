@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use testkit::fake_llm::{FakeLlm, FakeReply};
 use testkit::git_server::init_repo;
-use testkit::{BrainOptions, Cluster, assert_said, text};
+use testkit::{BrainOptions, Cluster, assert_failed_saying, text};
 
 /// A plan that builds a small tree step by step: files, directories, an executable, a
 /// symlink, a deletion and a rename.
@@ -337,8 +337,7 @@ fn a_task_starts_from_a_git_repository_the_brain_clones() {
         .worker("w")
         .args(&["--git", c.dir.join("nope").to_str().unwrap()])
         .try_start("x");
-    assert!(!out.status.success());
-    assert_said(&out, "git clone of");
+    assert_failed_saying(&out, "git clone of");
 }
 
 #[test]
@@ -422,8 +421,7 @@ fn a_task_starts_from_a_directory_on_its_worker_without_resending_it() {
         .worker("laptop")
         .args(&["--dir", c.dir.join("laptop").to_str().unwrap()])
         .try_start("steal");
-    assert!(!out.status.success());
-    assert_said(&out, "refusing to import");
+    assert_failed_saying(&out, "refusing to import");
 }
 
 #[test]
@@ -455,8 +453,7 @@ fn failover_and_moves_go_only_to_workers_with_the_required_labels() {
     assert!(on == gpu1.id || on == gpu2.id, "placed on {on}");
     // A move to a worker without the label is refused.
     let out = c.brain_cli(&["task", "move", &id, "--to", "cpu"]);
-    assert!(!out.status.success());
-    assert_said(&out, "does not have the labels");
+    assert_failed_saying(&out, "does not have the labels");
     // Killing the worker it runs on fails it over to the other gpu worker, never to cpu.
     c.wait_records(&id, "tool_call_completed", 2, Duration::from_secs(30));
     let other = if on == gpu1.id {

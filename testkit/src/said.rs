@@ -29,3 +29,17 @@ pub fn assert_stdout_says(out: &Output, words: &str) {
         text(out)
     );
 }
+
+/// Asserts that `out` failed, and that its output holds `words`.
+#[track_caller]
+pub fn assert_failed_saying(out: &Output, words: &str) {
+    assert!(!out.status.success(), "it succeeded: {}", text(out));
+    assert_said(out, words);
+}
+
+/// Asserts that `out` failed, and that its standard error holds `words`.
+#[track_caller]
+pub fn assert_failed_stderr_says(out: &Output, words: &str) {
+    assert!(!out.status.success(), "it succeeded: {}", text(out));
+    assert_stderr_says(out, words);
+}
