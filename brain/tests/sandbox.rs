@@ -15,8 +15,8 @@ use testkit::{
     BrainOptions, Cluster, Worker, assert_said, assert_stderr_says, process_gone, text, wait_until,
 };
 
-/// True if the mechanism works here; otherwise prints why the test is skipped.
-fn have(c: &Cluster, mechanism: &str) -> bool {
+/// The cluster, if the mechanism works here; otherwise None, saying why the test is skipped.
+fn having(c: Cluster, mechanism: &str) -> Option<Cluster> {
     let (active, line) = c.doctor(mechanism);
     if !active {
         assert!(line.contains("MISSING"), "{line}");
@@ -25,7 +25,7 @@ fn have(c: &Cluster, mechanism: &str) -> bool {
             &format!("the test needs it, and worker doctor says: {line}"),
         );
     }
-    active
+    active.then_some(c)
 }
 
 /// Makes a test dir world-writable and traversable, so file permissions stop nothing.
@@ -61,10 +61,9 @@ fn exec(c: &Cluster, w: &Worker, extra: &[&str], script: &str) -> std::process::
 
 #[test]
 fn writes_outside_the_workspace_fail_and_change_nothing() {
-    let c = outside_tmp();
-    if !have(&c, "landlock") {
+    let Some(c) = having(outside_tmp(), "landlock") else {
         return;
-    }
+    };
     let w = c.join_worker("jailed");
     // Open the file permissions wide, so only Landlock stands in the way.
     open_up(&c.dir);
@@ -103,10 +102,9 @@ fn writes_outside_the_workspace_fail_and_change_nothing() {
 
 #[test]
 fn home_secrets_and_the_worker_key_are_unreadable() {
-    let c = outside_tmp();
-    if !have(&c, "landlock") {
+    let Some(c) = having(outside_tmp(), "landlock") else {
         return;
-    }
+    };
     open_up(&c.dir);
     let home = c.dir.join("home");
     std::fs::create_dir_all(home.join(".ssh")).unwrap();
@@ -153,10 +151,9 @@ fn home_secrets_and_the_worker_key_are_unreadable() {
 
 #[test]
 fn a_fork_bomb_is_contained_and_the_worker_keeps_answering() {
-    let c = Cluster::start();
-    if !have(&c, "cgroup") {
+    let Some(c) = having(Cluster::start(), "cgroup") else {
         return;
-    }
+    };
     let w = c.join_worker("bombed");
     let out = exec(
         &c,
@@ -191,10 +188,9 @@ fn a_fork_bomb_is_contained_and_the_worker_keeps_answering() {
 
 #[test]
 fn a_memory_hog_is_killed_with_a_clear_memory_limit_result() {
-    let c = Cluster::start();
-    if !have(&c, "cgroup") {
+    let Some(c) = having(Cluster::start(), "cgroup") else {
         return;
-    }
+    };
     let w = c.join_worker("hog");
     let out = exec(
         &c,
@@ -233,10 +229,9 @@ fn a_setsid_child_that_ignores_sigterm_is_killed_at_the_timeout() {
 
 #[test]
 fn with_the_network_off_a_loopback_listener_is_unreachable() {
-    let c = Cluster::start();
-    if !have(&c, "netns") {
+    let Some(c) = having(Cluster::start(), "netns") else {
         return;
-    }
+    };
     let w = c.join_worker("offline");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -300,10 +295,9 @@ touch \"$TMPDIR/scratch\" && echo tmp-ok";
 
 #[test]
 fn real_tools_work_at_a_fixed_workspace_path_under_a_private_state_dir() {
-    let c = Cluster::start();
-    if !have(&c, "mountns") {
+    let Some(c) = having(Cluster::start(), "mountns") else {
         return;
-    }
+    };
     // The state dir is under the test dir, which only its owner (root) may traverse: the
     // case of the default state dir in /root (mode 0700).
     std::fs::set_permissions(&c.dir, std::fs::Permissions::from_mode(0o700)).unwrap();
@@ -362,10 +356,9 @@ fn a_command_cannot_read_other_processes_in_proc() {
             .collect::<Vec<_>>()
     };
     let before = proc_mounts();
-    let c = Cluster::start();
-    if !have(&c, "proc") {
+    let Some(c) = having(Cluster::start(), "proc") else {
         return;
-    }
+    };
     let w = c.join_worker("proc");
     let brain = c.brain.as_ref().unwrap().pid();
     let worker = w.proc.as_ref().unwrap().pid();

@@ -43,14 +43,16 @@ struct Sse {
     data: Value,
 }
 
-/// Reads SSE events from an open response until `stop` says so, the stream ends, or the
-/// deadline passes.
+/// Opens an event stream of `path` (after `last_id`, if given) and reads its events until
+/// `stop` says so, the stream ends, or `timeout` passes; then cuts the connection.
 async fn read_sse(
-    resp: &mut reqwest::Response,
-    buf: &mut String,
+    c: &Cluster,
+    (path, auth, last_id): (&str, &str, Option<u64>),
     mut stop: impl FnMut(&Sse) -> bool,
     timeout: Duration,
 ) -> Vec<Sse> {
+    let mut resp = open_sse(c, path, auth, last_id).await;
+    let mut buf = String::new();
     let deadline = Instant::now() + timeout;
     let mut out = Vec::new();
     loop {
@@ -437,11 +439,9 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
     the_workspace_is_read_at_its_barriers(&c, &id, &auth).await;
 
     // The all-tasks stream starts with the list.
-    let mut resp = open_sse(&c, "/api/events", &auth, None).await;
-    let mut buf = String::new();
     let list = read_sse(
-        &mut resp,
-        &mut buf,
+        &c,
+        ("/api/events", &auth, None),
         |e| e.event == "tasks",
         Duration::from_secs(10),
     )
@@ -455,16 +455,13 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
 async fn follow_across_cuts_and_a_brain_kill(c: &mut Cluster, id: &str, auth: &str) -> Vec<u64> {
     let path = format!("/api/tasks/{id}/events");
     // Read what there is, then cut the connection.
-    let mut resp = open_sse(c, &path, auth, None).await;
-    let mut buf = String::new();
     let first = read_sse(
-        &mut resp,
-        &mut buf,
+        c,
+        (&path, auth, None),
         |e| e.data["kind"] == "approval_requested",
         Duration::from_secs(20),
     )
     .await;
-    drop(resp);
     let mut seen: Vec<u64> = first.iter().filter_map(|e| e.id).collect();
     assert!(seen.len() >= 3, "{first:#?}");
     for e in &first {
@@ -482,25 +479,20 @@ async fn follow_across_cuts_and_a_brain_kill(c: &mut Cluster, id: &str, auth: &s
     c.start_brain().unwrap();
     let out = c.brain_cli(&["approve", id]);
     assert!(out.status.success(), "{}", text(&out));
-    let mut resp = open_sse(c, &path, auth, seen.last().copied()).await;
-    let mut buf = String::new();
     // Cut again in the middle of the second command's records.
     let second = read_sse(
-        &mut resp,
-        &mut buf,
+        c,
+        (&path, auth, seen.last().copied()),
         |e| e.data["kind"] == "tool_call_issued",
         Duration::from_secs(30),
     )
     .await;
-    drop(resp);
     seen.extend(second.iter().filter_map(|e| e.id));
     // ?since=N resumes the same way; follow to the end, approving what is asked.
     let since = format!("{path}?since={}", seen.last().unwrap());
-    let mut resp = open_sse(c, &since, auth, None).await;
-    let mut buf = String::new();
     let rest = read_sse(
-        &mut resp,
-        &mut buf,
+        c,
+        (&since, auth, None),
         |e| {
             if e.data["kind"] == "approval_requested" {
                 let out = c.brain_cli(&["approve", id]);
