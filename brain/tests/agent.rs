@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
-use testkit::{BrainOptions, Cluster, text};
+use testkit::{BrainOptions, Cluster, assert_failed_saying, assert_said, text};
 
 /// A key that must never show up anywhere but in the fake server's request headers.
 const KEY: &str = "sk-test-SECRET-7c1f9a2e5d";
@@ -77,16 +77,7 @@ fn an_agent_fixes_a_failing_test_on_a_real_worker() {
     let c = cluster(&llm, "");
     let w = c.join_worker("dev");
     // Followed to the end, as a person would run it.
-    let out = c.brain_cli(&[
-        "run",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        "dev",
-        "make test.sh pass",
-    ]);
+    let out = c.agent().worker("dev").follow("make test.sh pass");
     let shown = stdout(&out);
     assert!(out.status.success(), "{}\n{}", text(&out), c.brain_log());
     let id = shown.lines().next().unwrap().trim().to_string();
@@ -207,10 +198,7 @@ fn approvals_survive_a_brain_kill_and_a_denial_reaches_the_model() {
     c.wait_status(&id, &["waiting"], Duration::from_secs(20));
     let out = c.brain_cli(&["deny", &id, "--reason", "stay in the workspace"]);
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(20)),
-        "finished"
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(20));
     assert_eq!(
         read_file(&c, &w.id, &id, "proof.txt").as_deref(),
         Some("ran\n")
@@ -257,10 +245,7 @@ fn a_brain_kill_during_a_command_sends_no_request_twice_and_runs_nothing_twice()
     }
     c.kill_brain();
     c.start_brain().unwrap();
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
-        "finished"
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
     assert_eq!(
         read_file(&c, &w.id, &id, "once.txt").as_deref(),
         Some("once\n")
@@ -286,26 +271,16 @@ fn a_spent_budget_stops_the_task_and_resume_continues_it() {
     ]);
     let mut c = cluster(&llm, "");
     let _w = c.join_worker("w");
-    let out = c.brain_cli(&[
-        "run",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "read-only",
-        "--max-steps",
-        "2",
-        "--worker",
-        "w",
-        "look around",
-    ]);
+    let out = c
+        .agent()
+        .permission("read-only")
+        .worker("w")
+        .args(&["--max-steps", "2"])
+        .follow("look around");
     let id = stdout(&out).lines().next().unwrap().trim().to_string();
     assert!(!out.status.success(), "a stopped task is not a success");
     assert_eq!(c.task_status(&id).as_deref(), Some("budget_exhausted"));
-    assert!(
-        text(&out).contains("step budget spent (2 of 2)"),
-        "{}",
-        text(&out)
-    );
+    assert_said(&out, "step budget spent (2 of 2)");
     assert_eq!(llm.count(), 2);
     // Stays stopped across a restart, and says what to give.
     c.kill_brain();
@@ -328,14 +303,10 @@ fn a_spent_budget_stops_the_task_and_resume_continues_it() {
     assert_eq!(c.task_status(&id).as_deref(), Some("budget_exhausted"));
     assert_eq!(llm.count(), 2);
     let out = c.brain_cli(&["task", "resume", &id]);
-    assert!(!out.status.success());
-    assert!(text(&out).contains("--budget-usd"), "{}", text(&out));
+    assert_failed_saying(&out, "--budget-usd");
     let out = c.brain_cli(&["task", "resume", &id, "--max-steps", "5"]);
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        c.wait_status(&id, &["finished"], Duration::from_secs(20)),
-        "finished"
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(20));
     assert_eq!(llm.count(), 4);
     // Read-only tasks are offered read tools only.
     let tools = llm.requests()[0].body["tools"].to_string();
@@ -353,14 +324,7 @@ fn the_same_failing_call_earns_a_note_then_stops_the_task_as_stuck() {
     let c = cluster(&llm, "[agent]\nrepeat_limit = 3\n");
     let _w = c.join_worker("w");
     let id = c.agent().worker("w").start("loop");
-    assert_eq!(
-        c.wait_status(
-            &id,
-            &["stuck", "finished", "failed"],
-            Duration::from_secs(30)
-        ),
-        "stuck"
-    );
+    c.wait_status(&id, &["stuck"], Duration::from_secs(30));
     let obs = observations(&llm);
     assert_eq!(llm.count(), 5, "{obs:#?}");
     assert!(
@@ -407,14 +371,7 @@ fn bad_tool_calls_are_answered_with_errors_and_text_mode_models_work() {
         .model("ollama:qwen-local")
         .worker("w")
         .start("text mode");
-    assert_eq!(
-        c.wait_status(
-            &id,
-            &["finished", "failed", "stuck"],
-            Duration::from_secs(30)
-        ),
-        "finished"
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
     assert_eq!(
         read_file(&c, &w.id, &id, "a.txt").as_deref(),
         Some("hello\n")
@@ -462,38 +419,21 @@ fn model_errors_fail_the_task_clearly_and_a_recorded_run_replays_without_a_serve
         .model("openai:gpt-4.1-mini")
         .worker("w")
         .start("doomed");
-    assert_eq!(
-        c.wait_status(&id, &["failed", "finished"], Duration::from_secs(20)),
-        "failed"
-    );
+    c.wait_status(&id, &["failed"], Duration::from_secs(20));
     assert_eq!(llm.count(), 1, "a 401 is not retried");
     let out = c.brain_cli(&["tasks"]);
     assert!(stdout(&out).contains("refused"), "{}", stdout(&out));
     // Record a run, then replay it: same effect, no request to any server.
     let file = c.dir.join("run.jsonl");
-    let out = c.brain_cli(&[
-        "run",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--record",
-        file.to_str().unwrap(),
-        "--worker",
-        "w",
-        "write r.txt",
-    ]);
+    let out = c
+        .agent()
+        .worker("w")
+        .args(&["--record", file.to_str().unwrap()])
+        .follow("write r.txt");
     assert!(out.status.success(), "{}", text(&out));
     let before = llm.count();
     let replay = format!("replay:{}", file.display());
-    let out = c.brain_cli(&[
-        "run",
-        "--model",
-        &replay,
-        "--permission",
-        "full",
-        "write r.txt",
-    ]);
+    let out = c.agent().model(&replay).follow("write r.txt");
     assert!(out.status.success(), "{}\n{}", text(&out), c.brain_log());
     let id = stdout(&out).lines().next().unwrap().trim().to_string();
     assert_eq!(llm.count(), before, "a replay asks no server");
@@ -531,12 +471,7 @@ fn old_tool_outputs_are_elided_near_the_context_window_and_that_is_logged() {
     );
     let _w = c.join_worker("w");
     let id = c.agent().model("openai:small").worker("w").start("read");
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
     let log = c.task_log_json(&id);
     let elided: Vec<_> = log
         .iter()

@@ -11,8 +11,8 @@ use base64::Engine as _;
 use shared::locks::Lock;
 use testkit::https::{Received, TestCa, Upstream};
 use testkit::tasks::{
-    Ran, egress_cluster, environs_holding, files_holding, have_netns, run_commands, set_secret,
-    try_start_commands,
+    Ran, egress_cluster, environs_holding, files_holding, have_netns, run_commands, set_api_secret,
+    set_secret, try_start_commands,
 };
 use testkit::{BrainOptions, Cluster, text};
 
@@ -93,11 +93,34 @@ fn assert_clean(c: &Cluster, w: &testkit::Worker, ran: &[Ran]) {
     assert_no_leak("the brain's log", &c.brain_log());
 }
 
+/// Each of `ran` failed, told on its stderr that its egress was refused, and why (`why`).
+fn assert_refused(ran: &[Ran], why: &str) {
+    for (i, r) in ran.iter().enumerate() {
+        assert_ne!(r.exit, Some(0), "command {i}: {r:#?}");
+        assert!(
+            r.stderr.contains("tether: egress refused") && r.told().contains(why),
+            "command {i} is told why on its stderr: {r:#?}"
+        );
+    }
+}
+
+/// How the task a `brain run` started ended (it waits for that), if it started at all.
+fn ending(c: &Cluster, run: &std::process::Output) -> Option<String> {
+    run.status.success().then(|| {
+        let task = String::from_utf8_lossy(&run.stdout).trim().to_string();
+        c.wait_status(
+            &task,
+            &["finished", "failed", "stuck", "cancelled"],
+            std::time::Duration::from_secs(120),
+        )
+    })
+}
+
 /// Route: the Host header is the command's. Behind a shared ingress the injected value
 /// would reach whichever tenant the command names.
 #[test]
 fn a_command_cannot_send_the_credential_to_another_tenant_by_host() {
-    if !have_netns("a_command_cannot_send_the_credential_to_another_tenant_by_host") {
+    if !have_netns() {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -114,13 +137,7 @@ fn a_command_cannot_send_the_credential_to_another_tenant_by_host() {
     let c = egress_cluster(&ca, &[API], "");
     let w = c.join_worker("host-attack");
     let pa = api.port;
-    let port = pa.to_string();
-    set_secret(
-        &c,
-        "api",
-        SECRET,
-        &["--host", API, "--port", &port, "--env", "API_TOKEN"],
-    );
+    set_api_secret(&c, SECRET, API, pa);
     let commands = vec![
         // 0: another tenant's name in Host.
         format!(
@@ -136,13 +153,7 @@ fn a_command_cannot_send_the_credential_to_another_tenant_by_host() {
         format!("{CURL} --fail-with-body https://{API}:{pa}/whoami"),
     ];
     let (_, ran) = run_commands(&c, &w.id, &["--secret", "api"], &commands);
-    for (i, r) in ran.iter().enumerate().take(3) {
-        assert_ne!(r.exit, Some(0), "command {i}: {r:#?}");
-        assert!(
-            r.stderr.contains("tether: egress refused") && r.told().contains("Host"),
-            "command {i} is told why on its stderr: {r:#?}"
-        );
-    }
+    assert_refused(&ran[..3], "Host");
     assert_eq!(ran[3].exit, Some(0), "{:#?}", ran[3]);
     assert_eq!(ran[3].stdout, format!("tenant {API}:{pa}"), "{:#?}", ran[3]);
     let seen = api.seen();
@@ -167,7 +178,7 @@ fn a_command_cannot_send_the_credential_to_another_tenant_by_host() {
 /// which the brain does not see).
 #[test]
 fn a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream() {
-    if !have_netns("a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream") {
+    if !have_netns() {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -194,13 +205,7 @@ fn a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream() {
     let c = egress_cluster(&ca, &[API, OTHER], "");
     let w = c.join_worker("swap-attack");
     let (pa, pb) = (api.port, other.port);
-    let port = pa.to_string();
-    set_secret(
-        &c,
-        "api",
-        SECRET,
-        &["--host", API, "--port", &port, "--env", "API_TOKEN"],
-    );
+    set_api_secret(&c, SECRET, API, pa);
     let t = "$API_TOKEN";
     let commands = vec![
         format!("{CURL} --fail-with-body -X PUT -d x https://{API}:{pa}/files/{t}"),
@@ -221,13 +226,7 @@ fn a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream() {
         &["--secret", "api", "--allow", &allow],
         &commands,
     );
-    for (i, r) in ran.iter().enumerate().take(6) {
-        assert_ne!(r.exit, Some(0), "command {i}: {r:#?}");
-        assert!(
-            r.stderr.contains("tether: egress refused") && r.told().contains("placeholder"),
-            "command {i} is told why on its stderr: {r:#?}"
-        );
-    }
+    assert_refused(&ran[..6], "placeholder");
     assert_eq!(ran[6].exit, Some(0), "{:#?}", ran[6]);
     assert_eq!(ran[6].stdout, "stored", "{:#?}", ran[6]);
     // The read-back worked: it found nothing of the value to read.
@@ -247,7 +246,7 @@ fn a_placeholder_outside_its_injection_is_refused_and_nothing_goes_upstream() {
 /// it for a `Range`, and in a trailer.
 #[test]
 fn an_echo_of_the_value_in_any_encoding_is_masked() {
-    if !have_netns("an_echo_of_the_value_in_any_encoding_is_masked") {
+    if !have_netns() {
         return;
     }
     use std::io::Write as _;
@@ -322,13 +321,7 @@ fn an_echo_of_the_value_in_any_encoding_is_masked() {
     let c = egress_cluster(&ca, &[API], "");
     let w = c.join_worker("echo-attack");
     let pa = api.port;
-    let port = pa.to_string();
-    set_secret(
-        &c,
-        "api",
-        SECRET,
-        &["--host", API, "--port", &port, "--env", "API_TOKEN"],
-    );
+    set_api_secret(&c, SECRET, API, pa);
     let u = format!("https://{API}:{pa}");
     let commands = vec![
         format!("{CURL} -D - {u}/pct"),
@@ -376,25 +369,14 @@ fn an_echo_of_the_value_in_any_encoding_is_masked() {
 /// attacker's host, restored, and a task asks for it.
 #[test]
 fn a_backup_edited_to_rebind_a_secret_does_not_open() {
-    if !have_netns("a_backup_edited_to_rebind_a_secret_does_not_open") {
+    if !have_netns() {
         return;
     }
     let ca = TestCa::new().unwrap();
-    let api = Upstream::start(&ca, &[API], Arc::new(|_: &Received| (200, b"ok".to_vec()))).unwrap();
-    let evil = Upstream::start(
-        &ca,
-        &[OTHER],
-        Arc::new(|_: &Received| (200, b"thanks".to_vec())),
-    )
-    .unwrap();
+    let api = Upstream::answering(&ca, &[API], "ok").unwrap();
+    let evil = Upstream::answering(&ca, &[OTHER], "thanks").unwrap();
     let mut c = egress_cluster(&ca, &[API, OTHER], "");
-    let port = api.port.to_string();
-    set_secret(
-        &c,
-        "api",
-        SECRET,
-        &["--host", API, "--port", &port, "--env", "API_TOKEN"],
-    );
+    set_api_secret(&c, SECRET, API, api.port);
     let backup = c.dir.join("backup.jsonl");
     let out = c.brain_cli(&["backup", &backup.display().to_string()]);
     assert!(out.status.success(), "{}", text(&out));
@@ -436,13 +418,8 @@ fn a_backup_edited_to_rebind_a_secret_does_not_open() {
     // Either the task is refused at its start, or its command's request is refused.
     let run = try_start_commands(&c, &w.id, &["--secret", "api"], &commands, None);
     let mut told = format!("{}\n{}", text(&listed), text(&run));
-    if run.status.success() {
+    if let Some(end) = ending(&c, &run) {
         let task = String::from_utf8_lossy(&run.stdout).trim().to_string();
-        let end = c.wait_status(
-            &task,
-            &["finished", "failed", "stuck", "cancelled"],
-            std::time::Duration::from_secs(120),
-        );
         told.push_str(&format!(
             "\n{end}\n{}",
             serde_json::to_string(&c.task_log_json(&task)).unwrap()
@@ -562,18 +539,11 @@ fn the_delivery_token_goes_to_no_host_it_is_not_for() {
     let w = c.join_worker("git-attack-2");
     for server in [&plain, &tls] {
         let out = run(&c, &w.id, &server.url("x"));
-        if out.status.success() {
-            let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            let end = c.wait_status(
-                &task,
-                &["finished", "failed", "stuck", "cancelled"],
-                std::time::Duration::from_secs(120),
-            );
-            assert_ne!(
-                end, "finished",
-                "the clone cannot have worked without credentials"
-            );
-        }
+        assert_ne!(
+            ending(&c, &out).as_deref(),
+            Some("finished"),
+            "the clone cannot have worked without credentials"
+        );
         assert_eq!(
             token_seen(server),
             Vec::<String>::new(),
@@ -597,7 +567,7 @@ fn the_delivery_token_goes_to_no_host_it_is_not_for() {
 /// the same front).
 #[test]
 fn direct_egress_reaches_neither_internal_addresses_nor_another_name() {
-    if !have_netns("direct_egress_reaches_neither_internal_addresses_nor_another_name") {
+    if !have_netns() {
         return;
     }
     const FRONT: &str = "front.upstream.test";

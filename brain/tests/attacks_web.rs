@@ -3,6 +3,8 @@
 //! reads tasks, events and diffs, never changes anything, and keeps no stream past its
 //! credential; nobody outside the brain's configured proxies can speak for another origin.
 
+mod web_api;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -10,7 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use testkit::fake_llm::{FakeLlm, FakeReply};
 use testkit::tasks::{results, run_commands, set_secret, start_commands};
-use testkit::{BrainOptions, Cluster, text};
+use testkit::{BrainOptions, Cluster, stdout, text};
+use web_api::{bearer, call, client, get, get_response, open_stream, post, wait_status};
 
 fn cluster_with(llm: Option<&FakeLlm>, web: &str) -> Cluster {
     let mut config = String::new();
@@ -32,71 +35,24 @@ fn cluster_with(llm: Option<&FakeLlm>, web: &str) -> Cluster {
     })
 }
 
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+/// A viewer's event stream of `path`, open, once it has said `first`.
+async fn open_viewing(c: &Cluster, path: &str, auth: &str, first: &str) -> reqwest::Response {
+    let mut s = open_stream(c, path, auth, None).await;
+    assert_eq!(s.status(), 200);
+    read_until(&mut s, first, Duration::from_secs(20)).await;
+    s
 }
 
-fn token(c: &Cluster, name: &str, role: &str, ttl: &str) -> String {
-    let out = c.brain_cli(&[
-        "admin", "token", "create", "--name", name, "--role", role, "--ttl", ttl,
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    stdout(&out)
-}
-
-fn bearer(t: &str) -> String {
-    format!("Bearer {t}")
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
-/// A request's status and JSON (or its text as a JSON string).
-async fn call(c: &Cluster, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, Value) {
-    call_with(c, method, path, headers, json!({})).await
-}
-
-/// [`call`] with a JSON body for a POST.
-async fn call_with(
-    c: &Cluster,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Value,
-) -> (u16, Value) {
-    let mut r = client().request(method.parse().unwrap(), format!("{}{path}", c.web_url()));
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    if method == "POST" {
-        r = r
-            .header("content-type", "application/json")
-            .body(body.to_string());
-    }
-    let resp = r.send().await.expect("the web API answers");
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+/// A join token asked for (`POST /api/join-tokens`, 10 minutes) with `headers`.
+async fn make_join_token(c: &Cluster, headers: &[(&str, &str)]) -> (u16, Value) {
+    call(
+        c,
+        "POST",
+        "/api/join-tokens",
+        headers,
+        Some(json!({"ttl_seconds": 600})),
     )
-}
-
-/// Opens an event stream; its status and the response.
-async fn open_stream(c: &Cluster, path: &str, auth: &str) -> reqwest::Response {
-    client()
-        .get(format!("{}{path}", c.web_url()))
-        .header("authorization", auth)
-        .header("accept", "text/event-stream")
-        .timeout(Duration::from_secs(120))
-        .send()
-        .await
-        .expect("the web API answers")
+    .await
 }
 
 /// What a stream said until `until`: its text, and whether it ended by then.
@@ -130,27 +86,13 @@ async fn read_until(resp: &mut reqwest::Response, needle: &str, within: Duration
     seen
 }
 
-async fn wait_status(c: &Cluster, id: &str, want: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while c.task_status(id).unwrap_or_default() != want {
-        assert!(
-            Instant::now() < deadline,
-            "{id} never {want}: {}",
-            c.brain_log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// A task that runs one command once approved, waiting for that approval.
 async fn waiting_task(c: &Cluster) -> String {
-    let out = c
+    let id = c
         .agent()
         .permission("ask")
         .worker("laptop")
-        .try_start("wait for approval");
-    assert!(out.status.success(), "brain run: {}", text(&out));
-    let id = stdout(&out);
+        .start("wait for approval");
     wait_status(c, &id, "waiting").await;
     id
 }
@@ -170,34 +112,20 @@ async fn a_revoked_viewer_keeps_no_stream() {
     let llm = approve_then_finish();
     let c = cluster_with(Some(&llm), "");
     let _w = c.join_worker("laptop");
-    let viewer = token(&c, "watcher", "viewer", "1h");
-    let operator = token(&c, "ci", "operator", "1h");
+    let viewer = c.web_token("watcher", "viewer", "1h");
+    let operator = c.web_token("ci", "operator", "1h");
     let id = waiting_task(&c).await;
 
+    let task_events = format!("/api/tasks/{id}/events");
     let mut task_stream =
-        open_stream(&c, &format!("/api/tasks/{id}/events"), &bearer(&viewer)).await;
-    assert_eq!(task_stream.status(), 200);
-    let mut all_stream = open_stream(&c, "/api/events", &bearer(&viewer)).await;
-    assert_eq!(all_stream.status(), 200);
-    read_until(
-        &mut task_stream,
-        "approval_requested",
-        Duration::from_secs(20),
-    )
-    .await;
-    read_until(&mut all_stream, "event: tasks", Duration::from_secs(20)).await;
+        open_viewing(&c, &task_events, &bearer(&viewer), "approval_requested").await;
+    let mut all_stream = open_viewing(&c, "/api/events", &bearer(&viewer), "event: tasks").await;
 
     let out = c.brain_cli(&["admin", "token", "revoke", "watcher"]);
     assert!(out.status.success(), "{}", text(&out));
     let revoked = Instant::now();
     // Something worth seeing happens right after.
-    let (s, body) = call(
-        &c,
-        "POST",
-        &format!("/api/tasks/{id}/approve"),
-        &[("authorization", &bearer(&operator))],
-    )
-    .await;
+    let (s, body) = post(&c, &format!("/api/tasks/{id}/approve"), &bearer(&operator)).await;
     assert_eq!(s, 200, "{body}");
     wait_status(&c, &id, "finished").await;
 
@@ -219,7 +147,7 @@ async fn a_revoked_viewer_keeps_no_stream() {
     // It says why before it ends.
     assert!(after_task.contains("revoked"), "{after_task}");
     // And cannot come back.
-    let again = open_stream(&c, "/api/events", &bearer(&viewer)).await;
+    let again = open_stream(&c, "/api/events", &bearer(&viewer), None).await;
     assert_eq!(again.status(), 401);
 }
 
@@ -227,11 +155,9 @@ async fn a_revoked_viewer_keeps_no_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_viewer_keeps_no_stream() {
     let c = cluster_with(None, "");
-    let viewer = token(&c, "brief", "viewer", "3s");
+    let viewer = c.web_token("brief", "viewer", "3s");
     let created = Instant::now();
-    let mut s = open_stream(&c, "/api/events", &bearer(&viewer)).await;
-    assert_eq!(s.status(), 200);
-    read_until(&mut s, "event: tasks", Duration::from_secs(10)).await;
+    let mut s = open_viewing(&c, "/api/events", &bearer(&viewer), "event: tasks").await;
     let (said, ended) = read_stream(&mut s, created + Duration::from_secs(6)).await;
     assert!(
         ended,
@@ -246,16 +172,16 @@ async fn an_expired_viewer_keeps_no_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_credential_holds_at_most_eight_streams() {
     let c = cluster_with(None, "");
-    let greedy = token(&c, "greedy", "viewer", "1h");
-    let other = token(&c, "other", "viewer", "1h");
+    let greedy = c.web_token("greedy", "viewer", "1h");
+    let other = c.web_token("other", "viewer", "1h");
     let mut open = Vec::new();
     for i in 0..8 {
-        let mut s = open_stream(&c, "/api/events", &bearer(&greedy)).await;
+        let mut s = open_stream(&c, "/api/events", &bearer(&greedy), None).await;
         assert_eq!(s.status(), 200, "stream {i}");
         read_until(&mut s, "event: tasks", Duration::from_secs(10)).await;
         open.push(s);
     }
-    let ninth = open_stream(&c, "/api/events", &bearer(&greedy)).await;
+    let ninth = open_stream(&c, "/api/events", &bearer(&greedy), None).await;
     let status = ninth.status().as_u16();
     let body = if status == 200 {
         String::new()
@@ -270,15 +196,9 @@ async fn one_credential_holds_at_most_eight_streams() {
         "{body}"
     );
     // The task stream counts too.
-    let (s, _) = call(
-        &c,
-        "GET",
-        "/api/tasks/nope/events",
-        &[("authorization", &bearer(&greedy))],
-    )
-    .await;
+    let (s, _) = get(&c, "/api/tasks/nope/events", &bearer(&greedy)).await;
     assert_eq!(s, 429);
-    let mut theirs = open_stream(&c, "/api/events", &bearer(&other)).await;
+    let mut theirs = open_stream(&c, "/api/events", &bearer(&other), None).await;
     assert_eq!(theirs.status(), 200, "another credential is not affected");
     read_until(&mut theirs, "event: tasks", Duration::from_secs(10)).await;
 
@@ -286,7 +206,7 @@ async fn one_credential_holds_at_most_eight_streams() {
     drop(open.pop());
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let s = open_stream(&c, "/api/events", &bearer(&greedy)).await;
+        let s = open_stream(&c, "/api/events", &bearer(&greedy), None).await;
         if s.status() == 200 {
             break;
         }
@@ -305,13 +225,8 @@ async fn a_diff_is_cut_at_its_cap_and_says_so() {
     // About 1.3 MB of new lines.
     let (id, ran) = run_commands(&c, &w.id, &[], &["seq 1 200000 > big.txt".to_string()]);
     assert_eq!(ran[0].exit, Some(0), "{ran:?}");
-    let viewer = token(&c, "reader", "viewer", "1h");
-    let resp = client()
-        .get(format!("{}/api/tasks/{id}/diff", c.web_url()))
-        .header("authorization", bearer(&viewer))
-        .send()
-        .await
-        .unwrap();
+    let viewer = c.web_token("reader", "viewer", "1h");
+    let resp = get_response(&c, &format!("/api/tasks/{id}/diff"), &bearer(&viewer)).await;
     assert_eq!(resp.status(), 200);
     let limit = resp
         .headers()
@@ -335,11 +250,10 @@ async fn a_diff_is_cut_at_its_cap_and_says_so() {
         &body[..200.min(body.len())]
     );
     // A short one is whole.
-    let (s, stat) = call(
+    let (s, stat) = get(
         &c,
-        "GET",
         &format!("/api/tasks/{id}/diff?form=stat"),
-        &[("authorization", &bearer(&viewer))],
+        &bearer(&viewer),
     )
     .await;
     assert_eq!(s, 200);
@@ -385,10 +299,8 @@ async fn a_connection_that_never_finishes_its_headers_is_closed() {
     let c = cluster_with(None, "");
     let addr = web_addr(&c);
     // An answer that takes longer than the timeout (an event stream) is not cut by it.
-    let viewer = token(&c, "reader", "viewer", "1h");
-    let mut stream = open_stream(&c, "/api/events", &bearer(&viewer)).await;
-    assert_eq!(stream.status(), 200);
-    read_until(&mut stream, "event: tasks", Duration::from_secs(10)).await;
+    let viewer = c.web_token("reader", "viewer", "1h");
+    let mut stream = open_viewing(&c, "/api/events", &bearer(&viewer), "event: tasks").await;
     let stream_opened = Instant::now();
     let opened = Instant::now();
     let mut silent = TcpStream::connect(&addr).unwrap();
@@ -429,7 +341,7 @@ async fn a_connection_that_never_finishes_its_headers_is_closed() {
         slow_after >= Duration::from_secs(4),
         "closed too early ({slow_after:?}): the timeout is 5 s"
     );
-    let (s, _) = call(&c, "GET", "/api/openapi.json", &[]).await;
+    let (s, _) = call(&c, "GET", "/api/openapi.json", &[], None).await;
     assert_eq!(s, 200);
     // Open well past the 5 s timeout.
     let (_, ended) = read_stream(&mut stream, stream_opened + Duration::from_secs(7)).await;
@@ -489,12 +401,9 @@ async fn connections_past_the_limit_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_host_from_an_untrusted_peer_is_ignored() {
     let c = cluster_with(None, "");
-    let operator = token(&c, "ci", "operator", "1h");
-    let ttl = json!({"ttl_seconds": 600});
-    let (s, body) = call_with(
+    let operator = c.web_token("ci", "operator", "1h");
+    let (s, body) = make_join_token(
         &c,
-        "POST",
-        "/api/join-tokens",
         &[
             ("authorization", &bearer(&operator)),
             ("origin", "http://evil.test"),
@@ -502,7 +411,6 @@ async fn forwarded_host_from_an_untrusted_peer_is_ignored() {
             ("x-forwarded-proto", "http"),
             ("x-forwarded-for", "127.0.0.1"),
         ],
-        ttl.clone(),
     )
     .await;
     assert_eq!(
@@ -515,15 +423,12 @@ async fn forwarded_host_from_an_untrusted_peer_is_ignored() {
         "no join token was made: {body}"
     );
     // The brain's own origin still passes.
-    let (s, body) = call_with(
+    let (s, body) = make_join_token(
         &c,
-        "POST",
-        "/api/join-tokens",
         &[
             ("authorization", &bearer(&operator)),
             ("origin", &c.web_url()),
         ],
-        ttl,
     )
     .await;
     assert_eq!(s, 201, "{body}");
@@ -538,33 +443,23 @@ async fn forwarded_host_from_an_untrusted_peer_is_ignored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_host_from_a_trusted_proxy_is_believed() {
     let c = cluster_with(None, "trusted_proxies = [\"127.0.0.1\"]");
-    let operator = token(&c, "ci", "operator", "1h");
+    let operator = c.web_token("ci", "operator", "1h");
     let forwarded = [
         ("authorization", bearer(&operator)),
         ("origin", "https://tether.example.com".to_string()),
         ("x-forwarded-host", "tether.example.com".to_string()),
     ];
     let headers: Vec<(&str, &str)> = forwarded.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let (s, body) = call_with(
-        &c,
-        "POST",
-        "/api/join-tokens",
-        &headers,
-        json!({"ttl_seconds": 600}),
-    )
-    .await;
+    let (s, body) = make_join_token(&c, &headers).await;
     assert_eq!(s, 201, "{body}");
     // Another origin is still another origin.
-    let (s, body) = call_with(
+    let (s, body) = make_join_token(
         &c,
-        "POST",
-        "/api/join-tokens",
         &[
             ("authorization", &bearer(&operator)),
             ("origin", "http://evil.test"),
             ("x-forwarded-host", "tether.example.com"),
         ],
-        json!({"ttl_seconds": 600}),
     )
     .await;
     assert_eq!(
@@ -603,7 +498,7 @@ async fn a_secret_set_while_the_brain_runs_is_masked_at_once() {
     const VALUE: &str = "late-secret-7f3a9c21e5";
     let c = cluster_with(None, "");
     let w = c.join_worker("laptop");
-    let viewer = token(&c, "reader", "viewer", "1h");
+    let viewer = c.web_token("reader", "viewer", "1h");
     set_secret(&c, "late", VALUE, &["--host", "api.example.com"]);
     let commands = vec![
         // Gives the event stream time to be open for the live output below.
@@ -613,7 +508,13 @@ async fn a_secret_set_while_the_brain_runs_is_masked_at_once() {
         format!("printf '%s%s\\n' '{}' '{}'", &VALUE[..8], &VALUE[8..]),
     ];
     let id = start_commands(&c, &w.id, &[], &commands);
-    let mut live = open_stream(&c, &format!("/api/tasks/{id}/events"), &bearer(&viewer)).await;
+    let mut live = open_stream(
+        &c,
+        &format!("/api/tasks/{id}/events"),
+        &bearer(&viewer),
+        None,
+    )
+    .await;
     assert_eq!(live.status(), 200);
     let streamed = read_until(&mut live, "event: end", Duration::from_secs(120)).await;
     wait_status(&c, &id, "finished").await;
@@ -626,18 +527,15 @@ async fn a_secret_set_while_the_brain_runs_is_masked_at_once() {
     );
     let log = c.brain_cli(&["task", "log", &id]);
     let log_json = c.brain_cli(&["task", "log", &id, "--json"]);
-    let history = client()
-        .get(format!(
-            "{}/api/tasks/{id}/events?follow=false",
-            c.web_url()
-        ))
-        .header("authorization", bearer(&viewer))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let history = get_response(
+        &c,
+        &format!("/api/tasks/{id}/events?follow=false"),
+        &bearer(&viewer),
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
     for (what, text) in [
         ("brain task log", stdout(&log)),
         (

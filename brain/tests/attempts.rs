@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use shared::locks::Lock;
 use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
-use testkit::{BrainOptions, Cluster, text};
+use testkit::{BrainOptions, Cluster, assert_failed_saying, text};
 
 const MODEL: &str = "openai:small";
 const BIG: &str = "openai:big";
@@ -43,8 +43,10 @@ fn start_checked(c: &Cluster, check: &str, extra: &[&str]) -> String {
         .start("write the answer to answer.txt")
 }
 
-fn ended(c: &Cluster, id: &str, within: Duration) -> String {
-    c.wait_status(
+/// Waits (two minutes at most) for task `id` to end, which must be as `want`; the task
+/// (`task show --json`) then.
+fn ended_as(c: &Cluster, id: &str, want: &str) -> Value {
+    let ended = c.wait_status(
         id,
         &[
             "finished",
@@ -54,14 +56,19 @@ fn ended(c: &Cluster, id: &str, within: Duration) -> String {
             "cancelled",
             "budget_exhausted",
         ],
-        within,
-    )
+        Duration::from_secs(120),
+    );
+    assert_eq!(ended, want, "{}", c.brain_log());
+    c.task_show(id)
 }
 
-fn show(c: &Cluster, id: &str) -> Value {
-    let out = c.brain_cli(&["task", "show", id, "--json"]);
-    assert!(out.status.success(), "{}", text(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
+/// The parent's log tells the story once: `n` attempts started and ended, one picked.
+fn told_once(c: &Cluster, id: &str, n: usize) {
+    let log = c.task_log_json(id);
+    let count = |k: &str| log.iter().filter(|r| r["kind"] == k).count();
+    assert_eq!(count("attempt_started"), n, "{log:?}");
+    assert_eq!(count("attempt_ended"), n, "{log:?}");
+    assert_eq!(count("attempt_picked"), 1, "{log:?}");
 }
 
 fn write(content: &str) -> FakeReply {
@@ -108,13 +115,7 @@ fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_st
     let c = cluster(&llm);
     let workers: Vec<testkit::Worker> = (0..3).map(|i| c.join_worker(&format!("w{i}"))).collect();
     let id = start(&c, &["--attempts", "3"]);
-    assert_eq!(
-        ended(&c, &id, Duration::from_secs(120)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
-    let t = show(&c, &id);
+    let t = ended_as(&c, &id, "finished");
     assert_eq!(t["verification"], "verified", "{t}");
     let attempts = t["attempts"].as_array().unwrap().clone();
     assert_eq!(attempts.len(), 3, "{t}");
@@ -142,7 +143,7 @@ fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_st
         .collect();
     assert!(status.contains("cancelled"), "{t}");
     for a in &attempts {
-        let st = show(&c, a["task"].as_str().unwrap());
+        let st = c.task_show(a["task"].as_str().unwrap());
         assert_eq!(st["attempt_of"], id.as_str(), "{st}");
         assert_ne!(st["status"], "running", "{st}");
         // The one stopped says why: another won, not that a person cancelled it.
@@ -172,12 +173,7 @@ fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_st
             .all(|x| x.is_some_and(|v| (v - 0.7).abs() < 1e-6)),
         "{t:?}"
     );
-    // The parent's log tells the story once.
-    let log = c.task_log_json(&id);
-    let count = |k: &str| log.iter().filter(|r| r["kind"] == k).count();
-    assert_eq!(count("attempt_started"), 3);
-    assert_eq!(count("attempt_ended"), 3);
-    assert_eq!(count("attempt_picked"), 1);
+    told_once(&c, &id, 3);
     // `task show` lists the attempts in words.
     let out = c.brain_cli(&["task", "show", &id]);
     let shown = String::from_utf8_lossy(&out.stdout);
@@ -201,13 +197,7 @@ fn when_no_attempt_passes_the_next_model_gets_a_go_told_how_the_check_failed() {
     // might): the next model is told how the check ended, never the key.
     let leaky = format!("{CHECK} || {{ printf 'sk-attempts'; printf -- '-key-1\\n'; exit 1; }}");
     let id = start_checked(&c, &leaky, &["--attempts", "2", "--escalate-model", BIG]);
-    assert_eq!(
-        ended(&c, &id, Duration::from_secs(120)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
-    let t = show(&c, &id);
+    let t = ended_as(&c, &id, "finished");
     let attempts = t["attempts"].as_array().unwrap();
     assert_eq!(attempts.len(), 3, "{t}");
     assert_eq!(attempts[2]["escalation"], true, "{t}");
@@ -246,13 +236,7 @@ fn with_no_attempt_passing_the_task_fails_with_each_reason() {
     let c = cluster(&llm);
     let _w = c.join_worker("w");
     let id = start(&c, &["--attempts", "2", "--pick", "smallest"]);
-    assert_eq!(
-        ended(&c, &id, Duration::from_secs(120)),
-        "failed",
-        "{}",
-        c.brain_log()
-    );
-    let t = show(&c, &id);
+    let t = ended_as(&c, &id, "failed");
     let reason = t["reason"].as_str().unwrap();
     let attempts = t["attempts"].as_array().unwrap();
     assert_eq!(attempts.len(), 2, "{t}");
@@ -266,12 +250,7 @@ fn with_no_attempt_passing_the_task_fails_with_each_reason() {
     assert_eq!(t["picked"], "", "{t}");
     // Nothing is the parent's result: asked for its diff, it names its attempts instead.
     let diff = c.brain_cli(&["task", "diff", &id]);
-    assert!(!diff.status.success(), "{}", text(&diff));
-    assert!(
-        text(&diff).contains("no attempt has won"),
-        "{}",
-        text(&diff)
-    );
+    assert_failed_saying(&diff, "no attempt has won");
 }
 
 #[test]
@@ -298,13 +277,7 @@ fn a_brain_killed_while_attempts_run_goes_on_without_running_one_twice_or_pickin
     c.wait_records(&id, "attempt_ended", 1, Duration::from_secs(90));
     c.kill_brain();
     c.start_brain().expect("brain restarts");
-    assert_eq!(
-        ended(&c, &id, Duration::from_secs(120)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
-    let t = show(&c, &id);
+    let t = ended_as(&c, &id, "finished");
     assert_eq!(t["verification"], "verified", "{t}");
     // Two attempts, no more: none was made twice.
     let out = c.brain_cli(&["tasks", "--json"]);
@@ -315,11 +288,7 @@ fn a_brain_killed_while_attempts_run_goes_on_without_running_one_twice_or_pickin
         .filter(|x| x["attempt_of"] == id.as_str())
         .collect();
     assert_eq!(children.len(), 2, "{all:?}");
-    let log = c.task_log_json(&id);
-    let count = |k: &str| log.iter().filter(|r| r["kind"] == k).count();
-    assert_eq!(count("attempt_started"), 2, "{log:?}");
-    assert_eq!(count("attempt_ended"), 2, "{log:?}");
-    assert_eq!(count("attempt_picked"), 1, "{log:?}");
+    told_once(&c, &id, 2);
     // The smaller change won: the answer alone, not the answer and the notes.
     let attempts = t["attempts"].as_array().unwrap();
     let small = attempts
@@ -366,8 +335,7 @@ fn attempt_flags_that_cannot_apply_are_refused() {
     let plan = c.dir.join("plan.json");
     std::fs::write(&plan, r#"{"steps": [{"run": ["true"]}]}"#).unwrap();
     let out = c.brain_cli(&["run", "--plan", plan.to_str().unwrap(), "--attempts", "2"]);
-    assert!(!out.status.success());
-    assert!(text(&out).contains("--attempts"), "{}", text(&out));
+    assert_failed_saying(&out, "--attempts");
 }
 
 #[test]
@@ -385,13 +353,7 @@ fn with_fewer_workers_than_attempts_an_offer_makes_machines_within_the_quota_and
     );
     let home = c.join_worker("home");
     let id = start(&c, &["--attempts", "3"]);
-    assert_eq!(
-        ended(&c, &id, Duration::from_secs(120)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
-    let t = show(&c, &id);
+    let t = ended_as(&c, &id, "finished");
     assert_eq!(t["verification"], "verified", "{t}");
     let attempts = t["attempts"].as_array().unwrap().clone();
     assert_eq!(attempts.len(), 3, "{t}");

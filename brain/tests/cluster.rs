@@ -2,42 +2,55 @@
 //! streamed remote execution, concurrency, process-group kills, loss and reconnection.
 
 use std::io::Read;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use testkit::{BrainOptions, Cluster, process_gone, text, wait_until};
+use testkit::{
+    BrainOptions, Cluster, assert_failed_stderr_says, assert_said, assert_stderr_says,
+    assert_stdout_says, process_gone, text, wait_until,
+};
+
+/// `brain exec ARGS -- sh -c SCRIPT` (ARGS: the worker and flags), to run or spawn.
+fn sh_cmd(c: &Cluster, args: &[&str], script: &str) -> Command {
+    let mut all = vec!["exec"];
+    all.extend_from_slice(args);
+    all.extend(["--", "sh", "-c", script]);
+    c.brain_cli_cmd(&all)
+}
+
+/// `brain exec WORKER -- echo WORD` prints WORD: the worker answers.
+fn assert_echoes(c: &Cluster, worker: &str, word: &str) {
+    let out = c.brain_cli(&["exec", worker, "--", "echo", word]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{word}\n"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// A cluster whose brain marks a worker lost after `lost_after` without a heartbeat.
+fn losing_after(lost_after: Duration) -> Cluster {
+    Cluster::start_with(BrainOptions {
+        lost_after,
+        ..Default::default()
+    })
+}
 
 #[test]
 fn enrol_then_exec_streams_output_and_returns_the_exit_code() {
     let c = Cluster::start();
     let w = c.join_worker("alpha");
-    let out = c.brain_cli(&[
-        "exec",
-        "alpha",
-        "--",
-        "sh",
-        "-c",
-        "echo to-out; echo to-err >&2; exit 3",
-    ]);
+    let out = sh_cmd(&c, &["alpha"], "echo to-out; echo to-err >&2; exit 3")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "to-out\n");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("to-err"),
-        "{}",
-        text(&out)
-    );
+    assert_stderr_says(&out, "to-err");
 
     // Output arrives while the command still runs: the first line is readable long before
     // the command ends.
-    let mut child = c
-        .brain_cli_cmd(&[
-            "exec",
-            &w.id,
-            "--",
-            "sh",
-            "-c",
-            "echo first; sleep 3; echo second",
-        ])
+    let mut child = sh_cmd(&c, &[&w.id], "echo first; sleep 3; echo second")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -72,18 +85,11 @@ fn twenty_concurrent_execs_on_one_session() {
     let script = r#"touch "started.$N"; i=0; while [ "$(ls started.* | wc -l)" -lt 20 ]; do i=$((i+1)); [ $i -gt 600 ] && exit 9; sleep 0.05; done; echo "done $N""#;
     let children: Vec<_> = (0..20)
         .map(|n| {
-            c.brain_cli_cmd(&[
-                "exec",
-                &w.id,
-                "--",
-                "sh",
-                "-c",
-                &script.replace("$N", &n.to_string()),
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+            sh_cmd(&c, &[&w.id], &script.replace("$N", &n.to_string()))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
         })
         .collect();
     for (n, child) in children.into_iter().enumerate() {
@@ -97,22 +103,15 @@ fn twenty_concurrent_execs_on_one_session() {
 fn timeout_kills_the_whole_process_group_and_output_is_capped() {
     let c = Cluster::start();
     let w = c.join_worker("killer");
-    let out = c.brain_cli(&[
-        "exec",
-        &w.id,
-        "--timeout",
-        "1s",
-        "--",
-        "sh",
-        "-c",
+    let out = sh_cmd(
+        &c,
+        &[&w.id, "--timeout", "1s"],
         "sleep 300 & echo $! >> pids; (sleep 300 & echo $! >> pids; wait) & sleep 300",
-    ]);
+    )
+    .output()
+    .unwrap();
     assert_eq!(out.status.code(), Some(124), "{}", text(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("timed out"),
-        "{}",
-        text(&out)
-    );
+    assert_stderr_says(&out, "timed out");
     let pids = std::fs::read_to_string(w.workspace().join("pids")).unwrap();
     let pids: Vec<u32> = pids.lines().map(|l| l.trim().parse().unwrap()).collect();
     assert_eq!(pids.len(), 2, "{pids:?}");
@@ -136,26 +135,14 @@ fn timeout_kills_the_whole_process_group_and_output_is_capped() {
     ]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(out.stdout.len(), 1000);
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("49000 bytes of output dropped"),
-        "{}",
-        text(&out)
-    );
+    assert_stderr_says(&out, "49000 bytes of output dropped");
 }
 
 #[test]
 fn a_cancelled_exec_kills_the_command_on_the_worker() {
     let c = Cluster::start();
     let w = c.join_worker("quitter");
-    let mut cli = c
-        .brain_cli_cmd(&[
-            "exec",
-            &w.id,
-            "--",
-            "sh",
-            "-c",
-            "echo $$ > pid; exec sleep 300",
-        ])
+    let mut cli = sh_cmd(&c, &[&w.id], "echo $$ > pid; exec sleep 300")
         .spawn()
         .unwrap();
     let pid_file = w.workspace().join("pid");
@@ -180,22 +167,11 @@ fn a_cancelled_exec_kills_the_command_on_the_worker() {
 #[test]
 fn worker_sigkill_is_seen_as_lost_and_it_comes_back_with_its_identity() {
     let lost_after = Duration::from_secs(2);
-    let c = Cluster::start_with(BrainOptions {
-        lost_after,
-        ..Default::default()
-    });
+    let c = losing_after(lost_after);
     let mut w = c.join_worker("phoenix");
 
     // A call in flight when the worker dies ends with the worker-lost status.
-    let exec = c
-        .brain_cli_cmd(&[
-            "exec",
-            &w.id,
-            "--",
-            "sh",
-            "-c",
-            "touch started; exec sleep 30",
-        ])
+    let exec = sh_cmd(&c, &[&w.id], "touch started; exec sleep 30")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -211,11 +187,7 @@ fn worker_sigkill_is_seen_as_lost_and_it_comes_back_with_its_identity() {
     w.kill();
     let out = exec.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", text(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("lost"),
-        "{}",
-        text(&out)
-    );
+    assert_stderr_says(&out, "lost");
     c.wait_for_state(&w.id, "lost", lost_after + Duration::from_secs(3))
         .unwrap();
     assert!(killed_at.elapsed() < lost_after + Duration::from_secs(3));
@@ -232,23 +204,14 @@ fn worker_sigkill_is_seen_as_lost_and_it_comes_back_with_its_identity() {
         id, w.id,
         "the worker must come back with its stored identity"
     );
-    let out = c.brain_cli(&["exec", &w.id, "--", "echo", "back"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "back\n",
-        "{}",
-        text(&out)
-    );
+    assert_echoes(&c, &w.id, "back");
 }
 
 #[test]
 fn a_frozen_worker_is_marked_lost_by_heartbeat_timeout_and_recovers() {
     // SIGSTOP keeps the TCP connection open: only the heartbeat deadline can notice.
     let lost_after = Duration::from_secs(2);
-    let c = Cluster::start_with(BrainOptions {
-        lost_after,
-        ..Default::default()
-    });
+    let c = losing_after(lost_after);
     let mut w = c.join_worker("frozen");
     let pid = w.proc.as_ref().unwrap().pid() as i32;
     testkit::signal(pid as u32, rustix::process::Signal::STOP);
@@ -263,13 +226,7 @@ fn a_frozen_worker_is_marked_lost_by_heartbeat_timeout_and_recovers() {
     testkit::signal(pid as u32, rustix::process::Signal::CONT);
     c.wait_for_state(&w.id, "connected", Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("{e}\nworker log:\n{}", w.log_text()));
-    let out = c.brain_cli(&["exec", &w.id, "--", "echo", "thawed"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "thawed\n",
-        "{}",
-        text(&out)
-    );
+    assert_echoes(&c, &w.id, "thawed");
     w.kill();
 }
 
@@ -289,13 +246,7 @@ fn brain_restart_and_the_worker_reconnects_by_itself() {
     c.start_brain().unwrap();
     c.wait_for_state(&w.id, "connected", Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("{e}\nworker log:\n{}", w.log_text()));
-    let out = c.brain_cli(&["exec", &w.id, "--", "echo", "again"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "again\n",
-        "{}",
-        text(&out)
-    );
+    assert_echoes(&c, &w.id, "again");
     assert_eq!(c.workers().len(), 1, "no duplicate enrolment after restart");
 }
 
@@ -352,23 +303,14 @@ fn file_operations_round_trip() {
     assert!(s.starts_with("- 0755     200000 dir/sub/p.bin"), "{s}");
 
     let out = c.brain_cli(&["file", "ls", &w.id, "dir"]);
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("d 0755"),
-        "{}",
-        text(&out)
-    );
+    assert_stdout_says(&out, "d 0755");
 
     let out = c.brain_cli(&["file", "rm", &w.id, "dir", "-r"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(!w.workspace().join("dir").exists());
 
     let out = c.brain_cli(&["file", "read", &w.id, "dir/sub/p.bin"]);
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("dir/sub/p.bin"),
-        "{}",
-        text(&out)
-    );
+    assert_failed_stderr_says(&out, "dir/sub/p.bin");
 }
 
 /// `brain workers | head -0`: every command whose output pipe closes ends quietly (141, as a
@@ -386,10 +328,7 @@ fn cli_output_into_a_closed_pipe_ends_quietly() {
     )
     .unwrap();
     let task = c.run_plan(&plan, "piped");
-    assert_eq!(
-        c.wait_status(&task, &["finished", "failed"], Duration::from_secs(30)),
-        "finished"
-    );
+    c.wait_status(&task, &["finished"], Duration::from_secs(30));
     let ws = format!("task-{}", task.trim_start_matches("t-"));
     let brain_runs: Vec<Vec<&str>> = vec![
         vec!["workers"],
@@ -455,11 +394,7 @@ fn task_wait_follows_a_task_to_the_status_asked_for_and_says_when_it_cannot() {
     // Not finished in time: 124, and says what it waited for.
     let out = wait(&["--until", "finished", "--timeout", "300ms"]);
     assert_eq!(out.status.code(), Some(124), "{}", text(&out));
-    assert!(
-        text(&out).contains("did not reach finished"),
-        "{}",
-        text(&out)
-    );
+    assert_said(&out, "did not reach finished");
     // A waiter started before the end hears of it: by default it waits for any end.
     let waiter = c
         .brain_cli_cmd(&["task", "wait", &id, "--json"])
@@ -478,13 +413,10 @@ fn task_wait_follows_a_task_to_the_status_asked_for_and_says_when_it_cannot() {
     let out = wait(&["--until", "finished,failed"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "cancelled");
-    assert!(
-        text(&out).contains("ended cancelled") && text(&out).contains("not finished or failed"),
-        "{}",
-        text(&out)
-    );
+    assert_said(&out, "ended cancelled");
+    assert_said(&out, "not finished or failed");
     // A status that does not exist is a usage error that lists those that do.
     let out = wait(&["--until", "done"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("budget_exhausted"), "{}", text(&out));
+    assert_said(&out, "budget_exhausted");
 }

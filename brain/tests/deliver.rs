@@ -13,7 +13,7 @@ use testkit::fake_github::{FakeGithub, Fault};
 use testkit::fake_llm::{FakeLlm, FakeReply};
 use testkit::git_server::{Auth, GitServer, git};
 use testkit::https::TestCa;
-use testkit::{BrainOptions, Cluster, text};
+use testkit::{BrainOptions, Cluster, assert_failed_saying, text};
 
 /// The token the brain pushes with, and the one it opens pull requests with: neither may
 /// appear anywhere but the brain's own environment and the servers' requests.
@@ -109,18 +109,12 @@ fn start(c: &Cluster, worker: &str, url: &str, extra: &[&str]) -> String {
         .start("make the check pass")
 }
 
-fn show(c: &Cluster, id: &str) -> Value {
-    let out = c.brain_cli(&["task", "show", id, "--json"]);
-    assert!(out.status.success(), "{}", text(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// Waits until the task's delivery has ended (delivered or failed) and returns the task.
 fn delivered(c: &Cluster, id: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if c.task_status(id).is_some() {
-            let t = show(c, id);
+            let t = c.task_show(id);
             let d = t["delivery"].as_str().unwrap_or_default();
             if !d.is_empty() && !d.contains("in progress") && !d.contains("pending") {
                 return t;
@@ -477,20 +471,12 @@ fn github_refusals_end_the_delivery_with_the_reason_and_no_token() {
     let w = c.join_worker("w");
     // Followed to its end, `brain run` waits for the delivery and says how it went.
     let url = server.url("acme/app");
-    let out = c.brain_cli(&[
-        "run",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        &w.id,
-        "--git",
-        &url,
-        "--check",
-        CHECK,
-        "make the check pass",
-    ]);
+    let out = c
+        .agent()
+        .worker(&w.id)
+        .check(CHECK)
+        .args(&["--git", &url])
+        .follow("make the check pass");
     let shown = stdout(&out);
     assert_eq!(
         out.status.code(),
@@ -535,16 +521,9 @@ fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
     let c = cluster(&llm, "branch", "http://127.0.0.1:9", &server);
     let w = c.join_worker("w");
     let id = start(&c, &w.id, &server.url("app"), &["--max-steps", "2"]);
-    assert_eq!(
-        c.wait_status(
-            &id,
-            &["budget_exhausted", "finished", "failed"],
-            Duration::from_secs(60)
-        ),
-        "budget_exhausted"
-    );
+    c.wait_status(&id, &["budget_exhausted"], Duration::from_secs(60));
     // Not finished: nothing delivered by itself.
-    assert_eq!(show(&c, &id)["delivery"], "");
+    assert_eq!(c.task_show(&id)["delivery"], "");
     let out = c.brain_cli(&["task", "deliver", &id]);
     assert!(out.status.success(), "{}", text(&out));
     let wip = format!("tether/{id}-wip");
@@ -618,15 +597,13 @@ fn any_task_is_salvaged_as_a_wip_branch_and_its_patch_applies_with_git_am() {
         .worker(&w.id)
         .args(&["--deliver", "branch"])
         .try_start("x");
-    assert!(!out.status.success());
-    assert!(text(&out).contains("--git"), "{}", text(&out));
+    assert_failed_saying(&out, "--git");
     // An export never writes over a directory that holds something.
     let full = c.dir.join("full");
     std::fs::create_dir_all(&full).unwrap();
     std::fs::write(full.join("mine"), "keep\n").unwrap();
     let out = c.brain_cli(&["task", "export", &id, full.to_str().unwrap()]);
-    assert!(!out.status.success());
-    assert!(text(&out).contains("not empty"), "{}", text(&out));
+    assert_failed_saying(&out, "not empty");
     assert_eq!(
         std::fs::read_to_string(full.join("mine")).unwrap(),
         "keep\n"
@@ -697,16 +674,13 @@ fn attempts_deliver_the_winners_result_and_with_no_winner_the_attempt_the_caller
             !server.branches("app").iter().any(|(b, _)| b.contains(at)),
             "{at} delivered itself"
         );
-        assert_eq!(show(&c, at)["delivery"], "", "{at}");
+        assert_eq!(c.task_show(at)["delivery"], "", "{at}");
     }
 
     // No winner: the parent has no result of its own and says which to name instead.
     let id = run("make the check pass, lost", &["--max-steps", "2"]);
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
-        "failed"
-    );
-    let t = show(&c, &id);
+    c.wait_status(&id, &["failed"], Duration::from_secs(60));
+    let t = c.task_show(&id);
     let attempts: Vec<String> = t["attempts"]
         .as_array()
         .unwrap()
@@ -725,7 +699,7 @@ fn attempts_deliver_the_winners_result_and_with_no_winner_the_attempt_the_caller
     }
     // The caller salvages the attempt of their choice, as it stands, as a -wip branch.
     let pick = &attempts[1];
-    let value = show(&c, pick)["attempt_number"].as_u64().unwrap();
+    let value = c.task_show(pick)["attempt_number"].as_u64().unwrap();
     let out = c.brain_cli(&["task", "deliver", pick]);
     assert!(out.status.success(), "{}", text(&out));
     let wip = format!("tether/{pick}-wip");

@@ -3,11 +3,11 @@
 //! log cannot be decoded fails alone.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use rand::Rng;
-use testkit::{BrainOptions, Cluster, Worker, text};
+use testkit::{BrainOptions, Cluster, Worker, assert_failed_stderr_says, assert_stdout_says, text};
 
 /// A plan of `n` steps, each appending its own line (with a check that the line is there).
 fn line_plan(c: &Cluster, n: usize, pause: &str) -> PathBuf {
@@ -24,15 +24,23 @@ fn line_plan(c: &Cluster, n: usize, pause: &str) -> PathBuf {
     path
 }
 
-fn start_plan(c: &Cluster, plan: &Path, worker: &str) -> String {
-    let out = c.brain_cli(&["run", "--plan", plan.to_str().unwrap(), "--worker", worker]);
-    assert!(out.status.success(), "{}", text(&out));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 /// Waits until a task has ended, and returns how.
 fn wait_terminal(c: &Cluster, id: &str, timeout: Duration) -> String {
     c.wait_status(id, &["finished", "failed", "cancelled"], timeout)
+}
+
+/// With the brain down, changes task `id`'s stored records through `damage` (given the tree
+/// and the prefix of the task's keys), as a disk or a bug might; then starts the brain.
+fn damage_records(c: &mut Cluster, id: &str, damage: impl FnOnce(&sled::Tree, [u8; 8])) {
+    c.kill_brain();
+    {
+        let db = sled::open(c.data.join("db")).unwrap();
+        let events = db.open_tree("events").unwrap();
+        let num: u64 = id.trim_start_matches("t-").parse().unwrap();
+        damage(&events, num.to_be_bytes());
+        db.flush().unwrap();
+    }
+    c.start_brain().unwrap();
 }
 
 /// Checks the workspace file and the log; returns (interrupted calls, steps).
@@ -113,7 +121,7 @@ fn a_task_survives_fifty_brain_kills_with_every_effect_exactly_once() {
     // Long enough that all fifty kills land while it runs (asserted below).
     let n = 100;
     let plan = line_plan(&c, n, "0.15");
-    let id = start_plan(&c, &plan, &w.id);
+    let id = c.run_plan(&plan, &w.id);
     let mut rng = testkit::random::seeded();
     let mut kills = 0;
     while kills < 50 {
@@ -145,7 +153,7 @@ fn a_task_survives_worker_kills_and_kills_of_both() {
     let mut w = c.join_worker("sturdy");
     let n = 40;
     let plan = line_plan(&c, n, "0.05");
-    let id = start_plan(&c, &plan, &w.id);
+    let id = c.run_plan(&plan, &w.id);
     let mut rng = testkit::random::seeded();
     let (mut worker_kills, mut brain_kills) = (0, 0);
     for round in 0..30 {
@@ -181,24 +189,18 @@ fn an_undecodable_record_fails_only_its_task() {
     let mut c = Cluster::start();
     let w = c.join_worker("two-tasks");
     let plan = line_plan(&c, 30, "0.1");
-    let a = start_plan(&c, &plan, &w.id);
-    let b = start_plan(&c, &plan, &w.id);
+    let a = c.run_plan(&plan, &w.id);
+    let b = c.run_plan(&plan, &w.id);
     for t in [&a, &b] {
         c.wait_status(t, &["running"], Duration::from_secs(20));
     }
-    c.kill_brain();
-    // Damage one record of task A, as a disk or a bug might.
-    {
-        let db = sled::open(c.data.join("db")).unwrap();
-        let events = db.open_tree("events").unwrap();
-        let num: u64 = a.trim_start_matches("t-").parse().unwrap();
-        let mut key = num.to_be_bytes().to_vec();
+    // Damage one record of task A.
+    damage_records(&mut c, &a, |events, task| {
+        let mut key = task.to_vec();
         key.extend(2u64.to_be_bytes());
         assert!(events.get(&key).unwrap().is_some());
         events.insert(key, b"\xff not a record".to_vec()).unwrap();
-        db.flush().unwrap();
-    }
-    c.start_brain().unwrap();
+    });
     assert_eq!(wait_terminal(&c, &a, Duration::from_secs(20)), "failed");
     let out = c.brain_cli(&["task", "show", &a]);
     let shown = String::from_utf8_lossy(&out.stdout);
@@ -206,19 +208,10 @@ fn an_undecodable_record_fails_only_its_task() {
         shown.contains("cannot be decoded") && shown.contains("events/"),
         "{shown}"
     );
-    assert_eq!(
-        wait_terminal(&c, &b, Duration::from_secs(60)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&b, &["finished"], Duration::from_secs(60));
     // Nothing was deleted: the damaged record is still there, shown as an error.
     let out = c.brain_cli(&["task", "log", &a, "--json"]);
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("cannot be decoded"),
-        "{}",
-        text(&out)
-    );
+    assert_stdout_says(&out, "cannot be decoded");
 }
 
 /// A status this code does not know (written by a newer brain, or damaged) is a record that
@@ -231,27 +224,21 @@ fn an_unknown_stored_status_fails_only_its_task() {
     c.wait_for_state(&w.id, "lost", Duration::from_secs(30))
         .unwrap();
     let plan = line_plan(&c, 2, "0");
-    let a = start_plan(&c, &plan, &w.id);
-    let b = start_plan(&c, &plan, &w.id);
+    let a = c.run_plan(&plan, &w.id);
+    let b = c.run_plan(&plan, &w.id);
     for t in [&a, &b] {
         c.wait_status(t, &["waiting"], Duration::from_secs(20));
     }
-    c.kill_brain();
-    {
-        let db = sled::open(c.data.join("db")).unwrap();
-        let events = db.open_tree("events").unwrap();
-        let num: u64 = a.trim_start_matches("t-").parse().unwrap();
+    damage_records(&mut c, &a, |events, task| {
         let (key, value) = events
-            .scan_prefix(num.to_be_bytes())
+            .scan_prefix(task)
             .map(|kv| kv.unwrap())
             .find(|(_, v)| String::from_utf8_lossy(v).contains(r#""status":"waiting""#))
             .expect("task A logged that it waits");
         let changed = String::from_utf8_lossy(&value)
             .replace(r#""status":"waiting""#, r#""status":"on_holiday""#);
         events.insert(key, changed.as_bytes()).unwrap();
-        db.flush().unwrap();
-    }
-    c.start_brain().unwrap();
+    });
     assert_eq!(wait_terminal(&c, &a, Duration::from_secs(20)), "failed");
     let out = c.brain_cli(&["task", "show", &a]);
     let shown = String::from_utf8_lossy(&out.stdout);
@@ -262,12 +249,7 @@ fn an_unknown_stored_status_fails_only_its_task() {
     // The other task waits on, and finishes once its worker is back.
     assert_eq!(c.task_status(&b).as_deref(), Some("waiting"));
     c.restart_worker(&mut w);
-    assert_eq!(
-        wait_terminal(&c, &b, Duration::from_secs(60)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&b, &["finished"], Duration::from_secs(60));
     assert_eq!(c.task_status(&a).as_deref(), Some("failed"));
 }
 
@@ -276,18 +258,13 @@ fn cancel_backup_restore_and_a_second_brain() {
     let mut c = Cluster::start();
     let w = c.join_worker("keeper");
     let plan = line_plan(&c, 200, "0.05");
-    let id = start_plan(&c, &plan, &w.id);
+    let id = c.run_plan(&plan, &w.id);
     // Under way: a few steps done.
     c.wait_records(&id, "tool_call_completed", 3, Duration::from_secs(30));
 
     // A second brain on the same data dir refuses to start, clearly.
     let out = c.brain_cli(&["serve", "--listen", "127.0.0.1:0"]);
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("another `brain serve`"),
-        "{}",
-        text(&out)
-    );
+    assert_failed_stderr_says(&out, "another `brain serve`");
 
     let out = c.brain_cli(&["task", "cancel", &id]);
     assert!(out.status.success(), "{}", text(&out));
@@ -306,11 +283,7 @@ fn cancel_backup_restore_and_a_second_brain() {
     c.kill_brain();
     let out = c.brain_cli(&["restore", backup.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("moved to"),
-        "{}",
-        text(&out)
-    );
+    assert_stdout_says(&out, "moved to");
     c.start_brain().unwrap();
     assert_eq!(c.task_status(&id).as_deref(), Some("cancelled"));
     c.wait_for_state(&w.id, "connected", Duration::from_secs(20))
@@ -322,7 +295,7 @@ fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
     let c = Cluster::start();
     let w = c.join_worker("watched");
     let plan = line_plan(&c, 8, "0.2");
-    let id = start_plan(&c, &plan, &w.id);
+    let id = c.run_plan(&plan, &w.id);
 
     // Ctrl-C on a watcher leaves the task running.
     let mut watcher = c
@@ -367,7 +340,7 @@ fn a_long_call_outlives_a_brain_restart_and_its_result_arrives() {
         r#"{"steps":[{"run":["sh","-c","touch started; sleep 3; echo slow >> out.txt"],"check":["grep","-qx","slow","out.txt"]}]}"#,
     )
     .unwrap();
-    let id = start_plan(&c, &plan, &w.id);
+    let id = c.run_plan(&plan, &w.id);
     let num = id.trim_start_matches("t-");
     let started = w.state.join(format!("workspaces/task-{num}/started"));
     assert!(
@@ -379,12 +352,7 @@ fn a_long_call_outlives_a_brain_restart_and_its_result_arrives() {
     c.start_brain().unwrap();
     // The call kept running on the worker; its result comes over the new session as soon as
     // it ends, with no further reconnect needed.
-    assert_eq!(
-        wait_terminal(&c, &id, Duration::from_secs(15)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(15));
     let out =
         std::fs::read_to_string(w.state.join(format!("workspaces/task-{num}/out.txt"))).unwrap();
     assert_eq!(out, "slow\n");
@@ -406,7 +374,7 @@ fn watch_shows_a_running_calls_output_as_it_is_produced() {
         r#"{"steps":[{"run":["sh","-c","echo first-chunk; sleep 3; echo second-chunk"]}]}"#,
     )
     .unwrap();
-    let id = start_plan(&c, &plan, &w.id);
+    let id = c.run_plan(&plan, &w.id);
     let mut watcher = c
         .brain_cli_cmd(&["watch", &id])
         .stdout(std::process::Stdio::piped())

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use testkit::https::{Handler, Received, TestCa, Upstream};
 use testkit::tasks::{
-    egress_cluster, environs_holding, files_holding, have_netns, results, run_commands, set_secret,
+    egress_cluster, environs_holding, files_holding, have_netns, results, run_commands,
+    set_api_secret, set_secret,
 };
-use testkit::text;
+use testkit::{assert_stdout_says, text};
 
 const SECRET: &str = "sk-live-7f3a9c2e51d84b06a1e2";
 const API: &str = "api.upstream.test";
@@ -32,26 +33,15 @@ fn api_handler() -> Handler {
 
 #[test]
 fn a_command_uses_a_secret_it_never_sees() {
-    if !have_netns("a_command_uses_a_secret_it_never_sees") {
+    if !have_netns() {
         return;
     }
     let ca = TestCa::new().unwrap();
     let api = Upstream::start(&ca, &[API], api_handler()).unwrap();
-    let other = Upstream::start(
-        &ca,
-        &[OTHER],
-        Arc::new(|_: &Received| (200, b"other says hi".to_vec())),
-    )
-    .unwrap();
+    let other = Upstream::answering(&ca, &[OTHER], "other says hi").unwrap();
     let c = egress_cluster(&ca, &[API, OTHER], "");
     let w = c.join_worker("egress");
-    let port = api.port.to_string();
-    set_secret(
-        &c,
-        "api",
-        SECRET,
-        &["--host", API, "--port", &port, "--env", "API_TOKEN"],
-    );
+    set_api_secret(&c, SECRET, API, api.port);
     let list = c.brain_cli(&["secret", "list", "--json"]);
     assert!(list.status.success(), "{}", text(&list));
     let listed = String::from_utf8_lossy(&list.stdout);
@@ -173,11 +163,7 @@ fn a_command_uses_a_secret_it_never_sees() {
         "{refused:#?}"
     );
     let watch = c.brain_cli(&["task", "log", &task]);
-    assert!(
-        String::from_utf8_lossy(&watch.stdout).contains("egress refused: offlist.upstream.test"),
-        "{}",
-        text(&watch)
-    );
+    assert_stdout_says(&watch, "egress refused: offlist.upstream.test");
 
     // The value is nowhere on the worker, nor in any log.
     let secret = SECRET.as_bytes();
@@ -207,7 +193,7 @@ fn a_command_uses_a_secret_it_never_sees() {
 fn git_clones_and_pushes_over_https_with_an_injected_basic_credential() {
     use testkit::git_server::{Auth, GitServer};
     const HOST: &str = "git.upstream.test";
-    if !have_netns("git_clones_and_pushes_over_https_with_an_injected_basic_credential") {
+    if !have_netns() {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -272,7 +258,7 @@ fn git_clones_and_pushes_over_https_with_an_injected_basic_credential() {
 
 #[test]
 fn a_brain_killed_mid_request_fails_that_request_and_the_next_one_works() {
-    if !have_netns("a_brain_killed_mid_request_fails_that_request_and_the_next_one_works") {
+    if !have_netns() {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -298,17 +284,14 @@ fn a_brain_killed_mid_request_fails_that_request_and_the_next_one_works() {
     .unwrap();
     let mut c = egress_cluster(&ca, &[API, OTHER], "");
     let w = c.join_worker("egress-kill");
-    let port = api.port.to_string();
-    set_secret(
-        &c,
-        "api",
-        SECRET,
-        &["--host", API, "--port", &port, "--env", "API_TOKEN"],
-    );
+    set_api_secret(&c, SECRET, API, api.port);
     let curl = "curl -sS --max-time 60 --fail-with-body";
     let commands = [
-        format!("{curl} -o /dev/null https://{API}:{port}/slow; echo slow=$?"),
-        format!("{curl} https://{API}:{port}/ok"),
+        format!(
+            "{curl} -o /dev/null https://{API}:{}/slow; echo slow=$?",
+            api.port
+        ),
+        format!("{curl} https://{API}:{}/ok", api.port),
     ];
     let task = testkit::tasks::start_commands(&c, &w.id, &["--secret", "api"], &commands);
     assert!(

@@ -8,13 +8,16 @@ use std::time::Duration;
 
 use proto::sync_client::SyncClient;
 use proto::worker_session_client::WorkerSessionClient;
-use proto::{BlobChunk, DeltaChunk, WorkerMessage, brain_message, worker_message};
+use proto::{BlobChunk, BrainMessage, DeltaChunk, WorkerMessage, brain_message, worker_message};
 use serde_json::{Value, json};
 use shared::manifest;
 use shared::pki::IdentityFiles;
 use shared::tls::{BrainAddr, DialOptions};
-use testkit::{Cluster, text};
+use testkit::Cluster;
+use tokio::sync::mpsc::Sender;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+use tonic::transport::Channel;
 
 fn file_entry(content: &[u8]) -> Value {
     json!({"kind": "file", "size": content.len(), "hash": manifest::hash(content)})
@@ -112,6 +115,148 @@ fn hostile_deltas() -> Vec<(&'static str, Value, String, &'static str)> {
     ]
 }
 
+/// A delta of `changes` (JSON) for sync request `request_id`, claiming `root`.
+fn delta(request_id: u64, base_root: &str, root: String, changes: &Value) -> DeltaChunk {
+    DeltaChunk {
+        request_id,
+        base_root: base_root.into(),
+        root_hash: root,
+        data: manifest::compress(changes.to_string().as_bytes()),
+    }
+}
+
+/// Speaks for worker `name` with its identity at `identity`: says hello, beats its heart,
+/// and attaches its session; the way to send, what the brain sends, and the sync service.
+async fn attach_as(
+    url: &str,
+    identity: &std::path::Path,
+    name: &str,
+) -> (
+    Sender<WorkerMessage>,
+    Streaming<BrainMessage>,
+    SyncClient<Channel>,
+) {
+    let files = IdentityFiles::load(identity).unwrap();
+    let cfg = files.client_config(identity).unwrap();
+    let addr = BrainAddr::parse(url).unwrap();
+    let ch = shared::tls::dial(&addr, cfg, DialOptions::default())
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tx.send(WorkerMessage {
+        msg: Some(worker_message::Msg::Hello(proto::Hello {
+            name: name.into(),
+            ..Default::default()
+        })),
+    })
+    .await
+    .unwrap();
+    let beat = tx.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let hb = WorkerMessage {
+                msg: Some(worker_message::Msg::Heartbeat(proto::Heartbeat {
+                    unix_ms: 0,
+                    load: None,
+                })),
+            };
+            if beat.send(hb).await.is_err() {
+                return;
+            }
+        }
+    });
+    let inbound = WorkerSessionClient::new(ch.clone())
+        .attach(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, inbound, SyncClient::new(ch))
+}
+
+/// (what, the refusal's message, text it must contain).
+type Refusal = (String, String, String);
+
+/// The first barrier, answered with a blob that lies about its hash and every hostile delta
+/// (each refused), then a delta of only `link` (a symlink to /etc/passwd: data, accepted)
+/// reported as the barrier's root.
+async fn every_bad_upload_then_a_link(
+    sync: &mut SyncClient<Channel>,
+    request_id: u64,
+    link: &Value,
+    link_root: &str,
+) -> Vec<Refusal> {
+    let mut refusals = Vec::new();
+    // A blob whose content does not match its hash.
+    let chunk = BlobChunk {
+        hash: hex::decode(manifest::hash(b"what it claims")).unwrap(),
+        data: manifest::compress(b"something else"),
+        last: true,
+    };
+    let e = sync
+        .put_blobs(tokio_stream::iter(vec![chunk]))
+        .await
+        .expect_err("a lying blob is refused");
+    refusals.push((
+        "a blob that does not match its hash".into(),
+        e.message().to_string(),
+        "does not match".into(),
+    ));
+    for (what, changes, root, want) in hostile_deltas() {
+        let e = sync
+            .put_delta(tokio_stream::iter(vec![delta(
+                request_id, "", root, &changes,
+            )]))
+            .await
+            .expect_err(what);
+        refusals.push((what.into(), e.message().to_string(), want.into()));
+    }
+    let chunk = delta(
+        request_id,
+        "",
+        link_root.into(),
+        &json!({"upserts": link, "deletes": []}),
+    );
+    sync.put_delta(tokio_stream::iter(vec![chunk]))
+        .await
+        .expect("a symlink pointing anywhere is data");
+    sync.report(proto::SyncReport {
+        id: request_id,
+        root_hash: link_root.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    refusals
+}
+
+/// The second barrier, on the link's root: a write through the link the mirror holds,
+/// refused; the barrier is then given up.
+async fn a_write_through_the_stored_link(
+    sync: &mut SyncClient<Channel>,
+    request_id: u64,
+    link_root: &str,
+) -> Refusal {
+    let through = json!({"upserts": {"pw/shadow": file_entry(b"evil")}, "deletes": []});
+    let chunk = delta(request_id, link_root, "1".repeat(64), &through);
+    let e = sync
+        .put_delta(tokio_stream::iter(vec![chunk]))
+        .await
+        .expect_err("a write through a stored symlink");
+    sync.report(proto::SyncReport {
+        id: request_id,
+        error: "gave up".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    (
+        "a write through a symlink the mirror holds".into(),
+        e.message().to_string(),
+        "\"pw/shadow\"".into(),
+    )
+}
+
 #[test]
 fn hostile_workspace_data_from_a_worker_is_refused_and_changes_nothing() {
     let c = Cluster::start();
@@ -120,65 +265,21 @@ fn hostile_workspace_data_from_a_worker_is_refused_and_changes_nothing() {
     w.kill();
     let plan = c.dir.join("plan.json");
     std::fs::write(&plan, r#"{"steps":[{"run":["true"]},{"run":["true"]}]}"#).unwrap();
-    let out = c.brain_cli(&[
-        "run",
-        "--plan",
-        plan.to_str().unwrap(),
-        "--worker",
-        "turned",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let task = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let task = c.run_plan(&plan, "turned");
     let url = c.url();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    let refusals: Vec<(String, String, String)> = rt.block_on(async move {
-        let files = IdentityFiles::load(&identity).unwrap();
-        let cfg = files.client_config(&identity).unwrap();
-        let addr = BrainAddr::parse(&url).unwrap();
-        let ch = shared::tls::dial(&addr, cfg, DialOptions::default())
-            .await
-            .unwrap();
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        tx.send(WorkerMessage {
-            msg: Some(worker_message::Msg::Hello(proto::Hello {
-                name: "turned".into(),
-                ..Default::default()
-            })),
-        })
-        .await
-        .unwrap();
-        let beat = tx.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                let hb = WorkerMessage {
-                    msg: Some(worker_message::Msg::Heartbeat(proto::Heartbeat {
-                        unix_ms: 0,
-                        load: None,
-                    })),
-                };
-                if beat.send(hb).await.is_err() {
-                    return;
-                }
-            }
-        });
-        let mut inbound = WorkerSessionClient::new(ch.clone())
-            .attach(ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        let mut sync = SyncClient::new(ch);
-        let mut refusals = Vec::new();
+    let refusals: Vec<Refusal> = rt.block_on(async move {
+        let (tx, mut inbound, mut sync) = attach_as(&url, &identity, "turned").await;
         // The first barrier: every bad delta, then a good one that holds only a symlink to
         // /etc/passwd (data, accepted). The second: a write through that link.
         let link = json!({"pw": {"kind": "symlink", "size": 11, "target": "/etc/passwd"}});
         let link_root = serde_json::from_value::<manifest::Manifest>(json!({ "entries": link }))
             .unwrap()
             .root_hash();
-        let mut barriers = 0;
+        let mut refusals = Vec::new();
         loop {
             let msg = tokio::time::timeout(Duration::from_secs(20), inbound.message())
                 .await
@@ -202,87 +303,18 @@ fn hostile_workspace_data_from_a_worker_is_refused_and_changes_nothing() {
                     .await
                     .unwrap();
                 }
-                Some(brain_message::Msg::Sync(req)) if barriers == 1 => {
+                Some(brain_message::Msg::Sync(req)) if !refusals.is_empty() => {
                     assert_eq!(
                         req.op,
                         Some(proto::sync_request::Op::BarrierBase(link_root.clone()))
                     );
-                    let through =
-                        json!({"upserts": {"pw/shadow": file_entry(b"evil")}, "deletes": []});
-                    let chunk = DeltaChunk {
-                        request_id: req.id,
-                        base_root: link_root.clone(),
-                        root_hash: "1".repeat(64),
-                        data: manifest::compress(through.to_string().as_bytes()),
-                    };
-                    let e = sync
-                        .put_delta(tokio_stream::iter(vec![chunk]))
-                        .await
-                        .expect_err("a write through a stored symlink");
-                    refusals.push((
-                        "a write through a symlink the mirror holds".into(),
-                        e.message().to_string(),
-                        "\"pw/shadow\"".into(),
-                    ));
-                    sync.report(proto::SyncReport {
-                        id: req.id,
-                        error: "gave up".into(),
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap();
+                    refusals
+                        .push(a_write_through_the_stored_link(&mut sync, req.id, &link_root).await);
                     return refusals;
                 }
                 Some(brain_message::Msg::Sync(req)) => {
-                    barriers += 1;
-                    // A blob whose content does not match its hash.
-                    let chunk = BlobChunk {
-                        hash: hex::decode(manifest::hash(b"what it claims")).unwrap(),
-                        data: manifest::compress(b"something else"),
-                        last: true,
-                    };
-                    let e = sync
-                        .put_blobs(tokio_stream::iter(vec![chunk]))
-                        .await
-                        .expect_err("a lying blob is refused");
-                    refusals.push((
-                        "a blob that does not match its hash".into(),
-                        e.message().to_string(),
-                        "does not match".into(),
-                    ));
-                    for (what, delta, root, want) in hostile_deltas() {
-                        let chunk = DeltaChunk {
-                            request_id: req.id,
-                            base_root: String::new(),
-                            root_hash: root,
-                            data: manifest::compress(delta.to_string().as_bytes()),
-                        };
-                        let e = sync
-                            .put_delta(tokio_stream::iter(vec![chunk]))
-                            .await
-                            .expect_err(what);
-                        refusals.push((what.into(), e.message().to_string(), want.into()));
-                    }
-                    let chunk = DeltaChunk {
-                        request_id: req.id,
-                        base_root: String::new(),
-                        root_hash: link_root.clone(),
-                        data: manifest::compress(
-                            json!({"upserts": link, "deletes": []})
-                                .to_string()
-                                .as_bytes(),
-                        ),
-                    };
-                    sync.put_delta(tokio_stream::iter(vec![chunk]))
-                        .await
-                        .expect("a symlink pointing anywhere is data");
-                    sync.report(proto::SyncReport {
-                        id: req.id,
-                        root_hash: link_root.clone(),
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap();
+                    refusals =
+                        every_bad_upload_then_a_link(&mut sync, req.id, &link, &link_root).await;
                 }
                 _ => {}
             }

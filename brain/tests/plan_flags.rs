@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use testkit::https::{Received, TestCa, Upstream};
-use testkit::tasks::{Ran, egress_cluster, have_netns, results, set_secret};
-use testkit::{Cluster, text};
+use testkit::tasks::{Ran, egress_cluster, have_netns, results, set_api_secret};
+use testkit::{Cluster, assert_failed_stderr_says, text};
 
 const SECRET: &str = "sk-plan-0c94d2e7a1b35f68";
 const API: &str = "api.plan.test";
@@ -137,17 +137,11 @@ fn flags_that_do_not_apply_to_a_plan_are_refused_by_name() {
         "k=v",
     ]);
     // The worker has no label k=v: the brain refuses to place it (the label applied).
-    assert!(!ok.status.success(), "{}", text(&ok));
-    assert!(stderr(&ok).contains("k=v"), "{}", text(&ok));
+    assert_failed_stderr_says(&ok, "k=v");
     let ok = c.brain_cli(&["run", "--plan", &plan, "--worker", &w.id, "--detach"]);
     assert!(ok.status.success(), "{}", text(&ok));
     let task = String::from_utf8_lossy(&ok.stdout).trim().to_string();
-    assert_eq!(
-        c.wait_status(&task, &["finished", "failed"], Duration::from_secs(60)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&task, &["finished"], Duration::from_secs(60));
 }
 
 /// Runs a plan with `flags` on `worker`, waits for it to end, and gives its end status, each
@@ -176,16 +170,11 @@ fn run_plan(
 
 #[test]
 fn a_plan_with_egress_none_cannot_reach_the_network() {
-    if !have_netns("a_plan_with_egress_none_cannot_reach_the_network") {
+    if !have_netns() {
         return;
     }
     let ca = TestCa::new().unwrap();
-    let api = Upstream::start(
-        &ca,
-        &[API],
-        Arc::new(|_: &Received| (200, b"reached".to_vec())),
-    )
-    .unwrap();
+    let api = Upstream::answering(&ca, &[API], "reached").unwrap();
     let c = egress_cluster(&ca, &[API, OTHER], "");
     let w = c.join_worker("plan-egress-none");
     let pa = api.port;
@@ -213,7 +202,7 @@ fn a_plan_with_egress_none_cannot_reach_the_network() {
 
 #[test]
 fn a_plan_uses_its_secret_and_allow_list_through_the_proxy() {
-    if !have_netns("a_plan_uses_its_secret_and_allow_list_through_the_proxy") {
+    if !have_netns() {
         return;
     }
     let ca = TestCa::new().unwrap();
@@ -229,21 +218,10 @@ fn a_plan_uses_its_secret_and_allow_list_through_the_proxy() {
         }),
     )
     .unwrap();
-    let other = Upstream::start(
-        &ca,
-        &[OTHER],
-        Arc::new(|_: &Received| (200, b"other says hi".to_vec())),
-    )
-    .unwrap();
+    let other = Upstream::answering(&ca, &[OTHER], "other says hi").unwrap();
     let c = egress_cluster(&ca, &[API, OTHER], "");
     let w = c.join_worker("plan-egress");
-    let port = api.port.to_string();
-    set_secret(
-        &c,
-        "api",
-        SECRET,
-        &["--host", API, "--port", &port, "--env", "API_TOKEN"],
-    );
+    set_api_secret(&c, SECRET, API, api.port);
 
     let (pa, pb) = (api.port, other.port);
     let curl = "curl -sS --connect-timeout 5 --max-time 20";

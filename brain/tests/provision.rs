@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use testkit::{
-    BrainOptions, Cluster, pids_mentioning, processes_started_in, replay_turn, text, wait_until,
+    BrainOptions, Cluster, assert_failed_saying, assert_said, pids_mentioning,
+    processes_started_in, text, wait_until,
 };
 
 fn config(extra: &str) -> String {
@@ -101,11 +102,9 @@ fn a_local_machine_joins_runs_a_command_and_is_released_without_a_trace() {
 
     // Released twice: a clear refusal.
     let out = c.brain_cli(&["machines", "release", &id]);
-    assert!(!out.status.success());
-    assert!(text(&out).contains("already released"), "{}", text(&out));
+    assert_failed_saying(&out, "already released");
     let out = c.brain_cli(&["machines", "release", "m-nope"]);
-    assert!(!out.status.success());
-    assert!(text(&out).contains("no machine"), "{}", text(&out));
+    assert_failed_saying(&out, "no machine");
 }
 
 #[test]
@@ -138,8 +137,7 @@ fn cost_quota_refuses_what_would_cost_too_much() {
     );
     provision(&c, &[]);
     let out = c.brain_cli(&["provision", "local"]);
-    assert!(!out.status.success());
-    assert!(text(&out).contains("$2.00/h"), "{}", text(&out));
+    assert_failed_saying(&out, "$2.00/h");
 }
 
 #[test]
@@ -202,35 +200,25 @@ fn reconcile_running_during_creates_leaves_them_alone() {
 fn the_reaper_releases_an_idle_machine_and_one_past_its_time_to_live() {
     let c = cluster("idle_timeout = \"2s\"\nttl = \"1h\"");
     let idle = provision(&c, &[]);
-    assert!(
-        wait_until(Duration::from_secs(20), || c.machine(&idle)["state"]
-            == "released"),
-        "idle machine kept: {}",
-        c.machine(&idle)
-    );
-    assert!(
-        c.machine(&idle)["note"]
-            .as_str()
-            .unwrap()
-            .contains("no task used it")
-    );
-    assert!(gone(&c, &idle));
+    released_for(&c, &idle, "no task used it");
 
     let c = cluster("ttl = \"4s\"\nidle_timeout = \"0s\"");
     let old = provision(&c, &[]);
+    released_for(&c, &old, "time to live");
+}
+
+/// Waits (20 s at most) for the reaper to release machine `id`, its note saying `why`, and
+/// for nothing of it to be left.
+fn released_for(c: &Cluster, id: &str, why: &str) {
     assert!(
-        wait_until(Duration::from_secs(20), || c.machine(&old)["state"]
+        wait_until(Duration::from_secs(20), || c.machine(id)["state"]
             == "released"),
-        "machine outlived its TTL: {}",
-        c.machine(&old)
+        "a machine that should go for {why:?} was kept: {}",
+        c.machine(id)
     );
-    assert!(
-        c.machine(&old)["note"]
-            .as_str()
-            .unwrap()
-            .contains("time to live")
-    );
-    assert!(gone(&c, &old));
+    let note = c.machine(id)["note"].as_str().unwrap().to_string();
+    assert!(note.contains(why), "{note}");
+    assert!(gone(c, id));
 }
 
 /// The brain is SIGKILLed after the provider made the machine and before the record says so.
@@ -356,27 +344,17 @@ fn request_environment_refusals_come_back_to_the_model() {
     );
     let small = provision(&c, &[]);
     let worker = c.machine(&small)["worker_id"].as_str().unwrap().to_string();
-    let transcript = c.dir.join("refused.jsonl");
-    let ask = |n: usize, reason: &str| {
-        replay_turn(
-            n,
-            "request_environment",
-            serde_json::json!({"labels": {"size": "large"}, "reason": reason}),
-        )
+    let ask = |reason: &str| {
+        let args = serde_json::json!({"labels": {"size": "large"}, "reason": reason});
+        ("request_environment", args)
     };
-    std::fs::write(
-        &transcript,
-        [
-            ask(1, "first try"),
-            ask(2, "second try"),
-            replay_turn(3, "finish", serde_json::json!({"summary": "stayed"})),
-        ]
-        .join("\n"),
-    )
-    .unwrap();
     let task = c
         .agent()
-        .model(&format!("replay:{}", transcript.display()))
+        .replay(&[
+            ask("first try"),
+            ask("second try"),
+            ("finish", serde_json::json!({"summary": "stayed"})),
+        ])
         .worker(&worker)
         .start("try to grow");
     let waiting = |c: &Cluster| {
@@ -393,14 +371,7 @@ fn request_environment_refusals_come_back_to_the_model() {
     c.wait_records(&task, "approval_requested", 2, Duration::from_secs(30));
     let out = c.brain_cli(&["approve", &task]);
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        c.wait_status(
-            &task,
-            &["finished", "failed", "stuck"],
-            Duration::from_secs(30)
-        ),
-        "finished"
-    );
+    c.wait_status(&task, &["finished"], Duration::from_secs(30));
     let log = String::from_utf8_lossy(&c.brain_cli(&["task", "log", &task, "--json"]).stdout)
         .into_owned();
     assert!(log.contains("denied this call (too dear)"), "{log}");
@@ -424,59 +395,31 @@ fn a_task_resumed_with_a_pending_request_environment_gets_its_machine() {
          [[provision.offers]]\nprovider = \"local\"\ncpu = 1\nmemory_gb = 1\nlabels = { size = \"large\" }",
     );
     let home = c.join_worker("home");
-    let transcript = c.dir.join("grow.jsonl");
-    std::fs::write(
-        &transcript,
-        [
-            replay_turn(
-                1,
+    let task = c
+        .agent()
+        .replay(&[
+            (
                 "request_environment",
                 serde_json::json!({"labels": {"size": "large"}, "reason": "bigger"}),
             ),
-            replay_turn(
-                2,
+            (
                 "run_command",
                 serde_json::json!({"command": "echo grown > where.txt"}),
             ),
-            replay_turn(3, "finish", serde_json::json!({"summary": "grew"})),
-        ]
-        .join("\n"),
-    )
-    .unwrap();
-    let task = c
-        .agent()
-        .model(&format!("replay:{}", transcript.display()))
+            ("finish", serde_json::json!({"summary": "grew"})),
+        ])
         .worker(&home.id)
         .start("grow");
-    assert_eq!(
-        c.wait_status(
-            &task,
-            &["waiting", "finished", "failed"],
-            Duration::from_secs(30)
-        ),
-        "waiting"
-    );
+    c.wait_status(&task, &["waiting"], Duration::from_secs(30));
     let reason = c.brain_cli(&["task", "show", &task]);
-    assert!(text(&reason).contains("approval"), "{}", text(&reason));
+    assert_said(&reason, "approval");
     c.kill_brain();
     c.start_brain().unwrap();
     // The request is still waiting after the restart; approving it gets the machine.
-    assert_eq!(
-        c.wait_status(&task, &["waiting"], Duration::from_secs(30)),
-        "waiting"
-    );
+    c.wait_status(&task, &["waiting"], Duration::from_secs(30));
     let out = c.brain_cli(&["approve", &task]);
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        c.wait_status(
-            &task,
-            &["finished", "failed", "stuck"],
-            Duration::from_secs(60)
-        ),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&task, &["finished"], Duration::from_secs(60));
     let log = String::from_utf8_lossy(&c.brain_cli(&["task", "log", &task, "--json"]).stdout)
         .into_owned();
     assert!(log.contains("now running on machine"), "{log}");

@@ -47,7 +47,15 @@ impl Drop for Engine {
 }
 
 /// Builds the image and the network, or says why the engine cannot be used here.
-fn engine(worker: &Path) -> Result<Engine, String> {
+/// The engine with this build's worker image, or None (the test is skipped, saying why)
+/// where docker cannot be used here.
+fn engine() -> Option<Engine> {
+    build_engine(&testkit::Bins::locate().worker)
+        .map_err(|why| testkit::skip("docker", &why))
+        .ok()
+}
+
+fn build_engine(worker: &Path) -> Result<Engine, String> {
     if let Some(why) = common::unusable() {
         return Err(why);
     }
@@ -108,14 +116,7 @@ fn left_of(id: &str) -> (String, String) {
 
 #[test]
 fn a_docker_worker_joins_runs_confined_within_its_limits_and_leaves_nothing() {
-    let bins = testkit::Bins::locate();
-    let e = match engine(&bins.worker) {
-        Ok(e) => e,
-        Err(why) => {
-            testkit::skip("docker", &why);
-            return;
-        }
-    };
+    let Some(e) = engine() else { return };
     let c = cluster(&e);
     let o = provision(&c, &e, &["--cpu", "1", "--memory-gb", "1"]);
     assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
@@ -250,14 +251,7 @@ fn a_docker_worker_joins_runs_confined_within_its_limits_and_leaves_nothing() {
 
 #[test]
 fn a_brain_killed_mid_create_finds_its_container_by_label() {
-    let bins = testkit::Bins::locate();
-    let e = match engine(&bins.worker) {
-        Ok(e) => e,
-        Err(why) => {
-            testkit::skip("docker", &why);
-            return;
-        }
-    };
+    let Some(e) = engine() else { return };
     let mut c = cluster(&e);
     c.kill_brain();
     c.opts.env = vec![("TETHER_FAILPOINT".into(), "provision-created".into())];
@@ -304,14 +298,7 @@ fn a_brain_killed_mid_create_finds_its_container_by_label() {
 /// back, removes the state volume the container left.
 #[test]
 fn a_container_whose_brain_stays_away_exits_and_is_removed() {
-    let bins = testkit::Bins::locate();
-    let e = match engine(&bins.worker) {
-        Ok(e) => e,
-        Err(why) => {
-            testkit::skip("docker", &why);
-            return;
-        }
-    };
+    let Some(e) = engine() else { return };
     let mut c = Cluster::start_with(BrainOptions {
         listen_host: "0.0.0.0".into(),
         init_args: vec!["--host".into(), e.gateway.clone()],

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use shared::locks::Lock;
 use testkit::moto::{AMI, BRAIN_POLICY, Key, Moto};
-use testkit::{BrainOptions, Cluster, text, wait_until};
+use testkit::{BrainOptions, Cluster, assert_failed_saying, text, wait_until};
 
 /// An address no loopback: machines dial it (none boots here, so none dials).
 const BRAIN_URL: &str = "https://10.11.12.13:7443";
@@ -76,6 +76,15 @@ fn keys(k: &Key) -> [(&str, &str); 2] {
     ]
 }
 
+/// The brain's own AWS user (the brain's policy), with moto enforcing policies from now on:
+/// its key, and the environment that gives the brain the key (HOME being `home`).
+fn as_the_brain(m: &Moto, home: &std::path::Path) -> (Key, Vec<(String, String)>) {
+    let brain_key = m.user("tether-brain", BRAIN_POLICY);
+    m.enforce();
+    let vars = env(home, &keys(&brain_key));
+    (brain_key, vars)
+}
+
 fn cluster(m: &Moto, extra: &str, env: Vec<(String, String)>) -> Cluster {
     cluster_with(m, extra, "", env)
 }
@@ -122,13 +131,12 @@ fn gunzip(bytes: &[u8]) -> String {
 #[test]
 fn an_instance_is_launched_as_aws_takes_it_and_terminated() {
     let Some(m) = moto() else { return };
-    let brain_key = m.user("tether-brain", BRAIN_POLICY);
-    m.enforce();
     let home = tempfile::tempdir().unwrap();
+    let (brain_key, vars) = as_the_brain(&m, home.path());
     let c = cluster(
         &m,
         "join_timeout = \"1h\"\nworker_exit_after = \"7m\"\n[provision.providers.ec2]\nmax_machines = 1",
-        env(home.path(), &keys(&brain_key)),
+        vars,
     );
     let o = provision(&c, "2");
     assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
@@ -217,8 +225,7 @@ fn an_instance_is_launched_as_aws_takes_it_and_terminated() {
 
     // The quota counts it.
     let o = provision(&c, "1");
-    assert!(!o.status.success());
-    assert!(text(&o).contains("at most 1 machine"), "{}", text(&o));
+    assert_failed_saying(&o, "at most 1 machine");
 
     // Release terminates it.
     let o = c.brain_cli(&["machines", "release", &id]);
@@ -281,8 +288,7 @@ fn failures_end_the_record_with_the_reason_and_free_the_quota() {
     opts.env = env(home.path(), &keys(&brain_key));
     let c = Cluster::start_with(opts);
     let o = provision(&c, "1");
-    assert!(!o.status.success());
-    assert!(text(&o).contains("set provision.brain_url"), "{}", text(&o));
+    assert_failed_saying(&o, "set provision.brain_url");
     assert!(c.machines(true).is_empty());
     assert!(m.instances().is_empty());
 }
@@ -484,14 +490,9 @@ fn the_instance_profile_is_read_over_imdsv2_and_refreshed_before_expiry() {
 #[test]
 fn an_instance_whose_worker_never_joins_is_terminated_at_the_deadline() {
     let Some(m) = moto() else { return };
-    let brain_key = m.user("tether-brain", BRAIN_POLICY);
-    m.enforce();
     let home = tempfile::tempdir().unwrap();
-    let c = cluster(
-        &m,
-        "join_timeout = \"3s\"",
-        env(home.path(), &keys(&brain_key)),
-    );
+    let (_, vars) = as_the_brain(&m, home.path());
+    let c = cluster(&m, "join_timeout = \"3s\"", vars);
     let o = provision(&c, "1");
     assert!(o.status.success(), "{}", text(&o));
     let rec = c.machines(true).remove(0);
@@ -515,10 +516,8 @@ fn an_instance_whose_worker_never_joins_is_terminated_at_the_deadline() {
 #[test]
 fn a_brain_killed_between_run_instances_and_the_record_terminates_it_after_restart() {
     let Some(m) = moto() else { return };
-    let brain_key = m.user("tether-brain", BRAIN_POLICY);
-    m.enforce();
     let home = tempfile::tempdir().unwrap();
-    let vars = env(home.path(), &keys(&brain_key));
+    let (brain_key, vars) = as_the_brain(&m, home.path());
     let mut c = cluster(&m, "join_timeout = \"3s\"", vars.clone());
     c.kill_brain();
     c.opts.env = vars.clone();

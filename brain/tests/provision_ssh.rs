@@ -7,17 +7,52 @@ use std::time::Duration;
 
 use testkit::sshd::SshHost;
 use testkit::{
-    BrainOptions, Cluster, pids_mentioning, processes_started_in, replay_turn, text, wait_until,
+    BrainOptions, Cluster, assert_said, pids_mentioning, processes_started_in, stdout, text,
+    wait_until,
 };
 
 type Host = SshHost;
 
-fn host() -> Result<Host, String> {
+/// The ssh host, or None (the test is skipped, saying why) where sshd cannot run here.
+fn host() -> Option<Host> {
     SshHost::start()
+        .map_err(|why| testkit::skip("sshd", &why))
+        .ok()
 }
 
-fn write_ssh_config(h: &Host, strict: &str) -> PathBuf {
-    h.write_ssh_config(strict)
+/// A brain the host can reach, with `config` (TOML) if given.
+fn cluster(h: &Host, config: Option<String>) -> Cluster {
+    Cluster::start_with(BrainOptions {
+        config,
+        listen_host: "0.0.0.0".into(),
+        init_args: vec!["--host".into(), h.brain_host.clone()],
+        ..BrainOptions::default()
+    })
+}
+
+/// The brain's config for ssh provisioning through `cfg`, with `more` under `[provision]`.
+fn ssh_config(cfg: &Path, more: &str) -> Option<String> {
+    Some(format!(
+        "[provision]\nreaper_every = \"200ms\"\n{more}[provision.ssh]\nconfig_file = \"{}\"\n",
+        cfg.display()
+    ))
+}
+
+/// Makes the host's real key the one `known_hosts` holds.
+fn trust(h: &Host) {
+    std::fs::write(
+        h.tmp.join("known_hosts"),
+        format!("{}\n", h.sshd.known_hosts_line),
+    )
+    .unwrap();
+}
+
+/// Waits for no process of the host's user's `dir` to be left; panics saying `what`.
+fn none_left_in(dir: &Path, what: &str) {
+    assert!(
+        wait_until(Duration::from_secs(10), || pids_mentioning(dir).is_empty()),
+        "{what}"
+    );
 }
 
 fn provision(c: &Cluster, h: &Host) -> std::process::Output {
@@ -41,23 +76,9 @@ fn installed(home: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
-    let h = match host() {
-        Ok(h) => h,
-        Err(why) => {
-            testkit::skip("sshd", &why);
-            return;
-        }
-    };
-    let cfg = write_ssh_config(&h, "yes");
-    let mut c = Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[provision]\nreaper_every = \"200ms\"\n[provision.ssh]\nconfig_file = \"{}\"\n",
-            cfg.display()
-        )),
-        listen_host: "0.0.0.0".into(),
-        init_args: vec!["--host".into(), h.brain_host.clone()],
-        ..BrainOptions::default()
-    });
+    let Some(h) = host() else { return };
+    let cfg = h.write_ssh_config("yes");
+    let mut c = cluster(&h, ssh_config(&cfg, ""));
     let home = h.sshd.home.clone();
 
     // An unknown host key is refused, and nothing is left behind.
@@ -91,7 +112,7 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     .unwrap();
     let out = provision(&c, &h);
     assert!(!out.status.success(), "a changed host key was accepted");
-    assert!(text(&out).contains("CHANGED"), "{}", text(&out));
+    assert_said(&out, "CHANGED");
     assert!(
         c.machines(true).iter().all(|m| m["state"] == "failed"),
         "{:?}",
@@ -99,11 +120,7 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     );
 
     // The right key: the worker is installed, joins and runs commands there.
-    std::fs::write(
-        h.tmp.join("known_hosts"),
-        format!("{}\n", h.sshd.known_hosts_line),
-    )
-    .unwrap();
+    trust(&h);
     let out = provision(&c, &h);
     assert!(out.status.success(), "{}", text(&out));
     let m = c
@@ -147,11 +164,7 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     // Release: no process, no files.
     let out = c.brain_cli(&["machines", "release", &id]);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        wait_until(Duration::from_secs(10), || pids_mentioning(&home)
-            .is_empty()),
-        "a worker process is left on the host"
-    );
+    none_left_in(&home, "a worker process is left on the host");
     assert!(!home.join(".tether").exists(), "{:?}", installed(&home));
 
     // The brain is SIGKILLed after the host started the worker, before the record says so:
@@ -177,38 +190,19 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     } else {
         eprintln!("the interrupted machine was closed: {}", m["note"]);
     }
-    assert!(wait_until(Duration::from_secs(10), || pids_mentioning(
-        &home
-    )
-    .is_empty()));
+    none_left_in(&home, "a worker process is left on the host");
     assert!(!home.join(".tether").exists());
 }
-
-use testkit::stdout;
 
 /// The agent asks for a bigger machine: it needs approval (the offer costs more than the
 /// threshold), gets an ssh-provisioned worker, moves there with its workspace, finishes
 /// there, and the small ephemeral machine it left is released.
 #[test]
 fn request_environment_moves_a_task_to_an_ssh_machine_and_releases_the_old_one() {
-    let h = match host() {
-        Ok(h) => h,
-        Err(why) => {
-            testkit::skip("sshd", &why);
-            return;
-        }
-    };
-    let cfg = write_ssh_config(&h, "yes");
-    std::fs::write(
-        h.tmp.join("known_hosts"),
-        format!("{}\n", h.sshd.known_hosts_line),
-    )
-    .unwrap();
-    let mut c = Cluster::start_with(BrainOptions {
-        listen_host: "0.0.0.0".into(),
-        init_args: vec!["--host".into(), h.brain_host.clone()],
-        ..BrainOptions::default()
-    });
+    let Some(h) = host() else { return };
+    let cfg = h.write_ssh_config("yes");
+    trust(&h);
+    let mut c = cluster(&h, None);
     // The offer names the brain's address as the host sees it, port included.
     c.kill_brain();
     std::fs::write(
@@ -238,43 +232,19 @@ fn request_environment_moves_a_task_to_an_ssh_machine_and_releases_the_old_one()
     let small_id = small["id"].as_str().unwrap().to_string();
     let small_worker = small["worker_id"].as_str().unwrap().to_string();
 
-    let transcript = c.dir.join("env.jsonl");
-    std::fs::write(
-        &transcript,
-        [
-            replay_turn(
-                1,
-                "run_command",
-                serde_json::json!({"command": "echo started-here > where.txt"}),
-            ),
-            replay_turn(
-                2,
-                "request_environment",
-                serde_json::json!({"cpu": 8, "labels": {"size": "large"}, "reason": "the build needs 8 cores"}),
-            ),
-            replay_turn(
-                3,
-                "run_command",
-                serde_json::json!({"command": "id -un > who.txt; cat where.txt >> who.txt"}),
-            ),
-            replay_turn(4, "finish", serde_json::json!({"summary": "built on the big box"})),
-        ]
-        .join("\n"),
-    )
-    .unwrap();
     let task = c
         .agent()
-        .model(&format!("replay:{}", transcript.display()))
+        .replay(&[
+            ("run_command", serde_json::json!({"command": "echo started-here > where.txt"})),
+            ("request_environment", serde_json::json!({"cpu": 8, "labels": {"size": "large"}, "reason": "the build needs 8 cores"})),
+            ("run_command", serde_json::json!({"command": "id -un > who.txt; cat where.txt >> who.txt"})),
+            ("finish", serde_json::json!({"summary": "built on the big box"})),
+        ])
         .worker(&small_worker)
         .start("build it");
 
     // $1.50/h is over the $1.00/h threshold: a person approves.
-    let status = c.wait_status(
-        &task,
-        &["waiting", "finished", "failed"],
-        Duration::from_secs(60),
-    );
-    assert_eq!(status, "waiting", "{}", c.brain_log());
+    c.wait_status(&task, &["waiting"], Duration::from_secs(60));
     let out = c.brain_cli(&["task", "show", &task]);
     assert!(
         stdout(&out).contains("a new machine at $1.50/h"),
@@ -283,12 +253,7 @@ fn request_environment_moves_a_task_to_an_ssh_machine_and_releases_the_old_one()
     );
     let out = c.brain_cli(&["approve", &task]);
     assert!(out.status.success(), "{}", text(&out));
-    let status = c.wait_status(
-        &task,
-        &["finished", "failed", "stuck"],
-        Duration::from_secs(120),
-    );
-    assert_eq!(status, "finished", "{}", c.brain_log());
+    c.wait_status(&task, &["finished"], Duration::from_secs(120));
 
     // It finished on the ssh machine, created for this task.
     let big = c
@@ -322,21 +287,13 @@ fn request_environment_moves_a_task_to_an_ssh_machine_and_releases_the_old_one()
         .find(|m| m["id"] == small_id.as_str())
         .unwrap();
     assert_eq!(small["state"], "released", "{small}");
-    assert!(
-        wait_until(Duration::from_secs(10), || pids_mentioning(
-            &c.data.join("machines").join(&small_id)
-        )
-        .is_empty()),
-        "the old worker process is left"
-    );
-    assert!(!c.data.join("machines").join(&small_id).exists());
+    let small_dir = c.data.join("machines").join(&small_id);
+    none_left_in(&small_dir, "the old worker process is left");
+    assert!(!small_dir.exists());
 
     let out = c.brain_cli(&["machines", "release", big["id"].as_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(wait_until(Duration::from_secs(10), || pids_mentioning(
-        &h.sshd.home
-    )
-    .is_empty()));
+    none_left_in(&h.sshd.home, "a worker process is left on the host");
 }
 
 /// Runs `command` on the host over ssh, with `stdin` fed from a file if given.
@@ -348,26 +305,14 @@ fn on_host(h: &Host, command: &str, stdin: Option<&Path>) -> std::process::Outpu
     cmd.output().unwrap()
 }
 
-/// `deploy/install-worker.sh`, run over ssh on the host as its (unprivileged) user, installs
-/// a worker that joins and runs commands; a second run changes nothing; uninstall removes it.
-#[test]
-fn install_worker_sh_over_ssh_installs_a_worker_that_joins_and_runs_commands() {
-    let h = match host() {
-        Ok(h) => h,
-        Err(why) => {
-            testkit::skip("sshd", &why);
-            return;
-        }
-    };
-    let c = Cluster::start_with(BrainOptions {
-        listen_host: "0.0.0.0".into(),
-        init_args: vec!["--host".into(), h.brain_host.clone()],
-        ..BrainOptions::default()
-    });
+/// Copies `deploy/install-worker.sh` and the worker binary to the host: the command that
+/// installs it there, joining with a fresh token (its flags after it), and the binary's
+/// SHA-256 it names.
+fn installer(h: &Host, c: &Cluster) -> (String, String) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/install-worker.sh");
-    let out = on_host(&h, "cat > install-worker.sh", Some(&script));
+    let out = on_host(h, "cat > install-worker.sh", Some(&script));
     assert!(out.status.success(), "{}", text(&out));
-    let out = on_host(&h, "cat > worker.bin", Some(&c.bins.worker));
+    let out = on_host(h, "cat > worker.bin", Some(&c.bins.worker));
     assert!(out.status.success(), "{}", text(&out));
     let sum = std::process::Command::new("sha256sum")
         .arg(&c.bins.worker)
@@ -377,8 +322,19 @@ fn install_worker_sh_over_ssh_installs_a_worker_that_joins_and_runs_commands() {
     let (token, ca_hash) = c.token(&[]);
     let url = format!("https://{}:{}", h.brain_host, c.port);
     let install = format!(
-        "sh install-worker.sh --brain {url} --token {token} --ca-hash {ca_hash} --binary ./worker.bin --sha256 {sum} --name inst --label via=script"
+        "sh install-worker.sh --brain {url} --token {token} --ca-hash {ca_hash} --binary ./worker.bin --sha256 {sum}"
     );
+    (install, sum)
+}
+
+/// `deploy/install-worker.sh`, run over ssh on the host as its (unprivileged) user, installs
+/// a worker that joins and runs commands; a second run changes nothing; uninstall removes it.
+#[test]
+fn install_worker_sh_over_ssh_installs_a_worker_that_joins_and_runs_commands() {
+    let Some(h) = host() else { return };
+    let c = cluster(&h, None);
+    let (install, sum) = installer(&h, &c);
+    let install = format!("{install} --name inst --label via=script");
 
     // A wrong checksum installs nothing.
     let bad = install.replace(&sum, &"0".repeat(64));
@@ -411,7 +367,7 @@ fn install_worker_sh_over_ssh_installs_a_worker_that_joins_and_runs_commands() {
     // Again: nothing to do, no second enrolment (the token is spent anyway).
     let out = on_host(&h, &install, None);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("unchanged"), "{}", text(&out));
+    assert_said(&out, "unchanged");
     assert_eq!(
         c.workers().iter().filter(|w| w["name"] == "inst").count(),
         1,
@@ -420,10 +376,7 @@ fn install_worker_sh_over_ssh_installs_a_worker_that_joins_and_runs_commands() {
 
     let out = on_host(&h, "sh install-worker.sh --uninstall --purge", None);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(wait_until(Duration::from_secs(10), || pids_mentioning(
-        &h.sshd.home
-    )
-    .is_empty()));
+    none_left_in(&h.sshd.home, "a worker process is left on the host");
     assert!(!h.sshd.home.join(".local/bin/tether-worker").exists());
     assert!(!h.sshd.home.join(".local/share/tether-worker").exists());
 }
@@ -432,23 +385,9 @@ fn install_worker_sh_over_ssh_installs_a_worker_that_joins_and_runs_commands() {
 /// `worker_exit_after`, the worker there exits and removes everything installed for it.
 #[test]
 fn an_ssh_worker_whose_brain_stays_away_exits_and_removes_what_was_installed() {
-    let h = match host() {
-        Ok(h) => h,
-        Err(why) => {
-            testkit::skip("sshd", &why);
-            return;
-        }
-    };
-    let cfg = write_ssh_config(&h, "no");
-    let mut c = Cluster::start_with(BrainOptions {
-        config: Some(format!(
-            "[provision]\nreaper_every = \"200ms\"\nworker_exit_after = \"2s\"\n[provision.ssh]\nconfig_file = \"{}\"\n",
-            cfg.display()
-        )),
-        listen_host: "0.0.0.0".into(),
-        init_args: vec!["--host".into(), h.brain_host.clone()],
-        ..BrainOptions::default()
-    });
+    let Some(h) = host() else { return };
+    let cfg = h.write_ssh_config("no");
+    let mut c = cluster(&h, ssh_config(&cfg, "worker_exit_after = \"2s\"\n"));
     let out = provision(&c, &h);
     assert!(out.status.success(), "{}", text(&out));
     let home = h.sshd.home.clone();
@@ -492,29 +431,9 @@ fn an_ssh_worker_whose_brain_stays_away_exits_and_removes_what_was_installed() {
 /// records being called; on EC2 the instance, launched with shutdown-means-terminate, ends).
 #[test]
 fn an_ephemeral_worker_powers_its_machine_off_when_its_brain_stays_away() {
-    let h = match host() {
-        Ok(h) => h,
-        Err(why) => {
-            testkit::skip("sshd", &why);
-            return;
-        }
-    };
-    let mut c = Cluster::start_with(BrainOptions {
-        listen_host: "0.0.0.0".into(),
-        init_args: vec!["--host".into(), h.brain_host.clone()],
-        ..BrainOptions::default()
-    });
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/install-worker.sh");
-    assert!(
-        on_host(&h, "cat > install-worker.sh", Some(&script))
-            .status
-            .success()
-    );
-    assert!(
-        on_host(&h, "cat > worker.bin", Some(&c.bins.worker))
-            .status
-            .success()
-    );
+    let Some(h) = host() else { return };
+    let mut c = cluster(&h, None);
+    let (install, _) = installer(&h, &c);
     let stub = h.tmp.join("poweroff");
     std::fs::write(
         &stub,
@@ -530,18 +449,9 @@ fn an_ephemeral_worker_powers_its_machine_off_when_its_brain_stays_away() {
         .status
         .success()
     );
-    let sum = std::process::Command::new("sha256sum")
-        .arg(&c.bins.worker)
-        .output()
-        .unwrap();
-    let sum = stdout(&sum).split_whitespace().next().unwrap().to_string();
-    let (token, ca_hash) = c.token(&[]);
-    let url = format!("https://{}:{}", h.brain_host, c.port);
     let out = on_host(
         &h,
-        &format!(
-            "PATH=\"$HOME/stub:$PATH\" sh install-worker.sh --brain {url} --token {token} --ca-hash {ca_hash} --binary ./worker.bin --sha256 {sum} --name eph --ephemeral 2s"
-        ),
+        &format!("PATH=\"$HOME/stub:$PATH\" {install} --name eph --ephemeral 2s"),
         None,
     );
     assert!(out.status.success(), "{}", text(&out));
@@ -561,9 +471,5 @@ fn an_ephemeral_worker_powers_its_machine_off_when_its_brain_stays_away() {
         std::fs::read_to_string(&marker).unwrap().trim(),
         format!("powered off by {}", h.sshd.user)
     );
-    assert!(
-        wait_until(Duration::from_secs(10), || pids_mentioning(&h.sshd.home)
-            .is_empty()),
-        "the worker kept running"
-    );
+    none_left_in(&h.sshd.home, "the worker kept running");
 }

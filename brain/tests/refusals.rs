@@ -10,7 +10,17 @@ use proto::admin_client::AdminClient;
 use proto::worker_session_client::WorkerSessionClient;
 use shared::pki::{self, IdentityFiles, Role};
 use shared::tls::{BrainAddr, DialOptions};
-use testkit::{Cluster, text, wait_until};
+use testkit::{
+    Cluster, assert_failed_stderr_says, assert_stderr_says, assert_stdout_says, text, wait_until,
+};
+
+/// `worker join --no-run` as `name` with `token`, pinning the CA to `ca_hash`.
+fn try_join(c: &Cluster, name: &str, token: &str, ca_hash: &str) -> std::process::Output {
+    c.join_cmd(name, token, ca_hash)
+        .arg("--no-run")
+        .output()
+        .unwrap()
+}
 
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -91,12 +101,7 @@ async fn a_certificate_from_another_ca_is_refused_at_the_handshake() {
     assert!(err.contains("tonic::transport::Error"), "{err}");
     // The same through the CLI: a clear failure, non-zero exit.
     let out = c.brain_cli(&["--identity", dir.to_str().unwrap(), "workers"]);
-    assert!(!out.status.success(), "{}", text(&out));
-    assert!(
-        stderr(&out).contains("refused our certificate"),
-        "{}",
-        text(&out)
-    );
+    assert_failed_stderr_says(&out, "refused our certificate");
 }
 
 #[test]
@@ -105,11 +110,7 @@ fn a_revoked_worker_is_cut_off_mid_session_and_refused_afterwards() {
     let mut w = c.join_worker("doomed");
     let out = c.brain_cli(&["worker", "revoke", "doomed"]);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("open session closed"),
-        "{}",
-        text(&out)
-    );
+    assert_stdout_says(&out, "open session closed");
     assert_eq!(c.worker_state(&w.id).as_deref(), Some("revoked"));
     // The worker hears it within a second and says so plainly.
     assert!(
@@ -140,42 +141,20 @@ fn a_revoked_worker_is_cut_off_mid_session_and_refused_afterwards() {
 fn tokens_are_one_time_and_expire() {
     let c = Cluster::start();
     let (token, ca_hash) = c.token(&[]);
-    let first = c
-        .join_cmd("one", &token, &ca_hash)
-        .arg("--no-run")
-        .output()
-        .unwrap();
+    let first = try_join(&c, "one", &token, &ca_hash);
     assert!(first.status.success(), "{}", text(&first));
-    let second = c
-        .join_cmd("two", &token, &ca_hash)
-        .arg("--no-run")
-        .output()
-        .unwrap();
-    assert!(!second.status.success());
-    assert!(
-        stderr(&second).contains("already used"),
-        "{}",
-        text(&second)
-    );
+    let second = try_join(&c, "two", &token, &ca_hash);
+    assert_failed_stderr_says(&second, "already used");
 
     let (short, ca_hash) = c.token(&["--ttl", "1s"]);
     // The TTL is wall-clock time, so it is waited out here; the exact boundary is tested
     // in the registry on an explicit clock.
     std::thread::sleep(Duration::from_millis(1300));
-    let late = c
-        .join_cmd("late", &short, &ca_hash)
-        .arg("--no-run")
-        .output()
-        .unwrap();
-    assert!(!late.status.success());
-    assert!(stderr(&late).contains("expired"), "{}", text(&late));
+    let late = try_join(&c, "late", &short, &ca_hash);
+    assert_failed_stderr_says(&late, "expired");
 
-    let bogus = c
-        .join_cmd("bogus", "tj_made_up", &ca_hash)
-        .arg("--no-run")
-        .output()
-        .unwrap();
-    assert!(stderr(&bogus).contains("never issued"), "{}", text(&bogus));
+    let bogus = try_join(&c, "bogus", "tj_made_up", &ca_hash);
+    assert_stderr_says(&bogus, "never issued");
     // Only the first join enrolled anyone.
     assert_eq!(c.workers().len(), 1);
 }
@@ -185,11 +164,7 @@ fn a_wrong_ca_hash_is_refused_before_the_token_is_sent() {
     let c = Cluster::start();
     let (token, real_hash) = c.token(&[]);
     let wrong = format!("sha256:{}", "0".repeat(64));
-    let out = c
-        .join_cmd("pinned", &token, &wrong)
-        .arg("--no-run")
-        .output()
-        .unwrap();
+    let out = try_join(&c, "pinned", &token, &wrong);
     assert!(!out.status.success());
     let e = stderr(&out);
     assert!(e.contains("CA hash mismatch"), "{}", text(&out));
@@ -198,23 +173,11 @@ fn a_wrong_ca_hash_is_refused_before_the_token_is_sent() {
         "the error should name the CA actually presented: {e}"
     );
     // The token was never presented, so it still works with the right pin.
-    let ok = c
-        .join_cmd("pinned", &token, &real_hash)
-        .arg("--no-run")
-        .output()
-        .unwrap();
+    let ok = try_join(&c, "pinned", &token, &real_hash);
     assert!(ok.status.success(), "{}", text(&ok));
 
-    let garbage = c
-        .join_cmd("x", &token, "sha256:xyz")
-        .arg("--no-run")
-        .output()
-        .unwrap();
-    assert!(
-        stderr(&garbage).contains("invalid CA hash"),
-        "{}",
-        text(&garbage)
-    );
+    let garbage = try_join(&c, "x", &token, "sha256:xyz");
+    assert_stderr_says(&garbage, "invalid CA hash");
 }
 
 #[test]
@@ -264,8 +227,7 @@ fn admin_identities_can_be_issued_and_revoked() {
     let out = c.brain_cli(&["admin", "revoke", "laptop"]);
     assert!(out.status.success(), "{}", text(&out));
     let out = as_laptop(&["workers"]);
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("revoked"), "{}", text(&out));
+    assert_failed_stderr_says(&out, "revoked");
     let out = c.brain_cli(&["admin", "revoke", "admin"]);
     assert!(
         !out.status.success(),
@@ -317,7 +279,7 @@ fn paths_that_leave_the_workspace_are_refused_and_nothing_outside_changes() {
         child.stdin.take().unwrap().write_all(b"pwned").unwrap();
         let out = child.wait_with_output().unwrap();
         assert!(!out.status.success(), "write {path}: {}", text(&out));
-        assert!(stderr(&out).contains(path), "{}", text(&out));
+        assert_stderr_says(&out, path);
     }
     for path in ["out/victim", "out", "../outside"] {
         let out = c.brain_cli(&["file", "rm", &w.id, path, "-r"]);
@@ -330,7 +292,7 @@ fn paths_that_leave_the_workspace_are_refused_and_nothing_outside_changes() {
     }
     let out = c.brain_cli(&["exec", &w.id, "--cwd", "root/tmp", "--", "pwd"]);
     assert_eq!(out.status.code(), Some(125), "{}", text(&out));
-    assert!(stderr(&out).contains("root/tmp"), "{}", text(&out));
+    assert_stderr_says(&out, "root/tmp");
 
     assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"untouched");
     assert!(!Path::new("/tmp/tether-escape").exists());
@@ -370,7 +332,7 @@ fn a_revoked_init_admin_stays_revoked_across_restarts() {
         "the data dir's admin must stay revoked: {}",
         text(&out)
     );
-    assert!(stderr(&out).contains("revoked"), "{}", text(&out));
+    assert_stderr_says(&out, "revoked");
     let out = c.brain_cli(&["--identity", &fresh_arg, "workers"]);
     assert!(out.status.success(), "{}", text(&out));
 }

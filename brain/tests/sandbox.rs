@@ -11,19 +11,21 @@ use std::path::PathBuf;
 
 use serde_json::json;
 use testkit::fake_llm::{FakeLlm, FakeReply};
-use testkit::{BrainOptions, Cluster, Worker, process_gone, text, wait_until};
+use testkit::{
+    BrainOptions, Cluster, Worker, assert_said, assert_stderr_says, process_gone, text, wait_until,
+};
 
-/// True if the mechanism works here; otherwise prints why the test is skipped.
-fn have(c: &Cluster, mechanism: &str, test: &str) -> bool {
+/// The cluster, if the mechanism works here; otherwise None, saying why the test is skipped.
+fn having(c: Cluster, mechanism: &str) -> Option<Cluster> {
     let (active, line) = c.doctor(mechanism);
     if !active {
         assert!(line.contains("MISSING"), "{line}");
         testkit::skip(
             mechanism,
-            &format!("{test} needs it, and worker doctor says: {line}"),
+            &format!("the test needs it, and worker doctor says: {line}"),
         );
     }
-    active
+    active.then_some(c)
 }
 
 /// Makes a test dir world-writable and traversable, so file permissions stop nothing.
@@ -59,14 +61,9 @@ fn exec(c: &Cluster, w: &Worker, extra: &[&str], script: &str) -> std::process::
 
 #[test]
 fn writes_outside_the_workspace_fail_and_change_nothing() {
-    let c = outside_tmp();
-    if !have(
-        &c,
-        "landlock",
-        "writes_outside_the_workspace_fail_and_change_nothing",
-    ) {
+    let Some(c) = having(outside_tmp(), "landlock") else {
         return;
-    }
+    };
     let w = c.join_worker("jailed");
     // Open the file permissions wide, so only Landlock stands in the way.
     open_up(&c.dir);
@@ -105,14 +102,9 @@ fn writes_outside_the_workspace_fail_and_change_nothing() {
 
 #[test]
 fn home_secrets_and_the_worker_key_are_unreadable() {
-    let c = outside_tmp();
-    if !have(
-        &c,
-        "landlock",
-        "home_secrets_and_the_worker_key_are_unreadable",
-    ) {
+    let Some(c) = having(outside_tmp(), "landlock") else {
         return;
-    }
+    };
     open_up(&c.dir);
     let home = c.dir.join("home");
     std::fs::create_dir_all(home.join(".ssh")).unwrap();
@@ -159,14 +151,9 @@ fn home_secrets_and_the_worker_key_are_unreadable() {
 
 #[test]
 fn a_fork_bomb_is_contained_and_the_worker_keeps_answering() {
-    let c = Cluster::start();
-    if !have(
-        &c,
-        "cgroup",
-        "a_fork_bomb_is_contained_and_the_worker_keeps_answering",
-    ) {
+    let Some(c) = having(Cluster::start(), "cgroup") else {
         return;
-    }
+    };
     let w = c.join_worker("bombed");
     let out = exec(
         &c,
@@ -201,14 +188,9 @@ fn a_fork_bomb_is_contained_and_the_worker_keeps_answering() {
 
 #[test]
 fn a_memory_hog_is_killed_with_a_clear_memory_limit_result() {
-    let c = Cluster::start();
-    if !have(
-        &c,
-        "cgroup",
-        "a_memory_hog_is_killed_with_a_clear_memory_limit_result",
-    ) {
+    let Some(c) = having(Cluster::start(), "cgroup") else {
         return;
-    }
+    };
     let w = c.join_worker("hog");
     let out = exec(
         &c,
@@ -217,11 +199,7 @@ fn a_memory_hog_is_killed_with_a_clear_memory_limit_result() {
         "awk 'BEGIN { s = \"xxxxxxxx\"; while (1) s = s s }'",
     );
     assert_ne!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("memory limit of 64 MiB exceeded"),
-        "{}",
-        text(&out)
-    );
+    assert_stderr_says(&out, "memory limit of 64 MiB exceeded");
 }
 
 #[test]
@@ -251,14 +229,9 @@ fn a_setsid_child_that_ignores_sigterm_is_killed_at_the_timeout() {
 
 #[test]
 fn with_the_network_off_a_loopback_listener_is_unreachable() {
-    let c = Cluster::start();
-    if !have(
-        &c,
-        "netns",
-        "with_the_network_off_a_loopback_listener_is_unreachable",
-    ) {
+    let Some(c) = having(Cluster::start(), "netns") else {
         return;
-    }
+    };
     let w = c.join_worker("offline");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -322,14 +295,9 @@ touch \"$TMPDIR/scratch\" && echo tmp-ok";
 
 #[test]
 fn real_tools_work_at_a_fixed_workspace_path_under_a_private_state_dir() {
-    let c = Cluster::start();
-    if !have(
-        &c,
-        "mountns",
-        "real_tools_work_at_a_fixed_workspace_path_under_a_private_state_dir",
-    ) {
+    let Some(c) = having(Cluster::start(), "mountns") else {
         return;
-    }
+    };
     // The state dir is under the test dir, which only its owner (root) may traverse: the
     // case of the default state dir in /root (mode 0700).
     std::fs::set_permissions(&c.dir, std::fs::Permissions::from_mode(0o700)).unwrap();
@@ -388,10 +356,9 @@ fn a_command_cannot_read_other_processes_in_proc() {
             .collect::<Vec<_>>()
     };
     let before = proc_mounts();
-    let c = Cluster::start();
-    if !have(&c, "proc", "a_command_cannot_read_other_processes_in_proc") {
+    let Some(c) = having(Cluster::start(), "proc") else {
         return;
-    }
+    };
     let w = c.join_worker("proc");
     let brain = c.brain.as_ref().unwrap().pid();
     let worker = w.proc.as_ref().unwrap().pid();
@@ -566,11 +533,7 @@ fn commands_ended_by_a_limit_say_which_limit() {
         &["--file-size", "1MiB"],
         "head -c 2000000 /dev/zero > big.bin; echo wrote",
     );
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("file size limit of 1 MiB exceeded"),
-        "{}",
-        text(&out)
-    );
+    assert_stderr_says(&out, "file size limit of 1 MiB exceeded");
     assert_eq!(
         std::fs::metadata(w.workspace().join("big.bin"))
             .unwrap()
@@ -589,18 +552,10 @@ fn commands_ended_by_a_limit_say_which_limit() {
         "{}",
         text(&out)
     );
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("killed: file size limit of 1 MiB exceeded"),
-        "{}",
-        text(&out)
-    );
+    assert_stderr_says(&out, "killed: file size limit of 1 MiB exceeded");
     // CPU time: the shell itself spins and is ended by SIGXCPU.
     let out = exec(&c, &w, &["--cpu-time", "1s"], "while :; do :; done");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("killed: CPU time limit of 1s exceeded"),
-        "{}",
-        text(&out)
-    );
+    assert_stderr_says(&out, "killed: CPU time limit of 1s exceeded");
 }
 
 /// A task that keeps more on its worker's disk than `--disk-quota` / `--disk-files` allow —
@@ -660,7 +615,7 @@ fn a_task_over_its_disk_quota_is_stopped_with_the_reason() {
             .count();
         assert_eq!(issued, 2, "{fill}: {log:?}");
         let out = c.brain_cli(&["task", "show", &id]);
-        assert!(text(&out).contains("over its disk quota"), "{}", text(&out));
+        assert_said(&out, "over its disk quota");
     }
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
+use testkit::git_server::init_repo;
 use testkit::{BrainOptions, Cluster, text};
 
 const MODEL: &str = "openai:small-coder";
@@ -23,43 +24,24 @@ fn cluster(llm: &FakeLlm) -> Cluster {
 /// imports `stats`, whose `mean` calls `helpers.total`... the bug is in `stats.py`.
 fn repo(c: &Cluster) -> String {
     let dir = c.dir.join("repo");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("stats.py"),
-        "import helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / (len(xs) + 1)\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("helpers.py"),
-        "def total(xs):\n    s = 0\n    for x in xs:\n        s += x\n    return s\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("test_stats.py"),
-        "from stats import mean\n\nassert mean([]) == 0\nassert mean([2, 4]) == 3, mean([2, 4])\nprint('ok')\n",
-    )
-    .unwrap();
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "."],
+    init_repo(
+        &dir,
         &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-qm",
-            "start",
+            (
+                "stats.py",
+                "import helpers\n\n\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / (len(xs) + 1)\n",
+            ),
+            (
+                "helpers.py",
+                "def total(xs):\n    s = 0\n    for x in xs:\n        s += x\n    return s\n",
+            ),
+            (
+                "test_stats.py",
+                "from stats import mean\n\nassert mean([]) == 0\nassert mean([2, 4]) == 3, mean([2, 4])\nprint('ok')\n",
+            ),
         ],
-    ] {
-        let ok = std::process::Command::new("git")
-            .args(args)
-            .current_dir(&dir)
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "git {args:?}");
-    }
+    )
+    .unwrap();
     dir.display().to_string()
 }
 
@@ -100,12 +82,6 @@ fn ended(c: &Cluster, id: &str) -> String {
     )
 }
 
-fn show(c: &Cluster, id: &str) -> Value {
-    let out = c.brain_cli(&["task", "show", id, "--json"]);
-    assert!(out.status.success(), "{}", text(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// The text of the `n`th user message of a request (text mode sends plain strings).
 fn user_text(r: &FakeRequest, n: usize) -> String {
     r.messages()
@@ -141,7 +117,7 @@ fn the_failing_code_is_in_view_and_a_search_replace_block_fixes_it() {
     });
     let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
-    assert_eq!(show(&c, &id)["verification"], "verified");
+    assert_eq!(c.task_show(&id)["verification"], "verified");
 
     let reqs = llm.requests();
     // The first message: the check's failing output and every file of this small
@@ -195,7 +171,7 @@ fn a_block_that_begins_a_definition_in_view_replaces_it() {
     });
     let (c, w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
-    assert_eq!(show(&c, &id)["verification"], "verified");
+    assert_eq!(c.task_show(&id)["verification"], "verified");
     let num = id.trim_start_matches("t-");
     let file =
         std::fs::read_to_string(w.state.join(format!("workspaces/task-{num}/stats.py"))).unwrap();
@@ -224,7 +200,7 @@ fn a_write_that_changes_nothing_and_a_refused_finish_end_the_task_as_stuck() {
     });
     let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "stuck", "{}", c.brain_log());
-    let reason = show(&c, &id)["reason"].as_str().unwrap().to_string();
+    let reason = c.task_show(&id)["reason"].as_str().unwrap().to_string();
     assert!(
         reason.contains("round in circles") && reason.contains("2 calls"),
         "{reason}"
@@ -254,7 +230,7 @@ fn a_fix_written_as_a_block_beside_a_finish_is_applied_before_the_check() {
     });
     let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
-    assert_eq!(show(&c, &id)["verification"], "verified");
+    assert_eq!(c.task_show(&id)["verification"], "verified");
     assert_eq!(
         llm.count(),
         1,
@@ -278,7 +254,7 @@ fn the_check_runs_after_a_change_and_a_reply_that_only_talks_after_it_passes_fin
     });
     let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
-    assert_eq!(show(&c, &id)["verification"], "verified");
+    assert_eq!(c.task_show(&id)["verification"], "verified");
     assert_eq!(
         llm.count(),
         3,
@@ -320,7 +296,7 @@ fn a_reply_that_only_talks_while_the_check_fails_is_not_a_finish() {
     let llm = FakeLlm::start(|_| FakeReply::text("I think the code is fine."));
     let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "stalled", "{}", c.brain_log());
-    assert_eq!(show(&c, &id)["verification"], "failing");
+    assert_eq!(c.task_show(&id)["verification"], "failing");
 }
 
 #[test]
@@ -334,7 +310,7 @@ fn a_failed_fix_is_told_as_what_was_done_and_writing_it_again_changes_nothing() 
     });
     let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
-    assert_eq!(show(&c, &id)["verification"], "verified");
+    assert_eq!(c.task_show(&id)["verification"], "verified");
     let reqs = llm.requests();
     // After the failed fix: what it did, in the user's voice; not its own words to copy.
     let second = serde_json::to_string(&reqs[1].messages()).unwrap();
@@ -378,7 +354,7 @@ fn a_change_that_breaks_a_passing_fix_is_undone_and_a_model_that_stops_there_is_
     });
     let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
-    assert_eq!(show(&c, &id)["verification"], "verified");
+    assert_eq!(c.task_show(&id)["verification"], "verified");
     let reqs = llm.requests();
     assert_eq!(
         reqs.len(),
@@ -439,7 +415,7 @@ fn a_model_that_writes_its_failed_fix_again_and_again_starts_again_from_the_star
     });
     let (c, _w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
-    assert_eq!(show(&c, &id)["verification"], "verified");
+    assert_eq!(c.task_show(&id)["verification"], "verified");
     let log = c.task_log_json(&id);
     let undone: Vec<&Value> = log
         .iter()

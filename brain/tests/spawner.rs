@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use testkit::{Cluster, Worker, process_gone, text, wait_until};
+use testkit::{Cluster, Worker, assert_stderr_says, process_gone, text, wait_until};
 
 fn exec(c: &Cluster, w: &Worker, extra: &[&str], script: &str) -> std::process::Output {
     let mut args = vec!["exec", w.id.as_str()];
@@ -79,11 +79,7 @@ fn commands_are_started_by_a_pre_confined_spawner_with_every_guarantee() {
         );
         // Exit status and both streams, exactly.
         assert_eq!(out.status.code(), Some(3 + i), "{}", text(&out));
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains(&format!("to-stderr-{i}")),
-            "{}",
-            text(&out)
-        );
+        assert_stderr_says(&out, &format!("to-stderr-{i}"));
         let r = report(&out);
         // Started by the workspace's spawner, which outlives the call and serves the next.
         let spawner = cmdline(r.parent);

@@ -2,12 +2,13 @@
 //! (barriers, root hashes checked), and a task moved between workers mid-run ends with
 //! exactly the workspace an unmoved run of the same plan ends with.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use testkit::fake_llm::{FakeLlm, FakeReply};
-use testkit::{BrainOptions, Cluster, text};
+use testkit::git_server::init_repo;
+use testkit::{BrainOptions, Cluster, assert_failed_saying, text};
 
 /// A plan that builds a small tree step by step: files, directories, an executable, a
 /// symlink, a deletion and a rename.
@@ -23,9 +24,7 @@ fn tree_plan(c: &Cluster, pause: &str) -> PathBuf {
     steps.push(json!({"run": ["sh", "-c", "printf '#!/bin/sh\\necho hi\\n' > run.sh; chmod +x run.sh; ln -s d1/sub/f.txt link"]}));
     steps.push(json!({"run": ["sh", "-c", "rm -r d2; mv d3 renamed"]}));
     steps.push(json!({"write": {"path": "notes/done.txt", "content": "done\n"}}));
-    let path = c.dir.join("tree-plan.json");
-    std::fs::write(&path, json!({ "steps": steps }).to_string()).unwrap();
-    path
+    plan_file(c, "tree-plan.json", json!({ "steps": steps }))
 }
 
 /// A cluster whose brain talks to the fake model server (and clones local repositories).
@@ -45,6 +44,46 @@ fn last_root(log: &[Value]) -> String {
         .expect("a barrier in the log")
 }
 
+/// The records of `kind` in a task's log.
+fn of_kind<'a>(log: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    log.iter().filter(|r| r["kind"] == kind).collect()
+}
+
+/// What the task's commands printed, in order.
+fn outputs(log: &[Value]) -> Vec<&str> {
+    of_kind(log, "tool_output")
+        .into_iter()
+        .filter_map(|r| r["stdout"].as_str())
+        .collect()
+}
+
+/// `brain task move ID --to WORKER`, which must be taken.
+fn move_to(c: &Cluster, id: &str, worker: &str) {
+    let out = c.brain_cli(&["task", "move", id, "--to", worker]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// The workspace root `plan` ends with on `worker`, never moved: the reference.
+fn unmoved_root(c: &Cluster, plan: &Path, worker: &str) -> String {
+    let plain = c.run_plan(plan, worker);
+    c.wait_status(&plain, &["finished"], Duration::from_secs(60));
+    last_root(&c.task_log_json(&plain))
+}
+
+/// Writes `steps` as the plan `name` in the cluster's directory.
+fn plan_file(c: &Cluster, name: &str, steps: Value) -> PathBuf {
+    let plan = c.dir.join(name);
+    std::fs::write(&plan, steps.to_string()).unwrap();
+    plan
+}
+
+/// What `brain watch` shows of a plan whose one step runs `script` on worker `w`.
+fn watched(c: &Cluster, name: &str, script: &str) -> String {
+    let plan = plan_file(c, name, json!({"steps": [{"run": ["sh", "-c", script]}]}));
+    let out = c.brain_cli(&["watch", &c.run_plan(&plan, "w")]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn read(c: &Cluster, worker: &str, id: &str, path: &str) -> Option<String> {
     let ws = format!("task-{}", id.trim_start_matches("t-"));
     let out = c.brain_cli(&["file", "read", worker, path, "--workspace", &ws]);
@@ -61,23 +100,12 @@ fn a_task_moved_mid_run_ends_with_the_workspace_of_an_unmoved_run() {
     let b = c.join_worker_with("b", &[("TETHER_MATERIALISE_MEMORY", "0")]);
     let plan = tree_plan(&c, "0.2");
     // The reference: the same plan, never moved.
-    let plain = c.run_plan(&plan, "a");
-    assert_eq!(
-        c.wait_status(&plain, &["finished", "failed"], Duration::from_secs(60)),
-        "finished"
-    );
-    let want = last_root(&c.task_log_json(&plain));
+    let want = unmoved_root(&c, &plan, "a");
 
     let moved = c.run_plan(&plan, "a");
     c.wait_records(&moved, "tool_call_completed", 3, Duration::from_secs(30));
-    let out = c.brain_cli(&["task", "move", &moved, "--to", "b"]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        c.wait_status(&moved, &["finished", "failed"], Duration::from_secs(60)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    move_to(&c, &moved, "b");
+    c.wait_status(&moved, &["finished"], Duration::from_secs(60));
     let log = c.task_log_json(&moved);
     assert_eq!(last_root(&log), want, "the moved run's workspace differs");
     let kinds: Vec<&str> = log.iter().map(|r| r["kind"].as_str().unwrap()).collect();
@@ -162,12 +190,7 @@ fn an_agent_moved_between_calls_is_told_and_carries_on_with_its_files() {
         1,
         "the move completed before `--wait` returned"
     );
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
     let reqs = llm.requests();
     let said = reqs[1].body["messages"].to_string();
     assert!(
@@ -190,25 +213,14 @@ fn a_brain_killed_during_a_move_completes_it_or_rolls_it_back() {
     let _a = c.join_worker("a");
     let _b = c.join_worker("b");
     let plan = tree_plan(&c, "0.2");
-    let plain = c.run_plan(&plan, "a");
-    assert_eq!(
-        c.wait_status(&plain, &["finished", "failed"], Duration::from_secs(60)),
-        "finished"
-    );
-    let want = last_root(&c.task_log_json(&plain));
+    let want = unmoved_root(&c, &plan, "a");
     let id = c.run_plan(&plan, "a");
     c.wait_records(&id, "tool_call_completed", 2, Duration::from_secs(30));
-    let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
-    assert!(out.status.success(), "{}", text(&out));
+    move_to(&c, &id, "b");
     c.wait_records(&id, "move_started", 1, Duration::from_secs(30));
     c.kill_brain();
     c.start_brain().unwrap();
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(60));
     let log = c.task_log_json(&id);
     assert_eq!(last_root(&log), want);
     let count = |k: &str| log.iter().filter(|r| r["kind"] == k).count();
@@ -228,31 +240,18 @@ fn a_sigkilled_worker_fails_over_to_another_and_the_task_ends_with_the_same_work
     let mut a = c.join_worker("a");
     let b = c.join_worker("b");
     let plan = tree_plan(&c, "0.3");
-    let plain = c.run_plan(&plan, "b");
-    assert_eq!(
-        c.wait_status(&plain, &["finished", "failed"], Duration::from_secs(60)),
-        "finished"
-    );
-    let want = last_root(&c.task_log_json(&plain));
+    let want = unmoved_root(&c, &plan, "b");
     let id = c.run_plan(&plan, "a");
     c.wait_records(&id, "tool_call_completed", 3, Duration::from_secs(30));
     a.kill();
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(60));
     let log = c.task_log_json(&id);
     assert_eq!(
         last_root(&log),
         want,
         "the failed-over run's workspace differs"
     );
-    let moved: Vec<&Value> = log
-        .iter()
-        .filter(|r| r["kind"] == "move_completed")
-        .collect();
+    let moved = of_kind(&log, "move_completed");
     assert_eq!(moved.len(), 1);
     assert_eq!(moved[0]["to"], b.id.as_str());
     assert_eq!(read(&c, &b.id, &id, "log.txt").unwrap().lines().count(), 8);
@@ -268,33 +267,20 @@ fn a_task_starts_from_a_git_repository_the_brain_clones() {
     let c = with_model(&llm);
     let w = c.join_worker("w");
     let repo = c.dir.join("repo");
-    std::fs::create_dir_all(repo.join("src")).unwrap();
-    std::fs::write(repo.join("src/lib.txt"), "from the repository\n").unwrap();
-    std::fs::write(repo.join(".gitignore"), "*.tmp\n").unwrap();
-    let git = |args: &[&str]| {
-        let out = std::process::Command::new("git")
-            .arg("-C")
-            .arg(&repo)
-            .args(["-c", "user.name=t", "-c", "user.email=t@localhost"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "git {args:?}: {}", text(&out));
-    };
-    git(&["init", "-q", "-b", "main"]);
-    git(&["add", "."]);
-    git(&["commit", "-q", "-m", "init"]);
+    init_repo(
+        &repo,
+        &[
+            ("src/lib.txt", "from the repository\n"),
+            (".gitignore", "*.tmp\n"),
+        ],
+    )
+    .unwrap();
     let id = c
         .agent()
         .worker("w")
         .args(&["--git", repo.to_str().unwrap()])
         .start("read the code");
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
     let reqs = llm.requests();
     let listing = reqs[1].body["messages"].to_string();
     assert!(
@@ -351,25 +337,18 @@ fn a_task_starts_from_a_git_repository_the_brain_clones() {
         .worker("w")
         .args(&["--git", c.dir.join("nope").to_str().unwrap()])
         .try_start("x");
-    assert!(!out.status.success());
-    assert!(text(&out).contains("git clone of"), "{}", text(&out));
+    assert_failed_saying(&out, "git clone of");
 }
 
 #[test]
 fn watchers_see_file_changes_as_they_happen() {
     let c = Cluster::start();
     let _w = c.join_worker("w");
-    let plan = c.dir.join("live-plan.json");
-    std::fs::write(
-        &plan,
-        json!({"steps": [{"run": ["sh", "-c",
-            "sleep 1.5; mkdir -p src; echo one > src/live.txt; mkdir -p target; echo x > target/ignored.o; sleep 2; rm src/live.txt; sleep 2"]}]})
-        .to_string(),
-    )
-    .unwrap();
-    let id = c.run_plan(&plan, "w");
-    let out = c.brain_cli(&["watch", &id]);
-    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    let shown = watched(
+        &c,
+        "live-plan.json",
+        "sleep 1.5; mkdir -p src; echo one > src/live.txt; mkdir -p target; echo x > target/ignored.o; sleep 2; rm src/live.txt; sleep 2",
+    );
     assert!(shown.contains("    ~ src/live.txt"), "{shown}");
     assert!(shown.contains("    - src/live.txt"), "{shown}");
     assert!(
@@ -382,19 +361,13 @@ fn watchers_see_file_changes_as_they_happen() {
 fn watchers_are_told_when_more_changed_than_is_listed() {
     let c = Cluster::start();
     let _w = c.join_worker("w");
-    let plan = c.dir.join("many-plan.json");
     // A directory of 700 files moved in at once: inotify names the directory, the worker
     // lists its files up to what one message holds and says the list is cut.
-    std::fs::write(
-        &plan,
-        json!({"steps": [{"run": ["sh", "-c",
-            "sleep 1.5; t=$(mktemp -d); mkdir \"$t/gen\"; for i in $(seq 700); do echo x > \"$t/gen/f$i\"; done; mv \"$t/gen\" gen; rmdir \"$t\"; sleep 2"]}]})
-        .to_string(),
-    )
-    .unwrap();
-    let id = c.run_plan(&plan, "w");
-    let out = c.brain_cli(&["watch", &id]);
-    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    let shown = watched(
+        &c,
+        "many-plan.json",
+        "sleep 1.5; t=$(mktemp -d); mkdir \"$t/gen\"; for i in $(seq 700); do echo x > \"$t/gen/f$i\"; done; mv \"$t/gen\" gen; rmdir \"$t\"; sleep 2",
+    );
     assert!(shown.contains("    ~ gen/f"), "{shown}");
     assert!(
         shown.contains("    … more files changed than are listed here"),
@@ -421,12 +394,7 @@ fn a_task_starts_from_a_directory_on_its_worker_without_resending_it() {
         .worker("laptop")
         .args(&["--dir", project.to_str().unwrap()])
         .start("change main");
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(30)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
     assert!(
         llm.requests()[1].body["messages"]
             .to_string()
@@ -453,8 +421,7 @@ fn a_task_starts_from_a_directory_on_its_worker_without_resending_it() {
         .worker("laptop")
         .args(&["--dir", c.dir.join("laptop").to_str().unwrap()])
         .try_start("steal");
-    assert!(!out.status.success());
-    assert!(text(&out).contains("refusing to import"), "{}", text(&out));
+    assert_failed_saying(&out, "refusing to import");
 }
 
 #[test]
@@ -486,12 +453,7 @@ fn failover_and_moves_go_only_to_workers_with_the_required_labels() {
     assert!(on == gpu1.id || on == gpu2.id, "placed on {on}");
     // A move to a worker without the label is refused.
     let out = c.brain_cli(&["task", "move", &id, "--to", "cpu"]);
-    assert!(!out.status.success());
-    assert!(
-        text(&out).contains("does not have the labels"),
-        "{}",
-        text(&out)
-    );
+    assert_failed_saying(&out, "does not have the labels");
     // Killing the worker it runs on fails it over to the other gpu worker, never to cpu.
     c.wait_records(&id, "tool_call_completed", 2, Duration::from_secs(30));
     let other = if on == gpu1.id {
@@ -502,17 +464,9 @@ fn failover_and_moves_go_only_to_workers_with_the_required_labels() {
         g2.kill();
         gpu1.id.clone()
     };
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(&id, &["finished"], Duration::from_secs(60));
     let log = c.task_log_json(&id);
-    let moved: Vec<&Value> = log
-        .iter()
-        .filter(|r| r["kind"] == "move_completed")
-        .collect();
+    let moved = of_kind(&log, "move_completed");
     assert_eq!(moved.len(), 1);
     assert_eq!(moved[0]["to"], other.as_str());
 }
@@ -533,8 +487,7 @@ fn a_same_size_rewrite_with_its_old_mtime_put_back_reaches_the_mirror_and_surviv
         {"run": ["sleep", "3"]},
         {"run": ["cat", "f.txt"]},
     ]});
-    let plan = c.dir.join("rewrite-plan.json");
-    std::fs::write(&plan, steps.to_string()).unwrap();
+    let plan = plan_file(&c, "rewrite-plan.json", steps);
     let id = c.run_plan(&plan, "a");
     c.wait_records(&id, "barrier", 1, Duration::from_secs(30));
     // While a is down (nothing watches the workspace, so only a whole walk can tell):
@@ -566,24 +519,14 @@ fn a_same_size_rewrite_with_its_old_mtime_put_back_reaches_the_mirror_and_surviv
         "the barrier after the restart did not walk: {}",
         a.log_text()
     );
-    let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    move_to(&c, &id, "b");
+    c.wait_status(&id, &["finished"], Duration::from_secs(60));
     assert_eq!(read(&c, &b.id, &id, "f.txt").as_deref(), Some("version 2"));
     let log = c.task_log_json(&id);
-    let outputs: Vec<&str> = log
-        .iter()
-        .filter(|r| r["kind"] == "tool_output")
-        .filter_map(|r| r["stdout"].as_str())
-        .collect();
+    let printed = outputs(&log);
     assert!(
-        outputs.iter().any(|o| o.contains("version 2")),
-        "the last step ran on the moved workspace: {outputs:?}"
+        printed.iter().any(|o| o.contains("version 2")),
+        "the last step ran on the moved workspace: {printed:?}"
     );
     assert!(log.iter().any(|r| r["kind"] == "move_completed"));
 }
@@ -602,27 +545,16 @@ fn a_move_back_to_a_warm_worker_sends_only_what_changed_there() {
         {"run": ["sleep", "3"]},
         {"run": ["sh", "-c", "cat notes.txt new/deep/n.txt; test -x run.sh; test -L link; test ! -e old.txt; test ! -e d2; ls d0/sub | wc -l"]}
     ]});
-    let plan = c.dir.join("warm-plan.json");
-    std::fs::write(&plan, steps.to_string()).unwrap();
+    let plan = plan_file(&c, "warm-plan.json", steps);
     let id = c.run_plan(&plan, "a");
     c.wait_records(&id, "tool_call_completed", 1, Duration::from_secs(60));
-    let out = c.brain_cli(&["task", "move", &id, "--to", "b"]);
-    assert!(out.status.success(), "{}", text(&out));
+    move_to(&c, &id, "b");
     c.wait_records(&id, "move_completed", 1, Duration::from_secs(60));
     c.wait_records(&id, "tool_call_completed", 3, Duration::from_secs(60));
-    let out = c.brain_cli(&["task", "move", &id, "--to", "a"]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        c.wait_status(&id, &["finished", "failed"], Duration::from_secs(60)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    move_to(&c, &id, "a");
+    c.wait_status(&id, &["finished"], Duration::from_secs(60));
     let log = c.task_log_json(&id);
-    let moves: Vec<&Value> = log
-        .iter()
-        .filter(|r| r["kind"] == "move_completed")
-        .collect();
+    let moves = of_kind(&log, "move_completed");
     assert_eq!(moves.len(), 2, "{log:?}");
     let (cold, warm) = (
         testkit::json_u64(&moves[0]["wire_bytes"]).unwrap(),
@@ -645,11 +577,7 @@ fn a_move_back_to_a_warm_worker_sends_only_what_changed_there() {
         .find(|r| r["kind"] == "tool_call_completed")
         .unwrap();
     assert_eq!(last["result"]["exit_code"], 0, "{last}");
-    let said: String = log
-        .iter()
-        .filter(|r| r["kind"] == "tool_output")
-        .filter_map(|r| r["stdout"].as_str())
-        .collect();
+    let said: String = outputs(&log).concat();
     assert!(said.ends_with("one\ntwo\nn\n100\n"), "{said:?}");
     assert_eq!(
         read(&c, &a.id, &id, "notes.txt").as_deref(),

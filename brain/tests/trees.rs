@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use testkit::{Cluster, text};
+use testkit::{Cluster, assert_stdout_says, text};
 
 /// A gate a plan's step waits at, opened by the test: a file outside /tmp (commands see a
 /// private /tmp), which commands may read.
@@ -57,12 +57,7 @@ fn there_and_back(c: &Cluster, id: &str, gates: &Gates, to: &str, back: &str) ->
     let out = c.brain_cli(&["task", "move", id, "--to", back]);
     assert!(out.status.success(), "{}", text(&out));
     gates.open(2);
-    assert_eq!(
-        c.wait_status(id, &["finished", "failed"], Duration::from_secs(240)),
-        "finished",
-        "{}",
-        c.brain_log()
-    );
+    c.wait_status(id, &["finished"], Duration::from_secs(240));
     let log = c.task_log_json(id);
     let count = |k: &str| log.iter().filter(|r| r["kind"] == k).count();
     assert_eq!(
@@ -189,11 +184,7 @@ fn what_a_task_leaves_in_its_workspace_never_stops_a_barrier_or_a_move() {
     assert_eq!(paths, ["caf\\xe9.txt", "pipe", "sock"], "{named:?}");
     assert!(named.iter().any(|(p, r)| p == "pipe" && r.contains("FIFO")));
     let shown = c.brain_cli(&["task", "log", &id]);
-    assert!(
-        String::from_utf8_lossy(&shown.stdout).contains("! caf\\xe9.txt: its name is not UTF-8"),
-        "{}",
-        text(&shown)
-    );
+    assert_stdout_says(&shown, "! caf\\xe9.txt: its name is not UTF-8");
 }
 
 #[test]

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
-use testkit::{BrainOptions, Cluster, text};
+use testkit::git_server::init_repo;
+use testkit::{BrainOptions, Cluster, assert_failed_saying};
 
 /// The key the brain knows (from its config): it must never appear outside the fake's
 /// request headers.
@@ -40,12 +41,6 @@ fn ended(c: &Cluster, id: &str) -> String {
         &["finished", "failed", "stuck", "stalled", "budget_exhausted"],
         Duration::from_secs(60),
     )
-}
-
-fn show(c: &Cluster, id: &str) -> Value {
-    let out = c.brain_cli(&["task", "show", id, "--json"]);
-    assert!(out.status.success(), "{}", text(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// The text of the first user message of a request.
@@ -92,7 +87,7 @@ fn a_finish_is_checked_and_a_failing_check_keeps_the_task_going_until_it_passes(
         3,
         "one more turn after the refusal, then the finish that passed"
     );
-    let t = show(&c, &id);
+    let t = c.task_show(&id);
     assert_eq!(t["verification"], "verified", "{t}");
     assert_eq!(t["verified"], true);
     assert!(
@@ -138,7 +133,7 @@ fn a_finish_written_with_other_calls_is_not_taken_and_no_check_means_unverified(
         results[1].contains("not done: `finish` was written in the same reply"),
         "{results:?}"
     );
-    let t = show(&c, &id);
+    let t = c.task_show(&id);
     assert_eq!(t["verification"], "unverified", "{t}");
     assert_eq!(t["verified"], false);
     let tasks = stdout(&c.brain_cli(&["tasks", "--json"]));
@@ -162,7 +157,7 @@ fn a_cycle_of_four_calls_earns_a_note_then_stops_the_task_as_stuck() {
     let w = c.join_worker("circles");
     let id = start(&c, &w.id, &["--max-steps", "40"]);
     assert_eq!(ended(&c, &id), "stuck", "{}", c.brain_log());
-    let reason = show(&c, &id)["reason"].as_str().unwrap().to_string();
+    let reason = c.task_show(&id)["reason"].as_str().unwrap().to_string();
     assert!(
         reason.contains("round in circles") && reason.contains("4 calls"),
         "{reason}"
@@ -187,7 +182,7 @@ fn out_of_budget_after_a_failing_check_is_not_finished() {
     let w = c.join_worker("stubborn");
     let id = start(&c, &w.id, &["--check", "false", "--max-steps", "2"]);
     assert_eq!(ended(&c, &id), "budget_exhausted", "{}", c.brain_log());
-    let t = show(&c, &id);
+    let t = c.task_show(&id);
     assert_eq!(t["verification"], "failing", "{t}");
     assert_eq!(t["verified"], false);
 }
@@ -199,17 +194,8 @@ fn a_slow_answer_does_not_carry_the_task_past_its_wall_time_budget() {
     let c = cluster(&llm);
     let w = c.join_worker("slow");
     let id = start(&c, &w.id, &["--max-wall", "2s"]);
-    assert_eq!(
-        c.wait_status(
-            &id,
-            &["budget_exhausted", "finished"],
-            Duration::from_secs(15)
-        ),
-        "budget_exhausted",
-        "{}",
-        c.brain_log()
-    );
-    let t = show(&c, &id);
+    c.wait_status(&id, &["budget_exhausted"], Duration::from_secs(15));
+    let t = c.task_show(&id);
     assert!(
         t["reason"].as_str().unwrap().contains("wall-time budget"),
         "{t}"
@@ -232,7 +218,7 @@ fn a_model_that_stops_calling_tools_is_stalled_not_finished() {
     let id = start(&c, &w.id, &[]);
     assert_eq!(ended(&c, &id), "stalled", "{}", c.brain_log());
     assert!(
-        show(&c, &id)["reason"]
+        c.task_show(&id)["reason"]
             .as_str()
             .unwrap()
             .contains("stopped calling tools"),
@@ -292,16 +278,7 @@ fn a_key_the_model_writes_is_masked_in_calls_summaries_records_output_and_listin
     ]);
     let c = cluster(&llm);
     let w = c.join_worker("leaky");
-    let out = c.brain_cli(&[
-        "run",
-        "--model",
-        "openai:gpt-4.1",
-        "--permission",
-        "full",
-        "--worker",
-        &w.id,
-        "show the key",
-    ]);
+    let out = c.agent().worker(&w.id).follow("show the key");
     let followed = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
     assert_eq!(
         c.task_status("t-1").as_deref(),
@@ -337,34 +314,17 @@ fn a_key_the_model_writes_is_masked_in_calls_summaries_records_output_and_listin
 /// A small repository with a failing test, as a git URL the brain can clone.
 fn repo(c: &Cluster) -> String {
     let dir = c.dir.join("repo");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("calc.sh"), "add() { echo $(($1 - $2)); }\n").unwrap();
-    std::fs::write(
-        dir.join("test.sh"),
-        ". ./calc.sh\n[ \"$(add 2 3)\" = 5 ] || { echo 'FAIL add 2 3'; exit 1; }\necho ok\n",
+    init_repo(
+        &dir,
+        &[
+            ("calc.sh", "add() { echo $(($1 - $2)); }\n"),
+            (
+                "test.sh",
+                ". ./calc.sh\n[ \"$(add 2 3)\" = 5 ] || { echo 'FAIL add 2 3'; exit 1; }\necho ok\n",
+            ),
+        ],
     )
     .unwrap();
-    for args in [
-        &["init", "-q", "-b", "main"][..],
-        &["add", "."],
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-qm",
-            "start",
-        ],
-    ] {
-        let ok = std::process::Command::new("git")
-            .args(args)
-            .current_dir(&dir)
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "git {args:?}");
-    }
     dir.display().to_string()
 }
 
@@ -407,7 +367,7 @@ fn the_checks_own_files_are_protected_and_put_back_before_each_check() {
             && told[2].contains("FAIL add 2 3"),
         "the edited test was put back before the check: {told:?}"
     );
-    let t = show(&c, &id);
+    let t = c.task_show(&id);
     assert_eq!(t["verification"], "verified", "{t}");
     let log = c.task_log_json(&id);
     let restored: Vec<&Value> = log
@@ -432,10 +392,5 @@ fn protect_without_a_check_is_refused_clearly() {
         .worker(&w.id)
         .args(&["--protect", "tests/**"])
         .try_start("do it");
-    assert!(!out.status.success());
-    assert!(
-        text(&out).contains("protected files need an acceptance check"),
-        "{}",
-        text(&out)
-    );
+    assert_failed_saying(&out, "protected files need an acceptance check");
 }

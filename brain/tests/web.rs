@@ -3,68 +3,18 @@
 //! CSRF, origins, revoked and expired credentials), the event stream resuming exactly after
 //! a cut and after a brain SIGKILL, the workspace endpoints, and that no secret is logged.
 
+mod web_api;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use testkit::fake_llm::{FakeLlm, FakeReply};
-use testkit::{BrainOptions, Cluster, text};
+use testkit::{BrainOptions, Cluster, assert_stderr_says, stdout, text};
+use web_api::{bearer, call, client, get, get_response, open_stream, post, wait_status};
 
 fn cluster(llm: &FakeLlm) -> Cluster {
-    Cluster::start_with(BrainOptions {
-        web: true,
-        ..BrainOptions::with_llm(llm, "sk-web-test", "")
-    })
-}
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn token(c: &Cluster, name: &str, role: &str, ttl: &str) -> String {
-    let out = c.brain_cli(&[
-        "admin", "token", "create", "--name", name, "--role", role, "--ttl", ttl,
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    stdout(&out)
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
-
-/// A request's status and JSON (or text as a JSON string).
-async fn call(
-    c: &Cluster,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut r = client().request(method.parse().unwrap(), format!("{}{path}", c.web_url()));
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    if let Some(b) = body {
-        r = r
-            .header("content-type", "application/json")
-            .body(b.to_string());
-    }
-    let resp = r.send().await.expect("the web API answers");
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-fn bearer(t: &str) -> String {
-    format!("Bearer {t}")
+    Cluster::start_with(BrainOptions::web_with_llm(llm, "sk-web-test"))
 }
 
 fn status_of(c: &Cluster, id: &str) -> String {
@@ -73,11 +23,8 @@ fn status_of(c: &Cluster, id: &str) -> String {
 
 /// The log as `brain task log --json` prints it: each record's sequence number and kind.
 fn log_seqs(c: &Cluster, id: &str) -> Vec<(u64, String)> {
-    let out = c.brain_cli(&["task", "log", id, "--json"]);
-    assert!(out.status.success(), "{}", text(&out));
-    stdout(&out)
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+    c.task_log_json(id)
+        .into_iter()
         .filter(|v| v.get("seq").is_some())
         .map(|v| {
             (
@@ -96,14 +43,16 @@ struct Sse {
     data: Value,
 }
 
-/// Reads SSE events from an open response until `stop` says so, the stream ends, or the
-/// deadline passes.
+/// Opens an event stream of `path` (after `last_id`, if given) and reads its events until
+/// `stop` says so, the stream ends, or `timeout` passes; then cuts the connection.
 async fn read_sse(
-    resp: &mut reqwest::Response,
-    buf: &mut String,
+    c: &Cluster,
+    (path, auth, last_id): (&str, &str, Option<u64>),
     mut stop: impl FnMut(&Sse) -> bool,
     timeout: Duration,
 ) -> Vec<Sse> {
+    let mut resp = open_sse(c, path, auth, last_id).await;
+    let mut buf = String::new();
     let deadline = Instant::now() + timeout;
     let mut out = Vec::new();
     loop {
@@ -144,16 +93,9 @@ async fn read_sse(
     }
 }
 
+/// An event stream (after `last_id`, if given), open and answering as one.
 async fn open_sse(c: &Cluster, path: &str, auth: &str, last_id: Option<u64>) -> reqwest::Response {
-    let mut r = client()
-        .get(format!("{}{path}", c.web_url()))
-        .header("authorization", auth)
-        .header("accept", "text/event-stream")
-        .timeout(Duration::from_secs(120));
-    if let Some(id) = last_id {
-        r = r.header("last-event-id", id.to_string());
-    }
-    let resp = r.send().await.unwrap();
+    let resp = open_stream(c, path, auth, last_id).await;
     assert_eq!(resp.status(), 200);
     assert!(
         resp.headers()["content-type"]
@@ -164,16 +106,9 @@ async fn open_sse(c: &Cluster, path: &str, auth: &str, last_id: Option<u64>) -> 
     resp
 }
 
-async fn wait_status(c: &Cluster, id: &str, want: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while status_of(c, id) != want {
-        assert!(
-            Instant::now() < deadline,
-            "{id} never {want}: {}",
-            c.brain_log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// The error message of a refusal.
+fn message(body: &Value) -> &str {
+    body["error"]["message"].as_str().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,8 +119,8 @@ async fn who_may_do_what_and_nothing_changes_when_refused() {
     ]);
     let c = cluster(&llm);
     let _w = c.join_worker("laptop");
-    let viewer = token(&c, "watcher", "viewer", "1h");
-    let operator = token(&c, "ci", "operator", "1h");
+    let viewer = c.web_token("watcher", "viewer", "1h");
+    let operator = c.web_token("ci", "operator", "1h");
     let id = c
         .agent()
         .permission("ask")
@@ -194,107 +129,8 @@ async fn who_may_do_what_and_nothing_changes_when_refused() {
     wait_status(&c, &id, "waiting").await;
     let approve = format!("/api/tasks/{id}/approve");
 
-    // No credential, a wrong one.
-    let (s, body) = call(&c, "GET", "/api/tasks", &[], None).await;
-    assert_eq!(s, 401, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("brain web login")
-    );
-    let (s, _) = call(
-        &c,
-        "GET",
-        "/api/tasks",
-        &[("authorization", "Bearer tw_nope")],
-        None,
-    )
-    .await;
-    assert_eq!(s, 401);
-
-    // A viewer reads, and may not approve.
-    let (s, body) = call(
-        &c,
-        "GET",
-        "/api/tasks",
-        &[("authorization", &bearer(&viewer))],
-        None,
-    )
-    .await;
-    assert_eq!(s, 200, "{body}");
-    assert_eq!(body["tasks"][0]["id"], id.as_str());
-    assert_eq!(body["tasks"][0]["status"], "waiting");
-    let (s, body) = call(
-        &c,
-        "POST",
-        &approve,
-        &[("authorization", &bearer(&viewer))],
-        None,
-    )
-    .await;
-    assert_eq!(s, 403, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("operator")
-    );
-    // An operator's change from another origin.
-    let (s, body) = call(
-        &c,
-        "POST",
-        &approve,
-        &[
-            ("authorization", &bearer(&operator)),
-            ("origin", "http://evil.test"),
-        ],
-        None,
-    )
-    .await;
-    assert_eq!(
-        (s, body["error"]["code"].as_str()),
-        (403, Some("cross_origin"))
-    );
-
-    // A browser: the one-time link sets the session cookie, once.
-    let out = c.brain_cli(&["web", "login", "--name", "ann", "--role", "operator"]);
-    assert!(out.status.success(), "{}", text(&out));
-    let link = stdout(&out);
-    assert!(link.starts_with(&c.web_url()), "{link}");
-    let resp = client().get(&link).send().await.unwrap();
-    assert_eq!(resp.status(), 303);
-    let cookie_line = resp.headers()["set-cookie"].to_str().unwrap().to_string();
-    for attr in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/"] {
-        assert!(cookie_line.contains(attr), "{cookie_line}");
-    }
-    let session = cookie_line.split(';').next().unwrap().to_string();
-    assert_eq!(
-        client().get(&link).send().await.unwrap().status(),
-        401,
-        "a link works once"
-    );
-    let (s, me) = call(&c, "GET", "/api/session", &[("cookie", &session)], None).await;
-    assert_eq!(s, 200, "{me}");
-    assert_eq!(
-        (me["name"].as_str(), me["role"].as_str()),
-        (Some("ann"), Some("operator"))
-    );
-    let csrf = me["csrf"].as_str().unwrap().to_string();
-    assert!(!csrf.is_empty());
-    // Without the CSRF header, with a wrong one, cross-site: refused.
-    for headers in [
-        vec![("cookie", session.as_str())],
-        vec![("cookie", session.as_str()), ("x-tether-csrf", "0000")],
-        vec![
-            ("cookie", session.as_str()),
-            ("x-tether-csrf", csrf.as_str()),
-            ("sec-fetch-site", "cross-site"),
-        ],
-    ] {
-        let (s, body) = call(&c, "POST", &approve, &headers, None).await;
-        assert_eq!(s, 403, "{headers:?}: {body}");
-    }
+    tokens_without_the_right_are_refused(&c, &id, &approve, &viewer, &operator).await;
+    let (link, session, csrf) = a_session_without_its_csrf_is_refused(&c, &approve).await;
     // Nothing of that changed anything.
     assert_eq!(status_of(&c, &id), "waiting");
     assert_eq!(llm.count(), 1);
@@ -321,70 +157,13 @@ async fn who_may_do_what_and_nothing_changes_when_refused() {
         "{body}"
     );
     wait_status(&c, &id, "finished").await;
-    let log = c.brain_cli(&["task", "log", &id, "--json"]);
-    assert!(
-        stdout(&log).contains("\"by\":\"web:ann\""),
-        "{}",
-        stdout(&log)
-    );
+    let log = stdout(&c.brain_cli(&["task", "log", &id, "--json"]));
+    assert!(log.contains("\"by\":\"web:ann\""), "{log}");
 
-    // Revoked and expired credentials.
-    let out = c.brain_cli(&["admin", "token", "revoke", "watcher"]);
-    assert!(out.status.success(), "{}", text(&out));
-    let (s, body) = call(
-        &c,
-        "GET",
-        "/api/tasks",
-        &[("authorization", &bearer(&viewer))],
-        None,
-    )
-    .await;
-    assert_eq!(s, 401);
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("revoked")
-    );
-    let short = token(&c, "short", "viewer", "1s");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (s, body) = call(
-            &c,
-            "GET",
-            "/api/tasks",
-            &[("authorization", &bearer(&short))],
-            None,
-        )
-        .await;
-        if s == 401 {
-            assert!(
-                body["error"]["message"]
-                    .as_str()
-                    .unwrap()
-                    .contains("expired"),
-                "{body}"
-            );
-            break;
-        }
-        assert!(Instant::now() < deadline, "a 1 s token still works");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let (s, _) = call(
-        &c,
-        "POST",
-        "/api/logout",
-        &[("cookie", &session), ("x-tether-csrf", &csrf)],
-        None,
-    )
-    .await;
-    assert_eq!(s, 200);
-    let (s, _) = call(&c, "GET", "/api/session", &[("cookie", &session)], None).await;
-    assert_eq!(s, 401, "a logged-out session is over");
+    let short = credentials_that_ended_are_refused(&c, &viewer, &session, &csrf).await;
 
     // The list says what exists, never a secret.
-    let out = c.brain_cli(&["admin", "token", "list", "--all", "--json"]);
-    let list = stdout(&out);
+    let list = stdout(&c.brain_cli(&["admin", "token", "list", "--all", "--json"]));
     assert!(
         list.contains("\"name\":\"ci\"") && list.contains("\"kind\":\"session\""),
         "{list}"
@@ -406,11 +185,134 @@ async fn who_may_do_what_and_nothing_changes_when_refused() {
     }
 }
 
+/// No credential, a wrong one, a viewer's approval and an operator's from another origin:
+/// refused, each as what it is; a viewer still reads.
+async fn tokens_without_the_right_are_refused(
+    c: &Cluster,
+    id: &str,
+    approve: &str,
+    viewer: &str,
+    operator: &str,
+) {
+    let (s, body) = call(c, "GET", "/api/tasks", &[], None).await;
+    assert_eq!(s, 401, "{body}");
+    assert!(message(&body).contains("brain web login"));
+    let (s, _) = get(c, "/api/tasks", "Bearer tw_nope").await;
+    assert_eq!(s, 401);
+
+    // A viewer reads, and may not approve.
+    let (s, body) = get(c, "/api/tasks", &bearer(viewer)).await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["tasks"][0]["id"], id);
+    assert_eq!(body["tasks"][0]["status"], "waiting");
+    let (s, body) = post(c, approve, &bearer(viewer)).await;
+    assert_eq!(s, 403, "{body}");
+    assert!(message(&body).contains("operator"));
+    // An operator's change from another origin.
+    let (s, body) = call(
+        c,
+        "POST",
+        approve,
+        &[
+            ("authorization", &bearer(operator)),
+            ("origin", "http://evil.test"),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, body["error"]["code"].as_str()),
+        (403, Some("cross_origin"))
+    );
+}
+
+/// A browser: the one-time link sets the session cookie, once; without the CSRF header,
+/// with a wrong one, or cross-site, the session's approval is refused. The link, the
+/// session cookie and the CSRF token.
+async fn a_session_without_its_csrf_is_refused(
+    c: &Cluster,
+    approve: &str,
+) -> (String, String, String) {
+    let link = c.web_login("ann", "operator");
+    assert!(link.starts_with(&c.web_url()), "{link}");
+    let resp = client().get(&link).send().await.unwrap();
+    assert_eq!(resp.status(), 303);
+    let cookie_line = resp.headers()["set-cookie"].to_str().unwrap().to_string();
+    for attr in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/"] {
+        assert!(cookie_line.contains(attr), "{cookie_line}");
+    }
+    let session = cookie_line.split(';').next().unwrap().to_string();
+    assert_eq!(
+        client().get(&link).send().await.unwrap().status(),
+        401,
+        "a link works once"
+    );
+    let (s, me) = call(c, "GET", "/api/session", &[("cookie", &session)], None).await;
+    assert_eq!(s, 200, "{me}");
+    assert_eq!(
+        (me["name"].as_str(), me["role"].as_str()),
+        (Some("ann"), Some("operator"))
+    );
+    let csrf = me["csrf"].as_str().unwrap().to_string();
+    assert!(!csrf.is_empty());
+    for headers in [
+        vec![("cookie", session.as_str())],
+        vec![("cookie", session.as_str()), ("x-tether-csrf", "0000")],
+        vec![
+            ("cookie", session.as_str()),
+            ("x-tether-csrf", csrf.as_str()),
+            ("sec-fetch-site", "cross-site"),
+        ],
+    ] {
+        let (s, body) = call(c, "POST", approve, &headers, None).await;
+        assert_eq!(s, 403, "{headers:?}: {body}");
+    }
+    (link, session, csrf)
+}
+
+/// A revoked token, an expired one and a logged-out session are refused, saying why; the
+/// short-lived token made for it.
+async fn credentials_that_ended_are_refused(
+    c: &Cluster,
+    viewer: &str,
+    session: &str,
+    csrf: &str,
+) -> String {
+    let out = c.brain_cli(&["admin", "token", "revoke", "watcher"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let (s, body) = get(c, "/api/tasks", &bearer(viewer)).await;
+    assert_eq!(s, 401);
+    assert!(message(&body).contains("revoked"));
+    let short = c.web_token("short", "viewer", "1s");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, body) = get(c, "/api/tasks", &bearer(&short)).await;
+        if s == 401 {
+            assert!(message(&body).contains("expired"), "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "a 1 s token still works");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (s, _) = call(
+        c,
+        "POST",
+        "/api/logout",
+        &[("cookie", session), ("x-tether-csrf", csrf)],
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, _) = call(c, "GET", "/api/session", &[("cookie", session)], None).await;
+    assert_eq!(s, 401, "a logged-out session is over");
+    short
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_route_exists_and_asks_for_its_role() {
     let llm = FakeLlm::start(|_| FakeReply::finish("done"));
     let mut c = cluster(&llm);
-    let viewer = token(&c, "v", "viewer", "1h");
+    let viewer = bearer(&c.web_token("v", "viewer", "1h"));
     let (s, doc) = call(&c, "GET", "/api/openapi.json", &[], None).await;
     assert_eq!(s, 200);
     assert_eq!(doc["openapi"], "3.1.0");
@@ -421,20 +323,14 @@ async fn every_documented_route_exists_and_asks_for_its_role() {
             let concrete = path.replace("{id}", "t-999");
             if path == "/api/events" {
                 // A stream that does not end: its answer's status is the check.
-                let resp = client()
-                    .get(format!("{}{concrete}", c.web_url()))
-                    .header("authorization", bearer(&viewer))
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(resp.status(), 200);
+                assert_eq!(get_response(&c, &concrete, &viewer).await.status(), 200);
                 continue;
             }
             let (s, body) = call(
                 &c,
                 &method.to_uppercase(),
                 &concrete,
-                &[("authorization", &bearer(&viewer))],
+                &[("authorization", &viewer)],
                 (method == "post").then(|| json!({})),
             )
             .await;
@@ -450,44 +346,26 @@ async fn every_documented_route_exists_and_asks_for_its_role() {
             }
         }
     }
-    let (s, body) = call(
-        &c,
-        "GET",
-        "/api/nothing-here",
-        &[("authorization", &bearer(&viewer))],
-        None,
-    )
-    .await;
+    let (s, body) = get(&c, "/api/nothing-here", &viewer).await;
     assert_eq!(s, 404);
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("openapi.json")
-    );
+    assert!(message(&body).contains("openapi.json"));
     // Bad input is refused in JSON, naming what is wrong.
-    let op = token(&c, "o", "operator", "1h");
+    let op = bearer(&c.web_token("o", "operator", "1h"));
     let (s, body) = call(
         &c,
         "POST",
         "/api/tasks",
-        &[
-            ("authorization", &bearer(&op)),
-            ("content-type", "application/json"),
-        ],
+        &[("authorization", &op), ("content-type", "application/json")],
         Some(json!({"goal": 5})),
     )
     .await;
     assert_eq!(s, 422, "{body}");
-    assert!(
-        body["error"]["message"].as_str().unwrap().contains("goal"),
-        "{body}"
-    );
+    assert!(message(&body).contains("goal"), "{body}");
     let (s, body) = call(
         &c,
         "POST",
         "/api/tasks",
-        &[("authorization", &bearer(&op))],
+        &[("authorization", &op)],
         Some(json!({"goal": "  "})),
     )
     .await;
@@ -503,11 +381,7 @@ async fn every_documented_route_exists_and_asks_for_its_role() {
         "0.0.0.0:0",
     ]);
     assert_eq!(out.status.code(), Some(78), "{}", text(&out));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("loopback only"),
-        "{}",
-        text(&out)
-    );
+    assert_stderr_says(&out, "loopback only");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -520,91 +394,15 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
     ]);
     let mut c = cluster(&llm);
     let _w = c.join_worker("laptop");
-    let t = token(&c, "reader", "viewer", "1h");
-    let auth = bearer(&t);
+    let auth = bearer(&c.web_token("reader", "viewer", "1h"));
     let id = c
         .agent()
         .permission("ask")
         .worker("laptop")
         .start("write a");
     wait_status(&c, &id, "waiting").await;
-    let path = format!("/api/tasks/{id}/events");
 
-    // Read what there is, then cut the connection.
-    let mut resp = open_sse(&c, &path, &auth, None).await;
-    let mut buf = String::new();
-    let first = read_sse(
-        &mut resp,
-        &mut buf,
-        |e| e.data["kind"] == "approval_requested",
-        Duration::from_secs(20),
-    )
-    .await;
-    drop(resp);
-    let mut seen: Vec<u64> = first.iter().filter_map(|e| e.id).collect();
-    assert!(seen.len() >= 3, "{first:#?}");
-    for e in &first {
-        assert_eq!(e.event, "record", "{e:?}");
-        assert_eq!(
-            e.id,
-            testkit::json_u64(&e.data["seq"]),
-            "the id is the sequence number"
-        );
-    }
-
-    // The brain dies; while it is down the stream cannot be reopened; it comes back on the
-    // same port and the stream resumes after the last id seen.
-    c.kill_brain();
-    c.start_brain().unwrap();
-    let out = c.brain_cli(&["approve", &id]);
-    assert!(out.status.success(), "{}", text(&out));
-    let mut resp = open_sse(&c, &path, &auth, seen.last().copied()).await;
-    let mut buf = String::new();
-    // Cut again in the middle of the second command's records.
-    let second = read_sse(
-        &mut resp,
-        &mut buf,
-        |e| e.data["kind"] == "tool_call_issued",
-        Duration::from_secs(30),
-    )
-    .await;
-    drop(resp);
-    seen.extend(second.iter().filter_map(|e| e.id));
-    // ?since=N resumes the same way; follow to the end, approving what is asked.
-    let mut resp = open_sse(
-        &c,
-        &format!("{path}?since={}", seen.last().unwrap()),
-        &auth,
-        None,
-    )
-    .await;
-    let mut buf = String::new();
-    let cc = &c;
-    let rest = read_sse(
-        &mut resp,
-        &mut buf,
-        |e| {
-            if e.data["kind"] == "approval_requested" {
-                let out = cc.brain_cli(&["approve", &id]);
-                assert!(out.status.success(), "{}", text(&out));
-            }
-            e.event == "end"
-        },
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_eq!(rest.last().unwrap().event, "end", "{rest:#?}");
-    seen.extend(rest.iter().filter_map(|e| e.id));
-    // Live output came on the same stream, marked as not durable, and as text.
-    let live: Vec<&Sse> = rest
-        .iter()
-        .chain(&second)
-        .filter(|e| e.event == "live")
-        .collect();
-    for e in &live {
-        assert_eq!(e.data["durable"], false);
-        assert!(e.id.is_none());
-    }
+    let seen = follow_across_cuts_and_a_brain_kill(&mut c, &id, &auth).await;
     // Exactly the log: no gap, no duplicate, across two cuts and a brain kill.
     let log: Vec<u64> = log_seqs(&c, &id).into_iter().map(|(s, _)| s).collect();
     assert_eq!(seen, log);
@@ -624,12 +422,8 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
     );
 
     // History as NDJSON: the same records.
-    let resp = client()
-        .get(format!("{}{path}?follow=false", c.web_url()))
-        .header("authorization", &auth)
-        .send()
-        .await
-        .unwrap();
+    let path = format!("/api/tasks/{id}/events");
+    let resp = get_response(&c, &format!("{path}?follow=false"), &auth).await;
     assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
     let body = resp.text().await.unwrap();
     let lines: Vec<u64> = body
@@ -642,15 +436,93 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
         "the output is carried as it is, in JSON"
     );
 
-    // The workspace at its last barrier, one file, and the diff against the base.
-    let (s, tree) = call(
+    the_workspace_is_read_at_its_barriers(&c, &id, &auth).await;
+
+    // The all-tasks stream starts with the list.
+    let list = read_sse(
         &c,
-        "GET",
-        &format!("/api/tasks/{id}/files"),
-        &[("authorization", &auth)],
-        None,
+        ("/api/events", &auth, None),
+        |e| e.event == "tasks",
+        Duration::from_secs(10),
     )
     .await;
+    assert_eq!(list.last().unwrap().data["tasks"][0]["id"], id.as_str());
+}
+
+/// Follows task `id`'s event stream to its end (approving what is asked) across a cut, a
+/// brain SIGKILL and another cut, resuming each time after the last id seen (by
+/// `Last-Event-ID` and by `?since=`); the ids seen.
+async fn follow_across_cuts_and_a_brain_kill(c: &mut Cluster, id: &str, auth: &str) -> Vec<u64> {
+    let path = format!("/api/tasks/{id}/events");
+    // Read what there is, then cut the connection.
+    let first = read_sse(
+        c,
+        (&path, auth, None),
+        |e| e.data["kind"] == "approval_requested",
+        Duration::from_secs(20),
+    )
+    .await;
+    let mut seen: Vec<u64> = first.iter().filter_map(|e| e.id).collect();
+    assert!(seen.len() >= 3, "{first:#?}");
+    for e in &first {
+        assert_eq!(e.event, "record", "{e:?}");
+        assert_eq!(
+            e.id,
+            testkit::json_u64(&e.data["seq"]),
+            "the id is the sequence number"
+        );
+    }
+
+    // The brain dies; while it is down the stream cannot be reopened; it comes back on the
+    // same port and the stream resumes after the last id seen.
+    c.kill_brain();
+    c.start_brain().unwrap();
+    let out = c.brain_cli(&["approve", id]);
+    assert!(out.status.success(), "{}", text(&out));
+    // Cut again in the middle of the second command's records.
+    let second = read_sse(
+        c,
+        (&path, auth, seen.last().copied()),
+        |e| e.data["kind"] == "tool_call_issued",
+        Duration::from_secs(30),
+    )
+    .await;
+    seen.extend(second.iter().filter_map(|e| e.id));
+    // ?since=N resumes the same way; follow to the end, approving what is asked.
+    let since = format!("{path}?since={}", seen.last().unwrap());
+    let rest = read_sse(
+        c,
+        (&since, auth, None),
+        |e| {
+            if e.data["kind"] == "approval_requested" {
+                let out = c.brain_cli(&["approve", id]);
+                assert!(out.status.success(), "{}", text(&out));
+            }
+            e.event == "end"
+        },
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(rest.last().unwrap().event, "end", "{rest:#?}");
+    seen.extend(rest.iter().filter_map(|e| e.id));
+    // Live output came on the same stream, marked as not durable, and as text.
+    let live: Vec<&Sse> = rest
+        .iter()
+        .chain(&second)
+        .filter(|e| e.event == "live")
+        .collect();
+    for e in &live {
+        assert_eq!(e.data["durable"], false);
+        assert!(e.id.is_none());
+    }
+    seen
+}
+
+/// The workspace of finished task `id` (which wrote `a.txt` in two steps): its tree, a
+/// file and the diff at the last barrier and at the first one after `a.txt` was written;
+/// a path out of it and a root the task never had are not found.
+async fn the_workspace_is_read_at_its_barriers(c: &Cluster, id: &str, auth: &str) {
+    let (s, tree) = get(c, &format!("/api/tasks/{id}/files"), auth).await;
     assert_eq!(s, 200, "{tree}");
     let entries: HashMap<String, Value> = tree["entries"]
         .as_array()
@@ -659,84 +531,36 @@ async fn the_event_stream_resumes_exactly_after_a_cut_and_a_brain_kill() {
         .map(|e| (e["path"].as_str().unwrap().to_string(), e.clone()))
         .collect();
     assert_eq!(entries["a.txt"]["kind"], "file");
-    let (s, content) = call(
-        &c,
-        "GET",
-        &format!("/api/tasks/{id}/files/content?path=a.txt"),
-        &[("authorization", &auth)],
-        None,
-    )
-    .await;
+    let content_path = format!("/api/tasks/{id}/files/content?path=a.txt");
+    let (s, content) = get(c, &content_path, auth).await;
     assert_eq!((s, content.as_str()), (200, Some("one\ntwo\n")));
-    let (s, _) = call(
-        &c,
-        "GET",
+    let (s, _) = get(
+        c,
         &format!("/api/tasks/{id}/files/content?path=../etc/passwd"),
-        &[("authorization", &auth)],
-        None,
+        auth,
     )
     .await;
     assert_eq!(s, 404);
-    let (s, _) = call(
-        &c,
-        "GET",
-        &format!("/api/tasks/{id}/files?root={}", "ab".repeat(32)),
-        &[("authorization", &auth)],
-        None,
-    )
-    .await;
+    let never = format!("/api/tasks/{id}/files?root={}", "ab".repeat(32));
+    let (s, _) = get(c, &never, auth).await;
     assert_eq!(s, 404, "a root the task never had");
-    let (s, diff) = call(
-        &c,
-        "GET",
-        &format!("/api/tasks/{id}/diff"),
-        &[("authorization", &auth)],
-        None,
-    )
-    .await;
+    let (s, diff) = get(c, &format!("/api/tasks/{id}/diff"), auth).await;
     assert_eq!(s, 200);
     assert!(diff.as_str().unwrap().contains("+two"), "{diff}");
 
     // The workspace at an earlier barrier: the first one after `a.txt` was written.
-    let out = c.brain_cli(&["task", "log", &id, "--json"]);
-    let first_root = stdout(&out)
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+    let first_root = c
+        .task_log_json(id)
+        .into_iter()
         .find(|r| r["kind"] == "barrier" && testkit::json_u64(&r["files"]) > Some(0))
         .map(|r| r["root_hash"].as_str().unwrap().to_string())
         .expect("a barrier with a.txt");
-    let (s, content) = call(
-        &c,
-        "GET",
-        &format!("/api/tasks/{id}/files/content?path=a.txt&root={first_root}"),
-        &[("authorization", &auth)],
-        None,
-    )
-    .await;
+    let (s, content) = get(c, &format!("{content_path}&root={first_root}"), auth).await;
     assert_eq!((s, content.as_str()), (200, Some("one\n")));
-    let (s, early) = call(
-        &c,
-        "GET",
-        &format!("/api/tasks/{id}/diff?root={first_root}"),
-        &[("authorization", &auth)],
-        None,
-    )
-    .await;
+    let (s, early) = get(c, &format!("/api/tasks/{id}/diff?root={first_root}"), auth).await;
     assert_eq!(s, 200);
     let early = early.as_str().unwrap();
     assert!(early.contains("+one") && !early.contains("+two"), "{early}");
-    let out = c.brain_cli(&["task", "diff", &id, "--at", &first_root]);
-    assert_eq!(stdout(&out), early.trim_end());
-
-    // The all-tasks stream starts with the list.
-    let mut resp = open_sse(&c, "/api/events", &auth, None).await;
-    let mut buf = String::new();
-    let list = read_sse(
-        &mut resp,
-        &mut buf,
-        |e| e.event == "tasks",
-        Duration::from_secs(10),
-    )
-    .await;
-    assert_eq!(list.last().unwrap().data["tasks"][0]["id"], id.as_str());
+    let out = c.brain_cli(&["task", "diff", id, "--at", &first_root]);
+    assert_eq!(stdout(&out).trim(), early.trim_end());
 }

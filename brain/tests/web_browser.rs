@@ -10,9 +10,57 @@ use std::time::Duration;
 use serde_json::json;
 use testkit::fake_llm::{FakeLlm, FakeReply, FakeRequest};
 use testkit::webdriver::Browser;
-use testkit::{BrainOptions, Cluster, skip, text};
+use testkit::{BrainOptions, Cluster, skip};
 
 const REASON: &str = "notes stay out of this repository";
+
+fn cluster(llm: &FakeLlm) -> Cluster {
+    Cluster::start_with(BrainOptions::web_with_llm(llm, "sk-web-test"))
+}
+
+/// Follows a one-time link as ann, an operator: the page says who is logged in, and the
+/// code is not left in its address.
+fn log_in(browser: &Browser, c: &Cluster, t: Duration) {
+    browser.goto(&c.web_login("ann", "operator"));
+    browser.wait("the page to say who is logged in", t, |b| {
+        b.text("#who").contains("ann (operator)")
+    });
+    let url = browser.exec("return location.href", json!([]));
+    assert!(!url.as_str().unwrap().contains("code="), "{url}");
+}
+
+/// Submits the new-task form (filled by `fill`), and waits for the page of task t-1.
+fn start_from_the_form(browser: &Browser, c: &Cluster, t: Duration, fill: impl Fn(&Browser)) {
+    browser.goto(&format!("{}/#/new", c.web_url()));
+    browser.wait("the form", t, |b| {
+        b.find("form.new #goal").is_some() && b.find("form.new #attempts").is_some()
+    });
+    fill(browser);
+    browser.click("form.new button[type=submit]").unwrap();
+    browser.wait("the task page", t, |b| {
+        b.exec("return location.hash", json!([])) == "#/task/t-1"
+    });
+}
+
+/// The lane picture's `attr` (`data-lanes`: the workers it shows; `textContent`: its
+/// labels), or nothing while there is none.
+fn lanes(b: &Browser, what: &str) -> String {
+    let lanes = b.exec(
+        &format!("const s = document.querySelector('svg.lanes'); return s ? s.{what} : ''"),
+        json!([]),
+    );
+    lanes.as_str().unwrap_or_default().to_string()
+}
+
+/// Keeps a screenshot of the page as `target/web-artifacts/NAME`.
+fn keep_screenshot(browser: &Browser, name: &str) {
+    let png = browser.screenshot();
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/web-artifacts");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(name), &png).unwrap();
+    eprintln!("screenshot: {}", dir.join(name).display());
+}
 
 #[test]
 fn a_person_steers_a_task_from_the_page() {
@@ -28,39 +76,55 @@ fn a_person_steers_a_task_from_the_page() {
         FakeReply::run("echo second >> a.txt"),
         FakeReply::finish("done"),
     ]);
-    let mut c = Cluster::start_with(BrainOptions {
-        web: true,
-        ..BrainOptions::with_llm(&llm, "sk-web-test", "")
-    });
+    let mut c = cluster(&llm);
     let laptop = c.join_worker("laptop");
     let bigbox = c.join_worker("bigbox");
-    let out = c.brain_cli(&["web", "login", "--name", "ann", "--role", "operator"]);
-    assert!(out.status.success(), "{}", text(&out));
-    let link = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let t = Duration::from_secs(30);
 
-    // The link logs the browser in and leaves the code behind.
-    browser.goto(&link);
-    browser.wait("the page to say who is logged in", t, |b| {
-        b.text("#who").contains("ann (operator)")
-    });
-    let url = browser.exec("return location.href", json!([]));
-    assert!(!url.as_str().unwrap().contains("code="), "{url}");
-
-    // A new task from the form.
-    browser.goto(&format!("{}/#/new", c.web_url()));
-    browser.wait("the form", t, |b| b.find("form.new #goal").is_some());
-    browser.type_into("#goal", "write a.txt").unwrap();
-    browser.type_into("#worker", "laptop").unwrap();
-    browser.type_into("#model", "openai:gpt-4.1").unwrap();
-    browser.click("#permission option[value=ask]").unwrap();
-    browser.click("form.new button[type=submit]").unwrap();
-    browser.wait("the task page", t, |b| {
-        b.exec("return location.hash", json!([])) == "#/task/t-1"
+    // The link logs the browser in and leaves the code behind; a new task from the form.
+    log_in(&browser, &c, t);
+    start_from_the_form(&browser, &c, t, |b| {
+        b.type_into("#goal", "write a.txt").unwrap();
+        b.type_into("#worker", "laptop").unwrap();
+        b.type_into("#model", "openai:gpt-4.1").unwrap();
+        b.click("#permission option[value=ask]").unwrap();
     });
 
-    // Waiting for approval: the box appears; Approve lets it go on, and the command's output
-    // shows up without a reload, as text.
+    an_approved_commands_output_shows_as_text(&browser, t);
+    a_denial_after_a_brain_restart_reaches_the_page_and_the_model(&browser, &mut c, &llm, t);
+
+    // Move to the second worker while the third call waits, then approve it there.
+    browser.wait("the third approval", t, |b| {
+        b.text(".approval-box").contains("echo second")
+    });
+    let option = format!("#move-to option[value='{}']", bigbox.id);
+    browser.wait("the worker list", t, |b| b.find(&option).is_some());
+    browser.click(&option).unwrap();
+    browser.click("#move").unwrap();
+    browser.wait("the move in the timeline", t, |b| {
+        b.text("#timeline")
+            .contains(&format!("moved to {}", bigbox.id))
+    });
+    browser.wait("the approval after the move", t, |b| {
+        b.find(".approval-box .approve").is_some()
+    });
+    browser.click(".approval-box .approve").unwrap();
+    c.wait_status("t-1", &["finished"], t);
+
+    each_calls_output_shows_under_its_logged_id(&browser, &c);
+    the_lanes_show_both_workers_and_the_move(&browser, t, &[&laptop.id, &bigbox.id]);
+
+    // The diff against the base.
+    browser.click("#show-diff").unwrap();
+    browser.wait("the diff", t, |b| b.text("#diff").contains("+second"));
+    assert!(browser.text("#diff").contains("+first"));
+    assert!(browser.text("#summary").contains("finished"));
+    keep_screenshot(&browser, "task-page.png");
+}
+
+/// Waiting for approval: the box appears; Approve lets it go on, and the command's output
+/// shows up without a reload, as text (the markup in it neither runs nor renders).
+fn an_approved_commands_output_shows_as_text(browser: &Browser, t: Duration) {
     browser.wait("the approval", t, |b| {
         b.find(".approval-box .approve").is_some()
     });
@@ -79,13 +143,21 @@ fn a_person_steers_a_task_from_the_page() {
         json!(["undefined", 0]),
         "markup from a command ran or rendered"
     );
+}
 
-    // The write is asked for next.
+/// The write is asked for next. The brain is SIGKILLed and comes back: the page reconnects
+/// by itself (no reload: a marker set before survives) and its timeline goes on from where
+/// it was, without a gap or a repeat. The write is denied with a reason after the restart;
+/// the decision reaches the timeline and the model is told the reason.
+fn a_denial_after_a_brain_restart_reaches_the_page_and_the_model(
+    browser: &Browser,
+    c: &mut Cluster,
+    llm: &FakeLlm,
+    t: Duration,
+) {
     browser.wait("the second approval", t, |b| {
         b.text(".approval-box").contains("notes.txt")
     });
-    // The brain is SIGKILLed and comes back: the page reconnects by itself (no reload: the
-    // marker set now survives) and its timeline goes on from where it was.
     browser.exec("window.__marker = 'same page'", json!([]));
     let before = browser.exec(
         "return document.querySelectorAll('#timeline li').length",
@@ -93,8 +165,6 @@ fn a_person_steers_a_task_from_the_page() {
     );
     c.kill_brain();
     c.start_brain().unwrap();
-    // Deny it with a reason, which the model is told; the decision, made after the restart,
-    // reaches the timeline through the reconnected stream.
     browser
         .type_into(".approval-box .deny-reason", REASON)
         .unwrap();
@@ -122,32 +192,12 @@ fn a_person_steers_a_task_from_the_page() {
             .filter_map(FakeRequest::last_tool_result_text)
             .any(|o| o.contains(REASON))
     });
+}
 
-    // Move to the second worker while the third call waits, then approve it there.
-    browser.wait("the third approval", t, |b| {
-        b.text(".approval-box").contains("echo second")
-    });
-    browser.wait("the worker list", t, |b| {
-        b.find(&format!("#move-to option[value='{}']", bigbox.id))
-            .is_some()
-    });
-    browser
-        .click(&format!("#move-to option[value='{}']", bigbox.id))
-        .unwrap();
-    browser.click("#move").unwrap();
-    browser.wait("the move in the timeline", t, |b| {
-        b.text("#timeline")
-            .contains(&format!("moved to {}", bigbox.id))
-    });
-    browser.wait("the approval after the move", t, |b| {
-        b.find(".approval-box .approve").is_some()
-    });
-    browser.click(".approval-box .approve").unwrap();
-    c.wait_status("t-1", &["finished"], t);
-
-    // Each call's output sits under its own id, to the digit the log has: ids are above 2^53
-    // (JavaScript's numbers would round neighbours to one value), so the API writes them as
-    // strings.
+/// Each call's output sits under its own id, to the digit the log has: ids are above 2^53
+/// (JavaScript's numbers would round neighbours to one value), so the API writes them as
+/// strings.
+fn each_calls_output_shows_under_its_logged_id(browser: &Browser, c: &Cluster) {
     let logged: Vec<String> = c
         .task_log_json("t-1")
         .iter()
@@ -176,15 +226,14 @@ fn a_person_steers_a_task_from_the_page() {
         shown.len(),
         "two calls share an id: {shown:?}"
     );
+}
 
-    // The lane picture shows both workers and the move between them.
+/// The lane picture shows both workers (`ids`), the move between them as one arrow (no
+/// failover), and each approval wait shaded.
+fn the_lanes_show_both_workers_and_the_move(browser: &Browser, t: Duration, ids: &[&str]) {
     browser.wait("both lanes", t, |b| {
-        let lanes = b.exec(
-            "const s = document.querySelector('svg.lanes'); return s ? s.getAttribute('data-lanes') : ''",
-            json!([]),
-        );
-        let lanes = lanes.as_str().unwrap_or_default().to_string();
-        lanes.contains(&laptop.id) && lanes.contains(&bigbox.id)
+        let lanes = lanes(b, "getAttribute('data-lanes')");
+        ids.iter().all(|id| lanes.contains(id))
     });
     let arrow = browser.exec(
         "return document.querySelectorAll('svg.lanes line[data-move]').length",
@@ -205,19 +254,6 @@ fn a_person_steers_a_task_from_the_page() {
         labels.contains("laptop") && labels.contains("bigbox"),
         "{labels}"
     );
-
-    // The diff against the base.
-    browser.click("#show-diff").unwrap();
-    browser.wait("the diff", t, |b| b.text("#diff").contains("+second"));
-    assert!(browser.text("#diff").contains("+first"));
-    assert!(browser.text("#summary").contains("finished"));
-
-    let png = browser.screenshot();
-    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/web-artifacts");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("task-page.png"), &png).unwrap();
-    eprintln!("screenshot: {}", dir.join("task-page.png").display());
 }
 
 /// A task run as attempts, from the form: its page shows the attempts side by side (status,
@@ -252,33 +288,20 @@ fn a_task_run_as_attempts_shows_them_side_by_side() {
             _ => FakeReply::finish("wrote the answer"),
         }
     });
-    let c = Cluster::start_with(BrainOptions {
-        web: true,
-        ..BrainOptions::with_llm(&llm, "sk-web-test", "")
-    });
+    let c = cluster(&llm);
     let one = c.join_worker("one");
     let two = c.join_worker("two");
-    let out = c.brain_cli(&["web", "login", "--name", "ann", "--role", "operator"]);
-    assert!(out.status.success(), "{}", text(&out));
-    let link = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let t = Duration::from_secs(60);
-    browser.goto(&link);
-    browser.wait("the login", t, |b| b.text("#who").contains("ann"));
-    browser.goto(&format!("{}/#/new", c.web_url()));
-    browser.wait("the form", t, |b| b.find("form.new #attempts").is_some());
-    browser
-        .type_into("#goal", "write the answer to answer.txt")
-        .unwrap();
-    browser.type_into("#model", "openai:gpt-4.1").unwrap();
-    browser.click("#permission option[value=full]").unwrap();
-    browser
-        .type_into("#check", "test \"$(cat answer.txt)\" = 42")
-        .unwrap();
-    browser.exec("document.querySelector('#attempts').value = '2'", json!([]));
-    browser.click("#pick option[value=smallest]").unwrap();
-    browser.click("form.new button[type=submit]").unwrap();
-    browser.wait("the task page", t, |b| {
-        b.exec("return location.hash", json!([])) == "#/task/t-1"
+    log_in(&browser, &c, t);
+    start_from_the_form(&browser, &c, t, |b| {
+        b.type_into("#goal", "write the answer to answer.txt")
+            .unwrap();
+        b.type_into("#model", "openai:gpt-4.1").unwrap();
+        b.click("#permission option[value=full]").unwrap();
+        b.type_into("#check", "test \"$(cat answer.txt)\" = 42")
+            .unwrap();
+        b.exec("document.querySelector('#attempts').value = '2'", json!([]));
+        b.click("#pick option[value=smallest]").unwrap();
     });
     c.wait_status("t-1", &["finished"], t);
 
@@ -308,11 +331,7 @@ fn a_task_run_as_attempts_shows_them_side_by_side() {
     });
     // One lane per worker.
     browser.wait("a lane per worker", t, |b| {
-        let l = b.exec(
-            "const s = document.querySelector('svg.lanes'); return s ? s.getAttribute('data-lanes') : ''",
-            json!([]),
-        );
-        let l = l.as_str().unwrap_or_default().to_string();
+        let l = lanes(b, "getAttribute('data-lanes')");
         l.contains(&one.id) && l.contains(&two.id)
     });
 
@@ -355,19 +374,11 @@ fn a_task_run_as_attempts_shows_them_side_by_side() {
     // The parent's page again, for the picture.
     browser.goto(&format!("{}/#/task/t-1", c.web_url()));
     browser.wait("the attempts, their lanes and the timeline again", t, |b| {
-        let l = b.exec(
-            "const s = document.querySelector('svg.lanes'); return s ? s.textContent : ''",
-            json!([]),
-        );
+        let l = lanes(b, "textContent");
         b.find("#attempts .attempt.won").is_some()
-            && l.as_str()
-                .is_some_and(|l| l.contains("one") && l.contains("two"))
+            && l.contains("one")
+            && l.contains("two")
             && b.text("#timeline").contains("won:")
     });
-    let png = browser.screenshot();
-    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/web-artifacts");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("attempts-page.png"), &png).unwrap();
-    eprintln!("screenshot: {}", dir.join("attempts-page.png").display());
+    keep_screenshot(&browser, "attempts-page.png");
 }

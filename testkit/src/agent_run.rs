@@ -1,11 +1,12 @@
 //! Starting an agent task the way tests do: a brain whose model providers are the fake
 //! ([`BrainOptions::with_llm`]), and `brain run --detach` built a flag at a time
-//! ([`Cluster::agent`]), with the task's id back.
+//! ([`Cluster::agent`]), with the task's id back, or followed to its end.
 
 use std::process::Output;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::fake_llm::FakeLlm;
-use crate::{BrainOptions, Cluster, stdout, text};
+use crate::{BrainOptions, Cluster, replay_turn, stdout, text};
 
 impl BrainOptions {
     /// A brain whose `openai` and `anthropic` providers are `llm` (the fake), with `key` as
@@ -51,6 +52,21 @@ impl AgentRun<'_> {
         self
     }
 
+    /// The model `replay:FILE`, FILE a transcript (in the cluster's directory) of one answer
+    /// per `(tool, arguments)` of `turns`, each calling that tool ([`replay_turn`]).
+    pub fn replay(self, turns: &[(&str, serde_json::Value)]) -> Self {
+        static FILES: AtomicUsize = AtomicUsize::new(0);
+        let n = FILES.fetch_add(1, Ordering::Relaxed);
+        let file = self.cluster.dir.join(format!("replay-{n}.jsonl"));
+        let lines: Vec<String> = turns
+            .iter()
+            .enumerate()
+            .map(|(i, (tool, args))| replay_turn(i + 1, tool, args.clone()))
+            .collect();
+        std::fs::write(&file, lines.join("\n")).expect("write the transcript");
+        self.model(&format!("replay:{}", file.display()))
+    }
+
     pub fn permission(mut self, permission: &str) -> Self {
         self.permission = permission.into();
         self
@@ -72,14 +88,21 @@ impl AgentRun<'_> {
 
     /// Runs `brain run --detach ... GOAL` and gives its output, whatever it is.
     pub fn try_start(self, goal: &str) -> Output {
-        let mut all = vec![
-            "run",
-            "--detach",
-            "--model",
-            &self.model,
-            "--permission",
-            &self.permission,
-        ];
+        self.run(true, goal)
+    }
+
+    /// Runs `brain run ... GOAL` followed to its end, as a person would, and gives its
+    /// output, whatever it is.
+    pub fn follow(self, goal: &str) -> Output {
+        self.run(false, goal)
+    }
+
+    fn run(self, detach: bool, goal: &str) -> Output {
+        let mut all = vec!["run"];
+        if detach {
+            all.push("--detach");
+        }
+        all.extend(["--model", &self.model, "--permission", &self.permission]);
         all.extend(self.args.iter().map(String::as_str));
         all.push(goal);
         self.cluster.brain_cli(&all)

@@ -443,8 +443,9 @@ fn has_type(value: &Value, ty: &str) -> bool {
     }
 }
 
-/// `POST /repos/{owner}/{repo}/pulls`.
-fn create(s: &Shared, owner: &str, repo: &str, req: &Req, v: &mut Vec<String>) -> Answer {
+/// The body of a `pulls/create`, checked against its schema as GitHub checks it (what is
+/// wrong goes to `v`, the violations): the object, or GitHub's answer refusing it.
+fn create_body(req: &Req, v: &mut Vec<String>) -> Result<serde_json::Map<String, Value>, Answer> {
     if let Some(ct) = req.headers.get("content-type")
         && !ct.starts_with("application/json")
     {
@@ -452,13 +453,12 @@ fn create(s: &Shared, owner: &str, repo: &str, req: &Req, v: &mut Vec<String>) -
     }
     let obj = match serde_json::from_slice::<Value>(req.raw) {
         Ok(Value::Object(o)) => o,
-        Ok(other) => {
-            v.push(format!("the body is not a JSON object: {other}"));
-            return error(400, "Problems parsing JSON", CREATE_DOCS);
-        }
-        Err(e) => {
-            v.push(format!("the body is not JSON ({e})"));
-            return error(400, "Problems parsing JSON", CREATE_DOCS);
+        wrong => {
+            v.push(match wrong {
+                Ok(other) => format!("the body is not a JSON object: {other}"),
+                Err(e) => format!("the body is not JSON ({e})"),
+            });
+            return Err(error(400, "Problems parsing JSON", CREATE_DOCS));
         }
     };
     let mut problems = Vec::new();
@@ -499,12 +499,21 @@ fn create(s: &Shared, owner: &str, repo: &str, req: &Req, v: &mut Vec<String>) -
         problems.push(format!("\"{hr}\" is not a repo.nwo."));
     }
     if !problems.is_empty() {
-        return error(
+        return Err(error(
             422,
             &format!("Invalid request.\n\n{}", problems.join("\n")),
             CREATE_DOCS,
-        );
+        ));
     }
+    Ok(obj)
+}
+
+/// `POST /repos/{owner}/{repo}/pulls`.
+fn create(s: &Shared, owner: &str, repo: &str, req: &Req, v: &mut Vec<String>) -> Answer {
+    let obj = match create_body(req, v) {
+        Ok(obj) => obj,
+        Err(answer) => return answer,
+    };
     let str_of = |k: &str| obj.get(k).and_then(Value::as_str);
     let issue = obj.get("issue").and_then(Value::as_f64);
     let title = match (str_of("title"), issue) {

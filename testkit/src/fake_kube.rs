@@ -323,14 +323,50 @@ fn decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn route(state: &Mutex<State>, method: &str, target: &str, body: &[u8]) -> (u16, Value) {
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let q: BTreeMap<String, String> = query
-        .split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (decode(k), decode(v)))
-        .collect();
+/// What a request's path names: the API group, the namespace, the kind (as in the path and
+/// as in a body), and the object's name if one.
+struct Target<'a> {
+    group: &'static str,
+    ns: &'a str,
+    kind: &'a str,
+    kind_name: &'static str,
+    api_kind: &'static str,
+    name: Option<&'a str>,
+}
+
+impl Target<'_> {
+    fn key(&self, name: &str) -> (String, String) {
+        (self.ns.to_string(), name.to_string())
+    }
+
+    fn not_found(&self, name: &str) -> (u16, Value) {
+        let kind = self.kind_name;
+        status(
+            404,
+            "NotFound",
+            format!("{kind} \"{name}\" not found"),
+            kind,
+            name,
+        )
+    }
+
+    fn refused(&self, code: u16, reason: &str, message: String, name: &str) -> (u16, Value) {
+        status(code, reason, message, self.kind_name, name)
+    }
+}
+
+/// The resource `path` names, or the API server's 404.
+fn target(path: &str) -> Result<Target<'_>, (u16, Value)> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let not_found = |what: &str| {
+        status(
+            404,
+            "NotFound",
+            format!("the server could not find the requested resource ({what})"),
+            "",
+            "",
+        )
+    };
     let (group, ns, kind, name) = match parts.as_slice() {
         ["api", "v1", "namespaces", ns, kind] => ("v1", *ns, *kind, None),
         ["api", "v1", "namespaces", ns, kind, name] => ("v1", *ns, *kind, Some(*name)),
@@ -346,32 +382,38 @@ fn route(state: &Mutex<State>, method: &str, target: &str, body: &[u8]) -> (u16,
             kind,
             name,
         ] => ("networking.k8s.io/v1", *ns, *kind, Some(*name)),
-        _ => {
-            return status(
-                404,
-                "NotFound",
-                format!("the server could not find the requested resource ({path})"),
-                "",
-                "",
-            );
-        }
+        _ => return Err(not_found(path)),
     };
     let (kind_name, api_kind) = match (group, kind) {
         ("v1", "pods") => ("pods", "Pod"),
         ("v1", "secrets") => ("secrets", "Secret"),
         ("networking.k8s.io/v1", "networkpolicies") => ("networkpolicies", "NetworkPolicy"),
-        _ => {
-            return status(
-                404,
-                "NotFound",
-                format!("the server could not find the requested resource ({kind})"),
-                "",
-                "",
-            );
-        }
+        _ => return Err(not_found(kind)),
+    };
+    Ok(Target {
+        group,
+        ns,
+        kind,
+        kind_name,
+        api_kind,
+        name,
+    })
+}
+
+fn route(state: &Mutex<State>, method: &str, target_path: &str, body: &[u8]) -> (u16, Value) {
+    let (path, query) = target_path.split_once('?').unwrap_or((target_path, ""));
+    let q: BTreeMap<String, String> = query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (decode(k), decode(v)))
+        .collect();
+    let t = match target(path) {
+        Ok(t) => t,
+        Err(answer) => return answer,
     };
     let mut s = lock(state);
-    if !s.namespaces.contains(ns) {
+    if !s.namespaces.contains(t.ns) {
+        let ns = t.ns;
         return status(
             404,
             "NotFound",
@@ -380,167 +422,130 @@ fn route(state: &Mutex<State>, method: &str, target: &str, body: &[u8]) -> (u16,
             ns,
         );
     }
-    let key = |n: &str| (ns.to_string(), n.to_string());
-    match (method, name) {
-        ("GET", None) => {
-            if q.contains_key("watch") {
-                return status(
-                    400,
-                    "BadRequest",
-                    "this fake serves no watches".into(),
-                    kind_name,
-                    "",
-                );
-            }
-            let sel = q.get("labelSelector").cloned().unwrap_or_default();
-            let items: Vec<Value> = match kind {
-                "pods" => s
-                    .pods
-                    .iter()
-                    .filter(|((n, _), _)| n == ns)
-                    .map(|(_, p)| p.obj.clone())
-                    .collect(),
-                "networkpolicies" => s
-                    .policies
-                    .iter()
-                    .filter(|((n, _), _)| n == ns)
-                    .map(|(_, v)| v.clone())
-                    .collect(),
-                _ => s
-                    .secrets
-                    .iter()
-                    .filter(|((n, _), _)| n == ns)
-                    .map(|(_, v)| v.clone())
-                    .collect(),
-            };
-            let items: Vec<Value> = items.into_iter().filter(|o| selects(&sel, o)).collect();
-            (
-                200,
-                json!({"kind": format!("{api_kind}List"), "apiVersion": group,
-                "metadata": {"resourceVersion": s.version.to_string()}, "items": items}),
-            )
-        }
+    match (method, t.name) {
+        ("GET", None) => list(&s, &t, &q),
         ("GET", Some(n)) => {
-            let found = match kind {
-                "pods" => s.pods.get(&key(n)).map(|p| p.obj.clone()),
-                "networkpolicies" => s.policies.get(&key(n)).cloned(),
-                _ => s.secrets.get(&key(n)).cloned(),
+            let found = match t.kind {
+                "pods" => s.pods.get(&t.key(n)).map(|p| p.obj.clone()),
+                "networkpolicies" => s.policies.get(&t.key(n)).cloned(),
+                _ => s.secrets.get(&t.key(n)).cloned(),
             };
-            match found {
-                Some(o) => (200, o),
-                None => status(
-                    404,
-                    "NotFound",
-                    format!("{kind_name} \"{n}\" not found"),
-                    kind_name,
-                    n,
-                ),
-            }
+            found.map_or_else(|| t.not_found(n), |o| (200, o))
         }
-        ("POST", None) => {
-            let Ok(mut obj) = serde_json::from_slice::<Value>(body) else {
-                return status(
-                    400,
-                    "BadRequest",
-                    "the body is not JSON".into(),
-                    kind_name,
-                    "",
-                );
-            };
-            s.received.push(obj.clone());
-            if obj["kind"] != api_kind || obj["apiVersion"] != group {
-                return status(
-                    400,
-                    "BadRequest",
-                    format!(
-                        "the body is not a {group} {api_kind}: kind {} apiVersion {}",
-                        obj["kind"], obj["apiVersion"]
-                    ),
-                    kind_name,
-                    "",
-                );
-            }
-            let Some(n) = obj["metadata"]["name"].as_str().map(String::from) else {
-                return status(
-                    422,
-                    "Invalid",
-                    format!("{api_kind} is invalid: metadata.name: Required value"),
-                    kind_name,
-                    "",
-                );
-            };
-            if obj["metadata"]["namespace"]
-                .as_str()
-                .is_some_and(|x| x != ns)
-            {
-                return status(400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request".into(), kind_name, &n);
-            }
-            let exists = match kind {
-                "pods" => s.pods.contains_key(&key(&n)),
-                "networkpolicies" => s.policies.contains_key(&key(&n)),
-                _ => s.secrets.contains_key(&key(&n)),
-            };
-            if exists {
-                return status(
-                    409,
-                    "AlreadyExists",
-                    format!("{kind_name} \"{n}\" already exists"),
-                    kind_name,
-                    &n,
-                );
-            }
-            s.version += 1;
-            obj["metadata"]["namespace"] = json!(ns);
-            obj["metadata"]["uid"] = json!(format!("uid-{}", s.version));
-            obj["metadata"]["resourceVersion"] = json!(s.version.to_string());
-            obj["metadata"]["creationTimestamp"] = json!("2026-12-02T00:00:00Z");
-            if kind == "pods" {
-                obj["status"] = json!({"phase": "Pending"});
-                let dir = PathBuf::new();
-                s.pods.insert(
-                    key(&n),
-                    Pod {
-                        obj: obj.clone(),
-                        child: None,
-                        dir,
-                        oom: false,
-                    },
-                );
-            } else if kind == "networkpolicies" {
-                s.policies.insert(key(&n), obj.clone());
-            } else {
-                s.secrets.insert(key(&n), obj.clone());
-            }
-            (201, obj)
-        }
+        ("POST", None) => create(&mut s, &t, body),
         ("DELETE", Some(n)) => {
-            let gone = match kind {
-                "pods" => s.pods.remove(&key(n)).map(|mut p| {
+            let gone = match t.kind {
+                "pods" => s.pods.remove(&t.key(n)).map(|mut p| {
                     stop_process(&mut p);
                     p.obj
                 }),
-                "networkpolicies" => s.policies.remove(&key(n)),
-                _ => s.secrets.remove(&key(n)),
+                "networkpolicies" => s.policies.remove(&t.key(n)),
+                _ => s.secrets.remove(&t.key(n)),
             };
-            match gone {
-                Some(o) => (200, o),
-                None => status(
-                    404,
-                    "NotFound",
-                    format!("{kind_name} \"{n}\" not found"),
-                    kind_name,
-                    n,
-                ),
-            }
+            gone.map_or_else(|| t.not_found(n), |o| (200, o))
         }
-        _ => status(
+        _ => t.refused(
             405,
             "MethodNotAllowed",
             format!("{method} is not served on {path}"),
-            kind_name,
-            name.unwrap_or(""),
+            t.name.unwrap_or(""),
         ),
     }
+}
+
+/// `GET` of a kind in a namespace: the objects its `labelSelector` selects.
+fn list(s: &State, t: &Target, q: &BTreeMap<String, String>) -> (u16, Value) {
+    if q.contains_key("watch") {
+        return t.refused(400, "BadRequest", "this fake serves no watches".into(), "");
+    }
+    let sel = q.get("labelSelector").cloned().unwrap_or_default();
+    let items: Vec<Value> = match t.kind {
+        "pods" => s
+            .pods
+            .iter()
+            .filter(|((n, _), _)| n == t.ns)
+            .map(|(_, p)| p.obj.clone())
+            .collect(),
+        "networkpolicies" => s
+            .policies
+            .iter()
+            .filter(|((n, _), _)| n == t.ns)
+            .map(|(_, v)| v.clone())
+            .collect(),
+        _ => s
+            .secrets
+            .iter()
+            .filter(|((n, _), _)| n == t.ns)
+            .map(|(_, v)| v.clone())
+            .collect(),
+    };
+    let items: Vec<Value> = items.into_iter().filter(|o| selects(&sel, o)).collect();
+    (
+        200,
+        json!({"kind": format!("{}List", t.api_kind), "apiVersion": t.group,
+        "metadata": {"resourceVersion": s.version.to_string()}, "items": items}),
+    )
+}
+
+/// `POST` of an object: checked as the API server checks it, then stored (a pod pending).
+fn create(s: &mut State, t: &Target, body: &[u8]) -> (u16, Value) {
+    let Ok(mut obj) = serde_json::from_slice::<Value>(body) else {
+        return t.refused(400, "BadRequest", "the body is not JSON".into(), "");
+    };
+    s.received.push(obj.clone());
+    let (group, api_kind, kind_name) = (t.group, t.api_kind, t.kind_name);
+    if obj["kind"] != api_kind || obj["apiVersion"] != group {
+        let message = format!(
+            "the body is not a {group} {api_kind}: kind {} apiVersion {}",
+            obj["kind"], obj["apiVersion"]
+        );
+        return t.refused(400, "BadRequest", message, "");
+    }
+    let Some(n) = obj["metadata"]["name"].as_str().map(String::from) else {
+        let message = format!("{api_kind} is invalid: metadata.name: Required value");
+        return t.refused(422, "Invalid", message, "");
+    };
+    if obj["metadata"]["namespace"]
+        .as_str()
+        .is_some_and(|x| x != t.ns)
+    {
+        return t.refused(
+            400,
+            "BadRequest",
+            "the namespace of the provided object does not match the namespace sent on the request"
+                .into(),
+            &n,
+        );
+    }
+    let exists = match t.kind {
+        "pods" => s.pods.contains_key(&t.key(&n)),
+        "networkpolicies" => s.policies.contains_key(&t.key(&n)),
+        _ => s.secrets.contains_key(&t.key(&n)),
+    };
+    if exists {
+        let message = format!("{kind_name} \"{n}\" already exists");
+        return t.refused(409, "AlreadyExists", message, &n);
+    }
+    s.version += 1;
+    obj["metadata"]["namespace"] = json!(t.ns);
+    obj["metadata"]["uid"] = json!(format!("uid-{}", s.version));
+    obj["metadata"]["resourceVersion"] = json!(s.version.to_string());
+    obj["metadata"]["creationTimestamp"] = json!("2026-12-02T00:00:00Z");
+    if t.kind == "pods" {
+        obj["status"] = json!({"phase": "Pending"});
+        let pod = Pod {
+            obj: obj.clone(),
+            child: None,
+            dir: PathBuf::new(),
+            oom: false,
+        };
+        s.pods.insert(t.key(&n), pod);
+    } else if t.kind == "networkpolicies" {
+        s.policies.insert(t.key(&n), obj.clone());
+    } else {
+        s.secrets.insert(t.key(&n), obj.clone());
+    }
+    (201, obj)
 }
 
 /// SIGTERM, a grace period, then SIGKILL, as a kubelet stops a container.

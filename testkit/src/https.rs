@@ -115,6 +115,11 @@ impl Upstream {
         )
     }
 
+    /// Answers every request 200 with `body`, for a certificate naming `names`.
+    pub fn answering(ca: &TestCa, names: &[&str], body: &'static str) -> anyhow::Result<Self> {
+        Self::start(ca, names, Arc::new(|_: &Received| (200, body.into())))
+    }
+
     /// Serves `handler`, whose answers are written as they are.
     pub fn start_raw(ca: &TestCa, names: &[&str], handler: RawHandler) -> anyhow::Result<Self> {
         let cfg = Arc::new(ca.server_config(names)?);

@@ -17,8 +17,10 @@ pub mod moto;
 pub mod netns;
 mod procs;
 pub mod random;
+mod said;
 pub mod sshd;
 pub mod tasks;
+mod web_login;
 pub mod webdriver;
 
 use std::path::{Path, PathBuf};
@@ -26,6 +28,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub use procs::{chown_tree, pids_mentioning, process_gone, processes_started_in};
+pub use said::{
+    assert_failed_saying, assert_failed_stderr_says, assert_said, assert_stderr_says,
+    assert_stdout_says,
+};
 
 use anyhow::{Context, bail};
 use shared::locks::Lock;
@@ -436,6 +442,13 @@ impl Cluster {
             .lines()
             .map(|l| serde_json::from_str(l).expect("a JSON record"))
             .collect()
+    }
+
+    /// A task as `brain task show ID --json` gives it.
+    pub fn task_show(&self, id: &str) -> serde_json::Value {
+        let out = self.brain_cli(&["task", "show", id, "--json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_slice(&out.stdout).expect("a JSON task")
     }
 
     pub fn brain_log(&self) -> String {

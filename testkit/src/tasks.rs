@@ -12,14 +12,14 @@ use crate::https::TestCa;
 use crate::{BrainOptions, Cluster, replay_turn, text};
 
 /// Whether a worker here can give commands their own network namespace (it needs root: the
-/// egress proxy's tests); otherwise says why `test` is skipped.
-pub fn have_netns(test: &str) -> bool {
+/// egress proxy's tests); otherwise says why the calling test is skipped.
+pub fn have_netns() -> bool {
     if rustix::process::geteuid().is_root() {
         return true;
     }
     crate::skip(
         "netns",
-        &format!("{test} needs a root worker to give commands their own network namespace"),
+        "it needs a root worker to give commands their own network namespace",
     );
     false
 }
@@ -54,6 +54,18 @@ pub fn set_secret(c: &Cluster, name: &str, value: &str, args: &[&str]) {
 }
 
 /// `brain secret set NAME ARGS` with `value` on stdin, whatever it answers.
+/// [`set_secret`] `api`: `value` for `host` on `port` only, given to commands as
+/// `$API_TOKEN`.
+pub fn set_api_secret(c: &Cluster, value: &str, host: &str, port: u16) {
+    let port = port.to_string();
+    set_secret(
+        c,
+        "api",
+        value,
+        &["--host", host, "--port", &port, "--env", "API_TOKEN"],
+    );
+}
+
 pub fn try_set_secret(c: &Cluster, name: &str, value: &str, args: &[&str]) -> std::process::Output {
     let mut cmd = c.brain_cli_cmd(&[&["secret", "set", name][..], args].concat());
     let mut child = cmd

@@ -29,10 +29,15 @@ fn git_with(dir: &Path, creds: Option<(&str, &str)>, args: &[&str]) -> Output {
     cmd.args(args).output().expect("run git")
 }
 
-fn ok(out: Output, what: &str) -> String {
+/// Alice's credentials, as her credential helper answers them.
+const ALICE: Option<(&str, &str)> = Some((USER, PASSWORD));
+
+/// [`git_with`], which must succeed: its output.
+fn git_ok(dir: &Path, creds: Option<(&str, &str)>, args: &[&str]) -> String {
+    let out = git_with(dir, creds, args);
     assert!(
         out.status.success(),
-        "{what} failed: {}",
+        "git {args:?} failed: {}",
         testkit::text(&out)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -47,19 +52,13 @@ fn tmp() -> tempfile::TempDir {
 
 /// Commits `files` on a new branch `branch` in the clone `dir`; returns the commit's sha.
 fn commit_on_branch(dir: &Path, branch: &str, files: &[(&str, &[u8])]) -> String {
-    ok(
-        git_with(dir, None, &["checkout", "-q", "-b", branch]),
-        "checkout",
-    );
+    git_ok(dir, None, &["checkout", "-q", "-b", branch]);
     for (p, content) in files {
         std::fs::write(dir.join(p), content).expect("write file");
     }
-    ok(git_with(dir, None, &["add", "--all"]), "add");
-    ok(
-        git_with(dir, None, &["commit", "-q", "-m", "work for t-1"]),
-        "commit",
-    );
-    ok(git_with(dir, None, &["rev-parse", "HEAD"]), "rev-parse")
+    git_ok(dir, None, &["add", "--all"]);
+    git_ok(dir, None, &["commit", "-q", "-m", "work for t-1"]);
+    git_ok(dir, None, &["rev-parse", "HEAD"])
 }
 
 #[test]
@@ -72,27 +71,13 @@ fn a_clone_commit_and_push_with_a_credential_helper_lands_on_the_server() {
     assert!(!url.contains(USER) && !url.contains('@'), "{url}");
     let work = tmp();
     let clone = work.path().join("clone");
-    ok(
-        git_with(
-            work.path(),
-            Some((USER, PASSWORD)),
-            &["clone", "-q", &url, "clone"],
-        ),
-        "clone",
-    );
+    git_ok(work.path(), ALICE, &["clone", "-q", &url, "clone"]);
     assert_eq!(
         std::fs::read_to_string(clone.join("README.md")).unwrap(),
         "hello\n"
     );
     let sha = commit_on_branch(&clone, "tether/t-1", &[("NOTES.md", b"done\n")]);
-    ok(
-        git_with(
-            &clone,
-            Some((USER, PASSWORD)),
-            &["push", "-q", "origin", "tether/t-1"],
-        ),
-        "push",
-    );
+    git_ok(&clone, ALICE, &["push", "-q", "origin", "tether/t-1"]);
     let branches = server.branches("acme/app");
     let names: Vec<&str> = branches.iter().map(|(b, _)| b.as_str()).collect();
     assert_eq!(names, ["main", "tether/t-1"], "{branches:?}");
@@ -110,29 +95,9 @@ fn a_clone_commit_and_push_with_a_credential_helper_lands_on_the_server() {
 
     // A second clone fetches the pushed branch.
     let other = work.path().join("other");
-    ok(
-        git_with(
-            work.path(),
-            Some((USER, PASSWORD)),
-            &["clone", "-q", &url, "other"],
-        ),
-        "second clone",
-    );
-    ok(
-        git_with(
-            &other,
-            Some((USER, PASSWORD)),
-            &["fetch", "-q", "origin", "tether/t-1"],
-        ),
-        "fetch",
-    );
-    assert_eq!(
-        ok(
-            git_with(&other, None, &["rev-parse", "FETCH_HEAD"]),
-            "rev-parse"
-        ),
-        sha
-    );
+    git_ok(work.path(), ALICE, &["clone", "-q", &url, "other"]);
+    git_ok(&other, ALICE, &["fetch", "-q", "origin", "tether/t-1"]);
+    assert_eq!(git_ok(&other, None, &["rev-parse", "FETCH_HEAD"]), sha);
 
     let reqs = server.requests();
     // git asks without credentials first, is told 401, then asks its helper.
@@ -158,10 +123,7 @@ fn push_only_lets_anyone_clone_but_refuses_a_push_without_credentials() {
     server.create_repo("app", &[("a.txt", "a\n")]).unwrap();
     let work = tmp();
     let clone = work.path().join("c");
-    ok(
-        git_with(work.path(), None, &["clone", "-q", &server.url("app"), "c"]),
-        "anonymous clone",
-    );
+    git_ok(work.path(), None, &["clone", "-q", &server.url("app"), "c"]);
     assert!(
         server
             .requests()
@@ -193,14 +155,7 @@ fn push_only_lets_anyone_clone_but_refuses_a_push_without_credentials() {
     );
 
     // With credentials the same push goes through.
-    ok(
-        git_with(
-            &clone,
-            Some((USER, PASSWORD)),
-            &["push", "-q", "origin", "tether/t-2"],
-        ),
-        "push",
-    );
+    git_ok(&clone, ALICE, &["push", "-q", "origin", "tether/t-2"]);
     assert!(
         server
             .branches("app")
@@ -241,22 +196,12 @@ fn a_large_push_goes_through_with_a_chunked_body() {
     server.create_repo("big", &[("a.txt", "a\n")]).unwrap();
     let work = tmp();
     let clone = work.path().join("c");
-    ok(
-        git_with(work.path(), None, &["clone", "-q", &server.url("big"), "c"]),
-        "clone",
-    );
+    git_ok(work.path(), None, &["clone", "-q", &server.url("big"), "c"]);
     // 4 MiB that do not compress: larger than git's 1 MiB http.postBuffer, so the pack goes
     // out chunked.
     let blob = testkit::random::noise(4 << 20);
     let sha = commit_on_branch(&clone, "big-change", &[("blob.bin", &blob)]);
-    ok(
-        git_with(
-            &clone,
-            Some((USER, PASSWORD)),
-            &["push", "-q", "origin", "big-change"],
-        ),
-        "large push",
-    );
+    git_ok(&clone, ALICE, &["push", "-q", "origin", "big-change"]);
     assert!(
         server
             .branches("big")
@@ -293,7 +238,13 @@ impl Response {
 }
 
 /// One HTTP/1.1 request over a fresh connection (the fake closes it after answering).
-fn http(base: &str, method: &str, target: &str, headers: &[(&str, &str)], body: &str) -> Response {
+fn http(
+    base: &str,
+    method: &str,
+    target: &str,
+    headers: &[(&str, impl AsRef<str>)],
+    body: &str,
+) -> Response {
     let addr = base.strip_prefix("http://").expect("an http:// base");
     let mut conn = TcpStream::connect(addr).expect("connect to the fake GitHub");
     conn.set_read_timeout(Some(Duration::from_secs(10)))
@@ -305,7 +256,7 @@ fn http(base: &str, method: &str, target: &str, headers: &[(&str, &str)], body: 
         body.len()
     );
     for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
+        req.push_str(&format!("{k}: {}\r\n", v.as_ref()));
     }
     req.push_str("\r\n");
     req.push_str(body);
@@ -351,14 +302,21 @@ fn good_headers(token: &str) -> Vec<(&'static str, String)> {
 }
 
 fn call(gh: &FakeGithub, method: &str, target: &str, body: Option<Value>) -> Response {
-    let h = good_headers(TOKEN);
-    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    http(&gh.url(), method, target, &h, &body)
+    http(&gh.url(), method, target, &good_headers(TOKEN), &body)
 }
 
 fn create(gh: &FakeGithub, body: Value) -> Response {
     call(gh, "POST", "/repos/acme/app/pulls", Some(body))
+}
+
+/// The numbers of the pull requests a list answered.
+fn numbers(list: &Value) -> Vec<&Value> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["number"])
+        .collect()
 }
 
 fn pr_body(head: &str) -> Value {
@@ -413,14 +371,7 @@ fn a_valid_pull_request_is_created_and_found_by_its_head() {
     ] {
         let l = call(&gh, "GET", &format!("/repos/acme/app/pulls?{q}"), None);
         assert_eq!(l.status, 200);
-        let numbers: Vec<&Value> = l
-            .body
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| &p["number"])
-            .collect();
-        assert_eq!(numbers, [&json!(1)], "{q}: {}", l.body);
+        assert_eq!(numbers(&l.body), [&json!(1)], "{q}: {}", l.body);
     }
     let none = call(&gh, "GET", "/repos/acme/app/pulls?head=acme:nope", None);
     assert_eq!(none.body, json!([]));
@@ -432,14 +383,7 @@ fn a_valid_pull_request_is_created_and_found_by_its_head() {
     );
     assert_eq!(other_base.body, json!([]));
     let all = call(&gh, "GET", "/repos/acme/app/pulls", None);
-    let numbers: Vec<&Value> = all
-        .body
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| &p["number"])
-        .collect();
-    assert_eq!(numbers, [&json!(2), &json!(1)], "newest first");
+    assert_eq!(numbers(&all.body), [&json!(2), &json!(1)], "newest first");
     assert!(gh.violations().is_empty(), "{:?}", gh.violations());
 
     // `token X` is accepted as well as `Bearer X`.
@@ -527,7 +471,6 @@ fn bodies_that_break_the_schema_are_recorded_and_refused() {
 
     // Not JSON at all.
     let h = good_headers(TOKEN);
-    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let r = http(&gh.url(), "POST", "/repos/acme/app/pulls", &h, "{not json");
     assert_eq!(
         (r.status, &r.body["message"]),
@@ -551,7 +494,6 @@ fn bodies_that_break_the_schema_are_recorded_and_refused() {
 fn a_wrong_or_missing_token_is_401_and_a_missing_user_agent_403() {
     let gh = FakeGithub::start(TOKEN);
     let wrong = good_headers("ghp_wrong");
-    let wrong: Vec<(&str, &str)> = wrong.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let body = pr_body("tether/t-1").to_string();
     let r = http(&gh.url(), "POST", "/repos/acme/app/pulls", &wrong, &body);
     assert_eq!(
@@ -633,20 +575,10 @@ fn a_linked_repository_decides_which_heads_exist_and_their_sha() {
 
     let work = tmp();
     let url = server.url("acme/app");
-    ok(
-        git_with(work.path(), None, &["clone", "-q", &url, "c"]),
-        "clone",
-    );
+    git_ok(work.path(), None, &["clone", "-q", &url, "c"]);
     let clone = work.path().join("c");
     let sha = commit_on_branch(&clone, "tether/t-1", &[("b.txt", b"b\n")]);
-    ok(
-        git_with(
-            &clone,
-            Some((USER, PASSWORD)),
-            &["push", "-q", "origin", "tether/t-1"],
-        ),
-        "push",
-    );
+    git_ok(&clone, ALICE, &["push", "-q", "origin", "tether/t-1"]);
     let r = create(&gh, pr_body("tether/t-1"));
     assert_eq!(r.status, 201, "{}", r.body);
     assert_eq!(r.body["head"]["sha"], sha.as_str());

@@ -16,7 +16,7 @@
 //! answered), as real servers do.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
@@ -150,18 +150,7 @@ impl GitServer {
             .tempdir()
             .context("temp dir for the first commit")?;
         let w = work.path();
-        run_git(git().args(["init", "--quiet", "-b", "main"]).arg(w))?;
-        for (path, content) in files {
-            let p = w.join(path);
-            if let Some(parent) = p.parent() {
-                std::fs::create_dir_all(parent)
-                    .with_context(|| format!("mkdir {}", parent.display()))?;
-            }
-            std::fs::write(&p, content).with_context(|| format!("write {}", p.display()))?;
-        }
-        run_git(git().current_dir(w).args(["add", "--all"]))?;
-        let commit = ["commit", "-q", "--allow-empty", "-m", "initial commit"];
-        run_git(git().current_dir(w).args(commit))?;
+        init_repo(w, files)?;
         run_git(
             git()
                 .current_dir(w)
@@ -291,8 +280,25 @@ pub fn git() -> Command {
     cmd
 }
 
+/// Makes `dir` a repository whose branch `main` has one commit ("initial commit") holding
+/// `files` (path, content).
+pub fn init_repo(dir: &Path, files: &[(&str, &str)]) -> anyhow::Result<()> {
+    run_git(git().args(["init", "--quiet", "-b", "main"]).arg(dir))?;
+    for (path, content) in files {
+        let p = dir.join(path);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("mkdir {}", parent.display()))?;
+        }
+        std::fs::write(&p, content).with_context(|| format!("write {}", p.display()))?;
+    }
+    run_git(git().current_dir(dir).args(["add", "--all"]))?;
+    let commit = ["commit", "-q", "--allow-empty", "-m", "initial commit"];
+    run_git(git().current_dir(dir).args(commit)).map(drop)
+}
+
 /// `git --git-dir <bare>`.
-fn git_in(bare: &std::path::Path) -> Command {
+fn git_in(bare: &Path) -> Command {
     let mut cmd = git();
     cmd.arg("--git-dir").arg(bare);
     cmd
