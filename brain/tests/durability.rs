@@ -294,7 +294,9 @@ fn cancel_backup_restore_and_a_second_brain() {
 fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
     let c = Cluster::start();
     let w = c.join_worker("watched");
-    let plan = line_plan(&c, 8, "0.2");
+    // Long enough (8 s) that the task still runs after a watcher started, showed a line and
+    // was interrupted, on a loaded machine too (at 1.6 s it had ended there).
+    let plan = line_plan(&c, 8, "1");
     let id = c.run_plan(&plan, &w.id);
 
     // Ctrl-C on a watcher leaves the task running.
