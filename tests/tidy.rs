@@ -2,9 +2,10 @@
 //! or the brain, and `shared` stays free of brain-only dependencies (`cargo tree`). Inside
 //! `brain/src`: each layer uses only the layers below it, `model` and `engine` never see
 //! wire types, `llm` and `fleet` know nothing of the engine, and no two files import each
-//! other in a circle. Every source file opens with a `//!` line saying what it is for, and a
-//! file over 800 lines says at its top why it is that long. Every path ARCHITECTURE.md names
-//! (a file, a module, a `crate::module::item`) is in the tree.
+//! other in a circle. Every source file opens with a `//!` line saying what it is for. Every
+//! path ARCHITECTURE.md names (a file, a module, a `crate::module::item`) is in the tree. And
+//! the workspace's clippy settings refuse what they promise to (a function too long, an unsafe
+//! block that does not say why it is sound), shown on a crate planted with both.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -101,36 +102,105 @@ fn sources() -> Vec<PathBuf> {
     out
 }
 
-const LONG_FILE: usize = 800;
-/// The phrase a long file's header uses to say why it is long.
-const LONG_REASON: &str = "Long file:";
-
 #[test]
-fn every_file_says_what_it_is_for_and_long_ones_why_they_are_long() {
-    let mut missing = Vec::new();
-    let mut long = Vec::new();
-    for f in sources() {
-        let text = std::fs::read_to_string(&f).unwrap();
-        let rel = f.strip_prefix(root()).unwrap().display().to_string();
-        if !text.starts_with("//!") {
-            missing.push(rel.clone());
-        }
-        let header: String = text
-            .lines()
-            .take_while(|l| l.starts_with("//!"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        if text.lines().count() > LONG_FILE && !header.contains(LONG_REASON) {
-            long.push(format!("{rel} ({} lines)", text.lines().count()));
-        }
-    }
+fn every_file_says_what_it_is_for() {
+    let missing: Vec<String> = sources()
+        .into_iter()
+        .filter(|f| !std::fs::read_to_string(f).unwrap().starts_with("//!"))
+        .map(|f| f.strip_prefix(root()).unwrap().display().to_string())
+        .collect();
     assert!(
         missing.is_empty(),
         "these files do not open with a `//!` line saying what they are for: {missing:#?}"
     );
+}
+
+/// The workspace's `[workspace.lints.*]` tables as a member's `[lints.*]`.
+fn workspace_lints() -> String {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let mut out = String::new();
+    let mut inside = false;
+    for line in manifest.lines() {
+        if line.starts_with('[') {
+            inside = line.starts_with("[workspace.lints.");
+        }
+        if inside {
+            out.push_str(&line.replacen("[workspace.lints.", "[lints.", 1));
+            out.push('\n');
+        }
+    }
+    assert!(out.contains("too_many_lines"), "no lints found: {out}");
+    out
+}
+
+/// A function of `lines` statements.
+fn function_of(name: &str, lines: usize) -> String {
+    let body: String = (0..lines)
+        .map(|i| format!("    x = x.wrapping_add({i});\n"))
+        .collect();
+    format!("pub fn {name}(mut x: u64) -> u64 {{\n{body}    x\n}}\n")
+}
+
+/// The workspace's lint settings and clippy.toml, on a crate of their own with one function
+/// just past the limit, one just inside it, and an unsafe block without its `SAFETY:` line:
+/// clippy refuses the first and the last, and only those.
+#[test]
+fn clippy_refuses_a_long_function_and_an_unexplained_unsafe_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = std::fs::read_to_string(root().join("clippy.toml")).unwrap();
+    let limit: usize = config
+        .lines()
+        .find_map(|l| l.strip_prefix("too-many-lines-threshold = "))
+        .expect("clippy.toml sets too-many-lines-threshold")
+        .trim()
+        .parse()
+        .unwrap();
+    std::fs::write(dir.path().join("clippy.toml"), &config).unwrap();
+    std::fs::write(
+        dir.path().join("Cargo.toml"),
+        format!(
+            "[package]\nname = \"planted\"\nversion = \"0.0.0\"\nedition = \"2024\"\n\n[workspace]\n\n{}",
+            workspace_lints()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("src")).unwrap();
+    // clippy counts a body's lines: the statements and the tail `x`.
+    let lib = format!(
+        "//! Planted.\n{}{}pub fn first(v: &[u8]) -> u8 {{\n    unsafe {{ *v.as_ptr() }}\n}}\n",
+        function_of("too_long", limit),
+        function_of("just_inside", limit - 1),
+    );
+    std::fs::write(dir.path().join("src/lib.rs"), lib).unwrap();
+    let out = Command::new(env!("CARGO"))
+        .args(["clippy", "--offline", "--quiet", "--lib"])
+        .current_dir(dir.path())
+        .env("CARGO_TARGET_DIR", dir.path().join("target"))
+        .env_remove("RUSTFLAGS")
+        .output()
+        .expect("run cargo clippy");
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        long.is_empty(),
-        "these files are over {LONG_FILE} lines without a `//! {LONG_REASON} ...` line in their header saying why (split them, or say why not): {long:#?}"
+        !out.status.success(),
+        "clippy passed the planted crate:\n{stderr}"
+    );
+    let long: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("this function has too many lines"))
+        .collect();
+    assert_eq!(
+        long,
+        [format!(
+            "error: this function has too many lines ({}/{limit})",
+            limit + 1
+        )],
+        "{stderr}"
+    );
+    assert!(stderr.contains("fn too_long"), "{stderr}");
+    assert!(!stderr.contains("fn just_inside"), "{stderr}");
+    assert!(
+        stderr.contains("unsafe block missing a safety comment"),
+        "{stderr}"
     );
 }
 
