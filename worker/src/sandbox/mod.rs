@@ -611,7 +611,8 @@ impl Sandbox {
                 rl.apply()?;
                 // A write past the file size limit fails with EFBIG ("File too large", which
                 // the program reports) instead of killing the program silently, as Python
-                // does for itself; the ignored disposition is kept across exec.
+                // does for itself; the ignored disposition is kept across exec. (libc: rustix
+                // sets dispositions only in its runtime module, for programs without libc.)
                 libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
                 if let Some(fd) = net {
                     rustix::thread::move_into_link_name_space(
