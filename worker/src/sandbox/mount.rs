@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use super::report::{Mechanism, Report};
-use super::sys::{describe_errno, errno, errno_of, in_child};
+use super::sys::{describe_errno, errno, errno_of, in_child, unshare_mount_namespace};
 
 /// Where commands see their workspace when each gets a mount namespace: the same path on
 /// every worker, so absolute paths that tools record (virtualenvs, build caches) stay valid
@@ -123,10 +123,7 @@ pub(super) fn probe_mountns(root: bool, report: &mut Report) -> bool {
     // child).
     let tried = in_child(&|| {
         use rustix::mount::{MountFlags, MountPropagationFlags, mount, mount_change};
-        // SAFETY: only CLONE_FILES could take descriptors from other threads; the forked
-        // child has no other thread.
-        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
-            .map_err(errno_of)?;
+        unshare_mount_namespace().map_err(errno_of)?;
         mount_change(
             c"/",
             MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
@@ -188,10 +185,7 @@ pub(super) fn check_reach(
         in_child(&|| {
             use rustix::fs::{Access, access};
             if let Some(p) = &plan {
-                // SAFETY: only CLONE_FILES could take descriptors from other threads; the
-                // forked child has no other thread.
-                unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
-                    .map_err(errno_of)?;
+                unshare_mount_namespace().map_err(errno_of)?;
                 p.enter().map_err(|e| e.raw_os_error().unwrap_or(-1))?;
             }
             if steps < 2 {

@@ -15,7 +15,7 @@ use std::ffi::CStr;
 use std::sync::OnceLock;
 
 use super::report::{Mechanism, Report};
-use super::sys::describe_errno;
+use super::sys::{describe_errno, unshare_mount_namespace};
 
 /// The options tried, newest first.
 const HIDEPID: [&CStr; 2] = [c"hidepid=invisible", c"hidepid=2"];
@@ -53,10 +53,7 @@ pub fn isolate() {
                 errno: e.raw_os_error(),
             }
         };
-        // SAFETY: only CLONE_FILES could take descriptors from other threads; this is the
-        // mount namespace, moved before any thread that runs commands exists.
-        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
-            .map_err(err("a mount namespace for the worker"))?;
+        unshare_mount_namespace().map_err(err("a mount namespace for the worker"))?;
         mount_change(
             c"/",
             MountPropagationFlags::REC | MountPropagationFlags::DOWNSTREAM,

@@ -59,6 +59,13 @@ pub(super) fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
 }
 
+/// Moves the calling thread into a mount namespace of its own (`unshare(CLONE_NEWNS)`).
+pub(super) fn unshare_mount_namespace() -> rustix::io::Result<()> {
+    // SAFETY: of unshare's flags only CLONE_FILES can leave threads with descriptor tables
+    // of their own; CLONE_NEWNS touches no descriptor.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
+}
+
 /// A rustix error as the errno [`in_child`]'s checks return.
 pub(super) fn errno_of(e: rustix::io::Errno) -> i32 {
     e.raw_os_error()
