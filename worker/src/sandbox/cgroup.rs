@@ -273,9 +273,8 @@ pub(super) fn empty_cgroup(leaf: &Path, spare: Option<i32>) -> bool {
         }
         // After cgroup.kill, a few rounds for the killed to leave; then one by one too.
         for p in pids.into_iter().filter(|_| !all_at_once || round >= 5) {
-            // SAFETY: plain syscall.
-            unsafe {
-                libc::kill(p, libc::SIGKILL);
+            if let Some(p) = rustix::process::Pid::from_raw(p) {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
             }
         }
         std::thread::sleep(std::time::Duration::from_millis(2));

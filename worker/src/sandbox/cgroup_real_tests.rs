@@ -51,11 +51,13 @@ fn spawn_in(leaf: &Path, script: &str) -> std::process::Child {
     let fd = std::os::fd::AsRawFd::as_raw_fd(&procs);
     let mut cmd = std::process::Command::new("sh");
     cmd.args(["-c", script]);
-    // SAFETY: a plain write of a static buffer between fork and exec.
+    // SAFETY: a plain write of a static buffer between fork and exec, to `procs`, which
+    // stays open until the command is spawned.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                return Err(std::io::Error::last_os_error());
+            let fd = std::os::fd::BorrowedFd::borrow_raw(fd);
+            if rustix::io::write(fd, b"0")? != 1 {
+                return Err(std::io::ErrorKind::WriteZero.into());
             }
             Ok(())
         });

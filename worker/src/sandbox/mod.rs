@@ -38,7 +38,6 @@ mod sys;
 mod users;
 
 use shared::locks::Lock;
-use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -337,13 +336,15 @@ impl Sandbox {
 
     /// Gives `path` itself to `owner` (a symlink is not followed).
     fn give(path: &Path, owner: Option<(u32, u32)>) {
-        if let Some((uid, gid)) = owner
-            && let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes())
-        {
-            // SAFETY: valid NUL-terminated path; lchown does not follow symlinks.
-            unsafe {
-                libc::lchown(c.as_ptr(), uid, gid);
-            }
+        if let Some((uid, gid)) = owner {
+            // As lchown: a symlink is changed itself, not followed.
+            let _ = rustix::fs::chownat(
+                rustix::fs::CWD,
+                path,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            );
         }
     }
 
@@ -587,45 +588,53 @@ impl Sandbox {
         guard.file_size = rl.file_size;
         guard.cpu_seconds = rl.cpu.unwrap_or(0);
         let netns = limits.network_off && net.is_none();
-        let unshare = if netns { libc::CLONE_NEWNET } else { 0 }
-            | if plan.is_some() { libc::CLONE_NEWNS } else { 0 };
+        let unshare = {
+            use rustix::thread::UnshareFlags;
+            let mut flags = UnshareFlags::empty();
+            flags.set(UnshareFlags::NEWNET, netns);
+            flags.set(UnshareFlags::NEWNS, plan.is_some());
+            flags
+        };
         let seccomp = self.seccomp.clone();
         // SAFETY: the closure runs in the child between fork and exec. It makes plain
         // syscalls on values prepared above (no locks held by other threads are taken: the
-        // mutex is ours alone), and the Landlock call only issues prctl and a syscall.
+        // mutex is ours alone; the paths it passes are `&CStr`, so rustix allocates nothing),
+        // and the Landlock call only issues prctl and a syscall. `net` stays open in the
+        // caller until the command is spawned. Of the unshare flags only CLONE_FILES could
+        // take descriptors from other threads, and there are none in the child.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                rustix::process::setsid()?;
                 for fd in &procs {
-                    write_pid(fd.as_raw_fd())?;
+                    write_pid(fd)?;
                 }
                 rl.apply()?;
                 // A write past the file size limit fails with EFBIG ("File too large", which
                 // the program reports) instead of killing the program silently, as Python
-                // does for itself; the ignored disposition is kept across exec.
+                // does for itself; the ignored disposition is kept across exec. (libc: rustix
+                // sets dispositions only in its runtime module, for programs without libc.)
                 libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-                if let Some(fd) = net
-                    && libc::setns(fd, libc::CLONE_NEWNET) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
+                if let Some(fd) = net {
+                    rustix::thread::move_into_link_name_space(
+                        std::os::fd::BorrowedFd::borrow_raw(fd),
+                        Some(rustix::thread::LinkNameSpaceType::Network),
+                    )?;
                 }
-                if unshare != 0 && libc::unshare(unshare) != 0 {
-                    return Err(std::io::Error::last_os_error());
+                if !unshare.is_empty() {
+                    rustix::thread::unshare_unsafe(unshare)?;
                 }
                 // Mounts first: a Landlock-restricted process may not mount.
                 if let Some(p) = &plan {
                     p.enter()?;
                 }
-                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                rustix::thread::set_no_new_privs(true)?;
                 if let Some(fd) = &ruleset
                     && libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) != 0
                 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // libc, not rustix: libc's setuid and setgid change every thread of the
+                // process, rustix's set_thread_* only the calling one.
                 if let Some((uid, gid)) = run_as
                     && (libc::setgroups(0, std::ptr::null()) != 0
                         || libc::setgid(gid) != 0

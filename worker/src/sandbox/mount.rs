@@ -3,11 +3,12 @@
 //! that says whether this host can give one; and the first directory that keeps the command
 //! user out of a workspace, named.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use super::report::{Mechanism, Report};
-use super::sys::{describe_errno, errno, in_child};
+use super::sys::{describe_errno, errno, errno_of, in_child, unshare_mount_namespace};
 
 /// Where commands see their workspace when each gets a mount namespace: the same path on
 /// every worker, so absolute paths that tools record (virtualenvs, build caches) stay valid
@@ -105,11 +106,8 @@ pub(super) fn probe_mountns(root: bool, report: &mut Report) -> bool {
             );
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // SAFETY: statvfs on a valid path into a zeroed struct.
-            let ro = unsafe {
-                let mut st: libc::statvfs = std::mem::zeroed();
-                libc::statvfs(c"/".as_ptr(), &mut st) == 0 && st.f_flag & libc::ST_RDONLY != 0
-            };
+            let ro = rustix::fs::statvfs(c"/")
+                .is_ok_and(|st| st.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY));
             if ro {
                 return missing(
                     report,
@@ -124,33 +122,21 @@ pub(super) fn probe_mountns(root: bool, report: &mut Report) -> bool {
     // Try one: a private namespace with a tmpfs mounted in it (harmless: it dies with the
     // child).
     let tried = in_child(&|| {
-        // SAFETY: plain syscalls on static strings.
-        unsafe {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                return Err(errno());
-            }
-            if libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ) != 0
-            {
-                return Err(errno());
-            }
-            if libc::mount(
-                c"tmpfs".as_ptr(),
-                c"/tmp".as_ptr(),
-                c"tmpfs".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                c"size=4k".as_ptr().cast(),
-            ) != 0
-            {
-                return Err(errno());
-            }
-        }
-        Ok(())
+        use rustix::mount::{MountFlags, MountPropagationFlags, mount, mount_change};
+        unshare_mount_namespace().map_err(errno_of)?;
+        mount_change(
+            c"/",
+            MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+        )
+        .map_err(errno_of)?;
+        mount(
+            c"tmpfs",
+            c"/tmp",
+            c"tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV,
+            c"size=4k",
+        )
+        .map_err(errno_of)
     });
     match tried {
         Ok(()) => {
@@ -197,30 +183,35 @@ pub(super) fn check_reach(
     // 1 the mount namespace, 2 the user, 3 the workspace, 4 its temp dir.
     let upto = |steps: u8| {
         in_child(&|| {
-            // SAFETY: plain syscalls on values prepared above.
-            unsafe {
-                if let Some(p) = &plan
-                    && (libc::unshare(libc::CLONE_NEWNS) != 0 || p.enter().is_err())
-                {
-                    return Err(errno());
-                }
-                if steps < 2 {
-                    return Ok(());
-                }
-                if let Some((uid, gid)) = run_as
-                    && (libc::setgroups(0, std::ptr::null()) != 0
+            use rustix::fs::{Access, access};
+            if let Some(p) = &plan {
+                unshare_mount_namespace().map_err(errno_of)?;
+                p.enter().map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+            }
+            if steps < 2 {
+                return Ok(());
+            }
+            if let Some((uid, gid)) = run_as {
+                // libc, not rustix: libc's setuid and setgid change every thread of the
+                // process, rustix's set_thread_* only the calling one (as the commands' own
+                // switch does; here, in a forked child, the two are the same).
+                // SAFETY: plain syscalls with integer arguments and an empty group list.
+                let failed = unsafe {
+                    libc::setgroups(0, std::ptr::null()) != 0
                         || libc::setgid(gid) != 0
-                        || libc::setuid(uid) != 0)
-                {
+                        || libc::setuid(uid) != 0
+                };
+                if failed {
                     return Err(errno());
                 }
-                let all = libc::R_OK | libc::W_OK | libc::X_OK;
-                if steps >= 3 && libc::access(seen_ws.as_ptr(), all) != 0 {
-                    return Err(errno());
-                }
-                if steps >= 4 && libc::access(seen_tmp.as_ptr(), all) != 0 {
-                    return Err(errno());
-                }
+            }
+            // The paths are `&CStr`: rustix allocates nothing in the child.
+            let all = Access::READ_OK | Access::WRITE_OK | Access::EXEC_OK;
+            if steps >= 3 {
+                access(seen_ws.as_c_str(), all).map_err(errno_of)?;
+            }
+            if steps >= 4 {
+                access(seen_tmp.as_c_str(), all).map_err(errno_of)?;
             }
             Ok(())
         })
@@ -295,59 +286,40 @@ impl MountPlan {
     /// prepared values, no allocation): stops mounts from propagating to the host, hides
     /// the worker's state under an empty read-only tmpfs, shows the workspace at
     /// [`WORKSPACE_PATH`] and its temp dir at [`TMP_PATH`], and moves into the workspace.
+    /// Every path goes to rustix as a `&CStr`, so nothing allocates.
     pub(super) fn enter(&self) -> std::io::Result<()> {
-        let err = std::io::Error::last_os_error;
-        // SAFETY: plain syscalls on NUL-terminated strings that outlive them.
-        unsafe {
-            if libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ) != 0
-            {
-                return Err(err());
-            }
-            // Held open so they can be bound once the state dir above them is hidden.
-            let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
-            let ws = libc::open(self.workspace.as_ptr(), flags);
-            if ws < 0 {
-                return Err(err());
-            }
-            let tmp = libc::open(self.tmp.as_ptr(), flags);
-            if tmp < 0 {
-                return Err(err());
-            }
-            if libc::mount(
-                c"tmpfs".as_ptr(),
-                self.state.as_ptr(),
-                c"tmpfs".as_ptr(),
-                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                c"size=4k,mode=000".as_ptr().cast(),
-            ) != 0
-            {
-                return Err(err());
-            }
-            bind_fd(ws, c"/workspace")?;
-            bind_fd(tmp, c"/tmp")?;
-            libc::close(ws);
-            libc::close(tmp);
-            if libc::chdir(self.cwd.as_ptr()) != 0 {
-                return Err(err());
-            }
-        }
+        use rustix::fs::{Mode, OFlags, open};
+        use rustix::mount::{MountFlags, MountPropagationFlags, mount, mount_change};
+        mount_change(
+            c"/",
+            MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+        )?;
+        // Held open so they can be bound once the state dir above them is hidden.
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let ws = open(self.workspace.as_c_str(), flags, Mode::empty())?;
+        let tmp = open(self.tmp.as_c_str(), flags, Mode::empty())?;
+        mount(
+            c"tmpfs",
+            self.state.as_c_str(),
+            c"tmpfs",
+            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            c"size=4k,mode=000",
+        )?;
+        bind_fd(&ws, c"/workspace")?;
+        bind_fd(&tmp, c"/tmp")?;
+        drop((ws, tmp));
+        rustix::process::chdir(self.cwd.as_c_str())?;
         Ok(())
     }
 }
 
 /// Bind-mounts the directory open as `fd` onto `target` (child side: no allocation).
-pub(super) fn bind_fd(fd: i32, target: &std::ffi::CStr) -> std::io::Result<()> {
+pub(super) fn bind_fd(fd: &OwnedFd, target: &CStr) -> std::io::Result<()> {
     const PREFIX: &[u8] = b"/proc/self/fd/";
     let mut buf = [0u8; 40];
     buf[..PREFIX.len()].copy_from_slice(PREFIX);
     let mut digits = [0u8; 12];
-    let (mut n, mut i) = (fd as u32, digits.len());
+    let (mut n, mut i) = (fd.as_raw_fd() as u32, digits.len());
     loop {
         i -= 1;
         digits[i] = b'0' + (n % 10) as u8;
@@ -359,19 +331,8 @@ pub(super) fn bind_fd(fd: i32, target: &std::ffi::CStr) -> std::io::Result<()> {
     let len = digits.len() - i;
     buf[PREFIX.len()..PREFIX.len() + len].copy_from_slice(&digits[i..]);
     // buf stays NUL-terminated: it was zeroed and is longer than what was copied.
-    // SAFETY: both strings are NUL-terminated and outlive the call.
-    let r = unsafe {
-        libc::mount(
-            buf.as_ptr().cast(),
-            target.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND,
-            std::ptr::null(),
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let source = CStr::from_bytes_until_nul(&buf).map_err(|_| rustix::io::Errno::INVAL)?;
+    rustix::mount::mount_bind(source, target)?;
     Ok(())
 }
 

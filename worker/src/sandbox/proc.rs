@@ -15,7 +15,7 @@ use std::ffi::CStr;
 use std::sync::OnceLock;
 
 use super::report::{Mechanism, Report};
-use super::sys::{describe_errno, errno};
+use super::sys::{describe_errno, unshare_mount_namespace};
 
 /// The options tried, newest first.
 const HIDEPID: [&CStr; 2] = [c"hidepid=invisible", c"hidepid=2"];
@@ -46,39 +46,33 @@ pub fn isolate() {
         if !rustix::process::geteuid().is_root() {
             return Err(Error::NotRoot);
         }
-        let err = |what: &'static str| Error::Failed {
-            what,
-            errno: errno(),
+        use rustix::mount::{MountFlags, MountPropagationFlags, mount, mount_change};
+        let err = |what: &'static str| {
+            move |e: rustix::io::Errno| Error::Failed {
+                what,
+                errno: e.raw_os_error(),
+            }
         };
-        // SAFETY: plain syscalls on static NUL-terminated strings.
-        unsafe {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                return Err(err("a mount namespace for the worker"));
-            }
-            if libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_SLAVE,
-                std::ptr::null(),
-            ) != 0
-            {
-                return Err(err("keeping the worker's mounts from the host"));
-            }
-            for opts in HIDEPID {
-                if libc::mount(
-                    c"proc".as_ptr(),
-                    c"/proc".as_ptr(),
-                    c"proc".as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                    opts.as_ptr().cast(),
-                ) == 0
-                {
-                    return Ok(opts.to_str().unwrap_or("hidepid"));
-                }
+        unshare_mount_namespace().map_err(err("a mount namespace for the worker"))?;
+        mount_change(
+            c"/",
+            MountPropagationFlags::REC | MountPropagationFlags::DOWNSTREAM,
+        )
+        .map_err(err("keeping the worker's mounts from the host"))?;
+        let mut last = rustix::io::Errno::INVAL;
+        for opts in HIDEPID {
+            match mount(
+                c"proc",
+                c"/proc",
+                c"proc",
+                MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                opts,
+            ) {
+                Ok(()) => return Ok(opts.to_str().unwrap_or("hidepid")),
+                Err(e) => last = e,
             }
         }
-        Err(err("mounting a /proc with hidepid"))
+        Err(err("mounting a /proc with hidepid")(last))
     });
 }
 

@@ -11,35 +11,33 @@ pub(super) struct Rlimits {
 
 impl Rlimits {
     pub(super) fn apply(&self) -> std::io::Result<()> {
+        use rustix::process::{Resource, Rlimit, setrlimit};
         let set = |res, v: u64| {
-            let lim = libc::rlimit {
-                rlim_cur: v,
-                rlim_max: v,
-            };
-            // SAFETY: plain syscall with a valid struct.
-            if unsafe { libc::setrlimit(res, &lim) } != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
+            setrlimit(
+                res,
+                Rlimit {
+                    current: Some(v),
+                    maximum: Some(v),
+                },
+            )
         };
         if let Some(v) = self.cpu {
             // The hard limit a second later: SIGXCPU ends the command at the soft one (at
             // equal limits the kernel sends SIGKILL, which says nothing).
-            let lim = libc::rlimit {
-                rlim_cur: v,
-                rlim_max: v.saturating_add(1),
-            };
-            // SAFETY: plain syscall with a valid struct.
-            if unsafe { libc::setrlimit(libc::RLIMIT_CPU, &lim) } != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            setrlimit(
+                Resource::Cpu,
+                Rlimit {
+                    current: Some(v),
+                    maximum: Some(v.saturating_add(1)),
+                },
+            )?;
         }
         if let Some(v) = self.address_space {
-            set(libc::RLIMIT_AS, v)?;
+            set(Resource::As, v)?;
         }
-        set(libc::RLIMIT_FSIZE, self.file_size)?;
+        set(Resource::Fsize, self.file_size)?;
         if let Some(v) = self.nproc {
-            set(libc::RLIMIT_NPROC, v)?;
+            set(Resource::Nproc, v)?;
         }
         Ok(())
     }

@@ -21,7 +21,7 @@ use seccompiler::{
 };
 
 use super::report::{Mechanism, Report};
-use super::sys::{describe_errno, errno, in_child};
+use super::sys::{describe_errno, errno, errno_of, in_child};
 
 /// Calls refused outright (EPERM).
 const DENIED: &[(&str, i64)] = &[
@@ -176,13 +176,12 @@ pub(super) fn probe(report: &mut Report) -> Option<Filters> {
         Err(e) => (None, e.to_string()),
         Ok(f) => {
             let proved = in_child(&|| {
-                // SAFETY: plain prctl; the filter is installed in this forked child only.
-                if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-                    return Err(errno());
-                }
+                // The filter is installed in this forked child only.
+                rustix::thread::set_no_new_privs(true).map_err(errno_of)?;
                 f.install()
                     .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
-                // KEYCTL_GET_KEYRING_ID of the session keyring, without creating it.
+                // KEYCTL_GET_KEYRING_ID of the session keyring, without creating it (a raw
+                // system call: rustix has no keyctl).
                 // SAFETY: a system call with plain integer arguments.
                 let r = unsafe { libc::syscall(libc::SYS_keyctl, 0, -3, 0) };
                 if r >= 0 {
@@ -232,15 +231,18 @@ mod tests {
     fn the_filter_refuses_its_calls_and_allows_the_rest() {
         let f = Filters::build().unwrap();
         let verdict = in_child(&|| {
+            if rustix::thread::set_no_new_privs(true).is_err() {
+                return Err(100);
+            }
+            if f.install().is_err() {
+                return Err(101);
+            }
+            // The calls the filter judges stay on libc: each is checked by its raw return
+            // value and errno, as the filter answers them (rustix's getpid, for one, cannot
+            // report an error).
             // SAFETY: the filter is installed in this forked child only; each call below
-            // takes plain integer arguments or none.
+            // takes plain integer arguments or none, and the grandchild only `_exit`s.
             unsafe {
-                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    return Err(100);
-                }
-                if f.install().is_err() {
-                    return Err(101);
-                }
                 let refused = |r: libc::c_long, want: i32, code: i32| {
                     if r == -1 && errno() == want {
                         Ok(())

@@ -14,8 +14,9 @@
 //!   [`EXITED`] with the raw wait status) and an `i32`.
 
 use std::ffi::{OsStr, OsString};
-use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -172,77 +173,44 @@ pub fn resolve_program(name: &OsStr, path: &OsStr) -> PathBuf {
 
 /// Sends `bytes` with `fds` attached (as `SCM_RIGHTS`) on a stream socket; returns how many
 /// bytes went (the rest is sent as plain data).
-pub fn send_with_fds(sock: RawFd, bytes: &[u8], fds: &[RawFd]) -> std::io::Result<usize> {
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut libc::c_void,
-        iov_len: bytes.len(),
-    };
-    let fd_bytes = std::mem::size_of_val(fds) as u32;
-    // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
-    let mut cbuf = vec![0u64; space.div_ceil(8)];
-    // SAFETY: msghdr is plain data; every pointer set below outlives the call, and the
-    // control buffer is large enough for one header with `fds` (CMSG_SPACE).
-    unsafe {
-        let mut m: libc::msghdr = std::mem::zeroed();
-        m.msg_iov = &mut iov;
-        m.msg_iovlen = 1;
-        if !fds.is_empty() {
-            m.msg_control = cbuf.as_mut_ptr().cast();
-            m.msg_controllen = space as _;
-            let c = libc::CMSG_FIRSTHDR(&m);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as _;
-            std::ptr::copy_nonoverlapping(
-                fds.as_ptr().cast::<u8>(),
-                libc::CMSG_DATA(c),
-                fd_bytes as usize,
-            );
-        }
-        let n = libc::sendmsg(sock, &m, libc::MSG_NOSIGNAL);
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(n as usize)
+pub fn send_with_fds(
+    sock: BorrowedFd<'_>,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> std::io::Result<usize> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(rustix::io::Errno::INVAL.into());
     }
+    Ok(sendmsg(
+        sock,
+        &[IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?)
 }
 
 /// Receives up to `buf.len()` bytes and the descriptors sent with them (close-on-exec).
 /// `Ok((0, _))` is the end of the stream.
-fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Vec<OwnedFd>)> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut cbuf = [0u64; 16];
-    // SAFETY: as in `send_with_fds`; the kernel writes at most msg_controllen bytes, and each
-    // descriptor it reports is new and ours.
-    unsafe {
-        let mut m: libc::msghdr = std::mem::zeroed();
-        m.msg_iov = &mut iov;
-        m.msg_iovlen = 1;
-        m.msg_control = cbuf.as_mut_ptr().cast();
-        m.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-        let n = libc::recvmsg(sock, &mut m, libc::MSG_CMSG_CLOEXEC);
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
+fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<(usize, Vec<OwnedFd>)> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
+    let mut space = [MaybeUninit::uninit(); 128];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = recvmsg(
+        sock,
+        &mut [IoSliceMut::new(buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut fds = Vec::new();
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(sent) = m {
+            fds.extend(sent);
         }
-        let mut fds = Vec::new();
-        let mut c = libc::CMSG_FIRSTHDR(&m);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c);
-                let len = (*c).cmsg_len as usize - (data as usize - c as usize);
-                for i in 0..len / std::mem::size_of::<RawFd>() {
-                    let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
-                    fds.push(OwnedFd::from_raw_fd(fd));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&m, c);
-        }
-        Ok((n as usize, fds))
     }
+    Ok((got.bytes, fds))
 }
 
 fn reply(sock: &mut UnixStream, kind: u32, value: i32) -> std::io::Result<()> {
@@ -255,7 +223,7 @@ fn reply(sock: &mut UnixStream, kind: u32, value: i32) -> std::io::Result<()> {
 /// Reads one request: its payload and the descriptors that came with it; `None` at the end.
 fn read_request(sock: &mut UnixStream) -> std::io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
     let mut len = [0u8; 4];
-    let (n, fds) = recv_with_fds(sock.as_raw_fd(), &mut len)?;
+    let (n, fds) = recv_with_fds(sock.as_fd(), &mut len)?;
     if n == 0 {
         return Ok(None);
     }
@@ -274,14 +242,13 @@ fn read_request(sock: &mut UnixStream) -> std::io::Result<Option<(Vec<u8>, Vec<O
 pub fn serve() -> i32 {
     // Commands run as the same user: keep them from tracing this process or reading its
     // memory and descriptors (the socket to the worker is what a command must never reach).
-    // SAFETY: plain prctl and fcntl on our own descriptor 3, which the worker placed there.
-    let mut sock = unsafe {
-        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
-        if libc::fcntl(FD, libc::F_SETFD, libc::FD_CLOEXEC) != 0 {
-            return 1;
-        }
-        UnixStream::from_raw_fd(FD)
-    };
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    // SAFETY: descriptor 3 is the socket the worker placed there for this process alone.
+    let sock = unsafe { OwnedFd::from_raw_fd(FD) };
+    if rustix::io::fcntl_setfd(&sock, rustix::io::FdFlags::CLOEXEC).is_err() {
+        return 1;
+    }
+    let mut sock = UnixStream::from(sock);
     loop {
         let (payload, fds) = match read_request(&mut sock) {
             Ok(Some(r)) => r,

@@ -11,7 +11,7 @@
 //! the tree as it was then), when its workspace or temp dir is replaced, or when it misbehaves.
 
 use shared::locks::Lock;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -76,16 +76,18 @@ impl Spawner {
         let (mine, theirs) = std::os::unix::net::UnixStream::pair()?;
         let fd = theirs.as_raw_fd();
         // SAFETY: runs between fork and exec after the sandbox's own step; dup2 and fcntl
-        // are async-signal-safe.
+        // are async-signal-safe, and `fd` stays open until the spawner is spawned.
         unsafe {
             cmd.pre_exec(move || {
-                let r = if fd == spawnd::FD {
-                    libc::fcntl(fd, libc::F_SETFD, 0)
+                if fd == spawnd::FD {
+                    let fd = BorrowedFd::borrow_raw(fd);
+                    rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
                 } else {
-                    libc::dup2(fd, spawnd::FD)
-                };
-                if r < 0 {
-                    return Err(std::io::Error::last_os_error());
+                    // dup2 stays on libc: rustix's wants the target as an OwnedFd, which
+                    // descriptor 3 is not here.
+                    if libc::dup2(fd, spawnd::FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
@@ -133,13 +135,13 @@ impl Spawner {
         Ok((kind, value))
     }
 
-    async fn send(&mut self, frame: &[u8], fds: &[i32]) -> std::io::Result<()> {
+    async fn send(&mut self, frame: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
         let mut sent = 0;
         while sent < frame.len() {
             self.sock.writable().await?;
             let attach = if sent == 0 { fds } else { &[] };
             match self.sock.try_io(Interest::WRITABLE, || {
-                spawnd::send_with_fds(self.sock.as_raw_fd(), &frame[sent..], attach)
+                spawnd::send_with_fds(self.sock.as_fd(), &frame[sent..], attach)
             }) {
                 Ok(n) => sent += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -264,14 +266,7 @@ pub struct Started {
 }
 
 fn pipe_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe2 fills two descriptors we then own.
-    unsafe {
-        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
-    }
+    Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
 }
 
 /// The real uid of `pid` from /proc, while it can still be read.
@@ -316,7 +311,7 @@ impl Lease {
         }
         let sent = tokio::time::timeout(
             START_TIMEOUT,
-            sp.send(frame, &[out_w.as_raw_fd(), err_w.as_raw_fd()]),
+            sp.send(frame, &[out_w.as_fd(), err_w.as_fd()]),
         )
         .await;
         drop((out_w, err_w));

@@ -23,6 +23,8 @@ pub(super) fn read(p: impl AsRef<Path>) -> Option<String> {
 /// makes plain syscalls on values prepared beforehand and exits: nothing in it allocates or
 /// takes a lock another thread may hold.
 pub(super) fn in_child(f: &dyn Fn() -> Result<(), i32>) -> Result<(), i32> {
+    // fork and _exit stay on libc: rustix has no fork of its own (only its runtime's, for
+    // programs without libc), and libc's runs the atfork handlers the rest of it relies on.
     // SAFETY: the child only runs `f` (syscalls, no allocation) and `_exit`s.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -36,28 +38,37 @@ pub(super) fn in_child(f: &dyn Fn() -> Result<(), i32>) -> Result<(), i32> {
         // SAFETY: ends the child without running the parent's destructors.
         unsafe { libc::_exit(code) }
     }
-    let mut status = 0;
-    loop {
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if r == pid {
-            break;
+    let Some(pid) = rustix::process::Pid::from_raw(pid) else {
+        return Err(-1);
+    };
+    let status = loop {
+        match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()) {
+            Ok(Some((p, status))) if p == pid => break status,
+            Err(rustix::io::Errno::INTR) => {}
+            _ => return Err(-1),
         }
-        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return Err(-1);
-        }
-    }
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-        Ok(())
-    } else if libc::WIFEXITED(status) {
-        Err(libc::WEXITSTATUS(status))
-    } else {
-        Err(-1)
+    };
+    match status.exit_status() {
+        Some(0) => Ok(()),
+        Some(code) => Err(code),
+        None => Err(-1),
     }
 }
 
 pub(super) fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+}
+
+/// Moves the calling thread into a mount namespace of its own (`unshare(CLONE_NEWNS)`).
+pub(super) fn unshare_mount_namespace() -> rustix::io::Result<()> {
+    // SAFETY: of unshare's flags only CLONE_FILES can leave threads with descriptor tables
+    // of their own; CLONE_NEWNS touches no descriptor.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
+}
+
+/// A rustix error as the errno [`in_child`]'s checks return.
+pub(super) fn errno_of(e: rustix::io::Errno) -> i32 {
+    e.raw_os_error()
 }
 
 pub(super) fn describe_errno(e: i32) -> String {
@@ -83,9 +94,8 @@ pub(super) fn write(path: &Path, value: &str) -> Result<(), Error> {
 }
 
 /// Writes the calling process's pid to `fd` without allocating (child side of fork).
-pub(super) fn write_pid(fd: i32) -> std::io::Result<()> {
-    // SAFETY: getpid has no preconditions.
-    let mut n = unsafe { libc::getpid() } as u64;
+pub(super) fn write_pid(fd: impl std::os::fd::AsFd) -> std::io::Result<()> {
+    let mut n = rustix::process::getpid().as_raw_nonzero().get() as u64;
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     loop {
@@ -96,10 +106,6 @@ pub(super) fn write_pid(fd: i32) -> std::io::Result<()> {
             break;
         }
     }
-    // SAFETY: writing our own stack buffer to an open fd.
-    let r = unsafe { libc::write(fd, buf[i..].as_ptr().cast(), buf.len() - i) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    rustix::io::write(fd, &buf[i..])?;
     Ok(())
 }

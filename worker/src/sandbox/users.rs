@@ -11,7 +11,7 @@
 //! uid.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -154,37 +154,33 @@ impl TaskUids {
         let old = m.uid();
         let c = CString::new(ws.as_os_str().as_encoded_bytes())
             .map_err(|_| Error::Nul(ws.to_path_buf()))?;
-        // SAFETY: a valid NUL-terminated path; the result is checked.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(Error::Open {
-                workspace: ws.to_path_buf(),
-                source: std::io::Error::last_os_error(),
-            });
-        }
+        use rustix::fs::{Mode, OFlags};
+        let dir = rustix::fs::open(
+            c.as_c_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::Open {
+            workspace: ws.to_path_buf(),
+            source: e.into(),
+        })?;
         let hand_over = |source| Error::HandOver {
             workspace: ws.to_path_buf(),
             uid,
             source,
         };
-        // SAFETY: a descriptor we just opened and own.
-        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
         hand_over_tree(&dir, &[0, old], uid, 0).map_err(hand_over)?;
         // The directory itself last: it is the record of the allocation. Only its user
         // may enter it (the mode first, while the worker still owns it).
-        // SAFETY: our own descriptor; plain fchmod and fchown.
-        unsafe {
-            if libc::fchmod(dir.as_raw_fd(), 0o700) != 0
-                || libc::fchown(dir.as_raw_fd(), uid, uid) != 0
-            {
-                return Err(hand_over(std::io::Error::last_os_error()));
-            }
-        }
+        rustix::fs::fchmod(&dir, Mode::from_raw_mode(0o700))
+            .and_then(|()| {
+                rustix::fs::fchown(
+                    &dir,
+                    Some(rustix::fs::Uid::from_raw(uid)),
+                    Some(rustix::fs::Gid::from_raw(uid)),
+                )
+            })
+            .map_err(|e| hand_over(e.into()))?;
         tracing::info!(workspace = %ws.display(), uid, "workspace given a task user of its own");
         Ok(uid)
     }
