@@ -61,7 +61,9 @@ fn now_ms() -> f64 {
 /// A record's `at_ms`, read without parsing the whole record (a thousand watchers parsing
 /// every record would take the CPU the brain is measured on).
 fn at_ms(record_json: &str) -> Option<f64> {
+    // A 64-bit integer, written as a string on the wire (proto3's JSON mapping).
     let rest = &record_json[record_json.find("\"at_ms\":")? + 8..];
+    let rest = rest.strip_prefix('"').unwrap_or(rest);
     let end = rest
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(rest.len());
@@ -384,8 +386,13 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // One API token serves every SSE watcher: by default a credential holds up to 8 streams
+    // and the web API 256 connections, so the bench raises both past its largest case.
     let c = Cluster::start_with(BrainOptions {
         web: true,
+        config: Some(
+            "[web]\nmax_streams_per_credential = 1000\nmax_connections = 1100\n".into(),
+        ),
         ..Default::default()
     });
     let _w = c.join_worker("bench");
