@@ -390,9 +390,7 @@ fn main() {
     // and the web API 256 connections, so the bench raises both past its largest case.
     let c = Cluster::start_with(BrainOptions {
         web: true,
-        config: Some(
-            "[web]\nmax_streams_per_credential = 1000\nmax_connections = 1100\n".into(),
-        ),
+        config: Some("[web]\nmax_streams_per_credential = 1000\nmax_connections = 1100\n".into()),
         ..Default::default()
     });
     let _w = c.join_worker("bench");

@@ -120,14 +120,7 @@ fn a_docker_worker_joins_runs_confined_within_its_limits_and_leaves_nothing() {
     let c = cluster(&e);
     let o = provision(&c, &e, &["--cpu", "1", "--memory-gb", "1"]);
     assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
-    let m = c
-        .machines(true)
-        .into_iter()
-        .find(|m| m["state"] == "ready")
-        .expect("a ready machine");
-    let id = m["id"].as_str().unwrap().to_string();
-    let worker = m["worker_id"].as_str().unwrap().to_string();
-    assert_eq!(m["connected"], true);
+    let (id, worker) = c.ready_machine();
     // It reports its container's limits, not the host's.
     let w = c
         .workers()

@@ -123,14 +123,7 @@ fn an_ssh_host_gets_a_worker_that_runs_commands_and_is_left_clean_on_release() {
     trust(&h);
     let out = provision(&c, &h);
     assert!(out.status.success(), "{}", text(&out));
-    let m = c
-        .machines(true)
-        .into_iter()
-        .find(|m| m["state"] == "ready")
-        .expect("a ready machine");
-    let id = m["id"].as_str().unwrap().to_string();
-    let worker = m["worker_id"].as_str().unwrap().to_string();
-    assert_eq!(m["connected"], true);
+    let (id, worker) = c.ready_machine();
     let out = c.brain_cli(&[
         "exec",
         "--workspace",

@@ -479,6 +479,18 @@ impl Cluster {
         serde_json::from_slice(&out.stdout).expect("machines JSON")
     }
 
+    /// The machine that is ready, its worker connected: its id and its worker's id.
+    pub fn ready_machine(&self) -> (String, String) {
+        let m = self
+            .machines(true)
+            .into_iter()
+            .find(|m| m["state"] == "ready")
+            .expect("a ready machine");
+        assert_eq!(m["connected"], true, "{m}");
+        let field = |k: &str| m[k].as_str().unwrap().to_string();
+        (field("id"), field("worker_id"))
+    }
+
     /// One machine's record, as `brain machines --json --all` shows it.
     pub fn machine(&self, id: &str) -> serde_json::Value {
         self.machines(true)

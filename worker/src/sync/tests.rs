@@ -45,6 +45,14 @@ fn trackers_are_bounded_and_one_given_up_means_a_full_walk() {
 }
 
 /// Files under a temp dir, as upload jobs (hash, path), with their content.
+/// What the upload is asked for: each file's hash and path.
+fn jobs_of(files: &[(String, String, Vec<u8>)]) -> Vec<(String, String)> {
+    files
+        .iter()
+        .map(|(h, p, _)| (h.clone(), p.clone()))
+        .collect()
+}
+
 fn blob_jobs(d: &Path, sizes: &[usize]) -> Vec<(String, String, Vec<u8>)> {
     sizes
         .iter()
@@ -88,10 +96,7 @@ fn an_upload_streams_every_blob_whole_and_counts_the_wire() {
     std::fs::write(d.path().join("big"), &big).unwrap();
     let mut files = blob_jobs(d.path(), &[0, 1, 5000]);
     files.push((manifest::hash(&big), "big".into(), big));
-    let jobs = files
-        .iter()
-        .map(|(h, p, _)| (h.clone(), p.clone()))
-        .collect();
+    let jobs = jobs_of(&files);
     let (tx, mut rx) = tokio::sync::mpsc::channel(UPLOAD_AHEAD);
     let root = d.path().to_path_buf();
     let t = std::thread::spawn(move || produce(&root, jobs, &tx));
@@ -117,10 +122,7 @@ fn an_upload_holds_a_bounded_queue_and_waits_for_the_stream() {
     let d = tempfile::tempdir().unwrap();
     // More blobs than the queue holds.
     let files = blob_jobs(d.path(), &vec![64; UPLOAD_AHEAD * 3]);
-    let jobs = files
-        .iter()
-        .map(|(h, p, _)| (h.clone(), p.clone()))
-        .collect();
+    let jobs = jobs_of(&files);
     let (tx, mut rx) = tokio::sync::mpsc::channel(UPLOAD_AHEAD);
     let probe = tx.clone();
     let root = d.path().to_path_buf();
@@ -149,10 +151,7 @@ fn a_file_changed_since_the_scan_ends_the_upload_between_whole_blobs() {
     let files = blob_jobs(d.path(), &[100, 200, 300]);
     // The second file changed after the scan hashed it.
     std::fs::write(d.path().join(&files[1].1), b"rewritten").unwrap();
-    let jobs = files
-        .iter()
-        .map(|(h, p, _)| (h.clone(), p.clone()))
-        .collect();
+    let jobs = jobs_of(&files);
     let (tx, mut rx) = tokio::sync::mpsc::channel(UPLOAD_AHEAD);
     let root = d.path().to_path_buf();
     let r = std::thread::spawn(move || produce(&root, jobs, &tx))
@@ -189,10 +188,7 @@ fn a_file_changed_since_the_scan_ends_the_upload_between_whole_blobs() {
 fn an_upload_stops_reading_when_the_stream_goes_away() {
     let d = tempfile::tempdir().unwrap();
     let files = blob_jobs(d.path(), &[10, 10]);
-    let jobs = files
-        .iter()
-        .map(|(h, p, _)| (h.clone(), p.clone()))
-        .collect();
+    let jobs = jobs_of(&files);
     let (tx, rx) = tokio::sync::mpsc::channel(UPLOAD_AHEAD);
     drop(rx);
     assert!(matches!(produce(d.path(), jobs, &tx), Produced::Closed));
