@@ -91,7 +91,7 @@ fn fdatasync_baseline(path: &Path, sample: &[u8], n: usize) -> f64 {
 
 /// `n` durable appends to one task, one after the other; appends per second.
 async fn appends_one_task(log: &SledLog, n: usize) -> f64 {
-    let task = log.new_task_id().unwrap();
+    let task = log.new_task_id().await.unwrap();
     let t = Instant::now();
     for i in 0..n as u64 {
         log.append(task, vec![completed(i)]).await.unwrap();
@@ -107,7 +107,7 @@ async fn appends_hundred_tasks(log: &Arc<SledLog>, n: usize) -> f64 {
     let mut hs = Vec::new();
     for _ in 0..tasks {
         let log = log.clone();
-        let id = log.new_task_id().unwrap();
+        let id = log.new_task_id().await.unwrap();
         hs.push(tokio::spawn(async move {
             for i in 0..each as u64 {
                 log.append(id, vec![completed(i)]).await.unwrap();
@@ -152,7 +152,7 @@ async fn recovery_rows(log: SledLog) -> Vec<Duration> {
     let mut times = Vec::new();
     for events in [1_000u64, 10_000, 100_000] {
         let task = task_with_history(&m, events).await;
-        let (with_snapshot, replay) = time_recovery(&m, log.as_ref(), task.id, events);
+        let (with_snapshot, replay) = time_recovery(&m, log.as_ref(), task.id, events).await;
         println!(
             "{:<40} {:>11.3} ms {:>11.3} ms",
             format!("{events} events"),
@@ -222,14 +222,19 @@ async fn task_with_history(m: &Store, events: u64) -> Arc<Task> {
 
 /// (load from the snapshot and the tail, full replay of the log) of task `id`, checked to
 /// reach the same state.
-fn time_recovery(m: &Store, log: &dyn EventLog, id: TaskId, events: u64) -> (Duration, Duration) {
+async fn time_recovery(
+    m: &Store,
+    log: &dyn EventLog,
+    id: TaskId,
+    events: u64,
+) -> (Duration, Duration) {
     let t = Instant::now();
-    let (st, broken) = m.load(id).unwrap();
+    let (st, broken) = m.load(id).await.unwrap();
     let with_snapshot = t.elapsed();
     assert!(broken.is_none());
     assert!(st.last_seq >= events);
     let t = Instant::now();
-    let recs = log.read(id, 0).unwrap();
+    let recs = log.read(id, 0).await.unwrap();
     let mut full = brain::model::TaskState::new(id);
     for r in &recs {
         brain::model::apply(&mut full, r.as_ref().unwrap());

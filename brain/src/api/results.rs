@@ -39,15 +39,11 @@ pub async fn root_at(s: &Shared, task: &str, root: &str) -> Result<(TaskState, S
     }
     let log = s.engine.store().log().clone();
     let (id, want) = (t.id, root.to_string());
-    let named = tokio::task::spawn_blocking(move || {
-        log.read(id, 0).is_ok_and(|rs| {
-            rs.iter().flatten().any(|r| {
-                matches!(&r.event, crate::model::Event::Barrier { root_hash, .. } if *root_hash == want)
-            })
+    let named = log.read(id, 0).await.is_ok_and(|rs| {
+        rs.iter().flatten().any(|r| {
+            matches!(&r.event, crate::model::Event::Barrier { root_hash, .. } if *root_hash == want)
         })
-    })
-    .await
-    .unwrap_or(false);
+    });
     if !named {
         return Err(Status::not_found(format!(
             "task {task} never had a workspace with root {root}: see its barrier records (`brain task log {task}`)"

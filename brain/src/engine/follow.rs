@@ -115,7 +115,7 @@ impl State {
             }
             match self.phase {
                 Phase::Done => return None,
-                Phase::History => self.read_history(),
+                Phase::History => self.read_history().await,
                 Phase::Live => {
                     if let Some(item) = self.live().await {
                         return Some(item);
@@ -126,8 +126,8 @@ impl State {
     }
 
     /// Queues the log's records after `last`, then says where to go next.
-    fn read_history(&mut self) {
-        let records = match self.log.read(self.task.id, self.last) {
+    async fn read_history(&mut self) {
+        let records = match self.log.read(self.task.id, self.last).await {
             Ok(r) => r,
             Err(e) => {
                 self.ready.push_back(Followed::Broken(e.to_string()));

@@ -50,17 +50,17 @@ pub trait EventLog: Send + Sync + 'static {
     async fn append(&self, task: TaskId, events: Vec<Event>) -> Result<Vec<Record>, Error>;
     /// The task's records with `seq > after`, in order. A record that cannot be decoded is
     /// returned as an error in its place; nothing is skipped or deleted.
-    fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error>;
+    async fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error>;
     /// Every task that has a log.
-    fn tasks(&self) -> Result<Vec<TaskId>, Error>;
+    async fn tasks(&self) -> Result<Vec<TaskId>, Error>;
     /// The sequence number of the task's last record (0 if none).
-    fn last_seq(&self, task: TaskId) -> Result<u64, Error>;
+    async fn last_seq(&self, task: TaskId) -> Result<u64, Error>;
     /// A fresh task id, never handed out before.
-    fn new_task_id(&self) -> Result<TaskId, Error>;
+    async fn new_task_id(&self) -> Result<TaskId, Error>;
     /// Stores a snapshot of a task's state covering records up to `upto`.
     async fn put_snapshot(&self, task: TaskId, upto: u64, state: Vec<u8>) -> Result<(), Error>;
     /// The latest snapshot: (upto, bytes).
-    fn snapshot(&self, task: TaskId) -> Result<Option<(u64, Vec<u8>)>, Error>;
+    async fn snapshot(&self, task: TaskId) -> Result<Option<(u64, Vec<u8>)>, Error>;
 }
 
 fn record(task: TaskId, seq: u64, event: Event) -> Record {
@@ -102,7 +102,7 @@ impl EventLog for MemLog {
         Ok(out)
     }
 
-    fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error> {
+    async fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error> {
         let g = self.inner.locked();
         Ok(g.logs
             .get(&task)
@@ -116,19 +116,19 @@ impl EventLog for MemLog {
             .unwrap_or_default())
     }
 
-    fn tasks(&self) -> Result<Vec<TaskId>, Error> {
+    async fn tasks(&self) -> Result<Vec<TaskId>, Error> {
         let g = self.inner.locked();
         let mut v: Vec<TaskId> = g.logs.keys().copied().collect();
         v.sort();
         Ok(v)
     }
 
-    fn last_seq(&self, task: TaskId) -> Result<u64, Error> {
+    async fn last_seq(&self, task: TaskId) -> Result<u64, Error> {
         let g = self.inner.locked();
         Ok(g.logs.get(&task).map_or(0, |l| l.len() as u64))
     }
 
-    fn new_task_id(&self) -> Result<TaskId, Error> {
+    async fn new_task_id(&self) -> Result<TaskId, Error> {
         let mut g = self.inner.locked();
         g.next_id += 1;
         Ok(TaskId(g.next_id))
@@ -140,7 +140,7 @@ impl EventLog for MemLog {
         Ok(())
     }
 
-    fn snapshot(&self, task: TaskId) -> Result<Option<(u64, Vec<u8>)>, Error> {
+    async fn snapshot(&self, task: TaskId) -> Result<Option<(u64, Vec<u8>)>, Error> {
         let g = self.inner.locked();
         Ok(g.snapshots.get(&task).cloned())
     }
@@ -337,7 +337,7 @@ impl EventLog for SledLog {
         rx.await.map_err(|_| Error::Closed)?.map_err(Error::Commit)
     }
 
-    fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error> {
+    async fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error> {
         let mut out = Vec::new();
         for kv in self
             .events
@@ -355,7 +355,7 @@ impl EventLog for SledLog {
         Ok(out)
     }
 
-    fn tasks(&self) -> Result<Vec<TaskId>, Error> {
+    async fn tasks(&self) -> Result<Vec<TaskId>, Error> {
         let mut out = Vec::new();
         let mut next: Option<[u8; 8]> = Some([0u8; 8]);
         // Skip from task to task instead of reading every record.
@@ -376,11 +376,11 @@ impl EventLog for SledLog {
         Ok(out)
     }
 
-    fn last_seq(&self, task: TaskId) -> Result<u64, Error> {
+    async fn last_seq(&self, task: TaskId) -> Result<u64, Error> {
         last_stored_seq(&self.events, task)
     }
 
-    fn new_task_id(&self) -> Result<TaskId, Error> {
+    async fn new_task_id(&self) -> Result<TaskId, Error> {
         use std::sync::atomic::Ordering;
         let generated = self.db.generate_id()? + 1;
         // The id is at least the floor it was compared with, and the floor moves past it in
@@ -408,7 +408,7 @@ impl EventLog for SledLog {
         Ok(())
     }
 
-    fn snapshot(&self, task: TaskId) -> Result<Option<(u64, Vec<u8>)>, Error> {
+    async fn snapshot(&self, task: TaskId) -> Result<Option<(u64, Vec<u8>)>, Error> {
         Ok(self.snapshots.get(task.0.to_be_bytes())?.and_then(|v| {
             (v.len() >= 8).then(|| {
                 (
@@ -435,8 +435,8 @@ mod tests {
 
     /// The conformance suite both implementations must pass.
     async fn conformance(log: Arc<dyn EventLog>) {
-        let a = log.new_task_id().unwrap();
-        let b = log.new_task_id().unwrap();
+        let a = log.new_task_id().await.unwrap();
+        let b = log.new_task_id().await.unwrap();
         assert_ne!(a, b);
         let r = log.append(a, vec![ev(1), ev(2)]).await.unwrap();
         assert_eq!(r.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1, 2]);
@@ -445,15 +445,16 @@ mod tests {
         assert_eq!(r[0].seq, 3);
         let all: Vec<Record> = log
             .read(a, 0)
+            .await
             .unwrap()
             .into_iter()
             .map(Result::unwrap)
             .collect();
         assert_eq!(all.len(), 3);
         assert!(all.windows(2).all(|w| w[0].seq + 1 == w[1].seq));
-        assert_eq!(log.read(a, 2).unwrap().len(), 1);
-        assert_eq!(log.read(b, 0).unwrap().len(), 1);
-        let mut tasks = log.tasks().unwrap();
+        assert_eq!(log.read(a, 2).await.unwrap().len(), 1);
+        assert_eq!(log.read(b, 0).await.unwrap().len(), 1);
+        let mut tasks = log.tasks().await.unwrap();
         tasks.sort();
         assert_eq!(tasks, {
             let mut t = vec![a, b];
@@ -465,7 +466,7 @@ mod tests {
         let mut handles = Vec::new();
         for _ in 0..50 {
             let log = log.clone();
-            let t = log.new_task_id().unwrap();
+            let t = log.new_task_id().await.unwrap();
             handles.push(tokio::spawn(async move {
                 for i in 0..20 {
                     let r = log.append(t, vec![ev(i)]).await.unwrap();
@@ -476,19 +477,22 @@ mod tests {
         }
         for h in handles {
             let t = h.await.unwrap();
-            assert_eq!(log.read(t, 0).unwrap().len(), 20);
+            assert_eq!(log.read(t, 0).await.unwrap().len(), 20);
         }
 
         log.put_snapshot(a, 2, b"state".to_vec()).await.unwrap();
-        assert_eq!(log.snapshot(a).unwrap(), Some((2, b"state".to_vec())));
-        assert_eq!(log.snapshot(b).unwrap(), None);
+        assert_eq!(log.snapshot(a).await.unwrap(), Some((2, b"state".to_vec())));
+        assert_eq!(log.snapshot(b).await.unwrap(), None);
         let fin = Event::Finished {
             outcome: Outcome::Finished,
             reason: String::new(),
             verified: None,
         };
         log.append(a, vec![fin.clone()]).await.unwrap();
-        assert_eq!(log.read(a, 3).unwrap()[0].as_ref().unwrap().event, fin);
+        assert_eq!(
+            log.read(a, 3).await.unwrap()[0].as_ref().unwrap().event,
+            fin
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -505,7 +509,7 @@ mod tests {
             let db = sled::open(&path).unwrap();
             let log = Arc::new(SledLog::open(db, path.clone()).unwrap());
             conformance(log.clone()).await;
-            task = log.new_task_id().unwrap();
+            task = log.new_task_id().await.unwrap();
             log.append(task, vec![ev(1), ev(2), ev(3)]).await.unwrap();
         }
         // The writer task drops its handle on the db as it ends: a bounded wait for that.
@@ -523,10 +527,10 @@ mod tests {
             }
         };
         let log = SledLog::open(db, path).unwrap();
-        assert_eq!(log.read(task, 0).unwrap().len(), 3);
+        assert_eq!(log.read(task, 0).await.unwrap().len(), 3);
         let r = log.append(task, vec![ev(4)]).await.unwrap();
         assert_eq!(r[0].seq, 4, "numbering continues after reopen");
-        assert!(log.new_task_id().unwrap() > task);
+        assert!(log.new_task_id().await.unwrap() > task);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -535,13 +539,13 @@ mod tests {
         let path = dir.path().join("db");
         let db = sled::open(&path).unwrap();
         let log = SledLog::open(db.clone(), path).unwrap();
-        let t = log.new_task_id().unwrap();
+        let t = log.new_task_id().await.unwrap();
         log.append(t, vec![ev(1), ev(2)]).await.unwrap();
         db.open_tree("events")
             .unwrap()
             .insert(key(t, 2), b"{not json".to_vec())
             .unwrap();
-        let recs = log.read(t, 0).unwrap();
+        let recs = log.read(t, 0).await.unwrap();
         assert!(recs[0].is_ok());
         let err = recs[1].as_ref().unwrap_err().to_string();
         assert!(
@@ -556,20 +560,22 @@ mod tests {
         let path = dir.path().join("db");
         let db = sled::open(&path).unwrap();
         let log = Arc::new(SledLog::open(db, path).unwrap());
-        let threads: Vec<_> = (0..8)
+        let tasks: Vec<_> = (0..8)
             .map(|_| {
                 let log = log.clone();
-                std::thread::spawn(move || {
-                    (0..2000)
-                        .map(|_| log.new_task_id().unwrap())
-                        .collect::<Vec<_>>()
+                tokio::spawn(async move {
+                    let mut ids = Vec::with_capacity(2000);
+                    for _ in 0..2000 {
+                        ids.push(log.new_task_id().await.unwrap());
+                    }
+                    ids
                 })
             })
             .collect();
-        let mut all: Vec<TaskId> = threads
-            .into_iter()
-            .flat_map(|t| t.join().unwrap())
-            .collect();
+        let mut all: Vec<TaskId> = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
         let n = all.len();
         all.sort();
         all.dedup();

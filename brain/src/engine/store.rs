@@ -316,7 +316,7 @@ impl Store {
         &self,
         events: impl FnOnce(TaskId) -> Vec<Event>,
     ) -> Result<Arc<Task>, Error> {
-        let id = self.log.new_task_id()?;
+        let id = self.log.new_task_id().await?;
         let task = self.insert(TaskState::new(id));
         self.append(&task, events(id)).await?;
         Ok(task)
@@ -346,16 +346,17 @@ impl Store {
     /// Returns the tasks, in id order.
     pub async fn load_all(&self) -> Result<Vec<Arc<Task>>, Error> {
         let mut out = Vec::new();
-        for id in self.log.tasks()? {
-            let (state, broken) = self.load(id)?;
+        for id in self.log.tasks().await? {
+            let (state, broken) = self.load(id).await?;
             let task = self.insert(state);
             if let Some(reason) = broken {
                 tracing::error!(task = %id, %reason, "task cannot be replayed; marking it failed");
                 // Marked already on an earlier start? Then its last record says so.
-                let last = self.log.last_seq(id)?;
+                let last = self.log.last_seq(id).await?;
                 let marked = self
                     .log
-                    .read(id, last.saturating_sub(1))?
+                    .read(id, last.saturating_sub(1))
+                    .await?
                     .into_iter()
                     .any(|r| {
                         matches!(
@@ -389,17 +390,18 @@ impl Store {
 
     /// A task's state from its snapshot and the records after it. The second value is set
     /// when a record cannot be decoded: the state is as of the record before it.
-    pub fn load(&self, id: TaskId) -> Result<(TaskState, Option<String>), Error> {
+    pub async fn load(&self, id: TaskId) -> Result<(TaskState, Option<String>), Error> {
         let mut state = TaskState::new(id);
-        if let Some((upto, bytes)) = self.log.snapshot(id)? {
+        if let Some((upto, bytes)) = self.log.snapshot(id).await? {
+            let last = self.log.last_seq(id).await?;
             match serde_json::from_slice::<TaskState>(&bytes) {
                 // A snapshot must not run ahead of the log (a backup taken mid-snapshot).
-                Ok(s) if s.last_seq == upto && upto <= self.log.last_seq(id)? => state = s,
+                Ok(s) if s.last_seq == upto && upto <= last => state = s,
                 // A snapshot we cannot read only costs a longer replay.
                 _ => tracing::warn!(task = %id, "snapshot unreadable; replaying the whole log"),
             }
         }
-        for r in self.log.read(id, state.last_seq)? {
+        for r in self.log.read(id, state.last_seq).await? {
             match r {
                 Ok(r) => apply(&mut state, &r),
                 Err(e) => return Ok((state, Some(e.to_string()))),
@@ -441,7 +443,7 @@ mod tests {
     async fn finished_stays_the_last_record_even_when_a_snapshot_is_due() {
         let log = Arc::new(MemLog::default());
         let store = Store::new(log.clone(), 2, CallIds::starting_above(0, 1));
-        let id = log.new_task_id().unwrap();
+        let id = log.new_task_id().await.unwrap();
         let task = store.insert(TaskState::new(id));
         store
             .append(&task, vec![Event::WorkerAssigned { worker: "w".into() }])
@@ -460,6 +462,7 @@ mod tests {
             .unwrap();
         let records: Vec<Record> = log
             .read(id, 0)
+            .await
             .unwrap()
             .into_iter()
             .map(|r| r.unwrap())
@@ -467,7 +470,7 @@ mod tests {
         assert_eq!(records.len(), 2, "{records:?}");
         assert!(matches!(records[1].event, Event::Finished { .. }));
         // A due snapshot is still taken while the task runs.
-        let id2 = log.new_task_id().unwrap();
+        let id2 = log.new_task_id().await.unwrap();
         let t2 = store.insert(TaskState::new(id2));
         for _ in 0..2 {
             store
@@ -475,7 +478,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        assert_eq!(log.snapshot(id2).unwrap().map(|s| s.0), Some(2));
+        assert_eq!(log.snapshot(id2).await.unwrap().map(|s| s.0), Some(2));
     }
 
     #[tokio::test]

@@ -342,10 +342,11 @@ async fn until(
     }
 }
 
-fn events(e: &Engine, id: TaskId) -> Vec<Event> {
+async fn events(e: &Engine, id: TaskId) -> Vec<Event> {
     e.store()
         .log()
         .read(id, 0)
+        .await
         .unwrap()
         .into_iter()
         .map(|r| r.unwrap().event)
@@ -387,7 +388,7 @@ async fn a_task_fails_over_once_its_worker_is_gone_for_failover_after() {
         start.elapsed()
     );
     assert_eq!(st.worker.as_deref(), Some("w2"));
-    let log = events(&e, id);
+    let log = events(&e, id).await;
     assert!(
         log.iter()
             .any(|ev| matches!(ev, Event::MoveCompleted { to, .. } if to == "w2")),
@@ -483,7 +484,7 @@ async fn follow_resumes_exactly_after_a_sequence_number() {
         st.status.is_terminal()
     })
     .await;
-    let all = events(&e, id).len() as u64;
+    let all = events(&e, id).await.len() as u64;
     for after in [0, 3, all - 1, all] {
         let mut rx = e.follow(&id.to_string(), after, true).unwrap();
         let mut seqs = vec![];
@@ -525,7 +526,7 @@ async fn many_followers_linger_and_each_still_gets_every_record_once_in_order() 
     for h in handles {
         got.push(h.await.unwrap());
     }
-    let all = events(&e, id).len() as u64;
+    let all = events(&e, id).await.len() as u64;
     assert!(all > 100, "only {all} records");
     for (seqs, ended) in got {
         assert!(ended, "every follower is told the task ended");
@@ -546,7 +547,7 @@ async fn a_follower_that_falls_behind_gets_every_record_once_from_the_log() {
         st.status.is_terminal()
     })
     .await;
-    let all = events(&e, id).len() as u64;
+    let all = events(&e, id).await.len() as u64;
     assert!(all > 1024 + 256, "only {all} records");
     let mut seqs = vec![];
     let mut ended = false;
