@@ -1,9 +1,11 @@
 //! The event log: append-only, per task, durable before anyone acts on what it says.
 //!
-//! Two implementations pass the same conformance tests: [`MemLog`] (tests, demos) and
-//! [`SledLog`] (the brain). `SledLog` commits in groups: one writer task takes every append
+//! Three implementations pass the same conformance tests: [`MemLog`] (tests, demos),
+//! [`SledLog`] (the brain's default) and [`postgres::PgLog`] (replicas sharing a database). `SledLog` commits in groups: one writer task takes every append
 //! that is waiting, writes them in one sled batch, flushes once and acknowledges them all, so
 //! one disk sync serves many tasks and durability does not serialise them.
+
+pub mod postgres;
 
 use shared::locks::Lock;
 use std::collections::HashMap;
@@ -31,6 +33,13 @@ pub enum Error {
     /// words are those the log has always given.
     #[error("event log store: Unsupported: {0}")]
     Commit(Arc<Error>),
+    #[error("{0}")]
+    Postgres(#[from] crate::storage::postgres::Error),
+    /// The task's lease is not this replica's: what it appends does not land.
+    #[error("task {task} is not this replica's to write any more ({now}); nothing was appended")]
+    Fenced { task: TaskId, now: String },
+    #[error("task or record number {0} is past what the store can hold (2^63 - 1)")]
+    IdRange(u64),
     #[error("event {key} of task {task} cannot be decoded: {reason}")]
     Decode {
         task: TaskId,
@@ -498,6 +507,36 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mem_log_conforms() {
         conformance(Arc::new(MemLog::default())).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pg_log_conforms_and_survives_reopen() {
+        let Some(pg) = testkit::postgres::start_or_skip() else {
+            return;
+        };
+        let timing = postgres::Timing::default();
+        let db = crate::storage::postgres::Db::open(&pg.url(), "replica-a")
+            .await
+            .unwrap();
+        let log = Arc::new(postgres::PgLog::open(db, timing));
+        conformance(log.clone()).await;
+        let task = log.new_task_id().await.unwrap();
+        log.append(task, vec![ev(1), ev(2), ev(3)]).await.unwrap();
+        drop(log);
+        // The same replica started again finds its records and numbers on from them.
+        let db = crate::storage::postgres::Db::open(&pg.url(), "replica-a")
+            .await
+            .unwrap();
+        let log = postgres::PgLog::open(db, timing);
+        assert_eq!(log.read(task, 0).await.unwrap().len(), 3);
+        let r = log.append(task, vec![ev(4)]).await.unwrap();
+        assert_eq!(r[0].seq, 4, "numbering continues after reopen");
+        assert!(log.new_task_id().await.unwrap() > task);
+        assert_eq!(
+            pg.psql("SELECT max(version) FROM tether_schema"),
+            "1",
+            "the migrations were applied once"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

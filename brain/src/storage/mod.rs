@@ -4,6 +4,8 @@
 //! brain; a restore goes into a stopped one and moves the old store aside (nothing is
 //! deleted).
 
+pub mod postgres;
+
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,303 @@
+//! The event log on PostgreSQL ([`PgLog`]): the same [`EventLog`] contract as the sled log,
+//! for brains that share one database. Each task's records are appended under its lease
+//! (`storage::postgres`): the replica that holds it at an epoch numbers the records itself
+//! (it is the only writer while it holds the lease) and the database refuses them, in the
+//! same statement, once the lease is not that replica's at that epoch or has lapsed.
+//!
+//! A lease this replica held that lapsed while nobody took it (the database was away longer
+//! than the lease, say) is taken back at the next append: no other replica wrote in between,
+//! since taking it would have raised its epoch. A lease that moved is lost for good here: the
+//! task's appends are refused with [`Error::Fenced`] and the log says so once.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use shared::locks::Lock;
+
+use super::{Error, EventLog};
+use crate::model::event::{Event, RECORD_VERSION, Record, TaskId};
+use crate::storage::postgres::{Appended, Db, EventRow, LeaseRow};
+
+/// How long a lease lasts unless renewed, and how long an append keeps retrying while the
+/// database is away.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub lease_ttl: Duration,
+    pub patience: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(10),
+            patience: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A task this replica holds: the lease's epoch and the last record's number.
+struct Held {
+    epoch: i64,
+    last_seq: i64,
+}
+
+struct Inner {
+    db: Db,
+    timing: Timing,
+    /// Held tasks; each one's appends take its lock in turn (they number records).
+    held: Mutex<HashMap<TaskId, Arc<tokio::sync::Mutex<Held>>>>,
+    /// Tasks whose lease moved to another replica while this one held it.
+    lost: Mutex<HashSet<TaskId>>,
+}
+
+/// The PostgreSQL event log of one replica. Cheap to clone.
+#[derive(Clone)]
+pub struct PgLog {
+    inner: Arc<Inner>,
+}
+
+fn db_id(task: TaskId) -> Result<i64, Error> {
+    i64::try_from(task.0).map_err(|_| Error::IdRange(task.0))
+}
+
+fn describe(lease: Option<&LeaseRow>) -> String {
+    match lease {
+        None => "it has no lease".into(),
+        Some(l) if l.lapsed => format!(
+            "its lease (replica {}, epoch {}) has lapsed",
+            l.holder, l.epoch
+        ),
+        Some(l) => format!("replica {} holds it at epoch {}", l.holder, l.epoch),
+    }
+}
+
+impl PgLog {
+    /// The log on `db`; renews this replica's leases in the background while it lives.
+    pub fn open(db: Db, timing: Timing) -> Self {
+        let inner = Arc::new(Inner {
+            db,
+            timing,
+            held: Mutex::new(HashMap::new()),
+            lost: Mutex::new(HashSet::new()),
+        });
+        tokio::spawn(renew(Arc::downgrade(&inner)));
+        Self { inner }
+    }
+
+    /// The database under the log.
+    pub fn db(&self) -> &Db {
+        &self.inner.db
+    }
+
+    /// Takes `task`'s lease for this replica if it is free or lapsed. Whether it holds it.
+    pub async fn claim(&self, task: TaskId) -> Result<bool, Error> {
+        Ok(self.held(task).await.is_ok())
+    }
+
+    /// The task's entry, taking its lease if this replica never held it.
+    async fn held(&self, task: TaskId) -> Result<Arc<tokio::sync::Mutex<Held>>, Error> {
+        if let Some(h) = self.inner.held.locked().get(&task) {
+            return Ok(h.clone());
+        }
+        let id = db_id(task)?;
+        if self.inner.lost.locked().contains(&task) {
+            let now = self.inner.db.lease(id).await?;
+            return Err(Error::Fenced {
+                task,
+                now: describe(now.as_ref()),
+            });
+        }
+        let Some(epoch) = self.inner.db.claim(id, self.inner.timing.lease_ttl).await? else {
+            let now = self.inner.db.lease(id).await?;
+            return Err(Error::Fenced {
+                task,
+                now: describe(now.as_ref()),
+            });
+        };
+        let last_seq = self.inner.db.last_seq(id).await?;
+        let entry = Arc::new(tokio::sync::Mutex::new(Held { epoch, last_seq }));
+        Ok(self
+            .inner
+            .held
+            .locked()
+            .entry(task)
+            .or_insert(entry)
+            .clone())
+    }
+
+    /// Forgets `task` as held: its lease moved.
+    fn lose(&self, task: TaskId, now: &str) {
+        self.inner.held.locked().remove(&task);
+        self.inner.lost.locked().insert(task);
+        tracing::warn!(
+            task = %task,
+            "this replica no longer holds task {task} ({now}); nothing more it appends to the task lands"
+        );
+    }
+}
+
+/// Renews the replica's leases at a third of their time to live, for as long as the log lives.
+async fn renew(inner: Weak<Inner>) {
+    loop {
+        let every = match inner.upgrade() {
+            Some(i) => i.timing.lease_ttl / 3,
+            None => return,
+        };
+        tokio::time::sleep(every).await;
+        let Some(i) = inner.upgrade() else { return };
+        match i.db.renew(i.timing.lease_ttl).await {
+            Ok(renewed) => {
+                let renewed: HashMap<i64, i64> = renewed.into_iter().collect();
+                let held: Vec<(TaskId, Arc<tokio::sync::Mutex<Held>>)> = i
+                    .held
+                    .locked()
+                    .iter()
+                    .map(|(t, h)| (*t, h.clone()))
+                    .collect();
+                for (task, h) in held {
+                    let Ok(id) = db_id(task) else { continue };
+                    // An append in flight holds the entry; its own answer settles it.
+                    let Ok(h) = h.try_lock() else { continue };
+                    if renewed.get(&id) != Some(&h.epoch) {
+                        tracing::warn!(task = %task, epoch = h.epoch, "the lease of task {task} was not renewed: it lapsed or moved");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot renew this replica's leases"),
+        }
+    }
+}
+
+fn to_record(task: TaskId, row: EventRow) -> Result<Record, Error> {
+    let bad = |reason: String| Error::Decode {
+        task,
+        key: format!("events/{}/{}", task.0, row.seq),
+        reason,
+    };
+    let event = serde_json::from_slice::<Event>(&row.event).map_err(|e| bad(e.to_string()))?;
+    Ok(Record {
+        v: u32::try_from(row.v).map_err(|_| bad(format!("record version {}", row.v)))?,
+        task,
+        seq: u64::try_from(row.seq).map_err(|_| bad(format!("sequence number {}", row.seq)))?,
+        at_ms: row.at_ms,
+        event,
+    })
+}
+
+#[async_trait::async_trait]
+impl EventLog for PgLog {
+    async fn append(&self, task: TaskId, events: Vec<Event>) -> Result<Vec<Record>, Error> {
+        let id = db_id(task)?;
+        let entry = self.held(task).await?;
+        let mut held = entry.lock().await;
+        let at_ms = shared::now_unix_ms();
+        let bodies: Vec<Vec<u8>> = events
+            .iter()
+            .map(|e| serde_json::to_vec(e).expect("events serialise"))
+            .collect();
+        let v = i32::try_from(RECORD_VERSION).expect("a small version");
+        let first = held.last_seq + 1;
+        let patience = self.inner.timing.patience;
+        let mut outcome = self
+            .inner
+            .db
+            .append(id, held.epoch, first, v, at_ms, &bodies, patience)
+            .await?;
+        if let Appended::Fenced(Some(l)) = &outcome {
+            // Still ours at our epoch but lapsed: nobody took it in between, so take it back.
+            if l.lapsed
+                && l.holder == self.inner.db.replica()
+                && l.epoch == held.epoch
+                && let Some(epoch) = self.inner.db.claim(id, self.inner.timing.lease_ttl).await?
+            {
+                tracing::info!(task = %task, epoch, "took back the lapsed lease of task {task}");
+                held.epoch = epoch;
+                outcome = self
+                    .inner
+                    .db
+                    .append(id, epoch, first, v, at_ms, &bodies, patience)
+                    .await?;
+            }
+        }
+        match outcome {
+            Appended::Landed => {
+                held.last_seq += bodies.len() as i64;
+                Ok(events
+                    .into_iter()
+                    .zip(first..)
+                    .map(|(event, seq)| Record {
+                        v: RECORD_VERSION,
+                        task,
+                        seq: seq as u64,
+                        at_ms,
+                        event,
+                    })
+                    .collect())
+            }
+            Appended::Fenced(now) => {
+                let now = describe(now.as_ref());
+                drop(held);
+                self.lose(task, &now);
+                Err(Error::Fenced { task, now })
+            }
+        }
+    }
+
+    async fn read(&self, task: TaskId, after: u64) -> Result<Vec<Result<Record, Error>>, Error> {
+        let after = i64::try_from(after).unwrap_or(i64::MAX);
+        let rows = self.inner.db.read(db_id(task)?, after).await?;
+        Ok(rows.into_iter().map(|r| to_record(task, r)).collect())
+    }
+
+    async fn tasks(&self) -> Result<Vec<TaskId>, Error> {
+        Ok(self
+            .inner
+            .db
+            .tasks()
+            .await?
+            .into_iter()
+            .filter_map(|t| u64::try_from(t).ok().map(TaskId))
+            .collect())
+    }
+
+    async fn last_seq(&self, task: TaskId) -> Result<u64, Error> {
+        Ok(self.inner.db.last_seq(db_id(task)?).await?.max(0) as u64)
+    }
+
+    async fn new_task_id(&self) -> Result<TaskId, Error> {
+        let id = self.inner.db.new_task(self.inner.timing.lease_ttl).await?;
+        let task = TaskId(u64::try_from(id).map_err(|_| Error::IdRange(0))?);
+        self.inner.held.locked().insert(
+            task,
+            Arc::new(tokio::sync::Mutex::new(Held {
+                epoch: 1,
+                last_seq: 0,
+            })),
+        );
+        Ok(task)
+    }
+
+    async fn put_snapshot(&self, task: TaskId, upto: u64, state: Vec<u8>) -> Result<(), Error> {
+        let Some(entry) = self.inner.held.locked().get(&task).cloned() else {
+            return Ok(());
+        };
+        let epoch = entry.lock().await.epoch;
+        let upto = i64::try_from(upto).map_err(|_| Error::IdRange(upto))?;
+        // Not stored when the lease moved or a later one is there: it only costs a replay.
+        self.inner
+            .db
+            .put_snapshot(db_id(task)?, epoch, upto, &state)
+            .await?;
+        Ok(())
+    }
+
+    async fn snapshot(&self, task: TaskId) -> Result<Option<(u64, Vec<u8>)>, Error> {
+        Ok(self
+            .inner
+            .db
+            .snapshot(db_id(task)?)
+            .await?
+            .and_then(|(upto, s)| u64::try_from(upto).ok().map(|u| (u, s))))
+    }
+}
