@@ -50,13 +50,13 @@ pub enum Error {
     Connect { target: String, reason: String },
     #[error("PostgreSQL at {target} did not answer within {after:?}")]
     Timeout { target: String, after: Duration },
-    #[error("PostgreSQL: {0}")]
+    #[error("PostgreSQL: {}", explain(.0))]
     Query(#[from] tokio_postgres::Error),
     #[error(
         "the database's schema is at version {found}, newer than this brain knows ({known}): upgrade this brain before pointing it at this database"
     )]
     SchemaTooNew { found: i32, known: i32 },
-    #[error("migration {version} ({name}) failed: {source}")]
+    #[error("migration {version} ({name}) failed: {}", explain(source))]
     Migrate {
         version: i32,
         name: &'static str,
@@ -81,6 +81,25 @@ impl Error {
             _ => false,
         }
     }
+}
+
+/// The server's own words for an error (tokio-postgres' Display says only "db error"), with
+/// its SQLSTATE, detail and hint.
+fn explain(e: &tokio_postgres::Error) -> String {
+    let Some(db) = e.as_db_error() else {
+        return match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        };
+    };
+    let mut s = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    if let Some(d) = db.detail() {
+        s.push_str(&format!("; {d}"));
+    }
+    if let Some(h) = db.hint() {
+        s.push_str(&format!("; hint: {h}"));
+    }
+    s
 }
 
 fn transient(e: &tokio_postgres::Error) -> bool {
@@ -196,6 +215,17 @@ impl Db {
                 target: self.target.clone(),
                 after: CONNECT_TIMEOUT,
             },
+            // Refused at the door (password, role, database): say so as a connection error.
+            deadpool_postgres::PoolError::Backend(e)
+                if e.code().is_some_and(|c| {
+                    c.code().starts_with("28") || *c == SqlState::INVALID_CATALOG_NAME
+                }) =>
+            {
+                Error::Connect {
+                    target: self.target.clone(),
+                    reason: explain(&e),
+                }
+            }
             deadpool_postgres::PoolError::Backend(e) if e.code().is_some() => Error::Query(e),
             other => Error::Connect {
                 target: self.target.clone(),
@@ -450,24 +480,26 @@ impl Db {
                 }
                 Err(e) => return Err(e),
             }
-            // Nothing stored by this try: either an earlier try had stored them, or the
-            // lease is not ours.
+            // Nothing stored by this try: an earlier try may have stored these records (its
+            // answer lost), or the lease is not ours.
             let last = first_seq + events.len() as i64 - 1;
             let stored = self.read_range(task, first_seq, last).await?;
-            if !stored.is_empty() {
-                let ours = stored.len() == events.len()
-                    && stored.iter().zip(events).all(|(s, e)| s.event == *e);
-                return if ours {
-                    Ok(Appended::Landed)
-                } else {
-                    Err(Error::Conflict {
-                        task,
-                        first: first_seq,
-                        last,
-                    })
-                };
+            if stored.len() == events.len() && stored.iter().zip(events).all(|(s, e)| s.event == *e)
+            {
+                return Ok(Appended::Landed);
             }
-            return Ok(Appended::Fenced(self.lease(task).await?));
+            let lease = self.lease(task).await?;
+            let ours = lease
+                .as_ref()
+                .is_some_and(|l| l.holder == self.replica && l.epoch == epoch && !l.lapsed);
+            if ours && !stored.is_empty() {
+                return Err(Error::Conflict {
+                    task,
+                    first: first_seq,
+                    last,
+                });
+            }
+            return Ok(Appended::Fenced(lease));
         }
     }
 

@@ -301,3 +301,241 @@ impl EventLog for PgLog {
             .and_then(|(upto, s)| u64::try_from(upto).ok().map(|u| (u, s))))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::event::ToolResult;
+    use crate::storage::postgres::Error as DbError;
+
+    fn ev(i: u64) -> Event {
+        Event::ToolCallCompleted {
+            call_id: i,
+            result: ToolResult::default(),
+        }
+    }
+
+    const SHORT: Timing = Timing {
+        lease_ttl: Duration::from_secs(2),
+        patience: Duration::from_secs(60),
+    };
+
+    async fn replica(pg: &testkit::postgres::Postgres, name: &str, timing: Timing) -> PgLog {
+        PgLog::open(Db::open(&pg.url(), name).await.unwrap(), timing)
+    }
+
+    fn seqs(pg: &testkit::postgres::Postgres, task: TaskId) -> String {
+        pg.psql(&format!(
+            "SELECT string_agg(seq::text, ',' ORDER BY seq) FROM events WHERE task = {}",
+            task.0
+        ))
+    }
+
+    /// The lease lapses under replica A as if A were frozen (its renewals stopped), B takes
+    /// the task and writes; A wakes and tries to write: nothing of A's lands, now or later.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_whose_lease_moved_lands_nothing_more() {
+        let Some(pg) = testkit::postgres::start_or_skip() else {
+            return;
+        };
+        let a = replica(&pg, "replica-a", SHORT).await;
+        let b = replica(&pg, "replica-b", SHORT).await;
+        let task = a.new_task_id().await.unwrap();
+        a.append(task, vec![ev(1), ev(2)]).await.unwrap();
+        assert!(!b.claim(task).await.unwrap(), "B took a lease A holds");
+        // A is frozen past its lease: the database's clock passes the expiry.
+        pg.psql(&format!(
+            "UPDATE leases SET expires_at = now() - interval '1 second' WHERE task = {}",
+            task.0
+        ));
+        assert!(
+            b.claim(task).await.unwrap(),
+            "B could not take a lapsed lease"
+        );
+        // A wakes up and goes on as if nothing happened, before B has written anything: only
+        // the lease's check in the database stands in its way.
+        let err = a.append(task, vec![ev(99)]).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Fenced { now, .. } if now.contains("replica-b holds it at epoch 2")),
+            "{err}"
+        );
+        let r = b.append(task, vec![ev(3)]).await.unwrap();
+        assert_eq!(r[0].seq, 3, "B numbers on from A's records");
+        let err = a.append(task, vec![ev(100)]).await.unwrap_err();
+        assert!(matches!(err, Error::Fenced { .. }), "{err}");
+        a.put_snapshot(task, 2, b"stale".to_vec()).await.unwrap();
+        assert_eq!(seqs(&pg, task), "1,2,3");
+        assert_eq!(
+            pg.psql(&format!(
+                "SELECT count(*) FROM events WHERE task = {} AND event LIKE '%99%'",
+                task.0
+            )),
+            "0"
+        );
+        assert_eq!(a.snapshot(task).await.unwrap(), None, "A's snapshot landed");
+        // B goes on.
+        assert_eq!(b.append(task, vec![ev(4)]).await.unwrap()[0].seq, 4);
+    }
+
+    /// A lease that lapsed while nobody took it (the database was away longer than the
+    /// lease) is taken back by its holder at its next append, under a new epoch.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lapsed_lease_nobody_took_is_taken_back() {
+        let Some(pg) = testkit::postgres::start_or_skip() else {
+            return;
+        };
+        let a = replica(&pg, "replica-a", SHORT).await;
+        let task = a.new_task_id().await.unwrap();
+        a.append(task, vec![ev(1)]).await.unwrap();
+        pg.psql(&format!(
+            "UPDATE leases SET expires_at = now() - interval '1 second' WHERE task = {}",
+            task.0
+        ));
+        assert_eq!(a.append(task, vec![ev(2)]).await.unwrap()[0].seq, 2);
+        assert_eq!(
+            pg.psql(&format!(
+                "SELECT holder || ' ' || epoch FROM leases WHERE task = {}",
+                task.0
+            )),
+            "replica-a 2"
+        );
+    }
+
+    /// An append whose answer was lost is sent again: it is stored once; other contents
+    /// at the same numbers are refused as a conflict.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_append_sent_twice_is_stored_once() {
+        let Some(pg) = testkit::postgres::start_or_skip() else {
+            return;
+        };
+        let db = Db::open(&pg.url(), "replica-a").await.unwrap();
+        let task = db.new_task(Duration::from_secs(30)).await.unwrap();
+        let bodies = vec![b"{\"a\":1}".to_vec(), b"{\"a\":2}".to_vec()];
+        let patience = Duration::from_secs(5);
+        for _ in 0..2 {
+            assert_eq!(
+                db.append(task, 1, 1, 1, 0, &bodies, patience)
+                    .await
+                    .unwrap(),
+                Appended::Landed
+            );
+        }
+        assert_eq!(
+            pg.psql(&format!("SELECT count(*) FROM events WHERE task = {task}")),
+            "2"
+        );
+        let other = vec![b"{\"b\":1}".to_vec(), b"{\"b\":2}".to_vec()];
+        let err = db
+            .append(task, 1, 1, 1, 0, &other, patience)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, DbError::Conflict { .. }), "{err}");
+        // A wrong epoch is refused whatever the numbers.
+        assert!(matches!(
+            db.append(task, 7, 3, 1, 0, &other, patience).await.unwrap(),
+            Appended::Fenced(Some(_))
+        ));
+    }
+
+    /// PostgreSQL stops and starts again while a task appends: the appends wait, go on, and
+    /// the log has every record once, in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_wait_out_a_database_restart_and_lose_nothing() {
+        let Some(pg) = testkit::postgres::start_or_skip() else {
+            return;
+        };
+        let pg = Arc::new(pg);
+        let log = replica(&pg, "replica-a", Timing::default()).await;
+        let task = log.new_task_id().await.unwrap();
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+        let done = Arc::new(AtomicU64::new(0));
+        let restarted = Arc::new(AtomicBool::new(false));
+        // Appends go on until 50 more have landed after the database came back.
+        let writer = {
+            let (log, done, restarted) = (log.clone(), done.clone(), restarted.clone());
+            tokio::spawn(async move {
+                let mut back_at = None;
+                for i in 1u64.. {
+                    let r = log.append(task, vec![ev(i)]).await.unwrap();
+                    assert_eq!(r[0].seq, i);
+                    done.store(i, SeqCst);
+                    if restarted.load(SeqCst) {
+                        let at = *back_at.get_or_insert(i);
+                        if i >= at + 50 {
+                            return i;
+                        }
+                    }
+                }
+                unreachable!()
+            })
+        };
+        let stopped_at = {
+            let (pg, done, restarted) = (pg.clone(), done.clone(), restarted.clone());
+            tokio::task::spawn_blocking(move || {
+                assert!(testkit::wait_until(Duration::from_secs(60), || done
+                    .load(SeqCst)
+                    >= 50));
+                pg.stop();
+                let stopped_at = done.load(SeqCst);
+                pg.restart();
+                restarted.store(true, SeqCst);
+                stopped_at
+            })
+        };
+        let stopped_at = stopped_at.await.unwrap();
+        let total = writer.await.unwrap();
+        assert!(
+            stopped_at < total,
+            "the database stopped after the last append"
+        );
+        let recs = log.read(task, 0).await.unwrap();
+        assert_eq!(recs.len() as u64, total);
+        for (i, r) in recs.iter().enumerate() {
+            assert_eq!(r.as_ref().unwrap().seq, i as u64 + 1);
+        }
+        assert_eq!(
+            pg.psql(&format!(
+                "SELECT count(DISTINCT seq) FROM events WHERE task = {}",
+                task.0
+            )),
+            total.to_string()
+        );
+    }
+
+    /// Replicas starting at once apply each migration once; a database whose schema is newer
+    /// than the brain is refused in words.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn migrations_run_once_and_a_newer_schema_is_refused() {
+        let Some(pg) = testkit::postgres::start_or_skip() else {
+            return;
+        };
+        let opens: Vec<_> = (0..4)
+            .map(|i| {
+                let url = pg.url();
+                tokio::spawn(async move { Db::open(&url, &format!("r{i}")).await })
+            })
+            .collect();
+        for o in opens {
+            o.await.unwrap().unwrap();
+        }
+        assert_eq!(pg.psql("SELECT count(*) FROM tether_schema"), "1");
+        pg.psql("INSERT INTO tether_schema (version, name) VALUES (99, 'from-the-future')");
+        let err = Db::open(&pg.url(), "r")
+            .await
+            .err()
+            .expect("opened a newer schema");
+        assert!(
+            err.to_string()
+                .contains("version 99, newer than this brain knows (1)"),
+            "{err}"
+        );
+        let bad = Db::open("mysql://x@y/z", "r")
+            .await
+            .err()
+            .expect("a mysql URL");
+        assert!(bad.to_string().contains("postgres://"), "{bad}");
+        let wrong = pg.url().replace("tether-test-password", "wrong");
+        let err = Db::open(&wrong, "r").await.err().expect("a wrong password");
+        assert!(err.to_string().contains("password"), "{err}");
+    }
+}
