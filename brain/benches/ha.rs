@@ -1,0 +1,127 @@
+//! The shared-store benchmark: durable appends per second on PostgreSQL (a cluster the run
+//! makes, with fsync and synchronous commit on, as in production) beside the sled log, for 1
+//! task and for 100 concurrent tasks, in the same run. Prints figures; never fails on a
+//! timing.
+//!
+//!     cargo bench -p brain --bench ha
+//!
+//! `BENCH_N` sets the appends of the one-task row (default 2000; the 100-task row makes
+//! `BENCH_N / 10` per task, at least 20).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use brain::engine::log::postgres::{PgLog, Timing};
+use brain::engine::log::{EventLog, SledLog};
+use brain::model::event::{Event, ToolResult};
+
+fn completed(i: u64) -> Event {
+    Event::ToolCallCompleted {
+        call_id: i,
+        result: ToolResult {
+            exit_code: Some(0),
+            ..Default::default()
+        },
+    }
+}
+
+fn per_sec(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+/// `n` durable appends to one task, one after the other; appends per second.
+async fn appends_one_task(log: Arc<dyn EventLog>, n: usize) -> f64 {
+    let task = log.new_task_id().await.unwrap();
+    let t = Instant::now();
+    for i in 0..n as u64 {
+        log.append(task, vec![completed(i)]).await.unwrap();
+    }
+    let rate = per_sec(n, t.elapsed());
+    assert_eq!(log.last_seq(task).await.unwrap(), n as u64);
+    rate
+}
+
+/// Durable appends by 100 tasks at once; appends per second.
+async fn appends_hundred_tasks(log: Arc<dyn EventLog>, n: usize) -> f64 {
+    let tasks = 100;
+    let each = (n / 10).max(20);
+    let mut ids = Vec::new();
+    for _ in 0..tasks {
+        ids.push(log.new_task_id().await.unwrap());
+    }
+    let t = Instant::now();
+    let hs: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let log = log.clone();
+            tokio::spawn(async move {
+                for i in 0..each as u64 {
+                    log.append(id, vec![completed(i)]).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.await.unwrap();
+    }
+    let rate = per_sec(tasks * each, t.elapsed());
+    for id in ids {
+        assert_eq!(log.last_seq(id).await.unwrap(), each as u64);
+    }
+    rate
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let n: usize = std::env::var("BENCH_N")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
+    let pg = match testkit::postgres::Postgres::start() {
+        Ok(pg) => pg,
+        Err(why) => {
+            eprintln!("the ha benchmark needs PostgreSQL's server programs: {why}");
+            std::process::exit(2);
+        }
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    println!(
+        "Tether shared-store benchmark ({} CPUs; PostgreSQL {} on loopback, sled in {})\n",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        pg.psql("SHOW server_version"),
+        tmp.path().display()
+    );
+    let (sled, postgres) = rt.block_on(async {
+        let db_dir = tmp.path().join("db");
+        let db = sled::open(&db_dir).unwrap();
+        let sled: Arc<dyn EventLog> = Arc::new(SledLog::open(db, db_dir).unwrap());
+        let db = brain::storage::postgres::Db::open(&pg.url(), "bench")
+            .await
+            .unwrap();
+        let postgres: Arc<dyn EventLog> = Arc::new(PgLog::open(db, Timing::default()));
+        let mut rows = Vec::new();
+        for log in [&sled, &postgres] {
+            rows.push((
+                appends_one_task(log.clone(), n).await,
+                appends_hundred_tasks(log.clone(), n).await,
+            ));
+        }
+        (rows[0], rows[1])
+    });
+    println!(
+        "{:<44} {:>12} {:>12} {:>16}",
+        "durable appends per second", "sled", "PostgreSQL", "PostgreSQL/sled"
+    );
+    for (what, s, p) in [
+        ("1 task", sled.0, postgres.0),
+        ("100 concurrent tasks", sled.1, postgres.1),
+    ] {
+        println!("{what:<44} {s:>12.0} {p:>12.0} {:>15.2}×", p / s);
+    }
+}
