@@ -76,7 +76,7 @@ impl Store {
                 db: db.clone(),
                 tree: db.open_tree(name)?,
             }),
-            Self::Postgres(db) => Arc::new(postgres::PgTree::new(db.clone(), name)),
+            Self::Postgres(db) => Arc::new(PgTree::new(db.clone(), name)),
         })
     }
 
@@ -133,6 +133,155 @@ impl Tree for SledTree {
 
     async fn flush(&self) -> Result<(), Error> {
         super::flush(&self.db).await?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------- PostgreSQL
+
+/// One named tree: the rows of table `kv` with that name.
+struct PgTree {
+    db: postgres::Db,
+    name: String,
+}
+
+impl PgTree {
+    fn new(db: postgres::Db, name: &str) -> Self {
+        Self {
+            db,
+            name: name.to_string(),
+        }
+    }
+}
+
+/// The smallest key above every key that starts with `prefix` (`None`: there is none, the
+/// prefix is all 0xff bytes).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+#[async_trait::async_trait]
+impl Tree for PgTree {
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let c = self.db.client().await?;
+        Ok(self
+            .db
+            .timed(c.query_opt(
+                "SELECT value FROM kv WHERE tree = $1 AND key = $2",
+                &[&self.name, &key],
+            ))
+            .await?
+            .map(|r| r.get(0)))
+    }
+
+    async fn insert(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let c = self.db.client().await?;
+        Ok(self
+            .db
+            .timed(c.query_opt(
+                "WITH old AS (SELECT value FROM kv WHERE tree = $1 AND key = $2 FOR UPDATE),
+                      new AS (INSERT INTO kv (tree, key, value) VALUES ($1, $2, $3)
+                              ON CONFLICT (tree, key) DO UPDATE SET value = excluded.value)
+                 SELECT value FROM old",
+                &[&self.name, &key, &value],
+            ))
+            .await?
+            .map(|r| r.get(0)))
+    }
+
+    async fn remove(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let c = self.db.client().await?;
+        Ok(self
+            .db
+            .timed(c.query_opt(
+                "DELETE FROM kv WHERE tree = $1 AND key = $2 RETURNING value",
+                &[&self.name, &key],
+            ))
+            .await?
+            .map(|r| r.get(0)))
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &[u8],
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool, Error> {
+        let c = self.db.client().await?;
+        let changed = match (old, new) {
+            (Some(old), Some(new)) => {
+                self.db
+                    .timed(c.execute(
+                        "UPDATE kv SET value = $4 WHERE tree = $1 AND key = $2 AND value = $3",
+                        &[&self.name, &key, &old, &new],
+                    ))
+                    .await?
+            }
+            (None, Some(new)) => {
+                self.db
+                    .timed(c.execute(
+                        "INSERT INTO kv (tree, key, value) VALUES ($1, $2, $3)
+                         ON CONFLICT (tree, key) DO NOTHING",
+                        &[&self.name, &key, &new],
+                    ))
+                    .await?
+            }
+            (Some(old), None) => {
+                self.db
+                    .timed(c.execute(
+                        "DELETE FROM kv WHERE tree = $1 AND key = $2 AND value = $3",
+                        &[&self.name, &key, &old],
+                    ))
+                    .await?
+            }
+            (None, None) => {
+                let present: bool = self
+                    .db
+                    .timed(c.query_one(
+                        "SELECT EXISTS (SELECT 1 FROM kv WHERE tree = $1 AND key = $2)",
+                        &[&self.name, &key],
+                    ))
+                    .await?
+                    .get(0);
+                u64::from(!present)
+            }
+        };
+        Ok(changed == 1)
+    }
+
+    async fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Error> {
+        let c = self.db.client().await?;
+        let rows = match prefix_end(prefix) {
+            Some(end) => {
+                self.db
+                    .timed(c.query(
+                        "SELECT key, value FROM kv
+                         WHERE tree = $1 AND key >= $2 AND key < $3 ORDER BY key",
+                        &[&self.name, &prefix, &end],
+                    ))
+                    .await?
+            }
+            None => {
+                self.db
+                    .timed(c.query(
+                        "SELECT key, value FROM kv WHERE tree = $1 AND key >= $2 ORDER BY key",
+                        &[&self.name, &prefix],
+                    ))
+                    .await?
+            }
+        };
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    /// Every call has committed by the time it returns.
+    async fn flush(&self) -> Result<(), Error> {
         Ok(())
     }
 }
