@@ -21,7 +21,7 @@ impl Enrollment for Services {
         check_name(&req.name)?;
         convert::labels(&req.labels)?;
         // Cheap checks first: an unknown token costs no signature.
-        self.0.registry.check_token(&req.token)?;
+        self.0.registry.check_token(&req.token).await?;
         let worker_id = format!("w-{}", hex::encode(rand::random::<[u8; 6]>()));
         // Sign before consuming the token, so a malformed request does not burn it.
         let cert_pem = self

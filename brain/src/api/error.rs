@@ -17,7 +17,7 @@ impl From<registry::Error> for Status {
             E::Ambiguous(_) => Status::invalid_argument(e.to_string()),
             E::AdminExists(_) => Status::already_exists(e.to_string()),
             E::Full(_) => Status::resource_exhausted(e.to_string()),
-            E::Open { .. } | E::Sled(_) | E::Decode { .. } => {
+            E::Open { .. } | E::Sled(_) | E::Store(_) | E::Decode { .. } => {
                 tracing::error!(error = %e, "store error");
                 Status::internal(format!("brain store error: {e}"))
             }

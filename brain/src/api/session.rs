@@ -47,13 +47,16 @@ impl WorkerSession for Services {
         }
         convert::labels(&hello.labels)?;
         let caps = Caps::from(hello.capabilities.unwrap_or_default());
-        self.0.registry.update_worker(&peer.id, |w| {
-            w.last_seen_ms = shared::now_unix_ms();
-            for (k, v) in &hello.labels {
-                w.labels.entry(k.clone()).or_insert_with(|| v.clone());
-            }
-            w.caps = Some(caps.clone());
-        })?;
+        self.0
+            .registry
+            .update_worker(&peer.id, |w| {
+                w.last_seen_ms = shared::now_unix_ms();
+                for (k, v) in &hello.labels {
+                    w.labels.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+                w.caps = Some(caps.clone());
+            })
+            .await?;
         let (session, stream) = self.0.hub.register(&peer.id);
         // A revocation that landed between `the role layer and `register` found no session to
         // close; check again now that this one is visible to it.
@@ -104,7 +107,8 @@ impl WorkerSession for Services {
             let seen = session.last_seen_ms.load(Ordering::Relaxed);
             let _ = shared
                 .registry
-                .update_worker(&session.worker_id, |w| w.last_seen_ms = seen);
+                .update_worker(&session.worker_id, |w| w.last_seen_ms = seen)
+                .await;
             tracing::warn!(worker = %session.worker_id, session = session.session_no, %reason, "worker session ended");
         });
         Ok(Response::new(stream))

@@ -124,7 +124,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     // Storage and trust.
     let ca = Ca::load(&opts.data)?;
     let db = crate::storage::open_db(&opts.data.db()).map_err(registry::Error::from)?;
-    let registry = Registry::from_db(db.clone())?;
+    let registry = Registry::from_db(db.clone()).await?;
     sync_init_admin(&opts.data, &registry, &ca.hash()).await?;
     let log = SledLog::open(db.clone(), opts.data.db())?;
     let mirror = Mirror::open(&db, &opts.data.path().join("blobs"))?;

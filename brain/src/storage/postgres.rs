@@ -32,6 +32,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     ),
 ];
 
+/// The schema version this brain brings its databases to.
+pub fn schema_version_known() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.0)
+}
+
 /// The advisory lock key migrations take (any constant; "tether" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7465_7468_6572;
 
@@ -295,7 +300,7 @@ impl Db {
             .timed(tx.query_one("SELECT coalesce(max(version), 0) FROM tether_schema", &[]))
             .await?
             .get(0);
-        let known = MIGRATIONS.last().map_or(0, |m| m.0);
+        let known = schema_version_known();
         if current > known {
             return Err(Error::SchemaTooNew {
                 found: current,

@@ -1,9 +1,19 @@
 //! Durable records of who may talk to the brain: enrolled workers, join tokens and admin
-//! identities, one sled tree each. Records are JSON with an explicit version field; every
-//! change is flushed before the caller acts on it.
+//! identities, one tree each in the store (sled or PostgreSQL). Records are JSON with an
+//! explicit version field; every change is durable before the caller acts on it.
+//!
+//! Workers and admins are also held in memory (read at open, kept as this registry writes
+//! them), so the checks on every call and placement read them without waiting on the store.
+//! Join tokens are read from the store each time: one brain may create one and another
+//! consume it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+use shared::locks::RwLockExt;
+
+use crate::storage::kv::{self, Store, Tree};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -16,6 +26,8 @@ pub enum Error {
     Open(#[from] crate::storage::OpenError),
     #[error("store: {0}")]
     Sled(#[from] sled::Error),
+    #[error(transparent)]
+    Store(#[from] crate::storage::kv::Error),
     #[error("record {key:?} in tree {tree} cannot be decoded: {reason}")]
     Decode {
         tree: &'static str,
@@ -100,13 +112,56 @@ pub struct AdminRecord {
 
 const V: u32 = 1;
 
-/// The sled-backed registry. Cheap to clone.
+/// The registry. Cheap to clone.
 #[derive(Clone)]
 pub struct Registry {
-    db: sled::Db,
-    workers: sled::Tree,
-    tokens: sled::Tree,
-    admins: sled::Tree,
+    store: Store,
+    workers: Arc<dyn Tree>,
+    tokens: Arc<dyn Tree>,
+    admins: Arc<dyn Tree>,
+    held: Arc<RwLock<Held>>,
+}
+
+/// Each record as stored: decoded, or why it cannot be (reported by every read of it).
+type Entry<T> = Result<T, String>;
+
+/// Workers and admins as the store holds them, by key.
+#[derive(Default)]
+struct Held {
+    workers: BTreeMap<String, Entry<WorkerRecord>>,
+    admins: BTreeMap<String, Entry<AdminRecord>>,
+}
+
+/// Every record of `tree`, by key.
+async fn read_all<T: for<'de> Deserialize<'de>>(
+    tree: &dyn Tree,
+) -> Result<BTreeMap<String, Entry<T>>, Error> {
+    Ok(tree
+        .scan_prefix(b"")
+        .await?
+        .into_iter()
+        .map(|(k, v)| {
+            let entry = serde_json::from_slice(&v).map_err(|e| e.to_string());
+            (String::from_utf8_lossy(&k).into_owned(), entry)
+        })
+        .collect())
+}
+
+/// The record under `key`, or the error that says why it cannot be read.
+fn held<T: Clone>(
+    tree: &'static str,
+    map: &BTreeMap<String, Entry<T>>,
+    key: &str,
+) -> Result<Option<T>, Error> {
+    match map.get(key) {
+        None => Ok(None),
+        Some(Ok(r)) => Ok(Some(r.clone())),
+        Some(Err(reason)) => Err(Error::Decode {
+            tree,
+            key: key.to_string(),
+            reason: reason.clone(),
+        }),
+    }
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(
@@ -132,17 +187,29 @@ pub fn token_hash(token: &str) -> String {
 
 impl Registry {
     /// Opens (or creates) the store. Fails clearly if another process holds it.
-    pub fn open(path: &Path) -> Result<Self, Error> {
-        Self::from_db(crate::storage::open_db(path)?)
+    pub async fn open(path: &Path) -> Result<Self, Error> {
+        Self::from_db(crate::storage::open_db(path)?).await
     }
 
-    /// The registry's trees in an already open store.
-    pub fn from_db(db: sled::Db) -> Result<Self, Error> {
+    /// The registry's trees in an already open sled store.
+    pub async fn from_db(db: sled::Db) -> Result<Self, Error> {
+        Self::from_store(Store::Sled(db)).await
+    }
+
+    /// The registry's trees in a store.
+    pub async fn from_store(store: Store) -> Result<Self, Error> {
+        let workers = store.tree("workers")?;
+        let admins = store.tree("admins")?;
+        let held = Held {
+            workers: read_all(workers.as_ref()).await?,
+            admins: read_all(admins.as_ref()).await?,
+        };
         Ok(Self {
-            workers: db.open_tree("workers")?,
-            tokens: db.open_tree("tokens")?,
-            admins: db.open_tree("admins")?,
-            db,
+            workers,
+            tokens: store.tree("tokens")?,
+            admins,
+            store,
+            held: Arc::new(RwLock::new(held)),
         })
     }
 
@@ -152,7 +219,7 @@ impl Registry {
     }
 
     async fn flush(&self) -> Result<(), Error> {
-        crate::storage::flush(&self.db).await?;
+        self.store.flush().await?;
         Ok(())
     }
 
@@ -174,22 +241,24 @@ impl Registry {
             used_ms: None,
         };
         self.tokens
-            .insert(token_hash(&token).as_bytes(), encode(&rec))?;
+            .insert(token_hash(&token).as_bytes(), &encode(&rec))
+            .await?;
         self.flush().await?;
         Ok((token, rec.expires_ms))
     }
 
     /// Checks that a token is valid (known, unused, unexpired) without using it up.
-    pub fn check_token(&self, token: &str) -> Result<(), Error> {
-        self.check_token_at(token, shared::now_unix_ms())
+    pub async fn check_token(&self, token: &str) -> Result<(), Error> {
+        self.check_token_at(token, shared::now_unix_ms()).await
     }
 
     /// [`Registry::check_token`] as of `now_ms`.
-    pub fn check_token_at(&self, token: &str, now_ms: i64) -> Result<(), Error> {
+    pub async fn check_token_at(&self, token: &str, now_ms: i64) -> Result<(), Error> {
         let key = token_hash(token);
         let bytes = self
             .tokens
-            .get(key.as_bytes())?
+            .get(key.as_bytes())
+            .await?
             .ok_or(Error::TokenUnknown)?;
         let rec: TokenRecord = decode("tokens", key.as_bytes(), &bytes)?;
         if rec.used_ms.is_some() {
@@ -216,7 +285,8 @@ impl Registry {
         loop {
             let old = self
                 .tokens
-                .get(key.as_bytes())?
+                .get(key.as_bytes())
+                .await?
                 .ok_or(Error::TokenUnknown)?;
             let mut rec: TokenRecord = decode("tokens", key.as_bytes(), &old)?;
             if rec.used_ms.is_some() {
@@ -226,10 +296,11 @@ impl Registry {
                 return Err(Error::TokenExpired);
             }
             rec.used_ms = Some(now_ms);
-            let swapped =
-                self.tokens
-                    .compare_and_swap(key.as_bytes(), Some(old), Some(encode(&rec)))?;
-            if swapped.is_ok() {
+            let swapped = self
+                .tokens
+                .compare_and_swap(key.as_bytes(), Some(&old), Some(&encode(&rec)))
+                .await?;
+            if swapped {
                 self.flush().await?;
                 return Ok(rec.labels);
             }
@@ -239,25 +310,25 @@ impl Registry {
     // ------------------------------------------------------------------ workers
 
     pub async fn add_worker(&self, rec: &WorkerRecord) -> Result<(), Error> {
-        self.workers.insert(rec.id.as_bytes(), encode(rec))?;
-        self.flush().await
+        self.workers.insert(rec.id.as_bytes(), &encode(rec)).await?;
+        self.flush().await?;
+        self.held
+            .write_locked()
+            .workers
+            .insert(rec.id.clone(), Ok(rec.clone()));
+        Ok(())
     }
 
     pub fn worker(&self, id: &str) -> Result<Option<WorkerRecord>, Error> {
-        self.workers
-            .get(id.as_bytes())?
-            .map(|b| decode("workers", id.as_bytes(), &b))
-            .transpose()
+        held("workers", &self.held.read_locked().workers, id)
     }
 
     /// All workers, in id order. A record that cannot be decoded is reported, not hidden.
     pub fn workers(&self) -> Result<Vec<WorkerRecord>, Error> {
-        self.workers
-            .iter()
-            .map(|kv| {
-                let (k, v) = kv?;
-                decode("workers", &k, &v)
-            })
+        let all = self.held.read_locked();
+        all.workers
+            .keys()
+            .filter_map(|k| held("workers", &all.workers, k).transpose())
             .collect()
     }
 
@@ -280,16 +351,16 @@ impl Registry {
 
     /// Applies `f` to a stored worker and saves it. Not flushed: used for liveness data
     /// (last seen, capabilities) that is cheap to lose.
-    pub fn update_worker(
+    pub async fn update_worker(
         &self,
         id: &str,
         f: impl Fn(&mut WorkerRecord),
     ) -> Result<Option<WorkerRecord>, Error> {
         let mut result = None;
         let mut err = None;
-        self.workers.update_and_fetch(id.as_bytes(), |old| {
-            let old = old?;
-            match decode::<WorkerRecord>("workers", id.as_bytes(), old) {
+        kv::update(self.workers.as_ref(), id.as_bytes(), |old| {
+            result = None;
+            match decode::<WorkerRecord>("workers", id.as_bytes(), old?) {
                 Ok(mut rec) => {
                     f(&mut rec);
                     let bytes = encode(&rec);
@@ -298,20 +369,28 @@ impl Registry {
                 }
                 Err(e) => {
                     err = Some(e);
-                    Some(old.to_vec())
+                    None
                 }
             }
-        })?;
-        match err {
-            Some(e) => Err(e),
-            None => Ok(result),
+        })
+        .await?;
+        if let Some(e) = err {
+            return Err(e);
         }
+        if let Some(rec) = &result {
+            self.held
+                .write_locked()
+                .workers
+                .insert(id.to_string(), Ok(rec.clone()));
+        }
+        Ok(result)
     }
 
     /// Revokes a worker and flushes before returning.
     pub async fn revoke_worker(&self, id: &str) -> Result<WorkerRecord, Error> {
         let rec = self
-            .update_worker(id, |w| w.revoked = true)?
+            .update_worker(id, |w| w.revoked = true)
+            .await?
             .ok_or_else(|| Error::NoSuchWorker(id.to_string()))?;
         self.flush().await?;
         Ok(rec)
@@ -341,15 +420,23 @@ impl Registry {
             revoked: false,
             ca_hash: ca_hash.to_string(),
         };
-        self.admins.insert(name.as_bytes(), encode(&rec))?;
-        self.flush().await
+        self.put_admin(rec).await
+    }
+
+    async fn put_admin(&self, rec: AdminRecord) -> Result<(), Error> {
+        self.admins
+            .insert(rec.name.as_bytes(), &encode(&rec))
+            .await?;
+        self.flush().await?;
+        self.held
+            .write_locked()
+            .admins
+            .insert(rec.name.clone(), Ok(rec));
+        Ok(())
     }
 
     pub fn admin(&self, name: &str) -> Result<Option<AdminRecord>, Error> {
-        self.admins
-            .get(name.as_bytes())?
-            .map(|b| decode("admins", name.as_bytes(), &b))
-            .transpose()
+        held("admins", &self.held.read_locked().admins, name)
     }
 
     pub async fn revoke_admin(&self, name: &str) -> Result<(), Error> {
@@ -357,8 +444,7 @@ impl Registry {
             .admin(name)?
             .ok_or_else(|| Error::NoSuchAdmin(name.to_string()))?;
         rec.revoked = true;
-        self.admins.insert(name.as_bytes(), encode(&rec))?;
-        self.flush().await
+        self.put_admin(rec).await
     }
 
     // ------------------------------------------------------------------ auth
@@ -404,18 +490,18 @@ pub enum PeerRefused {
 mod tests {
     use super::*;
 
-    fn reg() -> (tempfile::TempDir, Registry) {
+    async fn reg() -> (tempfile::TempDir, Registry) {
         let d = tempfile::tempdir().unwrap();
-        let r = Registry::open(&d.path().join("db")).unwrap();
+        let r = Registry::open(&d.path().join("db")).await.unwrap();
         (d, r)
     }
 
     #[tokio::test]
     async fn tokens_are_one_time_and_expire() {
-        let (_d, r) = reg();
+        let (_d, r) = reg().await;
         let (t, _) = r.create_token(60_000, BTreeMap::new()).await.unwrap();
         assert!(
-            r.tokens.get(t.as_bytes()).unwrap().is_none(),
+            r.tokens.get(t.as_bytes()).await.unwrap().is_none(),
             "token stored in clear"
         );
         r.consume_token(&t).await.unwrap();
@@ -433,11 +519,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_token_expires_exactly_at_its_ttl() {
-        let (_d, r) = reg();
+        let (_d, r) = reg().await;
         let (t, expires) = r.create_token(1_000, BTreeMap::new()).await.unwrap();
-        r.check_token_at(&t, expires - 1).unwrap();
+        r.check_token_at(&t, expires - 1).await.unwrap();
         assert!(matches!(
-            r.check_token_at(&t, expires),
+            r.check_token_at(&t, expires).await,
             Err(Error::TokenExpired)
         ));
         assert!(matches!(
@@ -447,17 +533,69 @@ mod tests {
         // An expired attempt leaves it usable within its life.
         r.consume_token_at(&t, expires - 1).await.unwrap();
         assert!(matches!(
-            r.check_token_at(&t, expires - 1),
+            r.check_token_at(&t, expires - 1).await,
             Err(Error::TokenUsed)
         ));
     }
 
     #[tokio::test]
     async fn second_open_of_the_same_store_fails_clearly() {
-        let (d, _r) = reg();
+        let (d, _r) = reg().await;
         let err = Registry::open(&d.path().join("db"))
+            .await
             .err()
             .expect("must fail");
         assert!(err.to_string().contains("another `brain serve`"), "{err}");
+    }
+
+    /// Two brains on one PostgreSQL database: a token one creates is consumed once across
+    /// both; a worker one enrols the other finds when it opens; an undecodable record is
+    /// reported by its key.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_postgres_two_brains_share_tokens_workers_and_admins() {
+        let Some(pg) = testkit::postgres::start_or_skip() else {
+            return;
+        };
+        let open = |name: &'static str| {
+            let url = pg.url();
+            async move {
+                let db = crate::storage::postgres::Db::open(&url, name)
+                    .await
+                    .unwrap();
+                Registry::from_store(Store::Postgres(db)).await.unwrap()
+            }
+        };
+        let a = open("a").await;
+        let b = open("b").await;
+        let (t, _) = a.create_token(60_000, BTreeMap::new()).await.unwrap();
+        b.check_token(&t).await.unwrap();
+        let (ra, rb) = tokio::join!(a.consume_token(&t), b.consume_token(&t));
+        assert!(
+            ra.is_ok() != rb.is_ok(),
+            "a one-time token was consumed {} times",
+            u8::from(ra.is_ok()) + u8::from(rb.is_ok())
+        );
+        assert!(matches!(a.check_token(&t).await, Err(Error::TokenUsed)));
+        let w = WorkerRecord {
+            v: V,
+            id: "w-1".into(),
+            name: "laptop".into(),
+            labels: BTreeMap::new(),
+            cert_fingerprint: "f".into(),
+            enrolled_ms: 1,
+            last_seen_ms: 1,
+            revoked: false,
+            caps: None,
+        };
+        a.add_worker(&w).await.unwrap();
+        a.add_admin("ops", "fp", "ca", false).await.unwrap();
+        let c = open("c").await;
+        assert_eq!(c.resolve_worker("laptop").unwrap().id, "w-1");
+        assert_eq!(c.admin("ops").unwrap().unwrap().fingerprint, "fp");
+        c.revoke_worker("w-1").await.unwrap();
+        assert!(open("d").await.worker("w-1").unwrap().unwrap().revoked);
+        pg.psql("INSERT INTO kv (tree, key, value) VALUES ('workers', 'w-bad', 'not json')");
+        let err = open("e").await.workers().unwrap_err().to_string();
+        assert!(err.contains("\"w-bad\" in tree workers"), "{err}");
     }
 }
