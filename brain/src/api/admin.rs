@@ -714,10 +714,9 @@ impl Admin for Services {
         req: Request<proto::ListApiTokensRequest>,
     ) -> Result<Response<proto::ListApiTokensResponse>, Status> {
         self.cert_caller(&req)?;
-        Ok(Response::new(super::credentials::list(
-            &self.0,
-            req.get_ref().all,
-        )?))
+        Ok(Response::new(
+            super::credentials::list(&self.0, req.get_ref().all).await?,
+        ))
     }
 
     async fn revoke_api_token(

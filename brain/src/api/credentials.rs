@@ -79,10 +79,11 @@ pub async fn create_login(
     })
 }
 
-pub fn list(s: &Shared, all: bool) -> Result<proto::ListApiTokensResponse, Status> {
+pub async fn list(s: &Shared, all: bool) -> Result<proto::ListApiTokensResponse, Status> {
     let tokens = s
         .web
-        .list(all)?
+        .list(all)
+        .await?
         .into_iter()
         .map(|c: Credential| proto::ApiTokenInfo {
             id: c.id,

@@ -35,6 +35,8 @@ pub trait Tree: Send + Sync + 'static {
     ) -> Result<bool, Error>;
     /// Every (key, value) whose key starts with `prefix`, in key order.
     async fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Error>;
+    /// How many keys it holds (counted: not for hot paths).
+    async fn count(&self) -> Result<usize, Error>;
     /// Makes everything written so far durable.
     async fn flush(&self) -> Result<(), Error>;
 }
@@ -129,6 +131,10 @@ impl Tree for SledTree {
                 Ok((k.to_vec(), v.to_vec()))
             })
             .collect()
+    }
+
+    async fn count(&self) -> Result<usize, Error> {
+        Ok(self.tree.len())
     }
 
     async fn flush(&self) -> Result<(), Error> {
@@ -280,6 +286,16 @@ impl Tree for PgTree {
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
+    async fn count(&self) -> Result<usize, Error> {
+        let c = self.db.client().await?;
+        let n: i64 = self
+            .db
+            .timed(c.query_one("SELECT count(*) FROM kv WHERE tree = $1", &[&self.name]))
+            .await?
+            .get(0);
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
     /// Every call has committed by the time it returns.
     async fn flush(&self) -> Result<(), Error> {
         Ok(())
@@ -321,6 +337,7 @@ mod tests {
             vec![b"b\xff\xff".to_vec()]
         );
         assert_eq!(t.scan_prefix(b"").await.unwrap().len(), 6);
+        assert_eq!(t.count().await.unwrap(), 6);
         // Compare-and-swap in each of its forms.
         assert!(
             !t.compare_and_swap(b"a", Some(b"1"), Some(b"3"))

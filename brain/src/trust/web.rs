@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::registry::Error;
+use crate::storage::kv::{Store, Tree};
 
 /// How long an unused login link works.
 pub const LINK_TTL_MS: i64 = 10 * 60 * 1000;
@@ -129,11 +130,10 @@ pub enum Refused {
     LinkUsed,
 }
 
-/// The store: one sled tree, `web_auth`, keyed by the secret's hash.
+/// The store: one tree, `web_auth`, keyed by the secret's hash.
 #[derive(Clone)]
 pub struct WebAuth {
-    db: sled::Db,
-    tree: sled::Tree,
+    tree: std::sync::Arc<dyn Tree>,
     /// Counts revocations (and logouts), so that what a credential holds open (an event
     /// stream) can check it again the moment one happens instead of polling.
     revocations: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
@@ -177,9 +177,12 @@ pub fn looks_secret(text: &str) -> bool {
 
 impl WebAuth {
     pub fn open(db: &sled::Db) -> Result<Self, Error> {
+        Self::in_store(&Store::Sled(db.clone()))
+    }
+
+    pub fn in_store(store: &Store) -> Result<Self, Error> {
         Ok(Self {
-            db: db.clone(),
-            tree: db.open_tree("web_auth")?,
+            tree: store.tree("web_auth")?,
             revocations: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
         })
     }
@@ -193,14 +196,15 @@ impl WebAuth {
         self.revocations.send_modify(|n| *n += 1);
     }
 
-    fn put(&self, key: &str, c: &Credential) -> Result<(), Error> {
+    async fn put(&self, key: &str, c: &Credential) -> Result<(), Error> {
         self.tree
-            .insert(key.as_bytes(), serde_json::to_vec(c).expect("serialises"))?;
+            .insert(key.as_bytes(), &serde_json::to_vec(c).expect("serialises"))
+            .await?;
         Ok(())
     }
 
-    fn get(&self, key: &str) -> Result<Option<Credential>, Error> {
-        match self.tree.get(key.as_bytes())? {
+    async fn get(&self, key: &str) -> Result<Option<Credential>, Error> {
+        match self.tree.get(key.as_bytes()).await? {
             None => Ok(None),
             Some(b) => serde_json::from_slice(&b)
                 .map(Some)
@@ -212,10 +216,9 @@ impl WebAuth {
         }
     }
 
-    fn entries(&self) -> Result<Vec<(String, Credential)>, Error> {
+    async fn entries(&self) -> Result<Vec<(String, Credential)>, Error> {
         let mut v = Vec::new();
-        for kv in self.tree.iter() {
-            let (k, b) = kv?;
+        for (k, b) in self.tree.scan_prefix(b"").await? {
             let key = String::from_utf8_lossy(&k).into_owned();
             match serde_json::from_slice::<Credential>(&b) {
                 Ok(c) => v.push((key, c)),
@@ -227,26 +230,27 @@ impl WebAuth {
 
     /// Makes room for one more: when the store is full, ended credentials go (those ended
     /// more than a week ago first); full of live ones, it refuses.
-    fn make_room(&self, now_ms: i64) -> Result<(), Error> {
-        if self.tree.len() < MAX_KEPT {
+    async fn make_room(&self, now_ms: i64) -> Result<(), Error> {
+        if self.tree.count().await? < MAX_KEPT {
             return Ok(());
         }
         let ended: Vec<(String, Credential)> = self
-            .entries()?
+            .entries()
+            .await?
             .into_iter()
             .filter(|(_, c)| !c.live_at(now_ms))
             .collect();
         let old = |c: &Credential| now_ms - c.expires_ms > KEEP_ENDED_MS;
         for (k, _) in ended.iter().filter(|(_, c)| old(c)) {
-            self.tree.remove(k.as_bytes())?;
+            self.tree.remove(k.as_bytes()).await?;
         }
         for (k, _) in ended.iter().filter(|(_, c)| !old(c)) {
-            if self.tree.len() < MAX_KEPT {
+            if self.tree.count().await? < MAX_KEPT {
                 break;
             }
-            self.tree.remove(k.as_bytes())?;
+            self.tree.remove(k.as_bytes()).await?;
         }
-        if self.tree.len() >= MAX_KEPT {
+        if self.tree.count().await? >= MAX_KEPT {
             return Err(Error::Full(MAX_KEPT));
         }
         Ok(())
@@ -261,7 +265,7 @@ impl WebAuth {
         session_ttl_ms: i64,
     ) -> Result<(String, Credential), Error> {
         let now = shared::now_unix_ms();
-        self.make_room(now)?;
+        self.make_room(now).await?;
         let prefix = match kind {
             Kind::Token => "tw_",
             Kind::Login => "tl_",
@@ -278,8 +282,8 @@ impl WebAuth {
             revoked: false,
             session_ttl_ms,
         };
-        self.put(&hash(&secret), &c)?;
-        crate::storage::flush(&self.db).await?;
+        self.put(&hash(&secret), &c).await?;
+        self.tree.flush().await?;
         Ok((secret, c))
     }
 
@@ -307,15 +311,15 @@ impl WebAuth {
     /// Uses a login link up and opens its session: the session's secret (the cookie).
     pub async fn redeem(&self, code: &str) -> Result<Result<(String, Credential), Refused>, Error> {
         let key = hash(code);
-        let Some(c) = self.get(&key)? else {
+        let Some(c) = self.get(&key).await? else {
             return Ok(Err(Refused::LinkUsed));
         };
         // One use: removed before the session exists, so two opens cannot both win.
-        if self.tree.remove(key.as_bytes())?.is_none() || c.kind != Kind::Login {
+        if self.tree.remove(key.as_bytes()).await?.is_none() || c.kind != Kind::Login {
             return Ok(Err(Refused::LinkUsed));
         }
         if !c.live_at(shared::now_unix_ms()) {
-            crate::storage::flush(&self.db).await?;
+            self.tree.flush().await?;
             return Ok(Err(Refused::LinkUsed));
         }
         let ttl = if c.session_ttl_ms > 0 {
@@ -329,21 +333,25 @@ impl WebAuth {
     }
 
     /// Who holds `secret` (a token or a session), if it is live.
-    pub fn check(&self, secret: &str) -> Result<Result<Caller, Refused>, Error> {
-        self.check_at(secret, shared::now_unix_ms())
+    pub async fn check(&self, secret: &str) -> Result<Result<Caller, Refused>, Error> {
+        self.check_at(secret, shared::now_unix_ms()).await
     }
 
-    pub fn check_at(&self, secret: &str, now_ms: i64) -> Result<Result<Caller, Refused>, Error> {
-        self.check_key_at(&hash(secret), now_ms)
+    pub async fn check_at(
+        &self,
+        secret: &str,
+        now_ms: i64,
+    ) -> Result<Result<Caller, Refused>, Error> {
+        self.check_key_at(&hash(secret), now_ms).await
     }
 
     /// [`WebAuth::check`] by the credential's key ([`key_of`]) instead of its secret.
-    pub fn check_key(&self, key: &str) -> Result<Result<Caller, Refused>, Error> {
-        self.check_key_at(key, shared::now_unix_ms())
+    pub async fn check_key(&self, key: &str) -> Result<Result<Caller, Refused>, Error> {
+        self.check_key_at(key, shared::now_unix_ms()).await
     }
 
-    fn check_key_at(&self, key: &str, now_ms: i64) -> Result<Result<Caller, Refused>, Error> {
-        let Some(c) = self.get(key)? else {
+    async fn check_key_at(&self, key: &str, now_ms: i64) -> Result<Result<Caller, Refused>, Error> {
+        let Some(c) = self.get(key).await? else {
             return Ok(Err(Refused::Unknown));
         };
         if c.kind == Kind::Login {
@@ -365,10 +373,11 @@ impl WebAuth {
     }
 
     /// Every credential, newest first; with `all`, ended ones too.
-    pub fn list(&self, all: bool) -> Result<Vec<Credential>, Error> {
+    pub async fn list(&self, all: bool) -> Result<Vec<Credential>, Error> {
         let now = shared::now_unix_ms();
         let mut v: Vec<Credential> = self
-            .entries()?
+            .entries()
+            .await?
             .into_iter()
             .map(|(_, c)| c)
             .filter(|c| all || c.live_at(now))
@@ -380,14 +389,14 @@ impl WebAuth {
     /// Revokes the credential with this id, or every one of this name. How many.
     pub async fn revoke(&self, id_or_name: &str) -> Result<usize, Error> {
         let mut n = 0;
-        for (k, mut c) in self.entries()? {
+        for (k, mut c) in self.entries().await? {
             if (c.id == id_or_name || c.name == id_or_name) && !c.revoked {
                 c.revoked = true;
-                self.put(&k, &c)?;
+                self.put(&k, &c).await?;
                 n += 1;
             }
         }
-        crate::storage::flush(&self.db).await?;
+        self.tree.flush().await?;
         if n > 0 {
             self.revoked_some();
         }
@@ -397,12 +406,12 @@ impl WebAuth {
     /// Ends one session (logging out).
     pub async fn end_session(&self, secret: &str) -> Result<(), Error> {
         let key = hash(secret);
-        if let Some(mut c) = self.get(&key)?
+        if let Some(mut c) = self.get(&key).await?
             && c.kind == Kind::Session
         {
             c.revoked = true;
-            self.put(&key, &c)?;
-            crate::storage::flush(&self.db).await?;
+            self.put(&key, &c).await?;
+            self.tree.flush().await?;
             self.revoked_some();
         }
         Ok(())
@@ -423,22 +432,21 @@ mod tests {
         let s = store();
         let (secret, c) = s.create_token("ci", WebRole::Viewer, 60_000).await.unwrap();
         assert!(secret.starts_with("tw_") && secret.len() > 40);
-        for kv in s.tree.iter() {
-            let (k, v) = kv.unwrap();
+        for (k, v) in s.tree.scan_prefix(b"").await.unwrap() {
             assert!(!String::from_utf8_lossy(&k).contains(&secret[3..]));
             assert!(!String::from_utf8_lossy(&v).contains(&secret[3..]));
         }
-        let who = s.check(&secret).unwrap().unwrap();
+        let who = s.check(&secret).await.unwrap().unwrap();
         assert_eq!((who.name.as_str(), who.role), ("ci", WebRole::Viewer));
-        assert_eq!(s.check("tw_nope").unwrap(), Err(Refused::Unknown));
+        assert_eq!(s.check("tw_nope").await.unwrap(), Err(Refused::Unknown));
         assert_eq!(
-            s.check_at(&secret, c.expires_ms).unwrap(),
+            s.check_at(&secret, c.expires_ms).await.unwrap(),
             Err(Refused::Expired)
         );
         assert_eq!(s.revoke(&c.id).await.unwrap(), 1);
-        assert_eq!(s.check(&secret).unwrap(), Err(Refused::Revoked));
-        assert!(s.list(false).unwrap().is_empty());
-        assert_eq!(s.list(true).unwrap().len(), 1);
+        assert_eq!(s.check(&secret).await.unwrap(), Err(Refused::Revoked));
+        assert!(s.list(false).await.unwrap().is_empty());
+        assert_eq!(s.list(true).await.unwrap().len(), 1);
     }
 
     #[tokio::test]
@@ -449,16 +457,16 @@ mod tests {
             .await
             .unwrap();
         // A link is not a credential by itself.
-        assert_eq!(s.check(&code).unwrap(), Err(Refused::Unknown));
+        assert_eq!(s.check(&code).await.unwrap(), Err(Refused::Unknown));
         let (session, c) = s.redeem(&code).await.unwrap().unwrap();
         assert_eq!(c.kind, Kind::Session);
         assert!(c.expires_ms - c.created_ms == 3_600_000);
         assert_eq!(s.redeem(&code).await.unwrap(), Err(Refused::LinkUsed));
-        let who = s.check(&session).unwrap().unwrap();
+        let who = s.check(&session).await.unwrap().unwrap();
         assert_eq!(who.role, WebRole::Operator);
         assert_ne!(csrf_for(&session), csrf_for("ts_other"));
         s.end_session(&session).await.unwrap();
-        assert_eq!(s.check(&session).unwrap(), Err(Refused::Revoked));
+        assert_eq!(s.check(&session).await.unwrap(), Err(Refused::Revoked));
     }
 
     #[test]
@@ -493,8 +501,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(s.revoke("bob").await.unwrap(), 2);
-        assert_eq!(s.check(&a).unwrap(), Err(Refused::Revoked));
-        assert_eq!(s.check(&b).unwrap(), Err(Refused::Revoked));
-        assert!(s.check(&other).unwrap().is_ok());
+        assert_eq!(s.check(&a).await.unwrap(), Err(Refused::Revoked));
+        assert_eq!(s.check(&b).await.unwrap(), Err(Refused::Revoked));
+        assert!(s.check(&other).await.unwrap().is_ok());
     }
 }

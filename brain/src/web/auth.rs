@@ -103,7 +103,7 @@ pub async fn require(
             "no credential: send `Authorization: Bearer TOKEN` (`brain admin token create`), or open a login link from `brain web login`",
         );
     };
-    let caller = match web.auth.check(&secret) {
+    let caller = match web.auth.check(&secret).await {
         Ok(Ok(c)) => c,
         Ok(Err(why)) => {
             return refuse(StatusCode::UNAUTHORIZED, "unauthenticated", why.to_string());

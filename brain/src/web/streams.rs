@@ -88,7 +88,7 @@ pub fn credential_end(
         let expiry = tokio::time::sleep(Duration::from_millis(left));
         tokio::pin!(expiry);
         loop {
-            match auth.check_key(&key) {
+            match auth.check_key(&key).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(why)) => return why.to_string(),
                 Err(e) => return format!("this credential cannot be checked now ({e}): try again"),
