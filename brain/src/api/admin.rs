@@ -32,7 +32,7 @@ const MAX_TRANSCRIPT_BYTES: usize = 8 * 1024 * 1024;
 
 impl Services {
     /// A new task's egress policy, when it names secrets, allow-list entries or a preset.
-    fn egress_spec(
+    async fn egress_spec(
         &self,
         secrets: &[String],
         allow: &[String],
@@ -51,6 +51,7 @@ impl Services {
             .egress
             .secrets
             .for_task(secrets)
+            .await
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let mut envs = std::collections::BTreeSet::new();
         for i in &infos {
@@ -311,7 +312,9 @@ impl Admin for Services {
         } else {
             req.goal.chars().take(4096).collect()
         };
-        let egress = self.egress_spec(&req.secrets, &req.allow, &req.egress)?;
+        let egress = self
+            .egress_spec(&req.secrets, &req.allow, &req.egress)
+            .await?;
         let id = self
             .0
             .engine
@@ -371,7 +374,9 @@ impl Admin for Services {
             spec.transcript = req.transcript;
         }
         convert::request_check(&mut spec, &req.check, req.check_timeout_ms, &req.protect)?;
-        spec.egress = self.egress_spec(&req.secrets, &req.allow, &req.egress)?;
+        spec.egress = self
+            .egress_spec(&req.secrets, &req.allow, &req.egress)
+            .await?;
         let rules = convert::sync_rules(
             req.include_git,
             &req.extra_excludes,
@@ -758,7 +763,9 @@ impl Admin for Services {
         req: Request<proto::ListSecretsRequest>,
     ) -> Result<Response<proto::ListSecretsResponse>, Status> {
         self.cert_caller(&req)?;
-        Ok(Response::new(super::secrets::list(&self.0.egress.secrets)?))
+        Ok(Response::new(
+            super::secrets::list(&self.0.egress.secrets).await?,
+        ))
     }
 
     async fn remove_secret(

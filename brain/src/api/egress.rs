@@ -122,6 +122,7 @@ impl proto::egress_server::Egress for Services {
                     let found = parts
                         .secrets
                         .reveal(name)
+                        .await
                         .ok()
                         .filter(|(info, _)| info.bound_to(&host, port));
                     let Some((info, value)) = found else {

@@ -76,10 +76,11 @@ pub async fn set(store: &Secrets, req: SetSecretRequest) -> Result<SetSecretResp
     Ok(SetSecretResponse { replaced })
 }
 
-pub fn list(store: &Secrets) -> Result<ListSecretsResponse, Status> {
+pub async fn list(store: &Secrets) -> Result<ListSecretsResponse, Status> {
     Ok(ListSecretsResponse {
         secrets: store
             .list()
+            .await
             .map_err(status)?
             .into_iter()
             .map(info)

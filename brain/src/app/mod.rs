@@ -129,7 +129,8 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     let log = SledLog::open(db.clone(), opts.data.db())?;
     let mirror = Mirror::open(&db, &opts.data.path().join("blobs"))?;
     let call_ids = call_ids(&db).await?;
-    let secrets = crate::trust::secrets::Secrets::open(&db, &opts.data.path().join("secrets.key"))?;
+    let secrets =
+        crate::trust::secrets::Secrets::open(&db, &opts.data.path().join("secrets.key")).await?;
     let egress_ca = crate::trust::egress_ca::EgressCa::load_or_create(opts.data.path())?;
     let upstream = crate::egress::Upstream::new(
         &opts.config.egress.upstream_ca,
@@ -187,6 +188,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     tasks.secrets.extend(
         secrets
             .values()
+            .await?
             .into_iter()
             .filter_map(|(_, v)| String::from_utf8(v.expose().to_vec()).ok()),
     );

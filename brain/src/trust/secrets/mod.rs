@@ -65,6 +65,8 @@ pub enum Error {
     Decode(String, String),
     #[error("store: {0}")]
     Sled(#[from] sled::Error),
+    #[error(transparent)]
+    Store(#[from] crate::storage::kv::Error),
 }
 
 impl shared::exit::Classify for Error {
@@ -443,8 +445,7 @@ fn load_key(path: &Path, store_empty: bool) -> Result<[u8; 32], Error> {
 /// The secrets store. Cheap to clone.
 #[derive(Clone)]
 pub struct Secrets {
-    db: sled::Db,
-    tree: sled::Tree,
+    tree: std::sync::Arc<dyn crate::storage::kv::Tree>,
     seal: std::sync::Arc<LessSafeKey>,
     placeholder_key: std::sync::Arc<ring::hmac::Key>,
 }
@@ -458,9 +459,17 @@ impl std::fmt::Debug for Secrets {
 impl Secrets {
     /// Opens the tree `secrets` with the key from `$TETHER_SECRET_KEY` or `key_file` (made
     /// when neither exists and nothing is sealed yet).
-    pub fn open(db: &sled::Db, key_file: &Path) -> Result<Self, Error> {
-        let tree = db.open_tree("secrets")?;
-        let key = load_key(key_file, tree.is_empty())?;
+    pub async fn open(db: &sled::Db, key_file: &Path) -> Result<Self, Error> {
+        Self::in_store(&crate::storage::kv::Store::Sled(db.clone()), key_file).await
+    }
+
+    /// [`Secrets::open`] in any store.
+    pub async fn in_store(
+        store: &crate::storage::kv::Store,
+        key_file: &Path,
+    ) -> Result<Self, Error> {
+        let tree = store.tree("secrets")?;
+        let key = load_key(key_file, tree.scan_prefix(b"").await?.is_empty())?;
         let seal = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, &key).expect("32 bytes"));
         // A separate key for placeholders, so that knowing one says nothing of the other.
         let derived = ring::hmac::sign(
@@ -469,7 +478,6 @@ impl Secrets {
         );
         let placeholder_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, derived.as_ref());
         Ok(Self {
-            db: db.clone(),
             tree,
             seal: seal.into(),
             placeholder_key: placeholder_key.into(),
@@ -501,18 +509,21 @@ impl Secrets {
             nonce: hex::encode(nonce),
             sealed: hex::encode(&sealed),
         };
-        let old = self.tree.insert(
-            info.name.as_bytes(),
-            serde_json::to_vec(&rec).expect("records serialise"),
-        )?;
-        crate::storage::flush(&self.db).await?;
+        let old = self
+            .tree
+            .insert(
+                info.name.as_bytes(),
+                &serde_json::to_vec(&rec).expect("records serialise"),
+            )
+            .await?;
+        self.tree.flush().await?;
         Ok(old.is_some())
     }
 
     /// Removes a secret; says whether there was one.
     pub async fn remove(&self, name: &str) -> Result<bool, Error> {
-        let old = self.tree.remove(name.as_bytes())?;
-        crate::storage::flush(&self.db).await?;
+        let old = self.tree.remove(name.as_bytes()).await?;
+        self.tree.flush().await?;
         Ok(old.is_some())
     }
 
@@ -550,16 +561,15 @@ impl Secrets {
     }
 
     /// One secret's description, without its value (checked as [`Secrets::reveal`] does).
-    pub fn info(&self, name: &str) -> Result<SecretInfo, Error> {
-        Ok(self.reveal(name)?.0)
+    pub async fn info(&self, name: &str) -> Result<SecretInfo, Error> {
+        Ok(self.reveal(name).await?.0)
     }
 
     /// Every secret's description, by name; the first record that does not open is an error
     /// naming it.
-    pub fn list(&self) -> Result<Vec<SecretInfo>, Error> {
+    pub async fn list(&self) -> Result<Vec<SecretInfo>, Error> {
         let mut out = Vec::new();
-        for kv in self.tree.iter() {
-            let (k, v) = kv?;
+        for (k, v) in self.tree.scan_prefix(b"").await? {
             out.push(self.open_record(&String::from_utf8_lossy(&k), &v)?.0);
         }
         Ok(out)
@@ -567,10 +577,11 @@ impl Secrets {
 
     /// A secret's value, for the brain's own use (the egress proxy, the redactor), once its
     /// seal is checked against its whole binding.
-    pub fn reveal(&self, name: &str) -> Result<(SecretInfo, Value), Error> {
+    pub async fn reveal(&self, name: &str) -> Result<(SecretInfo, Value), Error> {
         let bytes = self
             .tree
-            .get(name.as_bytes())?
+            .get(name.as_bytes())
+            .await?
             .ok_or_else(|| Error::Unknown(name.to_string()))?;
         self.open_record(name, &bytes)
     }
@@ -595,25 +606,28 @@ impl Secrets {
 
     /// Every secret's value with its name, for masking (records that do not open are
     /// skipped: they are never sent anywhere either).
-    pub fn values(&self) -> Vec<(String, Value)> {
-        self.tree
-            .iter()
-            .filter_map(Result::ok)
+    /// The store not answering is an error: masking must not go on without the values.
+    pub async fn values(&self) -> Result<Vec<(String, Value)>, Error> {
+        Ok(self
+            .tree
+            .scan_prefix(b"")
+            .await?
+            .into_iter()
             .filter_map(|(k, v)| self.open_record(&String::from_utf8_lossy(&k), &v).ok())
             .map(|(i, v)| (i.name, v))
-            .collect()
+            .collect())
     }
 
     /// Checks that `names` are command secrets, for a task that asks for them; refuses a
     /// provider-tier one and an unknown one.
-    pub fn for_task(&self, names: &[String]) -> Result<Vec<SecretInfo>, Error> {
+    pub async fn for_task(&self, names: &[String]) -> Result<Vec<SecretInfo>, Error> {
         let mut seen = BTreeSet::new();
         let mut out = Vec::new();
         for n in names {
             if !seen.insert(n.as_str()) {
                 continue;
             }
-            let info = self.info(n)?;
+            let info = self.info(n).await?;
             if info.tier == Tier::Provider {
                 return Err(Error::Invalid(format!(
                     "secret {n:?} is a provider key (LLM or cloud): the brain's own, never a command's"
