@@ -53,7 +53,7 @@ impl From<crate::provision::Error> for Status {
             E::Provider { .. } => Status::unavailable(e.to_string()),
             E::Timeout { .. } => Status::deadline_exceeded(e.to_string()),
             E::Registry(e) => e.into(),
-            E::Sled(_) | E::Decode { .. } => {
+            E::Sled(_) | E::Store(_) | E::Decode { .. } => {
                 tracing::error!(error = %e, "machine store error");
                 Status::internal(e.to_string())
             }

@@ -172,7 +172,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     // The tasks' store (loaded by `resume_all`, below), then the machines, which ask it
     // whether a worker is in use.
     let store = Store::new(Arc::new(log), opts.tasks.snapshot_every, call_ids);
-    let machines = machines(&opts, &ca, &db, &registry, &hub, &placement, &store, addr)?;
+    let machines = machines(&opts, &ca, &db, &registry, &hub, &placement, &store, addr).await?;
 
     // The brain's own git: imports and deliveries, with the tokens only it holds.
     let settings = Arc::new(opts.config.deliver.settings());
@@ -307,7 +307,7 @@ fn tls_config(data: &DataDir, ca: &Ca) -> Result<ServerTlsConfig, Error> {
 
 /// The machines and their providers. A worker is in use while a task that holds it runs.
 #[allow(clippy::too_many_arguments)]
-fn machines(
+async fn machines(
     opts: &Options,
     ca: &Ca,
     db: &sled::Db,
@@ -352,7 +352,7 @@ fn machines(
     ];
     let store = store.clone();
     Ok(Machines::new(
-        db.clone(),
+        &crate::storage::kv::Store::Sled(db.clone()),
         registry.clone(),
         hub.clone(),
         placement.clone(),
@@ -363,7 +363,8 @@ fn machines(
         policy,
         providers,
         Box::new(move |worker: &str| store.worker_in_use(worker)),
-    )?)
+    )
+    .await?)
 }
 
 /// What the hub hears for the engine: live file changes, and results nobody waited for.

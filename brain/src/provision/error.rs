@@ -8,6 +8,8 @@ pub enum Error {
     #[error("machine store: {0}")]
     Sled(#[from] sled::Error),
     #[error(transparent)]
+    Store(#[from] crate::storage::kv::Error),
+    #[error(transparent)]
     Registry(#[from] crate::trust::registry::Error),
     #[error("machine record {id} cannot be decoded: {reason}")]
     Decode { id: String, reason: String },

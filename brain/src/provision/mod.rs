@@ -37,7 +37,7 @@ pub use provider::{Created, Join, Provisioner, Seen};
 pub use records::{Machine, Spec, State};
 use records::{V, decode};
 
-use shared::locks::Lock;
+use shared::locks::{Lock, RwLockExt};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -77,8 +77,10 @@ pub struct Machines {
 }
 
 struct Inner {
-    db: sled::Db,
-    tree: sled::Tree,
+    tree: Arc<dyn crate::storage::kv::Tree>,
+    /// Every record as stored, by id, read at start and kept as this brain writes them:
+    /// the quota checks, costs and placement read them without waiting on the store.
+    held: std::sync::RwLock<BTreeMap<String, Result<Machine, String>>>,
     registry: Registry,
     hub: Hub,
     brain: BrainInfo,
@@ -132,8 +134,8 @@ fn reachable_from_elsewhere(url: &str) -> bool {
 
 impl Machines {
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        db: sled::Db,
+    pub async fn new(
+        store: &crate::storage::kv::Store,
         registry: Registry,
         hub: Hub,
         placement: Placement,
@@ -142,11 +144,23 @@ impl Machines {
         providers: Vec<Arc<dyn Provisioner>>,
         in_use: InUse,
     ) -> Result<Self, Error> {
-        let tree = db.open_tree("machines")?;
+        let tree = store.tree("machines")?;
+        let held = tree
+            .scan_prefix(b"")
+            .await?
+            .into_iter()
+            .map(|(k, v)| {
+                let m = decode(&k, &v).map_err(|e| match e {
+                    Error::Decode { reason, .. } => reason,
+                    other => other.to_string(),
+                });
+                (String::from_utf8_lossy(&k).into_owned(), m)
+            })
+            .collect();
         Ok(Self {
             inner: Arc::new(Inner {
-                db,
                 tree,
+                held: std::sync::RwLock::new(held),
                 registry,
                 hub,
                 brain,
@@ -185,21 +199,27 @@ impl Machines {
     /// Every record, newest first.
     pub fn list(&self) -> Result<Vec<Machine>, Error> {
         let mut v = Vec::new();
-        for kv in self.inner.tree.iter() {
-            let (k, bytes) = kv?;
-            v.push(decode(&k, &bytes)?);
+        for (id, m) in self.inner.held.read_locked().iter() {
+            v.push(m.clone().map_err(|reason| Error::Decode {
+                id: id.clone(),
+                reason,
+            })?);
         }
         v.sort_by_key(|m: &Machine| std::cmp::Reverse(m.created_ms));
         Ok(v)
     }
 
     pub fn get(&self, id: &str) -> Result<Machine, Error> {
-        let bytes = self
-            .inner
-            .tree
-            .get(id.as_bytes())?
-            .ok_or_else(|| Error::NoSuchMachine(id.to_string()))?;
-        decode(id.as_bytes(), &bytes)
+        self.inner
+            .held
+            .read_locked()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Error::NoSuchMachine(id.to_string()))?
+            .map_err(|reason| Error::Decode {
+                id: id.to_string(),
+                reason,
+            })
     }
 
     /// The machine a worker was created as, if any.
@@ -211,11 +231,18 @@ impl Machines {
     }
 
     async fn put(&self, m: &Machine) -> Result<(), Error> {
-        self.inner.tree.insert(
-            m.id.as_bytes(),
-            serde_json::to_vec(m).expect("records serialise"),
-        )?;
-        crate::storage::flush(&self.inner.db).await?;
+        self.inner
+            .tree
+            .insert(
+                m.id.as_bytes(),
+                &serde_json::to_vec(m).expect("records serialise"),
+            )
+            .await?;
+        self.inner.tree.flush().await?;
+        self.inner
+            .held
+            .write_locked()
+            .insert(m.id.clone(), Ok(m.clone()));
         self.inner.changed.notify_waiters();
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! a minute by default; a machine the provider reports failed ends `failed` with its reason) and the
 //! reaper (join deadline, time to live, idle timeout).
 
-use shared::locks::Lock;
+use shared::locks::{Lock, RwLockExt};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -147,7 +147,8 @@ impl Machines {
             }
             if m.state.is_ended() {
                 if now - m.ended_ms > KEEP_ENDED_MS {
-                    self.inner.tree.remove(m.id.as_bytes())?;
+                    self.inner.tree.remove(m.id.as_bytes()).await?;
+                    self.inner.held.write_locked().remove(&m.id);
                 }
                 continue;
             }
