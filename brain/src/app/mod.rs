@@ -124,13 +124,16 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     // Storage and trust.
     let ca = Ca::load(&opts.data)?;
     let db = crate::storage::open_db(&opts.data.db()).map_err(registry::Error::from)?;
-    let registry = Registry::from_db(db.clone()).await?;
+    // What every component keeps its records in.
+    let kv = crate::storage::kv::Store::Sled(db.clone());
+    let registry = Registry::from_store(kv.clone()).await?;
     sync_init_admin(&opts.data, &registry, &ca.hash()).await?;
     let log = SledLog::open(db.clone(), opts.data.db())?;
     let mirror = Mirror::open(&db, &opts.data.path().join("blobs"))?;
-    let call_ids = call_ids(&db).await?;
+    let call_ids = call_ids(&kv).await?;
     let secrets =
-        crate::trust::secrets::Secrets::open(&db, &opts.data.path().join("secrets.key")).await?;
+        crate::trust::secrets::Secrets::in_store(&kv, &opts.data.path().join("secrets.key"))
+            .await?;
     let egress_ca = crate::trust::egress_ca::EgressCa::load_or_create(opts.data.path())?;
     let upstream = crate::egress::Upstream::new(
         &opts.config.egress.upstream_ca,
@@ -172,7 +175,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     // The tasks' store (loaded by `resume_all`, below), then the machines, which ask it
     // whether a worker is in use.
     let store = Store::new(Arc::new(log), opts.tasks.snapshot_every, call_ids);
-    let machines = machines(&opts, &ca, &db, &registry, &hub, &placement, &store, addr).await?;
+    let machines = machines(&opts, &ca, &kv, &registry, &hub, &placement, &store, addr).await?;
 
     // The brain's own git: imports and deliveries, with the tokens only it holds.
     let settings = Arc::new(opts.config.deliver.settings());
@@ -244,7 +247,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         format!("{addr}\n").as_bytes(),
         0o644,
     )?;
-    let web_auth = crate::trust::web::WebAuth::open(&db)?;
+    let web_auth = crate::trust::web::WebAuth::in_store(&kv)?;
     let shared = Arc::new(Shared {
         registry,
         hub,
@@ -278,21 +281,24 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
 }
 
 /// The call-id counter: this run's ids start above the previous run's, even if the clock
-/// went back (the start is stored before any id is used).
-async fn call_ids(db: &sled::Db) -> Result<CallIds, Error> {
-    let meta = db.open_tree("meta").map_err(registry::Error::from)?;
-    let floor = meta
-        .get("call_start")
-        .map_err(registry::Error::from)?
-        .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok().map(u64::from_be_bytes))
-        .unwrap_or(0);
-    let ids = CallIds::starting_above(floor, shared::now_unix_ms());
-    meta.insert("call_start", &ids.start().to_be_bytes())
-        .map_err(registry::Error::from)?;
-    crate::storage::flush(db)
-        .await
-        .map_err(registry::Error::from)?;
-    Ok(ids)
+/// went back (the start is stored before any id is used). The floor moves by
+/// compare-and-swap, so brains starting together on one store get ranges 2^32 apart.
+async fn call_ids(kv: &crate::storage::kv::Store) -> Result<CallIds, Error> {
+    let meta = kv.tree("meta").map_err(registry::Error::from)?;
+    let mut ids = None;
+    crate::storage::kv::update(meta.as_ref(), b"call_start", |old| {
+        let floor = old
+            .and_then(|v| <[u8; 8]>::try_from(v).ok().map(u64::from_be_bytes))
+            .unwrap_or(0);
+        let next = CallIds::starting_above(floor, shared::now_unix_ms());
+        let bytes = next.start().to_be_bytes().to_vec();
+        ids = Some(next);
+        Some(bytes)
+    })
+    .await
+    .map_err(registry::Error::from)?;
+    meta.flush().await.map_err(registry::Error::from)?;
+    Ok(ids.expect("update calls its function at least once"))
 }
 
 fn tls_config(data: &DataDir, ca: &Ca) -> Result<ServerTlsConfig, Error> {
@@ -310,7 +316,7 @@ fn tls_config(data: &DataDir, ca: &Ca) -> Result<ServerTlsConfig, Error> {
 async fn machines(
     opts: &Options,
     ca: &Ca,
-    db: &sled::Db,
+    kv: &crate::storage::kv::Store,
     registry: &Registry,
     hub: &Hub,
     placement: &Placement,
@@ -352,7 +358,7 @@ async fn machines(
     ];
     let store = store.clone();
     Ok(Machines::new(
-        &crate::storage::kv::Store::Sled(db.clone()),
+        kv,
         registry.clone(),
         hub.clone(),
         placement.clone(),
@@ -538,4 +544,38 @@ fn placement_options(
         backoff,
         ..Default::default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Brains starting at once on one PostgreSQL store take call-id ranges at least 2^32
+    /// apart, and each start is above the one stored before it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn brains_starting_together_get_call_id_ranges_apart() {
+        let Some(pg) = testkit::postgres::start_or_skip() else {
+            return;
+        };
+        let db = crate::storage::postgres::Db::open(&pg.url(), "r")
+            .await
+            .unwrap();
+        let kv = crate::storage::kv::Store::Postgres(db);
+        let starts: Vec<_> = (0..4)
+            .map(|_| {
+                let kv = kv.clone();
+                tokio::spawn(async move { call_ids(&kv).await.unwrap().start() })
+            })
+            .collect();
+        let mut got = Vec::new();
+        for s in starts {
+            got.push(s.await.unwrap());
+        }
+        got.sort_unstable();
+        for w in got.windows(2) {
+            assert!(w[1] - w[0] >= 1 << 32, "ranges overlap: {got:?}");
+        }
+        let later = call_ids(&kv).await.unwrap().start();
+        assert!(later >= got[3] + (1 << 32), "{later} after {got:?}");
+    }
 }
