@@ -227,6 +227,21 @@ impl Engine {
         Ok((tasks.len(), resumed))
     }
 
+    /// Takes on the tasks other brains sharing the log drove until their leases lapsed (a
+    /// brain that died or was cut off), and starts a driver for each. How many.
+    pub async fn adopt(&self) -> Result<usize, Error> {
+        let mut adopted = 0;
+        for task in self.inner.core.store.load_new().await? {
+            let status = task.state().status;
+            if !status.is_terminal() && status != Status::BudgetExhausted {
+                adopted += 1;
+                tracing::info!(task = %task.id, "taking over a task whose brain's lease lapsed");
+                self.spawn_driver(task);
+            }
+        }
+        Ok(adopted)
+    }
+
     /// Creates a task: picks its worker, fetches its starting workspace, logs its first
     /// records and starts its driver.
     pub async fn create(&self, mut new: NewTask) -> Result<TaskId, Error> {

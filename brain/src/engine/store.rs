@@ -322,6 +322,13 @@ impl Store {
         Ok(task)
     }
 
+    /// Lets go of a task another brain drives now: it is not this store's to show or act on.
+    pub fn forget(&self, id: TaskId) {
+        if let Some(task) = self.tasks.locked().remove(&id) {
+            task.cancel.cancel();
+        }
+    }
+
     pub(crate) fn insert(&self, state: TaskState) -> Arc<Task> {
         let task = Arc::new(Task {
             id: state.id,
@@ -343,11 +350,31 @@ impl Store {
 
     /// Rebuilds every task from its latest snapshot and log tail. A task whose records cannot
     /// be decoded is failed (with the key and the reason, logged once) and the others go on.
-    /// Returns the tasks, in id order.
+    /// Where brains share the log, a task another brain drives is left to it. Returns the
+    /// tasks, in id order.
     pub async fn load_all(&self) -> Result<Vec<Arc<Task>>, Error> {
+        self.load_new().await
+    }
+
+    /// [`Store::load_all`] for the tasks this store does not hold yet: those another brain
+    /// drove until its lease lapsed, on a shared log.
+    pub async fn load_new(&self) -> Result<Vec<Arc<Task>>, Error> {
         let mut out = Vec::new();
         for id in self.log.tasks().await? {
-            let (state, broken) = self.load(id).await?;
+            if self.task(id).is_some() {
+                continue;
+            }
+            let (mut state, mut broken) = self.load(id).await?;
+            let ended = state.status.is_terminal()
+                || state.status == crate::model::state::Status::BudgetExhausted;
+            if !ended {
+                if !self.log.claim(id).await? {
+                    tracing::debug!(task = %id, "another brain drives this task");
+                    continue;
+                }
+                // Claimed: what the last holder wrote before its lease lapsed counts.
+                (state, broken) = self.load(id).await?;
+            }
             let task = self.insert(state);
             if let Some(reason) = broken {
                 tracing::error!(task = %id, %reason, "task cannot be replayed; marking it failed");

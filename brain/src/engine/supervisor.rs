@@ -38,6 +38,13 @@ async fn keep_driving<D: Driver>(core: &Core, task: &Arc<Task>, driver: &mut D) 
         }
         match done {
             Ok(()) => return,
+            Err(Error::Log(super::log::Error::Fenced { task: id, now })) => {
+                // Another brain holds the task now and goes on from its log.
+                tracing::warn!(task = %id, %now, "this brain no longer drives the task");
+                core.ports.placement.occupy(task.id.0, None);
+                core.store.forget(task.id);
+                return;
+            }
             Err(e) => {
                 // Nothing was acted on that the log does not show; try again from its state.
                 tracing::error!(task = %task.id, error = %e, retry_in = ?delay, "task cannot write its log; retrying");

@@ -282,11 +282,16 @@ impl Delivery for NoMachines {
 }
 
 fn engine(workers: Arc<FakeWorkers>, opts: Options) -> Engine {
-    let store = Store::new(
-        Arc::new(MemLog::default()),
-        100,
-        CallIds::starting_above(0, 1),
-    );
+    engine_on(Arc::new(MemLog::default()), workers, opts, 0)
+}
+
+fn engine_on(
+    log: Arc<dyn crate::engine::log::EventLog>,
+    workers: Arc<FakeWorkers>,
+    opts: Options,
+    call_floor: u64,
+) -> Engine {
+    let store = Store::new(log, 100, CallIds::starting_above(call_floor, 1));
     Engine::new(
         store,
         Ports {
@@ -594,4 +599,92 @@ async fn a_file_operation_that_keeps_failing_on_a_connected_worker_ends_with_the
     );
     assert_eq!(workers.file_tries.load(Ordering::SeqCst), 3);
     workers.hold(false);
+}
+
+/// Two brains on one PostgreSQL log: a task is driven by the brain that holds its lease and
+/// left alone by the other; when the holder's lease lapses (it froze), the other takes the
+/// task over from the log and finishes it, every step once; the first, waking, writes
+/// nothing more and lets the task go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_shared_log_a_task_moves_to_another_brain_when_its_lease_lapses() {
+    use crate::engine::log::postgres::{PgLog, Timing};
+    let Some(pg) = testkit::postgres::start_or_skip() else {
+        return;
+    };
+    let timing = Timing {
+        lease_ttl: Duration::from_secs(3),
+        patience: Duration::from_secs(30),
+    };
+    let log = |name: &'static str| {
+        let url = pg.url();
+        async move {
+            let db = crate::storage::postgres::Db::open(&url, name)
+                .await
+                .unwrap();
+            Arc::new(PgLog::open(db, timing)) as Arc<dyn crate::engine::log::EventLog>
+        }
+    };
+    let workers = Arc::new(FakeWorkers::default());
+    workers.set("w1", true);
+    workers.hold(true);
+    // Call ids from ranges 2^32 apart, as brains sharing a store take them.
+    let a = engine_on(log("brain-a").await, workers.clone(), Options::default(), 0);
+    let id = a.create(plan_task("w1", 3)).await.unwrap();
+    until(&a, id, Duration::from_secs(20), |st| st.pending.is_some()).await;
+    let b = engine_on(
+        log("brain-b").await,
+        workers.clone(),
+        Options::default(),
+        1 << 32,
+    );
+    assert_eq!(b.adopt().await.unwrap(), 0, "B took a task A holds");
+    assert!(b.store().task(id).is_none());
+    // A freezes past its lease (its clock stops; the database's does not).
+    pg.psql(&format!(
+        "UPDATE leases SET expires_at = now() - interval '1 second' WHERE task = {}",
+        id.0
+    ));
+    assert_eq!(b.adopt().await.unwrap(), 1);
+    // A wakes: its step's end is refused, and it lets the task go.
+    workers.hold(false);
+    let st = until(&b, id, Duration::from_secs(60), |st| {
+        st.status.is_terminal()
+    })
+    .await;
+    assert_eq!(st.status, Status::Finished, "{st:#?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while a.store().task(id).is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "A still holds the task after its lease moved"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // One log, no gap, no duplicate; every step ran once.
+    let seqs = pg.psql(&format!(
+        "SELECT count(*) = max(seq) AND min(seq) = 1 FROM events WHERE task = {}",
+        id.0
+    ));
+    assert_eq!(seqs, "t");
+    let mut completed: Vec<u64> = events(&b, id)
+        .await
+        .iter()
+        .filter_map(|e| match e {
+            Event::ToolCallCompleted { call_id, .. } => Some(*call_id),
+            _ => None,
+        })
+        .collect();
+    let n = completed.len();
+    completed.sort_unstable();
+    completed.dedup();
+    assert_eq!(
+        completed.len(),
+        n,
+        "a call completed twice in the log: {}",
+        pg.psql(&format!(
+            "SELECT string_agg(seq || ' ' || convert_from(event, 'UTF8'), E'\\n' ORDER BY seq) FROM events WHERE task = {}",
+            id.0
+        ))
+    );
+    assert_eq!(n, 3, "three steps, each once");
 }

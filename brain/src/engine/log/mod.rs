@@ -70,6 +70,12 @@ pub trait EventLog: Send + Sync + 'static {
     async fn put_snapshot(&self, task: TaskId, upto: u64, state: Vec<u8>) -> Result<(), Error>;
     /// The latest snapshot: (upto, bytes).
     async fn snapshot(&self, task: TaskId) -> Result<Option<(u64, Vec<u8>)>, Error>;
+    /// Takes `task` for this brain to drive. `false`: another brain sharing the log drives
+    /// it now. A log only one brain writes always answers `true`.
+    async fn claim(&self, task: TaskId) -> Result<bool, Error> {
+        let _ = task;
+        Ok(true)
+    }
 }
 
 fn record(task: TaskId, seq: u64, event: Event) -> Record {

@@ -90,11 +90,6 @@ impl PgLog {
         &self.inner.db
     }
 
-    /// Takes `task`'s lease for this replica if it is free or lapsed. Whether it holds it.
-    pub async fn claim(&self, task: TaskId) -> Result<bool, Error> {
-        Ok(self.held(task).await.is_ok())
-    }
-
     /// The task's entry, taking its lease if this replica never held it.
     async fn held(&self, task: TaskId) -> Result<Arc<tokio::sync::Mutex<Held>>, Error> {
         if let Some(h) = self.inner.held.locked().get(&task) {
@@ -223,6 +218,16 @@ impl EventLog for PgLog {
         match outcome {
             Appended::Landed => {
                 held.last_seq += bodies.len() as i64;
+                if events.iter().any(|e| matches!(e, Event::Finished { .. })) {
+                    // Ended: nobody needs to drive it; a later append (a delivery) takes
+                    // the lease again.
+                    let epoch = held.epoch;
+                    drop(held);
+                    self.inner.held.locked().remove(&task);
+                    if let Err(e) = self.inner.db.release(id, epoch).await {
+                        tracing::warn!(task = %task, error = %e, "cannot release the lease of an ended task; it lapses by itself");
+                    }
+                }
                 Ok(events
                     .into_iter()
                     .zip(first..)
@@ -299,6 +304,18 @@ impl EventLog for PgLog {
             .snapshot(db_id(task)?)
             .await?
             .and_then(|(upto, s)| u64::try_from(upto).ok().map(|u| (u, s))))
+    }
+
+    /// Takes `task`'s lease for this replica if it is free or lapsed (or held by this
+    /// replica already). A task whose lease moved away from this replica is taken again
+    /// only once it is free.
+    async fn claim(&self, task: TaskId) -> Result<bool, Error> {
+        self.inner.lost.locked().remove(&task);
+        match self.held(task).await {
+            Ok(_) => Ok(true),
+            Err(Error::Fenced { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 }
 
