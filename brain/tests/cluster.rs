@@ -250,6 +250,47 @@ fn brain_restart_and_the_worker_reconnects_by_itself() {
     assert_eq!(c.workers().len(), 1, "no duplicate enrolment after restart");
 }
 
+/// A worker given several brains (brains sharing one store, as replicas do) remembers the
+/// others it joined with, and dials the next when one does not answer.
+#[test]
+fn a_worker_given_several_brains_skips_one_that_is_down() {
+    let c = Cluster::start();
+    // An address where nothing listens.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("https://127.0.0.1:{}", l.local_addr().unwrap().port())
+    };
+    let (token, ca_hash) = c.token(&[]);
+    let mut join = c.join_cmd("several", &token, &ca_hash);
+    join.arg("--brain").arg(&dead);
+    let mut w = c.spawn_worker("several", join);
+    let membership = std::fs::read_to_string(w.state.join("worker.json")).unwrap();
+    assert!(membership.contains(&dead), "{membership}");
+    // Started again with the dead one first: it moves on to the one that answers.
+    w.kill();
+    let mut run = std::process::Command::new(&c.bins.worker);
+    run.arg("run")
+        .arg("--state")
+        .arg(&w.state)
+        .arg("--brain")
+        .arg(&dead)
+        .arg("--brain")
+        .arg(c.url())
+        .env("RUST_LOG", "info");
+    w.proc = Some(testkit::Proc::spawn(run, &w.state.with_extension("run.log")).unwrap());
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let log =
+                std::fs::read_to_string(w.state.with_extension("run.log")).unwrap_or_default();
+            log.contains("cannot connect to the brain") && log.contains(&dead)
+        }),
+        "the dead brain was not tried first"
+    );
+    assert_echoes(&c, &w.id, "skipped");
+    // The brain stays the one the identity was issued by.
+    assert_eq!(c.workers().len(), 1);
+}
+
 #[test]
 fn brain_shuts_down_cleanly_on_sigterm() {
     let mut c = Cluster::start();

@@ -25,9 +25,16 @@ struct Cli {
 enum Cmd {
     /// Enrol with a brain using a one-time token, then run
     Join {
-        /// The brain's URL, e.g. https://brain.example:7443
-        #[arg(long, env = "TETHER_BRAIN")]
-        brain: String,
+        /// The brain's URL, e.g. https://brain.example:7443. Repeatable (or comma-separated
+        /// in $TETHER_BRAIN) for brains that share one store: the worker joins through the
+        /// first and, when a session is lost, reconnects to the next
+        #[arg(
+            long = "brain",
+            env = "TETHER_BRAIN",
+            value_delimiter = ',',
+            required = true
+        )]
+        brain: Vec<String>,
         /// One-time join token from `brain token create` (or $TETHER_JOIN_TOKEN, which keeps it
         /// out of the process list)
         #[arg(
@@ -68,9 +75,10 @@ enum Cmd {
     Run {
         #[arg(long, env = "TETHER_WORKER_STATE")]
         state: Option<PathBuf>,
-        /// Override the brain URL stored at join time
-        #[arg(long)]
-        brain: Option<String>,
+        /// Override the brain URLs stored at join time; repeatable: the worker tries them
+        /// in turn, moving to the next when a session is lost
+        #[arg(long = "brain")]
+        brain: Vec<String>,
         /// Tasks this worker takes at once (default: two per CPU it may use; the brain may cap
         /// it with `[placement] max_tasks_per_worker`)
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -251,8 +259,11 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 }
                 (None, None) => anyhow::bail!("give --token or --token-file"),
             };
+            let mut brains = brain.into_iter();
+            let first = brains.next().context("give --brain")?;
             let opts = JoinOptions {
-                brain,
+                brain: first,
+                more_brains: brains.collect(),
                 token,
                 ca_hash,
                 name: name.unwrap_or_else(crate::caps::hostname),
@@ -279,7 +290,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 return Ok(());
             };
             let backoff = serve.backoff();
-            if let Err(e) = session::run(dir, None, backoff, sandbox, max_tasks, shutdown).await {
+            if let Err(e) = session::run(dir, vec![], backoff, sandbox, max_tasks, shutdown).await {
                 return given_up(e.into(), &give_up).await;
             }
         }

@@ -84,6 +84,8 @@ pub enum StartError {
 #[derive(Clone)]
 pub struct JoinOptions {
     pub brain: String,
+    /// Further brains sharing its store, kept for reconnecting.
+    pub more_brains: Vec<String>,
     pub token: String,
     pub ca_hash: String,
     pub name: String,
@@ -100,6 +102,11 @@ pub async fn join(state: &StateDir, opts: JoinOptions) -> Result<Membership, Err
     }
     let pin = pki::parse_ca_hash(&opts.ca_hash)?;
     let addr = BrainAddr::parse(&opts.brain)?;
+    let more_brains = opts
+        .more_brains
+        .iter()
+        .map(|u| BrainAddr::parse(u).map(|a| a.url()))
+        .collect::<Result<Vec<_>, _>>()?;
     let (verifier, seen) = PinnedCaVerifier::new(pin);
     let channel = match tls::dial(&addr, verifier.client_config()?, DialOptions::default()).await {
         Ok(c) => c,
@@ -151,6 +158,7 @@ pub async fn join(state: &StateDir, opts: JoinOptions) -> Result<Membership, Err
         name: opts.name,
         brain_url: addr.url(),
         labels: opts.labels.into_iter().collect(),
+        more_brains,
     };
     state.save(
         &m,
@@ -188,18 +196,29 @@ fn jitter(d: Duration) -> Duration {
     Duration::from_millis(ms / 2 + rand::random_range(0..=ms / 2))
 }
 
-/// Runs sessions until `shutdown` is cancelled, reconnecting indefinitely.
+/// Runs sessions until `shutdown` is cancelled, reconnecting indefinitely. With several
+/// brains (`brains`, else those stored at join), a lost session or a failed connection moves
+/// on to the next at once; a pause (the backoff) comes only after a whole round failed.
 pub async fn run(
     state: StateDir,
-    brain_override: Option<String>,
+    brains: Vec<String>,
     backoff: Backoff,
     sandbox: crate::sandbox::Sandbox,
     max_tasks: Option<u32>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let (membership, ident) = state.load()?;
-    let url = brain_override.unwrap_or_else(|| membership.brain_url.clone());
-    let addr = BrainAddr::parse(&url)?;
+    let urls = if brains.is_empty() {
+        std::iter::once(membership.brain_url.clone())
+            .chain(membership.more_brains.iter().cloned())
+            .collect()
+    } else {
+        brains
+    };
+    let addrs = urls
+        .iter()
+        .map(|u| BrainAddr::parse(u))
+        .collect::<Result<Vec<_>, _>>()?;
     let config = ident.client_config(&state.identity())?;
     let journal = crate::journal::Journal::open(state.0.join("calls")).map_err(|source| {
         crate::state::Error::Io {
@@ -222,38 +241,57 @@ pub async fn run(
         max_tasks: max_tasks.unwrap_or_else(crate::caps::default_max_tasks),
     });
     tracing::info!(sandbox = ?ctx.sandbox.report.active(), "confinement active for commands");
-    tracing::info!(worker = %ctx.membership.worker_id, brain = %addr.url(), "worker starting");
+    let names: Vec<String> = addrs.iter().map(BrainAddr::url).collect();
+    tracing::info!(worker = %ctx.membership.worker_id, brains = ?names, "worker starting");
     let mut delay = backoff.initial;
     // When the brain was last known reachable: at start, and whenever a session ends.
     let mut reachable_at = Instant::now();
+    // Which brain to dial next, and how many have failed in a row since one answered.
+    let (mut at, mut failed) = (0usize, 0usize);
     loop {
+        let addr = &addrs[at % addrs.len()];
         let started = Instant::now();
         let outcome = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            r = session(&addr, config.clone(), &ctx, &shutdown) => r,
+            r = session(addr, config.clone(), &ctx, &shutdown) => r,
         };
         if shutdown.is_cancelled() {
             return Ok(());
         }
+        at += 1;
         match outcome {
             Ok(reason) => {
-                tracing::warn!(%reason, "session with the brain ended; reconnecting");
+                tracing::warn!(brain = %addr.url(), %reason, "session with the brain ended; reconnecting");
                 // We were connected: start the backoff over.
                 delay = backoff.initial;
                 reachable_at = Instant::now();
+                // A session cut at once counts as a failure: no tight loop over brains that
+                // answer and hang up.
+                failed = if started.elapsed() < SHORT_SESSION {
+                    failed + 1
+                } else {
+                    0
+                };
             }
-            Err(reason) => tracing::warn!(%reason, "cannot connect to the brain; will retry"),
+            Err(reason) => {
+                tracing::warn!(brain = %addr.url(), %reason, "cannot connect to the brain; will retry");
+                failed += 1;
+            }
         }
-        let _ = started;
         if let Some(after) = backoff.give_up_after
             && reachable_at.elapsed() >= after
         {
             tracing::error!(?after, "the brain stayed unreachable; the worker exits");
             return Err(Error::Unreachable {
-                url: addr.url().to_string(),
+                url: names.join(", "),
                 after,
             });
         }
+        // Another brain not tried since the last answer: dial it now.
+        if addrs.len() > 1 && failed < addrs.len() {
+            continue;
+        }
+        failed = 0;
         let wait = jitter(delay);
         tracing::info!(retry_in = ?wait, "reconnecting");
         tokio::select! {
@@ -296,6 +334,9 @@ impl Ctx {
         }
     }
 }
+
+/// A session shorter than this counts as a failed connection when choosing whether to wait.
+const SHORT_SESSION: Duration = Duration::from_secs(5);
 
 /// Outbound queue to the brain; bounded so a stalled connection pushes back on producers.
 const OUTBOUND_QUEUE: usize = 1024;

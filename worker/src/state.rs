@@ -45,6 +45,9 @@ pub struct Membership {
     pub name: String,
     pub brain_url: String,
     pub labels: BTreeMap<String, String>,
+    /// Further brains sharing the first one's store, tried in turn after it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_brains: Vec<String>,
 }
 
 /// Paths inside the state dir.
