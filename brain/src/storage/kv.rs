@@ -176,40 +176,37 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 #[async_trait::async_trait]
 impl Tree for PgTree {
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        let c = self.db.client().await?;
         Ok(self
             .db
-            .timed(c.query_opt(
+            .query_opt(
                 "SELECT value FROM kv WHERE tree = $1 AND key = $2",
                 &[&self.name, &key],
-            ))
+            )
             .await?
             .map(|r| r.get(0)))
     }
 
     async fn insert(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        let c = self.db.client().await?;
         Ok(self
             .db
-            .timed(c.query_opt(
+            .query_opt(
                 "WITH old AS (SELECT value FROM kv WHERE tree = $1 AND key = $2 FOR UPDATE),
                       new AS (INSERT INTO kv (tree, key, value) VALUES ($1, $2, $3)
                               ON CONFLICT (tree, key) DO UPDATE SET value = excluded.value)
                  SELECT value FROM old",
                 &[&self.name, &key, &value],
-            ))
+            )
             .await?
             .map(|r| r.get(0)))
     }
 
     async fn remove(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        let c = self.db.client().await?;
         Ok(self
             .db
-            .timed(c.query_opt(
+            .query_opt(
                 "DELETE FROM kv WHERE tree = $1 AND key = $2 RETURNING value",
                 &[&self.name, &key],
-            ))
+            )
             .await?
             .map(|r| r.get(0)))
     }
@@ -220,40 +217,39 @@ impl Tree for PgTree {
         old: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<bool, Error> {
-        let c = self.db.client().await?;
         let changed = match (old, new) {
             (Some(old), Some(new)) => {
                 self.db
-                    .timed(c.execute(
+                    .execute(
                         "UPDATE kv SET value = $4 WHERE tree = $1 AND key = $2 AND value = $3",
                         &[&self.name, &key, &old, &new],
-                    ))
+                    )
                     .await?
             }
             (None, Some(new)) => {
                 self.db
-                    .timed(c.execute(
+                    .execute(
                         "INSERT INTO kv (tree, key, value) VALUES ($1, $2, $3)
                          ON CONFLICT (tree, key) DO NOTHING",
                         &[&self.name, &key, &new],
-                    ))
+                    )
                     .await?
             }
             (Some(old), None) => {
                 self.db
-                    .timed(c.execute(
+                    .execute(
                         "DELETE FROM kv WHERE tree = $1 AND key = $2 AND value = $3",
                         &[&self.name, &key, &old],
-                    ))
+                    )
                     .await?
             }
             (None, None) => {
                 let present: bool = self
                     .db
-                    .timed(c.query_one(
+                    .query_one(
                         "SELECT EXISTS (SELECT 1 FROM kv WHERE tree = $1 AND key = $2)",
                         &[&self.name, &key],
-                    ))
+                    )
                     .await?
                     .get(0);
                 u64::from(!present)
@@ -263,23 +259,22 @@ impl Tree for PgTree {
     }
 
     async fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Error> {
-        let c = self.db.client().await?;
         let rows = match prefix_end(prefix) {
             Some(end) => {
                 self.db
-                    .timed(c.query(
+                    .query(
                         "SELECT key, value FROM kv
                          WHERE tree = $1 AND key >= $2 AND key < $3 ORDER BY key",
                         &[&self.name, &prefix, &end],
-                    ))
+                    )
                     .await?
             }
             None => {
                 self.db
-                    .timed(c.query(
+                    .query(
                         "SELECT key, value FROM kv WHERE tree = $1 AND key >= $2 ORDER BY key",
                         &[&self.name, &prefix],
-                    ))
+                    )
                     .await?
             }
         };
@@ -287,10 +282,9 @@ impl Tree for PgTree {
     }
 
     async fn count(&self) -> Result<usize, Error> {
-        let c = self.db.client().await?;
         let n: i64 = self
             .db
-            .timed(c.query_one("SELECT count(*) FROM kv WHERE tree = $1", &[&self.name]))
+            .query_one("SELECT count(*) FROM kv WHERE tree = $1", &[&self.name])
             .await?
             .get(0);
         Ok(usize::try_from(n).unwrap_or(0))

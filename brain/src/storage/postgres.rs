@@ -260,14 +260,53 @@ impl Db {
         }
     }
 
-    async fn check_server(&self) -> Result<(), Error> {
+    /// One statement's rows, on a connection from the pool, within the timeout.
+    pub(super) async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, Error> {
         let c = self.client().await?;
+        self.timed(c.query(sql, params)).await
+    }
+
+    /// [`Db::query`] for at most one row.
+    pub(super) async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>, Error> {
+        let c = self.client().await?;
+        self.timed(c.query_opt(sql, params)).await
+    }
+
+    /// [`Db::query`] for exactly one row.
+    pub(super) async fn query_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, Error> {
+        let c = self.client().await?;
+        self.timed(c.query_one(sql, params)).await
+    }
+
+    /// [`Db::query`] for a statement that returns no rows: how many it changed.
+    pub(super) async fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, Error> {
+        let c = self.client().await?;
+        self.timed(c.execute(sql, params)).await
+    }
+
+    async fn check_server(&self) -> Result<(), Error> {
         let row = self
-            .timed(c.query_one(
+            .query_one(
                 "SELECT current_setting('server_version_num')::int, current_setting('server_version'), \
                  current_setting('fsync'), current_setting('synchronous_commit')",
                 &[],
-            ))
+            )
             .await?;
         let (num, version): (i32, String) = (row.get(0), row.get(1));
         if num < MIN_SERVER_VERSION {
@@ -328,9 +367,8 @@ impl Db {
 
     /// The schema version the database is at.
     pub async fn schema_version(&self) -> Result<i32, Error> {
-        let c = self.client().await?;
         Ok(self
-            .timed(c.query_one("SELECT coalesce(max(version), 0) FROM tether_schema", &[]))
+            .query_one("SELECT coalesce(max(version), 0) FROM tether_schema", &[])
             .await?
             .get(0))
     }
@@ -339,14 +377,13 @@ impl Db {
 
     /// A new task id, leased to this replica at epoch 1 for `ttl`.
     pub async fn new_task(&self, ttl: Duration) -> Result<i64, Error> {
-        let c = self.client().await?;
         Ok(self
-            .timed(c.query_one(
+            .query_one(
                 "INSERT INTO leases (task, holder, epoch, expires_at)
                  VALUES (nextval('task_ids'), $1, 1, now() + $2::bigint * interval '1 millisecond')
                  RETURNING task",
                 &[&self.replica, &millis(ttl)],
-            ))
+            )
             .await?
             .get(0))
     }
@@ -355,9 +392,8 @@ impl Db {
     /// returns its epoch (raised whenever it changes hands or had lapsed), or `None` while
     /// another replica holds it.
     pub async fn claim(&self, task: i64, ttl: Duration) -> Result<Option<i64>, Error> {
-        let c = self.client().await?;
         let row = self
-            .timed(c.query_opt(
+            .query_opt(
                 "INSERT INTO leases AS l (task, holder, epoch, expires_at)
                  VALUES ($1, $2, 1, now() + $3::bigint * interval '1 millisecond')
                  ON CONFLICT (task) DO UPDATE SET
@@ -368,7 +404,7 @@ impl Db {
                    WHERE l.expires_at <= now() OR l.holder = excluded.holder
                  RETURNING epoch",
                 &[&task, &self.replica, &millis(ttl)],
-            ))
+            )
             .await?;
         Ok(row.map(|r| r.get(0)))
     }
@@ -376,14 +412,13 @@ impl Db {
     /// Extends every unlapsed lease this replica holds by `ttl`; returns them (task, epoch).
     /// A lease missing from the answer is not this replica's any more.
     pub async fn renew(&self, ttl: Duration) -> Result<Vec<(i64, i64)>, Error> {
-        let c = self.client().await?;
         Ok(self
-            .timed(c.query(
+            .query(
                 "UPDATE leases SET expires_at = now() + $2::bigint * interval '1 millisecond'
                  WHERE holder = $1 AND expires_at > now()
                  RETURNING task, epoch",
                 &[&self.replica, &millis(ttl)],
-            ))
+            )
             .await?
             .iter()
             .map(|r| (r.get(0), r.get(1)))
@@ -392,25 +427,23 @@ impl Db {
 
     /// Lets `task`'s lease lapse now if this replica holds it at `epoch`.
     pub async fn release(&self, task: i64, epoch: i64) -> Result<bool, Error> {
-        let c = self.client().await?;
         Ok(self
-            .timed(c.execute(
+            .execute(
                 "UPDATE leases SET expires_at = now()
                  WHERE task = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()",
                 &[&task, &self.replica, &epoch],
-            ))
+            )
             .await?
             == 1)
     }
 
     /// `task`'s lease as the database holds it now.
     pub async fn lease(&self, task: i64) -> Result<Option<LeaseRow>, Error> {
-        let c = self.client().await?;
         Ok(self
-            .timed(c.query_opt(
+            .query_opt(
                 "SELECT holder, epoch, expires_at <= now() FROM leases WHERE task = $1",
                 &[&task],
-            ))
+            )
             .await?
             .map(|r| LeaseRow {
                 holder: r.get(0),
@@ -516,13 +549,12 @@ impl Db {
     }
 
     async fn read_range(&self, task: i64, first: i64, last: i64) -> Result<Vec<EventRow>, Error> {
-        let c = self.client().await?;
         let rows = self
-            .timed(c.query(
+            .query(
                 "SELECT seq, v, at_ms, event FROM events
                  WHERE task = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq",
                 &[&task, &first, &last],
-            ))
+            )
             .await?;
         Ok(rows.iter().map(event_row).collect())
     }
@@ -534,26 +566,24 @@ impl Db {
 
     /// The last record's number (0 if none).
     pub async fn last_seq(&self, task: i64) -> Result<i64, Error> {
-        let c = self.client().await?;
         Ok(self
-            .timed(c.query_one(
+            .query_one(
                 "SELECT coalesce(max(seq), 0) FROM events WHERE task = $1",
                 &[&task],
-            ))
+            )
             .await?
             .get(0))
     }
 
     /// Every task that has a record, in id order.
     pub async fn tasks(&self) -> Result<Vec<i64>, Error> {
-        let c = self.client().await?;
         Ok(self
-            .timed(c.query(
+            .query(
                 "SELECT l.task FROM leases l
                  WHERE EXISTS (SELECT 1 FROM events e WHERE e.task = l.task)
                  ORDER BY l.task",
                 &[],
-            ))
+            )
             .await?
             .iter()
             .map(|r| r.get(0))
@@ -569,28 +599,26 @@ impl Db {
         upto: i64,
         state: &[u8],
     ) -> Result<bool, Error> {
-        let c = self.client().await?;
         Ok(self
-            .timed(c.execute(
+            .execute(
                 "INSERT INTO snapshots AS s (task, upto, state)
                  SELECT $1, $4, $5 FROM leases
                  WHERE task = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()
                  ON CONFLICT (task) DO UPDATE SET upto = excluded.upto, state = excluded.state
                    WHERE s.upto < excluded.upto",
                 &[&task, &self.replica, &epoch, &upto, &state],
-            ))
+            )
             .await?
             == 1)
     }
 
     /// The latest snapshot: (upto, bytes).
     pub async fn snapshot(&self, task: i64) -> Result<Option<(i64, Vec<u8>)>, Error> {
-        let c = self.client().await?;
         Ok(self
-            .timed(c.query_opt(
+            .query_opt(
                 "SELECT upto, state FROM snapshots WHERE task = $1",
                 &[&task],
-            ))
+            )
             .await?
             .map(|r| (r.get(0), r.get(1))))
     }

@@ -441,7 +441,8 @@ mod tests {
     use crate::model::event::{Outcome, ToolResult};
     use std::sync::Arc;
 
-    fn ev(i: u64) -> Event {
+    /// A small record for the log tests.
+    pub(super) fn ev(i: u64) -> Event {
         Event::ToolCallCompleted {
             call_id: i,
             result: ToolResult::default(),

@@ -321,16 +321,9 @@ impl EventLog for PgLog {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::ev;
     use super::*;
-    use crate::model::event::ToolResult;
     use crate::storage::postgres::Error as DbError;
-
-    fn ev(i: u64) -> Event {
-        Event::ToolCallCompleted {
-            call_id: i,
-            result: ToolResult::default(),
-        }
-    }
 
     const SHORT: Timing = Timing {
         lease_ttl: Duration::from_secs(2),
