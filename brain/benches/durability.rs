@@ -5,30 +5,20 @@
 //!
 //!     cargo bench -p brain --bench durability
 
+#[path = "appends/mod.rs"]
+mod appends;
+
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use appends::{appends_hundred_tasks, appends_one_task, completed, per_sec};
 use brain::engine::log::{EventLog, SledLog};
 use brain::engine::{Store, Task};
 use brain::model::TaskId;
-use brain::model::event::{Event, Purpose, ToolCall, ToolResult};
+use brain::model::event::{Event, Purpose, ToolCall};
 use brain::model::ids::CallIds;
-
-fn completed(i: u64) -> Event {
-    Event::ToolCallCompleted {
-        call_id: i,
-        result: ToolResult {
-            exit_code: Some(0),
-            ..Default::default()
-        },
-    }
-}
-
-fn per_sec(n: usize, d: Duration) -> f64 {
-    n as f64 / d.as_secs_f64()
-}
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -63,9 +53,9 @@ fn main() {
     let db_dir = tmp.path().join("db");
     let db = sled::open(&db_dir).unwrap();
     let (one, hundred) = rt.block_on(async {
-        let log = Arc::new(SledLog::open(db.clone(), db_dir.clone()).unwrap());
-        let one = appends_one_task(&log, n).await;
-        (one, appends_hundred_tasks(&log, n).await)
+        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(db.clone(), db_dir.clone()).unwrap());
+        let one = appends_one_task(log.clone(), n).await;
+        (one, appends_hundred_tasks(log, n).await)
     });
     print_appends(sample.len(), base, one, hundred);
 
@@ -87,37 +77,6 @@ fn fdatasync_baseline(path: &Path, sample: &[u8], n: usize) -> f64 {
         f.sync_data().unwrap();
     }
     per_sec(n, t.elapsed())
-}
-
-/// `n` durable appends to one task, one after the other; appends per second.
-async fn appends_one_task(log: &SledLog, n: usize) -> f64 {
-    let task = log.new_task_id().await.unwrap();
-    let t = Instant::now();
-    for i in 0..n as u64 {
-        log.append(task, vec![completed(i)]).await.unwrap();
-    }
-    per_sec(n, t.elapsed())
-}
-
-/// Durable appends by 100 tasks at once (the log commits them in groups); appends per second.
-async fn appends_hundred_tasks(log: &Arc<SledLog>, n: usize) -> f64 {
-    let tasks = 100;
-    let each = (n / 10).max(20);
-    let t = Instant::now();
-    let mut hs = Vec::new();
-    for _ in 0..tasks {
-        let log = log.clone();
-        let id = log.new_task_id().await.unwrap();
-        hs.push(tokio::spawn(async move {
-            for i in 0..each as u64 {
-                log.append(id, vec![completed(i)]).await.unwrap();
-            }
-        }));
-    }
-    for h in hs {
-        h.await.unwrap();
-    }
-    per_sec(tasks * each, t.elapsed())
 }
 
 fn print_appends(record_bytes: usize, base: f64, one: f64, hundred: f64) {

@@ -8,68 +8,14 @@
 //! `BENCH_N` sets the appends of the one-task row (default 2000; the 100-task row makes
 //! `BENCH_N / 10` per task, at least 20).
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+#[path = "appends/mod.rs"]
+mod appends;
 
+use std::sync::Arc;
+
+use appends::{appends_hundred_tasks, appends_one_task};
 use brain::engine::log::postgres::{PgLog, Timing};
 use brain::engine::log::{EventLog, SledLog};
-use brain::model::event::{Event, ToolResult};
-
-fn completed(i: u64) -> Event {
-    Event::ToolCallCompleted {
-        call_id: i,
-        result: ToolResult {
-            exit_code: Some(0),
-            ..Default::default()
-        },
-    }
-}
-
-fn per_sec(n: usize, d: Duration) -> f64 {
-    n as f64 / d.as_secs_f64()
-}
-
-/// `n` durable appends to one task, one after the other; appends per second.
-async fn appends_one_task(log: Arc<dyn EventLog>, n: usize) -> f64 {
-    let task = log.new_task_id().await.unwrap();
-    let t = Instant::now();
-    for i in 0..n as u64 {
-        log.append(task, vec![completed(i)]).await.unwrap();
-    }
-    let rate = per_sec(n, t.elapsed());
-    assert_eq!(log.last_seq(task).await.unwrap(), n as u64);
-    rate
-}
-
-/// Durable appends by 100 tasks at once; appends per second.
-async fn appends_hundred_tasks(log: Arc<dyn EventLog>, n: usize) -> f64 {
-    let tasks = 100;
-    let each = (n / 10).max(20);
-    let mut ids = Vec::new();
-    for _ in 0..tasks {
-        ids.push(log.new_task_id().await.unwrap());
-    }
-    let t = Instant::now();
-    let hs: Vec<_> = ids
-        .iter()
-        .map(|&id| {
-            let log = log.clone();
-            tokio::spawn(async move {
-                for i in 0..each as u64 {
-                    log.append(id, vec![completed(i)]).await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for h in hs {
-        h.await.unwrap();
-    }
-    let rate = per_sec(tasks * each, t.elapsed());
-    for id in ids {
-        assert_eq!(log.last_seq(id).await.unwrap(), each as u64);
-    }
-    rate
-}
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
