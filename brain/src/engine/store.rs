@@ -323,10 +323,9 @@ impl Store {
     }
 
     /// Lets go of a task another brain drives now: it is not this store's to show or act on.
+    /// Not cancelled: a cancellation would stop the command the new holder waits for.
     pub fn forget(&self, id: TaskId) {
-        if let Some(task) = self.tasks.locked().remove(&id) {
-            task.cancel.cancel();
-        }
+        self.tasks.locked().remove(&id);
     }
 
     pub(crate) fn insert(&self, state: TaskState) -> Arc<Task> {
