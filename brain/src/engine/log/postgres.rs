@@ -153,15 +153,51 @@ async fn renew(inner: Weak<Inner>) {
                 for (task, h) in held {
                     let Ok(id) = db_id(task) else { continue };
                     // An append in flight holds the entry; its own answer settles it.
-                    let Ok(h) = h.try_lock() else { continue };
+                    let Ok(mut h) = h.try_lock() else { continue };
                     if renewed.get(&id) != Some(&h.epoch) {
-                        tracing::warn!(task = %task, epoch = h.epoch, "the lease of task {task} was not renewed: it lapsed or moved");
+                        settle_unrenewed(&i, task, id, &mut h).await;
                     }
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cannot renew this replica's leases"),
         }
     }
+}
+
+/// A held lease the renewal missed: lapsed while nobody took it (the database was away, or
+/// this replica paused), it is taken back under a new epoch; moved, the task is lost here.
+async fn settle_unrenewed(i: &Inner, task: TaskId, id: i64, h: &mut Held) {
+    let lease = match i.db.lease(id).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(task = %task, error = %e, "cannot read the lease of task {task}");
+            return;
+        }
+    };
+    let ours = lease
+        .as_ref()
+        .is_some_and(|l| l.holder == i.db.replica() && l.epoch == h.epoch);
+    if ours {
+        match i.db.claim(id, i.timing.lease_ttl).await {
+            Ok(Some(epoch)) => {
+                tracing::info!(task = %task, epoch, "took back the lapsed lease of task {task}");
+                h.epoch = epoch;
+                return;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(task = %task, error = %e, "cannot take back the lease of task {task}");
+                return;
+            }
+        }
+    }
+    let now = describe(i.db.lease(id).await.ok().flatten().as_ref());
+    i.held.locked().remove(&task);
+    i.lost.locked().insert(task);
+    tracing::warn!(
+        task = %task,
+        "this replica no longer holds task {task} ({now}); nothing more it appends to the task lands"
+    );
 }
 
 fn to_record(task: TaskId, row: EventRow) -> Result<Record, Error> {
@@ -409,6 +445,37 @@ mod tests {
             )),
             "replica-a 2"
         );
+    }
+
+    /// A lease that lapsed under a live replica (it paused; nobody took the task) is taken
+    /// back by its renewals, with no append needed; one that moved is given up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn renewals_take_back_a_lapsed_lease_and_give_up_a_moved_one() {
+        let Some(pg) = testkit::postgres::start_or_skip() else {
+            return;
+        };
+        let a = replica(&pg, "replica-a", SHORT).await;
+        let t1 = a.new_task_id().await.unwrap();
+        let t2 = a.new_task_id().await.unwrap();
+        pg.psql("UPDATE leases SET expires_at = now() - interval '1 second'");
+        let lease = |t: TaskId| {
+            pg.psql(&format!(
+                "SELECT holder || ' ' || epoch || ' ' || (expires_at > now()) FROM leases WHERE task = {}",
+                t.0
+            ))
+        };
+        // t2 moves to B before A's next renewal.
+        let b = replica(&pg, "replica-b", SHORT).await;
+        assert!(b.claim(t2).await.unwrap());
+        assert!(
+            testkit::wait_until(Duration::from_secs(10), || lease(t1) == "replica-a 2 true"),
+            "not taken back: {}",
+            lease(t1)
+        );
+        assert_eq!(a.append(t1, vec![ev(1)]).await.unwrap()[0].seq, 1);
+        let err = a.append(t2, vec![ev(1)]).await.unwrap_err();
+        assert!(matches!(err, Error::Fenced { .. }), "{err}");
+        assert_eq!(lease(t2), "replica-b 2 true");
     }
 
     /// An append whose answer was lost is sent again: it is stored once; other contents
