@@ -120,16 +120,6 @@ impl PgLog {
             .or_insert(entry)
             .clone())
     }
-
-    /// Forgets `task` as held: its lease moved.
-    fn lose(&self, task: TaskId, now: &str) {
-        self.inner.held.locked().remove(&task);
-        self.inner.lost.locked().insert(task);
-        tracing::warn!(
-            task = %task,
-            "this replica no longer holds task {task} ({now}); nothing more it appends to the task lands"
-        );
-    }
 }
 
 /// Renews the replica's leases at a third of their time to live, for as long as the log lives.
@@ -192,6 +182,11 @@ async fn settle_unrenewed(i: &Inner, task: TaskId, id: i64, h: &mut Held) {
         }
     }
     let now = describe(i.db.lease(id).await.ok().flatten().as_ref());
+    lose(i, task, &now);
+}
+
+/// Forgets `task` as held: its lease moved. Said once.
+fn lose(i: &Inner, task: TaskId, now: &str) {
     i.held.locked().remove(&task);
     i.lost.locked().insert(task);
     tracing::warn!(
@@ -279,7 +274,7 @@ impl EventLog for PgLog {
             Appended::Fenced(now) => {
                 let now = describe(now.as_ref());
                 drop(held);
-                self.lose(task, &now);
+                lose(&self.inner, task, &now);
                 Err(Error::Fenced { task, now })
             }
         }
