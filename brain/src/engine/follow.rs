@@ -4,9 +4,9 @@
 //! The follower is a stream, not a task: whoever reads it (the web API's connection, the
 //! admin gRPC stream) polls it, so an appended record wakes one task per watcher, and a reader
 //! that wakes late finds every record that piled up meanwhile ready at once (both write what
-//! is ready as one chunk). When many follow one task, each lingers a moment after a wake, so
-//! records reach it in batches. A follower that falls behind the task's live queue re-reads
-//! from the log instead of buffering without end.
+//! is ready as one chunk). When many follow one task, each lingers a moment after a wake (as
+//! long as its reader's [`Linger`] says), so records reach it in batches. A follower that
+//! falls behind the task's live queue re-reads from the log instead of buffering without end.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -65,17 +65,37 @@ struct State {
     ready: VecDeque<Followed>,
     /// After a linger: take what is queued without waiting, until nothing is.
     draining: bool,
+    linger: Linger,
 }
 
-/// A watcher lingers this long per watcher of its task after a wake before it takes what
-/// came meanwhile: a wake and a write to a watcher cost 10–20 µs of CPU (measured by the
-/// `events` bench), so N watchers lingering N × 50 µs take at most about a third of one core
-/// between them, however many they are; 100 watchers linger 5 ms, 1,000 watchers 50 ms.
-const LINGER_PER_WATCHER: Duration = Duration::from_micros(50);
+/// How long a follower lingers after a wake before it takes what came meanwhile: `per_watcher`
+/// for each follower of its task, at most `max`, and not at all below [`MIN_LINGER`]. If a
+/// wake and a write to one watcher cost its reader w of CPU, N watchers lingering N × p take
+/// w / p of one core between them, however many they are (the reader knows its w).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Linger {
+    pub per_watcher: Duration,
+    pub max: Duration,
+}
+
+impl Linger {
+    /// The default (the admin stream's): 50 µs per watcher (a message to a watcher cost
+    /// 10–20 µs when the `events` bench measured it: about a third of a core between them),
+    /// at most 100 ms; 100 watchers linger 5 ms, 1,000 watchers 50 ms.
+    pub const DEFAULT: Self = Self {
+        per_watcher: Duration::from_micros(50),
+        max: Duration::from_millis(100),
+    };
+
+    /// The linger after a wake with `watchers` following the task.
+    fn after_wake(self, watchers: usize) -> Duration {
+        let n = u32::try_from(watchers).unwrap_or(u32::MAX);
+        self.per_watcher.saturating_mul(n).min(self.max)
+    }
+}
+
 /// Below this, nothing lingers (a few watchers: nothing to save, no latency to add).
 const MIN_LINGER: Duration = Duration::from_millis(1);
-/// Nothing lingers longer than this.
-const MAX_LINGER: Duration = Duration::from_millis(100);
 
 /// Follows `task` from after `after`; with `follow` false, only the history up to now.
 pub(super) fn follow(
@@ -83,6 +103,7 @@ pub(super) fn follow(
     log: Arc<dyn EventLog>,
     after: u64,
     follow: bool,
+    linger: Linger,
     shutdown: CancellationToken,
 ) -> Follower {
     let state = State {
@@ -97,6 +118,7 @@ pub(super) fn follow(
         phase: Phase::History,
         ready: VecDeque::new(),
         draining: false,
+        linger,
     };
     // Fused: polling it again after its end answers the end again.
     let items = futures_util::stream::unfold(state, |mut s| async move {
@@ -176,8 +198,7 @@ impl State {
         // With many watchers, each lingers a moment after a wake, and then takes what came
         // meanwhile without waiting: one wake (and one write) per watcher per batch, not per
         // record, keeps what watching costs bounded however many watch.
-        let linger =
-            (LINGER_PER_WATCHER * self.task.events.receiver_count() as u32).min(MAX_LINGER);
+        let linger = self.linger.after_wake(self.task.events.receiver_count());
         if linger >= MIN_LINGER && item.is_some() && matches!(self.phase, Phase::Live) {
             tokio::select! {
                 _ = self.shutdown.cancelled() => {}
@@ -238,5 +259,24 @@ impl State {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_linger_grows_with_the_watchers_up_to_its_bound() {
+        let l = Linger::DEFAULT;
+        assert_eq!(l.after_wake(1), Duration::from_micros(50));
+        assert_eq!(l.after_wake(100), Duration::from_millis(5));
+        assert_eq!(l.after_wake(1_000), Duration::from_millis(50));
+        assert_eq!(l.after_wake(100_000), Duration::from_millis(100));
+        assert_eq!(l.after_wake(usize::MAX), Duration::from_millis(100));
+        assert!(
+            l.after_wake(19) < MIN_LINGER,
+            "a few watchers do not linger"
+        );
     }
 }

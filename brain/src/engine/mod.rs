@@ -39,7 +39,7 @@ use crate::model::event::{Event, Plan, SyncRules, TaskId};
 use crate::model::ops::{FsChange, SyncOp};
 use crate::model::state::{Status, TaskState};
 pub use error::Error;
-pub use follow::{Followed, Follower};
+pub use follow::{Followed, Follower, Linger};
 use ports::{Labels, Picked, Ports};
 pub use store::{LiveOutput, Shown, Store, Task};
 
@@ -562,12 +562,24 @@ impl Engine {
     /// down. No record is missed or repeated at the seam between history and live: a
     /// follower that falls behind re-reads from the log.
     pub fn follow(&self, text: &str, after: u64, follow: bool) -> Result<Follower, Error> {
+        self.follow_with(text, after, follow, Linger::DEFAULT)
+    }
+
+    /// [`Self::follow`], lingering after each wake as `linger` says.
+    pub fn follow_with(
+        &self,
+        text: &str,
+        after: u64,
+        follow: bool,
+        linger: Linger,
+    ) -> Result<Follower, Error> {
         let task = self.find(text)?;
         Ok(follow::follow(
             task,
             self.inner.core.store.log().clone(),
             after,
             follow,
+            linger,
             self.inner.shutdown.clone(),
         ))
     }
