@@ -14,8 +14,9 @@
 //! record beyond what the task costs with nobody watching, "watchers µs/rec" this process's
 //! (the watchers' own reading and parsing, which on a real deployment runs elsewhere).
 //! Each case runs `BENCH_REPEAT` (3) times, each right after a run with nobody watching; the
-//! pace is the median ratio of those pairs. `BENCH_VIA=sse|grpc` and `BENCH_WATCHERS=1000`
-//! (a list) run only those cases.
+//! pace is the median ratio of those pairs (`BENCH_PAIRS=1` prints each pair's too: on a
+//! machine shared with other work a pair's ratio swings with that work). `BENCH_VIA=sse|grpc`
+//! and `BENCH_WATCHERS=1000` (a list) run only those cases.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -458,6 +459,8 @@ fn main() {
                 bases.push(base);
             }
             let (p50, p99) = (pct(&mut latencies, 0.5), pct(&mut latencies, 0.99));
+            // In the order run (the median below sorts them).
+            let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
             println!(
                 "{:<20} {:>8} {:>8.1}ms {:>8.1}ms {:>9} {:>8} {:>9.0}ms {:>7.2}× {:>8}MB {:>12.1} {:>14.1}",
                 name,
@@ -472,6 +475,9 @@ fn main() {
                 pct(&mut brain_us, 0.5),
                 pct(&mut watchers_us, 0.5),
             );
+            if std::env::var_os("BENCH_PAIRS").is_some() {
+                println!("{:<20} each pair, in order: {}", "", each.join(" "));
+            }
         }
     }
     let mut base_times: Vec<f64> = bases.iter().map(|b| b.task_ms).collect();
