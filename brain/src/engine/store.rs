@@ -371,8 +371,11 @@ impl Store {
                     tracing::debug!(task = %id, "another brain drives this task");
                     continue;
                 }
-                // Claimed: what the last holder wrote before its lease lapsed counts.
-                (state, broken) = self.load(id).await?;
+                // Claimed: what the last holder wrote after it was read counts. (A log only
+                // this brain writes has nothing new: no second read.)
+                if broken.is_none() && self.log.last_seq(id).await? != state.last_seq {
+                    (state, broken) = self.load(id).await?;
+                }
             }
             let task = self.insert(state);
             if let Some(reason) = broken {
@@ -419,10 +422,9 @@ impl Store {
     pub async fn load(&self, id: TaskId) -> Result<(TaskState, Option<String>), Error> {
         let mut state = TaskState::new(id);
         if let Some((upto, bytes)) = self.log.snapshot(id).await? {
-            let last = self.log.last_seq(id).await?;
             match serde_json::from_slice::<TaskState>(&bytes) {
                 // A snapshot must not run ahead of the log (a backup taken mid-snapshot).
-                Ok(s) if s.last_seq == upto && upto <= last => state = s,
+                Ok(s) if s.last_seq == upto && upto <= self.log.last_seq(id).await? => state = s,
                 // A snapshot we cannot read only costs a longer replay.
                 _ => tracing::warn!(task = %id, "snapshot unreadable; replaying the whole log"),
             }
