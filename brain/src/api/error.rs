@@ -79,8 +79,11 @@ impl From<crate::mirror::Error> for Status {
             E::Corrupt(_) | E::BadHash(_) | E::BadManifest { .. } => {
                 Status::invalid_argument(e.to_string())
             }
-            E::NoManifest(_) => Status::not_found(e.to_string()),
-            E::Io { .. } | E::Store(_) => Status::internal(e.to_string()),
+            E::NoManifest(_) | E::NoBlob(_) => Status::not_found(e.to_string()),
+            E::Shared(ref p) if p.is_transient() => Status::unavailable(e.to_string()),
+            E::Io { .. } | E::Store(_) | E::Shared(_) | E::Tree(_) => {
+                Status::internal(e.to_string())
+            }
         }
     }
 }

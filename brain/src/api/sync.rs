@@ -76,9 +76,11 @@ fn chunks<T: Send + 'static>(items: Vec<T>) -> ChunkStream<T> {
 impl SyncService for Services {
     async fn missing_blobs(&self, req: Request<BlobList>) -> Result<Response<BlobList>, Status> {
         let hashes = hex_hashes(req.get_ref())?;
-        let missing = hashes
+        let mirror = self.0.mirror.clone();
+        let missing = tokio::task::spawn_blocking(move || mirror.missing(&hashes))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??
             .iter()
-            .filter(|h| !self.0.mirror.has(h))
             .map(|h| hex::decode(h).expect("hex we made"))
             .collect();
         Ok(Response::new(BlobList { hashes: missing }))

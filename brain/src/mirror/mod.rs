@@ -1,14 +1,17 @@
 //! The brain's mirror of every task's workspace: content-addressed blobs (deduplicated across
-//! tasks and versions, zstd-compressed at rest and on the wire) in a directory sharded by hash
-//! prefix — each written to a temp name, synced and renamed, so a blob is durable before any
-//! manifest names it — and manifests addressed by their root hash in the sled tree
-//! `manifests`. A barrier's manifest is stored as the delta from the one before it, with a
+//! tasks and versions, zstd-compressed at rest and on the wire), each durable before any
+//! manifest names it, and manifests addressed by their root hash in the tree `manifests`;
+//! on sled and a local directory, or on PostgreSQL shared by replicas (see [`backing`]). A barrier's manifest is stored as the delta from the one before it, with a
 //! whole manifest every [`MAX_CHAIN`] versions, so a barrier costs what changed rather than
 //! the size of the tree. Garbage collection keeps what the given manifests reference.
 
+mod backing;
+
 use shared::locks::Lock;
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use backing::Backing;
 
 use shared::manifest::{self, Delta, Kind, Manifest, compress, decompress};
 
@@ -55,6 +58,12 @@ pub enum Error {
     },
     #[error("mirror store: {0}")]
     Store(#[from] sled::Error),
+    #[error("mirror store: {0}")]
+    Shared(#[from] crate::storage::postgres::Error),
+    #[error("mirror store: {0}")]
+    Tree(#[from] crate::storage::kv::Error),
+    #[error("blob {0} is not stored")]
+    NoBlob(String),
     #[error("blob {0} is corrupt or does not match its hash")]
     Corrupt(String),
     #[error("invalid blob hash {0:?}: expected 64 hex digits")]
@@ -65,18 +74,10 @@ pub enum Error {
     BadManifest { root: String, reason: String },
 }
 
-fn io(path: &Path, source: std::io::Error) -> Error {
-    Error::Io {
-        path: path.display().to_string(),
-        source,
-    }
-}
-
 /// The mirror. Cheap to clone.
 #[derive(Clone)]
 pub struct Mirror {
-    dir: PathBuf,
-    manifests: sled::Tree,
+    backing: Backing,
     /// The latest manifests used, so a barrier does not decode its base again.
     recent: Recent,
     /// Chain depth of manifests stored or read by this process, so a barrier does not read
@@ -101,25 +102,33 @@ pub struct Collected {
 }
 
 impl Mirror {
+    /// Blobs in the directory `dir`, manifests in `db`.
     pub fn open(db: &sled::Db, dir: &Path) -> Result<Self, Error> {
-        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            manifests: db.open_tree("manifests")?,
+        Ok(Self::with(Backing::local(db, dir)?))
+    }
+
+    /// Blobs and manifests in PostgreSQL, shared by every replica on it. Must be opened on a
+    /// multi-threaded runtime, which its calls then wait on.
+    pub fn shared(db: &crate::storage::postgres::Db) -> Result<Self, Error> {
+        Ok(Self::with(Backing::shared(db)?))
+    }
+
+    fn with(backing: Backing) -> Self {
+        Self {
+            backing,
             recent: Default::default(),
             depths: Default::default(),
-        })
-    }
-
-    fn blob_path(&self, hash: &str) -> Result<PathBuf, Error> {
-        if hash.len() != 64 || !hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-            return Err(Error::BadHash(hash.into()));
         }
-        Ok(self.dir.join(&hash[..2]).join(&hash[2..]))
     }
 
+    /// Whether the blob is stored (a store that cannot be read answers no).
     pub fn has(&self, hash: &str) -> bool {
-        self.blob_path(hash).is_ok_and(|p| p.exists())
+        self.backing.has(hash).unwrap_or(false)
+    }
+
+    /// Those of `hashes` not stored, in their order.
+    pub fn missing(&self, hashes: &[String]) -> Result<Vec<String>, Error> {
+        self.backing.missing(hashes)
     }
 
     /// Stores a blob given compressed; checks that it decompresses to content with this
@@ -131,54 +140,26 @@ impl Mirror {
         compressed: &[u8],
         max_bytes: u64,
     ) -> Result<bool, Error> {
-        let path = self.blob_path(hash)?;
-        if path.exists() {
+        if self.backing.has(hash)? {
             return Ok(false);
         }
         let content = decompress(compressed, max_bytes).map_err(|_| Error::Corrupt(hash.into()))?;
         if manifest::hash(&content) != hash {
             return Err(Error::Corrupt(hash.into()));
         }
-        let parent = path.parent().expect("sharded path");
-        std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
         // Synced later, in one go, by `sync` or `sync_blobs`.
-        shared::fsio::write_atomic(&path, compressed, 0o644, shared::fsio::Durability::Deferred)
-            .map_err(|e| io(&path, e))?;
-        Ok(true)
+        self.backing.put(hash, compressed)
     }
 
-    /// Makes every blob stored so far durable (one `syncfs` of the blob store's filesystem).
+    /// Makes every blob stored so far durable.
     pub fn sync(&self) -> Result<(), Error> {
-        shared::fsio::syncfs(&self.dir).map_err(|e| io(&self.dir, e))
+        self.backing.sync()
     }
 
-    /// Makes these newly stored blobs durable: each file and its directory flushed when they
-    /// are few (a `syncfs` would also wait for everything else written to that filesystem,
-    /// such as a worker's workspace on the same disk), one [`Mirror::sync`] when many.
+    /// Makes these newly stored blobs durable (on a local disk, each file and its directory
+    /// when they are few, one `syncfs` when many).
     pub fn sync_blobs(&self, hashes: &[String]) -> Result<(), Error> {
-        const FEW: usize = 64;
-        if hashes.len() > FEW {
-            return self.sync();
-        }
-        let flush = |p: &Path| {
-            std::fs::File::open(p)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| io(p, e))
-        };
-        let mut dirs: HashSet<PathBuf> = HashSet::new();
-        for h in hashes {
-            let p = self.blob_path(h)?;
-            flush(&p)?;
-            if let Some(d) = p.parent() {
-                dirs.insert(d.to_path_buf());
-            }
-        }
-        // The shard directories, and the store's own (a shard may be new).
-        dirs.insert(self.dir.clone());
-        for d in dirs {
-            flush(&d)?;
-        }
-        Ok(())
+        self.backing.sync_blobs(hashes)
     }
 
     /// Stores content, compressing it.
@@ -191,8 +172,7 @@ impl Mirror {
 
     /// A blob as stored (compressed).
     pub fn get_compressed(&self, hash: &str) -> Result<Vec<u8>, Error> {
-        let p = self.blob_path(hash)?;
-        std::fs::read(&p).map_err(|e| io(&p, e))
+        self.backing.get(hash)
     }
 
     /// A blob's content.
@@ -204,11 +184,17 @@ impl Mirror {
     /// Stores a manifest (by its root hash) once every blob it names is stored.
     pub fn put_manifest(&self, m: &Manifest) -> Result<String, Error> {
         let root = m.root_hash();
-        if let Some(h) = m.blobs().find(|h| !self.has(h)) {
+        let blobs: Vec<String> = m
+            .blobs()
+            .map(String::from)
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        if let Some(h) = self.backing.missing(&blobs)?.first() {
             let path = m
                 .entries()
                 .iter()
-                .find(|(_, e)| e.hash == h)
+                .find(|(_, e)| &e.hash == h)
                 .map(|(p, _)| p.as_str())
                 .unwrap_or_default();
             return Err(Error::BadManifest {
@@ -225,8 +211,7 @@ impl Mirror {
         let json = serde_json::to_vec(m).expect("manifests serialise");
         let mut v = (shared::now_unix_ms() as u64).to_be_bytes().to_vec();
         v.extend_from_slice(&compress(&json));
-        self.manifests.insert(root.as_bytes(), v)?;
-        Ok(())
+        self.backing.put_manifest(root, v)
     }
 
     /// Stores `m`, made from the stored manifest `base_root` by `delta`, as that delta (or
@@ -243,27 +228,33 @@ impl Mirror {
         let root = root.to_string();
         let depth = match self.depth(base_root) {
             Some(d) => d,
-            None => match self.manifests.get(base_root.as_bytes())? {
+            None => match self.backing.manifest(base_root)? {
                 Some(v) if !base_root.is_empty() => parse_stored(&v)
                     .map(|s| s.delta_of.map_or(0, |(d, _)| d))
                     .unwrap_or(MAX_CHAIN),
                 _ => MAX_CHAIN,
             },
         };
-        if let Some(v) = self.manifests.get(root.as_bytes())? {
+        if let Some(mut v) = self.backing.manifest(&root)? {
             // Stored already (a barrier that changed nothing, or back to an earlier
             // version): only its time is renewed, for the collector's grace.
-            let mut v = v.to_vec();
             if v.len() >= 8 {
                 v[..8].copy_from_slice(&(shared::now_unix_ms() as u64).to_be_bytes());
-                self.manifests.insert(root.as_bytes(), v)?;
+                self.backing.put_manifest(&root, v)?;
             }
             return Ok(root);
         }
+        let added: Vec<String> = delta
+            .upserts
+            .values()
+            .filter(|e| e.kind == Kind::File)
+            .map(|e| e.hash.clone())
+            .collect();
+        let missing: HashSet<String> = self.backing.missing(&added)?.into_iter().collect();
         if let Some((path, e)) = delta
             .upserts
             .iter()
-            .find(|(_, e)| e.kind == Kind::File && !self.has(&e.hash))
+            .find(|(_, e)| e.kind == Kind::File && missing.contains(&e.hash))
         {
             return Err(Error::BadManifest {
                 root,
@@ -286,7 +277,7 @@ impl Mirror {
         v.extend_from_slice(&(depth + 1).to_be_bytes());
         v.extend_from_slice(base_root.as_bytes());
         v.extend_from_slice(&compress(&json));
-        self.manifests.insert(root.as_bytes(), v)?;
+        self.backing.put_manifest(&root, v)?;
         self.set_depth(&root, depth + 1);
         self.remember(&root, std::sync::Arc::new(m));
         Ok(root)
@@ -349,8 +340,8 @@ impl Mirror {
             return Ok(m.clone());
         }
         let v = self
-            .manifests
-            .get(root.as_bytes())?
+            .backing
+            .manifest(root)?
             .ok_or_else(|| Error::NoManifest(root.into()))?;
         let bad = |reason: String| Error::BadManifest {
             root: root.into(),
@@ -399,10 +390,10 @@ impl Mirror {
         let mut bases: std::collections::HashMap<String, String> = Default::default();
         let mut live_roots: Vec<String> = Vec::new();
         let mut all: Vec<String> = Vec::new();
-        for item in self.manifests.iter() {
-            let (k, v) = item?;
-            let root = String::from_utf8_lossy(&k).into_owned();
-            let s = parse_stored(&v);
+        let stored = self.backing.manifests()?;
+        for (root, v) in &stored {
+            let root = root.clone();
+            let s = parse_stored(v);
             if let Some((_, base)) = s.as_ref().and_then(|s| s.delta_of) {
                 bases.insert(root.clone(), base.to_string());
             }
@@ -423,17 +414,14 @@ impl Mirror {
         // Live blobs: those of each kept whole manifest and those each kept delta adds (a
         // superset of what the chain's manifests name, which is safe).
         let mut live: HashSet<String> = HashSet::new();
-        for root in &all {
+        for (root, v) in &stored {
             if !kept.contains(root) {
-                self.manifests.remove(root.as_bytes())?;
+                self.backing.remove_manifest(root)?;
                 self.recent.locked().retain(|(r, _)| r != root);
                 out.manifests += 1;
                 continue;
             }
-            let Some(v) = self.manifests.get(root.as_bytes())? else {
-                continue;
-            };
-            let Some(s) = parse_stored(&v) else {
+            let Some(s) = parse_stored(v) else {
                 continue;
             };
             let json = decompress(s.data, 1 << 30).map_err(|e| Error::BadManifest {
@@ -452,30 +440,7 @@ impl Mirror {
                 live.extend(m.blobs().map(String::from));
             }
         }
-        let shards = std::fs::read_dir(&self.dir).map_err(|e| io(&self.dir, e))?;
-        for shard in shards.flatten() {
-            let Ok(files) = std::fs::read_dir(shard.path()) else {
-                continue;
-            };
-            for f in files.flatten() {
-                let hash = format!(
-                    "{}{}",
-                    shard.file_name().to_string_lossy(),
-                    f.file_name().to_string_lossy()
-                );
-                let meta = f.metadata().ok();
-                let modified = meta
-                    .as_ref()
-                    .and_then(|m| m.modified().ok())
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map_or(now, |d| d.as_millis() as u64);
-                if !live.contains(&hash) && !young(modified) {
-                    out.bytes += meta.map_or(0, |m| m.len());
-                    std::fs::remove_file(f.path()).map_err(|e| io(&f.path(), e))?;
-                    out.blobs += 1;
-                }
-            }
-        }
+        (out.blobs, out.bytes) = self.backing.collect_blobs(&live, grace)?;
         Ok(out)
     }
 }
@@ -485,11 +450,46 @@ mod tests {
     use super::*;
     use shared::manifest::Entry;
 
-    #[test]
-    fn blobs_dedupe_are_checked_and_collected() {
+    /// Runs `check` on a mirror on sled and a directory, given a way to open it again.
+    fn on_sled(check: fn(&dyn Fn() -> Mirror)) {
         let d = tempfile::tempdir().unwrap();
         let db = sled::Config::new().temporary(true).open().unwrap();
-        let m = Mirror::open(&db, &d.path().join("blobs")).unwrap();
+        check(&|| Mirror::open(&db, &d.path().join("blobs")).unwrap());
+    }
+
+    /// The same on PostgreSQL.
+    async fn on_postgres(check: fn(&dyn Fn() -> Mirror)) {
+        let Some(pg) = testkit::postgres::start_or_skip() else {
+            return;
+        };
+        let db = crate::storage::postgres::Db::open(&pg.url(), "r")
+            .await
+            .unwrap();
+        check(&|| Mirror::shared(&db).unwrap());
+    }
+
+    #[test]
+    fn blobs_dedupe_are_checked_and_collected() {
+        on_sled(blobs);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn blobs_dedupe_are_checked_and_collected_on_postgres() {
+        on_postgres(blobs).await;
+    }
+
+    #[test]
+    fn barriers_are_stored_as_deltas_in_bounded_chains_and_collected_whole() {
+        on_sled(barriers);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn barriers_are_stored_as_deltas_in_bounded_chains_and_collected_whole_on_postgres() {
+        on_postgres(barriers).await;
+    }
+
+    fn blobs(open: &dyn Fn() -> Mirror) {
+        let m = open();
         let a = m.put(b"alpha\n").unwrap();
         assert_eq!(m.put(b"alpha\n").unwrap(), a);
         m.sync_blobs(std::slice::from_ref(&a)).unwrap();
@@ -498,6 +498,11 @@ mod tests {
             "only blob hashes"
         );
         assert_eq!(m.get(&a).unwrap(), b"alpha\n");
+        assert_eq!(
+            m.missing(&[manifest::hash(b"x"), a.clone()]).unwrap(),
+            [manifest::hash(b"x")]
+        );
+        assert!(m.get(&manifest::hash(b"x")).is_err());
         // A blob that does not match its hash is refused and not kept.
         let bad = manifest::hash(b"other");
         assert!(matches!(
@@ -538,11 +543,8 @@ mod tests {
         assert_eq!((gone.blobs, gone.manifests), (1, 1));
     }
 
-    #[test]
-    fn barriers_are_stored_as_deltas_in_bounded_chains_and_collected_whole() {
-        let d = tempfile::tempdir().unwrap();
-        let db = sled::Config::new().temporary(true).open().unwrap();
-        let m = Mirror::open(&db, &d.path().join("blobs")).unwrap();
+    fn barriers(open: &dyn Fn() -> Mirror) {
+        let m = open();
         let mut man = Manifest::default();
         for i in 0..100 {
             let c = format!("file {i}\n");
@@ -584,13 +586,13 @@ mod tests {
         let whole = roots
             .iter()
             .filter(|r| {
-                let v = m.manifests.get(r.as_bytes()).unwrap().unwrap();
+                let v = m.backing.manifest(r).unwrap().unwrap();
                 parse_stored(&v).unwrap().delta_of.is_none()
             })
             .count();
         assert_eq!(whole, 1 + 70 / MAX_CHAIN as usize);
         // Read back cold (no decoded cache), every version is what was stored.
-        let cold = Mirror::open(&db, &d.path().join("blobs")).unwrap();
+        let cold = open();
         for (r, v) in roots.iter().zip(&versions) {
             assert_eq!(&cold.manifest(r).unwrap(), v);
         }
@@ -601,7 +603,7 @@ mod tests {
             .gc(&[last.clone()].into(), std::time::Duration::ZERO)
             .unwrap();
         assert!(g.manifests > 0);
-        let again = Mirror::open(&db, &d.path().join("blobs")).unwrap();
+        let again = open();
         let kept = again.manifest(&last).unwrap();
         assert_eq!(&kept, versions.last().unwrap());
         assert!(kept.blobs().all(|h| again.has(h)));

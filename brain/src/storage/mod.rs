@@ -4,6 +4,7 @@
 //! brain; a restore goes into a stopped one and moves the old store aside (nothing is
 //! deleted).
 
+pub mod blobs;
 pub mod kv;
 pub mod postgres;
 

@@ -30,6 +30,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "trees_and_blobs",
         include_str!("migrations/0002_trees_and_blobs.sql"),
     ),
+    (
+        3,
+        "blob_times",
+        include_str!("migrations/0003_blob_times.sql"),
+    ),
 ];
 
 /// The schema version this brain brings its databases to.
