@@ -231,6 +231,7 @@ impl<'a> Bench<'a> {
                 tasks: Default::default(),
                 require_sandbox: vec![],
                 web_listen: None,
+                store: None,
                 config: Default::default(),
             })
             .await

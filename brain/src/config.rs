@@ -171,10 +171,23 @@ pub struct Config {
     pub egress: EgressConfig,
     pub web: WebConfig,
     pub placement: PlacementConfig,
+    pub store: StoreConfig,
     /// The file this was read from, when there was one: a local worker's commands may not
     /// read it (it may hold an LLM key).
     #[serde(skip)]
     pub file: Option<std::path::PathBuf>,
+}
+
+/// Where the brain keeps its state: sled in the data dir (the default), or a PostgreSQL
+/// database shared by several `brain serve` replicas.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE` (`brain serve --store` wins over it).
+    pub url: Option<String>,
+    /// The name this replica holds task leases under (`brain serve --replica` wins).
+    /// Default: the host's name and the port it listens on.
+    pub replica: Option<String>,
 }
 
 /// How tasks spread over the workers.

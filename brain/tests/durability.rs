@@ -2,27 +2,11 @@
 //! worker and of both, and every step's effect happens exactly once, in order. A task whose
 //! log cannot be decoded fails alone.
 
-use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use rand::Rng;
-use testkit::{BrainOptions, Cluster, Worker, assert_failed_stderr_says, assert_stdout_says, text};
-
-/// A plan of `n` steps, each appending its own line (with a check that the line is there).
-fn line_plan(c: &Cluster, n: usize, pause: &str) -> PathBuf {
-    let steps: Vec<serde_json::Value> = (0..n)
-        .map(|i| {
-            serde_json::json!({
-                "run": ["sh", "-c", format!("sleep {pause}; echo line-{i} >> out.txt")],
-                "check": ["grep", "-qx", format!("line-{i}"), "out.txt"],
-            })
-        })
-        .collect();
-    let path = c.dir.join(format!("plan-{n}.json"));
-    std::fs::write(&path, serde_json::json!({ "steps": steps }).to_string()).unwrap();
-    path
-}
+use testkit::plans::{assert_exactly_once, line_plan};
+use testkit::{BrainOptions, Cluster, assert_failed_stderr_says, assert_stdout_says, text};
 
 /// Waits until a task has ended, and returns how.
 fn wait_terminal(c: &Cluster, id: &str, timeout: Duration) -> String {
@@ -41,74 +25,6 @@ fn damage_records(c: &mut Cluster, id: &str, damage: impl FnOnce(&sled::Tree, [u
         db.flush().unwrap();
     }
     c.start_brain().unwrap();
-}
-
-/// Checks the workspace file and the log; returns (interrupted calls, steps).
-fn assert_exactly_once(c: &Cluster, w: &Worker, id: &str, n: usize) -> usize {
-    let num = id.trim_start_matches("t-");
-    let out =
-        std::fs::read_to_string(w.state.join(format!("workspaces/task-{num}/out.txt"))).unwrap();
-    let lines: Vec<&str> = out.lines().collect();
-    let want: Vec<String> = (0..n).map(|i| format!("line-{i}")).collect();
-    assert_eq!(lines, want, "every line exactly once and in order");
-
-    let log = c.task_log_json(id);
-    let mut seqs = log.iter().map(|r| testkit::json_u64(&r["seq"]).unwrap());
-    let first = seqs.next().unwrap();
-    assert_eq!(first, 1);
-    assert!(
-        log.windows(2)
-            .all(|p| testkit::json_u64(&p[1]["seq"])
-                == testkit::json_u64(&p[0]["seq"]).map(|s| s + 1)),
-        "sequence numbers have no gaps"
-    );
-    // Each call: issued once, then exactly one outcome, and nothing about it before it was issued.
-    let mut issued: HashMap<u64, (u64, String)> = HashMap::new();
-    let mut outcome: HashSet<u64> = HashSet::new();
-    let mut interrupted = 0;
-    for r in &log {
-        let kind = r["kind"].as_str().unwrap();
-        let call = testkit::json_u64(&r["call_id"]);
-        match kind {
-            "tool_call_issued" => {
-                let id = call.unwrap();
-                assert!(
-                    issued
-                        .insert(
-                            id,
-                            (
-                                r["step"].as_u64().unwrap(),
-                                r["purpose"].as_str().unwrap().into()
-                            )
-                        )
-                        .is_none(),
-                    "call {id} issued twice"
-                );
-            }
-            "tool_call_completed" | "tool_call_interrupted" => {
-                let id = call.unwrap();
-                assert!(
-                    issued.contains_key(&id),
-                    "outcome of call {id} before it was issued"
-                );
-                assert!(outcome.insert(id), "call {id} has two outcomes");
-                if kind == "tool_call_interrupted" {
-                    interrupted += 1;
-                }
-            }
-            _ => {}
-        }
-    }
-    assert_eq!(
-        issued.len(),
-        outcome.len(),
-        "every issued call has an outcome"
-    );
-    let steps_run = issued.values().filter(|(_, p)| p == "step").count();
-    assert!(steps_run >= n);
-    assert_eq!(log.last().unwrap()["kind"], "finished");
-    assert_eq!(log.last().unwrap()["outcome"], "finished");
-    interrupted
 }
 
 #[test]

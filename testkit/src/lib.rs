@@ -15,6 +15,7 @@ pub mod http;
 pub mod https;
 pub mod moto;
 pub mod netns;
+pub mod plans;
 pub mod postgres;
 mod procs;
 pub mod random;

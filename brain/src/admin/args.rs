@@ -305,6 +305,17 @@ pub struct ServeArgs {
     /// Log in with `brain web login`
     #[arg(long)]
     pub web_listen: Option<SocketAddr>,
+    /// Keep the brain's state in this PostgreSQL database
+    /// (postgres://USER:PASSWORD@HOST:PORT/DATABASE) instead of sled in the data dir, shared
+    /// with any other `brain serve` on it: replicas, each driving the tasks it holds a lease
+    /// on and taking over those of a replica that stops. Also `[store] url`. Every replica
+    /// needs the same secrets key (`secrets.key` or $TETHER_SECRET_KEY)
+    #[arg(long, env = "TETHER_STORE", hide_env_values = true)]
+    pub store: Option<String>,
+    /// The name this replica holds task leases under: unique among the replicas, the same
+    /// across its restarts. Default: this host's name and the port it listens on
+    #[arg(long)]
+    pub replica: Option<String>,
 }
 
 #[derive(Subcommand)]

@@ -147,6 +147,22 @@ fn init(data: &DataDir, hosts: &[String], force: bool) -> anyhow::Result<i32> {
 async fn serve(data: &DataDir, a: ServeArgs) -> anyhow::Result<i32> {
     let config_path = a.config.unwrap_or_else(|| data.path().join("config.toml"));
     let config = std::sync::Arc::new(crate::config::Config::load(&config_path)?);
+    let store = match a.store.or_else(|| config.store.url.clone()) {
+        Some(url) => Some(crate::app::SharedStore {
+            url,
+            replica: a
+                .replica
+                .or_else(|| config.store.replica.clone())
+                .unwrap_or_else(|| format!("{}:{}", host_name(), a.listen.port())),
+        }),
+        None if a.replica.is_some() => {
+            eprintln!(
+                "error: --replica names a replica on a shared store: give --store (or [store] url) too"
+            );
+            return Ok(shared::exit::ExitCode::Usage.code());
+        }
+        None => None,
+    };
     let ready = crate::app::prepare(crate::app::Options {
         data: data.clone(),
         listen: a.listen,
@@ -167,6 +183,7 @@ async fn serve(data: &DataDir, a: ServeArgs) -> anyhow::Result<i32> {
         require_sandbox: a.require_sandbox,
         config,
         web_listen: a.web_listen,
+        store,
     })
     .await?;
     tracing::info!(addr = %ready.addr, data = %data.path().display(), "brain listening on {}", ready.addr);
@@ -175,6 +192,15 @@ async fn serve(data: &DataDir, a: ServeArgs) -> anyhow::Result<i32> {
     ready.run(stop.cancelled_owned()).await?;
     tracing::info!("brain stopped");
     Ok(0)
+}
+
+/// This host's name (for a replica's default name).
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "brain".into())
 }
 
 /// `brain token create`.

@@ -77,6 +77,7 @@ pub async fn run(launcher: WorkerProgram, keep: bool, model: Option<String>) -> 
         tasks: Default::default(),
         require_sandbox: vec![],
         web_listen: None,
+        store: None,
         // The sample repository is a local path: the demo allows those.
         config: {
             let mut c = crate::config::Config::default();

@@ -652,7 +652,11 @@ impl Admin for Services {
     ) -> Result<Response<Self::BackupStream>, Status> {
         let admin = self.cert_caller(&req)?;
         tracing::info!(by = %admin, "backup started");
-        let db = self.0.db.clone();
+        let Some(db) = self.0.db.clone() else {
+            return Err(Status::failed_precondition(
+                "this brain keeps its state in PostgreSQL, shared by its replicas: back it up with PostgreSQL's own tools (pg_dump, or the server's base backups)",
+            ));
+        };
         let (tx, rx) = mpsc::channel(16);
         tokio::task::spawn_blocking(move || {
             let mut buf = Vec::with_capacity(128 * 1024);

@@ -49,7 +49,8 @@ pub struct Shared {
     pub hub: Hub,
     pub engine: Engine,
     /// The whole store, for backups.
-    pub db: sled::Db,
+    /// The sled store, when the brain keeps its state there (not on a shared store).
+    pub db: Option<sled::Db>,
     pub ca: Ca,
     pub session: SessionOptions,
     pub placement: Placement,

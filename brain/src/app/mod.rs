@@ -63,6 +63,10 @@ pub enum Error {
     Web(#[from] crate::web::Error),
     #[error(transparent)]
     Secrets(#[from] crate::trust::secrets::Error),
+    #[error(transparent)]
+    Store(#[from] crate::storage::postgres::Error),
+    #[error(transparent)]
+    SharedCa(#[from] crate::trust::shared_ca::SharedCaError),
 }
 
 impl shared::exit::Classify for Error {
@@ -102,6 +106,89 @@ pub struct Options {
     pub config: Arc<crate::config::Config>,
     /// Where the HTTP API and the web page listen (loopback only), if anywhere.
     pub web_listen: Option<SocketAddr>,
+    /// A PostgreSQL store shared with other replicas, instead of sled in the data dir.
+    pub store: Option<SharedStore>,
+}
+
+/// A store on PostgreSQL, as one replica of several.
+#[derive(Debug, Clone)]
+pub struct SharedStore {
+    pub url: String,
+    /// The name this replica holds task leases under: unique among the replicas running
+    /// at once, and the same when one restarts (it then takes its own leases back).
+    pub replica: String,
+}
+
+/// What the brain keeps its state in.
+struct Opened {
+    kv: crate::storage::kv::Store,
+    log: Arc<dyn crate::engine::log::EventLog>,
+    mirror: Mirror,
+    /// The sled database, when the store is sled (backups read it).
+    sled: Option<sled::Db>,
+    /// The PostgreSQL store, when shared.
+    postgres: Option<crate::storage::postgres::Db>,
+    secrets: crate::trust::secrets::Secrets,
+    ca: Ca,
+}
+
+/// The store, the secrets in it and the CA (the data dir's, or on a shared store the
+/// store's).
+async fn open_store(opts: &Options) -> Result<Opened, Error> {
+    let (kv, log, mirror, sled, postgres) = open_backend(opts).await?;
+    let secrets =
+        crate::trust::secrets::Secrets::in_store(&kv, &opts.data.path().join("secrets.key"))
+            .await?;
+    let ca = match &postgres {
+        None => Ca::load(&opts.data)?,
+        Some(_) => crate::trust::shared_ca::in_store(&kv, &secrets, &opts.data).await?,
+    };
+    Ok(Opened {
+        kv,
+        log,
+        mirror,
+        sled,
+        postgres,
+        secrets,
+        ca,
+    })
+}
+
+type Backend = (
+    crate::storage::kv::Store,
+    Arc<dyn crate::engine::log::EventLog>,
+    Mirror,
+    Option<sled::Db>,
+    Option<crate::storage::postgres::Db>,
+);
+
+async fn open_backend(opts: &Options) -> Result<Backend, Error> {
+    match &opts.store {
+        None => {
+            let db = crate::storage::open_db(&opts.data.db()).map_err(registry::Error::from)?;
+            Ok((
+                crate::storage::kv::Store::Sled(db.clone()),
+                Arc::new(SledLog::open(db.clone(), opts.data.db())?),
+                Mirror::open(&db, &opts.data.path().join("blobs"))?,
+                Some(db),
+                None,
+            ))
+        }
+        Some(s) => {
+            let db = crate::storage::postgres::Db::open(&s.url, &s.replica).await?;
+            tracing::info!(replica = %s.replica, "the store is PostgreSQL, shared by the replicas on it");
+            Ok((
+                crate::storage::kv::Store::Postgres(db.clone()),
+                Arc::new(crate::engine::log::postgres::PgLog::open(
+                    db.clone(),
+                    Default::default(),
+                )),
+                Mirror::shared(&db)?,
+                None,
+                Some(db),
+            ))
+        }
+    }
 }
 
 /// A brain that is bound and running its tasks; [`Ready::run`] serves until `shutdown`.
@@ -122,18 +209,18 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
     let tracker = TaskTracker::new();
 
     // Storage and trust.
-    let ca = Ca::load(&opts.data)?;
-    let db = crate::storage::open_db(&opts.data.db()).map_err(registry::Error::from)?;
-    // What every component keeps its records in.
-    let kv = crate::storage::kv::Store::Sled(db.clone());
+    let Opened {
+        kv,
+        log,
+        mirror,
+        sled,
+        postgres,
+        secrets,
+        ca,
+    } = open_store(&opts).await?;
     let registry = Registry::from_store(kv.clone()).await?;
     sync_init_admin(&opts.data, &registry, &ca.hash()).await?;
-    let log = SledLog::open(db.clone(), opts.data.db())?;
-    let mirror = Mirror::open(&db, &opts.data.path().join("blobs"))?;
     let call_ids = call_ids(&kv).await?;
-    let secrets =
-        crate::trust::secrets::Secrets::in_store(&kv, &opts.data.path().join("secrets.key"))
-            .await?;
     let egress_ca = crate::trust::egress_ca::EgressCa::load_or_create(opts.data.path())?;
     let upstream = crate::egress::Upstream::new(
         &opts.config.egress.upstream_ca,
@@ -174,7 +261,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
 
     // The tasks' store (loaded by `resume_all`, below), then the machines, which ask it
     // whether a worker is in use.
-    let store = Store::new(Arc::new(log), opts.tasks.snapshot_every, call_ids);
+    let store = Store::new(log, opts.tasks.snapshot_every, call_ids);
     let machines = machines(&opts, &ca, &kv, &registry, &hub, &placement, &store, addr).await?;
 
     // The brain's own git: imports and deliveries, with the tokens only it holds.
@@ -224,7 +311,14 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         root.clone(),
     );
     route_hub_events(&tracker, &root, hub_events, engine.clone());
-    spawn_gc(&tracker, &root, mirror.clone(), engine.clone());
+    if postgres.is_some() {
+        // Only what this brain's own tasks name is known here: collecting would take what
+        // another replica's tasks need.
+        tracing::info!("the mirror is not garbage collected on a shared store");
+        spawn_replica_upkeep(&tracker, &root, engine.clone(), registry.clone());
+    } else {
+        spawn_gc(&tracker, &root, mirror.clone(), engine.clone());
+    }
     {
         let (m, stop) = (machines.clone(), root.clone());
         tracker.spawn(async move { m.run_reaper(stop).await });
@@ -252,7 +346,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         registry,
         hub,
         engine,
-        db,
+        db: sled,
         ca,
         session: SessionOptions {
             lost_after: opts.lost_after,
@@ -401,6 +495,39 @@ fn route_hub_events(
                     None => return,
                 },
                 _ = stop.cancelled() => return,
+            }
+        }
+    });
+}
+
+/// How often a replica looks for tasks whose lease lapsed and reads the registry again.
+const UPKEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// On a shared store: takes over the tasks of replicas whose leases lapsed, and keeps the
+/// registry as the other replicas change it (an enrolment or a revocation there counts
+/// here within [`UPKEEP_EVERY`]).
+fn spawn_replica_upkeep(
+    tracker: &TaskTracker,
+    root: &CancellationToken,
+    engine: Engine,
+    registry: Registry,
+) {
+    let stop = root.clone();
+    tracker.spawn(async move {
+        let mut every = tokio::time::interval(UPKEEP_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            if let Err(e) = registry.refresh().await {
+                tracing::warn!(error = %e, "cannot read the registry from the store");
+            }
+            match engine.adopt().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(tasks = n, "took over tasks whose replica's lease lapsed"),
+                Err(e) => tracing::warn!(error = %e, "cannot look for tasks to take over"),
             }
         }
     });

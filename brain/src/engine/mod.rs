@@ -669,10 +669,20 @@ impl Engine {
         let (e, worker) = (self.clone(), worker.to_string());
         self.spawn(async move {
             tokio::time::sleep(ORPHAN_GRACE).await;
-            if !e.inner.core.store.wants_result(call_id) {
-                // Settled already (or nobody's): the worker may forget it.
-                e.inner.core.ports.workers.ack(&worker, call_id);
+            let store = &e.inner.core.store;
+            if store.wants_result(call_id) {
+                return;
             }
+            if store.shared() {
+                // Perhaps a call of a task another replica drove until it stopped: the
+                // replica that takes that task over asks for it again, and the worker must
+                // still hold the result then, or the call would run twice. (The worker
+                // keeps a bounded journal: what nobody asks for ages out.)
+                tracing::debug!(%worker, call_id, "a result for a call this replica does not drive: left with the worker");
+                return;
+            }
+            // Settled already (or nobody's): the worker may forget it.
+            e.inner.core.ports.workers.ack(&worker, call_id);
         });
     }
 }

@@ -439,6 +439,11 @@ impl Store {
     }
 
     /// Whether some running task waits for the result of `call_id`.
+    /// Whether other brains share the log (see [`EventLog::shared`]).
+    pub(crate) fn shared(&self) -> bool {
+        self.log.shared()
+    }
+
     pub(crate) fn wants_result(&self, call_id: u64) -> bool {
         self.all()
             .iter()

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::Error;
+use super::error::Error;
 use crate::storage::{kv, postgres::Db};
 
 #[derive(Clone)]

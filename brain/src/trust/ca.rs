@@ -142,6 +142,25 @@ impl Ca {
         })
     }
 
+    /// The CA from its certificate and key (PEM).
+    pub fn from_pems(cert_pem: String, key_pem: &str) -> Result<Self, Error> {
+        let key = KeyPair::from_pem(key_pem)?;
+        let cert_der = pki::certs_from_pem(&cert_pem, Path::new("the store's CA"))?
+            .remove(0)
+            .to_vec();
+        let issuer = Issuer::from_ca_cert_der(&cert_der.clone().into(), key)?;
+        Ok(Self {
+            cert_pem,
+            cert_der,
+            issuer,
+        })
+    }
+
+    /// The signing key (PEM).
+    pub fn key_pem(&self) -> zeroize::Zeroizing<String> {
+        zeroize::Zeroizing::new(self.issuer.key().serialize_pem())
+    }
+
     /// `sha256:<hex>` of the CA certificate, for `worker join --ca-hash`.
     pub fn hash(&self) -> String {
         pki::ca_hash(&self.cert_der)

@@ -7,4 +7,5 @@ pub mod ca;
 pub mod egress_ca;
 pub mod registry;
 pub mod secrets;
+pub mod shared_ca;
 pub mod web;

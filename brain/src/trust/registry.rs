@@ -213,6 +213,17 @@ impl Registry {
         })
     }
 
+    /// Reads the workers and admins again from the store: what other brains sharing it
+    /// enrolled, changed or revoked since.
+    pub async fn refresh(&self) -> Result<(), Error> {
+        let held = Held {
+            workers: read_all(self.workers.as_ref()).await?,
+            admins: read_all(self.admins.as_ref()).await?,
+        };
+        *self.held.write_locked() = held;
+        Ok(())
+    }
+
     /// Flushes everything written so far to disk.
     pub async fn flush_now(&self) -> Result<(), Error> {
         self.flush().await

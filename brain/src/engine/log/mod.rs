@@ -76,6 +76,11 @@ pub trait EventLog: Send + Sync + 'static {
         let _ = task;
         Ok(true)
     }
+    /// Whether other brains write this log too (their tasks' calls are not this brain's to
+    /// settle).
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 fn record(task: TaskId, seq: u64, event: Event) -> Record {

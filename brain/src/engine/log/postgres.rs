@@ -340,6 +340,10 @@ impl EventLog for PgLog {
     /// Takes `task`'s lease for this replica if it is free or lapsed (or held by this
     /// replica already). A task whose lease moved away from this replica is taken again
     /// only once it is free.
+    fn shared(&self) -> bool {
+        true
+    }
+
     async fn claim(&self, task: TaskId) -> Result<bool, Error> {
         self.inner.lost.locked().remove(&task);
         match self.held(task).await {

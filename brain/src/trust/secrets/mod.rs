@@ -520,6 +520,41 @@ impl Secrets {
         Ok(old.is_some())
     }
 
+    /// `plain` sealed under the secrets key for `purpose` (which it must be opened with):
+    /// a random nonce, then the ciphertext and tag.
+    pub fn seal_bytes(&self, purpose: &str, plain: &[u8]) -> Result<Vec<u8>, Error> {
+        let mut nonce = [0u8; 12];
+        SystemRandom::new()
+            .fill(&mut nonce)
+            .map_err(|_| Error::Invalid("no randomness for a nonce".into()))?;
+        let mut sealed = plain.to_vec();
+        self.seal
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(purpose.as_bytes()),
+                &mut sealed,
+            )
+            .map_err(|_| Error::Invalid("cannot seal".into()))?;
+        Ok([&nonce[..], &sealed].concat())
+    }
+
+    /// Opens what [`Secrets::seal_bytes`] sealed for `purpose`; `None` when this key did not
+    /// seal it (or it was changed).
+    pub fn open_bytes(&self, purpose: &str, sealed: &[u8]) -> Option<zeroize::Zeroizing<Vec<u8>>> {
+        let (nonce, rest) = sealed.split_at_checked(12)?;
+        let mut buf = zeroize::Zeroizing::new(rest.to_vec());
+        let plain = self
+            .seal
+            .open_in_place(
+                Nonce::assume_unique_for_key(nonce.try_into().ok()?),
+                Aad::from(purpose.as_bytes()),
+                &mut buf[..],
+            )
+            .ok()?
+            .to_vec();
+        Some(zeroize::Zeroizing::new(plain))
+    }
+
     /// Removes a secret; says whether there was one.
     pub async fn remove(&self, name: &str) -> Result<bool, Error> {
         let old = self.tree.remove(name.as_bytes()).await?;
