@@ -46,6 +46,38 @@ fn a_task_goes_on_on_another_replica_when_the_one_driving_it_is_killed() {
     );
     assert!(!b.data.join("admin").exists());
     copy_dir(&a.data.join("admin"), &b.data.join("admin"));
+    // A replica with another secrets key cannot open the store's CA: refused, in words.
+    let other = a.dir.join("other");
+    let brain = |args: &[&str], key: &str| {
+        std::process::Command::new(&a.bins.brain)
+            .arg("--data")
+            .arg(&other)
+            .args(args)
+            .env("TETHER_SECRET_KEY", key)
+            .output()
+            .unwrap()
+    };
+    assert!(brain(&["init"], "").status.success());
+    let url = pg.url();
+    let refused = brain(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            &url,
+            "--replica",
+            "c",
+        ],
+        &"a1".repeat(32),
+    );
+    assert!(!refused.status.success());
+    let said = testkit::text(&refused);
+    assert!(said.contains("sealed with another secrets key"), "{said}");
+    assert!(
+        !said.contains(&url),
+        "the URL (and its password) stays out: {said}"
+    );
     let out = b.brain_cli(&["workers", "--json"]);
     assert!(
         out.status.success(),

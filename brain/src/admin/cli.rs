@@ -153,7 +153,11 @@ async fn serve(data: &DataDir, a: ServeArgs) -> anyhow::Result<i32> {
             replica: a
                 .replica
                 .or_else(|| config.store.replica.clone())
-                .unwrap_or_else(|| format!("{}:{}", host_name(), a.listen.port())),
+                .unwrap_or_else(|| match a.listen.port() {
+                    // No port to tell two replicas on one host apart by.
+                    0 => format!("{}:{:08x}", host_name(), rand::random::<u32>()),
+                    port => format!("{}:{port}", host_name()),
+                }),
         }),
         None if a.replica.is_some() => {
             eprintln!(
