@@ -105,6 +105,9 @@ fn a_task_goes_on_on_another_replica_when_the_one_driving_it_is_killed() {
         "the task made no progress on a: {}",
         a.brain_log()
     );
+    // One leader for the work there must be only one of: a, which started first.
+    assert!(a.brain_log().contains("this replica now leads"));
+    assert!(!b.brain_log().contains("this replica now leads"));
     a.kill_brain();
 
     let status = b.wait_status(
@@ -117,6 +120,12 @@ fn a_task_goes_on_on_another_replica_when_the_one_driving_it_is_killed() {
     assert!(
         b.brain_log().contains("taking over a task"),
         "b says it took the task over"
+    );
+    assert!(
+        testkit::wait_until(Duration::from_secs(30), || b
+            .brain_log()
+            .contains("this replica now leads")),
+        "b leads once a's leader lease lapsed"
     );
 }
 

@@ -709,6 +709,23 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// [`wait_until`] for an async condition, polled on the caller's runtime.
+pub async fn wait_until_async<F: std::future::Future<Output = bool>>(
+    timeout: Duration,
+    mut f: impl FnMut() -> F,
+) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f().await {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// A command's standard output, as text.
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()

@@ -311,15 +311,16 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         root.clone(),
     );
     route_hub_events(&tracker, &root, hub_events, engine.clone());
-    if postgres.is_some() {
+    if let Some(db) = &postgres {
         // Only what this brain's own tasks name is known here: collecting would take what
         // another replica's tasks need.
         tracing::info!("the mirror is not garbage collected on a shared store");
         spawn_replica_upkeep(&tracker, &root, engine.clone(), registry.clone());
+        spawn_leadership(&tracker, &root, db.clone(), machines.clone());
     } else {
         spawn_gc(&tracker, &root, mirror.clone(), engine.clone());
     }
-    {
+    if postgres.is_none() {
         let (m, stop) = (machines.clone(), root.clone());
         tracker.spawn(async move { m.run_reaper(stop).await });
     }
@@ -528,6 +529,63 @@ fn spawn_replica_upkeep(
                 Ok(0) => {}
                 Ok(n) => tracing::info!(tasks = n, "took over tasks whose replica's lease lapsed"),
                 Err(e) => tracing::warn!(error = %e, "cannot look for tasks to take over"),
+            }
+        }
+    });
+}
+
+/// The leader lease that work there must be only one of runs under, and how long it lasts
+/// unless renewed (each [`UPKEEP_EVERY`]).
+const LEADER: &str = "one-of-a-kind";
+const LEADER_TTL: Duration = Duration::from_secs(10);
+
+/// On a shared store: takes or renews the leader lease each [`UPKEEP_EVERY`]; while this
+/// replica holds it, it runs the machine reaper and reconcile (from the records read again
+/// when it starts leading), and stops them when it loses it.
+fn spawn_leadership(
+    tracker: &TaskTracker,
+    root: &CancellationToken,
+    db: crate::storage::postgres::Db,
+    machines: Machines,
+) {
+    let (stop, tracker2) = (root.clone(), tracker.clone());
+    tracker.spawn(async move {
+        let mut every = tokio::time::interval(UPKEEP_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut term: Option<CancellationToken> = None;
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            let leads = match db.lead(LEADER, LEADER_TTL).await {
+                Ok(epoch) => epoch,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot renew the leader lease");
+                    None
+                }
+            };
+            match (leads, &term) {
+                (Some(epoch), None) => {
+                    tracing::info!(
+                        epoch,
+                        "this replica now leads: it runs the machine reaper and reconcile"
+                    );
+                    if let Err(e) = machines.refresh().await {
+                        tracing::warn!(error = %e, "cannot read the machine records");
+                    }
+                    let t = stop.child_token();
+                    let m = machines.clone();
+                    let run = t.clone();
+                    tracker2.spawn(async move { m.run_reaper(run).await });
+                    term = Some(t);
+                }
+                (None, Some(t)) => {
+                    tracing::warn!("this replica no longer leads: its machine reaper stops");
+                    t.cancel();
+                    term = None;
+                }
+                _ => {}
             }
         }
     });

@@ -145,18 +145,7 @@ impl Machines {
         in_use: InUse,
     ) -> Result<Self, Error> {
         let tree = store.tree("machines")?;
-        let held = tree
-            .scan_prefix(b"")
-            .await?
-            .into_iter()
-            .map(|(k, v)| {
-                let m = decode(&k, &v).map_err(|e| match e {
-                    Error::Decode { reason, .. } => reason,
-                    other => other.to_string(),
-                });
-                (String::from_utf8_lossy(&k).into_owned(), m)
-            })
-            .collect();
+        let held = read_records(tree.as_ref()).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 tree,
@@ -174,6 +163,15 @@ impl Machines {
                 changed: tokio::sync::Notify::new(),
             }),
         })
+    }
+
+    /// Reads the machine records again from the store: what other brains sharing it
+    /// provisioned or released since (the reaper of a replica that becomes the leader starts
+    /// from them).
+    pub async fn refresh(&self) -> Result<(), Error> {
+        let held = read_records(self.inner.tree.as_ref()).await?;
+        *self.inner.held.write().unwrap_or_else(|e| e.into_inner()) = held;
+        Ok(())
     }
 
     pub fn policy(&self) -> &Policy {
@@ -537,4 +535,22 @@ impl Machines {
         tracing::info!(machine = %m.id, state = end.name(), "machine released");
         Ok(m)
     }
+}
+
+/// Every machine record in `tree`, each decoded or the reason it cannot be.
+async fn read_records(
+    tree: &dyn crate::storage::kv::Tree,
+) -> Result<std::collections::BTreeMap<String, Result<Machine, String>>, Error> {
+    Ok(tree
+        .scan_prefix(b"")
+        .await?
+        .into_iter()
+        .map(|(k, v)| {
+            let m = decode(&k, &v).map_err(|e| match e {
+                Error::Decode { reason, .. } => reason,
+                other => other.to_string(),
+            });
+            (String::from_utf8_lossy(&k).into_owned(), m)
+        })
+        .collect())
 }

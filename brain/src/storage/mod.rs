@@ -6,6 +6,7 @@
 
 pub mod blobs;
 pub mod kv;
+pub mod leaders;
 pub mod postgres;
 
 use std::io::BufRead;

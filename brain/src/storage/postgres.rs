@@ -35,6 +35,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "blob_times",
         include_str!("migrations/0003_blob_times.sql"),
     ),
+    (4, "leaders", include_str!("migrations/0004_leaders.sql")),
 ];
 
 /// The schema version this brain brings its databases to.

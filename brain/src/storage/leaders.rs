@@ -1,0 +1,63 @@
+//! Named leader leases on PostgreSQL: which replica runs the work there must be only one of.
+//! A replica holds `name` while it renews it within `ttl` (by the database's clock); when
+//! it stops renewing, another takes it once it lapses, under a higher epoch.
+
+use std::time::Duration;
+
+use super::postgres::{Db, Error};
+
+impl Db {
+    /// Takes or renews the lease `name` for `ttl`: its epoch when this replica holds it now,
+    /// `None` when another replica does.
+    pub async fn lead(&self, name: &str, ttl: Duration) -> Result<Option<i64>, Error> {
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        Ok(self
+            .query_opt(
+                "INSERT INTO leaders AS l (name, holder, epoch, expires_at)
+                 VALUES ($1, $2, 1, now() + $3::bigint * interval '1 millisecond')
+                 ON CONFLICT (name) DO UPDATE
+                   SET holder = excluded.holder,
+                       epoch = CASE WHEN l.holder = excluded.holder AND l.expires_at > now()
+                                    THEN l.epoch ELSE l.epoch + 1 END,
+                       expires_at = excluded.expires_at
+                   WHERE l.holder = excluded.holder OR l.expires_at <= now()
+                 RETURNING epoch",
+                &[&name, &self.replica(), &ttl_ms],
+            )
+            .await?
+            .map(|r| r.get(0)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_replica_leads_and_another_takes_over_when_it_stops_renewing() {
+        let Some(pg) = testkit::postgres::start_or_skip() else {
+            return;
+        };
+        let a = Db::open(&pg.url(), "a").await.unwrap();
+        let b = Db::open(&pg.url(), "b").await.unwrap();
+        let ttl = Duration::from_millis(600);
+        assert_eq!(a.lead("x", ttl).await.unwrap(), Some(1));
+        assert_eq!(b.lead("x", ttl).await.unwrap(), None, "a holds it");
+        assert_eq!(
+            a.lead("x", ttl).await.unwrap(),
+            Some(1),
+            "renewed, same epoch"
+        );
+        // Another name is another lease.
+        assert_eq!(b.lead("y", ttl).await.unwrap(), Some(1));
+        // a stops renewing: b takes it once it lapses, under a new epoch, and a cannot.
+        assert!(
+            testkit::wait_until_async(Duration::from_secs(10), || async {
+                b.lead("x", ttl).await.unwrap().is_some()
+            })
+            .await
+        );
+        assert_eq!(b.lead("x", ttl).await.unwrap(), Some(2));
+        assert_eq!(a.lead("x", ttl).await.unwrap(), None);
+    }
+}
