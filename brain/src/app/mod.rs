@@ -311,18 +311,15 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         root.clone(),
     );
     route_hub_events(&tracker, &root, hub_events, engine.clone());
-    if let Some(db) = &postgres {
-        // Only what this brain's own tasks name is known here: collecting would take what
-        // another replica's tasks need.
-        tracing::info!("the mirror is not garbage collected on a shared store");
-        spawn_replica_upkeep(&tracker, &root, engine.clone(), registry.clone());
-        spawn_leadership(&tracker, &root, db.clone(), machines.clone());
-    } else {
-        spawn_gc(&tracker, &root, mirror.clone(), engine.clone());
-    }
-    if postgres.is_none() {
-        let (m, stop) = (machines.clone(), root.clone());
-        tracker.spawn(async move { m.run_reaper(stop).await });
+    let background = Background {
+        tracker: &tracker,
+        root: &root,
+        engine: &engine,
+        machines: &machines,
+    };
+    match &postgres {
+        Some(db) => background.replica(db, &registry),
+        None => background.single(&mirror),
     }
     // Everything a task may need is there: resume them.
     let (loaded, resumed) = engine.resume_all().await?;
@@ -499,6 +496,37 @@ fn route_hub_events(
             }
         }
     });
+}
+
+/// What runs beside the tasks.
+struct Background<'a> {
+    tracker: &'a TaskTracker,
+    root: &'a CancellationToken,
+    engine: &'a Engine,
+    machines: &'a Machines,
+}
+
+impl Background<'_> {
+    /// The only brain on its store: the reaper and the mirror's collection.
+    fn single(&self, mirror: &Mirror) {
+        let (m, stop) = (self.machines.clone(), self.root.clone());
+        self.tracker.spawn(async move { m.run_reaper(stop).await });
+        spawn_gc(self.tracker, self.root, mirror.clone(), self.engine.clone());
+    }
+
+    /// A replica on a shared store: take-overs, the registry kept, and the leader's work.
+    fn replica(&self, db: &crate::storage::postgres::Db, registry: &Registry) {
+        // Only what this brain's own tasks name is known here: collecting would take what
+        // another replica's tasks need.
+        tracing::info!("the mirror is not garbage collected on a shared store");
+        spawn_replica_upkeep(
+            self.tracker,
+            self.root,
+            self.engine.clone(),
+            registry.clone(),
+        );
+        spawn_leadership(self.tracker, self.root, db.clone(), self.machines.clone());
+    }
 }
 
 /// How often a replica looks for tasks whose lease lapsed and reads the registry again.

@@ -170,7 +170,7 @@ impl Machines {
     /// from them).
     pub async fn refresh(&self) -> Result<(), Error> {
         let held = read_records(self.inner.tree.as_ref()).await?;
-        *self.inner.held.write().unwrap_or_else(|e| e.into_inner()) = held;
+        *self.inner.held.write_locked() = held;
         Ok(())
     }
 
