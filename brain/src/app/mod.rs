@@ -141,7 +141,9 @@ async fn open_store(opts: &Options) -> Result<Opened, Error> {
             .await?;
     let ca = match &postgres {
         None => Ca::load(&opts.data)?,
-        Some(_) => crate::trust::shared_ca::in_store(&kv, &secrets, &opts.data).await?,
+        Some(db) => {
+            crate::trust::shared_ca::in_store(&kv, &secrets, &opts.data, db.replica()).await?
+        }
     };
     Ok(Opened {
         kv,
@@ -737,11 +739,13 @@ async fn sync_init_admin(data: &DataDir, registry: &Registry, ca_hash: &str) -> 
     let pem = pki::read_text(&dir.join(IdentityFiles::CERT))?;
     let der = pki::certs_from_pem(&pem, &dir.join(IdentityFiles::CERT))?.remove(0);
     let fp = pki::fingerprint(&der);
-    match registry.admin(ca::INIT_ADMIN)? {
+    // `brain init`'s "admin", or on a replica that adopted a shared store's CA its own.
+    let name = pki::peer_identity(&der)
+        .map(|p| p.id)
+        .unwrap_or_else(|_| ca::INIT_ADMIN.to_string());
+    match registry.admin(&name)? {
         Some(rec) if rec.fingerprint == fp || rec.ca_hash == ca_hash => Ok(()),
-        _ => Ok(registry
-            .add_admin(ca::INIT_ADMIN, &fp, ca_hash, true)
-            .await?),
+        _ => Ok(registry.add_admin(&name, &fp, ca_hash, true).await?),
     }
 }
 

@@ -6,8 +6,10 @@
 //!
 //! A replica that adopts the store's CA moves the data dir's own CA, server certificate and
 //! admin identity aside into `replaced-<ms>/` (nothing is deleted) and issues itself a new
-//! server certificate under the store's CA for the names its old one had. Its CA key stays
-//! in the store only: a data dir that adopted the CA holds no CA key.
+//! server certificate under the store's CA for the names its old one had, and an admin
+//! identity of its own, `admin-<replica>` (registered at start like `brain init`'s), so that
+//! admin commands work on every replica's machine. Its CA key stays in the store only: a
+//! data dir that adopted the CA holds no CA key.
 
 use serde::{Deserialize, Serialize};
 use shared::pki;
@@ -49,6 +51,7 @@ pub async fn in_store(
     store: &kv::Store,
     secrets: &Secrets,
     data: &DataDir,
+    replica: &str,
 ) -> Result<Ca, SharedCaError> {
     let tree = store.tree("ca")?;
     loop {
@@ -62,7 +65,7 @@ pub async fn in_store(
                 .ok_or(SharedCaError::KeyMismatch)?;
             let key = std::str::from_utf8(&key).map_err(|e| SharedCaError::Bad(e.to_string()))?;
             let ca = Ca::from_pems(rec.cert_pem, key)?;
-            adopt(data, &ca)?;
+            adopt(data, &ca, replica)?;
             return Ok(ca);
         }
         let local = Ca::load(data)?;
@@ -80,7 +83,7 @@ pub async fn in_store(
 }
 
 /// Makes the data dir's trust files the store CA's (see the module's header).
-fn adopt(data: &DataDir, ca: &Ca) -> Result<(), Error> {
+fn adopt(data: &DataDir, ca: &Ca, replica: &str) -> Result<(), Error> {
     let io = |path: &std::path::Path, source: std::io::Error| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -117,13 +120,36 @@ fn adopt(data: &DataDir, ca: &Ca) -> Result<(), Error> {
     pki::write_file(&data.ca_cert(), ca.cert_pem.as_bytes(), 0o644)?;
     pki::write_file(&data.server_key(), key.as_bytes(), 0o600)?;
     pki::write_file(&data.server_cert(), chain.as_bytes(), 0o644)?;
+    let admin = admin_name(replica);
+    let (key, csr) = pki::new_key_and_csr(&admin)?;
+    pki::IdentityFiles {
+        ca_pem: ca.cert_pem.clone(),
+        cert_pem: ca.sign_client(&csr, pki::Role::Admin, &admin)?,
+        key_pem: key.serialize_pem(),
+    }
+    .save(&data.admin_identity())?;
     tracing::warn!(
         ca = %ca.hash(),
         hosts = ?hosts,
         aside = %aside.display(),
-        "this data dir now uses the store's CA (shared by every replica); its own CA, server certificate and admin identity were moved aside. Use the admin identity of the replica that first set up the store (or one `brain admin add` made)"
+        %admin,
+        "this data dir now uses the store's CA (shared by every replica); its own CA, server certificate and admin identity were moved aside, and it has an admin identity of its own under the store's CA"
     );
     Ok(())
+}
+
+/// The admin identity a replica that adopted the store's CA holds: `admin-` and its name,
+/// with what is not a letter, digit, `-`, `_` or `.` made `-`.
+fn admin_name(replica: &str) -> String {
+    let safe: String = replica
+        .chars()
+        .take(64)
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '_' | '.' => c,
+            _ => '-',
+        })
+        .collect();
+    format!("admin-{safe}")
 }
 
 /// The DNS names and IP addresses a server certificate (the first in `pem`) is for.
