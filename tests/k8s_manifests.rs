@@ -18,15 +18,21 @@ fn k8s_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/k8s")
 }
 
-/// The YAML files of `deploy/k8s`, sorted (the order they are applied in).
+/// The YAML files of `deploy/k8s`, sorted (the order they are applied in), then those of
+/// `deploy/k8s/replicas` (the brain as replicas on PostgreSQL, applied instead of its one).
 fn manifest_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(k8s_dir())
-        .expect("deploy/k8s exists")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    files.sort();
+    let yaml_in = |dir: PathBuf| {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .expect("the manifests' directory exists")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+            .collect();
+        files.sort();
+        files
+    };
+    let mut files = yaml_in(k8s_dir());
+    files.extend(yaml_in(k8s_dir().join("replicas")));
     assert!(
         files.len() >= 5,
         "too few manifests in deploy/k8s: {files:?}"
@@ -37,10 +43,7 @@ fn manifest_files() -> Vec<PathBuf> {
 #[test]
 fn kubernetes_validate_accepts_every_manifest_strictly() {
     let files = manifest_files();
-    let names: Vec<String> = files
-        .iter()
-        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
-        .collect();
+    let names: Vec<String> = files.iter().map(|f| relative(f)).collect();
     // Through the interpreter it was installed for (`.ci/run` installs it with pip), which a
     // PATH without pip's scripts directory still finds.
     let installed = Command::new("python3")
@@ -69,11 +72,19 @@ fn kubernetes_validate_accepts_every_manifest_strictly() {
     );
 }
 
+/// A manifest's path under `deploy/k8s`.
+fn relative(f: &Path) -> String {
+    f.strip_prefix(k8s_dir())
+        .unwrap_or(f)
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// Every document of every manifest, with the file it came from.
 fn documents() -> Vec<(String, Yaml)> {
     let mut all = Vec::new();
     for f in manifest_files() {
-        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let name = relative(&f);
         let text = std::fs::read_to_string(&f).unwrap();
         for doc in parse_documents(&text) {
             assert!(

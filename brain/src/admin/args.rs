@@ -314,7 +314,7 @@ pub struct ServeArgs {
     pub store: Option<String>,
     /// The name this replica holds task leases under: unique among the replicas, the same
     /// across its restarts. Default: this host's name and the port it listens on
-    #[arg(long)]
+    #[arg(long, env = "TETHER_REPLICA")]
     pub replica: Option<String>,
 }
 
