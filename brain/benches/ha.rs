@@ -7,9 +7,16 @@
 //!
 //! `BENCH_N` sets the appends of the one-task row (default 2000; the 100-task row makes
 //! `BENCH_N / 10` per task, at least 20).
+//!
+//! Then failover (`ha/failover.rs`): SIGKILL of the replica driving a task to the task's next
+//! step on the other replica, beside one sled brain killed and started again at once;
+//! `BENCH_FAILOVERS` samples of each (default 5; 0 leaves the rows out). Target: p99 at most
+//! twice the lease's time to live.
 
 #[path = "appends/mod.rs"]
 mod appends;
+#[path = "ha/failover.rs"]
+mod failover;
 
 use std::sync::Arc;
 
@@ -70,4 +77,42 @@ fn main() {
     ] {
         println!("{what:<44} {s:>12.0} {p:>12.0} {:>15.2}×", p / s);
     }
+    let samples: usize = std::env::var("BENCH_FAILOVERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    if samples == 0 {
+        return;
+    }
+    let restart = failover::restart(samples);
+    let replicas = failover::replicas(&pg.url(), samples);
+    if restart.is_empty() || replicas.is_empty() {
+        eprintln!("failover: no sample completed");
+        std::process::exit(1);
+    }
+    let ((r50, r99), (f50, f99)) = (
+        failover::percentiles(&restart),
+        failover::percentiles(&replicas),
+    );
+    let ttl = Timing::default().lease_ttl;
+    println!(
+        "\n{:<44} {:>12} {:>12} {:>16}",
+        "kill to the task's next step (s)", "restart", "replica", "replica/restart"
+    );
+    for (what, r, f) in [("p50", r50, f50), ("p99", r99, f99)] {
+        println!(
+            "{what:<44} {:>12.2} {:>12.2} {:>15.2}×",
+            r.as_secs_f64(),
+            f.as_secs_f64(),
+            f.as_secs_f64() / r.as_secs_f64()
+        );
+    }
+    println!(
+        "({} and {} samples; lease TTL {:?}: target p99 ≤ {:?}, {})",
+        restart.len(),
+        replicas.len(),
+        ttl,
+        ttl * 2,
+        if f99 <= ttl * 2 { "met" } else { "missed" }
+    );
 }

@@ -231,7 +231,13 @@ fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
     assert!(first.contains("created"), "{first}");
     testkit::signal(watcher.id(), rustix::process::Signal::INT);
     let _ = watcher.wait_with_output().unwrap();
-    assert_eq!(c.task_status(&id).as_deref(), Some("running"));
+    // Not cancelled: still running (or, on a machine so loaded that the watcher took the
+    // task's whole 8 s to start, already done; the end below shows all 8 steps ran).
+    let status = c.task_status(&id);
+    assert!(
+        matches!(status.as_deref(), Some("running" | "finished")),
+        "{status:?}"
+    );
 
     // A watcher sees events live and exits by itself when the task ends.
     let out = c.brain_cli_cmd(&["watch", &id]).output().unwrap();
