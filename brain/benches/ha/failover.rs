@@ -61,7 +61,7 @@ pub fn replicas(url: &str, samples: usize) -> Vec<Duration> {
     let mut join = brains[0].join_cmd("w", &token, &ca_hash);
     join.arg("--brain").arg(brains[1].url());
     let w = brains[0].spawn_worker("w", join);
-    let plan = line_plan(&brains[0], 100_000, "0.05");
+    let plan = line_plan(&brains[0], 5_000, "0.05");
     let id = brains[0].run_plan(&plan, &w.id);
     let mut holder = 0;
     let mut times = Vec::new();
@@ -90,7 +90,7 @@ pub fn replicas(url: &str, samples: usize) -> Vec<Duration> {
 pub fn restart(samples: usize) -> Vec<Duration> {
     let mut c = Cluster::start();
     let w = c.join_worker("w");
-    let plan = line_plan(&c, 100_000, "0.05");
+    let plan = line_plan(&c, 5_000, "0.05");
     let id = c.run_plan(&plan, &w.id);
     let mut times = Vec::new();
     for _ in 0..samples {
