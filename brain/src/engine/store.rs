@@ -359,8 +359,10 @@ impl Store {
     /// drove until its lease lapsed, on a shared log.
     pub async fn load_new(&self) -> Result<Vec<Arc<Task>>, Error> {
         let mut out = Vec::new();
+        // Not read at all: what another brain drives now (read only once its lease lapses).
+        let elsewhere = self.log.held_elsewhere().await?;
         for id in self.log.tasks().await? {
-            if self.task(id).is_some() {
+            if self.task(id).is_some() || elsewhere.contains(&id) {
                 continue;
             }
             let (mut state, mut broken) = self.load(id).await?;

@@ -596,6 +596,19 @@ impl Db {
             .collect())
     }
 
+    /// The tasks whose lease another replica holds now (unlapsed).
+    pub async fn held_elsewhere(&self) -> Result<Vec<i64>, Error> {
+        Ok(self
+            .query(
+                "SELECT task FROM leases WHERE holder <> $1 AND expires_at > now()",
+                &[&self.replica],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
     /// Stores a snapshot covering records up to `upto`, if this replica holds the lease at
     /// `epoch` and no later snapshot is stored. Whether it was stored.
     pub async fn put_snapshot(

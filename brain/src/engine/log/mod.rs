@@ -76,6 +76,11 @@ pub trait EventLog: Send + Sync + 'static {
         let _ = task;
         Ok(true)
     }
+    /// The tasks another brain sharing the log drives now (none where only one writes it):
+    /// what a brain looking for tasks to take over need not read.
+    async fn held_elsewhere(&self) -> Result<std::collections::HashSet<TaskId>, Error> {
+        Ok(Default::default())
+    }
     /// Whether other brains write this log too (their tasks' calls are not this brain's to
     /// settle).
     fn shared(&self) -> bool {

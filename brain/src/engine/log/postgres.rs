@@ -344,6 +344,17 @@ impl EventLog for PgLog {
         true
     }
 
+    async fn held_elsewhere(&self) -> Result<HashSet<TaskId>, Error> {
+        Ok(self
+            .inner
+            .db
+            .held_elsewhere()
+            .await?
+            .into_iter()
+            .filter_map(|t| u64::try_from(t).ok().map(TaskId))
+            .collect())
+    }
+
     async fn claim(&self, task: TaskId) -> Result<bool, Error> {
         self.inner.lost.locked().remove(&task);
         match self.held(task).await {
