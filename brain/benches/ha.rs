@@ -85,7 +85,7 @@ fn main() {
         return;
     }
     let restart = failover::restart(samples);
-    let replicas = failover::replicas(&pg.url(), samples);
+    let replicas = failover::replicas(&pg, samples);
     if restart.is_empty() || replicas.is_empty() {
         eprintln!("failover: no sample completed");
         std::process::exit(1);

@@ -7,20 +7,16 @@
 use std::time::Duration;
 
 use testkit::plans::{assert_exactly_once, line_plan};
-use testkit::{BrainOptions, Cluster, Worker};
+use testkit::{Cluster, Worker};
 
-/// A brain on `url` as replica `name`, with the secrets key every replica shares.
-fn replica(url: &str, name: &str) -> BrainOptions {
-    BrainOptions {
-        extra_args: vec![
-            "--store".into(),
-            url.into(),
-            "--replica".into(),
-            name.into(),
-        ],
-        env: vec![("TETHER_SECRET_KEY".into(), "5e".repeat(32))],
-        ..Default::default()
-    }
+/// Waits for task `id` to end on replica `c`, and checks it finished.
+fn assert_finishes(c: &Cluster, id: &str) {
+    let status = c.wait_status(
+        id,
+        &["finished", "failed", "cancelled"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(status, "finished", "{}", c.brain_log());
 }
 
 #[test]
@@ -28,8 +24,8 @@ fn a_task_goes_on_on_another_replica_when_the_one_driving_it_is_killed() {
     let Some(pg) = testkit::postgres::start_or_skip() else {
         return;
     };
-    let mut a = Cluster::start_with(replica(&pg.url(), "a"));
-    let b = Cluster::start_with(replica(&pg.url(), "b"));
+    // One worker, enrolled through a, knowing both.
+    let (mut a, b, w) = two_replicas(&pg);
     // b took the store's CA (a's) and left its own aside, with the admin identity it made;
     // it has one of its own under the store's CA.
     let ca = |c: &Cluster| std::fs::read_to_string(c.data.join("ca.pem")).unwrap();
@@ -88,22 +84,11 @@ fn a_task_goes_on_on_another_replica_when_the_one_driving_it_is_killed() {
     });
     assert!(on_a, "b's admin on a: {said}");
 
-    // One worker, enrolled through a, knowing both.
-    let (token, ca_hash) = a.token(&[]);
-    let mut join = a.join_cmd("w", &token, &ca_hash);
-    join.arg("--brain").arg(b.url());
-    let w = a.spawn_worker("w", join);
     let n = 12;
     let plan = line_plan(&a, n, "0.4");
     let id = a.run_plan(&plan, &w.id);
-    let steps_done = |c: &Cluster| {
-        c.task_log_json(&id)
-            .iter()
-            .filter(|r| r["kind"] == "tool_call_completed")
-            .count()
-    };
     assert!(
-        testkit::wait_until(Duration::from_secs(60), || steps_done(&a) >= 4),
+        testkit::wait_until(Duration::from_secs(60), || calls_done(&a, &id) >= 4),
         "the task made no progress on a: {}",
         a.brain_log()
     );
@@ -112,12 +97,7 @@ fn a_task_goes_on_on_another_replica_when_the_one_driving_it_is_killed() {
     assert!(!b.brain_log().contains("this replica now leads"));
     a.kill_brain();
 
-    let status = b.wait_status(
-        &id,
-        &["finished", "failed", "cancelled"],
-        Duration::from_secs(120),
-    );
-    assert_eq!(status, "finished", "on b:\n{}", b.brain_log());
+    assert_finishes(&b, &id);
     assert_exactly_once(&b, &w, &id, n);
     assert!(
         b.brain_log().contains("taking over a task"),
@@ -134,8 +114,8 @@ fn a_task_goes_on_on_another_replica_when_the_one_driving_it_is_killed() {
 /// Replicas a and b on `pg` (a's admin identity copied to b) and a worker enrolled through a
 /// that knows both.
 fn two_replicas(pg: &testkit::postgres::Postgres) -> (Cluster, Cluster, Worker) {
-    let a = Cluster::start_with(replica(&pg.url(), "a"));
-    let b = Cluster::start_with(replica(&pg.url(), "b"));
+    let a = Cluster::start_with(pg.replica("a"));
+    let b = Cluster::start_with(pg.replica("b"));
     let (token, ca_hash) = a.token(&[]);
     let mut join = a.join_cmd("w", &token, &ca_hash);
     join.arg("--brain").arg(b.url());
@@ -171,12 +151,7 @@ fn a_frozen_replica_lands_nothing_after_its_lease_lapsed_and_says_so() {
     });
     testkit::signal(pid, rustix::process::Signal::CONT);
     assert!(moved_on, "b did not take the task over:\n{}", b.brain_log());
-    let status = b.wait_status(
-        &id,
-        &["finished", "failed", "cancelled"],
-        Duration::from_secs(120),
-    );
-    assert_eq!(status, "finished", "on b:\n{}", b.brain_log());
+    assert_finishes(&b, &id);
     // Nothing a wrote after waking up landed: every line once, the log without a gap.
     assert_exactly_once(&b, &w, &id, n);
     assert!(
@@ -186,6 +161,18 @@ fn a_frozen_replica_lands_nothing_after_its_lease_lapsed_and_says_so() {
         "a says it lost the task:\n{}",
         a.brain_log()
     );
+
+    // Attack: an admin revoked on one replica keeps using another. Refused there within the
+    // registry's one-second read.
+    let out = a.brain_cli(&["admin", "revoke", "admin-b"]);
+    assert!(out.status.success(), "{}", testkit::text(&out));
+    assert!(
+        testkit::wait_until(Duration::from_secs(10), || !b
+            .brain_cli(&["workers"])
+            .status
+            .success()),
+        "b still takes an admin revoked on a"
+    );
 }
 
 #[test]
@@ -193,7 +180,7 @@ fn a_task_goes_on_when_postgresql_restarts_under_it() {
     let Some(pg) = testkit::postgres::start_or_skip() else {
         return;
     };
-    let a = Cluster::start_with(replica(&pg.url(), "a"));
+    let a = Cluster::start_with(pg.replica("a"));
     let w = a.join_worker("w");
     let n = 10;
     let plan = line_plan(&a, n, "0.3");
@@ -206,11 +193,6 @@ fn a_task_goes_on_when_postgresql_restarts_under_it() {
     std::thread::sleep(Duration::from_secs(2));
     pg.restart();
     assert!(pg.wait_ready(Duration::from_secs(30)));
-    let status = a.wait_status(
-        &id,
-        &["finished", "failed", "cancelled"],
-        Duration::from_secs(120),
-    );
-    assert_eq!(status, "finished", "{}", a.brain_log());
+    assert_finishes(&a, &id);
     assert_exactly_once(&a, &w, &id, n);
 }

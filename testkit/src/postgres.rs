@@ -191,6 +191,21 @@ impl Postgres {
         )
     }
 
+    /// Options for a brain on this cluster as replica `name`, with the secrets key every
+    /// replica shares.
+    pub fn replica(&self, name: &str) -> crate::BrainOptions {
+        crate::BrainOptions {
+            extra_args: vec![
+                "--store".into(),
+                self.url(),
+                "--replica".into(),
+                name.into(),
+            ],
+            env: vec![("TETHER_SECRET_KEY".into(), "5e".repeat(32))],
+            ..Default::default()
+        }
+    }
+
     /// Runs `sql` through `psql` and returns what it printed (unaligned, tuples only).
     pub fn psql(&self, sql: &str) -> String {
         let out = self

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use testkit::Cluster;
 use testkit::plans::line_plan;
-use testkit::{BrainOptions, Cluster};
 
 /// Completed calls of task `id` as brain `c` shows its log (`None`: it does not answer or
 /// does not hold the task).
@@ -37,25 +37,12 @@ fn next_step(brains: &[&Cluster], id: &str, before: usize, limit: Duration) -> O
     None
 }
 
-fn replica(url: &str, name: &str) -> BrainOptions {
-    BrainOptions {
-        extra_args: vec![
-            "--store".into(),
-            url.into(),
-            "--replica".into(),
-            name.into(),
-        ],
-        env: vec![("TETHER_SECRET_KEY".into(), "5e".repeat(32))],
-        ..Default::default()
-    }
-}
-
 /// Failover times on two replicas: each sample kills the replica that drives the task and
 /// starts it again once the other has taken over.
-pub fn replicas(url: &str, samples: usize) -> Vec<Duration> {
+pub fn replicas(pg: &testkit::postgres::Postgres, samples: usize) -> Vec<Duration> {
     let mut brains = [
-        Cluster::start_with(replica(url, "a")),
-        Cluster::start_with(replica(url, "b")),
+        Cluster::start_with(pg.replica("a")),
+        Cluster::start_with(pg.replica("b")),
     ];
     let (token, ca_hash) = brains[0].token(&[]);
     let mut join = brains[0].join_cmd("w", &token, &ca_hash);
@@ -77,7 +64,7 @@ pub fn replicas(url: &str, samples: usize) -> Vec<Duration> {
             break;
         }
         times.push(t.elapsed());
-        brains[holder].opts.env = replica(url, "").env;
+        brains[holder].opts.env = pg.replica("").env;
         brains[holder]
             .start_brain()
             .expect("the killed replica starts again");

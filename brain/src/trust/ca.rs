@@ -129,25 +129,14 @@ impl Ca {
             return Err(Error::Missing(dir.path().to_path_buf()));
         }
         let cert_pem = pki::read_text(&dir.ca_cert())?;
-        let key_pem = pki::read_text(&dir.ca_key())?;
-        let key = KeyPair::from_pem(&key_pem)?;
-        let cert_der = pki::certs_from_pem(&cert_pem, &dir.ca_cert())?
-            .remove(0)
-            .to_vec();
-        let issuer = Issuer::from_ca_cert_der(&cert_der.clone().into(), key)?;
-        Ok(Self {
-            cert_pem,
-            cert_der,
-            issuer,
-        })
+        let key_pem = zeroize::Zeroizing::new(pki::read_text(&dir.ca_key())?);
+        Self::from_pems(cert_pem, &key_pem, &dir.ca_cert())
     }
 
-    /// The CA from its certificate and key (PEM).
-    pub fn from_pems(cert_pem: String, key_pem: &str) -> Result<Self, Error> {
+    /// The CA from its certificate and key (PEM); `from` names where they came from.
+    pub fn from_pems(cert_pem: String, key_pem: &str, from: &Path) -> Result<Self, Error> {
         let key = KeyPair::from_pem(key_pem)?;
-        let cert_der = pki::certs_from_pem(&cert_pem, Path::new("the store's CA"))?
-            .remove(0)
-            .to_vec();
+        let cert_der = pki::certs_from_pem(&cert_pem, from)?.remove(0).to_vec();
         let issuer = Issuer::from_ca_cert_der(&cert_der.clone().into(), key)?;
         Ok(Self {
             cert_pem,

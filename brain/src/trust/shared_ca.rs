@@ -64,7 +64,7 @@ pub async fn in_store(
                 .open_bytes(PURPOSE, &sealed)
                 .ok_or(SharedCaError::KeyMismatch)?;
             let key = std::str::from_utf8(&key).map_err(|e| SharedCaError::Bad(e.to_string()))?;
-            let ca = Ca::from_pems(rec.cert_pem, key)?;
+            let ca = Ca::from_pems(rec.cert_pem, key, std::path::Path::new("the store's CA"))?;
             adopt(data, &ca, replica)?;
             return Ok(ca);
         }
