@@ -2,12 +2,16 @@
 //! the store's CA, so one worker enrols once and may talk to either; when the replica driving
 //! a task is killed or frozen, the worker moves to the other, which takes the task over once
 //! its lease lapses, and every step still runs exactly once; a frozen replica that wakes up
-//! lands nothing more. PostgreSQL itself restarting mid-task loses nothing.
+//! lands nothing more. PostgreSQL itself restarting mid-task loses nothing. A watcher on one
+//! replica follows a task another drives, and a change asked through a third is handed to
+//! the one driving it and done once.
 
+use std::process::Stdio;
 use std::time::Duration;
 
+use testkit::fake_llm::{FakeLlm, FakeReply};
 use testkit::plans::{assert_exactly_once, line_plan};
-use testkit::{Cluster, Worker};
+use testkit::{BrainOptions, Cluster, Worker};
 
 /// Waits for task `id` to end on replica `c`, and checks it finished.
 fn assert_finishes(c: &Cluster, id: &str) {
@@ -195,4 +199,149 @@ fn a_task_goes_on_when_postgresql_restarts_under_it() {
     assert!(pg.wait_ready(Duration::from_secs(30)));
     assert_finishes(&a, &id);
     assert_exactly_once(&a, &w, &id, n);
+}
+
+#[test]
+fn a_watcher_on_one_replica_follows_a_task_another_drives_and_an_approval_through_a_third_counts_once()
+ {
+    let Some(pg) = testkit::postgres::start_or_skip() else {
+        return;
+    };
+    let llm = FakeLlm::script(vec![
+        FakeReply::run(
+            "echo ran >> proof.txt; for i in 1 2 3 4 5 6; do echo live-$i; sleep 0.2; done",
+        ),
+        FakeReply::finish("done"),
+    ]);
+    let replica = |name: &str| {
+        Cluster::start_with(BrainOptions {
+            config: BrainOptions::with_llm(&llm, "sk-replicas", "").config,
+            ..pg.replica(name)
+        })
+    };
+    let (a, b, c) = (replica("a"), replica("b"), replica("c"));
+    let (token, ca_hash) = a.token(&[]);
+    let mut join = a.join_cmd("w", &token, &ca_hash);
+    join.arg("--brain").arg(b.url()).arg("--brain").arg(c.url());
+    let w = a.spawn_worker("w", join);
+
+    // a drives the task (it was asked there, and the worker is on a).
+    let id = a
+        .agent()
+        .permission("ask")
+        .worker(&w.id)
+        .start("print some lines");
+    // b shows it, and a watcher there follows it from its first record.
+    assert!(
+        testkit::wait_until(Duration::from_secs(20), || b
+            .brain_cli(&["task", "log", &id, "--json"])
+            .status
+            .success()),
+        "b never showed task {id}: {}",
+        b.brain_log()
+    );
+    let watch = b
+        .brain_cli_cmd(&["watch", &id, "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.wait_status(&id, &["waiting"], Duration::from_secs(30));
+    // a sends the task's live output once it reads that b watches it.
+    assert!(
+        testkit::wait_until(Duration::from_secs(30), || a
+            .brain_log()
+            .contains(&format!("another replica watches task {id}"))),
+        "a never heard that b watches: {}",
+        a.brain_log()
+    );
+    // Approved through c and through b at once: the replica driving it decides once.
+    let (on_c, on_b) = std::thread::scope(|s| {
+        let on_c = s.spawn(|| c.brain_cli(&["approve", &id]));
+        let on_b = s.spawn(|| b.brain_cli(&["approve", &id]));
+        (on_c.join().unwrap(), on_b.join().unwrap())
+    });
+    let approved: Vec<&std::process::Output> = [&on_c, &on_b]
+        .into_iter()
+        .filter(|o| o.status.success())
+        .collect();
+    assert_eq!(
+        approved.len(),
+        1,
+        "c: {}\nb: {}",
+        testkit::text(&on_c),
+        testkit::text(&on_b)
+    );
+    assert!(
+        testkit::stdout(approved[0]).contains("echo ran >> proof.txt"),
+        "{}",
+        testkit::text(approved[0])
+    );
+    let refused = if on_c.status.success() { &on_b } else { &on_c };
+    assert!(
+        testkit::text(refused).contains("not waiting for an approval"),
+        "{}",
+        testkit::text(refused)
+    );
+    assert_finishes(&c, &id);
+
+    // The watcher on b ends with the task, having seen every record a stored, in order, and
+    // the command's live output as it ran on a.
+    let mut watch = watch;
+    assert!(
+        testkit::wait_until(Duration::from_secs(30), || watch
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "the watcher on b did not end with the task"
+    );
+    let out = watch.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", testkit::text(&out));
+    let lines: Vec<serde_json::Value> = testkit::stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seen: Vec<(u64, String)> = lines
+        .iter()
+        .filter(|l| l.get("seq").is_some())
+        .map(|l| (seq(l), l["kind"].to_string()))
+        .collect();
+    let stored: Vec<(u64, String)> = a
+        .task_log_json(&id)
+        .iter()
+        .map(|l| (seq(l), l["kind"].to_string()))
+        .collect();
+    assert_eq!(seen, stored, "the watcher on b saw the log as a stored it");
+    let live: String = lines
+        .iter()
+        .filter(|l| l.get("seq").is_none())
+        .filter_map(|l| l["text"].as_str())
+        .collect();
+    let mut at = 0;
+    for i in 1..=6 {
+        let line = format!("live-{i}");
+        let found = live[at..].find(&line);
+        assert!(found.is_some(), "{line} not seen live, in order: {live:?}");
+        at += found.unwrap();
+    }
+    let decided = stored
+        .iter()
+        .filter(|(_, k)| k == "\"approval_decided\"")
+        .count();
+    assert_eq!(decided, 1, "one decision in the log");
+    let ws = format!("task-{}", id.trim_start_matches("t-"));
+    let proof = a.brain_cli(&["file", "read", &w.id, "proof.txt", "--workspace", &ws]);
+    assert_eq!(
+        testkit::stdout(&proof),
+        "ran\n",
+        "the approved command ran once"
+    );
+}
+
+/// A record's sequence number, as the JSON has it (a number, or a string for 64 bits).
+fn seq(l: &serde_json::Value) -> u64 {
+    match &l["seq"] {
+        serde_json::Value::String(s) => s.parse().unwrap(),
+        v => v.as_u64().unwrap_or_else(|| panic!("no seq in {l}")),
+    }
 }

@@ -34,6 +34,7 @@ impl From<crate::engine::Error> for Status {
                 Status::failed_precondition(e.to_string())
             }
             E::Invalid(_) => Status::invalid_argument(e.to_string()),
+            E::Peer(_) => Status::unavailable(e.to_string()),
             E::Log(_) => {
                 tracing::error!(error = %e, "task log error");
                 Status::internal(e.to_string())

@@ -6,6 +6,7 @@
 //! the store is flushed.
 
 mod ports;
+mod replicas;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -528,6 +529,7 @@ impl Background<'_> {
             registry.clone(),
         );
         spawn_leadership(self.tracker, self.root, db.clone(), self.machines.clone());
+        replicas::spawn(self.tracker, self.root, self.engine, db);
     }
 }
 

@@ -14,6 +14,7 @@ pub mod driver;
 pub(crate) mod effects;
 mod error;
 mod follow;
+pub mod handoff;
 
 pub use deliver::commit_message;
 pub mod log;
@@ -40,6 +41,7 @@ use crate::model::ops::{FsChange, SyncOp};
 use crate::model::state::{Status, TaskState};
 pub use error::Error;
 pub use follow::{Followed, Follower, Linger};
+use handoff::{Answer, Change};
 use ports::{Labels, Picked, Ports};
 pub use store::{LiveOutput, Shown, Store, Task};
 
@@ -106,6 +108,9 @@ struct Inner {
     loaded: tokio::sync::watch::Sender<bool>,
     /// Results replayed before the tasks were loaded.
     early_orphans: Mutex<Vec<(String, u64)>>,
+    /// The other brains sharing the log, where there are any: a change to a task one of
+    /// them drives is handed to it.
+    peers: std::sync::OnceLock<Arc<dyn ports::Peers>>,
     /// Refused egress connections logged per task since start (bounded: a command that
     /// retries in a loop must not flood the log).
     egress_refusals: Mutex<std::collections::HashMap<TaskId, u32>>,
@@ -138,6 +143,7 @@ impl Engine {
                 shutdown,
                 loaded,
                 early_orphans: Mutex::default(),
+                peers: std::sync::OnceLock::new(),
                 egress_refusals: Mutex::default(),
             }),
         }
@@ -199,7 +205,64 @@ impl Engine {
     /// workspace again changes nothing.
     pub async fn deliver(&self, text: &str, mode: Mode) -> Result<Delivery, Error> {
         let task = self.find(text)?;
-        deliver::run(&self.inner.core, &task, mode).await
+        match self.elsewhere(&task, Change::Deliver { mode }).await? {
+            None => deliver::run(&self.inner.core, &task, mode).await,
+            Some(Answer::Delivered { delivery }) => Ok(delivery),
+            Some(other) => Err(other.into_error(task.id)),
+        }
+    }
+
+    /// Sets the other brains sharing the log (once; later calls change nothing).
+    pub fn set_peers(&self, peers: Arc<dyn ports::Peers>) {
+        let _ = self.inner.peers.set(peers);
+    }
+
+    /// Hands `change` to the brain driving `task` when that is another brain (`task` is a
+    /// view here); `None` when it is this brain's to do.
+    async fn elsewhere(&self, task: &Task, change: Change) -> Result<Option<Answer>, Error> {
+        if !self.inner.core.store.is_view(task.id) {
+            return Ok(None);
+        }
+        let Some(peers) = self.inner.peers.get() else {
+            return Ok(None);
+        };
+        tracing::info!(task = %task.id, ?change, "handing a change to the brain driving the task");
+        peers
+            .hand_off(task.id, &change)
+            .await
+            .map(Some)
+            .map_err(Error::Peer)
+    }
+
+    /// Does `change`, handed over by another brain, to `task`, which this brain drives.
+    pub async fn answer(&self, task: TaskId, change: Change) -> Answer {
+        if self.inner.core.store.task(task).is_none() {
+            return Answer::refused(&Error::Peer(ports::PortError::Peer(format!(
+                "task {task} moved to another brain while the change was on its way: ask again"
+            ))));
+        }
+        let text = task.to_string();
+        let done = match change {
+            Change::Decide {
+                approved,
+                by,
+                reason,
+            } => self
+                .decide(&text, approved, &by, &reason)
+                .await
+                .map(|what| Answer::Decided { what }),
+            Change::Move { to } => self
+                .request_move(&text, &to)
+                .await
+                .map(|(_, to)| Answer::Moving { to }),
+            Change::Resume { extra } => self.resume(&text, extra).await.map(|_| Answer::Resumed),
+            Change::Cancel => self.cancel(&text).await.map(|_| Answer::Cancelled),
+            Change::Deliver { mode } => self
+                .deliver(&text, mode)
+                .await
+                .map(|delivery| Answer::Delivered { delivery }),
+        };
+        done.unwrap_or_else(|e| Answer::refused(&e))
     }
 
     /// Loads every task from the log and starts a driver for each that has not ended (or
@@ -230,6 +293,10 @@ impl Engine {
     /// Takes on the tasks other brains sharing the log drove until their leases lapsed (a
     /// brain that died or was cut off), and starts a driver for each. How many.
     pub async fn adopt(&self) -> Result<usize, Error> {
+        // Until [`Self::resume_all`] has loaded the log, the tasks are its to start.
+        if !*self.inner.loaded.borrow() {
+            return Ok(0);
+        }
         let mut adopted = 0;
         for task in self.inner.core.store.load_new().await? {
             let status = task.state().status;
@@ -436,6 +503,16 @@ impl Engine {
         reason: &str,
     ) -> Result<String, Error> {
         let task = self.find(text)?;
+        let change = Change::Decide {
+            approved,
+            by: by.to_string(),
+            reason: reason.to_string(),
+        };
+        match self.elsewhere(&task, change).await? {
+            None => {}
+            Some(Answer::Decided { what }) => return Ok(what),
+            Some(other) => return Err(other.into_error(task.id)),
+        }
         let _control = task.control.lock().await;
         let st = task.state();
         if st.status.is_terminal() {
@@ -471,6 +548,12 @@ impl Engine {
     /// empty: any that qualifies). Returns the worker chosen.
     pub async fn request_move(&self, text: &str, to: &str) -> Result<(TaskId, String), Error> {
         let task = self.find(text)?;
+        let change = Change::Move { to: to.to_string() };
+        match self.elsewhere(&task, change).await? {
+            None => {}
+            Some(Answer::Moving { to }) => return Ok((task.id, to)),
+            Some(other) => return Err(other.into_error(task.id)),
+        }
         let _control = task.control.lock().await;
         let st = task.state();
         let refused = |reason: String| Error::Refused {
@@ -510,6 +593,11 @@ impl Engine {
     /// Gives a task stopped for budget more (added to what it spent) and starts it again.
     pub async fn resume(&self, text: &str, extra: Budget) -> Result<TaskId, Error> {
         let task = self.find(text)?;
+        match self.elsewhere(&task, Change::Resume { extra }).await? {
+            None => {}
+            Some(Answer::Resumed) => return Ok(task.id),
+            Some(other) => return Err(other.into_error(task.id)),
+        }
         let _control = task.control.lock().await;
         let st = task.state();
         if st.status != Status::BudgetExhausted {
@@ -550,6 +638,11 @@ impl Engine {
     /// Asks a task to stop. Its driver logs the cancellation.
     pub async fn cancel(&self, text: &str) -> Result<TaskId, Error> {
         let task = self.find(text)?;
+        match self.elsewhere(&task, Change::Cancel).await? {
+            None => {}
+            Some(Answer::Cancelled) => return Ok(task.id),
+            Some(other) => return Err(other.into_error(task.id)),
+        }
         if task.state().status.is_terminal() {
             return Err(Error::Ended(task.id));
         }

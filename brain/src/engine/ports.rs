@@ -59,6 +59,9 @@ pub enum PortError {
     /// The forge refused or failed to open a pull request.
     #[error("{0}")]
     Forge(String),
+    /// Another brain sharing the log did not take or answer a change handed to it.
+    #[error("{0}")]
+    Peer(String),
 }
 
 /// The workers, by id.
@@ -241,6 +244,18 @@ pub trait Workspaces: Send + Sync {
 }
 
 /// Every port, as the engine holds them.
+/// The other brains sharing the log (replicas on one database).
+#[async_trait::async_trait]
+pub trait Peers: Send + Sync {
+    /// Hands `change` to the brain that drives `task` now (whichever that is when it is
+    /// taken) and waits for its answer.
+    async fn hand_off(
+        &self,
+        task: crate::model::event::TaskId,
+        change: &super::handoff::Change,
+    ) -> Result<super::handoff::Answer, PortError>;
+}
+
 #[derive(Clone)]
 pub struct Ports {
     pub workers: Arc<dyn Workers>,

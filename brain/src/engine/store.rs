@@ -178,6 +178,11 @@ impl Task {
 pub struct Store {
     log: Arc<dyn EventLog>,
     tasks: Arc<Mutex<HashMap<TaskId, Arc<Task>>>>,
+    /// On a shared log: tasks another brain drives, shown here (to watchers, lists and
+    /// reads) from the records it stores. Never driven or appended to here; a view becomes
+    /// one of `tasks` (the same `Arc`, so its watchers go on) when this brain takes it over,
+    /// and a task this brain loses becomes a view.
+    views: Arc<Mutex<HashMap<TaskId, Arc<Task>>>>,
     snapshot_every: u64,
     call_ids: CallIds,
     /// The id of every task something was appended to, for lists that follow all tasks.
@@ -190,6 +195,7 @@ impl Store {
         Self {
             log,
             tasks: Arc::default(),
+            views: Arc::default(),
             snapshot_every: snapshot_every.max(1),
             call_ids,
             changes: broadcast::channel(WATCH_QUEUE).0,
@@ -209,12 +215,14 @@ impl Store {
         self.tasks.locked().get(&id).cloned()
     }
 
-    /// Finds a task by `t-N` or `N`.
+    /// Finds a task by `t-N` or `N`: one of this brain's, or a view of one another brain
+    /// drives.
     pub fn find(&self, text: &str) -> Result<Arc<Task>, Error> {
         let id: TaskId = text
             .parse()
             .map_err(|_| Error::NoSuchTask(text.to_string()))?;
         self.task(id)
+            .or_else(|| self.view(id))
             .ok_or_else(|| Error::NoSuchTask(text.to_string()))
     }
 
@@ -222,11 +230,78 @@ impl Store {
         self.tasks.locked().values().cloned().collect()
     }
 
-    /// Every task's state, oldest first.
+    /// Every task's state, this brain's and the views', oldest first.
     pub fn list(&self) -> Vec<TaskState> {
         let mut v: Vec<TaskState> = self.all().iter().map(|t| t.state()).collect();
+        let held: HashSet<TaskId> = v.iter().map(|s| s.id).collect();
+        v.extend(
+            self.views()
+                .iter()
+                .filter(|t| !held.contains(&t.id))
+                .map(|t| t.state()),
+        );
         v.sort_by_key(|s| s.id);
         v
+    }
+
+    /// The view of task `id`, if another brain drives it.
+    pub fn view(&self, id: TaskId) -> Option<Arc<Task>> {
+        self.views.locked().get(&id).cloned()
+    }
+
+    /// Whether `id` is shown here but driven by another brain.
+    pub fn is_view(&self, id: TaskId) -> bool {
+        !self.tasks.locked().contains_key(&id) && self.views.locked().contains_key(&id)
+    }
+
+    /// Every view.
+    pub fn views(&self) -> Vec<Arc<Task>> {
+        self.views.locked().values().cloned().collect()
+    }
+
+    /// Brings the view of `id` up to `upto` (its last stored record) from the log, showing
+    /// each new record to its watchers; a task not known here is loaded as a view. Tasks
+    /// this brain holds are left alone (their records are appended here).
+    pub async fn show_stored(&self, id: TaskId, upto: u64) -> Result<(), Error> {
+        if self.task(id).is_some() {
+            return Ok(());
+        }
+        let Some(view) = self.view(id) else {
+            let (state, broken) = self.load(id).await?;
+            if let Some(reason) = broken {
+                tracing::warn!(task = %id, %reason, "a record of a task another brain drives cannot be read");
+            }
+            if self.task(id).is_none() {
+                let view = self.detached(state);
+                self.views.locked().entry(id).or_insert(view);
+                let _ = self.changes.send(id);
+            }
+            return Ok(());
+        };
+        if view.state().last_seq >= upto {
+            return Ok(());
+        }
+        self.catch_up(&view).await
+    }
+
+    /// Applies and shows the records of `task` stored after its state's.
+    async fn catch_up(&self, task: &Task) -> Result<(), Error> {
+        let _g = task.append_lock.lock().await;
+        let after = task.state().last_seq;
+        let mut shown = Vec::new();
+        for r in self.log.read(task.id, after).await? {
+            let Ok(r) = r else { break };
+            apply(&mut task.state.locked(), &r);
+            shown.push(r);
+        }
+        if shown.is_empty() {
+            return Ok(());
+        }
+        for r in shown {
+            task.events.send(Shown::new(r));
+        }
+        let _ = self.changes.send(task.id);
+        Ok(())
     }
 
     /// Appends events to a task: durable first, then applied and shown to watchers.
@@ -322,14 +397,35 @@ impl Store {
         Ok(task)
     }
 
-    /// Lets go of a task another brain drives now: it is not this store's to show or act on.
-    /// Not cancelled: a cancellation would stop the command the new holder waits for.
+    /// Lets go of a task another brain drives now: it is not this store's to act on, and is
+    /// shown here as a view (its watchers go on). Not cancelled: a cancellation would stop
+    /// the command the new holder waits for.
     pub fn forget(&self, id: TaskId) {
-        self.tasks.locked().remove(&id);
+        if let Some(t) = self.tasks.locked().remove(&id) {
+            self.views.locked().insert(id, t);
+        }
+    }
+
+    /// Makes the view of `id` one of this brain's tasks, its state brought up to the log's
+    /// end first (call once its lease is this brain's, or it has ended).
+    async fn promote(&self, view: Arc<Task>) -> Result<Arc<Task>, Error> {
+        self.catch_up(&view).await?;
+        let id = view.id;
+        let task = self.tasks.locked().entry(id).or_insert(view).clone();
+        self.views.locked().remove(&id);
+        Ok(task)
     }
 
     pub(crate) fn insert(&self, state: TaskState) -> Arc<Task> {
-        let task = Arc::new(Task {
+        let task = self.detached(state);
+        self.tasks.locked().insert(task.id, task.clone());
+        self.views.locked().remove(&task.id);
+        task
+    }
+
+    /// A task in memory, in neither map.
+    fn detached(&self, state: TaskState) -> Arc<Task> {
+        Arc::new(Task {
             id: state.id,
             state: Mutex::new(state),
             events: Broadcast::new(),
@@ -342,9 +438,7 @@ impl Store {
             move_request: Mutex::new(None),
             minted: Mutex::new(VecDeque::new()),
             append_lock: tokio::sync::Mutex::new(()),
-        });
-        self.tasks.locked().insert(task.id, task.clone());
-        task
+        })
     }
 
     /// Rebuilds every task from its latest snapshot and log tail. A task whose records cannot
@@ -363,6 +457,17 @@ impl Store {
         let elsewhere = self.log.held_elsewhere().await?;
         for id in self.log.tasks().await? {
             if self.task(id).is_some() || elsewhere.contains(&id) {
+                continue;
+            }
+            if let Some(view) = self.view(id) {
+                // Shown here already: taken over as it is (its watchers go on), once it has
+                // ended or its lease is this brain's.
+                let st = view.state();
+                let ended = st.status.is_terminal()
+                    || st.status == crate::model::state::Status::BudgetExhausted;
+                if ended || self.log.claim(id).await? {
+                    out.push(self.promote(view).await?);
+                }
                 continue;
             }
             let (mut state, mut broken) = self.load(id).await?;

@@ -637,6 +637,11 @@ async fn on_a_shared_log_a_task_moves_to_another_brain_when_its_lease_lapses() {
         Options::default(),
         1 << 32,
     );
+    assert_eq!(
+        b.resume_all().await.unwrap(),
+        (0, 0),
+        "B loaded a task A holds"
+    );
     assert_eq!(b.adopt().await.unwrap(), 0, "B took a task A holds");
     assert!(b.store().task(id).is_none());
     // A freezes past its lease (its clock stops; the database's does not).

@@ -8,6 +8,7 @@ pub mod blobs;
 pub mod kv;
 pub mod leaders;
 pub mod postgres;
+pub mod traffic;
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};

@@ -36,6 +36,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("migrations/0003_blob_times.sql"),
     ),
     (4, "leaders", include_str!("migrations/0004_leaders.sql")),
+    (
+        5,
+        "replica_traffic",
+        include_str!("migrations/0005_replica_traffic.sql"),
+    ),
 ];
 
 /// The schema version this brain brings its databases to.
@@ -170,9 +175,14 @@ pub struct EventRow {
 pub struct Db {
     pool: Pool,
     /// host:port/database, for messages (never the password).
-    target: String,
+    pub(super) target: String,
     /// The name this replica holds leases under.
     replica: String,
+    /// How to open a connection of its own (a listener's), outside the pool.
+    pub(super) direct: std::sync::Arc<(
+        tokio_postgres::Config,
+        tokio_postgres_rustls::MakeRustlsConnect,
+    )>,
 }
 
 impl Db {
@@ -194,6 +204,7 @@ impl Db {
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(10));
         let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config());
+        let direct = std::sync::Arc::new((config.clone(), tls.clone()));
         let manager = Manager::from_config(
             config,
             tls,
@@ -215,6 +226,7 @@ impl Db {
             pool,
             target,
             replica: replica.to_string(),
+            direct,
         };
         db.check_server().await?;
         db.migrate().await?;
