@@ -345,3 +345,55 @@ fn seq(l: &serde_json::Value) -> u64 {
         v => v.as_u64().unwrap_or_else(|| panic!("no seq in {l}")),
     }
 }
+
+#[test]
+fn a_replica_that_cannot_talk_with_a_live_one_refuses_to_start_and_says_which_to_upgrade() {
+    let Some(pg) = testkit::postgres::start_or_skip() else {
+        return;
+    };
+    let a = Cluster::start_with(pg.replica("a"));
+    let other = a.dir.join("b");
+    let brain = |args: &[&str]| {
+        std::process::Command::new(&a.bins.brain)
+            .arg("--data")
+            .arg(&other)
+            .args(args)
+            .env("TETHER_SECRET_KEY", "5e".repeat(32))
+            .output()
+            .unwrap()
+    };
+    assert!(brain(&["init"]).status.success());
+    let url = pg.url();
+    let serve = || {
+        brain(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            &url,
+            "--replica",
+            "b",
+        ])
+    };
+    // A live replica of a newer brain that no longer understands this one.
+    pg.psql("INSERT INTO replicas VALUES ('z', 99, 99, '9.0.0', now())");
+    let out = serve();
+    assert_eq!(out.status.code(), Some(78), "{}", testkit::text(&out));
+    assert!(
+        testkit::text(&out).contains("upgrade this brain to 9.0.0"),
+        "{}",
+        testkit::text(&out)
+    );
+    // A live replica older than this brain understands.
+    pg.psql("UPDATE replicas SET protocol = 0, oldest = 0, version = '0.0.1' WHERE name = 'z'");
+    let out = serve();
+    assert_eq!(out.status.code(), Some(78), "{}", testkit::text(&out));
+    assert!(
+        testkit::text(&out).contains("upgrade z before starting this brain"),
+        "{}",
+        testkit::text(&out)
+    );
+    // a, of this brain's own protocol, is no obstacle, and says it is alive.
+    let alive = pg.psql("SELECT protocol FROM replicas WHERE name = 'a'");
+    assert_eq!(alive, "1");
+}

@@ -68,6 +68,8 @@ pub enum Error {
     Store(#[from] crate::storage::postgres::Error),
     #[error(transparent)]
     SharedCa(#[from] crate::trust::shared_ca::SharedCaError),
+    #[error(transparent)]
+    Replicas(#[from] replicas::ProtocolError),
 }
 
 impl shared::exit::Classify for Error {
@@ -82,6 +84,11 @@ impl shared::exit::Classify for Error {
             Error::Web(crate::web::Error::NotLoopback(_) | crate::web::Error::Config(_)) => {
                 Some(shared::exit::ExitCode::Config)
             }
+            // Running again will not fix it: one side must be upgraded.
+            Error::Replicas(
+                replicas::ProtocolError::PeerTooOld { .. }
+                | replicas::ProtocolError::ThisTooOld { .. },
+            ) => Some(shared::exit::ExitCode::Config),
             // A port in use, a store that cannot be opened or locked: not configuration.
             _ => None,
         }
@@ -179,6 +186,7 @@ async fn open_backend(opts: &Options) -> Result<Backend, Error> {
         }
         Some(s) => {
             let db = crate::storage::postgres::Db::open(&s.url, &s.replica).await?;
+            replicas::join(&db).await?;
             tracing::info!(replica = %s.replica, "the store is PostgreSQL, shared by the replicas on it");
             Ok((
                 crate::storage::kv::Store::Postgres(db.clone()),

@@ -24,6 +24,99 @@ use crate::model::event::TaskId;
 use crate::storage::postgres::Db;
 use crate::storage::traffic::{self, Note};
 
+/// The protocol this brain speaks to the other replicas (the requests, answers and
+/// notifications here); raised when what crosses changes so that an older replica cannot
+/// read it.
+pub const PROTOCOL: i32 = 1;
+/// The oldest protocol of another replica this brain still understands.
+pub const OLDEST_PROTOCOL: i32 = 1;
+/// A replica that said it was alive within this long counts as live.
+const ALIVE_WITHIN: Duration = Duration::from_secs(30);
+
+/// Two replicas that could not talk: which one to upgrade.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    #[error(
+        "replica {peer} (brain {version}) speaks the replicas' protocol {protocol}, older than this brain still understands ({oldest}): upgrade {peer} before starting this brain beside it"
+    )]
+    PeerTooOld {
+        peer: String,
+        version: String,
+        protocol: i32,
+        oldest: i32,
+    },
+    #[error(
+        "replica {peer} (brain {version}) no longer understands the replicas' protocol {protocol} this brain speaks (it needs {oldest} or later): upgrade this brain to {version} or later"
+    )]
+    ThisTooOld {
+        peer: String,
+        version: String,
+        protocol: i32,
+        oldest: i32,
+    },
+    #[error("cannot read or write the replicas on the store: {0}")]
+    Store(#[from] crate::storage::postgres::Error),
+}
+
+/// Whether this brain and `peer` can talk.
+fn compatible(peer: &traffic::Peer) -> Result<(), ProtocolError> {
+    if peer.protocol < OLDEST_PROTOCOL {
+        return Err(ProtocolError::PeerTooOld {
+            peer: peer.name.clone(),
+            version: peer.version.clone(),
+            protocol: peer.protocol,
+            oldest: OLDEST_PROTOCOL,
+        });
+    }
+    if PROTOCOL < peer.oldest {
+        return Err(ProtocolError::ThisTooOld {
+            peer: peer.name.clone(),
+            version: peer.version.clone(),
+            protocol: PROTOCOL,
+            oldest: peer.oldest,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that this brain can talk with every live replica on the store, then says it is
+/// one of them. Call at start, before anything is served.
+pub async fn join(db: &Db) -> Result<(), ProtocolError> {
+    for peer in db.peers(ALIVE_WITHIN).await? {
+        compatible(&peer)?;
+    }
+    db.announce(PROTOCOL, OLDEST_PROTOCOL, env!("CARGO_PKG_VERSION"))
+        .await?;
+    Ok(())
+}
+
+/// Says this replica is still alive, and warns (once per replica) of a live one it cannot
+/// talk with (started against the advice of its own check, say, by an older brain).
+async fn keep_announcing(db: Db, stop: CancellationToken) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned = HashSet::new();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        if let Err(e) = db
+            .announce(PROTOCOL, OLDEST_PROTOCOL, env!("CARGO_PKG_VERSION"))
+            .await
+        {
+            tracing::debug!(error = %e, "cannot say this replica is alive");
+        }
+        for peer in db.peers(ALIVE_WITHIN).await.unwrap_or_default() {
+            if let Err(e) = compatible(&peer)
+                && warned.insert(peer.name.clone())
+            {
+                tracing::error!(error = %e, "a replica this brain cannot talk with is on the store");
+            }
+        }
+    }
+}
+
 /// How long a change handed to another replica may take to be answered.
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often views are checked against the log whatever was heard (a notification is lost
@@ -136,6 +229,8 @@ pub fn spawn(tracker: &TaskTracker, root: &CancellationToken, engine: &Engine, d
     let (e, d, stop) = (engine.clone(), db.clone(), root.clone());
     let t = tracker.clone();
     tracker.spawn(async move { keep_watches(e, d, stop, t).await });
+    let (d, stop) = (db.clone(), root.clone());
+    tracker.spawn(async move { keep_announcing(d, stop).await });
 }
 
 /// Parses `task:seq`.
@@ -459,6 +554,21 @@ fn batches(task: TaskId, items: Vec<LiveOutput>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_that_cannot_talk_with_another_says_which_to_upgrade() {
+        let peer = |protocol, oldest| traffic::Peer {
+            name: "b".into(),
+            version: "9.9.9".into(),
+            protocol,
+            oldest,
+        };
+        assert!(compatible(&peer(PROTOCOL, OLDEST_PROTOCOL)).is_ok());
+        let e = compatible(&peer(OLDEST_PROTOCOL - 1, 0)).unwrap_err();
+        assert!(e.to_string().contains("upgrade b before"), "{e}");
+        let e = compatible(&peer(PROTOCOL + 1, PROTOCOL + 1)).unwrap_err();
+        assert!(e.to_string().contains("upgrade this brain to 9.9.9"), "{e}");
+    }
 
     #[test]
     fn live_output_goes_in_payloads_postgres_takes() {

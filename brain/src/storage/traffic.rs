@@ -272,6 +272,51 @@ impl Db {
     }
 }
 
+/// Another replica as it said it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub name: String,
+    pub protocol: i32,
+    pub oldest: i32,
+    pub version: String,
+}
+
+impl Db {
+    /// Says this replica is alive, speaks `protocol` and understands down to `oldest`.
+    pub async fn announce(&self, protocol: i32, oldest: i32, version: &str) -> Result<(), Error> {
+        self.execute(
+            "INSERT INTO replicas (name, protocol, oldest, version, seen_at)
+             VALUES ($1, $2, $3, $4, now())
+             ON CONFLICT (name) DO UPDATE SET protocol = excluded.protocol,
+                 oldest = excluded.oldest, version = excluded.version, seen_at = now()",
+            &[&self.replica(), &protocol, &oldest, &version],
+        )
+        .await
+        .map(drop)
+    }
+
+    /// The other replicas that said they were alive within `within`.
+    pub async fn peers(&self, within: Duration) -> Result<Vec<Peer>, Error> {
+        let ms = i64::try_from(within.as_millis()).unwrap_or(i64::MAX);
+        Ok(self
+            .query(
+                "SELECT name, protocol, oldest, version FROM replicas
+                 WHERE name <> $1 AND seen_at > now() - $2::bigint * interval '1 millisecond'
+                 ORDER BY name",
+                &[&self.replica(), &ms],
+            )
+            .await?
+            .iter()
+            .map(|r| Peer {
+                name: r.get(0),
+                protocol: r.get(1),
+                oldest: r.get(2),
+                version: r.get(3),
+            })
+            .collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

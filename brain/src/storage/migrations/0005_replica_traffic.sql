@@ -40,3 +40,15 @@ CREATE TABLE watches (
     until    timestamptz NOT NULL,
     PRIMARY KEY (task, replica)
 );
+
+-- The replicas on this store: the protocol each speaks to the others (the requests, answers
+-- and notifications above) and the oldest it still understands, its brain's version, and
+-- when it last said it was alive. A replica that could not talk with a live one refuses to
+-- start, naming which to upgrade.
+CREATE TABLE replicas (
+    name      text        PRIMARY KEY,
+    protocol  integer     NOT NULL,
+    oldest    integer     NOT NULL,
+    version   text        NOT NULL,
+    seen_at   timestamptz NOT NULL
+);
