@@ -329,7 +329,7 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         machines: &machines,
     };
     match &postgres {
-        Some(db) => background.replica(db, &registry),
+        Some(db) => background.replica(db, &registry, &mirror),
         None => background.single(&mirror),
     }
     // Everything a task may need is there: resume them.
@@ -526,17 +526,20 @@ impl Background<'_> {
     }
 
     /// A replica on a shared store: take-overs, the registry kept, and the leader's work.
-    fn replica(&self, db: &crate::storage::postgres::Db, registry: &Registry) {
-        // Only what this brain's own tasks name is known here: collecting would take what
-        // another replica's tasks need.
-        tracing::info!("the mirror is not garbage collected on a shared store");
+    fn replica(&self, db: &crate::storage::postgres::Db, registry: &Registry, mirror: &Mirror) {
         spawn_replica_upkeep(
             self.tracker,
             self.root,
             self.engine.clone(),
             registry.clone(),
         );
-        spawn_leadership(self.tracker, self.root, db.clone(), self.machines.clone());
+        spawn_leadership(
+            self.tracker,
+            self.root,
+            db.clone(),
+            self.machines.clone(),
+            (mirror.clone(), self.engine.clone()),
+        );
         replicas::spawn(self.tracker, self.root, self.engine, db);
     }
 }
@@ -587,6 +590,7 @@ fn spawn_leadership(
     root: &CancellationToken,
     db: crate::storage::postgres::Db,
     machines: Machines,
+    (mirror, engine): (Mirror, Engine),
 ) {
     let (stop, tracker2) = (root.clone(), tracker.clone());
     tracker.spawn(async move {
@@ -609,7 +613,7 @@ fn spawn_leadership(
                 (Some(epoch), None) => {
                     tracing::info!(
                         epoch,
-                        "this replica now leads: it runs the machine reaper and reconcile"
+                        "this replica now leads: it runs the machine reaper, reconcile and the mirror's collection"
                     );
                     if let Err(e) = machines.refresh().await {
                         tracing::warn!(error = %e, "cannot read the machine records");
@@ -618,10 +622,13 @@ fn spawn_leadership(
                     let m = machines.clone();
                     let run = t.clone();
                     tracker2.spawn(async move { m.run_reaper(run).await });
+                    spawn_gc(&tracker2, &t, mirror.clone(), engine.clone());
                     term = Some(t);
                 }
                 (None, Some(t)) => {
-                    tracing::warn!("this replica no longer leads: its machine reaper stops");
+                    tracing::warn!(
+                        "this replica no longer leads: its machine reaper and the mirror's collection stop"
+                    );
                     t.cancel();
                     term = None;
                 }
@@ -641,6 +648,12 @@ fn spawn_gc(tracker: &TaskTracker, root: &CancellationToken, mirror: Mirror, eng
             tokio::select! {
                 _ = every.tick() => {}
                 _ = stop.cancelled() => return,
+            }
+            // On a shared store every task is shown here (this replica's and the views of the
+            // others'); a task stored but not shown yet would lose what it names: wait.
+            if engine.store().shared() && !every_task_shown(&engine).await {
+                tracing::debug!("not every task is shown here yet: the mirror's collection waits");
+                continue;
             }
             let keep: std::collections::HashSet<String> = engine
                 .list()
@@ -664,6 +677,17 @@ fn spawn_gc(tracker: &TaskTracker, root: &CancellationToken, mirror: Mirror, eng
             }
         }
     });
+}
+
+/// Whether every task in the log is one of this brain's or a view here.
+async fn every_task_shown(engine: &Engine) -> bool {
+    let store = engine.store();
+    match store.log().tasks().await {
+        Ok(ids) => ids
+            .into_iter()
+            .all(|t| store.task(t).is_some() || store.view(t).is_some()),
+        Err(_) => false,
+    }
 }
 
 impl Ready {
