@@ -397,3 +397,105 @@ fn a_replica_that_cannot_talk_with_a_live_one_refuses_to_start_and_says_which_to
     let alive = pg.psql("SELECT protocol FROM replicas WHERE name = 'a'");
     assert_eq!(alive, "1");
 }
+
+#[test]
+fn a_sled_store_copies_into_postgresql_and_back_and_a_brain_goes_on_from_either() {
+    let Some(pg) = testkit::postgres::start_or_skip() else {
+        return;
+    };
+    let mut c = Cluster::start();
+    let w = c.join_worker("w");
+    let id = c.run_plan(&line_plan(&c, 3, "0"), &w.id);
+    assert_finishes(&c, &id);
+    let log = |c: &Cluster| -> Vec<(u64, String)> {
+        c.task_log_json(&id)
+            .iter()
+            .map(|l| (seq(l), l.to_string()))
+            .collect()
+    };
+    let before = log(&c);
+    let diff_before = testkit::stdout(&c.brain_cli(&["task", "diff", &id]));
+    assert!(diff_before.contains("line-2"), "{diff_before}");
+    c.kill_brain();
+
+    let url = pg.url();
+    let out = c.brain_cli(&["store", "copy", "--to", &url, "--json"]);
+    assert!(out.status.success(), "{}", testkit::text(&out));
+    let copied: serde_json::Value = serde_json::from_str(&testkit::stdout(&out)).unwrap();
+    assert_eq!(copied["tasks"], 1, "{copied}");
+    assert_eq!(copied["records"].as_u64(), Some(before.len() as u64));
+    assert!(copied["blobs"].as_u64() >= Some(1), "{copied}");
+    assert!(
+        !testkit::text(&out).contains(&url),
+        "the URL (and its password) stays out"
+    );
+    // Once only: a database that holds a store is not copied into.
+    let again = c.brain_cli(&["store", "copy", "--to", &url]);
+    assert!(!again.status.success());
+    assert!(
+        testkit::text(&again).contains("copy into an empty database"),
+        "{}",
+        testkit::text(&again)
+    );
+
+    // The same data dir as a replica on PostgreSQL (its own secrets key, as the copy said):
+    // the task, its log, its workspace, and the worker under the same CA.
+    c.opts = BrainOptions {
+        env: vec![],
+        ..pg.replica("a")
+    };
+    c.start_brain().unwrap();
+    assert_eq!(log(&c), before, "the log on PostgreSQL is the log on sled");
+    assert_eq!(
+        testkit::stdout(&c.brain_cli(&["task", "diff", &id])),
+        diff_before
+    );
+    let id2 = c.run_plan(&line_plan(&c, 2, "0"), &w.id);
+    assert_finishes(&c, &id2);
+    assert_ne!(id2, id, "new tasks get new ids");
+    c.kill_brain();
+
+    // And back, into a data dir without a store, which then serves it on sled. The store's
+    // secrets key is asked for first.
+    let back = c.dir.join("back");
+    let copy_back = || {
+        std::process::Command::new(&c.bins.brain)
+            .arg("--data")
+            .arg(&back)
+            .args(["store", "copy", "--from", &url])
+            .output()
+            .unwrap()
+    };
+    let out = copy_back();
+    assert!(!out.status.success());
+    assert!(
+        testkit::text(&out).contains("needs the store's secrets key"),
+        "{}",
+        testkit::text(&out)
+    );
+    std::fs::create_dir_all(&back).unwrap();
+    std::fs::copy(c.data.join("secrets.key"), back.join("secrets.key")).unwrap();
+    let out = copy_back();
+    assert!(out.status.success(), "{}", testkit::text(&out));
+    assert!(
+        testkit::stdout(&out).contains("copied 2 tasks"),
+        "{}",
+        testkit::text(&out)
+    );
+    // Copying into it again is refused: it holds a store now.
+    let out = copy_back();
+    assert!(!out.status.success());
+    assert!(testkit::text(&out).contains("already holds a store"));
+    c.data = back;
+    c.opts = BrainOptions::default();
+    c.start_brain().unwrap();
+    assert_eq!(
+        log(&c),
+        before,
+        "the log back on sled is the log it started as"
+    );
+    assert_eq!(
+        c.wait_status(&id2, &["finished"], Duration::from_secs(10)),
+        "finished"
+    );
+}

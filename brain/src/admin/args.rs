@@ -81,6 +81,9 @@ pub enum Cmd {
     /// Restore the store from a backup FILE; the brain must be stopped. The current store is
     /// moved aside, not deleted
     Restore { file: PathBuf },
+    /// The store itself, with the brain stopped
+    #[command(subcommand)]
+    Store(StoreCmd),
     /// Join tokens
     #[command(subcommand)]
     Token(TokenCmd),
@@ -203,6 +206,29 @@ pub enum ProvisionCmd {
         identity: Option<String>,
         #[command(flatten)]
         opts: ProvisionOpts,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum StoreCmd {
+    /// Copy this data dir's store (sled) into an empty PostgreSQL database for replicas
+    /// (`--to`), or a PostgreSQL store into this data dir, which must have no store yet
+    /// (`--from`). The brain must be stopped. Task records keep their numbers and times; the
+    /// registry, credentials, sealed secrets, machines and the mirror's blobs go too, and the
+    /// CA with them. Everything is read back and compared, record by record; the source is
+    /// never changed. Replicas then need this data dir's secrets key (secrets.key, or
+    /// TETHER_SECRET_KEY)
+    #[command(group(clap::ArgGroup::new("way").required(true).args(["to", "from"])))]
+    Copy {
+        /// The PostgreSQL URL to copy into (postgres://USER:PASSWORD@HOST:PORT/DATABASE)
+        #[arg(long)]
+        to: Option<String>,
+        /// The PostgreSQL URL to copy from
+        #[arg(long)]
+        from: Option<String>,
+        /// Print what was copied as JSON
+        #[arg(long)]
+        json: bool,
     },
 }
 

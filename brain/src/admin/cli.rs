@@ -8,7 +8,9 @@ use clap::Parser;
 use shared::pki::{self, IdentityFiles};
 use tokio_util::sync::CancellationToken;
 
-use super::args::{AdminCmd, Cli, Cmd, MachinesCmd, ServeArgs, TokenCmd, WebCmd, WorkerCmd};
+use super::args::{
+    AdminCmd, Cli, Cmd, MachinesCmd, ServeArgs, StoreCmd, TokenCmd, WebCmd, WorkerCmd,
+};
 use super::client::{Target, status};
 use super::follow::{decide, follow, run_task};
 use super::remote::{exec, file, provision};
@@ -115,6 +117,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Backup { file } => backup(t, &file).await,
         Cmd::Restore { file } => restore(&data, &file),
+        Cmd::Store(StoreCmd::Copy { to, from, json }) => store_copy(&data, to, from, json).await,
         Cmd::Demo { keep, model } => {
             let worker = crate::provision::local::WorkerProgram::beside_this_program()
                 .map_err(|e| anyhow::anyhow!("{e}; or run `cargo run --release -- demo`"))?;
@@ -309,6 +312,43 @@ fn restore(data: &DataDir, file: &std::path::Path) -> anyhow::Result<i32> {
     if let Some(m) = moved {
         out!("the previous store was moved to {}", m.display());
     }
+    Ok(0)
+}
+
+/// `brain store copy`.
+async fn store_copy(
+    data: &DataDir,
+    to: Option<String>,
+    from: Option<String>,
+    json: bool,
+) -> anyhow::Result<i32> {
+    let (c, way) = match (to, from) {
+        (Some(url), None) => (
+            crate::app::copy::to_postgres(data, &url).await?,
+            "into PostgreSQL",
+        ),
+        (None, Some(url)) => (
+            crate::app::copy::from_postgres(data, &url).await?,
+            "from PostgreSQL",
+        ),
+        _ => anyhow::bail!("give one of --to URL and --from URL"),
+    };
+    if json {
+        out!("{}", serde_json::to_string(&c)?);
+        return Ok(0);
+    }
+    out!(
+        "copied {} tasks ({} records), {} entries in {} trees and {} blobs {way}; read back and compared, record by record",
+        c.tasks,
+        c.records,
+        c.entries,
+        c.trees,
+        c.blobs
+    );
+    out!(
+        "every brain on that store needs this data dir's secrets key: copy {} (mode 600) or set TETHER_SECRET_KEY",
+        data.path().join("secrets.key").display()
+    );
     Ok(0)
 }
 

@@ -5,6 +5,7 @@
 //! worker sessions are closed, every tracked task is stopped and waited for (bounded), and
 //! the store is flushed.
 
+pub mod copy;
 mod ports;
 mod replicas;
 

@@ -237,6 +237,33 @@ impl Backing {
             .collect())
     }
 
+    /// Every stored blob's hash, in order.
+    pub(super) fn blob_hashes(&self) -> Result<Vec<String>, Error> {
+        let dir = match self {
+            Self::Local { dir, .. } => dir,
+            Self::Shared { db, rt, .. } => return Ok(wait(rt, db.blob_hashes())?),
+        };
+        let mut out = Vec::new();
+        for shard in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
+            let Ok(files) = std::fs::read_dir(shard.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let hash = format!(
+                    "{}{}",
+                    shard.file_name().to_string_lossy(),
+                    f.file_name().to_string_lossy()
+                );
+                // Temp files of a write cut short are not blobs.
+                if check_hash(&hash).is_ok() {
+                    out.push(hash);
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
     /// Removes the blobs older than `grace` that `live` does not name: (how many, bytes).
     pub(super) fn collect_blobs(
         &self,

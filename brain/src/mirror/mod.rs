@@ -147,6 +147,11 @@ impl Mirror {
         Ok(hash)
     }
 
+    /// Every stored blob's hash, in order.
+    pub fn blob_hashes(&self) -> Result<Vec<String>, Error> {
+        self.backing.blob_hashes()
+    }
+
     /// A blob as stored (compressed).
     pub fn get_compressed(&self, hash: &str) -> Result<Vec<u8>, Error> {
         self.backing.get(hash)

@@ -5,6 +5,7 @@
 //! deleted).
 
 pub mod blobs;
+pub mod copying;
 pub mod kv;
 pub mod leaders;
 pub mod postgres;

@@ -197,6 +197,11 @@ pub struct SledLog {
     id_floor: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
+/// The sled log's key of record `seq` of `task` (for `brain store copy`).
+pub fn sled_key(task: TaskId, seq: u64) -> [u8; 16] {
+    key(task, seq)
+}
+
 fn key(task: TaskId, seq: u64) -> [u8; 16] {
     let mut k = [0u8; 16];
     k[..8].copy_from_slice(&task.0.to_be_bytes());
