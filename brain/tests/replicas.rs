@@ -499,3 +499,39 @@ fn a_sled_store_copies_into_postgresql_and_back_and_a_brain_goes_on_from_either(
         "finished"
     );
 }
+
+#[test]
+fn a_task_follows_its_worker_to_the_replica_it_reconnects_to() {
+    let Some(pg) = testkit::postgres::start_or_skip() else {
+        return;
+    };
+    let (a, b, mut w) = two_replicas(&pg);
+    let n = 10;
+    let id = a.run_plan(&line_plan(&a, n, "0.4"), &w.id);
+    assert!(
+        testkit::wait_until(Duration::from_secs(60), || calls_done(&a, &id) >= 3),
+        "the task made no progress on a: {}",
+        a.brain_log()
+    );
+    // The worker comes back on b; a stays up and would keep the task's lease for ever.
+    a.restart_worker_with(&mut w, &["--brain", &b.url(), "--brain", &a.url()]);
+    assert_finishes(&b, &id);
+    assert_exactly_once(&b, &w, &id, n);
+    assert!(
+        a.brain_log().contains(
+            "the task's worker is connected to another replica: letting the task go there"
+        ),
+        "{}",
+        a.brain_log()
+    );
+    assert!(
+        b.brain_log().contains("taking over a task"),
+        "{}",
+        b.brain_log()
+    );
+    // a shows the task as b drove it, to its end.
+    assert_eq!(
+        a.wait_status(&id, &["finished"], Duration::from_secs(20)),
+        "finished"
+    );
+}

@@ -600,11 +600,17 @@ impl Cluster {
 
     /// Starts `worker run` again with the stored identity.
     pub fn restart_worker(&self, w: &mut Worker) {
+        self.restart_worker_with(w, &[]);
+    }
+
+    /// Starts `worker run ARGS...` again with the stored identity.
+    pub fn restart_worker_with(&self, w: &mut Worker, args: &[&str]) {
         w.kill();
         let mut cmd = Command::new(&self.bins.worker);
         cmd.arg("run")
             .arg("--state")
             .arg(&w.state)
+            .args(args)
             .env("RUST_LOG", test_log());
         w.proc = Some(Proc::spawn(cmd, &w.state.with_extension("log")).expect("spawn worker"));
     }

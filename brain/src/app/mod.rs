@@ -323,16 +323,14 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
         root.clone(),
     );
     route_hub_events(&tracker, &root, hub_events, engine.clone());
-    let background = Background {
+    Background {
         tracker: &tracker,
         root: &root,
         engine: &engine,
         machines: &machines,
-    };
-    match &postgres {
-        Some(db) => background.replica(db, &registry, &mirror),
-        None => background.single(&mirror),
+        hub: &hub,
     }
+    .start(postgres.as_ref(), &registry, &mirror);
     // Everything a task may need is there: resume them.
     let (loaded, resumed) = engine.resume_all().await?;
     if loaded > 0 {
@@ -516,9 +514,22 @@ struct Background<'a> {
     root: &'a CancellationToken,
     engine: &'a Engine,
     machines: &'a Machines,
+    hub: &'a crate::fleet::hub::Hub,
 }
 
 impl Background<'_> {
+    fn start(
+        &self,
+        postgres: Option<&crate::storage::postgres::Db>,
+        registry: &Registry,
+        mirror: &Mirror,
+    ) {
+        match postgres {
+            Some(db) => self.replica(db, registry, mirror),
+            None => self.single(mirror),
+        }
+    }
+
     /// The only brain on its store: the reaper and the mirror's collection.
     fn single(&self, mirror: &Mirror) {
         let (m, stop) = (self.machines.clone(), self.root.clone());
@@ -541,7 +552,7 @@ impl Background<'_> {
             self.machines.clone(),
             (mirror.clone(), self.engine.clone()),
         );
-        replicas::spawn(self.tracker, self.root, self.engine, db);
+        replicas::spawn(self.tracker, self.root, self.engine, db, self.hub);
     }
 }
 
@@ -568,6 +579,14 @@ fn spawn_replica_upkeep(
             }
             if let Err(e) = registry.refresh().await {
                 tracing::warn!(error = %e, "cannot read the registry from the store");
+            }
+            match engine.follow_workers().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    tasks = n,
+                    "let tasks go to the replicas their workers are on"
+                ),
+                Err(e) => tracing::warn!(error = %e, "cannot let tasks follow their workers"),
             }
             match engine.adopt().await {
                 Ok(0) => {}

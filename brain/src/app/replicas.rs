@@ -136,10 +136,22 @@ const TAKE_AT_ONCE: i64 = 32;
 pub struct Link {
     db: Db,
     notes: broadcast::Sender<Note>,
+    /// Workers whose sessions are on another live replica, and which (read each
+    /// [`SESSIONS_EVERY`]).
+    elsewhere: Arc<std::sync::Mutex<HashMap<String, String>>>,
 }
+
+/// How often a replica writes which workers are connected to it and reads where the others
+/// are.
+const SESSIONS_EVERY: Duration = Duration::from_secs(1);
 
 #[async_trait::async_trait]
 impl Peers for Link {
+    fn worker_elsewhere(&self, worker: &str) -> Option<String> {
+        use shared::locks::Lock;
+        self.elsewhere.locked().get(worker).cloned()
+    }
+
     async fn hand_off(&self, task: TaskId, change: &Change) -> Result<Answer, PortError> {
         let id = i64::try_from(task.0).map_err(|_| PortError::Peer(format!("no task {task}")))?;
         let body = serde_json::to_vec(change).expect("changes serialise");
@@ -206,7 +218,13 @@ impl Peers for Link {
 
 /// Starts the traffic: listening, views, requests and live output. Call before the tasks
 /// are loaded; sets the engine's peers.
-pub fn spawn(tracker: &TaskTracker, root: &CancellationToken, engine: &Engine, db: &Db) {
+pub fn spawn(
+    tracker: &TaskTracker,
+    root: &CancellationToken,
+    engine: &Engine,
+    db: &Db,
+    hub: &crate::fleet::hub::Hub,
+) {
     let notes = traffic::listen(
         db,
         &[
@@ -217,10 +235,14 @@ pub fn spawn(tracker: &TaskTracker, root: &CancellationToken, engine: &Engine, d
         ],
         root.clone(),
     );
+    let elsewhere = Arc::default();
     engine.set_peers(Arc::new(Link {
         db: db.clone(),
         notes: notes.clone(),
+        elsewhere: Arc::clone(&elsewhere),
     }));
+    let (d, h, stop) = (db.clone(), hub.clone(), root.clone());
+    tracker.spawn(async move { keep_sessions(d, h, elsewhere, stop).await });
     let (e, d, rx, stop) = (engine.clone(), db.clone(), notes.subscribe(), root.clone());
     tracker.spawn(async move { keep_views(e, d, rx, stop).await });
     let (e, d, rx, stop) = (engine.clone(), db.clone(), notes.subscribe(), root.clone());
@@ -231,6 +253,32 @@ pub fn spawn(tracker: &TaskTracker, root: &CancellationToken, engine: &Engine, d
     tracker.spawn(async move { keep_watches(e, d, stop, t).await });
     let (d, stop) = (db.clone(), root.clone());
     tracker.spawn(async move { keep_announcing(d, stop).await });
+}
+
+/// Writes which workers are connected here, and reads where the others are, each
+/// [`SESSIONS_EVERY`].
+async fn keep_sessions(
+    db: Db,
+    hub: crate::fleet::hub::Hub,
+    elsewhere: Arc<std::sync::Mutex<HashMap<String, String>>>,
+    stop: CancellationToken,
+) {
+    use shared::locks::Lock;
+    let mut every = tokio::time::interval(SESSIONS_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        if let Err(e) = db.put_sessions(&hub.connected()).await {
+            tracing::debug!(error = %e, "cannot write which workers are connected here");
+        }
+        match db.sessions_elsewhere(ALIVE_WITHIN).await {
+            Ok(rows) => *elsewhere.locked() = rows.into_iter().collect(),
+            Err(e) => tracing::debug!(error = %e, "cannot read where the workers are connected"),
+        }
+    }
 }
 
 /// Parses `task:seq`.

@@ -298,7 +298,15 @@ impl Engine {
             return Ok(0);
         }
         let mut adopted = 0;
-        for task in self.inner.core.store.load_new().await? {
+        // A task whose worker is connected to another replica is that replica's to take.
+        let peers = self.inner.peers.get().cloned();
+        let leave = move |st: &TaskState| {
+            let (Some(p), Some(w)) = (peers.as_ref(), st.worker.as_deref()) else {
+                return false;
+            };
+            p.worker_elsewhere(w).is_some()
+        };
+        for task in self.inner.core.store.load_new(&leave).await? {
             let status = task.state().status;
             if !status.is_terminal() && status != Status::BudgetExhausted {
                 adopted += 1;
@@ -307,6 +315,38 @@ impl Engine {
             }
         }
         Ok(adopted)
+    }
+
+    /// Lets go of the tasks this brain drives whose worker is connected to another replica
+    /// now, and not here: that replica takes them over (a task follows its worker). Their
+    /// drivers here are fenced at their next append. How many.
+    pub async fn follow_workers(&self) -> Result<usize, Error> {
+        let Some(peers) = self.inner.peers.get() else {
+            return Ok(0);
+        };
+        let core = &self.inner.core;
+        let mut let_go = 0;
+        for task in core.store.all() {
+            let st = task.state();
+            if st.status.is_terminal() || st.status == Status::BudgetExhausted {
+                continue;
+            }
+            let Some(worker) = st.worker.as_deref() else {
+                continue;
+            };
+            if core.ports.workers.is_connected(worker) {
+                continue;
+            }
+            let Some(there) = peers.worker_elsewhere(worker) else {
+                continue;
+            };
+            if core.store.log().release(task.id).await? {
+                tracing::info!(task = %task.id, %worker, replica = %there, "the task's worker is connected to another replica: letting the task go there");
+                core.store.forget(task.id);
+                let_go += 1;
+            }
+        }
+        Ok(let_go)
     }
 
     /// Creates a task: picks its worker, fetches its starting workspace, logs its first

@@ -254,6 +254,8 @@ pub trait Peers: Send + Sync {
         task: crate::model::event::TaskId,
         change: &super::handoff::Change,
     ) -> Result<super::handoff::Answer, PortError>;
+    /// The replica `worker`'s session is on, when that is another live one.
+    fn worker_elsewhere(&self, worker: &str) -> Option<String>;
 }
 
 #[derive(Clone)]

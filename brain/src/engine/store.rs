@@ -446,12 +446,17 @@ impl Store {
     /// Where brains share the log, a task another brain drives is left to it. Returns the
     /// tasks, in id order.
     pub async fn load_all(&self) -> Result<Vec<Arc<Task>>, Error> {
-        self.load_new().await
+        self.load_new(&|_| false).await
     }
 
     /// [`Store::load_all`] for the tasks this store does not hold yet: those another brain
     /// drove until its lease lapsed, on a shared log.
-    pub async fn load_new(&self) -> Result<Vec<Arc<Task>>, Error> {
+    /// A task `leave` says is another brain's to take (its worker is connected there) is
+    /// left to it.
+    pub async fn load_new(
+        &self,
+        leave: &(dyn Fn(&TaskState) -> bool + Sync),
+    ) -> Result<Vec<Arc<Task>>, Error> {
         let mut out = Vec::new();
         // Not read at all: what another brain drives now (read only once its lease lapses).
         let elsewhere = self.log.held_elsewhere().await?;
@@ -465,6 +470,9 @@ impl Store {
                 let st = view.state();
                 let ended = st.status.is_terminal()
                     || st.status == crate::model::state::Status::BudgetExhausted;
+                if !ended && leave(&st) {
+                    continue;
+                }
                 if ended || self.log.claim(id).await? {
                     out.push(self.promote(view).await?);
                 }
@@ -474,6 +482,9 @@ impl Store {
             let ended = state.status.is_terminal()
                 || state.status == crate::model::state::Status::BudgetExhausted;
             if !ended {
+                if leave(&state) {
+                    continue;
+                }
                 if !self.log.claim(id).await? {
                     tracing::debug!(task = %id, "another brain drives this task");
                     continue;

@@ -355,6 +355,11 @@ impl Hub {
         self.lock().get(worker_id).cloned()
     }
 
+    /// The workers connected now.
+    pub fn connected(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
     pub fn is_connected(&self, worker_id: &str) -> bool {
         self.lock().contains_key(worker_id)
     }

@@ -272,6 +272,43 @@ impl Db {
     }
 }
 
+impl Db {
+    /// Says `workers` have their sessions on this replica now (and no others do).
+    pub async fn put_sessions(&self, workers: &[String]) -> Result<(), Error> {
+        self.execute(
+            "WITH gone AS (
+                 DELETE FROM sessions WHERE replica = $2 AND NOT (worker = ANY($1))
+             )
+             INSERT INTO sessions (worker, replica)
+             SELECT w, $2 FROM unnest($1::text[]) AS w
+             ON CONFLICT (worker) DO UPDATE SET replica = excluded.replica, since = now()
+               WHERE sessions.replica <> excluded.replica",
+            &[&workers, &self.replica()],
+        )
+        .await
+        .map(drop)
+    }
+
+    /// The workers whose sessions are on another replica that said it was alive within
+    /// `within`: (worker, replica).
+    pub async fn sessions_elsewhere(
+        &self,
+        within: Duration,
+    ) -> Result<Vec<(String, String)>, Error> {
+        let ms = i64::try_from(within.as_millis()).unwrap_or(i64::MAX);
+        Ok(self
+            .query(
+                "SELECT s.worker, s.replica FROM sessions s JOIN replicas r ON r.name = s.replica
+                 WHERE s.replica <> $1 AND r.seen_at > now() - $2::bigint * interval '1 millisecond'",
+                &[&self.replica(), &ms],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
+    }
+}
+
 /// Another replica as it said it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {

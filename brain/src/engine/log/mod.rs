@@ -81,6 +81,14 @@ pub trait EventLog: Send + Sync + 'static {
     async fn held_elsewhere(&self) -> Result<std::collections::HashSet<TaskId>, Error> {
         Ok(Default::default())
     }
+
+    /// Lets `task`'s lease go now, if this brain holds it, so another brain sharing the log
+    /// may take the task at once; nothing more this brain appends to it lands. Whether it
+    /// held it.
+    async fn release(&self, _task: TaskId) -> Result<bool, Error> {
+        Ok(false)
+    }
+
     /// Whether other brains write this log too (their tasks' calls are not this brain's to
     /// settle).
     fn shared(&self) -> bool {

@@ -355,6 +355,18 @@ impl EventLog for PgLog {
             .collect())
     }
 
+    async fn release(&self, task: TaskId) -> Result<bool, Error> {
+        let Some(entry) = self.inner.held.locked().get(&task).cloned() else {
+            return Ok(false);
+        };
+        // After any append in flight: its records land (or not) under the lease first.
+        let held = entry.lock().await;
+        let released = self.inner.db.release(db_id(task)?, held.epoch).await?;
+        drop(held);
+        lose(&self.inner, task, "it was let go");
+        Ok(released)
+    }
+
     async fn claim(&self, task: TaskId) -> Result<bool, Error> {
         self.inner.lost.locked().remove(&task);
         match self.held(task).await {

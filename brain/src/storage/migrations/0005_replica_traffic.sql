@@ -52,3 +52,12 @@ CREATE TABLE replicas (
     version   text        NOT NULL,
     seen_at   timestamptz NOT NULL
 );
+
+-- Which replica each connected worker's session is on (a worker has one session at a time;
+-- the replica it connected to last writes the row). A task follows its worker: the replica
+-- holding the worker's session drives the worker's tasks.
+CREATE TABLE sessions (
+    worker   text        PRIMARY KEY,
+    replica  text        NOT NULL,
+    since    timestamptz NOT NULL DEFAULT now()
+);
