@@ -92,6 +92,8 @@ pub enum Error {
         #[source]
         source: humantime::DurationError,
     },
+    #[error("[store] lease_ttl {0:?} is out of range: give 1s to 10m")]
+    LeaseTtl(String),
     #[error("[placement] moves_per_worker must be at least 1")]
     NoMoves,
     #[error(transparent)]
@@ -188,6 +190,26 @@ pub struct StoreConfig {
     /// The name this replica holds task leases under (`brain serve --replica` wins).
     /// Default: the host's name and the port it listens on.
     pub replica: Option<String>,
+    /// How long a task's lease lasts unless renewed (renewed at a third of it): how soon
+    /// another replica takes over the tasks of one that died. Default "10s"; 1s to 10m.
+    pub lease_ttl: Option<String>,
+}
+
+impl StoreConfig {
+    /// The lease's time to live.
+    pub fn lease_ttl(&self) -> Result<std::time::Duration, Error> {
+        let Some(v) = &self.lease_ttl else {
+            return Ok(std::time::Duration::from_secs(10));
+        };
+        let d = shared::parse_duration(v).map_err(|source| Error::Duration {
+            setting: "store.lease_ttl",
+            source,
+        })?;
+        if !(std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(600)).contains(&d) {
+            return Err(Error::LeaseTtl(v.clone()));
+        }
+        Ok(d)
+    }
 }
 
 /// How tasks spread over the workers.
@@ -547,6 +569,7 @@ impl Config {
         duration("agent.check_timeout", &c.agent.check_timeout)?;
         c.provision.policy()?;
         c.placement.durations()?;
+        c.store.lease_ttl()?;
         c.egress
             .allow_list("", &[])
             .map_err(|e| Error::Egress(Box::new(e)))?;

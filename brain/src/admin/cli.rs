@@ -153,6 +153,7 @@ async fn serve(data: &DataDir, a: ServeArgs) -> anyhow::Result<i32> {
     let store = match a.store.or_else(|| config.store.url.clone()) {
         Some(url) => Some(crate::app::SharedStore {
             url,
+            lease_ttl: config.store.lease_ttl()?,
             replica: a
                 .replica
                 .or_else(|| config.store.replica.clone())
@@ -167,6 +168,13 @@ async fn serve(data: &DataDir, a: ServeArgs) -> anyhow::Result<i32> {
                 "error: --replica names a replica on a shared store: give --store (or [store] url) too"
             );
             return Ok(shared::exit::ExitCode::Usage.code());
+        }
+        None if config.store.lease_ttl.is_some() => {
+            eprintln!(
+                "error: [store] lease_ttl is for replicas on a shared store: give --store (or [store] url) too, or take it out of {}",
+                config_path.display()
+            );
+            return Ok(shared::exit::ExitCode::Config.code());
         }
         None => None,
     };

@@ -126,6 +126,8 @@ pub struct SharedStore {
     /// The name this replica holds task leases under: unique among the replicas running
     /// at once, and the same when one restarts (it then takes its own leases back).
     pub replica: String,
+    /// How long a task's lease lasts unless renewed.
+    pub lease_ttl: Duration,
 }
 
 /// What the brain keeps its state in.
@@ -193,7 +195,10 @@ async fn open_backend(opts: &Options) -> Result<Backend, Error> {
                 crate::storage::kv::Store::Postgres(db.clone()),
                 Arc::new(crate::engine::log::postgres::PgLog::open(
                     db.clone(),
-                    Default::default(),
+                    crate::engine::log::postgres::Timing {
+                        lease_ttl: s.lease_ttl,
+                        ..Default::default()
+                    },
                 )),
                 Mirror::shared(&db)?,
                 None,

@@ -190,13 +190,23 @@ impl Engine {
     fn spawn_driver(&self, task: Arc<Task>) {
         let core = self.inner.core.clone();
         let engine = self.clone();
+        let stop = task.new_driver();
         self.spawn(async move {
-            if task.state().attempts.is_some() {
-                attempts::run(engine, task.clone()).await;
-            } else {
-                supervisor::run(core.clone(), task.clone()).await;
+            let drive = async {
+                if task.state().attempts.is_some() {
+                    attempts::run(engine, task.clone()).await;
+                } else {
+                    supervisor::run(core.clone(), task.clone()).await;
+                }
+                deliver::owed_delivery(&core, &task).await;
+            };
+            // Stopped where it waits, as if its process had died: the log says where it was.
+            tokio::select! {
+                () = drive => {}
+                () = stop.cancelled() => {
+                    tracing::debug!(task = %task.id, "a driver of a task this brain let go stopped");
+                }
             }
-            deliver::owed_delivery(&core, &task).await;
         });
     }
 
@@ -343,6 +353,7 @@ impl Engine {
             if core.store.log().release(task.id).await? {
                 tracing::info!(task = %task.id, %worker, replica = %there, "the task's worker is connected to another replica: letting the task go there");
                 core.store.forget(task.id);
+                core.ports.placement.occupy(task.id.0, None);
                 let_go += 1;
             }
         }

@@ -124,6 +124,10 @@ pub struct Task {
     minted: Mutex<VecDeque<u64>>,
     /// One appender at a time per task, so state and log stay in the same order.
     append_lock: tokio::sync::Mutex<()>,
+    /// The running driver's stop: cancelled when this brain lets the task go (its lease
+    /// moved), and when another driver starts, so one process never drives a task twice at
+    /// once (the database fences other replicas, not two drivers of one).
+    driving: Mutex<CancellationToken>,
 }
 
 impl Task {
@@ -165,6 +169,18 @@ impl Task {
         if r.as_deref() == Some(to) {
             *r = None;
         }
+    }
+
+    /// A stop for a new driver of the task; any driver still running is stopped.
+    pub(crate) fn new_driver(&self) -> CancellationToken {
+        let fresh = CancellationToken::new();
+        std::mem::replace(&mut *self.driving.locked(), fresh.clone()).cancel();
+        fresh
+    }
+
+    /// Stops the task's driver, if one runs.
+    fn stop_driver(&self) {
+        self.driving.locked().cancel();
     }
 
     /// Whether this process minted `call_id` (it was issued since the brain started).
@@ -402,6 +418,9 @@ impl Store {
     /// the command the new holder waits for.
     pub fn forget(&self, id: TaskId) {
         if let Some(t) = self.tasks.locked().remove(&id) {
+            // What it would still do here is fenced anyway; it must not go on if the task
+            // comes back to this brain under a new lease while it waits.
+            t.stop_driver();
             self.views.locked().insert(id, t);
         }
     }
@@ -438,6 +457,7 @@ impl Store {
             move_request: Mutex::new(None),
             minted: Mutex::new(VecDeque::new()),
             append_lock: tokio::sync::Mutex::new(()),
+            driving: Mutex::new(CancellationToken::new()),
         })
     }
 

@@ -68,6 +68,26 @@ fn facts(cx: &Cx<'_>) -> Facts {
     }
 }
 
+/// A driver that starts where calls were settled but no barrier followed them (the brain
+/// that settled them stopped in between: killed, or its lease moved) takes that barrier
+/// first, as the one before it would have: what comes next (the model's view of the
+/// workspace, the loop detector, a move) needs the mirror to follow the disk.
+async fn catch_up_barrier(cx: &Cx<'_>) -> Result<(), Error> {
+    let st = cx.task.state();
+    let behind = st.unsynced_calls > 0 || st.unsure_unsynced;
+    if st.status.is_terminal() || st.pending.is_some() || !behind {
+        return Ok(());
+    }
+    let Some(worker) = st.worker else {
+        return Ok(());
+    };
+    if cx.ports().workers.is_connected(&worker) {
+        tracing::info!(task = %cx.task.id, calls = st.unsynced_calls, "taking the barrier the calls settled before this driver started were owed");
+        effects::barrier(cx, &worker, false).await?;
+    }
+    Ok(())
+}
+
 /// Where the task is, as placement counts it: the worker it is moving to (asked or under
 /// way), else the one it is on.
 fn occupancy(st: &crate::model::state::TaskState, f: &Facts) -> Option<Occupancy> {
@@ -87,6 +107,7 @@ fn occupancy(st: &crate::model::state::TaskState, f: &Facts) -> Option<Occupancy
 }
 
 async fn drive<D: Driver>(cx: &Cx<'_>, driver: &mut D) -> Result<(), Error> {
+    catch_up_barrier(cx).await?;
     loop {
         let st = cx.task.state();
         let f = facts(cx);
