@@ -12,11 +12,17 @@
 //! step on the other replica, beside one sled brain killed and started again at once;
 //! `BENCH_FAILOVERS` samples of each (default 5; 0 leaves the rows out). Target: p99 at most
 //! twice the lease's time to live.
+//!
+//! Then scaling (`ha/scale.rs`): steps per second for `BENCH_SCALE_TASKS` plan tasks (default
+//! 500; 0 leaves the rows out) driven by 1, 2 and 3 replicas. Target: 3 replicas at least twice
+//! one (on a machine with the cores for three).
 
 #[path = "appends/mod.rs"]
 mod appends;
 #[path = "ha/failover.rs"]
 mod failover;
+#[path = "ha/scale.rs"]
+mod scale;
 
 use std::sync::Arc;
 
@@ -81,11 +87,60 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
-    if samples == 0 {
-        return;
+    if samples > 0 {
+        failovers(&pg, samples);
     }
+    let tasks: usize = std::env::var("BENCH_SCALE_TASKS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(500);
+    if tasks > 0 {
+        scaling(&pg, tasks);
+    }
+}
+
+/// The scaling rows: 1, 2 and 3 replicas.
+fn scaling(pg: &testkit::postgres::Postgres, tasks: usize) {
+    let rows: Vec<scale::Row> = (1..=3).filter_map(|n| scale::run(pg, n, tasks)).collect();
+    let Some(one) = rows.first().map(|r| r.steps as f64 / r.secs) else {
+        eprintln!("scale: no row completed");
+        std::process::exit(1);
+    };
+    println!(
+        "\n{:<44} {:>12} {:>12} {:>16}",
+        "plan tasks, steps per second", "seconds", "steps/s", "vs 1 replica"
+    );
+    for r in &rows {
+        let rate = r.steps as f64 / r.secs;
+        println!(
+            "{:<44} {:>12.1} {:>12.1} {:>15.2}×",
+            format!(
+                "{} replica(s), {} tasks × {} steps",
+                r.replicas,
+                r.tasks,
+                r.steps / r.tasks
+            ),
+            r.secs,
+            rate,
+            rate / one
+        );
+    }
+    if let Some(three) = rows.iter().find(|r| r.replicas == 3) {
+        let ratio = three.steps as f64 / three.secs / one;
+        println!(
+            "(target: 3 replicas ≥ 2× one: {}; {} CPUs for PostgreSQL, the replicas and the workers)",
+            if ratio >= 2.0 { "met" } else { "missed" },
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        );
+    }
+}
+
+/// The failover rows.
+fn failovers(pg: &testkit::postgres::Postgres, samples: usize) {
     let restart = failover::restart(samples);
-    let replicas = failover::replicas(&pg, samples);
+    let replicas = failover::replicas(pg, samples);
     if restart.is_empty() || replicas.is_empty() {
         eprintln!("failover: no sample completed");
         std::process::exit(1);
