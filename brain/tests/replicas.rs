@@ -336,6 +336,16 @@ fn a_watcher_on_one_replica_follows_a_task_another_drives_and_an_approval_throug
         "ran\n",
         "the approved command ran once"
     );
+
+    // A task started through b for the worker on a follows its worker to a.
+    let other = b.agent().worker(&w.id).start("through b");
+    assert_finishes(&c, &other);
+    assert!(
+        b.brain_log()
+            .contains("the task's worker is connected to another replica"),
+        "{}",
+        b.brain_log()
+    );
 }
 
 /// A record's sequence number, as the JSON has it (a number, or a string for 64 bits).

@@ -64,8 +64,8 @@ fn three_replicas_lose_the_one_holding_most_leases_thirty_times_and_every_task_f
     let (mut replicas, workers) = start(&pg, &llm);
     let ids: Vec<String> = (0..TASKS)
         .map(|i| {
-            // Through the replica the workers are on: a replica places tasks only on the
-            // workers connected to it.
+            // Through the replica the workers enrolled with: the others learn of a new worker
+            // when they next read the registry (each second).
             replicas[0]
                 .agent()
                 .permission("auto")
