@@ -385,24 +385,21 @@ fn a_replica_that_cannot_talk_with_a_live_one_refuses_to_start_and_says_which_to
             "b",
         ])
     };
+    let refused = |says: &str| {
+        let out = serve();
+        assert_eq!(out.status.code(), Some(78), "{}", testkit::text(&out));
+        assert!(
+            testkit::text(&out).contains(says),
+            "{}",
+            testkit::text(&out)
+        );
+    };
     // A live replica of a newer brain that no longer understands this one.
     pg.psql("INSERT INTO replicas VALUES ('z', 99, 99, '9.0.0', now())");
-    let out = serve();
-    assert_eq!(out.status.code(), Some(78), "{}", testkit::text(&out));
-    assert!(
-        testkit::text(&out).contains("upgrade this brain to 9.0.0"),
-        "{}",
-        testkit::text(&out)
-    );
+    refused("upgrade this brain to 9.0.0");
     // A live replica older than this brain understands.
     pg.psql("UPDATE replicas SET protocol = 0, oldest = 0, version = '0.0.1' WHERE name = 'z'");
-    let out = serve();
-    assert_eq!(out.status.code(), Some(78), "{}", testkit::text(&out));
-    assert!(
-        testkit::text(&out).contains("upgrade z before starting this brain"),
-        "{}",
-        testkit::text(&out)
-    );
+    refused("upgrade z before starting this brain");
     // a, of this brain's own protocol, is no obstacle, and says it is alive.
     let alive = pg.psql("SELECT protocol FROM replicas WHERE name = 'a'");
     assert_eq!(alive, "1");

@@ -243,23 +243,12 @@ impl Backing {
             Self::Local { dir, .. } => dir,
             Self::Shared { db, rt, .. } => return Ok(wait(rt, db.blob_hashes())?),
         };
-        let mut out = Vec::new();
-        for shard in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
-            let Ok(files) = std::fs::read_dir(shard.path()) else {
-                continue;
-            };
-            for f in files.flatten() {
-                let hash = format!(
-                    "{}{}",
-                    shard.file_name().to_string_lossy(),
-                    f.file_name().to_string_lossy()
-                );
-                // Temp files of a write cut short are not blobs.
-                if check_hash(&hash).is_ok() {
-                    out.push(hash);
-                }
-            }
-        }
+        let mut out: Vec<String> = local_blobs(dir)?
+            .into_iter()
+            .map(|(hash, _)| hash)
+            // Temp files of a write cut short are not blobs.
+            .filter(|hash| check_hash(hash).is_ok())
+            .collect();
         out.sort();
         Ok(out)
     }
@@ -280,30 +269,38 @@ impl Backing {
         let now = shared::now_unix_ms() as u64;
         let young = |ms: u64| now.saturating_sub(ms) < grace.as_millis() as u64;
         let (mut n, mut bytes) = (0, 0);
-        let shards = std::fs::read_dir(dir).map_err(|e| io(dir, e))?;
-        for shard in shards.flatten() {
-            let Ok(files) = std::fs::read_dir(shard.path()) else {
-                continue;
-            };
-            for f in files.flatten() {
-                let hash = format!(
-                    "{}{}",
-                    shard.file_name().to_string_lossy(),
-                    f.file_name().to_string_lossy()
-                );
-                let meta = f.metadata().ok();
-                let modified = meta
-                    .as_ref()
-                    .and_then(|m| m.modified().ok())
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map_or(now, |d| d.as_millis() as u64);
-                if !live.contains(&hash) && !young(modified) {
-                    bytes += meta.map_or(0, |m| m.len());
-                    std::fs::remove_file(f.path()).map_err(|e| io(&f.path(), e))?;
-                    n += 1;
-                }
+        for (hash, f) in local_blobs(dir)? {
+            let meta = f.metadata().ok();
+            let modified = meta
+                .as_ref()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(now, |d| d.as_millis() as u64);
+            if !live.contains(&hash) && !young(modified) {
+                bytes += meta.map_or(0, |m| m.len());
+                std::fs::remove_file(f.path()).map_err(|e| io(&f.path(), e))?;
+                n += 1;
             }
         }
         Ok((n, bytes))
     }
+}
+
+/// Every file under the blob directory's shards, with the hash its place names.
+fn local_blobs(dir: &Path) -> Result<Vec<(String, std::fs::DirEntry)>, Error> {
+    let mut out = Vec::new();
+    for shard in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
+        let Ok(files) = std::fs::read_dir(shard.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            let hash = format!(
+                "{}{}",
+                shard.file_name().to_string_lossy(),
+                f.file_name().to_string_lossy()
+            );
+            out.push((hash, f));
+        }
+    }
+    Ok(out)
 }
