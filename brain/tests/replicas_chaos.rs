@@ -64,9 +64,10 @@ fn three_replicas_lose_the_one_holding_most_leases_thirty_times_and_every_task_f
     let (mut replicas, workers) = start(&pg, &llm);
     let ids: Vec<String> = (0..TASKS)
         .map(|i| {
-            // Through the replica the workers enrolled with: the others learn of a new worker
-            // when they next read the registry (each second).
-            replicas[0]
+            // Through each replica in turn, at once after the workers enrolled through the
+            // first (another replica reads the registry again for a worker it does not know),
+            // each task then following its worker to the replica the worker is on.
+            replicas[i % 3]
                 .agent()
                 .permission("auto")
                 .worker(&workers[i % WORKERS].id)

@@ -31,6 +31,18 @@ const MAX_GOAL_CHARS: usize = 64 * 1024;
 const MAX_TRANSCRIPT_BYTES: usize = 8 * 1024 * 1024;
 
 impl Services {
+    /// A worker a new task names that this brain does not know may have enrolled through
+    /// another replica since this one last read the registry (each second): read it again
+    /// once, so the task is not refused for that second.
+    async fn know_worker(&self, worker: &str) {
+        if worker.is_empty() || self.0.registry.resolve_worker(worker).is_ok() {
+            return;
+        }
+        if let Err(e) = self.0.registry.refresh().await {
+            tracing::debug!(error = %e, "cannot read the registry again");
+        }
+    }
+
     /// A new task's egress policy, when it names secrets, allow-list entries or a preset.
     async fn egress_spec(
         &self,
@@ -315,6 +327,7 @@ impl Admin for Services {
         let egress = self
             .egress_spec(&req.secrets, &req.allow, &req.egress)
             .await?;
+        self.know_worker(&req.worker).await;
         let id = self
             .0
             .engine
@@ -423,6 +436,7 @@ impl Admin for Services {
             })
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let model = spec.model.clone();
+        self.know_worker(&req.worker).await;
         let id = self
             .0
             .engine
