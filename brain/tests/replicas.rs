@@ -41,30 +41,8 @@ fn a_task_goes_on_on_another_replica_when_the_one_driving_it_is_killed() {
     let cert = |c: &Cluster| std::fs::read_to_string(c.data.join("admin/cert.pem")).unwrap();
     assert_ne!(cert(&a), cert(&b));
     // A replica with another secrets key cannot open the store's CA: refused, in words.
-    let other = a.dir.join("other");
-    let brain = |args: &[&str], key: &str| {
-        std::process::Command::new(&a.bins.brain)
-            .arg("--data")
-            .arg(&other)
-            .args(args)
-            .env("TETHER_SECRET_KEY", key)
-            .output()
-            .unwrap()
-    };
-    assert!(brain(&["init"], "").status.success());
     let url = pg.url();
-    let refused = brain(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--store",
-            &url,
-            "--replica",
-            "c",
-        ],
-        &"a1".repeat(32),
-    );
+    let refused = serve_by_hand(&a, "other", &"a1".repeat(32), &url, "c");
     assert!(!refused.status.success());
     let said = testkit::text(&refused);
     assert!(said.contains("sealed with another secrets key"), "{said}");
@@ -362,29 +340,8 @@ fn a_replica_that_cannot_talk_with_a_live_one_refuses_to_start_and_says_which_to
         return;
     };
     let a = Cluster::start_with(pg.replica("a"));
-    let other = a.dir.join("b");
-    let brain = |args: &[&str]| {
-        std::process::Command::new(&a.bins.brain)
-            .arg("--data")
-            .arg(&other)
-            .args(args)
-            .env("TETHER_SECRET_KEY", "5e".repeat(32))
-            .output()
-            .unwrap()
-    };
-    assert!(brain(&["init"]).status.success());
     let url = pg.url();
-    let serve = || {
-        brain(&[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--store",
-            &url,
-            "--replica",
-            "b",
-        ])
-    };
+    let serve = || serve_by_hand(&a, "b", &"5e".repeat(32), &url, "b");
     let refused = |says: &str| {
         let out = serve();
         assert_eq!(out.status.code(), Some(78), "{}", testkit::text(&out));
@@ -541,4 +498,32 @@ fn a_task_follows_its_worker_to_the_replica_it_reconnects_to() {
         a.wait_status(&id, &["finished"], Duration::from_secs(20)),
         "finished"
     );
+}
+
+/// `brain serve` on `url` as replica `name` from data dir `dir` beside `a`'s (made by `brain
+/// init` when new), with secrets key `key`; what it said when it exited.
+fn serve_by_hand(a: &Cluster, dir: &str, key: &str, url: &str, name: &str) -> std::process::Output {
+    let data = a.dir.join(dir);
+    let brain = |args: &[&str]| {
+        std::process::Command::new(&a.bins.brain)
+            .arg("--data")
+            .arg(&data)
+            .args(args)
+            .env("TETHER_SECRET_KEY", key)
+            .output()
+            .unwrap()
+    };
+    if !data.exists() {
+        let init = brain(&["init"]);
+        assert!(init.status.success(), "{}", testkit::text(&init));
+    }
+    brain(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        url,
+        "--replica",
+        name,
+    ])
 }
