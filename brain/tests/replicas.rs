@@ -477,6 +477,20 @@ fn a_task_follows_its_worker_to_the_replica_it_reconnects_to() {
         "the task made no progress on a: {}",
         a.brain_log()
     );
+    // b lists the worker as connected, through a.
+    let on = |c: &Cluster| {
+        c.workers()
+            .into_iter()
+            .find(|x| x["id"] == w.id.as_str())
+            .map(|x| (x["state"].clone(), x["replica"].clone()))
+    };
+    assert!(
+        testkit::wait_until(Duration::from_secs(10), || on(&b)
+            == Some(("connected".into(), "a".into()))),
+        "b lists the worker as {:?}",
+        on(&b)
+    );
+    assert_eq!(on(&a), Some(("connected".into(), serde_json::Value::Null)));
     // The worker comes back on b; a stays up and would keep the task's lease for ever.
     a.restart_worker_with(&mut w, &["--brain", &b.url(), "--brain", &a.url()]);
     assert_finishes(&b, &id);

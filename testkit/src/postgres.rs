@@ -39,6 +39,26 @@ fn bin_dir() -> Result<PathBuf, String> {
         .ok_or_else(|| "no initdb under /usr/lib/postgresql/*/bin".into())
 }
 
+/// What a server image built from the host's packages needs (deploy/Dockerfile.postgres):
+/// the newest server's tree, its shared data, and the time zones.
+pub fn install_dirs() -> Result<Vec<PathBuf>, String> {
+    let bin = bin_dir()?;
+    let tree = bin.parent().ok_or("no server tree")?;
+    let version = tree.file_name().ok_or("no server version")?;
+    let share = Path::new("/usr/share/postgresql").join(version);
+    if !share.is_dir() {
+        return Err(format!(
+            "no {} (apt-get install postgresql)",
+            share.display()
+        ));
+    }
+    Ok(vec![
+        tree.to_path_buf(),
+        share,
+        PathBuf::from("/usr/share/zoneinfo"),
+    ])
+}
+
 fn free_port() -> Result<u16, String> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -126,6 +126,7 @@ pub fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
                     "peak_tasks": w.peak_tasks,
                     "max_tasks": w.max_tasks,
                     "link": w.link,
+                    "replica": (!w.replica.is_empty()).then_some(&w.replica),
                     "memory_free_bytes": w.load.map(|l| l.memory_free_bytes),
                     "cpu_busy_permille": w.load.map(|l| l.cpu_busy_permille),
                 })
@@ -173,7 +174,12 @@ pub fn print_workers(workers: &[proto::WorkerInfo], json: bool) {
             },
             c.cpus,
             c.memory_bytes as f64 / (1u64 << 30) as f64,
-            ago(w.last_seen_unix_ms),
+            // Connected to another replica sharing the store: which.
+            if w.replica.is_empty() {
+                ago(w.last_seen_unix_ms)
+            } else {
+                format!("via {}", w.replica)
+            },
             labels.join(",")
         );
     }

@@ -113,15 +113,18 @@ impl Admin for Services {
             .workers()?
             .into_iter()
             .map(|w| {
-                let session = self.0.hub.session(&w.id);
-                let last_seen = session
-                    .as_ref()
-                    .map(|s| s.last_seen_ms.load(Ordering::Relaxed))
-                    .unwrap_or(w.last_seen_ms);
+                let session = match self.0.hub.session(&w.id) {
+                    Some(s) => convert::Session::Here(s.last_seen_ms.load(Ordering::Relaxed)),
+                    None => self
+                        .0
+                        .engine
+                        .worker_elsewhere(&w.id)
+                        .map_or(convert::Session::None, convert::Session::Elsewhere),
+                };
                 let board = self.0.hub.board();
                 let tasks = (board.running_on(&w.id), board.peak(&w.id));
                 let view = board.view(&w.id);
-                convert::worker_info(w, session.is_some(), last_seen, tasks, view)
+                convert::worker_info(w, session, tasks, view)
             })
             .collect();
         Ok(Response::new(ListWorkersResponse { workers }))

@@ -326,16 +326,31 @@ impl From<Caps> for proto::Capabilities {
     }
 }
 
-/// A worker as the admin API shows it: its record, whether (and when) it was last seen, the
-/// tasks placed on it, and (connected) placement's view of it.
+/// Where a worker's session is, as the brain answering knows it.
+pub enum Session {
+    /// Connected here, last seen at this time (ms since the epoch).
+    Here(i64),
+    /// Connected to this other live replica sharing the store.
+    Elsewhere(String),
+    /// Not connected: the registry's last sighting.
+    None,
+}
+
+/// A worker as the admin API shows it: its record, its session, the tasks placed on it, and
+/// (connected) placement's view of it.
 pub fn worker_info(
     w: WorkerRecord,
-    connected: bool,
-    last_seen_ms: i64,
+    session: Session,
     (running_tasks, peak_tasks): (u32, u32),
     view: Option<crate::fleet::board::MemberView>,
 ) -> proto::WorkerInfo {
     use proto::WorkerState;
+    let (connected, last_seen_ms, replica) = match session {
+        Session::Here(ms) => (true, ms, String::new()),
+        // Its replica wrote that it holds the session within the last seconds.
+        Session::Elsewhere(r) => (true, shared::now_unix_ms(), r),
+        Session::None => (false, w.last_seen_ms, String::new()),
+    };
     let state = if w.revoked {
         WorkerState::Revoked
     } else if connected {
@@ -358,6 +373,7 @@ pub fn worker_info(
         max_tasks: view.as_ref().map_or(0, |v| v.capacity),
         link: view.as_ref().map_or("", |v| v.link).to_string(),
         load: view.and_then(|v| v.load),
+        replica,
     }
 }
 

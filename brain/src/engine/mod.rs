@@ -327,6 +327,12 @@ impl Engine {
         Ok(adopted)
     }
 
+    /// The replica sharing the store that `worker`'s session is on, when that is another live
+    /// one (none without replicas).
+    pub fn worker_elsewhere(&self, worker: &str) -> Option<String> {
+        self.inner.peers.get()?.worker_elsewhere(worker)
+    }
+
     /// Lets go of the tasks this brain drives whose worker is connected to another replica
     /// now, and not here: that replica takes them over (a task follows its worker). Their
     /// drivers here are fenced at their next append. How many.

@@ -446,7 +446,7 @@ function workersView(view) {
   const load = () => api("GET", "/api/workers").then(r => {
     body.replaceChildren(...(r.workers || []).map(w => {
       const c = w.capabilities || {};
-      return el("tr", { "data-worker": w.id }, el("td", {}, w.id), el("td", {}, w.name), el("td", {}, w.link && w.link !== "steady" ? w.link : workerState(w.state)),
+      return el("tr", { "data-worker": w.id }, el("td", {}, w.id), el("td", {}, w.name), el("td", {}, w.link && w.link !== "steady" ? w.link : workerState(w.state) + (w.replica ? " via " + w.replica : "")),
         el("td", { class: "tasks" }, w.max_tasks ? (w.running_tasks || 0) + "/" + w.max_tasks : String(w.running_tasks || 0)),
         el("td", {}, Object.entries(w.labels || {}).map(([k, v]) => k + "=" + v).join(" ")),
         el("td", {}, String(c.cpus || "")), el("td", {}, Number(c.memory_bytes) ? (c.memory_bytes / 2 ** 30).toFixed(1) + " GiB" : ""),
