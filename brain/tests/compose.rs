@@ -1,42 +1,54 @@
-//! `deploy/compose.yaml` for real: images from `deploy/Dockerfile.brain` and
-//! `deploy/Dockerfile.worker` (on a scratch base: no registry), `docker-compose up`, both
-//! workers enrol by themselves, and a task runs on one and moves to the other.
+//! `deploy/compose.yaml` and `deploy/compose.replicas.yaml` for real: images from
+//! `deploy/Dockerfile.*` (on scratch bases: no registry), `docker-compose up`, both workers
+//! enrol by themselves; a task runs on one and moves to the other, and a task outlives the
+//! replica driving it.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{docker, out, rand_tag};
 use testkit::{replay_turn, text, wait_until};
 
 struct Project {
     name: String,
+    /// The compose file under deploy/.
+    file: &'static str,
+    /// The brain's image, the worker's, then any others to remove afterwards.
     images: Vec<String>,
+    /// More of the compose file's variables.
+    vars: Vec<(&'static str, String)>,
 }
 
 impl Project {
-    fn compose(&self, args: &[&str]) -> std::process::Output {
-        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/compose.yaml");
-        Command::new("docker-compose")
-            .arg("-p")
+    fn command(&self, args: &[&str]) -> Command {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy")
+            .join(self.file);
+        let mut c = Command::new("docker-compose");
+        c.arg("-p")
             .arg(&self.name)
             .arg("-f")
             .arg(file)
             .args(args)
             .env("TETHER_BRAIN_IMAGE", &self.images[0])
             .env("TETHER_WORKER_IMAGE", &self.images[1])
-            .output()
-            .expect("run docker-compose")
+            .envs(self.vars.iter().map(|(k, v)| (k, v)));
+        c
     }
 
-    /// `brain ARGS` inside the brain container, as its admin.
-    fn brain(&self, args: &[&str]) -> std::process::Output {
+    fn compose(&self, args: &[&str]) -> std::process::Output {
+        self.command(args).output().expect("run docker-compose")
+    }
+
+    /// `brain ARGS` inside the `service` container, as its admin.
+    fn brain_on(&self, service: &str, args: &[&str]) -> std::process::Output {
         let mut all = vec![
             "exec",
             "-T",
-            "brain",
+            service,
             "brain",
             "--brain",
             "https://127.0.0.1:7443",
@@ -45,9 +57,57 @@ impl Project {
         self.compose(&all)
     }
 
-    fn workers(&self) -> Vec<serde_json::Value> {
-        let o = self.brain(&["workers", "--json"]);
+    fn brain(&self, args: &[&str]) -> std::process::Output {
+        self.brain_on("brain", args)
+    }
+
+    fn workers_on(&self, service: &str) -> Vec<serde_json::Value> {
+        let o = self.brain_on(service, &["workers", "--json"]);
         serde_json::from_slice(&o.stdout).unwrap_or_default()
+    }
+
+    fn workers(&self) -> Vec<serde_json::Value> {
+        self.workers_on("brain")
+    }
+
+    /// Writes `content` to `path` inside the `service` container.
+    fn write(&self, service: &str, path: &str, content: &str) {
+        let script = format!("cat > {path}");
+        let mut child = self
+            .command(&["exec", "-T", service, "sh", "-c", &script])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(content.as_bytes())
+                .unwrap();
+        }
+        assert!(child.wait().unwrap().success());
+    }
+
+    /// `brain task show TASK` through `service` once it contains `what`.
+    fn show_until(&self, service: &str, task: &str, what: &str) -> String {
+        let mut last = String::new();
+        let seen = wait_until(Duration::from_secs(90), || {
+            let o = self.brain_on(service, &["task", "show", task]);
+            last = String::from_utf8_lossy(&o.stdout).into_owned();
+            last.contains(what)
+        });
+        assert!(
+            seen,
+            "never {what} through {service}: {last}\n{}",
+            self.logs()
+        );
+        last
+    }
+
+    fn logs(&self) -> String {
+        text(&self.compose(&["logs", "--no-color", "--tail", "40"]))
     }
 }
 
@@ -79,6 +139,8 @@ fn the_compose_deployment_enrols_two_workers_and_moves_a_task_between_them() {
     let base = format!("tether-test-base:{t}");
     let p = Project {
         name: format!("tethertest{}", t.replace('-', "")),
+        file: "compose.yaml",
+        vars: Vec::new(),
         images: vec![
             format!("tether-test-brain:{t}"),
             format!("tether-test-worker:{t}"),
@@ -99,7 +161,7 @@ fn the_compose_deployment_enrols_two_workers_and_moves_a_task_between_them() {
         }),
         "workers: {:?}\n{}",
         p.workers(),
-        text(&p.compose(&["logs", "--no-color", "--tail", "40"]))
+        p.logs()
     );
 
     // A task on worker-1 that waits for approval before its second step; it is moved to
@@ -118,25 +180,7 @@ fn the_compose_deployment_enrols_two_workers_and_moves_a_task_between_them() {
         replay_turn(3, "finish", serde_json::json!({"summary": "done"})),
     ]
     .join("\n");
-    let mut write = Command::new("docker-compose");
-    write
-        .args(["-p", &p.name, "-f"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/compose.yaml"))
-        .args(["exec", "-T", "brain", "sh", "-c", "cat > /tmp/t.jsonl"])
-        .env("TETHER_BRAIN_IMAGE", &p.images[0])
-        .env("TETHER_WORKER_IMAGE", &p.images[1])
-        .stdin(std::process::Stdio::piped());
-    let mut child = write.spawn().unwrap();
-    {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(transcript.as_bytes())
-            .unwrap();
-    }
-    assert!(child.wait().unwrap().success());
+    p.write("brain", "/tmp/t.jsonl", &transcript);
     let o = p.brain(&[
         "run",
         "--detach",
@@ -150,24 +194,9 @@ fn the_compose_deployment_enrols_two_workers_and_moves_a_task_between_them() {
     ]);
     assert!(o.status.success(), "{}", text(&o));
     let task = out(&o);
-    let status = |p: &Project| {
-        let o = p.brain(&["task", "show", &task]);
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
-    let wait_for = |p: &Project, what: &str| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let s = status(p);
-            if s.contains(what) {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "never {what}: {s}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
-    wait_for(&p, "approval #1");
+    p.show_until("brain", &task, "approval #1");
     assert!(p.brain(&["approve", &task]).status.success());
-    wait_for(&p, "approval #2");
+    p.show_until("brain", &task, "approval #2");
     let o = p.brain(&["task", "move", &task, "--to", "worker-2"]);
     assert!(o.status.success(), "{}", text(&o));
     let w2 = p
@@ -178,13 +207,9 @@ fn the_compose_deployment_enrols_two_workers_and_moves_a_task_between_them() {
         .as_str()
         .unwrap()
         .to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !status(&p).contains(&w2) {
-        assert!(Instant::now() < deadline, "not moved: {}", status(&p));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    p.show_until("brain", &task, &w2);
     assert!(p.brain(&["approve", &task]).status.success());
-    wait_for(&p, "finished");
+    p.show_until("brain", &task, "finished");
     let ws = format!("task-{}", task.trim_start_matches("t-"));
     let o = p.brain(&["file", "read", "worker-2", "b.txt", "--workspace", &ws]);
     assert!(o.status.success(), "{}", text(&o));
@@ -192,4 +217,142 @@ fn the_compose_deployment_enrols_two_workers_and_moves_a_task_between_them() {
         String::from_utf8_lossy(&o.stdout),
         "made on worker-1\nmoved\n"
     );
+}
+
+/// A secret of `bytes` random bytes, in hex.
+fn random_hex(bytes: usize) -> String {
+    (0..bytes)
+        .map(|_| format!("{:02x}", rand::random::<u8>()))
+        .collect()
+}
+
+#[test]
+fn the_replicas_deployment_keeps_a_task_going_when_the_replica_driving_it_is_killed() {
+    if let Some(why) = common::unusable() {
+        testkit::skip("docker", &why);
+        return;
+    }
+    if Command::new("docker-compose")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        testkit::skip("compose", "docker-compose is not installed");
+        return;
+    }
+    let pg_dirs = match testkit::postgres::install_dirs() {
+        Ok(d) => d,
+        Err(why) => {
+            testkit::skip("postgres", &why);
+            return;
+        }
+    };
+    let bins = testkit::Bins::locate();
+    let t = rand_tag();
+    let base = format!("tether-test-base:{t}");
+    let pg_base = format!("tether-test-pg-base:{t}");
+    let p = Project {
+        name: format!("tetherha{}", t.replace('-', "")),
+        file: "compose.replicas.yaml",
+        images: vec![
+            format!("tether-test-brain:{t}"),
+            format!("tether-test-worker:{t}"),
+            format!("tether-test-postgres:{t}"),
+            base.clone(),
+            pg_base.clone(),
+        ],
+        vars: vec![
+            ("TETHER_DB_PASSWORD", random_hex(16)),
+            ("TETHER_SECRET_KEY", random_hex(32)),
+            ("TETHER_POSTGRES_IMAGE", format!("tether-test-postgres:{t}")),
+        ],
+    };
+    let all: [&Path; 2] = [&bins.brain, &bins.worker];
+    common::build("brain", &base, &p.images[0], &all).unwrap();
+    common::build("worker", &base, &p.images[1], &all).unwrap();
+    let pg: Vec<&Path> = pg_dirs.iter().map(PathBuf::as_path).collect();
+    common::build("postgres", &pg_base, &p.images[2], &pg).unwrap();
+    let up = p.compose(&["up", "-d"]);
+    assert!(up.status.success(), "{}", text(&up));
+
+    // Both workers enrol through brain-1, with the tokens it minted; brain-2 reads them from
+    // the database.
+    assert!(
+        wait_until(Duration::from_secs(120), || {
+            let w = p.workers_on("brain-2");
+            w.len() == 2 && w.iter().all(|w| w["state"] == "connected")
+        }),
+        "workers through brain-2: {:?}\n{}",
+        p.workers_on("brain-2"),
+        p.logs()
+    );
+
+    // A task started through brain-2 on worker-1 (connected to brain-1, the first it knows),
+    // approved through brain-2 and so handed to brain-1, which drives it.
+    let transcript = [
+        replay_turn(
+            1,
+            "write_file",
+            serde_json::json!({"path": "a.txt", "content": "before\n"}),
+        ),
+        replay_turn(
+            2,
+            "run_command",
+            serde_json::json!({"command": "cat a.txt >> b.txt; echo after >> b.txt"}),
+        ),
+        replay_turn(3, "finish", serde_json::json!({"summary": "done"})),
+    ]
+    .join("\n");
+    // The replay file is read by whichever replica drives the task: both have it.
+    p.write("brain-1", "/tmp/t.jsonl", &transcript);
+    p.write("brain-2", "/tmp/t.jsonl", &transcript);
+    let o = p.brain_on(
+        "brain-2",
+        &[
+            "run",
+            "--detach",
+            "--model",
+            "replay:/tmp/t.jsonl",
+            "--permission",
+            "ask",
+            "--worker",
+            "worker-1",
+            "outlive a replica",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let task = out(&o);
+    p.show_until("brain-2", &task, "approval #1");
+    let o = p.brain_on("brain-2", &["approve", &task]);
+    assert!(o.status.success(), "{}", text(&o));
+    p.show_until("brain-2", &task, "approval #2");
+
+    // worker-1's session is on brain-1, so brain-1 drives its task.
+    let via = |p: &Project| {
+        p.workers_on("brain-2")
+            .into_iter()
+            .find(|w| w["name"] == "worker-1")
+            .map(|w| w["replica"].clone())
+    };
+    assert_eq!(via(&p), Some("brain-1".into()));
+    // brain-1 dies (SIGKILL); worker-1 moves to brain-2, which takes the task over and goes on
+    // from the second approval.
+    let o = p.compose(&["kill", "-s", "SIGKILL", "brain-1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        wait_until(Duration::from_secs(90), || {
+            p.brain_on("brain-2", &["approve", &task]).status.success()
+        }),
+        "the second approval through brain-2 never went through\n{}",
+        p.logs()
+    );
+    p.show_until("brain-2", &task, "finished");
+    let ws = format!("task-{}", task.trim_start_matches("t-"));
+    let o = p.brain_on(
+        "brain-2",
+        &["file", "read", "worker-1", "b.txt", "--workspace", &ws],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    // The command appends: had it run twice across the take-over, b.txt would say so.
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "before\nafter\n");
 }

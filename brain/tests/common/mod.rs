@@ -54,20 +54,21 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Builds `deploy/Dockerfile.<which>` (brain or worker) as `tag` with this build's binaries,
-/// on a scratch base `base` that has the libraries of every binary in `bins`.
+/// Builds `deploy/Dockerfile.<which>` (brain, worker or postgres) as `tag`, on a scratch base
+/// `base` made from `bins` (binaries, whose libraries go in, or directories copied whole); the
+/// one of `bins` named `which`, if any, is this build's binary the Dockerfile copies.
 pub fn build(which: &str, base: &str, tag: &str, bins: &[&Path]) -> Result<(), String> {
     let ctx = std::env::temp_dir().join(format!("tether-docker-ctx-{}", rand_tag()));
     let result = (|| {
         std::fs::create_dir_all(ctx.join("target/release")).map_err(|e| e.to_string())?;
         std::fs::create_dir_all(ctx.join("deploy/docker")).map_err(|e| e.to_string())?;
-        std::fs::copy(
-            bins.iter()
-                .find(|b| b.file_name().is_some_and(|n| n == which))
-                .ok_or("no such binary")?,
-            ctx.join("target/release").join(which),
-        )
-        .map_err(|e| e.to_string())?;
+        if let Some(bin) = bins
+            .iter()
+            .find(|b| b.file_name().is_some_and(|n| n == which))
+        {
+            std::fs::copy(bin, ctx.join("target/release").join(which))
+                .map_err(|e| e.to_string())?;
+        }
         for f in [
             format!("Dockerfile.{which}"),
             format!("docker/{which}-entrypoint.sh"),
