@@ -15,7 +15,9 @@
 //! (the watchers' own reading and parsing, which on a real deployment runs elsewhere).
 //! Each case runs `BENCH_REPEAT` (3) times, each right after a run with nobody watching; the
 //! pace is the median ratio of those pairs (`BENCH_PAIRS=1` prints each pair's too: on a
-//! machine shared with other work a pair's ratio swings with that work). `BENCH_VIA=sse|grpc`
+//! machine shared with other work a pair's ratio swings with that work). Then the same task on
+//! three replicas on one PostgreSQL (where one is installed), with 1 and 1,000 SSE watchers on
+//! the replica that drives the task and spread over all three. `BENCH_VIA=sse|grpc|replicas`
 //! and `BENCH_WATCHERS=1000` (a list) run only those cases.
 
 use std::sync::{Arc, Mutex};
@@ -252,13 +254,35 @@ async fn grpc_watcher(
     last_kind_finished
 }
 
-fn run_once(
-    c: &Cluster,
-    rt: &tokio::runtime::Runtime,
-    via: Via,
-    n: usize,
-    steps: usize,
-) -> Outcome {
+/// Where a run's task is driven and where its watchers connect.
+struct Setup<'a> {
+    /// The brain the task is started through, which drives it (its worker is there).
+    drive: &'a Cluster,
+    /// Brains the watchers connect to, in turn (the first watcher to the first).
+    watch: Vec<&'a Cluster>,
+    /// Every brain process: their CPU time and memory are the run's.
+    brains: Vec<&'a Cluster>,
+}
+
+impl<'a> Setup<'a> {
+    fn one(c: &'a Cluster) -> Self {
+        Self {
+            drive: c,
+            watch: vec![c],
+            brains: vec![c],
+        }
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        self.brains
+            .iter()
+            .map(|c| c.brain.as_ref().unwrap().pid())
+            .collect()
+    }
+}
+
+fn run_once(s: &Setup, rt: &tokio::runtime::Runtime, via: Via, n: usize, steps: usize) -> Outcome {
+    let c = s.drive;
     let mut plan = vec![serde_json::json!({"run": ["sleep", PAUSE_S.to_string()]})];
     plan.extend((0..steps).map(|_| serde_json::json!({"run": ["true"]})));
     let file = c.dir.join(format!("plan-{n}.json"));
@@ -270,18 +294,25 @@ fn run_once(
         String::from_utf8_lossy(&out.stderr)
     );
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let token = {
-        let out = c.brain_cli(&["admin", "token", "create", "--name", "bench", "--ttl", "1h"]);
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
+    // One web API token for each brain watched (each brain's admin makes its own).
+    let tokens: Vec<String> = s
+        .watch
+        .iter()
+        .map(|w| {
+            let out = w.brain_cli(&["admin", "token", "create", "--name", "bench", "--ttl", "1h"]);
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        })
+        .collect();
     let lat = Arc::new(Mutex::new(Vec::new()));
     // Records appended before every watcher is in are not counted.
     let from_ms = Arc::new(Since::default());
     let ready = Arc::new(tokio::sync::Barrier::new(n + 1));
     let target = Target::resolve(&DataDir(c.data.clone()), None, None);
-    let pid = c.brain.as_ref().unwrap().pid();
+    let pids = s.pids();
+    let rss = |pids: &[u32]| pids.iter().map(|p| rss_kb(*p)).sum::<u64>();
+    let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_ms(*p)).sum::<f64>();
     let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let cpu_before = cpu_ms(pid);
+    let cpu_before = cpu(&pids);
     let own_before = own_cpu_ms();
     let complete = rt.block_on(async {
         let mut handles = Vec::new();
@@ -296,8 +327,11 @@ fn run_once(
             let (lat, from, ready) = (lat.clone(), from_ms.clone(), ready.clone());
             handles.push(match via {
                 Via::Sse => tokio::spawn(sse_watcher(
-                    format!("{}/api/tasks/{id}/events", c.web_url()),
-                    token.clone(),
+                    format!(
+                        "{}/api/tasks/{id}/events",
+                        s.watch[i % s.watch.len()].web_url()
+                    ),
+                    tokens[i % s.watch.len()].clone(),
                     ready,
                     lat,
                     from,
@@ -315,10 +349,10 @@ fn run_once(
         ready.wait().await;
         from_ms.set(now_ms());
         let sampler = {
-            let peak = peak.clone();
+            let (peak, pids) = (peak.clone(), pids.clone());
             tokio::spawn(async move {
                 loop {
-                    peak.fetch_max(rss_kb(pid), std::sync::atomic::Ordering::Relaxed);
+                    peak.fetch_max(rss(&pids), std::sync::atomic::Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             })
@@ -360,7 +394,7 @@ fn run_once(
         .and_then(|r| testkit::json_u64(&r["at_ms"]))
         .map_or(0.0, |ms| ms as f64);
     let task_ms = end - completed.first().copied().unwrap_or(end);
-    let cpu = cpu_ms(pid) - cpu_before;
+    let cpu = cpu(&pids) - cpu_before;
     let watchers_cpu_ms = own_cpu_ms() - own_before;
     let mut latencies = lat.locked().clone();
     latencies.retain(|l| l.is_finite());
@@ -369,11 +403,165 @@ fn run_once(
         task_ms,
         rss_kb: peak
             .load(std::sync::atomic::Ordering::Relaxed)
-            .max(rss_kb(pid)),
+            .max(rss(&pids)),
         complete,
         cpu_ms: cpu,
         watchers_cpu_ms,
     }
+}
+
+/// How many times each case runs, each right after a run with nobody watching.
+fn repeat() -> usize {
+    std::env::var("BENCH_REPEAT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+        .max(1)
+}
+
+/// Runs one case `repeat()` times, each right after a run nobody watches on the same setup,
+/// and prints its row; the runs nobody watched go into `bases`.
+fn case(
+    s: &Setup,
+    rt: &tokio::runtime::Runtime,
+    (via, name): (Via, &str),
+    n: usize,
+    steps: usize,
+    bases: &mut Vec<Outcome>,
+) {
+    let (mut latencies, mut ratios, mut times) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut brain_us, mut watchers_us) = (Vec::new(), Vec::new());
+    let (mut complete, mut rss, mut records) = (usize::MAX, 0, 0);
+    for _ in 0..repeat() {
+        let base = run_once(s, rt, Via::None, 0, steps);
+        let o = run_once(s, rt, via, n, steps);
+        let delivered = o.latencies.len().max(1) as f64;
+        ratios.push(o.task_ms / base.task_ms.max(1.0));
+        times.push(o.task_ms);
+        // What each delivered record cost the brain, beyond running the task.
+        brain_us.push((o.cpu_ms - base.cpu_ms).max(0.0) * 1000.0 / delivered);
+        // And the watchers themselves (this process), who share the cores.
+        watchers_us.push(o.watchers_cpu_ms * 1000.0 / delivered);
+        complete = complete.min(o.complete);
+        rss = rss.max(o.rss_kb);
+        records = o.latencies.len();
+        latencies.extend(o.latencies);
+        bases.push(base);
+    }
+    let (p50, p99) = (pct(&mut latencies, 0.5), pct(&mut latencies, 0.99));
+    // In the order run (the median below sorts them).
+    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
+    println!(
+        "{:<24} {:>8} {:>8.1}ms {:>8.1}ms {:>9} {:>8} {:>9.0}ms {:>7.2}× {:>8}MB {:>12.1} {:>14.1}",
+        name,
+        n,
+        p50,
+        p99,
+        records,
+        complete,
+        pct(&mut times, 0.5),
+        pct(&mut ratios, 0.5),
+        rss / 1024,
+        pct(&mut brain_us, 0.5),
+        pct(&mut watchers_us, 0.5),
+    );
+    if std::env::var_os("BENCH_PAIRS").is_some() {
+        println!("{:<24} each pair, in order: {}", "", each.join(" "));
+    }
+}
+
+fn header() {
+    println!(
+        "{:<24} {:>8} {:>10} {:>10} {:>9} {:>8} {:>11} {:>8} {:>10} {:>12} {:>14}",
+        "append → watcher",
+        "watchers",
+        "p50",
+        "p99",
+        "records",
+        "saw end",
+        "task time",
+        "vs none",
+        "brain RSS",
+        "brain µs/rec",
+        "watchers µs/rec"
+    );
+}
+
+fn none_row(bases: &[Outcome]) {
+    let mut base_times: Vec<f64> = bases.iter().map(|b| b.task_ms).collect();
+    println!(
+        "{:<24} {:>8} {:>10} {:>10} {:>9} {:>8} {:>9.0}ms {:>8} {:>8}MB {:>12} {:>14}",
+        "nobody watching",
+        0,
+        "-",
+        "-",
+        "-",
+        "-",
+        pct(&mut base_times, 0.5),
+        "1.00×",
+        bases.iter().map(|b| b.rss_kb).max().unwrap_or(0) / 1024,
+        "-",
+        "-"
+    );
+}
+
+/// The web API's limits raised past the largest case: by default a credential holds up to 8
+/// streams and the web API 256 connections, and one token serves every SSE watcher of a brain.
+const WEB_LIMITS: &str = "[web]\nmax_streams_per_credential = 1000\nmax_connections = 1100\n";
+
+/// The same task watched over SSE through replicas on PostgreSQL: 1 and 1,000 watchers all on
+/// the replica driving the task, and spread over all three (the first on another replica):
+/// what reaches a watcher on another replica comes through the database (NOTIFY, then a read
+/// of the log).
+fn replicas(rt: &tokio::runtime::Runtime, steps: usize, counts: &[usize]) {
+    let Some(pg) = testkit::postgres::start_or_skip() else {
+        println!("\nreplicas: skipped (no PostgreSQL here: apt-get install postgresql)");
+        return;
+    };
+    let replicas: Vec<Cluster> = (0..3)
+        .map(|i| {
+            let mut o = pg.replica(&format!("r{i}"));
+            o.web = true;
+            o.config = Some(WEB_LIMITS.into());
+            Cluster::start_with(o)
+        })
+        .collect();
+    let _w = replicas[0].join_worker("bench");
+    println!(
+        "\nThe same over 3 replicas on one PostgreSQL (the task driven by r0, its worker's; brain RSS and µs/rec are the three replicas' together)\n"
+    );
+    header();
+    let all: Vec<&Cluster> = replicas.iter().collect();
+    let on_driver = Setup {
+        drive: &replicas[0],
+        watch: vec![&replicas[0]],
+        brains: all.clone(),
+    };
+    let spread = Setup {
+        drive: &replicas[0],
+        watch: vec![&replicas[1], &replicas[2], &replicas[0]],
+        brains: all.clone(),
+    };
+    let mut bases = Vec::new();
+    for &n in counts {
+        case(
+            &on_driver,
+            rt,
+            (Via::Sse, "SSE, on the driver"),
+            n,
+            steps,
+            &mut bases,
+        );
+        case(
+            &spread,
+            rt,
+            (Via::Sse, "SSE, over 3 replicas"),
+            n,
+            steps,
+            &mut bases,
+        );
+    }
+    none_row(&bases);
 }
 
 fn main() {
@@ -387,115 +575,51 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    // One API token serves every SSE watcher: by default a credential holds up to 8 streams
-    // and the web API 256 connections, so the bench raises both past its largest case.
-    let c = Cluster::start_with(BrainOptions {
-        web: true,
-        config: Some("[web]\nmax_streams_per_credential = 1000\nmax_connections = 1100\n".into()),
-        ..Default::default()
-    });
-    let _w = c.join_worker("bench");
+    // BENCH_WATCHERS=1000 (a comma-separated list) runs only those counts.
+    let counts: Vec<usize> = std::env::var("BENCH_WATCHERS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 100, 1000]);
+    // BENCH_VIA=sse, grpc or replicas runs only that part.
+    let only = std::env::var("BENCH_VIA").unwrap_or_default();
     println!(
         "Tether event-stream benchmark ({steps} steps of `true` per run, loopback, {} CPUs; the brain, the worker and every watcher share them)\n",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)
     );
-    println!(
-        "{:<20} {:>8} {:>10} {:>10} {:>9} {:>8} {:>11} {:>8} {:>10} {:>12} {:>14}",
-        "append → watcher",
-        "watchers",
-        "p50",
-        "p99",
-        "records",
-        "saw end",
-        "task time",
-        "vs none",
-        "brain RSS",
-        "brain µs/rec",
-        "watchers µs/rec"
-    );
-    // Each case runs BENCH_REPEAT times (3), each time right after a run with nobody watching,
-    // and its pace is the median of those pairs' ratios: this machine's speed drifts (other
-    // tenants), and a pair run back to back drifts least.
-    let repeat: usize = std::env::var("BENCH_REPEAT")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3)
-        .max(1);
-    // BENCH_WATCHERS=1000 (a comma-separated list) runs only those counts.
-    let counts: Vec<usize> = std::env::var("BENCH_WATCHERS")
-        .ok()
-        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 100, 1000]);
-    // BENCH_VIA=sse or grpc runs only that stream.
-    let only = std::env::var("BENCH_VIA").unwrap_or_default();
-    let mut bases: Vec<Outcome> = Vec::new();
-    for (via, name) in [
-        (Via::Sse, "SSE (web API)"),
-        (Via::Grpc, "gRPC (brain watch)"),
-    ]
-    .into_iter()
-    .filter(|(v, _)| only.is_empty() || (only == "sse") == (*v == Via::Sse))
-    {
-        for &n in &counts {
-            let (mut latencies, mut ratios, mut times) = (Vec::new(), Vec::new(), Vec::new());
-            let (mut brain_us, mut watchers_us) = (Vec::new(), Vec::new());
-            let (mut complete, mut rss, mut records) = (usize::MAX, 0, 0);
-            for _ in 0..repeat {
-                let base = run_once(&c, &rt, Via::None, 0, steps);
-                let o = run_once(&c, &rt, via, n, steps);
-                let delivered = o.latencies.len().max(1) as f64;
-                ratios.push(o.task_ms / base.task_ms.max(1.0));
-                times.push(o.task_ms);
-                // What each delivered record cost the brain, beyond running the task.
-                brain_us.push((o.cpu_ms - base.cpu_ms).max(0.0) * 1000.0 / delivered);
-                // And the watchers themselves (this process), who share the cores.
-                watchers_us.push(o.watchers_cpu_ms * 1000.0 / delivered);
-                complete = complete.min(o.complete);
-                rss = rss.max(o.rss_kb);
-                records = o.latencies.len();
-                latencies.extend(o.latencies);
-                bases.push(base);
-            }
-            let (p50, p99) = (pct(&mut latencies, 0.5), pct(&mut latencies, 0.99));
-            // In the order run (the median below sorts them).
-            let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
-            println!(
-                "{:<20} {:>8} {:>8.1}ms {:>8.1}ms {:>9} {:>8} {:>9.0}ms {:>7.2}× {:>8}MB {:>12.1} {:>14.1}",
-                name,
-                n,
-                p50,
-                p99,
-                records,
-                complete,
-                pct(&mut times, 0.5),
-                pct(&mut ratios, 0.5),
-                rss / 1024,
-                pct(&mut brain_us, 0.5),
-                pct(&mut watchers_us, 0.5),
-            );
-            if std::env::var_os("BENCH_PAIRS").is_some() {
-                println!("{:<20} each pair, in order: {}", "", each.join(" "));
+    if only != "replicas" {
+        let c = Cluster::start_with(BrainOptions {
+            web: true,
+            config: Some(WEB_LIMITS.into()),
+            ..Default::default()
+        });
+        let _w = c.join_worker("bench");
+        header();
+        let s = Setup::one(&c);
+        let mut bases: Vec<Outcome> = Vec::new();
+        for (via, name) in [
+            (Via::Sse, "SSE (web API)"),
+            (Via::Grpc, "gRPC (brain watch)"),
+        ]
+        .into_iter()
+        .filter(|(v, _)| only.is_empty() || (only == "sse") == (*v == Via::Sse))
+        {
+            for &n in &counts {
+                case(&s, &rt, (via, name), n, steps, &mut bases);
             }
         }
+        none_row(&bases);
     }
-    let mut base_times: Vec<f64> = bases.iter().map(|b| b.task_ms).collect();
+    if only.is_empty() || only == "replicas" {
+        // On the replicas: one watcher and the most.
+        let most = counts.iter().copied().max().unwrap_or(1000);
+        let mut few = vec![1, most];
+        few.dedup();
+        replicas(&rt, steps, &few);
+    }
     println!(
-        "{:<20} {:>8} {:>10} {:>10} {:>9} {:>8} {:>9.0}ms {:>8} {:>8}MB {:>12} {:>14}",
-        "nobody watching",
-        0,
-        "-",
-        "-",
-        "-",
-        "-",
-        pct(&mut base_times, 0.5),
-        "1.00×",
-        bases.iter().map(|b| b.rss_kb).max().unwrap_or(0) / 1024,
-        "-",
-        "-"
-    );
-    println!(
-        "\n(medians of {repeat} runs; \"vs none\" is the median ratio to a run with nobody watching made just before each)"
+        "\n(medians of {} runs; \"vs none\" is the median ratio to a run with nobody watching on the same brains made just before each)",
+        repeat()
     );
 }

@@ -15,7 +15,9 @@
 //!
 //! Then scaling (`ha/scale.rs`): steps per second for `BENCH_SCALE_TASKS` plan tasks (default
 //! 500; 0 leaves the rows out) driven by 1, 2 and 3 replicas. Target: 3 replicas at least twice
-//! one (on a machine with the cores for three).
+//! one (on a machine with the cores for three). As root, the same rows again with each replica
+//! capped at `BENCH_SCALE_CPU` of a CPU (default 0.25; 0 leaves them out), so that three
+//! replicas have three times the CPU of one, as on machines of their own.
 
 #[path = "appends/mod.rs"]
 mod appends;
@@ -99,16 +101,38 @@ fn main() {
     }
 }
 
-/// The scaling rows: 1, 2 and 3 replicas.
+/// The scaling rows: 1, 2 and 3 replicas, on the machine's cores as they are, then (as root)
+/// each replica capped at `BENCH_SCALE_CPU` of a CPU.
 fn scaling(pg: &testkit::postgres::Postgres, tasks: usize) {
-    let rows: Vec<scale::Row> = (1..=3).filter_map(|n| scale::run(pg, n, tasks)).collect();
+    scaling_rows(pg, tasks, None);
+    let cap: f64 = std::env::var("BENCH_SCALE_CPU")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.25);
+    if cap > 0.0 {
+        if rustix::process::geteuid().is_root() {
+            scaling_rows(pg, tasks, Some(cap));
+        } else {
+            println!("(the capped rows need root for the cgroups: left out)");
+        }
+    }
+}
+
+fn scaling_rows(pg: &testkit::postgres::Postgres, tasks: usize, cap: Option<f64>) {
+    let rows: Vec<scale::Row> = (1..=3)
+        .filter_map(|n| scale::run(pg, n, tasks, cap))
+        .collect();
     let Some(one) = rows.first().map(|r| r.steps as f64 / r.secs) else {
         eprintln!("scale: no row completed");
-        std::process::exit(1);
+        return;
+    };
+    let title = match cap {
+        None => "plan tasks, steps per second".to_string(),
+        Some(c) => format!("each replica capped at {c} CPU"),
     };
     println!(
         "\n{:<44} {:>12} {:>12} {:>16}",
-        "plan tasks, steps per second", "seconds", "steps/s", "vs 1 replica"
+        title, "seconds", "steps/s", "vs 1 replica"
     );
     for r in &rows {
         let rate = r.steps as f64 / r.secs;

@@ -3,6 +3,12 @@
 //! (each worker's session on one replica, knowing all), the tasks started through the replica
 //! their worker is on. Real brains and workers; the clock runs from the first task started to
 //! the last one finished, as every replica shows them.
+//!
+//! On two cores three replicas, PostgreSQL and the workers share what one replica alone had,
+//! so the rows can also run with each replica capped at a share of a CPU (a cgroup of its own,
+//! `BENCH_SCALE_CPU`, as root): each replica then has as much CPU as the others, as on
+//! machines of their own, and the rows show what more replicas add while the brains are what
+//! is short.
 
 use std::time::{Duration, Instant};
 
@@ -22,9 +28,56 @@ pub struct Row {
     pub secs: f64,
 }
 
-/// Runs `tasks` plan tasks on `n` replicas of a fresh database on `pg`.
-pub fn run(pg: &testkit::postgres::Postgres, n: usize, tasks: usize) -> Option<Row> {
-    let db = format!("scale{n}");
+/// A cgroup holding one process, at most `share` of a CPU; removed on drop (after the
+/// process has gone).
+pub struct Capped(std::path::PathBuf);
+
+impl Capped {
+    /// Caps `pid` at `share` of a CPU (cgroup v2's `cpu.max`, else v1's CFS quota).
+    pub fn new(pid: u32, name: &str, share: f64) -> Result<Self, String> {
+        let period = 100_000u64;
+        let quota = ((share * period as f64) as u64).max(1000);
+        let write = |p: std::path::PathBuf, v: String| {
+            std::fs::write(&p, v).map_err(|e| format!("writing {}: {e}", p.display()))
+        };
+        let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let dir = if v2 {
+            let _ = std::fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+cpu");
+            std::path::PathBuf::from(format!("/sys/fs/cgroup/tether-bench-{name}"))
+        } else {
+            std::path::PathBuf::from(format!("/sys/fs/cgroup/cpu/tether-bench-{name}"))
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
+        let capped = Self(dir.clone());
+        if v2 {
+            write(dir.join("cpu.max"), format!("{quota} {period}"))?;
+        } else {
+            write(dir.join("cpu.cfs_period_us"), period.to_string())?;
+            write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
+        }
+        write(dir.join("cgroup.procs"), pid.to_string())?;
+        Ok(capped)
+    }
+}
+
+impl Drop for Capped {
+    fn drop(&mut self) {
+        // The process is gone by now, or this fails and the group stays (named for the run).
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Runs `tasks` plan tasks on `n` replicas of a fresh database on `pg`, each replica capped
+/// at `cap` of a CPU if given.
+pub fn run(
+    pg: &testkit::postgres::Postgres,
+    n: usize,
+    tasks: usize,
+    cap: Option<f64>,
+) -> Option<Row> {
+    // Declared first, so dropped last: after the replicas' processes are gone.
+    let mut caps: Vec<Capped> = Vec::new();
+    let db = format!("scale{n}{}", if cap.is_some() { "capped" } else { "" });
     pg.psql(&format!("CREATE DATABASE {db}"));
     let url = pg
         .url()
@@ -37,6 +90,18 @@ pub fn run(pg: &testkit::postgres::Postgres, n: usize, tasks: usize) -> Option<R
             Cluster::start_with(o)
         })
         .collect();
+    if let Some(share) = cap {
+        for (i, r) in replicas.iter().enumerate() {
+            let pid = r.brain.as_ref()?.pid();
+            match Capped::new(pid, &format!("{}-{n}-{i}", std::process::id()), share) {
+                Ok(c) => caps.push(c),
+                Err(e) => {
+                    eprintln!("scale: cannot cap the replicas' CPU here: {e}");
+                    return None;
+                }
+            }
+        }
+    }
     let workers: Vec<(usize, Worker)> = (0..WORKERS)
         .map(|i| {
             let home = i % n;
