@@ -16,7 +16,7 @@
 //! Then scaling (`ha/scale.rs`): steps per second for `BENCH_SCALE_TASKS` plan tasks (default
 //! 500; 0 leaves the rows out) driven by 1, 2 and 3 replicas. Target: 3 replicas at least twice
 //! one (on a machine with the cores for three). As root, the same rows again with each replica
-//! capped at `BENCH_SCALE_CPU` of a CPU (default 0.25; 0 leaves them out), so that three
+//! capped at `BENCH_SCALE_CPU` of a CPU (default 0.05; 0 leaves them out), so that three
 //! replicas have three times the CPU of one, as on machines of their own.
 
 #[path = "appends/mod.rs"]
@@ -108,7 +108,7 @@ fn scaling(pg: &testkit::postgres::Postgres, tasks: usize) {
     let cap: f64 = std::env::var("BENCH_SCALE_CPU")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0.25);
+        .unwrap_or(0.05);
     if cap > 0.0 {
         if rustix::process::geteuid().is_root() {
             scaling_rows(pg, tasks, Some(cap));
