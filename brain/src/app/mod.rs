@@ -538,7 +538,8 @@ impl Background<'_> {
     /// The only brain on its store: the reaper and the mirror's collection.
     fn single(&self, mirror: &Mirror) {
         let (m, stop) = (self.machines.clone(), self.root.clone());
-        self.tracker.spawn(async move { m.run_reaper(stop).await });
+        self.tracker
+            .spawn(async move { m.run_reaper(stop, None).await });
         spawn_gc(self.tracker, self.root, mirror.clone(), self.engine.clone());
     }
 
@@ -646,7 +647,14 @@ fn spawn_leadership(
                     let t = stop.child_token();
                     let m = machines.clone();
                     let run = t.clone();
-                    tracker2.spawn(async move { m.run_reaper(run).await });
+                    // Each pass first checks the lease is still this term's: a leader paused
+                    // past it skips the pass on waking (and stops at the next renewal).
+                    let d = db.clone();
+                    let fence: crate::provision::Fence = std::sync::Arc::new(move || {
+                        let d = d.clone();
+                        Box::pin(async move { d.holds(LEADER, epoch).await.unwrap_or(false) })
+                    });
+                    tracker2.spawn(async move { m.run_reaper(run, Some(fence)).await });
                     spawn_gc(&tracker2, &t, mirror.clone(), engine.clone());
                     term = Some(t);
                 }

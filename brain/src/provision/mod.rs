@@ -34,6 +34,7 @@ pub mod ssh;
 pub use config::{Error as ConfigError, Offer, Policy, ProviderPolicy, ProvisionConfig, check_url};
 pub use error::{Error, ProviderError};
 pub use provider::{Created, Join, Provisioner, Seen};
+pub use reconcile::Fence;
 pub use records::{Machine, Spec, State};
 use records::{V, decode};
 

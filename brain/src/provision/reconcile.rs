@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 use super::records::{KEEP_ENDED_MS, V};
 use super::{Error, Machine, Machines, Seen, Spec, State, now_ms};
 
+/// Whether work only one replica may do may still be done here (checked before each pass).
+pub type Fence =
+    std::sync::Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, bool> + Send + Sync>;
+
 impl Machines {
     /// Compares records with what the providers see, and settles every difference.
     pub async fn reconcile(&self) -> Result<(), Error> {
@@ -194,16 +198,36 @@ impl Machines {
     }
 
     /// Reconciles with the providers, then reaps (join deadline, TTL, idle) every
-    /// `reaper_every` and reconciles every `reconcile_every`, until `stop`.
-    pub async fn run_reaper(&self, stop: tokio_util::sync::CancellationToken) {
+    /// `reaper_every` and reconciles every `reconcile_every`, until `stop`. With a `fence`
+    /// (replicas: the leader lease), each pass runs only when the fence says it still may.
+    pub async fn run_reaper(
+        &self,
+        stop: tokio_util::sync::CancellationToken,
+        fence: Option<Fence>,
+    ) {
+        let may = || async {
+            let Some(f) = &fence else { return true };
+            let ok = f().await;
+            if !ok {
+                tracing::warn!(
+                    "this replica's leader lease lapsed: the machine reaper's pass is skipped"
+                );
+            }
+            ok
+        };
         let pass = async {
-            if let Err(e) = self.reconcile().await {
+            if may().await
+                && let Err(e) = self.reconcile().await
+            {
                 tracing::warn!(error = %e, "reconciling machines failed");
             }
             let mut every = tokio::time::interval(self.inner.policy.reaper_every);
             let mut reconciled = Instant::now();
             loop {
                 every.tick().await;
+                if !may().await {
+                    continue;
+                }
                 if let Err(e) = self.tick().await {
                     tracing::warn!(error = %e, "machine reaper pass failed");
                 }

@@ -27,6 +27,20 @@ impl Db {
             .await?
             .map(|r| r.get(0)))
     }
+
+    /// Whether this replica still holds the lease `name` under `epoch`, unexpired by the
+    /// database's clock: the check right before acting on what only the leader may do, so a
+    /// leader paused past its lease does not act on waking.
+    pub async fn holds(&self, name: &str, epoch: i64) -> Result<bool, Error> {
+        Ok(self
+            .query_opt(
+                "SELECT 1 FROM leaders
+                 WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()",
+                &[&name, &self.replica(), &epoch],
+            )
+            .await?
+            .is_some())
+    }
 }
 
 #[cfg(test)]
@@ -59,5 +73,31 @@ mod tests {
         );
         assert_eq!(b.lead("x", ttl).await.unwrap(), Some(2));
         assert_eq!(a.lead("x", ttl).await.unwrap(), None);
+        // Only the holder, under its epoch, holds it.
+        assert!(b.holds("x", 2).await.unwrap());
+        assert!(!b.holds("x", 1).await.unwrap(), "an old epoch");
+        assert!(!a.holds("x", 2).await.unwrap(), "not a's");
+        assert!(!a.holds("x", 1).await.unwrap(), "a's lapsed term");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_not_renewed_stops_holding_when_it_lapses_though_nobody_took_it() {
+        let Some(pg) = testkit::postgres::start_or_skip() else {
+            return;
+        };
+        let a = Db::open(&pg.url(), "a").await.unwrap();
+        let epoch = a
+            .lead("x", Duration::from_millis(300))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(a.holds("x", epoch).await.unwrap());
+        // Paused past its lease: on waking it holds nothing, though nobody else leads.
+        assert!(
+            testkit::wait_until_async(Duration::from_secs(10), || async {
+                !a.holds("x", epoch).await.unwrap()
+            })
+            .await
+        );
     }
 }
