@@ -79,6 +79,16 @@ fn cluster_with(
     git: &GitServer,
     failpoint: Option<&str>,
 ) -> Cluster {
+    Cluster::start_with(options_with(llm, mode, github, git, failpoint))
+}
+
+fn options_with(
+    llm: &FakeLlm,
+    mode: &str,
+    github: &str,
+    git: &GitServer,
+    failpoint: Option<&str>,
+) -> BrainOptions {
     let mut env = env();
     env.push(("GIT_SSL_CAINFO".into(), git_ca().1.display().to_string()));
     if let Some(f) = failpoint {
@@ -92,10 +102,10 @@ fn cluster_with(
          hosts = [\"{}\", \"{api_host}\"]\n",
         git.authority()
     );
-    Cluster::start_with(BrainOptions {
+    BrainOptions {
         env,
         ..BrainOptions::with_llm(llm, KEY, &deliver)
-    })
+    }
 }
 
 use testkit::stdout;
@@ -712,4 +722,75 @@ fn attempts_deliver_the_winners_result_and_with_no_winner_the_attempt_the_caller
     );
     let diff = stdout(&c.brain_cli(&["task", "diff", pick]));
     assert!(diff.contains(&format!("+{got}")), "{diff}");
+}
+
+/// Replicas on one PostgreSQL: a task imported through replica a, whose git objects are in a's
+/// data dir only, is taken over by b when a dies, and b delivers it: it fetches the imported
+/// commit again from the task's URL.
+#[test]
+fn a_task_imported_by_a_replica_that_died_is_delivered_by_the_replica_that_took_it_over() {
+    let Some(pg) = testkit::postgres::start_or_skip() else {
+        return;
+    };
+    let server = git_server(Auth::All);
+    server.create_repo("acme/app", FILES).unwrap();
+    let main = server.branches("acme/app")[0].1.clone();
+    let llm = fixer();
+    let replica = |name: &str| {
+        let mut o = options_with(&llm, "branch", "http://127.0.0.1:9", &server, None);
+        let r = pg.replica(name);
+        o.extra_args.extend(r.extra_args);
+        o.env.extend(r.env);
+        Cluster::start_with(o)
+    };
+    let mut a = replica("a");
+    let b = replica("b");
+    let (token, ca_hash) = a.token(&[]);
+    let mut join = a.join_cmd("w", &token, &ca_hash);
+    join.arg("--brain").arg(b.url());
+    let w = a.spawn_worker("w", join);
+    let id = a
+        .agent()
+        .worker(&w.id)
+        .args(&["--git", &server.url("acme/app")])
+        .check(CHECK)
+        .permission("ask")
+        .start("make the check pass");
+    // Imported on a; its first call waits there for approval. Then a dies.
+    a.wait_status(&id, &["waiting"], Duration::from_secs(60));
+    a.kill_brain();
+    // b takes the task over (its worker moves there), and every call is approved there.
+    assert!(
+        testkit::wait_until(Duration::from_secs(120), || {
+            let status = b.task_status(&id);
+            if status.as_deref() == Some("waiting") {
+                b.brain_cli(&["approve", &id]);
+            }
+            status.as_deref() == Some("finished")
+        }),
+        "the task did not finish on b: {:?}\n{}",
+        b.task_status(&id),
+        b.brain_log()
+    );
+    let t = delivered(&b, &id);
+    let branch = format!("tether/{id}");
+    assert!(
+        t["delivery"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(&branch),
+        "{t}\n{}",
+        b.brain_log()
+    );
+    assert_eq!(
+        server.file_at("acme/app", &branch, "value.txt").as_deref(),
+        Some("42\n")
+    );
+    // On top of the commit a imported.
+    let parent = git()
+        .args(["rev-parse", &format!("{branch}~1")])
+        .current_dir(server.repo_path("acme/app"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&parent.stdout).trim(), main);
 }

@@ -220,6 +220,32 @@ pub struct GitPort {
     pub settings: Arc<Settings>,
 }
 
+impl GitPort {
+    /// The git directory kept for deliveries of `origin`'s commit. Where this brain holds
+    /// none (another replica sharing the store imported the task; or it was removed), the
+    /// commit is fetched again from the task's URL.
+    async fn git_dir(&self, origin: &Origin) -> Result<std::path::PathBuf, PortError> {
+        let git_dir = self.repos.path(&origin.commit).map_err(git_failed)?;
+        if git_dir.is_dir() {
+            return Ok(git_dir);
+        }
+        tracing::info!(commit = %origin.commit, "the imported commit's git objects are not here: fetching it again from the task's origin");
+        git::import::fetch_commit(
+            &self.repos,
+            &origin.url,
+            &origin.commit,
+            &self.settings.creds,
+            &self.settings.remotes,
+        )
+        .await
+        .map_err(|e| PortError::ObjectsGone {
+            commit: origin.commit.clone(),
+            at: git_dir,
+            why: e.to_string(),
+        })
+    }
+}
+
 #[async_trait::async_trait]
 impl Delivery for GitPort {
     fn default_mode(&self) -> Mode {
@@ -231,13 +257,7 @@ impl Delivery for GitPort {
     }
 
     async fn commit(&self, req: &CommitRequest) -> Result<String, PortError> {
-        let git_dir = self.repos.path(&req.origin.commit).map_err(git_failed)?;
-        if !git_dir.is_dir() {
-            return Err(PortError::ObjectsGone {
-                commit: req.origin.commit.clone(),
-                at: git_dir,
-            });
-        }
+        let git_dir = self.git_dir(&req.origin).await?;
         let (m, base, root) = (self.mirror.clone(), req.base_root.clone(), req.root.clone());
         let (base, head) = tokio::task::spawn_blocking(move || {
             Ok::<_, crate::mirror::Error>((m.manifest(&base)?, m.manifest(&root)?))
@@ -262,7 +282,7 @@ impl Delivery for GitPort {
     }
 
     async fn push(&self, origin: &Origin, commit: &str, branch: &str) -> Result<(), PortError> {
-        let git_dir = self.repos.path(&origin.commit).map_err(git_failed)?;
+        let git_dir = self.git_dir(origin).await?;
         let refspec = format!("+{commit}:refs/heads/{branch}");
         let checked = self
             .settings

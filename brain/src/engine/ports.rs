@@ -47,12 +47,17 @@ pub enum PortError {
     /// The brain's git or its mirror failed: a clone, a commit, a diff or a push.
     #[error("{0}")]
     Git(String),
-    /// The brain no longer has the git objects of the commit a delivery builds on.
+    /// The brain does not have the git objects of the commit a delivery builds on, and
+    /// could not fetch them again from the task's origin.
     #[error(
-        "the brain no longer has the git objects of the imported commit {commit} (expected at {})",
+        "the brain does not have the git objects of the imported commit {commit} (expected at {}) and could not fetch them again: {why}",
         .at.display()
     )]
-    ObjectsGone { commit: String, at: PathBuf },
+    ObjectsGone {
+        commit: String,
+        at: PathBuf,
+        why: String,
+    },
     /// The origin's URL names no GitHub repository, so no pull request can be opened there.
     #[error("cannot tell the GitHub owner and repository from {0}")]
     NotGithub(String),

@@ -6,7 +6,7 @@
 //! credential helpers, nothing of the brain user's config), no hooks. The same git directory
 //! is kept in [`Repos`] for the delivery to commit on.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use shared::manifest::{Kind, Rules};
 use shared::scan::Scanner;
@@ -186,6 +186,79 @@ async fn clean_git_dir(git_dir: &Path, url: &str, branch: &str) -> Result<(), su
         };
     }
     Ok(())
+}
+
+/// Fetches `commit` alone (depth 1) from `url` into the git directory kept for deliveries
+/// from it, when this brain holds none: a replica sharing the store delivers a task another
+/// replica imported (whose git directory is on that replica's disk). Its path.
+pub async fn fetch_commit(
+    repos: &Repos,
+    url: &str,
+    commit: &str,
+    creds: &Credentials,
+    policy: &remote::Policy,
+) -> Result<PathBuf, Error> {
+    let shown = strip_userinfo(url);
+    let fetch_err = |reason: String| Error::Clone {
+        url: shown.clone(),
+        reason: format!("fetching {commit} again: {reason}"),
+    };
+    if url.starts_with('-') || !super::is_object_id(commit) {
+        return Err(fetch_err("not a URL and a commit id".into()));
+    }
+    let keep = repos.path(commit).map_err(|e| fetch_err(e.to_string()))?;
+    if keep.is_dir() {
+        return Ok(keep);
+    }
+    let checked = policy
+        .check(url)
+        .await
+        .map_err(|e| fetch_err(e.to_string()))?;
+    std::fs::create_dir_all(repos.root()).map_err(|e| fetch_err(e.to_string()))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".fetch-")
+        .tempdir_in(repos.root())
+        .map_err(|e| fetch_err(e.to_string()))?;
+    let git_dir = tmp.path().join("git");
+    let dir_s = git_dir.to_string_lossy().into_owned();
+    Git::local(None, &["init", "--quiet", "--bare", "--", &dir_s])
+        .run()
+        .await
+        .map_err(|e| fetch_err(e.to_string()))?;
+    Git::remote(
+        &[
+            "fetch",
+            "--quiet",
+            "--depth",
+            "1",
+            "--no-tags",
+            "--",
+            url,
+            commit,
+        ],
+        creds,
+        &checked,
+    )
+    .env("GIT_DIR", &git_dir)
+    .run()
+    .await
+    .map_err(|e| fetch_err(mask(&e.to_string(), url, &shown)))?;
+    // What came is that commit (a server may answer a want with something else).
+    Git::local(
+        Some(&git_dir),
+        &["cat-file", "-e", &format!("{commit}^{{commit}}")],
+    )
+    .run()
+    .await
+    .map_err(|_| fetch_err("the server did not send it".into()))?;
+    let _ = std::fs::remove_dir_all(git_dir.join("hooks"));
+    // Another delivery may have fetched it meanwhile: either copy serves.
+    if let Err(e) = std::fs::rename(&git_dir, &keep)
+        && !keep.is_dir()
+    {
+        return Err(fetch_err(format!("keeping it at {}: {e}", keep.display())));
+    }
+    Ok(keep)
 }
 
 /// Stores a directory's tree (by the workspace rules) in the mirror.
