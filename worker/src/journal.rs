@@ -2,7 +2,10 @@
 //! issued is run at most once across brain restarts, reconnects and worker restarts:
 //! `<id>.started` is synced before the command starts, `<id>.result` when it ends. A repeat of
 //! a finished call gets the recorded result; a call started by an earlier worker process that
-//! died before recording its end is reported interrupted, never run again.
+//! died before recording its end is reported interrupted, never run again. Once the brain has
+//! acknowledged a result, `<id>.started` becomes `<id>.acked` (one rename: a crash leaves one
+//! or the other) and the result goes: the call is never run again either, though a brain that
+//! lost its lease (a replica behind the one that logged the result) sends it once more.
 
 use shared::locks::Lock;
 use std::collections::HashSet;
@@ -40,7 +43,12 @@ pub struct Journal {
     dir: PathBuf,
     /// Calls running in this process. A std mutex: held only for set operations.
     running: Mutex<HashSet<u64>>,
+    /// Calls acknowledged since the last prune (the tombstones are pruned every so often).
+    acked: std::sync::atomic::AtomicUsize,
 }
+
+/// Acknowledged calls between two prunes of the tombstones.
+const PRUNE_EVERY: usize = 1024;
 
 impl Journal {
     pub fn open(dir: PathBuf) -> std::io::Result<Self> {
@@ -50,6 +58,7 @@ impl Journal {
         let j = Self {
             dir,
             running: Mutex::new(HashSet::new()),
+            acked: std::sync::atomic::AtomicUsize::new(0),
         };
         j.prune()?;
         Ok(j)
@@ -75,14 +84,24 @@ impl Journal {
         Ok(ids)
     }
 
+    /// Keeps the newest [`MAX_ENTRIES`] calls and as many tombstones of acknowledged ones.
     fn prune(&self) -> std::io::Result<()> {
-        let started = self.ids("started")?;
-        if started.len() > MAX_ENTRIES {
-            for id in &started[..started.len() - MAX_ENTRIES] {
-                self.forget(*id);
+        for ext in ["started", "acked"] {
+            let ids = self.ids(ext)?;
+            if ids.len() > MAX_ENTRIES {
+                for id in &ids[..ids.len() - MAX_ENTRIES] {
+                    self.remove(*id);
+                }
             }
         }
         Ok(())
+    }
+
+    /// Every file of a call, tombstone included.
+    fn remove(&self, id: u64) {
+        for ext in ["result", "pgid", "started", "acked"] {
+            let _ = std::fs::remove_file(self.path(id, ext));
+        }
     }
 
     /// Looks a call up; if it is new, records it as started (synced) and marks it running.
@@ -93,6 +112,17 @@ impl Journal {
         }
         if let Some(r) = self.result(id) {
             return Ok(Known::Done(r));
+        }
+        if self.path(id, "acked").exists() {
+            // Run and logged: only a brain behind the one that logged it asks again. It gets
+            // no second run (and its append of this is refused by the log's fencing).
+            return Ok(Known::Done(CallResult {
+                call_id: id,
+                interrupted:
+                    "this call ran and its result was acknowledged already; it was not run again"
+                        .into(),
+                ..Default::default()
+            }));
         }
         if self.path(id, "started").exists() {
             // The process that ran it died; whatever it started may still run. Stop it, so
@@ -165,11 +195,24 @@ impl Journal {
             .collect()
     }
 
-    /// The brain has logged the result: forget the call.
+    /// The brain has logged the result: drop it, and keep a tombstone so the call never
+    /// runs again.
     pub fn forget(&self, id: u64) {
+        if std::fs::rename(self.path(id, "started"), self.path(id, "acked")).is_err() {
+            // Not started here (or acknowledged twice): nothing ran to keep a tombstone of.
+            if !self.path(id, "acked").exists() {
+                return;
+            }
+        }
         let _ = std::fs::remove_file(self.path(id, "result"));
         let _ = std::fs::remove_file(self.path(id, "pgid"));
-        let _ = std::fs::remove_file(self.path(id, "started"));
+        let n = self
+            .acked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if n.is_multiple_of(PRUNE_EVERY) {
+            let _ = self.prune();
+        }
     }
 }
 
@@ -203,5 +246,45 @@ mod tests {
         assert_eq!(j2.unacked().len(), 2);
         j2.forget(1);
         assert_eq!(j2.unacked().len(), 1);
+    }
+
+    #[test]
+    fn an_acknowledged_call_asked_again_is_not_run_again() {
+        let d = tempfile::tempdir().unwrap();
+        let j = Journal::open(d.path().join("calls")).unwrap();
+        assert!(matches!(j.begin(7).unwrap(), Known::New));
+        j.finish(&CallResult {
+            call_id: 7,
+            stdout: b"ran".to_vec(),
+            ..Default::default()
+        })
+        .unwrap();
+        // The brain logged the result and acknowledged it; a brain that lost the task since
+        // (a replica behind) sends the call again.
+        j.forget(7);
+        assert!(j.unacked().is_empty());
+        for journal in [&j, &Journal::open(d.path().join("calls")).unwrap()] {
+            match journal.begin(7).unwrap() {
+                Known::Done(r) => assert!(r.interrupted.contains("acknowledged"), "{r:?}"),
+                _ => panic!("an acknowledged call must not run again"),
+            }
+        }
+        // An acknowledgement of a call never started here leaves nothing behind.
+        j.forget(8);
+        assert!(matches!(j.begin(8).unwrap(), Known::New));
+    }
+
+    #[test]
+    fn tombstones_are_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("calls");
+        std::fs::create_dir_all(&dir).unwrap();
+        for id in 0..(MAX_ENTRIES as u64 + 5) {
+            std::fs::write(dir.join(format!("{id:020}.acked")), b"").unwrap();
+        }
+        let j = Journal::open(dir).unwrap();
+        assert_eq!(j.ids("acked").unwrap().len(), MAX_ENTRIES);
+        // The oldest went.
+        assert!(matches!(j.begin(0).unwrap(), Known::New));
     }
 }
