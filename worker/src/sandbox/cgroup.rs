@@ -39,6 +39,36 @@ impl Cgroups {
     }
 }
 
+/// Removes the leaves an earlier worker left behind under `base` (`tether-<pid>-<n>` of a pid
+/// that is gone: a worker killed with SIGKILL cannot tidy up). A leaf still holding a process
+/// is not empty and stays; so do this process's and a live one's. How many went.
+pub(super) fn sweep_stale(base: &Path) -> usize {
+    let own = std::process::id();
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return 0;
+    };
+    let mut gone = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("tether-"))
+            .and_then(|rest| rest.split_once('-'))
+            .filter(|(_, n)| n.parse::<u64>().is_ok())
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == own || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if e.file_type().is_ok_and(|t| t.is_dir()) && std::fs::remove_dir(e.path()).is_ok() {
+            gone += 1;
+        }
+    }
+    gone
+}
+
 /// Most idle cgroup leaves kept.
 pub(super) const POOL_MAX: usize = 16;
 
@@ -280,4 +310,40 @@ pub(super) fn empty_cgroup(leaf: &Path, spare: Option<i32>) -> bool {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_removes_the_leaves_of_gone_workers_only() {
+        let d = tempfile::tempdir().unwrap();
+        let own = std::process::id();
+        // Above any pid_max: never alive.
+        let dead = 999_999_999u32;
+        let keep = [
+            format!("tether-{own}-0"),
+            // pid 1 is always alive.
+            "tether-1-0".to_string(),
+            "tether-probe-1".to_string(),
+            "other".to_string(),
+            format!("tether-{dead}-x"),
+        ];
+        let gone = [format!("tether-{dead}-0"), format!("tether-{dead}-17")];
+        for n in keep.iter().chain(&gone) {
+            std::fs::create_dir(d.path().join(n)).unwrap();
+        }
+        // A leaf that is not empty (in cgroupfs: processes in it) stays.
+        let busy = format!("tether-{}-3", dead - 1);
+        std::fs::create_dir_all(d.path().join(&busy).join("child")).unwrap();
+        assert_eq!(sweep_stale(d.path()), 2);
+        for n in keep.iter().chain([&busy]) {
+            assert!(d.path().join(n).is_dir(), "{n} was removed");
+        }
+        for n in &gone {
+            assert!(!d.path().join(n).exists(), "{n} stayed");
+        }
+        assert_eq!(sweep_stale(d.path()), 0);
+    }
 }

@@ -46,6 +46,20 @@ impl Sandbox {
             detail: "file size always; CPU time and address space when the policy sets them (address space also when there is no cgroup); processes when commands run as a dedicated user without a cgroup; no_new_privs; own session".into(),
         });
         let cgroup = probe_cgroup(&mut report, commit);
+        // A worker that will run commands tidies what a killed predecessor left.
+        if commit && let Some(cg) = &cgroup {
+            let gone: usize = cg
+                .bases()
+                .into_iter()
+                .map(|b| super::cgroup::sweep_stale(b))
+                .sum();
+            if gone > 0 {
+                tracing::info!(
+                    leaves = gone,
+                    "removed cgroup leaves an earlier worker left behind"
+                );
+            }
+        }
         let root = rustix::process::geteuid().is_root();
         let netns = if root {
             report.mechanisms.push(Mechanism {
