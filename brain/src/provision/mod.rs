@@ -34,7 +34,6 @@ pub mod ssh;
 pub use config::{Error as ConfigError, Offer, Policy, ProviderPolicy, ProvisionConfig, check_url};
 pub use error::{Error, ProviderError};
 pub use provider::{Created, Join, Provisioner, Seen};
-pub use reconcile::Fence;
 pub use records::{Machine, Spec, State};
 use records::{V, decode};
 
@@ -70,6 +69,11 @@ pub struct BrainInfo {
     pub url: String,
     pub ca_hash: String,
 }
+
+/// Whether work only one replica may do may still be done here (the machine reaper checks it
+/// before each pass).
+pub type Fence =
+    std::sync::Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, bool> + Send + Sync>;
 
 /// The machines of this brain. Cheap to clone.
 #[derive(Clone)]

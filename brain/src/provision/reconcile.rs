@@ -7,11 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::records::{KEEP_ENDED_MS, V};
-use super::{Error, Machine, Machines, Seen, Spec, State, now_ms};
-
-/// Whether work only one replica may do may still be done here (checked before each pass).
-pub type Fence =
-    std::sync::Arc<dyn Fn() -> futures_util::future::BoxFuture<'static, bool> + Send + Sync>;
+use super::{Error, Fence, Machine, Machines, Seen, Spec, State, now_ms};
 
 impl Machines {
     /// Compares records with what the providers see, and settles every difference.
