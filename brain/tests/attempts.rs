@@ -95,21 +95,33 @@ fn role(seen: &Mutex<Vec<u64>>, req: &FakeRequest) -> usize {
     s.iter().position(|x| *x == seed).unwrap()
 }
 
+/// What the attempt asking `req` wrote to `answer.txt` in its first turn, if it did.
+fn wrote(req: &FakeRequest) -> Option<String> {
+    req.messages()
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["function"]["arguments"].as_str().map(str::to_string))
+        .filter_map(|a| serde_json::from_str::<Value>(&a).ok())
+        .find_map(|a| a["content"].as_str().map(str::to_string))
+}
+
 #[test]
 fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_stop() {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
     let llm = FakeLlm::start(move |req| {
-        let turns = req.assistant_turns();
-        match role(&s, req) {
-            // A wrong answer, insisted on.
-            0 if turns == 0 => write("41\n"),
-            0 => finish(),
-            // The right one, once the wrong one has had its first go.
-            1 if turns == 0 => write("42\n").delay(Duration::from_millis(300)),
-            1 => finish(),
-            // Slow: still at it when another wins.
-            _ => FakeReply::run("true").delay(Duration::from_millis(1500)),
+        if req.assistant_turns() == 0 {
+            return match (req.body.get("n"), req.choice) {
+                // The first attempt, alone at the server's temperature: a wrong answer.
+                (None, _) => write("41\n"),
+                // The other two, asked together: the right answer, once the wrong one has
+                // had its first go, and a slow one still at it when another wins.
+                (Some(_), 0) => write("42\n").delay(Duration::from_millis(300)),
+                (Some(_), _) => FakeReply::run("true"),
+            };
+        }
+        match wrote(req) {
+            Some(_) => finish(),
+            None => FakeReply::run("true").delay(Duration::from_millis(1500)),
         }
     });
     let c = cluster(&llm);
@@ -153,26 +165,36 @@ fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_st
             assert!(why.contains(&winner) && !why.contains("admin"), "{why}");
         }
     }
-    // Each attempt sampled with a seed of its own; the first at the server's temperature,
-    // the others at the configured one.
+    // The first attempt sampled alone at the server's temperature with a seed of its own;
+    // the other two started alike at the configured temperature, so their first turns were
+    // one request for two answers (each sampled with its own seed by the server), and their
+    // later turns have seeds of their own.
     let reqs = llm.requests();
-    let mut temps: HashMap<u64, Option<f64>> = HashMap::new();
-    for r in &reqs {
-        temps.insert(
-            r.body["seed"].as_u64().unwrap(),
-            r.body["temperature"].as_f64(),
+    let together: Vec<&FakeRequest> = reqs.iter().filter(|r| r.body.get("n").is_some()).collect();
+    assert_eq!(together.len(), 1, "{reqs:?}");
+    assert_eq!(together[0].body["n"], 2);
+    assert!(together[0].body.get("seed").is_none(), "{:?}", together[0]);
+    let at_07 = |r: &FakeRequest| {
+        r.body["temperature"]
+            .as_f64()
+            .is_some_and(|v| (v - 0.7).abs() < 1e-6)
+    };
+    assert!(at_07(together[0]), "{:?}", together[0]);
+    let mut seeds: HashMap<u64, bool> = HashMap::new();
+    for r in reqs.iter().filter(|r| r.body.get("n").is_none()) {
+        let seed = r.body["seed"]
+            .as_u64()
+            .expect("a seed on every other request");
+        let default = r.body.get("temperature").is_none();
+        assert!(default || at_07(r), "{r:?}");
+        assert_eq!(
+            *seeds.entry(seed).or_insert(default),
+            default,
+            "one seed, one attempt"
         );
     }
-    assert_eq!(temps.len(), 3, "{temps:?}");
-    let mut t: Vec<Option<f64>> = temps.into_values().collect();
-    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    assert_eq!(t[0], None, "{t:?}");
-    assert!(
-        t[1..]
-            .iter()
-            .all(|x| x.is_some_and(|v| (v - 0.7).abs() < 1e-6)),
-        "{t:?}"
-    );
+    assert_eq!(seeds.values().filter(|d| **d).count(), 1, "{seeds:?}");
+    assert!(seeds.len() >= 2, "{seeds:?}");
     told_once(&c, &id, 3);
     // `task show` lists the attempts in words.
     let out = c.brain_cli(&["task", "show", &id]);

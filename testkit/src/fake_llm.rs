@@ -38,6 +38,9 @@ pub struct FakeRequest {
     pub body: Value,
     /// 1 for the first request the server received, 2 for the next…
     pub seq: usize,
+    /// Which of the request's answers the script is asked for: OpenAI's `n` asks for several
+    /// answers to one prompt, and the script is asked once for each (0, 1, …).
+    pub choice: usize,
 }
 
 impl FakeRequest {
@@ -328,6 +331,7 @@ fn serve(req: crate::http::Request, shared: &Shared) -> Response {
             headers: req.headers.into_iter().collect(),
             body: serde_json::from_slice(&req.body).unwrap_or(Value::Null),
             seq: reqs.len() + 1,
+            choice: 0,
         };
         reqs.push(req.clone());
         req
@@ -336,9 +340,43 @@ fn serve(req: crate::http::Request, shared: &Shared) -> Response {
     if let Some(d) = reply.delay {
         std::thread::sleep(d);
     }
-    let out = Response::json(reply.status, &reply.render(&req));
+    let mut body = reply.render(&req);
+    let n = req.body["n"].as_u64().unwrap_or(1) as usize;
+    // A raw answer is the server's whole answer: it stands for a server that ignores `n`.
+    let raw = matches!(reply.body, Body::Raw(_));
+    if n > 1 && !req.is_anthropic() && reply.status == 200 && !raw {
+        more_choices(&mut body, &req, n, shared);
+    }
+    let out = Response::json(reply.status, &body);
     match reply.retry_after {
         Some(s) => out.header("retry-after", s.to_string()),
         None => out,
+    }
+}
+
+/// OpenAI's `n`: the other answers to the same prompt, one script call each, as `choices[1..]`;
+/// the usage counts the prompt once and every answer's tokens.
+fn more_choices(body: &mut Value, req: &FakeRequest, n: usize, shared: &Shared) {
+    for choice in 1..n {
+        let other = FakeRequest {
+            choice,
+            ..req.clone()
+        };
+        let answer = (shared.script)(&other).render(&other);
+        let Some(mut c) = answer["choices"].get(0).cloned() else {
+            continue;
+        };
+        c["index"] = json!(choice);
+        let tokens = answer["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        if let Some(choices) = body["choices"].as_array_mut() {
+            choices.push(c);
+        }
+        let usage = &mut body["usage"];
+        usage["completion_tokens"] =
+            json!(usage["completion_tokens"].as_u64().unwrap_or(0) + tokens);
+        usage["total_tokens"] = json!(
+            usage["prompt_tokens"].as_u64().unwrap_or(0)
+                + usage["completion_tokens"].as_u64().unwrap_or(0)
+        );
     }
 }

@@ -76,6 +76,8 @@ pub struct Core {
     pub opts: Options,
     /// Masks every secret the brain knows in text bound for the log, the model or a watcher.
     pub redact: Arc<super::redact::Redactor>,
+    /// Where attempts that start together ask their first turn together.
+    pub together: Arc<crate::llm::Together>,
 }
 
 /// One task and the engine around it.

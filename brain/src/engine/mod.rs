@@ -135,6 +135,7 @@ impl Engine {
             inner: Arc::new(Inner {
                 core: Arc::new(Core {
                     redact: Arc::new(redact::Redactor::new(&opts.llm, &opts.secrets)),
+                    together: Arc::default(),
                     store,
                     ports,
                     opts,

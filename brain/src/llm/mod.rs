@@ -12,6 +12,7 @@ mod replay;
 #[cfg(test)]
 mod tests;
 mod text_tools;
+mod together;
 mod types;
 
 pub use anthropic::Anthropic;
@@ -22,14 +23,21 @@ pub use config::{
 pub use openai::OpenAi;
 pub use replay::{Replay, to_transcript};
 pub use text_tools::{EDIT_FORMAT, EDIT_ID, TextTools, nudge_with};
+pub use together::Together;
 pub use types::{
-    CodeBlock, Error, Message, Provider, Request, Response, Role, ToolSpec, ToolUse, Usage,
+    CodeBlock, Error, Message, Provider, Request, Response, Role, Share, ToolSpec, ToolUse, Usage,
 };
 
 /// Builds the provider for `spec`: its HTTP client with the resolved URL, key, timeouts and
 /// retries, wrapped in [`TextTools`] when the model's `tool_mode` is `text`. A
-/// `replay:FILE` spec loads the transcript file ([`Replay::load`]).
-pub fn connect(spec: &ModelSpec, cfg: &LlmConfig) -> Result<Arc<dyn Provider>, Error> {
+/// `replay:FILE` spec loads the transcript file ([`Replay::load`]). Requests marked as
+/// shared go through `together` (OpenAI-compatible servers only; Anthropic's API has no
+/// `n`).
+pub fn connect(
+    spec: &ModelSpec,
+    cfg: &LlmConfig,
+    together: &Arc<Together>,
+) -> Result<Arc<dyn Provider>, Error> {
     if spec.provider == ProviderKind::Replay {
         return Ok(Arc::new(Replay::load(&spec.model)?));
     }
@@ -37,7 +45,7 @@ pub fn connect(spec: &ModelSpec, cfg: &LlmConfig) -> Result<Arc<dyn Provider>, E
     let (tool_mode, constrain) = (r.tool_mode, r.constrain);
     let provider: Arc<dyn Provider> = match spec.provider {
         ProviderKind::Anthropic => Arc::new(Anthropic::new(&spec.model, r)?),
-        _ => Arc::new(OpenAi::new(&spec.model, r)?),
+        _ => Arc::new(OpenAi::new(&spec.model, r, Some(together.clone()))?),
     };
     Ok(match tool_mode {
         ToolMode::Native => provider,

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::config::{Resolved, max_tokens};
 use super::http::Http;
+use super::together::Together;
 use super::types::{Error, Malformed, Message, Provider, Request, Response, Role, ToolUse, Usage};
 
 /// A Chat Completions client for one model.
@@ -18,15 +19,22 @@ pub struct OpenAi {
     model: String,
     url: String,
     max_tokens_cap: Option<u32>,
+    /// Where first turns of attempts started together are asked together.
+    together: Option<std::sync::Arc<Together>>,
 }
 
 impl OpenAi {
-    pub(crate) fn new(model: &str, r: Resolved) -> Result<Self, Error> {
+    pub(crate) fn new(
+        model: &str,
+        r: Resolved,
+        together: Option<std::sync::Arc<Together>>,
+    ) -> Result<Self, Error> {
         Ok(Self {
             http: Http::new(model, &r)?,
             model: model.to_string(),
             url: format!("{}/chat/completions", r.base_url),
             max_tokens_cap: r.max_tokens_cap,
+            together,
         })
     }
 
@@ -54,6 +62,21 @@ impl Provider for OpenAi {
                 .http
                 .secret_header(&format!("Bearer {}", key.expose()))?;
             headers.insert(AUTHORIZATION, v);
+        }
+        if let (Some(share), Some(together)) = (req.share, &self.together) {
+            let mut shared = body.clone();
+            if let Some(o) = shared.as_object_mut() {
+                o.remove("seed");
+            }
+            let send = |b: Value| {
+                let headers = headers.clone();
+                async move { self.http.post_json(&self.url, headers, &b).await }
+            };
+            // Without an answer from the group's request, it asks alone (below).
+            if let Some(answer) = together.ask(&self.url, share, shared, send).await {
+                return parse_response(&answer)
+                    .map_err(|e| Error::Decode(format!("{}: {e}", self.url)));
+            }
         }
         let answer = self.http.post_json(&self.url, headers, &body).await?;
         parse_response(&answer).map_err(|e| Error::Decode(format!("{}: {e}", self.url)))

@@ -122,6 +122,7 @@ mod tests {
             response_schema: None,
             temperature: None,
             seed: None,
+            share: None,
         };
         assert_eq!(replay.complete(&req).await.unwrap(), recorded[0]);
         req.messages.push(recorded[0].message.clone());

@@ -45,6 +45,7 @@ pub(crate) fn fixed_request() -> Request {
         response_schema: None,
         temperature: None,
         seed: None,
+        share: None,
         max_tokens: 1024,
     }
 }
@@ -57,6 +58,7 @@ fn simple_request() -> Request {
         response_schema: None,
         temperature: None,
         seed: None,
+        share: None,
         max_tokens: 256,
     }
 }
@@ -83,6 +85,7 @@ fn openai(llm: &FakeLlm) -> Arc<dyn Provider> {
     connect(
         &ModelSpec::parse("openai:gpt-test").unwrap(),
         &cfg("openai", &llm.url()),
+        &Default::default(),
     )
     .unwrap()
 }
@@ -91,6 +94,7 @@ fn anthropic(llm: &FakeLlm) -> Arc<dyn Provider> {
     connect(
         &ModelSpec::parse("anthropic:claude-test").unwrap(),
         &cfg("anthropic", &llm.base()),
+        &Default::default(),
     )
     .unwrap()
 }
@@ -198,7 +202,7 @@ async fn retries_give_up() {
     let llm = FakeLlm::start(|_| FakeReply::status(503, json!({"error": {"message": "down"}})));
     let mut c = cfg("openai", &llm.url());
     c.max_retries = Some(1);
-    let p = connect(&ModelSpec::parse("gpt-x").unwrap(), &c).unwrap();
+    let p = connect(&ModelSpec::parse("gpt-x").unwrap(), &c, &Default::default()).unwrap();
     let e = p.complete(&simple_request()).await.unwrap_err();
     assert!(matches!(e, Error::Http { status: 503, .. }), "{e:?}");
     assert!(
@@ -293,7 +297,12 @@ async fn slow_answer_times_out_after_retries() {
     let mut c = cfg("openai", &llm.url());
     c.timeout = Some("300ms".into());
     c.max_retries = Some(1);
-    let p = connect(&ModelSpec::parse("openai:gpt-test").unwrap(), &c).unwrap();
+    let p = connect(
+        &ModelSpec::parse("openai:gpt-test").unwrap(),
+        &c,
+        &Default::default(),
+    )
+    .unwrap();
     let start = Instant::now();
     let e = p.complete(&simple_request()).await.unwrap_err();
     assert!(
@@ -316,7 +325,12 @@ async fn unreachable_server_is_a_transport_error() {
     };
     let mut c = cfg("openai", &url);
     c.max_retries = Some(0);
-    let p = connect(&ModelSpec::parse("openai:gpt-test").unwrap(), &c).unwrap();
+    let p = connect(
+        &ModelSpec::parse("openai:gpt-test").unwrap(),
+        &c,
+        &Default::default(),
+    )
+    .unwrap();
     let e = p.complete(&simple_request()).await.unwrap_err();
     assert!(
         matches!(&e, Error::Transport(m) if m.contains("cannot reach")),
@@ -357,7 +371,12 @@ async fn text_tool_mode_end_to_end() {
             ..Default::default()
         },
     );
-    let p = connect(&ModelSpec::parse("ollama:qwen").unwrap(), &c).unwrap();
+    let p = connect(
+        &ModelSpec::parse("ollama:qwen").unwrap(),
+        &c,
+        &Default::default(),
+    )
+    .unwrap();
     let mut req = simple_request();
     let r = p.complete(&req).await.unwrap();
     assert_eq!(r.message.content, "Reading.");
@@ -480,9 +499,9 @@ fn openai_field_for_api_openai_com() {
         tool_mode: ToolMode::Native,
         constrain: Default::default(),
     };
-    let p = OpenAi::new("gpt-4.1", resolved("https://api.openai.com/v1")).unwrap();
+    let p = OpenAi::new("gpt-4.1", resolved("https://api.openai.com/v1"), None).unwrap();
     assert_eq!(p.max_tokens_field(), "max_completion_tokens");
-    let p = OpenAi::new("llama", resolved("http://127.0.0.1:11434/v1")).unwrap();
+    let p = OpenAi::new("llama", resolved("http://127.0.0.1:11434/v1"), None).unwrap();
     assert_eq!(p.max_tokens_field(), "max_tokens");
 }
 
@@ -514,7 +533,12 @@ async fn a_constrained_text_model_sends_the_schema_and_its_bare_json_reply_is_a_
             ..Default::default()
         },
     );
-    let p = connect(&ModelSpec::parse("openai:small").unwrap(), &c).unwrap();
+    let p = connect(
+        &ModelSpec::parse("openai:small").unwrap(),
+        &c,
+        &Default::default(),
+    )
+    .unwrap();
     let r = p.complete(&simple_request()).await.unwrap();
     assert_eq!(r.message.tool_calls.len(), 1, "{r:?}");
     assert_eq!(r.message.tool_calls[0].name, "read_file");
@@ -525,4 +549,87 @@ async fn a_constrained_text_model_sends_the_schema_and_its_bare_json_reply_is_a_
         .as_array()
         .unwrap();
     assert_eq!(branches.len(), simple_request().tools.len());
+}
+
+/// `of` requests of one group that are the same but for their seed, each through its own
+/// provider (as each attempt has its own) over one [`Together`].
+async fn ask_together(llm: &FakeLlm, of: u32, temperature: [Option<f32>; 3]) -> Vec<Response> {
+    let together: Arc<Together> = Arc::default();
+    let asks = (0..3u64).map(|i| {
+        let p = connect(
+            &ModelSpec::parse("openai:gpt-test").unwrap(),
+            &cfg("openai", &llm.url()),
+            &together,
+        )
+        .unwrap();
+        let req = Request {
+            seed: Some(100 + i),
+            temperature: temperature[i as usize],
+            share: Some(Share { group: 7, of }),
+            ..simple_request()
+        };
+        async move { p.complete(&req).await.unwrap() }
+    });
+    futures_util::future::join_all(asks).await
+}
+
+#[tokio::test]
+async fn first_turns_started_together_are_asked_as_one_request_for_that_many_answers() {
+    let llm =
+        FakeLlm::start(|req| FakeReply::text(format!("answer {}", req.choice)).usage(900, 10));
+    let answers = ask_together(&llm, 3, [Some(0.9); 3]).await;
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 1, "one request for the three: {reqs:?}");
+    assert_eq!(reqs[0].body["n"], json!(3));
+    assert!(
+        reqs[0].body.get("seed").is_none(),
+        "each answer samples with its own seed"
+    );
+    assert!((reqs[0].body["temperature"].as_f64().unwrap() - 0.9).abs() < 1e-6);
+    let mut texts: Vec<String> = answers.iter().map(|r| r.message.content.clone()).collect();
+    texts.sort();
+    assert_eq!(texts, ["answer 0", "answer 1", "answer 2"]);
+    let prompt: u64 = answers.iter().map(|r| r.usage.prompt_tokens).sum();
+    assert_eq!(prompt, 900, "the prompt was read once");
+    let completion: u64 = answers.iter().map(|r| r.usage.completion_tokens).sum();
+    assert_eq!(completion, 30);
+}
+
+#[tokio::test]
+async fn requests_that_differ_beyond_the_seed_are_not_asked_together() {
+    let llm = FakeLlm::start(|req| FakeReply::text(format!("answer {}", req.choice)));
+    let answers = ask_together(&llm, 2, [None, Some(0.9), Some(0.9)]).await;
+    assert_eq!(answers.len(), 3);
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    let alone = reqs.iter().find(|r| r.body.get("n").is_none()).unwrap();
+    assert!(alone.body.get("temperature").is_none());
+    assert_eq!(alone.body["seed"], json!(100), "alone, it keeps its seed");
+    let two = reqs.iter().find(|r| r.body["n"] == json!(2)).unwrap();
+    assert!((two.body["temperature"].as_f64().unwrap() - 0.9).abs() < 1e-6);
+}
+
+#[tokio::test]
+async fn a_server_that_ignores_n_still_answers_every_request() {
+    // Like a server without `n`: one answer, whatever is asked.
+    let llm = FakeLlm::start(|req| {
+        let text = format!("seed {}", req.body["seed"]);
+        FakeReply::status(
+            200,
+            json!({"choices": [{"index": 0, "message": {
+            "role": "assistant", "content": text}}], "usage": {}}),
+        )
+    });
+    let answers = ask_together(&llm, 3, [Some(0.9); 3]).await;
+    let mut texts: Vec<String> = answers.iter().map(|r| r.message.content.clone()).collect();
+    texts.sort();
+    texts.dedup();
+    // The group's request got one answer (it had no seed); the other two asked alone.
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    assert_eq!(texts[2], "seed null", "{texts:?}");
+    assert!(
+        texts[..2].iter().all(|t| t.starts_with("seed 10")),
+        "{texts:?}"
+    );
+    assert_eq!(llm.count(), 3);
 }

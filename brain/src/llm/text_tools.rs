@@ -281,6 +281,7 @@ pub(crate) fn to_text_request(req: &Request, constrained: bool) -> Request {
     Request {
         temperature,
         seed: req.seed,
+        share: req.share,
         system,
         messages,
         tools: vec![],

@@ -81,6 +81,18 @@ pub struct Request {
     /// do; Anthropic's does not); `None`: the provider's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// One of the first turns of attempts started together, which may be asked together
+    /// (see [`super::Together`]); never sent as such.
+    #[serde(skip)]
+    pub share: Option<Share>,
+}
+
+/// Marks a request as one of `of` that may be asked together: the first turns of the
+/// attempts of the task `group` that sample alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    pub group: u64,
+    pub of: u32,
 }
 
 /// Token usage of one call.

@@ -77,8 +77,28 @@ impl AttemptsSpec {
     pub fn sampling_of(&self, parent: TaskId, index: u32) -> Sampling {
         Sampling {
             seed: seed_of(parent, index),
-            temperature: if index == 0 { None } else { self.temperature },
+            temperature: self.temperature_of(index),
+            together: self.together_with(index),
         }
+    }
+
+    fn temperature_of(&self, index: u32) -> Option<f32> {
+        if index == 0 { None } else { self.temperature }
+    }
+
+    /// How many attempts of the first round start as attempt `index` does (the same model
+    /// and temperature): their first turns are the same request but for the seed.
+    /// Attempts after the first round (escalations) start alone.
+    fn together_with(&self, index: u32) -> u32 {
+        if index >= self.count {
+            return 1;
+        }
+        let base = "";
+        let like = |j: u32| {
+            self.model_of(j, base) == self.model_of(index, base)
+                && self.temperature_of(j) == self.temperature_of(index)
+        };
+        (0..self.count).filter(|&j| like(j)).count() as u32
     }
 }
 
@@ -88,6 +108,14 @@ pub struct Sampling {
     pub seed: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
+    /// How many attempts (this one among them) start with the same first request but for
+    /// the seed; more than one: the first turn may be asked for all of them at once.
+    #[serde(default, skip_serializing_if = "is_alone")]
+    pub together: u32,
+}
+
+fn is_alone(n: &u32) -> bool {
+    *n <= 1
 }
 
 /// A seed that differs between attempts and between tasks, the same after a restart.

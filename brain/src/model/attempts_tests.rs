@@ -306,6 +306,21 @@ fn on_wall_time_the_parent_gives_its_attempts_a_grace_to_stop_by_themselves() {
 }
 
 #[test]
+fn attempts_that_sample_alike_start_together() {
+    let mut a = spec(4, Pick::First);
+    let p = TaskId(7);
+    let together =
+        |a: &Attempts| -> Vec<u32> { (0..5).map(|i| a.spec.sampling_of(p, i).together).collect() };
+    // The first at the server's temperature, the other three at the attempts'; the fifth is
+    // an escalation, which starts alone.
+    assert_eq!(together(&a), [1, 3, 3, 3, 1]);
+    a.spec.temperature = None;
+    assert_eq!(together(&a), [4, 4, 4, 4, 1]);
+    a.spec.models = vec!["openai:other".into()];
+    assert_eq!(together(&a), [2, 2, 2, 2, 1]);
+}
+
+#[test]
 fn attempts_differ_in_seed_and_later_ones_in_temperature_and_model() {
     let mut a = spec(4, Pick::First);
     a.spec.models = vec!["openai:other".into()];

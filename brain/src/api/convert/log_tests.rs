@@ -108,6 +108,7 @@ fn one_of_each() -> Vec<Event> {
         sampling: Some(Sampling {
             seed: 42,
             temperature: Some(0.5),
+            together: 3,
         }),
     };
     let response = Response {

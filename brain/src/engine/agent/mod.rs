@@ -39,12 +39,30 @@ const LLM_RETRY: Duration = Duration::from_secs(30);
 const MAX_ANSWER_TOKENS: u32 = 4096;
 
 /// The provider a task's model names: a replay of its recorded transcript, or a real API.
-pub fn provider(a: &AgentState, cfg: &llm::LlmConfig) -> Result<Arc<dyn Provider>, llm::Error> {
+pub fn provider(
+    a: &AgentState,
+    cfg: &llm::LlmConfig,
+    together: &Arc<llm::Together>,
+) -> Result<Arc<dyn Provider>, llm::Error> {
     let spec: llm::ModelSpec = a.spec.model.parse()?;
     if spec.provider == llm::ProviderKind::Replay {
         return Ok(Arc::new(llm::Replay::parse(&a.spec.transcript)?));
     }
-    llm::connect(&spec, cfg)
+    llm::connect(&spec, cfg, together)
+}
+
+/// The first turn of an attempt that starts with others alike may be asked with theirs.
+fn share(st: &TaskState, a: &AgentState) -> Option<llm::Share> {
+    let sampling = a.spec.sampling?;
+    let parent = st.attempt_of?.parent;
+    let first = !a
+        .conversation
+        .iter()
+        .any(|m| m.role == llm::Role::Assistant);
+    (first && sampling.together > 1).then_some(llm::Share {
+        group: parent.0,
+        of: sampling.together,
+    })
 }
 
 /// What only the agent does (the rest are [`driver::Action`]'s own).
@@ -342,7 +360,7 @@ impl AgentDriver {
         };
         let provider = match &self.model {
             Some(p) => p.clone(),
-            None => match provider(a, &self.llm) {
+            None => match provider(a, &self.llm, &cx.core.together) {
                 Ok(p) => {
                     self.model = Some(p.clone());
                     p
@@ -381,6 +399,7 @@ impl AgentDriver {
             response_schema: None,
             temperature: a.spec.sampling.and_then(|s| s.temperature),
             seed: a.spec.sampling.map(|s| s.seed),
+            share: share(&st, a),
         };
         // The wall-time budget holds during a call too: a slow answer does not carry the task
         // past it (the next decision logs the budget as spent; a resume asks again).
