@@ -175,6 +175,13 @@ pub struct Sampling {
     pub seed: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
+    /// How many attempts started alike with this one (their first turn asked at once).
+    #[serde(default, skip_serializing_if = "is_alone")]
+    pub together: u32,
+}
+
+fn is_alone(n: &u32) -> bool {
+    *n <= 1
 }
 
 /// What an agent task was created with.

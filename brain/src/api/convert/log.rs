@@ -432,6 +432,7 @@ fn sampling(s: &Sampling) -> wire::Sampling {
     wire::Sampling {
         seed: s.seed,
         temperature: s.temperature,
+        together: s.together,
     }
 }
 
