@@ -174,6 +174,9 @@ fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_st
     assert_eq!(together.len(), 1, "{reqs:?}");
     assert_eq!(together[0].body["n"], 2);
     assert!(together[0].body.get("seed").is_none(), "{:?}", together[0]);
+    // Both answers came from it (streamed): no first turn was asked again.
+    let first_turns = reqs.iter().filter(|r| r.assistant_turns() == 0).count();
+    assert_eq!(first_turns, 2, "{reqs:?}");
     let at_07 = |r: &FakeRequest| {
         r.body["temperature"]
             .as_f64()

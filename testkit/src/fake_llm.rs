@@ -347,7 +347,12 @@ fn serve(req: crate::http::Request, shared: &Shared) -> Response {
     if n > 1 && !req.is_anthropic() && reply.status == 200 && !raw {
         more_choices(&mut body, &req, n, shared);
     }
-    let out = Response::json(reply.status, &body);
+    let stream = req.body["stream"] == json!(true) && !req.is_anthropic();
+    let out = if stream && reply.status == 200 && !raw {
+        Response::new(200, events(&body)).header("content-type", "text/event-stream")
+    } else {
+        Response::json(reply.status, &body)
+    };
     match reply.retry_after {
         Some(s) => out.header("retry-after", s.to_string()),
         None => out,
@@ -379,4 +384,38 @@ fn more_choices(body: &mut Value, req: &FakeRequest, n: usize, shared: &Shared) 
                 + usage["completion_tokens"].as_u64().unwrap_or(0)
         );
     }
+}
+
+/// A Chat Completions answer as OpenAI streams it (`stream: true`): for each answer, a piece
+/// with its role, one with its text, one per tool call, and one with its `finish_reason`; then
+/// the usage; then `[DONE]`.
+fn events(answer: &Value) -> Vec<u8> {
+    let mut out = String::new();
+    let mut push = |v: Value| out.push_str(&format!("data: {v}\n\n"));
+    for c in answer["choices"].as_array().into_iter().flatten() {
+        let i = &c["index"];
+        let m = &c["message"];
+        let piece = |delta: Value, finish: Value| {
+            json!({"object": "chat.completion.chunk",
+                   "choices": [{"index": i, "delta": delta, "finish_reason": finish}]})
+        };
+        push(piece(
+            json!({"role": "assistant", "content": null}),
+            Value::Null,
+        ));
+        if let Some(text) = m["content"].as_str() {
+            push(piece(json!({"content": text}), Value::Null));
+        }
+        for (k, call) in m["tool_calls"].as_array().into_iter().flatten().enumerate() {
+            push(piece(
+                json!({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                       "function": call["function"]}]}),
+                Value::Null,
+            ));
+        }
+        push(piece(json!({}), c["finish_reason"].clone()));
+    }
+    push(json!({"object": "chat.completion.chunk", "choices": [], "usage": answer["usage"]}));
+    out.push_str("data: [DONE]\n\n");
+    out.into_bytes()
 }

@@ -7,6 +7,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use serde_json::Value;
 
 use super::config::{ApiKey, CONNECT_TIMEOUT, Resolved};
+use super::together::Events;
 use super::types::Error;
 
 /// Largest response body we read.
@@ -141,6 +142,43 @@ impl Http {
         Err((self.classify(url, status, &bytes), retry_after))
     }
 
+    /// POSTs `body` once (no retries: the caller has another way to an answer) and reads
+    /// the answer as server-sent events: each `data:` line's JSON, up to `data: [DONE]` or
+    /// the end, bounded like any answer.
+    pub async fn post_events(
+        &self,
+        url: &str,
+        headers: HeaderMap,
+        body: &Value,
+    ) -> Result<Events, Error> {
+        let body = serde_json::to_vec(body)
+            .map_err(|e| Error::Decode(format!("cannot encode the request: {e}")))?;
+        let resp = self
+            .client
+            .post(url)
+            .headers(headers)
+            .header(CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| self.transport(url, &e))?;
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            let bytes = read_body(resp).await.map_err(|e| self.body_error(url, e))?;
+            return Err(self.classify(url, status, &bytes));
+        }
+        let lines = Lines {
+            resp: Some(resp),
+            buf: Vec::new(),
+            read: 0,
+            url: url.to_string(),
+        };
+        Ok(Box::pin(futures_util::stream::unfold(
+            lines,
+            |mut lines| async move { lines.next().await.map(|event| (event, lines)) },
+        )))
+    }
+
     fn transport(&self, url: &str, e: &reqwest::Error) -> Error {
         if e.is_timeout() {
             Error::Timeout(format!(
@@ -227,6 +265,67 @@ impl Http {
             })
             .collect::<Vec<_>>()
             .join(" ")
+    }
+}
+
+/// An event stream being read: the lines not yet taken, and how much was read.
+struct Lines {
+    resp: Option<reqwest::Response>,
+    buf: Vec<u8>,
+    read: usize,
+    url: String,
+}
+
+impl Lines {
+    async fn next(&mut self) -> Option<Result<Value, Error>> {
+        loop {
+            if let Some(end) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=end).collect();
+                let line = String::from_utf8_lossy(&line);
+                let Some(data) = line.trim().strip_prefix("data:") else {
+                    continue;
+                };
+                let data = data.trim();
+                if data == "[DONE]" {
+                    self.resp = None;
+                    self.buf.clear();
+                    return None;
+                }
+                return Some(serde_json::from_str(data).map_err(|e| {
+                    Error::Decode(format!("{}: a streamed event is not JSON ({e})", self.url))
+                }));
+            }
+            let resp = self.resp.as_mut()?;
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    self.read += chunk.len();
+                    if self.read > MAX_BODY {
+                        self.resp = None;
+                        return Some(Err(Error::Decode(format!(
+                            "{} sent a response larger than {} MiB",
+                            self.url,
+                            MAX_BODY >> 20
+                        ))));
+                    }
+                    self.buf.extend_from_slice(&chunk);
+                }
+                Ok(None) => {
+                    self.resp = None;
+                    if self.buf.is_empty() {
+                        return None;
+                    }
+                    self.buf.push(b'\n');
+                }
+                Err(e) => {
+                    self.resp = None;
+                    return Some(Err(Error::Transport(format!(
+                        "{}: the answer was cut off: {}",
+                        self.url,
+                        chain(&e)
+                    ))));
+                }
+            }
+        }
     }
 }
 

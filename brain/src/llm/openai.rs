@@ -70,7 +70,7 @@ impl Provider for OpenAi {
             }
             let send = |b: Value| {
                 let headers = headers.clone();
-                async move { self.http.post_json(&self.url, headers, &b).await }
+                async move { self.http.post_events(&self.url, headers, &b).await }
             };
             // Without an answer from the group's request, it asks alone (below).
             if let Some(answer) = together.ask(&self.url, share, shared, send).await {

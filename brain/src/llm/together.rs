@@ -12,6 +12,8 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+
+use futures_util::{Stream, StreamExt};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -109,13 +111,13 @@ impl Together {
     }
 
     /// Answers `body` (a Chat Completions request without its seed) as one of `share`'s
-    /// group: the first to come gathers the others for a moment, then sends one request with
-    /// `send` for all of them (`n`), and hands each its answer, written as a one-answer
-    /// response. `None`: ask alone.
+    /// group: the first to come gathers the others for a moment, then sends one streamed
+    /// request with `send` for all of them (`n`), and hands each its answer, as a one-answer
+    /// response, as soon as that answer is complete. `None`: ask alone.
     pub async fn ask<F, Fut>(&self, url: &str, share: Share, body: Value, send: F) -> Option<Value>
     where
         F: FnOnce(Value) -> Fut,
-        Fut: Future<Output = Result<Value, Error>>,
+        Fut: Future<Output = Result<Events, Error>>,
     {
         if share.of < 2 {
             return None;
@@ -128,6 +130,7 @@ impl Together {
             Joined::Alone => return None,
             Joined::First(full) => full,
         };
+        let estimate = bytes.len() as u64 / 4;
         let leave = Leave {
             together: self,
             key,
@@ -138,128 +141,214 @@ impl Together {
         if joined.is_empty() {
             return None;
         }
-        let n = joined.len() + 1;
+        let (own, mine) = oneshot::channel();
+        let callers: Vec<_> = std::iter::once(own).chain(joined).collect();
         let mut body = body;
-        body["n"] = json!(n);
-        let answer = send(body).await.ok()?;
-        let mut answers = split(&answer, n).into_iter();
-        let own = answers.next().flatten();
-        for (tx, a) in joined.into_iter().zip(answers) {
-            let _ = tx.send(a);
-        }
-        own
+        body["n"] = json!(callers.len());
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        // A failed request drops the callers' senders: each asks alone.
+        let events = send(body).await.ok()?;
+        // The answers are handed out by a task of their own, so that the others get theirs
+        // when this caller is dropped; it stops when the stream ends.
+        tokio::spawn(hand_out(events, callers, estimate));
+        mine.await.ok().flatten()
     }
 }
 
-/// `answer`'s choices as `n` one-answer responses, each with its share of the usage; `None`
-/// where the server sent fewer answers than asked. The prompt was read once: its tokens are
-/// shared out evenly. The answers' tokens are shared out by their length, and each counts
-/// at least its length / 4 (OpenAI's usage covers every answer; llama.cpp's covers only the
-/// first, and an answer must not go uncounted).
-fn split(answer: &Value, n: usize) -> Vec<Option<Value>> {
-    let mut slots: Vec<Option<&Value>> = vec![None; n];
-    for (pos, c) in answer["choices"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let at = c["index"].as_u64().map_or(pos, |i| i as usize);
-        if let Some(slot) = slots.get_mut(at).filter(|s| s.is_none()) {
-            *slot = Some(c);
-        } else if let Some(slot) = slots.iter_mut().find(|s| s.is_none()) {
-            *slot = Some(c);
+/// A streamed answer's events: each `data:` line of the server's event stream, as JSON.
+pub type Events = std::pin::Pin<Box<dyn Stream<Item = Result<Value, Error>> + Send>>;
+
+/// Most tool calls kept from one streamed answer.
+const MAX_CALLS: usize = 64;
+
+/// One answer being put together from the stream's pieces.
+#[derive(Default)]
+struct Building {
+    content: String,
+    /// Tool calls by their index: id, name, arguments.
+    calls: Vec<(String, String, String)>,
+    /// Pieces received: each is about a token (llama.cpp and OpenAI send one a piece).
+    pieces: u64,
+    finish: Option<String>,
+}
+
+impl Building {
+    fn add(&mut self, delta: &Value) {
+        let mut any = false;
+        if let Some(t) = delta["content"].as_str() {
+            self.content.push_str(t);
+            any = true;
+        }
+        for c in delta["tool_calls"].as_array().into_iter().flatten() {
+            let i = c["index"].as_u64().unwrap_or(0) as usize;
+            if i >= MAX_CALLS {
+                continue;
+            }
+            if self.calls.len() <= i {
+                self.calls.resize_with(i + 1, Default::default);
+            }
+            let call = &mut self.calls[i];
+            if let Some(id) = c["id"].as_str() {
+                call.0.push_str(id);
+            }
+            if let Some(name) = c["function"]["name"].as_str() {
+                call.1.push_str(name);
+            }
+            if let Some(a) = c["function"]["arguments"].as_str() {
+                call.2.push_str(a);
+            }
+            any = true;
+        }
+        self.pieces += u64::from(any);
+    }
+
+    /// The answer as a one-answer Chat Completions response. Its tokens: the pieces, and at
+    /// least its length / 4.
+    fn answer(&self, index: usize, prompt_tokens: u64) -> Value {
+        let calls: Vec<Value> = self
+            .calls
+            .iter()
+            .filter(|c| !c.1.is_empty())
+            .map(|(id, name, args)| {
+                json!({"id": id, "type": "function",
+                       "function": {"name": name, "arguments": args}})
+            })
+            .collect();
+        let length = self.content.len() + self.calls.iter().map(|c| c.2.len()).sum::<usize>();
+        let mut message = json!({"role": "assistant", "content": self.content});
+        if !calls.is_empty() {
+            message["tool_calls"] = json!(calls);
+        }
+        json!({
+            "choices": [{"index": index, "message": message, "finish_reason": self.finish}],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": self.pieces.max(length as u64 / 4),
+            },
+        })
+    }
+}
+
+/// Reads the stream and hands each caller its answer once the server says it is complete
+/// (its `finish_reason`), with the prompt's tokens shared out evenly (read once for all;
+/// from the usage the server reports, else `estimate`). A caller whose answer never came is
+/// dropped, and so asks alone.
+async fn hand_out(mut events: Events, callers: Vec<oneshot::Sender<Option<Value>>>, estimate: u64) {
+    let n = callers.len();
+    let mut callers: Vec<Option<oneshot::Sender<Option<Value>>>> =
+        callers.into_iter().map(Some).collect();
+    let mut answers: Vec<Building> = (0..n).map(|_| Building::default()).collect();
+    let mut prompt: Option<u64> = None;
+    // A complete answer waits for the next event: llama.cpp reports the usage right after.
+    let mut ready: Vec<usize> = Vec::new();
+    let mut give = |ready: &mut Vec<usize>, prompt: Option<u64>, answers: &[Building]| {
+        let each = prompt.unwrap_or(estimate) / n as u64;
+        for i in ready.drain(..) {
+            if let Some(tx) = callers[i].take() {
+                let _ = tx.send(Some(answers[i].answer(i, each)));
+            }
+        }
+    };
+    while let Some(Ok(event)) = events.next().await {
+        if let Some(p) = event["usage"]["prompt_tokens"].as_u64() {
+            prompt = Some(p);
+        }
+        give(&mut ready, prompt, &answers);
+        for c in event["choices"].as_array().into_iter().flatten() {
+            let Some(i) = c["index"].as_u64().map(|i| i as usize).filter(|i| *i < n) else {
+                continue;
+            };
+            let a = &mut answers[i];
+            if a.finish.is_some() {
+                continue;
+            }
+            a.add(&c["delta"]);
+            if let Some(f) = c["finish_reason"].as_str() {
+                a.finish = Some(f.to_string());
+                ready.push(i);
+            }
         }
     }
-    let length = |c: &Value| {
-        let m = &c["message"];
-        let calls: usize = m["tool_calls"]
-            .as_array()
-            .map_or(0, |calls| calls.iter().map(|t| t.to_string().len()).sum());
-        (m["content"].as_str().map_or(0, str::len) + calls) as u64
-    };
-    let lengths: Vec<u64> = slots.iter().map(|c| c.map_or(0, length)).collect();
-    let all: u64 = lengths.iter().sum::<u64>().max(1);
-    let prompt = answer["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
-    let completion = answer["usage"]["completion_tokens"].as_u64().unwrap_or(0);
-    let n64 = n as u64;
-    slots
-        .iter()
-        .zip(&lengths)
-        .enumerate()
-        .map(|(i, (choice, &len))| {
-            let choice = (*choice)?;
-            let prompt = prompt / n64 + u64::from((i as u64) < prompt % n64);
-            let completion = (completion * len / all).max(len / 4);
-            Some(json!({
-                "choices": [choice],
-                "usage": {"prompt_tokens": prompt, "completion_tokens": completion},
-            }))
-        })
-        .collect()
+    give(&mut ready, prompt, &answers);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn choice(i: u64, text: &str) -> Value {
-        json!({"index": i, "message": {"role": "assistant", "content": text}})
+    fn piece(i: u64, delta: Value, finish: Option<&str>) -> Result<Value, Error> {
+        Ok(json!({"choices": [{"index": i, "delta": delta, "finish_reason": finish}]}))
     }
 
-    #[test]
-    fn each_answer_goes_to_its_own_and_the_usage_is_shared_out() {
-        let answer = json!({
-            "choices": [choice(1, "bbbbbbbb"), choice(0, "aaaaaaaa"), choice(2, "cccccccccccccccc")],
-            "usage": {"prompt_tokens": 1000, "completion_tokens": 40},
-        });
-        let got = split(&answer, 3);
-        let text = |v: &Option<Value>| {
-            v.as_ref().unwrap()["choices"][0]["message"]["content"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        };
-        assert_eq!(text(&got[0]), "aaaaaaaa");
-        assert_eq!(text(&got[1]), "bbbbbbbb");
-        assert_eq!(text(&got[2]), "cccccccccccccccc");
-        let prompts: Vec<u64> = got
-            .iter()
-            .map(|g| {
-                g.as_ref().unwrap()["usage"]["prompt_tokens"]
-                    .as_u64()
-                    .unwrap()
-            })
-            .collect();
-        assert_eq!(prompts, [334, 333, 333], "the prompt counted once in all");
-        let completions: Vec<u64> = got
-            .iter()
-            .map(|g| {
-                g.as_ref().unwrap()["usage"]["completion_tokens"]
-                    .as_u64()
-                    .unwrap()
-            })
-            .collect();
-        assert_eq!(completions, [10, 10, 20], "shared out by length");
+    /// Hands out `events` to three callers; what each got.
+    async fn hand_out_to_three(events: Vec<Result<Value, Error>>) -> Vec<Option<Value>> {
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..3).map(|_| oneshot::channel()).unzip();
+        hand_out(futures_util::stream::iter(events).boxed(), txs, 4000).await;
+        let mut got = Vec::new();
+        for rx in rxs {
+            got.push(rx.await.ok().flatten());
+        }
+        got
     }
 
-    #[test]
-    fn fewer_answers_than_asked_leave_the_rest_to_ask_alone() {
-        let answer = json!({
-            "choices": [choice(0, "only")],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 1},
-        });
-        let got = split(&answer, 3);
+    #[tokio::test]
+    async fn each_answer_goes_to_its_own_as_soon_as_it_is_complete() {
+        let (txs, mut rxs): (Vec<_>, Vec<_>) = (0..2).map(|_| oneshot::channel()).unzip();
+        let (feed, events) = tokio::sync::mpsc::unbounded_channel();
+        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(events).boxed();
+        let task = tokio::spawn(hand_out(stream, txs, 4000));
+        feed.send(piece(1, json!({"content": "b"}), None)).unwrap();
+        feed.send(piece(1, json!({}), Some("stop"))).unwrap();
+        feed.send(Ok(json!({"choices": [], "usage": {"prompt_tokens": 1000}})))
+            .unwrap();
+        // The second answer is complete: its caller has it while the first is still coming.
+        let second = (&mut rxs[1]).await.unwrap().unwrap();
+        assert_eq!(second["choices"][0]["message"]["content"], "b");
+        assert_eq!(
+            second["usage"]["prompt_tokens"], 500,
+            "the prompt counted once in all"
+        );
+        assert!(rxs[0].try_recv().is_err(), "the first is not complete yet");
+        feed.send(piece(0, json!({"content": "a"}), Some("length")))
+            .unwrap();
+        drop(feed);
+        task.await.unwrap();
+        let first = (&mut rxs[0]).await.unwrap().unwrap();
+        assert_eq!(first["choices"][0]["message"]["content"], "a");
+        assert_eq!(first["choices"][0]["finish_reason"], "length");
+    }
+
+    #[tokio::test]
+    async fn tool_calls_are_put_together_from_their_pieces() {
+        let got = hand_out_to_three(vec![
+            piece(2, json!({"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "run", "arguments": "{\"cmd\":"}}]}), None),
+            piece(2, json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"ls\"}"}}]}), None),
+            piece(2, json!({}), Some("tool_calls")),
+        ])
+        .await;
+        let third = got[2].as_ref().unwrap();
+        let call = &third["choices"][0]["message"]["tool_calls"][0];
+        assert_eq!(call["id"], "call_1");
+        assert_eq!(call["function"]["name"], "run");
+        assert_eq!(call["function"]["arguments"], "{\"cmd\":\"ls\"}");
+        // No usage came: the prompt is estimated (4000 tokens, a third each).
+        assert_eq!(third["usage"]["prompt_tokens"], 1333);
+        assert_eq!(third["usage"]["completion_tokens"], 3);
+    }
+
+    #[tokio::test]
+    async fn callers_whose_answer_never_came_ask_alone() {
+        let got = hand_out_to_three(vec![
+            piece(0, json!({"content": "only"}), Some("stop")),
+            piece(1, json!({"content": "cut off"}), None),
+            Err(Error::Transport("reset".into())),
+            piece(2, json!({"content": "after the error"}), Some("stop")),
+        ])
+        .await;
         assert!(got[0].is_some());
-        assert!(got[1].is_none() && got[2].is_none());
-        // A server that counts one answer only: each still counts its length / 4.
-        let answer = json!({
-            "choices": [choice(0, &"x".repeat(400)), choice(1, &"y".repeat(800))],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 100},
-        });
-        let got = split(&answer, 2);
-        let c1 = got[1].as_ref().unwrap()["usage"]["completion_tokens"].as_u64();
-        assert_eq!(c1, Some(200));
+        assert!(got[1].is_none(), "an answer cut off is not an answer");
+        assert!(got[2].is_none(), "nothing is read past an error");
     }
 
     #[tokio::test]
@@ -267,7 +356,7 @@ mod tests {
         use futures_util::FutureExt;
         let t = Arc::new(Together::default());
         let share = Share { group: 1, of: 2 };
-        let never = |_| std::future::pending::<Result<Value, Error>>();
+        let never = |_| std::future::pending::<Result<Events, Error>>();
         let mut first = Box::pin(t.ask("u", share, json!({"a": 1}), never));
         assert!((&mut first).now_or_never().is_none(), "the first gathers");
         let t2 = t.clone();
