@@ -110,14 +110,9 @@ impl Http {
         body: &[u8],
     ) -> Result<Value, (Error, Option<Duration>)> {
         let resp = self
-            .client
-            .post(url)
-            .headers(headers.clone())
-            .header(CONTENT_TYPE, "application/json")
-            .body(body.to_vec())
-            .send()
+            .send(url, headers.clone(), body.to_vec())
             .await
-            .map_err(|e| (self.transport(url, &e), None))?;
+            .map_err(|e| (e, None))?;
         let status = resp.status().as_u16();
         let retry_after = resp
             .headers()
@@ -153,15 +148,7 @@ impl Http {
     ) -> Result<Events, Error> {
         let body = serde_json::to_vec(body)
             .map_err(|e| Error::Decode(format!("cannot encode the request: {e}")))?;
-        let resp = self
-            .client
-            .post(url)
-            .headers(headers)
-            .header(CONTENT_TYPE, "application/json")
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| self.transport(url, &e))?;
+        let resp = self.send(url, headers, body).await?;
         let status = resp.status().as_u16();
         if !(200..300).contains(&status) {
             let bytes = read_body(resp).await.map_err(|e| self.body_error(url, e))?;
@@ -177,6 +164,23 @@ impl Http {
             lines,
             |mut lines| async move { lines.next().await.map(|event| (event, lines)) },
         )))
+    }
+
+    /// POSTs a JSON `body` with `headers`; a transport failure is told without the key.
+    async fn send(
+        &self,
+        url: &str,
+        headers: HeaderMap,
+        body: Vec<u8>,
+    ) -> Result<reqwest::Response, Error> {
+        self.client
+            .post(url)
+            .headers(headers)
+            .header(CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| self.transport(url, &e))
     }
 
     fn transport(&self, url: &str, e: &reqwest::Error) -> Error {
