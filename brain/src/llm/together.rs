@@ -242,7 +242,10 @@ async fn hand_out(mut events: Events, callers: Vec<oneshot::Sender<Option<Value>
     let mut prompt: Option<u64> = None;
     // A complete answer waits for the next event: llama.cpp reports the usage right after.
     let mut ready: Vec<usize> = Vec::new();
-    let mut give = |ready: &mut Vec<usize>, prompt: Option<u64>, answers: &[Building]| {
+    let give = |callers: &mut [Option<oneshot::Sender<Option<Value>>>],
+                ready: &mut Vec<usize>,
+                prompt: Option<u64>,
+                answers: &[Building]| {
         let each = prompt.unwrap_or(estimate) / n as u64;
         for i in ready.drain(..) {
             if let Some(tx) = callers[i].take() {
@@ -250,11 +253,19 @@ async fn hand_out(mut events: Events, callers: Vec<oneshot::Sender<Option<Value>
             }
         }
     };
-    while let Some(Ok(event)) = events.next().await {
+    loop {
+        // Every caller still waiting is gone (their tasks were cancelled): the stream is
+        // dropped, so the server stops writing answers nobody reads.
+        if callers.iter().flatten().all(oneshot::Sender::is_closed) {
+            return;
+        }
+        let Some(Ok(event)) = events.next().await else {
+            break;
+        };
         if let Some(p) = event["usage"]["prompt_tokens"].as_u64() {
             prompt = Some(p);
         }
-        give(&mut ready, prompt, &answers);
+        give(&mut callers, &mut ready, prompt, &answers);
         for c in event["choices"].as_array().into_iter().flatten() {
             let Some(i) = c["index"].as_u64().map(|i| i as usize).filter(|i| *i < n) else {
                 continue;
@@ -270,7 +281,7 @@ async fn hand_out(mut events: Events, callers: Vec<oneshot::Sender<Option<Value>
             }
         }
     }
-    give(&mut ready, prompt, &answers);
+    give(&mut callers, &mut ready, prompt, &answers);
 }
 
 #[cfg(test)]
@@ -317,6 +328,31 @@ mod tests {
         let first = (&mut rxs[0]).await.unwrap().unwrap();
         assert_eq!(first["choices"][0]["message"]["content"], "a");
         assert_eq!(first["choices"][0]["finish_reason"], "length");
+    }
+
+    #[tokio::test]
+    async fn the_stream_is_let_go_once_nobody_waits_for_an_answer() {
+        let (txs, mut rxs): (Vec<_>, Vec<_>) = (0..2).map(|_| oneshot::channel()).unzip();
+        let (feed, events) = tokio::sync::mpsc::unbounded_channel();
+        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(events).boxed();
+        let task = tokio::spawn(hand_out(stream, txs, 4000));
+        feed.send(piece(0, json!({"content": "a"}), Some("stop")))
+            .unwrap();
+        feed.send(piece(1, json!({"content": "b"}), None)).unwrap();
+        let first = (&mut rxs[0]).await.unwrap().unwrap();
+        assert_eq!(first["choices"][0]["message"]["content"], "a");
+        // The second's caller is cancelled while its answer is still coming; the stream
+        // stays open, but nothing more is read from it.
+        drop(rxs);
+        feed.send(piece(1, json!({"content": "c"}), None)).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("hand_out lets the stream go")
+            .unwrap();
+        assert!(
+            feed.send(Ok(json!({}))).is_err(),
+            "the stream was dropped with its reader"
+        );
     }
 
     #[tokio::test]
