@@ -162,7 +162,11 @@ fn the_failing_code_is_in_view_and_a_search_replace_block_fixes_it() {
 #[test]
 fn a_block_that_begins_a_definition_in_view_replaces_it() {
     let llm = FakeLlm::start(|req| match req.seq - 1 {
+        // A tool's name in another case: the tool it means runs.
         0 => FakeReply::text(
+            "```json\n{\"tool\": \"Read_File\", \"arguments\": {\"path\": \"helpers.py\"}}\n```",
+        ),
+        1 => FakeReply::text(
             "Here is the corrected function:\n```python\ndef mean(xs):\n    if not xs:\n        return 0\n    return helpers.total(xs) / len(xs)\n```",
         ),
         _ => FakeReply::text(
@@ -172,6 +176,11 @@ fn a_block_that_begins_a_definition_in_view_replaces_it() {
     let (c, w, id) = started(&llm);
     assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
     assert_eq!(c.task_show(&id)["verification"], "verified");
+    let read = last_user_text(&llm.requests()[1]);
+    assert!(
+        read.contains("read_file") && read.contains("s += x"),
+        "the file was read: {read}"
+    );
     let num = id.trim_start_matches("t-");
     let file =
         std::fs::read_to_string(w.state.join(format!("workspaces/task-{num}/stats.py"))).unwrap();

@@ -108,6 +108,34 @@ pub fn specs(permission: Permission, can_move: bool) -> Vec<ToolSpec> {
     v
 }
 
+/// The tool a call's `name` means when it is not a tool's name as written but differs only
+/// in case and separators (`SEARCH`, `Read_File`, `readFile`, `run-command`): small models
+/// write names so, and each such call would otherwise cost a turn spent on an error.
+/// `None`: the name is a tool's own, or no tool's.
+pub fn canonical_name(name: &str) -> Option<&'static str> {
+    const NAMES: &[&str] = &[
+        "read_file",
+        "list_files",
+        "search",
+        "run_command",
+        "write_file",
+        "edit_file",
+        "request_environment",
+        "finish",
+    ];
+    if NAMES.contains(&name) {
+        return None;
+    }
+    let folded = |n: &str| -> String {
+        n.chars()
+            .filter(|c| !matches!(c, '_' | '-' | ' ' | '.'))
+            .flat_map(char::to_lowercase)
+            .collect()
+    };
+    let want = folded(name.trim());
+    NAMES.iter().copied().find(|n| folded(n) == want)
+}
+
 /// What to do with one of the model's tool calls.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Prepared {
@@ -651,6 +679,28 @@ mod tests {
             check: None,
             egress: None,
             sampling: None,
+        }
+    }
+
+    #[test]
+    fn a_name_written_in_another_case_or_with_other_separators_means_that_tool() {
+        for (written, meant) in [
+            ("SEARCH", Some("search")),
+            ("Read_File", Some("read_file")),
+            ("readFile", Some("read_file")),
+            ("run-command", Some("run_command")),
+            (" Finish ", Some("finish")),
+            ("read_file", None),
+            ("rm_rf", None),
+            ("read", None),
+            ("", None),
+        ] {
+            assert_eq!(canonical_name(written), meant, "{written:?}");
+        }
+        // Every tool offered is in the table.
+        for s in specs(Permission::Full, true) {
+            let upper = s.name.to_uppercase();
+            assert_eq!(canonical_name(&upper), Some(s.name.as_str()), "{upper}");
         }
     }
 

@@ -427,6 +427,9 @@ impl AgentDriver {
                 r.message.content = self.redact.apply(&r.message.content);
                 for c in &mut r.message.tool_calls {
                     c.arguments = self.redact.apply(&c.arguments);
+                    if let Some(name) = tools::canonical_name(&c.name) {
+                        c.name = name.to_string();
+                    }
                 }
                 for m in &mut r.malformed_calls {
                     *m = self.redact.apply(m);
