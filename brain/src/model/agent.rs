@@ -591,11 +591,23 @@ impl AgentState {
             }
             return text;
         }
+        // A failing command run again on the same files, with the same result: said at
+        // once, before it becomes a loop (small models run the failing tests over and over).
+        let obs = obs_hash(&text);
+        let same_again = failed
+            && u.name == "run_command"
+            && !self.root.is_empty()
+            && self
+                .recent
+                .iter()
+                .rev()
+                .find(|t| t.sig == sig)
+                .is_some_and(|t| t.root == self.root && t.obs == obs);
         // The loop detector, with this turn counted.
         let mut next = self.clone();
         next.recent.push_back(Turn {
             sig,
-            obs: obs_hash(&text),
+            obs,
             failed,
             root: self.root.clone(),
         });
@@ -607,6 +619,10 @@ impl AgentState {
             if !stuck && l.rounds + 1 >= next.loop_limits(l.period).1 {
                 text.push_str(" One more round and the task stops as stuck.");
             }
+        } else if same_again {
+            text.push_str(&format!(
+                "{NOTE_MARK}no file has changed since you last ran this command, and it failed the same way. Running it again will not tell you more: change the code it points at first."
+            ));
         }
         text
     }

@@ -396,3 +396,47 @@ fn a_change_asks_for_the_check_and_talk_after_a_passing_check_is_a_finish() {
     a.on_response(&talk("Done."), 0.0);
     assert!(a.queue.is_empty());
 }
+
+#[test]
+fn a_failing_command_run_again_on_the_same_files_is_told_at_once() {
+    let mut a = AgentState::new(spec(), "goal", 0);
+    a.spec.repeat_limit = 3;
+    a.spec.budget.steps = 0;
+    a.limits.steps = 0;
+    a.on_barrier("r0");
+    let args = r#"{"command": "python3 test_freq.py"}"#;
+    let failing = |secs: u32| {
+        format!("exit code 1\nNameError: name 're' is not defined\nRan 2 tests in 0.00{secs}s")
+    };
+    // Runs the command; what the model is told.
+    let run = |a: &mut AgentState, id: &str, told: &str, root: &str| -> String {
+        a.on_response(&call(id, "run_command", args), 0.0);
+        let u = a.queue.front().unwrap().clone();
+        let text = a.with_guard_note(&u, told.to_string(), true);
+        a.on_observation(id, &text, true);
+        a.on_barrier(root);
+        text
+    };
+    const SAID: &str = "no file has changed since you last ran this command";
+    assert!(
+        !run(&mut a, "c1", &failing(1), "r1").contains(SAID),
+        "the first run"
+    );
+    let again = run(&mut a, "c2", &failing(2), "r1");
+    assert!(
+        again.contains(SAID),
+        "the same files, the same failure: {again}"
+    );
+    // A change in between: running it again is how to see what the change did.
+    turn(
+        &mut a,
+        "w",
+        "write_file",
+        r#"{"path": "freq.py", "content": "x"}"#,
+        "wrote",
+        "r2",
+    );
+    assert!(!run(&mut a, "c3", &failing(3), "r2").contains(SAID));
+    // The same files, another result (a flaky test): not the same.
+    assert!(!run(&mut a, "c4", "exit code 1\nAssertionError", "r2").contains(SAID));
+}
