@@ -557,6 +557,12 @@ impl Job<'_> {
             self.fleet.base_workers.get(j),
         );
         let (plain, json) = (&self.plain, &self.json);
+        // Each row starts on an idle model server.
+        let keep = |row: &'static str, shown: &str, a: Attempt| {
+            keep(row, shown, a);
+            harness::wait_idle(s);
+        };
+        harness::wait_idle(s);
         if let (Some(c), Some(w)) = (baseline, w_base) {
             let a = tether("tether-before", s, c, On::Worker(w), plain, task, i, work);
             keep("before", "before", a);

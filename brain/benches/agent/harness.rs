@@ -45,6 +45,40 @@ pub(super) fn check_server(s: &Settings) {
     );
 }
 
+/// Waits (at most 5 minutes) until the model server works on no request, so that a row's
+/// clock does not start while the last row's abandoned answers are still being written.
+/// Only llama.cpp's `/slots` says so; another server, or `AGENT_BENCH_JOBS` above 1 (the
+/// others' rows are meant to share the server), is not waited for.
+pub(super) fn wait_idle(s: &Settings) {
+    if s.jobs > 1 {
+        return;
+    }
+    let (rt, client) = http();
+    let url = format!(
+        "{}/slots",
+        s.url.trim_end_matches('/').trim_end_matches("/v1")
+    );
+    let busy = || -> Option<bool> {
+        let text = rt
+            .block_on(async {
+                let r = client
+                    .get(&url)
+                    .timeout(Duration::from_secs(10))
+                    .send()
+                    .await?;
+                r.error_for_status()?.text().await
+            })
+            .ok()?;
+        let body: serde_json::Value = serde_json::from_str(&text).ok()?;
+        let slots = body.as_array()?;
+        Some(slots.iter().any(|s| s["is_processing"] == true))
+    };
+    let end = std::time::Instant::now() + Duration::from_secs(300);
+    while busy() == Some(true) && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// One chat request; returns (the answer's text, total tokens).
 pub(super) fn chat(s: &Settings, messages: serde_json::Value) -> Result<(String, u64), String> {
     let (rt, client) = http();
