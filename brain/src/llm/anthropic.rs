@@ -172,22 +172,11 @@ pub(crate) fn parse_response(v: &Value) -> Result<Response, Malformed> {
     }
     let u = &v["usage"];
     let n = |k: &str| u[k].as_u64().unwrap_or(0);
-    Ok(Response {
-        message: Message {
-            role: Role::Assistant,
-            content: texts.join("\n"),
-            tool_calls,
-            tool_call_id: String::new(),
-        },
-        usage: Usage {
-            prompt_tokens: n("input_tokens")
-                + n("cache_creation_input_tokens")
-                + n("cache_read_input_tokens"),
-            completion_tokens: n("output_tokens"),
-        },
-        malformed_calls: Vec::new(),
-        skipped_calls: Vec::new(),
-        nudge: String::new(),
-        code_blocks: vec![],
-    })
+    let usage = Usage {
+        prompt_tokens: n("input_tokens")
+            + n("cache_creation_input_tokens")
+            + n("cache_read_input_tokens"),
+        completion_tokens: n("output_tokens"),
+    };
+    Ok(Response::new(texts.join("\n"), tool_calls, usage))
 }

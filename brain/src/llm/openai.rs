@@ -186,20 +186,9 @@ pub(crate) fn parse_response(v: &Value) -> Result<Response, Malformed> {
             });
         }
     }
-    Ok(Response {
-        message: Message {
-            role: Role::Assistant,
-            content,
-            tool_calls,
-            tool_call_id: String::new(),
-        },
-        usage: Usage {
-            prompt_tokens: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
-            completion_tokens: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
-        },
-        malformed_calls: Vec::new(),
-        skipped_calls: Vec::new(),
-        nudge: String::new(),
-        code_blocks: vec![],
-    })
+    let usage = Usage {
+        prompt_tokens: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+        completion_tokens: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+    };
+    Ok(Response::new(content, tool_calls, usage))
 }

@@ -84,22 +84,11 @@ mod tests {
     use super::*;
 
     fn resp(text: &str, calls: Vec<ToolUse>) -> Response {
-        Response {
-            message: Message {
-                role: Role::Assistant,
-                content: text.into(),
-                tool_calls: calls,
-                tool_call_id: String::new(),
-            },
-            usage: Usage {
-                prompt_tokens: 10,
-                completion_tokens: 2,
-            },
-            malformed_calls: vec![],
-            skipped_calls: vec![],
-            nudge: String::new(),
-            code_blocks: vec![],
-        }
+        let usage = Usage {
+            prompt_tokens: 10,
+            completion_tokens: 2,
+        };
+        Response::new(text, calls, usage)
     }
 
     #[tokio::test]

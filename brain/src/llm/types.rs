@@ -124,6 +124,25 @@ pub struct Response {
     pub code_blocks: Vec<CodeBlock>,
 }
 
+impl Response {
+    /// An answer of `content` and `calls` that used `usage`, with nothing else to say.
+    pub fn new(content: impl Into<String>, calls: Vec<ToolUse>, usage: Usage) -> Self {
+        Self {
+            message: Message {
+                role: Role::Assistant,
+                content: content.into(),
+                tool_calls: calls,
+                tool_call_id: String::new(),
+            },
+            usage,
+            malformed_calls: vec![],
+            skipped_calls: vec![],
+            nudge: String::new(),
+            code_blocks: vec![],
+        }
+    }
+}
+
 /// A fenced block of code in an answer: the file it names (in its info string or on the
 /// line above), its language, its text.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! Table tests of the agent's decisions: a task state in, the action out.
 
 use super::*;
-use crate::llm::{Message, Response, Role, Usage};
+use crate::llm::{Response, Usage};
 use crate::model::agent::{AgentSpec, Budget};
 use crate::model::event::TaskId;
 
@@ -36,30 +36,20 @@ fn task(permission: Permission) -> TaskState {
 }
 
 fn answer(calls: &[(&str, &str)]) -> Response {
-    Response {
-        message: Message {
-            role: Role::Assistant,
-            content: String::new(),
-            tool_calls: calls
-                .iter()
-                .enumerate()
-                .map(|(i, (name, args))| ToolUse {
-                    id: format!("u{i}"),
-                    name: name.to_string(),
-                    arguments: args.to_string(),
-                })
-                .collect(),
-            tool_call_id: String::new(),
-        },
-        usage: Usage {
-            prompt_tokens: 10,
-            completion_tokens: 5,
-        },
-        malformed_calls: vec![],
-        skipped_calls: vec![],
-        nudge: String::new(),
-        code_blocks: vec![],
-    }
+    let calls = calls
+        .iter()
+        .enumerate()
+        .map(|(i, (name, args))| ToolUse {
+            id: format!("u{i}"),
+            name: name.to_string(),
+            arguments: args.to_string(),
+        })
+        .collect();
+    let usage = Usage {
+        prompt_tokens: 10,
+        completion_tokens: 5,
+    };
+    Response::new("", calls, usage)
 }
 
 /// `st` after the model answered with `calls`.
