@@ -61,6 +61,47 @@ impl Project {
         self.brain_on("brain", args)
     }
 
+    /// Starts a task on worker-1 through the first of `brains` (each gets the transcript),
+    /// asking before each step: it writes `a.txt` with `content`, runs `command`, finishes.
+    /// Returns its id.
+    fn start_write_then_run(
+        &self,
+        brains: &[&str],
+        content: &str,
+        command: &str,
+        goal: &str,
+    ) -> String {
+        let transcript = [
+            replay_turn(
+                1,
+                "write_file",
+                serde_json::json!({"path": "a.txt", "content": content}),
+            ),
+            replay_turn(2, "run_command", serde_json::json!({"command": command})),
+            replay_turn(3, "finish", serde_json::json!({"summary": "done"})),
+        ]
+        .join("\n");
+        for b in brains {
+            self.write(b, "/tmp/t.jsonl", &transcript);
+        }
+        let o = self.brain_on(
+            brains[0],
+            &[
+                "run",
+                "--detach",
+                "--model",
+                "replay:/tmp/t.jsonl",
+                "--permission",
+                "ask",
+                "--worker",
+                "worker-1",
+                goal,
+            ],
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        out(&o)
+    }
+
     fn workers_on(&self, service: &str) -> Vec<serde_json::Value> {
         let o = self.brain_on(service, &["workers", "--json"]);
         serde_json::from_slice(&o.stdout).unwrap_or_default()
@@ -166,34 +207,12 @@ fn the_compose_deployment_enrols_two_workers_and_moves_a_task_between_them() {
 
     // A task on worker-1 that waits for approval before its second step; it is moved to
     // worker-2 meanwhile and finishes there with the workspace it had.
-    let transcript = [
-        replay_turn(
-            1,
-            "write_file",
-            serde_json::json!({"path": "a.txt", "content": "made on worker-1\n"}),
-        ),
-        replay_turn(
-            2,
-            "run_command",
-            serde_json::json!({"command": "cat a.txt > b.txt; echo moved >> b.txt"}),
-        ),
-        replay_turn(3, "finish", serde_json::json!({"summary": "done"})),
-    ]
-    .join("\n");
-    p.write("brain", "/tmp/t.jsonl", &transcript);
-    let o = p.brain(&[
-        "run",
-        "--detach",
-        "--model",
-        "replay:/tmp/t.jsonl",
-        "--permission",
-        "ask",
-        "--worker",
-        "worker-1",
+    let task = p.start_write_then_run(
+        &["brain"],
+        "made on worker-1\n",
+        "cat a.txt > b.txt; echo moved >> b.txt",
         "move me",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    let task = out(&o);
+    );
     p.show_until("brain", &task, "approval #1");
     assert!(p.brain(&["approve", &task]).status.success());
     p.show_until("brain", &task, "approval #2");
@@ -289,39 +308,13 @@ fn the_replicas_deployment_keeps_a_task_going_when_the_replica_driving_it_is_kil
 
     // A task started through brain-2 on worker-1 (connected to brain-1, the first it knows),
     // approved through brain-2 and so handed to brain-1, which drives it.
-    let transcript = [
-        replay_turn(
-            1,
-            "write_file",
-            serde_json::json!({"path": "a.txt", "content": "before\n"}),
-        ),
-        replay_turn(
-            2,
-            "run_command",
-            serde_json::json!({"command": "cat a.txt >> b.txt; echo after >> b.txt"}),
-        ),
-        replay_turn(3, "finish", serde_json::json!({"summary": "done"})),
-    ]
-    .join("\n");
     // The replay file is read by whichever replica drives the task: both have it.
-    p.write("brain-1", "/tmp/t.jsonl", &transcript);
-    p.write("brain-2", "/tmp/t.jsonl", &transcript);
-    let o = p.brain_on(
-        "brain-2",
-        &[
-            "run",
-            "--detach",
-            "--model",
-            "replay:/tmp/t.jsonl",
-            "--permission",
-            "ask",
-            "--worker",
-            "worker-1",
-            "outlive a replica",
-        ],
+    let task = p.start_write_then_run(
+        &["brain-2", "brain-1"],
+        "before\n",
+        "cat a.txt >> b.txt; echo after >> b.txt",
+        "outlive a replica",
     );
-    assert!(o.status.success(), "{}", text(&o));
-    let task = out(&o);
     p.show_until("brain-2", &task, "approval #1");
     let o = p.brain_on("brain-2", &["approve", &task]);
     assert!(o.status.success(), "{}", text(&o));
