@@ -41,6 +41,10 @@ impl Error {
     }
 }
 
+/// Where a worker's confined commands see their workspace (each in a mount namespace of its
+/// own): the same path on every worker.
+pub const WORKSPACE_IN_SANDBOX: &str = "/workspace";
+
 /// Longest wire path accepted, in bytes.
 pub const MAX_PATH_BYTES: usize = 4096;
 

@@ -216,6 +216,32 @@ pub enum ToolError {
     OldNotUnique { path: String, n: usize },
 }
 
+/// A path argument, relative to the workspace. A path under `/workspace/` is taken as the
+/// workspace path it is: confined commands see their workspace there, so their output (a
+/// traceback, a compiler's message) names its files so, and models copy those paths. What
+/// is left is checked as any relative path is, by the worker.
+fn path_arg(
+    m: &serde_json::Map<String, Value>,
+    tool: &str,
+    key: &str,
+) -> Result<String, ToolError> {
+    string(m, tool, key).map(|p| in_workspace(&p))
+}
+
+/// `path` with the workspace's place in a confined command's view (`/workspace/`) taken off.
+fn in_workspace(path: &str) -> String {
+    let root = shared::paths::WORKSPACE_IN_SANDBOX;
+    match path.strip_prefix(root) {
+        _ if path.is_empty() => String::new(),
+        Some("") => ".".into(),
+        Some(rest) if rest.starts_with('/') => match rest.trim_start_matches('/') {
+            "" => ".".into(),
+            rest => rest.into(),
+        },
+        _ => path.into(),
+    }
+}
+
 fn args(u: &ToolUse) -> Result<serde_json::Map<String, Value>, ToolError> {
     let text = u.arguments.trim();
     if text.is_empty() {
@@ -364,7 +390,7 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, ToolEr
             return Ok(Prepared::Environment { req, what });
         }
         "read_file" => {
-            let path = string(&m, t, "path")?;
+            let path = path_arg(&m, t, "path")?;
             let start = opt_u64(&m, t, "start_line")?.unwrap_or(0) as u32;
             let end = opt_u64(&m, t, "end_line")?.unwrap_or(0) as u32;
             let what = format!("read {path}");
@@ -395,7 +421,7 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, ToolEr
             if command.trim().is_empty() {
                 return Err(ToolError::EmptyCommand);
             }
-            let cwd = opt_string(&m, t, "cwd")?;
+            let cwd = opt_string(&m, t, "cwd").map(|c| in_workspace(&c))?;
             let secs = opt_u64(&m, t, "timeout_secs")?
                 .unwrap_or(DEFAULT_TIMEOUT_SECS)
                 .clamp(1, MAX_TIMEOUT_SECS);
@@ -411,7 +437,7 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, ToolEr
             )
         }
         "write_file" => {
-            let path = string(&m, t, "path")?;
+            let path = path_arg(&m, t, "path")?;
             let content = string(&m, t, "content")?;
             if content.len() > MAX_EDIT_BYTES {
                 return Err(ToolError::TooLarge);
@@ -428,7 +454,7 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, ToolEr
             )
         }
         "edit_file" => {
-            let path = string(&m, t, "path")?;
+            let path = path_arg(&m, t, "path")?;
             let old = string(&m, t, "old_string")?;
             let new = string(&m, t, "new_string")?;
             if old.is_empty() {
@@ -702,6 +728,70 @@ mod tests {
             let upper = s.name.to_uppercase();
             assert_eq!(canonical_name(&upper), Some(s.name.as_str()), "{upper}");
         }
+    }
+
+    #[test]
+    fn a_path_as_confined_commands_see_it_is_the_workspace_path() {
+        let s = spec(Permission::Full);
+        let path_of = |name: &str, args: &str| match prepare(&u(name, args), &s) {
+            Prepared::Call {
+                call: ToolCall::ReadFile { path, .. } | ToolCall::EditFile { path, .. },
+                ..
+            } => path,
+            Prepared::Call {
+                call: ToolCall::RunCommand { cwd, .. },
+                ..
+            } => cwd,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            path_of("read_file", r#"{"path":"/workspace/cart.py"}"#),
+            "cart.py"
+        );
+        assert_eq!(
+            path_of("read_file", r#"{"path":"/workspace//a/b.py"}"#),
+            "a/b.py"
+        );
+        assert_eq!(path_of("read_file", r#"{"path":"/workspace"}"#), ".");
+        assert_eq!(
+            path_of(
+                "edit_file",
+                r#"{"path":"/workspace/x","old_string":"a","new_string":"b"}"#
+            ),
+            "x"
+        );
+        assert_eq!(
+            path_of("run_command", r#"{"command":"ls","cwd":"/workspace/src"}"#),
+            "src"
+        );
+        // Anything else is passed on as written, for the worker to judge (and refuse).
+        assert_eq!(
+            path_of("read_file", r#"{"path":"/workspaces/x"}"#),
+            "/workspaces/x"
+        );
+        assert_eq!(
+            path_of("read_file", r#"{"path":"/etc/passwd"}"#),
+            "/etc/passwd"
+        );
+        assert_eq!(
+            path_of("read_file", r#"{"path":"/workspace/../etc/passwd"}"#),
+            "../etc/passwd"
+        );
+        // The check's own files are protected under either name.
+        let mut checked = spec(Permission::Full);
+        checked.check = Some(crate::model::check::Check {
+            command: "python3 test_cart.py".into(),
+            timeout_ms: 0,
+            source: crate::model::check::CheckSource::Request,
+            protect: vec!["test_cart.py".into()],
+        });
+        let write = u(
+            "write_file",
+            r#"{"path":"/workspace/test_cart.py","content":"x"}"#,
+        );
+        assert!(
+            matches!(prepare(&write, &checked), Prepared::Refused(e) if e.contains("protected"))
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use super::sys::{describe_errno, errno, errno_of, in_child, unshare_mount_namesp
 /// Where commands see their workspace when each gets a mount namespace: the same path on
 /// every worker, so absolute paths that tools record (virtualenvs, build caches) stay valid
 /// after a move.
-pub const WORKSPACE_PATH: &str = "/workspace";
+pub const WORKSPACE_PATH: &str = shared::paths::WORKSPACE_IN_SANDBOX;
 /// Where they see the workspace's temp dir then (a private `/tmp`).
 pub const TMP_PATH: &str = "/tmp";
 
