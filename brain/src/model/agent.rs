@@ -184,6 +184,11 @@ pub struct AgentState {
     /// The model's changes were undone back to the task's start once already.
     #[serde(default)]
     pub restarted: bool,
+    /// A `request_environment` did not move the task (nothing fits, a person said no, or
+    /// this machine fits already): the tool is not offered again, since small models ask
+    /// for the same machine over and over.
+    #[serde(default)]
+    pub environment_refused: bool,
 }
 
 /// Where a person's approval of a call stands.
@@ -201,6 +206,9 @@ pub enum Gate {
 
 /// Told to the model when it answers without calling a tool.
 pub const NUDGE: &str = "You did not call a tool. Continue with the tools; when the goal is met, call `finish` with a short summary.";
+
+/// How the answer to a `request_environment` that this machine meets begins.
+pub const ALREADY_FITS: &str = "this task already runs on a machine that fits";
 
 /// Text that replaces an old tool output elided to fit the context window.
 pub const ELIDED: &str = "[old tool output elided to fit the context window]";
@@ -233,6 +241,7 @@ impl AgentState {
             undo_due: false,
             concluded_on: String::new(),
             restarted: false,
+            environment_refused: false,
         }
     }
 
@@ -492,6 +501,9 @@ impl AgentState {
         }
         if !failed && matches!(u.name.as_str(), "write_file" | "edit_file") {
             self.changed_since_check = true;
+        }
+        if u.name == "request_environment" && (failed || text.starts_with(ALREADY_FITS)) {
+            self.environment_refused = true;
         }
         if self.runs_the_check(&u) && self.spent.steps > 0 {
             // The model ran the check itself on what it changed and saw the result: the

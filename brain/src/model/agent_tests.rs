@@ -22,26 +22,16 @@ fn spec() -> AgentSpec {
 }
 
 fn call(id: &str, name: &str, args: &str) -> Response {
-    Response {
-        message: Message {
-            role: Role::Assistant,
-            content: String::new(),
-            tool_calls: vec![ToolUse {
-                id: id.into(),
-                name: name.into(),
-                arguments: args.into(),
-            }],
-            tool_call_id: String::new(),
-        },
-        usage: Usage {
-            prompt_tokens: 10,
-            completion_tokens: 5,
-        },
-        malformed_calls: vec![],
-        skipped_calls: vec![],
-        nudge: String::new(),
-        code_blocks: vec![],
-    }
+    let call = ToolUse {
+        id: id.into(),
+        name: name.into(),
+        arguments: args.into(),
+    };
+    let usage = Usage {
+        prompt_tokens: 10,
+        completion_tokens: 5,
+    };
+    Response::new("", vec![call], usage)
 }
 
 #[test]
@@ -106,34 +96,33 @@ fn a_write_that_changes_nothing_and_a_refused_finish_are_a_cycle_whatever_the_by
     let refused = |secs: u32| {
         format!("not done: the check failed.\nFAIL: test_mean\nRan 2 tests in 0.00{secs}s")
     };
+    // Rounds of `round` until the guard stops the task (at most six).
+    let until_stuck = |a: &mut AgentState, round: &dyn Fn(&mut AgentState, usize)| {
+        (0..6)
+            .take_while(|i| {
+                round(a, *i);
+                a.stuck().is_none()
+            })
+            .count()
+            + 1
+    };
     // The same wrong file each time, written with different spacing, then `finish`.
-    let mut rounds = 0;
-    for i in 0..6 {
+    let rounds = until_stuck(&mut a, &|a, i| {
         let args = format!(
             "{{\"path\": \"stats.py\",{} \"content\": \"x\"}}",
             " ".repeat(i)
         );
+        let wrote = "wrote stats.py (1 bytes)";
+        turn(a, &format!("w{i}"), "write_file", &args, wrote, "r1");
         turn(
-            &mut a,
-            &format!("w{i}"),
-            "write_file",
-            &args,
-            "wrote stats.py (1 bytes)",
-            "r1",
-        );
-        turn(
-            &mut a,
+            a,
             &format!("f{i}"),
             "finish",
             "{}",
             &refused(i as u32),
             "r1",
         );
-        rounds += 1;
-        if a.stuck().is_some() {
-            break;
-        }
-    }
+    });
     let why = a.stuck().expect("a two-call cycle is stuck");
     assert!(why.contains("2 calls"), "{why}");
     assert_eq!(
@@ -145,41 +134,27 @@ fn a_write_that_changes_nothing_and_a_refused_finish_are_a_cycle_whatever_the_by
     let mut a = AgentState::new(spec(), "goal", 0);
     a.limits.steps = 0;
     a.on_barrier("r0");
-    let mut rounds = 0;
-    for i in 0..6 {
+    let rounds = until_stuck(&mut a, &|a, i| {
+        let read = "{\"path\":\"stats.py\"}";
+        turn(a, &format!("r{i}"), "read_file", read, "1 | x", "r0");
+        let edit = "{\"path\":\"stats.py\",\"old_string\":\"x\",\"new_string\":\"x\"}";
         turn(
-            &mut a,
-            &format!("r{i}"),
-            "read_file",
-            "{\"path\":\"stats.py\"}",
-            "1 | x",
-            "r0",
-        );
-        let args = format!(
-            "{{\"path\":\"stats.py\",\"old_string\":\"x\",\"new_string\":\"x{}\"}}",
-            ""
-        );
-        turn(
-            &mut a,
+            a,
             &format!("e{i}"),
             "edit_file",
-            &args,
+            edit,
             "edited stats.py",
             "r0",
         );
         turn(
-            &mut a,
+            a,
             &format!("f{i}"),
             "finish",
             "{}",
             &refused(i as u32),
             "r0",
         );
-        rounds += 1;
-        if a.stuck().is_some() {
-            break;
-        }
-    }
+    });
     let why = a.stuck().expect("a three-call cycle is stuck");
     assert!(why.contains("3 calls"), "{why}");
     assert_eq!(rounds, 3);
@@ -439,4 +414,23 @@ fn a_failing_command_run_again_on_the_same_files_is_told_at_once() {
     assert!(!run(&mut a, "c3", &failing(3), "r2").contains(SAID));
     // The same files, another result (a flaky test): not the same.
     assert!(!run(&mut a, "c4", "exit code 1\nAssertionError", "r2").contains(SAID));
+}
+
+#[test]
+fn a_refused_request_for_another_machine_withdraws_the_tool() {
+    let mut a = AgentState::new(spec(), "goal", 0);
+    let env = r#"{"cpu": 4, "reason": "more memory"}"#;
+    a.on_response(&call("e1", "request_environment", env), 0.0);
+    a.on_observation("e1", "moved to worker w-2 (4 cpu)", false);
+    assert!(!a.environment_refused, "a move leaves it offered");
+    a.on_response(&call("e2", "request_environment", env), 0.0);
+    a.on_observation("e2", &format!("{ALREADY_FITS}: worker w-2"), false);
+    assert!(a.environment_refused, "this machine fits already");
+    a.environment_refused = false;
+    a.on_response(&call("e2", "request_environment", env), 0.0);
+    a.on_observation("e2", "error: no environment: nothing fits", true);
+    assert!(a.environment_refused);
+    // A snapshot of the state keeps it.
+    let back: AgentState = serde_json::from_value(serde_json::to_value(&a).unwrap()).unwrap();
+    assert!(back.environment_refused);
 }

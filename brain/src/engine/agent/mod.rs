@@ -373,7 +373,8 @@ impl AgentDriver {
         };
         let info = llm::model_info(&a.spec.model, &self.llm);
         let system = prompt::system_prompt(a);
-        let tool_specs = tools::specs(a.spec.permission, cx.can_move());
+        let can_move = !a.environment_refused && cx.can_move();
+        let tool_specs = tools::specs(a.spec.permission, can_move);
         let estimate = prompt::estimate_tokens(&system, a, &tool_specs);
         let mut pre = vec![];
         if st.status != Status::Running || !st.reason.is_empty() {
@@ -589,12 +590,14 @@ async fn environment(
         (a.limits.usd > 0.0).then(|| a.limits.usd - a.spent.usd - envs.task_cost(&tid));
     tracing::info!(task = %cx.task.id, %what, "environment requested");
     let (text, failed) = match envs.obtain(&tid, &worker, &req, budget_left).await {
-        Err(why) => (format!("error: no environment: {why}"), true),
-        Ok(g) if g.worker == worker => (
+        Err(why) => (
             format!(
-                "this task already runs on a machine that fits: {}",
-                g.describe
+                "error: no environment: {why}. This task stays on this machine: go on with the goal here."
             ),
+            true,
+        ),
+        Ok(g) if g.worker == worker => (
+            format!("{}: {}", crate::model::agent::ALREADY_FITS, g.describe),
             false,
         ),
         Ok(g) => {
