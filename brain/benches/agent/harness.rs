@@ -274,6 +274,20 @@ pub(super) fn task_show(c: &Cluster, id: &str) -> Option<serde_json::Value> {
     serde_json::from_slice(&out.stdout).ok()
 }
 
+/// Writes `show` (the task's `task show --json`), its story and each of its attempts' after
+/// it to `file`.
+fn write_story(c: &Cluster, id: &str, show: &serde_json::Value, file: &Path) {
+    let mut stories = testkit::text(&c.brain_cli(&["task", "log", id]));
+    for a in show["attempts"].as_array().into_iter().flatten() {
+        if let Some(t) = a["task"].as_str() {
+            let story = testkit::text(&c.brain_cli(&["task", "log", t]));
+            stories.push_str(&format!("\n\n# attempt {t}\n{story}"));
+        }
+    }
+    let show = serde_json::to_string_pretty(show).unwrap_or_default();
+    let _ = std::fs::write(file, format!("{show}\n\n{stories}\n"));
+}
+
 /// Where a Tether row runs a task.
 pub(super) enum On<'a> {
     /// On this worker, once.
@@ -389,16 +403,8 @@ pub(super) fn tether(
         .and_then(|r| r["workspace"].as_str())
         .unwrap_or("default")
         .to_string();
-    let human = c.brain_cli(&["task", "log", &id]);
     let logfile = s.out.join(format!("{row}-{}-{i}.log", task.name));
-    let _ = std::fs::write(
-        &logfile,
-        format!(
-            "{}\n\n{}\n",
-            serde_json::to_string_pretty(&show).unwrap_or_default(),
-            testkit::text(&human)
-        ),
-    );
+    write_story(c, &id, &show, &logfile);
     let status = show["status"].as_str().unwrap_or("unknown").to_string();
     let verification = show["verification"].as_str().unwrap_or_default();
     let claim = if ran_away {
