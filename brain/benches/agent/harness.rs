@@ -15,29 +15,32 @@ pub(super) fn http() -> (tokio::runtime::Runtime, reqwest::Client) {
     (rt, client)
 }
 
+/// The body of a GET of `url` (10 s at most).
+fn get(url: &str) -> Result<String, reqwest::Error> {
+    let (rt, client) = http();
+    rt.block_on(async {
+        let r = client
+            .get(url)
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await?;
+        r.error_for_status()?.text().await
+    })
+}
+
 /// Panics (broken setup) unless the server answers `/models` and serves `model`.
 pub(super) fn check_server(s: &Settings) {
-    let (rt, client) = http();
     let url = format!("{}/models", s.url);
-    let body = rt
-        .block_on(async {
-            let r = client
-                .get(&url)
-                .timeout(Duration::from_secs(10))
-                .send()
-                .await?;
-            r.error_for_status()?.text().await
-        })
-        .unwrap_or_else(|e| {
-            panic!(
-                "the model server at {url} does not answer ({e}).\n\
+    let body = get(&url).unwrap_or_else(|e| {
+        panic!(
+            "the model server at {url} does not answer ({e}).\n\
                  Start it: LLM_MODEL=/opt/llm/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
                  LLM_ALIAS={} LLM_CTX={} bash ../shared/llm/start.sh \
                  (built once by `WITH_QWEN15=1 bash ../shared/llm/setup.sh`), \
                  or point AGENT_BENCH_LLM_URL at another OpenAI-compatible server.",
-                s.model, s.ctx
-            )
-        });
+            s.model, s.ctx
+        )
+    });
     assert!(
         body.contains(&format!("\"{}\"", s.model)),
         "the server at {url} does not serve the model {} (AGENT_BENCH_MODEL): {body}",
@@ -53,22 +56,12 @@ pub(super) fn wait_idle(s: &Settings) {
     if s.jobs > 1 {
         return;
     }
-    let (rt, client) = http();
     let url = format!(
         "{}/slots",
         s.url.trim_end_matches('/').trim_end_matches("/v1")
     );
     let busy = || -> Option<bool> {
-        let text = rt
-            .block_on(async {
-                let r = client
-                    .get(&url)
-                    .timeout(Duration::from_secs(10))
-                    .send()
-                    .await?;
-                r.error_for_status()?.text().await
-            })
-            .ok()?;
+        let text = get(&url).ok()?;
         let body: serde_json::Value = serde_json::from_str(&text).ok()?;
         let slots = body.as_array()?;
         Some(slots.iter().any(|s| s["is_processing"] == true))
