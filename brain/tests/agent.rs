@@ -286,13 +286,7 @@ fn a_spent_budget_stops_the_task_and_resume_continues_it() {
     c.kill_brain();
     c.start_brain().unwrap();
     // Loaded, and not resumed: a stopped task waits for a person.
-    assert!(
-        testkit::wait_until(Duration::from_secs(20), || c
-            .brain_log()
-            .contains("tasks loaded from the log")),
-        "{}",
-        c.brain_log()
-    );
+    c.wait_brain_says("tasks loaded from the log", Duration::from_secs(20));
     let loaded = c
         .brain_log()
         .lines()

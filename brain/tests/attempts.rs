@@ -406,13 +406,7 @@ fn with_fewer_workers_than_attempts_an_offer_makes_machines_within_the_quota_and
     assert_eq!(on.iter().filter(|w| **w == home.id).count(), 2, "{on:?}");
     // Its attempt ended (won, or stopped for the winner): the machine is released.
     let m = made[0]["id"].as_str().unwrap().to_string();
-    assert!(
-        testkit::wait_until(Duration::from_secs(30), || c.machine(&m)["state"]
-            == "released"),
-        "{}\n{}",
-        c.machine(&m),
-        c.brain_log()
-    );
+    c.wait_machine_state(&m, "released", Duration::from_secs(30));
     assert!(
         c.brain_log()
             .contains("released the machine of an attempt that ended"),

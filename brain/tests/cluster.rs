@@ -236,13 +236,7 @@ fn brain_restart_and_the_worker_reconnects_by_itself() {
     let w = c.join_worker("loyal");
     c.kill_brain();
     // The worker sees its session end before the brain is back.
-    assert!(
-        wait_until(Duration::from_secs(20), || w
-            .log_text()
-            .contains("session with the brain ended")),
-        "{}",
-        w.log_text()
-    );
+    w.wait_says("session with the brain ended", Duration::from_secs(20));
     c.start_brain().unwrap();
     c.wait_for_state(&w.id, "connected", Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("{e}\nworker log:\n{}", w.log_text()));

@@ -163,16 +163,7 @@ impl Drop for Project {
 
 #[test]
 fn the_compose_deployment_enrols_two_workers_and_moves_a_task_between_them() {
-    if let Some(why) = common::unusable() {
-        testkit::skip("docker", &why);
-        return;
-    }
-    if Command::new("docker-compose")
-        .arg("version")
-        .output()
-        .is_err()
-    {
-        testkit::skip("compose", "docker-compose is not installed");
+    if !compose_usable() {
         return;
     }
     let bins = testkit::Bins::locate();
@@ -238,6 +229,24 @@ fn the_compose_deployment_enrols_two_workers_and_moves_a_task_between_them() {
     );
 }
 
+/// Whether Docker and docker-compose run here; says why not (a skip, or a failure where CI
+/// requires them) when they do not.
+fn compose_usable() -> bool {
+    if let Some(why) = common::unusable() {
+        testkit::skip("docker", &why);
+        return false;
+    }
+    if Command::new("docker-compose")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        testkit::skip("compose", "docker-compose is not installed");
+        return false;
+    }
+    true
+}
+
 /// A secret of `bytes` random bytes, in hex.
 fn random_hex(bytes: usize) -> String {
     (0..bytes)
@@ -247,16 +256,7 @@ fn random_hex(bytes: usize) -> String {
 
 #[test]
 fn the_replicas_deployment_keeps_a_task_going_when_the_replica_driving_it_is_killed() {
-    if let Some(why) = common::unusable() {
-        testkit::skip("docker", &why);
-        return;
-    }
-    if Command::new("docker-compose")
-        .arg("version")
-        .output()
-        .is_err()
-    {
-        testkit::skip("compose", "docker-compose is not installed");
+    if !compose_usable() {
         return;
     }
     let pg_dirs = match testkit::postgres::install_dirs() {

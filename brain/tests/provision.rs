@@ -157,12 +157,7 @@ fn a_machine_that_never_joins_is_destroyed_after_the_deadline() {
         .unwrap()
         .to_string();
     assert_eq!(c.machine(&id)["state"], "joining");
-    assert!(
-        wait_until(Duration::from_secs(20), || c.machine(&id)["state"]
-            == "released"),
-        "not released: {}",
-        c.machine(&id)
-    );
+    c.wait_machine_state(&id, "released", Duration::from_secs(20));
     let m = c.machine(&id);
     assert!(m["note"].as_str().unwrap().contains("did not join"), "{m}");
     assert!(gone(&c, &id), "its process or files are left");
@@ -210,12 +205,7 @@ fn the_reaper_releases_an_idle_machine_and_one_past_its_time_to_live() {
 /// Waits (20 s at most) for the reaper to release machine `id`, its note saying `why`, and
 /// for nothing of it to be left.
 fn released_for(c: &Cluster, id: &str, why: &str) {
-    assert!(
-        wait_until(Duration::from_secs(20), || c.machine(id)["state"]
-            == "released"),
-        "a machine that should go for {why:?} was kept: {}",
-        c.machine(id)
-    );
+    c.wait_machine_state(id, "released", Duration::from_secs(20));
     let note = c.machine(id)["note"].as_str().unwrap().to_string();
     assert!(note.contains(why), "{note}");
     assert!(gone(c, id));

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use shared::locks::Lock;
 use testkit::moto::{AMI, BRAIN_POLICY, Key, Moto};
-use testkit::{BrainOptions, Cluster, assert_failed_saying, text, wait_until};
+use testkit::{BrainOptions, Cluster, assert_failed_saying, text};
 
 /// An address no loopback: machines dial it (none boots here, so none dials).
 const BRAIN_URL: &str = "https://10.11.12.13:7443";
@@ -206,13 +206,7 @@ fn an_instance_is_launched_as_aws_takes_it_and_terminated() {
     // the brain turns it off, so a command cannot read the instance's role credentials or
     // its user data there.
     let _w = c.join_worker_labeled("ec2-stand-in", &[&format!("tether.machine={id}")]);
-    assert!(
-        testkit::wait_until(Duration::from_secs(20), || c.machine(&id)["state"]
-            == "ready"),
-        "{}\n{}",
-        c.machine(&id),
-        c.brain_log()
-    );
+    c.wait_machine_state(&id, "ready", Duration::from_secs(20));
     assert!(
         testkit::wait_until(Duration::from_secs(20), || {
             m.metadata_options(&instance)["HttpEndpoint"] == "disabled"
@@ -498,12 +492,7 @@ fn an_instance_whose_worker_never_joins_is_terminated_at_the_deadline() {
     let rec = c.machines(true).remove(0);
     let id = rec["id"].as_str().unwrap().to_string();
     let instance = rec["handle"].as_str().unwrap().to_string();
-    assert!(
-        wait_until(Duration::from_secs(30), || c.machine(&id)["state"]
-            == "released"),
-        "{}",
-        c.machine(&id)
-    );
+    c.wait_machine_state(&id, "released", Duration::from_secs(30));
     assert!(
         c.machine(&id)["note"]
             .as_str()
@@ -537,12 +526,7 @@ fn a_brain_killed_between_run_instances_and_the_record_terminates_it_after_resta
     c.start_brain().unwrap();
     let id = c.machines(true)[0]["id"].as_str().unwrap().to_string();
     // Found by its tags and adopted; it never joins, so the deadline terminates it.
-    assert!(
-        wait_until(Duration::from_secs(30), || c.machine(&id)["state"]
-            == "released"),
-        "{}",
-        c.machine(&id)
-    );
+    c.wait_machine_state(&id, "released", Duration::from_secs(30));
     assert_terminated(&m, &instance);
     let log = c.brain_log();
     assert!(

@@ -247,13 +247,7 @@ fn oomkilled_unpullable_orphaned_and_abandoned_pods_end_with_their_reasons() {
     assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
     let id = m["id"].as_str().unwrap().to_string();
     assert!(fake.oom_kill(&format!("tether-{id}")));
-    assert!(
-        wait_until(Duration::from_secs(20), || c.machine(&id)["state"]
-            == "failed"),
-        "{}\n{}",
-        c.machine(&id),
-        c.brain_log()
-    );
+    c.wait_machine_state(&id, "failed", Duration::from_secs(20));
     let note = c.machine(&id)["note"].as_str().unwrap().to_string();
     assert!(note.contains("OOMKilled"), "{note}");
     assert!(
@@ -319,12 +313,7 @@ fn oomkilled_unpullable_orphaned_and_abandoned_pods_end_with_their_reasons() {
     let (o, m) = provision(&c, &["--wait", "0s"]);
     assert!(o.status.success(), "{}\n{}", text(&o), c.brain_log());
     let id = m["id"].as_str().unwrap().to_string();
-    assert!(
-        wait_until(Duration::from_secs(20), || c.machine(&id)["state"]
-            == "failed"),
-        "{}",
-        c.machine(&id)
-    );
+    c.wait_machine_state(&id, "failed", Duration::from_secs(20));
     let note = c.machine(&id)["note"].as_str().unwrap().to_string();
     assert!(note.contains("ImagePullBackOff"), "{note}");
     assert!(wait_until(Duration::from_secs(10), || fake

@@ -113,13 +113,7 @@ fn a_revoked_worker_is_cut_off_mid_session_and_refused_afterwards() {
     assert_stdout_says(&out, "open session closed");
     assert_eq!(c.worker_state(&w.id).as_deref(), Some("revoked"));
     // The worker hears it within a second and says so plainly.
-    assert!(
-        wait_until(Duration::from_secs(1), || w
-            .log_text()
-            .contains("certificate revoked")),
-        "worker log:\n{}",
-        w.log_text()
-    );
+    w.wait_says("certificate revoked", Duration::from_secs(1));
     let out = c.brain_cli(&["exec", &w.id, "--", "true"]);
     assert_ne!(out.status.code(), Some(0), "{}", text(&out));
 

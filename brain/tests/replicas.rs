@@ -90,12 +90,7 @@ fn a_task_goes_on_on_another_replica_when_the_one_driving_it_is_killed() {
         b.brain_log().contains("taking over a task"),
         "b says it took the task over"
     );
-    assert!(
-        testkit::wait_until(Duration::from_secs(30), || b
-            .brain_log()
-            .contains("this replica now leads")),
-        "b leads once a's leader lease lapsed"
-    );
+    b.wait_brain_says("this replica now leads", Duration::from_secs(30));
 }
 
 /// Replicas a and b on `pg` (a's admin identity copied to b) and a worker enrolled through a
@@ -141,13 +136,7 @@ fn a_frozen_replica_lands_nothing_after_its_lease_lapsed_and_says_so() {
     assert_finishes(&b, &id);
     // Nothing a wrote after waking up landed: every line once, the log without a gap.
     assert_exactly_once(&b, &w, &id, n);
-    assert!(
-        testkit::wait_until(Duration::from_secs(30), || a
-            .brain_log()
-            .contains("no longer holds task")),
-        "a says it lost the task:\n{}",
-        a.brain_log()
-    );
+    a.wait_brain_says("no longer holds task", Duration::from_secs(30));
 
     // Attack: an admin revoked on one replica keeps using another. Refused there within the
     // registry's one-second read.
@@ -231,12 +220,9 @@ fn a_watcher_on_one_replica_follows_a_task_another_drives_and_an_approval_throug
         .unwrap();
     c.wait_status(&id, &["waiting"], Duration::from_secs(30));
     // a sends the task's live output once it reads that b watches it.
-    assert!(
-        testkit::wait_until(Duration::from_secs(30), || a
-            .brain_log()
-            .contains(&format!("another replica watches task {id}"))),
-        "a never heard that b watches: {}",
-        a.brain_log()
+    a.wait_brain_says(
+        &format!("another replica watches task {id}"),
+        Duration::from_secs(30),
     );
     // Approved through c and through b at once: the replica driving it decides once.
     let (on_c, on_b) = std::thread::scope(|s| {

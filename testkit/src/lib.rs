@@ -175,6 +175,17 @@ impl Worker {
         std::fs::read_to_string(self.state.with_extension("log")).unwrap_or_default()
     }
 
+    /// Waits until the worker's log says `needle`; panics with the log if it does not within
+    /// `timeout`.
+    pub fn wait_says(&self, needle: &str, timeout: Duration) {
+        assert!(
+            wait_until(timeout, || self.log_text().contains(needle)),
+            "worker {} never said {needle:?} within {timeout:?}:\n{}",
+            self.name,
+            self.log_text()
+        );
+    }
+
     /// The worker's default workspace directory on disk.
     pub fn workspace(&self) -> PathBuf {
         self.state.join("workspaces/default")
@@ -499,6 +510,33 @@ impl Cluster {
             .into_iter()
             .find(|m| m["id"] == id)
             .unwrap_or_else(|| panic!("no machine {id} in `brain machines --all`"))
+    }
+
+    /// Waits until machine `id` is in `state` and returns its record; panics with the record
+    /// and the brain's log if it is not within `timeout`.
+    pub fn wait_machine_state(
+        &self,
+        id: &str,
+        state: &str,
+        timeout: Duration,
+    ) -> serde_json::Value {
+        assert!(
+            wait_until(timeout, || self.machine(id)["state"] == state),
+            "machine {id} not {state} within {timeout:?}: {}\n{}",
+            self.machine(id),
+            self.brain_log()
+        );
+        self.machine(id)
+    }
+
+    /// Waits until the brain's log says `needle`; panics with the log if it does not within
+    /// `timeout`.
+    pub fn wait_brain_says(&self, needle: &str, timeout: Duration) {
+        assert!(
+            wait_until(timeout, || self.brain_log().contains(needle)),
+            "the brain never said {needle:?} within {timeout:?}:\n{}",
+            self.brain_log()
+        );
     }
 
     /// Waits until machine `id` is settled after a crash in its creation: adopted (ready,

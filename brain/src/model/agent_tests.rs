@@ -4,21 +4,13 @@ use super::*;
 use crate::llm::{Response, Usage};
 
 fn spec() -> AgentSpec {
-    AgentSpec {
-        model: "replay:t".into(),
-        permission: Permission::Full,
-        budget: Budget {
+    AgentSpec::for_test(
+        Permission::Full,
+        Budget {
             steps: 3,
             ..Default::default()
         },
-        allow_commands: vec![],
-        allow_paths: vec![],
-        repeat_limit: 2,
-        transcript: String::new(),
-        check: None,
-        egress: None,
-        sampling: None,
-    }
+    )
 }
 
 fn call(id: &str, name: &str, args: &str) -> Response {

@@ -30,6 +30,16 @@ fn issued(seq: u64, call_id: u64, step: u32, purpose: Purpose) -> Record {
     )
 }
 
+fn interrupted(seq: u64, call_id: u64, reason: &str) -> Record {
+    rec(
+        seq,
+        Event::ToolCallInterrupted {
+            call_id,
+            reason: reason.into(),
+        },
+    )
+}
+
 fn done(seq: u64, call_id: u64, code: i32) -> Record {
     rec(
         seq,
@@ -131,13 +141,7 @@ fn steps_advance_on_success_and_interruptions_need_a_check() {
         issued(1, 10, 0, Purpose::Step),
         done(2, 10, 0),
         issued(3, 11, 1, Purpose::Step),
-        rec(
-            4,
-            Event::ToolCallInterrupted {
-                call_id: 11,
-                reason: "x".into(),
-            },
-        ),
+        interrupted(4, 11, "x"),
     ] {
         apply(&mut st, &r);
     }
@@ -150,16 +154,7 @@ fn steps_advance_on_success_and_interruptions_need_a_check() {
     assert_eq!((st.next_step, st.unsure_step), (1, None));
     // This time it is interrupted again, and the check passes.
     apply(&mut st, &issued(7, 13, 1, Purpose::Step));
-    apply(
-        &mut st,
-        &rec(
-            8,
-            Event::ToolCallInterrupted {
-                call_id: 13,
-                reason: "x".into(),
-            },
-        ),
-    );
+    apply(&mut st, &interrupted(8, 13, "x"));
     apply(&mut st, &issued(9, 14, 1, Purpose::Check));
     apply(&mut st, &done(10, 14, 0));
     assert_eq!((st.next_step, st.unsure_step), (2, None));
@@ -212,13 +207,7 @@ fn a_failover_reruns_what_ran_after_the_last_barrier() {
         done(5, 11, 0),
         // No barrier: the worker died. Step 2 is interrupted.
         issued(6, 12, 2, Purpose::Step),
-        rec(
-            7,
-            Event::ToolCallInterrupted {
-                call_id: 12,
-                reason: "lost".into(),
-            },
-        ),
+        interrupted(7, 12, "lost"),
     ] {
         apply(&mut st, &r);
     }

@@ -158,6 +158,15 @@ impl PgTree {
             name: name.to_string(),
         }
     }
+
+    /// The value one statement returns in its first column, if it returns a row.
+    async fn value(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<Vec<u8>>, Error> {
+        Ok(self.db.query_opt(sql, params).await?.map(|r| r.get(0)))
+    }
 }
 
 /// The smallest key above every key that starts with `prefix` (`None`: there is none, the
@@ -176,39 +185,30 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 #[async_trait::async_trait]
 impl Tree for PgTree {
     async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        Ok(self
-            .db
-            .query_opt(
-                "SELECT value FROM kv WHERE tree = $1 AND key = $2",
-                &[&self.name, &key],
-            )
-            .await?
-            .map(|r| r.get(0)))
+        self.value(
+            "SELECT value FROM kv WHERE tree = $1 AND key = $2",
+            &[&self.name, &key],
+        )
+        .await
     }
 
     async fn insert(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        Ok(self
-            .db
-            .query_opt(
-                "WITH old AS (SELECT value FROM kv WHERE tree = $1 AND key = $2 FOR UPDATE),
+        self.value(
+            "WITH old AS (SELECT value FROM kv WHERE tree = $1 AND key = $2 FOR UPDATE),
                       new AS (INSERT INTO kv (tree, key, value) VALUES ($1, $2, $3)
                               ON CONFLICT (tree, key) DO UPDATE SET value = excluded.value)
                  SELECT value FROM old",
-                &[&self.name, &key, &value],
-            )
-            .await?
-            .map(|r| r.get(0)))
+            &[&self.name, &key, &value],
+        )
+        .await
     }
 
     async fn remove(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        Ok(self
-            .db
-            .query_opt(
-                "DELETE FROM kv WHERE tree = $1 AND key = $2 RETURNING value",
-                &[&self.name, &key],
-            )
-            .await?
-            .map(|r| r.get(0)))
+        self.value(
+            "DELETE FROM kv WHERE tree = $1 AND key = $2 RETURNING value",
+            &[&self.name, &key],
+        )
+        .await
     }
 
     async fn compare_and_swap(
