@@ -100,6 +100,25 @@ pub struct AgentSpec {
     pub sampling: Option<crate::model::attempt::Sampling>,
 }
 
+#[cfg(test)]
+impl AgentSpec {
+    /// A replay-model spec for table tests, with nothing optional set.
+    pub(crate) fn for_test(permission: Permission, budget: Budget) -> Self {
+        AgentSpec {
+            model: "replay:t".into(),
+            permission,
+            budget,
+            allow_commands: vec![],
+            allow_paths: vec![],
+            repeat_limit: 2,
+            transcript: String::new(),
+            check: None,
+            egress: None,
+            sampling: None,
+        }
+    }
+}
+
 /// What an agent task has used.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Spent {
@@ -189,6 +208,10 @@ pub struct AgentState {
     /// for the same machine over and over.
     #[serde(default)]
     pub environment_refused: bool,
+    /// The acceptance check failed before the model acted: a pass on its changes is the
+    /// goal reached as the check defines it (an attempt ends there).
+    #[serde(default)]
+    pub failed_at_start: bool,
 }
 
 /// Where a person's approval of a call stands.
@@ -242,6 +265,7 @@ impl AgentState {
             concluded_on: String::new(),
             restarted: false,
             environment_refused: false,
+            failed_at_start: false,
         }
     }
 
@@ -305,6 +329,7 @@ impl AgentState {
         let Some(c) = &self.spec.check else {
             return;
         };
+        self.failed_at_start = !run.passed;
         let mut text = format!(
             "\n\nThe acceptance check `{}` now: {}",
             c.command,

@@ -150,6 +150,10 @@ fn ask(u: &ToolUse, id: u64, what: &str) -> Vec<Event> {
     ]
 }
 
+/// Why the brain finishes for an attempt whose changes the check passes on.
+const ATTEMPT_PASSED: &str =
+    "made the acceptance check pass in an attempt (an attempt ends at its first pass)";
+
 /// The model stopped (`why`) with the workspace as the acceptance check passed on it: the
 /// brain calls `finish` for it (once per version), and the check decides as for the model's.
 fn conclude(a: &AgentState, why: &str) -> Option<Action> {
@@ -302,6 +306,15 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
             step: a.spent.steps,
             purpose: Purpose::Acceptance,
         };
+    }
+    // An attempt is judged by the check: once it passes on the attempt's changes (it failed
+    // before them), the attempt has done what it is for and ends there, as verified, instead
+    // of spending the race's time on turns that can only keep or undo the pass.
+    if st.attempt_of.is_some()
+        && a.failed_at_start
+        && let Some(conclude) = conclude(a, ATTEMPT_PASSED)
+    {
+        return conclude;
     }
     if let Some(why) = a.exhausted_with(f.now_ms, f.machines_usd) {
         if let Some(conclude) = conclude(a, "ran out of its budget") {

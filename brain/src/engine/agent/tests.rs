@@ -6,22 +6,14 @@ use crate::model::agent::{AgentSpec, Budget};
 use crate::model::event::TaskId;
 
 fn spec(permission: Permission) -> AgentSpec {
-    AgentSpec {
-        model: "replay:t".into(),
+    AgentSpec::for_test(
         permission,
-        budget: Budget {
+        Budget {
             steps: 10,
             usd: 1.0,
             ..Default::default()
         },
-        allow_commands: vec![],
-        allow_paths: vec![],
-        repeat_limit: 2,
-        transcript: String::new(),
-        check: None,
-        egress: None,
-        sampling: None,
-    }
+    )
 }
 
 fn task(permission: Permission) -> TaskState {
@@ -681,4 +673,55 @@ fn the_last_change_is_checked_before_the_budget_stops_the_task() {
             why: "ran out of its budget".into()
         }])
     );
+}
+
+/// `st` as an attempt (or a lone task) whose model wrote a file on which the check, failing
+/// (or passing) before it, now passes.
+fn passed_after_a_change(attempt: bool, failed_at_start: bool) -> TaskState {
+    let mut st = task(Permission::Full);
+    if attempt {
+        st.attempt_of = Some(crate::model::attempts::AttemptOf {
+            parent: TaskId(2),
+            index: 1,
+        });
+    }
+    let run = |passed| crate::model::state::CheckRun {
+        passed,
+        ..Default::default()
+    };
+    st.last_check = Some(run(!failed_at_start));
+    let a = st.agent.as_mut().unwrap();
+    a.spec.check = Some(check());
+    // Before the model acted.
+    a.on_check_run(&run(!failed_at_start));
+    a.on_response(
+        &answer(&[("write_file", r#"{"path":"a.py","content":"x"}"#)]),
+        0.0,
+    );
+    a.on_observation("u0", "wrote 1 bytes to a.py", false);
+    a.on_barrier("pass");
+    a.on_check_run(&run(true));
+    st
+}
+
+#[test]
+fn an_attempt_ends_at_its_first_pass_and_a_lone_task_asks_its_model() {
+    // An attempt: the brain finishes for it at once, as the check passed on it.
+    let st = passed_after_a_change(true, true);
+    assert!(st.agent.as_ref().unwrap().failed_at_start);
+    assert_eq!(
+        decide(&st),
+        Action::Log(vec![Event::FinishedForModel {
+            why: ATTEMPT_PASSED.into()
+        }])
+    );
+    // A task of its own: its model hears the pass and decides (the goal may ask for more).
+    assert_eq!(
+        decide(&passed_after_a_change(false, true)),
+        Action::Driver(AgentAction::Think)
+    );
+    // An attempt whose check passed before it acted: the check guards, the model decides.
+    let st = passed_after_a_change(true, false);
+    assert!(!st.agent.as_ref().unwrap().failed_at_start);
+    assert_eq!(decide(&st), Action::Driver(AgentAction::Think));
 }
