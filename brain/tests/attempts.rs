@@ -177,6 +177,14 @@ fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_st
     // Both answers came from it (streamed): no first turn was asked again.
     let first_turns = reqs.iter().filter(|r| r.assistant_turns() == 0).count();
     assert_eq!(first_turns, 2, "{reqs:?}");
+    // The winner ended at its first pass: its model was not asked again after the write the
+    // check passed on, and the brain says it finished for it there.
+    assert!(
+        !reqs.iter().any(|r| wrote(r).as_deref() == Some("42\n")),
+        "{reqs:?}"
+    );
+    let why = won[0]["reason"].as_str().unwrap_or_default();
+    assert!(why.contains("first pass"), "{t}");
     let at_07 = |r: &FakeRequest| {
         r.body["temperature"]
             .as_f64()
