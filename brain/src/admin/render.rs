@@ -333,12 +333,24 @@ fn describe_model(r: &proto::log::Record) -> Option<String> {
         }
         E::Observation { text, failed, .. } => {
             let mut s = format!("observed{}", if *failed { " (failed)" } else { "" });
-            let lines: Vec<&str> = text.lines().collect();
+            // The brain's notes (the repeat guard's, the loop detector's) end the text: they
+            // are shown whole where the output before them is cut.
+            let (output, notes) = match text.split_once(crate::model::stuck::NOTE_MARK) {
+                Some((output, notes)) => (output, Some(notes)),
+                None => (text.as_str(), None),
+            };
+            let lines: Vec<&str> = output.lines().collect();
             for l in lines.iter().take(12) {
                 s.push_str(&format!("\n    < {l}"));
             }
             if lines.len() > 12 {
                 s.push_str(&format!("\n    < … {} more lines", lines.len() - 12));
+            }
+            if let Some(notes) = notes {
+                let notes = format!("Note: {notes}");
+                for l in notes.lines().filter(|l| !l.trim().is_empty()) {
+                    s.push_str(&format!("\n    < {l}"));
+                }
             }
             s
         }
@@ -598,5 +610,41 @@ pub fn logged(r: &proto::TaskRecord) -> Option<proto::log::Record> {
     match &r.item {
         Some(proto::task_record::Item::Record(json)) => serde_json::from_str(json).ok(),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_observation_is_cut_but_its_notes_are_shown_whole() {
+        let output: Vec<String> = (1..=30).map(|i| format!("line {i}")).collect();
+        let text = format!(
+            "{}{}you ran this failing command on unchanged files.",
+            output.join("\n"),
+            crate::model::stuck::NOTE_MARK
+        );
+        let r = proto::log::Record {
+            v: 1,
+            task: "t-1".into(),
+            seq: 7,
+            at_ms: 0,
+            event: proto::log::Event::Observation {
+                tool_use_id: "u1".into(),
+                text,
+                failed: true,
+            },
+        };
+        let shown = describe_record(&r);
+        assert!(
+            shown.contains("< line 12\n") && !shown.contains("line 13"),
+            "{shown}"
+        );
+        assert!(shown.contains("… 18 more lines"), "{shown}");
+        assert!(
+            shown.ends_with("< Note: you ran this failing command on unchanged files."),
+            "{shown}"
+        );
     }
 }
