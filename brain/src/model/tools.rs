@@ -232,12 +232,12 @@ fn path_arg(
 fn in_workspace(path: &str) -> String {
     let root = shared::paths::WORKSPACE_IN_SANDBOX;
     match path.strip_prefix(root) {
-        _ if path.is_empty() => String::new(),
-        Some("") => ".".into(),
-        Some(rest) if rest.starts_with('/') => match rest.trim_start_matches('/') {
-            "" => ".".into(),
-            rest => rest.into(),
-        },
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+            match rest.trim_start_matches('/') {
+                "" => ".".into(),
+                rest => rest.into(),
+            }
+        }
         _ => path.into(),
     }
 }
@@ -765,6 +765,7 @@ mod tests {
             "src"
         );
         // Anything else is passed on as written, for the worker to judge (and refuse).
+        assert_eq!(path_of("run_command", r#"{"command":"ls"}"#), "");
         assert_eq!(
             path_of("read_file", r#"{"path":"/workspaces/x"}"#),
             "/workspaces/x"
