@@ -22,19 +22,24 @@ pub enum Error {
 }
 
 /// A glob over workspace-relative paths. A glob without `/` matches the file name at any
-/// depth (`*.rs`); one with `/` matches the whole relative path (`src/**/*.rs`).
+/// depth (`*.rs`); one with `/` matches the whole relative path (`src/**/*.rs`). A glob
+/// without wildcards also names a directory and matches what is under it (`src`, `src/`,
+/// `lib/util`), and `.` (or `/`) names the workspace's root: models list a directory so.
 pub struct PathGlob {
     set: Option<globset::GlobMatcher>,
     name_only: bool,
+    /// The glob itself when it has no wildcards: a directory it may name.
+    dir: Option<String>,
 }
 
 impl PathGlob {
     pub fn new(glob: &str) -> Result<Self, Error> {
-        let glob = glob.trim().trim_start_matches("./");
-        if glob.is_empty() || glob == "**" || glob == "**/*" {
+        let glob = glob.trim().trim_start_matches("./").trim_end_matches('/');
+        if glob.is_empty() || glob == "." || glob == "**" || glob == "**/*" {
             return Ok(Self {
                 set: None,
                 name_only: false,
+                dir: None,
             });
         }
         let m = globset::GlobBuilder::new(glob)
@@ -45,15 +50,26 @@ impl PathGlob {
                 reason: e.kind().to_string(),
             })?
             .compile_matcher();
+        let literal = !glob.contains(['*', '?', '[', ']', '{', '}', '\\']);
         Ok(Self {
             set: Some(m),
             name_only: !glob.contains('/'),
+            dir: literal.then(|| glob.to_string()),
         })
     }
 
     pub fn matches(&self, rel: &str) -> bool {
+        let under = |dir: &str| {
+            let mut dirs = rel.split('/').rev().skip(1);
+            if self.name_only {
+                dirs.any(|d| d == dir)
+            } else {
+                rel.strip_prefix(dir).is_some_and(|r| r.starts_with('/'))
+            }
+        };
         match &self.set {
             None => true,
+            Some(_) if self.dir.as_deref().is_some_and(under) => true,
             Some(m) if self.name_only => m.is_match(rel.rsplit('/').next().unwrap_or(rel)),
             Some(m) => m.is_match(rel),
         }
@@ -221,6 +237,31 @@ mod tests {
         let (one, more) = find(d.path(), &PathGlob::new("**/*.rs").unwrap(), 1);
         assert_eq!((one.len(), more), (1, true));
         assert!(PathGlob::new("src/[").is_err());
+    }
+
+    #[test]
+    fn a_glob_without_wildcards_also_names_a_directory() {
+        let d = tree();
+        let list = |g: &str| find(d.path(), &PathGlob::new(g).unwrap(), 100).0;
+        let all = list("");
+        for root in [".", "./", "/", " . "] {
+            assert_eq!(list(root), all, "{root:?}");
+        }
+        let src = ["src/lib/util.rs", "src/main.rs"];
+        assert_eq!(list("src"), src);
+        assert_eq!(list("src/"), src);
+        assert_eq!(list("./src"), src);
+        // A directory at any depth by its name alone, as a file's name is matched.
+        assert_eq!(list("lib"), ["src/lib/util.rs"]);
+        assert_eq!(list("src/lib"), ["src/lib/util.rs"]);
+        // A file by its path or its name, as before; a part of a name is not a directory.
+        assert_eq!(list("src/main.rs"), ["src/main.rs"]);
+        assert_eq!(list("util.rs"), ["src/lib/util.rs"]);
+        assert!(list("sr").is_empty());
+        assert!(list("rc/lib").is_empty());
+        // Ignored and excluded directories stay so when named.
+        assert!(list("build").is_empty());
+        assert!(list("target").is_empty());
     }
 
     #[test]

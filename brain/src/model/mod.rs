@@ -16,6 +16,7 @@ pub mod ids;
 mod keep;
 pub mod ops;
 pub mod prompt;
+pub mod replace;
 pub mod state;
 pub mod stuck;
 pub mod task;

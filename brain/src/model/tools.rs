@@ -206,14 +206,9 @@ pub enum ToolError {
     EmptyOld,
     #[error("{0} is not permitted: this task is read-only")]
     ReadOnly(String),
-    #[error(
-        "error: old_string was not found in {0}; read the file and copy the exact text (whitespace included)"
-    )]
-    OldNotFound(String),
-    #[error(
-        "error: old_string occurs {n} times in {path}; include more surrounding lines so it occurs once"
-    )]
-    OldNotUnique { path: String, n: usize },
+    /// `edit_file`'s old text is not in the file once.
+    #[error(transparent)]
+    Edit(#[from] EditError),
 }
 
 /// A path argument, relative to the workspace. A path under `/workspace/` is taken as the
@@ -405,14 +400,14 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, ToolEr
             )
         }
         "list_files" => {
-            let glob = opt_string(&m, t, "glob")?;
+            let glob = in_workspace(&opt_string(&m, t, "glob")?);
             let what = format!("list files {glob}");
             (ToolCall::ListFiles { glob }, false, what)
         }
         "search" => {
             let pattern = string(&m, t, "pattern")?;
             shared::workspace::pattern(&pattern)?;
-            let glob = opt_string(&m, t, "glob")?;
+            let glob = in_workspace(&opt_string(&m, t, "glob")?);
             let what = format!("search {pattern:?}");
             (ToolCall::Search { pattern, glob }, false, what)
         }
@@ -543,147 +538,22 @@ pub fn describe_interrupted(reason: &str) -> String {
     )
 }
 
-pub use super::text::head_tail;
+pub use super::replace::{EditError, apply_edit};
 
-/// Numbered lines `start..=end` (1-based; 0 = open) of a file's text.
-pub fn numbered(text: &str, start: u32, end: u32) -> String {
-    let start = start.max(1) as usize;
-    let total = text.lines().count();
-    let end = if end == 0 {
-        total
+/// `list_files`' answer when nothing matched: an empty answer to a glob a model got wrong
+/// reads as an empty workspace, so it says how to list everything.
+pub fn no_files_match(glob: &str) -> String {
+    if glob.is_empty() {
+        "(no files: the workspace is empty, or every file in it is ignored)".into()
     } else {
-        (end as usize).min(total)
-    };
-    if start > total.max(1) {
-        return format!("(the file has {total} lines)");
-    }
-    let mut out = String::new();
-    for (i, l) in text
-        .lines()
-        .enumerate()
-        .skip(start - 1)
-        .take(end + 1 - start)
-    {
-        out.push_str(&format!("{:>6}\t{l}\n", i + 1));
-    }
-    if out.is_empty() {
-        out.push_str("(empty file)\n");
-    }
-    out
-}
-
-/// Applies an exact-match edit, or says what the model should do instead.
-pub fn apply_edit(text: &str, old: &str, new: &str, path: &str) -> Result<String, ToolError> {
-    match text.matches(old).count() {
-        1 => Ok(text.replacen(old, new, 1)),
-        0 => loose_edit(text, old, new).ok_or_else(|| ToolError::OldNotFound(path.into())),
-        n => Err(ToolError::OldNotUnique {
-            path: path.into(),
-            n,
-        }),
+        format!("(no files match {glob:?}; list_files without a glob lists every file)")
     }
 }
-
-fn lead(line: &str) -> usize {
-    line.len() - line.trim_start().len()
-}
-
-/// The edit when `old` is not in `text` exactly but its lines are, once, whole, with
-/// trailing spaces aside and all indented alike by the same amount (a model that copied a
-/// method's lines without their indent): those lines replaced by `new`'s, indented alike.
-fn loose_edit(text: &str, old: &str, new: &str) -> Option<String> {
-    let want: Vec<&str> = old.trim_matches('\n').lines().collect();
-    if want.iter().all(|l| l.trim().is_empty()) {
-        return None;
-    }
-    let have: Vec<&str> = text.split_inclusive('\n').collect();
-    let fits = |s: usize| -> Option<isize> {
-        let mut shift: Option<isize> = None;
-        for (i, w) in want.iter().enumerate() {
-            let h = have[s + i].trim_end_matches(['\n', '\r']);
-            if w.trim().is_empty() || h.trim().is_empty() {
-                if w.trim().is_empty() && h.trim().is_empty() {
-                    continue;
-                }
-                return None;
-            }
-            if h.trim() != w.trim() {
-                return None;
-            }
-            let d = lead(h) as isize - lead(w) as isize;
-            match shift {
-                None => shift = Some(d),
-                Some(x) if x == d => {}
-                Some(_) => return None,
-            }
-        }
-        shift
-    };
-    if have.len() < want.len() {
-        return None;
-    }
-    let found: Vec<(usize, isize)> = (0..=have.len() - want.len())
-        .filter_map(|s| fits(s).map(|d| (s, d)))
-        .collect();
-    let [(s, shift)] = found[..] else {
-        return None;
-    };
-    let pad = if shift > 0 {
-        let first = have[s..s + want.len()]
-            .iter()
-            .find(|l| !l.trim().is_empty())?;
-        first[..shift as usize].to_string()
-    } else {
-        String::new()
-    };
-    let mut out: String = have[..s].concat();
-    let ends_nl = have[s + want.len() - 1].ends_with('\n');
-    let new_lines: Vec<String> = new
-        .trim_matches('\n')
-        .lines()
-        .map(|l| {
-            if l.trim().is_empty() {
-                String::new()
-            } else if shift >= 0 {
-                format!("{pad}{l}")
-            } else {
-                l[(-shift as usize).min(lead(l))..].to_string()
-            }
-        })
-        .collect();
-    out.push_str(&new_lines.join("\n"));
-    if ends_nl && !new_lines.is_empty() {
-        out.push('\n');
-    }
-    out.push_str(&have[s + want.len()..].concat());
-    Some(out)
-}
+pub use super::text::{head_tail, numbered};
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_edit_whose_lines_match_but_for_indent_and_trailing_spaces_applies_once() {
-        let text = "class S:\n    def mean(self, xs):  \n        return 0\n\n    def n(self):\n        return 1\n";
-        let got = apply_edit(
-            text,
-            "def mean(self, xs):\n    return 0",
-            "def mean(self, xs):\n    return sum(xs) / len(xs)",
-            "s.py",
-        )
-        .unwrap();
-        assert_eq!(
-            got,
-            "class S:\n    def mean(self, xs):\n        return sum(xs) / len(xs)\n\n    def n(self):\n        return 1\n"
-        );
-        // Twice, or not at all: not applied.
-        let twice = "def f():\n    return 0\n\ndef g():\n    return 0\n";
-        assert!(apply_edit(twice, "  return 0", "  return 1", "t.py").is_err());
-        assert!(apply_edit(text, "return 2", "return 1", "s.py").is_err());
-        // Lines indented unevenly against the file's are not a match.
-        assert!(apply_edit(text, "def mean(self, xs):\nreturn 0", "x", "s.py").is_err());
-    }
 
     fn u(name: &str, args: &str) -> ToolUse {
         ToolUse {
@@ -742,6 +612,10 @@ mod tests {
                 call: ToolCall::RunCommand { cwd, .. },
                 ..
             } => cwd,
+            Prepared::Call {
+                call: ToolCall::ListFiles { glob } | ToolCall::Search { glob, .. },
+                ..
+            } => glob,
             other => panic!("{other:?}"),
         };
         assert_eq!(
@@ -764,6 +638,14 @@ mod tests {
             path_of("run_command", r#"{"command":"ls","cwd":"/workspace/src"}"#),
             "src"
         );
+        // Globs too.
+        assert_eq!(path_of("list_files", r#"{"glob":"/workspace"}"#), ".");
+        assert_eq!(
+            path_of("search", r#"{"pattern":"x","glob":"/workspace/src/*.py"}"#),
+            "src/*.py"
+        );
+        assert_eq!(path_of("list_files", r#"{"glob":"*.py"}"#), "*.py");
+        assert_eq!(path_of("list_files", "{}"), "");
         // Anything else is passed on as written, for the worker to judge (and refuse).
         assert_eq!(path_of("run_command", r#"{"command":"ls"}"#), "");
         assert_eq!(
@@ -865,24 +747,16 @@ mod tests {
     }
 
     #[test]
-    fn long_text_keeps_head_and_tail_and_edits_need_one_match() {
+    fn long_text_keeps_head_and_tail_and_lines_are_numbered() {
         let text: String = (0..1000).map(|i| format!("line {i}\n")).collect();
         let cut = head_tail(&text, 200);
         assert!(cut.starts_with("line 0\n") && cut.ends_with("line 999\n"));
         assert!(cut.contains("characters") && cut.contains("lines) cut"));
         assert_eq!(numbered("a\nb\nc\n", 2, 3), "     2\tb\n     3\tc\n");
-        assert_eq!(apply_edit("x = 1", "1", "2", "f").unwrap(), "x = 2");
-        assert!(
-            apply_edit("1 1", "1", "2", "f")
-                .unwrap_err()
-                .to_string()
-                .contains("occurs 2 times")
-        );
-        assert!(
-            apply_edit("x", "y", "z", "f")
-                .unwrap_err()
-                .to_string()
-                .contains("not found")
+        assert!(no_files_match("").contains("empty"));
+        assert_eq!(
+            no_files_match("*.pyy"),
+            "(no files match \"*.pyy\"; list_files without a glob lists every file)"
         );
     }
 }

@@ -106,7 +106,7 @@ pub(super) async fn run(
             };
             match file_call(cx, worker, op).await? {
                 FileAnswer::Paths { paths, .. } if paths.is_empty() => {
-                    ("(no files match)".to_string(), false)
+                    (tools::no_files_match(glob), false)
                 }
                 FileAnswer::Paths { paths, truncated } => {
                     let mut t = paths.join("\n");
