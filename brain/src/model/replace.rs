@@ -9,13 +9,17 @@ use super::text::numbered;
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum EditError {
     #[error(
-        "error: old_string was not found in {path}; read the file and copy the exact text (whitespace included){}",
+        "error: old_string was not found in {path}; read the file and copy the exact text (whitespace included){}{}",
+        new_said(path, *new_at),
         nearest_said(path, nearest.as_deref())
     )]
     NotFound {
         path: String,
         /// The file's lines most like `old_string`, numbered.
         nearest: Option<String>,
+        /// The line where `new_string`'s lines already stand: an edit sent again after it
+        /// took effect (small models do), or the same lines elsewhere.
+        new_at: Option<usize>,
     },
     #[error(
         "error: old_string occurs {n} times in {path}; include more surrounding lines so it occurs once"
@@ -23,11 +27,20 @@ pub enum EditError {
     NotUnique { path: String, n: usize },
 }
 
+fn new_said(path: &str, new_at: Option<usize>) -> String {
+    match new_at {
+        None => String::new(),
+        Some(line) => format!(
+            ". new_string's lines are already in {path}, at line {line}: if that is this edit, it was made already"
+        ),
+    }
+}
+
 fn nearest_said(path: &str, nearest: Option<&str>) -> String {
     match nearest {
         None => String::new(),
         Some(lines) => format!(
-            ". The lines of {path} most like it (the numbers are not part of the file):\n{lines}"
+            ". The lines of {path} most like old_string (the numbers are not part of the file):\n{lines}"
         ),
     }
 }
@@ -66,7 +79,32 @@ pub fn apply_edit(text: &str, old: &str, new: &str, path: &str) -> Result<String
     Err(EditError::NotFound {
         path: path.into(),
         nearest: nearest_lines(text, old),
+        new_at: lines_at(text, new),
     })
+}
+
+/// The 1-based line where `needle`'s lines stand in `text` as whole lines (each trimmed
+/// alike; blank lines skipped on both sides), the first such place; `None` for a needle
+/// without text.
+fn lines_at(text: &str, needle: &str) -> Option<usize> {
+    let want: Vec<&str> = needle
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if want.is_empty() {
+        return None;
+    }
+    let have: Vec<(usize, &str)> = text
+        .lines()
+        .take(MAX_LINES_COMPARED)
+        .map(str::trim)
+        .enumerate()
+        .filter(|(_, l)| !l.is_empty())
+        .collect();
+    have.windows(want.len())
+        .find(|w| w.iter().zip(&want).all(|((_, h), n)| h == n))
+        .map(|w| w[0].0 + 1)
 }
 
 /// `text` without `read_file`'s line numbers (`   12\t`), when every line that is not blank
@@ -291,9 +329,64 @@ mod tests {
             e,
             EditError::NotFound {
                 path: "f".into(),
-                nearest: None
+                nearest: None,
+                new_at: None,
             }
         );
+    }
+
+    #[test]
+    fn an_edit_made_already_is_said_to_be() {
+        let text =
+            "def total(lines):\n    s = subtotal(lines)\n    d = discount(s)\n    return s - d\n";
+        // The model sends again an edit that took effect: its old text is gone, its new is there.
+        let err = apply_edit(
+            text,
+            "    d = discount(total)",
+            "    d = discount(s)",
+            "cart.py",
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                EditError::NotFound {
+                    new_at: Some(3),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let said = err.to_string();
+        assert!(said.contains("already in cart.py, at line 3"), "{said}");
+        assert!(said.contains("made already"), "{said}");
+        // Whole lines, blank lines and indent aside.
+        let err = apply_edit(
+            text,
+            "x = 1",
+            "\n\n  d = discount(s)\n\nreturn s - d",
+            "c.py",
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                EditError::NotFound {
+                    new_at: Some(3),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        // A part of a line is not the edit's lines; nor is an empty new text (a deletion).
+        for new in ["discount", "", "\n  \n"] {
+            let err = apply_edit(text, "    e = 2\n", new, "cart.py").unwrap_err();
+            assert!(
+                matches!(err, EditError::NotFound { new_at: None, .. }),
+                "{new:?}: {err:?}"
+            );
+            assert!(!err.to_string().contains("made already"));
+        }
     }
 
     #[test]
@@ -343,7 +436,7 @@ mod tests {
             "    80\t    return helper_40(xs)\n    81\tdef mean(xs):\n    82\t    total = 0\n    83\t    for x in xs:\n    84\t        total += x\n    85\t    return total / len(xs)\n"
         );
         let said = err.to_string();
-        assert!(said.contains("most like it"), "{said}");
+        assert!(said.contains("most like old_string"), "{said}");
         assert!(said.ends_with(lines.as_str()), "{said}");
         // Nothing in the file like it: nothing shown.
         assert_eq!(
