@@ -33,7 +33,9 @@ pub enum Error {
     NoCommand,
     #[error(transparent)]
     Path(#[from] shared::paths::Error),
-    #[error("working directory {0:?} does not exist in the workspace")]
+    #[error(
+        "working directory {0:?} does not exist in the workspace; leave the working directory out to run at the workspace's root"
+    )]
     NoCwd(String),
     #[error("the brain sent an environment variable this worker does not set: {0:?}")]
     Env(String),
@@ -558,13 +560,17 @@ mod tests {
     use super::*;
 
     async fn run_cmd(argv: &[&str], timeout_ms: u64, cap: u64) -> (Vec<u8>, ExecExit) {
+        run_in(argv, "", timeout_ms, cap).await
+    }
+
+    async fn run_in(argv: &[&str], cwd: &str, timeout_ms: u64, cap: u64) -> (Vec<u8>, ExecExit) {
         let dir = tempfile::tempdir().unwrap();
         let (tx, mut rx) = mpsc::channel(1024);
         let start = ExecStart {
             call_id: 7,
             workspace: "default".into(),
             argv: argv.iter().map(|s| s.to_string()).collect(),
-            cwd: String::new(),
+            cwd: cwd.into(),
             timeout_ms,
             output_cap_bytes: cap,
             durable: false,
@@ -589,6 +595,18 @@ mod tests {
         assert_eq!(out, b"hi\n");
         assert_eq!(exit.code, Some(3));
         assert!(!exit.timed_out);
+    }
+
+    #[tokio::test]
+    async fn a_working_directory_that_is_not_there_is_refused_saying_how_to_run_at_the_root() {
+        let (out, exit) = run_in(&["true"], "cart", 5000, 0).await;
+        assert!(out.is_empty());
+        assert_ne!(exit.code, Some(0));
+        assert!(
+            exit.error.contains("\"cart\" does not exist")
+                && exit.error.contains("leave the working directory out"),
+            "{exit:?}"
+        );
     }
 
     #[tokio::test]
