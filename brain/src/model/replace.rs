@@ -45,7 +45,7 @@ fn nearest_said(path: &str, nearest: Option<&str>) -> String {
     }
 }
 
-/// Most of the file's lines that are compared with `old_string`, and most of its lines: a
+/// Most lines of the file, and of `old_string`, compared when looking for the nearest: a
 /// bound on the work one failed edit costs.
 const MAX_LINES_COMPARED: usize = 20_000;
 const MAX_OLD_LINES: usize = 60;
@@ -70,12 +70,19 @@ pub fn apply_edit(text: &str, old: &str, new: &str, path: &str) -> Result<String
         return Ok(edited);
     }
     // `read_file`'s numbers copied with the lines: the edit without them.
-    if let Some(bare_old) = without_line_numbers(old) {
+    let bare = without_line_numbers(old).map(|bare_old| {
         let bare_new = without_line_numbers(new).unwrap_or_else(|| new.to_string());
-        if let Ok(edited) = apply_edit(text, &bare_old, &bare_new, path) {
-            return Ok(edited);
+        (bare_old, bare_new)
+    });
+    let (old, new) = match &bare {
+        Some((bare_old, bare_new)) => {
+            if let Ok(edited) = apply_edit(text, bare_old, bare_new, path) {
+                return Ok(edited);
+            }
+            (bare_old.as_str(), bare_new.as_str())
         }
-    }
+        None => (old, new),
+    };
     Err(EditError::NotFound {
         path: path.into(),
         nearest: nearest_lines(text, old),
@@ -406,6 +413,13 @@ mod tests {
         // New text without numbers is taken as it is.
         let got = apply_edit(text, "     2\t    return x", "    return -x", "m.py").unwrap();
         assert!(got.starts_with("def f(x):\n    return -x\n"), "{got}");
+        // Numbered lines that do not fit are answered with the nearest lines, compared
+        // without their numbers.
+        let err = apply_edit(text, "     6\t    return 4 * x", "x", "m.py").unwrap_err();
+        assert!(
+            matches!(&err, EditError::NotFound { nearest: Some(n), .. } if n.contains("     6\t    return 2 * x")),
+            "{err:?}"
+        );
         // Numbers on some lines only: not numbers read_file wrote.
         assert!(without_line_numbers("1\tone\ntwo").is_none());
         assert!(without_line_numbers("  \n").is_none());
