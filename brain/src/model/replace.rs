@@ -242,7 +242,7 @@ fn marks(line: &str) -> u64 {
 
 /// How alike two lines are, 0 to 1: the share of their words and marks they have in common;
 /// lines equal once trimmed are 1.
-fn alike(a: (&str, u64), b: (&str, u64)) -> f64 {
+fn alike(a: &(&str, u64), b: &(&str, u64)) -> f64 {
     if a.0 == b.0 {
         return 1.0;
     }
@@ -257,11 +257,11 @@ fn alike(a: (&str, u64), b: (&str, u64)) -> f64 {
 /// first such run), numbered as `read_file` numbers them; `None` when none is at least half
 /// alike or `old` has no text.
 pub fn nearest_lines(text: &str, old: &str) -> Option<String> {
-    let key = |l: &str| {
+    fn key(l: &str) -> (&str, u64) {
         let t = l.trim();
-        (t.to_string(), marks(t))
-    };
-    let want: Vec<(String, u64)> = old
+        (t, marks(t))
+    }
+    let want: Vec<(&str, u64)> = old
         .trim_matches('\n')
         .lines()
         .take(MAX_OLD_LINES)
@@ -270,7 +270,7 @@ pub fn nearest_lines(text: &str, old: &str) -> Option<String> {
     if want.iter().all(|(t, _)| t.is_empty()) {
         return None;
     }
-    let have: Vec<(String, u64)> = text.lines().take(MAX_LINES_COMPARED).map(key).collect();
+    let have: Vec<(&str, u64)> = text.lines().take(MAX_LINES_COMPARED).map(key).collect();
     if have.is_empty() {
         return None;
     }
@@ -278,8 +278,7 @@ pub fn nearest_lines(text: &str, old: &str) -> Option<String> {
     let score = |s: usize| -> f64 {
         let pairs = (0..k).filter(|j| !(want[*j].0.is_empty() && have[s + j].0.is_empty()));
         let (sum, n) = pairs.fold((0.0, 0u32), |(sum, n), j| {
-            let (w, h) = (&want[j], &have[s + j]);
-            (sum + alike((&w.0, w.1), (&h.0, h.1)), n + 1)
+            (sum + alike(&want[j], &have[s + j]), n + 1)
         });
         if n == 0 { 0.0 } else { sum / f64::from(n) }
     };
