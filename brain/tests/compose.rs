@@ -287,10 +287,14 @@ fn the_replicas_deployment_keeps_a_task_going_when_the_replica_driving_it_is_kil
         ],
     };
     let all: [&Path; 2] = [&bins.brain, &bins.worker];
-    common::build("brain", &base, &p.images[0], &all).unwrap();
-    common::build("worker", &base, &p.images[1], &all).unwrap();
     let pg: Vec<&Path> = pg_dirs.iter().map(PathBuf::as_path).collect();
-    common::build("postgres", &pg_base, &p.images[2], &pg).unwrap();
+    // PostgreSQL's image (its base holds the server's whole tree) builds beside ours.
+    std::thread::scope(|s| {
+        let postgres = s.spawn(|| common::build("postgres", &pg_base, &p.images[2], &pg));
+        common::build("brain", &base, &p.images[0], &all).unwrap();
+        common::build("worker", &base, &p.images[1], &all).unwrap();
+        postgres.join().unwrap().unwrap();
+    });
     let up = p.compose(&["up", "-d"]);
     assert!(up.status.success(), "{}", text(&up));
 

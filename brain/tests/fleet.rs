@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use testkit::gates::Gates;
 use testkit::{BrainOptions, Cluster, Worker, assert_failed_saying, text};
 
 /// Joins a worker that takes at most `max_tasks` tasks at once.
@@ -43,8 +44,9 @@ fn tasks_spread_within_capacity_and_the_rest_queue_in_order() {
     let workers: Vec<Worker> = (0..3)
         .map(|i| worker_taking(&c, &format!("w{i}"), 2))
         .collect();
-    // Each task holds its place long enough for all eight to be created on a loaded machine.
-    let p = plan(&c, "hold", 1, "sleep 15");
+    // Each task holds its place until all eight are created and placed or queued.
+    let gate = Gates::new();
+    let p = plan(&c, "hold", 1, &gate.wait(1, Duration::from_secs(120)));
     // Eight tasks, no worker named: six places, two queued.
     let mut ids = vec![];
     for _ in 0..8 {
@@ -66,13 +68,19 @@ fn tasks_spread_within_capacity_and_the_rest_queue_in_order() {
             ));
         }
         let ws = c.workers();
+        let mut running = 0;
         for w in &ws {
             let n = w["running_tasks"].as_u64().unwrap_or(0);
+            running += n;
             let e = most
                 .entry(w["name"].as_str().unwrap().to_string())
                 .or_default();
             *e = (*e).max(n);
             assert_eq!(w["max_tasks"], 2, "{w}");
+        }
+        // Every place taken and the rest queued: the held tasks may go.
+        if saw_queue.is_some() && running == 6 {
+            gate.open(1);
         }
         if all.iter().all(|t| t["status"] == "finished") {
             break;

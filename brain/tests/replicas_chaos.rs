@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use shared::locks::Lock;
 use testkit::fake_llm::{FakeLlm, FakeReply};
+use testkit::gates::Gates;
 use testkit::{BrainOptions, Cluster, Worker};
 
 const TASKS: usize = 20;
@@ -29,10 +30,16 @@ fn step(i: usize) -> String {
     }
 }
 
-fn script() -> Vec<FakeReply> {
+/// The agent's turns: write `step.sh`, run it [`STEPS`] times, finish. While the kills go on
+/// each step holds its worker a second, so that thirty kills fit while the tasks run; once
+/// `kills_done` is open the rest go at once.
+fn script(kills_done: &Gates) -> Vec<FakeReply> {
     let mut turns = vec![FakeReply::write(
         "step.sh",
-        "printf 'step-%s\\n' \"$1\" >> steps.txt\nsleep 1\n",
+        format!(
+            "printf 'step-%s\\n' \"$1\" >> steps.txt\n[ -e {} ] || sleep 1\n",
+            kills_done.path(0).display()
+        ),
     )];
     turns.extend((0..STEPS).map(|i| FakeReply::run(format!("sh step.sh {}", step(i)))));
     turns.push(FakeReply::finish("all steps done"));
@@ -60,7 +67,8 @@ fn three_replicas_lose_the_one_holding_most_leases_thirty_times_and_every_task_f
     let Some(pg) = testkit::postgres::start_or_skip() else {
         return;
     };
-    let llm = FakeLlm::script(script());
+    let kills_done = Gates::new();
+    let llm = FakeLlm::script(script(&kills_done));
     let (mut replicas, workers) = start(&pg, &llm);
     let ids: Vec<String> = (0..TASKS)
         .map(|i| {
@@ -86,6 +94,7 @@ fn three_replicas_lose_the_one_holding_most_leases_thirty_times_and_every_task_f
     };
 
     assert_eq!(kill_most_leased(&pg, &mut replicas), KILLS);
+    kills_done.open(0);
 
     for id in &ids {
         let status = replicas[0].wait_status(

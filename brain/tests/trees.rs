@@ -7,42 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use testkit::gates::Gates;
 use testkit::{Cluster, assert_stdout_says, text};
-
-/// A gate a plan's step waits at, opened by the test: a file outside /tmp (commands see a
-/// private /tmp), which commands may read.
-struct Gates(PathBuf);
-
-impl Gates {
-    fn new() -> Self {
-        let d = tempfile::Builder::new()
-            .prefix("tether-gates-")
-            .tempdir_in("/var/tmp")
-            .unwrap()
-            .keep();
-        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        Self(d)
-    }
-
-    /// A step that waits (at most a minute) until gate `n` is open.
-    fn step(&self, n: u32, then: &str) -> Value {
-        let g = self.0.join(format!("g{n}"));
-        json!({"run": ["sh", "-c", format!(
-            "i=0; while [ ! -e {g} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; {then}",
-            g = g.display()
-        )]})
-    }
-
-    fn open(&self, n: u32) {
-        std::fs::write(self.0.join(format!("g{n}")), "").unwrap();
-    }
-}
-
-impl Drop for Gates {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Moves task `id` to `to` while its second step waits at gate 1, and back to `back` while
 /// its third waits at gate 2 (a move happens at the next tool-call boundary: after the

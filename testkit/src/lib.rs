@@ -10,6 +10,7 @@ pub mod fake_github;
 pub mod fake_kube;
 pub mod fake_llm;
 mod follow;
+pub mod gates;
 pub mod git_server;
 pub mod http;
 pub mod https;
