@@ -155,7 +155,9 @@ fn a_busy_worker_is_never_marked_lost() {
         ..Default::default()
     });
     let w = worker_taking(&c, "busy", 16);
-    let heavy = "i=0; while [ $i -lt 40 ]; do mkdir -p d$i; for f in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do head -c 4096 /dev/urandom > d$i/$f; done; i=$((i+1)); done; head -c 20000000 /dev/zero | od -v | head -c 8000000";
+    // 800 new files of 4 KiB in 40 directories (a few processes each: the load is the files,
+    // not the forks), then 8 MB of output.
+    let heavy = "i=0; while [ $i -lt 40 ]; do mkdir -p d$i; head -c 81920 /dev/urandom | split -b 4096 - d$i/f; i=$((i+1)); done; head -c 20000000 /dev/zero | od -v | head -c 8000000";
     let p = plan(&c, "heavy", 3, heavy);
     let ids: Vec<String> = (0..16)
         .map(|_| {

@@ -187,7 +187,8 @@ fn a_watcher_on_one_replica_follows_a_task_another_drives_and_an_approval_throug
     ]);
     let replica = |name: &str| {
         Cluster::start_with(BrainOptions {
-            config: BrainOptions::with_llm(&llm, "sk-replicas", "").config,
+            config: BrainOptions::with_llm(&llm, "sk-replicas", testkit::postgres::REPLICA_CONFIG)
+                .config,
             ..pg.replica(name)
         })
     };

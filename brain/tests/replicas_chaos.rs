@@ -125,8 +125,9 @@ fn start(pg: &testkit::postgres::Postgres, llm: &FakeLlm) -> (Vec<Cluster>, Vec<
         llm,
         "sk-chaos",
         &format!(
-            "[agent]\nmax_steps = {}\nallow_commands = [\"sh step.sh [0-9]*\"]\nallow_paths = [\"step.sh\"]\n[store]\nlease_ttl = \"3s\"\n",
-            STEPS + 10
+            "[agent]\nmax_steps = {}\nallow_commands = [\"sh step.sh [0-9]*\"]\nallow_paths = [\"step.sh\"]\n{}",
+            STEPS + 10,
+            testkit::postgres::REPLICA_CONFIG
         ),
     )
     .config;

@@ -12,6 +12,9 @@ const USER: &str = "tether";
 const PASSWORD: &str = "tether-test-password";
 const DATABASE: &str = "tether";
 
+/// The config [`Postgres::replica`] gives a brain.
+pub const REPLICA_CONFIG: &str = "[store]\nlease_ttl = \"3s\"\n";
+
 pub struct Postgres {
     pub port: u16,
     bin: PathBuf,
@@ -212,7 +215,8 @@ impl Postgres {
     }
 
     /// Options for a brain on this cluster as replica `name`, with the secrets key every
-    /// replica shares.
+    /// replica shares and task leases of 3 s (another replica takes a dead one's tasks
+    /// within that, not the default 10 s).
     pub fn replica(&self, name: &str) -> crate::BrainOptions {
         crate::BrainOptions {
             extra_args: vec![
@@ -221,6 +225,7 @@ impl Postgres {
                 "--replica".into(),
                 name.into(),
             ],
+            config: Some(REPLICA_CONFIG.into()),
             env: vec![("TETHER_SECRET_KEY".into(), "5e".repeat(32))],
             ..Default::default()
         }
