@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use rand::Rng;
+use testkit::gates::Gates;
 use testkit::plans::{assert_exactly_once, line_plan};
 use testkit::{BrainOptions, Cluster, assert_failed_stderr_says, assert_stdout_says, text};
 
@@ -34,9 +35,11 @@ fn a_task_survives_fifty_brain_kills_with_every_effect_exactly_once() {
         ..Default::default()
     });
     let w = c.join_worker("steady");
-    // Long enough that all fifty kills land while it runs (asserted below).
+    // Long enough that all fifty kills land while it runs (asserted below): each step holds
+    // its worker 0.15 s until the kills are done (gate 1).
     let n = 100;
-    let plan = line_plan(&c, n, "0.15");
+    let kills_done = Gates::new();
+    let plan = line_plan(&c, n, &kills_done.unless_open(1, "sleep 0.15"));
     let id = c.run_plan(&plan, &w.id);
     let mut rng = testkit::random::seeded();
     let mut kills = 0;
@@ -52,6 +55,7 @@ fn a_task_survives_fifty_brain_kills_with_every_effect_exactly_once() {
         matches!(during.as_deref(), Some("running" | "waiting")),
         "the kills must land while the task runs (it is {during:?})"
     );
+    kills_done.open(1);
     let status = wait_terminal(&c, &id, Duration::from_secs(120));
     assert_eq!(status, "finished", "brain log:\n{}", c.brain_log());
     let interrupted = assert_exactly_once(&c, &w, &id, n);
@@ -68,7 +72,7 @@ fn a_task_survives_worker_kills_and_kills_of_both() {
     });
     let mut w = c.join_worker("sturdy");
     let n = 40;
-    let plan = line_plan(&c, n, "0.05");
+    let plan = line_plan(&c, n, "sleep 0.05");
     let id = c.run_plan(&plan, &w.id);
     let mut rng = testkit::random::seeded();
     let (mut worker_kills, mut brain_kills) = (0, 0);
@@ -104,7 +108,7 @@ fn a_task_survives_worker_kills_and_kills_of_both() {
 fn an_undecodable_record_fails_only_its_task() {
     let mut c = Cluster::start();
     let w = c.join_worker("two-tasks");
-    let plan = line_plan(&c, 30, "0.1");
+    let plan = line_plan(&c, 30, "sleep 0.1");
     let a = c.run_plan(&plan, &w.id);
     let b = c.run_plan(&plan, &w.id);
     for t in [&a, &b] {
@@ -139,7 +143,7 @@ fn an_unknown_stored_status_fails_only_its_task() {
     w.kill();
     c.wait_for_state(&w.id, "lost", Duration::from_secs(30))
         .unwrap();
-    let plan = line_plan(&c, 2, "0");
+    let plan = line_plan(&c, 2, "true");
     let a = c.run_plan(&plan, &w.id);
     let b = c.run_plan(&plan, &w.id);
     for t in [&a, &b] {
@@ -173,7 +177,7 @@ fn an_unknown_stored_status_fails_only_its_task() {
 fn cancel_backup_restore_and_a_second_brain() {
     let mut c = Cluster::start();
     let w = c.join_worker("keeper");
-    let plan = line_plan(&c, 200, "0.05");
+    let plan = line_plan(&c, 200, "sleep 0.05");
     let id = c.run_plan(&plan, &w.id);
     // Under way: a few steps done.
     c.wait_records(&id, "tool_call_completed", 3, Duration::from_secs(30));
@@ -210,9 +214,10 @@ fn cancel_backup_restore_and_a_second_brain() {
 fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
     let c = Cluster::start();
     let w = c.join_worker("watched");
-    // Long enough (8 s) that the task still runs after a watcher started, showed a line and
-    // was interrupted, on a loaded machine too (at 1.6 s it had ended there).
-    let plan = line_plan(&c, 8, "1");
+    // Each step waits at gate 1 until a watcher has started, shown a line and been
+    // interrupted.
+    let gates = Gates::new();
+    let plan = line_plan(&c, 8, &gates.wait(1, Duration::from_secs(60)));
     let id = c.run_plan(&plan, &w.id);
 
     // Ctrl-C on a watcher leaves the task running.
@@ -231,13 +236,9 @@ fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
     assert!(first.contains("created"), "{first}");
     testkit::signal(watcher.id(), rustix::process::Signal::INT);
     let _ = watcher.wait_with_output().unwrap();
-    // Not cancelled: still running (or, on a machine so loaded that the watcher took the
-    // task's whole 8 s to start, already done; the end below shows all 8 steps ran).
-    let status = c.task_status(&id);
-    assert!(
-        matches!(status.as_deref(), Some("running" | "finished")),
-        "{status:?}"
-    );
+    // Not cancelled: still running.
+    assert_eq!(c.task_status(&id).as_deref(), Some("running"));
+    gates.open(1);
 
     // A watcher sees events live and exits by itself when the task ends.
     let out = c.brain_cli_cmd(&["watch", &id]).output().unwrap();
@@ -259,11 +260,16 @@ fn a_long_call_outlives_a_brain_restart_and_its_result_arrives() {
     let mut c = Cluster::start();
     let w = c.join_worker("patient");
     let plan = c.dir.join("long.json");
-    std::fs::write(
-        &plan,
-        r#"{"steps":[{"run":["sh","-c","touch started; sleep 3; echo slow >> out.txt"],"check":["grep","-qx","slow","out.txt"]}]}"#,
-    )
-    .unwrap();
+    // The call runs until the brain is back (gate 1).
+    let gates = Gates::new();
+    let run = format!(
+        "touch started; {}; echo slow >> out.txt",
+        gates.wait(1, Duration::from_secs(60))
+    );
+    let steps = serde_json::json!({"steps": [
+        {"run": ["sh", "-c", run], "check": ["grep", "-qx", "slow", "out.txt"]}
+    ]});
+    std::fs::write(&plan, steps.to_string()).unwrap();
     let id = c.run_plan(&plan, &w.id);
     let num = id.trim_start_matches("t-");
     let started = w.state.join(format!("workspaces/task-{num}/started"));
@@ -274,6 +280,7 @@ fn a_long_call_outlives_a_brain_restart_and_its_result_arrives() {
     );
     c.kill_brain();
     c.start_brain().unwrap();
+    gates.open(1);
     // The call kept running on the worker; its result comes over the new session as soon as
     // it ends, with no further reconnect needed.
     c.wait_status(&id, &["finished"], Duration::from_secs(15));
@@ -293,11 +300,14 @@ fn watch_shows_a_running_calls_output_as_it_is_produced() {
     let c = Cluster::start();
     let w = c.join_worker("chatty");
     let plan = c.dir.join("chatty.json");
-    std::fs::write(
-        &plan,
-        r#"{"steps":[{"run":["sh","-c","echo first-chunk; sleep 3; echo second-chunk"]}]}"#,
-    )
-    .unwrap();
+    // The second chunk waits until the watcher has seen the first (gate 1).
+    let gates = Gates::new();
+    let run = format!(
+        "echo first-chunk; {}; echo second-chunk",
+        gates.wait(1, Duration::from_secs(60))
+    );
+    let steps = serde_json::json!({"steps": [{"run": ["sh", "-c", run]}]});
+    std::fs::write(&plan, steps.to_string()).unwrap();
     let id = c.run_plan(&plan, &w.id);
     let mut watcher = c
         .brain_cli_cmd(&["watch", &id])
@@ -313,12 +323,14 @@ fn watch_shows_a_running_calls_output_as_it_is_produced() {
             break;
         }
     }
-    // The call is still running (it sleeps 3 s after the first line): the output was live.
+    // The call is still running (it waits at the gate after the first line): the output
+    // was live.
     assert!(
         seen.iter().all(|l| !l.contains("done ")),
         "first-chunk only arrived with the result: {seen:?}"
     );
     assert_eq!(c.task_status(&id).as_deref(), Some("running"));
+    gates.open(1);
     let rest: Vec<String> = lines.map(Result::unwrap).collect();
     assert!(rest.iter().any(|l| l.contains("second-chunk")), "{rest:?}");
     assert!(

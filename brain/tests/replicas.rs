@@ -67,7 +67,7 @@ fn a_task_goes_on_on_another_replica_when_the_one_driving_it_is_killed() {
     assert!(on_a, "b's admin on a: {said}");
 
     let n = 12;
-    let plan = line_plan(&a, n, "0.4");
+    let plan = line_plan(&a, n, "sleep 0.4");
     let id = a.run_plan(&plan, &w.id);
     assert!(
         testkit::wait_until(Duration::from_secs(60), || calls_done(&a, &id) >= 4),
@@ -120,7 +120,7 @@ fn a_frozen_replica_lands_nothing_after_its_lease_lapsed_and_says_so() {
     };
     let (a, b, w) = two_replicas(&pg);
     let n = 12;
-    let plan = line_plan(&a, n, "0.4");
+    let plan = line_plan(&a, n, "sleep 0.4");
     let id = a.run_plan(&plan, &w.id);
     assert!(testkit::wait_until(Duration::from_secs(60), || calls_done(
         &a, &id
@@ -159,7 +159,7 @@ fn a_task_goes_on_when_postgresql_restarts_under_it() {
     let a = Cluster::start_with(pg.replica("a"));
     let w = a.join_worker("w");
     let n = 10;
-    let plan = line_plan(&a, n, "0.3");
+    let plan = line_plan(&a, n, "sleep 0.3");
     let id = a.run_plan(&plan, &w.id);
     assert!(testkit::wait_until(Duration::from_secs(60), || calls_done(
         &a, &id
@@ -361,7 +361,7 @@ fn a_sled_store_copies_into_postgresql_and_back_and_a_brain_goes_on_from_either(
     };
     let mut c = Cluster::start();
     let w = c.join_worker("w");
-    let id = c.run_plan(&line_plan(&c, 3, "0"), &w.id);
+    let id = c.run_plan(&line_plan(&c, 3, "true"), &w.id);
     assert_finishes(&c, &id);
     let log = |c: &Cluster| -> Vec<(u64, String)> {
         c.task_log_json(&id)
@@ -406,7 +406,7 @@ fn a_sled_store_copies_into_postgresql_and_back_and_a_brain_goes_on_from_either(
         testkit::stdout(&c.brain_cli(&["task", "diff", &id])),
         diff_before
     );
-    let id2 = c.run_plan(&line_plan(&c, 2, "0"), &w.id);
+    let id2 = c.run_plan(&line_plan(&c, 2, "true"), &w.id);
     assert_finishes(&c, &id2);
     assert_ne!(id2, id, "new tasks get new ids");
     c.kill_brain();
@@ -463,7 +463,7 @@ fn a_task_follows_its_worker_to_the_replica_it_reconnects_to() {
     };
     let (a, b, mut w) = two_replicas(&pg);
     let n = 10;
-    let id = a.run_plan(&line_plan(&a, n, "0.4"), &w.id);
+    let id = a.run_plan(&line_plan(&a, n, "sleep 0.4"), &w.id);
     assert!(
         testkit::wait_until(Duration::from_secs(60), || calls_done(&a, &id) >= 3),
         "the task made no progress on a: {}",

@@ -46,6 +46,11 @@ impl Gates {
         )
     }
 
+    /// Shell that runs `cmd` unless gate `n` is open (`sleep 1` while a test's kills go on).
+    pub fn unless_open(&self, n: u32, cmd: &str) -> String {
+        format!("[ -e {} ] || {cmd}", self.path(n).display())
+    }
+
     /// A plan step that waits (at most a minute) until gate `n` is open, then runs `then`.
     pub fn step(&self, n: u32, then: &str) -> Value {
         json!({"run": ["sh", "-c", format!("{}; {then}", self.wait(n, Duration::from_secs(60)))]})

@@ -6,12 +6,13 @@ use std::path::PathBuf;
 
 use crate::{Cluster, Worker};
 
-/// A plan of `n` steps, each appending its own line (with a check that the line is there).
-pub fn line_plan(c: &Cluster, n: usize, pause: &str) -> PathBuf {
+/// A plan of `n` steps, each running the shell `hold` (`sleep 0.4`, a gate's wait) and then
+/// appending its own line (with a check that the line is there).
+pub fn line_plan(c: &Cluster, n: usize, hold: &str) -> PathBuf {
     let steps: Vec<serde_json::Value> = (0..n)
         .map(|i| {
             serde_json::json!({
-                "run": ["sh", "-c", format!("sleep {pause}; echo line-{i} >> out.txt")],
+                "run": ["sh", "-c", format!("{hold}; echo line-{i} >> out.txt")],
                 "check": ["grep", "-qx", format!("line-{i}"), "out.txt"],
             })
         })
