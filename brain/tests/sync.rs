@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use testkit::fake_llm::{FakeLlm, FakeReply};
+use testkit::gates::Gates;
 use testkit::git_server::init_repo;
 use testkit::{BrainOptions, Cluster, assert_failed_saying, text};
 
@@ -78,10 +79,30 @@ fn plan_file(c: &Cluster, name: &str, steps: Value) -> PathBuf {
 }
 
 /// What `brain watch` shows of a plan whose one step runs `script` on worker `w`.
-fn watched(c: &Cluster, name: &str, script: &str) -> String {
+/// What `brain watch` shows of a one-step plan running `script` on worker `w`, to its end.
+/// `script` may wait at `gates`; gate `n` of `opens` opens when the watcher shows a line
+/// with its text.
+fn watched(c: &Cluster, name: &str, script: &str, gates: &Gates, opens: &[(&str, u32)]) -> String {
+    use std::io::BufRead;
     let plan = plan_file(c, name, json!({"steps": [{"run": ["sh", "-c", script]}]}));
-    let out = c.brain_cli(&["watch", &c.run_plan(&plan, "w")]);
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let mut watcher = c
+        .brain_cli_cmd(&["watch", &c.run_plan(&plan, "w")])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut shown = String::new();
+    for line in std::io::BufReader::new(watcher.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        for (text, n) in opens {
+            if line.contains(text) {
+                gates.open(*n);
+            }
+        }
+        shown.push_str(&line);
+        shown.push('\n');
+    }
+    assert!(watcher.wait().unwrap().success(), "{shown}");
+    shown
 }
 
 fn read(c: &Cluster, worker: &str, id: &str, path: &str) -> Option<String> {
@@ -344,10 +365,20 @@ fn a_task_starts_from_a_git_repository_the_brain_clones() {
 fn watchers_see_file_changes_as_they_happen() {
     let c = Cluster::start();
     let _w = c.join_worker("w");
+    // Each change once the watcher has shown the one before it.
+    let g = Gates::new();
+    let wait = |n| g.wait(n, Duration::from_secs(60));
     let shown = watched(
         &c,
         "live-plan.json",
-        "sleep 1.5; mkdir -p src; echo one > src/live.txt; mkdir -p target; echo x > target/ignored.o; sleep 2; rm src/live.txt; sleep 2",
+        &format!(
+            "{}; mkdir -p src; echo one > src/live.txt; mkdir -p target; echo x > target/ignored.o; {}; rm src/live.txt; {}",
+            wait(1),
+            wait(2),
+            wait(3)
+        ),
+        &g,
+        &[("created", 1), ("~ src/live.txt", 2), ("- src/live.txt", 3)],
     );
     assert!(shown.contains("    ~ src/live.txt"), "{shown}");
     assert!(shown.contains("    - src/live.txt"), "{shown}");
@@ -363,10 +394,17 @@ fn watchers_are_told_when_more_changed_than_is_listed() {
     let _w = c.join_worker("w");
     // A directory of 700 files moved in at once: inotify names the directory, the worker
     // lists its files up to what one message holds and says the list is cut.
+    let g = Gates::new();
     let shown = watched(
         &c,
         "many-plan.json",
-        "sleep 1.5; t=$(mktemp -d); mkdir \"$t/gen\"; for i in $(seq 700); do echo x > \"$t/gen/f$i\"; done; mv \"$t/gen\" gen; rmdir \"$t\"; sleep 2",
+        &format!(
+            "{}; t=$(mktemp -d); mkdir \"$t/gen\"; for i in $(seq 700); do echo x > \"$t/gen/f$i\"; done; mv \"$t/gen\" gen; rmdir \"$t\"; {}",
+            g.wait(1, Duration::from_secs(60)),
+            g.wait(2, Duration::from_secs(60))
+        ),
+        &g,
+        &[("created", 1), ("more files changed than are listed", 2)],
     );
     assert!(shown.contains("    ~ gen/f"), "{shown}");
     assert!(
@@ -537,21 +575,25 @@ fn a_move_back_to_a_warm_worker_sends_only_what_changed_there() {
     let a = c.join_worker("a");
     let _b = c.join_worker("b");
     // 300 files of 2 kB of noise (so nothing compresses them away), then, on b, a few
-    // changes of every kind; the task ends back on a.
+    // changes of every kind; the task ends back on a. Each move is asked while a step
+    // waits at a gate, and happens when that step ends.
+    let g = Gates::new();
     let steps = json!({"steps": [
         {"run": ["sh", "-c", "for d in 0 1 2; do mkdir -p d$d/sub; for i in $(seq 1 100); do head -c 2000 /dev/urandom > d$d/sub/f$i.bin; done; done; echo one > notes.txt; echo gone > old.txt"]},
-        {"run": ["sleep", "3"]},
+        g.step(1, "true"),
         {"run": ["sh", "-c", "echo two >> notes.txt; rm old.txt; rm -r d2; mkdir -p new/deep; echo n > new/deep/n.txt; printf '#!/bin/sh\\n' > run.sh; chmod +x run.sh; ln -s notes.txt link"]},
-        {"run": ["sleep", "3"]},
+        g.step(2, "true"),
         {"run": ["sh", "-c", "cat notes.txt new/deep/n.txt; test -x run.sh; test -L link; test ! -e old.txt; test ! -e d2; ls d0/sub | wc -l"]}
     ]});
     let plan = plan_file(&c, "warm-plan.json", steps);
     let id = c.run_plan(&plan, "a");
-    c.wait_records(&id, "tool_call_completed", 1, Duration::from_secs(60));
+    c.wait_records(&id, "tool_call_issued", 2, Duration::from_secs(60));
     move_to(&c, &id, "b");
+    g.open(1);
     c.wait_records(&id, "move_completed", 1, Duration::from_secs(60));
-    c.wait_records(&id, "tool_call_completed", 3, Duration::from_secs(60));
+    c.wait_records(&id, "tool_call_issued", 4, Duration::from_secs(60));
     move_to(&c, &id, "a");
+    g.open(2);
     c.wait_status(&id, &["finished"], Duration::from_secs(60));
     let log = c.task_log_json(&id);
     let moves = of_kind(&log, "move_completed");
