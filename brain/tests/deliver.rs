@@ -741,6 +741,7 @@ fn a_task_imported_by_a_replica_that_died_is_delivered_by_the_replica_that_took_
         let r = pg.replica(name);
         o.extra_args.extend(r.extra_args);
         o.env.extend(r.env);
+        o.config = o.config.map(|c| c + testkit::postgres::REPLICA_CONFIG);
         Cluster::start_with(o)
     };
     let mut a = replica("a");
