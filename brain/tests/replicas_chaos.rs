@@ -46,22 +46,6 @@ fn script(kills_done: &Gates) -> Vec<FakeReply> {
     turns
 }
 
-/// A record's sequence number (a string in the JSON, for 64 bits).
-fn seq(l: &serde_json::Value) -> u64 {
-    match &l["seq"] {
-        serde_json::Value::String(s) => s.parse().unwrap(),
-        v => v.as_u64().unwrap_or_else(|| panic!("no seq in {l}")),
-    }
-}
-
-/// A 64-bit id field, as a string.
-fn id64(v: &serde_json::Value) -> String {
-    match v {
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
 #[test]
 fn three_replicas_lose_the_one_holding_most_leases_thirty_times_and_every_task_finishes_once() {
     let Some(pg) = testkit::postgres::start_or_skip() else {
@@ -199,26 +183,30 @@ fn kill_most_leased(pg: &testkit::postgres::Postgres, replicas: &mut [Cluster]) 
 /// decided once; and each step's line once, in order, in the workspace it ran in.
 fn assert_once(c: &Cluster, workers: &[Worker], id: &str) {
     let log = c.task_log_json(id);
-    let seqs: Vec<u64> = log.iter().map(seq).collect();
+    // A 64-bit field of a record (a string in the JSON).
+    let u64_of = |r: &serde_json::Value, field: &str| {
+        testkit::json_u64(&r[field]).unwrap_or_else(|| panic!("no {field} in {r}"))
+    };
+    let seqs: Vec<u64> = log.iter().map(|r| u64_of(r, "seq")).collect();
     assert_eq!(
         seqs,
         (1..=seqs.len() as u64).collect::<Vec<_>>(),
         "task {id}"
     );
-    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut outcomes: BTreeMap<u64, usize> = BTreeMap::new();
     for r in &log {
         if r["kind"] == "tool_call_completed" || r["kind"] == "tool_call_interrupted" {
-            *outcomes.entry(id64(&r["call_id"])).or_default() += 1;
+            *outcomes.entry(u64_of(r, "call_id")).or_default() += 1;
         }
     }
     assert!(
         outcomes.values().all(|n| *n == 1),
         "task {id}: a call with two outcomes: {outcomes:?}"
     );
-    let of = |kind: &str| -> Vec<String> {
+    let of = |kind: &str| -> Vec<u64> {
         log.iter()
             .filter(|r| r["kind"] == kind)
-            .map(|r| id64(&r["approval_id"]))
+            .map(|r| u64_of(r, "approval_id"))
             .collect()
     };
     let asked = of("approval_requested");
