@@ -3,10 +3,10 @@
 //! with heavy output and large scans on many tasks is never taken for lost.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use testkit::gates::Gates;
+use testkit::plans::line_plan;
 use testkit::{BrainOptions, Cluster, Worker, assert_failed_saying, text};
 
 /// Joins a worker that takes at most `max_tasks` tasks at once.
@@ -15,21 +15,6 @@ fn worker_taking(c: &Cluster, name: &str, max_tasks: u32) -> Worker {
     let mut cmd = c.join_cmd(name, &token, &ca_hash);
     cmd.args(["--max-tasks", &max_tasks.to_string()]);
     c.spawn_worker(name, cmd)
-}
-
-/// A plan of `steps` steps, each holding its worker for `pause` and appending a line.
-fn plan(c: &Cluster, name: &str, steps: usize, step: &str) -> PathBuf {
-    let steps: Vec<serde_json::Value> = (0..steps)
-        .map(|i| {
-            serde_json::json!({
-                "run": ["sh", "-c", format!("{step}; echo line-{i} >> out.txt")],
-                "check": ["grep", "-qx", format!("line-{i}"), "out.txt"],
-            })
-        })
-        .collect();
-    let path = c.dir.join(format!("{name}.json"));
-    std::fs::write(&path, serde_json::json!({ "steps": steps }).to_string()).unwrap();
-    path
 }
 
 fn tasks(c: &Cluster) -> Vec<serde_json::Value> {
@@ -46,7 +31,7 @@ fn tasks_spread_within_capacity_and_the_rest_queue_in_order() {
         .collect();
     // Each task holds its place until all eight are created and placed or queued.
     let gate = Gates::new();
-    let p = plan(&c, "hold", 1, &gate.wait(1, Duration::from_secs(120)));
+    let p = line_plan(&c, 1, &gate.wait(1, Duration::from_secs(120)));
     // Eight tasks, no worker named: six places, two queued.
     let mut ids = vec![];
     for _ in 0..8 {
@@ -134,7 +119,7 @@ fn tasks_spread_within_capacity_and_the_rest_queue_in_order() {
 fn a_task_no_worker_can_take_is_refused_in_words() {
     let c = Cluster::start();
     let _w = worker_taking(&c, "plain", 2);
-    let p = plan(&c, "gpu", 1, "true");
+    let p = line_plan(&c, 1, "true");
     let out = c.brain_cli(&[
         "run",
         "--plan",
@@ -158,7 +143,7 @@ fn a_busy_worker_is_never_marked_lost() {
     // 800 new files of 4 KiB in 40 directories (a few processes each: the load is the files,
     // not the forks), then 8 MB of output.
     let heavy = "i=0; while [ $i -lt 40 ]; do mkdir -p d$i; head -c 81920 /dev/urandom | split -b 4096 - d$i/f; i=$((i+1)); done; head -c 20000000 /dev/zero | od -v | head -c 8000000";
-    let p = plan(&c, "heavy", 3, heavy);
+    let p = line_plan(&c, 3, heavy);
     let ids: Vec<String> = (0..16)
         .map(|_| {
             let out = c.brain_cli(&["run", "--plan", p.to_str().unwrap(), "--worker", "busy"]);

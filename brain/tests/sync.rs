@@ -587,13 +587,9 @@ fn a_move_back_to_a_warm_worker_sends_only_what_changed_there() {
     ]});
     let plan = plan_file(&c, "warm-plan.json", steps);
     let id = c.run_plan(&plan, "a");
-    c.wait_records(&id, "tool_call_issued", 2, Duration::from_secs(60));
-    move_to(&c, &id, "b");
-    g.open(1);
+    c.move_at_gate(&id, 2, "b", &g, 1);
     c.wait_records(&id, "move_completed", 1, Duration::from_secs(60));
-    c.wait_records(&id, "tool_call_issued", 4, Duration::from_secs(60));
-    move_to(&c, &id, "a");
-    g.open(2);
+    c.move_at_gate(&id, 4, "a", &g, 2);
     c.wait_status(&id, &["finished"], Duration::from_secs(60));
     let log = c.task_log_json(&id);
     let moves = of_kind(&log, "move_completed");

@@ -8,21 +8,15 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use testkit::gates::Gates;
-use testkit::{Cluster, assert_stdout_says, text};
+use testkit::{Cluster, assert_stdout_says};
 
 /// Moves task `id` to `to` while its second step waits at gate 1, and back to `back` while
 /// its third waits at gate 2 (a move happens at the next tool-call boundary: after the
 /// gated step); returns its log once it has finished.
 fn there_and_back(c: &Cluster, id: &str, gates: &Gates, to: &str, back: &str) -> Vec<Value> {
-    c.wait_records(id, "tool_call_issued", 2, Duration::from_secs(180));
-    let out = c.brain_cli(&["task", "move", id, "--to", to]);
-    assert!(out.status.success(), "{}", text(&out));
-    gates.open(1);
+    c.move_at_gate(id, 2, to, gates, 1);
     c.wait_records(id, "move_completed", 1, Duration::from_secs(180));
-    c.wait_records(id, "tool_call_issued", 3, Duration::from_secs(180));
-    let out = c.brain_cli(&["task", "move", id, "--to", back]);
-    assert!(out.status.success(), "{}", text(&out));
-    gates.open(2);
+    c.move_at_gate(id, 3, back, gates, 2);
     c.wait_status(id, &["finished"], Duration::from_secs(240));
     let log = c.task_log_json(id);
     let count = |k: &str| log.iter().filter(|r| r["kind"] == k).count();

@@ -62,6 +62,17 @@ impl Gates {
     }
 }
 
+impl crate::Cluster {
+    /// Asks to move task `id` to worker `to` once its `call`th call is issued (one that waits
+    /// at gate `n`), then opens the gate: the move happens when that call ends.
+    pub fn move_at_gate(&self, id: &str, call: usize, to: &str, gates: &Gates, n: u32) {
+        self.wait_records(id, "tool_call_issued", call, Duration::from_secs(180));
+        let out = self.brain_cli(&["task", "move", id, "--to", to]);
+        assert!(out.status.success(), "{}", crate::text(&out));
+        gates.open(n);
+    }
+}
+
 impl Drop for Gates {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
