@@ -14,6 +14,27 @@ fn wait_terminal(c: &Cluster, id: &str, timeout: Duration) -> String {
     c.wait_status(id, &["finished", "failed", "cancelled"], timeout)
 }
 
+/// Two tasks of `plan` on worker `w`, once both are `status`.
+fn two_tasks(c: &Cluster, plan: &std::path::Path, w: &str, status: &str) -> (String, String) {
+    let (a, b) = (c.run_plan(plan, w), c.run_plan(plan, w));
+    for t in [&a, &b] {
+        c.wait_status(t, &[status], Duration::from_secs(20));
+    }
+    (a, b)
+}
+
+/// Waits until task `id` has failed because a record cannot be decoded, and `task show`
+/// says so naming `what`.
+fn failed_undecodable(c: &Cluster, id: &str, what: &str) {
+    assert_eq!(wait_terminal(c, id, Duration::from_secs(20)), "failed");
+    let out = c.brain_cli(&["task", "show", id]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("cannot be decoded") && shown.contains(what),
+        "{shown}"
+    );
+}
+
 /// With the brain down, changes task `id`'s stored records through `damage` (given the tree
 /// and the prefix of the task's keys), as a disk or a bug might; then starts the brain.
 fn damage_records(c: &mut Cluster, id: &str, damage: impl FnOnce(&sled::Tree, [u8; 8])) {
@@ -109,11 +130,7 @@ fn an_undecodable_record_fails_only_its_task() {
     let mut c = Cluster::start();
     let w = c.join_worker("two-tasks");
     let plan = line_plan(&c, 30, "sleep 0.1");
-    let a = c.run_plan(&plan, &w.id);
-    let b = c.run_plan(&plan, &w.id);
-    for t in [&a, &b] {
-        c.wait_status(t, &["running"], Duration::from_secs(20));
-    }
+    let (a, b) = two_tasks(&c, &plan, &w.id, "running");
     // Damage one record of task A.
     damage_records(&mut c, &a, |events, task| {
         let mut key = task.to_vec();
@@ -121,13 +138,7 @@ fn an_undecodable_record_fails_only_its_task() {
         assert!(events.get(&key).unwrap().is_some());
         events.insert(key, b"\xff not a record".to_vec()).unwrap();
     });
-    assert_eq!(wait_terminal(&c, &a, Duration::from_secs(20)), "failed");
-    let out = c.brain_cli(&["task", "show", &a]);
-    let shown = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        shown.contains("cannot be decoded") && shown.contains("events/"),
-        "{shown}"
-    );
+    failed_undecodable(&c, &a, "events/");
     c.wait_status(&b, &["finished"], Duration::from_secs(60));
     // Nothing was deleted: the damaged record is still there, shown as an error.
     let out = c.brain_cli(&["task", "log", &a, "--json"]);
@@ -144,11 +155,7 @@ fn an_unknown_stored_status_fails_only_its_task() {
     c.wait_for_state(&w.id, "lost", Duration::from_secs(30))
         .unwrap();
     let plan = line_plan(&c, 2, "true");
-    let a = c.run_plan(&plan, &w.id);
-    let b = c.run_plan(&plan, &w.id);
-    for t in [&a, &b] {
-        c.wait_status(t, &["waiting"], Duration::from_secs(20));
-    }
+    let (a, b) = two_tasks(&c, &plan, &w.id, "waiting");
     damage_records(&mut c, &a, |events, task| {
         let (key, value) = events
             .scan_prefix(task)
@@ -159,13 +166,7 @@ fn an_unknown_stored_status_fails_only_its_task() {
             .replace(r#""status":"waiting""#, r#""status":"on_holiday""#);
         events.insert(key, changed.as_bytes()).unwrap();
     });
-    assert_eq!(wait_terminal(&c, &a, Duration::from_secs(20)), "failed");
-    let out = c.brain_cli(&["task", "show", &a]);
-    let shown = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        shown.contains("cannot be decoded") && shown.contains("on_holiday"),
-        "{shown}"
-    );
+    failed_undecodable(&c, &a, "on_holiday");
     // The other task waits on, and finishes once its worker is back.
     assert_eq!(c.task_status(&b).as_deref(), Some("waiting"));
     c.restart_worker(&mut w);
