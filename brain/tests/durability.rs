@@ -221,12 +221,18 @@ fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
     let plan = line_plan(&c, 8, &gates.wait(1, Duration::from_secs(60)));
     let id = c.run_plan(&plan, &w.id);
 
-    // Ctrl-C on a watcher leaves the task running.
-    let mut watcher = c
-        .brain_cli_cmd(&["watch", &id])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    // Ctrl-C on a watcher leaves the task running. (A shell that started these tests in the
+    // background leaves SIGINT ignored, and an ignored signal is inherited: the watcher gets
+    // it as a terminal would give it.)
+    let mut watch = c.brain_cli_cmd(&["watch", &id]);
+    // SAFETY: between fork and exec, only signal(2), which is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut watch, || {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut watcher = watch.stdout(std::process::Stdio::piped()).spawn().unwrap();
     // It is following once it has shown the first record.
     let mut first = String::new();
     std::io::BufRead::read_line(
@@ -236,7 +242,13 @@ fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
     .unwrap();
     assert!(first.contains("created"), "{first}");
     testkit::signal(watcher.id(), rustix::process::Signal::INT);
-    let _ = watcher.wait_with_output().unwrap();
+    let gone = testkit::wait_until(Duration::from_secs(20), || {
+        watcher.try_wait().unwrap().is_some()
+    });
+    if !gone {
+        let _ = watcher.kill();
+    }
+    assert!(gone, "the watcher did not stop at Ctrl-C");
     // Not cancelled: still running.
     assert_eq!(c.task_status(&id).as_deref(), Some("running"));
     gates.open(1);
