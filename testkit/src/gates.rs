@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 /// A directory of gates, removed on drop.
-pub struct Gates(PathBuf);
+pub struct Gates(tempfile::TempDir);
 
 impl Default for Gates {
     fn default() -> Self {
@@ -25,16 +25,18 @@ impl Gates {
         let d = tempfile::Builder::new()
             .prefix("tether-gates-")
             .tempdir_in("/var/tmp")
-            .expect("a gates directory in /var/tmp")
-            .keep();
-        std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .expect("gates directory readable by all");
+            .expect("a gates directory in /var/tmp");
+        std::fs::set_permissions(
+            d.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("gates directory readable by all");
         Self(d)
     }
 
     /// Gate `n`'s file.
     pub fn path(&self, n: u32) -> PathBuf {
-        self.0.join(format!("g{n}"))
+        self.0.path().join(format!("g{n}"))
     }
 
     /// Shell that waits until gate `n` is open, for at most `most`.
@@ -70,11 +72,5 @@ impl crate::Cluster {
         let out = self.brain_cli(&["task", "move", id, "--to", to]);
         assert!(out.status.success(), "{}", crate::text(&out));
         gates.open(n);
-    }
-}
-
-impl Drop for Gates {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
