@@ -185,7 +185,7 @@ fn approvals_survive_a_brain_kill_and_a_denial_reaches_the_model() {
     let out = c.brain_cli(&["approve", &id]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        stdout(&out).contains("run `echo ran > proof.txt`"),
+        stdout(&out).contains(r#"run "echo ran > proof.txt""#),
         "{}",
         stdout(&out)
     );

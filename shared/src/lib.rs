@@ -14,6 +14,7 @@ pub mod signals;
 pub mod stdout;
 pub mod telemetry;
 pub mod tls;
+pub mod visible;
 pub mod workspace;
 
 /// Limits both sides enforce on what crosses the wire.

@@ -313,7 +313,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             let mut sandbox = crate::sandbox::Sandbox::look(&dir.0, &[], task_uids);
             // The mount point is made here too (an empty directory), so the check below
             // says what a running worker would do.
-            sandbox.prepare();
+            let prepared = sandbox.prepare();
             shared::outp!("{}", sandbox.report.render());
             let missing = sandbox
                 .report
@@ -335,9 +335,11 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
             }
             // Whether commands can reach their workspace, as commands: a worker that could not
             // refuses to start.
-            let reach = dir
-                .create()
-                .map_err(|e| crate::sandbox::Error::Workspace(e.to_string()))
+            let reach = prepared
+                .and_then(|()| {
+                    dir.create()
+                        .map_err(|e| crate::sandbox::Error::Workspace(e.to_string()))
+                })
                 .and_then(|()| sandbox.check_workspaces(&dir.workspaces()));
             match reach {
                 Ok(line) => shared::outln!("workspace ok       {line}"),
@@ -365,7 +367,7 @@ fn make_sandbox(
     }
     let mut s = crate::sandbox::Sandbox::probe(&dir.0, deny_read, task_uids);
     s.sweep();
-    s.prepare();
+    s.prepare()?;
     dir.create()?;
     let line = s
         .check_workspaces(&dir.workspaces())

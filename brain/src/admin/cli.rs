@@ -23,7 +23,7 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| eprintln!("error: cannot start the async runtime: {e}"))
+        .map_err(|e| err!("error: cannot start the async runtime: {e}"))
         .ok()
 }
 
@@ -42,7 +42,7 @@ where
     match rt.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            err!("error: {e:#}");
             exit_code(&e)
         }
     }
@@ -55,7 +55,7 @@ fn hold_keys_close() {
     // SAFETY: called first thing in main, before any thread is started.
     unsafe { crate::trust::secrets::take_key_from_env() };
     if let Err(e) = shared::close_memory_to_same_user() {
-        eprintln!("warning: cannot close this process's memory to its user's other processes: {e}");
+        err!("warning: cannot close this process's memory to its user's other processes: {e}");
     }
 }
 
@@ -164,13 +164,13 @@ async fn serve(data: &DataDir, a: ServeArgs) -> anyhow::Result<i32> {
                 }),
         }),
         None if a.replica.is_some() => {
-            eprintln!(
+            err!(
                 "error: --replica names a replica on a shared store: give --store (or [store] url) too"
             );
             return Ok(shared::exit::ExitCode::Usage.code());
         }
         None if config.store.lease_ttl.is_some() => {
-            eprintln!(
+            err!(
                 "error: [store] lease_ttl is for replicas on a shared store: give --store (or [store] url) too, or take it out of {}",
                 config_path.display()
             );
@@ -230,13 +230,15 @@ async fn token_create(
     };
     let resp = t.rpc(async |mut c| c.create_token(req).await).await?;
     out!("{}", resp.token);
-    eprintln!(
+    err!(
         "one-time token, valid for {}; on the worker machine run:",
         humantime::format_duration(ttl)
     );
-    eprintln!(
+    err!(
         "  worker join --brain {} --token {} --ca-hash {}",
-        t.url, resp.token, resp.ca_hash
+        t.url,
+        resp.token,
+        resp.ca_hash
     );
     Ok(0)
 }
@@ -406,7 +408,7 @@ pub fn run_demo(keep: bool, model: Option<String>) -> i32 {
     let worker = match crate::provision::local::WorkerProgram::beside_this_program() {
         Ok(w) => w,
         Err(e) => {
-            eprintln!("error: {e}");
+            err!("error: {e}");
             return 1;
         }
     };
@@ -416,7 +418,7 @@ pub fn run_demo(keep: bool, model: Option<String>) -> i32 {
     match rt.block_on(crate::admin::demo::run(worker, keep, model)) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            err!("error: {e:#}");
             1
         }
     }

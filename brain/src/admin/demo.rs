@@ -52,8 +52,13 @@ fn bold(text: &str) -> String {
     }
 }
 
+/// A chapter's title: the demo's own words, in bold on a terminal (the one place the CLI
+/// writes control sequences of its own).
 fn step(text: &str) {
-    out!("\n{}", bold(&format!("▸ {text}")));
+    shared::outln!(
+        "\n{}",
+        bold(&shared::visible::visible(&format!("▸ {text}")))
+    );
 }
 
 /// Runs the demo; `keep` leaves the temp dir; `model` runs the agent chapter on a real model
@@ -99,7 +104,7 @@ pub async fn run(launcher: WorkerProgram, keep: bool, model: Option<String>) -> 
         let _ = std::fs::remove_dir_all(&tmp);
     }
     result?;
-    out!("\n{}", bold("demo complete"));
+    shared::outln!("\n{}", bold("demo complete"));
     Ok(())
 }
 
@@ -227,7 +232,10 @@ async fn first_calls(
     )
     .await?;
     if let Some(file_response::Result::Data(d)) = r {
-        shared::outp!("  notes/hello.txt: {}", String::from_utf8_lossy(&d.data));
+        shared::outp!(
+            "  notes/hello.txt: {}",
+            shared::visible::visible(&String::from_utf8_lossy(&d.data))
+        );
     }
     exec(admin, w1, &["ls", "-l", "notes"]).await?;
 

@@ -23,7 +23,7 @@ pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
         for (flag, why) in refused {
             text.push_str(&format!("\n  {flag}: {why}"));
         }
-        eprintln!("{text}");
+        err!("{text}");
         return Ok(shared::exit::ExitCode::Usage.code());
     }
     let goal = args.goal.or(args.goal_flag).unwrap_or_default();
@@ -48,7 +48,7 @@ pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
             .map_err(|s| status(s, &target.url))?
             .into_inner();
         out!("{}", r.task_id);
-        eprintln!("follow it with: brain watch {}", r.task_id);
+        err!("follow it with: brain watch {}", r.task_id);
         return Ok(0);
     } else {
         if goal.trim().is_empty() {
@@ -108,10 +108,10 @@ pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
     };
     out!("{task_id}");
     if args.detach {
-        eprintln!("follow it with: brain watch {task_id}");
+        err!("follow it with: brain watch {task_id}");
         return Ok(0);
     }
-    eprintln!("following {task_id} (Ctrl-C detaches; the task goes on)");
+    err!("following {task_id} (Ctrl-C detaches; the task goes on)");
     let recorder = args.record.as_deref();
     let outcome = follow_agent(target, &task_id, recorder).await?;
     if outcome == "finished"
@@ -237,7 +237,7 @@ async fn follow_agent(
             Item::Broken(e) => format!("  (unreadable record: {e})\n"),
         };
         if out
-            .write_all(text.as_bytes())
+            .write_all(shared::visible::visible(&text).as_bytes())
             .and_then(|_| out.flush())
             .is_err()
         {
@@ -250,16 +250,16 @@ async fn follow_agent(
     if let Some(file) = record {
         std::fs::write(file, crate::llm::to_transcript(&answers))
             .with_context(|| format!("writing the transcript {}", file.display()))?;
-        eprintln!(
+        err!(
             "recorded {} model answers to {} (replay with --model replay:{})",
             answers.len(),
             file.display(),
             file.display()
         );
     }
-    eprintln!("{task}: {end}");
+    err!("{task}: {end}");
     if end == crate::model::Status::BudgetExhausted.as_str() {
-        eprintln!(
+        err!(
             "continue with `brain task resume {task} --budget-usd X` (or --max-steps, --max-tokens, --max-wall)"
         );
     }
@@ -287,7 +287,13 @@ pub async fn follow(
             (Item::Broken(e), true) => format!("{}\n", serde_json::json!({ "error": e })),
             (Item::Broken(e), false) => format!("  (unreadable record: {e})\n"),
         };
-        // A closed output pipe (`| head`) ends the command quietly.
+        // A closed output pipe (`| head`) ends the command quietly. JSON escapes its own
+        // control characters; words for people have theirs written out.
+        let text = if json {
+            text.into()
+        } else {
+            shared::visible::visible(&text)
+        };
         shared::stdout::write_or_exit(text.as_bytes());
     }
     Ok(())
@@ -369,12 +375,12 @@ pub async fn move_and_wait(
             Ok(0)
         }
         Ok(Ok((code, said))) => {
-            eprintln!("error: {said}");
+            err!("error: {said}");
             Ok(code)
         }
         Ok(Err(e)) => Err(e),
         Err(_) => {
-            eprintln!(
+            err!(
                 "{task} has not moved to {to} within {}; the move goes on (brain watch {task} shows it)",
                 humantime::format_duration(wait)
             );
@@ -435,7 +441,7 @@ pub async fn wait(
         Some(t) => match tokio::time::timeout(t, fold).await {
             Ok(st) => st?,
             Err(_) => {
-                eprintln!(
+                err!(
                     "error: {task} did not reach {} within {}",
                     wanted(until),
                     humantime::format_duration(t)
@@ -455,7 +461,7 @@ pub async fn wait(
         out!("{}", st.status.as_str());
     }
     if !ok {
-        eprintln!(
+        err!(
             "error: {} ended {} ({}), not {}",
             st.id,
             st.status.as_str(),

@@ -2,10 +2,19 @@
 //! over mutual TLS, how their answers are shown, and the demo.
 
 /// `println!` for the CLI's answers: a closed output pipe ends the command quietly (141),
-/// see `shared::stdout`.
+/// see `shared::stdout`; control characters in what it shows (a task's output, the model's
+/// words) are written out, not obeyed (`shared::visible`).
 macro_rules! out {
     ($($arg:tt)*) => {
-        shared::outln!($($arg)*)
+        shared::outln!("{}", shared::visible::visible(&format!($($arg)*)))
+    };
+}
+
+/// `eprintln!` for the CLI's messages, with control characters written out as `out!` does:
+/// an error can quote what a task or a worker said.
+macro_rules! err {
+    ($($arg:tt)*) => {
+        eprintln!("{}", shared::visible::visible(&format!($($arg)*)))
     };
 }
 

@@ -45,7 +45,8 @@ impl Progress {
                 {
                     let mut err = std::io::stderr().lock();
                     // A terminal that went away is not worth failing the command for.
-                    let _ = write!(err, "\r\x1b[2K{line}").and_then(|()| err.flush());
+                    let _ = write!(err, "\r\x1b[2K{}", shared::visible::visible(&line))
+                        .and_then(|()| err.flush());
                 }
                 i += 1;
                 tokio::select! {

@@ -18,7 +18,7 @@ const EXIT_WORKER_LOST: i32 = ExitCode::WorkerLost.code();
 
 pub async fn exec(target: &Target, args: ExecArgs) -> i32 {
     let fail = |code: i32, msg: String| {
-        eprintln!("brain exec: {msg}");
+        err!("brain exec: {msg}");
         code
     };
     let mut c = match target.connect().await {
@@ -79,9 +79,10 @@ pub async fn exec(target: &Target, args: ExecArgs) -> i32 {
             }
             Some(exec_event::Event::Exit(x)) => {
                 if x.dropped_bytes > 0 {
-                    eprintln!(
+                    err!(
                         "[tether: {} bytes of output dropped past the {}-byte cap]",
-                        x.dropped_bytes, args.output_cap
+                        x.dropped_bytes,
+                        args.output_cap
                     );
                 }
                 if x.worker_lost {
@@ -103,16 +104,16 @@ pub async fn exec(target: &Target, args: ExecArgs) -> i32 {
                     );
                 }
                 if !x.error.is_empty() {
-                    eprintln!("brain exec: {}", x.error);
+                    err!("brain exec: {}", x.error);
                 }
                 if !x.limit.is_empty() {
-                    eprintln!("brain exec: {}", x.limit);
+                    err!("brain exec: {}", x.limit);
                 }
                 if let Some(code) = x.code {
                     return code;
                 }
                 if let Some(sig) = x.signal {
-                    eprintln!("brain exec: killed by signal {sig}");
+                    err!("brain exec: killed by signal {sig}");
                     return 128 + sig;
                 }
                 return EXIT_TETHER_ERROR;
@@ -253,7 +254,7 @@ pub async fn file(target: &Target, cmd: FileCmd) -> anyhow::Result<i32> {
                 out!("{path}");
             }
             if p.truncated {
-                eprintln!("(more matched; only the first {} are shown)", p.paths.len());
+                err!("(more matched; only the first {} are shown)", p.paths.len());
             }
         }
         Some(file_response::Result::Matches(x)) => {
@@ -261,7 +262,7 @@ pub async fn file(target: &Target, cmd: FileCmd) -> anyhow::Result<i32> {
                 out!("{}:{}: {}", h.path, h.line, h.text);
             }
             if x.truncated {
-                eprintln!(
+                err!(
                     "(more matched; only the first {} are shown)",
                     x.matches.len()
                 );
@@ -314,7 +315,7 @@ pub async fn provision(target: &Target, cmd: ProvisionCmd) -> anyhow::Result<i32
     };
     let progress = Progress::start(what.clone(), json);
     if !json && !progress.shown() {
-        eprintln!("{what}…");
+        err!("{what}…");
     }
     // The machines there were before, so the new one can be told apart while it is made.
     let before: std::collections::HashSet<String> = if progress.shown() {
@@ -394,7 +395,7 @@ pub async fn provision(target: &Target, cmd: ProvisionCmd) -> anyhow::Result<i32
             Ok(0)
         }
         state => {
-            eprintln!(
+            err!(
                 "error: {} is {state}{}; see `brain machines --all`",
                 m.id,
                 if m.note.is_empty() {

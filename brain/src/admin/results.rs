@@ -23,11 +23,24 @@ pub async fn diff(target: &Target, task: &str, form: &str, root: &str) -> anyhow
         })
         .await?;
     let mut out = std::io::stdout().lock();
+    // On a terminal the diff is for a person: a file's control characters are written out,
+    // not obeyed. Into a pipe it stays byte for byte what `git apply` takes.
+    let mut shown =
+        std::io::IsTerminal::is_terminal(&out).then(shared::visible::VisibleStream::default);
     while let Some(piece) = stream.message().await.map_err(|s| status(s, &target.url))? {
-        if out.write_all(&piece.data).is_err() {
+        let written = match &mut shown {
+            Some(v) => out.write_all(v.push(&piece.data).as_bytes()),
+            None => out.write_all(&piece.data),
+        };
+        if written.is_err() {
             // The reader went away (`| head`): quietly, as a pipe expects.
             std::process::exit(shared::stdout::CLOSED_PIPE);
         }
+    }
+    if let Some(v) = &mut shown
+        && out.write_all(v.finish().as_bytes()).is_err()
+    {
+        std::process::exit(shared::stdout::CLOSED_PIPE);
     }
     if out.flush().is_err() {
         std::process::exit(shared::stdout::CLOSED_PIPE);
@@ -104,7 +117,7 @@ pub async fn export(target: &Target, task: &str, dir: &Path) -> anyhow::Result<i
     if let Some((path, ..)) = open {
         bail!("the brain's export ended in the middle of {path}");
     }
-    eprintln!(
+    err!(
         "exported {files} files ({}) of {task} to {}",
         shared::human_bytes(bytes),
         dir.display()
@@ -156,7 +169,7 @@ pub async fn wait_delivery(target: &Target, task: &str) -> anyhow::Result<bool> 
         }
         if tokio::time::Instant::now() > deadline {
             progress.done().await;
-            eprintln!("the delivery goes on: see `brain task show {task}`");
+            err!("the delivery goes on: see `brain task show {task}`");
             return Ok(true);
         }
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;

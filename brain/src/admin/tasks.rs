@@ -199,7 +199,7 @@ async fn resume(t: &Target, task: String, budget: super::args::BudgetArgs) -> an
                 e
             }
         })?;
-    eprintln!("{task} resumed; following it (Ctrl-C detaches)");
+    err!("{task} resumed; following it (Ctrl-C detaches)");
     follow(t, &task, true, false, 0).await?;
     Ok(0)
 }

@@ -41,7 +41,7 @@ pub async fn token(target: &Target, cmd: ApiTokenCmd) -> anyhow::Result<i32> {
                 );
             } else {
                 out!("{}", r.token);
-                eprintln!(
+                err!(
                     "token {} for {name} ({role}), expires {}; shown once: send it as `Authorization: Bearer TOKEN`",
                     r.id,
                     until(r.expires_unix_ms)
@@ -123,13 +123,13 @@ pub async fn login(
     }
     if r.url.is_empty() {
         out!("{}", r.path);
-        eprintln!(
+        err!(
             "this brain serves no web page (start it with `brain serve --web-listen 127.0.0.1:7480`); open this path on the address your proxy serves it at"
         );
     } else {
         out!("{}", r.url);
     }
-    eprintln!(
+    err!(
         "the link works once, {}; it logs a browser in as {name} ({role}) for {}",
         until(r.link_expires_unix_ms),
         humantime::format_duration(ttl)

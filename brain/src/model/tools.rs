@@ -297,6 +297,21 @@ fn opt_u64(
     }
 }
 
+/// `text` as a JSON string: what a person approves is quoted so that nothing in it (a quote,
+/// a newline, a control character) can end the quote or pass for something else.
+fn quoted(text: &str) -> String {
+    serde_json::Value::from(text).to_string()
+}
+
+/// A command as a person approves it: quoted, with where it runs when not at the root.
+fn run_what(command: &str, cwd: &str) -> String {
+    let mut what = format!("run {}", quoted(command));
+    if !cwd.is_empty() {
+        what.push_str(&format!(" in {}", quoted(cwd)));
+    }
+    what
+}
+
 /// Turns one of the model's calls into what the agent does with it.
 pub fn prepare(u: &ToolUse, spec: &AgentSpec) -> Prepared {
     match prepare_inner(u, spec.permission) {
@@ -388,7 +403,7 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, ToolEr
             let path = path_arg(&m, t, "path")?;
             let start = opt_u64(&m, t, "start_line")?.unwrap_or(0) as u32;
             let end = opt_u64(&m, t, "end_line")?.unwrap_or(0) as u32;
-            let what = format!("read {path}");
+            let what = format!("read {}", quoted(&path));
             (
                 ToolCall::ReadFile {
                     path,
@@ -401,14 +416,14 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, ToolEr
         }
         "list_files" => {
             let glob = in_workspace(&opt_string(&m, t, "glob")?);
-            let what = format!("list files {glob}");
+            let what = format!("list files {}", quoted(&glob));
             (ToolCall::ListFiles { glob }, false, what)
         }
         "search" => {
             let pattern = string(&m, t, "pattern")?;
             shared::workspace::pattern(&pattern)?;
             let glob = in_workspace(&opt_string(&m, t, "glob")?);
-            let what = format!("search {pattern:?}");
+            let what = format!("search {}", quoted(&pattern));
             (ToolCall::Search { pattern, glob }, false, what)
         }
         "run_command" => {
@@ -420,7 +435,7 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, ToolEr
             let secs = opt_u64(&m, t, "timeout_secs")?
                 .unwrap_or(DEFAULT_TIMEOUT_SECS)
                 .clamp(1, MAX_TIMEOUT_SECS);
-            let what = format!("run `{command}`");
+            let what = run_what(&command, &cwd);
             (
                 ToolCall::RunCommand {
                     argv: vec!["sh".into(), "-c".into(), command],
@@ -437,7 +452,7 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, ToolEr
             if content.len() > MAX_EDIT_BYTES {
                 return Err(ToolError::TooLarge);
             }
-            let what = format!("write {path} ({} bytes)", content.len());
+            let what = format!("write {} ({} bytes)", quoted(&path), content.len());
             (
                 ToolCall::WriteFile {
                     path,
@@ -455,7 +470,7 @@ fn prepare_inner(u: &ToolUse, permission: Permission) -> Result<Prepared, ToolEr
             if old.is_empty() {
                 return Err(ToolError::EmptyOld);
             }
-            let what = format!("edit {path}");
+            let what = format!("edit {}", quoted(&path));
             (ToolCall::EditFile { path, old, new }, true, what)
         }
         _ => return Err(ToolError::Unhandled(u.name.clone())),

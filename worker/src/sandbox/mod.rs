@@ -83,6 +83,31 @@ pub enum Error {
     Create(PathBuf, #[source] std::io::Error),
     #[error(transparent)]
     Reach(#[from] mount::Error),
+    #[error(
+        "cannot create the commands' mount point {WORKSPACE_PATH} ({0}), and this worker does not run commands without the mount namespace it found possible: create {WORKSPACE_PATH} as an empty directory, or start the worker with TETHER_WORKER_MOUNTNS=off to run commands at their workspace's real path"
+    )]
+    MountPoint(#[source] std::io::Error),
+}
+
+/// Makes `path` an empty directory (mode 0755) unless it is one already. Workers that start
+/// at once on a fresh host race to make it; the one that finds it made by another has it
+/// too, so that is no error.
+fn make_mount_point(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o755).create(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if std::fs::symlink_metadata(path)?.is_dir() {
+                Ok(())
+            } else {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "it exists and is not a directory: remove it",
+                ))
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
 
 impl shared::exit::Classify for Error {
@@ -354,17 +379,14 @@ impl Sandbox {
     }
 
     /// Makes the mount point [`WORKSPACE_PATH`] when it is missing (an empty directory owned
-    /// by root; nothing is ever written in it on the host). Without it, no mount namespaces.
-    pub fn prepare(&mut self) {
-        if !self.mountns || Path::new(WORKSPACE_PATH).is_dir() {
-            return;
+    /// by root; nothing is ever written in it on the host). A worker whose probe found mount
+    /// namespaces possible and that cannot make it fails closed: it does not run commands
+    /// without the namespace it reported.
+    pub fn prepare(&mut self) -> Result<(), Error> {
+        if !self.mountns {
+            return Ok(());
         }
-        use std::os::unix::fs::DirBuilderExt;
-        if let Err(e) = std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(WORKSPACE_PATH)
-        {
-            self.mountns = false;
+        make_mount_point(Path::new(WORKSPACE_PATH)).map_err(|e| {
             if let Some(m) = self
                 .report
                 .mechanisms
@@ -374,7 +396,8 @@ impl Sandbox {
                 m.active = false;
                 m.detail = format!("cannot create the mount point {WORKSPACE_PATH}: {e}");
             }
-        }
+            Error::MountPoint(e)
+        })
     }
 
     /// Proves that the command user can reach a workspace under `workspaces` (and its temp
@@ -794,5 +817,37 @@ mod tests {
             assert!(names.contains(&n), "{names:?}");
         }
         assert!(s.report.render().lines().count() >= 5);
+    }
+
+    /// Workers started at once on a fresh host all make the mount point: each must find it
+    /// made (by itself or another), none may take the other's mkdir for "no mount namespace".
+    #[test]
+    fn workers_racing_to_make_the_mount_point_all_have_it() {
+        for round in 0..20 {
+            let d = tempfile::tempdir().unwrap();
+            let point = d.path().join("workspace");
+            let go = std::sync::Barrier::new(8);
+            let results: Vec<std::io::Result<()>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..8)
+                    .map(|_| {
+                        s.spawn(|| {
+                            go.wait();
+                            make_mount_point(&point)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for r in &results {
+                assert!(r.is_ok(), "round {round}: {results:?}");
+            }
+            assert!(point.is_dir());
+        }
+        // A file where the mount point must be is refused, saying so.
+        let d = tempfile::tempdir().unwrap();
+        let point = d.path().join("workspace");
+        std::fs::write(&point, "x").unwrap();
+        let e = make_mount_point(&point).unwrap_err();
+        assert!(e.to_string().contains("not a directory"), "{e}");
     }
 }
