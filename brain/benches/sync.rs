@@ -335,7 +335,8 @@ fn rsync_after_one_change(tree: &Path, copy: &Path, what: &str) -> Duration {
 /// time, for the 100,000-file row's ratio.
 fn tree_10k_rows(s: &Setup) -> Duration {
     let c = cluster(s);
-    let _a = c.join_worker("a");
+    // Worker a imports the trees (`brain run --dir`): its owner allows it anywhere.
+    let _a = c.join_worker_with("a", &[("TETHER_WORKER_IMPORT_ROOTS", "/")]);
     let _b = c.join_worker("b");
     std::fs::write(&s.transcript, transcript(4)).unwrap();
     let (id, rs_full) = import_row(&c, s);
@@ -471,7 +472,8 @@ fn barrier_100k_row(s: &Setup, barrier_10k: Duration) {
         t.elapsed()
     );
     let c = cluster(s);
-    let _a = c.join_worker("a");
+    // Worker a imports the trees (`brain run --dir`): its owner allows it anywhere.
+    let _a = c.join_worker_with("a", &[("TETHER_WORKER_IMPORT_ROOTS", "/")]);
     std::fs::write(&s.transcript, transcript(1)).unwrap();
     let id = run_detached(&c, s, "full", &big);
     let (barrier, wire) = first_barrier(&c, &id);

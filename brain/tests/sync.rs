@@ -421,7 +421,9 @@ fn a_task_starts_from_a_directory_on_its_worker_without_resending_it() {
         FakeReply::finish("done"),
     ]);
     let c = with_model(&llm);
-    let w = c.join_worker("laptop");
+    // The worker's owner lets the brain import below the test's directory.
+    let roots = c.dir.display().to_string();
+    let w = c.join_worker_with("laptop", &[("TETHER_WORKER_IMPORT_ROOTS", &roots)]);
     let project = c.dir.join("project");
     std::fs::create_dir_all(project.join("app")).unwrap();
     std::fs::write(project.join("app/main.txt"), "original\n").unwrap();

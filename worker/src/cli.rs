@@ -93,6 +93,13 @@ enum Cmd {
         /// On a root worker, the uids tasks' commands run as, one per task: FIRST-LAST
         #[arg(long, env = "TETHER_WORKER_TASK_UIDS", default_value_t = crate::sandbox::TaskUids::default())]
         task_uids: crate::sandbox::TaskUids,
+        /// The import roots `worker run` would be given, to say what it would allow
+        #[arg(
+            long = "import-root",
+            env = "TETHER_WORKER_IMPORT_ROOTS",
+            value_delimiter = ':'
+        )]
+        import_roots: Vec<PathBuf>,
     },
 }
 
@@ -105,6 +112,15 @@ struct Serve {
     /// A path commands may not read, besides the state dir and ~/.ssh, ~/.aws, … (repeatable)
     #[arg(long = "deny-read")]
     deny_read: Vec<PathBuf>,
+    /// Let the brain copy directories below DIR into a task's workspace (`brain run --dir`);
+    /// repeatable, or ':'-separated in the variable. Without one, imports are refused: the
+    /// worker reads what it imports with its own rights, more than its tasks' commands have
+    #[arg(
+        long = "import-root",
+        env = "TETHER_WORKER_IMPORT_ROOTS",
+        value_delimiter = ':'
+    )]
+    import_roots: Vec<PathBuf>,
     /// Run commands unconfined (benchmarks, trusted code). The brain sees no sandbox and
     /// refuses this worker where its policy requires one
     #[arg(long)]
@@ -134,7 +150,10 @@ impl Serve {
     }
 
     fn sandbox(&self, dir: &StateDir) -> anyhow::Result<crate::sandbox::Sandbox> {
-        make_sandbox(dir, &self.deny_read, self.task_uids, self.no_sandbox)
+        let mut s = make_sandbox(dir, &self.deny_read, self.task_uids, self.no_sandbox)?;
+        s.allow_imports(&self.import_roots)?;
+        tracing::info!("{}", s.imports().doctor_line());
+        Ok(s)
     }
 
     fn backoff(&self) -> Backoff {
@@ -308,9 +327,14 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 return given_up(e.into(), &give_up).await;
             }
         }
-        Cmd::Doctor { state, task_uids } => {
+        Cmd::Doctor {
+            state,
+            task_uids,
+            import_roots,
+        } => {
             let dir = StateDir(state.unwrap_or_else(state::default_dir));
             let mut sandbox = crate::sandbox::Sandbox::look(&dir.0, &[], task_uids);
+            sandbox.allow_imports(&import_roots)?;
             // The mount point is made here too (an empty directory), so the check below
             // says what a running worker would do.
             let prepared = sandbox.prepare();
@@ -323,6 +347,7 @@ async fn async_main(cli: Cli) -> anyhow::Result<()> {
                 .count();
             shared::outln!("{}", crate::watch::doctor_line());
             shared::outln!("{}", crate::files::doctor_line());
+            shared::outln!("{}", sandbox.imports().doctor_line());
             shared::outln!(
                 "disk quota: measured at every barrier (the workspace's manifest and its temp dir) for the brain's --disk-quota and --disk-files; no filesystem quota is set, so one call can write past it until it ends, each file bounded by the file size limit"
             );

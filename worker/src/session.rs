@@ -504,8 +504,8 @@ fn dispatch(
                 } else {
                     None
                 };
-                let denied = sandbox.denied().to_vec();
-                crate::sync::handle(req, workspaces, sync_channel, sync, owner, denied).await
+                let imports = sandbox.imports();
+                crate::sync::handle(req, workspaces, sync_channel, sync, owner, imports).await
             });
         }
         Some(brain_message::Msg::Exec(start)) if start.durable => {

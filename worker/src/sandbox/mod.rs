@@ -87,6 +87,8 @@ pub enum Error {
         "cannot create the commands' mount point {WORKSPACE_PATH} ({0}), and this worker does not run commands without the mount namespace it found possible: create {WORKSPACE_PATH} as an empty directory, or start the worker with TETHER_WORKER_MOUNTNS=off to run commands at their workspace's real path"
     )]
     MountPoint(#[source] std::io::Error),
+    #[error("--import-root {}: {why}", .root.display())]
+    ImportRoot { root: PathBuf, why: String },
 }
 
 /// Makes `path` an empty directory (mode 0755) unless it is one already. Workers that start
@@ -171,6 +173,8 @@ pub struct Sandbox {
     seccomp: Option<std::sync::Arc<seccomp::Filters>>,
     /// Paths commands may not read.
     denied: Vec<PathBuf>,
+    /// The directories (resolved) below which the brain may import (`--import-root`).
+    import_roots: Vec<PathBuf>,
     state_dir: PathBuf,
     /// Landlock rulesets by workspace, and the carved read roots they are built from.
     rules: Rules,
@@ -267,6 +271,7 @@ impl Sandbox {
             allocating: Default::default(),
             seccomp: None,
             denied: Vec::new(),
+            import_roots: Vec::new(),
             state_dir: state_dir.to_path_buf(),
             rules: Default::default(),
             pool: Default::default(),
@@ -320,6 +325,44 @@ impl Sandbox {
     /// `--deny-read`).
     pub fn denied(&self) -> &[PathBuf] {
         &self.denied
+    }
+
+    /// Lets the brain import directories below `roots` (`--import-root`), each resolved now:
+    /// one that is not an existing directory is refused, naming it.
+    pub fn allow_imports(&mut self, roots: &[PathBuf]) -> Result<(), Error> {
+        self.import_roots = roots
+            .iter()
+            .map(|r| match r.canonicalize() {
+                Ok(real) if real.is_dir() => Ok(real),
+                Ok(_) => Err(Error::ImportRoot {
+                    root: r.clone(),
+                    why: "not a directory".into(),
+                }),
+                Err(e) => Err(Error::ImportRoot {
+                    root: r.clone(),
+                    why: e.to_string(),
+                }),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(())
+    }
+
+    /// Where the brain may import from: below the roots, never the state dir nor a path
+    /// commands may not read (the state dir is named even when commands run unconfined).
+    pub fn imports(&self) -> crate::sync::Imports {
+        let mut denied = self.denied.clone();
+        if !denied.contains(&self.state_dir) {
+            denied.push(self.state_dir.clone());
+        }
+        if let Ok(real) = self.state_dir.canonicalize()
+            && !denied.contains(&real)
+        {
+            denied.push(real);
+        }
+        crate::sync::Imports {
+            roots: self.import_roots.clone(),
+            denied,
+        }
     }
 
     /// The uid/gid the commands of the workspace `ws` (an existing directory) run as, if

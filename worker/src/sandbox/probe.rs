@@ -129,6 +129,7 @@ impl Sandbox {
             allocating: Default::default(),
             seccomp,
             denied,
+            import_roots: Vec::new(),
             state_dir: state_dir.to_path_buf(),
             rules: Default::default(),
             pool: Default::default(),

@@ -16,6 +16,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "refusing to import {0:?}: this worker allows no imports (its owner starts it with --import-root DIR to allow directories below DIR; see `worker doctor`)"
+    )]
+    ImportsOff(String),
+    #[error(
+        "refusing to import {dir:?}: it is not below this worker's import roots ({roots}); its owner can add one with --import-root DIR"
+    )]
+    ImportOutside { dir: String, roots: String },
     #[error("import directory {0:?} is not a directory")]
     ImportNotDir(String),
     #[error(

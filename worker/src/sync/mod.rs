@@ -83,28 +83,82 @@ impl Drop for Staging {
 
 /// An import directory: absolute, an existing directory, and neither inside nor holding a
 /// path the sandbox hides from commands (the worker's state, the home directory's secrets).
-fn check_import(dir: &str, denied: &[PathBuf]) -> Result<PathBuf, Error> {
-    let p = Path::new(dir);
-    if !p.is_absolute() {
-        return Err(Error::ImportNotAbsolute(dir.into()));
-    }
-    let real = p.canonicalize().map_err(|source| Error::ImportUnreadable {
-        dir: dir.into(),
-        source,
-    })?;
-    if !real.is_dir() {
-        return Err(Error::ImportNotDir(dir.into()));
-    }
-    if let Some(d) = denied
-        .iter()
-        .find(|d| real.starts_with(d) || d.starts_with(&real))
-    {
-        return Err(Error::ImportHidden {
+/// Where the brain may import from (`brain run --dir`): the worker's owner names the roots
+/// (`worker run --import-root DIR`), and nothing that holds or is inside a path commands may
+/// not read (the worker's state, the home directory's secrets, `--deny-read`). The worker
+/// reads what it imports with its own rights, which on a root worker are more than its
+/// tasks' commands have: so nothing is imported unless its owner allowed the place.
+#[derive(Debug, Clone, Default)]
+pub struct Imports {
+    /// Resolved directories below which imports are allowed; none: no imports.
+    pub roots: Vec<PathBuf>,
+    /// Paths never imported, nor a directory that holds one.
+    pub denied: Vec<PathBuf>,
+}
+
+impl Imports {
+    /// The directory to import for the wire's `dir`, resolved, or why not.
+    pub fn check(&self, dir: &str) -> Result<PathBuf, Error> {
+        let p = Path::new(dir);
+        if !p.is_absolute() {
+            return Err(Error::ImportNotAbsolute(dir.into()));
+        }
+        if self.roots.is_empty() {
+            return Err(Error::ImportsOff(dir.into()));
+        }
+        let outside = || Error::ImportOutside {
             dir: dir.into(),
-            hidden: d.clone(),
-        });
+            roots: self.describe_roots(),
+        };
+        let real = p.canonicalize().map_err(|source| {
+            // Whether a path outside the roots exists is not told either.
+            if self.roots.iter().any(|r| p.starts_with(r)) {
+                Error::ImportUnreadable {
+                    dir: dir.into(),
+                    source,
+                }
+            } else {
+                outside()
+            }
+        })?;
+        if !self.roots.iter().any(|r| real.starts_with(r)) {
+            return Err(outside());
+        }
+        if !real.is_dir() {
+            return Err(Error::ImportNotDir(dir.into()));
+        }
+        if let Some(d) = self
+            .denied
+            .iter()
+            .find(|d| real.starts_with(d) || d.starts_with(&real))
+        {
+            return Err(Error::ImportHidden {
+                dir: dir.into(),
+                hidden: d.clone(),
+            });
+        }
+        Ok(real)
     }
-    Ok(real)
+
+    fn describe_roots(&self) -> String {
+        self.roots
+            .iter()
+            .map(|r| r.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `worker doctor`'s line on imports.
+    pub fn doctor_line(&self) -> String {
+        if self.roots.is_empty() {
+            "imports: none (`brain run --dir` is refused here; start the worker with --import-root DIR to allow directories below DIR)".into()
+        } else {
+            format!(
+                "imports: only below {} (--import-root), never the worker's state, secrets or --deny-read paths; read with the worker's own rights",
+                self.describe_roots()
+            )
+        }
+    }
 }
 
 struct Ws {
@@ -176,7 +230,7 @@ pub async fn handle(
     channel: Channel,
     state: Arc<SyncState>,
     owner: Option<(u32, u32)>,
-    denied: Vec<PathBuf>,
+    imports: Imports,
 ) {
     let id = req.id;
     let mut client = SyncClient::new(channel)
@@ -184,7 +238,7 @@ pub async fn handle(
         .max_encoding_message_size(shared::limits::MAX_MESSAGE_BYTES);
     let r = match tokio::time::timeout(
         RPC_TIMEOUT,
-        run(&req, &workspaces, &mut client, &state, owner, &denied),
+        run(&req, &workspaces, &mut client, &state, owner, &imports),
     )
     .await
     {
@@ -213,7 +267,7 @@ async fn run(
     client: &mut SyncClient<Channel>,
     state: &Arc<SyncState>,
     owner: Option<(u32, u32)>,
-    denied: &[PathBuf],
+    imports: &Imports,
 ) -> Result<SyncReport, Error> {
     let mut rules = Rules {
         include_git: req.include_git,
@@ -224,7 +278,7 @@ async fn run(
     }
     rules.extend_excludes(&req.extra_excludes);
     if let Some(sync_request::Op::ImportDir(dir)) = &req.op {
-        let dir = check_import(dir, denied)?;
+        let dir = imports.check(dir)?;
         let ws = Arc::new(Mutex::new(Ws {
             scanner: Scanner::new(&dir, rules),
             tracker: None,
