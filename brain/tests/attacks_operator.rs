@@ -116,3 +116,64 @@ fn an_import_reads_only_below_the_roots_the_workers_owner_allows() {
         text(&doctor)
     );
 }
+
+/// Route: a redirect walked around the check of a `--git` URL's address. The brain checks the
+/// host it is given (no internal address, unless allowed) and pins it, but git followed the
+/// server's first redirect wherever it led: a public `--git` URL answering 301 with a loopback
+/// `git http-backend` cloned that private repository into the task. Now the brain's git
+/// follows no redirect (clone, fetch and push alike), and the task is refused saying so: the
+/// operator names the repository's final URL, which is checked as any other. Here both
+/// servers are on loopback, so the brain allows internal hosts; what is tried is that the
+/// second one, named by nobody but the first, is never reached.
+#[test]
+fn the_brains_git_follows_no_redirect() {
+    use testkit::git_server::{Auth, GitServer};
+    use testkit::http::{Options, Response, Server};
+    use testkit::tasks::try_start_commands;
+    let private = GitServer::start("x", "unused", Auth::PushOnly).unwrap();
+    private
+        .create_repo("private", &[("PRIVATE.md", "internal only\n")])
+        .unwrap();
+    let target = private.url("private");
+    let redirector = Server::start(Options::plain("redirector"), move |req| {
+        let rest = req.target.split_once(".git").map_or("", |(_, r)| r);
+        Response::new(301, "").header("Location", format!("{target}{rest}"))
+    })
+    .unwrap();
+    let c = Cluster::start_with(BrainOptions {
+        config: Some(
+            "[deliver]\ngit_schemes = [\"https\", \"http\"]\ngit_internal_hosts = true\n".into(),
+        ),
+        ..Default::default()
+    });
+    let w = c.join_worker("git-redirect");
+    let url = format!("http://{}/public.git", redirector.addr());
+    let out = try_start_commands(
+        &c,
+        &w.id,
+        &["--git", &url],
+        &["cat PRIVATE.md".into()],
+        None,
+    );
+    let mut seen = text(&out);
+    if out.status.success() {
+        let task = stdout(&out).trim().to_string();
+        c.wait_status(
+            &task,
+            &["finished", "failed", "stuck", "cancelled"],
+            Duration::from_secs(60),
+        );
+        seen.push_str(&stdout(&c.brain_cli(&["task", "log", &task, "--json"])));
+    }
+    assert!(
+        !seen.contains("internal only"),
+        "the redirect's target was cloned: {seen}"
+    );
+    assert_eq!(
+        private.requests().len(),
+        0,
+        "the brain's git followed the redirect to {}",
+        private.url("private")
+    );
+    assert!(seen.contains("redirect"), "not told why: {seen}");
+}

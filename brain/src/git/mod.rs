@@ -109,6 +109,16 @@ impl Settings {
 /// Otherwise it says nothing, and git goes on without credentials.
 const HELPER: &str = "!f() { test \"$1\" = get || exit 0; p=; h=; while IFS= read -r l; do case \"$l\" in protocol=*) p=\"${l#protocol=}\";; host=*) h=\"${l#host=}\";; esac; done; test \"$p\" = https || exit 0; h=$(printf %s \"$h\" | tr A-Z a-z); for a in $TETHER_GIT_HOSTS; do if test \"$h\" = \"$a\"; then echo \"username=$TETHER_GIT_USERNAME\"; echo \"password=$TETHER_GIT_PASSWORD\"; exit 0; fi; done; }; f";
 
+/// Said after git's own words when a server answered with a redirect.
+const REDIRECT_HINT: &str = " (the server answered with a redirect, which the brain's git does not follow: name the repository's final URL, which is checked as any other)";
+
+/// Whether git's error says the server answered 301, 302, 303, 307 or 308.
+fn redirected(stderr: &str) -> bool {
+    ["301", "302", "303", "307", "308"]
+        .iter()
+        .any(|c| stderr.contains(&format!("The requested URL returned error: {c}")))
+}
+
 /// One git command being put together.
 pub struct Git {
     cmd: tokio::process::Command,
@@ -139,11 +149,15 @@ impl Git {
     pub fn remote(args: &[&str], creds: &Credentials, checked: &remote::Checked) -> Self {
         let mut g = Self::new(args, REMOTE_TIMEOUT);
         g.cmd.env("GIT_ALLOW_PROTOCOL", &checked.protocols);
-        let mut config: Vec<(&str, &str)> = checked
-            .pins
-            .iter()
-            .map(|p| ("http.curloptResolve", p.as_str()))
-            .collect();
+        // No redirect is followed: the host checked and pinned is the only one reached (git
+        // would follow the first answer's redirect wherever it led, an internal address too).
+        let mut config: Vec<(&str, &str)> = vec![("http.followRedirects", "false")];
+        config.extend(
+            checked
+                .pins
+                .iter()
+                .map(|p| ("http.curloptResolve", p.as_str())),
+        );
         if !creds.is_empty() {
             config.push(("credential.helper", ""));
             config.push(("credential.helper", HELPER));
@@ -238,14 +252,15 @@ impl Git {
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
             let err = err.trim();
-            return Err(Error::Failed {
-                what,
-                reason: if err.is_empty() {
-                    format!("{}", out.status)
-                } else {
-                    err.chars().take(2000).collect()
-                },
-            });
+            let mut reason: String = if err.is_empty() {
+                format!("{}", out.status)
+            } else {
+                err.chars().take(2000).collect()
+            };
+            if redirected(err) {
+                reason.push_str(REDIRECT_HINT);
+            }
+            return Err(Error::Failed { what, reason });
         }
         if out.stdout.len() > MAX_OUTPUT {
             return Err(Error::Failed {

@@ -10,6 +10,8 @@
 //!   loopback, private, link-local, ...) is refused unless `[deliver] git_internal_hosts`
 //!   allows it, and an HTTP(S) clone dials the address that was checked
 //!   (`http.curloptResolve`), so a second lookup cannot answer otherwise (DNS rebinding).
+//! - Redirects: none is followed (`http.followRedirects=false`, for clone, fetch and push),
+//!   so the host checked is the only one reached; the error says to name the final URL.
 //!
 //! The credentials themselves are bound separately: the credential helper answers only for
 //! `https` and the hosts they are for ([`super::Credentials::hosts`]).
