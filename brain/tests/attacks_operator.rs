@@ -177,3 +177,92 @@ fn the_brains_git_follows_no_redirect() {
     );
     assert!(seen.contains("redirect"), "not told why: {seen}");
 }
+
+/// Route: an export carried git directories that run code as the person who looks at it.
+/// A task made `sub/.git/config` with `core.fsmonitor` set to a command (and a bare
+/// repository, and a `.GIT` spelled for a case-insensitive disk): `task export` wrote them,
+/// `task diff` never showed them, and `git status` in the export ran the command as the
+/// operator. Now what git would take for a repository is left out of the export (and of the
+/// diff and the commit, which already could not hold it), the export says what it left out,
+/// and everything exported is in the diff.
+#[test]
+fn an_export_holds_no_git_directory_and_shows_all_it_writes_in_the_diff() {
+    use testkit::tasks::start_commands;
+    let c = Cluster::start();
+    let w = c.join_worker("exporter");
+    let pwned = c.dir.join("pwned");
+    let hook = format!("touch {}", pwned.display());
+    let make = format!(
+        "mkdir -p sub/.git/objects sub/.git/refs bare.git/objects bare.git/refs up/.GIT && \
+         printf 'ref: refs/heads/main\\n' > sub/.git/HEAD && \
+         printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = \"{hook}\"\\n' > sub/.git/config && \
+         cp sub/.git/HEAD bare.git/HEAD && touch bare.git/objects/.keep bare.git/refs/.keep && \
+         printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tworktree = ..\\n\\tfsmonitor = \"{hook}\"\\n' > bare.git/config && \
+         cp sub/.git/config up/.GIT/config && \
+         echo visible > sub/file.txt"
+    );
+    // With --include-git the workspace's git directories are mirrored, nested ones too.
+    let id = start_commands(&c, &w.id, &["--include-git"], &[make]);
+    c.wait_status(&id, &["finished"], Duration::from_secs(60));
+
+    let export = c.dir.join("export");
+    let out = c.brain_cli(&["task", "export", &id, export.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(export.join("sub/file.txt")).unwrap(),
+        "visible\n"
+    );
+    // Looking at the export with git runs nothing.
+    for dir in [
+        export.join("sub"),
+        export.join("bare.git"),
+        export.join("up"),
+    ] {
+        let _ = testkit::git_server::git()
+            .args(["status"])
+            .current_dir(&dir)
+            .output();
+    }
+    assert!(
+        !pwned.exists(),
+        "git status in the export ran the task's command"
+    );
+
+    for gone in ["sub/.git", "bare.git/config", "bare.git/HEAD", "up/.GIT"] {
+        assert!(
+            !export.join(gone).exists(),
+            "the export holds {gone}: {}",
+            text(&out)
+        );
+    }
+    assert!(
+        ["left out sub/.git", "left out bare.git", "left out up/.GIT"]
+            .iter()
+            .all(|w| text(&out).contains(w)),
+        "the export does not say what it left out: {}",
+        text(&out)
+    );
+    // Every file exported is in the diff.
+    let diff = c.brain_cli(&["task", "diff", &id]);
+    assert!(diff.status.success(), "{}", text(&diff));
+    let diff = stdout(&diff);
+    let mut exported = Vec::new();
+    let mut stack = vec![export.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                exported.push(p.strip_prefix(&export).unwrap().display().to_string());
+            }
+        }
+    }
+    assert!(!exported.is_empty());
+    for f in &exported {
+        assert!(
+            diff.contains(&format!("b/{f}")),
+            "{f} is exported but not in the diff:\n{diff}"
+        );
+    }
+}

@@ -73,6 +73,8 @@ pub async fn export(target: &Target, task: &str, dir: &Path) -> anyhow::Result<i
         })
         .await?;
     let (mut files, mut bytes) = (0u64, 0u64);
+    // What the brain did not export, and why.
+    let mut left_out: Vec<(String, String)> = Vec::new();
     // The file being received: its path, exec bit and content so far.
     let mut open: Option<(String, bool, Vec<u8>)> = None;
     while let Some(e) = stream.message().await.map_err(|s| status(s, &target.url))? {
@@ -108,6 +110,7 @@ pub async fn export(target: &Target, task: &str, dir: &Path) -> anyhow::Result<i
                 bytes += e.data.len() as u64;
             }
             "file" => open = Some((e.path, e.exec, e.data)),
+            "left_out" => left_out.push((e.path, e.target)),
             other => bail!(
                 "the export has an entry {:?} of unknown kind {other:?}",
                 e.path
@@ -122,6 +125,9 @@ pub async fn export(target: &Target, task: &str, dir: &Path) -> anyhow::Result<i
         shared::human_bytes(bytes),
         dir.display()
     );
+    for (path, why) in &left_out {
+        err!("  left out {path}: {why}");
+    }
     Ok(0)
 }
 

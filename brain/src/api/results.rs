@@ -123,6 +123,9 @@ pub async fn diff(
 
 /// `brain task export`: every entry of the last barrier outside `.git/`, files' contents in
 /// pieces after their entry.
+/// Why an export leaves a repository out.
+const LEFT_OUT: &str = "git would take it for a repository, whose config or hooks run commands as whoever runs git there";
+
 pub async fn export(
     s: &Arc<Shared>,
     task: &str,
@@ -132,8 +135,23 @@ pub async fn export(
     let (tx, rx) = mpsc::channel(8);
     let mirror = s.mirror.clone();
     tokio::task::spawn_blocking(move || {
+        // What git would take for a repository runs code as whoever runs git there: it is
+        // left out (and so is in no diff either), and the export says so.
+        let repos = crate::git::commit::repositories(&head);
+        for r in &repos {
+            let entry = proto::ExportEntry {
+                path: r.clone(),
+                kind: "left_out".into(),
+                target: LEFT_OUT.into(),
+                last: true,
+                ..Default::default()
+            };
+            if r != ".git" && tx.blocking_send(Ok(entry)).is_err() {
+                return;
+            }
+        }
         for (path, e) in head.entries() {
-            if path == ".git" || path.starts_with(".git/") {
+            if crate::git::commit::in_repository(path, &repos) {
                 continue;
             }
             let kind = match e.kind {

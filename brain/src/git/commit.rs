@@ -32,15 +32,87 @@ impl Changes {
     }
 }
 
-fn in_git_dir(path: &str) -> bool {
-    path == ".git" || path.starts_with(".git/")
+/// Whether a path's component names a git directory as git, or a disk that folds case or
+/// ignores some characters, may read it: `.git` in any case, with trailing dots or spaces
+/// (Windows drops them), with characters HFS+ ignores inside, or as NTFS's short name
+/// `git~1`. Git refuses all of these in a tree (`verify_path`); so do commits and exports.
+fn git_name(component: &str) -> bool {
+    let folded: String = component
+        .chars()
+        .filter(|c| {
+            !matches!(c, '\u{200c}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{206a}'..='\u{206f}' | '\u{feff}')
+        })
+        .collect::<String>()
+        .trim_end_matches(['.', ' '])
+        .to_lowercase();
+    folded == ".git" || folded == "git~1"
 }
 
-/// Files and symlinks: what git tracks.
+/// What of a workspace git would take for a repository, and so runs code from (a config's
+/// `core.fsmonitor`, hooks) when a person runs git there: every path with a git-directory
+/// component ([`git_name`]), and every directory shaped as git's `is_git_directory` reads it
+/// (a `HEAD` and the directories `objects` and `refs`: a bare repository, or one whose config
+/// names a work tree elsewhere). Each is given as the prefix under which all is left out;
+/// for the workspace's root itself, its `HEAD` and `config`.
+pub fn repositories(m: &Manifest) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let is_dir = |p: &str| m.entries().get(p).is_some_and(|e| e.kind == Kind::Dir);
+    for (path, e) in m.entries() {
+        let mut end = 0;
+        for c in path.split('/') {
+            end += c.len();
+            if git_name(c) {
+                out.insert(path[..end].to_string());
+                break;
+            }
+            end += 1;
+        }
+        let dir = match path.rsplit_once('/') {
+            Some((dir, "HEAD")) => dir,
+            None if path == "HEAD" => "",
+            _ => continue,
+        };
+        let under = |name: &str| {
+            if dir.is_empty() {
+                name.to_string()
+            } else {
+                format!("{dir}/{name}")
+            }
+        };
+        if matches!(e.kind, Kind::File | Kind::Symlink)
+            && is_dir(&under("objects"))
+            && is_dir(&under("refs"))
+        {
+            if dir.is_empty() {
+                out.insert("HEAD".into());
+                out.insert("config".into());
+            } else {
+                out.insert(dir.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Whether `path` is one of `repositories` or below one.
+pub fn in_repository(path: &str, repositories: &std::collections::BTreeSet<String>) -> bool {
+    // The prefixes of `path` that end at a component, longest first, are few.
+    let mut cut = Some(path.len());
+    while let Some(n) = cut {
+        if repositories.contains(&path[..n]) {
+            return true;
+        }
+        cut = path[..n].rfind('/');
+    }
+    false
+}
+
+/// Files and symlinks: what git tracks, outside every repository in the workspace.
 fn tracked(m: &Manifest) -> impl Iterator<Item = (&String, &Entry)> {
-    m.entries()
-        .iter()
-        .filter(|(p, e)| !in_git_dir(p) && matches!(e.kind, Kind::File | Kind::Symlink))
+    let repos = repositories(m);
+    m.entries().iter().filter(move |(p, e)| {
+        matches!(e.kind, Kind::File | Kind::Symlink) && !in_repository(p, &repos)
+    })
 }
 
 /// What turns `base` into `head`.
@@ -59,11 +131,13 @@ pub fn changes(base: &Manifest, head: &Manifest) -> Changes {
             _ => c.write.push((p.clone(), e.clone())),
         }
     }
+    let head_repos = repositories(head);
     for (p, _) in tracked(base) {
-        if !head
-            .entries()
-            .get(p)
-            .is_some_and(|e| matches!(e.kind, Kind::File | Kind::Symlink))
+        if in_repository(p, &head_repos)
+            || !head
+                .entries()
+                .get(p)
+                .is_some_and(|e| matches!(e.kind, Kind::File | Kind::Symlink))
         {
             c.remove.push(p.clone());
         }
@@ -370,5 +444,74 @@ mod tests {
         assert_eq!(written, ["link", "run.sh"]);
         assert_eq!(c.remove, ["gone.txt"]);
         assert!(changes(&head, &head).is_empty());
+    }
+
+    #[test]
+    fn every_spelling_of_a_git_directory_and_every_repository_shape_is_found() {
+        for name in [
+            ".git",
+            ".GIT",
+            ".Git.",
+            ".git  ",
+            "git~1",
+            "GIT~1",
+            ".g\u{200c}it",
+        ] {
+            assert!(git_name(name), "{name:?}");
+        }
+        for name in ["git", ".github", ".gitignore", ".git-blame-ignore", "x.git"] {
+            assert!(!git_name(name), "{name:?}");
+        }
+        let mut m = Manifest::default();
+        let file = || entry(Kind::File, "aa", false, "");
+        let dir = || entry(Kind::Dir, "", false, "");
+        for d in [
+            "bare.git",
+            "bare.git/objects",
+            "bare.git/refs",
+            "half",
+            "half/refs",
+        ] {
+            m.insert(d.into(), dir());
+        }
+        for f in [
+            "bare.git/HEAD",
+            "bare.git/config",
+            "half/HEAD",
+            "a/.GIT/config",
+            "b/.git",
+            "src/main.rs",
+            ".github/workflows/ci.yml",
+        ] {
+            m.insert(f.into(), file());
+        }
+        let repos = repositories(&m);
+        let got: Vec<&str> = repos.iter().map(String::as_str).collect();
+        assert_eq!(got, ["a/.GIT", "b/.git", "bare.git"]);
+        for (p, inside) in [
+            ("bare.git/config", true),
+            ("bare.git", true),
+            ("bare.gitx/y", false),
+            ("a/.GIT/config", true),
+            ("half/HEAD", false),
+            (".github/workflows/ci.yml", false),
+        ] {
+            assert_eq!(in_repository(p, &repos), inside, "{p}");
+        }
+        // At the workspace's root, its HEAD and config.
+        for d in ["objects", "refs"] {
+            m.insert(d.into(), dir());
+        }
+        m.insert("HEAD".into(), file());
+        let repos = repositories(&m);
+        assert!(
+            repos.contains("HEAD") && repos.contains("config"),
+            "{repos:?}"
+        );
+        let tracked: Vec<&String> = tracked(&m).map(|(p, _)| p).collect();
+        assert_eq!(
+            tracked,
+            [".github/workflows/ci.yml", "half/HEAD", "src/main.rs"]
+        );
     }
 }
