@@ -264,6 +264,75 @@ async fn a_diff_is_cut_at_its_cap_and_says_so() {
     );
 }
 
+/// The brain's resident memory at its peak since the last [`reset_peak`], in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kb * 1024
+}
+
+/// Starts [`peak_rss`] again from the memory the process has now.
+fn reset_peak(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the peak (clear_refs)");
+}
+
+/// Route 8, diffs (memory): the cap used to be checked after git's whole output was read, so
+/// each viewer's request held all of it: +244 MiB for one, +903 MiB for six at once. Now the
+/// diff streams from git as the viewer reads it, stops at the cap, and few are made at once:
+/// six viewers asking together for the diff of 50 MiB of changes cost the brain a bounded
+/// few MiB each, and each gets its cut diff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_viewers_of_a_large_diff_cost_the_brain_little_memory() {
+    let c = cluster_with(None, "");
+    let w = c.join_worker("laptop");
+    // 48 files of about 1 MiB of new lines each: git's diff of them is over 50 MiB.
+    let make = "for i in $(seq 1 48); do seq $((i*1000000)) $((i*1000000+140000)) > f$i.txt; done";
+    let (id, ran) = run_commands(&c, &w.id, &[], &[make.to_string()]);
+    assert_eq!(ran[0].exit, Some(0), "{ran:?}");
+    let viewer = c.web_token("reader", "viewer", "1h");
+    let pid = c.brain.as_ref().unwrap().pid();
+    // One diff first, so that what every diff costs once (git's first run, the page cache of
+    // the mirror) is not counted below.
+    let first = get_response(&c, &format!("/api/tasks/{id}/diff"), &bearer(&viewer)).await;
+    assert_eq!(first.status(), 200);
+    let _ = first.text().await.unwrap();
+    reset_peak(pid);
+    let before = peak_rss(pid);
+    let asks = (0..6).map(|_| {
+        let c = &c;
+        let (id, viewer) = (&id, &viewer);
+        async move {
+            let resp = get_response(c, &format!("/api/tasks/{id}/diff"), &bearer(viewer)).await;
+            let status = resp.status();
+            (status, resp.text().await.unwrap_or_default())
+        }
+    });
+    let answers = futures_util::future::join_all(asks).await;
+    let grew = peak_rss(pid).saturating_sub(before);
+    eprintln!(
+        "six viewers' diffs: the brain's peak memory grew by {} MiB",
+        grew >> 20
+    );
+    for (status, body) in &answers {
+        assert_eq!(*status, 200, "{}", &body[..body.len().min(300)]);
+        assert!(
+            body.len() <= (8 << 20) + 300 && body.lines().last().unwrap_or("").contains("cut at"),
+            "a diff of {} bytes, not cut at the 8 MiB cap",
+            body.len()
+        );
+    }
+    assert!(
+        grew < 100 << 20,
+        "six viewers' diffs took the brain's memory up by {} MiB",
+        grew >> 20
+    );
+}
+
 /// Whether the server closed `conn` by `until` (EOF or a reset); bytes it sent are kept.
 fn closed_by(conn: &mut TcpStream, until: Instant, got: &mut Vec<u8>) -> bool {
     let mut buf = [0u8; 4096];

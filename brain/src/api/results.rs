@@ -16,6 +16,10 @@ use crate::model::delivery::Mode;
 
 /// Bytes per streamed piece.
 const PIECE: usize = 1 << 20;
+/// Diffs made at once, and how long one waits for its turn.
+const DIFFS_AT_ONCE: usize = 4;
+const DIFF_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+static DIFFS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(DIFFS_AT_ONCE);
 
 /// The root hash of a task's workspace at `root` if its log names it (a barrier, or what it
 /// was seeded with); empty `root`: the last barrier, else the seed.
@@ -100,20 +104,32 @@ pub async fn diff(
             )));
         }
     };
-    let text = commit::show(&s.mirror, &base, &head, form)
+    // Few diffs are made at once: each writes the changed files into a repository of its
+    // own and runs git over them.
+    let permit = tokio::time::timeout(DIFF_WAIT, DIFFS.acquire())
+        .await
+        .map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{DIFFS_AT_ONCE} diffs are being made and none ended within {DIFF_WAIT:?}: try again shortly"
+            ))
+        })?
+        .map_err(|e| Status::internal(e.to_string()))?;
+    // Streamed from git as the reader takes it: the brain holds a few pieces, whatever the
+    // diff's size, and a reader that stops (the web's cap) ends git.
+    let mut pieces = commit::show_streamed(&s.mirror, &base, &head, form, PIECE)
         .await
         .map_err(|e| Status::internal(e.to_string()))?;
-    let (tx, rx) = mpsc::channel(4);
+    let (tx, rx) = mpsc::channel(2);
     tokio::spawn(async move {
-        for piece in text.chunks(PIECE) {
-            if tx
-                .send(Ok(proto::DataChunk {
-                    data: piece.to_vec(),
+        let _permit = permit;
+        while let Some(piece) = pieces.recv().await {
+            let item = piece
+                .map(|data| proto::DataChunk {
+                    data,
                     ..Default::default()
-                }))
-                .await
-                .is_err()
-            {
+                })
+                .map_err(|e| Status::internal(e.to_string()));
+            if tx.send(item).await.is_err() {
                 return;
             }
         }

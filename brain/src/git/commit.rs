@@ -321,6 +321,31 @@ pub async fn show(
     head: &Manifest,
     form: Form<'_>,
 ) -> Result<Vec<u8>, Error> {
+    let (git, _tmp) = show_git(mirror, base, head, form).await?;
+    git.run().await
+}
+
+/// [`show`] as git writes it, in pieces of at most `piece` bytes, a few at most ahead of
+/// the reader: memory does not grow with the diff, and a reader that stops ends git.
+pub async fn show_streamed(
+    mirror: &Mirror,
+    base: &Manifest,
+    head: &Manifest,
+    form: Form<'_>,
+    piece: usize,
+) -> Result<tokio::sync::mpsc::Receiver<Result<Vec<u8>, Error>>, Error> {
+    let (git, tmp) = show_git(mirror, base, head, form).await?;
+    git.stream(piece, tmp)
+}
+
+/// The git command that shows the change in `form`, and the throw-away repository it runs
+/// in (which must live as long as it does).
+async fn show_git(
+    mirror: &Mirror,
+    base: &Manifest,
+    head: &Manifest,
+    form: Form<'_>,
+) -> Result<(Git, tempfile::TempDir), Error> {
     let c = changes(base, head);
     let tmp = tempfile::tempdir().map_err(|e| Error::Io(e.to_string()))?;
     let git_dir = tmp.path().join("repo.git");
@@ -337,23 +362,19 @@ pub async fn show(
         .collect();
     let a = tree(mirror, &git_dir, None, &only(base, &paths)).await?;
     let b = tree(mirror, &git_dir, None, &only(head, &paths)).await?;
-    match form {
-        Form::Diff => {
-            Git::local(
-                Some(&git_dir),
-                &[
-                    "diff-tree",
-                    "-p",
-                    "--binary",
-                    "--no-color",
-                    "--find-renames",
-                    &a,
-                    &b,
-                ],
-            )
-            .run()
-            .await
-        }
+    let git = match form {
+        Form::Diff => Git::local(
+            Some(&git_dir),
+            &[
+                "diff-tree",
+                "-p",
+                "--binary",
+                "--no-color",
+                "--find-renames",
+                &a,
+                &b,
+            ],
+        ),
         Form::Stat | Form::NumStat => {
             let stat = if matches!(form, Form::Stat) {
                 "--stat"
@@ -364,8 +385,6 @@ pub async fn show(
                 Some(&git_dir),
                 &["diff-tree", stat, "--no-color", "--find-renames", &a, &b],
             )
-            .run()
-            .await
         }
         Form::Patch {
             author,
@@ -386,10 +405,9 @@ pub async fn show(
                     &pb,
                 ],
             )
-            .run()
-            .await
         }
-    }
+    };
+    Ok((git, tmp))
 }
 
 /// Files changed and lines added plus removed, from `git diff --numstat` output; a binary

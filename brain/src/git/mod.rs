@@ -271,6 +271,89 @@ impl Git {
         Ok(out.stdout)
     }
 
+    /// Runs it and hands its stdout on in pieces of at most `piece` bytes as they come, never
+    /// more than a few pieces ahead of the reader: a reader that stops (drops the receiver)
+    /// ends git (killed on drop), so nothing is read that nobody wants. The last item is an
+    /// error if git failed or took longer than its timeout. `keep` (a temporary repository)
+    /// lives until git is done.
+    pub fn stream<K: Send + 'static>(
+        mut self,
+        piece: usize,
+        keep: K,
+    ) -> Result<tokio::sync::mpsc::Receiver<Result<Vec<u8>, Error>>, Error> {
+        use tokio::io::AsyncReadExt;
+        self.cmd.stdin(Stdio::null());
+        let mut child = self.cmd.spawn().map_err(Error::Spawn)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let (what, timeout) = (self.what, self.timeout);
+        let mut stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| Error::Io("no stdout".into()))?;
+        let mut stderr = child
+            .stderr
+            .take()
+            .ok_or_else(|| Error::Io("no stderr".into()))?;
+        tokio::spawn(async move {
+            let _keep = keep;
+            let work = async {
+                // Git's complaint, kept short, read beside its output so neither blocks.
+                let complaint = tokio::spawn(async move {
+                    let mut e = Vec::new();
+                    let _ = (&mut stderr).take(64 * 1024).read_to_end(&mut e).await;
+                    e
+                });
+                let pass = async {
+                    let mut buf = vec![0u8; piece];
+                    loop {
+                        let n = stdout
+                            .read(&mut buf)
+                            .await
+                            .map_err(|e| Error::Io(e.to_string()))?;
+                        if n == 0 {
+                            return Ok(true);
+                        }
+                        if tx.send(Ok(buf[..n].to_vec())).await.is_err() {
+                            // The reader has gone: git is killed below.
+                            return Ok(false);
+                        }
+                    }
+                };
+                match pass.await {
+                    Ok(true) => {}
+                    // Dropping git (at the end of this task) kills it.
+                    Ok(false) => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+                let complaint = complaint.await.unwrap_or_default();
+                let status = child.wait().await.map_err(Error::Spawn)?;
+                if status.success() {
+                    return Ok(());
+                }
+                let err = String::from_utf8_lossy(&complaint);
+                Err(Error::Failed {
+                    what: what.clone(),
+                    reason: if err.trim().is_empty() {
+                        status.to_string()
+                    } else {
+                        err.trim().chars().take(2000).collect()
+                    },
+                })
+            };
+            let r = match tokio::time::timeout(timeout, work).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::Timeout {
+                    what: what.clone(),
+                    timeout,
+                }),
+            };
+            if let Err(e) = r {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        Ok(rx)
+    }
+
     /// Runs it; its stdout as trimmed text.
     pub async fn text(self) -> Result<String, Error> {
         let out = self.run().await?;
