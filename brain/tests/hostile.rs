@@ -146,6 +146,7 @@ async fn attach_as(
     tx.send(WorkerMessage {
         msg: Some(worker_message::Msg::Hello(proto::Hello {
             name: name.into(),
+            protocol: proto::PROTOCOL_VERSION,
             ..Default::default()
         })),
     })
@@ -341,5 +342,183 @@ fn hostile_workspace_data_from_a_worker_is_refused_and_changes_nothing() {
         log.iter()
             .any(|r| r["kind"] == "tool_call_completed"
                 && testkit::json_u64(&r["call_id"]).is_some())
+    );
+}
+
+/// The brain's resident memory at its peak, in bytes (`VmHWM`).
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect("VmHWM in /proc/PID/status")
+        * 1024
+}
+
+/// What a hostile worker got from the mirror: the content of another task's blob by its
+/// hash, whether the brain holds another task's content, and how a delta that inflates far
+/// fares.
+struct Probed {
+    fetched: Result<Vec<u8>, String>,
+    fetched_unasked: Result<Vec<u8>, String>,
+    missing: Vec<String>,
+    delta: String,
+}
+
+/// Reads a `GetBlobs` answer whole: the blobs' bytes, or the refusal.
+async fn fetch(
+    sync: &mut SyncClient<Channel>,
+    hash: &str,
+    request_id: u64,
+) -> Result<Vec<u8>, String> {
+    let mut s = sync
+        .get_blobs(proto::BlobList {
+            hashes: vec![hex::decode(hash).unwrap()],
+            request_id,
+        })
+        .await
+        .map_err(|e| e.message().to_string())?
+        .into_inner();
+    let mut got = Vec::new();
+    while let Some(c) = s.message().await.map_err(|e| e.message().to_string())? {
+        got.extend_from_slice(&c.data);
+    }
+    Ok(got)
+}
+
+/// Route: any enrolled worker read any blob of the mirror by its hash (another task's
+/// files), learnt whether the brain held a given content, and one delta inflated to 1 GiB.
+/// Now a worker reaches only the blobs of the workspace a materialisation of its own names;
+/// "missing" is said of any content outside its workspace's last version (it must send it,
+/// and the brain checks it); a delta is at most 64 MiB inflated, refused at its frame's word.
+#[test]
+fn a_worker_reaches_no_other_tasks_blobs_and_no_delta_inflates_far() {
+    let c = Cluster::start();
+    let victim = c.join_worker("victim");
+    const SECRET: &[u8] = b"private notes 7f3a\n";
+    let plan = c.dir.join("victim.json");
+    std::fs::write(
+        &plan,
+        r#"{"steps":[{"run":["sh","-c","printf 'private notes 7f3a\\n' > notes.txt"]}]}"#,
+    )
+    .unwrap();
+    let victim_task = c.run_plan(&plan, "victim");
+    c.wait_status(&victim_task, &["finished"], Duration::from_secs(30));
+    let hash = manifest::hash(SECRET);
+    let blobs = c.task_log_json(&victim_task);
+    assert!(
+        blobs
+            .iter()
+            .any(|r| r["kind"] == "barrier" && testkit::json_u64(&r["files"]) == Some(1)),
+        "the victim's file did not reach the mirror: {blobs:?}"
+    );
+    drop(victim);
+
+    let mut w = c.join_worker("turned");
+    let identity = w.state.join("identity");
+    w.kill();
+    let plan = c.dir.join("plan.json");
+    std::fs::write(&plan, r#"{"steps":[{"run":["true"]}]}"#).unwrap();
+    let _task = c.run_plan(&plan, "turned");
+    let url = c.url();
+    let pid = c.brain.as_ref().unwrap().pid();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (probed, grew) = rt.block_on(async move {
+        let (tx, mut inbound, mut sync) = attach_as(&url, &identity, "turned").await;
+        loop {
+            let msg = tokio::time::timeout(Duration::from_secs(20), inbound.message())
+                .await
+                .expect("the brain asks within 20 s")
+                .unwrap()
+                .expect("the session stays open");
+            match msg.msg {
+                Some(brain_message::Msg::Exec(start)) if start.durable => {
+                    let r = proto::CallResult {
+                        call_id: start.call_id,
+                        exit: Some(proto::ExecExit {
+                            call_id: start.call_id,
+                            code: Some(0),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    };
+                    let msg = WorkerMessage {
+                        msg: Some(worker_message::Msg::CallResult(r)),
+                    };
+                    tx.send(msg).await.unwrap();
+                }
+                Some(brain_message::Msg::Sync(req)) => {
+                    let fetched = fetch(&mut sync, &hash, req.id).await;
+                    let fetched_unasked = fetch(&mut sync, &hash, 0).await;
+                    let other = manifest::hash(b"content nobody has");
+                    let missing = sync
+                        .missing_blobs(proto::BlobList {
+                            hashes: vec![hex::decode(&hash).unwrap(), hex::decode(&other).unwrap()],
+                            request_id: req.id,
+                        })
+                        .await
+                        .map(|r| r.into_inner().hashes.iter().map(hex::encode).collect())
+                        .unwrap_or_default();
+                    // 512 MiB of zeros: a few KiB on the wire.
+                    let bomb = manifest::compress(&vec![0u8; 512 << 20]);
+                    let before = peak_rss(pid);
+                    let chunk = DeltaChunk {
+                        request_id: req.id,
+                        base_root: String::new(),
+                        root_hash: String::new(),
+                        data: bomb,
+                    };
+                    let delta = match sync.put_delta(tokio_stream::iter(vec![chunk])).await {
+                        Ok(_) => "accepted".to_string(),
+                        Err(e) => e.message().to_string(),
+                    };
+                    let grew = peak_rss(pid).saturating_sub(before);
+                    let probed = Probed {
+                        fetched,
+                        fetched_unasked,
+                        missing,
+                        delta,
+                    };
+                    return (probed, grew);
+                }
+                _ => {}
+            }
+        }
+    });
+    for (what, got) in [
+        ("in its own barrier", &probed.fetched),
+        ("with no request", &probed.fetched_unasked),
+    ] {
+        match got {
+            Ok(data) => panic!(
+                "a worker fetched another task's blob {what}: {} bytes",
+                data.len()
+            ),
+            Err(e) => assert!(
+                e.contains("materialis"),
+                "{what}: the refusal says why: {e}"
+            ),
+        }
+    }
+    assert_eq!(
+        probed.missing.len(),
+        2,
+        "the brain told a worker it holds another task's content: missing {:?}",
+        probed.missing
+    );
+    assert!(
+        probed.delta.contains("over the limit"),
+        "a delta inflating to 512 MiB: {}",
+        probed.delta
+    );
+    assert!(
+        grew < 64 << 20,
+        "a delta inflating to 512 MiB took the brain's memory up by {} MiB",
+        grew >> 20
     );
 }

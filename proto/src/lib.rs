@@ -13,10 +13,10 @@ pub use v1::*;
 /// The worker session's protocol this build speaks (`Hello.protocol`, `HelloAck.protocol`).
 /// Raise it with a change a peer must know about; raise [`OLDEST_PROTOCOL`] when this build
 /// stops talking to peers older than that.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The oldest peer protocol this build still talks to.
-pub const OLDEST_PROTOCOL: u32 = 1;
+pub const OLDEST_PROTOCOL: u32 = 2;
 
 /// Whether a peer (`"worker"` or `"brain"`) that says it speaks `theirs` can talk to this
 /// build, which talks to peers from `oldest` on; if not, which side to upgrade, in words.

@@ -22,7 +22,10 @@ const CHUNK: usize = 1 << 20;
 const MAX_HASHES: usize = 100_000;
 /// Largest compressed delta accepted, and its decompressed size.
 const MAX_DELTA_WIRE: usize = 256 << 20;
-const MAX_DELTA_BYTES: u64 = 1 << 30;
+/// Decompressed: a full manifest of the most entries a workspace may have
+/// ([`manifest::DEFAULT_MAX_ENTRIES`], 200,000) at over 300 bytes each; a frame that says
+/// it is larger is refused before anything is inflated.
+const MAX_DELTA_BYTES: u64 = 64 << 20;
 
 fn hex_hashes(list: &BlobList) -> Result<Vec<String>, Status> {
     if list.hashes.len() > MAX_HASHES {
@@ -66,6 +69,23 @@ fn parse_delta(json: &[u8]) -> Result<Delta, Status> {
     Ok(d)
 }
 
+/// `hashes` split into those of files of `m` and the others, each in the order given.
+fn among_files(m: &shared::manifest::Manifest, hashes: Vec<String>) -> (Vec<String>, Vec<String>) {
+    let mut found: std::collections::HashMap<&str, bool> =
+        hashes.iter().map(|h| (h.as_str(), false)).collect();
+    for e in m.entries().values() {
+        if e.kind == shared::manifest::Kind::File
+            && let Some(f) = found.get_mut(e.hash.as_str())
+        {
+            *f = true;
+        }
+    }
+    let (known, unknown): (Vec<&String>, Vec<&String>) =
+        hashes.iter().partition(|h| found[h.as_str()]);
+    let owned = |v: Vec<&String>| v.into_iter().cloned().collect();
+    (owned(known), owned(unknown))
+}
+
 type ChunkStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 fn chunks<T: Send + 'static>(items: Vec<T>) -> ChunkStream<T> {
@@ -75,15 +95,38 @@ fn chunks<T: Send + 'static>(items: Vec<T>) -> ChunkStream<T> {
 #[tonic::async_trait]
 impl SyncService for Services {
     async fn missing_blobs(&self, req: Request<BlobList>) -> Result<Response<BlobList>, Status> {
+        let worker = self.worker_caller(&req)?.id;
+        let pending = self
+            .0
+            .hub
+            .sync_pending(req.get_ref().request_id, &worker)
+            .filter(|p| p.materialise.is_empty())
+            .ok_or_else(|| {
+                Status::failed_precondition("no barrier of this worker asks about these blobs")
+            })?;
         let hashes = hex_hashes(req.get_ref())?;
         let mirror = self.0.mirror.clone();
-        let missing = tokio::task::spawn_blocking(move || mirror.missing(&hashes))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))??
-            .iter()
-            .map(|h| hex::decode(h).expect("hex we made"))
-            .collect();
-        Ok(Response::new(BlobList { hashes: missing }))
+        let missing = tokio::task::spawn_blocking(move || -> Result<Vec<String>, Status> {
+            // Whether the mirror holds a blob is said only of the workspace's own last
+            // version: any other content is "missing", so the worker sends it and the brain
+            // checks it against its hash. No worker learns what other tasks' files hold.
+            let base = mirror
+                .manifest_shared(&pending.base)
+                .map_err(Status::from)?;
+            let (known, unknown) = among_files(&base, hashes);
+            let mut missing = mirror.missing(&known).map_err(Status::from)?;
+            missing.extend(unknown);
+            Ok(missing)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))??
+        .iter()
+        .map(|h| hex::decode(h).expect("hex we made"))
+        .collect();
+        Ok(Response::new(BlobList {
+            hashes: missing,
+            request_id: 0,
+        }))
     }
 
     async fn put_blobs(
@@ -294,8 +337,35 @@ impl SyncService for Services {
         &self,
         req: Request<BlobList>,
     ) -> Result<Response<Self::GetBlobsStream>, Status> {
+        let worker = self.worker_caller(&req)?.id;
+        let pending = self
+            .0
+            .hub
+            .sync_pending(req.get_ref().request_id, &worker)
+            .filter(|p| !p.materialise.is_empty())
+            .ok_or_else(|| {
+                Status::failed_precondition("no materialisation of this worker asks for blobs")
+            })?;
         let hashes = hex_hashes(req.get_ref())?;
         let mirror = self.0.mirror.clone();
+        // Only the blobs of the workspace this worker is materialising: not another task's.
+        let hashes = tokio::task::spawn_blocking({
+            let mirror = mirror.clone();
+            move || -> Result<Vec<String>, Status> {
+                let m = mirror
+                    .manifest_shared(&pending.materialise)
+                    .map_err(Status::from)?;
+                let (known, unknown) = among_files(&m, hashes);
+                match unknown.first() {
+                    Some(h) => Err(Status::permission_denied(format!(
+                        "blob {h} is not in the workspace this worker is materialising"
+                    ))),
+                    None => Ok(known),
+                }
+            }
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))??;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
             for h in hashes {

@@ -760,6 +760,14 @@ thread_local! {
 
 /// Decompresses at most `max` bytes; more is an error (a zip bomb is refused).
 pub fn decompress(data: &[u8], max: u64) -> std::io::Result<Vec<u8>> {
+    // A frame that says it is larger than allowed is refused before anything is inflated.
+    if let Ok(Some(size)) = zstd::zstd_safe::get_frame_content_size(data)
+        && size > max
+    {
+        return Err(std::io::Error::other(format!(
+            "decompressed data is over the limit (the frame says {size} bytes, at most {max} are taken)"
+        )));
+    }
     // Frames that state their size (all of ours): one call, into an output of that size.
     if let Some(size) = zstd::bulk::Decompressor::upper_bound(data)
         && size <= ONE_CALL_MAX

@@ -53,7 +53,7 @@ pub(super) async fn materialise(
             .join(id.to_string()),
     );
     let (fetched, staged, blob_wire) =
-        fetch_blobs(client, state, &current, &delta, &mut local, &staging).await?;
+        fetch_blobs(id, client, state, &current, &delta, &mut local, &staging).await?;
     wire += blob_wire;
     let blobs_fetched = fetched.len() as u64 + staged;
     if staged > 0 {
@@ -236,6 +236,7 @@ fn local_copies(
 /// the memory budget, staged on disk past it (and added to `local`). The blobs in memory,
 /// how many were staged, and the bytes that crossed the wire.
 async fn fetch_blobs(
+    id: u64,
     client: &mut SyncClient<Channel>,
     state: &SyncState,
     current: &Manifest,
@@ -267,6 +268,7 @@ async fn fetch_blobs(
         let mut s = client
             .get_blobs(BlobList {
                 hashes: batch.iter().map(|h| raw(h)).collect(),
+                request_id: id,
             })
             .await
             .map_err(Error::rpc("fetching blobs"))?

@@ -471,7 +471,7 @@ async fn barrier(
         })
         .await??;
         let t_scan = t0.elapsed();
-        match upload(&scanned.delta, root, client).await {
+        match upload(id, &scanned.delta, root, client).await {
             Ok((missing, wire)) => break (scanned, t_scan, missing, wire),
             Err(why) if why.changed_under_us() && tries < BARRIER_TRIES => {
                 tracing::info!(reason = %why, "a file changed during the barrier; scanning again");
@@ -563,6 +563,7 @@ const UPLOAD_AHEAD: usize = 16;
 /// sat idle until then). A file that changed since the scan ends the stream between two
 /// blobs: the brain keeps the whole blobs it got, and the barrier scans again.
 async fn upload(
+    id: u64,
     delta: &manifest::Delta,
     root: &Path,
     client: &mut SyncClient<Channel>,
@@ -581,6 +582,7 @@ async fn upload(
         let r = client
             .missing_blobs(BlobList {
                 hashes: batch.iter().map(|h| raw(h)).collect(),
+                request_id: id,
             })
             .await
             .map_err(Error::rpc("asking which blobs the brain lacks"))?;
