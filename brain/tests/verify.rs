@@ -105,6 +105,63 @@ fn a_finish_is_checked_and_a_failing_check_keeps_the_task_going_until_it_passes(
     assert!(line.contains("verified"), "{tasks}");
 }
 
+/// The check follows the workspace, not the tool: a command that changes files (`sed -i`,
+/// `>>`) makes it run again before the model's next turn, as a write does; a command that
+/// changes nothing does not.
+#[test]
+fn a_shell_edit_runs_the_check_again_and_a_command_that_changes_nothing_does_not() {
+    let llm = FakeLlm::script(vec![
+        FakeReply::write("state.txt", "no\n"),
+        FakeReply::run("ls -la"),
+        FakeReply::run("sed -i 's/no/yes/' state.txt"),
+        FakeReply::run("echo more >> state.txt"),
+        FakeReply::finish("flipped it"),
+    ]);
+    let c = cluster(&llm);
+    let w = c.join_worker("sed");
+    let id = start(&c, &w.id, &["--check", "grep -q yes state.txt"]);
+    assert_eq!(ended(&c, &id), "finished", "{}", c.brain_log());
+    let log = c.task_log_json(&id);
+    let checks: Vec<bool> = log
+        .iter()
+        .filter(|r| r["kind"] == "check_after_changes")
+        .map(|r| r["passed"].as_bool().unwrap())
+        .collect();
+    // After the write (it fails), not after `ls`, after the `sed -i` (it passes now) and
+    // after the `>>`.
+    assert_eq!(checks, [false, true, true], "{log:#?}");
+    let reqs = llm.requests();
+    let told = reqs[3].body["messages"].to_string();
+    assert!(
+        told.contains("passes after your changes"),
+        "the model was not told the check passes after its sed: {told}"
+    );
+}
+
+/// A check that cannot run (its command not found, or not executable) would judge nothing:
+/// the task fails at once, saying why, and the model is never asked.
+#[test]
+fn a_check_whose_command_is_not_found_ends_the_task_before_any_model_call() {
+    let llm = FakeLlm::script(vec![FakeReply::finish("done")]);
+    let c = cluster(&llm);
+    let w = c.join_worker("nocheck");
+    let id = start(&c, &w.id, &["--check", "no-such-test-runner --all"]);
+    assert_eq!(ended(&c, &id), "failed", "{}", c.brain_log());
+    assert_eq!(
+        llm.count(),
+        0,
+        "the model was asked against a check that cannot run"
+    );
+    let t = c.task_show(&id);
+    let reason = t["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("cannot run here")
+            && reason.contains("exit code 127")
+            && reason.contains("no-such-test-runner"),
+        "{t}"
+    );
+}
+
 #[test]
 fn a_finish_written_with_other_calls_is_not_taken_and_no_check_means_unverified() {
     let llm = FakeLlm::script(vec![

@@ -261,6 +261,9 @@ pub struct CheckRun {
     pub passed: bool,
     pub result: String,
     pub output: String,
+    /// Its exit code, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
 }
 
 /// A workspace entry left out of the mirror, and why.

@@ -185,6 +185,15 @@ pub struct AgentState {
     /// its next turn, and it hears the result.
     #[serde(default)]
     pub changed_since_check: bool,
+    /// The workspace's root as the acceptance check last left it (its barrier): a later
+    /// barrier at another root means a call changed the workspace, whatever the tool (a
+    /// `sed -i`, a formatter, `>>`), and the check runs again.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub checked_root: String,
+    /// The acceptance check ran (the brain's run, or the model's own) and its barrier has not
+    /// come yet: that barrier's root is what the check saw.
+    #[serde(default)]
+    pub check_ran_last: bool,
     /// The acceptance check's latest run passed and the model has not acted since.
     #[serde(default)]
     pub check_passes: bool,
@@ -257,6 +266,8 @@ impl AgentState {
             recent: VecDeque::new(),
             surveyed: false,
             changed_since_check: false,
+            checked_root: String::new(),
+            check_ran_last: false,
             check_passes: false,
             restored_for: None,
             root: String::new(),
@@ -320,6 +331,7 @@ impl AgentState {
             self.on_first_check(run);
         }
         self.changed_since_check = false;
+        self.check_ran_last = true;
         self.check_passes = run.passed && self.spent.steps > 0;
         self.on_verdict(run.passed);
     }
@@ -501,6 +513,15 @@ impl AgentState {
     /// left.
     pub fn on_barrier(&mut self, root: &str) {
         self.root = root.to_string();
+        if std::mem::take(&mut self.check_ran_last) {
+            self.checked_root = root.to_string();
+        } else if self.spec.check.is_some()
+            && !self.checked_root.is_empty()
+            && root != self.checked_root
+        {
+            // A call left the workspace other than the check saw it.
+            self.changed_since_check = true;
+        }
         if let Some(t) = self.recent.back_mut() {
             t.root = root.to_string();
         }
@@ -534,6 +555,7 @@ impl AgentState {
             // The model ran the check itself on what it changed and saw the result: the
             // brain need not run it again (a pass lets talk be the finish, as the brain's).
             self.changed_since_check = false;
+            self.check_ran_last = true;
             self.check_passes = !failed;
             self.on_verdict(!failed);
         }

@@ -66,6 +66,30 @@ pub struct CheckRun {
     pub result: String,
     /// Its output (stdout then stderr), head and tail.
     pub output: String,
+    /// Its exit code, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+}
+
+impl CheckRun {
+    /// Why the check cannot run at all (the shell's 126, not executable, or 127, not
+    /// found), in words for the task's end; `None` when it ran, whatever it said.
+    pub fn unrunnable(&self, command: &str) -> Option<String> {
+        let why = match self.exit_code? {
+            126 => "its command is not executable (exit code 126)",
+            127 => "its command was not found (exit code 127)",
+            _ => return None,
+        };
+        let said = self.output.trim();
+        Some(format!(
+            "the acceptance check `{command}` cannot run here: {why}{}. Nothing was asked of the model: fix the check (--check, or .tether/check) or install what it needs on the worker, then run the task again",
+            if said.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", super::text::head_tail(said, 300))
+            }
+        ))
+    }
 }
 
 /// The repository file that names a task's acceptance check: its first line that is neither
@@ -105,7 +129,7 @@ pub fn is_protected(check: &Check, path: &str) -> bool {
 
 #[cfg(test)]
 mod source_tests {
-    use crate::model::check::{Check, CheckSource};
+    use crate::model::check::{Check, CheckRun, CheckSource};
 
     #[test]
     fn a_checks_source_reads_as_logs_wrote_it_and_writes_it_the_same() {
@@ -125,6 +149,33 @@ mod source_tests {
             assert_eq!(c.source, source, "{text}");
             let back = serde_json::to_string(&c).unwrap();
             assert_eq!(back.replace(",\"timeout_ms\":0", ""), text, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_check_that_cannot_run_says_so_and_one_that_ran_does_not() {
+        let run = |code: Option<i32>, output: &str| CheckRun {
+            exit_code: code,
+            output: output.into(),
+            ..Default::default()
+        };
+        let why = run(Some(127), "sh: 1: pytest: not found")
+            .unrunnable("pytest -q")
+            .unwrap();
+        assert!(
+            why.contains("`pytest -q` cannot run here")
+                && why.contains("not found (exit code 127)")
+                && why.contains("pytest: not found"),
+            "{why}"
+        );
+        assert!(
+            run(Some(126), "")
+                .unrunnable("./t.sh")
+                .unwrap()
+                .contains("not executable (exit code 126)")
+        );
+        for code in [Some(0), Some(1), Some(2), None] {
+            assert_eq!(run(code, "").unrunnable("make test"), None, "{code:?}");
         }
     }
 }

@@ -404,6 +404,7 @@ fn call_completed(st: &mut TaskState, call_id: u64, result: &super::event::ToolR
             run.call_id = call_id;
             run.passed = result.ok();
             run.result = describe(result);
+            run.exit_code = result.exit_code;
             if let Some(a) = &mut st.agent {
                 a.on_check_run(&run);
             }

@@ -400,6 +400,7 @@ fn check_run(c: CheckRun) -> wire::CheckRun {
         passed: c.passed,
         result: c.result,
         output: c.output,
+        exit_code: c.exit_code,
     }
 }
 

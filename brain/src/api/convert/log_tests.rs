@@ -334,6 +334,7 @@ fn one_of_each() -> Vec<Event> {
                 passed: true,
                 result: s("exit code 0"),
                 output: s("ok"),
+                exit_code: Some(0),
             },
         },
         Event::Placement {

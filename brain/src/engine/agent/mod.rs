@@ -256,14 +256,19 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
         if !a.surveyed {
             return Action::Driver(AgentAction::Survey);
         }
-        if let Some(check) = &a.spec.check
-            && st.last_check.is_none()
-        {
-            return Action::Issue {
-                call: check_call(check),
-                step: 0,
-                purpose: Purpose::Acceptance,
+        if let Some(check) = &a.spec.check {
+            let Some(run) = &st.last_check else {
+                return Action::Issue {
+                    call: check_call(check),
+                    step: 0,
+                    purpose: Purpose::Acceptance,
+                };
             };
+            // A check that cannot run would judge nothing: the task stops before the model
+            // spends anything against it.
+            if let Some(why) = run.unrunnable(&check.command) {
+                return Action::finish(Outcome::Failed, why);
+            }
         }
     }
     // Changes on which the check fails, after it had passed: back to the version it passed on.

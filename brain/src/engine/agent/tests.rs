@@ -559,8 +559,28 @@ fn a_failing_check_after_a_pass_undoes_and_a_model_that_stops_on_a_pass_is_finis
             why: "ran out of its budget".into()
         }])
     );
-    // On a version that did not pass, it stops as before.
+    // A version the check has not seen (a command changed it) is checked once more, the
+    // last change may be the fix; when it fails there, it goes back to the version that
+    // passed, as after any change.
     st2.agent.as_mut().unwrap().on_barrier("other");
+    assert!(matches!(
+        decide(&st2),
+        Action::Issue {
+            purpose: Purpose::Acceptance,
+            ..
+        }
+    ));
+    let a = st2.agent.as_mut().unwrap();
+    a.on_check_run(&run(false));
+    a.on_barrier("other");
+    assert_eq!(
+        decide(&st2),
+        Action::Driver(AgentAction::UndoChanges { to_start: false })
+    );
+    // On a version that did not pass and that the check saw, it stops as before.
+    let a = st2.agent.as_mut().unwrap();
+    a.undo_due = false;
+    a.passed_root.clear();
     assert!(
         matches!(decide(&st2), Action::Log(ref e) if matches!(e[0], Event::StatusChanged { .. }))
     );
