@@ -24,10 +24,11 @@ const CURL: &str = "curl -sS --max-time 30";
 
 /// Every form in which `value` could be read back: the bytes themselves, percent-encoded
 /// (`+` or `%20` for a space, either case of hex), Base64 (standard and URL-safe, at each of
-/// the three alignments inside a longer encoding), JSON-escaped (with `/` escaped or not).
+/// the three alignments inside a longer encoding), JSON-escaped (with `/` escaped or not), and
+/// hex in either case.
 fn forms(value: &str) -> Vec<String> {
     let v = value.as_bytes();
-    let mut out = vec![value.to_string()];
+    let mut out = vec![value.to_string(), hex(v), hex(v).to_uppercase()];
     let plus: String = form_urlencoded::byte_serialize(v).collect();
     out.push(plus.clone());
     out.push(plus.replace('+', "%20"));
@@ -51,6 +52,10 @@ fn forms(value: &str) -> Vec<String> {
     out.sort();
     out.dedup();
     out
+}
+
+fn hex(v: &[u8]) -> String {
+    v.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The forms of `value` found in `text`, and any 8-byte piece of the value itself.
@@ -360,6 +365,204 @@ fn an_echo_of_the_value_in_any_encoding_is_masked() {
     assert!(
         seen.iter().all(|r| r.header("range").is_none()),
         "a Range is not forwarded on an injected request: {seen:#?}"
+    );
+    assert_clean(&c, &w, &ran);
+}
+
+/// Route 6 of the second round: an upstream's echo of the value got through in the status
+/// line's reason phrase (forwarded as received), in a header's name, hex-encoded, and as a
+/// gzip file served without `Content-Encoding` (the command gunzips it). Now the reason
+/// phrase is the canonical one, names are masked like values, hex in any case is a masked
+/// form, and a compressed file that holds the value is cut off before the part that does,
+/// while one that does not passes byte for byte.
+#[test]
+fn an_echo_in_the_status_line_a_header_name_hex_or_a_compressed_file_is_kept_out() {
+    if !have_netns() {
+        return;
+    }
+    use std::io::Write as _;
+    let ca = TestCa::new().unwrap();
+    let gzip = |text: &[u8]| {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(text).unwrap();
+        gz.finish().unwrap()
+    };
+    let tarball = gzip(&b"plain package contents\n".repeat(20_000));
+    let tarball_sum = {
+        use sha2::Digest as _;
+        hex(&sha2::Sha256::digest(&tarball))
+    };
+    let served = tarball.clone();
+    let api = Upstream::start_raw(
+        &ca,
+        &[API],
+        Arc::new(move |r: &Received| {
+            let value = bearer(r).unwrap_or_default();
+            let respond = |status: &str, extra: &str, body: &[u8]| {
+                let mut out = format!(
+                    "HTTP/1.1 {status}\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                )
+                .into_bytes();
+                out.extend_from_slice(body);
+                out
+            };
+            let hex_upper = hex(value.as_bytes()).to_uppercase();
+            match r.path.as_str() {
+                "/reason" => respond(&format!("200 {value}"), "", b"ok"),
+                "/name" => respond("200 OK", &format!("X-Echo-{hex_upper}: 1\r\n"), b"ok"),
+                "/hex" => respond(
+                    "200 OK",
+                    "",
+                    format!("{} {hex_upper}", hex(value.as_bytes())).as_bytes(),
+                ),
+                "/gzfile" => respond(
+                    "200 OK",
+                    "Content-Type: application/gzip\r\n",
+                    &gzip(format!("{}token={value}\n", "x".repeat(50_000)).as_bytes()),
+                ),
+                "/tarball" => respond("200 OK", "Content-Type: application/gzip\r\n", &served),
+                _ => respond("404 Not Found", "", b"no"),
+            }
+        }),
+    )
+    .unwrap();
+    let c = egress_cluster(&ca, &[API], "");
+    let w = c.join_worker("echo-forms");
+    let pa = api.port;
+    set_api_secret(&c, SECRET, API, pa);
+    let u = format!("https://{API}:{pa}");
+    let commands = vec![
+        format!("{CURL} -D - -o /dev/null {u}/reason"),
+        format!("{CURL} -D - -o /dev/null {u}/name"),
+        format!("{CURL} {u}/hex"),
+        format!("{CURL} {u}/gzfile | gunzip | tail -c 200"),
+        format!("{CURL} {u}/tarball | sha256sum"),
+    ];
+    let (_, ran) = run_commands(&c, &w.id, &["--secret", "api"], &commands);
+    assert!(ran[0].stdout.contains("HTTP/1.1 200 OK"), "{:#?}", ran[0]);
+    assert!(ran[1].stdout.contains("x-echo-"), "{:#?}", ran[1]);
+    assert!(ran[2].stdout.contains("***"), "{:#?}", ran[2]);
+    assert!(
+        ran[3].stderr.contains("compressed file") && ran[3].stderr.contains("cut off"),
+        "the command is told why its answer ends early: {:#?}",
+        ran[3]
+    );
+    assert!(
+        ran[4].stdout.contains(&tarball_sum),
+        "a compressed file without the value reaches the command byte for byte: {:#?}",
+        ran[4]
+    );
+    assert!(
+        api.seen()
+            .iter()
+            .filter(|r| bearer(r).as_deref() == Some(SECRET))
+            .count()
+            >= 5
+    );
+    assert_clean(&c, &w, &ran);
+}
+
+/// Route 7 of the second round: inflation was bounded per connection (a frame at a time,
+/// about 190 MiB of a bomb), not in total: twenty requests at once from one command took the
+/// brain to 2.4 GiB. Now each answer inflates about 64 KiB at a time as the command reads,
+/// and a task (and the brain) carries a bounded number of connections at once: twenty bombs
+/// cost the brain a few MiB, and a command that opens more connections than a task may is
+/// refused for those, in words.
+#[test]
+fn gzip_bombs_on_many_connections_cost_the_brain_little_memory() {
+    if !have_netns() {
+        return;
+    }
+    use std::io::Write as _;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let ca = TestCa::new().unwrap();
+    // 256 MiB of zeros in about 250 KiB.
+    let bomb = {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..256 {
+            gz.write_all(&zeros).unwrap();
+        }
+        gz.finish().unwrap()
+    };
+    let held = Arc::new(AtomicUsize::new(0));
+    let holding = held.clone();
+    let per_task = 32;
+    let api = Upstream::start_raw(
+        &ca,
+        &[API],
+        Arc::new(move |r: &Received| match r.path.as_str() {
+            "/bomb" => {
+                let mut out = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    bomb.len()
+                )
+                .into_bytes();
+                out.extend_from_slice(&bomb);
+                out
+            }
+            "/hold" => {
+                // Answers once as many as a task may open are here (or after 20 s).
+                holding.fetch_add(1, Ordering::SeqCst);
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                while holding.load(Ordering::SeqCst) < per_task && std::time::Instant::now() < until {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nheld\n".to_vec()
+            }
+            _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        }),
+    )
+    .unwrap();
+    let c = egress_cluster(&ca, &[API], "");
+    let w = c.join_worker("bombs");
+    let pa = api.port;
+    set_api_secret(&c, SECRET, API, pa);
+    let u = format!("https://{API}:{pa}");
+    let pid = c.brain.as_ref().unwrap().pid();
+    // One request first, so that what the first one costs once (TLS set-up, the tunnel's
+    // service) is not counted below.
+    held.store(per_task, Ordering::SeqCst);
+    run_commands(
+        &c,
+        &w.id,
+        &["--secret", "api"],
+        &[format!("{CURL} -o /dev/null {u}/hold")],
+    );
+    testkit::reset_peak(pid);
+    let before = testkit::peak_rss(pid);
+    let bombs =
+        format!("for i in $(seq 20); do ({CURL} {u}/bomb | head -c 100000 | wc -c) & done; wait");
+    let (_, ran) = run_commands(&c, &w.id, &["--secret", "api"], &[bombs]);
+    let grew = testkit::peak_rss(pid).saturating_sub(before);
+    eprintln!(
+        "twenty gzip bombs at once: the brain's peak memory grew by {} MiB",
+        grew >> 20
+    );
+    assert_eq!(
+        ran[0].stdout.matches("100000").count(),
+        20,
+        "each command read what it asked for: {:#?}",
+        ran[0]
+    );
+    assert!(
+        grew < 100 << 20,
+        "twenty bombs at once grew the brain by {} MiB",
+        grew >> 20
+    );
+    // More connections at once than a task may hold: those beyond are refused, in words.
+    held.store(0, Ordering::SeqCst);
+    let many = format!(
+        "for i in $(seq {}); do ({CURL} {u}/hold 2>&1 | head -c 300; echo) & done; wait",
+        per_task + 8
+    );
+    let (_, ran) = run_commands(&c, &w.id, &["--secret", "api"], &[many]);
+    let out = ran[0].told();
+    assert_eq!(out.matches("held").count(), per_task, "{out}");
+    assert!(
+        out.matches("connections open through the brain").count() >= 8,
+        "{out}"
     );
     assert_clean(&c, &w, &ran);
 }

@@ -8,6 +8,7 @@ mod web_api;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
+use testkit::{peak_rss, reset_peak};
 
 use serde_json::{Value, json};
 use testkit::fake_llm::{FakeLlm, FakeReply};
@@ -262,23 +263,6 @@ async fn a_diff_is_cut_at_its_cap_and_says_so() {
         stat.contains("big.txt") && !stat.contains("cut at"),
         "{stat}"
     );
-}
-
-/// The brain's resident memory at its peak since the last [`reset_peak`], in bytes.
-fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmHWM in /proc/PID/status");
-    kb * 1024
-}
-
-/// Starts [`peak_rss`] again from the memory the process has now.
-fn reset_peak(pid: u32) {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the peak (clear_refs)");
 }
 
 /// Route 8, diffs (memory): the cap used to be checked after git's whole output was read, so

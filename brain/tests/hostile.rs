@@ -5,6 +5,7 @@
 //! a write through it, in the same delta or a later one, is refused.
 
 use std::time::Duration;
+use testkit::peak_rss;
 
 use proto::sync_client::SyncClient;
 use proto::worker_session_client::WorkerSessionClient;
@@ -343,18 +344,6 @@ fn hostile_workspace_data_from_a_worker_is_refused_and_changes_nothing() {
             .any(|r| r["kind"] == "tool_call_completed"
                 && testkit::json_u64(&r["call_id"]).is_some())
     );
-}
-
-/// The brain's resident memory at its peak, in bytes (`VmHWM`).
-fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .expect("VmHWM in /proc/PID/status")
-        * 1024
 }
 
 /// What a hostile worker got from the mirror: the content of another task's blob by its

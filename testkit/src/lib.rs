@@ -30,7 +30,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub use procs::{chown_tree, pids_mentioning, process_gone, processes_started_in};
+pub use procs::{
+    chown_tree, peak_rss, pids_mentioning, process_gone, processes_started_in, reset_peak,
+};
 pub use said::{
     assert_failed_saying, assert_failed_stderr_says, assert_said, assert_stderr_says,
     assert_stdout_says,

@@ -65,3 +65,21 @@ pub fn process_gone(pid: u32) -> bool {
             .unwrap_or(false),
     }
 }
+
+/// A process's resident memory at its peak since it started or the last [`reset_peak`], in
+/// bytes (`VmHWM`).
+pub fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read its status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kb * 1024
+}
+
+/// Starts [`peak_rss`] again from the memory the process has now.
+pub fn reset_peak(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset the peak (clear_refs)");
+}

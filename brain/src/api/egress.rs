@@ -39,6 +39,13 @@ fn refused(reason: String) -> TunnelDown {
     }
 }
 
+/// A tunnel that says only why it is refused.
+fn refusal(reason: String) -> Response<ReceiverStream<Result<TunnelDown, Status>>> {
+    let (tx, rx) = mpsc::channel(1);
+    let _ = tx.try_send(Ok(refused(reason)));
+    Response::new(ReceiverStream::new(rx))
+}
+
 /// Equal in time whatever the inputs.
 fn same(a: &str, b: &str) -> bool {
     a.len() == b.len()
@@ -46,6 +53,38 @@ fn same(a: &str, b: &str) -> bool {
             .zip(b.bytes())
             .fold(0u8, |acc, (x, y)| acc | (x ^ y))
             == 0
+}
+
+/// The secrets `names` as they are now, to inject for `task` into a connection to
+/// `host:port`: one removed or bound elsewhere since the task started is not sent (the
+/// reason, in words).
+async fn injections(
+    secrets: &Secrets,
+    task: &str,
+    names: &[String],
+    host: &str,
+    port: u16,
+) -> Result<Vec<Injection>, String> {
+    let mut list = Vec::new();
+    for name in names {
+        let found = secrets
+            .reveal(name)
+            .await
+            .ok()
+            .filter(|(info, _)| info.bound_to(host, port));
+        let Some((info, value)) = found else {
+            return Err(format!(
+                "secret {name:?} is no longer in the brain, or no longer bound to {host}:{port}"
+            ));
+        };
+        list.push(Injection {
+            name: name.clone(),
+            placeholder: secrets.placeholder(task, name),
+            value,
+            inject: info.inject,
+        });
+    }
+    Ok(list)
 }
 
 #[tonic::async_trait]
@@ -95,7 +134,6 @@ impl proto::egress_server::Egress for Services {
                     open.task
                 ))
             })?;
-        let (tx, rx) = mpsc::channel(QUEUE);
         let decision = spec.decide(&host, port, open.plain);
         let plan = match decision {
             Decision::Refuse(reason) => {
@@ -103,46 +141,26 @@ impl proto::egress_server::Egress for Services {
                     .engine
                     .egress_refused(&open.task, &host, port, &reason)
                     .await;
-                let _ = tx.send(Ok(refused(reason))).await;
-                return Ok(Response::new(ReceiverStream::new(rx)));
+
+                return Ok(refusal(reason));
             }
             Decision::Direct => {
-                let _ = tx
-                    .send(Ok(refused(format!(
-                        "{host}:{port} is reached directly from the worker, not through the brain"
-                    ))))
-                    .await;
-                return Ok(Response::new(ReceiverStream::new(rx)));
+                return Ok(refusal(format!(
+                    "{host}:{port} is reached directly from the worker, not through the brain"
+                )));
             }
             Decision::Intercept { inject, methods } => {
-                let mut list = Vec::new();
-                for name in &inject {
-                    // The secret as it is now: removed or bound elsewhere since the task
-                    // started means not sent.
-                    let found = parts
-                        .secrets
-                        .reveal(name)
-                        .await
-                        .ok()
-                        .filter(|(info, _)| info.bound_to(&host, port));
-                    let Some((info, value)) = found else {
-                        let reason = format!(
-                            "secret {name:?} is no longer in the brain, or no longer bound to {host}:{port}"
-                        );
+                let list = match injections(&parts.secrets, &open.task, &inject, &host, port).await
+                {
+                    Ok(list) => list,
+                    Err(reason) => {
                         self.0
                             .engine
                             .egress_refused(&open.task, &host, port, &reason)
                             .await;
-                        let _ = tx.send(Ok(refused(reason))).await;
-                        return Ok(Response::new(ReceiverStream::new(rx)));
-                    };
-                    list.push(Injection {
-                        name: name.clone(),
-                        placeholder: parts.secrets.placeholder(&open.task, name),
-                        value,
-                        inject: info.inject,
-                    });
-                }
+                        return Ok(refusal(reason));
+                    }
+                };
                 Plan {
                     host: host.clone(),
                     port,
@@ -151,10 +169,23 @@ impl proto::egress_server::Egress for Services {
                 }
             }
         };
+        // Each connection the brain carries costs it memory: a bounded number at once.
+        let ticket = match parts.upstream.admit(&open.task) {
+            Ok(t) => t,
+            Err(reason) => {
+                self.0
+                    .engine
+                    .egress_refused(&open.task, &host, port, &reason)
+                    .await;
+
+                return Ok(refusal(reason));
+            }
+        };
         let tls = parts
             .ca
             .server_config(&host)
             .map_err(|e| Status::internal(format!("egress certificate for {host}: {e}")))?;
+        let (tx, rx) = mpsc::channel(QUEUE);
         let _ = tx
             .send(Ok(TunnelDown {
                 kind: Some(tunnel_down::Kind::Opened(true)),
@@ -206,7 +237,7 @@ impl proto::egress_server::Egress for Services {
         let upstream = parts.upstream.clone();
         tokio::spawn(async move {
             crate::egress::intercept(theirs, tls, plan, upstream, on_refuse).await;
-            drop(tx);
+            drop((tx, ticket));
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }

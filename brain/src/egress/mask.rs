@@ -1,8 +1,9 @@
 //! Masking secret values in what upstream answers: each occurrence becomes as many `*`, so
 //! lengths (and a `Content-Length`) stay true. Not only the bytes themselves: a server may
 //! echo a value percent-encoded, Base64-encoded (inside a longer encoding too, so at each of
-//! the three alignments) or JSON-escaped, so each of those forms is masked as well
-//! ([`needles`]). A body is masked as it streams: the end of each piece that could begin a
+//! the three alignments), JSON-escaped or hex-encoded, so each of those forms is masked as
+//! well ([`needles`]), in any mix of ASCII upper and lower case (hex and percent escapes
+//! read the same in either; a header's name reaches the command in lower case). A body is masked as it streams: the end of each piece that could begin a
 //! form is held back until the next piece shows whether it does. Trailers are dropped: they
 //! come after the body, where nothing could be masked in time. A compressed body is
 //! inflated first ([`Inflated`]), since masking needs the bytes as they will be read.
@@ -16,9 +17,9 @@ use hyper::body::{Body, Frame, SizeHint};
 /// Shortest encoded form masked: shorter ones would mask ordinary text.
 const MIN_FORM: usize = 6;
 
-/// Every form of each value to mask: the bytes, percent-encoded (`+` or `%20` for a space,
-/// upper- and lower-case hex), the middle of its Base64 encoding at each alignment (standard
-/// and URL-safe alphabets), and JSON-escaped (with `/` escaped and not).
+/// Every form of each value to mask: the bytes, percent-encoded (`+` or `%20` for a space),
+/// the middle of its Base64 encoding at each alignment (standard and URL-safe alphabets),
+/// JSON-escaped (with `/` escaped and not), and hex. The [`Finder`] matches them in any case.
 pub fn needles(values: &[Vec<u8>]) -> Vec<Vec<u8>> {
     use base64::Engine as _;
     let mut out: Vec<Vec<u8>> = Vec::new();
@@ -46,6 +47,7 @@ pub fn needles(values: &[Vec<u8>]) -> Vec<Vec<u8>> {
                 }
             }
         }
+        forms.push(v.iter().map(|b| format!("{b:02x}")).collect());
         if let Ok(text) = std::str::from_utf8(v) {
             let json = serde_json::to_string(text).expect("strings serialise");
             let json = &json[1..json.len() - 1];
@@ -83,7 +85,8 @@ fn lower_escapes(s: &str) -> String {
 }
 
 /// One automaton for every form of every value, built once per answer: a piece is scanned
-/// once, however many forms there are, and the headers and the body share it.
+/// once, however many forms there are, and the status line, the headers and the body share
+/// it. It matches in any ASCII case: masking a little more than needed, never less.
 #[derive(Clone)]
 pub struct Finder {
     automaton: Option<aho_corasick::AhoCorasick>,
@@ -95,9 +98,28 @@ impl Finder {
     pub fn new(values: &[Vec<u8>]) -> Self {
         let keep = values.iter().map(|v| v.len()).max().unwrap_or(1).max(1) - 1;
         let values: Vec<&Vec<u8>> = values.iter().filter(|v| !v.is_empty()).collect();
-        let automaton = (!values.is_empty())
-            .then(|| aho_corasick::AhoCorasick::new(values).expect("byte patterns always build"));
+        let automaton = (!values.is_empty()).then(|| {
+            aho_corasick::AhoCorasick::builder()
+                .ascii_case_insensitive(true)
+                .build(values)
+                .expect("byte patterns always build")
+        });
         Self { automaton, keep }
+    }
+
+    /// Whether there is anything to look for.
+    pub fn any(&self) -> bool {
+        self.automaton.is_some()
+    }
+
+    /// The longest form's length less one.
+    pub fn keep(&self) -> usize {
+        self.keep
+    }
+
+    /// Whether `data` holds a form of a value.
+    pub fn found(&self, data: &[u8]) -> bool {
+        self.automaton.as_ref().is_some_and(|a| a.is_match(data))
     }
 
     /// `data` masked, or None when nothing in it needs masking (and nothing is copied).
@@ -255,6 +277,10 @@ mod tests {
             serde_json::json!({ "t": v })
                 .to_string()
                 .replace('/', "\\/"),
+            hex(&v),
+            hex(&v).to_uppercase(),
+            format!("x-{}", hex(&v)).to_ascii_lowercase(),
+            b64(v.clone()).to_ascii_lowercase(),
         ] {
             let masked = all(text.as_bytes(), &n);
             assert_ne!(masked, text.as_bytes(), "{text}");
@@ -262,6 +288,12 @@ mod tests {
             assert!(masked.iter().filter(|b| **b == b'*').count() >= 6, "{text}");
         }
         // The letters of a value keep their case in its escaped form.
-        assert!(n.iter().any(|f| f.starts_with(b"Tok%2fen")));
+        assert!(n.iter().any(|f| f.starts_with(b"Tok%2Fen")));
+        // Text that holds no form of it is left alone.
+        assert_eq!(all(b"Tok/e and 546f6b2f", &n), b"Tok/e and 546f6b2f");
+    }
+
+    fn hex(v: &str) -> String {
+        v.bytes().map(|b| format!("{b:02x}")).collect()
     }
 }

@@ -16,6 +16,7 @@
 mod error;
 mod inflate;
 mod mask;
+mod sniff;
 mod swap;
 
 use std::collections::BTreeMap;
@@ -29,6 +30,7 @@ use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use shared::locks::Lock;
 
 use error::UpstreamError;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -72,10 +74,43 @@ pub struct Plan {
     pub methods: Vec<String>,
 }
 
+/// Intercepted connections open at once, in all and for one task. Each costs the brain its
+/// buffers (a TLS session each way, request and answer heads of at most 64 KiB, the tunnel's
+/// queue) and, while it inflates an answer, about 64 KiB of inflated bytes at a time
+/// ([`inflate`]); these bounds keep the sum of all of them bounded.
+pub const MAX_CONNECTIONS: usize = 128;
+pub const MAX_TASK_CONNECTIONS: usize = 32;
+
+/// Counts the intercepted connections open, in all and per task.
+#[derive(Default)]
+struct Admission {
+    open: std::sync::Mutex<(usize, std::collections::HashMap<String, usize>)>,
+}
+
+/// An admitted connection: it counts until dropped.
+pub struct Ticket {
+    admission: Arc<Admission>,
+    task: String,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut open = self.admission.open.locked();
+        open.0 = open.0.saturating_sub(1);
+        if let Some(n) = open.1.get_mut(&self.task) {
+            *n -= 1;
+            if *n == 0 {
+                open.1.remove(&self.task);
+            }
+        }
+    }
+}
+
 /// How the brain connects upstream.
 pub struct Upstream {
     tls: Arc<rustls::ClientConfig>,
     resolve: BTreeMap<String, IpAddr>,
+    admission: Arc<Admission>,
 }
 
 impl Upstream {
@@ -113,6 +148,30 @@ impl Upstream {
                 .into_iter()
                 .map(|(k, v)| (k.to_ascii_lowercase(), v))
                 .collect(),
+            admission: Arc::default(),
+        })
+    }
+
+    /// Admits one more intercepted connection for `task`, or says in words why not (too
+    /// many open for the task, or for the brain).
+    pub fn admit(&self, task: &str) -> Result<Ticket, String> {
+        let mut open = self.admission.open.locked();
+        let mine = open.1.get(task).copied().unwrap_or(0);
+        if mine >= MAX_TASK_CONNECTIONS {
+            return Err(format!(
+                "this task already has {MAX_TASK_CONNECTIONS} connections open through the brain, the most one task may; close some (fewer requests at once) and try again"
+            ));
+        }
+        if open.0 >= MAX_CONNECTIONS {
+            return Err(format!(
+                "the brain already carries {MAX_CONNECTIONS} connections for tasks, the most it takes at once; try again when fewer are open"
+            ));
+        }
+        open.0 += 1;
+        *open.1.entry(task.to_string()).or_default() += 1;
+        Ok(Ticket {
+            admission: self.admission.clone(),
+            task: task.to_string(),
         })
     }
 
@@ -148,7 +207,9 @@ impl Upstream {
         })
         .await
         .map_err(|_| UpstreamError::ConnectTimeout(CONNECT_TIMEOUT))??;
-        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        let (send, conn) = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(MAX_HEAD_BYTES.max(8192))
+            .handshake(TokioIo::new(io))
             .await
             .map_err(UpstreamError::Handshake)?;
         tokio::spawn(async move {
@@ -363,13 +424,28 @@ impl Conn {
         let values: Vec<Vec<u8>> = p.inject.iter().map(|i| i.value.expose().to_vec()).collect();
         let needles = mask::Finder::new(&mask::needles(&values));
         let (mut parts, body) = resp.into_parts();
-        for (_, v) in parts.headers.iter_mut() {
-            if let Some(masked) = needles.masked(v.as_bytes())
-                && let Ok(m) = hyper::header::HeaderValue::from_bytes(&masked)
-            {
-                *v = m;
-            }
+        // The status line carries the canonical reason phrase, never upstream's own words.
+        parts.extensions = hyper::http::Extensions::new();
+        let mut headers = hyper::HeaderMap::with_capacity(parts.headers.len());
+        for (name, v) in parts.headers.iter() {
+            let name = match needles.masked(name.as_str().as_bytes()) {
+                // `*` is a token character: the masked name is still a name.
+                Some(masked) => match hyper::header::HeaderName::from_bytes(&masked) {
+                    Ok(n) => n,
+                    Err(_) => continue,
+                },
+                None => name.clone(),
+            };
+            let value = match needles.masked(v.as_bytes()) {
+                Some(masked) => match hyper::header::HeaderValue::from_bytes(&masked) {
+                    Ok(m) => m,
+                    Err(_) => continue,
+                },
+                None => v.clone(),
+            };
+            headers.append(name, value);
         }
+        parts.headers = headers;
         parts.headers.remove(hyper::header::TRAILER);
         let coding = parts
             .headers
@@ -378,12 +454,19 @@ impl Conn {
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .collect::<Vec<_>>()
             .join(",");
+        let found = self.refused.clone();
         let body: Body = match inflate::Coding::of(&coding) {
-            None => mask::Masked::new(body, needles).boxed(),
+            None => mask::Masked::new(sniff::Watched::new(body, needles.clone(), found), needles)
+                .boxed(),
             Some(Ok(c)) => {
                 parts.headers.remove(hyper::header::CONTENT_ENCODING);
                 parts.headers.remove(hyper::header::CONTENT_LENGTH);
-                mask::Masked::new(inflate::Inflated::new(body, c), needles).boxed()
+                let inflated = inflate::Inflated::new(body, c);
+                mask::Masked::new(
+                    sniff::Watched::new(inflated, needles.clone(), found),
+                    needles,
+                )
+                .boxed()
             }
             Some(Err(())) => {
                 return self.refuse(format!(
