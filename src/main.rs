@@ -12,6 +12,7 @@ Usage:
                            (e.g. anthropic:claude-sonnet-4-5, key in ANTHROPIC_API_KEY)
   tether brain ARGS...     the brain (same as the `brain` binary; try `tether brain --help`)
   tether worker ARGS...    a worker (same as the `worker` binary)
+  tether --version         the version
 ";
 
 fn main() {
@@ -40,6 +41,10 @@ fn main() {
                 worker::exit_code(&e).code()
             }
         },
+        "-V" | "--version" | "version" => {
+            shared::outln!("tether {}", env!("CARGO_PKG_VERSION"));
+            0
+        }
         "-h" | "--help" | "help" => {
             shared::outp!("{USAGE}");
             0

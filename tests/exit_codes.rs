@@ -80,3 +80,28 @@ fn a_brain_without_a_ca_or_with_a_bad_config_exits_78() {
     assert_eq!(status, Some(78), "{err}");
     assert!(err.contains("config.toml"), "{err}");
 }
+
+/// `--version` answers on stdout with success under every name, and an unknown word is a
+/// usage error (2), not a version.
+#[test]
+fn every_program_says_its_version() {
+    let bins = testkit::Bins::locate();
+    let version = env!("CARGO_PKG_VERSION");
+    for (name, mut c) in [
+        ("tether", tether()),
+        ("brain", Command::new(&bins.brain)),
+        ("worker", Command::new(&bins.worker)),
+    ] {
+        let out = c.arg("--version").output().expect("the program starts");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name}: {out:?}");
+        assert_eq!(said.trim(), format!("{name} {version}"), "{name}");
+    }
+    let (status, err) = code({
+        let mut t = tether();
+        t.arg("--verison");
+        t
+    });
+    assert_eq!(status, Some(2), "{err}");
+    assert!(err.contains("Usage:"), "{err}");
+}
