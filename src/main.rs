@@ -37,7 +37,7 @@ fn main() {
         "worker" => match worker::cli::main_with(args[1..].iter().cloned()) {
             Ok(()) => 0,
             Err(e) => {
-                eprintln!("Error: {e:?}");
+                eprintln!("Error: {e:#}");
                 worker::exit_code(&e).code()
             }
         },

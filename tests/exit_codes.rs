@@ -27,9 +27,12 @@ fn a_worker_that_never_joined_exits_78_under_both_names() {
         t
     }] {
         c.args(["run", "--state"]).arg(&state);
+        // A user's error is words, not a backtrace, even where backtraces are asked for.
+        c.env("RUST_BACKTRACE", "1");
         let (status, err) = code(c);
         assert_eq!(status, Some(78), "{err}");
         assert!(err.contains("worker join"), "says what to do: {err}");
+        assert!(!err.to_lowercase().contains("backtrace"), "{err}");
     }
 }
 

@@ -10,9 +10,7 @@ use proto::admin_client::AdminClient;
 use proto::worker_session_client::WorkerSessionClient;
 use shared::pki::{self, IdentityFiles, Role};
 use shared::tls::{BrainAddr, DialOptions};
-use testkit::{
-    Cluster, assert_failed_stderr_says, assert_stderr_says, assert_stdout_says, text, wait_until,
-};
+use testkit::{Cluster, assert_failed_stderr_says, assert_stderr_says, assert_stdout_says, text};
 
 /// `worker join --no-run` as `name` with `token`, pinning the CA to `ca_hash`.
 fn try_join(c: &Cluster, name: &str, token: &str, ca_hash: &str) -> std::process::Output {
@@ -112,23 +110,83 @@ fn a_revoked_worker_is_cut_off_mid_session_and_refused_afterwards() {
     assert!(out.status.success(), "{}", text(&out));
     assert_stdout_says(&out, "open session closed");
     assert_eq!(c.worker_state(&w.id).as_deref(), Some("revoked"));
-    // The worker hears it within a second and says so plainly.
-    w.wait_says("certificate revoked", Duration::from_secs(1));
+    // The worker hears it at once, says so plainly, and exits: retrying cannot help, and a
+    // service manager must not restart it (78, EX_CONFIG).
+    let status = w.proc.as_mut().unwrap().wait_exit(Duration::from_secs(20));
+    assert_eq!(status.and_then(|s| s.code()), Some(78), "{}", w.log_text());
+    for says in [
+        "certificate revoked",
+        "no longer takes this worker",
+        "worker join --force",
+    ] {
+        assert!(w.log_text().contains(says), "{says}: {}", w.log_text());
+    }
+    assert!(
+        !w.log_text().contains("stack backtrace"),
+        "{}",
+        w.log_text()
+    );
     let out = c.brain_cli(&["exec", &w.id, "--", "true"]);
     assert_ne!(out.status.code(), Some(0), "{}", text(&out));
 
-    // Restarted with the same certificate: refused again, and it never shows connected.
+    // Restarted with the same certificate: refused again at once, and it never shows
+    // connected.
+    let said = w.log_text().matches("no longer takes this worker").count();
     c.restart_worker(&mut w);
-    assert!(
-        wait_until(Duration::from_secs(10), || w
-            .log_text()
-            .matches("certificate revoked")
-            .count()
-            >= 2),
-        "worker log:\n{}",
-        w.log_text()
-    );
+    let status = w.proc.as_mut().unwrap().wait_exit(Duration::from_secs(20));
+    assert_eq!(status.and_then(|s| s.code()), Some(78), "{}", w.log_text());
+    assert!(w.log_text().matches("no longer takes this worker").count() > said);
     assert_eq!(c.worker_state(&w.id).as_deref(), Some("revoked"));
+}
+
+/// `brain worker remove NAME` revokes and forgets a worker: the process exits saying so,
+/// the brain lists it no more, and its name is free for the next worker to join with it.
+#[test]
+fn a_removed_workers_name_is_free_and_the_worker_exits() {
+    let c = Cluster::start();
+    let mut old = c.join_worker("laptop");
+    let out = c.brain_cli(&["worker", "remove", "laptop"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_stdout_says(&out, &format!("removed {}", old.id));
+    let status = old
+        .proc
+        .as_mut()
+        .unwrap()
+        .wait_exit(Duration::from_secs(20));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(78),
+        "{}",
+        old.log_text()
+    );
+    assert!(
+        old.log_text().contains("is not enrolled here")
+            || old.log_text().contains("certificate revoked"),
+        "{}",
+        old.log_text()
+    );
+    assert!(c.workers().iter().all(|w| w["id"] != old.id.as_str()));
+    // A new worker (a fresh state dir, as on another machine) takes the name, and the name
+    // finds it.
+    std::fs::remove_dir_all(&old.state).unwrap();
+    let mut new = c.join_worker("laptop");
+    let out = c.brain_cli(&["exec", "laptop", "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out));
+    // Revoked (not removed), a worker's name still goes to the one that is not revoked.
+    let out = c.brain_cli(&["worker", "revoke", "laptop"]);
+    assert!(out.status.success(), "{}", text(&out));
+    new.proc
+        .as_mut()
+        .unwrap()
+        .wait_exit(Duration::from_secs(20));
+    std::fs::remove_dir_all(&new.state).unwrap();
+    let newer = c.join_worker("laptop");
+    assert_ne!(new.id, newer.id);
+    let out = c.brain_cli(&["exec", "laptop", "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out));
+    // A name nobody has is said so.
+    let out = c.brain_cli(&["worker", "remove", "nobody"]);
+    assert_failed_stderr_says(&out, "nobody");
 }
 
 #[test]
@@ -329,4 +387,47 @@ fn a_revoked_init_admin_stays_revoked_across_restarts() {
     assert_stderr_says(&out, "revoked");
     let out = c.brain_cli(&["--identity", &fresh_arg, "workers"]);
     assert!(out.status.success(), "{}", text(&out));
+}
+
+/// The line `brain token create` prints runs as printed (with a name put in), and the token
+/// rides in the worker's environment, not on its command line, where `ps` shows it to every
+/// user of the machine.
+#[test]
+fn the_join_line_runs_as_printed_and_ps_does_not_show_the_token() {
+    let c = Cluster::start();
+    let out = c.brain_cli(&["token", "create"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("worker join"))
+        .unwrap_or_else(|| panic!("no join line: {stderr}"))
+        .trim()
+        .replace("NAME", "printed");
+    assert!(
+        line.starts_with(&format!("TETHER_JOIN_TOKEN={token} ")),
+        "{line}"
+    );
+    let bin_dir = c.bins.worker.parent().unwrap().to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let state = c.dir.join("printed");
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("exec env {line} --state {}", state.display()))
+        .env("PATH", path)
+        .env_remove("TETHER_JOIN_TOKEN");
+    let w = c.spawn_worker("printed", cmd);
+    let pid = w.proc.as_ref().unwrap().pid();
+    let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let argv = String::from_utf8_lossy(&argv).replace('\0', " ");
+    assert!(argv.contains("worker join"), "{argv}");
+    assert!(
+        !argv.contains(&token),
+        "the token is on the command line: {argv}"
+    );
 }

@@ -206,6 +206,16 @@ fn explain_tls(e: &rustls::Error, url: &str) -> String {
 
 /// Says in plain words what a status from the brain at `url` means, looking through to the
 /// transport error underneath when the call never reached the brain.
+/// Whether the brain refused a worker's certificate for good: revoked, superseded by a newer
+/// one, or the worker not (or no longer) enrolled. Retrying cannot change that; the brain's
+/// words for these (its `PeerRefused`) are held to this by its tests.
+pub fn refused_for_good(s: &tonic::Status) -> bool {
+    s.code() == tonic::Code::PermissionDenied
+        && (s.message().starts_with("certificate revoked:")
+            || (s.message().starts_with("worker ")
+                && s.message().ends_with(" is not enrolled here")))
+}
+
 pub fn explain_status(s: &tonic::Status, url: &str) -> String {
     use tonic::Code;
     if let Some(src) = std::error::Error::source(s) {

@@ -148,6 +148,20 @@ impl Proc {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Waits up to `timeout` for the process to exit on its own: its status, or None.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -688,14 +702,16 @@ impl Cluster {
         let deadline = Instant::now() + timeout;
         let mut last = None;
         loop {
-            if let Some(w) = self
+            // A revoked worker's name may be another's now: any of that name in the state.
+            let named: Vec<serde_json::Value> = self
                 .workers()
                 .into_iter()
-                .find(|w| w["name"] == name_or_id || w["id"] == name_or_id)
-            {
-                if w["state"] == state {
-                    return Ok(w["id"].as_str().unwrap_or_default().to_string());
-                }
+                .filter(|w| w["name"] == name_or_id || w["id"] == name_or_id)
+                .collect();
+            if let Some(w) = named.iter().find(|w| w["state"] == state) {
+                return Ok(w["id"].as_str().unwrap_or_default().to_string());
+            }
+            if let Some(w) = named.last() {
                 last = w["state"].as_str().map(str::to_string);
             }
             if Instant::now() > deadline {

@@ -43,6 +43,10 @@ pub enum Error {
     AlreadyJoined(String),
     #[error("the brain at {url} has been unreachable for {after:?}; giving up as configured")]
     Unreachable { url: String, after: Duration },
+    #[error(
+        "the brain at {url} no longer takes this worker ({reason}), so it stops. To work for that brain again, join it anew: `worker join --force --brain URL --token T --ca-hash H`"
+    )]
+    Dismissed { url: String, reason: String },
 }
 
 impl shared::exit::Classify for Error {
@@ -56,6 +60,8 @@ impl shared::exit::Classify for Error {
             // `Refused` carries any status the brain or the transport gave, some of them
             // transient; `AlreadyJoined` is a usage error.
             Error::Unreachable { .. } => Some(shared::exit::ExitCode::GaveUp),
+            // Starting again would be refused again: a service manager must not restart it.
+            Error::Dismissed { .. } => Some(shared::exit::ExitCode::Config),
             Error::Refused(_) | Error::AlreadyJoined(_) => None,
         }
     }
@@ -78,6 +84,9 @@ pub enum StartError {
     /// The brain speaks no protocol this worker does (`proto::compatible` says which).
     #[error("{0}")]
     Protocol(String),
+    /// The brain refused this worker's certificate for good (`tls::refused_for_good`).
+    #[error("{0}")]
+    RefusedForGood(String),
 }
 
 /// What `worker join` needs.
@@ -273,6 +282,13 @@ pub async fn run(
                     0
                 };
             }
+            Err(StartError::RefusedForGood(reason)) => {
+                tracing::error!(brain = %addr.url(), %reason, "the brain no longer takes this worker; it exits");
+                return Err(Error::Dismissed {
+                    url: addr.url(),
+                    reason,
+                });
+            }
             Err(reason) => {
                 tracing::warn!(brain = %addr.url(), %reason, "cannot connect to the brain; will retry");
                 failed += 1;
@@ -372,7 +388,13 @@ async fn session(
     })
     .await
     .map_err(|_| StartError::QueueClosed)?;
-    let explain = |s: tonic::Status| StartError::Status(tls::explain_status(&s, &addr.url()));
+    let explain = |s: tonic::Status| {
+        if tls::refused_for_good(&s) {
+            StartError::RefusedForGood(s.message().to_string())
+        } else {
+            StartError::Status(tls::explain_status(&s, &addr.url()))
+        }
+    };
     let mut inbound = client
         .attach(ReceiverStream::new(out_rx))
         .await

@@ -443,6 +443,12 @@ pub enum WorkerCmd {
         /// Worker id or unique name
         worker: String,
     },
+    /// Revoke a worker and forget it: its name is free for another, and the worker process,
+    /// refused from then on, exits saying so
+    Remove {
+        /// Worker id or unique name
+        worker: String,
+    },
 }
 
 /// Resource limits for commands (0 or unset: the worker's defaults).

@@ -104,7 +104,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             all,
         } => machines(t, json, all).await,
         Cmd::Provision(p) => provision(t, p).await,
-        Cmd::Worker(WorkerCmd::Revoke { worker }) => worker_revoke(t, worker).await,
+        Cmd::Worker(WorkerCmd::Revoke { worker }) => worker_revoke(t, worker, false).await,
+        Cmd::Worker(WorkerCmd::Remove { worker }) => worker_revoke(t, worker, true).await,
         Cmd::Exec(args) => Ok(exec(t, args).await),
         Cmd::Run(args) => run_task(t, args).await,
         Cmd::Approve { task } => decide(t, &task, true, String::new()).await,
@@ -234,10 +235,11 @@ async fn token_create(
         "one-time token, valid for {}; on the worker machine run:",
         humantime::format_duration(ttl)
     );
+    // The token rides in the environment, where `ps` does not show it to other users.
     err!(
-        "  worker join --brain {} --token {} --ca-hash {}",
-        t.url,
+        "  TETHER_JOIN_TOKEN={} worker join --brain {} --ca-hash {} --name NAME",
         resp.token,
+        t.url,
         resp.ca_hash
     );
     Ok(0)
@@ -281,12 +283,13 @@ async fn machines(t: &Target, json: bool, all: bool) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// `brain worker revoke`.
-async fn worker_revoke(t: &Target, worker: String) -> anyhow::Result<i32> {
-    let req = proto::RevokeWorkerRequest { worker };
+/// `brain worker revoke` and `brain worker remove`.
+async fn worker_revoke(t: &Target, worker: String, remove: bool) -> anyhow::Result<i32> {
+    let req = proto::RevokeWorkerRequest { worker, remove };
     let r = t.rpc(async |mut c| c.revoke_worker(req).await).await?;
     out!(
-        "revoked {}{}",
+        "{} {}{}",
+        if remove { "removed" } else { "revoked" },
         r.worker_id,
         if r.session_closed {
             " (open session closed)"

@@ -161,7 +161,7 @@ async fn enroll(
             .await?
             .into_inner();
         out!(
-            "  worker join --brain {url} --token tj_… --ca-hash {}… --name {name}",
+            "  TETHER_JOIN_TOKEN=tj_… worker join --brain {url} --ca-hash {}… --name {name}",
             &tok.ca_hash[..19]
         );
         let state = tmp.join(name);

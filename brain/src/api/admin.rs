@@ -136,15 +136,20 @@ impl Admin for Services {
     ) -> Result<Response<RevokeWorkerResponse>, Status> {
         let admin = self.caller(&req)?;
         let w = self.resolve(&req.get_ref().worker)?;
-        self.0.registry.revoke_worker(&w.id).await?;
+        let remove = req.get_ref().remove;
+        if remove {
+            self.0.registry.remove_worker(&w.id).await?;
+        } else {
+            self.0.registry.revoke_worker(&w.id).await?;
+        }
         let closed = self.0.hub.disconnect(
             &w.id,
-            Status::permission_denied(format!(
-                "certificate revoked: worker {} was revoked on this brain",
-                w.id
-            )),
+            Status::permission_denied(
+                crate::trust::registry::PeerRefused::Revoked(format!("worker {}", w.id))
+                    .to_string(),
+            ),
         );
-        tracing::warn!(worker = %w.id, by = %admin, session_closed = closed, "worker revoked");
+        tracing::warn!(worker = %w.id, by = %admin, session_closed = closed, remove, "worker revoked");
         Ok(Response::new(RevokeWorkerResponse {
             worker_id: w.id,
             session_closed: closed,

@@ -353,6 +353,10 @@ impl Registry {
             .into_iter()
             .filter(|w| w.name == id_or_name)
             .collect();
+        // A name that a revoked worker had and a new one has now is the new one's.
+        if found.iter().filter(|w| !w.revoked).count() == 1 {
+            found.retain(|w| !w.revoked);
+        }
         match found.len() {
             0 => Err(Error::NoSuchWorker(id_or_name.to_string())),
             1 => Ok(found.remove(0)),
@@ -404,6 +408,17 @@ impl Registry {
             .await?
             .ok_or_else(|| Error::NoSuchWorker(id.to_string()))?;
         self.flush().await?;
+        Ok(rec)
+    }
+
+    /// Forgets a worker (after revoking it, so a session that races the removal is refused
+    /// too), and flushes before returning: its certificate is refused as unknown from then
+    /// on, and its name is free.
+    pub async fn remove_worker(&self, id: &str) -> Result<WorkerRecord, Error> {
+        let rec = self.revoke_worker(id).await?;
+        self.workers.remove(id.as_bytes()).await?;
+        self.flush().await?;
+        self.held.write_locked().workers.remove(id);
         Ok(rec)
     }
 
@@ -500,6 +515,22 @@ pub enum PeerRefused {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_knows_each_refusal_for_good_by_its_words() {
+        for refused in [
+            PeerRefused::UnknownWorker("w-1".into()),
+            PeerRefused::Revoked("worker w-1".into()),
+            PeerRefused::Superseded("worker w-1".into()),
+        ] {
+            let s = tonic::Status::permission_denied(refused.to_string());
+            assert!(shared::tls::refused_for_good(&s), "{refused}");
+        }
+        let passing = tonic::Status::permission_denied("worker w-1 may not make this call");
+        assert!(!shared::tls::refused_for_good(&passing));
+        let other_code = tonic::Status::unavailable(PeerRefused::Revoked("x".into()).to_string());
+        assert!(!shared::tls::refused_for_good(&other_code));
+    }
 
     async fn reg() -> (tempfile::TempDir, Registry) {
         let d = tempfile::tempdir().unwrap();

@@ -30,7 +30,10 @@ pub(super) async fn revoke_worker(
     Extension(a): Extension<Authed>,
     Path(id): Path<String>,
 ) -> Answer<proto::RevokeWorkerResponse> {
-    let req = proto::RevokeWorkerRequest { worker: id };
+    let req = proto::RevokeWorkerRequest {
+        worker: id,
+        remove: false,
+    };
     Ok(Json(
         within(
             web.services
