@@ -480,3 +480,61 @@ fn old_tool_outputs_are_elided_near_the_context_window_and_that_is_logged() {
     assert!(last.contains("line 0399 of a long file"));
     assert_eq!(reqs.len(), 6);
 }
+
+/// A model whose key the brain does not have is refused when the task is asked for, saying
+/// where the key goes (the brain's environment, not the CLI's): no task is made, nothing is
+/// imported. A server on this machine (an OpenAI-compatible URL on loopback) needs no key,
+/// and none is sent.
+#[test]
+fn a_model_without_a_key_makes_no_task_and_a_local_server_needs_none() {
+    let llm = FakeLlm::start(|req| match req.assistant_turns() {
+        0 => FakeReply::write("local.txt", "no key needed\n"),
+        _ => FakeReply::finish("wrote local.txt"),
+    });
+    let config = format!(
+        r#"[llm.providers.anthropic]
+base_url = "https://models.example.invalid"
+api_key_env = "TETHER_TEST_UNSET_KEY"
+[llm.providers.openai]
+base_url = "{url}"
+api_key_env = "TETHER_TEST_UNSET_KEY"
+"#,
+        url = llm.url()
+    );
+    let c = Cluster::start_with(BrainOptions {
+        config: Some(config),
+        ..Default::default()
+    });
+    let w = c.join_worker("w");
+    let dir = c.dir.join("src");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.txt"), "a\n").unwrap();
+    let out = c
+        .agent()
+        .model("anthropic:claude-haiku-4-5")
+        .worker("w")
+        .args(&["--dir", dir.to_str().unwrap()])
+        .try_start("anything");
+    assert_failed_saying(&out, "TETHER_TEST_UNSET_KEY");
+    assert_failed_saying(&out, "the brain's environment");
+    let tasks = c.brain_cli(&["tasks", "--json"]);
+    assert_eq!(
+        stdout(&tasks).trim(),
+        "[]",
+        "no task is made for a request that cannot start"
+    );
+    assert_eq!(llm.count(), 0);
+    // The same key missing, but the server is on this machine: the task runs.
+    let out = c.agent().worker("w").follow("write local.txt");
+    assert!(out.status.success(), "{}\n{}", text(&out), c.brain_log());
+    let id = stdout(&out).lines().next().unwrap().trim().to_string();
+    assert_eq!(
+        read_file(&c, &w.id, &id, "local.txt").as_deref(),
+        Some("no key needed\n")
+    );
+    assert!(
+        llm.requests()
+            .iter()
+            .all(|r| r.header("authorization").is_none())
+    );
+}

@@ -214,11 +214,20 @@ fn each_calls_output_shows_under_its_logged_id(browser: &Browser, c: &Cluster) {
         logged.iter().all(|id| id.parse::<u64>().unwrap() > 1 << 53),
         "{logged:?}"
     );
-    let shown = browser.exec(
-        "return [...document.querySelectorAll('#timeline pre.output')].map(p => p.dataset.call)",
-        json!([]),
+    let shown = || -> Vec<String> {
+        let v = browser.exec(
+            "return [...document.querySelectorAll('#timeline pre.output')].map(p => p.dataset.call)",
+            json!([]),
+        );
+        serde_json::from_value(v).unwrap()
+    };
+    // The page draws records as they stream in: wait until it has drawn them all.
+    browser.wait(
+        "every call's output on the page",
+        Duration::from_secs(20),
+        |_| shown().len() >= logged.len(),
     );
-    let shown: Vec<String> = serde_json::from_value(shown).unwrap();
+    let shown = shown();
     assert_eq!(shown, logged, "the page's call ids are the log's");
     let distinct: std::collections::HashSet<&String> = shown.iter().collect();
     assert_eq!(

@@ -371,6 +371,13 @@ impl Engine {
     /// records and starts its driver.
     pub async fn create(&self, mut new: NewTask) -> Result<TaskId, Error> {
         let ports = &self.inner.core.ports;
+        // A model that cannot be asked (no key, a config that names it wrongly) is said now:
+        // no task is made (nor a workspace imported) for a request that cannot start.
+        if let Kind::Agent(a) = &new.kind {
+            let core = &self.inner.core;
+            agent::provider(a, &core.opts.llm, &core.together)
+                .map_err(|e| Error::Invalid(format!("the task's model cannot be used: {e}")))?;
+        }
         let git = matches!(new.source, Source::Git { .. });
         let deliver = match new.deliver {
             Some(Mode::None) => Mode::None,

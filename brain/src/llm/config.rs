@@ -456,10 +456,15 @@ pub(crate) fn resolve(
                 .and_then(|v| nonempty(env(v)))
                 .map(ApiKey::new)
         });
-    if let (None, Some(_), Some(var)) = (&key, key_env, &key_env_name) {
+    // A server on this machine (llama.cpp, vLLM, Ollama behind an OpenAI-compatible URL)
+    // asks for no key: none is sent.
+    if let (None, Some(_), Some(var)) = (&key, key_env, &key_env_name)
+        && !on_loopback(&base_url)
+    {
         return Err(Error::Config(format!(
-            "no API key for {spec}: set {var} (or api_key_env / api_key in \
-             [llm.providers.{}])",
+            "no API key for {spec}: set {var} in the brain's environment (the brain reads \
+             it, not the CLI: restart the brain after setting it), or api_key_env / api_key \
+             in [llm.providers.{}] of the brain's config",
             spec.provider.name()
         )));
     }
@@ -477,6 +482,20 @@ pub(crate) fn resolve(
         tool_mode,
         constrain,
     })
+}
+
+/// Whether `url` names this machine: `localhost` (or a name under it) or a loopback address.
+fn on_loopback(url: &str) -> bool {
+    let Ok(u) = reqwest::Url::parse(url) else {
+        return false;
+    };
+    let host = u.host_str().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host.to_ascii_lowercase().ends_with(".localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The `max_tokens` to send: the request's, bounded by the model's configured cap; a
@@ -621,6 +640,24 @@ mod tests {
         let anth = ModelSpec::parse("claude-haiku-4-5").unwrap();
         let e = resolve(&anth, &LlmConfig::default(), &env(&[])).unwrap_err();
         assert!(e.to_string().contains("ANTHROPIC_API_KEY"), "{e}");
+
+        // A server on this machine needs no key; one elsewhere does.
+        for (url, local) in [
+            ("http://127.0.0.1:8080/v1", true),
+            ("http://localhost:8080/v1", true),
+            ("http://[::1]:8080/v1", true),
+            ("http://127.9.9.9/v1", true),
+            ("http://gpu.localhost/v1", true),
+            ("http://10.0.0.5:8080/v1", false),
+            ("https://localhost.example.com/v1", false),
+        ] {
+            let only_url = |k: &str| (k == "OPENAI_BASE_URL").then(|| url.to_string());
+            let got = resolve(&spec, &LlmConfig::default(), &only_url);
+            assert_eq!(got.is_ok(), local, "{url}: {got:?}");
+            if let Ok(r) = got {
+                assert!(r.key.is_none(), "{url}");
+            }
+        }
     }
 
     #[test]

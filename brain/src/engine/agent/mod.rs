@@ -40,13 +40,13 @@ const MAX_ANSWER_TOKENS: u32 = 4096;
 
 /// The provider a task's model names: a replay of its recorded transcript, or a real API.
 pub fn provider(
-    a: &AgentState,
+    a: &crate::model::agent::AgentSpec,
     cfg: &llm::LlmConfig,
     together: &Arc<llm::Together>,
 ) -> Result<Arc<dyn Provider>, llm::Error> {
-    let spec: llm::ModelSpec = a.spec.model.parse()?;
+    let spec: llm::ModelSpec = a.model.parse()?;
     if spec.provider == llm::ProviderKind::Replay {
-        return Ok(Arc::new(llm::Replay::parse(&a.spec.transcript)?));
+        return Ok(Arc::new(llm::Replay::parse(&a.transcript)?));
     }
     llm::connect(&spec, cfg, together)
 }
@@ -378,7 +378,7 @@ impl AgentDriver {
         };
         let provider = match &self.model {
             Some(p) => p.clone(),
-            None => match provider(a, &self.llm, &cx.core.together) {
+            None => match provider(&a.spec, &self.llm, &cx.core.together) {
                 Ok(p) => {
                     self.model = Some(p.clone());
                     p

@@ -315,6 +315,9 @@ function taskView(view, id) {
   const lanesBox = el("div", { id: "lanes" });
   const attemptsBox = el("div", { id: "attempts" });
   let attempts = [];
+  // Diffs a person opened, by attempt: the list is drawn again as records come, and an open
+  // diff stays open through that.
+  const openDiffs = new Map();
   const diffBox = el("pre", { id: "diff", hidden: true });
   view.append(el("h2", {}, "Task " + id), summary, approvals, actions, attemptsBox, lanesBox,
     el("div", { class: "grid" }, el("div", {}, el("h3", {}, "Timeline"), timeline),
@@ -355,10 +358,12 @@ function taskView(view, id) {
     if (!attempts.length) { attemptsBox.replaceChildren(); return; }
     attemptsBox.replaceChildren(el("h3", {}, attempts.length + " attempts (pick " + t.pick + ")"),
       el("div", { class: "attempts" }, ...attempts.map(a => {
-        const diff = el("pre", { class: "attempt-diff", hidden: true });
+        const diff = el("pre", { class: "attempt-diff", hidden: !openDiffs.has(a.task_id) }, openDiffs.get(a.task_id) || "");
         const show = async () => act("diff", async () => {
-          diff.textContent = (await api("GET", "/api/tasks/" + a.task_id + "/diff")) || "(no change)";
-          diff.hidden = false;
+          openDiffs.set(a.task_id, (await api("GET", "/api/tasks/" + a.task_id + "/diff")) || "(no change)");
+          // The list may have been drawn again while the diff came: fill the one shown now.
+          const now = attemptsBox.querySelector('.attempt[data-attempt="' + a.task_id + '"] .attempt-diff');
+          if (now) { now.textContent = openDiffs.get(a.task_id); now.hidden = false; }
         });
         return el("div", { class: "attempt" + (a.task_id === t.picked ? " won" : ""), "data-attempt": a.task_id },
           el("p", {}, el("strong", {}, "#" + a.number + " "), el("a", { href: "#/task/" + a.task_id }, a.task_id), " ", badge(a.status), a.task_id === t.picked ? " won" : ""),
