@@ -709,3 +709,52 @@ fn every_path_the_architecture_names_exists() {
     assert!(!names_something("engine::no_such_module", &files));
     assert!(!names_something("engine::attempts::no_such_item", &files));
 }
+
+/// The README is a landing page: short, and every document it leads to is there. Each
+/// relative link of the README and of `docs/` names a file in the tree, and each document in
+/// `docs/` is linked from the README (none lost when sections moved there).
+#[test]
+fn the_readme_is_short_and_its_links_lead_somewhere() {
+    let root = root();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let words = readme.split_whitespace().count();
+    assert!(
+        words <= 1500,
+        "the README has {words} words: at most about 1,500 (move detail to docs/)"
+    );
+    let mut pages = vec![(root.join("README.md"), readme.clone())];
+    let mut docs: Vec<String> = Vec::new();
+    for e in std::fs::read_dir(root.join("docs")).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "md") {
+            docs.push(format!("docs/{}", e.file_name().to_string_lossy()));
+            pages.push((p.clone(), std::fs::read_to_string(&p).unwrap()));
+        }
+    }
+    let mut broken = Vec::new();
+    for (page, text) in &pages {
+        // `](target)` of markdown links and images.
+        for piece in text.split("](").skip(1) {
+            let Some(target) = piece.split(')').next() else {
+                continue;
+            };
+            let target = target.split('#').next().unwrap_or("");
+            if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let base = page.parent().unwrap();
+            if !base.join(target).exists() {
+                broken.push(format!("{}: {target}", page.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "links to nothing: {broken:#?}");
+    let unlinked: Vec<&String> = docs
+        .iter()
+        .filter(|d| !readme.contains(&format!("]({d})")))
+        .collect();
+    assert!(
+        unlinked.is_empty(),
+        "documents the README does not lead to: {unlinked:?}"
+    );
+}

@@ -168,8 +168,9 @@ fn main() {
     let baseline = std::env::var_os("BENCH_BASELINE").map(|dir| {
         let dir = std::path::PathBuf::from(dir);
         println!("baseline: the brain and worker in {}", dir.display());
-        // An older worker may not know pinned names for direct rules: it dials the address.
-        let (mut i, mut a) = runs.proxied(Some(dir), "127.0.0.1");
+        // Direct egress never dials a loopback address unless `[egress.resolve]` pins the
+        // name: the baseline, as this build, is told the pinned name.
+        let (mut i, mut a) = runs.proxied(Some(dir), DIRECT);
         i.name = "injected (baseline)";
         a.name = "direct (baseline)";
         (i, a)
