@@ -23,7 +23,16 @@ fn the_demo_ends_with_a_verified_fix_delivered_as_a_branch() {
         "the delivered fix: {stdout}"
     );
     assert!(stdout.contains("Tether-Task: t-"), "{stdout}");
-    assert!(stdout.trim_end().ends_with("demo complete"), "{stdout}");
+    assert!(stdout.contains("demo complete"), "{stdout}");
+    // It ends with what to try next, in the README's words.
+    let tail = &stdout[stdout.find("demo complete").unwrap()..];
+    for next in [
+        "cargo build --release --workspace",
+        "brain token create",
+        "A first agent task",
+    ] {
+        assert!(tail.contains(next), "{tail}");
+    }
 }
 
 /// `tether demo | head -1`: the demo stops at once, quietly, with 141, and removes its

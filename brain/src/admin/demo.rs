@@ -105,6 +105,9 @@ pub async fn run(launcher: WorkerProgram, keep: bool, model: Option<String>) -> 
     }
     result?;
     shared::outln!("\n{}", bold("demo complete"));
+    out!(
+        "next: your own brain and worker (README, \"Quickstart on one machine\"):\n  cargo build --release --workspace && export PATH=\"$PWD/target/release:$PATH\"\n  brain init && brain serve &\n  brain token create    # prints the line that joins a worker\nthen a first agent task on your code (README, \"A first agent task\")."
+    );
     Ok(())
 }
 
