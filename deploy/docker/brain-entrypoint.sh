@@ -16,13 +16,13 @@ for name in ${TETHER_WORKERS:-}; do
 	[ -s "/join/$name.token" ] && continue
 	i=0
 	# shellcheck disable=SC2086
-	# The join line (with the token and the CA pin) goes to stderr.
+	# The join line (`TETHER_JOIN_TOKEN=... worker join ... --ca-hash ...`) goes to stderr.
 	until line=$(brain $admin token create --ttl 1h --label "compose=$name" 2>&1 | grep 'worker join'); do
 		i=$((i + 1))
 		[ $i -lt 100 ] || { echo "the brain did not come up" >&2; exit 1; }
 		sleep 0.2
 	done
-	token=$(echo "$line" | sed -n 's/.*--token \([^ ]*\).*/\1/p')
+	token=$(echo "$line" | sed -n 's/.*TETHER_JOIN_TOKEN=\([^ ]*\).*/\1/p')
 	pin=$(echo "$line" | sed -n 's/.*--ca-hash \([^ ]*\).*/\1/p')
 	umask 077
 	printf '%s\n%s\n' "$token" "$pin" >"/join/$name.tmp"
