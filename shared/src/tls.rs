@@ -204,18 +204,18 @@ fn explain_tls(e: &rustls::Error, url: &str) -> String {
     }
 }
 
-/// Says in plain words what a status from the brain at `url` means, looking through to the
-/// transport error underneath when the call never reached the brain.
-/// Whether the brain refused a worker's certificate for good: revoked, superseded by a newer
-/// one, or the worker not (or no longer) enrolled. Retrying cannot change that; the brain's
-/// words for these (its `PeerRefused`) are held to this by its tests.
+/// Whether the brain refused a worker's certificate for good: revoked (or removed, which
+/// revokes). Retrying cannot change that. "Not enrolled here" and "superseded" are not: a
+/// replica whose copy of the shared registry lags says them of a worker another replica just
+/// enrolled. The brain's words (its `PeerRefused`) are held to this by its tests.
 pub fn refused_for_good(s: &tonic::Status) -> bool {
     s.code() == tonic::Code::PermissionDenied
-        && (s.message().starts_with("certificate revoked:")
-            || (s.message().starts_with("worker ")
-                && s.message().ends_with(" is not enrolled here")))
+        && s.message().starts_with("certificate revoked:")
+        && s.message().ends_with(" was revoked on this brain")
 }
 
+/// Says in plain words what a status from the brain at `url` means, looking through to the
+/// transport error underneath when the call never reached the brain.
 pub fn explain_status(s: &tonic::Status, url: &str) -> String {
     use tonic::Code;
     if let Some(src) = std::error::Error::source(s) {

@@ -46,6 +46,7 @@ impl Enrollment for Services {
             last_seen_ms: 0,
             revoked: false,
             caps: None,
+            removed: false,
         };
         self.0.registry.add_worker(&rec).await?;
         tracing::info!(worker = %worker_id, name = %req.name, "worker enrolled");

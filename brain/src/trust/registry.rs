@@ -68,6 +68,10 @@ pub struct WorkerRecord {
     pub last_seen_ms: i64,
     pub revoked: bool,
     pub caps: Option<Caps>,
+    /// Removed (`brain worker remove`): revoked, listed no more, its name free. The record
+    /// stays, so that every brain sharing the store refuses its certificate as revoked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
 }
 
 /// What a worker said about itself in its last hello.
@@ -334,18 +338,20 @@ impl Registry {
         held("workers", &self.held.read_locked().workers, id)
     }
 
-    /// All workers, in id order. A record that cannot be decoded is reported, not hidden.
+    /// All workers but the removed, in id order. A record that cannot be decoded is
+    /// reported, not hidden.
     pub fn workers(&self) -> Result<Vec<WorkerRecord>, Error> {
         let all = self.held.read_locked();
         all.workers
             .keys()
             .filter_map(|k| held("workers", &all.workers, k).transpose())
+            .filter(|w| !w.as_ref().is_ok_and(|w| w.removed))
             .collect()
     }
 
-    /// Finds a worker by id, or else by a name only one worker has.
+    /// Finds a worker by id, or else by a name only one worker has (a removed one is gone).
     pub fn resolve_worker(&self, id_or_name: &str) -> Result<WorkerRecord, Error> {
-        if let Some(w) = self.worker(id_or_name)? {
+        if let Some(w) = self.worker(id_or_name)?.filter(|w| !w.removed) {
             return Ok(w);
         }
         let mut found: Vec<WorkerRecord> = self
@@ -411,14 +417,18 @@ impl Registry {
         Ok(rec)
     }
 
-    /// Forgets a worker (after revoking it, so a session that races the removal is refused
-    /// too), and flushes before returning: its certificate is refused as unknown from then
-    /// on, and its name is free.
+    /// Removes a worker: revoked, listed no more, its name free; flushed before returning.
+    /// Its record stays as a tombstone, so every brain sharing the store goes on refusing its
+    /// certificate as revoked.
     pub async fn remove_worker(&self, id: &str) -> Result<WorkerRecord, Error> {
-        let rec = self.revoke_worker(id).await?;
-        self.workers.remove(id.as_bytes()).await?;
+        let rec = self
+            .update_worker(id, |w| {
+                w.revoked = true;
+                w.removed = true;
+            })
+            .await?
+            .ok_or_else(|| Error::NoSuchWorker(id.to_string()))?;
         self.flush().await?;
-        self.held.write_locked().workers.remove(id);
         Ok(rec)
     }
 
@@ -517,14 +527,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_worker_knows_each_refusal_for_good_by_its_words() {
-        for refused in [
+    fn a_worker_knows_a_refusal_for_good_by_its_words() {
+        let s =
+            tonic::Status::permission_denied(PeerRefused::Revoked("worker w-1".into()).to_string());
+        assert!(shared::tls::refused_for_good(&s));
+        // What a replica whose copy of the registry lags may say is not for good: the worker
+        // tries again (the copy is read again from the store within a minute).
+        for lagging in [
             PeerRefused::UnknownWorker("w-1".into()),
-            PeerRefused::Revoked("worker w-1".into()),
             PeerRefused::Superseded("worker w-1".into()),
         ] {
-            let s = tonic::Status::permission_denied(refused.to_string());
-            assert!(shared::tls::refused_for_good(&s), "{refused}");
+            let s = tonic::Status::permission_denied(lagging.to_string());
+            assert!(!shared::tls::refused_for_good(&s), "{lagging}");
         }
         let passing = tonic::Status::permission_denied("worker w-1 may not make this call");
         assert!(!shared::tls::refused_for_good(&passing));
@@ -628,6 +642,7 @@ mod tests {
             last_seen_ms: 1,
             revoked: false,
             caps: None,
+            removed: false,
         };
         a.add_worker(&w).await.unwrap();
         a.add_admin("ops", "fp", "ca", false).await.unwrap();
@@ -636,6 +651,14 @@ mod tests {
         assert_eq!(c.admin("ops").unwrap().unwrap().fingerprint, "fp");
         c.revoke_worker("w-1").await.unwrap();
         assert!(open("d").await.worker("w-1").unwrap().unwrap().revoked);
+        // A removal is seen by every brain on the store: revoked, listed no more, the name
+        // free; the record stays, so its certificate is refused as revoked everywhere.
+        c.remove_worker("w-1").await.unwrap();
+        let f = open("f").await;
+        let gone = f.worker("w-1").unwrap().unwrap();
+        assert!(gone.revoked && gone.removed);
+        assert!(f.workers().unwrap().is_empty());
+        assert!(f.resolve_worker("laptop").is_err());
         pg.psql("INSERT INTO kv (tree, key, value) VALUES ('workers', 'w-bad', 'not json')");
         let err = open("e").await.workers().unwrap_err().to_string();
         assert!(err.contains("\"w-bad\" in tree workers"), "{err}");
