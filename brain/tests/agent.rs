@@ -538,3 +538,23 @@ api_key_env = "TETHER_TEST_UNSET_KEY"
             .all(|r| r.header("authorization").is_none())
     );
 }
+
+/// `--dir` with `--attempts`: every attempt runs where the directory is, and `brain run`
+/// says so instead of leaving a person to find all of them on one machine.
+#[test]
+fn attempts_of_a_dir_task_are_said_to_share_its_worker() {
+    let llm = FakeLlm::start(|_| FakeReply::finish("nothing to do"));
+    let c = cluster(&llm, "");
+    let dir = c.dir.join("project");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.txt"), "a\n").unwrap();
+    let roots = dir.display().to_string();
+    let w = c.join_worker_with("w", &[("TETHER_WORKER_IMPORT_ROOTS", &roots)]);
+    let out = c
+        .agent()
+        .worker("w")
+        .args(&["--dir", &roots, "--attempts", "2"])
+        .try_start("look around");
+    assert!(out.status.success(), "{}\n{}", text(&out), w.log_text());
+    assert_said(&out, "all 2 attempts run on worker w");
+}

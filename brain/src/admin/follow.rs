@@ -107,6 +107,14 @@ pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
         r.task_id
     };
     out!("{task_id}");
+    if let (Some(dir), Some(n)) = (&args.dir, args.attempts.filter(|n| *n > 1)) {
+        // Said, not silently done: the attempts cannot spread over machines.
+        err!(
+            "note: all {n} attempts run on worker {}: the files of --dir {} are on its machine only (a --git task's attempts can spread over workers)",
+            args.worker.as_deref().unwrap_or("?"),
+            dir.display()
+        );
+    }
     if args.detach {
         err!("follow it with: brain watch {task_id}");
         return Ok(0);

@@ -203,7 +203,7 @@ pub fn describe_live(o: &proto::LiveOutput) -> String {
 /// One log record in words, for people.
 pub fn describe_record(r: &proto::log::Record) -> String {
     let what = describe_lifecycle(&r.event)
-        .or_else(|| describe_call(&r.event))
+        .or_else(|| describe_call(&r.task, &r.event))
         .or_else(|| describe_model(r))
         .or_else(|| describe_code(&r.event))
         .or_else(|| describe_workspace(&r.event))
@@ -244,8 +244,11 @@ fn describe_lifecycle(event: &proto::log::Event) -> Option<String> {
     })
 }
 
+/// Lines of a command's stdout (and of its stderr) shown under it.
+const OUTPUT_LINES: usize = 20;
+
 /// A tool call: issued, its output, its end.
-fn describe_call(event: &proto::log::Event) -> Option<String> {
+fn describe_call(task: &str, event: &proto::log::Event) -> Option<String> {
     use proto::log::Event as E;
     Some(match event {
         E::ToolCallIssued {
@@ -274,11 +277,18 @@ fn describe_call(event: &proto::log::Event) -> Option<String> {
             stderr,
         } => {
             let mut s = format!("output   #{call_id}");
-            for l in stdout.lines().take(20) {
-                s.push_str(&format!("\n    | {l}"));
-            }
-            for l in stderr.lines().take(20) {
-                s.push_str(&format!("\n    ! {l}"));
+            for (text, mark, what) in [(stdout, '|', "stdout"), (stderr, '!', "stderr")] {
+                let lines: Vec<&str> = text.lines().collect();
+                for l in lines.iter().take(OUTPUT_LINES) {
+                    s.push_str(&format!("\n    {mark} {l}"));
+                }
+                // A cut says so, and where the rest is.
+                if lines.len() > OUTPUT_LINES {
+                    s.push_str(&format!(
+                        "\n    {mark} … {} more lines of {what} (all of it: brain task log {task} --json)",
+                        lines.len() - OUTPUT_LINES
+                    ));
+                }
             }
             s
         }
@@ -616,6 +626,32 @@ pub fn logged(r: &proto::TaskRecord) -> Option<proto::log::Record> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_output_is_cut_saying_how_much_is_left_and_where() {
+        let out: Vec<String> = (1..=25).map(|i| format!("out {i}")).collect();
+        let r = proto::log::Record {
+            v: 1,
+            task: "t-3".into(),
+            seq: 9,
+            at_ms: 0,
+            event: proto::log::Event::ToolOutput {
+                call_id: 14,
+                stdout: out.join("\n"),
+                stderr: "one error".into(),
+            },
+        };
+        let shown = describe_record(&r);
+        assert!(
+            shown.contains("| out 20\n") && !shown.contains("out 21"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("… 5 more lines of stdout (all of it: brain task log t-3 --json)"),
+            "{shown}"
+        );
+        assert!(shown.ends_with("! one error"), "{shown}");
+    }
 
     #[test]
     fn a_long_observation_is_cut_but_its_notes_are_shown_whole() {
