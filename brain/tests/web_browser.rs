@@ -119,6 +119,19 @@ fn a_person_steers_a_task_from_the_page() {
     browser.wait("the diff", t, |b| b.text("#diff").contains("+second"));
     assert!(browser.text("#diff").contains("+first"));
     assert!(browser.text("#summary").contains("finished"));
+    // A finished task offers what applies to it: no Move, Cancel or Resume.
+    let hidden = |css: &str| {
+        browser.exec(
+            "const e = document.querySelector(arguments[0]); return !e || e.offsetParent === null",
+            json!([css]),
+        ) == json!(true)
+    };
+    browser.wait("the actions of a finished task", t, |_| {
+        ["#move", "#move-to", "#cancel", "#resume", "#more-steps"]
+            .iter()
+            .all(|css| hidden(css))
+    });
+    assert!(!hidden("#show-diff"), "the diff stays one click away");
     keep_screenshot(&browser, "task-page.png");
 }
 

@@ -349,7 +349,24 @@ function taskView(view, id) {
         t.delivery_url ? el("p", {}, el("a", { href: t.delivery_url, rel: "noopener noreferrer", target: "_blank" }, t.delivery_url)) : "",
         t.attempt_of ? el("p", {}, "attempt " + t.attempt_number + " of ", el("a", { href: "#/task/" + t.attempt_of }, t.attempt_of)) : "");
       renderAttempts(t);
+      showActions(t);
     } catch (e) { banner(e.message); }
+  }
+
+  // Only the actions that apply to the task as it stands: an ended task cannot be moved or
+  // cancelled, only one stopped for its budget can be resumed, only a finished one delivered.
+  function showActions(t) {
+    const ended = ["finished", "failed", "cancelled", "stuck", "stalled"].includes(t.status);
+    const resumable = t.status === "budget_exhausted";
+    const applies = {
+      "move-to": !ended, "move": !ended, "cancel": !ended,
+      "more-steps": resumable, "resume": resumable,
+      "deliver-pr": t.status === "finished", "deliver": t.status === "finished",
+    };
+    for (const [name, on] of Object.entries(applies)) {
+      const e = document.getElementById(name);
+      if (e) (e.closest("label") || e).hidden = !on;
+    }
   }
 
   // Attempts side by side: status, check, change, and each one's diff on demand.
