@@ -35,6 +35,12 @@ impl AgentState {
         // With files made since still there, the check runs again on what is there now (once:
         // when nothing more can be written back, it does not).
         self.changed_since_check = !left.is_empty() && !restored.is_empty();
+        if left.is_empty() {
+            // The workspace is back at the version the check passed on: what it saw there
+            // stands, and the barrier to come is not a change.
+            self.checked_root = self.passed_root.clone();
+            self.check_ran_last = false;
+        }
         if restored.is_empty() && left.is_empty() {
             return;
         }
