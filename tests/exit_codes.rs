@@ -108,3 +108,65 @@ fn every_program_says_its_version() {
     assert_eq!(status, Some(2), "{err}");
     assert!(err.contains("Usage:"), "{err}");
 }
+
+/// `brain init --model M` writes a config naming the default model, `brain config check`
+/// accepts it and says whether the model could be asked; a file with a bad setting exits 78
+/// (as `brain serve` would on it) and names the setting; a model that is no model is refused
+/// before anything is made.
+#[test]
+fn init_writes_the_model_and_config_check_says_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let bins = testkit::Bins::locate();
+    let data = dir.path().join("data");
+    let refused = Command::new(&bins.brain)
+        .arg("--data")
+        .arg(&data)
+        .args(["init", "--model", "nosuch:model"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success(), "{refused:?}");
+    assert!(!data.exists(), "a refused init made {}", data.display());
+    let brain = |args: &[&str]| {
+        Command::new(&bins.brain)
+            .arg("--data")
+            .arg(&data)
+            .args(args)
+            .env_remove("ANTHROPIC_API_KEY")
+            .output()
+            .expect("run brain")
+    };
+    let out = brain(&["init", "--model", "anthropic:claude-haiku-4-5"]);
+    assert!(out.status.success(), "{out:?}");
+    let config = std::fs::read_to_string(data.join("config.toml")).unwrap();
+    assert!(
+        config.contains("default_model = \"anthropic:claude-haiku-4-5\""),
+        "{config}"
+    );
+    // No key here: init and check both say where it goes.
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ANTHROPIC_API_KEY"),
+        "{out:?}"
+    );
+    let out = brain(&["config", "check"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        said.contains("is valid") && said.contains("not ready"),
+        "{said}"
+    );
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[agent]\nmax_wall = \"soon\"\n").unwrap();
+    let out = brain(&["config", "check", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(78), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("max_wall"),
+        "{out:?}"
+    );
+    // A second init with a model does not overwrite the config it finds.
+    let out = brain(&["init", "--force", "--model", "openai:gpt-4.1"]);
+    assert!(!out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(data.join("config.toml")).unwrap(),
+        config
+    );
+}

@@ -41,6 +41,11 @@ pub enum Cmd {
         /// Replace an existing CA (every enrolled worker will have to join again)
         #[arg(long)]
         force: bool,
+        /// The model agent tasks use when they name none, written to the data dir's
+        /// config.toml as [llm] default_model (e.g. anthropic:claude-sonnet-4-5, or
+        /// openai:NAME with a local server's base_url)
+        #[arg(long)]
+        model: Option<String>,
     },
     /// Run the brain until SIGTERM or Ctrl-C
     Serve(ServeArgs),
@@ -100,6 +105,9 @@ pub enum Cmd {
     /// Act on one worker
     #[command(subcommand)]
     Worker(WorkerCmd),
+    /// The brain's config file
+    #[command(subcommand)]
+    Config(ConfigCmd),
     /// Machines this brain created (provider, id, address, spec, task, age, cost, state);
     /// `brain machines release ID` destroys one
     Machines {
@@ -435,6 +443,17 @@ pub(super) fn parse_status(s: &str) -> Result<crate::model::Status, String> {
 }
 
 pub use super::run_args::{BudgetArgs, RunArgs};
+
+#[derive(Subcommand)]
+pub enum ConfigCmd {
+    /// Check a config file before the brain uses it: every setting, and whether the default
+    /// model could be asked with the keys of this environment (exit 78 when the file is
+    /// invalid)
+    Check {
+        /// The file (default: the data dir's config.toml)
+        file: Option<PathBuf>,
+    },
+}
 
 #[derive(Subcommand)]
 pub enum WorkerCmd {

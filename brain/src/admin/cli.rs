@@ -9,7 +9,7 @@ use shared::pki::{self, IdentityFiles};
 use tokio_util::sync::CancellationToken;
 
 use super::args::{
-    AdminCmd, Cli, Cmd, MachinesCmd, ServeArgs, StoreCmd, TokenCmd, WebCmd, WorkerCmd,
+    AdminCmd, Cli, Cmd, ConfigCmd, MachinesCmd, ServeArgs, StoreCmd, TokenCmd, WebCmd, WorkerCmd,
 };
 use super::client::{Target, status};
 use super::follow::{decide, follow, run_task};
@@ -89,7 +89,14 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     let target = Target::resolve(&data, cli.brain.clone(), cli.identity.clone());
     let t = &target;
     match cli.cmd {
-        Cmd::Init { hosts, force } => init(&data, &hosts, force),
+        Cmd::Init {
+            hosts,
+            force,
+            model,
+        } => init(&data, &hosts, force, model.as_deref()),
+        Cmd::Config(ConfigCmd::Check { file }) => {
+            config_check(&file.unwrap_or_else(|| data.path().join("config.toml")))
+        }
         Cmd::Serve(args) => serve(&data, args).await,
         Cmd::Secret(cmd) => super::secrets::run(t, cmd).await,
         Cmd::Token(TokenCmd::Create { ttl, labels }) => token_create(t, ttl, labels).await,
@@ -139,11 +146,65 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 /// `brain init`.
-fn init(data: &DataDir, hosts: &[String], force: bool) -> anyhow::Result<i32> {
+fn init(data: &DataDir, hosts: &[String], force: bool, model: Option<&str>) -> anyhow::Result<i32> {
+    let config = data.path().join("config.toml");
+    if let Some(m) = model {
+        // Checked before anything is made: a typo must not leave half a data dir.
+        crate::llm::ModelSpec::parse(m).map_err(|e| anyhow::anyhow!("--model {m}: {e}"))?;
+        if config.exists() {
+            anyhow::bail!(
+                "{} exists: set [llm] default_model = \"{m}\" in it instead (nothing was changed)",
+                config.display()
+            );
+        }
+    }
     let out = ca::init(data, hosts, force)?;
     out!("initialised {}", data.path().display());
     out!("CA hash: {}", out.ca_hash);
+    if let Some(m) = model {
+        std::fs::write(&config, format!("[llm]\ndefault_model = \"{m}\"\n"))
+            .with_context(|| format!("writing {}", config.display()))?;
+        out!("wrote {} (default model {m})", config.display());
+        if let Some(why) = model_not_ready(&crate::config::Config::load(&config)?, m) {
+            err!("note: {why}");
+        }
+    }
     out!("next: brain serve --data {}", data.path().display());
+    Ok(0)
+}
+
+/// Why `model` could not be asked with this config and the keys of this environment, if it
+/// could not (a replay is always ready).
+fn model_not_ready(config: &crate::config::Config, model: &str) -> Option<String> {
+    let spec = crate::llm::ModelSpec::parse(model).ok()?;
+    crate::llm::check(&spec, &config.llm)
+        .err()
+        .map(|e| e.to_string())
+}
+
+/// `brain config check`.
+fn config_check(path: &std::path::Path) -> anyhow::Result<i32> {
+    if !path.exists() {
+        out!(
+            "no config file at {}: the brain runs on its defaults",
+            path.display()
+        );
+        return Ok(0);
+    }
+    let config = match crate::config::Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            err!("error: {e}");
+            return Ok(shared::exit::ExitCode::Config.code());
+        }
+    };
+    out!("{} is valid", path.display());
+    if let Some(m) = &config.llm.default_model {
+        match model_not_ready(&config, m) {
+            None => out!("default model {m}: ready"),
+            Some(why) => out!("default model {m}: not ready with this shell's environment: {why}"),
+        }
+    }
     Ok(0)
 }
 

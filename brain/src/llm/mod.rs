@@ -28,6 +28,15 @@ pub use types::{
     CodeBlock, Error, Message, Provider, Request, Response, Role, Share, ToolSpec, ToolUse, Usage,
 };
 
+/// Whether `spec` could be asked with `cfg` and this process's environment (a key found
+/// where one is needed, a URL that parses): the reason when not. A replay always can.
+pub fn check(spec: &ModelSpec, cfg: &LlmConfig) -> Result<(), Error> {
+    if spec.provider == ProviderKind::Replay {
+        return Ok(());
+    }
+    config::resolve(spec, cfg, &|v| std::env::var(v).ok()).map(|_| ())
+}
+
 /// Builds the provider for `spec`: its HTTP client with the resolved URL, key, timeouts and
 /// retries, wrapped in [`TextTools`] when the model's `tool_mode` is `text`. A
 /// `replay:FILE` spec loads the transcript file ([`Replay::load`]). Requests marked as
