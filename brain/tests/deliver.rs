@@ -698,6 +698,8 @@ fn attempts_deliver_the_winners_result_and_with_no_winner_the_attempt_the_caller
         .map(|a| a["task"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(attempts.len(), 2, "{t}");
+    // Ended without a winner: its result is unverified, not "pending" for ever.
+    assert_eq!(t["verification"], "unverified", "{t}");
     for verb in [vec!["task", "deliver", &id], vec!["task", "diff", &id]] {
         let out = c.brain_cli(&verb);
         assert!(!out.status.success(), "{verb:?}: {}", text(&out));

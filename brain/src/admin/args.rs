@@ -61,7 +61,7 @@ pub enum Cmd {
         #[arg(long, default_value = "")]
         reason: String,
     },
-    /// List tasks; CHECK says `verified`, `unverified` (finished without a check), `failing`
+    /// List tasks; CHECK says `verified`, `unverified` (finished without a check, or ended before its check ran), `failing`
     /// or `pending` (`--json`: an array, stable field names)
     Tasks {
         #[arg(long)]

@@ -414,6 +414,9 @@ pub fn verification(t: &TaskState) -> &'static str {
         (Status::Finished, _, _) => "unverified",
         (_, false, _) => "",
         (_, true, Some(c)) if !c.passed => "failing",
+        // Ended before any check of its own (a parent whose attempts all lost, a task that
+        // failed before the check ran): nothing verified it, and nothing will.
+        (s, true, None) if s.is_terminal() => "unverified",
         (_, true, _) => "pending",
     }
 }
