@@ -525,6 +525,8 @@ pub enum Event {
         by: String,
         #[serde(default, skip_serializing_if = "String::is_empty")]
         reason: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        always: bool,
     },
     BudgetUpdate {
         spent_usd: f64,

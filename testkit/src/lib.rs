@@ -23,6 +23,7 @@ pub mod random;
 mod said;
 pub mod sshd;
 pub mod tasks;
+pub mod terminal;
 mod web_login;
 pub mod webdriver;
 

@@ -54,7 +54,13 @@ pub enum Cmd {
     /// With --plan FILE, run a scripted plan instead (JSON: {"steps":[{"run":[...],"check":[...]},{"write":{"path":...,"content":...}}]})
     Run(RunArgs),
     /// Approve the call a task waits on
-    Approve { task: String },
+    Approve {
+        task: String,
+        /// Also the same command (in the same directory), or any change to the same file,
+        /// for the rest of this task: it is not asked again
+        #[arg(long)]
+        always: bool,
+    },
     /// Deny the call a task waits on; the agent is told why
     Deny {
         task: String,

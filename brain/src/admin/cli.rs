@@ -115,8 +115,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Worker(WorkerCmd::Remove { worker }) => worker_revoke(t, worker, true).await,
         Cmd::Exec(args) => Ok(exec(t, args).await),
         Cmd::Run(args) => run_task(t, args).await,
-        Cmd::Approve { task } => decide(t, &task, true, String::new()).await,
-        Cmd::Deny { task, reason } => decide(t, &task, false, reason).await,
+        Cmd::Approve { task, always } => decide(t, &task, true, String::new(), always).await,
+        Cmd::Deny { task, reason } => decide(t, &task, false, reason, false).await,
         Cmd::Tasks { json } => super::tasks::list(t, json).await,
         Cmd::Task(cmd) => super::tasks::run(t, cmd).await,
         Cmd::Watch { task, since, json } => {

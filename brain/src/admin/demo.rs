@@ -746,7 +746,7 @@ async fn follow_agent(
                         .decide(proto::DecideRequest {
                             task_id: t,
                             approve: true,
-                            reason: String::new(),
+                            ..Default::default()
                         })
                         .await;
                 });

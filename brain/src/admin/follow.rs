@@ -141,21 +141,28 @@ pub async fn decide(
     task: &str,
     approve: bool,
     reason: String,
+    always: bool,
 ) -> anyhow::Result<i32> {
     let r = target
         .rpc(async |mut c| {
             c.decide(proto::DecideRequest {
                 task_id: task.to_string(),
                 approve,
-                reason,
+                reason: reason.clone(),
+                always,
             })
             .await
         })
         .await?;
     out!(
-        "{} {task}: {}",
+        "{} {task}: {}{}",
         if approve { "approved" } else { "denied" },
-        r.what
+        r.what,
+        if always {
+            " (and from now on in this task)"
+        } else {
+            ""
+        }
     );
     Ok(0)
 }
@@ -200,21 +207,62 @@ fn item(r: proto::TaskRecord) -> Item {
 }
 
 /// Follows an agent task until it ends or stops for budget, printing its events, with a
-/// running total of tokens and cost; with `record`, writes the model's answers as a
-/// transcript. Returns the final status.
+/// running total of tokens and cost; on a terminal, asks for each approval inline; with
+/// `record`, writes the model's answers as a transcript. Returns the final status.
 async fn follow_agent(
     target: &Target,
     task: &str,
     record: Option<&Path>,
 ) -> anyhow::Result<String> {
+    use super::prompt::{Answer, Asker, SETTLE};
     let mut stream = task_log(target, task, true, 0).await?;
     let mut answers = Vec::new();
     let (mut tokens, mut usd) = (0u64, 0f64);
     let mut out = std::io::stdout();
     let mut end = String::from("detached");
-    while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
+    let mut asker = Asker::on_a_terminal();
+    let mut ask_at = tokio::time::Instant::now();
+    loop {
+        let unasked = asker.as_ref().is_some_and(Asker::unasked);
+        let asking = asker.as_ref().is_some_and(Asker::asking);
+        let r = tokio::select! {
+            r = stream.message() => r.map_err(|s| status(s, &target.url))?,
+            () = tokio::time::sleep_until(ask_at), if unasked => {
+                if let Some(a) = asker.as_mut() {
+                    a.ask();
+                }
+                continue;
+            }
+            line = async { asker.as_mut().expect("asking").line().await }, if asking => {
+                let Some(a) = asker.as_mut() else { continue };
+                let Some(line) = line else {
+                    // stdin closed: no more answers from here.
+                    asker = None;
+                    continue;
+                };
+                match a.answer(&line) {
+                    Answer::Wait => {}
+                    Answer::Decide { approve, always, reason } => {
+                        super::prompt::decide(target, task, approve, always, reason).await;
+                    }
+                    Answer::Diff => {
+                        match a.change() {
+                            Some(d) => err!("{d}"),
+                            None => super::prompt::task_changes(target, task).await,
+                        }
+                        a.ask_again();
+                    }
+                }
+                continue;
+            }
+        };
+        let Some(r) = r else { break };
         let text = match item(r) {
             Item::Record(rec) => {
+                if let Some(a) = asker.as_mut() {
+                    a.see(&rec.event);
+                    ask_at = tokio::time::Instant::now() + SETTLE;
+                }
                 let mut text = describe_record(&rec);
                 match &rec.event {
                     proto::log::Event::LlmResponse {

@@ -24,6 +24,7 @@ pub mod client;
 pub mod demo;
 mod follow;
 mod progress;
+mod prompt;
 mod remote;
 pub mod render;
 mod results;

@@ -377,9 +377,15 @@ fn describe_model(r: &proto::log::Record) -> Option<String> {
             approved,
             by,
             reason,
+            always,
         } => format!(
-            "approval #{approval_id} {} by {by}{}",
+            "approval #{approval_id} {} by {by}{}{}",
             if *approved { "granted" } else { "denied" },
+            if *always {
+                " (and from now on in this task)"
+            } else {
+                ""
+            },
             if reason.is_empty() {
                 String::new()
             } else {

@@ -474,9 +474,15 @@ impl Admin for Services {
         let what = self
             .0
             .engine
-            .decide(&req.task_id, req.approve, &admin.id, &req.reason)
+            .decide(
+                &req.task_id,
+                req.approve,
+                &admin.id,
+                &req.reason,
+                req.always,
+            )
             .await?;
-        tracing::info!(task = %req.task_id, approved = req.approve, by = %admin, %what, "approval decided");
+        tracing::info!(task = %req.task_id, approved = req.approve, always = req.always, by = %admin, %what, "approval decided");
         Ok(Response::new(proto::DecideResponse { what }))
     }
 

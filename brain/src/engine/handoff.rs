@@ -17,6 +17,8 @@ pub enum Change {
         approved: bool,
         by: String,
         reason: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        always: bool,
     },
     Move {
         to: String,
@@ -69,6 +71,7 @@ mod tests {
             approved: true,
             by: "admin".into(),
             reason: "ok".into(),
+            always: false,
         };
         let json = serde_json::to_string(&c).unwrap();
         assert!(json.contains(r#""change":"decide""#), "{json}");

@@ -258,8 +258,9 @@ impl Engine {
                 approved,
                 by,
                 reason,
+                always,
             } => self
-                .decide(&text, approved, &by, &reason)
+                .decide(&text, approved, &by, &reason, always)
                 .await
                 .map(|what| Answer::Decided { what }),
             Change::Move { to } => self
@@ -559,19 +560,23 @@ impl Engine {
         Ok(())
     }
 
-    /// Approves or denies the call a task waits on; returns what it was.
+    /// Approves or denies the call a task waits on; returns what it was. `always`: approved
+    /// for the same command (or file) for the rest of the task.
     pub async fn decide(
         &self,
         text: &str,
         approved: bool,
         by: &str,
         reason: &str,
+        always: bool,
     ) -> Result<String, Error> {
         let task = self.find(text)?;
+        let always = always && approved;
         let change = Change::Decide {
             approved,
             by: by.to_string(),
             reason: reason.to_string(),
+            always,
         };
         match self.elsewhere(&task, change).await? {
             None => {}
@@ -602,6 +607,7 @@ impl Engine {
                     approved,
                     by: by.to_string(),
                     reason: reason.chars().take(2000).collect(),
+                    always,
                 }],
             )
             .await?;

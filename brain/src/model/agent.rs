@@ -157,6 +157,10 @@ pub struct AgentState {
     pub approval: Option<Approval>,
     /// Approvals asked so far (their ids count up from 1).
     pub approvals_asked: u64,
+    /// Calls a person approved "always" ([`crate::model::tools::standing`] keys): not asked
+    /// again in this task. Bounded by [`MAX_STANDING`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approved_always: Vec<String>,
     /// The last failing call (tool name and arguments) and how many times in a row.
     pub repeat: Option<(String, u32)>,
     /// Replies in a row without a tool call that could run.
@@ -223,6 +227,9 @@ pub struct AgentState {
     pub failed_at_start: bool,
 }
 
+/// At most this many standing approvals per task (the oldest is forgotten first).
+pub const MAX_STANDING: usize = 64;
+
 /// Where a person's approval of a call stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Gate {
@@ -258,6 +265,7 @@ impl AgentState {
             awaiting_llm: false,
             approval: None,
             approvals_asked: 0,
+            approved_always: Vec::new(),
             repeat: None,
             idle_replies: 0,
             idle_malformed: false,
@@ -606,6 +614,47 @@ impl AgentState {
                 Some(n) => format!("{n}\n\n{note}"),
                 None => note,
             });
+        }
+    }
+
+    /// A person approved the pending call for good: the same call is not asked again.
+    pub fn approve_always(&mut self, approval_id: u64) {
+        let Some(ap) = self.approval.as_ref().filter(|p| p.id == approval_id) else {
+            return;
+        };
+        let Some(u) = self.queue.iter().find(|u| u.id == ap.tool_use_id) else {
+            return;
+        };
+        let crate::model::tools::Prepared::Call { call, .. } =
+            crate::model::tools::prepare(u, &self.spec)
+        else {
+            return;
+        };
+        let Some(key) = crate::model::tools::standing(&call) else {
+            return;
+        };
+        if !self.approved_always.contains(&key) {
+            self.approved_always.push(key);
+            if self.approved_always.len() > MAX_STANDING {
+                self.approved_always.remove(0);
+            }
+        }
+    }
+
+    /// Where the approval of call `u` (`call`, as prepared) stands: a mutating call the
+    /// permission does not allow, and no person approved for good, is asked.
+    pub fn gate_call(
+        &self,
+        u: &ToolUse,
+        call: &crate::model::event::ToolCall,
+        mutating: bool,
+    ) -> Gate {
+        use crate::model::tools::{needs_approval, standing};
+        let for_good = || standing(call).is_some_and(|k| self.approved_always.contains(&k));
+        if mutating && needs_approval(call, &self.spec) && !for_good() {
+            self.gate(u)
+        } else {
+            Gate::Go
         }
     }
 

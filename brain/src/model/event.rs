@@ -462,6 +462,10 @@ pub enum Event {
         by: String,
         #[serde(default, skip_serializing_if = "String::is_empty")]
         reason: String,
+        /// Approved for this command (or file) from now on: the same call is not asked again
+        /// in this task.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        always: bool,
     },
     BudgetUpdate {
         spent_usd: f64,

@@ -590,7 +590,11 @@ fn agent_event(a: &mut AgentState, rec: &Record) {
             approved,
             by,
             reason,
+            always,
         } => {
+            if *approved && *always {
+                a.approve_always(*approval_id);
+            }
             if let Some(p) = a
                 .approval
                 .as_mut()

@@ -489,6 +489,20 @@ fn tools_reason(r: &str) -> String {
     head_tail(r.trim(), 200)
 }
 
+/// What a person's "always" approves: the same command in the same directory, or any change to
+/// the same file. Other calls (a new machine) are asked for each time.
+pub fn standing(call: &ToolCall) -> Option<String> {
+    match call {
+        ToolCall::RunCommand { argv, cwd, .. } => {
+            Some(run_what(argv.last().map_or("", |s| s.as_str()), cwd))
+        }
+        ToolCall::WriteFile { path, .. } | ToolCall::EditFile { path, .. } => {
+            Some(format!("change {}", quoted(path)))
+        }
+        _ => None,
+    }
+}
+
 /// Whether a mutating call needs a person's approval under the task's permission.
 pub fn needs_approval(call: &ToolCall, spec: &AgentSpec) -> bool {
     match spec.permission {

@@ -102,7 +102,7 @@ pub(super) async fn approve(
     let req = proto::DecideRequest {
         task_id: id,
         approve: true,
-        reason: String::new(),
+        ..Default::default()
     };
     Ok(Json(
         within(web.services.decide(request(&a, "Admin/Decide", req)?)).await?,
@@ -119,6 +119,7 @@ pub(super) async fn deny(
         task_id: id,
         approve: false,
         reason: b.reason.chars().take(4096).collect(),
+        always: false,
     };
     Ok(Json(
         within(web.services.decide(request(&a, "Admin/Decide", req)?)).await?,

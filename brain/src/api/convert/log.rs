@@ -245,11 +245,13 @@ fn event(e: &Event) -> wire::Event {
             approved,
             by,
             reason,
+            always,
         } => W::ApprovalDecided {
             approval_id,
             approved,
             by,
             reason,
+            always,
         },
         Event::BudgetUpdate {
             spent_usd,

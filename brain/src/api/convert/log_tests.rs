@@ -398,6 +398,7 @@ fn one_of_each() -> Vec<Event> {
             approved: false,
             by: s("ann"),
             reason: s("no"),
+            always: false,
         },
         Event::BudgetUpdate {
             spent_usd: 0.1,

@@ -232,23 +232,16 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
                 call,
                 mutating,
                 what,
-            } => {
-                let gate = if mutating && tools::needs_approval(&call, &a.spec) {
-                    a.gate(u)
-                } else {
-                    Gate::Go
-                };
-                match gate {
-                    Gate::Ask(id) => Action::Log(ask(u, id, &what)),
-                    Gate::Waiting => Action::AwaitDecision,
-                    Gate::Denied(text) => Action::Log(vec![observe(a, u, text, true)]),
-                    Gate::Go => Action::Issue {
-                        call,
-                        step: a.spent.steps,
-                        purpose: Purpose::Step,
-                    },
-                }
-            }
+            } => match a.gate_call(u, &call, mutating) {
+                Gate::Ask(id) => Action::Log(ask(u, id, &what)),
+                Gate::Waiting => Action::AwaitDecision,
+                Gate::Denied(text) => Action::Log(vec![observe(a, u, text, true)]),
+                Gate::Go => Action::Issue {
+                    call,
+                    step: a.spent.steps,
+                    purpose: Purpose::Step,
+                },
+            },
         };
     }
     // Before the model's first turn: what the workspace holds, and where the check stands.

@@ -155,6 +155,7 @@ fn mutating_calls_wait_for_a_person_under_ask() {
                 approved: false,
                 by: "ana".into(),
                 reason: "not now".into(),
+                always: false,
             },
         ),
     );
@@ -176,6 +177,7 @@ fn mutating_calls_wait_for_a_person_under_ask() {
                 approved: true,
                 by: "ana".into(),
                 reason: String::new(),
+                always: false,
             },
         ),
     );
@@ -189,6 +191,82 @@ fn mutating_calls_wait_for_a_person_under_ask() {
     // Full permission: no question asked.
     let st = answered(task(Permission::Full), &[("run_command", cmd)]);
     assert!(matches!(decide(&st), Action::Issue { .. }));
+}
+
+/// `st` after each of `events`, appended from sequence number `seq` on.
+fn applied(mut st: TaskState, seq: u64, events: Vec<Event>) -> TaskState {
+    for (i, event) in events.into_iter().enumerate() {
+        let rec = crate::model::event::Record {
+            v: crate::model::event::RECORD_VERSION,
+            task: TaskId(3),
+            seq: seq + i as u64,
+            at_ms: 0,
+            event,
+        };
+        crate::model::state::apply(&mut st, &rec);
+    }
+    st
+}
+
+#[test]
+fn approved_always_the_same_command_is_not_asked_again_but_another_is() {
+    let make = r#"{"command":"make test"}"#;
+    let st = answered(task(Permission::Ask), &[("run_command", make)]);
+    let Action::Log(asked) = decide(&st) else {
+        panic!("expected an approval request");
+    };
+    let st = applied(st, 1, asked);
+    let mut st = applied(
+        st,
+        3,
+        vec![Event::ApprovalDecided {
+            approval_id: 1,
+            approved: true,
+            by: "ana".into(),
+            reason: String::new(),
+            always: true,
+        }],
+    );
+    assert!(matches!(decide(&st), Action::Issue { .. }));
+    // The call ran; the model asks for the same command again, then for another.
+    st.agent.as_mut().unwrap().on_observation("u0", "ok", false);
+    let again = answered(st.clone(), &[("run_command", make)]);
+    assert!(
+        matches!(decide(&again), Action::Issue { .. }),
+        "the same command was asked again: {:?}",
+        decide(&again)
+    );
+    for other in [
+        r#"{"command":"make test; rm -rf ~"}"#,
+        r#"{"command":"make test","cwd":"sub"}"#,
+    ] {
+        let st = answered(st.clone(), &[("run_command", other)]);
+        assert!(
+            matches!(decide(&st), Action::Log(ref e) if matches!(e[0], Event::ApprovalRequested { .. })),
+            "{other} ran unasked"
+        );
+    }
+    // A plain approval stands for that one call only.
+    let st = answered(task(Permission::Ask), &[("run_command", make)]);
+    let Action::Log(asked) = decide(&st) else {
+        panic!("expected an approval request");
+    };
+    let mut st = applied(
+        applied(st, 1, asked),
+        3,
+        vec![Event::ApprovalDecided {
+            approval_id: 1,
+            approved: true,
+            by: "ana".into(),
+            reason: String::new(),
+            always: false,
+        }],
+    );
+    st.agent.as_mut().unwrap().on_observation("u0", "ok", false);
+    let again = answered(st, &[("run_command", make)]);
+    assert!(
+        matches!(decide(&again), Action::Log(ref e) if matches!(e[0], Event::ApprovalRequested { .. }))
+    );
 }
 
 #[test]
