@@ -254,7 +254,7 @@ fn watch_follows_a_task_to_its_end_and_interrupting_it_only_detaches() {
     gates.open(1);
 
     // A watcher sees events live and exits by itself when the task ends.
-    let out = c.brain_cli_cmd(&["watch", &id]).output().unwrap();
+    let out = c.brain_cli_cmd(&["watch", &id, "--full"]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -323,7 +323,7 @@ fn watch_shows_a_running_calls_output_as_it_is_produced() {
     std::fs::write(&plan, steps.to_string()).unwrap();
     let id = c.run_plan(&plan, &w.id);
     let mut watcher = c
-        .brain_cli_cmd(&["watch", &id])
+        .brain_cli_cmd(&["watch", &id, "--full"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();

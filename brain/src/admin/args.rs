@@ -84,8 +84,11 @@ pub enum Cmd {
         #[arg(long, default_value_t = 0)]
         since: u64,
         /// One JSON object per line (records as `task log --json`)
-        #[arg(long)]
+        #[arg(long, conflicts_with = "full")]
         json: bool,
+        /// Every record as it is (as `task log --full`)
+        #[arg(long)]
+        full: bool,
     },
     /// Write a backup of the running brain's whole store to FILE (JSON lines)
     Backup { file: PathBuf },
@@ -367,11 +370,19 @@ pub enum TaskCmd {
         #[arg(long)]
         json: bool,
     },
-    /// A task's event log (`--json`: one JSON object per line, stable field names)
+    /// A task's event log, at a glance: each command once with its output, bookkeeping
+    /// folded away (`--full`: every record, nothing cut; `--json`: one JSON object per line,
+    /// stable field names)
     Log {
         task: String,
-        #[arg(long)]
+        /// Only the call issued at this record (`#14`, as the log names it), whole
+        #[arg(value_parser = parse_call)]
+        call: Option<u64>,
+        #[arg(long, conflicts_with = "full")]
         json: bool,
+        /// Every record as it is, no output cut
+        #[arg(long)]
+        full: bool,
     },
     /// Wait until a task reaches a status, following its log (no polling), and print it.
     /// Exits 0 when it does, 1 when the task ended in another status, 124 on --timeout
@@ -667,4 +678,11 @@ pub enum WebCmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// A call as the log names it: `#14` (or `14`), the record that issued it.
+fn parse_call(s: &str) -> Result<u64, String> {
+    s.trim_start_matches('#')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a call: give it as the log shows it, e.g. #14"))
 }

@@ -12,7 +12,7 @@ use super::args::{
     AdminCmd, Cli, Cmd, ConfigCmd, MachinesCmd, ServeArgs, StoreCmd, TokenCmd, WebCmd, WorkerCmd,
 };
 use super::client::{Target, status};
-use super::follow::{decide, follow, run_task};
+use super::follow::{View, decide, follow, run_task};
 use super::remote::{exec, file, provision};
 use crate::admin::render::{print_machines, print_workers};
 use crate::trust::ca::{self, DataDir};
@@ -119,8 +119,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Deny { task, reason } => decide(t, &task, false, reason, false).await,
         Cmd::Tasks { json } => super::tasks::list(t, json).await,
         Cmd::Task(cmd) => super::tasks::run(t, cmd).await,
-        Cmd::Watch { task, since, json } => {
-            follow(t, &task, true, json, since).await?;
+        Cmd::Watch {
+            task,
+            since,
+            json,
+            full,
+        } => {
+            follow(t, &task, true, View::pick(json, full), since, None).await?;
             Ok(0)
         }
         Cmd::Backup { file } => backup(t, &file).await,

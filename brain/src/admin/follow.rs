@@ -1,6 +1,7 @@
 //! Starting a task and following it: `brain run` (an agent task or a plan, followed until it
 //! ends), `approve`/`deny`, and the log followers behind `watch` and `task log`.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 
@@ -8,7 +9,8 @@ use anyhow::{Context, bail};
 
 use super::args::RunArgs;
 use super::client::{Target, status};
-use super::render::{describe_live, describe_record};
+use super::glance::{Glance, OneCall};
+use super::render::describe_full;
 
 /// `brain run`: starts an agent task (or a scripted plan) and follows it.
 pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
@@ -221,6 +223,8 @@ async fn follow_agent(
     let mut out = std::io::stdout();
     let mut end = String::from("detached");
     let mut asker = Asker::on_a_terminal();
+    let mut glance = Glance::new(task, worker_names(target).await);
+    let mut thinking: Option<super::progress::Progress> = None;
     let mut ask_at = tokio::time::Instant::now();
     loop {
         let unasked = asker.as_ref().is_some_and(Asker::unasked);
@@ -263,8 +267,20 @@ async fn follow_agent(
                     a.see(&rec.event);
                     ask_at = tokio::time::Instant::now() + SETTLE;
                 }
-                let mut text = describe_record(&rec);
+                if let Some(p) = thinking.take() {
+                    p.done().await;
+                }
+                if glance.names_a_stranger(&rec) {
+                    glance.learn_names(worker_names(target).await);
+                }
+                let text = glance.record(&rec);
                 match &rec.event {
+                    proto::log::Event::LlmRequest { model, .. } => {
+                        thinking = Some(super::progress::Progress::start(
+                            format!("thinking ({model}; {tokens} tokens, ${usd:.4} so far)"),
+                            false,
+                        ));
+                    }
                     proto::log::Event::LlmResponse {
                         prompt_tokens,
                         completion_tokens,
@@ -274,7 +290,6 @@ async fn follow_agent(
                     } => {
                         tokens += prompt_tokens + completion_tokens;
                         usd += cost_usd;
-                        text.push_str(&format!("\n    (so far: {tokens} tokens, ${usd:.4})"));
                         if let Some(r) = response {
                             answers.push(crate::api::convert::log::response_from_wire(r));
                         }
@@ -287,9 +302,12 @@ async fn follow_agent(
                     }
                     _ => {}
                 }
-                format!("{text}\n")
+                match text {
+                    Some(t) => format!("{t}\n"),
+                    None => continue,
+                }
             }
-            Item::Live(o) => describe_live(&o),
+            Item::Live(o) => glance.live(&o),
             Item::Broken(e) => format!("  (unreadable record: {e})\n"),
         };
         if out
@@ -313,7 +331,10 @@ async fn follow_agent(
             file.display()
         );
     }
-    err!("{task}: {end}");
+    if let Some(p) = thinking.take() {
+        p.done().await;
+    }
+    err!("{task}: {end} ({tokens} tokens, ${usd:.4})");
     if end == crate::model::Status::BudgetExhausted.as_str() {
         err!(
             "continue with `brain task resume {task} --budget-usd X` (or --max-steps, --max-tokens, --max-wall)"
@@ -322,30 +343,85 @@ async fn follow_agent(
     Ok(end)
 }
 
+/// How a followed log is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    /// For a person at a glance ([`Glance`]).
+    Glance,
+    /// Every record in words, nothing cut.
+    Full,
+    /// The records themselves, one JSON object per line.
+    Json,
+}
+
+impl View {
+    pub fn pick(json: bool, full: bool) -> Self {
+        match (json, full) {
+            (true, _) => View::Json,
+            (false, true) => View::Full,
+            (false, false) => View::Glance,
+        }
+    }
+}
+
+/// Worker ids to names, for people (empty if the brain cannot say).
+pub async fn worker_names(target: &Target) -> HashMap<String, String> {
+    let Ok(mut c) = target.connect().await else {
+        return HashMap::new();
+    };
+    match c.list_workers(proto::ListWorkersRequest {}).await {
+        Ok(r) => r
+            .into_inner()
+            .workers
+            .into_iter()
+            .filter(|w| !w.name.is_empty())
+            .map(|w| (w.id, w.name))
+            .collect(),
+        Err(_) => HashMap::new(),
+    }
+}
+
 /// Prints a task's records after sequence number `since` (0: all), and with `live` what
-/// follows until it ends. A closed stdout (`brain watch ID | head`) ends it quietly (141).
+/// follows until it ends; with `call`, only the call issued at that record. A closed stdout
+/// (`brain watch ID | head`) ends it quietly (141).
 pub async fn follow(
     target: &Target,
     task: &str,
     live: bool,
-    json: bool,
+    view: View,
     since: u64,
+    call: Option<u64>,
 ) -> anyhow::Result<()> {
+    let mut glance = Glance::new(task, worker_names(target).await);
+    let mut one = call.map(OneCall::new);
     let mut stream = task_log(target, task, live, since).await?;
     while let Some(r) = stream.message().await.map_err(|s| status(s, &target.url))? {
-        let text = match (item(r), json) {
-            (Item::Record(rec), true) => format!("{}\n", serde_json::to_string(&rec)?),
-            (Item::Record(rec), false) => format!("{}\n", describe_record(&rec)),
+        let r = item(r);
+        if let Item::Record(rec) = &r
+            && view == View::Glance
+            && glance.names_a_stranger(rec)
+        {
+            glance.learn_names(worker_names(target).await);
+        }
+        let text = match (r, view) {
+            (Item::Record(rec), _) if one.as_mut().is_some_and(|o| !o.wants(&rec)) => continue,
+            (Item::Live(_), _) if one.is_some() => continue,
+            (Item::Record(rec), View::Json) => format!("{}\n", serde_json::to_string(&rec)?),
+            (Item::Record(rec), View::Full) => format!("{}\n", describe_full(&rec)),
+            (Item::Record(rec), View::Glance) => match glance.record(&rec) {
+                Some(t) => format!("{t}\n"),
+                None => continue,
+            },
             // As the API writes it: the call id a string, like the records'.
-            (Item::Live(o), true) => format!("{}\n", serde_json::to_string(&o)?),
+            (Item::Live(o), View::Json) => format!("{}\n", serde_json::to_string(&o)?),
             // Live output of the running call and file changes, as they come.
-            (Item::Live(o), false) => describe_live(&o),
-            (Item::Broken(e), true) => format!("{}\n", serde_json::json!({ "error": e })),
-            (Item::Broken(e), false) => format!("  (unreadable record: {e})\n"),
+            (Item::Live(o), _) => glance.live(&o),
+            (Item::Broken(e), View::Json) => format!("{}\n", serde_json::json!({ "error": e })),
+            (Item::Broken(e), _) => format!("  (unreadable record: {e})\n"),
         };
         // A closed output pipe (`| head`) ends the command quietly. JSON escapes its own
         // control characters; words for people have theirs written out.
-        let text = if json {
+        let text = if view == View::Json {
             text.into()
         } else {
             shared::visible::visible(&text)

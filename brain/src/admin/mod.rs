@@ -23,6 +23,7 @@ pub mod cli;
 pub mod client;
 pub mod demo;
 mod follow;
+mod glance;
 mod progress;
 mod prompt;
 mod remote;

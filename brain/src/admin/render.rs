@@ -200,11 +200,23 @@ pub fn describe_live(o: &proto::LiveOutput) -> String {
         .collect()
 }
 
-/// One log record in words, for people.
+/// One log record in words, for people, a long output cut.
 pub fn describe_record(r: &proto::log::Record) -> String {
+    describe_cut(r, OUTPUT_LINES, OBSERVED_LINES)
+}
+
+/// One log record in words, nothing cut (`brain task log --full`).
+pub fn describe_full(r: &proto::log::Record) -> String {
+    describe_cut(r, usize::MAX, usize::MAX)
+}
+
+/// Lines of what the model was told of a call shown under it.
+const OBSERVED_LINES: usize = 12;
+
+fn describe_cut(r: &proto::log::Record, output: usize, observed: usize) -> String {
     let what = describe_lifecycle(&r.event)
-        .or_else(|| describe_call(&r.task, &r.event))
-        .or_else(|| describe_model(r))
+        .or_else(|| describe_call(&r.task, &r.event, output))
+        .or_else(|| describe_model(r, observed))
         .or_else(|| describe_code(&r.event))
         .or_else(|| describe_workspace(&r.event))
         .or_else(|| describe_delivery(&r.event))
@@ -248,7 +260,7 @@ fn describe_lifecycle(event: &proto::log::Event) -> Option<String> {
 const OUTPUT_LINES: usize = 20;
 
 /// A tool call: issued, its output, its end.
-fn describe_call(task: &str, event: &proto::log::Event) -> Option<String> {
+fn describe_call(task: &str, event: &proto::log::Event, shown: usize) -> Option<String> {
     use proto::log::Event as E;
     Some(match event {
         E::ToolCallIssued {
@@ -279,14 +291,14 @@ fn describe_call(task: &str, event: &proto::log::Event) -> Option<String> {
             let mut s = format!("output   #{call_id}");
             for (text, mark, what) in [(stdout, '|', "stdout"), (stderr, '!', "stderr")] {
                 let lines: Vec<&str> = text.lines().collect();
-                for l in lines.iter().take(OUTPUT_LINES) {
+                for l in lines.iter().take(shown) {
                     s.push_str(&format!("\n    {mark} {l}"));
                 }
                 // A cut says so, and where the rest is.
-                if lines.len() > OUTPUT_LINES {
+                if lines.len() > shown {
                     s.push_str(&format!(
-                        "\n    {mark} … {} more lines of {what} (all of it: brain task log {task} --json)",
-                        lines.len() - OUTPUT_LINES
+                        "\n    {mark} … {} more lines of {what} (all of it: brain task log --full {task})",
+                        lines.len() - shown
                     ));
                 }
             }
@@ -311,7 +323,7 @@ fn describe_call(task: &str, event: &proto::log::Event) -> Option<String> {
 }
 
 /// The model's turns and what a person decides for it.
-fn describe_model(r: &proto::log::Record) -> Option<String> {
+fn describe_model(r: &proto::log::Record, shown: usize) -> Option<String> {
     use proto::log::Event as E;
     Some(match &r.event {
         E::LlmRequest { model, messages } => format!("thinking ({model}, {messages} messages)"),
@@ -350,11 +362,11 @@ fn describe_model(r: &proto::log::Record) -> Option<String> {
                 None => (text.as_str(), None),
             };
             let lines: Vec<&str> = output.lines().collect();
-            for l in lines.iter().take(12) {
+            for l in lines.iter().take(shown) {
                 s.push_str(&format!("\n    < {l}"));
             }
-            if lines.len() > 12 {
-                s.push_str(&format!("\n    < … {} more lines", lines.len() - 12));
+            if lines.len() > shown {
+                s.push_str(&format!("\n    < … {} more lines", lines.len() - shown));
             }
             if let Some(notes) = notes {
                 let notes = format!("Note: {notes}");
@@ -412,6 +424,9 @@ fn describe_code(event: &proto::log::Event) -> Option<String> {
             ..
         } => {
             const SHOWN: usize = 8;
+            if files.is_empty() {
+                return Some("surveyed the workspace: it is empty".into());
+            }
             let mut s = format!(
                 "surveyed {}{} file(s): {}",
                 files.len(),
@@ -653,7 +668,7 @@ mod tests {
             "{shown}"
         );
         assert!(
-            shown.contains("… 5 more lines of stdout (all of it: brain task log t-3 --json)"),
+            shown.contains("… 5 more lines of stdout (all of it: brain task log --full t-3)"),
             "{shown}"
         );
         assert!(shown.ends_with("! one error"), "{shown}");

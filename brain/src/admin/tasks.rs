@@ -7,14 +7,27 @@ use anyhow::bail;
 
 use super::args::TaskCmd;
 use super::client::Target;
-use super::follow::follow;
+use super::follow::{View, follow};
 
 /// `brain task SUBCOMMAND`.
 pub async fn run(t: &Target, cmd: TaskCmd) -> anyhow::Result<i32> {
     match cmd {
         TaskCmd::Show { task, json } => show(t, &task, json).await,
-        TaskCmd::Log { task, json } => {
-            follow(t, &task, false, json, 0).await?;
+        TaskCmd::Log {
+            task,
+            call,
+            json,
+            full,
+        } => {
+            follow(
+                t,
+                &task,
+                false,
+                View::pick(json, full || call.is_some()),
+                0,
+                call,
+            )
+            .await?;
             Ok(0)
         }
         TaskCmd::Wait {
@@ -200,7 +213,7 @@ async fn resume(t: &Target, task: String, budget: super::args::BudgetArgs) -> an
             }
         })?;
     err!("{task} resumed; following it (Ctrl-C detaches)");
-    follow(t, &task, true, false, 0).await?;
+    follow(t, &task, true, View::Glance, 0, None).await?;
     Ok(0)
 }
 

@@ -1,0 +1,440 @@
+//! A task's log as a person reads it at a glance (`brain run`, `brain watch`, `brain task
+//! log`): each command once, with its output under it; bookkeeping (status changes the next
+//! line makes plain, syncs, a zero exit, the model's request) folded away; workers by name;
+//! a call known by the short number of the record that issued it (`#14`), and a long output
+//! cut with the command that shows it whole. `--full` shows every record as it is, `--json`
+//! the records themselves.
+
+use std::collections::HashMap;
+
+use proto::log::{Event as E, Record, ToolCall};
+
+use super::render::{describe_live, describe_record};
+
+/// Lines of a command's stdout (and of its stderr) shown under it.
+const OUTPUT_LINES: usize = 20;
+/// Lines of what a file tool gave the model (a file read, a search) shown under it.
+const READ_LINES: usize = 3;
+/// Lines of a failed call's answer (an error the model is told).
+const ERROR_LINES: usize = 12;
+
+/// Folds a task's records into lines for people, record by record.
+pub struct Glance {
+    task: String,
+    /// Worker ids to names.
+    names: HashMap<String, String>,
+    /// Each call seen issued: its id to the short number people use (the issuing record's
+    /// sequence number).
+    calls: HashMap<u64, u64>,
+    /// The last issued call was a command: its output is shown as it comes, so the model's
+    /// copy of it is not shown again.
+    last_was_command: bool,
+}
+
+impl Glance {
+    pub fn new(task: &str, names: HashMap<String, String>) -> Self {
+        Self {
+            task: task.to_string(),
+            names,
+            calls: HashMap::new(),
+            last_was_command: false,
+        }
+    }
+
+    /// A worker this record names that the names known do not hold (one that joined since
+    /// they were asked for).
+    pub fn names_a_stranger(&self, r: &Record) -> bool {
+        let named = match &r.event {
+            E::WorkerAssigned { worker } => vec![worker],
+            E::MoveStarted { from, to } => vec![from, to],
+            E::MoveCompleted { to, .. } => vec![to],
+            _ => vec![],
+        };
+        named
+            .into_iter()
+            .any(|w| !w.is_empty() && !self.names.contains_key(w))
+    }
+
+    pub fn learn_names(&mut self, names: HashMap<String, String>) {
+        self.names.extend(names);
+    }
+
+    /// A worker by its name when it has one.
+    fn name<'a>(&'a self, worker: &'a str) -> &'a str {
+        self.names.get(worker).map_or(worker, String::as_str)
+    }
+
+    /// `#14`: the record that issued the call; a call issued before what is shown goes by
+    /// its whole id.
+    fn short(&self, call_id: u64) -> String {
+        match self.calls.get(&call_id) {
+            Some(seq) => format!("#{seq}"),
+            None => format!("#{call_id}"),
+        }
+    }
+
+    /// Lines for one record, or `None` when it is bookkeeping folded into its neighbours.
+    pub fn record(&mut self, r: &Record) -> Option<String> {
+        let line = |what: String| Some(format!("{:>5}  {what}", r.seq));
+        match &r.event {
+            E::StatusChanged { status, .. }
+                if matches!(
+                    status.as_str(),
+                    "created" | "queued" | "running" | "waiting"
+                ) =>
+            {
+                None
+            }
+            E::LlmRequest { .. } | E::Barrier { .. } | E::Snapshot { .. } => None,
+            E::WorkerAssigned { worker } => line(format!("on {}", self.name(worker))),
+            E::MoveStarted { from, to } => line(format!(
+                "MOVE     from {} to {}",
+                self.name(from),
+                self.name(to)
+            )),
+            E::MoveCompleted { to, files, .. } => line(format!(
+                "moved    now on {} ({files} files written there)",
+                self.name(to)
+            )),
+            E::LlmResponse {
+                response,
+                prompt_tokens,
+                completion_tokens,
+                ..
+            } => {
+                let text = response.as_ref().map_or("", |r| r.message.content.as_str());
+                let said: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+                if said.is_empty() {
+                    return None;
+                }
+                let mut s = format!(
+                    "model    ({} tokens)",
+                    prompt_tokens.saturating_add(*completion_tokens)
+                );
+                for l in said.iter().take(10) {
+                    s.push_str(&format!("\n    > {l}"));
+                }
+                if said.len() > 10 {
+                    s.push_str(&format!("\n    > … {} more lines", said.len() - 10));
+                }
+                line(s)
+            }
+            E::ToolCallIssued {
+                call_id,
+                purpose,
+                call,
+                ..
+            } => {
+                self.calls.insert(*call_id, r.seq);
+                self.last_was_command = matches!(call, ToolCall::RunCommand { .. });
+                let what = match call {
+                    ToolCall::RunCommand { argv, .. } => match argv.as_slice() {
+                        [sh, c, cmd] if sh == "sh" && c == "-c" => format!("$ {cmd}"),
+                        _ => format!("$ {}", argv.join(" ")),
+                    },
+                    ToolCall::WriteFile { path, content, .. } => {
+                        format!("write {path} ({} bytes)", content.len())
+                    }
+                    ToolCall::ReadFile { path, .. } => format!("read {path}"),
+                    ToolCall::EditFile { path, .. } => format!("edit {path}"),
+                    ToolCall::ListFiles { glob } => format!("list files {glob}"),
+                    ToolCall::Search { pattern, .. } => format!("search {pattern:?}"),
+                };
+                let by = match purpose.as_str() {
+                    "step" => String::new(),
+                    "acceptance" => "check ".into(),
+                    other => format!("{other} "),
+                };
+                line(format!("{by}{what}"))
+            }
+            E::ToolOutput {
+                call_id,
+                stdout,
+                stderr,
+            } => {
+                let mut s = String::new();
+                for (text, mark) in [(stdout, '|'), (stderr, '!')] {
+                    let lines: Vec<&str> = text.lines().collect();
+                    for l in lines.iter().take(OUTPUT_LINES) {
+                        s.push_str(&format!("    {mark} {l}\n"));
+                    }
+                    if lines.len() > OUTPUT_LINES {
+                        s.push_str(&format!(
+                            "    {mark} … {} more lines (brain task log --full {} {})\n",
+                            group(lines.len() - OUTPUT_LINES),
+                            self.task,
+                            self.short(*call_id)
+                        ));
+                    }
+                }
+                (!s.is_empty()).then(|| s.trim_end_matches('\n').to_string())
+            }
+            E::ToolCallCompleted { call_id, result } => {
+                let result = crate::model::ToolResult {
+                    exit_code: result.exit_code,
+                    signal: result.signal,
+                    timed_out: result.timed_out,
+                    error: result.error.clone(),
+                    limit: result.limit.clone(),
+                };
+                if result.ok() {
+                    return None;
+                }
+                Some(format!(
+                    "    → {} ({})",
+                    crate::model::state::describe(&result),
+                    self.short(*call_id)
+                ))
+            }
+            E::Observation { text, failed, .. } => {
+                let (output, notes) = match text.split_once(crate::model::stuck::NOTE_MARK) {
+                    Some((output, notes)) => (output, Some(notes)),
+                    None => (text.as_str(), None),
+                };
+                let mut s = String::new();
+                // A command's output and its end are on the screen already; a file tool's
+                // answer and an error (a refused or denied call) are not.
+                let shown = match (self.last_was_command, *failed) {
+                    (true, _) => 0,
+                    (false, true) => ERROR_LINES,
+                    (false, false) => READ_LINES,
+                };
+                let lines: Vec<&str> = output.lines().collect();
+                for l in lines.iter().take(shown) {
+                    s.push_str(&format!("    < {l}\n"));
+                }
+                if shown > 0 && lines.len() > shown {
+                    s.push_str(&format!(
+                        "    < … {} more lines\n",
+                        group(lines.len() - shown)
+                    ));
+                }
+                if let Some(notes) = notes {
+                    for l in format!("Note: {notes}")
+                        .lines()
+                        .filter(|l| !l.trim().is_empty())
+                    {
+                        s.push_str(&format!("    < {l}\n"));
+                    }
+                }
+                self.last_was_command = false;
+                (!s.is_empty()).then(|| s.trim_end_matches('\n').to_string())
+            }
+            _ => Some(describe_record(r)),
+        }
+    }
+
+    /// Live output of the running call and file changes, as they come.
+    pub fn live(&self, o: &proto::LiveOutput) -> String {
+        describe_live(o)
+    }
+}
+
+/// `2980` as `2,980`.
+pub fn group(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Which records `brain task log --full ID #N` shows: the call issued at record `N`, its
+/// output and its end, and what the model was told of it.
+pub struct OneCall {
+    seq: u64,
+    call_id: Option<u64>,
+    told: bool,
+}
+
+impl OneCall {
+    pub fn new(seq: u64) -> Self {
+        Self {
+            seq,
+            call_id: None,
+            told: false,
+        }
+    }
+
+    pub fn wants(&mut self, r: &Record) -> bool {
+        match &r.event {
+            E::ToolCallIssued { call_id, .. } if r.seq == self.seq => {
+                self.call_id = Some(*call_id);
+                true
+            }
+            E::ToolOutput { call_id, .. }
+            | E::ToolCallCompleted { call_id, .. }
+            | E::ToolCallInterrupted { call_id, .. } => self.call_id == Some(*call_id),
+            E::Observation { .. } if self.call_id.is_some() && !self.told => {
+                self.told = true;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(seq: u64, event: E) -> Record {
+        Record {
+            v: 1,
+            task: "t-3".into(),
+            seq,
+            at_ms: 0,
+            event,
+        }
+    }
+
+    fn command(seq: u64, call_id: u64, cmd: &str) -> Record {
+        rec(
+            seq,
+            E::ToolCallIssued {
+                call_id,
+                step: 1,
+                purpose: "step".into(),
+                worker: "w-0123456789ab".into(),
+                call: ToolCall::RunCommand {
+                    argv: vec!["sh".into(), "-c".into(), cmd.into()],
+                    timeout_ms: 1000,
+                    cwd: String::new(),
+                },
+            },
+        )
+    }
+
+    fn shown(g: &mut Glance, records: &[Record]) -> String {
+        records
+            .iter()
+            .filter_map(|r| g.record(r))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn a_command_is_shown_once_with_its_output_and_bookkeeping_is_folded() {
+        let names = HashMap::from([("w-0123456789ab".to_string(), "laptop".to_string())]);
+        let mut g = Glance::new("t-3", names);
+        let big: Vec<String> = (1..=3000).map(|i| format!("line {i}")).collect();
+        let records = vec![
+            rec(
+                2,
+                E::WorkerAssigned {
+                    worker: "w-0123456789ab".into(),
+                },
+            ),
+            rec(
+                3,
+                E::StatusChanged {
+                    status: "running".into(),
+                    reason: String::new(),
+                },
+            ),
+            command(14, 117743616073728001, "make test"),
+            rec(
+                15,
+                E::ToolOutput {
+                    call_id: 117743616073728001,
+                    stdout: big.join("\n"),
+                    stderr: String::new(),
+                },
+            ),
+            rec(
+                16,
+                E::ToolCallCompleted {
+                    call_id: 117743616073728001,
+                    result: proto::log::ToolResult {
+                        exit_code: Some(0),
+                        ..Default::default()
+                    },
+                },
+            ),
+            rec(
+                17,
+                E::Observation {
+                    tool_use_id: "u1".into(),
+                    text: format!("exit code 0\n{}", big.join("\n")),
+                    failed: false,
+                },
+            ),
+        ];
+        let s = shown(&mut g, &records);
+        assert!(s.contains("on laptop"), "{s}");
+        assert!(!s.contains("w-0123456789ab"), "{s}");
+        assert!(!s.contains("running"), "{s}");
+        assert!(s.contains("   14  $ make test"), "{s}");
+        assert!(!s.contains("117743616073728001"), "{s}");
+        assert_eq!(s.matches("line 1\n").count(), 1, "output shown twice:\n{s}");
+        assert!(
+            s.contains("… 2,980 more lines (brain task log --full t-3 #14)"),
+            "{s}"
+        );
+        assert!(!s.contains("exit code 0"), "{s}");
+    }
+
+    #[test]
+    fn a_failed_command_says_how_and_a_read_shows_a_few_lines() {
+        let mut g = Glance::new("t-3", HashMap::new());
+        let records = vec![
+            command(4, 9, "false"),
+            rec(
+                5,
+                E::ToolCallCompleted {
+                    call_id: 9,
+                    result: proto::log::ToolResult {
+                        exit_code: Some(1),
+                        ..Default::default()
+                    },
+                },
+            ),
+            rec(
+                6,
+                E::Observation {
+                    tool_use_id: "u1".into(),
+                    text: "exit code 1".into(),
+                    failed: true,
+                },
+            ),
+            rec(
+                7,
+                E::ToolCallIssued {
+                    call_id: 10,
+                    step: 2,
+                    purpose: "step".into(),
+                    worker: "w".into(),
+                    call: ToolCall::ReadFile {
+                        path: "a.py".into(),
+                        start_line: 0,
+                        end_line: 0,
+                    },
+                },
+            ),
+            rec(
+                8,
+                E::Observation {
+                    tool_use_id: "u2".into(),
+                    text: "1 import os\n2 x = 1\n3 y = 2\n4 z = 3\n5 w = 4".into(),
+                    failed: false,
+                },
+            ),
+        ];
+        let s = shown(&mut g, &records);
+        assert!(s.contains("→ exit code 1 (#4)"), "{s}");
+        assert!(s.contains("read a.py"), "{s}");
+        assert!(s.contains("< 3 y = 2") && !s.contains("4 z = 3"), "{s}");
+        assert!(s.contains("… 2 more lines"), "{s}");
+    }
+
+    #[test]
+    fn numbers_are_grouped_by_thousands() {
+        assert_eq!(group(7), "7");
+        assert_eq!(group(2980), "2,980");
+        assert_eq!(group(1234567), "1,234,567");
+    }
+}
