@@ -540,20 +540,12 @@ async fn file(
         .result)
 }
 
-/// The demo's sample project: a shell library with a bug and the test that catches it.
+/// The demo's sample project (`samples/calc`, also the README's first agent task): a shell
+/// library with a bug and the test that catches it.
 const SAMPLE: &[(&str, &str)] = &[
-    (
-        "README.md",
-        "# calc\n\nSmall arithmetic helpers for shell scripts. Run the tests with `sh test.sh`.\n",
-    ),
-    (
-        "calc.sh",
-        "# Small arithmetic helpers.\nadd() {\n    echo $(($1 - $2))\n}\nmul() {\n    echo $(($1 * $2))\n}\n",
-    ),
-    (
-        "test.sh",
-        ". ./calc.sh\nfail=0\ncheck() {\n    if [ \"$2\" = \"$3\" ]; then echo \"ok   $1 = $2\"; else echo \"FAIL $1 = $2, want $3\"; fail=1; fi\n}\ncheck \"add 2 3\" \"$(add 2 3)\" 5\ncheck \"add 10 -4\" \"$(add 10 -4)\" 6\ncheck \"mul 3 4\" \"$(mul 3 4)\" 12\nexit $fail\n",
-    ),
+    ("README.md", include_str!("../../../samples/calc/README.md")),
+    ("calc.sh", include_str!("../../../samples/calc/calc.sh")),
+    ("test.sh", include_str!("../../../samples/calc/test.sh")),
 ];
 
 fn git(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<String> {

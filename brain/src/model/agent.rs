@@ -157,7 +157,7 @@ pub struct AgentState {
     pub approval: Option<Approval>,
     /// Approvals asked so far (their ids count up from 1).
     pub approvals_asked: u64,
-    /// Calls a person approved "always" ([`crate::model::tools::standing`] keys): not asked
+    /// Calls a person approved "always" (`tools::standing` keys): not asked
     /// again in this task. Bounded by [`MAX_STANDING`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approved_always: Vec<String>,
@@ -614,47 +614,6 @@ impl AgentState {
                 Some(n) => format!("{n}\n\n{note}"),
                 None => note,
             });
-        }
-    }
-
-    /// A person approved the pending call for good: the same call is not asked again.
-    pub fn approve_always(&mut self, approval_id: u64) {
-        let Some(ap) = self.approval.as_ref().filter(|p| p.id == approval_id) else {
-            return;
-        };
-        let Some(u) = self.queue.iter().find(|u| u.id == ap.tool_use_id) else {
-            return;
-        };
-        let crate::model::tools::Prepared::Call { call, .. } =
-            crate::model::tools::prepare(u, &self.spec)
-        else {
-            return;
-        };
-        let Some(key) = crate::model::tools::standing(&call) else {
-            return;
-        };
-        if !self.approved_always.contains(&key) {
-            self.approved_always.push(key);
-            if self.approved_always.len() > MAX_STANDING {
-                self.approved_always.remove(0);
-            }
-        }
-    }
-
-    /// Where the approval of call `u` (`call`, as prepared) stands: a mutating call the
-    /// permission does not allow, and no person approved for good, is asked.
-    pub fn gate_call(
-        &self,
-        u: &ToolUse,
-        call: &crate::model::event::ToolCall,
-        mutating: bool,
-    ) -> Gate {
-        use crate::model::tools::{needs_approval, standing};
-        let for_good = || standing(call).is_some_and(|k| self.approved_always.contains(&k));
-        if mutating && needs_approval(call, &self.spec) && !for_good() {
-            self.gate(u)
-        } else {
-            Gate::Go
         }
     }
 

@@ -243,6 +243,30 @@ impl ToolResult {
     }
 }
 
+/// A result in words, for failure reasons.
+pub fn describe_result(r: &ToolResult) -> String {
+    let how = describe_exit(r);
+    if r.limit.is_empty() {
+        how
+    } else {
+        format!("{how}; {}", r.limit)
+    }
+}
+
+fn describe_exit(r: &ToolResult) -> String {
+    if !r.error.is_empty() {
+        r.error.clone()
+    } else if r.timed_out {
+        "timed out".into()
+    } else if let Some(c) = r.exit_code {
+        format!("exit code {c}")
+    } else if let Some(s) = r.signal {
+        format!("killed by signal {s}")
+    } else {
+        "no exit status".into()
+    }
+}
+
 /// Everything that can happen to a task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

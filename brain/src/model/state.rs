@@ -593,7 +593,7 @@ fn agent_event(a: &mut AgentState, rec: &Record) {
             always,
         } => {
             if *approved && *always {
-                a.approve_always(*approval_id);
+                crate::model::tools::approve_always(a, *approval_id);
             }
             if let Some(p) = a
                 .approval
@@ -643,28 +643,7 @@ fn remember(st: &mut TaskState, call_id: u64) {
 }
 
 /// A result in words, for failure reasons.
-pub fn describe(r: &super::event::ToolResult) -> String {
-    let how = describe_exit(r);
-    if r.limit.is_empty() {
-        how
-    } else {
-        format!("{how}; {}", r.limit)
-    }
-}
-
-fn describe_exit(r: &super::event::ToolResult) -> String {
-    if !r.error.is_empty() {
-        r.error.clone()
-    } else if r.timed_out {
-        "timed out".into()
-    } else if let Some(c) = r.exit_code {
-        format!("exit code {c}")
-    } else if let Some(s) = r.signal {
-        format!("killed by signal {s}")
-    } else {
-        "no exit status".into()
-    }
-}
+pub use super::event::describe_result as describe;
 
 #[cfg(test)]
 #[path = "state_tests.rs"]

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::llm::{ToolSpec, ToolUse};
-use crate::model::agent::{AgentSpec, Permission};
+use crate::model::agent::{AgentSpec, AgentState, Gate, MAX_STANDING, Permission};
 use crate::model::event::{ToolCall, ToolResult};
 
 /// Default and largest timeout of `run_command`.
@@ -503,6 +503,39 @@ pub fn standing(call: &ToolCall) -> Option<String> {
     }
 }
 
+/// A person approved the pending call for good: the same call is not asked again.
+pub fn approve_always(a: &mut AgentState, approval_id: u64) {
+    let Some(ap) = a.approval.as_ref().filter(|p| p.id == approval_id) else {
+        return;
+    };
+    let Some(u) = a.queue.iter().find(|u| u.id == ap.tool_use_id) else {
+        return;
+    };
+    let Prepared::Call { call, .. } = prepare(u, &a.spec) else {
+        return;
+    };
+    let Some(key) = standing(&call) else {
+        return;
+    };
+    if !a.approved_always.contains(&key) {
+        a.approved_always.push(key);
+        if a.approved_always.len() > MAX_STANDING {
+            a.approved_always.remove(0);
+        }
+    }
+}
+
+/// Where the approval of call `u` (`call`, as prepared) stands: a mutating call the
+/// permission does not allow, and no person approved for good, is asked.
+pub fn gate(a: &AgentState, u: &ToolUse, call: &ToolCall, mutating: bool) -> Gate {
+    let for_good = || standing(call).is_some_and(|k| a.approved_always.contains(&k));
+    if mutating && needs_approval(call, &a.spec) && !for_good() {
+        a.gate(u)
+    } else {
+        Gate::Go
+    }
+}
+
 /// Whether a mutating call needs a person's approval under the task's permission.
 pub fn needs_approval(call: &ToolCall, spec: &AgentSpec) -> bool {
     match spec.permission {
@@ -545,7 +578,7 @@ pub fn describe_command(r: &ToolResult, stdout: &str, stderr: &str) -> String {
     } else if !r.error.is_empty() {
         format!("could not run: {}", r.error)
     } else {
-        crate::model::state::describe(r)
+        crate::model::event::describe_result(r)
     };
     let half = MAX_OBSERVATION / 2;
     let mut text = status;

@@ -232,7 +232,7 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
                 call,
                 mutating,
                 what,
-            } => match a.gate_call(u, &call, mutating) {
+            } => match tools::gate(a, u, &call, mutating) {
                 Gate::Ask(id) => Action::Log(ask(u, id, &what)),
                 Gate::Waiting => Action::AwaitDecision,
                 Gate::Denied(text) => Action::Log(vec![observe(a, u, text, true)]),

@@ -1,0 +1,7 @@
+# Small arithmetic helpers.
+add() {
+    echo $(($1 - $2))
+}
+mul() {
+    echo $(($1 * $2))
+}
