@@ -415,6 +415,7 @@ pub async fn follow(
             // As the API writes it: the call id a string, like the records'.
             (Item::Live(o), View::Json) => format!("{}\n", serde_json::to_string(&o)?),
             // Live output of the running call and file changes, as they come.
+            (Item::Live(o), View::Full) => super::render::describe_live(&o),
             (Item::Live(o), _) => glance.live(&o),
             (Item::Broken(e), View::Json) => format!("{}\n", serde_json::json!({ "error": e })),
             (Item::Broken(e), _) => format!("  (unreadable record: {e})\n"),

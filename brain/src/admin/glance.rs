@@ -29,6 +29,9 @@ pub struct Glance {
     /// The last issued call was a command: its output is shown as it comes, so the model's
     /// copy of it is not shown again.
     last_was_command: bool,
+    /// Lines of each call's stdout and stderr shown live, as they came: its output record
+    /// then adds only what was not shown.
+    streamed: HashMap<u64, [usize; 2]>,
 }
 
 impl Glance {
@@ -38,6 +41,7 @@ impl Glance {
             names,
             calls: HashMap::new(),
             last_was_command: false,
+            streamed: HashMap::new(),
         }
     }
 
@@ -151,24 +155,7 @@ impl Glance {
                 call_id,
                 stdout,
                 stderr,
-            } => {
-                let mut s = String::new();
-                for (text, mark) in [(stdout, '|'), (stderr, '!')] {
-                    let lines: Vec<&str> = text.lines().collect();
-                    for l in lines.iter().take(OUTPUT_LINES) {
-                        s.push_str(&format!("    {mark} {l}\n"));
-                    }
-                    if lines.len() > OUTPUT_LINES {
-                        s.push_str(&format!(
-                            "    {mark} … {} more lines (brain task log --full {} {})\n",
-                            group(lines.len() - OUTPUT_LINES),
-                            self.task,
-                            self.short(*call_id)
-                        ));
-                    }
-                }
-                (!s.is_empty()).then(|| s.trim_end_matches('\n').to_string())
-            }
+            } => self.output(*call_id, stdout, stderr),
             E::ToolCallCompleted { call_id, result } => {
                 let result = crate::model::ToolResult {
                     exit_code: result.exit_code,
@@ -224,9 +211,50 @@ impl Glance {
         }
     }
 
-    /// Live output of the running call and file changes, as they come.
-    pub fn live(&self, o: &proto::LiveOutput) -> String {
-        describe_live(o)
+    /// A call's output record: what was not shown live, cut with the command that shows
+    /// it whole.
+    fn output(&mut self, call_id: u64, stdout: &str, stderr: &str) -> Option<String> {
+        let mut s = String::new();
+        let live = self.streamed.remove(&call_id);
+        for (i, (text, mark)) in [(stdout, '|'), (stderr, '!')].into_iter().enumerate() {
+            let lines: Vec<&str> = text.lines().collect();
+            // What was shown live is not shown again.
+            let shown = match live {
+                Some(counts) => counts[i],
+                None => {
+                    for l in lines.iter().take(OUTPUT_LINES) {
+                        s.push_str(&format!("    {mark} {l}\n"));
+                    }
+                    OUTPUT_LINES
+                }
+            };
+            if lines.len() > shown {
+                s.push_str(&format!(
+                    "    {mark} … {} more lines (brain task log --full {} {})\n",
+                    group(lines.len() - shown),
+                    self.task,
+                    self.short(call_id)
+                ));
+            }
+        }
+        (!s.is_empty()).then(|| s.trim_end_matches('\n').to_string())
+    }
+
+    /// Live output of the running call (its first lines) and file changes, as they come.
+    pub fn live(&mut self, o: &proto::LiveOutput) -> String {
+        if o.kind != "live_output" {
+            return describe_live(o);
+        }
+        let i = usize::from(o.stream == "stderr");
+        let counts = self.streamed.entry(o.call_id).or_default();
+        let room = OUTPUT_LINES.saturating_sub(counts[i]);
+        let mark = if i == 1 { '!' } else { '|' };
+        let mut s = String::new();
+        for l in o.text.lines().take(room) {
+            s.push_str(&format!("    {mark} {l}\n"));
+            counts[i] += 1;
+        }
+        s
     }
 }
 
@@ -429,6 +457,42 @@ mod tests {
         assert!(s.contains("read a.py"), "{s}");
         assert!(s.contains("< 3 y = 2") && !s.contains("4 z = 3"), "{s}");
         assert!(s.contains("… 2 more lines"), "{s}");
+    }
+
+    #[test]
+    fn output_shown_live_is_not_shown_again_and_a_long_one_is_cut() {
+        let mut g = Glance::new("t-1", HashMap::new());
+        let issued = g.record(&command(5, 77, "make")).unwrap();
+        assert!(issued.contains("$ make"), "{issued}");
+        let mut live = String::new();
+        for i in 1..=30 {
+            live.push_str(&g.live(&proto::LiveOutput {
+                kind: "live_output".into(),
+                call_id: 77,
+                stream: "stderr".into(),
+                text: format!("warning {i}\n"),
+            }));
+        }
+        assert!(
+            live.contains("! warning 20\n") && !live.contains("warning 21"),
+            "{live}"
+        );
+        let all: Vec<String> = (1..=30).map(|i| format!("warning {i}")).collect();
+        let rest = g
+            .record(&rec(
+                6,
+                E::ToolOutput {
+                    call_id: 77,
+                    stdout: String::new(),
+                    stderr: all.join("\n"),
+                },
+            ))
+            .unwrap();
+        assert!(!rest.contains("warning 1\n"), "shown twice: {rest}");
+        assert!(
+            rest.contains("… 10 more lines (brain task log --full t-1 #5)"),
+            "{rest}"
+        );
     }
 
     #[test]
