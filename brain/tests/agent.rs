@@ -112,12 +112,15 @@ fn an_agent_fixes_a_failing_test_on_a_real_worker() {
         "{show}"
     );
     // What the person watching saw: tool calls, their output, tokens and cost.
-    assert!(shown.contains("→ run_command"), "{shown}");
+    assert!(shown.contains("$ sh test.sh"), "{shown}");
     assert!(shown.contains("FAIL: add 2 3 = -1"), "{shown}");
-    assert!(shown.contains("so far: 960 tokens"), "{shown}");
     // 8 calls of 100 prompt + 20 completion tokens at $2 / $8 per million.
     let cost = 8.0 * (100.0 * 2.0 + 20.0 * 8.0) / 1e6;
-    assert!(shown.contains(&format!("${cost:.4}")), "{shown}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("{id}: finished (960 tokens, ${cost:.4})")),
+        "{said}"
+    );
     assert!(
         show.contains(&format!("cost:    ${cost:.4} of $2.0000")),
         "{show}"
