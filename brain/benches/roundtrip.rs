@@ -233,6 +233,7 @@ impl<'a> Bench<'a> {
                 web_listen: None,
                 store: None,
                 config: Default::default(),
+                config_path: data.0.join("config.toml"),
             })
             .await
             .unwrap();

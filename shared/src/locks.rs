@@ -59,3 +59,24 @@ mod tests {
         assert_eq!(*r.read_locked(), 6);
     }
 }
+
+/// A value read often and replaced whole now and then (a reloaded config): a reader takes
+/// the current one (an `Arc`) and lets go of the lock at once.
+#[derive(Debug, Default)]
+pub struct Live<T>(RwLock<std::sync::Arc<T>>);
+
+impl<T> Live<T> {
+    pub fn new(value: std::sync::Arc<T>) -> Self {
+        Self(RwLock::new(value))
+    }
+
+    /// The current value.
+    pub fn get(&self) -> std::sync::Arc<T> {
+        self.0.read_locked().clone()
+    }
+
+    /// Replaces the value; readers that took the old one keep it.
+    pub fn set(&self, value: std::sync::Arc<T>) {
+        *self.0.write_locked() = value;
+    }
+}

@@ -470,6 +470,14 @@ pub enum ConfigCmd {
         /// The file (default: the data dir's config.toml)
         file: Option<PathBuf>,
     },
+    /// Make the running brain read its config file again (as SIGHUP does): [llm] and [agent]
+    /// apply to tasks that start from now on; a change elsewhere is named as needing a
+    /// restart; an invalid file changes nothing (exit 78)
+    Reload {
+        /// One JSON object: {"file", "applied", "need_restart"}
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]

@@ -97,6 +97,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Config(ConfigCmd::Check { file }) => {
             config_check(&file.unwrap_or_else(|| data.path().join("config.toml")))
         }
+        Cmd::Config(ConfigCmd::Reload { json }) => config_reload(t, json).await,
         Cmd::Serve(args) => serve(&data, args).await,
         Cmd::Secret(cmd) => super::secrets::run(t, cmd).await,
         Cmd::Token(TokenCmd::Create { ttl, labels }) => token_create(t, ttl, labels).await,
@@ -264,6 +265,7 @@ async fn serve(data: &DataDir, a: ServeArgs) -> anyhow::Result<i32> {
         },
         require_sandbox: a.require_sandbox,
         config,
+        config_path,
         web_listen: a.web_listen,
         store,
     })
@@ -271,6 +273,7 @@ async fn serve(data: &DataDir, a: ServeArgs) -> anyhow::Result<i32> {
     tracing::info!(addr = %ready.addr, data = %data.path().display(), "brain listening on {}", ready.addr);
     let stop = CancellationToken::new();
     spawn_signal_handler(stop.clone());
+    spawn_reload_on_hangup(ready.shared.clone(), stop.clone());
     ready.run(stop.cancelled_owned()).await?;
     tracing::info!("brain stopped");
     Ok(0)
@@ -467,6 +470,66 @@ fn spawn_signal_handler(stop: CancellationToken) {
         shared::signals::terminated().await;
         stop.cancel();
     });
+}
+
+/// SIGHUP reads the config file again, as `brain config reload` does; what came of it is
+/// logged.
+fn spawn_reload_on_hangup(shared: std::sync::Arc<crate::api::Shared>, stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("SIGHUP cannot be caught here: use `brain config reload`");
+        return;
+    };
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                got = hup.recv() => if got.is_none() { return },
+            }
+            if let Err(e) = shared.reload_config() {
+                tracing::error!(error = %e, "config not reloaded (nothing was changed)");
+            }
+        }
+    });
+}
+
+/// `brain config reload`.
+async fn config_reload(t: &Target, json: bool) -> anyhow::Result<i32> {
+    let r = match t
+        .rpc(async |mut c| c.reload_config(proto::ReloadConfigRequest {}).await)
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            err!("error: {e:#}");
+            return Ok(shared::exit::ExitCode::Config.code());
+        }
+    };
+    if json {
+        out!(
+            "{}",
+            serde_json::json!({"file": r.file, "applied": r.applied, "need_restart": r.need_restart})
+        );
+        return Ok(0);
+    }
+    if r.applied.is_empty() && r.need_restart.is_empty() {
+        out!("{}: nothing changed", r.file);
+        return Ok(0);
+    }
+    if !r.applied.is_empty() {
+        out!(
+            "{}: applied [{}] (tasks that start from now on use it; running ones keep theirs)",
+            r.file,
+            r.applied.join("], [")
+        );
+    }
+    if !r.need_restart.is_empty() {
+        out!(
+            "changed, but applies only after a restart of brain serve: [{}]",
+            r.need_restart.join("], [")
+        );
+    }
+    Ok(0)
 }
 
 /// `tether demo`: runs the demo with workers started as `<this program> worker ...`.

@@ -83,6 +83,7 @@ pub async fn run(launcher: WorkerProgram, keep: bool, model: Option<String>) -> 
         require_sandbox: vec![],
         web_listen: None,
         store: None,
+        config_path: data.path().join("config.toml"),
         // The sample repository is a local path: the demo allows those.
         config: {
             let mut c = crate::config::Config::default();

@@ -164,7 +164,8 @@ impl Glance {
                     error: result.error.clone(),
                     limit: result.limit.clone(),
                 };
-                if result.ok() {
+                // A file tool's failure is what the model is told, shown next.
+                if result.ok() || !self.last_was_command {
                     return None;
                 }
                 Some(format!(

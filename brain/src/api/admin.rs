@@ -77,6 +77,7 @@ impl Services {
         let allow = self
             .0
             .config
+            .get()
             .egress
             .allow_list(preset, allow)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -382,6 +383,7 @@ impl Admin for Services {
         let mut spec = self
             .0
             .config
+            .get()
             .agent_spec(&req.model, permission, budget)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         if spec.model.starts_with("replay:") {
@@ -413,6 +415,7 @@ impl Admin for Services {
                 // Refused now, in words, rather than when the task first clones.
                 self.0
                     .config
+                    .get()
                     .deliver
                     .settings()
                     .remotes
@@ -435,6 +438,7 @@ impl Admin for Services {
         let attempts = self
             .0
             .config
+            .get()
             .attempts_spec(crate::config::AttemptsRequest {
                 count: req.attempts,
                 pick: &req.pick,
@@ -771,6 +775,24 @@ impl Admin for Services {
         tracing::warn!(credential = %id, revoked, by = %admin, "web credentials revoked");
         Ok(Response::new(proto::RevokeApiTokenResponse {
             revoked: revoked as u32,
+        }))
+    }
+
+    async fn reload_config(
+        &self,
+        req: Request<proto::ReloadConfigRequest>,
+    ) -> Result<Response<proto::ReloadConfigResponse>, Status> {
+        let admin = self.cert_caller(&req)?;
+        let r = self.0.reload_config().map_err(|e| {
+            Status::failed_precondition(format!(
+                "{e}: nothing was changed; fix it (`brain config check` says what is wrong) and reload again"
+            ))
+        })?;
+        tracing::info!(by = %admin, "config reload asked for");
+        Ok(Response::new(proto::ReloadConfigResponse {
+            file: r.file,
+            applied: r.applied.iter().map(|s| s.to_string()).collect(),
+            need_restart: r.need_restart.iter().map(|s| s.to_string()).collect(),
         }))
     }
 

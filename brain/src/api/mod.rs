@@ -10,6 +10,7 @@ mod credentials;
 pub mod egress;
 mod enroll;
 mod error;
+pub mod reload;
 pub mod results;
 pub mod roles;
 mod secrets;
@@ -54,8 +55,10 @@ pub struct Shared {
     pub ca: Ca,
     pub session: SessionOptions,
     pub placement: Placement,
-    /// The brain's config file (agent defaults).
-    pub config: Arc<crate::config::Config>,
+    /// The brain's config file (agent defaults), replaced whole by `brain config reload`.
+    pub config: shared::locks::Live<crate::config::Config>,
+    /// Where the config file is (it may not exist: the defaults).
+    pub config_path: std::path::PathBuf,
     /// Blobs and manifests of every task's workspace.
     pub mirror: Mirror,
     /// Machines this brain created.

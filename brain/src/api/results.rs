@@ -88,7 +88,7 @@ pub async fn diff(
 ) -> Result<ReceiverStream<Result<proto::DataChunk, Status>>, Status> {
     let (st, root) = root_at(s, task, root).await?;
     let (base, head) = ends(s, &st, &root).await?;
-    let settings = s.config.deliver.settings();
+    let settings = s.config.get().deliver.settings();
     let message = s.engine.redact(&crate::engine::commit_message(&st));
     let form = match form {
         "" | "diff" => Form::Diff,

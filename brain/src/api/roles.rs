@@ -76,6 +76,7 @@ pub const TABLE: &[(&str, Access)] = &[
     ("/tether.v1.Admin/CreateWebLogin", Access::AdminCert),
     ("/tether.v1.Admin/ListApiTokens", Access::AdminCert),
     ("/tether.v1.Admin/RevokeApiToken", Access::AdminCert),
+    ("/tether.v1.Admin/ReloadConfig", Access::AdminCert),
     ("/tether.v1.Admin/SetSecret", Access::AdminCert),
     ("/tether.v1.Admin/ListSecrets", Access::AdminCert),
     ("/tether.v1.Admin/RemoveSecret", Access::AdminCert),

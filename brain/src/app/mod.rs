@@ -113,6 +113,8 @@ pub struct Options {
     pub require_sandbox: Vec<String>,
     /// The config file's contents (its LLM part is also in `tasks.llm`).
     pub config: Arc<crate::config::Config>,
+    /// Where the config file is (read again by `brain config reload` and SIGHUP).
+    pub config_path: std::path::PathBuf,
     /// Where the HTTP API and the web page listen (loopback only), if anywhere.
     pub web_listen: Option<SocketAddr>,
     /// A PostgreSQL store shared with other replicas, instead of sled in the data dir.
@@ -365,7 +367,8 @@ pub async fn prepare(opts: Options) -> Result<Ready, Error> {
             lost_after: opts.lost_after,
         },
         placement,
-        config: opts.config.clone(),
+        config: shared::locks::Live::new(opts.config.clone()),
+        config_path: opts.config_path.clone(),
         mirror,
         machines,
         web: web_auth,

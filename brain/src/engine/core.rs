@@ -76,6 +76,9 @@ pub struct Core {
     pub opts: Options,
     /// Masks every secret the brain knows in text bound for the log, the model or a watcher.
     pub redact: Arc<super::redact::Redactor>,
+    /// LLM providers, models and prices as now configured (`opts.llm` at start, replaced by
+    /// a reload): a task's driver takes them when it starts.
+    pub llm: shared::locks::Live<crate::llm::LlmConfig>,
     /// Where attempts that start together ask their first turn together.
     pub together: Arc<crate::llm::Together>,
 }

@@ -135,6 +135,7 @@ impl Engine {
             inner: Arc::new(Inner {
                 core: Arc::new(Core {
                     redact: Arc::new(redact::Redactor::new(&opts.llm, &opts.secrets)),
+                    llm: shared::locks::Live::new(opts.llm.clone()),
                     together: Arc::default(),
                     store,
                     ports,
@@ -368,6 +369,14 @@ impl Engine {
         Ok(let_go)
     }
 
+    /// Takes a reloaded LLM config: tasks that start (or restart) from now on use it, and
+    /// its keys are masked from now on.
+    pub fn reload_llm(&self, llm: crate::llm::LlmConfig) {
+        let core = &self.inner.core;
+        core.redact.learn_llm(&llm);
+        core.llm.set(Arc::new(llm));
+    }
+
     /// Creates a task: picks its worker, fetches its starting workspace, logs its first
     /// records and starts its driver.
     pub async fn create(&self, mut new: NewTask) -> Result<TaskId, Error> {
@@ -376,7 +385,7 @@ impl Engine {
         // no task is made (nor a workspace imported) for a request that cannot start.
         if let Kind::Agent(a) = &new.kind {
             let core = &self.inner.core;
-            agent::provider(a, &core.opts.llm, &core.together)
+            agent::provider(a, &core.llm.get(), &core.together)
                 .map_err(|e| Error::Invalid(format!("the task's model cannot be used: {e}")))?;
         }
         let git = matches!(new.source, Source::Git { .. });

@@ -20,22 +20,30 @@ pub struct Redactor {
     secrets: RwLock<Arc<Vec<String>>>,
 }
 
+/// The LLM keys the brain knows: the providers' environment variables' values and the
+/// config's own keys.
+fn llm_keys(cfg: &llm::LlmConfig) -> Vec<String> {
+    ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .chain(
+            cfg.providers
+                .values()
+                .filter_map(|p| p.api_key.as_ref().map(|k| k.expose().to_string())),
+        )
+        .chain(
+            cfg.providers
+                .values()
+                .filter_map(|p| p.api_key_env.as_ref())
+                .filter_map(|v| std::env::var(v).ok()),
+        )
+        .collect()
+}
+
 impl Redactor {
     pub fn new(cfg: &llm::LlmConfig, extra: &[String]) -> Self {
-        let mut secrets: Vec<String> = ["OPENAI_API_KEY", "ANTHROPIC_API_KEY"]
-            .iter()
-            .filter_map(|v| std::env::var(v).ok())
-            .chain(
-                cfg.providers
-                    .values()
-                    .filter_map(|p| p.api_key.as_ref().map(|k| k.expose().to_string())),
-            )
-            .chain(
-                cfg.providers
-                    .values()
-                    .filter_map(|p| p.api_key_env.as_ref())
-                    .filter_map(|v| std::env::var(v).ok()),
-            )
+        let mut secrets: Vec<String> = llm_keys(cfg)
+            .into_iter()
             .chain(extra.iter().cloned())
             .filter(|s| s.len() >= SHORTEST)
             .collect();
@@ -44,6 +52,11 @@ impl Redactor {
         Self {
             secrets: RwLock::new(Arc::new(secrets)),
         }
+    }
+
+    /// Masks the keys of a reloaded LLM config too (the old ones stay masked).
+    pub fn learn_llm(&self, cfg: &llm::LlmConfig) {
+        self.learn(llm_keys(cfg));
     }
 
     /// Masks `values` too from now on: everything masked after this returns masks them.

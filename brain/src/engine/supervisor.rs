@@ -18,7 +18,7 @@ use super::store::Task;
 /// Drives `task` until it ends or stops for budget.
 pub async fn run(core: Arc<Core>, task: Arc<Task>) {
     if task.state().agent.is_some() {
-        let mut driver = AgentDriver::new(core.opts.llm.clone(), core.redact.clone());
+        let mut driver = AgentDriver::new(core.llm.get(), core.redact.clone());
         keep_driving(&core, &task, &mut driver).await;
     } else {
         keep_driving(&core, &task, &mut PlanDriver).await;
