@@ -101,15 +101,24 @@ fn a_person_steers_a_task_from_the_page() {
     browser.wait("the worker list", t, |b| b.find(&option).is_some());
     browser.click(&option).unwrap();
     browser.click("#move").unwrap();
-    browser.wait("the move in the timeline", t, |b| {
-        b.text("#timeline")
-            .contains(&format!("moved to {}", bigbox.id))
+    browser.wait("the move in the timeline, by the worker's name", t, |b| {
+        b.text("#timeline").contains("moved to bigbox")
     });
     browser.wait("the approval after the move", t, |b| {
-        b.find(".approval-box .approve").is_some()
+        b.find(".approval-box .always").is_some()
     });
-    browser.click(".approval-box .approve").unwrap();
+    browser.click(".approval-box .always").unwrap();
     c.wait_status("t-1", &["finished"], t);
+    let decided = c
+        .task_log_json("t-1")
+        .into_iter()
+        .rfind(|r| r["kind"] == "approval_decided")
+        .unwrap();
+    assert_eq!(decided["always"], json!(true), "{decided}");
+    browser.wait("the standing approval in the timeline", t, |b| {
+        b.text("#timeline")
+            .contains("approved for the rest of the task by web:ann")
+    });
 
     each_calls_output_shows_under_its_logged_id(&browser, &c);
     the_lanes_show_both_workers_and_the_move(&browser, t, &[&laptop.id, &bigbox.id]);
@@ -133,6 +142,76 @@ fn a_person_steers_a_task_from_the_page() {
     });
     assert!(!hidden("#show-diff"), "the diff stays one click away");
     keep_screenshot(&browser, "task-page.png");
+    the_timeline_reads_at_a_glance(&browser);
+    the_page_fits_a_phone(&browser, &c, t);
+}
+
+/// The timeline shows what a person reads: a command once, its exit on its own line, no
+/// status changes, syncs or requests to the model; "show every record" brings those back,
+/// and each line's record number opens the raw record.
+fn the_timeline_reads_at_a_glance(browser: &Browser) {
+    let seen = browser.visible_text("#timeline");
+    // A command's output is under it: what the model was told of it ("exit code 0 …") is not
+    // shown again.
+    for hidden in [
+        "status running",
+        "workspace synced",
+        "asked openai",
+        "exit code 0",
+    ] {
+        assert!(!seen.contains(hidden), "{hidden:?} shown:\n{seen}");
+    }
+    let first = browser.visible_text("#timeline li[data-kind=tool_call_issued]");
+    assert!(
+        first.contains("$ echo first > a.txt") && first.contains("→ exit 0"),
+        "the command and its exit on one line: {first}"
+    );
+    // The output once, though it came live and then in its record.
+    let out = browser.text("#timeline li[data-kind=tool_call_issued] pre.output");
+    assert_eq!(out.matches("<script>").count(), 1, "{out}");
+    // Each record keeps its line, folded.
+    let lines = browser.exec(
+        "return document.querySelectorAll('#timeline li').length",
+        json!([]),
+    );
+    assert!(lines.as_u64() > Some(10), "{lines}");
+    browser.click("#every").unwrap();
+    let every = browser.visible_text("#timeline");
+    assert!(
+        every.contains("workspace synced") && every.contains("status running"),
+        "{every}"
+    );
+    browser.click("#every").unwrap();
+    let icon = browser.exec(
+        "const x = new XMLHttpRequest(); x.open('GET', document.querySelector('link[rel=icon]').href, false); x.send(); return [x.status, x.getResponseHeader('content-type'), x.responseText.startsWith('<svg')]",
+        json!([]),
+    );
+    assert_eq!(icon, json!([200, "image/svg+xml", true]), "the favicon");
+}
+
+/// At 420 px (a phone) the task page and the task list fit the screen: nothing wider than
+/// it, the goal still shown. Screenshots of both widths are kept for docs/web.md.
+fn the_page_fits_a_phone(browser: &Browser, c: &Cluster, t: Duration) {
+    browser.set_size(420, 900);
+    browser.wait("the narrow layout", t, |b| {
+        b.exec("return window.innerWidth <= 420", json!([])) == json!(true)
+    });
+    assert!(!browser.overflows(), "the task page is wider than 420 px");
+    keep_screenshot(browser, "task-page-420.png");
+    browser.goto(&format!("{}/#/", c.web_url()));
+    browser.wait("the task list", t, |b| {
+        b.find("#tasks tr[data-task=t-1]").is_some()
+    });
+    assert!(!browser.overflows(), "the task list is wider than 420 px");
+    let row = browser.visible_text("#tasks tr[data-task=t-1]");
+    assert!(row.contains("t-1") && row.contains("write a.txt"), "{row}");
+    keep_screenshot(browser, "tasks-420.png");
+    browser.set_size(1400, 900);
+    browser.wait("the wide layout", t, |b| {
+        b.visible_text("#tasks tr[data-task=t-1]")
+            .contains("bigbox")
+    });
+    assert!(!browser.overflows(), "the task list is wider than 1400 px");
 }
 
 /// Waiting for approval: the box appears; Approve lets it go on, and the command's output
@@ -393,6 +472,8 @@ fn a_task_run_as_attempts_shows_them_side_by_side() {
     let raw: serde_json::Value = serde_json::from_str(raw.as_str().unwrap()).unwrap();
     assert_eq!(raw["kind"], "tool_call_issued", "{raw}");
 
+    the_list_groups_attempts_under_their_parent(&browser, &c, t);
+
     // The parent's page again, for the picture.
     browser.goto(&format!("{}/#/task/t-1", c.web_url()));
     browser.wait("the attempts, their lanes and the timeline again", t, |b| {
@@ -403,4 +484,41 @@ fn a_task_run_as_attempts_shows_them_side_by_side() {
             && b.text("#timeline").contains("won:")
     });
     keep_screenshot(&browser, "attempts-page.png");
+}
+
+/// The task list shows each attempt under its parent, and filters by words and by status
+/// (a group stays whole when any of it matches).
+fn the_list_groups_attempts_under_their_parent(browser: &Browser, c: &Cluster, t: Duration) {
+    browser.goto(&format!("{}/#/", c.web_url()));
+    let rows = || -> Vec<String> {
+        let v = browser.exec(
+            "return [...document.querySelectorAll('#tasks tr')].map(r => r.dataset.task + (r.classList.contains('attempt-row') ? ' attempt' : ''))",
+            json!([]),
+        );
+        serde_json::from_value(v).unwrap()
+    };
+    browser.wait("the parent and its two attempts", t, |_| rows().len() == 3);
+    let r = rows();
+    assert_eq!(r[0], "t-1", "{r:?}");
+    assert!(
+        r[1].ends_with(" attempt") && r[2].ends_with(" attempt"),
+        "{r:?}"
+    );
+    browser.set_size(1400, 900);
+    keep_screenshot(browser, "tasks-1400.png");
+    browser.type_into("#filter", "no such task").unwrap();
+    browser.wait("nothing left by the filter", t, |_| rows().is_empty());
+    assert_eq!(browser.text("#count"), "0 of 1 task");
+    browser.exec(
+        "const f = document.querySelector('#filter'); f.value = 'answer'; f.dispatchEvent(new Event('input'))",
+        json!([]),
+    );
+    browser.wait("the group again", t, |_| rows().len() == 3);
+    browser
+        .click("#filter-status option[value=active]")
+        .unwrap();
+    browser.wait("no active task", t, |_| rows().is_empty());
+    browser.click("#filter-status option[value=ended]").unwrap();
+    browser.wait("the ended group", t, |_| rows().len() == 3);
+    browser.set_size(1280, 1000);
 }

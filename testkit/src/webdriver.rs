@@ -175,6 +175,36 @@ impl Browser {
         .to_string()
     }
 
+    /// The text of the first element matching a selector as rendered: what a person sees,
+    /// without what is hidden (empty when there is none).
+    pub fn visible_text(&self, css: &str) -> String {
+        self.exec(
+            "const e = document.querySelector(arguments[0]); return e ? e.innerText : '';",
+            json!([css]),
+        )
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+    }
+
+    /// Resizes the browser's window to `width` × `height` CSS pixels.
+    pub fn set_size(&self, width: u32, height: u32) {
+        self.cmd(
+            "POST",
+            "/window/rect",
+            Some(json!({ "width": width, "height": height })),
+        )
+        .expect("resize the window");
+    }
+
+    /// Whether the page is wider than its window: a horizontal scroll bar, or content cut.
+    pub fn overflows(&self) -> bool {
+        self.exec(
+            "return document.documentElement.scrollWidth > document.documentElement.clientWidth",
+            json!([]),
+        ) == json!(true)
+    }
+
     /// The page as a PNG.
     pub fn screenshot(&self) -> Vec<u8> {
         use base64::Engine;

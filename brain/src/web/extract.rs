@@ -22,11 +22,13 @@ pub struct Body<T>(pub T);
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        // An empty body is the message with every field at its default.
-        let empty = req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .is_some_and(|v| v == "0");
+        // An empty body is the message with every field at its default: a length of 0, or
+        // neither a length nor a chunked body (HTTP/1.1's "no body", as `curl -X POST` sends).
+        let h = req.headers();
+        let empty = match h.get(header::CONTENT_LENGTH) {
+            Some(v) => v == "0",
+            None => !h.contains_key(header::TRANSFER_ENCODING),
+        };
         if empty {
             return serde_json::from_str("{}")
                 .map(Body)

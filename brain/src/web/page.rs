@@ -12,6 +12,7 @@ use super::Web;
 const INDEX: &str = include_str!("page/index.html");
 const APP_JS: &str = include_str!("page/app.js");
 const STYLE: &str = include_str!("page/style.css");
+const FAVICON: &str = include_str!("page/favicon.svg");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
 
 fn asset(kind: &'static str, body: &'static str) -> impl IntoResponse {
@@ -37,5 +38,9 @@ pub fn routes() -> Router<Web> {
         .route(
             "/style.css",
             get(|| async { asset("text/css; charset=utf-8", STYLE) }),
+        )
+        .route(
+            "/favicon.svg",
+            get(|| async { asset("image/svg+xml", FAVICON) }),
         )
 }

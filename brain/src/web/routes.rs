@@ -35,7 +35,7 @@ pub fn table() -> Vec<Doc> {
         d("POST", "/tasks", Operator, "Starts an agent task", Some(of::<proto::RunAgentRequest>()), of::<proto::RunPlanResponse>(), post(create_task)),
         d("GET", "/tasks/{id}", Viewer, "One task's summary", None, of::<proto::TaskSummary>(), get(show_task)),
         d("GET", "/tasks/{id}/events", Viewer, "The task's log as Server-Sent Events (id: the sequence number; resume with Last-Event-ID or since), or as NDJSON with follow=false; ends with a `closed` event when the credential does; 429 past [web] max_streams_per_credential", None, Events, get(events::task_events)).query::<events::EventsQuery>(),
-        d("POST", "/tasks/{id}/approve", Operator, "Approves what the task waits for", None, of::<proto::DecideResponse>(), post(approve)),
+        d("POST", "/tasks/{id}/approve", Operator, "Approves what the task waits for (always: the same command, or a change to the same file, for the rest of the task)", Some(of::<ApproveHow>()), of::<proto::DecideResponse>(), post(approve)),
         d("POST", "/tasks/{id}/deny", Operator, "Denies it, with a reason the model is told", Some(of::<Reason>()), of::<proto::DecideResponse>(), post(deny)),
         d("POST", "/tasks/{id}/cancel", Operator, "Cancels the task", None, of::<proto::CancelTaskResponse>(), post(cancel)),
         d("POST", "/tasks/{id}/move", Operator, "Moves the task to another worker at its next step", Some(of::<MoveTo>()), of::<proto::MoveTaskResponse>(), post(move_task)),

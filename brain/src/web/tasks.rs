@@ -94,14 +94,24 @@ pub struct Reason {
     pub reason: String,
 }
 
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+#[serde(default)]
+pub struct ApproveHow {
+    /// The same command in the same directory (or any change to the same file) is approved
+    /// for the rest of the task, not asked again.
+    pub always: bool,
+}
+
 pub(super) async fn approve(
     State(web): State<Web>,
     Extension(a): Extension<Authed>,
     Path(id): Path<String>,
+    Body(b): Body<ApproveHow>,
 ) -> Answer<proto::DecideResponse> {
     let req = proto::DecideRequest {
         task_id: id,
         approve: true,
+        always: b.always,
         ..Default::default()
     };
     Ok(Json(

@@ -130,25 +130,72 @@ function route() {
   return tasksView(view);
 }
 
+const ENDED = ["finished", "failed", "cancelled", "stuck", "stalled"];
+
+// Which tasks a status filter keeps.
+const FILTERS = {
+  all: () => true,
+  active: t => !ENDED.includes(t.status),
+  waiting: t => t.status === "waiting" || t.status === "budget_exhausted",
+  ended: t => ENDED.includes(t.status),
+};
+
+// The task list: newest first, each task's attempts under it, filtered by a status and by
+// words (in the id, goal, status, worker or model). Columns a narrow screen does without are
+// marked `wide`.
 function tasksView(view) {
   const body = el("tbody", { id: "tasks" });
-  view.append(el("h2", {}, "Tasks"), el("table", {},
-    el("thead", {}, el("tr", {}, ["Task", "Status", "Verified", "Goal", "Worker", "Model", "Steps", "Tokens", "Cost / budget", "Age"].map(h => el("th", {}, h)))),
-    body));
+  const words = el("input", { type: "search", id: "filter", placeholder: "filter: id, goal, worker, model", "aria-label": "filter tasks" });
+  const which = el("select", { id: "filter-status", "aria-label": "status" },
+    el("option", { value: "all" }, "all"), el("option", { value: "active" }, "active"),
+    el("option", { value: "waiting" }, "waiting for a person"), el("option", { value: "ended" }, "ended"));
+  const count = el("span", { class: "muted", id: "count" });
+  const names = {};
+  const wide = h => ["Worker", "Model", "Steps", "Tokens", "Age"].includes(h) ? "wide" : undefined;
+  const heads = ["Task", "Status", "Verified", "Goal", "Worker", "Model", "Steps", "Tokens", "Cost / budget", "Age"];
+  view.append(el("h2", {}, "Tasks"), el("div", { class: "filters" }, words, which, count),
+    el("table", { class: "tasks" }, el("thead", {}, el("tr", {}, heads.map(h => h === "Cost / budget" ? el("th", {}, "Cost", el("span", { class: "wide" }, " / budget")) : el("th", { class: wide(h) }, h)))), body));
+  const row = (t, child) => el("tr", { "data-task": t.id, class: child ? "attempt-row" : undefined },
+    el("td", { class: "id" }, child ? "↳ " : "", el("a", { href: "#/task/" + t.id }, t.id)),
+    el("td", { class: "status" }, badge(t.status), " ", el("span", { class: "muted reason" }, t.reason || "")),
+    el("td", {}, badge(t.verification)),
+    el("td", { class: "goal", title: t.goal }, child ? "attempt " + t.attempt_number : t.goal),
+    el("td", { class: "wide" }, names[t.worker] || t.worker),
+    el("td", { class: "wide" }, t.model),
+    el("td", { class: "wide" }, t.steps_total ? t.steps_done + "/" + t.steps_total : String(t.steps_done || 0)),
+    el("td", { class: "wide" }, String(t.tokens || 0)),
+    el("td", {}, money(t.spent_usd), t.limits && t.limits.usd ? el("span", { class: "wide" }, " / " + money(t.limits.usd)) : ""),
+    el("td", { class: "wide" }, age(t.created_unix_ms)));
   const render = () => {
-    const rows = [...state.tasks.values()].sort((a, b) => (b.created_unix_ms || 0) - (a.created_unix_ms || 0));
-    body.replaceChildren(...rows.map(t => el("tr", { "data-task": t.id },
-      el("td", {}, el("a", { href: "#/task/" + t.id }, t.id)),
-      el("td", { class: "status" }, badge(t.status), " ", el("span", { class: "muted" }, t.reason || "")),
-      el("td", {}, badge(t.verification)),
-      el("td", { class: "goal", title: t.goal }, t.goal),
-      el("td", {}, t.worker),
-      el("td", {}, t.model),
-      el("td", {}, t.steps_total ? t.steps_done + "/" + t.steps_total : String(t.steps_done || 0)),
-      el("td", {}, String(t.tokens || 0)),
-      el("td", {}, money(t.spent_usd) + (t.limits && t.limits.usd ? " / " + money(t.limits.usd) : "")),
-      el("td", {}, age(t.created_unix_ms)))));
+    const all = [...state.tasks.values()];
+    const kids = new Map();
+    for (const t of all) if (t.attempt_of && state.tasks.has(t.attempt_of)) {
+      if (!kids.has(t.attempt_of)) kids.set(t.attempt_of, []);
+      kids.get(t.attempt_of).push(t);
+    }
+    const tops = all.filter(t => !(t.attempt_of && state.tasks.has(t.attempt_of)))
+      .sort((a, b) => Number(b.created_unix_ms || 0) - Number(a.created_unix_ms || 0));
+    const q = words.value.trim().toLowerCase();
+    const keep = t => FILTERS[which.value](t) && (!q || [t.id, t.goal, t.status, t.worker, names[t.worker], t.model]
+      .some(f => f && String(f).toLowerCase().includes(q)));
+    const rows = [];
+    let shown = 0;
+    for (const t of tops) {
+      const mine = (kids.get(t.id) || []).sort((a, b) => a.attempt_number - b.attempt_number);
+      if (!keep(t) && !mine.some(keep)) continue;
+      shown++;
+      rows.push(row(t, false), ...mine.map(k => row(k, true)));
+    }
+    body.replaceChildren(...rows);
+    const n = x => x + (x === 1 ? " task" : " tasks");
+    count.textContent = shown === tops.length ? n(tops.length) : shown + " of " + n(tops.length);
   };
+  words.addEventListener("input", render);
+  which.addEventListener("change", render);
+  api("GET", "/api/workers").then(r => {
+    for (const w of r.workers || []) names[w.id] = w.name || w.id;
+    render();
+  }).catch(() => {});
   follow("/api/events", {
     tasks: e => { state.tasks = new Map(JSON.parse(e.data).tasks.map(t => [t.id, t])); render(); },
     task: e => { const t = JSON.parse(e.data); state.tasks.set(t.id, t); render(); },
@@ -191,8 +238,9 @@ function exitText(res) {
   return "exit " + (res.exit_code === undefined || res.exit_code === null ? "?" : res.exit_code) + (res.limit ? " (" + res.limit + ")" : "");
 }
 
-function describe(r, calls) {
+function describe(r, calls, names) {
   const k = r.kind;
+  const who = w => (names && names[w]) || w;
   switch (k) {
     case "created": return ["", "created: " + r.goal + (r.attempts ? " — as " + r.attempts.count + " attempts, pick " + r.attempts.pick : "") + (r.attempt_of ? " — attempt " + (r.attempt_of.index + 1) + " of " + r.attempt_of.parent : ""), ""];
     case "status_changed": return [r.status === "waiting" ? "approval" : "", "status " + r.status + (r.reason ? ": " + r.reason : ""), ""];
@@ -205,7 +253,7 @@ function describe(r, calls) {
     case "tool_call_issued": {
       const [head, detail] = callText(r.call || {});
       const check = r.purpose === "acceptance";
-      return [check ? "check" : "call", (check ? "the acceptance check: " : "") + head + "   (on " + r.worker + ")", detail];
+      return [check ? "check" : "call", (check ? "the acceptance check: " : "") + head, detail];
     }
     case "tool_output": return ["", "", ""];
     case "tool_call_completed": {
@@ -215,15 +263,15 @@ function describe(r, calls) {
       if (check) return [ok ? "check" : "bad", "the check " + (ok ? "passes" : "fails") + " (" + exitText(r.result) + ")", ""];
       return [ok ? "" : "bad", "→ " + exitText(r.result), ""];
     }
-    case "tool_call_interrupted": return ["bad", "call " + r.call_id + " interrupted: " + r.reason, ""];
+    case "tool_call_interrupted": { const c = calls.get(r.call_id); return ["bad", "call " + (c ? "#" + c.seq : r.call_id) + " interrupted: " + r.reason, ""]; }
     case "observation": return [r.failed ? "bad" : "", "told the model", r.text];
     case "barrier": return ["", "workspace synced (v" + r.version + "): " + r.files + " files, " + (r.wire_bytes || 0) + " bytes sent", ""];
-    case "approval_requested": return ["approval", "approval " + r.approval_id + " asked: " + r.what, ""];
-    case "approval_decided": return ["approval", "approval " + r.approval_id + (r.approved ? " approved" : " denied") + " by " + r.by + (r.reason ? ": " + r.reason : ""), ""];
-    case "worker_assigned": return ["move", "on worker " + r.worker, ""];
-    case "move_started": return ["move", "moving " + r.from + " → " + r.to, ""];
-    case "move_completed": return ["move", "moved to " + r.to + " (" + r.files + " files, " + r.wire_bytes + " bytes)", ""];
-    case "move_aborted": return ["bad", "move to " + r.to + " aborted: " + r.reason, ""];
+    case "approval_requested": return ["approval", "approval needed: " + r.what, ""];
+    case "approval_decided": return ["approval", (r.approved ? (r.always ? "approved for the rest of the task" : "approved") : "denied") + " by " + r.by + (r.reason ? ": " + r.reason : ""), ""];
+    case "worker_assigned": return ["move", "on " + who(r.worker), ""];
+    case "move_started": return ["move", "moving " + who(r.from) + " → " + who(r.to), ""];
+    case "move_completed": return ["move", "moved to " + who(r.to) + " (" + r.files + " files, " + r.wire_bytes + " bytes)", ""];
+    case "move_aborted": return ["bad", "move to " + who(r.to) + " aborted: " + r.reason, ""];
     case "attempt_started": return ["move", "attempt " + (r.index + 1) + " started: " + r.attempt + " on " + r.model + (r.escalation ? " (the attempts before it all failed)" : ""), ""];
     case "attempt_ended": {
       const e = r.end || {};
@@ -235,6 +283,23 @@ function describe(r, calls) {
     case "delivered": return ["check", "delivered " + r.branch, ""];
     case "delivery_failed": return ["bad", "delivery failed: " + r.reason, ""];
     case "finished": return [r.outcome === "finished" ? "check" : "bad", "ended " + r.outcome + (r.verified === true ? ", verified" : r.verified === false ? ", unverified" : "") + (r.reason ? ": " + r.reason : ""), ""];
+    case "surveyed": {
+      const f = r.files || [];
+      if (!f.length) return ["", "surveyed the workspace: it is empty", ""];
+      return ["", "surveyed " + f.length + (r.truncated ? "+" : "") + " files: " + f.slice(0, 8).join(", ") + (f.length > 8 ? ", …" : "") + (r.readme_path ? "; read " + r.readme_path : ""), ""];
+    }
+    case "workspace_seeded": return ["", "workspace from " + r.source + (r.commit ? " at " + r.commit.slice(0, 12) : "") + ": " + r.files + " files, " + r.bytes + " bytes", ""];
+    case "check_after_changes": return [r.passed ? "check" : "bad", "check after the model's changes: " + (r.passed ? "passes" : "fails"), ""];
+    case "code_in_view": return ["", "code in view for the model", r.text];
+    case "changes_undone": return ["bad", "changes undone: " + (r.restored || []).length + " files back as they were", ""];
+    case "finished_for_model": return ["check", "the brain calls finish for the model, which " + r.why + ", on the version that passed", ""];
+    case "protected_restored": return ["", "restored the check's files before the check: " + (r.paths || []).join(", "), ""];
+    case "context_elided": return ["", "elided old tool outputs in the first " + r.upto + " messages (" + r.bytes_saved + " bytes) to fit the context window", ""];
+    case "budget_raised": return ["", "budget raised", ""];
+    case "egress_refused": return ["bad", "egress refused: " + r.host + ":" + r.port + ": " + r.reason, ""];
+    case "left_out": return ["bad", "left out of the mirror on " + who(r.worker) + " (not synced, not moved)", (r.entries || []).map(e => e.path + ": " + e.reason).join("\n") + (Number(r.more) ? "\n… and " + r.more + " more" : "")];
+    case "delivery_planned": return ["", "to be delivered as a " + r.mode + " when it finishes", ""];
+    case "delivery_started": return ["", "delivering " + (r.commit || "").slice(0, 12) + " as " + r.branch + (r.wip ? " (work in progress)" : ""), ""];
     default: return ["", k.replace(/_/g, " "), ""];
   }
 }
@@ -289,6 +354,7 @@ function drawLanes(spans, moves, waits, t0, end, names) {
   const NS = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(NS, "svg");
   svg.setAttribute("class", "lanes"); svg.setAttribute("width", W); svg.setAttribute("height", H);
+  svg.setAttribute("viewBox", "0 0 " + W + " " + H); // scales down on a narrow screen
   svg.setAttribute("data-lanes", workers.join(","));
   const add = (tag, attrs, text) => {
     const e = document.createElementNS(NS, tag);
@@ -320,7 +386,7 @@ function taskView(view, id) {
   const openDiffs = new Map();
   const diffBox = el("pre", { id: "diff", hidden: true });
   view.append(el("h2", {}, "Task " + id), summary, approvals, actions, attemptsBox, lanesBox,
-    el("div", { class: "grid" }, el("div", {}, el("h3", {}, "Timeline"), timeline),
+    el("div", { class: "grid" }, el("div", {}, el("h3", {}, "Timeline ", el("label", { class: "muted every" }, el("input", { type: "checkbox", id: "every", onchange: e => timeline.classList.toggle("every", e.target.checked) }), " show every record")), timeline),
       el("div", {}, el("h3", {}, "Workspace"), el("button", { id: "show-diff", type: "button", onclick: showDiff }, "Show diff against the base"), diffBox)));
   const records = [];
   const names = {};
@@ -343,7 +409,7 @@ function taskView(view, id) {
       summary.replaceChildren(
         el("p", {}, badge(t.status), " ", badge(t.verification), " ", el("span", { class: "muted" }, t.reason || "")),
         el("p", { class: "goal" }, t.goal),
-        el("p", { class: "muted" }, "worker " + (t.worker || "-") + " · model " + (t.model || "-") + " · " + (t.tokens || 0) + " tokens · " + money(t.spent_usd) +
+        el("p", { class: "muted" }, "worker " + (names[t.worker] || t.worker || "-") + " · model " + (t.model || "-") + " · " + (t.tokens || 0) + " tokens · " + money(t.spent_usd) +
           (t.limits && t.limits.usd ? " of " + money(t.limits.usd) : "") + (t.check ? " · check: " + t.check + " → " + (t.check_result || "not run") : "") +
           (t.delivery ? " · delivery: " + t.delivery : "")),
         t.delivery_url ? el("p", {}, el("a", { href: t.delivery_url, rel: "noopener noreferrer", target: "_blank" }, t.delivery_url)) : "",
@@ -399,11 +465,55 @@ function taskView(view, id) {
       return el("div", { class: "approval-box", "data-approval": a.approval_id },
         el("p", {}, "Waiting for approval: ", el("code", {}, a.what)),
         el("button", { type: "button", class: "approve", onclick: () => act("approve", () => api("POST", "/api/tasks/" + id + "/approve")) }, "Approve"),
+        " ", el("button", { type: "button", class: "always", title: "the same command in the same directory (or any change to the same file) is not asked again in this task", onclick: () => act("approve", () => api("POST", "/api/tasks/" + id + "/approve", { always: true })) }, "Always"),
         " ", reason, " ",
         el("button", { type: "button", class: "deny", onclick: () => act("deny", () => api("POST", "/api/tasks/" + id + "/deny", { reason: reason.value })) }, "Deny"));
     }));
   }
 
+  // Records a person need not read: status changes the other lines already say, syncs and
+  // requests to the model. Their lines stay in the timeline, folded (`Show every record`
+  // unfolds them).
+  function bookkeeping(r) {
+    return (r.kind === "status_changed" && ["created", "queued", "running", "waiting"].includes(r.status))
+      || ["barrier", "llm_request", "snapshot", "tool_output"].includes(r.kind)
+      || (r.kind === "llm_response" && !((r.response && r.response.message && r.response.message.content) || "").trim()
+        && !((r.response && r.response.message && r.response.message.tool_calls) || []).length);
+  }
+
+  // The line of the call a record belongs to (a completion, its output, what the model was
+  // told of it), or nothing when it belongs to none shown.
+  let lastCall = null;
+  function fold(r, li) {
+    if (bookkeeping(r)) { li.classList.add("folded"); return; }
+    if (r.kind === "tool_call_completed") {
+      const issued = calls.get(r.call_id);
+      const line = callLines.get(r.call_id);
+      if (!issued || issued.purpose === "acceptance" || !line) return;
+      // The exit goes on the call's own line; its record's line folds.
+      const ok = r.result && r.result.exit_code === 0 && !r.result.timed_out && !r.result.error;
+      line.querySelector(".what").after(el("span", { class: ok ? "exit muted" : "exit bad" }, "  → " + exitText(r.result)));
+      li.classList.add("folded");
+      return;
+    }
+    if (r.kind === "observation" && lastCall) {
+      const [issued, out] = lastCall;
+      lastCall = null;
+      const [text, note] = r.text.split("\n\nNote: ");
+      // A command's output is under it already; a file tool's answer goes there.
+      if (!(issued.call && issued.call.tool === "run_command")) out.textContent = text;
+      if (note) {
+        li.querySelector(".what").textContent = "note to the model: " + note;
+        const d = li.querySelector("pre.detail");
+        if (d) d.remove();
+        return;
+      }
+      li.classList.add("folded");
+    }
+  }
+
+  const callLines = new Map();
+  const settled = new Set();
   function add(r) {
     if (r.seq <= last) return; // never twice, whatever the network did
     last = r.seq;
@@ -413,19 +523,23 @@ function taskView(view, id) {
       // A call's output goes under the call; its own line stays, folded, so every record
       // has its line.
       outputs.get(r.call_id).textContent = (r.stdout || "") + (r.stderr || "");
+      settled.add(r.call_id); // live output that comes late is already in it
       timeline.append(el("li", { class: "folded", "data-seq": r.seq, "data-kind": r.kind }, "output of call " + r.call_id));
     } else {
-      const [cls, text, detail] = describe(r, calls);
-      const raw = el("details", { class: "raw" }, el("summary", {}, "record"), el("pre", {}, JSON.stringify(r, null, 2)));
-      const li = el("li", { class: cls, "data-seq": r.seq, "data-kind": r.kind }, el("span", { class: "kind" }, "#" + r.seq), el("span", { class: "what" }, text));
+      const [cls, text, detail] = describe(r, calls, names);
+      // The raw record behind the line's number.
+      const raw = el("details", { class: "raw" }, el("summary", { title: "the raw record" }, "#" + r.seq), el("pre", {}, JSON.stringify(r, null, 2)));
+      const li = el("li", { class: cls, "data-seq": r.seq, "data-kind": r.kind }, raw, el("span", { class: "what" }, text));
       if (detail) li.append(el("pre", { class: r.kind === "tool_call_issued" && r.call && /_file$/.test(r.call.tool) ? "detail diff" : "detail" }, detail));
       if (r.kind === "tool_call_issued") {
         const out = el("pre", { class: "output", "data-call": r.call_id });
         outputs.set(r.call_id, out);
+        callLines.set(r.call_id, li);
         li.append(out);
+        if (r.purpose !== "acceptance") lastCall = [r, out];
       }
-      li.append(raw);
       timeline.append(li);
+      fold(r, li);
     }
     if (r.kind === "approval_requested") pending.set(r.approval_id, r);
     if (r.kind === "approval_decided") pending.delete(r.approval_id);
@@ -446,20 +560,24 @@ function taskView(view, id) {
     budget, el("button", { type: "button", id: "resume", onclick: () => act("resume", () => api("POST", "/api/tasks/" + id + "/resume", { budget: { steps: Number(budget.value) || 0 } })) }, "Resume with more steps"),
     el("label", {}, pr, " pull request"), el("button", { type: "button", id: "deliver", onclick: () => act("deliver", async () => { const d = await api("POST", "/api/tasks/" + id + "/deliver", { pull_request: pr.checked }); banner("delivered " + d.branch + (d.pull_request_url ? " " + d.pull_request_url : "")); }) }, "Deliver"));
   if (state.session && state.session.role !== "operator") for (const b of actions.querySelectorAll("button")) b.disabled = true;
-  api("GET", "/api/workers").then(r => {
+  // The workers' names first, so the timeline speaks of workers by name.
+  const named = api("GET", "/api/workers").then(r => {
     for (const w of r.workers || []) names[w.id] = w.name || w.id;
     workerPick.replaceChildren(...(r.workers || []).map(w => el("option", { value: w.id }, (w.name || w.id) + (w.state === WORKER_STATES.indexOf("connected") ? "" : " (" + workerState(w.state) + ")"))));
   }).catch(() => {});
 
   loadSummary();
-  follow("/api/tasks/" + id + "/events", {
+  named.then(() => {
+    if (!timeline.isConnected) return; // the person went elsewhere meanwhile
+    follow("/api/tasks/" + id + "/events", {
     record: e => add(timed(JSON.parse(e.data))),
     live: e => {
       const o = JSON.parse(e.data);
-      if (o.kind === "live_output" && outputs.has(o.call_id)) outputs.get(o.call_id).append(document.createTextNode(o.text));
+      if (o.kind === "live_output" && outputs.has(o.call_id) && !settled.has(o.call_id)) outputs.get(o.call_id).append(document.createTextNode(o.text));
     },
     broken: e => banner("a record cannot be read: " + JSON.parse(e.data).error),
-  }, () => last);
+    }, () => last);
+  });
 }
 
 function workersView(view) {
