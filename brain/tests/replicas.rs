@@ -29,7 +29,7 @@ fn a_task_goes_on_on_another_replica_when_the_one_driving_it_is_killed() {
         return;
     };
     // One worker, enrolled through a, knowing both.
-    let (mut a, b, w) = two_replicas(&pg);
+    let (mut a, mut b, w) = two_replicas(&pg);
     // b took the store's CA (a's) and left its own aside, with the admin identity it made;
     // it has one of its own under the store's CA.
     let ca = |c: &Cluster| std::fs::read_to_string(c.data.join("ca.pem")).unwrap();
@@ -91,6 +91,16 @@ fn a_task_goes_on_on_another_replica_when_the_one_driving_it_is_killed() {
         "b says it took the task over"
     );
     b.wait_brain_says("this replica now leads", Duration::from_secs(30));
+
+    // Task ids are small and sequential whichever replica makes them, and across a restart:
+    // t-1 came from a, t-2 comes from b, t-3 from b started again.
+    assert_eq!(id, "t-1");
+    let id2 = b.run_plan(&line_plan(&b, 1, "true"), &w.id);
+    b.kill_brain();
+    b.opts.env = pg.replica("b").env;
+    b.start_brain().unwrap();
+    let id3 = b.run_plan(&line_plan(&b, 1, "true"), &w.id);
+    assert_eq!((id2.as_str(), id3.as_str()), ("t-2", "t-3"));
 }
 
 /// Replicas a and b on `pg` (a's admin identity copied to b) and a worker enrolled through a
