@@ -213,6 +213,47 @@ fn the_attempt_the_check_passes_on_wins_on_a_worker_of_its_own_and_the_others_st
     assert!(shown.contains("attempts: 3 (pick first; won by"), "{shown}");
 }
 
+/// An attempt stopped because another won after it changed its workspace, but before the
+/// check ran on that change, does not show the verdict on its earlier version as its own.
+#[test]
+fn a_loser_stopped_before_its_check_ran_again_says_its_verdict_is_of_an_earlier_version() {
+    let llm = FakeLlm::start(move |req| {
+        if req.assistant_turns() > 0 {
+            return finish();
+        }
+        // The first attempt asks at the server's temperature: the right answer, late; the
+        // second the wrong one at once, whose check then hangs until it is stopped.
+        match req.body.get("temperature") {
+            None => write("42\n").delay(Duration::from_millis(1500)),
+            Some(_) => write("41\n"),
+        }
+    });
+    let c = cluster(&llm);
+    let _workers: Vec<testkit::Worker> = (0..2).map(|i| c.join_worker(&format!("w{i}"))).collect();
+    let check =
+        "if [ -f answer.txt ]; then test \"$(cat answer.txt)\" = 42 || sleep 60; else exit 1; fi";
+    let id = start_checked(&c, check, &["--attempts", "2"]);
+    let t = ended_as(&c, &id, "finished");
+    let attempts = t["attempts"].as_array().unwrap();
+    let won = attempts.iter().find(|a| a["verified"] == true).unwrap();
+    assert_eq!(won["check"], "passes", "{t}");
+    let lost = attempts.iter().find(|a| a["verified"] != true).unwrap();
+    assert_eq!(lost["status"], "cancelled", "{t}");
+    assert_eq!(
+        lost["check"], "fails (exit code 1) on an earlier version (the workspace changed after it)",
+        "{t}"
+    );
+    let loser = c.task_show(lost["task"].as_str().unwrap());
+    assert_eq!(loser["verification"], "unverified", "{loser}");
+    assert!(
+        loser["check_result"]
+            .as_str()
+            .unwrap()
+            .ends_with("on an earlier version (the workspace changed after it)"),
+        "{loser}"
+    );
+}
+
 #[test]
 fn when_no_attempt_passes_the_next_model_gets_a_go_told_how_the_check_failed() {
     let llm = FakeLlm::start(|req| {

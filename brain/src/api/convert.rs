@@ -403,6 +403,37 @@ pub fn machine_info(m: &Machine, connected: bool) -> proto::MachineInfo {
     }
 }
 
+/// Whether the task's last check ran on an earlier version of its workspace: a call changed
+/// the workspace after it (an attempt stopped because another won, before its check ran
+/// again), so its verdict is not the workspace's.
+pub fn check_is_stale(t: &TaskState) -> bool {
+    t.last_check.is_some()
+        && t.agent.as_deref().is_some_and(|a| {
+            !a.checked_root.is_empty() && !a.root.is_empty() && a.root != a.checked_root
+        })
+}
+
+/// The last check in words, with its staleness said.
+fn check_in_words(t: &TaskState, c: &crate::model::check::CheckRun) -> String {
+    let verdict = if c.passed {
+        "passes".to_string()
+    } else if c.result.is_empty() {
+        // Its output came, its end did not.
+        return if t.status.is_terminal() {
+            "stopped while it ran".into()
+        } else {
+            "running".into()
+        };
+    } else {
+        format!("fails ({})", c.result)
+    };
+    if check_is_stale(t) {
+        format!("{verdict} on an earlier version (the workspace changed after it)")
+    } else {
+        verdict
+    }
+}
+
 /// Where a task's result stands: see `TaskSummary.verification`.
 pub fn verification(t: &TaskState) -> &'static str {
     use crate::model::state::Status;
@@ -413,6 +444,9 @@ pub fn verification(t: &TaskState) -> &'static str {
         (Status::Finished, _, _) if t.verified() => "verified",
         (Status::Finished, _, _) => "unverified",
         (_, false, _) => "",
+        // A verdict on an earlier version says nothing of this one.
+        (s, true, Some(_)) if check_is_stale(t) && s.is_terminal() => "unverified",
+        (_, true, Some(_)) if check_is_stale(t) => "pending",
         (_, true, Some(c)) if !c.passed => "failing",
         // Ended before any check of its own (a parent whose attempts all lost, a task that
         // failed before the check ran): nothing verified it, and nothing will.
@@ -428,7 +462,17 @@ impl From<TaskState> for proto::TaskSummary {
         let (check_result, check_output) = t
             .last_check
             .as_ref()
-            .map(|c| (c.result.clone(), c.output.clone()))
+            .map(|c| {
+                let result = if check_is_stale(&t) {
+                    format!(
+                        "{} on an earlier version (the workspace changed after it)",
+                        c.result
+                    )
+                } else {
+                    c.result.clone()
+                };
+                (result, c.output.clone())
+            })
             .unwrap_or_default();
         let a = t.agent.as_deref();
         proto::TaskSummary {
@@ -554,14 +598,7 @@ pub fn summary(t: TaskState, find: impl Fn(TaskId) -> Option<TaskState>) -> prot
         let g = live.as_ref().and_then(|c| c.agent.as_deref());
         let check = live
             .as_ref()
-            .and_then(|c| c.last_check.as_ref())
-            .map(|k| {
-                if k.passed {
-                    "passes".to_string()
-                } else {
-                    format!("fails ({})", k.result)
-                }
-            })
+            .and_then(|c| c.last_check.as_ref().map(|k| check_in_words(c, k)))
             .unwrap_or_default();
         let e = x.end.as_ref();
         let item = proto::AttemptSummary {
