@@ -225,10 +225,14 @@ fn the_readme_quickstart_runs_as_written() {
     );
     // Where cargo puts what it builds when CARGO_TARGET_DIR sends it elsewhere: the README
     // says target/release, so that is where it must be found.
+    // (Another test may have made target/ for its artifacts: then target/release is linked.)
     if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
-        let target = repo().join("target");
+        let (target, dir) = (repo().join("target"), PathBuf::from(dir));
         if !target.exists() {
-            std::os::unix::fs::symlink(PathBuf::from(dir), &target).expect("link target/");
+            std::os::unix::fs::symlink(&dir, &target).expect("link target/");
+        } else if !target.join("release").exists() {
+            std::os::unix::fs::symlink(dir.join("release"), target.join("release"))
+                .expect("link target/release");
         }
     }
     let home = tempfile::tempdir().expect("a home for the README's session");

@@ -56,7 +56,11 @@ fn lanes(b: &Browser, what: &str) -> String {
 fn keep_screenshot(browser: &Browser, name: &str) {
     let png = browser.screenshot();
     assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/web-artifacts");
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
+        std::path::PathBuf::from,
+    );
+    let dir = target.join("web-artifacts");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(name), &png).unwrap();
     eprintln!("screenshot: {}", dir.join(name).display());
