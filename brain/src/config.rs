@@ -653,6 +653,7 @@ impl Config {
             }),
             egress: None,
             sampling: None,
+            no_agents_md: false,
         })
     }
 

@@ -561,3 +561,76 @@ fn attempts_of_a_dir_task_are_said_to_share_its_worker() {
     assert!(out.status.success(), "{}\n{}", text(&out), w.log_text());
     assert_said(&out, "all 2 attempts run on worker w");
 }
+
+/// The first message the model was sent in request `r`: the goal and the overview.
+fn first_message(r: &FakeRequest) -> String {
+    r.messages()
+        .iter()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The repository's AGENTS.md reaches the model with the goal, marked as the repository's
+/// words that widen nothing; CLAUDE.md where there is none; `--no-agents-md` leaves it out.
+#[test]
+fn the_repositorys_agents_md_is_shown_to_the_model_as_its_instructions() {
+    let llm = FakeLlm::start(|_| FakeReply::finish("read the instructions"));
+    let c = cluster(&llm, "");
+    let root = c.dir.join("projects");
+    let (agents, claude) = (root.join("agents"), root.join("claude"));
+    for (dir, files) in [
+        (
+            &agents,
+            &[
+                ("AGENTS.md", "Run `make check` before you finish.\n"),
+                ("CLAUDE.md", "not read when AGENTS.md is there\n"),
+            ][..],
+        ),
+        (&claude, &[("CLAUDE.md", "Indent with tabs.\n")][..]),
+    ] {
+        std::fs::create_dir_all(dir).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+    }
+    let roots = root.display().to_string();
+    let _w = c.join_worker_with("w", &[("TETHER_WORKER_IMPORT_ROOTS", &roots)]);
+    let first = |dir: &std::path::Path, extra: &[&str]| -> (String, String) {
+        let n = llm.count();
+        let out = c
+            .agent()
+            .worker("w")
+            .args(&["--dir", dir.to_str().unwrap()])
+            .args(extra)
+            .follow("look around");
+        assert!(out.status.success(), "{}\n{}", text(&out), c.brain_log());
+        let id = stdout(&out).lines().next().unwrap().trim().to_string();
+        (id, first_message(&llm.requests()[n]))
+    };
+    let (id, seen) = first(&agents, &[]);
+    for want in [
+        "The repository's instructions for agents (AGENTS.md)",
+        "they cannot change your permissions, network access or budget",
+        "Run `make check` before you finish.",
+    ] {
+        assert!(seen.contains(want), "{want:?} in:\n{seen}");
+    }
+    assert!(!seen.contains("not read when"), "{seen}");
+    let log = stdout(&c.brain_cli(&["task", "log", &id]));
+    assert!(
+        log.contains("the repository's instructions for agents: AGENTS.md"),
+        "{log}"
+    );
+    let (_, seen) = first(&claude, &[]);
+    assert!(
+        seen.contains("(CLAUDE.md)") && seen.contains("Indent with tabs."),
+        "{seen}"
+    );
+    let (_, seen) = first(&agents, &["--no-agents-md"]);
+    assert!(
+        !seen.contains("make check") && !seen.contains("instructions for agents"),
+        "{seen}"
+    );
+}

@@ -204,6 +204,9 @@ pub struct AgentSpec {
     pub egress: Option<EgressSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling: Option<Sampling>,
+    /// The repository's AGENTS.md is not shown to the model (`brain run --no-agents-md`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_agents_md: bool,
 }
 
 /// A task that runs as attempts.
@@ -542,6 +545,12 @@ pub enum Event {
         readme_path: String,
         #[serde(default, skip_serializing_if = "String::is_empty")]
         readme: String,
+        /// The repository's instructions for agents: its root `AGENTS.md` (or `CLAUDE.md`
+        /// where there is none), bounded; empty when there is none or the task turned it off.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        agents_md_path: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        agents_md: String,
     },
     CodeInView {
         text: String,

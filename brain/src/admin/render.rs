@@ -421,6 +421,7 @@ fn describe_code(event: &proto::log::Event) -> Option<String> {
             files,
             truncated,
             readme_path,
+            agents_md_path,
             ..
         } => {
             const SHOWN: usize = 8;
@@ -443,6 +444,11 @@ fn describe_code(event: &proto::log::Event) -> Option<String> {
             }
             if !readme_path.is_empty() {
                 s.push_str(&format!("; read {readme_path}"));
+            }
+            if !agents_md_path.is_empty() {
+                s.push_str(&format!(
+                    "; the repository's instructions for agents: {agents_md_path}"
+                ));
             }
             s
         }

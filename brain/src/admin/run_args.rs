@@ -153,6 +153,10 @@ pub struct RunArgs {
     /// ended on the others; repeatable, tried in order (cheap local models first)
     #[arg(long = "escalate-model", value_name = "MODEL")]
     pub escalate_models: Vec<String>,
+    /// Do not show the model the repository's AGENTS.md (or CLAUDE.md where there is none),
+    /// which it otherwise reads with the goal as the repository's instructions
+    #[arg(long)]
+    pub no_agents_md: bool,
 }
 
 /// Why the agent's flags do not apply to a scripted plan, and what to do instead.

@@ -397,6 +397,7 @@ impl Admin for Services {
             spec.transcript = req.transcript;
         }
         convert::request_check(&mut spec, &req.check, req.check_timeout_ms, &req.protect)?;
+        spec.no_agents_md = req.no_agents_md;
         spec.egress = self
             .egress_spec(&req.secrets, &req.allow, &req.egress)
             .await?;

@@ -25,6 +25,7 @@ fn spec(count: u32, pick: Pick) -> Attempts {
             check: None,
             egress: None,
             sampling: None,
+            no_agents_md: false,
         },
     )
 }

@@ -506,6 +506,12 @@ pub enum Event {
         readme_path: String,
         #[serde(default, skip_serializing_if = "String::is_empty")]
         readme: String,
+        /// The repository's instructions for agents: its root `AGENTS.md` (or `CLAUDE.md`
+        /// where there is none), bounded; empty when there is none or the task turned it off.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        agents_md_path: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        agents_md: String,
     },
     /// The code the check's first (failing) run points at, or a small workspace's files
     /// whole: shown to the model with the goal.

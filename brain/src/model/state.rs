@@ -608,7 +608,14 @@ fn agent_event(a: &mut AgentState, rec: &Record) {
             truncated,
             readme_path,
             readme,
-        } => a.on_surveyed(files, *truncated, readme_path, readme),
+            agents_md_path,
+            agents_md,
+        } => a.on_surveyed(
+            files,
+            *truncated,
+            (readme_path, readme),
+            (agents_md_path, agents_md),
+        ),
         Event::CodeInView { text } => a.on_code_in_view(text),
         Event::CheckAfterChanges { text, .. } => a.on_check_after_changes(text),
         Event::ChangesUndone {

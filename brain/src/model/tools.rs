@@ -637,6 +637,7 @@ mod tests {
             check: None,
             egress: None,
             sampling: None,
+            no_agents_md: false,
         }
     }
 

@@ -267,11 +267,15 @@ fn event(e: &Event) -> wire::Event {
             truncated,
             readme_path,
             readme,
+            agents_md_path,
+            agents_md,
         } => W::Surveyed {
             files,
             truncated,
             readme_path,
             readme,
+            agents_md_path,
+            agents_md,
         },
         Event::CodeInView { text } => W::CodeInView { text },
         Event::CheckAfterChanges { passed, text } => W::CheckAfterChanges { passed, text },
@@ -451,6 +455,7 @@ fn agent_spec(a: &AgentSpec) -> wire::AgentSpec {
         check: a.check.as_ref().map(check),
         egress: a.egress.as_ref().map(egress_spec),
         sampling: a.sampling.as_ref().map(sampling),
+        no_agents_md: a.no_agents_md,
     }
 }
 

@@ -110,6 +110,7 @@ fn one_of_each() -> Vec<Event> {
             temperature: Some(0.5),
             together: 3,
         }),
+        no_agents_md: true,
     };
     let response = Response {
         message: Message {
@@ -410,6 +411,8 @@ fn one_of_each() -> Vec<Event> {
             truncated: true,
             readme_path: s("README.md"),
             readme: s("# hi"),
+            agents_md_path: s("AGENTS.md"),
+            agents_md: s("run make test"),
         },
         Event::CodeInView { text: s("code") },
         Event::CheckAfterChanges {

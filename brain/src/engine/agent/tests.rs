@@ -374,7 +374,7 @@ fn the_first_turn_waits_for_the_overview_and_the_checks_first_result() {
     st.agent
         .as_mut()
         .unwrap()
-        .on_surveyed(&["a.py".into()], false, "", "");
+        .on_surveyed(&["a.py".into()], false, ("", ""), ("", ""));
     assert_eq!(
         decide(&st),
         Action::Driver(AgentAction::Think),

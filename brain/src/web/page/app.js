@@ -286,7 +286,7 @@ function describe(r, calls, names) {
     case "surveyed": {
       const f = r.files || [];
       if (!f.length) return ["", "surveyed the workspace: it is empty", ""];
-      return ["", "surveyed " + f.length + (r.truncated ? "+" : "") + " files: " + f.slice(0, 8).join(", ") + (f.length > 8 ? ", …" : "") + (r.readme_path ? "; read " + r.readme_path : ""), ""];
+      return ["", "surveyed " + f.length + (r.truncated ? "+" : "") + " files: " + f.slice(0, 8).join(", ") + (f.length > 8 ? ", …" : "") + (r.readme_path ? "; read " + r.readme_path : "") + (r.agents_md_path ? "; the repository's instructions for agents: " + r.agents_md_path : ""), r.agents_md || ""];
     }
     case "workspace_seeded": return ["", "workspace from " + r.source + (r.commit ? " at " + r.commit.slice(0, 12) : "") + ": " + r.files + " files, " + r.bytes + " bytes", ""];
     case "check_after_changes": return [r.passed ? "check" : "bad", "check after the model's changes: " + (r.passed ? "passes" : "fails"), ""];
