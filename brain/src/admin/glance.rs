@@ -32,6 +32,8 @@ pub struct Glance {
     /// Lines of each call's stdout and stderr shown live, as they came: its output record
     /// then adds only what was not shown.
     streamed: HashMap<u64, [usize; 2]>,
+    /// A call is running: files that change now are its doing.
+    in_call: bool,
 }
 
 impl Glance {
@@ -42,6 +44,7 @@ impl Glance {
             calls: HashMap::new(),
             last_was_command: false,
             streamed: HashMap::new(),
+            in_call: false,
         }
     }
 
@@ -79,6 +82,11 @@ impl Glance {
 
     /// Lines for one record, or `None` when it is bookkeeping folded into its neighbours.
     pub fn record(&mut self, r: &Record) -> Option<String> {
+        match &r.event {
+            E::ToolCallIssued { .. } => self.in_call = true,
+            E::ToolCallCompleted { .. } | E::ToolCallInterrupted { .. } => self.in_call = false,
+            _ => {}
+        }
         let line = |what: String| Some(format!("{:>5}  {what}", r.seq));
         match &r.event {
             E::StatusChanged { status, .. }
@@ -243,6 +251,12 @@ impl Glance {
 
     /// Live output of the running call (its first lines) and file changes, as they come.
     pub fn live(&mut self, o: &proto::LiveOutput) -> String {
+        // Files that change while a call runs are its doing, shown as they change; outside
+        // one (a workspace being written, a sync) they are noise at a glance (`--full`
+        // shows every hint, `task diff` what changed).
+        if o.kind == "fs_change" && !self.in_call {
+            return String::new();
+        }
         if o.kind != "live_output" {
             return describe_live(o);
         }
@@ -494,6 +508,29 @@ mod tests {
             rest.contains("… 10 more lines (brain task log --full t-1 #5)"),
             "{rest}"
         );
+    }
+
+    #[test]
+    fn files_that_change_are_shown_while_a_call_runs_only() {
+        let mut g = Glance::new("t-1", HashMap::new());
+        let change = |path: &str| proto::LiveOutput {
+            kind: "fs_change".into(),
+            call_id: 0,
+            stream: "changed".into(),
+            text: format!("{path}\n"),
+        };
+        // The workspace being written before any call: an echo of every file.
+        assert_eq!(g.live(&change("README.md")), "");
+        g.record(&command(4, 9, "make"));
+        assert_eq!(g.live(&change("out.txt")), "    ~ out.txt\n");
+        g.record(&rec(
+            5,
+            E::ToolCallCompleted {
+                call_id: 9,
+                result: Default::default(),
+            },
+        ));
+        assert_eq!(g.live(&change("late.txt")), "");
     }
 
     #[test]
