@@ -116,7 +116,12 @@ impl Glance {
             } => {
                 let text = response.as_ref().map_or("", |r| r.message.content.as_str());
                 let said: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-                if said.is_empty() {
+                // `finish` runs nothing on a worker: its line is here, or a check that runs
+                // next would seem to come from nowhere.
+                let finish = response
+                    .as_ref()
+                    .and_then(|r| r.message.tool_calls.iter().find(|c| c.name == "finish"));
+                if said.is_empty() && finish.is_none() {
                     return None;
                 }
                 let mut s = format!(
@@ -128,6 +133,14 @@ impl Glance {
                 }
                 if said.len() > 10 {
                     s.push_str(&format!("\n    > … {} more lines", said.len() - 10));
+                }
+                if let Some(f) = finish {
+                    let summary = serde_json::from_str::<serde_json::Value>(&f.arguments)
+                        .ok()
+                        .and_then(|v| v["summary"].as_str().map(str::to_string))
+                        .unwrap_or_default();
+                    let summary = summary.lines().next().unwrap_or_default();
+                    s.push_str(&format!("\n    finish: {summary}"));
                 }
                 line(s)
             }
@@ -531,6 +544,24 @@ mod tests {
             },
         ));
         assert_eq!(g.live(&change("late.txt")), "");
+    }
+
+    #[test]
+    fn a_finish_is_shown_with_its_summary() {
+        let mut g = Glance::new("t-1", HashMap::new());
+        let r: Record = serde_json::from_value(serde_json::json!({
+            "v": 1, "task": "t-1", "seq": 12, "at_ms": 0, "kind": "llm_response",
+            "model": "openai:m", "prompt_tokens": "100", "completion_tokens": "20", "cost_usd": 0.0,
+            "response": {
+                "message": {"role": "assistant", "tool_calls": [
+                    {"id": "c1", "name": "finish", "arguments": "{\"summary\": \"fixed add\\nand more\"}"}
+                ]},
+                "usage": {"prompt_tokens": 100, "completion_tokens": 20}
+            }
+        }))
+        .unwrap();
+        let s = g.record(&r).unwrap();
+        assert!(s.ends_with("\n    finish: fixed add"), "{s}");
     }
 
     #[test]
