@@ -103,6 +103,16 @@ fn a_finish_is_checked_and_a_failing_check_keeps_the_task_going_until_it_passes(
     let tasks = stdout(&c.brain_cli(&["tasks"]));
     let line = tasks.lines().find(|l| l.starts_with(&id)).unwrap();
     assert!(line.contains("verified"), "{tasks}");
+    // Its worker by name, as a person calls it.
+    assert!(
+        line.contains(" checked ") && !line.contains(&w.id),
+        "{tasks}"
+    );
+    let show = stdout(&c.brain_cli(&["task", "show", &id]));
+    assert!(
+        show.contains(&format!("worker:  checked ({})", w.id)),
+        "{show}"
+    );
 }
 
 /// The check follows the workspace, not the tool: a command that changes files (`sed -i`,

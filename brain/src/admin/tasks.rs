@@ -72,6 +72,8 @@ pub async fn list(t: &Target, json: bool) -> anyhow::Result<i32> {
         out!("{}", serde_json::Value::Array(all));
         return Ok(0);
     }
+    // Workers by name where they have one (`--json` keeps the ids programs use).
+    let names = super::follow::worker_names(t).await;
     out!(
         "{:<10} {:<10} {:<10} {:>9}  {:<16} {:<30} REASON",
         "ID",
@@ -93,7 +95,11 @@ pub async fn list(t: &Target, json: bool) -> anyhow::Result<i32> {
             },
             t.steps_done,
             t.steps_total,
-            if t.worker.is_empty() { "-" } else { &t.worker },
+            match names.get(&t.worker) {
+                Some(name) => name.as_str(),
+                None if t.worker.is_empty() => "-",
+                None => &t.worker,
+            },
             t.goal.chars().take(30).collect::<String>(),
             t.reason
         );
@@ -113,12 +119,16 @@ async fn show(target: &Target, task: &str, json: bool) -> anyhow::Result<i32> {
         out!("{}", task_json(&t));
         return Ok(0);
     }
+    let worker = match super::follow::worker_names(target).await.get(&t.worker) {
+        Some(name) => format!("{name} ({})", t.worker),
+        None => t.worker.clone(),
+    };
     out!(
         "id:      {}\nstatus:  {}\ngoal:    {}\nworker:  {}\nsteps:   {}/{}\nreason:  {}",
         t.id,
         t.status,
         t.goal,
-        t.worker,
+        worker,
         t.steps_done,
         t.steps_total,
         t.reason
