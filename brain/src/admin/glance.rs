@@ -139,7 +139,7 @@ impl Glance {
                         .ok()
                         .and_then(|v| v["summary"].as_str().map(str::to_string))
                         .unwrap_or_default();
-                    let summary = summary.lines().next().unwrap_or_default();
+                    let summary = one_line(&summary, 160);
                     s.push_str(&format!("\n    finish: {summary}"));
                 }
                 line(s)
@@ -283,6 +283,17 @@ impl Glance {
             counts[i] += 1;
         }
         s
+    }
+}
+
+/// The first line of `text`, cut at `max` characters with an ellipsis.
+pub fn one_line(text: &str, max: usize) -> String {
+    let first = text.lines().next().unwrap_or_default().trim_end();
+    let cut: String = first.chars().take(max).collect();
+    if cut.len() < first.len() || text.trim_end().lines().nth(1).is_some() {
+        format!("{cut} …")
+    } else {
+        cut
     }
 }
 
@@ -561,7 +572,15 @@ mod tests {
         }))
         .unwrap();
         let s = g.record(&r).unwrap();
-        assert!(s.ends_with("\n    finish: fixed add"), "{s}");
+        assert!(s.ends_with("\n    finish: fixed add …"), "{s}");
+    }
+
+    #[test]
+    fn one_line_says_when_it_cut() {
+        assert_eq!(one_line("short", 10), "short");
+        assert_eq!(one_line("a long line of words", 6), "a long …");
+        assert_eq!(one_line("first\nsecond", 60), "first …");
+        assert_eq!(one_line("ends with a newline\n", 60), "ends with a newline");
     }
 
     #[test]

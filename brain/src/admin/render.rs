@@ -470,13 +470,17 @@ fn describe_code(event: &proto::log::Event) -> Option<String> {
             to_start,
             ..
         } => format!(
-            "changes undone ({}): {} back as they were{}",
+            "changes undone ({}): {}{}",
             if *to_start {
                 "the model made no progress on them: back to the start"
             } else {
                 "the check failed on them after it had passed"
             },
-            restored.join(", "),
+            if restored.is_empty() {
+                "no file needed putting back".to_string()
+            } else {
+                format!("{} back as they were", restored.join(", "))
+            },
             if left.is_empty() {
                 String::new()
             } else {

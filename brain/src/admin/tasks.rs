@@ -101,7 +101,8 @@ pub async fn list(t: &Target, json: bool) -> anyhow::Result<i32> {
                 None => &t.worker,
             },
             t.goal.chars().take(30).collect::<String>(),
-            t.reason
+            // One line a task: the whole reason is `task show`'s.
+            super::glance::one_line(&t.reason, 100)
         );
     }
     Ok(0)
