@@ -570,12 +570,12 @@ function taskView(view, id) {
   named.then(() => {
     if (!timeline.isConnected) return; // the person went elsewhere meanwhile
     follow("/api/tasks/" + id + "/events", {
-    record: e => add(timed(JSON.parse(e.data))),
-    live: e => {
-      const o = JSON.parse(e.data);
-      if (o.kind === "live_output" && outputs.has(o.call_id) && !settled.has(o.call_id)) outputs.get(o.call_id).append(document.createTextNode(o.text));
-    },
-    broken: e => banner("a record cannot be read: " + JSON.parse(e.data).error),
+      record: e => add(timed(JSON.parse(e.data))),
+      live: e => {
+        const o = JSON.parse(e.data);
+        if (o.kind === "live_output" && outputs.has(o.call_id) && !settled.has(o.call_id)) outputs.get(o.call_id).append(document.createTextNode(o.text));
+      },
+      broken: e => banner("a record cannot be read: " + JSON.parse(e.data).error),
     }, () => last);
   });
 }
