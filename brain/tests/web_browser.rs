@@ -407,8 +407,16 @@ fn a_task_run_as_attempts_shows_them_side_by_side() {
             .unwrap();
         b.exec("document.querySelector('#attempts').value = '2'", json!([]));
         b.click("#pick option[value=smallest]").unwrap();
+        b.click("#no_agents_md").unwrap();
     });
     c.wait_status("t-1", &["finished"], t);
+    // The form's AGENTS.md switch reached the task.
+    let created = c
+        .task_log_json("t-1")
+        .into_iter()
+        .find(|r| r["kind"] == "created")
+        .unwrap();
+    assert_eq!(created["agent"]["no_agents_md"], json!(true), "{created}");
 
     // Side by side: two attempts, the winner marked and its check passing.
     browser.wait("both attempts, the winner marked", t, |b| {

@@ -621,6 +621,7 @@ function newView(view) {
     f("usd", "Cost budget in USD (0: default)", el("input", { id: "usd", type: "number", min: 0, step: "0.01", value: 0 })),
     f("attempts", "Attempts (each on a worker of its own; the check picks the winner; 0: default)", el("input", { id: "attempts", type: "number", min: 0, max: 16, value: 0 })),
     f("pick", "Pick", el("select", { id: "pick", name: "pick" }, ["", "first", "smallest"].map(p => el("option", { value: p }, p || "default (first)")))),
+    el("label", { class: "check" }, el("input", { type: "checkbox", id: "no_agents_md" }), " Leave out the repository's AGENTS.md (its instructions for agents)"),
     el("p", {}, el("button", { type: "submit" }, "Start")));
   form.addEventListener("submit", ev => {
     ev.preventDefault();
@@ -633,6 +634,7 @@ function newView(view) {
         permission: v("permission"), check: v("check"), require_labels: labels,
         budget: { steps: Number(v("steps")) || 0, usd: Number(v("usd")) || 0 },
         attempts: Number(v("attempts")) || 0, pick: v("pick"),
+        no_agents_md: form.querySelector("#no_agents_md").checked,
       });
       location.hash = "#/task/" + r.task_id;
     });
