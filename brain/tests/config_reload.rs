@@ -62,17 +62,11 @@ fn a_reload_applies_the_llm_and_agent_sections_names_the_rest_and_refuses_a_bad_
 
     // A task started now asks the model with the new key, and runs under the new default
     // permission (full: its command is not held for an approval).
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--worker",
-        "laptop",
-        "say where home is",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let id = stdout(&out).trim().to_string();
+    let id = c
+        .agent()
+        .permission("")
+        .worker("laptop")
+        .start("say where home is");
     c.wait_status(&id, &["finished", "waiting"], T);
     let log = c.brain_cli(&["task", "log", &id, "--json"]);
     let log = String::from_utf8_lossy(&log.stdout).into_owned();
@@ -113,19 +107,8 @@ fn sighup_reloads_the_config() {
         "the brain did not reload on SIGHUP:\n{}",
         c.brain_log()
     );
-    let out = c.brain_cli(&[
-        "run",
-        "--detach",
-        "--model",
-        "openai:gpt-4.1",
-        "--worker",
-        "laptop",
-        "--permission",
-        "full",
-        "nothing",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    c.wait_status(stdout(&out).trim(), &["finished"], T);
+    let id = c.agent().worker("laptop").start("nothing");
+    c.wait_status(&id, &["finished"], T);
     assert_eq!(
         llm.requests()[0].header("authorization"),
         Some("Bearer sk-hangup-0002")

@@ -67,6 +67,7 @@ impl AgentRun<'_> {
         self.model(&format!("replay:{}", file.display()))
     }
 
+    /// `--permission`; empty: none given, the brain's configured default.
     pub fn permission(mut self, permission: &str) -> Self {
         self.permission = permission.into();
         self
@@ -102,7 +103,10 @@ impl AgentRun<'_> {
         if detach {
             all.push("--detach");
         }
-        all.extend(["--model", &self.model, "--permission", &self.permission]);
+        all.extend(["--model", &self.model]);
+        if !self.permission.is_empty() {
+            all.extend(["--permission", &self.permission]);
+        }
         all.extend(self.args.iter().map(String::as_str));
         all.push(goal);
         self.cluster.brain_cli(&all)

@@ -413,6 +413,9 @@ pub fn check_is_stale(t: &TaskState) -> bool {
         })
 }
 
+/// What a verdict on an earlier version of the workspace is followed by.
+const STALE: &str = "on an earlier version (the workspace changed after it)";
+
 /// The last check in words, with its staleness said.
 fn check_in_words(t: &TaskState, c: &crate::model::check::CheckRun) -> String {
     let verdict = if c.passed {
@@ -428,7 +431,7 @@ fn check_in_words(t: &TaskState, c: &crate::model::check::CheckRun) -> String {
         format!("fails ({})", c.result)
     };
     if check_is_stale(t) {
-        format!("{verdict} on an earlier version (the workspace changed after it)")
+        format!("{verdict} {STALE}")
     } else {
         verdict
     }
@@ -464,10 +467,7 @@ impl From<TaskState> for proto::TaskSummary {
             .as_ref()
             .map(|c| {
                 let result = if check_is_stale(&t) {
-                    format!(
-                        "{} on an earlier version (the workspace changed after it)",
-                        c.result
-                    )
+                    format!("{} {STALE}", c.result)
                 } else {
                     c.result.clone()
                 };
