@@ -6,7 +6,8 @@
 //! Rows: a local `std::process::Command` spawn of `true`; `true` through brain → worker (the
 //! in-brain API the agent uses, confined and started by the workspace's spawner; the same
 //! with each command forked and confined on its own; unconfined; and the admin path a person
-//! uses); a 1-byte round trip on the
+//! uses); the first four timed call by call in turn, so the noise of a shared host falls on
+//! them alike; a 1-byte round trip on the
 //! open session; a cold connect (TCP + mTLS + HTTP/2); `ssh -p PORT 127.0.0.1 true` against a
 //! throw-away sshd, fresh and multiplexed (skipped, with the reason, when sshd is absent or we
 //! are not root); the worker's idle RSS and the release binaries' sizes.
@@ -89,28 +90,42 @@ fn main() {
     );
     println!("{:<56} {:>12} {:>12} {:>7}", "what", "p50", "p99", "n");
 
-    let local = local_row(n);
-
-    // Brain in this process, worker as a real process.
+    // Brain in this process, workers as real processes: confined with the workspace's
+    // spawner (the default); the same with each command forked and confined on its own (the
+    // path every command took before the spawners); and started with --no-sandbox, to show
+    // what confinement costs.
     let b = Bench::start(&rt, &bins, tmp.path(), n);
     let (mut worker, worker_id) =
         b.join_worker("bench", &tmp.path().join("worker"), &[], "warn", &[]);
-    let tether = b.in_brain_row(&worker_id);
-    // The same confined, but each command forked and confined on its own (no spawner): the
-    // path every command took before the spawners.
-    let fork_exec = b.other_worker_row(
-        "tether `true` brain → worker, confined, no spawner (fork)",
+    let fork = b.join_worker(
         "bench-fork",
+        &tmp.path().join("bench-fork"),
         &[],
+        "error",
         &[("TETHER_WORKER_SPAWNER", "off")],
     );
-    // And through a worker started with --no-sandbox, to show what confinement costs.
-    let bare_exec = b.other_worker_row(
-        "tether `true` brain → worker, unconfined (--no-sandbox)",
+    let bare = b.join_worker(
         "bench-bare",
+        &tmp.path().join("bench-bare"),
         &["--no-sandbox"],
+        "error",
         &[],
     );
+    let [local, tether, fork_exec, bare_exec] = b.exec_rows([&worker_id, &fork.1, &bare.1]);
+    row("local std::process::Command `true`", &local);
+    row("tether `true` brain → worker (in-brain API)", &tether);
+    row(
+        "tether `true` brain → worker, confined, no spawner (fork)",
+        &fork_exec,
+    );
+    row(
+        "tether `true` brain → worker, unconfined (--no-sandbox)",
+        &bare_exec,
+    );
+    for (mut child, _) in [fork, bare] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     let target = Target {
         url: b.url.clone(),
         identity_dir: b.data.admin_identity(),
@@ -142,18 +157,6 @@ fn main() {
         return;
     }
     println!("\nnote: this is a debug build; run with `cargo bench` for release figures");
-}
-
-/// The baseline: a local spawn of `true`, n times after 50 to warm up.
-fn local_row(n: usize) -> Stats {
-    for _ in 0..50 {
-        Command::new("true").status().unwrap();
-    }
-    let local = stats(time_n(n, || {
-        Command::new("true").status().unwrap();
-    }));
-    row("local std::process::Command `true`", &local);
-    local
 }
 
 /// `n` calls of `f` after 50 to warm up, each timed.
@@ -208,7 +211,6 @@ async fn admin_exec_true(mut admin: AdminClient<Channel>, worker: &str) {
 struct Bench<'a> {
     rt: &'a tokio::runtime::Runtime,
     bins: &'a Bins,
-    tmp: &'a Path,
     n: usize,
     data: DataDir,
     shared: Arc<Shared>,
@@ -220,7 +222,7 @@ struct Bench<'a> {
 
 impl<'a> Bench<'a> {
     /// A brain with its data under `tmp`, listening on a loopback port.
-    fn start(rt: &'a tokio::runtime::Runtime, bins: &'a Bins, tmp: &'a Path, n: usize) -> Self {
+    fn start(rt: &'a tokio::runtime::Runtime, bins: &'a Bins, tmp: &Path, n: usize) -> Self {
         let data = DataDir(tmp.join("brain"));
         ca::init(&data, &[], false).unwrap();
         let (shared, url, stop) = rt.block_on(async {
@@ -254,7 +256,6 @@ impl<'a> Bench<'a> {
         Self {
             rt,
             bins,
-            tmp,
             n,
             data,
             shared,
@@ -311,34 +312,31 @@ impl<'a> Bench<'a> {
         (child, id)
     }
 
-    /// `true` through the in-brain API the agent uses, on the worker `id`.
-    fn in_brain_row(&self, id: &str) -> Stats {
+    /// The exec rows, timed call by call in turn so that the machine's noise (which moves
+    /// from second to second on a shared host) falls on every row alike: a local spawn of
+    /// `true`, then `true` through the in-brain API the agent uses on each worker of
+    /// `workers`; `n` rounds after 50 to warm up.
+    fn exec_rows(&self, workers: [&str; 3]) -> [Stats; 4] {
         let hub = &self.shared.hub;
-        let tether = stats(self.rt.block_on(time_after_warm_up(self.n, || {
-            exec_true(hub, id, self.spec.clone())
-        })));
-        row("tether `true` brain → worker (in-brain API)", &tether);
-        tether
-    }
-
-    /// The row `label`: `true` through another worker joined with `flags` and `env`; the
-    /// worker is stopped after.
-    fn other_worker_row(
-        &self,
-        label: &str,
-        name: &str,
-        flags: &[&str],
-        env: &[(&str, &str)],
-    ) -> Stats {
-        let (mut child, id) = self.join_worker(name, &self.tmp.join(name), flags, "error", env);
-        let hub = &self.shared.hub;
-        let s = stats(self.rt.block_on(time_after_warm_up(self.n, || {
-            exec_true(hub, &id, self.spec.clone())
-        })));
-        let _ = child.kill();
-        let _ = child.wait();
-        row(label, &s);
-        s
+        let mut times: [Vec<Duration>; 4] = Default::default();
+        self.rt.block_on(async {
+            for i in 0..self.n + 50 {
+                let t = Instant::now();
+                Command::new("true").status().unwrap();
+                let mut took = [t.elapsed(); 4];
+                for (k, id) in workers.iter().enumerate() {
+                    let t = Instant::now();
+                    exec_true(hub, id, self.spec.clone()).await;
+                    took[k + 1] = t.elapsed();
+                }
+                if i >= 50 {
+                    for (v, d) in times.iter_mut().zip(took) {
+                        v.push(d);
+                    }
+                }
+            }
+        });
+        times.map(stats)
     }
 
     /// `true` on the worker `id` through the admin path a person uses, on one connection.

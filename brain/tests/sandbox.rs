@@ -166,13 +166,16 @@ fn a_fork_bomb_is_contained_and_the_worker_keeps_answering() {
         "{}",
         text(&out)
     );
-    let out = exec(&c, &w, &[], "echo alive");
+    // The next command under the same limits (the same spawner and cgroup leaves) runs,
+    // and the bomb's refused forks are not counted against it.
+    let out = exec(&c, &w, &["--pids", "64"], "echo alive");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "alive\n",
         "{}",
         text(&out)
     );
+    assert!(!text(&out).contains("limit"), "{}", text(&out));
     // Nothing of the bomb is left.
     assert!(
         wait_until(Duration::from_secs(5), || {
@@ -200,6 +203,10 @@ fn a_memory_hog_is_killed_with_a_clear_memory_limit_result() {
     );
     assert_ne!(out.status.code(), Some(0), "{}", text(&out));
     assert_stderr_says(&out, "memory limit of 64 MiB exceeded");
+    // The next command under the same limit is not said to have hit it.
+    let out = exec(&c, &w, &["--memory", "64MiB"], "echo fine");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(!text(&out).contains("limit"), "{}", text(&out));
 }
 
 #[test]

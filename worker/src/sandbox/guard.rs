@@ -3,6 +3,8 @@
 
 use shared::locks::Lock;
 use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::cgroup::{Leaves, POOL_MAX, empty_cgroup};
 
@@ -22,27 +24,63 @@ pub struct Guard {
     pub(super) pool: std::sync::Arc<std::sync::Mutex<Vec<Leaves>>>,
     /// A process [`Guard::kill_all`] leaves alive: the spawner whose leaves these are.
     pub(super) spare: Option<i32>,
+    /// Whether the last [`Guard::kill_all`] found the leaves empty (but for the spawner):
+    /// until a spawner starts another command nothing can enter them, so a spawner given
+    /// back need not be checked again.
+    pub(super) emptied: AtomicBool,
+    /// The leaves' counters (OOM kills, refused forks) as read by [`Guard::limit_hit`] once
+    /// they were emptied: the next call's counters before it, without reading them again.
+    pub(super) counters_after: OnceLock<(u64, u64)>,
 }
 
 impl Guard {
     /// Kills every process in the call's cgroup (catches children that left the session).
     /// Returns whether the cgroup is empty now.
     pub fn kill_all(&self) -> bool {
-        let Some(leaves) = &self.leaves else {
-            return true;
+        let empty = match &self.leaves {
+            None => true,
+            Some(leaves) => leaves.all().all(|leaf| empty_cgroup(leaf, self.spare)),
         };
-        for leaf in leaves.all() {
-            if !empty_cgroup(leaf, self.spare) {
-                return false;
-            }
-        }
-        true
+        self.emptied.store(empty, Ordering::Release);
+        empty
     }
 
-    /// Whether the kernel's OOM killer acted in this call's memory cgroup, with the limit.
-    pub fn oom_killed(&self) -> Option<u64> {
+    /// Whether the last [`Guard::kill_all`] left the leaves empty.
+    pub(super) fn was_emptied(&self) -> bool {
+        self.emptied.load(Ordering::Acquire)
+    }
+
+    /// A guard over `leaves` (none: no cgroup) and the call's temp dir.
+    pub(super) fn new(
+        tmp: Option<PathBuf>,
+        leaves: Option<Leaves>,
+        pool: std::sync::Arc<std::sync::Mutex<Vec<Leaves>>>,
+    ) -> Self {
+        Self {
+            tmp,
+            leaves,
+            oom_before: 0,
+            pids_before: 0,
+            memory_limit: 0,
+            pids_limit: 0,
+            file_size: 0,
+            cpu_seconds: 0,
+            pool,
+            spare: None,
+            emptied: AtomicBool::new(false),
+            counters_after: OnceLock::new(),
+        }
+    }
+
+    /// The leaves' OOM kills and refused forks now; kept for the next call when the leaves
+    /// are empty.
+    fn counters(&self) -> Option<(u64, u64)> {
         let leaves = self.leaves.as_ref()?;
-        (leaves.oom_kills() > self.oom_before).then_some(self.memory_limit)
+        let now = (leaves.oom_kills(), leaves.pids_refused());
+        if self.was_emptied() {
+            let _ = self.counters_after.set(now);
+        }
+        Some(now)
     }
 
     /// Which limit ended or hampered the command, in words, from how it ended (`code`,
@@ -62,7 +100,9 @@ impl Guard {
                 )
             }
         };
-        if let Some(limit) = self.oom_killed() {
+        let (oom_kills, pids_refused) = self.counters().unwrap_or_default();
+        if oom_kills > self.oom_before {
+            let limit = self.memory_limit;
             return Some(format!(
                 "killed: memory limit of {} exceeded",
                 shared::human_bytes(limit)
@@ -88,11 +128,7 @@ impl Guard {
                 how(libc::SIGXCPU)
             ));
         }
-        let refused = self
-            .leaves
-            .as_ref()
-            .map(|l| l.pids_refused().saturating_sub(self.pids_before))
-            .unwrap_or(0);
+        let refused = pids_refused.saturating_sub(self.pids_before);
         if refused > 0 {
             return Some(format!(
                 "process limit of {} reached: {refused} attempt(s) to start a process failed",

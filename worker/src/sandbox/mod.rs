@@ -611,18 +611,7 @@ impl Sandbox {
         for (k, v) in self.command_env(&seen_tmp) {
             cmd.env(k, v);
         }
-        let mut guard = Guard {
-            tmp: None,
-            leaves: None,
-            oom_before: 0,
-            pids_before: 0,
-            memory_limit: 0,
-            pids_limit: 0,
-            file_size: 0,
-            cpu_seconds: 0,
-            pool: self.pool.clone(),
-            spare: None,
-        };
+        let mut guard = Guard::new(None, None, self.pool.clone());
         let (memory, pids, quota) = Self::cgroup_limits(limits);
         let mut procs: Vec<OwnedFd> = Vec::new();
         if let Some(cg) = &self.cgroup {
@@ -791,9 +780,14 @@ impl Sandbox {
                 tokio::task::spawn_blocking(move || drop(sp));
                 return None;
             }
-            g.oom_before = leaves.oom_kills();
-            g.pids_before = leaves.pids_refused();
+            // The counters as the last call left them, or read now.
+            (g.oom_before, g.pids_before) = g
+                .counters_after
+                .take()
+                .unwrap_or_else(|| (leaves.oom_kills(), leaves.pids_refused()));
             g.memory_limit = memory;
+            // Nothing is known of this call's leftovers until its end is checked.
+            *g.emptied.get_mut() = false;
             g.pids_limit = pids;
         }
         g.file_size = rl.file_size;

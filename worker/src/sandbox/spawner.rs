@@ -271,7 +271,7 @@ fn pipe_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
 
 /// The real uid of `pid` from /proc, while it can still be read.
 fn owner_of(pid: i32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let status = super::sys::read(format!("/proc/{pid}/status"))?;
     let line = status.lines().find(|l| l.starts_with("Uid:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
@@ -395,8 +395,9 @@ impl Drop for Lease {
         if self.running {
             sp.broken = true;
         }
-        // Whatever the call left behind goes; the spawner stays only if that worked.
-        if !sp.guard.kill_all() {
+        // Whatever the call left behind goes (unless the call's end found nothing left);
+        // the spawner stays only if that worked.
+        if !sp.guard.was_emptied() && !sp.guard.kill_all() {
             sp.broken = true;
         }
         let mut pool = self.pool.locked();

@@ -15,8 +15,23 @@ pub enum Error {
     },
 }
 
+/// Reads a small system file (a cgroup's or /proc's) whole: straight into a page-sized buffer,
+/// without the size probe and the growing reads `std::fs::read_to_string` makes of files that
+/// report no size (several per call on the path of every command).
 pub(super) fn read(p: impl AsRef<Path>) -> Option<String> {
-    std::fs::read_to_string(p).ok()
+    use std::io::Read;
+    let mut f = std::fs::File::open(p).ok()?;
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match f.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Runs `f` in a forked child and returns its verdict: `Err(errno)` when it failed. The child
