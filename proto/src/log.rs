@@ -552,6 +552,11 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         agents_md: String,
     },
+    /// The instructions for agents nearest above a file the model touched, shown to it once.
+    InstructionsInView {
+        path: String,
+        text: String,
+    },
     CodeInView {
         text: String,
     },

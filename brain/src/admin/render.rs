@@ -452,6 +452,9 @@ fn describe_code(event: &proto::log::Event) -> Option<String> {
             }
             s
         }
+        E::InstructionsInView { path, .. } => {
+            format!("the repository's instructions for agents shown to the model: {path}")
+        }
         E::CodeInView { text } => format!(
             "code in view for the model: {}",
             crate::model::code_view::headers(text).join(", ")

@@ -98,6 +98,9 @@ impl<T: Clone> Broadcast<T> {
     }
 }
 
+/// Most directories a task remembers having looked in for instructions for agents.
+const MAX_LOOKED: usize = 4096;
+
 /// One task in memory.
 pub struct Task {
     pub id: TaskId,
@@ -122,6 +125,8 @@ pub struct Task {
     move_request: Mutex<Option<String>>,
     /// Call ids this process minted for the task, newest last (bounded).
     minted: Mutex<VecDeque<u64>>,
+    /// Directories of the workspace looked in for instructions for agents (bounded).
+    looked_for_instructions: Mutex<std::collections::HashSet<String>>,
     /// One appender at a time per task, so state and log stay in the same order.
     append_lock: tokio::sync::Mutex<()>,
     /// The running driver's stop: cancelled when this brain lets the task go (its lease
@@ -181,6 +186,16 @@ impl Task {
     /// Stops the task's driver, if one runs.
     fn stop_driver(&self) {
         self.driving.locked().cancel();
+    }
+
+    /// Whether `dir` of the workspace is to be looked in for instructions for agents: the
+    /// first time it is asked in this process. At most [`MAX_LOOKED`] are remembered.
+    pub(crate) fn first_look_for_instructions(&self, dir: &str) -> bool {
+        let mut seen = self.looked_for_instructions.locked();
+        if seen.len() >= MAX_LOOKED {
+            seen.clear();
+        }
+        seen.insert(dir.to_string())
     }
 
     /// Whether this process minted `call_id` (it was issued since the brain started).
@@ -456,6 +471,7 @@ impl Store {
             delivering: tokio::sync::Mutex::new(()),
             move_request: Mutex::new(None),
             minted: Mutex::new(VecDeque::new()),
+            looked_for_instructions: Mutex::new(Default::default()),
             append_lock: tokio::sync::Mutex::new(()),
             driving: Mutex::new(CancellationToken::new()),
         })

@@ -513,6 +513,13 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         agents_md: String,
     },
+    /// The instructions for agents nearest above a file the model's last call touched
+    /// (`path`, such as `crates/x/AGENTS.md`; the root's are in [`Event::Surveyed`]),
+    /// bounded and masked: shown to the model after that call's result, once.
+    InstructionsInView {
+        path: String,
+        text: String,
+    },
     /// The code the check's first (failing) run points at, or a small workspace's files
     /// whole: shown to the model with the goal.
     CodeInView {

@@ -288,6 +288,7 @@ pub fn apply(st: &mut TaskState, rec: &Record) {
         | Event::ApprovalDecided { .. }
         | Event::Surveyed { .. }
         | Event::CodeInView { .. }
+        | Event::InstructionsInView { .. }
         | Event::CheckAfterChanges { .. }
         | Event::ChangesUndone { .. }
         | Event::FinishedForModel { .. }
@@ -617,6 +618,7 @@ fn agent_event(a: &mut AgentState, rec: &Record) {
             (agents_md_path, agents_md),
         ),
         Event::CodeInView { text } => a.on_code_in_view(text),
+        Event::InstructionsInView { path, text } => a.on_instructions_in_view(path, text),
         Event::CheckAfterChanges { text, .. } => a.on_check_after_changes(text),
         Event::ChangesUndone {
             restored,

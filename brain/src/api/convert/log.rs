@@ -278,6 +278,7 @@ fn event(e: &Event) -> wire::Event {
             agents_md,
         },
         Event::CodeInView { text } => W::CodeInView { text },
+        Event::InstructionsInView { path, text } => W::InstructionsInView { path, text },
         Event::CheckAfterChanges { passed, text } => W::CheckAfterChanges { passed, text },
         Event::ChangesUndone {
             root,

@@ -415,6 +415,10 @@ fn one_of_each() -> Vec<Event> {
             agents_md: s("run make test"),
         },
         Event::CodeInView { text: s("code") },
+        Event::InstructionsInView {
+            path: s("crates/x/AGENTS.md"),
+            text: s("use the crate's own test runner"),
+        },
         Event::CheckAfterChanges {
             passed: false,
             text: s("fails"),

@@ -11,6 +11,7 @@
 //! happened is reported as interrupted, and a call waiting for approval waits on.
 
 mod files;
+mod instructions;
 mod settle;
 #[cfg(test)]
 mod tests;
@@ -511,11 +512,6 @@ impl AgentDriver {
 /// Most files the overview lists, and README bytes it reads.
 const SURVEY_FILES: u32 = 200;
 const SURVEY_README: u64 = 4096;
-/// Most bytes of the repository's AGENTS.md shown to the model (Codex reads 32 KiB).
-const SURVEY_AGENTS_MD: u64 = 16 * 1024;
-/// The repository's instructions for agents, in the order looked for at its root: the
-/// first that exists is read.
-const AGENTS_MD: [&str; 2] = ["AGENTS.md", "CLAUDE.md"];
 
 /// Looks at the workspace before the model's first turn: its files and the head of its
 /// README, logged so the first message shows them.
@@ -561,7 +557,7 @@ async fn survey(cx: &Cx<'_>, redact: &Redactor) -> Result<(), Error> {
     let (agents_md_path, agents_md) = if no_agents_md {
         Default::default()
     } else {
-        agents_md(cx, &worker, redact).await
+        instructions::at_root(cx, &worker, redact).await
     };
     cx.store()
         .append(
@@ -576,35 +572,6 @@ async fn survey(cx: &Cx<'_>, redact: &Redactor) -> Result<(), Error> {
             }],
         )
         .await
-}
-
-/// The repository's instructions for agents at the workspace's root (path, text): the
-/// first of [`AGENTS_MD`] that is a readable text file, its head when it is longer than the
-/// model is shown, masked; empty when there is none.
-async fn agents_md(cx: &Cx<'_>, worker: &str, redact: &Redactor) -> (String, String) {
-    use crate::model::ops::{FileAnswer, FileOp};
-    for path in AGENTS_MD {
-        let read = FileOp::Read {
-            path: path.to_string(),
-            offset: 0,
-            length: SURVEY_AGENTS_MD,
-        };
-        let Ok(FileAnswer::Data { data, file_size }) = effects::file_call(cx, worker, read).await
-        else {
-            continue;
-        };
-        if data.contains(&0) || data.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let mut text = redact.apply(&String::from_utf8_lossy(&data));
-        if file_size > SURVEY_AGENTS_MD {
-            text.push_str(&format!(
-                "\n[… cut: the file is {file_size} bytes, the first {SURVEY_AGENTS_MD} are shown]"
-            ));
-        }
-        return (path.to_string(), text);
-    }
-    Default::default()
 }
 
 /// `request_environment`: a person's approval if the machine costs more than the policy

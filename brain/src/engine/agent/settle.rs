@@ -125,6 +125,8 @@ pub(super) async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Re
             .await;
     };
     let mut ack = false;
+    // The instructions for agents nearest above a file the call touched, when new.
+    let mut instructions = None;
     let (mut events, text, failed) = match &p.call {
         ToolCall::RunCommand {
             argv,
@@ -214,6 +216,11 @@ pub(super) async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Re
         other => match files::run(cx, &p.worker, other).await {
             Err(reason) => interrupted(&p, &reason.to_string()),
             Ok((text, failed)) => {
+                instructions = if failed {
+                    None
+                } else {
+                    super::instructions::nearest(cx, &p.worker, other, redact).await
+                };
                 let result = ToolResult {
                     exit_code: Some(if failed { 1 } else { 0 }),
                     error: if failed {
@@ -240,6 +247,7 @@ pub(super) async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Re
         tools::head_tail(&text, tools::MAX_OBSERVATION),
         failed,
     ));
+    events.extend(instructions);
     cx.store().append(cx.task, events).await?;
     if ack {
         cx.ports().workers.ack(&p.worker, p.call_id);

@@ -291,6 +291,7 @@ function describe(r, calls, names) {
     case "workspace_seeded": return ["", "workspace from " + r.source + (r.commit ? " at " + r.commit.slice(0, 12) : "") + ": " + r.files + " files, " + r.bytes + " bytes", ""];
     case "check_after_changes": return [r.passed ? "check" : "bad", "check after the model's changes: " + (r.passed ? "passes" : "fails"), ""];
     case "code_in_view": return ["", "code in view for the model", r.text];
+    case "instructions_in_view": return ["", "instructions for agents shown to the model: " + r.path, r.text];
     case "changes_undone": return ["bad", "changes undone: " + (r.restored || []).length + " files back as they were", ""];
     case "finished_for_model": return ["check", "the brain calls finish for the model, which " + r.why + ", on the version that passed", ""];
     case "protected_restored": return ["", "restored the check's files before the check: " + (r.paths || []).join(", "), ""];
