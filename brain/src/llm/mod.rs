@@ -15,6 +15,18 @@ mod text_tools;
 mod together;
 mod types;
 
+/// The body an OpenAI-compatible server receives for `req`: its tools as native tool calls,
+/// or, with `text`, described in the prompt (text tool-call mode, unconstrained). What the
+/// prompt's snapshot tests pin.
+pub fn openai_body(model: &str, req: &Request, text: bool) -> serde_json::Value {
+    let req = if text {
+        text_tools::to_text_request(req, false)
+    } else {
+        req.clone()
+    };
+    openai::build_body(model, &req, "max_tokens", req.max_tokens)
+}
+
 pub use anthropic::Anthropic;
 pub use config::{
     ApiKey, Constrain, LlmConfig, ModelConfig, ModelInfo, ModelSpec, Price, ProviderConfig,

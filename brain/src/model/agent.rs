@@ -404,8 +404,6 @@ impl AgentState {
         self.conversation.push(Message::user(text));
     }
 
-    /// Adds the code the check's first run points at to the first message (or, once the
-    /// model has answered, as a message of its own).
     /// Shows the model the instructions for agents nearest above a file it touched (`path`,
     /// say `crates/x/AGENTS.md`), once per file, with the result of that call (in it, so a
     /// reply's further tool results still follow its calls, as providers require).
@@ -427,6 +425,8 @@ impl AgentState {
         }
     }
 
+    /// Adds the code the check's first run points at to the first message (or, once the
+    /// model has answered, as a message of its own).
     pub fn on_code_in_view(&mut self, text: &str) {
         if text.trim().is_empty() {
             return;

@@ -5,6 +5,25 @@
 use super::agent::{AgentState, ELIDED, Permission};
 use crate::llm;
 
+/// Most tokens a model's answer may take.
+pub const MAX_ANSWER_TOKENS: u32 = 4096;
+
+/// The request for the model's next turn, rendered from the agent's state: the system
+/// prompt, the conversation, the tools it may call (`request_environment` only when the task
+/// `can_move`), its sampling, and `share` (attempts sampled together).
+pub fn request(a: &AgentState, can_move: bool, share: Option<llm::Share>) -> llm::Request {
+    llm::Request {
+        system: system_prompt(a),
+        messages: a.conversation.clone(),
+        tools: super::tools::specs(a.spec.permission, can_move && !a.environment_refused),
+        max_tokens: MAX_ANSWER_TOKENS,
+        response_schema: None,
+        temperature: a.spec.sampling.and_then(|s| s.temperature),
+        seed: a.spec.sampling.map(|s| s.seed),
+        share,
+    }
+}
+
 /// The system prompt for a task's agent.
 pub fn system_prompt(a: &AgentState) -> String {
     let perm = match a.spec.permission {
@@ -76,3 +95,7 @@ pub fn elision(a: &AgentState, window: u64, estimate: u64, force: bool) -> Optio
         .sum();
     (saved > 0).then_some((upto as u32, saved))
 }
+
+#[cfg(test)]
+#[path = "prompt_tests.rs"]
+mod tests;

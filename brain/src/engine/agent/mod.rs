@@ -36,8 +36,6 @@ use crate::model::tools::{self, Prepared};
 /// How long to wait before asking an unreachable model again (after the provider's own
 /// retries gave up).
 const LLM_RETRY: Duration = Duration::from_secs(30);
-/// Most tokens the model may write in one answer.
-const MAX_ANSWER_TOKENS: u32 = 4096;
 
 /// The provider a task's model names: a replay of its recorded transcript, or a real API.
 pub fn provider(
@@ -384,10 +382,8 @@ impl AgentDriver {
             },
         };
         let info = llm::model_info(&a.spec.model, &self.llm);
-        let system = prompt::system_prompt(a);
-        let can_move = !a.environment_refused && cx.can_move();
-        let tool_specs = tools::specs(a.spec.permission, can_move);
-        let estimate = prompt::estimate_tokens(&system, a, &tool_specs);
+        let req = prompt::request(a, cx.can_move(), share(&st, a));
+        let estimate = prompt::estimate_tokens(&req.system, a, &req.tools);
         let mut pre = vec![];
         if st.status != Status::Running || !st.reason.is_empty() {
             pre.push(Event::StatusChanged {
@@ -404,16 +400,6 @@ impl AgentDriver {
         if !pre.is_empty() {
             cx.store().append(cx.task, pre).await?;
         }
-        let req = llm::Request {
-            system,
-            messages: a.conversation.clone(),
-            tools: tool_specs,
-            max_tokens: MAX_ANSWER_TOKENS,
-            response_schema: None,
-            temperature: a.spec.sampling.and_then(|s| s.temperature),
-            seed: a.spec.sampling.map(|s| s.seed),
-            share: share(&st, a),
-        };
         // The wall-time budget holds during a call too: a slow answer does not carry the task
         // past it (the next decision logs the budget as spent; a resume asks again).
         let wall_left = (a.limits.wall_ms > 0).then(|| {

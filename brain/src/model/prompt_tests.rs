@@ -1,0 +1,163 @@
+//! Snapshots of the complete request a model receives in representative states, in both tool
+//! modes: the body an OpenAI-compatible server gets, as JSON, one file per state and mode
+//! under `snapshots/`. A change of wording anywhere shows as a diff of these files in review;
+//! `UPDATE_EXPECT=1 cargo test -p brain --lib prompt` writes them anew.
+
+use super::request;
+use crate::llm::{self, Response, ToolUse, Usage};
+use crate::model::agent::{AgentSpec, AgentState, Budget, Permission};
+use crate::model::check::{Check, CheckSource};
+
+fn spec(permission: Permission, check: bool) -> AgentSpec {
+    let mut s = AgentSpec::for_test(
+        permission,
+        Budget {
+            steps: 40,
+            ..Default::default()
+        },
+    );
+    s.check = check.then(|| Check {
+        command: "python3 -m pytest -q".into(),
+        timeout_ms: 0,
+        source: CheckSource::Request,
+        protect: vec![],
+    });
+    s
+}
+
+/// A task at its first turn: the goal with the workspace's overview, its README and root
+/// AGENTS.md, and (`check`) the acceptance check named.
+fn first_turn(permission: Permission, check: bool) -> AgentState {
+    let mut a = AgentState::new(
+        spec(permission, check),
+        "Make `mean([])` return 0 instead of raising.",
+        0,
+    );
+    a.on_surveyed(
+        &[
+            "README.md".into(),
+            "stats.py".into(),
+            "test_stats.py".into(),
+        ],
+        false,
+        ("README.md", "# stats\nSmall statistics helpers.\n"),
+        ("AGENTS.md", "Run the tests with `python3 -m pytest -q`.\n"),
+    );
+    a
+}
+
+/// The model's reply calling `name` with `args`, and the result it was shown.
+fn turn(a: &mut AgentState, id: &str, name: &str, args: &str, result: &str, failed: bool) {
+    let call = ToolUse {
+        id: id.into(),
+        name: name.into(),
+        arguments: args.into(),
+    };
+    let usage = Usage {
+        prompt_tokens: 100,
+        completion_tokens: 20,
+    };
+    a.on_response(&Response::new("", vec![call], usage), 0.0);
+    a.on_observation(id, result, failed);
+}
+
+/// The state after a read of a file below a directory with its own AGENTS.md.
+fn after_a_read_with_nested_instructions() -> AgentState {
+    let mut a = first_turn(Permission::Full, true);
+    turn(
+        &mut a,
+        "c1",
+        "read_file",
+        r#"{"path":"pkg/stats.py"}"#,
+        "     1\tdef mean(xs):\n     2\t    return sum(xs) / len(xs)\n",
+        false,
+    );
+    a.on_instructions_in_view("pkg/AGENTS.md", "Keep functions pure.\n");
+    a
+}
+
+/// The state after an edit the acceptance check still fails on, with the code it points at.
+fn after_a_failing_check() -> AgentState {
+    let mut a = first_turn(Permission::Full, true);
+    turn(
+        &mut a,
+        "c1",
+        "edit_file",
+        r#"{"path":"stats.py","old":"return sum(xs) / len(xs)","new":"return sum(xs) / max(len(xs), 1)"}"#,
+        "edited stats.py",
+        false,
+    );
+    a.on_check_after_changes(
+        "The acceptance check `python3 -m pytest -q` after your changes: it still fails.\nexit code 1\nFAILED test_stats.py::test_empty - assert 0.0 == 0",
+    );
+    a
+}
+
+/// A long conversation whose old tool outputs were elided to fit the context window.
+fn with_old_outputs_elided() -> AgentState {
+    let mut a = first_turn(Permission::Full, false);
+    for i in 1..=4 {
+        turn(
+            &mut a,
+            &format!("c{i}"),
+            "run_command",
+            r#"{"command":"python3 -m pytest -q"}"#,
+            &format!("run {i}: {}", "x".repeat(200)),
+            true,
+        );
+    }
+    a.elide(4);
+    a
+}
+
+fn states() -> Vec<(&'static str, AgentState)> {
+    vec![
+        ("first_turn", first_turn(Permission::Full, true)),
+        ("first_turn_ask", first_turn(Permission::Ask, false)),
+        (
+            "first_turn_read_only",
+            first_turn(Permission::ReadOnly, false),
+        ),
+        (
+            "after_read_nested_agents_md",
+            after_a_read_with_nested_instructions(),
+        ),
+        ("after_failing_check", after_a_failing_check()),
+        ("old_outputs_elided", with_old_outputs_elided()),
+    ]
+}
+
+#[test]
+fn the_whole_request_in_each_state_and_tool_mode_is_as_snapshotted() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model/snapshots");
+    for (name, a) in states() {
+        for (mode, text) in [("native", false), ("text", true)] {
+            let req = request(&a, false, None);
+            let body = llm::openai_body("qwen2.5-coder-1.5b", &req, text);
+            let got = serde_json::to_string_pretty(&body).unwrap() + "\n";
+            expect_test::expect_file![dir.join(format!("{name}.{mode}.json"))].assert_eq(&got);
+        }
+    }
+}
+
+#[test]
+fn request_environment_is_offered_only_where_the_task_can_move() {
+    let a = first_turn(Permission::Full, false);
+    let names = |can_move| -> Vec<String> {
+        request(&a, can_move, None)
+            .tools
+            .into_iter()
+            .map(|t| t.name)
+            .collect()
+    };
+    assert!(names(true).iter().any(|n| n == "request_environment"));
+    assert!(!names(false).iter().any(|n| n == "request_environment"));
+    let mut refused = a.clone();
+    refused.environment_refused = true;
+    assert!(
+        !request(&refused, true, None)
+            .tools
+            .iter()
+            .any(|t| t.name == "request_environment")
+    );
+}
