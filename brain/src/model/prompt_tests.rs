@@ -110,29 +110,99 @@ fn with_old_outputs_elided() -> AgentState {
     a
 }
 
-fn states() -> Vec<(&'static str, AgentState)> {
+/// The text of `stats.py` as the model is shown it after an undo or a restart.
+const SHOWN: &str = "stats.py:\n     1\tdef mean(xs):\n     2\t    return sum(xs) / len(xs)\n";
+
+/// After changes that broke a check that had passed were undone.
+fn after_an_undo() -> AgentState {
+    let mut a = after_a_failing_check();
+    a.on_changes_undone(&["stats.py".into()], &[], SHOWN);
+    a
+}
+
+/// After the model stopped making progress and its changes were undone to the start.
+fn after_a_restart() -> AgentState {
+    let mut a = after_a_failing_check();
+    a.on_restarted(&["stats.py".into()], &["notes.txt".into()], SHOWN);
+    a
+}
+
+/// After a reply that only talked (no call), and one whose call could not be read.
+fn after_replies_without_a_call() -> AgentState {
+    let mut a = first_turn(Permission::Full, true);
+    let usage = Usage {
+        prompt_tokens: 100,
+        completion_tokens: 20,
+    };
+    a.on_response(
+        &Response::new("I will change stats.py to return 0.", vec![], usage),
+        0.0,
+    );
+    let mut bad = Response::new("", vec![], usage);
+    bad.malformed_calls = vec![r#"{"tool": "read_file", "arguments": {"path": }"#.into()];
+    a.on_response(&bad, 0.0);
+    a
+}
+
+/// After the task moved to another worker with a call in flight.
+fn after_a_move() -> AgentState {
+    let mut a = first_turn(Permission::Full, false);
+    turn(
+        &mut a,
+        "c1",
+        "run_command",
+        r#"{"command":"ls"}"#,
+        "README.md\nstats.py\ntest_stats.py\n",
+        false,
+    );
+    a.on_moved("w-laptop", "w-cloud", 1);
+    a
+}
+
+/// A task that may ask for another machine, and one whose request for one was refused
+/// (the tool is withdrawn).
+fn may_move(refused: bool) -> AgentState {
+    let mut a = first_turn(Permission::Full, false);
+    a.environment_refused = refused;
+    a
+}
+
+/// Each state by name, and whether its task can move.
+fn states() -> Vec<(&'static str, AgentState, bool)> {
     vec![
-        ("first_turn", first_turn(Permission::Full, true)),
-        ("first_turn_ask", first_turn(Permission::Ask, false)),
+        ("first_turn", first_turn(Permission::Full, true), false),
+        ("first_turn_ask", first_turn(Permission::Ask, false), false),
         (
             "first_turn_read_only",
             first_turn(Permission::ReadOnly, false),
+            false,
         ),
         (
             "after_read_nested_agents_md",
             after_a_read_with_nested_instructions(),
+            false,
         ),
-        ("after_failing_check", after_a_failing_check()),
-        ("old_outputs_elided", with_old_outputs_elided()),
+        ("after_failing_check", after_a_failing_check(), false),
+        ("old_outputs_elided", with_old_outputs_elided(), false),
+        ("after_undo", after_an_undo(), false),
+        ("after_restart", after_a_restart(), false),
+        (
+            "replies_without_a_call",
+            after_replies_without_a_call(),
+            false,
+        ),
+        ("after_move", after_a_move(), true),
+        ("may_ask_for_a_machine", may_move(false), true),
+        ("machine_request_withdrawn", may_move(true), true),
     ]
 }
 
 #[test]
 fn the_whole_request_in_each_state_and_tool_mode_is_as_snapshotted() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model/snapshots");
-    for (name, a) in states() {
+    for (name, a, can_move) in states() {
         for (mode, text) in [("native", false), ("text", true)] {
-            let req = request(&a, false, None);
+            let req = request(&a, can_move, None);
             let body = llm::openai_body("qwen2.5-coder-1.5b", &req, text);
             let got = serde_json::to_string_pretty(&body).unwrap() + "\n";
             expect_test::expect_file![dir.join(format!("{name}.{mode}.json"))].assert_eq(&got);
