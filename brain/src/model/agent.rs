@@ -336,7 +336,7 @@ impl AgentState {
         }
         if !agents.trim().is_empty() {
             text.push('\n');
-            text.push_str(&super::prompt::repository_instructions(agents_path, agents));
+            text.push_str(&super::text::repository_instructions(agents_path, agents));
         }
         if let Some(c) = &self.spec.check {
             text.push_str(&format!(
@@ -415,7 +415,7 @@ impl AgentState {
             return;
         }
         self.instructions_shown.push(path.to_string());
-        let shown = super::prompt::repository_instructions(path, text);
+        let shown = super::text::repository_instructions(path, text);
         match self.conversation.last_mut() {
             Some(m) if m.role == Role::Tool => {
                 m.content.push_str("\n\n");

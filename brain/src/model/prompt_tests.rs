@@ -3,7 +3,7 @@
 //! under `snapshots/`. A change of wording anywhere shows as a diff of these files in review;
 //! `UPDATE_EXPECT=1 cargo test -p brain --lib prompt` writes them anew.
 
-use super::request;
+use super::{CheckAfterChanges, check_after_changes, finish_refused, request};
 use crate::llm::{self, Response, ToolUse, Usage};
 use crate::model::agent::{AgentSpec, AgentState, Budget, Permission};
 use crate::model::check::{Check, CheckSource};
@@ -46,7 +46,8 @@ fn first_turn(permission: Permission, check: bool) -> AgentState {
     a
 }
 
-/// The model's reply calling `name` with `args`, and the result it was shown.
+/// The model's reply calling `name` with `args`, and the result it was shown (with the
+/// repeat guard's and the loop detector's notes, as the engine observes it).
 fn turn(a: &mut AgentState, id: &str, name: &str, args: &str, result: &str, failed: bool) {
     let call = ToolUse {
         id: id.into(),
@@ -57,8 +58,9 @@ fn turn(a: &mut AgentState, id: &str, name: &str, args: &str, result: &str, fail
         prompt_tokens: 100,
         completion_tokens: 20,
     };
-    a.on_response(&Response::new("", vec![call], usage), 0.0);
-    a.on_observation(id, result, failed);
+    a.on_response(&Response::new("", vec![call.clone()], usage), 0.0);
+    let shown = a.with_guard_note(&call, result.to_string(), failed);
+    a.on_observation(id, &shown, failed);
 }
 
 /// The state after a read of a file below a directory with its own AGENTS.md.
@@ -87,8 +89,28 @@ fn after_a_failing_check() -> AgentState {
         "edited stats.py",
         false,
     );
-    a.on_check_after_changes(
-        "The acceptance check `python3 -m pytest -q` after your changes: it still fails.\nexit code 1\nFAILED test_stats.py::test_empty - assert 0.0 == 0",
+    a.on_check_after_changes(&check_after_changes(
+        "python3 -m pytest -q",
+        CheckAfterChanges::StillFails(
+            "exit code 1\nFAILED test_stats.py::test_empty - assert 0.0 == 0",
+        ),
+    ));
+    a
+}
+
+/// After a `finish` the acceptance check refused.
+fn after_a_refused_finish() -> AgentState {
+    let mut a = first_turn(Permission::Full, true);
+    turn(
+        &mut a,
+        "f1",
+        "finish",
+        r#"{"summary":"mean([]) returns 0"}"#,
+        &finish_refused(
+            "python3 -m pytest -q",
+            "exit code 1\nFAILED test_stats.py::test_empty - ZeroDivisionError",
+        ),
+        true,
     );
     a
 }
@@ -159,6 +181,30 @@ fn after_a_move() -> AgentState {
     a
 }
 
+/// The model going round in circles: the same edit and the same failing run, over and over.
+fn going_round_in_circles() -> AgentState {
+    let mut a = first_turn(Permission::Full, false);
+    for round in 0..3 {
+        turn(
+            &mut a,
+            &format!("e{round}"),
+            "write_file",
+            r#"{"path":"stats.py","content":"def mean(xs):\n    return 0\n"}"#,
+            "wrote stats.py (24 bytes)",
+            false,
+        );
+        turn(
+            &mut a,
+            &format!("r{round}"),
+            "run_command",
+            r#"{"command":"python3 -m pytest -q"}"#,
+            "exit code 1\nFAILED test_stats.py::test_mean - assert 0 == 2",
+            true,
+        );
+    }
+    a
+}
+
 /// A task that may ask for another machine, and one whose request for one was refused
 /// (the tool is withdrawn).
 fn may_move(refused: bool) -> AgentState {
@@ -183,6 +229,7 @@ fn states() -> Vec<(&'static str, AgentState, bool)> {
             false,
         ),
         ("after_failing_check", after_a_failing_check(), false),
+        ("after_refused_finish", after_a_refused_finish(), false),
         ("old_outputs_elided", with_old_outputs_elided(), false),
         ("after_undo", after_an_undo(), false),
         ("after_restart", after_a_restart(), false),
@@ -192,6 +239,7 @@ fn states() -> Vec<(&'static str, AgentState, bool)> {
             false,
         ),
         ("after_move", after_a_move(), true),
+        ("going_round_in_circles", going_round_in_circles(), false),
         ("may_ask_for_a_machine", may_move(false), true),
         ("machine_request_withdrawn", may_move(true), true),
     ]

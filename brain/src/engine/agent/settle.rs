@@ -8,6 +8,7 @@ use super::super::error::Error;
 use super::super::redact::Redactor;
 use super::{files, observe, summary_or_default, view};
 use crate::model::event::{Event, Outcome, Purpose, ToolCall, ToolResult};
+use crate::model::prompt::{self, CheckAfterChanges};
 use crate::model::state::PendingCall;
 use crate::model::tools::{self, Prepared};
 
@@ -59,9 +60,7 @@ async fn settle_own_check(
                 let check = cx.task.state().check().map(|c| c.command.clone());
                 let check = check.unwrap_or_default();
                 let text = if passed {
-                    format!(
-                        "The acceptance check `{check}` passes after your changes. If the goal is met, call `finish`; if not, go on."
-                    )
+                    prompt::check_after_changes(&check, CheckAfterChanges::Passes)
                 } else {
                     let undone = cx
                         .task
@@ -71,12 +70,11 @@ async fn settle_own_check(
                         .is_some_and(|a| a.undoes_on_failure());
                     if undone {
                         // The files go back to the version it passed on, shown with that.
-                        format!(
-                            "The acceptance check `{check}` after your changes: it fails.\n{described}"
-                        )
+                        prompt::check_after_changes(&check, CheckAfterChanges::Fails(&described))
                     } else {
-                        let told = format!(
-                            "The acceptance check `{check}` after your changes: it still fails.\n{described}"
+                        let told = prompt::check_after_changes(
+                            &check,
+                            CheckAfterChanges::StillFails(&described),
                         );
                         with_code(cx, &p.worker, told, &output, true, redact).await
                     }
@@ -175,9 +173,7 @@ pub(super) async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Re
                     return Ok(());
                 }
                 ack = true;
-                let told = format!(
-                    "not done: the acceptance check `{check}` failed, so the task goes on. Its result:\n{output}\nFix what it shows, then call `finish` again."
-                );
+                let told = prompt::finish_refused(&check, &output);
                 let told = with_code(
                     cx,
                     &p.worker,
