@@ -95,8 +95,7 @@ fn main() {
     // path every command took before the spawners); and started with --no-sandbox, to show
     // what confinement costs.
     let b = Bench::start(&rt, &bins, tmp.path(), n);
-    let (mut worker, worker_id) =
-        b.join_worker("bench", &tmp.path().join("worker"), &[], "warn", &[]);
+    let (worker, worker_id) = b.join_worker("bench", &tmp.path().join("worker"), &[], "warn", &[]);
     let fork = b.join_worker(
         "bench-fork",
         &tmp.path().join("bench-fork"),
@@ -122,10 +121,7 @@ fn main() {
         "tether `true` brain → worker, unconfined (--no-sandbox)",
         &bare_exec,
     );
-    for (mut child, _) in [fork, bare] {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    drop((fork, bare));
     let target = Target {
         url: b.url.clone(),
         identity_dir: b.data.admin_identity(),
@@ -138,9 +134,8 @@ fn main() {
 
     // Footprint.
     std::thread::sleep(Duration::from_secs(1));
-    let rss_kib = resident_kib(worker.id());
-    let _ = worker.kill();
-    let _ = worker.wait();
+    let rss_kib = resident_kib(worker.0.id());
+    drop(worker);
     b.stop.cancel();
 
     println!();
@@ -175,6 +170,16 @@ async fn time_after_warm_up<F: Future<Output = ()>>(
     v
 }
 
+/// A worker process, killed when dropped: a row that panics leaves none behind.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `spec` run on worker `id` through the hub, to its exit.
 async fn exec_true(hub: &Hub, id: &str, spec: ExecSpec) {
     let mut call = hub.exec(id, spec).await.unwrap();
@@ -200,11 +205,13 @@ async fn admin_exec_true(mut admin: AdminClient<Channel>, worker: &str) {
         .await
         .unwrap()
         .into_inner();
+    // Read to the stream's end, as a client of one long connection must: a stream dropped
+    // after its last event is reset, and h2 closes a connection that resets more than 1,024.
+    let mut exited = false;
     while let Some(ev) = s.message().await.unwrap() {
-        if matches!(ev.event, Some(proto::exec_event::Event::Exit(_))) {
-            break;
-        }
+        exited |= matches!(ev.event, Some(proto::exec_event::Event::Exit(_)));
     }
+    assert!(exited, "the admin exec stream ended without an exit");
 }
 
 /// The brain, in this process, and what the rows through it share.
@@ -274,7 +281,7 @@ impl<'a> Bench<'a> {
         flags: &[&str],
         log: &str,
         env: &[(&str, &str)],
-    ) -> (Child, String) {
+    ) -> (Killed, String) {
         let (token, _) = self
             .rt
             .block_on(
@@ -309,7 +316,7 @@ impl<'a> Bench<'a> {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         });
-        (child, id)
+        (Killed(child), id)
     }
 
     /// The exec rows, timed call by call in turn so that the machine's noise (which moves
