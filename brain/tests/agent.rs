@@ -767,3 +767,152 @@ fn an_agents_md_widens_nothing_and_carries_no_secret_to_the_model() {
     assert!(!first.contains(KEY), "the key reached the model: {first}");
     assert_no_secret(&c, &id, &w.log_text());
 }
+
+/// The body an OpenAI-compatible server gets for the request `brain task prompt --json`
+/// showed (`v["request"]`, as the provider passed it on): its messages and tools.
+fn body_of_shown(v: &serde_json::Value) -> serde_json::Value {
+    let req: brain::llm::Request = serde_json::from_value(v["request"].clone()).unwrap();
+    // Already as sent: in text mode the tools are in its prompt, so no conversion again.
+    let body = brain::llm::openai_body("m", &req, false);
+    json!({"messages": body["messages"], "tools": body.get("tools")})
+}
+
+fn body_received(r: &FakeRequest) -> serde_json::Value {
+    json!({"messages": r.body["messages"], "tools": r.body.get("tools")})
+}
+
+fn prompt_json(c: &Cluster, args: &[&str]) -> serde_json::Value {
+    let out = c.brain_cli(&[&["task", "prompt"], args, &["--json"]].concat());
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
+#[test]
+fn task_prompt_shows_each_request_as_the_model_received_it_across_a_brain_kill() {
+    // The second request is answered slowly: the brain is killed while it waits, and sends
+    // that request again after its restart, rendered from the log it replays.
+    let llm = FakeLlm::start(|req| match req.seq - 1 {
+        0 => FakeReply::write("a.txt", "one\n"),
+        1 => FakeReply::run("cat a.txt").delay(Duration::from_secs(30)),
+        2 => FakeReply::run("cat a.txt"),
+        _ => FakeReply::finish("read it"),
+    });
+    let mut c = cluster(&llm, "");
+    let _w = c.join_worker("w");
+    let id = c.agent().worker("w").start("write a file, then read it");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while llm.count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{}", c.brain_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.kill_brain();
+    c.start_brain().unwrap();
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 4, "one request sent again after the restart");
+    let logged: Vec<serde_json::Value> = c
+        .task_log_json(&id)
+        .into_iter()
+        .filter(|r| r["kind"] == "llm_request")
+        .collect();
+    assert_eq!(logged.len(), 3, "{logged:#?}");
+    // Which requests the server got for each logged one: the second twice.
+    let received = [vec![&reqs[0]], vec![&reqs[1], &reqs[2]], vec![&reqs[3]]];
+    for (turn, (rec, got)) in logged.iter().zip(received).enumerate() {
+        let seq = rec["seq"].as_str().unwrap().to_string();
+        let shown = prompt_json(&c, &[&id, "--seq", &seq]);
+        assert_eq!(shown["turn"], turn + 1);
+        assert_eq!(shown["exact"], true, "{shown:#}");
+        assert_eq!(
+            shown["hash"], rec["rendered"]["hash"],
+            "the hash logged is this one's"
+        );
+        assert_eq!(shown["sent_version"], rec["rendered"]["version"]);
+        assert_eq!(rec["rendered"]["tools"], "native");
+        for r in got {
+            assert_eq!(
+                body_of_shown(&shown),
+                body_received(r),
+                "request {turn} as shown and as the server received it"
+            );
+        }
+    }
+    // The request the model answered with step 2's call is the second; with no turn named,
+    // the last.
+    assert_eq!(prompt_json(&c, &[&id, "--at", "2"])["turn"], 2);
+    assert_eq!(prompt_json(&c, &[&id])["turn"], 3);
+    // For a person: which request, that it is exact, each part under a heading.
+    let human = c.brain_cli(&["task", "prompt", &id, "--at", "2"]);
+    let h = stdout(&human);
+    assert!(human.status.success(), "{}", text(&human));
+    for part in [
+        "request 2",
+        "exact:",
+        "─── system",
+        "─── user",
+        "─── tool (answering",
+    ] {
+        assert!(h.contains(part), "no {part:?} in:\n{h}");
+    }
+    assert!(h.contains("write a file, then read it"), "{h}");
+    // Into a pipe closed before anything is written: quiet, 141, as every command.
+    for args in [
+        vec!["task", "prompt", &id],
+        vec!["task", "prompt", &id, "--json"],
+    ] {
+        let mut child = c
+            .brain_cli_cmd(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !err.contains("panicked") && !err.to_lowercase().contains("broken pipe"),
+            "{err}"
+        );
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
+    }
+    // A step no answer started, and both a step and a record, are refused in words.
+    let none = c.brain_cli(&["task", "prompt", &id, "--at", "99"]);
+    assert_failed_saying(&none, "no step 99");
+    let both = c.brain_cli(&["task", "prompt", &id, "--at", "1", "--seq", "3"]);
+    assert!(!both.status.success(), "{}", text(&both));
+}
+
+#[test]
+fn task_prompt_shows_a_text_mode_request_with_its_tools_in_the_prompt() {
+    let llm = FakeLlm::start(|req| match req.seq - 1 {
+        0 => FakeReply::text(
+            "```json\n{\"tool\": \"run_command\", \"arguments\": {\"command\": \"echo hi\"}}\n```",
+        ),
+        _ => FakeReply::text(
+            "```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"said hi\"}}\n```",
+        ),
+    });
+    let c = cluster(&llm, "");
+    let _w = c.join_worker("w");
+    let id = c
+        .agent()
+        .model("ollama:qwen-local")
+        .worker("w")
+        .start("say hi");
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 2);
+    for (seq_of, r) in [(&["--at", "1"][..], &reqs[0]), (&[][..], &reqs[1])] {
+        let shown = prompt_json(&c, &[&[id.as_str()], seq_of].concat());
+        assert_eq!(shown["tools"], "text");
+        assert_eq!(shown["exact"], true, "{shown:#}");
+        assert_eq!(body_of_shown(&shown), body_received(r));
+        assert!(
+            shown["request"]["system"]
+                .as_str()
+                .unwrap()
+                .contains("run_command"),
+            "the tools are described in the prompt"
+        );
+    }
+}

@@ -28,6 +28,19 @@ pub struct Record {
 }
 
 /// A step of a scripted plan.
+/// What a model request was rendered with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rendered {
+    /// The version of the words it was rendered with.
+    pub version: u32,
+    /// SHA-256 of the request as sent, in hex.
+    pub hash: String,
+    /// How its tools were sent: `native`, `text` or `text_constrained`.
+    pub tools: String,
+    /// Whether the task could move to another machine then.
+    pub can_move: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Step {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -357,6 +370,10 @@ pub enum Event {
     LlmRequest {
         model: String,
         messages: u32,
+        /// How the request was rendered and sent (`brain task prompt`); absent from records
+        /// logged before it was kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rendered: Option<Rendered>,
     },
     LlmResponse {
         model: String,

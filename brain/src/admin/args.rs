@@ -384,6 +384,26 @@ pub enum TaskCmd {
         #[arg(long)]
         full: bool,
     },
+    /// The request the task's model received at one of its turns, as its API was sent it:
+    /// the system prompt, the messages and the tools (in text tool-call mode, as the prompt
+    /// describes them). Rendered again from the log and checked against the version of the
+    /// words and the hash logged when it was sent; one sent with other words says so.
+    /// Secrets masked
+    Prompt {
+        task: String,
+        /// The request the model answered with this step's call (steps as `task log`
+        /// numbers them). Default: the task's last request
+        #[arg(long, value_name = "STEP", conflicts_with = "seq")]
+        at: Option<u32>,
+        /// The request logged at this record (`task log --json`'s "seq"), or the last
+        /// before it
+        #[arg(long, value_name = "SEQ")]
+        seq: Option<u64>,
+        /// One JSON object: {"task", "seq", "turn", "model", "tools", "version",
+        /// "sent_version", "hash", "sent_hash", "exact", "request"}
+        #[arg(long)]
+        json: bool,
+    },
     /// Wait until a task reaches a status, following its log (no polling), and print it.
     /// Exits 0 when it does, 1 when the task ended in another status, 124 on --timeout
     Wait {

@@ -31,5 +31,6 @@ pub mod render;
 mod results;
 mod run_args;
 mod secrets;
+mod sent;
 mod tasks;
 mod web;

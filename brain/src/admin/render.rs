@@ -326,7 +326,9 @@ fn describe_call(task: &str, event: &proto::log::Event, shown: usize) -> Option<
 fn describe_model(r: &proto::log::Record, shown: usize) -> Option<String> {
     use proto::log::Event as E;
     Some(match &r.event {
-        E::LlmRequest { model, messages } => format!("thinking ({model}, {messages} messages)"),
+        E::LlmRequest {
+            model, messages, ..
+        } => format!("thinking ({model}, {messages} messages)"),
         E::LlmResponse {
             prompt_tokens,
             completion_tokens,

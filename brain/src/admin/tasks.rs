@@ -36,6 +36,12 @@ pub async fn run(t: &Target, cmd: TaskCmd) -> anyhow::Result<i32> {
             timeout,
             json,
         } => super::follow::wait(t, &task, &until, timeout, json).await,
+        TaskCmd::Prompt {
+            task,
+            at,
+            seq,
+            json,
+        } => super::sent::show(t, &task, at, seq, json).await,
         TaskCmd::Cancel { task } => cancel(t, task).await,
         TaskCmd::Move {
             task,

@@ -632,6 +632,32 @@ impl Admin for Services {
         )))
     }
 
+    async fn task_prompt(
+        &self,
+        req: Request<proto::TaskPromptRequest>,
+    ) -> Result<Response<proto::TaskPromptResponse>, Status> {
+        use crate::engine::Turn;
+        let req = req.into_inner();
+        let turn = match (req.step, req.seq) {
+            (0, 0) => Turn::Last,
+            (step, 0) => Turn::Step(step),
+            (0, seq) => Turn::Seq(seq),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "name a step or a record, not both",
+                ));
+            }
+        };
+        let engine = &self.0.engine;
+        let sent = engine.sent_request(&req.task_id, turn).await?;
+        let mut json = serde_json::to_value(&sent).map_err(|e| Status::internal(e.to_string()))?;
+        // Each string masked as text, before JSON escapes a secret's quotes or backslashes.
+        mask_strings(&mut json, &|s| engine.redact(s));
+        Ok(Response::new(proto::TaskPromptResponse {
+            json: json.to_string(),
+        }))
+    }
+
     async fn cancel_task(
         &self,
         req: Request<proto::CancelTaskRequest>,
@@ -833,5 +859,16 @@ impl Admin for Services {
         let resp = super::secrets::remove(&self.0.egress.secrets, req).await?;
         tracing::info!(secret = %name, removed = resp.removed, by = %admin, "secret removed");
         Ok(Response::new(resp))
+    }
+}
+
+/// Every string in `v` through `mask`.
+fn mask_strings(v: &mut serde_json::Value, mask: &dyn Fn(&str) -> String) {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => *s = mask(s),
+        Value::Array(a) => a.iter_mut().for_each(|v| mask_strings(v, mask)),
+        Value::Object(o) => o.values_mut().for_each(|v| mask_strings(v, mask)),
+        _ => {}
     }
 }

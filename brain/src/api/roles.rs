@@ -60,6 +60,7 @@ pub const TABLE: &[(&str, Access)] = &[
     ("/tether.v1.Admin/RunPlan", Access::Admin),
     ("/tether.v1.Admin/ListTasks", Access::Admin),
     ("/tether.v1.Admin/TaskLog", Access::Admin),
+    ("/tether.v1.Admin/TaskPrompt", Access::Admin),
     ("/tether.v1.Admin/CancelTask", Access::Admin),
     ("/tether.v1.Admin/Backup", Access::AdminCert),
     ("/tether.v1.Admin/RunAgent", Access::Admin),

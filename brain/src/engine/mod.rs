@@ -15,6 +15,7 @@ pub(crate) mod effects;
 mod error;
 mod follow;
 pub mod handoff;
+mod sent;
 
 pub use deliver::commit_message;
 pub mod log;
@@ -43,6 +44,7 @@ pub use error::Error;
 pub use follow::{Followed, Follower, Linger};
 use handoff::{Answer, Change};
 use ports::{Labels, Picked, Ports};
+pub use sent::{Sent, Turn};
 pub use store::{LiveOutput, Shown, Store, Task};
 
 /// What a new task runs.

@@ -27,6 +27,17 @@ pub fn openai_body(model: &str, req: &Request, text: bool) -> serde_json::Value 
     openai::build_body(model, &req, "max_tokens", req.max_tokens)
 }
 
+/// `req` as a provider that sends tools `how` passes it on to the model's API: unchanged
+/// for native tool calls, with the tools described in the prompt and earlier calls replayed
+/// as text in text tool-call mode. What `brain task prompt` shows and the log's hash covers.
+pub fn as_sent(req: &Request, how: ToolsSent) -> Request {
+    match how {
+        ToolsSent::Native => req.clone(),
+        ToolsSent::Text => text_tools::to_text_request(req, false),
+        ToolsSent::TextConstrained => text_tools::to_text_request(req, true),
+    }
+}
+
 pub use anthropic::Anthropic;
 pub use config::{
     ApiKey, Constrain, LlmConfig, ModelConfig, ModelInfo, ModelSpec, Price, ProviderConfig,
@@ -37,7 +48,8 @@ pub use replay::{Replay, to_transcript};
 pub use text_tools::{EDIT_FORMAT, EDIT_ID, TextTools, nudge_with};
 pub use together::Together;
 pub use types::{
-    CodeBlock, Error, Message, Provider, Request, Response, Role, Share, ToolSpec, ToolUse, Usage,
+    CodeBlock, Error, Message, Provider, Request, Response, Role, Share, ToolSpec, ToolUse,
+    ToolsSent, Usage,
 };
 
 /// Whether `spec` could be asked with `cfg` and this process's environment (a key found

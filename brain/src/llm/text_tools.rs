@@ -36,6 +36,14 @@ impl TextTools {
 
 #[async_trait::async_trait]
 impl Provider for TextTools {
+    fn tools_sent(&self) -> super::types::ToolsSent {
+        if self.constrained {
+            super::types::ToolsSent::TextConstrained
+        } else {
+            super::types::ToolsSent::Text
+        }
+    }
+
     async fn complete(&self, req: &Request) -> Result<Response, Error> {
         let mut resp = self
             .inner

@@ -160,6 +160,34 @@ pub struct CodeBlock {
 pub trait Provider: Send + Sync {
     /// Sends `req` and returns the model's answer.
     async fn complete(&self, req: &Request) -> Result<Response, Error>;
+
+    /// How this provider sends a request's tools (see [`super::as_sent`]).
+    fn tools_sent(&self) -> ToolsSent {
+        ToolsSent::Native
+    }
+}
+
+/// How a request's tools reach the model: as the API's native tool definitions, or described
+/// in the prompt and called in text (text tool-call mode), its replies free or constrained to
+/// one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolsSent {
+    #[default]
+    Native,
+    Text,
+    TextConstrained,
+}
+
+impl ToolsSent {
+    /// The name the log and `--json` use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Text => "text",
+            Self::TextConstrained => "text_constrained",
+        }
+    }
 }
 
 /// Why a completion failed. Messages say what failed and what to do; none ever holds a key.

@@ -222,6 +222,20 @@ impl ToolCall {
 }
 
 /// A tool call's result as logged.
+/// What a model request was rendered with, beside the task's state at its record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rendered {
+    /// The renderer's version (`prompt::VERSION`) that wrote its words.
+    pub version: u32,
+    /// `prompt::hash` of the request as sent.
+    pub hash: String,
+    /// How its tools were sent.
+    pub tools: crate::llm::ToolsSent,
+    /// Whether the task could move to another machine then (the one input of the request
+    /// that is not the task's state).
+    pub can_move: bool,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ToolResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -298,6 +312,10 @@ pub enum Event {
     LlmRequest {
         model: String,
         messages: u32,
+        /// How the request was rendered and sent (absent from records logged before it was
+        /// kept): what `brain task prompt` needs to show it again and to tell it is exact.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rendered: Option<Rendered>,
     },
     LlmResponse {
         model: String,

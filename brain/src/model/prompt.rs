@@ -1,10 +1,25 @@
 //! What the model is shown besides the conversation: the system prompt, and how big a
 //! request is (to elide old tool outputs before the context window overflows). Pure: built
-//! anew for every request from the task's fixed spec and state, never logged.
+//! anew for every request from the task's fixed spec and state; the log keeps the
+//! renderer's version and a hash of what was sent, never the text again.
 
 use super::agent::{AgentState, ELIDED, Permission};
 pub use super::text::repository_instructions;
 use crate::llm;
+
+/// The renderer's version, logged with every request (`Event::LlmRequest`): raised whenever
+/// the words change, so `brain task prompt` can tell a request shown exactly as it was sent
+/// from one rendered with later words. The snapshot tests hold the digest of the words of
+/// this version and fail, saying so, when the words change and it does not.
+pub const VERSION: u32 = 1;
+
+/// The hash the log keeps of a request as it was sent (`llm::as_sent`): SHA-256 of its JSON,
+/// in hex.
+pub fn hash(sent: &llm::Request) -> String {
+    use sha2::Digest;
+    let json = serde_json::to_vec(sent).expect("a request serialises");
+    hex::encode(sha2::Sha256::digest(json))
+}
 
 /// Most tokens a model's answer may take.
 pub const MAX_ANSWER_TOKENS: u32 = 4096;

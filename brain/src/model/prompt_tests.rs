@@ -279,3 +279,35 @@ fn request_environment_is_offered_only_where_the_task_can_move() {
             .any(|t| t.name == "request_environment")
     );
 }
+
+/// The words of `prompt::VERSION`: the version, and a digest of every snapshot rendered with
+/// it. A change of wording changes the snapshots, and so the digest; raise `VERSION` with it,
+/// so a request logged with the old words is told apart (`brain task prompt`).
+const WORDS: (u32, &str) = (1, "cd21db34406e480e76f553d639971f2c");
+
+#[test]
+fn the_words_version_is_raised_when_the_words_change() {
+    use sha2::Digest;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model/snapshots");
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let mut h = sha2::Sha256::new();
+    for n in &names {
+        h.update(n.as_bytes());
+        h.update([0]);
+        h.update(std::fs::read(dir.join(n)).unwrap());
+        h.update([0]);
+    }
+    let digest = hex::encode(&h.finalize()[..16]);
+    assert!(names.len() >= 28, "{names:?}");
+    let next = super::VERSION.max(WORDS.0 + 1);
+    assert_eq!(
+        (super::VERSION, digest.as_str()),
+        WORDS,
+        "the words a model reads changed (the snapshots under {}): raise prompt::VERSION to {next} and set WORDS in prompt_tests.rs to ({next}, \"{digest}\")",
+        dir.display(),
+    );
+}

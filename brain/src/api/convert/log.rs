@@ -63,7 +63,20 @@ fn event(e: &Event) -> wire::Event {
             status: status.as_str().into(),
             reason,
         },
-        Event::LlmRequest { model, messages } => W::LlmRequest { model, messages },
+        Event::LlmRequest {
+            model,
+            messages,
+            rendered,
+        } => W::LlmRequest {
+            model,
+            messages,
+            rendered: rendered.map(|r| proto::log::Rendered {
+                version: r.version,
+                hash: r.hash,
+                tools: r.tools.as_str().into(),
+                can_move: r.can_move,
+            }),
+        },
         Event::LlmResponse {
             model,
             prompt_tokens,

@@ -183,6 +183,17 @@ fn one_of_each() -> Vec<Event> {
         Event::LlmRequest {
             model: s("m"),
             messages: 3,
+            rendered: None,
+        },
+        Event::LlmRequest {
+            model: s("m"),
+            messages: 4,
+            rendered: Some(crate::model::event::Rendered {
+                version: 1,
+                hash: s("ab12"),
+                tools: crate::llm::ToolsSent::Text,
+                can_move: true,
+            }),
         },
         Event::LlmResponse {
             model: s("m"),

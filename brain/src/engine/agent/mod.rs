@@ -28,7 +28,7 @@ use super::error::Error;
 use super::redact::Redactor;
 use crate::llm::{self, Provider, ToolUse};
 use crate::model::agent::{AgentState, Gate, Permission};
-use crate::model::event::{Event, Outcome, Purpose, ToolCall};
+use crate::model::event::{Event, Outcome, Purpose, Rendered, ToolCall};
 use crate::model::prompt;
 use crate::model::state::{PendingCall, Status, TaskState};
 use crate::model::tools::{self, Prepared};
@@ -51,7 +51,7 @@ pub fn provider(
 }
 
 /// The first turn of an attempt that starts with others alike may be asked with theirs.
-fn share(st: &TaskState, a: &AgentState) -> Option<llm::Share> {
+pub(crate) fn share(st: &TaskState, a: &AgentState) -> Option<llm::Share> {
     let sampling = a.spec.sampling?;
     let parent = st.attempt_of?.parent;
     let first = !a
@@ -382,7 +382,8 @@ impl AgentDriver {
             },
         };
         let info = llm::model_info(&a.spec.model, &self.llm);
-        let req = prompt::request(a, cx.can_move(), share(&st, a));
+        let can_move = cx.can_move();
+        let req = prompt::request(a, can_move, share(&st, a));
         let estimate = prompt::estimate_tokens(&req.system, a, &req.tools);
         let mut pre = vec![];
         if st.status != Status::Running || !st.reason.is_empty() {
@@ -392,9 +393,16 @@ impl AgentDriver {
             });
         }
         if !a.awaiting_llm {
+            let tools = provider.tools_sent();
             pre.push(Event::LlmRequest {
                 model: a.spec.model.clone(),
                 messages: a.conversation.len() as u32,
+                rendered: Some(Rendered {
+                    version: prompt::VERSION,
+                    hash: prompt::hash(&llm::as_sent(&req, tools)),
+                    tools,
+                    can_move,
+                }),
             });
         }
         if !pre.is_empty() {
