@@ -85,8 +85,7 @@ fn exactness(v: &Value) -> String {
     let short = |h: &Value| str_of(h).chars().take(12).collect::<String>();
     if v["exact"].as_bool() == Some(true) {
         return format!(
-            "exact: rendered again with the words it was sent with (version {}); the hash logged then matches ({})",
-            v["version"],
+            "exact: rendered again from the log, it has the hash logged when it was sent ({})",
             short(&v["hash"])
         );
     }

@@ -38,7 +38,7 @@ pub struct Sent {
     pub version: u32,
     pub sent_hash: Option<String>,
     pub hash: String,
-    /// Shown exactly as sent: the same words' version and the same hash.
+    /// Shown exactly as sent: this rendering's hash is the one logged.
     pub exact: bool,
     /// The request, as the provider passed it to the model's API.
     pub request: llm::Request,
@@ -102,9 +102,7 @@ impl Engine {
             tools,
             sent_version: rendered.as_ref().map(|r| r.version),
             version: prompt::VERSION,
-            exact: rendered
-                .as_ref()
-                .is_some_and(|r| r.version == prompt::VERSION && r.hash == hash),
+            exact: rendered.as_ref().is_some_and(|r| r.hash == hash),
             sent_hash: rendered.as_ref().map(|r| r.hash.clone()),
             hash,
             request,

@@ -8,10 +8,11 @@ pub use super::text::repository_instructions;
 use crate::llm;
 
 /// The renderer's version, logged with every request (`Event::LlmRequest`): raised whenever
-/// the words change, so `brain task prompt` can tell a request shown exactly as it was sent
-/// from one rendered with later words. The snapshot tests hold the digest of the words of
-/// this version and fail, saying so, when the words change and it does not.
-pub const VERSION: u32 = 1;
+/// the words change, so `brain task prompt` can say, of a request that no longer renders as
+/// it was sent (its hash differs), which words it was sent with. The snapshot tests hold the
+/// digest of the words of this version and fail, saying so, when the words change and it
+/// does not.
+pub const VERSION: u32 = 2;
 
 /// The hash the log keeps of a request as it was sent (`llm::as_sent`): SHA-256 of its JSON,
 /// in hex.
@@ -133,3 +134,38 @@ pub fn elision(a: &AgentState, window: u64, estimate: u64, force: bool) -> Optio
 #[cfg(test)]
 #[path = "prompt_tests.rs"]
 mod tests;
+
+/// What became of a block of code in a reply (a fix written as a block, taken as an edit
+/// where it places cleanly), when it did not.
+pub enum BlockNotApplied<'a> {
+    /// It could not be placed (`why`) and the reply made no call: the files it may belong to
+    /// are named, not an example (a model shown one applies it).
+    Alone { why: &'a str, files: &'a [&'a str] },
+    /// It could not be placed, and the calls beside it ran.
+    BesideCalls { why: &'a str },
+    /// The files it would write already hold exactly that code.
+    Unchanged { paths: &'a [String] },
+}
+
+/// The model is told what became of its block of code.
+pub fn block_not_applied(how: BlockNotApplied<'_>) -> String {
+    match how {
+        BlockNotApplied::Alone { why, files } => {
+            let files = if files.is_empty() {
+                String::new()
+            } else {
+                format!(" (the files in view: {})", files.join(", "))
+            };
+            format!(
+                "Your block of code was not applied: {why}. Write the path of the file it belongs to on the line just before the block{files}, with the whole file in the block, or use a SEARCH/REPLACE block as the instructions show."
+            )
+        }
+        BlockNotApplied::BesideCalls { why } => format!(
+            "A block of code in your reply was not applied: {why}. Name its file on the line just before the block, with the whole file in it, or use a SEARCH/REPLACE block."
+        ),
+        BlockNotApplied::Unchanged { paths } => format!(
+            "Your block of code was not applied: {} already holds exactly that code, so it would change nothing, and the check's last result is on that very code. Find what in it is wrong and write a different fix.",
+            paths.join(", ")
+        ),
+    }
+}

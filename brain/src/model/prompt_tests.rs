@@ -3,7 +3,10 @@
 //! under `snapshots/`. A change of wording anywhere shows as a diff of these files in review;
 //! `UPDATE_EXPECT=1 cargo test -p brain --lib prompt` writes them anew.
 
-use super::{CheckAfterChanges, check_after_changes, finish_refused, request};
+use super::{
+    BlockNotApplied, CheckAfterChanges, block_not_applied, check_after_changes, finish_refused,
+    request,
+};
 use crate::llm::{self, Response, ToolUse, Usage};
 use crate::model::agent::{AgentSpec, AgentState, Budget, Permission};
 use crate::model::check::{Check, CheckSource};
@@ -166,6 +169,40 @@ fn after_replies_without_a_call() -> AgentState {
     a
 }
 
+/// After a reply that wrote its fix as a block of code no file in view could take, and made no
+/// call: the reason is the placer's own (`edits::resolve`).
+fn after_an_unplaceable_block() -> AgentState {
+    use crate::model::edits::{Resolved, resolve};
+    let mut a = first_turn(Permission::Full, true);
+    let block = llm::CodeBlock {
+        path: None,
+        lang: "python".into(),
+        body: "def median(xs):\n    return sorted(xs)[len(xs) // 2]\n".into(),
+    };
+    let texts = std::collections::BTreeMap::from([(
+        "stats.py".to_string(),
+        "def mean(xs):\n    return sum(xs) / len(xs)\n".to_string(),
+    )]);
+    let Resolved::NotApplied(why) = resolve(&block, &texts, &|_| false) else {
+        panic!("a block that defines what no file holds is not placed");
+    };
+    let usage = Usage {
+        prompt_tokens: 100,
+        completion_tokens: 20,
+    };
+    let mut r = Response::new(
+        "Here is the fix:\n```python\ndef median(xs):\n    return sorted(xs)[len(xs) // 2]\n```",
+        vec![],
+        usage,
+    );
+    r.malformed_calls = vec![block_not_applied(BlockNotApplied::Alone {
+        why: &why,
+        files: &["stats.py"],
+    })];
+    a.on_response(&r, 0.0);
+    a
+}
+
 /// After the task moved to another worker with a call in flight.
 fn after_a_move() -> AgentState {
     let mut a = first_turn(Permission::Full, false);
@@ -239,6 +276,11 @@ fn states() -> Vec<(&'static str, AgentState, bool)> {
             false,
         ),
         ("after_move", after_a_move(), true),
+        (
+            "after_unplaceable_block",
+            after_an_unplaceable_block(),
+            false,
+        ),
         ("going_round_in_circles", going_round_in_circles(), false),
         ("may_ask_for_a_machine", may_move(false), true),
         ("machine_request_withdrawn", may_move(true), true),
@@ -282,8 +324,9 @@ fn request_environment_is_offered_only_where_the_task_can_move() {
 
 /// The words of `prompt::VERSION`: the version, and a digest of every snapshot rendered with
 /// it. A change of wording changes the snapshots, and so the digest; raise `VERSION` with it,
-/// so a request logged with the old words is told apart (`brain task prompt`).
-const WORDS: (u32, &str) = (1, "cd21db34406e480e76f553d639971f2c");
+/// so `brain task prompt` can say which words a request that no longer renders alike was
+/// sent with. (A new state changes the digest too: raising the version costs nothing.)
+const WORDS: (u32, &str) = (2, "6a1cce44b2f04aa9e4ee7dabddab84e5");
 
 #[test]
 fn the_words_version_is_raised_when_the_words_change() {

@@ -9,6 +9,7 @@ use super::super::effects::file_call;
 use super::super::redact::Redactor;
 use crate::model::code_view::{self, MAX_FILES, SMALL_FILES, SMALL_WORKSPACE};
 use crate::model::ops::{FileAnswer, FileOp};
+use crate::model::prompt::{self, BlockNotApplied};
 
 /// Most files listed to resolve the places an output names.
 const LIST_MAX: u32 = 2000;
@@ -174,38 +175,34 @@ pub(super) async fn edits_from_blocks(
     if !beside.is_empty() {
         // The calls beside run; the model hears after them what became of its blocks.
         for why in &refused {
-            r.skipped_calls.push(format!(
-                "A block of code in your reply was not applied: {why}. Name its file on the line just before the block, with the whole file in it, or use a SEARCH/REPLACE block."
-            ));
+            r.skipped_calls
+                .push(prompt::block_not_applied(BlockNotApplied::BesideCalls {
+                    why,
+                }));
         }
     }
     if !unchanged.is_empty() {
         unchanged.sort();
         unchanged.dedup();
-        let told = format!(
-            "Your block of code was not applied: {} already holds exactly that code, so it would change nothing, and the check's last result is on that very code. Find what in it is wrong and write a different fix.",
-            unchanged.join(", ")
-        );
-        r.skipped_calls.push(told);
+        r.skipped_calls
+            .push(prompt::block_not_applied(BlockNotApplied::Unchanged {
+                paths: &unchanged,
+            }));
     }
     if edits > 0 {
         r.nudge.clear();
     } else if beside.is_empty()
         && let Some(why) = refused.first()
     {
-        // The files it may belong to, not an example: a model shown one applies it.
         let mine: Vec<&str> = texts
             .keys()
             .map(String::as_str)
             .filter(|p| !protected(p))
             .collect();
-        let files = if mine.is_empty() {
-            String::new()
-        } else {
-            format!(" (the files in view: {})", mine.join(", "))
-        };
-        r.malformed_calls.push(format!(
-            "Your block of code was not applied: {why}. Write the path of the file it belongs to on the line just before the block{files}, with the whole file in the block, or use a SEARCH/REPLACE block as the instructions show."
-        ));
+        r.malformed_calls
+            .push(prompt::block_not_applied(BlockNotApplied::Alone {
+                why,
+                files: &mine,
+            }));
     }
 }
