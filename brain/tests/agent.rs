@@ -916,3 +916,108 @@ fn task_prompt_shows_a_text_mode_request_with_its_tools_in_the_prompt() {
         );
     }
 }
+
+#[test]
+fn a_capable_native_model_gets_no_nudge_no_rewritten_history_and_no_finish_it_did_not_call() {
+    // Two reads at once, as capable models do.
+    let replies = vec![
+        FakeReply::tool_calls(vec![
+            ("read_file", json!({"path": "calc.sh"})),
+            ("read_file", json!({"path": "test.sh"})),
+        ]),
+        FakeReply::tool_call(
+            "edit_file",
+            json!({"path": "calc.sh", "old_string": "$1 - $2", "new_string": "$1 + $2"}),
+        ),
+        FakeReply::run("sh test.sh"),
+        FakeReply::finish("add() adds; test.sh passes"),
+    ];
+    let llm = FakeLlm::script(replies);
+    let c = cluster(&llm, "");
+    let repo = c.dir.join("projects/calc");
+    std::fs::create_dir_all(&repo).unwrap();
+    std::fs::write(repo.join("calc.sh"), "add() { echo $(($1 - $2)); }\n").unwrap();
+    std::fs::write(
+        repo.join("test.sh"),
+        ". ./calc.sh\nif [ \"$(add 2 3)\" = 5 ]; then echo PASS; else echo FAIL; exit 1; fi\n",
+    )
+    .unwrap();
+    let roots = c.dir.join("projects").display().to_string();
+    let _w = c.join_worker_with("w", &[("TETHER_WORKER_IMPORT_ROOTS", &roots)]);
+    let id = c
+        .agent()
+        .worker("w")
+        .check("sh test.sh")
+        .args(&["--dir", repo.to_str().unwrap()])
+        .start("make test.sh pass");
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
+    // The model's own calls, in order: what it must find in its history, as it wrote them.
+    let calls = [
+        vec![
+            ("read_file", json!({"path": "calc.sh"})),
+            ("read_file", json!({"path": "test.sh"})),
+        ],
+        vec![(
+            "edit_file",
+            json!({"path": "calc.sh", "old_string": "$1 - $2", "new_string": "$1 + $2"}),
+        )],
+        vec![("run_command", json!({"command": "sh test.sh"}))],
+    ];
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 4, "one request per call, none added");
+    for (i, r) in reqs.iter().enumerate() {
+        let msgs = r.messages();
+        assert!(r.body.get("temperature").is_none(), "request {i} resampled");
+        // Nothing sent before is rewritten: each request extends the last.
+        if i > 0 {
+            let before = reqs[i - 1].messages();
+            assert_eq!(&msgs[..before.len()], before, "request {i} rewrote history");
+        }
+        // Its replies as it gave them, every call of each, nothing folded into text.
+        let mine: Vec<&serde_json::Value> =
+            msgs.iter().filter(|m| m["role"] == "assistant").collect();
+        assert_eq!(mine.len(), i);
+        for (m, want) in mine.iter().zip(&calls) {
+            assert!(m["content"].is_null(), "{m:#}");
+            let got = m["tool_calls"].as_array().unwrap();
+            assert_eq!(got.len(), want.len(), "{m:#}");
+            for (c, (name, args)) in got.iter().zip(want) {
+                assert_eq!(c["function"]["name"], *name);
+                let a: serde_json::Value =
+                    serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+                assert_eq!(&a, args);
+            }
+        }
+        // Each call answered by a tool message of its own.
+        let answered = msgs.iter().filter(|m| m["role"] == "tool").count();
+        assert_eq!(answered, calls[..i].iter().map(Vec::len).sum::<usize>());
+        // Every result is a tool message answering its call; the only words added are the
+        // acceptance check's verdict after a change (the check's result in view).
+        for m in msgs.iter().skip(2) {
+            match m["role"].as_str().unwrap() {
+                "assistant" | "tool" => {}
+                "user" => {
+                    let t = m["content"].as_str().unwrap();
+                    assert!(
+                        t.starts_with(
+                            "The acceptance check `sh test.sh` passes after your changes."
+                        ),
+                        "request {i} added words: {t}"
+                    );
+                }
+                other => panic!("a {other} message in request {i}"),
+            }
+        }
+    }
+    // It finished because it called `finish`, verified by the check.
+    let show = c.brain_cli(&["task", "show", &id, "--json"]);
+    let show: serde_json::Value = serde_json::from_str(&stdout(&show)).unwrap();
+    assert_eq!(show["verification"], "verified", "{show:#}");
+    assert!(
+        show["reason"]
+            .as_str()
+            .unwrap()
+            .contains("add() adds; test.sh passes"),
+        "{show:#}"
+    );
+}
