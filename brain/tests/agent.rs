@@ -1021,3 +1021,50 @@ fn a_capable_native_model_gets_no_nudge_no_rewritten_history_and_no_finish_it_di
         "{show:#}"
     );
 }
+
+#[test]
+fn a_text_mode_model_is_told_which_call_ran_and_how_to_call_when_it_made_none() {
+    let block = |tool: &str, args: serde_json::Value| {
+        format!("```json\n{}\n```", json!({"tool": tool, "arguments": args}))
+    };
+    let llm = FakeLlm::start(move |req| match req.seq - 1 {
+        0 => FakeReply::text(format!(
+            "{}\n\n{}",
+            block("run_command", json!({"command": "echo one"})),
+            block("read_file", json!({"path": "x"}))
+        )),
+        1 => FakeReply::text("The code should be fixed now."),
+        _ => FakeReply::text(block("finish", json!({"summary": "done"}))),
+    });
+    let c = cluster(&llm, "");
+    let _w = c.join_worker("w");
+    let id = c
+        .agent()
+        .model("ollama:qwen-local")
+        .worker("w")
+        .check("true")
+        .start("make it work");
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 3);
+    let said = |i: usize| reqs[i].body["messages"].to_string();
+    assert!(
+        said(1).contains(
+            "Only the first call of your reply (run_command) was run; the other 1 (read_file) were not."
+        ),
+        "{}",
+        said(1)
+    );
+    let nudged = reqs[2].messages().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for want in [
+        "You did not call a tool, so nothing was done.",
+        "For example, to run the check:",
+        "{\"tool\": \"run_command\", \"arguments\": {\"command\":\"true\"}}",
+        "You described a change without making it",
+    ] {
+        assert!(nudged.contains(want), "{want:?} not in:\n{nudged}");
+    }
+}

@@ -45,7 +45,11 @@ pub use config::{
 };
 pub use openai::OpenAi;
 pub use replay::{Replay, to_transcript};
-pub use text_tools::{EDIT_FORMAT, EDIT_ID, TextTools, nudge_with};
+/// The parser of text-mode replies, for the tests that check the examples the model is shown
+/// are calls it reads.
+#[cfg(test)]
+pub(crate) use text_tools::parse_reply;
+pub use text_tools::{EDIT_FORMAT, EDIT_ID, TextTools};
 pub use together::Together;
 pub use types::{
     CodeBlock, Error, Message, Provider, Request, Response, Role, Share, ToolSpec, ToolUse,

@@ -65,16 +65,9 @@ impl Provider for TextTools {
         let edits = std::mem::take(&mut parsed.edits);
         if parsed.calls.len() > 1 {
             let extra: Vec<String> = parsed.calls.drain(1..).map(|c| c.name).collect();
-            resp.skipped_calls.push(format!(
-                "Only the first call of your reply ({}) was run; the other {} ({}) were not. Make one call per reply, and decide the next once you have seen its result.",
-                parsed.calls[0].name,
-                extra.len(),
-                extra.join(", ")
-            ));
+            resp.calls_not_run = Some((parsed.calls[0].name.clone(), extra));
         }
-        if parsed.calls.is_empty() && edits.is_empty() && parsed.malformed.is_empty() {
-            resp.nudge = nudge(&parsed.content);
-        }
+        resp.no_call = parsed.calls.is_empty() && edits.is_empty() && parsed.malformed.is_empty();
         // Blocks of code go along even beside a call: small models write the fix as a block
         // and `finish` in the same reply, and the fix is the part that matters.
         if edits.is_empty() && parsed.malformed.is_empty() {
@@ -90,60 +83,9 @@ impl Provider for TextTools {
 
 const FORMAT: &str = "```json\n{\"tool\": \"NAME\", \"arguments\": {...}}\n```";
 
-/// Said after a reply without a call: the exact format, with a real call as the example and,
-/// when the reply held code, that code in a reply is written nowhere (small models write the
-/// fix in a fenced block and believe it is done).
-fn nudge(reply: &str) -> String {
-    nudge_with(
-        reply,
-        "to read a file",
-        "read_file",
-        &json!({"path": "README.md"}),
-    )
-}
-
-/// The same with the example a task makes most useful (`what` it does, the call): small
-/// models copy the example they are shown, so it had better be a step worth taking (running
-/// the task's check, say).
-pub fn nudge_with(reply: &str, what: &str, tool: &str, args: &Value) -> String {
-    // Real calls only: a model shown a placeholder (`NAME`, `{...}`) copies it.
-    let mut n = format!(
-        "You did not call a tool, so nothing was done. To call one, write exactly one fenced json block with the tool's name and its arguments as a JSON object. For example, {what}:\n\n```json\n{{\"tool\": {}, \"arguments\": {args}}}\n```",
-        json!(tool)
-    );
-    if reply.contains("```") || describes_change(reply) {
-        n.push_str(
-            "\n\nYou described a change without making it: code in your reply is not written to any file. To change a file, write its path on a line, then the exact lines now in it and the lines to put there:\n\n",
-        );
-        n.push_str(EDIT_FORMAT);
-        n.push_str("\n\nor call `write_file` (its path and the whole new content).");
-    }
-    n.push_str(
-        "\n\nWhen the goal is met, call `finish` alone:\n\n```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"what you changed\"}}\n```",
-    );
-    n
-}
-
 /// The edit format a small model can write, shown once in the prompt and in a nudge.
 /// The example is a plain text file: nothing language-specific in what the model is told.
 pub const EDIT_FORMAT: &str = "notes.txt\n<<<<<<< SEARCH\ncolour = red\nsize = 2\n=======\ncolour = blue\nsize = 2\n>>>>>>> REPLACE";
-
-/// Whether a reply without calls says what to change ("change X to Y", "should be").
-fn describes_change(reply: &str) -> bool {
-    let r = reply.to_ascii_lowercase();
-    [
-        "should be",
-        "change ",
-        "replace ",
-        "instead of",
-        "fix ",
-        "fixed",
-        "update ",
-        "modify ",
-    ]
-    .iter()
-    .any(|w| r.contains(w))
-}
 
 /// The system prompt's tool section.
 fn tools_prompt(tools: &[ToolSpec]) -> String {

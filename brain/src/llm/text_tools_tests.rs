@@ -1,42 +1,6 @@
-//! The text tool-call mode's tests: parsing calls, SEARCH/REPLACE and code blocks, nudges, requests.
+//! The text tool-call mode's tests: parsing calls, SEARCH/REPLACE and code blocks, requests.
 
 use super::*;
-
-#[test]
-fn the_nudge_shows_real_calls_that_parse_and_says_code_in_a_reply_is_written_nowhere() {
-    let plain = nudge("The goal is met.");
-    assert!(!plain.contains("not written to any file"), "{plain}");
-    assert!(
-        !plain.contains("NAME") && !plain.contains("{...}"),
-        "no placeholder to copy: {plain}"
-    );
-    let with_code = nudge("Fixed:\n```python\ndef f():\n    return 1\n```");
-    assert!(with_code.contains("code in your reply is not written to any file"));
-    assert!(with_code.contains(EDIT_FORMAT), "{with_code}");
-    let described = nudge("The bug is the + 1: it should be len(xs).");
-    assert!(
-        described.contains("described a change without making it"),
-        "{described}"
-    );
-    // The examples in it are calls the parser reads, the way the model should copy them.
-    let p = parse_reply(&with_code, 0);
-    let names: Vec<&str> = p.calls.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["read_file", "finish"], "{with_code}");
-}
-
-#[test]
-fn a_nudge_can_show_the_step_worth_copying() {
-    let n = nudge_with(
-        "I fixed it.",
-        "to run the check",
-        "run_command",
-        &json!({"command": "python3 test_x.py"}),
-    );
-    let p = parse_reply(&n, 0);
-    assert_eq!(p.calls[0].name, "run_command", "{n}");
-    assert_eq!(p.calls[0].arguments, r#"{"command":"python3 test_x.py"}"#);
-    assert!(n.contains("For example, to run the check:"), "{n}");
-}
 
 #[test]
 fn search_replace_blocks_are_edits_of_the_file_named_above_them() {

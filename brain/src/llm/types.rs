@@ -122,6 +122,14 @@ pub struct Response {
     /// edits (see `model::edits`). Resolved before the answer is logged.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub code_blocks: Vec<CodeBlock>,
+    /// Text mode: the reply made no call, no edit and no attempt at one that could not be
+    /// read; the agent words what it is told (`nudge`) before the answer is logged.
+    #[serde(skip)]
+    pub no_call: bool,
+    /// Text mode: the reply's first call, which runs, and the names of the others it made,
+    /// which do not (one call per reply); worded by the agent into `skipped_calls`.
+    #[serde(skip)]
+    pub calls_not_run: Option<(String, Vec<String>)>,
 }
 
 impl Response {
@@ -139,6 +147,8 @@ impl Response {
             skipped_calls: vec![],
             nudge: String::new(),
             code_blocks: vec![],
+            no_call: false,
+            calls_not_run: None,
         }
     }
 }

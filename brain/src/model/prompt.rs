@@ -131,6 +131,76 @@ pub fn elision(a: &AgentState, window: u64, estimate: u64, force: bool) -> Optio
     (saved > 0).then_some((upto as u32, saved))
 }
 
+/// The real call a nudge shows (small models copy the example they are shown, so it had
+/// better be a step worth taking).
+pub enum NudgeExample<'a> {
+    /// Reading the README.
+    ReadFile,
+    /// Running the task's acceptance check, this command: a step that shows where things
+    /// stand.
+    RunCheck(&'a str),
+}
+
+/// Said after a text-mode reply without a call: the exact format, with a real call as the
+/// example and, when the reply held code or described a change, that code in a reply is
+/// written nowhere (small models write the fix in a fenced block and believe it is done).
+pub fn nudge(reply: &str, example: NudgeExample<'_>) -> String {
+    let (what, tool, args) = match example {
+        NudgeExample::ReadFile => (
+            "to read a file",
+            "read_file",
+            serde_json::json!({"path": "README.md"}),
+        ),
+        NudgeExample::RunCheck(command) => (
+            "to run the check",
+            "run_command",
+            serde_json::json!({"command": command}),
+        ),
+    };
+    // Real calls only: a model shown a placeholder (`NAME`, `{...}`) copies it.
+    let mut n = format!(
+        "You did not call a tool, so nothing was done. To call one, write exactly one fenced json block with the tool's name and its arguments as a JSON object. For example, {what}:\n\n```json\n{{\"tool\": {}, \"arguments\": {args}}}\n```",
+        serde_json::json!(tool)
+    );
+    if reply.contains("```") || describes_change(reply) {
+        n.push_str(
+            "\n\nYou described a change without making it: code in your reply is not written to any file. To change a file, write its path on a line, then the exact lines now in it and the lines to put there:\n\n",
+        );
+        n.push_str(llm::EDIT_FORMAT);
+        n.push_str("\n\nor call `write_file` (its path and the whole new content).");
+    }
+    n.push_str(
+        "\n\nWhen the goal is met, call `finish` alone:\n\n```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"what you changed\"}}\n```",
+    );
+    n
+}
+
+/// Whether a reply without calls says what to change ("change X to Y", "should be").
+fn describes_change(reply: &str) -> bool {
+    let r = reply.to_ascii_lowercase();
+    [
+        "should be",
+        "change ",
+        "replace ",
+        "instead of",
+        "fix ",
+        "fixed",
+        "update ",
+        "modify ",
+    ]
+    .iter()
+    .any(|w| r.contains(w))
+}
+
+/// Said when a text-mode reply made several calls: only `first` ran, not `others`.
+pub fn calls_not_run(first: &str, others: &[String]) -> String {
+    format!(
+        "Only the first call of your reply ({first}) was run; the other {} ({}) were not. Make one call per reply, and decide the next once you have seen its result.",
+        others.len(),
+        others.join(", ")
+    )
+}
+
 #[cfg(test)]
 #[path = "prompt_tests.rs"]
 mod tests;

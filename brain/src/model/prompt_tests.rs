@@ -4,8 +4,8 @@
 //! `UPDATE_EXPECT=1 cargo test -p brain --lib prompt` writes them anew.
 
 use super::{
-    BlockNotApplied, CheckAfterChanges, block_not_applied, check_after_changes, finish_refused,
-    request,
+    BlockNotApplied, CheckAfterChanges, NudgeExample, block_not_applied, calls_not_run,
+    check_after_changes, finish_refused, nudge, request,
 };
 use crate::llm::{self, Response, ToolUse, Usage};
 use crate::model::agent::{AgentSpec, AgentState, Budget, Permission};
@@ -352,5 +352,52 @@ fn the_words_version_is_raised_when_the_words_change() {
         WORDS,
         "the words a model reads changed (the snapshots under {}): raise prompt::VERSION to {next} and set WORDS in prompt_tests.rs to ({next}, \"{digest}\")",
         dir.display(),
+    );
+}
+
+/// The nudge with the example of a task without a check.
+fn nudge_for(reply: &str) -> String {
+    nudge(reply, NudgeExample::ReadFile)
+}
+
+#[test]
+fn the_nudge_shows_real_calls_that_parse_and_says_code_in_a_reply_is_written_nowhere() {
+    let plain = nudge_for("The goal is met.");
+    assert!(!plain.contains("not written to any file"), "{plain}");
+    assert!(
+        !plain.contains("NAME") && !plain.contains("{...}"),
+        "no placeholder to copy: {plain}"
+    );
+    let with_code = nudge_for("Fixed:\n```python\ndef f():\n    return 1\n```");
+    assert!(with_code.contains("code in your reply is not written to any file"));
+    assert!(with_code.contains(llm::EDIT_FORMAT), "{with_code}");
+    let described = nudge_for("The bug is the + 1: it should be len(xs).");
+    assert!(
+        described.contains("described a change without making it"),
+        "{described}"
+    );
+    // The examples in it are calls the parser reads, the way the model should copy them.
+    let p = llm::parse_reply(&with_code, 0);
+    let names: Vec<&str> = p.calls.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["read_file", "finish"], "{with_code}");
+}
+
+#[test]
+fn a_nudge_can_show_the_step_worth_copying() {
+    let n = nudge("I fixed it.", NudgeExample::RunCheck("python3 test_x.py"));
+    let p = llm::parse_reply(&n, 0);
+    assert_eq!(p.calls[0].name, "run_command", "{n}");
+    assert_eq!(p.calls[0].arguments, r#"{"command":"python3 test_x.py"}"#);
+    assert!(n.contains("For example, to run the check:"), "{n}");
+}
+
+#[test]
+fn several_calls_in_a_text_reply_are_told_which_one_ran() {
+    let t = calls_not_run("run_command", &["read_file".into(), "finish".into()]);
+    assert!(
+        t.starts_with(
+            "Only the first call of your reply (run_command) was run; the other 2 (read_file, finish) were not."
+        ),
+        "{t}"
     );
 }

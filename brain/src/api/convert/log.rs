@@ -583,6 +583,8 @@ pub fn response_from_wire(r: &wire::Response) -> crate::llm::Response {
                 body: b.body.clone(),
             })
             .collect(),
+        no_call: false,
+        calls_not_run: None,
     }
 }
 

@@ -135,6 +135,8 @@ fn one_of_each() -> Vec<Event> {
             lang: "python".into(),
             body: "x = 1".into(),
         }],
+        no_call: false,
+        calls_not_run: None,
     };
     let s = String::from;
     vec![

@@ -9,7 +9,7 @@ use super::super::effects::file_call;
 use super::super::redact::Redactor;
 use crate::model::code_view::{self, MAX_FILES, SMALL_FILES, SMALL_WORKSPACE};
 use crate::model::ops::{FileAnswer, FileOp};
-use crate::model::prompt::{self, BlockNotApplied};
+use crate::model::prompt::{self, BlockNotApplied, NudgeExample};
 
 /// Most files listed to resolve the places an output names.
 const LIST_MAX: u32 = 2000;
@@ -98,18 +98,17 @@ pub(super) async fn edits_from_blocks(
 ) {
     use crate::model::edits::{self, Resolved};
     let blocks = std::mem::take(&mut r.code_blocks);
-    // A text-mode answer without a call is nudged; with a check, the example is running it
-    // (small models copy the example: better a step that shows where things stand).
-    if !r.nudge.is_empty()
-        && r.message.tool_calls.is_empty()
-        && let Some(c) = &a.spec.check
-    {
-        r.nudge = crate::llm::nudge_with(
-            &r.message.content,
-            "to run the check",
-            "run_command",
-            &serde_json::json!({"command": c.command}),
-        );
+    if let Some((first, others)) = r.calls_not_run.take() {
+        r.skipped_calls
+            .insert(0, prompt::calls_not_run(&first, &others));
+    }
+    // A text-mode answer without a call is nudged; with a check, the example is running it.
+    if r.no_call {
+        let example = match &a.spec.check {
+            Some(c) => NudgeExample::RunCheck(&c.command),
+            None => NudgeExample::ReadFile,
+        };
+        r.nudge = prompt::nudge(&r.message.content, example);
     }
     if blocks.is_empty() {
         return;
