@@ -201,6 +201,46 @@ pub fn calls_not_run(first: &str, others: &[String]) -> String {
     )
 }
 
+/// What the model hears when it writes `finish` together with other calls.
+pub const FINISH_NOT_ALONE: &str = "not done: `finish` was written in the same reply as other calls, so it was not taken; those calls ran. Look at their results first; then, if the goal is met, call `finish` alone.";
+
+/// The heading of the files an undo wrote back, shown to the model as they are now.
+pub const FILES_WRITTEN_BACK: &str = "The files written back, as they are now:";
+
+/// What became of a `request_environment` call.
+pub enum EnvironmentAnswer<'a> {
+    /// None could be had, for this reason.
+    Refused { why: &'a str },
+    /// The machine the task is on already fits (its description).
+    AlreadyFits { describe: &'a str },
+    /// The task moved to this machine; `released` says what became of the one it left.
+    Moved {
+        describe: &'a str,
+        released: Option<&'a str>,
+    },
+    /// The move to this machine did not complete.
+    MoveFailed { describe: &'a str },
+}
+
+/// The result of a `request_environment` call, in the model's words.
+pub fn environment_answer(how: EnvironmentAnswer<'_>) -> String {
+    match how {
+        EnvironmentAnswer::Refused { why } => format!(
+            "error: no environment: {why}. This task stays on this machine: go on with the goal here."
+        ),
+        EnvironmentAnswer::AlreadyFits { describe } => {
+            format!("{}: {describe}", super::agent::ALREADY_FITS)
+        }
+        EnvironmentAnswer::Moved { describe, released } => format!(
+            "now running on {describe}. The workspace moved along; processes started on the previous machine are gone.{}",
+            released.map(|r| format!(" {r}")).unwrap_or_default()
+        ),
+        EnvironmentAnswer::MoveFailed { describe } => {
+            format!("error: the move to {describe} did not complete; the task stays where it was")
+        }
+    }
+}
+
 #[cfg(test)]
 #[path = "prompt_tests.rs"]
 mod tests;

@@ -29,7 +29,7 @@ use super::redact::Redactor;
 use crate::llm::{self, Provider, ToolUse};
 use crate::model::agent::{AgentState, Gate, Permission};
 use crate::model::event::{Event, Outcome, Purpose, Rendered, ToolCall};
-use crate::model::prompt;
+use crate::model::prompt::{self, EnvironmentAnswer};
 use crate::model::state::{PendingCall, Status, TaskState};
 use crate::model::tools::{self, Prepared};
 
@@ -104,9 +104,6 @@ impl AgentDriver {
         }
     }
 }
-
-/// What the model hears when it writes `finish` together with other calls.
-const FINISH_NOT_ALONE: &str = "not done: `finish` was written in the same reply as other calls, so it was not taken; those calls ran. Look at their results first; then, if the goal is met, call `finish` alone.";
 
 fn summary_or_default(summary: String) -> String {
     if summary.trim().is_empty() {
@@ -197,7 +194,7 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
             Prepared::Finish(summary) => {
                 if a.reply_calls > 1 {
                     // Written with other calls, before their results were seen: not taken.
-                    return Action::Log(vec![observe(a, u, FINISH_NOT_ALONE.into(), true)]);
+                    return Action::Log(vec![observe(a, u, prompt::FINISH_NOT_ALONE.into(), true)]);
                 }
                 match &a.spec.check {
                     Some(check)
@@ -610,28 +607,26 @@ async fn environment(
     tracing::info!(task = %cx.task.id, %what, "environment requested");
     let (text, failed) = match envs.obtain(&tid, &worker, &req, budget_left).await {
         Err(why) => (
-            format!(
-                "error: no environment: {why}. This task stays on this machine: go on with the goal here."
-            ),
+            prompt::environment_answer(EnvironmentAnswer::Refused {
+                why: &why.to_string(),
+            }),
             true,
         ),
         Ok(g) if g.worker == worker => (
-            format!("{}: {}", crate::model::agent::ALREADY_FITS, g.describe),
+            prompt::environment_answer(EnvironmentAnswer::AlreadyFits {
+                describe: &g.describe,
+            }),
             false,
         ),
         Ok(g) => {
             effects::move_task(cx, &g.worker).await?;
             if cx.task.state().worker.as_deref() == Some(g.worker.as_str()) {
-                let released = envs
-                    .release_if_ours(&worker, &tid)
-                    .await
-                    .map(|r| format!(" {r}"))
-                    .unwrap_or_default();
+                let released = envs.release_if_ours(&worker, &tid).await;
                 (
-                    format!(
-                        "now running on {}. The workspace moved along; processes started on the previous machine are gone.{released}",
-                        g.describe
-                    ),
+                    prompt::environment_answer(EnvironmentAnswer::Moved {
+                        describe: &g.describe,
+                        released: released.as_deref(),
+                    }),
                     false,
                 )
             } else {
@@ -639,10 +634,9 @@ async fn environment(
                     envs.release_if_ours(&g.worker, &tid).await;
                 }
                 (
-                    format!(
-                        "error: the move to {} did not complete; the task stays where it was",
-                        g.describe
-                    ),
+                    prompt::environment_answer(EnvironmentAnswer::MoveFailed {
+                        describe: &g.describe,
+                    }),
                     true,
                 )
             }

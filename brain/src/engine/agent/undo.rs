@@ -125,7 +125,7 @@ pub(super) async fn undo_changes(
     // The mirror follows what was written, so the next round compares with it.
     effects::barrier(cx, &worker, false).await?;
     let shown = redact.apply(&code_view::render_files(
-        "The files written back, as they are now:",
+        crate::model::prompt::FILES_WRITTEN_BACK,
         &texts,
     ));
     let why = if to_start {
