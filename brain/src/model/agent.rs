@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::llm::{Message, Role, ToolUse};
 
 pub use super::check::{CHECK_FILE, Check, CheckRun, check_from_file, is_protected};
+use super::prompt::words;
 pub use super::stuck::{Loop, Turn};
 use super::stuck::{NOTE_MARK, RECENT_TURNS, detect, obs_hash};
 
@@ -254,14 +255,7 @@ pub enum Gate {
     Denied(String),
 }
 
-/// Told to the model when it answers without calling a tool.
-pub const NUDGE: &str = "You did not call a tool. Continue with the tools; when the goal is met, call `finish` with a short summary.";
-
-/// How the answer to a `request_environment` that this machine meets begins.
-pub const ALREADY_FITS: &str = "this task already runs on a machine that fits";
-
-/// Text that replaces an old tool output elided to fit the context window.
-pub const ELIDED: &str = "[old tool output elided to fit the context window]";
+pub use super::prompt::words::{ALREADY_FITS, ELIDED, NUDGE};
 
 impl AgentState {
     pub fn new(spec: AgentSpec, goal: &str, at_ms: i64) -> Self {
@@ -314,36 +308,13 @@ impl AgentState {
             return;
         }
         self.surveyed = true;
-        let mut text = String::from("\n\n---\n");
-        if files.is_empty() {
-            text.push_str("The workspace is empty.\n");
-        } else {
-            text.push_str(&format!(
-                "The workspace (the root of every path your tools take) holds {}:\n{}\n",
-                if truncated {
-                    format!("these files, and more not listed ({} shown)", files.len())
-                } else {
-                    format!("{} file(s)", files.len())
-                },
-                files.join("\n")
-            ));
-        }
-        if !readme.trim().is_empty() {
-            text.push_str(&format!(
-                "\nThe start of {readme_path}:\n{}\n",
-                super::text::head_tail(readme.trim(), 2000)
-            ));
-        }
-        if !agents.trim().is_empty() {
-            text.push('\n');
-            text.push_str(&super::text::repository_instructions(agents_path, agents));
-        }
-        if let Some(c) = &self.spec.check {
-            text.push_str(&format!(
-                "\nWhen you call `finish`, the brain runs the acceptance check `{}` in the workspace: the task is done only if it passes.\n",
-                c.command
-            ));
-        }
+        let text = words::survey(
+            files,
+            truncated,
+            (readme_path, readme),
+            (agents_path, agents),
+            self.spec.check.as_ref().map(|c| c.command.as_str()),
+        );
         if let Some(first) = self.conversation.first_mut() {
             first.content.push_str(text.trim_end());
         }
@@ -415,7 +386,7 @@ impl AgentState {
             return;
         }
         self.instructions_shown.push(path.to_string());
-        let shown = super::text::repository_instructions(path, text);
+        let shown = words::repository_instructions(path, text);
         match self.conversation.last_mut() {
             Some(m) if m.role == Role::Tool => {
                 m.content.push_str("\n\n");
@@ -528,10 +499,7 @@ impl AgentState {
         self.conversation.push(msg);
         let mut notes = Vec::new();
         if !r.malformed_calls.is_empty() {
-            notes.push(format!(
-                "Some of your tool calls could not be read:\n{}",
-                r.malformed_calls.join("\n")
-            ));
+            notes.push(words::unreadable_calls(&r.malformed_calls));
         }
         notes.extend(r.skipped_calls.iter().cloned());
         let note = (!notes.is_empty()).then(|| notes.join("\n\n"));
@@ -638,14 +606,7 @@ impl AgentState {
     /// The task moved: the model is told before its next step (after the tool calls it is
     /// in the middle of, if any).
     pub fn on_moved(&mut self, from: &str, to: &str, lost_calls: u32) {
-        let mut note = format!(
-            "Note: this task moved from machine {from} to machine {to}. The workspace files came along exactly as they were; processes started on the old machine (servers, background jobs) are gone and must be started again if needed."
-        );
-        if lost_calls > 0 {
-            note.push_str(&format!(
-                " The old machine was lost before the changes of your last {lost_calls} tool call(s) could be synced: the workspace is as it was before them. Check, and redo them if they are still needed."
-            ));
-        }
+        let note = words::moved(from, to, lost_calls);
         if self.queue.is_empty() {
             self.conversation.push(Message::user(note));
         } else {
@@ -663,16 +624,7 @@ impl AgentState {
             Some(ap) => match &ap.decision {
                 None => Gate::Waiting,
                 Some((true, ..)) => Gate::Go,
-                Some((false, by, reason)) => {
-                    let why = if reason.is_empty() {
-                        "no reason given"
-                    } else {
-                        reason.as_str()
-                    };
-                    Gate::Denied(format!(
-                        "error: {by} denied this call ({why}). Do not repeat it; do something else or finish."
-                    ))
-                }
+                Some((false, by, reason)) => Gate::Denied(words::denied(by, reason)),
             },
         }
     }

@@ -289,7 +289,7 @@ fn states() -> Vec<(&'static str, AgentState, bool)> {
 
 #[test]
 fn the_whole_request_in_each_state_and_tool_mode_is_as_snapshotted() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model/snapshots");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model/prompt/snapshots");
     for (name, a, can_move) in states() {
         for (mode, text) in [("native", false), ("text", true)] {
             let req = request(&a, can_move, None);
@@ -331,7 +331,7 @@ const WORDS: (u32, &str) = (2, "6a1cce44b2f04aa9e4ee7dabddab84e5");
 #[test]
 fn the_words_version_is_raised_when_the_words_change() {
     use sha2::Digest;
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model/snapshots");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model/prompt/snapshots");
     let mut names: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -350,7 +350,7 @@ fn the_words_version_is_raised_when_the_words_change() {
     assert_eq!(
         (super::VERSION, digest.as_str()),
         WORDS,
-        "the words a model reads changed (the snapshots under {}): raise prompt::VERSION to {next} and set WORDS in prompt_tests.rs to ({next}, \"{digest}\")",
+        "the words a model reads changed (the snapshots under {}): raise prompt::VERSION to {next} and set WORDS in model/prompt/tests.rs to ({next}, \"{digest}\")",
         dir.display(),
     );
 }

@@ -4,8 +4,10 @@
 //! renderer's version and a hash of what was sent, never the text again.
 
 use super::agent::{AgentState, ELIDED, Permission};
-pub use super::text::repository_instructions;
+pub mod words;
+
 use crate::llm;
+pub use words::repository_instructions;
 
 /// The renderer's version, logged with every request (`Event::LlmRequest`): raised whenever
 /// the words change, so `brain task prompt` can say, of a request that no longer renders as
@@ -242,7 +244,6 @@ pub fn environment_answer(how: EnvironmentAnswer<'_>) -> String {
 }
 
 #[cfg(test)]
-#[path = "prompt_tests.rs"]
 mod tests;
 
 /// What became of a block of code in a reply (a fix written as a block, taken as an edit
