@@ -4,6 +4,7 @@
 //! renderer's version and a hash of what was sent, never the text again.
 
 use super::agent::{AgentState, ELIDED, Permission};
+pub mod tools;
 pub mod words;
 
 use crate::llm;
@@ -34,7 +35,7 @@ pub fn request(a: &AgentState, can_move: bool, share: Option<llm::Share>) -> llm
     llm::Request {
         system: system_prompt(a),
         messages: a.conversation.clone(),
-        tools: super::tools::specs(a.spec.permission, can_move && !a.environment_refused),
+        tools: tools::specs(a.spec.permission, can_move && !a.environment_refused),
         max_tokens: MAX_ANSWER_TOKENS,
         response_schema: None,
         temperature: a.spec.sampling.and_then(|s| s.temperature),

@@ -101,3 +101,20 @@ pub fn repository_instructions(path: &str, text: &str) -> String {
         text.trim()
     )
 }
+
+/// What the model is told about a call nobody can say the outcome of.
+pub fn describe_interrupted(reason: &str) -> String {
+    format!(
+        "interrupted: {reason}. It may or may not have taken effect: check (read the files, look at the state) before doing it again."
+    )
+}
+
+/// `list_files`' answer when nothing matched: an empty answer to a glob a model got wrong
+/// reads as an empty workspace, so it says how to list everything.
+pub fn no_files_match(glob: &str) -> String {
+    if glob.is_empty() {
+        "(no files: the workspace is empty, or every file in it is ignored)".into()
+    } else {
+        format!("(no files match {glob:?}; list_files without a glob lists every file)")
+    }
+}
