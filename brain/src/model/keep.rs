@@ -3,6 +3,7 @@
 //! on a passing version, and for beginning again from the start once.
 
 use super::agent::AgentState;
+use super::prompt::words::{self, Undone};
 use crate::llm::{Message, Role, ToolUse};
 
 impl AgentState {
@@ -44,43 +45,12 @@ impl AgentState {
         if restored.is_empty() && left.is_empty() {
             return;
         }
-        let text = if restored.is_empty() {
-            "The acceptance check failed on your last changes; it had passed before them, on files that are as they were then.".to_string()
-        } else {
-            format!(
-                "The acceptance check failed on your last changes, and it had passed on the files as they were before them, so those changes were undone: {} {} back as {} when it passed.",
-                restored.join(", "),
-                if restored.len() == 1 { "is" } else { "are" },
-                if restored.len() == 1 {
-                    "it was"
-                } else {
-                    "they were"
-                }
-            )
-        };
-        self.tell_undone(
-            text,
+        self.conversation.push(Message::user(words::undone(
+            Undone::AfterAPass,
+            restored,
             left,
-            " If the goal is met, call `finish`. If it needs more than the check shows, make the whole change in one reply: the check runs after every reply that changes files, and changes on which it fails are undone.",
             shown,
-        );
-    }
-
-    /// Tells the model its changes were undone: `text`, the files made since that stay,
-    /// `advice`, and the files written back as they are now.
-    fn tell_undone(&mut self, mut text: String, left: &[String], advice: &str, shown: &str) {
-        if !left.is_empty() {
-            text.push_str(&format!(
-                " Files made since are still there: {}.",
-                left.join(", ")
-            ));
-        }
-        text.push_str(advice);
-        if !shown.trim().is_empty() {
-            text.push_str("\n\n");
-            text.push_str(shown.trim_end());
-        }
-        self.conversation.push(Message::user(text));
+        )));
     }
 
     /// The model stopped making progress and its changes were undone back to the task's
@@ -97,24 +67,12 @@ impl AgentState {
         self.recent.clear();
         self.check_passes = false;
         self.changed_since_check = false;
-        let mut text = String::from(
-            "You have tried this task before: nothing you did made the acceptance check pass, and your last replies did not change that",
-        );
-        if restored.is_empty() {
-            text.push('.');
-        } else {
-            text.push_str(&format!(
-                ", so they were undone: {} {} back as at the start.",
-                restored.join(", "),
-                if restored.len() == 1 { "is" } else { "are" }
-            ));
-        }
-        self.tell_undone(
-            text,
+        self.conversation.push(Message::user(words::undone(
+            Undone::ToTheStart,
+            restored,
             left,
-            " Read the check's output above again and try a different fix: what you wrote before did not work.",
             shown,
-        );
+        )));
     }
 
     /// Whether the workspace is as the check last passed on it, and the brain has not yet

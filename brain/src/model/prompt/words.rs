@@ -118,3 +118,64 @@ pub fn no_files_match(glob: &str) -> String {
         format!("(no files match {glob:?}; list_files without a glob lists every file)")
     }
 }
+
+/// Which undo a note tells of.
+pub enum Undone {
+    /// Changes on which the acceptance check failed, after it had passed before them.
+    AfterAPass,
+    /// Everything since the start: the model stopped making progress and begins again.
+    ToTheStart,
+}
+
+/// The model is told its changes were undone: `restored` written back, `left` (made since)
+/// still there, and `shown`, the files written back as they are now.
+pub fn undone(how: Undone, restored: &[String], left: &[String], shown: &str) -> String {
+    let is_are = if restored.len() == 1 { "is" } else { "are" };
+    let (mut text, advice) = match how {
+        Undone::AfterAPass => (
+            if restored.is_empty() {
+                "The acceptance check failed on your last changes; it had passed before them, on files that are as they were then.".to_string()
+            } else {
+                format!(
+                    "The acceptance check failed on your last changes, and it had passed on the files as they were before them, so those changes were undone: {} {is_are} back as {} when it passed.",
+                    restored.join(", "),
+                    if restored.len() == 1 {
+                        "it was"
+                    } else {
+                        "they were"
+                    }
+                )
+            },
+            " If the goal is met, call `finish`. If it needs more than the check shows, make the whole change in one reply: the check runs after every reply that changes files, and changes on which it fails are undone.",
+        ),
+        Undone::ToTheStart => {
+            let mut text = String::from(
+                "You have tried this task before: nothing you did made the acceptance check pass, and your last replies did not change that",
+            );
+            if restored.is_empty() {
+                text.push('.');
+            } else {
+                text.push_str(&format!(
+                    ", so they were undone: {} {is_are} back as at the start.",
+                    restored.join(", ")
+                ));
+            }
+            (
+                text,
+                " Read the check's output above again and try a different fix: what you wrote before did not work.",
+            )
+        }
+    };
+    if !left.is_empty() {
+        text.push_str(&format!(
+            " Files made since are still there: {}.",
+            left.join(", ")
+        ));
+    }
+    text.push_str(advice);
+    if !shown.trim().is_empty() {
+        text.push_str("\n\n");
+        text.push_str(shown.trim_end());
+    }
+    text
+}
