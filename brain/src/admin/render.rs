@@ -459,12 +459,12 @@ fn describe_code(event: &proto::log::Event) -> Option<String> {
         }
         E::CodeInView { text } => format!(
             "code in view for the model: {}",
-            crate::model::code_view::headers(text).join(", ")
+            crate::model::prompt::code_view::headers(text).join(", ")
         ),
         E::CheckAfterChanges { passed, text } => format!(
             "check after the model's changes: {}{}",
             if *passed { "passes" } else { "fails" },
-            match crate::model::code_view::headers(text) {
+            match crate::model::prompt::code_view::headers(text) {
                 h if h.is_empty() => String::new(),
                 h => format!("; code in view: {}", h.join(", ")),
             }

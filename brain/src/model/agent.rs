@@ -432,7 +432,7 @@ impl AgentState {
                 }
             }
             if m.role != Role::Assistant {
-                for h in super::code_view::headers(&m.content) {
+                for h in super::prompt::code_view::headers(&m.content) {
                     add(h
                         .split(" (the whole file)")
                         .next()

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::code_view::is_closer;
+use super::prompt::code_view::is_closer;
 use crate::llm::CodeBlock;
 
 /// Why a block does not replace definitions in a file (the model is told, after what the

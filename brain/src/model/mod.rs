@@ -6,7 +6,6 @@ pub mod agent;
 pub mod attempt;
 pub mod attempts;
 pub mod check;
-pub mod code_view;
 pub mod delivery;
 pub mod edits;
 pub mod egress;

@@ -11,9 +11,9 @@ use super::super::effects;
 use super::super::error::Error;
 use super::super::redact::Redactor;
 use crate::llm::ToolUse;
-use crate::model::code_view;
 use crate::model::event::Event;
 use crate::model::ops::{FileAnswer, FileOp};
+use crate::model::prompt::code_view;
 
 /// Largest file put back.
 const MAX_PUT_BACK: u64 = 4 << 20;

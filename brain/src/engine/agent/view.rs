@@ -1,14 +1,14 @@
 //! The failing code in view, read from the task's worker: after a failing run of the check
 //! or of a command, the source around the places its output names, or a small workspace's
-//! files whole ([`crate::model::code_view`] decides what, this reads the files).
+//! files whole ([`crate::model::prompt::code_view`] decides what, this reads the files).
 
 use std::collections::BTreeMap;
 
 use super::super::core::Cx;
 use super::super::effects::file_call;
 use super::super::redact::Redactor;
-use crate::model::code_view::{self, MAX_FILES, SMALL_FILES, SMALL_WORKSPACE};
 use crate::model::ops::{FileAnswer, FileOp};
+use crate::model::prompt::code_view::{self, MAX_FILES, SMALL_FILES, SMALL_WORKSPACE};
 use crate::model::prompt::{self, BlockNotApplied, NudgeExample};
 
 /// Most files listed to resolve the places an output names.

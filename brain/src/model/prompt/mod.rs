@@ -4,6 +4,7 @@
 //! renderer's version and a hash of what was sent, never the text again.
 
 use super::agent::{AgentState, ELIDED, Permission};
+pub mod code_view;
 pub mod tools;
 pub mod words;
 

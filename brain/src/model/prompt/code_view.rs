@@ -230,7 +230,7 @@ pub fn render_windows(named: &[(String, Vec<u32>)], texts: &BTreeMap<String, Str
             let part = block(path, &header, &body);
             if out.len() + part.len() > MAX_VIEW {
                 if out.is_empty() {
-                    out.push_str(&super::text::head_tail(&part, MAX_VIEW));
+                    out.push_str(&crate::model::text::head_tail(&part, MAX_VIEW));
                 }
                 return finish(POINTED_AT, out, true);
             }
