@@ -1068,3 +1068,38 @@ fn a_text_mode_model_is_told_which_call_ran_and_how_to_call_when_it_made_none() 
         assert!(nudged.contains(want), "{want:?} not in:\n{nudged}");
     }
 }
+
+#[test]
+fn task_prompt_masks_a_secret_set_after_the_conversation_held_its_value() {
+    // The value reaches the conversation while nobody knows it is a secret (a command prints
+    // it); it becomes one afterwards. The log keeps what was said, but a request shown again
+    // must not carry it.
+    const VALUE: &str = "tok-7f3a9c1e5b2d8a40";
+    let llm = FakeLlm::script(vec![
+        FakeReply::run(format!("echo {VALUE}")),
+        FakeReply::finish("printed it"),
+    ]);
+    let c = cluster(&llm, "");
+    let _w = c.join_worker("w");
+    let id = c.agent().worker("w").start("print the token");
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
+    let before = c.brain_cli(&["task", "prompt", &id, "--json"]);
+    assert!(
+        stdout(&before).contains(VALUE),
+        "the value was in the request"
+    );
+    testkit::tasks::set_secret(&c, "tok", VALUE, &["--host", "api.example.com"]);
+    for args in [
+        vec!["task", "prompt", &id, "--json"],
+        vec!["task", "prompt", &id],
+    ] {
+        let out = c.brain_cli(&args);
+        assert!(out.status.success(), "{}", text(&out));
+        let shown = stdout(&out);
+        assert!(
+            !shown.contains(VALUE),
+            "{args:?} shows the secret:\n{shown}"
+        );
+        assert!(shown.contains("echo "), "{shown}");
+    }
+}
