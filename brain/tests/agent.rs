@@ -768,6 +768,11 @@ fn an_agents_md_widens_nothing_and_carries_no_secret_to_the_model() {
     assert_no_secret(&c, &id, &w.log_text());
 }
 
+/// A text-mode call of `tool` with `args`, as the model is asked to write it.
+fn text_call(tool: &str, args: serde_json::Value) -> String {
+    format!("```json\n{}\n```", json!({"tool": tool, "arguments": args}))
+}
+
 /// The body an OpenAI-compatible server gets for the request `brain task prompt --json`
 /// showed (`v["request"]`, as the provider passed it on): its messages and tools.
 fn body_of_shown(v: &serde_json::Value) -> serde_json::Value {
@@ -860,20 +865,7 @@ fn task_prompt_shows_each_request_as_the_model_received_it_across_a_brain_kill()
         vec!["task", "prompt", &id],
         vec!["task", "prompt", &id, "--json"],
     ] {
-        let mut child = c
-            .brain_cli_cmd(&args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        drop(child.stdout.take());
-        let out = child.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !err.contains("panicked") && !err.to_lowercase().contains("broken pipe"),
-            "{err}"
-        );
-        assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
+        testkit::assert_quiet_into_a_closed_pipe(&format!("{args:?}"), &mut c.brain_cli_cmd(&args));
     }
     // A step no answer started, and both a step and a record, are refused in words.
     let none = c.brain_cli(&["task", "prompt", &id, "--at", "99"]);
@@ -885,12 +877,8 @@ fn task_prompt_shows_each_request_as_the_model_received_it_across_a_brain_kill()
 #[test]
 fn task_prompt_shows_a_text_mode_request_with_its_tools_in_the_prompt() {
     let llm = FakeLlm::start(|req| match req.seq - 1 {
-        0 => FakeReply::text(
-            "```json\n{\"tool\": \"run_command\", \"arguments\": {\"command\": \"echo hi\"}}\n```",
-        ),
-        _ => FakeReply::text(
-            "```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"said hi\"}}\n```",
-        ),
+        0 => FakeReply::text(text_call("run_command", json!({"command": "echo hi"}))),
+        _ => FakeReply::text(text_call("finish", json!({"summary": "said hi"}))),
     });
     let c = cluster(&llm, "");
     let _w = c.join_worker("w");
@@ -1024,17 +1012,14 @@ fn a_capable_native_model_gets_no_nudge_no_rewritten_history_and_no_finish_it_di
 
 #[test]
 fn a_text_mode_model_is_told_which_call_ran_and_how_to_call_when_it_made_none() {
-    let block = |tool: &str, args: serde_json::Value| {
-        format!("```json\n{}\n```", json!({"tool": tool, "arguments": args}))
-    };
     let llm = FakeLlm::start(move |req| match req.seq - 1 {
         0 => FakeReply::text(format!(
             "{}\n\n{}",
-            block("run_command", json!({"command": "echo one"})),
-            block("read_file", json!({"path": "x"}))
+            text_call("run_command", json!({"command": "echo one"})),
+            text_call("read_file", json!({"path": "x"}))
         )),
         1 => FakeReply::text("The code should be fixed now."),
-        _ => FakeReply::text(block("finish", json!({"summary": "done"}))),
+        _ => FakeReply::text(text_call("finish", json!({"summary": "done"}))),
     });
     let c = cluster(&llm, "");
     let _w = c.join_worker("w");

@@ -791,6 +791,23 @@ pub async fn wait_until_async<F: std::future::Future<Output = bool>>(
 }
 
 /// A command's standard output, as text.
+/// Runs `cmd` with its stdout a pipe whose reader is gone before anything is written, and
+/// asserts it ends as every command must then: quietly (no panic, no "broken pipe"), with
+/// 141. `what` names it in a failure.
+pub fn assert_quiet_into_a_closed_pipe(what: &str, cmd: &mut std::process::Command) {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{what}: {err}");
+    assert!(!err.to_lowercase().contains("broken pipe"), "{what}: {err}");
+    assert_eq!(out.status.code(), Some(141), "{what}: {err}");
+}
+
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -49,6 +49,14 @@ fn first_turn(permission: Permission, check: bool) -> AgentState {
     a
 }
 
+/// What each reply of these states used.
+fn usage() -> Usage {
+    Usage {
+        prompt_tokens: 100,
+        completion_tokens: 20,
+    }
+}
+
 /// The model's reply calling `name` with `args`, and the result it was shown (with the
 /// repeat guard's and the loop detector's notes, as the engine observes it).
 fn turn(a: &mut AgentState, id: &str, name: &str, args: &str, result: &str, failed: bool) {
@@ -57,10 +65,7 @@ fn turn(a: &mut AgentState, id: &str, name: &str, args: &str, result: &str, fail
         name: name.into(),
         arguments: args.into(),
     };
-    let usage = Usage {
-        prompt_tokens: 100,
-        completion_tokens: 20,
-    };
+    let usage = usage();
     a.on_response(&Response::new("", vec![call.clone()], usage), 0.0);
     let shown = a.with_guard_note(&call, result.to_string(), failed);
     a.on_observation(id, &shown, failed);
@@ -155,10 +160,7 @@ fn after_a_restart() -> AgentState {
 /// After a reply that only talked (no call), and one whose call could not be read.
 fn after_replies_without_a_call() -> AgentState {
     let mut a = first_turn(Permission::Full, true);
-    let usage = Usage {
-        prompt_tokens: 100,
-        completion_tokens: 20,
-    };
+    let usage = usage();
     a.on_response(
         &Response::new("I will change stats.py to return 0.", vec![], usage),
         0.0,
@@ -186,10 +188,7 @@ fn after_an_unplaceable_block() -> AgentState {
     let Resolved::NotApplied(why) = resolve(&block, &texts, &|_| false) else {
         panic!("a block that defines what no file holds is not placed");
     };
-    let usage = Usage {
-        prompt_tokens: 100,
-        completion_tokens: 20,
-    };
+    let usage = usage();
     let mut r = Response::new(
         "Here is the fix:\n```python\ndef median(xs):\n    return sorted(xs)[len(xs) // 2]\n```",
         vec![],
