@@ -42,7 +42,8 @@
 //! `AGENT_BENCH_ATTEMPTS` attempts in that row (4: the model server needs jobs × 4 slots for
 //! them to run at once, `LLM_SLOTS`), `AGENT_BENCH_STEPS`
 //! model calls per attempt (10), `AGENT_BENCH_WALL` seconds per attempt (600),
-//! `AGENT_BENCH_MAX_TOKENS` tokens per model answer (1024), `AGENT_BENCH_LLM_URL`
+//! `AGENT_BENCH_MAX_TOKENS` tokens per model answer (1024), `AGENT_BENCH_ASSISTS` (`brain run
+//! --assists` for this build's rows: the ablation of the loop's assists, e.g. `small,-edits`), `AGENT_BENCH_LLM_URL`
 //! (`http://127.0.0.1:8088/v1`), `AGENT_BENCH_MODEL` (`qwen2.5-coder-1.5b`),
 //! `AGENT_BENCH_CTX` (16384), `AGENT_BENCH_MSA_PYTHON` (`/opt/msa-venv/bin/python`),
 //! `AGENT_BENCH_OUT` (where logs and trajectories go; `target/agent-bench/<unix time>`).
@@ -91,6 +92,9 @@ struct Settings {
     harnesses: Vec<String>,
     /// Attempts per task in the `tether-attempts` row, each on a worker of its own.
     attempts: u32,
+    /// `brain run --assists` for this build's rows (`AGENT_BENCH_ASSISTS`, e.g. `small,-edits`
+    /// for the ablation); unset: the model's default.
+    assists: Option<String>,
 }
 
 impl Settings {
@@ -119,6 +123,9 @@ impl Settings {
             ctx: env_num("AGENT_BENCH_CTX", 16384u32),
             msa_python: env_or("AGENT_BENCH_MSA_PYTHON", "/opt/msa-venv/bin/python"),
             attempts: env_num("AGENT_BENCH_ATTEMPTS", 4u32).clamp(2, 16),
+            assists: std::env::var("AGENT_BENCH_ASSISTS")
+                .ok()
+                .filter(|a| !a.trim().is_empty()),
             out,
             harnesses: env_or(
                 "AGENT_BENCH_HARNESSES",
@@ -665,6 +672,9 @@ fn print_header(s: &Settings, tasks: &[Task], msa_skip: &Option<String>) {
         s.max_tokens,
         s.out.display()
     );
+    if let Some(a) = &s.assists {
+        println!("this build's rows run with --assists {a}");
+    }
     if let Some(why) = msa_skip {
         println!("{why}");
     } else if s.wants("msa") {

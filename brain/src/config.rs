@@ -78,6 +78,12 @@ pub enum Error {
     /// Not TOML, or a key unknown or of the wrong type.
     #[error("{0}")]
     Toml(#[from] toml::de::Error),
+    #[error("[llm.models.\"{model}\"] assists: {source}")]
+    Assists {
+        model: String,
+        #[source]
+        source: crate::model::assists::UnknownAssist,
+    },
     /// `agent.max_wall` or `agent.check_timeout`.
     #[error("{setting}: {source}")]
     Duration {
@@ -153,6 +159,8 @@ pub enum RequestError {
         "--pick, --attempt-model and --attempt-temperature need --attempts N (N of at least 2)"
     )]
     NeedsAttempts,
+    #[error(transparent)]
+    Assists(#[from] crate::model::assists::UnknownAssist),
 }
 
 impl shared::exit::Classify for Error {
@@ -574,6 +582,16 @@ impl Config {
             .allow_list("", &[])
             .map_err(|e| Error::Egress(Box::new(e)))?;
         c.deliver.validate()?;
+        for (model, m) in &c.llm.models {
+            if let Some(choice) = &m.assists {
+                crate::model::assists::Assists::from_choice(choice).map_err(|source| {
+                    Error::Assists {
+                        model: model.clone(),
+                        source,
+                    }
+                })?;
+            }
+        }
         let prefix = &c.deliver.branch_prefix;
         if prefix.starts_with('-')
             || prefix.contains("..")
@@ -615,6 +633,7 @@ impl Config {
                 .ok_or(RequestError::NoModel)?
         };
         model.parse::<crate::llm::ModelSpec>()?;
+        let assists = crate::model::assists::Assists::for_model(&model, &self.llm, None)?;
         let wall = shared::parse_duration(&a.max_wall).unwrap_or_default();
         let pick = |x: f64, d: f64| if x > 0.0 { x } else { d };
         Ok(AgentSpec {
@@ -654,6 +673,7 @@ impl Config {
             egress: None,
             sampling: None,
             no_agents_md: false,
+            assists: Some(assists),
         })
     }
 

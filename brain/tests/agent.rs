@@ -320,7 +320,12 @@ fn the_same_failing_call_earns_a_note_then_stops_the_task_as_stuck() {
     let llm = FakeLlm::start(|_| FakeReply::run("echo nope >&2; exit 3"));
     let c = cluster(&llm, "[agent]\nrepeat_limit = 3\n");
     let _w = c.join_worker("w");
-    let id = c.agent().worker("w").start("loop");
+    // The note is an assist (`loop_notes`), not on by default for a native-mode model.
+    let id = c
+        .agent()
+        .worker("w")
+        .args(&["--assists", "native,loop_notes"])
+        .start("loop");
     c.wait_status(&id, &["stuck"], Duration::from_secs(30));
     let obs = observations(&llm);
     assert_eq!(llm.count(), 5, "{obs:#?}");
@@ -340,6 +345,16 @@ fn the_same_failing_call_earns_a_note_then_stops_the_task_as_stuck() {
     assert_eq!(
         (last["kind"].as_str(), last["outcome"].as_str()),
         (Some("finished"), Some("stuck"))
+    );
+    // Without it, the model is not told, and the guard stops the task all the same.
+    let quiet = c.agent().worker("w").start("loop");
+    c.wait_status(&quiet, &["stuck"], Duration::from_secs(30));
+    let obs = observations(&llm);
+    assert_eq!(llm.count(), 10, "{obs:#?}");
+    assert_eq!(obs.len(), 8, "{obs:#?}");
+    assert!(
+        obs[4..].iter().all(|o| !o.contains("Stop and think")),
+        "{obs:#?}"
     );
 }
 
@@ -1087,4 +1102,109 @@ fn task_prompt_masks_a_secret_set_after_the_conversation_held_its_value() {
         );
         assert!(shown.contains("echo "), "{shown}");
     }
+}
+
+/// The assists are listed with what each does and which are on for a model, chosen per
+/// model in the config or per run, kept with the task, and refused by a name that is none.
+#[test]
+fn assists_are_listed_chosen_per_model_or_run_and_refused_when_unknown() {
+    let llm = FakeLlm::script(vec![FakeReply::finish("nothing to do")]);
+    let c = cluster(
+        &llm,
+        "[llm.models.\"openai:chosen\"]\nassists = [\"small\", \"-restart\", \"-history\"]\n",
+    );
+    // The listing, by model: text mode has them all, native mode what helps any model.
+    let text_mode = c.brain_cli(&["config", "assists", "ollama:qwen-local", "--json"]);
+    assert!(text_mode.status.success(), "{}", text(&text_mode));
+    let listed: serde_json::Value = serde_json::from_slice(&text_mode.stdout).unwrap();
+    let rows = listed["assists"].as_array().unwrap();
+    assert!(rows.len() >= 10, "{listed:#}");
+    assert!(rows.iter().all(|r| r["on"] == true), "{listed:#}");
+    assert!(rows.iter().all(|r| !r["why"].as_str().unwrap().is_empty()));
+    let on = |model: &str| -> Vec<String> {
+        let out = c.brain_cli(&["config", "assists", model, "--json"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["assists"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["on"] == true)
+            .map(|r| r["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let native = on("openai:gpt-4.1");
+    assert_eq!(
+        native,
+        ["code_in_view", "check_after_changes", "finish_alone"]
+    );
+    let chosen = on("openai:chosen");
+    assert!(
+        !chosen
+            .iter()
+            .any(|n| n == "restart" || n == "history_as_calls")
+    );
+    assert!(chosen.iter().any(|n| n == "block_edits"));
+    let table = c.brain_cli(&["config", "assists", "openai:gpt-4.1"]);
+    assert_said(&table, "openai:gpt-4.1: 3 of");
+    assert_said(&table, "restart");
+    testkit::assert_quiet_into_a_closed_pipe(
+        "config assists",
+        &mut c.brain_cli_cmd(&["config", "assists", "ollama:qwen-local"]),
+    );
+    // A run's --assists is kept with its task; the default is the model's.
+    let _w = c.join_worker("w");
+    let id = c
+        .agent()
+        .worker("w")
+        .args(&["--assists", "code_in_view,nudges"])
+        .start("nothing");
+    c.wait_status(&id, &["finished"], Duration::from_secs(30));
+    let show = c.brain_cli(&["task", "show", &id, "--json"]);
+    let show: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(
+        show["assists"], "call_format_nudge,one_call_per_reply,code_in_view",
+        "{show:#}"
+    );
+    assert_said(
+        &c.brain_cli(&["task", "show", &id]),
+        "assists: call_format_nudge",
+    );
+    // An unknown name is refused in words, and no task is made.
+    let before = c.brain_cli(&["tasks", "--json"]);
+    let bogus = c
+        .agent()
+        .worker("w")
+        .args(&["--assists", "small,-retsart"])
+        .try_start("nothing");
+    assert_failed_saying(&bogus, "unknown assist \"retsart\"");
+    assert_eq!(
+        stdout(&c.brain_cli(&["tasks", "--json"])),
+        stdout(&before),
+        "nothing was created"
+    );
+    // A plan runs no model: the switch cannot apply and is refused.
+    let plan = c.dir.join("plan.json");
+    std::fs::write(&plan, r#"{"steps":[{"run":["true"]}]}"#).unwrap();
+    let refused = c.brain_cli(&[
+        "run",
+        "--plan",
+        plan.to_str().unwrap(),
+        "--assists",
+        "none",
+        "--worker",
+        "w",
+    ]);
+    assert_failed_saying(&refused, "--assists");
+    // A config naming an assist that is none is invalid (exit 78), with the model named.
+    let bad = c.dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[llm.models.\"openai:x\"]\nassists = [\"code_in_veiw\"]\n",
+    )
+    .unwrap();
+    let check = c.brain_cli(&["config", "check", bad.to_str().unwrap()]);
+    assert_eq!(check.status.code(), Some(78), "{}", text(&check));
+    assert_said(&check, "openai:x");
+    assert_said(&check, "code_in_veiw");
 }

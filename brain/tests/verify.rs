@@ -222,7 +222,12 @@ fn a_cycle_of_four_calls_earns_a_note_then_stops_the_task_as_stuck() {
     });
     let c = cluster(&llm);
     let w = c.join_worker("circles");
-    let id = start(&c, &w.id, &["--max-steps", "40"]);
+    // The note is an assist: on by default in text mode only.
+    let id = start(
+        &c,
+        &w.id,
+        &["--max-steps", "40", "--assists", "native,loop_notes"],
+    );
     assert_eq!(ended(&c, &id), "stuck", "{}", c.brain_log());
     let reason = c.task_show(&id)["reason"].as_str().unwrap().to_string();
     assert!(

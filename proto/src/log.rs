@@ -220,6 +220,10 @@ pub struct AgentSpec {
     /// The repository's AGENTS.md is not shown to the model (`brain run --no-agents-md`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub no_agents_md: bool,
+    /// The names of the assists the loop gives the model; absent: all of them (a task from
+    /// before they could be switched).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assists: Option<Vec<String>>,
 }
 
 /// A task that runs as attempts.

@@ -329,6 +329,10 @@ pub(super) fn tether(
     for g in &task.protect {
         args.extend(["--protect", g.as_str()]);
     }
+    // Another build's binaries may not know the switch: its row runs with its own defaults.
+    if let Some(a) = s.assists.as_deref().filter(|_| row != "tether-before") {
+        args.extend(["--assists", a]);
+    }
     args.extend([
         "--model",
         model,

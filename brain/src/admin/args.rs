@@ -490,6 +490,21 @@ pub enum ConfigCmd {
         /// The file (default: the data dir's config.toml)
         file: Option<PathBuf>,
     },
+    /// The agent loop's assists (accommodations for small models): what each does, why,
+    /// and which are on for MODEL (default: the default model) by the config file's
+    /// [llm.models."MODEL"] assists, else by its tool mode (text: all; native: those that
+    /// help any model). `brain run --assists` overrides it for a run
+    Assists {
+        /// The model spec, e.g. openai:qwen2.5-coder-1.5b
+        model: Option<String>,
+        /// The file (default: the data dir's config.toml)
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// One JSON object: {"model", "assists": [{"name", "family", "changes",
+        /// "native_default", "on", "what", "why"}]}
+        #[arg(long)]
+        json: bool,
+    },
     /// Make the running brain read its config file again (as SIGHUP does): [llm] and [agent]
     /// apply to tasks that start from now on; a change elsewhere is named as needing a
     /// restart; an invalid file changes nothing (exit 78)

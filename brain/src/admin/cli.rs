@@ -98,6 +98,11 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             config_check(&file.unwrap_or_else(|| data.path().join("config.toml")))
         }
         Cmd::Config(ConfigCmd::Reload { json }) => config_reload(t, json).await,
+        Cmd::Config(ConfigCmd::Assists { model, file, json }) => super::assists::show(
+            &file.unwrap_or_else(|| data.path().join("config.toml")),
+            model,
+            json,
+        ),
         Cmd::Serve(args) => serve(&data, args).await,
         Cmd::Secret(cmd) => super::secrets::run(t, cmd).await,
         Cmd::Token(TokenCmd::Create { ttl, labels }) => token_create(t, ttl, labels).await,
@@ -209,6 +214,17 @@ fn config_check(path: &std::path::Path) -> anyhow::Result<i32> {
         match model_not_ready(&config, m) {
             None => out!("default model {m}: ready"),
             Some(why) => out!("default model {m}: not ready with this shell's environment: {why}"),
+        }
+        if let Ok(a) = crate::model::assists::Assists::for_model(m, &config.llm, None) {
+            let names = a.names();
+            out!(
+                "default model {m}: assists {} (`brain config assists` says what each does)",
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            );
         }
     }
     Ok(0)

@@ -94,6 +94,7 @@ pub async fn run_task(target: &Target, args: RunArgs) -> anyhow::Result<i32> {
                 attempt_temperature: args.attempt_temperature,
                 escalate_models: args.escalate_models.clone(),
                 no_agents_md: args.no_agents_md,
+                assists: args.assists.clone().unwrap_or_default(),
                 dir: match &args.dir {
                     Some(d) if d.is_relative() => std::env::current_dir()
                         .context("resolving --dir")?

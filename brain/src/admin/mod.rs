@@ -19,6 +19,7 @@ macro_rules! err {
 }
 
 mod args;
+mod assists;
 pub mod cli;
 pub mod client;
 pub mod demo;

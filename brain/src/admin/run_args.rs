@@ -157,6 +157,13 @@ pub struct RunArgs {
     /// which it otherwise reads with the goal as the repository's instructions
     #[arg(long)]
     pub no_agents_md: bool,
+    /// Which of the loop's assists (accommodations for small models) the model gets:
+    /// `small` (all), `native` (what helps any model: the check's result and the code in
+    /// view, a truthful finish), `none`, or names and families, e.g. `small,-restart`.
+    /// Default: the model's `[llm.models.NAME] assists`, else by its tool mode (text:
+    /// small, native: native). `brain config assists` lists them
+    #[arg(long, value_name = "LIST")]
+    pub assists: Option<String>,
 }
 
 /// Why the agent's flags do not apply to a scripted plan, and what to do instead.
@@ -178,6 +185,7 @@ impl RunArgs {
             ("--model", self.model.is_some(), NO_MODEL),
             ("--permission", self.permission.is_some(), NO_MODEL),
             ("--record", self.record.is_some(), NO_MODEL),
+            ("--assists", self.assists.is_some(), NO_MODEL),
             ("--budget-usd", b.budget_usd.is_some(), NO_BUDGET),
             ("--max-tokens", b.max_tokens.is_some(), NO_BUDGET),
             ("--max-steps", b.max_steps.is_some(), NO_BUDGET),

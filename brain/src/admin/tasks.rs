@@ -156,6 +156,14 @@ async fn show(target: &Target, task: &str, json: bool) -> anyhow::Result<i32> {
                 l.wall_ms > 0
             ),
         );
+        out!(
+            "assists: {}",
+            if t.assists.is_empty() {
+                "none"
+            } else {
+                t.assists.as_str()
+            }
+        );
     }
     if !t.verification.is_empty() {
         let check = if t.check.is_empty() {
@@ -242,6 +250,7 @@ fn task_json(t: &proto::TaskSummary) -> serde_json::Value {
         "steps_done": t.steps_done, "steps_total": t.steps_total,
         "created_unix_ms": t.created_unix_ms, "updated_unix_ms": t.updated_unix_ms,
         "reason": t.reason, "model": t.model, "permission": t.permission,
+        "assists": t.assists,
         "tokens": t.tokens, "spent_usd": t.spent_usd,
         "limits": {"usd": l.usd, "tokens": l.tokens, "steps": l.steps, "wall_ms": l.wall_ms},
         "verification": t.verification, "verified": t.verification == "verified",

@@ -398,6 +398,13 @@ impl Admin for Services {
         }
         convert::request_check(&mut spec, &req.check, req.check_timeout_ms, &req.protect)?;
         spec.no_agents_md = req.no_agents_md;
+        if !req.assists.trim().is_empty() {
+            let choice = crate::model::assists::Choice::Preset(req.assists.clone());
+            spec.assists = Some(
+                crate::model::assists::Assists::from_choice(&choice)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?,
+            );
+        }
         spec.egress = self
             .egress_spec(&req.secrets, &req.allow, &req.egress)
             .await?;

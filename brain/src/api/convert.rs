@@ -488,6 +488,12 @@ impl From<TaskState> for proto::TaskSummary {
             spent_usd: a.map_or(0.0, |a| a.spent.usd),
             limits: a.map(|a| a.limits.into()),
             permission: a.map(|a| a.spec.permission.to_string()).unwrap_or_default(),
+            assists: a
+                .map(|a| match &a.spec.assists {
+                    Some(x) => x.names().join(","),
+                    None => "all".into(),
+                })
+                .unwrap_or_default(),
             reason: t.reason,
             goal: t.goal,
             verification,

@@ -289,6 +289,15 @@ async fn create(
     left: Spend,
 ) -> Result<TaskId, Error> {
     let mut spec = a.template.clone();
+    if model != spec.model {
+        // Another model gets its own default assists, unless the run chose others.
+        use crate::model::assists::Assists;
+        let llm = engine.inner.core.llm.get();
+        let default = |m: &str| Assists::for_model(m, &llm, None).ok();
+        if spec.assists.is_some() && spec.assists == default(&spec.model) {
+            spec.assists = default(model).or(spec.assists);
+        }
+    }
     spec.model = model.to_string();
     spec.budget.tokens = left.tokens;
     spec.budget.usd = left.usd;

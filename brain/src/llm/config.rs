@@ -200,6 +200,19 @@ pub struct ModelConfig {
     pub max_tokens: Option<u32>,
     /// `none` (default) or `json_schema`: see [`Constrain`].
     pub constrain: Option<Constrain>,
+    /// The assists the agent loop gives this model (`model::assists`); default: all of them
+    /// in text tool mode, those that help any model in native mode.
+    pub assists: Option<AssistChoice>,
+}
+
+/// `assists = "small" | "native" | "none" | ["name", "family", "-name", …]`: which of the
+/// agent loop's assists a model gets (the names are `model::assists`'s registry).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum AssistChoice {
+    /// A preset, or names separated by commas.
+    Preset(String),
+    List(Vec<String>),
 }
 
 /// The brain config's `[llm]` table.

@@ -40,8 +40,8 @@ pub fn as_sent(req: &Request, how: ToolsSent) -> Request {
 
 pub use anthropic::Anthropic;
 pub use config::{
-    ApiKey, Constrain, LlmConfig, ModelConfig, ModelInfo, ModelSpec, Price, ProviderConfig,
-    ProviderKind, ToolMode, model_info,
+    ApiKey, AssistChoice, Constrain, LlmConfig, ModelConfig, ModelInfo, ModelSpec, Price,
+    ProviderConfig, ProviderKind, ToolMode, model_info,
 };
 pub use openai::OpenAi;
 pub use replay::{Replay, to_transcript};
@@ -52,8 +52,8 @@ pub(crate) use text_tools::parse_reply;
 pub use text_tools::{EDIT_FORMAT, EDIT_ID, TextTools};
 pub use together::Together;
 pub use types::{
-    CodeBlock, Error, Message, Provider, Request, Response, Role, Share, ToolSpec, ToolUse,
-    ToolsSent, Usage,
+    CodeBlock, Error, Message, Provider, Request, Response, Role, Share, TextAssists, ToolSpec,
+    ToolUse, ToolsSent, Usage,
 };
 
 /// Whether `spec` could be asked with `cfg` and this process's environment (a key found

@@ -112,6 +112,7 @@ mod tests {
             temperature: None,
             seed: None,
             share: None,
+            text: Default::default(),
         };
         assert_eq!(replay.complete(&req).await.unwrap(), recorded[0]);
         req.messages.push(recorded[0].message.clone());

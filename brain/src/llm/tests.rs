@@ -46,6 +46,7 @@ pub(crate) fn fixed_request() -> Request {
         temperature: None,
         seed: None,
         share: None,
+        text: Default::default(),
         max_tokens: 1024,
     }
 }
@@ -59,6 +60,7 @@ fn simple_request() -> Request {
         temperature: None,
         seed: None,
         share: None,
+        text: Default::default(),
         max_tokens: 256,
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::types::{
-    CodeBlock, Error, Message, Provider, Request, Response, Role, ToolSpec, ToolUse,
+    CodeBlock, Error, Message, Provider, Request, Response, Role, TextAssists, ToolSpec, ToolUse,
 };
 
 /// Wraps a provider so tool calls travel as text: sends no `tools`, describes them in the
@@ -62,8 +62,13 @@ impl Provider for TextTools {
         // One call per reply: the model sees each result before its next move, so it does
         // not run a plan blind (a `finish` after a test it has not seen fail). Edits written
         // as SEARCH/REPLACE blocks all run, before it.
-        let edits = std::mem::take(&mut parsed.edits);
-        if parsed.calls.len() > 1 {
+        let mut edits = std::mem::take(&mut parsed.edits);
+        if !req.text.edit_blocks {
+            // Blocks are not read as edits: what is left of the reply is its calls.
+            edits.clear();
+            parsed.code_blocks.clear();
+        }
+        if req.text.one_call && parsed.calls.len() > 1 {
             let extra: Vec<String> = parsed.calls.drain(1..).map(|c| c.name).collect();
             resp.calls_not_run = Some((parsed.calls[0].name.clone(), extra));
         }
@@ -88,19 +93,26 @@ const FORMAT: &str = "```json\n{\"tool\": \"NAME\", \"arguments\": {...}}\n```";
 pub const EDIT_FORMAT: &str = "notes.txt\n<<<<<<< SEARCH\ncolour = red\nsize = 2\n=======\ncolour = blue\nsize = 2\n>>>>>>> REPLACE";
 
 /// The system prompt's tool section.
-fn tools_prompt(tools: &[ToolSpec]) -> String {
+fn tools_prompt(tools: &[ToolSpec], assists: TextAssists) -> String {
     let mut s = String::from(
         "# Tools\n\nYou can call the tools below. To call one, write a fenced block exactly \
          like this, with the arguments as a JSON object matching the tool's schema:\n\n",
     );
     s.push_str(FORMAT);
-    s.push_str(
-        "\n\nMake exactly one call per reply: its result comes back in the next message, and \
-         only then decide the next step. Only the first block of a reply is run.\n\nTo change \
-         part of a file you may instead write its path on a line, then the exact lines now in \
-         it and the lines to put there (several such blocks in one reply all apply):\n\n",
-    );
-    s.push_str(EDIT_FORMAT);
+    if assists.one_call {
+        s.push_str(
+            "\n\nMake exactly one call per reply: its result comes back in the next message, \
+             and only then decide the next step. Only the first block of a reply is run.",
+        );
+    }
+    if assists.edit_blocks {
+        s.push_str(
+            "\n\nTo change part of a file you may instead write its path on a line, then the \
+             exact lines now in it and the lines to put there (several such blocks in one reply \
+             all apply):\n\n",
+        );
+        s.push_str(EDIT_FORMAT);
+    }
     s.push('\n');
     for t in tools {
         s.push_str(&format!(
@@ -164,7 +176,7 @@ pub(crate) fn to_text_request(req: &Request, constrained: bool) -> Request {
         system.push_str(&if constrained {
             constrained_prompt(&req.tools)
         } else {
-            tools_prompt(&req.tools)
+            tools_prompt(&req.tools, req.text)
         });
     }
     let mut names: HashMap<&str, &str> = HashMap::new();
@@ -176,6 +188,27 @@ pub(crate) fn to_text_request(req: &Request, constrained: bool) -> Request {
             // fix, the reasoning around it) writes them again, word for word, at any
             // temperature. What the calls did comes in their results, and the files as they
             // are now with the check's next result.
+            // Without the assist, a reply is shown as it was read: its words, then its calls.
+            Role::Assistant if !req.text.history_as_calls => {
+                let mut text = m.content.trim().to_string();
+                for c in &m.tool_calls {
+                    names.insert(&c.id, &c.name);
+                    if !text.is_empty() {
+                        text.push_str("\n\n");
+                    }
+                    text.push_str(&call_block(c));
+                }
+                if text.is_empty() {
+                    continue;
+                }
+                messages.push(Message {
+                    role: Role::Assistant,
+                    content: text,
+                    tool_calls: vec![],
+                    tool_call_id: String::new(),
+                });
+                continue;
+            }
             Role::Assistant if !m.tool_calls.is_empty() => {
                 let mut changed: Vec<String> = Vec::new();
                 let mut calls: Vec<String> = Vec::new();
@@ -224,7 +257,12 @@ pub(crate) fn to_text_request(req: &Request, constrained: bool) -> Request {
         push_user(&mut messages, text);
     }
     // A repeat raises the temperature; never below the one asked for.
-    let temperature = match (repeat_temperature(&req.messages), req.temperature) {
+    let repeat = req
+        .text
+        .repeat_temperature
+        .then(|| repeat_temperature(&req.messages))
+        .flatten();
+    let temperature = match (repeat, req.temperature) {
         (Some(r), Some(t)) => Some(r.max(t)),
         (r, t) => r.or(t),
     };
@@ -232,6 +270,7 @@ pub(crate) fn to_text_request(req: &Request, constrained: bool) -> Request {
         temperature,
         seed: req.seed,
         share: req.share,
+        text: req.text,
         system,
         messages,
         tools: vec![],

@@ -366,3 +366,90 @@ fn a_backslash_json_does_not_escape_is_taken_as_itself() {
     );
     assert_eq!(p.malformed.len(), 1, "{p:?}");
 }
+
+/// A model that always says `text`.
+struct Says(&'static str);
+
+#[async_trait::async_trait]
+impl Provider for Says {
+    async fn complete(&self, _: &Request) -> Result<Response, Error> {
+        Ok(Response::new(self.0, vec![], Default::default()))
+    }
+}
+
+/// Each of the wrapper's accommodations is an assist the request can turn off: then blocks
+/// are not edits (and the prompt does not offer them), every call of a reply runs, the
+/// model's replies are shown as it wrote them and a repeat does not raise the temperature.
+#[tokio::test]
+async fn the_wrappers_assists_can_each_be_turned_off() {
+    let off = TextAssists {
+        edit_blocks: false,
+        one_call: false,
+        history_as_calls: false,
+        repeat_temperature: false,
+    };
+    let two_calls = "```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\": \"a.py\"}}\n```\n```json\n{\"tool\": \"finish\", \"arguments\": {}}\n```";
+    let block = "a.py\n<<<<<<< SEARCH\nx = 1\n=======\nx = 2\n>>>>>>> REPLACE\n";
+    let mut req = super::super::tests::fixed_request();
+    let wrap = |t: &'static str| TextTools::new(Arc::new(Says(t)), false);
+    // On (the default): one call runs, the block is an edit.
+    let r = wrap(two_calls).complete(&req).await.unwrap();
+    assert_eq!(r.message.tool_calls.len(), 1);
+    assert!(r.calls_not_run.is_some());
+    let r = wrap(block).complete(&req).await.unwrap();
+    assert_eq!(r.message.tool_calls.len(), 1, "{r:?}");
+    assert!(r.message.tool_calls[0].id.starts_with(EDIT_ID));
+    let sent = to_text_request(&req, false);
+    assert!(sent.system.contains("SEARCH") && sent.system.contains("exactly one call"));
+    // Off.
+    req.text = off;
+    let r = wrap(two_calls).complete(&req).await.unwrap();
+    let names: Vec<&str> = r
+        .message
+        .tool_calls
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(names, ["read_file", "finish"]);
+    assert!(r.calls_not_run.is_none());
+    let r = wrap(block).complete(&req).await.unwrap();
+    assert!(
+        r.message.tool_calls.is_empty() && r.code_blocks.is_empty(),
+        "{r:?}"
+    );
+    assert!(r.no_call, "a block that is not read is no call");
+    let sent = to_text_request(&req, false);
+    assert!(!sent.system.contains("SEARCH") && !sent.system.contains("exactly one call"));
+    assert!(
+        sent.system.contains("# Tools"),
+        "the tools are still described"
+    );
+    let said = Message {
+        role: Role::Assistant,
+        content: "I will look first.".into(),
+        tool_calls: vec![ToolUse {
+            id: "call_1_0".into(),
+            name: "read_file".into(),
+            arguments: "{\"path\":\"a.py\"}".into(),
+        }],
+        tool_call_id: String::new(),
+    };
+    req.messages = vec![
+        Message::user("fix it"),
+        said.clone(),
+        Message::tool("call_1_0", "x = 1"),
+        said,
+    ];
+    let sent = to_text_request(&req, false);
+    assert_eq!(sent.messages[1].role, Role::Assistant);
+    assert!(
+        sent.messages[1]
+            .content
+            .starts_with("I will look first.\n\n```json\n{\"tool\": \"read_file\""),
+        "{}",
+        sent.messages[1].content
+    );
+    assert_eq!(sent.temperature, None, "a repeat keeps the temperature");
+    req.text = TextAssists::default();
+    assert_eq!(to_text_request(&req, false).temperature, Some(1.0));
+}

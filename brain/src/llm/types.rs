@@ -85,6 +85,35 @@ pub struct Request {
     /// (see [`super::Together`]); never sent as such.
     #[serde(skip)]
     pub share: Option<Share>,
+    /// What the text tool-call wrapper does for the model (the agent's assists); never sent.
+    #[serde(skip)]
+    pub text: TextAssists,
+}
+
+/// The text tool-call wrapper's accommodations, each one of the agent's assists (named in
+/// `model::assists`): all on by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TextAssists {
+    /// Blocks of code and SEARCH/REPLACE blocks are read as edits (and the tool section
+    /// shows the format).
+    pub edit_blocks: bool,
+    /// Only the first call of a reply runs.
+    pub one_call: bool,
+    /// Earlier replies are shown as their calls only.
+    pub history_as_calls: bool,
+    /// A repeated reply raises the temperature of the next request.
+    pub repeat_temperature: bool,
+}
+
+impl Default for TextAssists {
+    fn default() -> Self {
+        TextAssists {
+            edit_blocks: true,
+            one_call: true,
+            history_as_calls: true,
+            repeat_temperature: true,
+        }
+    }
 }
 
 /// Marks a request as one of `of` that may be asked together: the first turns of the

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::llm::{Message, Role, ToolUse};
 
+pub use super::assists::{Assist, Assists};
 pub use super::check::{CHECK_FILE, Check, CheckRun, check_from_file, is_protected};
 use super::prompt::words;
 pub use super::stuck::{Loop, Turn};
@@ -102,6 +103,25 @@ pub struct AgentSpec {
     /// The repository's AGENTS.md (or CLAUDE.md) is not read for the model.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub no_agents_md: bool,
+    /// The assists the loop gives the model (`None`: a task from before they could be
+    /// switched, which had all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assists: Option<Assists>,
+}
+
+impl AgentSpec {
+    /// The assists this task runs with.
+    pub fn assists(&self) -> std::borrow::Cow<'_, Assists> {
+        match &self.assists {
+            Some(a) => std::borrow::Cow::Borrowed(a),
+            None => std::borrow::Cow::Owned(Assists::all()),
+        }
+    }
+
+    /// Whether `assist` is on for this task.
+    pub fn assisted(&self, assist: Assist) -> bool {
+        self.assists.as_ref().is_none_or(|a| a.on(assist))
+    }
 }
 
 #[cfg(test)]
@@ -120,6 +140,7 @@ impl AgentSpec {
             egress: None,
             sampling: None,
             no_agents_md: false,
+            assists: None,
         }
     }
 }
@@ -477,7 +498,11 @@ impl AgentState {
         let mut msg = r.message.clone();
         msg.role = Role::Assistant;
         let idle = msg.tool_calls.is_empty() && r.malformed_calls.is_empty();
-        if idle && self.spec.check.is_some() && self.check_passes {
+        if idle
+            && self.spec.check.is_some()
+            && self.check_passes
+            && self.spec.assisted(Assist::TalkIsFinish)
+        {
             // The check passed on what the model left, and it has nothing more to do: a
             // reply that only talks is its `finish` (the check runs once more and decides).
             let summary = crate::model::text::head_tail(msg.content.trim(), 500);
@@ -632,6 +657,10 @@ impl AgentState {
     /// The observation of `u` with the repeat guard's note when it is a failure that
     /// repeats the same call.
     pub fn with_guard_note(&self, u: &ToolUse, mut text: String, failed: bool) -> String {
+        if !self.spec.assisted(Assist::LoopNotes) {
+            // The guard still stops a stuck task; the model is not told it is looping.
+            return text;
+        }
         // The same failing call again: the most specific note.
         let sig = Self::signature(u);
         let n = match &self.repeat {

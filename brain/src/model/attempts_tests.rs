@@ -26,6 +26,7 @@ fn spec(count: u32, pick: Pick) -> Attempts {
             egress: None,
             sampling: None,
             no_agents_md: false,
+            assists: None,
         },
     )
 }

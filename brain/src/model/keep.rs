@@ -2,7 +2,7 @@
 //! acceptance check fails after it passed, for finishing in the place of a model that stops
 //! on a passing version, and for beginning again from the start once.
 
-use super::agent::AgentState;
+use super::agent::{AgentState, Assist};
 use super::prompt::words::{self, Undone};
 use crate::llm::{Message, Role, ToolUse};
 
@@ -24,7 +24,10 @@ impl AgentState {
     /// Whether a failing check on the workspace as it is now would undo changes (it passed
     /// on another version since the model acted).
     pub fn undoes_on_failure(&self) -> bool {
-        !self.passed_root.is_empty() && !self.root.is_empty() && self.root != self.passed_root
+        self.spec.assisted(Assist::UndoRegression)
+            && !self.passed_root.is_empty()
+            && !self.root.is_empty()
+            && self.root != self.passed_root
     }
 
     /// The changes that made the check fail after it had passed were undone: `restored`

@@ -3,6 +3,7 @@
 //! worker. No I/O, no clock, no wire types.
 
 pub mod agent;
+pub mod assists;
 pub mod attempt;
 pub mod attempts;
 pub mod check;

@@ -54,7 +54,24 @@ const MAX_SHOWN: usize = 30;
 /// How alike (0 to 1, the mean over a window's lines) the nearest lines must be to be shown.
 const LEAST_ALIKE: f64 = 0.5;
 
-/// Applies an exact-match edit, or says what the model should do instead.
+/// Applies an edit whose `old` occurs exactly once, or says it did not; nothing loose, no
+/// nearest lines (the `forgiving_edits` assist off).
+pub fn apply_exact(text: &str, old: &str, new: &str, path: &str) -> Result<String, EditError> {
+    match text.matches(old).count() {
+        1 => Ok(text.replacen(old, new, 1)),
+        0 => Err(EditError::NotFound {
+            path: path.into(),
+            nearest: None,
+            new_at: None,
+        }),
+        n => Err(EditError::NotUnique {
+            path: path.into(),
+            n,
+        }),
+    }
+}
+
+/// Applies an exact-match edit, or a loose one, or says what the model should do instead.
 pub fn apply_edit(text: &str, old: &str, new: &str, path: &str) -> Result<String, EditError> {
     match text.matches(old).count() {
         1 => return Ok(text.replacen(old, new, 1)),
@@ -328,6 +345,19 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("occurs 2 times")
+        );
+        assert_eq!(apply_exact("x = 1", "1", "2", "f").unwrap(), "x = 2");
+        // What the forgiving match applies, the exact one does not, and says no more.
+        let text = "class S:\n    def mean(self, xs):  \n        return 0\n";
+        let old = "def mean(self, xs):\n    return 0";
+        assert!(apply_edit(text, old, "x", "s.py").is_ok());
+        assert_eq!(
+            apply_exact(text, old, "x", "s.py"),
+            Err(EditError::NotFound {
+                path: "s.py".into(),
+                nearest: None,
+                new_at: None
+            })
         );
         let e = apply_edit("x", "y", "z", "f").unwrap_err();
         assert!(e.to_string().contains("not found"), "{e}");

@@ -504,7 +504,7 @@ pub fn describe_command(r: &ToolResult, stdout: &str, stderr: &str) -> String {
     text
 }
 
-pub use super::replace::{EditError, apply_edit};
+pub use super::replace::{EditError, apply_edit, apply_exact};
 
 pub use super::prompt::words::{describe_interrupted, no_files_match};
 pub use super::text::{head_tail, numbered};
@@ -534,6 +534,7 @@ mod tests {
             egress: None,
             sampling: None,
             no_agents_md: false,
+            assists: None,
         }
     }
 

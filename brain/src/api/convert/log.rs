@@ -470,6 +470,7 @@ fn agent_spec(a: &AgentSpec) -> wire::AgentSpec {
         egress: a.egress.as_ref().map(egress_spec),
         sampling: a.sampling.as_ref().map(sampling),
         no_agents_md: a.no_agents_md,
+        assists: a.assists.as_ref().map(|x| x.names()),
     }
 }
 

@@ -111,6 +111,7 @@ fn one_of_each() -> Vec<Event> {
             together: 3,
         }),
         no_agents_md: true,
+        assists: Some(crate::model::assists::Assists::native()),
     };
     let response = Response {
         message: Message {

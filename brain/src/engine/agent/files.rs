@@ -4,6 +4,7 @@
 
 use super::super::core::Cx;
 use super::super::effects::{NoAnswer, file_call};
+use crate::model::agent::Assist;
 use crate::model::event::ToolCall;
 use crate::model::ops::{FileAnswer, FileOp};
 use crate::model::tools;
@@ -87,7 +88,20 @@ pub(super) async fn run(
                 },
                 other => return Ok((file_error(other), true)),
             };
-            match tools::apply_edit(&text, old, new, path) {
+            // Forgiving matching (indent, trailing spaces, line numbers, the nearest lines
+            // told) is an assist; without it an edit applies exactly or not at all.
+            let forgiving = cx
+                .task
+                .state()
+                .agent
+                .as_ref()
+                .is_none_or(|a| a.spec.assisted(Assist::ForgivingEdits));
+            let edited = if forgiving {
+                tools::apply_edit(&text, old, new, path)
+            } else {
+                tools::apply_exact(&text, old, new, path)
+            };
+            match edited {
                 Err(e) => (e.to_string(), true),
                 Ok(edited) => {
                     match file_call(cx, worker, write(path, edited.into_bytes(), 0o644)).await? {

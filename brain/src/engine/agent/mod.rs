@@ -27,7 +27,7 @@ use super::effects;
 use super::error::Error;
 use super::redact::Redactor;
 use crate::llm::{self, Provider, ToolUse};
-use crate::model::agent::{AgentState, Gate, Permission};
+use crate::model::agent::{AgentState, Assist, Gate, Permission};
 use crate::model::event::{Event, Outcome, Purpose, Rendered, ToolCall};
 use crate::model::prompt::{self, EnvironmentAnswer};
 use crate::model::state::{PendingCall, Status, TaskState};
@@ -153,6 +153,12 @@ const ATTEMPT_PASSED: &str =
 /// The model stopped (`why`) with the workspace as the acceptance check passed on it: the
 /// brain calls `finish` for it (once per version), and the check decides as for the model's.
 fn conclude(a: &AgentState, why: &str) -> Option<Action> {
+    a.spec.assisted(Assist::FinishForModel).then_some(())?;
+    concluded(a, why)
+}
+
+/// The brain calls `finish` on the passing version (an attempt's first pass: not an assist).
+fn concluded(a: &AgentState, why: &str) -> Option<Action> {
     (a.spec.check.is_some() && a.holds_a_pass()).then(|| {
         Action::Log(vec![Event::FinishedForModel {
             why: why.to_string(),
@@ -164,8 +170,12 @@ fn conclude(a: &AgentState, why: &str) -> Option<Action> {
 /// task, its changes are undone back to the task's start and it begins again from the first
 /// message (a small model anchors on its own failed fix and writes it again and again).
 fn restart(a: &AgentState) -> Option<Action> {
-    (a.spec.check.is_some() && !a.restarted && a.passed_root.is_empty() && a.queue.is_empty())
-        .then_some(Action::Driver(AgentAction::UndoChanges { to_start: true }))
+    (a.spec.assisted(Assist::Restart)
+        && a.spec.check.is_some()
+        && !a.restarted
+        && a.passed_root.is_empty()
+        && a.queue.is_empty())
+    .then_some(Action::Driver(AgentAction::UndoChanges { to_start: true }))
 }
 
 /// The decision for the agent's next turn, given the task's state. Pure.
@@ -192,7 +202,7 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
                 what,
             }),
             Prepared::Finish(summary) => {
-                if a.reply_calls > 1 {
+                if a.reply_calls > 1 && a.spec.assisted(Assist::FinishAlone) {
                     // Written with other calls, before their results were seen: not taken.
                     return Action::Log(vec![observe(a, u, prompt::FINISH_NOT_ALONE.into(), true)]);
                 }
@@ -261,7 +271,7 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
         }
     }
     // Changes on which the check fails, after it had passed: back to the version it passed on.
-    if a.undo_due && a.spec.check.is_some() {
+    if a.undo_due && a.spec.check.is_some() && a.spec.assisted(Assist::UndoRegression) {
         return Action::Driver(AgentAction::UndoChanges { to_start: false });
     }
     // 3. Think.
@@ -294,6 +304,7 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
     if let Some(check) = &a.spec.check
         && a.changed_since_check
         && a.spent.steps > 0
+        && a.spec.assisted(Assist::CheckAfterChanges)
     {
         return Action::Issue {
             call: check_call(check),
@@ -306,7 +317,7 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
     // of spending the race's time on turns that can only keep or undo the pass.
     if st.attempt_of.is_some()
         && a.failed_at_start
-        && let Some(conclude) = conclude(a, ATTEMPT_PASSED)
+        && let Some(conclude) = concluded(a, ATTEMPT_PASSED)
     {
         return conclude;
     }

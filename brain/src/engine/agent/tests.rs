@@ -823,3 +823,124 @@ fn an_attempt_ends_at_its_first_pass_and_a_lone_task_asks_its_model() {
     assert!(!st.agent.as_ref().unwrap().failed_at_start);
     assert_eq!(decide(&st), Action::Driver(AgentAction::Think));
 }
+
+/// `st` with only the assists named (none: `""`).
+fn assisted(mut st: TaskState, names: &str) -> TaskState {
+    let choice = crate::model::assists::Choice::Preset(names.into());
+    st.agent.as_mut().unwrap().spec.assists =
+        Some(crate::model::assists::Assists::from_choice(&choice).unwrap());
+    st
+}
+
+/// Each decision the loop makes for a model is an assist: with it off, the decision is
+/// the model's (or nobody's), and what every model gets stays.
+#[test]
+fn the_decision_assists_each_change_only_their_own_decision() {
+    // After a change: the check runs (check_after_changes), or the model is asked.
+    let changed = |names: &str| {
+        let mut st = answered(
+            assisted(task(Permission::Full), names),
+            &[("write_file", r#"{"path":"a.py","content":"x"}"#)],
+        );
+        st.agent.as_mut().unwrap().spec.check = Some(check());
+        st.last_check = Some(crate::model::state::CheckRun::default());
+        let a = st.agent.as_mut().unwrap();
+        a.on_observation("u0", "wrote 1 bytes to a.py", false);
+        st
+    };
+    assert!(matches!(
+        decide(&changed("check_after_changes")),
+        Action::Issue {
+            purpose: Purpose::Acceptance,
+            ..
+        }
+    ));
+    assert_eq!(decide(&changed("none")), Action::Driver(AgentAction::Think));
+    // Stalled on changes the check never passed on: restart, or stalled.
+    let stalled = |names: &str| {
+        let mut st = changed(names);
+        st.seed_root = "start".into();
+        let a = st.agent.as_mut().unwrap();
+        a.on_barrier("mine");
+        a.changed_since_check = false;
+        a.idle_replies = 2;
+        st
+    };
+    assert_eq!(
+        decide(&stalled("restart")),
+        Action::Driver(AgentAction::UndoChanges { to_start: true })
+    );
+    assert!(matches!(
+        decide(&stalled("native")),
+        Action::Finish {
+            outcome: Outcome::Stalled,
+            ..
+        }
+    ));
+    // Stalled on a version the check passed on: finished for, or stalled.
+    let on_a_pass = |names: &str| {
+        let mut st = stalled(names);
+        let a = st.agent.as_mut().unwrap();
+        a.passed_root = "mine".into();
+        st
+    };
+    assert!(matches!(
+        decide(&on_a_pass("finish_for_model")),
+        Action::Log(e) if matches!(&e[..], [Event::FinishedForModel { .. }])
+    ));
+    assert!(matches!(
+        decide(&on_a_pass("native")),
+        Action::Finish {
+            outcome: Outcome::Stalled,
+            ..
+        }
+    ));
+    // A failing check after a pass: undone, or the model goes on from there.
+    let broken = |names: &str| {
+        let mut st = changed(names);
+        let a = st.agent.as_mut().unwrap();
+        a.passed_root = "pass".into();
+        a.on_barrier("broken");
+        a.changed_since_check = false;
+        a.on_check_run(&crate::model::state::CheckRun::default());
+        st
+    };
+    assert_eq!(
+        decide(&broken("undo_regression")),
+        Action::Driver(AgentAction::UndoChanges { to_start: false })
+    );
+    let st = broken("native");
+    assert!(!st.agent.as_ref().unwrap().undo_due);
+    assert_eq!(decide(&st), Action::Driver(AgentAction::Think));
+    // A finish beside another call: refused (finish_alone, on for every model), or taken
+    // in its turn.
+    let beside = |names: &str| {
+        let mut st = answered(
+            assisted(task(Permission::Full), names),
+            &[("read_file", r#"{"path":"a.py"}"#), ("finish", "{}")],
+        );
+        st.agent
+            .as_mut()
+            .unwrap()
+            .on_observation("u0", "x = 1", false);
+        st
+    };
+    assert!(matches!(
+        decide(&beside("native")),
+        Action::Log(e) if matches!(&e[..], [Event::Observation { text, .. }] if text.contains("same reply"))
+    ));
+    assert!(matches!(
+        decide(&beside("none")),
+        Action::Finish {
+            outcome: Outcome::Finished,
+            ..
+        }
+    ));
+    // A task from before assists could be switched has them all.
+    let mut legacy = stalled("none");
+    legacy.agent.as_mut().unwrap().spec.assists = None;
+    assert_eq!(
+        decide(&legacy),
+        Action::Driver(AgentAction::UndoChanges { to_start: true })
+    );
+}

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use super::super::core::Cx;
 use super::super::effects::file_call;
 use super::super::redact::Redactor;
+use crate::model::agent::Assist;
 use crate::model::ops::{FileAnswer, FileOp};
 use crate::model::prompt::code_view::{self, MAX_FILES, SMALL_FILES, SMALL_WORKSPACE};
 use crate::model::prompt::{self, BlockNotApplied, NudgeExample};
@@ -41,6 +42,15 @@ pub(super) async fn failing_code(
     check: bool,
     redact: &Redactor,
 ) -> String {
+    let assisted = cx
+        .task
+        .state()
+        .agent
+        .as_ref()
+        .is_none_or(|a| a.spec.assisted(Assist::CodeInView));
+    if !assisted {
+        return String::new();
+    }
     let list = FileOp::Find {
         glob: String::new(),
         max_results: LIST_MAX,
@@ -103,7 +113,7 @@ pub(super) async fn edits_from_blocks(
             .insert(0, prompt::calls_not_run(&first, &others));
     }
     // A text-mode answer without a call is nudged; with a check, the example is running it.
-    if r.no_call {
+    if r.no_call && a.spec.assisted(Assist::CallFormatNudge) {
         let example = match &a.spec.check {
             Some(c) => NudgeExample::RunCheck(&c.command),
             None => NudgeExample::ReadFile,

@@ -3,7 +3,7 @@
 //! anew for every request from the task's fixed spec and state; the log keeps the
 //! renderer's version and a hash of what was sent, never the text again.
 
-use super::agent::{AgentState, ELIDED, Permission};
+use super::agent::{AgentState, Assist, ELIDED, Permission};
 pub mod code_view;
 pub mod tools;
 pub mod words;
@@ -36,12 +36,16 @@ pub fn request(a: &AgentState, can_move: bool, share: Option<llm::Share>) -> llm
     llm::Request {
         system: system_prompt(a),
         messages: a.conversation.clone(),
-        tools: tools::specs(a.spec.permission, can_move && !a.environment_refused),
+        tools: tools::specs(
+            a.spec.permission,
+            can_move && !(a.environment_refused && a.spec.assists().on(Assist::WithdrawRefused)),
+        ),
         max_tokens: MAX_ANSWER_TOKENS,
         response_schema: None,
         temperature: a.spec.sampling.and_then(|s| s.temperature),
         seed: a.spec.sampling.map(|s| s.seed),
         share,
+        text: a.spec.assists().text(),
     }
 }
 
