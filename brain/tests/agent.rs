@@ -793,7 +793,7 @@ fn text_call(tool: &str, args: serde_json::Value) -> String {
 fn body_of_shown(v: &serde_json::Value) -> serde_json::Value {
     let req: brain::llm::Request = serde_json::from_value(v["request"].clone()).unwrap();
     // Already as sent: in text mode the tools are in its prompt, so no conversion again.
-    let body = brain::llm::openai_body("m", &req, false);
+    let body = brain::llm::openai_body("m", &req);
     json!({"messages": body["messages"], "tools": body.get("tools")})
 }
 

@@ -89,7 +89,7 @@ impl Engine {
         let tools = rendered
             .as_ref()
             .map_or_else(llm::ToolsSent::default, |r| r.tools);
-        let request = llm::as_sent(
+        let request = prompt::as_sent(
             &prompt::request(a, can_move, super::agent::share(&st, a)),
             tools,
         );

@@ -10,32 +10,21 @@ mod http;
 mod openai;
 mod replay;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod text_tools;
 mod together;
 mod types;
 
-/// The body an OpenAI-compatible server receives for `req`: its tools as native tool calls,
-/// or, with `text`, described in the prompt (text tool-call mode, unconstrained). What the
+/// The body an OpenAI-compatible server receives for `req` (as rendered for it). What the
 /// prompt's snapshot tests pin.
-pub fn openai_body(model: &str, req: &Request, text: bool) -> serde_json::Value {
-    let req = if text {
-        text_tools::to_text_request(req, false)
-    } else {
-        req.clone()
-    };
-    openai::build_body(model, &req, "max_tokens", req.max_tokens)
+pub fn openai_body(model: &str, req: &Request) -> serde_json::Value {
+    openai::build_body(model, req, "max_tokens", req.max_tokens)
 }
 
-/// `req` as a provider that sends tools `how` passes it on to the model's API: unchanged
-/// for native tool calls, with the tools described in the prompt and earlier calls replayed
-/// as text in text tool-call mode. What `brain task prompt` shows and the log's hash covers.
-pub fn as_sent(req: &Request, how: ToolsSent) -> Request {
-    match how {
-        ToolsSent::Native => req.clone(),
-        ToolsSent::Text => text_tools::to_text_request(req, false),
-        ToolsSent::TextConstrained => text_tools::to_text_request(req, true),
-    }
+/// The body Anthropic's API receives for `req`, for the tests of what is rendered.
+#[cfg(test)]
+pub(crate) fn anthropic_body(model: &str, req: &Request, max_tokens: u32) -> serde_json::Value {
+    anthropic::build_body(model, req, max_tokens)
 }
 
 pub use anthropic::Anthropic;
@@ -49,11 +38,11 @@ pub use replay::{Replay, to_transcript};
 /// are calls it reads.
 #[cfg(test)]
 pub(crate) use text_tools::parse_reply;
-pub use text_tools::{EDIT_FORMAT, EDIT_ID, TextTools};
+pub use text_tools::{CALL_FORMAT, EDIT_ID, RESULT, TextTools, call_block, call_schema};
 pub use together::Together;
 pub use types::{
-    CodeBlock, Error, Message, Provider, Request, Response, Role, Share, TextAssists, ToolSpec,
-    ToolUse, ToolsSent, Usage,
+    CodeBlock, Error, Message, NotACall, Provider, Request, Response, Role, Share, TextAssists,
+    ToolSpec, ToolUse, ToolsSent, Unreadable, Usage,
 };
 
 /// Whether `spec` could be asked with `cfg` and this process's environment (a key found

@@ -113,6 +113,7 @@ mod tests {
             seed: None,
             share: None,
             text: Default::default(),
+            replies_before: 0,
         };
         assert_eq!(replay.complete(&req).await.unwrap(), recorded[0]);
         req.messages.push(recorded[0].message.clone());

@@ -47,11 +47,12 @@ pub(crate) fn fixed_request() -> Request {
         seed: None,
         share: None,
         text: Default::default(),
+        replies_before: 0,
         max_tokens: 1024,
     }
 }
 
-fn simple_request() -> Request {
+pub(crate) fn simple_request() -> Request {
     Request {
         system: "sys".into(),
         messages: vec![Message::user("hi")],
@@ -61,12 +62,13 @@ fn simple_request() -> Request {
         seed: None,
         share: None,
         text: Default::default(),
+        replies_before: 0,
         max_tokens: 256,
     }
 }
 
 /// A config pointing `provider` at `url` with the test key.
-fn cfg(provider: &str, url: &str) -> LlmConfig {
+pub(crate) fn cfg(provider: &str, url: &str) -> LlmConfig {
     let mut c = LlmConfig {
         timeout: Some("5s".into()),
         max_retries: Some(3),
@@ -351,56 +353,6 @@ async fn garbage_answer_is_a_decode_error() {
     );
 }
 
-#[tokio::test]
-async fn text_tool_mode_end_to_end() {
-    let llm = FakeLlm::start(|r| {
-        if r.assistant_turns() == 0 {
-            FakeReply::text(
-                "Reading.\n```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\": \"a\"}}\n```",
-            )
-        } else {
-            FakeReply::text(format!(
-                "got: {}",
-                r.last_tool_result_text().unwrap_or_default()
-            ))
-        }
-    });
-    let mut c = cfg("ollama", &llm.url());
-    c.models.insert(
-        "ollama:qwen".into(),
-        ModelConfig {
-            tool_mode: Some(ToolMode::Text),
-            ..Default::default()
-        },
-    );
-    let p = connect(
-        &ModelSpec::parse("ollama:qwen").unwrap(),
-        &c,
-        &Default::default(),
-    )
-    .unwrap();
-    let mut req = simple_request();
-    let r = p.complete(&req).await.unwrap();
-    assert_eq!(r.message.content, "Reading.");
-    assert_eq!(r.message.tool_calls[0].id, "call_0_0");
-    assert_eq!(r.message.tool_calls[0].arguments, r#"{"path":"a"}"#);
-    req.messages.push(r.message.clone());
-    req.messages.push(Message::tool("call_0_0", "abc"));
-    let r = p.complete(&req).await.unwrap();
-    assert_eq!(
-        r.message.content,
-        "got: Result of read_file call call_0_0:\nabc"
-    );
-    let body = &llm.requests()[1].body;
-    assert!(body.get("tools").is_none());
-    assert!(
-        body["messages"][0]["content"]
-            .as_str()
-            .unwrap()
-            .contains("# Tools")
-    );
-}
-
 #[test]
 fn openai_body_snapshot() {
     let body = openai::build_body("gpt-4.1", &fixed_request(), "max_completion_tokens", 1024);
@@ -519,38 +471,6 @@ fn openai_response_variants() {
     assert_eq!(r.message.tool_calls[0].arguments, r#"{"p":1}"#);
     assert_eq!(r.usage, Usage::default());
     assert!(openai::parse_response(&json!({"choices": []})).is_err());
-}
-
-#[tokio::test]
-async fn a_constrained_text_model_sends_the_schema_and_its_bare_json_reply_is_a_call() {
-    let llm = FakeLlm::start(|_| {
-        FakeReply::text(r#"{"tool": "read_file", "arguments": {"path": "a.py"}}"#)
-    });
-    let mut c = cfg("openai", &llm.url());
-    c.models.insert(
-        "openai:small".into(),
-        ModelConfig {
-            tool_mode: Some(ToolMode::Text),
-            constrain: Some(Constrain::JsonSchema),
-            ..Default::default()
-        },
-    );
-    let p = connect(
-        &ModelSpec::parse("openai:small").unwrap(),
-        &c,
-        &Default::default(),
-    )
-    .unwrap();
-    let r = p.complete(&simple_request()).await.unwrap();
-    assert_eq!(r.message.tool_calls.len(), 1, "{r:?}");
-    assert_eq!(r.message.tool_calls[0].name, "read_file");
-    let sent = &llm.requests()[0].body;
-    assert!(sent.get("tools").is_none(), "{sent}");
-    assert_eq!(sent["response_format"]["type"], "json_schema");
-    let branches = sent["response_format"]["json_schema"]["schema"]["anyOf"]
-        .as_array()
-        .unwrap();
-    assert_eq!(branches.len(), simple_request().tools.len());
 }
 
 /// `of` requests of one group that are the same but for their seed, each through its own

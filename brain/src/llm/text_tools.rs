@@ -7,19 +7,18 @@
 //! ```
 //! ````
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use super::types::{
-    CodeBlock, Error, Message, Provider, Request, Response, Role, TextAssists, ToolSpec, ToolUse,
+    CodeBlock, Error, NotACall, Provider, Request, Response, ToolSpec, ToolUse, Unreadable,
 };
 
-/// Wraps a provider so tool calls travel as text: sends no `tools`, describes them in the
-/// system prompt, replays earlier calls and results as text, and parses calls out of the
-/// answer (blocks that look like calls but cannot be read go to
-/// [`Response::malformed_calls`]).
+/// Wraps a provider so tool calls travel as text: it sends a request rendered for the text
+/// mode (`model::prompt::as_sent`: the tools described in the system prompt, earlier calls
+/// and results as text) and parses calls out of the answer (blocks that look like calls but cannot be read go to
+/// [`Response::unreadable`]).
 pub struct TextTools {
     inner: Arc<dyn Provider>,
     /// Replies are constrained to one call by the tools' schemas (`constrain =
@@ -45,20 +44,19 @@ impl Provider for TextTools {
     }
 
     async fn complete(&self, req: &Request) -> Result<Response, Error> {
-        let mut resp = self
-            .inner
-            .complete(&to_text_request(req, self.constrained))
-            .await?;
+        if !req.tools.is_empty() {
+            return Err(Error::Config(
+                "a text tool-call mode request is sent as rendered for it (its tools described \
+                 in the prompt, by model::prompt::as_sent): this one still holds native tools"
+                    .into(),
+            ));
+        }
+        let mut resp = self.inner.complete(req).await?;
         if self.constrained && !resp.message.content.contains("```") {
             // The reply is the call's JSON object itself.
             resp.message.content = format!("```json\n{}\n```", resp.message.content.trim());
         }
-        let turn = req
-            .messages
-            .iter()
-            .filter(|m| m.role == Role::Assistant)
-            .count();
-        let mut parsed = parse_reply(&resp.message.content, turn);
+        let mut parsed = parse_reply(&resp.message.content, req.replies_before as usize);
         // One call per reply: the model sees each result before its next move, so it does
         // not run a plan blind (a `finish` after a test it has not seen fail). Edits written
         // as SEARCH/REPLACE blocks all run, before it.
@@ -81,67 +79,16 @@ impl Provider for TextTools {
         resp.message.content = parsed.content;
         resp.message.tool_calls.extend(edits);
         resp.message.tool_calls.extend(parsed.calls);
-        resp.malformed_calls.extend(parsed.malformed);
+        resp.unreadable.extend(parsed.malformed);
         Ok(resp)
     }
 }
 
-const FORMAT: &str = "```json\n{\"tool\": \"NAME\", \"arguments\": {...}}\n```";
-
-/// The edit format a small model can write, shown once in the prompt and in a nudge.
-/// The example is a plain text file: nothing language-specific in what the model is told.
-pub const EDIT_FORMAT: &str = "notes.txt\n<<<<<<< SEARCH\ncolour = red\nsize = 2\n=======\ncolour = blue\nsize = 2\n>>>>>>> REPLACE";
-
-/// The system prompt's tool section.
-fn tools_prompt(tools: &[ToolSpec], assists: TextAssists) -> String {
-    let mut s = String::from(
-        "# Tools\n\nYou can call the tools below. To call one, write a fenced block exactly \
-         like this, with the arguments as a JSON object matching the tool's schema:\n\n",
-    );
-    s.push_str(FORMAT);
-    if assists.one_call {
-        s.push_str(
-            "\n\nMake exactly one call per reply: its result comes back in the next message, \
-             and only then decide the next step. Only the first block of a reply is run.",
-        );
-    }
-    if assists.edit_blocks {
-        s.push_str(
-            "\n\nTo change part of a file you may instead write its path on a line, then the \
-             exact lines now in it and the lines to put there (several such blocks in one reply \
-             all apply):\n\n",
-        );
-        s.push_str(EDIT_FORMAT);
-    }
-    s.push('\n');
-    for t in tools {
-        s.push_str(&format!(
-            "\n## {}\n\n{}\n\nArguments (JSON schema): {}\n",
-            t.name, t.description, t.parameters
-        ));
-    }
-    s
-}
-
-/// The system prompt's tool section when replies are constrained: each reply is one call.
-fn constrained_prompt(tools: &[ToolSpec]) -> String {
-    let mut s = String::from(
-        "# Tools\n\nEvery reply of yours is exactly one tool call, a JSON object \
-         {\"tool\": NAME, \"arguments\": {...}} with the arguments matching the tool's \
-         schema. Its result comes back in the next message; then decide the next call. To \
-         change a file, call `edit_file` or `write_file`; when the goal is met, call `finish`.\n",
-    );
-    for t in tools {
-        s.push_str(&format!(
-            "\n## {}\n\n{}\n\nArguments (JSON schema): {}\n",
-            t.name, t.description, t.parameters
-        ));
-    }
-    s
-}
+/// How a call is written in text tool-call mode, as the model is shown it.
+pub const CALL_FORMAT: &str = "```json\n{\"tool\": \"NAME\", \"arguments\": {...}}\n```";
 
 /// A call rendered the way the model is asked to write it.
-fn call_block(c: &ToolUse) -> String {
+pub fn call_block(c: &ToolUse) -> String {
     let args = serde_json::from_str::<Value>(&c.arguments).unwrap_or_else(|_| json!(c.arguments));
     format!(
         "```json\n{{\"tool\": {}, \"arguments\": {args}}}\n```",
@@ -151,7 +98,7 @@ fn call_block(c: &ToolUse) -> String {
 
 /// The schema of a reply that is one call of one of `tools`: `{"tool": NAME, "arguments":
 /// ...}` by that tool's own parameter schema.
-pub(crate) fn call_schema(tools: &[ToolSpec]) -> Value {
+pub fn call_schema(tools: &[ToolSpec]) -> Value {
     let branches: Vec<Value> = tools
         .iter()
         .map(|t| {
@@ -166,174 +113,13 @@ pub(crate) fn call_schema(tools: &[ToolSpec]) -> Value {
     json!({"anyOf": branches})
 }
 
-/// The request the inner provider sees.
-pub(crate) fn to_text_request(req: &Request, constrained: bool) -> Request {
-    let mut system = req.system.clone();
-    if !req.tools.is_empty() {
-        if !system.is_empty() {
-            system.push_str("\n\n");
-        }
-        system.push_str(&if constrained {
-            constrained_prompt(&req.tools)
-        } else {
-            tools_prompt(&req.tools, req.text)
-        });
-    }
-    let mut names: HashMap<&str, &str> = HashMap::new();
-    let mut messages: Vec<Message> = Vec::with_capacity(req.messages.len());
-    for m in &req.messages {
-        let text = match m.role {
-            // A reply that made calls is shown as its calls, its edits written as blocks told
-            // in the user's voice as what it did: a small model shown its own words (a failed
-            // fix, the reasoning around it) writes them again, word for word, at any
-            // temperature. What the calls did comes in their results, and the files as they
-            // are now with the check's next result.
-            // Without the assist, a reply is shown as it was read: its words, then its calls.
-            Role::Assistant if !req.text.history_as_calls => {
-                let mut text = m.content.trim().to_string();
-                for c in &m.tool_calls {
-                    names.insert(&c.id, &c.name);
-                    if !text.is_empty() {
-                        text.push_str("\n\n");
-                    }
-                    text.push_str(&call_block(c));
-                }
-                if text.is_empty() {
-                    continue;
-                }
-                messages.push(Message {
-                    role: Role::Assistant,
-                    content: text,
-                    tool_calls: vec![],
-                    tool_call_id: String::new(),
-                });
-                continue;
-            }
-            Role::Assistant if !m.tool_calls.is_empty() => {
-                let mut changed: Vec<String> = Vec::new();
-                let mut calls: Vec<String> = Vec::new();
-                for c in &m.tool_calls {
-                    names.insert(&c.id, &c.name);
-                    if !c.id.starts_with(EDIT_ID) {
-                        calls.push(call_block(c));
-                        continue;
-                    }
-                    let path = serde_json::from_str::<Value>(&c.arguments)
-                        .ok()
-                        .and_then(|v| v["path"].as_str().map(String::from))
-                        .unwrap_or_default();
-                    if !path.is_empty() && !changed.contains(&path) {
-                        changed.push(path);
-                    }
-                }
-                if !changed.is_empty() {
-                    push_user(
-                        &mut messages,
-                        format!("(You changed {} with blocks of code.)", changed.join(", ")),
-                    );
-                }
-                if !calls.is_empty() {
-                    messages.push(Message {
-                        role: Role::Assistant,
-                        content: calls.join("\n\n"),
-                        tool_calls: vec![],
-                        tool_call_id: String::new(),
-                    });
-                }
-                continue;
-            }
-            // A reply without calls is not shown either: what it is told next (why nothing
-            // was done, what a block it wrote came to) says what became of it.
-            Role::Assistant => continue,
-            Role::Tool => {
-                let name = names
-                    .get(m.tool_call_id.as_str())
-                    .copied()
-                    .unwrap_or("tool");
-                format!("{RESULT} {name} call {}:\n{}", m.tool_call_id, m.content)
-            }
-            Role::User => m.content.clone(),
-        };
-        push_user(&mut messages, text);
-    }
-    // A repeat raises the temperature; never below the one asked for.
-    let repeat = req
-        .text
-        .repeat_temperature
-        .then(|| repeat_temperature(&req.messages))
-        .flatten();
-    let temperature = match (repeat, req.temperature) {
-        (Some(r), Some(t)) => Some(r.max(t)),
-        (r, t) => r.or(t),
-    };
-    Request {
-        temperature,
-        seed: req.seed,
-        share: req.share,
-        text: req.text,
-        system,
-        messages,
-        tools: vec![],
-        max_tokens: req.max_tokens,
-        response_schema: constrained.then(|| call_schema(&req.tools)),
-    }
-}
-
-/// Adds a user turn; consecutive user turns (tool results, then a note) become one message.
-fn push_user(messages: &mut Vec<Message>, text: String) {
-    match messages.last_mut() {
-        Some(prev) if prev.role == Role::User => {
-            prev.content.push_str("\n\n");
-            prev.content.push_str(&text);
-        }
-        _ => messages.push(Message::user(text)),
-    }
-}
-
-/// The sampling temperature after the model gave a reply it had given before, word for word:
-/// at its usual temperature a small model gives the same wrong answer for ever, whatever it
-/// was told in between. 1.0 after one repeat, 0.2 more for each further one, at most 1.4;
-/// `None` (the server's default) otherwise.
-/// Two replies are the same when their code is (the same fenced blocks, whitespace aside,
-/// however the words around them differ) or, without code, when their words are.
-fn repeat_temperature(messages: &[Message]) -> Option<f32> {
-    let mut replies = messages
-        .iter()
-        .filter(|m| m.role == Role::Assistant)
-        .map(|m| reply_key(&m.content));
-    let last = replies.next_back().filter(|c| !c.is_empty())?;
-    let earlier = replies.filter(|c| *c == last).count();
-    (earlier > 0).then(|| (0.8 + 0.2 * earlier as f32).min(1.4))
-}
-
-/// What a reply comes to for [`repeat_temperature`]: its fenced blocks' lines, whitespace
-/// aside, or its trimmed text when it has none.
-fn reply_key(text: &str) -> String {
-    let mut code = String::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            code.push('\n');
-        } else if fenced && !line.trim().is_empty() {
-            code.push_str(&line.split_whitespace().collect::<Vec<_>>().join(" "));
-            code.push('\n');
-        }
-    }
-    if code.trim().is_empty() {
-        text.trim().to_string()
-    } else {
-        code
-    }
-}
-
 /// What a text answer holds.
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Parsed {
     /// The text with the parsed call blocks removed (malformed ones stay, for context).
     pub content: String,
     pub calls: Vec<ToolUse>,
-    pub malformed: Vec<String>,
+    pub malformed: Vec<Unreadable>,
     /// `edit_file` calls from SEARCH/REPLACE blocks (ids start with [`EDIT_ID`]).
     pub edits: Vec<ToolUse>,
     /// Fenced blocks of code that are not calls.
@@ -341,7 +127,7 @@ pub(crate) struct Parsed {
 }
 
 /// How a tool's result begins when it is shown to the model.
-const RESULT: &str = "Result of";
+pub const RESULT: &str = "Result of";
 
 /// The reply up to where it starts writing the other side of the conversation: a line,
 /// outside a fenced block, that begins the way a tool's result is shown to it (`Result of
@@ -532,16 +318,14 @@ fn search_replace(text: &str, turn: usize, out: &mut Parsed) -> String {
             k += 1;
         }
         if k >= lines.len() {
-            out.malformed.push(
-                "A SEARCH/REPLACE block was not applied because it does not end with a `>>>>>>> REPLACE` line.".into(),
-            );
+            out.malformed.push(Unreadable::EditNotEnded);
             rest.push_str(&lines[i..].concat());
             break;
         }
         let raw = lines[i..=k].concat();
         i = k + 1;
         let Some(path) = path.or_else(|| last_path.clone()) else {
-            out.malformed.push("A SEARCH/REPLACE block was not applied because no file is named: write the file's path on the line just above `<<<<<<< SEARCH`.".into());
+            out.malformed.push(Unreadable::EditWithoutPath);
             rest.push_str(&raw);
             continue;
         };
@@ -590,14 +374,12 @@ fn read_block(body: &str, tool_fence: bool, closed: bool, turn: usize, out: &mut
             Ok(v) => values.push(v),
             Err(e) => {
                 if looks_like_call {
-                    let unclosed = if closed {
-                        ""
-                    } else {
-                        " (the block is not closed with ```)"
-                    };
-                    out.malformed.push(malformed(
+                    out.malformed.push(not_a_call(
                         body,
-                        &format!("it is not valid JSON: {e}{unclosed}"),
+                        NotACall::NotJson {
+                            error: e.to_string(),
+                            unclosed: !closed,
+                        },
                     ));
                 }
                 return;
@@ -609,7 +391,7 @@ fn read_block(body: &str, tool_fence: bool, closed: bool, turn: usize, out: &mut
     for v in &values {
         let Some(o) = v.as_object() else {
             if v.is_array() && v.to_string().contains("\"tool\"") {
-                errors.push("it is a JSON array: write one object per block".to_string());
+                errors.push(NotACall::Array);
             }
             continue;
         };
@@ -617,7 +399,7 @@ fn read_block(body: &str, tool_fence: bool, closed: bool, turn: usize, out: &mut
             continue; // JSON that is not a call: leave it as text
         };
         let Some(name) = name.as_str().filter(|n| !n.trim().is_empty()) else {
-            errors.push("\"tool\" must be the tool's name as a string".to_string());
+            errors.push(NotACall::NameNotText);
             continue;
         };
         let arguments = match o.get("arguments") {
@@ -628,21 +410,18 @@ fn read_block(body: &str, tool_fence: bool, closed: bool, turn: usize, out: &mut
                 s.clone()
             }
             Some(_) => {
-                errors.push(format!("the arguments of `{name}` are not a JSON object"));
+                errors.push(NotACall::ArgumentsNotObject(name.to_string()));
                 continue;
             }
             None => {
-                errors.push(format!(
-                    "the call to `{name}` has no \"arguments\" (write \"arguments\": {{}} if it \
-                     takes none)"
-                ));
+                errors.push(NotACall::NoArguments(name.to_string()));
                 continue;
             }
         };
         calls.push((name.to_string(), arguments));
     }
-    if let Some(e) = errors.first() {
-        out.malformed.push(malformed(body, e));
+    if let Some(e) = errors.into_iter().next() {
+        out.malformed.push(not_a_call(body, e));
         return;
     }
     for (name, arguments) in calls {
@@ -690,12 +469,11 @@ fn repair_escapes(text: &str) -> String {
     out
 }
 
-fn malformed(body: &str, what: &str) -> String {
-    let snippet: String = body.trim().chars().take(200).collect();
-    format!(
-        "A tool call could not be read because {what}. The block was:\n{snippet}\nWrite each \
-         call as its own fenced block, exactly:\n{FORMAT}"
-    )
+fn not_a_call(body: &str, why: NotACall) -> Unreadable {
+    Unreadable::Call {
+        block: body.trim().chars().take(200).collect(),
+        why,
+    }
 }
 
 #[cfg(test)]

@@ -33,12 +33,12 @@ fn search_replace_blocks_are_edits_of_the_file_named_above_them() {
     // No path anywhere, or no end: not applied, and said why.
     let p = parse_reply("<<<<<<< SEARCH\na\n=======\nb\n>>>>>>> REPLACE\n", 0);
     assert!(
-        p.edits.is_empty() && p.malformed[0].contains("no file is named"),
+        p.edits.is_empty() && p.malformed == [Unreadable::EditWithoutPath],
         "{p:?}"
     );
     let p = parse_reply("x.py\n<<<<<<< SEARCH\na\n=======\nb\n", 0);
     assert!(
-        p.edits.is_empty() && p.malformed[0].contains(">>>>>>> REPLACE"),
+        p.edits.is_empty() && p.malformed == [Unreadable::EditNotEnded],
         "{p:?}"
     );
 }
@@ -67,87 +67,6 @@ fn code_blocks_name_their_file_in_the_info_string_or_the_line_above() {
     assert!(p.code_blocks.is_empty());
     assert_eq!(path_in("version 1.5 of /etc/passwd"), None);
     assert_eq!(path_in("**src/lib.rs**:"), Some("src/lib.rs".into()));
-}
-
-#[test]
-fn a_constrained_request_asks_for_one_call_by_the_tools_schemas() {
-    let req = super::super::tests::fixed_request();
-    let t = to_text_request(&req, true);
-    let schema = t.response_schema.clone().expect("a schema");
-    let branches = schema["anyOf"].as_array().unwrap();
-    assert_eq!(branches.len(), req.tools.len());
-    assert_eq!(branches[0]["properties"]["tool"]["const"], "read_file");
-    assert_eq!(
-        branches[0]["properties"]["arguments"],
-        req.tools[0].parameters
-    );
-    assert!(
-        !t.system.contains("<<<<<<< SEARCH"),
-        "no text edits when constrained"
-    );
-    assert!(to_text_request(&req, false).response_schema.is_none());
-    let body = super::super::openai::build_body("m", &t, "max_tokens", 100);
-    assert_eq!(body["response_format"]["type"], "json_schema");
-    assert_eq!(body["response_format"]["json_schema"]["schema"], schema);
-}
-
-#[test]
-fn a_reply_given_before_word_for_word_is_asked_again_with_more_randomness() {
-    let reply = |t: &str| Message {
-        role: Role::Assistant,
-        content: t.into(),
-        tool_calls: vec![],
-        tool_call_id: String::new(),
-    };
-    let mut req = super::super::tests::fixed_request();
-    req.messages = vec![Message::user("fix it"), reply("the same fix")];
-    assert_eq!(to_text_request(&req, false).temperature, None, "said once");
-    let mut temps = Vec::new();
-    for told in ["still fails", "fails again", "and again", "once more"] {
-        req.messages.push(Message::user(told));
-        req.messages.push(reply("  the same fix\n"));
-        temps.push(to_text_request(&req, false).temperature);
-    }
-    assert_eq!(temps, [Some(1.0), Some(1.2), Some(1.4), Some(1.4)]);
-    // Something new: the server's default again.
-    req.messages.push(reply("another fix"));
-    let t = to_text_request(&req, false);
-    assert_eq!(t.temperature, None);
-    let body = super::super::openai::build_body("m", &t, "max_tokens", 100);
-    assert!(body.get("temperature").is_none(), "{body}");
-    req.messages.push(reply("another fix"));
-    let t = to_text_request(&req, false);
-    let body = super::super::openai::build_body("m", &t, "max_tokens", 100);
-    assert!(
-        (body["temperature"].as_f64().unwrap() - 1.0).abs() < 1e-6,
-        "{body}"
-    );
-    let body = super::super::anthropic::build_body("m", &t, 100);
-    assert!(
-        (body["temperature"].as_f64().unwrap() - 1.0).abs() < 1e-6,
-        "{body}"
-    );
-    // The same code in other words is the same reply; other code is not.
-    let code = |words: &str, fix: &str| {
-        reply(&format!(
-            "{words}\n```python stats.py\ndef mean(xs):\n    return {fix}\n```\nDone."
-        ))
-    };
-    req.messages
-        .push(code("The bug is the divisor.", "sum(xs) / (len(xs) - 1)"));
-    assert_eq!(to_text_request(&req, false).temperature, None);
-    req.messages.push(code(
-        "Now I handle the empty list.",
-        "sum(xs)  /  (len(xs) - 1)",
-    ));
-    assert_eq!(to_text_request(&req, false).temperature, Some(1.0));
-    req.messages
-        .push(code("The bug is the divisor.", "sum(xs) / len(xs)"));
-    assert_eq!(to_text_request(&req, false).temperature, None);
-    let mut hot = t.clone();
-    hot.temperature = Some(1.4);
-    let body = super::super::anthropic::build_body("m", &hot, 100);
-    assert_eq!(body["temperature"], 1.0, "Anthropic takes at most 1.0");
 }
 
 #[test]
@@ -199,22 +118,21 @@ fn malformed_block() {
     assert!(p.calls.is_empty());
     assert_eq!(p.malformed.len(), 1);
     assert!(
-        p.malformed[0].contains("not valid JSON"),
-        "{}",
+        matches!(&p.malformed[0], Unreadable::Call { block, why: NotACall::NotJson { unclosed: false, .. } } if block.starts_with("{\"tool\": \"ls\"")),
+        "{:?}",
         p.malformed[0]
     );
-    assert!(p.malformed[0].contains(FORMAT));
     assert!(p.content.contains("\"tool\": \"ls\""));
 
     let p = parse_reply("```json\n{\"tool\": \"ls\"}\n```", 0);
     assert!(
-        p.malformed[0].contains("no \"arguments\""),
+        matches!(&p.malformed[0], Unreadable::Call { why: NotACall::NoArguments(n), .. } if n == "ls"),
         "{:?}",
         p.malformed
     );
     let p = parse_reply("```json\n{\"tool\": \"ls\", \"arguments\": [1]}", 0);
     assert!(
-        p.malformed[0].contains("not a JSON object"),
+        matches!(&p.malformed[0], Unreadable::Call { why: NotACall::ArgumentsNotObject(n), .. } if n == "ls"),
         "{:?}",
         p.malformed
     );
@@ -229,103 +147,6 @@ fn prose_and_other_code() {
     assert!(p.calls.is_empty() && p.malformed.is_empty());
     let p = parse_reply("All done, no tools needed.", 0);
     assert_eq!(p.content, "All done, no tools needed.");
-}
-
-#[test]
-fn request_conversion() {
-    let req = super::super::tests::fixed_request();
-    let t = to_text_request(&req, false);
-    assert!(t.tools.is_empty());
-    assert!(t.system.starts_with("You are a coding agent.\n\n# Tools"));
-    assert!(t.system.contains("## read_file") && t.system.contains(FORMAT));
-    let roles: Vec<_> = t.messages.iter().map(|m| m.role).collect();
-    assert_eq!(roles, [Role::User, Role::Assistant, Role::User]);
-    // A reply that made a call is shown as the call: its words are not there to copy.
-    assert_eq!(
-        t.messages[1].content,
-        "```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\":\"src/main.rs\"}}\n```"
-    );
-    assert!(t.messages[1].tool_calls.is_empty());
-    assert_eq!(
-        t.messages[2].content,
-        "Result of read_file call call_1:\nfn main() {}"
-    );
-}
-
-#[test]
-fn a_reply_that_made_calls_is_shown_as_its_calls_and_its_block_edits_as_what_they_did() {
-    let edit = |id: &str, path: &str| ToolUse {
-        id: id.into(),
-        name: "write_file".into(),
-        arguments: serde_json::json!({"path": path, "content": "x = 1\n"}).to_string(),
-    };
-    let reply = Message {
-        role: Role::Assistant,
-        content: "Here is the fix:\n```python\nx = 1\n```".into(),
-        tool_calls: vec![edit("edit_1_0", "a.py"), edit("edit_1_1", "b/c.py")],
-        tool_call_id: String::new(),
-    };
-    let result = |id: &str| Message {
-        role: Role::Tool,
-        content: "wrote 6 bytes".into(),
-        tool_calls: vec![],
-        tool_call_id: id.into(),
-    };
-    let mut req = super::super::tests::fixed_request();
-    req.messages = vec![
-        Message::user("fix it"),
-        reply.clone(),
-        result("edit_1_0"),
-        result("edit_1_1"),
-        Message::user("The check still fails."),
-    ];
-    let t = to_text_request(&req, false);
-    assert_eq!(t.messages.len(), 1, "{:?}", t.messages);
-    let text = &t.messages[0].content;
-    assert!(
-        text.starts_with("fix it\n\n(You changed a.py, b/c.py with blocks of code.)\n\nResult of write_file call edit_1_0:\nwrote 6 bytes"),
-        "{text}"
-    );
-    assert!(text.ends_with("The check still fails."), "{text}");
-    assert!(
-        !text.contains("Here is the fix"),
-        "its own words are not shown: {text}"
-    );
-    // The same reply again is still seen as a repeat (the temperature goes up).
-    req.messages.push(reply);
-    assert_eq!(to_text_request(&req, false).temperature, Some(1.0));
-    // Edits beside another call: what they did, then the call, without the words.
-    let mut mixed = req.messages[1].clone();
-    mixed.tool_calls.push(ToolUse {
-        id: "call_2_0".into(),
-        name: "finish".into(),
-        arguments: "{}".into(),
-    });
-    req.messages = vec![Message::user("fix it"), mixed];
-    let t = to_text_request(&req, false);
-    assert_eq!(
-        t.messages[0].content,
-        "fix it\n\n(You changed a.py, b/c.py with blocks of code.)"
-    );
-    assert_eq!(t.messages[1].role, Role::Assistant);
-    assert_eq!(
-        t.messages[1].content,
-        "```json\n{\"tool\": \"finish\", \"arguments\": {}}\n```"
-    );
-    // A reply without calls is not shown: what it is told next says what became of it.
-    req.messages = vec![
-        Message::user("fix it"),
-        Message {
-            role: Role::Assistant,
-            content: "I think the bug is in a.py.".into(),
-            tool_calls: vec![],
-            tool_call_id: String::new(),
-        },
-    ];
-    req.messages.push(Message::user("You did not call a tool."));
-    let t = to_text_request(&req, false);
-    assert_eq!(t.messages.len(), 1);
-    assert_eq!(t.messages[0].content, "fix it\n\nYou did not call a tool.");
 }
 
 #[test]
@@ -377,32 +198,30 @@ impl Provider for Says {
     }
 }
 
-/// Each of the wrapper's accommodations is an assist the request can turn off: then blocks
-/// are not edits (and the prompt does not offer them), every call of a reply runs, the
-/// model's replies are shown as it wrote them and a repeat does not raise the temperature.
+/// Two of the wrapper's accommodations are assists the request can turn off: then blocks are
+/// not edits and every call of a reply runs. A request that still holds native tools is
+/// refused: it must be rendered for the text mode first.
 #[tokio::test]
 async fn the_wrappers_assists_can_each_be_turned_off() {
-    let off = TextAssists {
-        edit_blocks: false,
-        one_call: false,
-        history_as_calls: false,
-        repeat_temperature: false,
-    };
     let two_calls = "```json\n{\"tool\": \"read_file\", \"arguments\": {\"path\": \"a.py\"}}\n```\n```json\n{\"tool\": \"finish\", \"arguments\": {}}\n```";
     let block = "a.py\n<<<<<<< SEARCH\nx = 1\n=======\nx = 2\n>>>>>>> REPLACE\n";
     let mut req = super::super::tests::fixed_request();
     let wrap = |t: &'static str| TextTools::new(Arc::new(Says(t)), false);
-    // On (the default): one call runs, the block is an edit.
+    let refused = wrap(two_calls).complete(&req).await.unwrap_err();
+    assert!(refused.to_string().contains("rendered"), "{refused}");
+    req.tools.clear();
+    req.replies_before = 4;
+    // On (the default): one call runs, the block is an edit, numbered by the replies before.
     let r = wrap(two_calls).complete(&req).await.unwrap();
     assert_eq!(r.message.tool_calls.len(), 1);
+    assert_eq!(r.message.tool_calls[0].id, "call_4_0");
     assert!(r.calls_not_run.is_some());
     let r = wrap(block).complete(&req).await.unwrap();
     assert_eq!(r.message.tool_calls.len(), 1, "{r:?}");
-    assert!(r.message.tool_calls[0].id.starts_with(EDIT_ID));
-    let sent = to_text_request(&req, false);
-    assert!(sent.system.contains("SEARCH") && sent.system.contains("exactly one call"));
+    assert_eq!(r.message.tool_calls[0].id, "edit_4_0");
     // Off.
-    req.text = off;
+    req.text.edit_blocks = false;
+    req.text.one_call = false;
     let r = wrap(two_calls).complete(&req).await.unwrap();
     let names: Vec<&str> = r
         .message
@@ -418,38 +237,4 @@ async fn the_wrappers_assists_can_each_be_turned_off() {
         "{r:?}"
     );
     assert!(r.no_call, "a block that is not read is no call");
-    let sent = to_text_request(&req, false);
-    assert!(!sent.system.contains("SEARCH") && !sent.system.contains("exactly one call"));
-    assert!(
-        sent.system.contains("# Tools"),
-        "the tools are still described"
-    );
-    let said = Message {
-        role: Role::Assistant,
-        content: "I will look first.".into(),
-        tool_calls: vec![ToolUse {
-            id: "call_1_0".into(),
-            name: "read_file".into(),
-            arguments: "{\"path\":\"a.py\"}".into(),
-        }],
-        tool_call_id: String::new(),
-    };
-    req.messages = vec![
-        Message::user("fix it"),
-        said.clone(),
-        Message::tool("call_1_0", "x = 1"),
-        said,
-    ];
-    let sent = to_text_request(&req, false);
-    assert_eq!(sent.messages[1].role, Role::Assistant);
-    assert!(
-        sent.messages[1]
-            .content
-            .starts_with("I will look first.\n\n```json\n{\"tool\": \"read_file\""),
-        "{}",
-        sent.messages[1].content
-    );
-    assert_eq!(sent.temperature, None, "a repeat keeps the temperature");
-    req.text = TextAssists::default();
-    assert_eq!(to_text_request(&req, false).temperature, Some(1.0));
 }

@@ -88,6 +88,10 @@ pub struct Request {
     /// What the text tool-call wrapper does for the model (the agent's assists); never sent.
     #[serde(skip)]
     pub text: TextAssists,
+    /// The model's replies before this request's answer (text mode numbers the calls it
+    /// reads out of the answer by it); never sent.
+    #[serde(skip)]
+    pub replies_before: u32,
 }
 
 /// The text tool-call wrapper's accommodations, each one of the agent's assists (named in
@@ -159,6 +163,10 @@ pub struct Response {
     /// which do not (one call per reply); worded by the agent into `skipped_calls`.
     #[serde(skip)]
     pub calls_not_run: Option<(String, Vec<String>)>,
+    /// Text mode: blocks that looked like calls or edits and could not be read; worded by the
+    /// agent into `malformed_calls`.
+    #[serde(skip)]
+    pub unreadable: Vec<Unreadable>,
 }
 
 impl Response {
@@ -178,6 +186,7 @@ impl Response {
             code_blocks: vec![],
             no_call: false,
             calls_not_run: None,
+            unreadable: vec![],
         }
     }
 }
@@ -200,7 +209,8 @@ pub trait Provider: Send + Sync {
     /// Sends `req` and returns the model's answer.
     async fn complete(&self, req: &Request) -> Result<Response, Error>;
 
-    /// How this provider sends a request's tools (see [`super::as_sent`]).
+    /// How this provider sends a request's tools: the caller renders the request for it
+    /// (`model::prompt::as_sent`).
     fn tools_sent(&self) -> ToolsSent {
         ToolsSent::Native
     }
@@ -281,4 +291,31 @@ impl Error {
             _ => false,
         }
     }
+}
+
+/// A block of a text reply that looked like a call or an edit and could not be read, and
+/// why: the model is told in words (`model::prompt::text_mode::unreadable`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unreadable {
+    /// A SEARCH/REPLACE block without its `>>>>>>> REPLACE` line.
+    EditNotEnded,
+    /// A SEARCH/REPLACE block with no file named above it.
+    EditWithoutPath,
+    /// A block that looks like a call (its first 200 characters), and why it is not one.
+    Call { block: String, why: NotACall },
+}
+
+/// Why a block that looks like a call is not one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NotACall {
+    /// Not JSON (`unclosed`: the fence was never closed).
+    NotJson { error: String, unclosed: bool },
+    /// A JSON array of calls.
+    Array,
+    /// `"tool"` is not a name.
+    NameNotText,
+    /// The named call's arguments are not an object.
+    ArgumentsNotObject(String),
+    /// The named call has no arguments.
+    NoArguments(String),
 }

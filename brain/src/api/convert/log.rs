@@ -586,6 +586,7 @@ pub fn response_from_wire(r: &wire::Response) -> crate::llm::Response {
             .collect(),
         no_call: false,
         calls_not_run: None,
+        unreadable: vec![],
     }
 }
 

@@ -138,6 +138,7 @@ fn one_of_each() -> Vec<Event> {
         }],
         no_call: false,
         calls_not_run: None,
+        unreadable: vec![],
     };
     let s = String::from;
     vec![

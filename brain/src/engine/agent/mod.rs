@@ -400,14 +400,16 @@ impl AgentDriver {
                 reason: String::new(),
             });
         }
+        // As the provider sends it: in text tool-call mode, rendered for it.
+        let tools = provider.tools_sent();
+        let sent = prompt::as_sent(&req, tools);
         if !a.awaiting_llm {
-            let tools = provider.tools_sent();
             pre.push(Event::LlmRequest {
                 model: a.spec.model.clone(),
                 messages: a.conversation.len() as u32,
                 rendered: Some(Rendered {
                     version: prompt::VERSION,
-                    hash: prompt::hash(&llm::as_sent(&req, tools)),
+                    hash: prompt::hash(&sent),
                     tools,
                     can_move,
                 }),
@@ -423,7 +425,7 @@ impl AgentDriver {
             Duration::from_millis((end - shared::now_unix_ms()).max(0) as u64 + 1)
         });
         let answer = tokio::select! {
-            r = provider.complete(&req) => r,
+            r = provider.complete(&sent) => r,
             _ = cx.task.cancel.cancelled() => return Ok(()),
             _ = async {
                 match wall_left {
@@ -446,6 +448,9 @@ impl AgentDriver {
                         c.name = name.to_string();
                     }
                 }
+                let unreadable = std::mem::take(&mut r.unreadable);
+                r.malformed_calls
+                    .extend(unreadable.iter().map(prompt::text_mode::unreadable));
                 for m in &mut r.malformed_calls {
                     *m = self.redact.apply(m);
                 }

@@ -118,7 +118,11 @@ pub(super) async fn edits_from_blocks(
             Some(c) => NudgeExample::RunCheck(&c.command),
             None => NudgeExample::ReadFile,
         };
-        r.nudge = prompt::nudge(&r.message.content, example);
+        r.nudge = prompt::nudge(
+            &r.message.content,
+            example,
+            a.spec.assisted(Assist::BlockEdits),
+        );
     }
     if blocks.is_empty() {
         return;

@@ -5,8 +5,11 @@
 
 use super::agent::{AgentState, Assist, ELIDED, Permission};
 pub mod code_view;
+pub mod text_mode;
 pub mod tools;
 pub mod words;
+
+pub use text_mode::{EDIT_FORMAT, as_sent};
 
 use crate::llm;
 pub use words::repository_instructions;
@@ -18,7 +21,7 @@ pub use words::repository_instructions;
 /// does not.
 pub const VERSION: u32 = 2;
 
-/// The hash the log keeps of a request as it was sent (`llm::as_sent`): SHA-256 of its JSON,
+/// The hash the log keeps of a request as it was sent ([`as_sent`]): SHA-256 of its JSON,
 /// in hex.
 pub fn hash(sent: &llm::Request) -> String {
     use sha2::Digest;
@@ -46,6 +49,11 @@ pub fn request(a: &AgentState, can_move: bool, share: Option<llm::Share>) -> llm
         seed: a.spec.sampling.map(|s| s.seed),
         share,
         text: a.spec.assists().text(),
+        replies_before: a
+            .conversation
+            .iter()
+            .filter(|m| m.role == llm::Role::Assistant)
+            .count() as u32,
     }
 }
 
@@ -152,7 +160,8 @@ pub enum NudgeExample<'a> {
 /// Said after a text-mode reply without a call: the exact format, with a real call as the
 /// example and, when the reply held code or described a change, that code in a reply is
 /// written nowhere (small models write the fix in a fenced block and believe it is done).
-pub fn nudge(reply: &str, example: NudgeExample<'_>) -> String {
+/// Without `blocks` (the `block_edits` assist off) it offers `write_file` alone.
+pub fn nudge(reply: &str, example: NudgeExample<'_>, blocks: bool) -> String {
     let (what, tool, args) = match example {
         NudgeExample::ReadFile => (
             "to read a file",
@@ -170,12 +179,16 @@ pub fn nudge(reply: &str, example: NudgeExample<'_>) -> String {
         "You did not call a tool, so nothing was done. To call one, write exactly one fenced json block with the tool's name and its arguments as a JSON object. For example, {what}:\n\n```json\n{{\"tool\": {}, \"arguments\": {args}}}\n```",
         serde_json::json!(tool)
     );
-    if reply.contains("```") || describes_change(reply) {
+    if (reply.contains("```") || describes_change(reply)) && blocks {
         n.push_str(
             "\n\nYou described a change without making it: code in your reply is not written to any file. To change a file, write its path on a line, then the exact lines now in it and the lines to put there:\n\n",
         );
-        n.push_str(llm::EDIT_FORMAT);
+        n.push_str(EDIT_FORMAT);
         n.push_str("\n\nor call `write_file` (its path and the whole new content).");
+    } else if reply.contains("```") || describes_change(reply) {
+        n.push_str(
+            "\n\nYou described a change without making it: code in your reply is not written to any file. To change a file, call `edit_file` or `write_file`.",
+        );
     }
     n.push_str(
         "\n\nWhen the goal is met, call `finish` alone:\n\n```json\n{\"tool\": \"finish\", \"arguments\": {\"summary\": \"what you changed\"}}\n```",

@@ -292,7 +292,12 @@ fn the_whole_request_in_each_state_and_tool_mode_is_as_snapshotted() {
     for (name, a, can_move) in states() {
         for (mode, text) in [("native", false), ("text", true)] {
             let req = request(&a, can_move, None);
-            let body = llm::openai_body("qwen2.5-coder-1.5b", &req, text);
+            let how = if text {
+                llm::ToolsSent::Text
+            } else {
+                llm::ToolsSent::Native
+            };
+            let body = llm::openai_body("qwen2.5-coder-1.5b", &super::as_sent(&req, how));
             let got = serde_json::to_string_pretty(&body).unwrap() + "\n";
             expect_test::expect_file![dir.join(format!("{name}.{mode}.json"))].assert_eq(&got);
         }
@@ -356,7 +361,7 @@ fn the_words_version_is_raised_when_the_words_change() {
 
 /// The nudge with the example of a task without a check.
 fn nudge_for(reply: &str) -> String {
-    nudge(reply, NudgeExample::ReadFile)
+    nudge(reply, NudgeExample::ReadFile, true)
 }
 
 #[test]
@@ -369,7 +374,7 @@ fn the_nudge_shows_real_calls_that_parse_and_says_code_in_a_reply_is_written_now
     );
     let with_code = nudge_for("Fixed:\n```python\ndef f():\n    return 1\n```");
     assert!(with_code.contains("code in your reply is not written to any file"));
-    assert!(with_code.contains(llm::EDIT_FORMAT), "{with_code}");
+    assert!(with_code.contains(super::EDIT_FORMAT), "{with_code}");
     let described = nudge_for("The bug is the + 1: it should be len(xs).");
     assert!(
         described.contains("described a change without making it"),
@@ -383,7 +388,16 @@ fn the_nudge_shows_real_calls_that_parse_and_says_code_in_a_reply_is_written_now
 
 #[test]
 fn a_nudge_can_show_the_step_worth_copying() {
-    let n = nudge("I fixed it.", NudgeExample::RunCheck("python3 test_x.py"));
+    let n = nudge(
+        "I fixed it.",
+        NudgeExample::RunCheck("python3 test_x.py"),
+        true,
+    );
+    let plain = nudge("```py\nx = 1\n```", NudgeExample::ReadFile, false);
+    assert!(
+        !plain.contains("SEARCH") && plain.contains("`write_file`"),
+        "{plain}"
+    );
     let p = llm::parse_reply(&n, 0);
     assert_eq!(p.calls[0].name, "run_command", "{n}");
     assert_eq!(p.calls[0].arguments, r#"{"command":"python3 test_x.py"}"#);
