@@ -670,12 +670,8 @@ impl AgentState {
         };
         let limit = self.spec.repeat_limit.max(1);
         if n >= limit {
-            text.push_str(&format!(
-                "{NOTE_MARK}this exact call has now failed {n} times in a row. Stop and think about why before trying again: read the error, look at the files, change your approach."
-            ));
-            if n + 1 >= limit + 2 {
-                text.push_str(" One more identical failure and the task stops as stuck.");
-            }
+            text.push_str(NOTE_MARK);
+            text.push_str(&words::failed_again(n, n + 1 >= limit + 2));
             return text;
         }
         // A failing command run again on the same files, with the same result: said at
@@ -699,17 +695,14 @@ impl AgentState {
             root: self.root.clone(),
         });
         if let Some((l, stuck)) = next.looping() {
-            text.push_str(&format!(
-                "{NOTE_MARK}you are going round in circles: {}. Doing it again will not help: read the errors, look at the files you have not looked at, and change your approach.",
-                l.describe()
+            text.push_str(NOTE_MARK);
+            text.push_str(&words::going_round(
+                &l.describe(),
+                !stuck && l.rounds + 1 >= next.loop_limits(l.period).1,
             ));
-            if !stuck && l.rounds + 1 >= next.loop_limits(l.period).1 {
-                text.push_str(" One more round and the task stops as stuck.");
-            }
         } else if same_again {
-            text.push_str(&format!(
-                "{NOTE_MARK}no file has changed since you last ran this command, and it failed the same way. Running it again will not tell you more: change the code it points at first."
-            ));
+            text.push_str(NOTE_MARK);
+            text.push_str(words::SAME_FAILURE_AGAIN);
         }
         text
     }

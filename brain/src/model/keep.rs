@@ -93,14 +93,10 @@ impl AgentState {
     pub fn on_concluded(&mut self, why: &str) {
         self.concluded_on = self.root.clone();
         let id = format!("finish_brain_{}", self.spent.steps);
-        let summary = format!(
-            "The brain finished for the model, which {why}, with the workspace as the acceptance check last passed on it."
-        );
+        let summary = words::finished_for_the_model(why);
         let msg = Message {
             role: Role::Assistant,
-            content:
-                "(The brain calls `finish`: the acceptance check passed on the files as they are.)"
-                    .into(),
+            content: words::BRAIN_CALLS_FINISH.into(),
             tool_calls: vec![ToolUse {
                 id,
                 name: "finish".into(),

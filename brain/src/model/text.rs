@@ -1,6 +1,9 @@
 //! Text cut to size for the model and for people (head and tail, with what was cut said),
 //! and a file's lines numbered as `read_file` shows them.
 
+/// Most characters of one observation; longer ones keep head and tail.
+pub const MAX_OBSERVATION: usize = 16 * 1024;
+
 /// Cuts text to `max` characters, keeping head and tail with a note of what was cut.
 pub fn head_tail(text: &str, max: usize) -> String {
     let n = text.chars().count();

@@ -7,13 +7,12 @@ use serde_json::Value;
 
 use crate::llm::ToolUse;
 use crate::model::agent::{AgentSpec, AgentState, Gate, MAX_STANDING, Permission};
-use crate::model::event::{ToolCall, ToolResult};
+use crate::model::event::ToolCall;
 
 /// Default and largest timeout of `run_command`.
 const DEFAULT_TIMEOUT_SECS: u64 = 120;
 const MAX_TIMEOUT_SECS: u64 = 3600;
-/// Most characters of one observation; longer ones keep head and tail.
-pub const MAX_OBSERVATION: usize = 16 * 1024;
+pub use super::text::MAX_OBSERVATION;
 /// Largest file `write_file` and `edit_file` handle.
 pub const MAX_EDIT_BYTES: usize = 1 << 20;
 
@@ -481,32 +480,9 @@ fn allowed(call: &ToolCall, spec: &AgentSpec) -> bool {
     }
 }
 
-/// What the model is told about a finished command: how it ended, then its output (head
-/// and tail of each stream).
-pub fn describe_command(r: &ToolResult, stdout: &str, stderr: &str) -> String {
-    let status = if r.timed_out {
-        "timed out (the command was killed)".to_string()
-    } else if !r.error.is_empty() {
-        format!("could not run: {}", r.error)
-    } else {
-        crate::model::event::describe_result(r)
-    };
-    let half = MAX_OBSERVATION / 2;
-    let mut text = status;
-    if !stdout.is_empty() {
-        text.push_str("\n[stdout]\n");
-        text.push_str(&head_tail(stdout, half));
-    }
-    if !stderr.is_empty() {
-        text.push_str("\n[stderr]\n");
-        text.push_str(&head_tail(stderr, half));
-    }
-    text
-}
-
 pub use super::replace::{EditError, apply_edit, apply_exact};
 
-pub use super::prompt::words::{describe_interrupted, no_files_match};
+pub use super::prompt::words::{describe_command, describe_interrupted, no_files_match};
 pub use super::text::{head_tail, numbered};
 
 #[cfg(test)]

@@ -227,8 +227,7 @@ pub fn next(st: &TaskState, f: &Facts, llm: &llm::LlmConfig) -> Action {
                         reason: summary_or_default(summary),
                         before: vec![Event::Observation {
                             tool_use_id: u.id.clone(),
-                            text: "the task is finished (unverified: it has no acceptance check)"
-                                .into(),
+                            text: prompt::words::FINISHED_UNVERIFIED.into(),
                             failed: false,
                         }],
                     },

@@ -3,7 +3,51 @@
 //! `model/agent.rs`, which records with them, as [`super`] is above it and renders the
 //! request from it.
 
-use crate::model::text::head_tail;
+use crate::model::event::{ToolResult, describe_result};
+use crate::model::text::{MAX_OBSERVATION, head_tail};
+
+/// The note after the same call failed `n` times in a row (`last`: one more failure and the
+/// task stops as stuck).
+pub fn failed_again(n: u32, last: bool) -> String {
+    let mut note = format!(
+        "this exact call has now failed {n} times in a row. Stop and think about why before trying again: read the error, look at the files, change your approach."
+    );
+    if last {
+        note.push_str(" One more identical failure and the task stops as stuck.");
+    }
+    note
+}
+
+/// The note when the model goes round in circles (`what`: the loop, described; `last`: one
+/// more round and the task stops as stuck).
+pub fn going_round(what: &str, last: bool) -> String {
+    let mut note = format!(
+        "you are going round in circles: {what}. Doing it again will not help: read the errors, look at the files you have not looked at, and change your approach."
+    );
+    if last {
+        note.push_str(" One more round and the task stops as stuck.");
+    }
+    note
+}
+
+/// The note when a failing command is run again on the same files with the same result.
+pub const SAME_FAILURE_AGAIN: &str = "no file has changed since you last ran this command, and it failed the same way. Running it again will not tell you more: change the code it points at first.";
+
+/// The summary of the `finish` the brain calls for a model that stopped (`why`) on a version
+/// the check passed on.
+pub fn finished_for_the_model(why: &str) -> String {
+    format!(
+        "The brain finished for the model, which {why}, with the workspace as the acceptance check last passed on it."
+    )
+}
+
+/// The words of the reply the brain writes in the model's place when it calls `finish` for it.
+pub const BRAIN_CALLS_FINISH: &str =
+    "(The brain calls `finish`: the acceptance check passed on the files as they are.)";
+
+/// What a `finish` without an acceptance check is told.
+pub const FINISHED_UNVERIFIED: &str =
+    "the task is finished (unverified: it has no acceptance check)";
 
 /// Told to the model when it answers without calling a tool.
 pub const NUDGE: &str = "You did not call a tool. Continue with the tools; when the goal is met, call `finish` with a short summary.";
@@ -176,6 +220,29 @@ pub fn undone(how: Undone, restored: &[String], left: &[String], shown: &str) ->
     if !shown.trim().is_empty() {
         text.push_str("\n\n");
         text.push_str(shown.trim_end());
+    }
+    text
+}
+
+/// What the model is told about a finished command: how it ended, then its output (head
+/// and tail of each stream).
+pub fn describe_command(r: &ToolResult, stdout: &str, stderr: &str) -> String {
+    let status = if r.timed_out {
+        "timed out (the command was killed)".to_string()
+    } else if !r.error.is_empty() {
+        format!("could not run: {}", r.error)
+    } else {
+        describe_result(r)
+    };
+    let half = MAX_OBSERVATION / 2;
+    let mut text = status;
+    if !stdout.is_empty() {
+        text.push_str("\n[stdout]\n");
+        text.push_str(&head_tail(stdout, half));
+    }
+    if !stderr.is_empty() {
+        text.push_str("\n[stderr]\n");
+        text.push_str(&head_tail(stderr, half));
     }
     text
 }
