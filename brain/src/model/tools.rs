@@ -482,7 +482,7 @@ fn allowed(call: &ToolCall, spec: &AgentSpec) -> bool {
 
 pub use super::replace::{EditError, apply_edit, apply_exact};
 
-pub use super::prompt::words::{describe_command, describe_interrupted, no_files_match};
+pub use super::prompt::words::{describe_interrupted, no_files_match};
 pub use super::text::{head_tail, numbered};
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ async fn settle_own_check(
             let (stdout, stderr) = (redact.apply(&stdout), redact.apply(&stderr));
             let passed = result.ok();
             let output = format!("{stdout}\n{stderr}");
-            let described = tools::describe_command(&result, &stdout, &stderr);
+            let described = prompt::describe_command(&result, &stdout, &stderr);
             let mut events = effects::completed(p.call_id, result, stdout, stderr);
             if first {
                 if !passed {
@@ -149,7 +149,7 @@ pub(super) async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Re
                 let passed = result.ok();
                 let mut events =
                     effects::completed(p.call_id, result.clone(), stdout.clone(), stderr.clone());
-                let output = tools::describe_command(&result, &stdout, &stderr);
+                let output = prompt::describe_command(&result, &stdout, &stderr);
                 if passed {
                     let summary = match tools::prepare(&u, &a.spec) {
                         Prepared::Finish(s) => summary_or_default(s),
@@ -192,7 +192,7 @@ pub(super) async fn settle(cx: &Cx<'_>, p: PendingCall, redact: &Redactor) -> Re
             } => {
                 ack = true;
                 let (stdout, stderr) = (redact.apply(&stdout), redact.apply(&stderr));
-                let mut text = tools::describe_command(&result, &stdout, &stderr);
+                let mut text = prompt::describe_command(&result, &stdout, &stderr);
                 let failed = !result.ok();
                 if failed {
                     let output = format!("{stdout}\n{stderr}");

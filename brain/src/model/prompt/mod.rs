@@ -12,6 +12,8 @@ pub mod words;
 pub use text_mode::{EDIT_FORMAT, as_sent};
 
 use crate::llm;
+use crate::model::event::{ToolResult, describe_result};
+use crate::model::text::{MAX_OBSERVATION, head_tail};
 pub use words::repository_instructions;
 
 /// The renderer's version, logged with every request (`Event::LlmRequest`): raised whenever
@@ -260,6 +262,29 @@ pub fn environment_answer(how: EnvironmentAnswer<'_>) -> String {
             format!("error: the move to {describe} did not complete; the task stays where it was")
         }
     }
+}
+
+/// What the model is told about a finished command: how it ended, then its output (head
+/// and tail of each stream).
+pub fn describe_command(r: &ToolResult, stdout: &str, stderr: &str) -> String {
+    let status = if r.timed_out {
+        "timed out (the command was killed)".to_string()
+    } else if !r.error.is_empty() {
+        format!("could not run: {}", r.error)
+    } else {
+        describe_result(r)
+    };
+    let half = MAX_OBSERVATION / 2;
+    let mut text = status;
+    if !stdout.is_empty() {
+        text.push_str("\n[stdout]\n");
+        text.push_str(&head_tail(stdout, half));
+    }
+    if !stderr.is_empty() {
+        text.push_str("\n[stderr]\n");
+        text.push_str(&head_tail(stderr, half));
+    }
+    text
 }
 
 #[cfg(test)]

@@ -3,8 +3,7 @@
 //! `model/agent.rs`, which records with them, as [`super`] is above it and renders the
 //! request from it.
 
-use crate::model::event::{ToolResult, describe_result};
-use crate::model::text::{MAX_OBSERVATION, head_tail};
+use crate::model::text::head_tail;
 
 /// The note after the same call failed `n` times in a row (`last`: one more failure and the
 /// task stops as stuck).
@@ -220,29 +219,6 @@ pub fn undone(how: Undone, restored: &[String], left: &[String], shown: &str) ->
     if !shown.trim().is_empty() {
         text.push_str("\n\n");
         text.push_str(shown.trim_end());
-    }
-    text
-}
-
-/// What the model is told about a finished command: how it ended, then its output (head
-/// and tail of each stream).
-pub fn describe_command(r: &ToolResult, stdout: &str, stderr: &str) -> String {
-    let status = if r.timed_out {
-        "timed out (the command was killed)".to_string()
-    } else if !r.error.is_empty() {
-        format!("could not run: {}", r.error)
-    } else {
-        describe_result(r)
-    };
-    let half = MAX_OBSERVATION / 2;
-    let mut text = status;
-    if !stdout.is_empty() {
-        text.push_str("\n[stdout]\n");
-        text.push_str(&head_tail(stdout, half));
-    }
-    if !stderr.is_empty() {
-        text.push_str("\n[stderr]\n");
-        text.push_str(&head_tail(stderr, half));
     }
     text
 }
