@@ -1178,6 +1178,13 @@ fn assists_are_listed_chosen_per_model_or_run_and_refused_when_unknown() {
         .args(&["--assists", "small,-retsart"])
         .try_start("nothing");
     assert_failed_saying(&bogus, "unknown assist \"retsart\"");
+    let long = "small,".repeat(400);
+    let too_long = c
+        .agent()
+        .worker("w")
+        .args(&["--assists", &long])
+        .try_start("nothing");
+    assert_failed_saying(&too_long, "longer than 1024 bytes");
     assert_eq!(
         stdout(&c.brain_cli(&["tasks", "--json"])),
         stdout(&before),

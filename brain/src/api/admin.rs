@@ -28,6 +28,8 @@ use crate::trust::registry;
 /// Largest plan, goal and transcript accepted.
 const MAX_PLAN_BYTES: usize = 16 * 1024 * 1024;
 const MAX_GOAL_CHARS: usize = 64 * 1024;
+/// Longest `--assists` list a run may give (every name in the registry takes under 400).
+const MAX_ASSISTS_BYTES: usize = 1024;
 const MAX_TRANSCRIPT_BYTES: usize = 8 * 1024 * 1024;
 
 impl Services {
@@ -398,6 +400,11 @@ impl Admin for Services {
         }
         convert::request_check(&mut spec, &req.check, req.check_timeout_ms, &req.protect)?;
         spec.no_agents_md = req.no_agents_md;
+        if req.assists.len() > MAX_ASSISTS_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "--assists is longer than {MAX_ASSISTS_BYTES} bytes: name presets, families or assists (`brain config assists` lists them)"
+            )));
+        }
         if !req.assists.trim().is_empty() {
             let choice = crate::model::assists::Choice::Preset(req.assists.clone());
             spec.assists = Some(

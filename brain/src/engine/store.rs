@@ -140,6 +140,16 @@ impl Task {
         self.state.locked().clone()
     }
 
+    /// Whether the task's agent runs with `assist` (a plan, or a task from before assists
+    /// could be switched, counts as on), read without copying the state.
+    pub fn assisted(&self, assist: crate::model::agent::Assist) -> bool {
+        self.state
+            .locked()
+            .agent
+            .as_ref()
+            .is_none_or(|a| a.spec.assisted(assist))
+    }
+
     /// Stops the task for `why` (the first reason given stands).
     pub(crate) fn cancel_for(&self, why: &str) {
         self.cancel_reason

@@ -90,13 +90,7 @@ pub(super) async fn run(
             };
             // Forgiving matching (indent, trailing spaces, line numbers, the nearest lines
             // told) is an assist; without it an edit applies exactly or not at all.
-            let forgiving = cx
-                .task
-                .state()
-                .agent
-                .as_ref()
-                .is_none_or(|a| a.spec.assisted(Assist::ForgivingEdits));
-            let edited = if forgiving {
+            let edited = if cx.task.assisted(Assist::ForgivingEdits) {
                 tools::apply_edit(&text, old, new, path)
             } else {
                 tools::apply_exact(&text, old, new, path)

@@ -42,13 +42,7 @@ pub(super) async fn failing_code(
     check: bool,
     redact: &Redactor,
 ) -> String {
-    let assisted = cx
-        .task
-        .state()
-        .agent
-        .as_ref()
-        .is_none_or(|a| a.spec.assisted(Assist::CodeInView));
-    if !assisted {
+    if !cx.task.assisted(Assist::CodeInView) {
         return String::new();
     }
     let list = FileOp::Find {
